@@ -1,0 +1,1 @@
+//! PLACEHOLDER: the conformance suite is being written.

@@ -1,0 +1,203 @@
+//! The block device trait stack of vdstream.
+//!
+//! Every box in the data path is a [`BlockDev`]: the sparse [`MemoryDev`], the raw
+//! [`FileDev`], and (in other crates) every write-cache type, the version chain of a vDisk
+//! and the remote base of an agent. A write cache is a `BlockDev` that wraps a read-only
+//! lower one, so layers stack the way nbdkit filters do.
+//!
+//! ```text
+//!            BlockDev  (read, write, flush, trim, zero, block status, cache; Caps says which)
+//!           /    |    \
+//!   MemoryDev  FileDev  <write caches, version chains, remote base: other crates>
+//! ```
+//!
+//! Invariants every implementation keeps (and the conformance suite checks):
+//! - Callers pass ranges inside `size()`; the NBD edge validates them before they get here,
+//!   so a device may answer an out-of-range request with [`ErrorKind::OutOfRange`] but never
+//!   panics on one.
+//! - A read always fills the whole buffer. Bytes never written, trimmed or zeroed read as 0.
+//! - `&self` everywhere: a device is shared by many connections and does its own locking,
+//!   sharded by block rather than one lock over the whole device.
+//! - [`Caps`] tells the truth: the NBD server derives what it advertises from it, and never
+//!   from a hand-kept list.
+
+pub mod error;
+pub mod file;
+pub mod memory;
+pub mod span;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+use std::sync::Arc;
+
+pub use error::{Error, ErrorKind, Op, Result};
+pub use file::{FileDev, FileOptions};
+pub use memory::MemoryDev;
+
+/// What a device can do. The NBD server turns this into transmission flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Writes, trims and zeroes are refused.
+    pub read_only: bool,
+    /// The device has a volatile cache that `flush` makes durable (NBD `SEND_FLUSH`).
+    pub flush: bool,
+    /// `fua` on a write makes that write durable before it returns (NBD `SEND_FUA`).
+    pub fua: bool,
+    /// `trim` gives space back (NBD `SEND_TRIM`).
+    pub trim: bool,
+    /// `write_zeroes` is native, cheaper than writing a buffer of zeros (NBD `SEND_WRITE_ZEROES`).
+    pub zeroes: bool,
+    /// `write_zeroes` with `fast_only` answers [`ErrorKind::NotFast`] when it would be slow (NBD `SEND_FAST_ZERO`).
+    pub fast_zero: bool,
+    /// `cache` (prefetch) does something useful (NBD `SEND_CACHE`).
+    pub cache: bool,
+    /// `block_status` reports real holes and zeros, not just "all data".
+    pub block_status: bool,
+    /// Every connection sees the same state, and a flush on one makes every connection's
+    /// completed writes durable (NBD `CAN_MULTI_CONN`).
+    pub multi_conn: bool,
+    /// Operations may sleep on I/O: run them off the connection's request reader.
+    pub may_block: bool,
+    /// The smallest I/O the device handles without read-modify-write penalty.
+    pub preferred_block: u32,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Caps {
+            read_only: true,
+            flush: false,
+            fua: false,
+            trim: false,
+            zeroes: false,
+            fast_zero: false,
+            cache: false,
+            block_status: false,
+            multi_conn: true,
+            may_block: true,
+            preferred_block: 4096,
+        }
+    }
+}
+
+/// Flags of a write-zeroes request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroFlags {
+    /// The device may deallocate the range (NBD: `NO_HOLE` not set).
+    pub may_trim: bool,
+    /// Fail with [`ErrorKind::NotFast`] rather than zero slowly (NBD `FAST_ZERO`).
+    pub fast_only: bool,
+    /// Durable before return (NBD `FUA`).
+    pub fua: bool,
+}
+
+/// One run of a block-status answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    /// Not allocated: reading returns zeros and costs no storage.
+    pub hole: bool,
+    /// Reads as zeros (true for every hole).
+    pub zero: bool,
+}
+
+/// A hole found while reading, relative to the start of the read buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hole {
+    pub start: usize,
+    pub len: usize,
+}
+
+/// A block device: the one trait every layer of the data path implements.
+pub trait BlockDev: Send + Sync + std::fmt::Debug {
+    /// Size in bytes. Constant for the life of the device.
+    fn size(&self) -> u64;
+
+    /// What this device can do.
+    fn caps(&self) -> Caps;
+
+    /// Fills `buf` from `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+
+    /// Like `read_at`, and also appends to `holes` the parts of `buf` that are unallocated
+    /// (they are zeroed in `buf` too, so a caller may ignore `holes`). The default reports
+    /// no holes; devices that know them cheaply while reading override it.
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
+        let _ = holes;
+        self.read_at(buf, offset)
+    }
+
+    /// Writes `buf` at `offset`; with `fua`, durable before returning.
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()>;
+
+    /// Makes every completed write durable.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Discards a range: afterwards it reads as zeros (NBD allows any content after TRIM; we
+    /// promise zeros, which every layer above can rely on).
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()>;
+
+    /// Makes a range read as zeros.
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()>;
+
+    /// Appends extents describing `[offset, offset+len)` to `out`. They must start at
+    /// `offset`, be non-empty, and may stop short of `offset+len` (at least one extent).
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        let _ = offset;
+        out.push(Extent { len, hole: false, zero: false });
+        Ok(())
+    }
+
+    /// Advises that a range will be read soon.
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
+
+    /// A short name for messages and logs: a path, "memory", a target id.
+    fn describe(&self) -> String;
+}
+
+macro_rules! forward_blockdev {
+    ($ty:ty) => {
+        impl<T: BlockDev + ?Sized> BlockDev for $ty {
+            fn size(&self) -> u64 { (**self).size() }
+            fn caps(&self) -> Caps { (**self).caps() }
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> { (**self).read_at(buf, offset) }
+            fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
+                (**self).read_at_sparse(buf, offset, holes)
+            }
+            fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> { (**self).write_at(buf, offset, fua) }
+            fn flush(&self) -> Result<()> { (**self).flush() }
+            fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> { (**self).trim(offset, len, fua) }
+            fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+                (**self).write_zeroes(offset, len, flags)
+            }
+            fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+                (**self).block_status(offset, len, out)
+            }
+            fn cache(&self, offset: u64, len: u64) -> Result<()> { (**self).cache(offset, len) }
+            fn describe(&self) -> String { (**self).describe() }
+        }
+    };
+}
+forward_blockdev!(Arc<T>);
+forward_blockdev!(Box<T>);
+
+/// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
+pub fn check_range(size: u64, op: Op, offset: u64, len: u64, device: &dyn Fn() -> String) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::new(
+            ErrorKind::OutOfRange,
+            op,
+            offset,
+            len,
+            device(),
+            format!("the range ends past the device size of {size} bytes"),
+        )),
+    }
+}
