@@ -1,5 +1,23 @@
 //! The NBD protocol for vdstream: constants, wire codec, the server session and an async
 //! client. This crate knows the [`vdstream_blockdev::BlockDev`] trait and nothing of how any
 //! device stores bytes.
+//!
+//! Server side, by protocol phase: [`wire`] (byte layouts), [`options`] (option payload
+//! parsers), [`handshake`] (option haggling), [`flags`] (what is advertised, from `Caps`),
+//! [`validate`] (every request checked once at the edge), `exec` (running a request and
+//! encoding its reply), `session` (the transmission loop), [`errno`] (the one error → wire
+//! code mapping) and [`server`] (the public API, accept loop and drain).
 
+pub mod client;
+pub mod errno;
+mod exec;
+pub mod flags;
+pub mod handshake;
+pub mod options;
 pub mod proto;
+pub mod server;
+mod session;
+pub mod validate;
+pub mod wire;
+
+pub use server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger};

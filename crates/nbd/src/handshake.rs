@@ -1,0 +1,279 @@
+//! The fixed-newstyle handshake: greeting, client flags, and option haggling until the
+//! client picks an export (`NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`) or leaves.
+//!
+//! Invariants: every read and write is bounded by `handshake_timeout`; an option payload
+//! longer than [`MAX_OPTION_LEN`] ends the connection before anything is allocated for it;
+//! option payloads are parsed only by the pure functions of [`crate::options`]; an unknown
+//! or unsupported option gets `NBD_REP_ERR_UNSUP` and haggling goes on; the stream is read
+//! exactly (no read-ahead), so nothing of the transmission phase is swallowed here. No TLS:
+//! `NBD_OPT_STARTTLS` is refused with `NBD_REP_ERR_POLICY` (the spec's NOTLS mode).
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use vdstream_blockdev::BlockDev;
+
+use crate::errno::rep_err_for;
+use crate::flags::{block_size, transmission_flags};
+use crate::options::{self, OptionParseError};
+use crate::proto::*;
+use crate::server::{Shared, ShutdownSignal};
+use crate::validate::ExportParams;
+use crate::wire::{put_option_reply, OptionHeader, OPTION_HEADER_LEN};
+
+/// The metadata context id this server gives `base:allocation` in `NBD_OPT_SET_META_CONTEXT`.
+pub const BASE_ALLOCATION_CONTEXT_ID: u32 = 1;
+
+/// What the handshake settled: the export and how to talk about it.
+#[derive(Debug)]
+pub struct Negotiated {
+    pub export_name: String,
+    pub device: Arc<dyn BlockDev>,
+    pub params: ExportParams,
+}
+
+/// Why a handshake ended without reaching the transmission phase.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("I/O error during the handshake: {0}")]
+    Io(#[from] io::Error),
+    #[error("the client sent nothing for {0:?} during the handshake; dropped it")]
+    Timeout(Duration),
+    #[error("the client set unknown client flags {0:#x}; the spec requires dropping the connection")]
+    ClientFlags(u32),
+    #[error("bad option magic {0:#018x}: not an NBD client, or it lost sync")]
+    BadMagic(u64),
+    #[error("option {option} carries {length} bytes, more than the {MAX_OPTION_LEN} this server accepts")]
+    OptionTooLong { option: u32, length: u32 },
+    #[error("NBD_OPT_EXPORT_NAME {name:?} cannot be served ({reason}); that option cannot return an error, so the connection was closed (clients should use NBD_OPT_GO)")]
+    ExportRejected { name: String, reason: String },
+    #[error("the server is shutting down")]
+    Shutdown,
+}
+
+struct Wire<'a, S> {
+    stream: &'a mut S,
+    timeout: Duration,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Wire<'_, S> {
+    async fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), HandshakeError> {
+        match tokio::time::timeout(self.timeout, self.stream.read_exact(buf)).await {
+            Ok(r) => r.map(|_| ()).map_err(HandshakeError::from),
+            Err(_) => Err(HandshakeError::Timeout(self.timeout)),
+        }
+    }
+    async fn write_all(&mut self, buf: &[u8]) -> Result<(), HandshakeError> {
+        let write = async {
+            self.stream.write_all(buf).await?;
+            self.stream.flush().await
+        };
+        match tokio::time::timeout(self.timeout, write).await {
+            Ok(r) => r.map_err(HandshakeError::from),
+            Err(_) => Err(HandshakeError::Timeout(self.timeout)),
+        }
+    }
+}
+
+/// Meta-context selection made by the last `NBD_OPT_SET_META_CONTEXT`.
+struct MetaSelection {
+    export: String,
+    base_allocation: bool,
+}
+
+/// Runs the handshake. `Ok(None)`: the client aborted or left politely.
+pub(crate) async fn negotiate<S>(stream: &mut S, shared: &Shared, shutdown: &ShutdownSignal) -> Result<Option<Negotiated>, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut wire = Wire { stream, timeout: shared.config.handshake_timeout };
+    let mut shutdown = shutdown.clone();
+
+    let mut greeting = Vec::with_capacity(18);
+    greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    greeting.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    wire.write_all(&greeting).await?;
+
+    let mut flags = [0u8; 4];
+    wire.read_exact(&mut flags).await?;
+    let client_flags = u32::from_be_bytes(flags);
+    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(HandshakeError::ClientFlags(client_flags));
+    }
+    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+
+    let mut structured = false;
+    let mut meta: Option<MetaSelection> = None;
+    let mut data = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        let mut raw = [0u8; OPTION_HEADER_LEN];
+        tokio::select! {
+            biased;
+            _ = shutdown.wait() => return Err(HandshakeError::Shutdown),
+            r = wire.read_exact(&mut raw) => r?,
+        }
+        let header = OptionHeader::parse(&raw);
+        if header.magic != IHAVEOPT {
+            return Err(HandshakeError::BadMagic(header.magic));
+        }
+        if header.length > MAX_OPTION_LEN {
+            return Err(HandshakeError::OptionTooLong { option: header.option, length: header.length });
+        }
+        data.clear();
+        data.resize(header.length as usize, 0);
+        wire.read_exact(&mut data).await?;
+        let option = header.option;
+        out.clear();
+
+        if shutdown.is_shutdown() && option != OPT_ABORT {
+            if option != OPT_EXPORT_NAME {
+                put_option_reply(&mut out, option, REP_ERR_SHUTDOWN, b"the server is shutting down; reconnect later");
+                wire.write_all(&out).await?;
+            }
+            return Err(HandshakeError::Shutdown);
+        }
+
+        match option {
+            OPT_EXPORT_NAME => {
+                let rejected = |reason: String| HandshakeError::ExportRejected {
+                    name: String::from_utf8_lossy(&data).into_owned(),
+                    reason,
+                };
+                let name = options::parse_export_name(&data).map_err(|e| rejected(e.to_string()))?;
+                let device = shared.exports.open(name).map_err(|e| rejected(e.to_string()))?;
+                let params = export_params(&*device, structured, &meta, name);
+                out.extend_from_slice(&params.size.to_be_bytes());
+                out.extend_from_slice(&params.flags.to_be_bytes());
+                if !no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                let export_name = name.to_string();
+                wire.write_all(&out).await?;
+                return Ok(Some(Negotiated { export_name, device, params }));
+            }
+            OPT_ABORT => {
+                // The spec asks the server to ignore any data sent with ABORT.
+                put_option_reply(&mut out, option, REP_ACK, &[]);
+                // The client may already have closed; that is fine.
+                let _ = wire.write_all(&out).await;
+                return Ok(None);
+            }
+            OPT_LIST => match options::parse_empty(&data) {
+                Ok(()) => {
+                    for export in shared.exports.list() {
+                        let mut rep = (export.name.len() as u32).to_be_bytes().to_vec();
+                        rep.extend_from_slice(export.name.as_bytes());
+                        rep.extend_from_slice(export.description.as_bytes());
+                        put_option_reply(&mut out, option, REP_SERVER, &rep);
+                    }
+                    put_option_reply(&mut out, option, REP_ACK, &[]);
+                }
+                Err(e) => invalid(&mut out, option, &e),
+            },
+            OPT_STARTTLS => match options::parse_empty(&data) {
+                Ok(()) => put_option_reply(&mut out, option, REP_ERR_POLICY,
+                    b"this server does not support TLS; connect without TLS (e.g. over a unix socket or a trusted network)"),
+                Err(e) => invalid(&mut out, option, &e),
+            },
+            OPT_INFO | OPT_GO => match options::parse_info_request(&data) {
+                Err(e) => invalid(&mut out, option, &e),
+                Ok(req) => match shared.exports.open(req.name) {
+                    Err(e) => {
+                        let msg = e.to_string();
+                        put_option_reply(&mut out, option, rep_err_for(&e), crate::wire::clip_message(&msg, 4096).as_bytes());
+                    }
+                    Ok(device) => {
+                        let params = export_params(&*device, structured, &meta, req.name);
+                        let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+                        info.extend_from_slice(&params.size.to_be_bytes());
+                        info.extend_from_slice(&params.flags.to_be_bytes());
+                        put_option_reply(&mut out, option, REP_INFO, &info);
+                        if req.want_name {
+                            let mut info = INFO_NAME.to_be_bytes().to_vec();
+                            info.extend_from_slice(req.name.as_bytes());
+                            put_option_reply(&mut out, option, REP_INFO, &info);
+                        }
+                        if req.want_description {
+                            let description = shared.exports.list().into_iter().find(|e| e.name == req.name).map(|e| e.description);
+                            if let Some(d) = description.filter(|d| !d.is_empty()) {
+                                let mut info = INFO_DESCRIPTION.to_be_bytes().to_vec();
+                                info.extend_from_slice(crate::wire::clip_message(&d, 4096).as_bytes());
+                                put_option_reply(&mut out, option, REP_INFO, &info);
+                            }
+                        }
+                        let (min, preferred, max) = block_size(&device.caps());
+                        let mut info = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                        for v in [min, preferred, max] {
+                            info.extend_from_slice(&v.to_be_bytes());
+                        }
+                        put_option_reply(&mut out, option, REP_INFO, &info);
+                        put_option_reply(&mut out, option, REP_ACK, &[]);
+                        if option == OPT_GO {
+                            let export_name = req.name.to_string();
+                            wire.write_all(&out).await?;
+                            return Ok(Some(Negotiated { export_name, device, params }));
+                        }
+                    }
+                },
+            },
+            OPT_STRUCTURED_REPLY => match options::parse_empty(&data) {
+                Ok(()) => {
+                    structured = true;
+                    put_option_reply(&mut out, option, REP_ACK, &[]);
+                }
+                Err(e) => invalid(&mut out, option, &e),
+            },
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                let listing = option == OPT_LIST_META_CONTEXT;
+                if !listing {
+                    // SET replaces the selection even when it fails.
+                    meta = None;
+                }
+                if !structured {
+                    put_option_reply(&mut out, option, REP_ERR_INVALID,
+                        b"meta contexts need structured replies: send NBD_OPT_STRUCTURED_REPLY first");
+                } else {
+                    let parsed = options::parse_meta_context_request(&data)
+                        .and_then(|req| options::selects_base_allocation(&req, listing).map(|sel| (req.export, sel)));
+                    match parsed {
+                        Err(e) => invalid(&mut out, option, &e),
+                        Ok((export, selected)) => {
+                            if selected {
+                                let id = if listing { 0 } else { BASE_ALLOCATION_CONTEXT_ID };
+                                let mut rep = id.to_be_bytes().to_vec();
+                                rep.extend_from_slice(META_CONTEXT_BASE_ALLOCATION.as_bytes());
+                                put_option_reply(&mut out, option, REP_META_CONTEXT, &rep);
+                            }
+                            put_option_reply(&mut out, option, REP_ACK, &[]);
+                            if !listing {
+                                meta = Some(MetaSelection { export: export.to_string(), base_allocation: selected });
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {
+                // Includes NBD_OPT_EXTENDED_HEADERS and NBD_OPT_PEEK_EXPORT.
+                let msg = format!("option {option} is not supported by this server");
+                put_option_reply(&mut out, option, REP_ERR_UNSUP, msg.as_bytes());
+            }
+        }
+        wire.write_all(&out).await?;
+    }
+}
+
+fn invalid(out: &mut Vec<u8>, option: u32, e: &OptionParseError) {
+    put_option_reply(out, option, REP_ERR_INVALID, e.to_string().as_bytes());
+}
+
+/// The parameters a device gets for this connection; BLOCK_STATUS is allowed only if the
+/// last SET_META_CONTEXT selected `base:allocation` for this same export name.
+fn export_params(device: &dyn BlockDev, structured: bool, meta: &Option<MetaSelection>, name: &str) -> ExportParams {
+    let caps = device.caps();
+    let base_allocation = structured && meta.as_ref().is_some_and(|m| m.base_allocation && m.export == name);
+    ExportParams { size: device.size(), flags: transmission_flags(&caps, structured), structured, base_allocation }
+}

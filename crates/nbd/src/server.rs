@@ -1,0 +1,308 @@
+//! The NBD server: the API the rest of vdstream uses, the accept loop, and graceful drain.
+//!
+//! A [`Server`] serves the exports an [`Exports`] implementation names, on a unix or TCP
+//! [`Listener`], until its [`ShutdownSignal`] fires. Each connection runs in its own task:
+//! the handshake ([`crate::handshake`]), then the transmission phase
+//! ([`crate::session`]). Invariants: one connection's failure (bad bytes, a panicking
+//! device, a stalled client) ends that connection only; after shutdown starts no
+//! connection is accepted and no new request is read, every request already read is
+//! answered, and [`Server::serve`] returns only when every connection has closed.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use vdstream_blockdev::BlockDev;
+
+/// One export as shown to `NBD_OPT_LIST` and `NBD_INFO_DESCRIPTION`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportInfo {
+    pub name: String,
+    pub description: String,
+}
+
+/// Why an export could not be opened. The message is sent to the client (with
+/// `NBD_OPT_GO`/`NBD_OPT_INFO`), so say what is wrong and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    /// No such export (`NBD_REP_ERR_UNKNOWN`).
+    #[error("unknown export: {0}")]
+    Unknown(String),
+    /// Policy forbids this client the export (`NBD_REP_ERR_POLICY`).
+    #[error("refused by policy: {0}")]
+    Policy(String),
+    /// The export exists but cannot be opened now, e.g. a maintenance version that already
+    /// has its one writer (`NBD_REP_ERR_POLICY`).
+    #[error("export busy: {0}")]
+    Busy(String),
+    /// The server is shutting down (`NBD_REP_ERR_SHUTDOWN`).
+    #[error("server shutting down: {0}")]
+    Shutdown(String),
+    /// Opening failed (I/O, corrupt store...) (`NBD_REP_ERR_UNKNOWN`, with this message).
+    #[error("export could not be opened: {0}")]
+    Failed(String),
+}
+
+/// The set of exports a server offers.
+pub trait Exports: Send + Sync + 'static {
+    /// The exports shown to `NBD_OPT_LIST`.
+    fn list(&self) -> Vec<ExportInfo>;
+
+    /// Opens export `name` ("" = the default export). Called once per connection at
+    /// `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`, and for each `NBD_OPT_INFO` (whose device is
+    /// dropped right after its size and caps are read). Return the same `Arc` for every
+    /// connection that should share one device.
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError>;
+}
+
+/// Tunables of a server. `Default` gives production values.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Each handshake read or write must finish within this time, or the connection is
+    /// dropped (a stalled client cannot hold a slot forever).
+    pub handshake_timeout: Duration,
+    /// Payload bytes (read data, write data) one connection may have in flight before
+    /// the server stops reading its requests (backpressure).
+    pub max_in_flight_bytes: usize,
+    /// Size of each connection's request read buffer.
+    pub read_buffer_size: usize,
+    /// Connections beyond this are closed right after accept.
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            handshake_timeout: Duration::from_secs(30),
+            max_in_flight_bytes: 64 << 20,
+            read_buffer_size: 256 << 10,
+            max_connections: 4096,
+        }
+    }
+}
+
+/// Counters over the life of a server; read them with `load(Ordering::Relaxed)`.
+/// Sessions add to them once per batch of requests, not per request.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub connections_accepted: AtomicU64,
+    pub connections_active: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub handshakes_failed: AtomicU64,
+    pub requests: AtomicU64,
+    pub request_errors: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+}
+
+/// Starts a graceful drain when [`ShutdownTrigger::shutdown`] is called.
+#[derive(Debug)]
+pub struct ShutdownTrigger {
+    tx: watch::Sender<bool>,
+}
+
+impl ShutdownTrigger {
+    /// Starts the drain: stop accepting, stop reading requests, answer those in flight,
+    /// close. Idempotent.
+    pub fn shutdown(&self) {
+        self.tx.send_replace(true);
+    }
+}
+
+/// The receiving side of a shutdown; cheap to clone, one per connection.
+/// Dropping the [`ShutdownTrigger`] without calling `shutdown` never triggers it.
+#[derive(Debug, Clone)]
+pub struct ShutdownSignal {
+    rx: watch::Receiver<bool>,
+}
+
+impl ShutdownSignal {
+    /// A new trigger and its signal.
+    pub fn new() -> (ShutdownTrigger, ShutdownSignal) {
+        let (tx, rx) = watch::channel(false);
+        (ShutdownTrigger { tx }, ShutdownSignal { rx })
+    }
+
+    /// A signal that never fires (for tests, fuzzing and one-off sessions).
+    pub fn never() -> ShutdownSignal {
+        ShutdownSignal::new().1
+    }
+
+    /// Whether shutdown has started.
+    pub fn is_shutdown(&self) -> bool {
+        *self.rx.borrow()
+    }
+
+    /// Completes when shutdown starts (never, if the trigger was dropped unused).
+    pub async fn wait(&mut self) {
+        loop {
+            if *self.rx.borrow_and_update() {
+                return;
+            }
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// Where a server accepts connections.
+#[derive(Debug)]
+pub enum Listener {
+    Unix(tokio::net::UnixListener),
+    Tcp(tokio::net::TcpListener),
+}
+
+/// What every connection of a server shares.
+pub(crate) struct Shared {
+    pub exports: Arc<dyn Exports>,
+    pub config: ServerConfig,
+    pub stats: Arc<ServerStats>,
+}
+
+/// An NBD server (fixed newstyle handshake, no TLS). See the module docs.
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("config", &self.shared.config).finish_non_exhaustive()
+    }
+}
+
+/// Decrements the active-connection count when a connection task ends, even by panic.
+struct ActiveGuard(Arc<ServerStats>);
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.connections_active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Server {
+    pub fn new(exports: Arc<dyn Exports>, config: ServerConfig) -> Server {
+        Server { shared: Arc::new(Shared { exports, config, stats: Arc::new(ServerStats::default()) }) }
+    }
+
+    /// The server's counters.
+    pub fn stats(&self) -> Arc<ServerStats> {
+        self.shared.stats.clone()
+    }
+
+    /// Accepts connections on `listener` until `shutdown` fires, then drains: returns once
+    /// every connection has answered its in-flight requests and closed. Errors only if the
+    /// listener itself fails persistently; a failed connection is logged and forgotten.
+    pub async fn serve(&self, listener: Listener, mut shutdown: ShutdownSignal) -> io::Result<()> {
+        let mut sessions = JoinSet::new();
+        let mut accept_errors = 0u32;
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                _ = shutdown.wait() => break,
+                Some(done) = sessions.join_next(), if !sessions.is_empty() => {
+                    if let Err(e) = done {
+                        log::error!("an NBD connection task failed: {e}");
+                    }
+                    continue;
+                }
+                a = accept(&listener) => a,
+            };
+            match accepted {
+                Ok((conn, peer)) => {
+                    accept_errors = 0;
+                    let stats = &self.shared.stats;
+                    stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+                    if sessions.len() >= self.shared.config.max_connections {
+                        stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+                        log::warn!("refusing NBD connection from {peer}: already {} connections (max_connections)", sessions.len());
+                        continue;
+                    }
+                    stats.connections_active.fetch_add(1, Ordering::Relaxed);
+                    let guard = ActiveGuard(stats.clone());
+                    let shared = self.shared.clone();
+                    let signal = shutdown.clone();
+                    sessions.spawn(async move {
+                        let _guard = guard;
+                        match conn {
+                            Conn::Unix(s) => run_connection(s, &shared, signal, &peer).await,
+                            Conn::Tcp(s) => run_connection(s, &shared, signal, &peer).await,
+                        }
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off rather than spin; give up if it persists.
+                    accept_errors += 1;
+                    log::warn!("accepting an NBD connection failed: {e}");
+                    if accept_errors > 100 {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        log::info!("NBD server draining {} connection(s)", sessions.len());
+        while let Some(done) = sessions.join_next().await {
+            if let Err(e) = done {
+                log::error!("an NBD connection task failed: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves one already-connected stream (handshake, then transmission) until it closes.
+    /// Used by tests and fuzzing over in-memory streams; `serve` calls the same code.
+    pub async fn serve_stream<S>(&self, stream: S, shutdown: ShutdownSignal)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        run_connection(stream, &self.shared, shutdown, "stream").await
+    }
+}
+
+enum Conn {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream),
+}
+
+async fn accept(listener: &Listener) -> io::Result<(Conn, String)> {
+    match listener {
+        Listener::Unix(l) => {
+            let (s, _) = l.accept().await?;
+            Ok((Conn::Unix(s), "unix socket".to_string()))
+        }
+        Listener::Tcp(l) => {
+            let (s, addr) = l.accept().await?;
+            if let Err(e) = s.set_nodelay(true) {
+                log::debug!("TCP_NODELAY on {addr}: {e}");
+            }
+            Ok((Conn::Tcp(s), addr.to_string()))
+        }
+    }
+}
+
+/// One connection, start to end. Never returns an error: failures are logged here.
+async fn run_connection<S>(mut stream: S, shared: &Shared, shutdown: ShutdownSignal, peer: &str)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let negotiated = match crate::handshake::negotiate(&mut stream, shared, &shutdown).await {
+        Ok(Some(n)) => n,
+        Ok(None) => {
+            log::debug!("NBD client {peer} ended the handshake");
+            return;
+        }
+        Err(e) => {
+            shared.stats.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+            log::info!("NBD handshake with {peer} failed: {e}");
+            return;
+        }
+    };
+    log::debug!("NBD client {peer} uses export {:?} ({})", negotiated.export_name, negotiated.device.describe());
+    if let Err(e) = crate::session::run(stream, negotiated, shared, shutdown).await {
+        log::info!("NBD connection from {peer} ended: {e}");
+    }
+}

@@ -1,0 +1,364 @@
+//! The transmission phase of one connection: read requests, validate, execute, reply.
+//!
+//! Two engines, chosen by the device's `Caps::may_block`:
+//!
+//! - **inline** (memory devices): the connection task reads the socket into a large
+//!   buffer, handles *every* complete request it holds (executing on the spot and
+//!   appending each reply to one output buffer, READ data read in place), and writes the
+//!   output with one syscall before it waits for more input. Per request: no allocation,
+//!   no task switch, no lock of ours.
+//! - **concurrent** (devices that may sleep): the reader dispatches each request to
+//!   tokio's blocking pool; replies come back out of order over a channel to a writer that
+//!   batches whatever is ready into one write. Payload bytes in flight are bounded by
+//!   `max_in_flight_bytes` (the reader waits for budget: backpressure).
+//!
+//! Invariants: a header is validated before its payload is buffered; a WRITE payload over
+//! `MAX_PAYLOAD` or a bad magic ends the connection (never an allocation sized by the
+//! wire); a refused WRITE's payload is skipped so the stream stays in sync; on DISC,
+//! shutdown or EOF no further request is read, every request already read is answered,
+//! and the connection closes after its replies are written.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use vdstream_blockdev::BlockDev;
+
+use crate::exec::{execute, reply_error, Scratch};
+use crate::handshake::Negotiated;
+use crate::proto::*;
+use crate::server::{ServerStats, Shared, ShutdownSignal};
+use crate::validate::{validate, Command, Rejection};
+use crate::wire::{ReplyBuf, RequestHeader, REQUEST_HEADER_LEN};
+
+/// Write the output buffer once it holds this much, even mid-batch.
+const FLUSH_AT: usize = 512 << 10;
+/// Budget charged per request on top of its payload, so tiny requests are bounded too.
+const REQUEST_OVERHEAD: usize = 512;
+
+/// Why a session ended abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("protocol violation, connection closed: {0}")]
+    Protocol(&'static str),
+}
+
+/// The request input buffer: bytes read from the socket, consumed frame by frame.
+struct Input {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    default_size: usize,
+}
+
+/// One complete request: its header and where its payload sits in the input buffer.
+struct Frame {
+    header: RequestHeader,
+    payload: std::ops::Range<usize>,
+}
+
+impl Input {
+    fn new(size: usize) -> Input {
+        let size = size.max(64 << 10);
+        Input { buf: vec![0; size], start: 0, end: 0, default_size: size }
+    }
+
+    /// The next complete request, if the buffer holds one. Checks magic and payload size
+    /// as soon as the header is in, before waiting for (or making room for) a payload.
+    fn next_frame(&mut self) -> Result<Option<Frame>, SessionError> {
+        let avail = &self.buf[self.start..self.end];
+        let Some(header) = RequestHeader::parse(avail) else { return Ok(None) };
+        if header.magic != REQUEST_MAGIC {
+            return Err(SessionError::Protocol("bad request magic: the stream is out of sync"));
+        }
+        let payload_len = header.payload_len();
+        if payload_len > MAX_PAYLOAD {
+            return Err(SessionError::Protocol("WRITE payload larger than the 32 MiB maximum block size"));
+        }
+        let total = REQUEST_HEADER_LEN + payload_len as usize;
+        if avail.len() < total {
+            if self.buf.len() < total {
+                // A large WRITE: make room for all of it (bounded by MAX_PAYLOAD above).
+                self.compact();
+                self.buf.resize(total, 0);
+            }
+            return Ok(None);
+        }
+        let payload_start = self.start + REQUEST_HEADER_LEN;
+        self.start += total;
+        Ok(Some(Frame { header, payload: payload_start..self.start }))
+    }
+
+    fn compact(&mut self) {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+    }
+
+    fn has_partial(&self) -> bool {
+        self.end > self.start
+    }
+
+    /// Reads more bytes; 0 means EOF.
+    async fn fill<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> io::Result<usize> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > self.default_size {
+                self.buf = vec![0; self.default_size];
+            }
+        } else if self.end == self.buf.len() {
+            self.compact();
+        }
+        let n = r.read(&mut self.buf[self.end..]).await?;
+        self.end += n;
+        Ok(n)
+    }
+}
+
+/// Counters kept locally and added to the shared stats once per batch.
+#[derive(Default)]
+struct Tally {
+    requests: u64,
+    errors: u64,
+    bytes_read: u64,
+    bytes_written: u64,
+}
+
+impl Tally {
+    fn publish(&mut self, stats: &ServerStats) {
+        if self.requests | self.bytes_read | self.bytes_written != 0 {
+            stats.requests.fetch_add(self.requests, Ordering::Relaxed);
+            stats.request_errors.fetch_add(self.errors, Ordering::Relaxed);
+            stats.bytes_read.fetch_add(self.bytes_read, Ordering::Relaxed);
+            stats.bytes_written.fetch_add(self.bytes_written, Ordering::Relaxed);
+            *self = Tally::default();
+        }
+    }
+}
+
+/// Runs the transmission phase until the client disconnects or shutdown drains it.
+pub async fn run<S>(stream: S, negotiated: Negotiated, shared: &Shared, shutdown: ShutdownSignal) -> Result<(), SessionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    if negotiated.device.caps().may_block {
+        run_concurrent(stream, negotiated, shared, shutdown).await
+    } else {
+        run_inline(stream, negotiated, shared, shutdown).await
+    }
+}
+
+async fn run_inline<S>(mut stream: S, negotiated: Negotiated, shared: &Shared, mut shutdown: ShutdownSignal) -> Result<(), SessionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let dev: &dyn BlockDev = &*negotiated.device;
+    let x = negotiated.params;
+    let mut input = Input::new(shared.config.read_buffer_size);
+    let mut out = ReplyBuf::with_capacity(64 << 10);
+    let mut scratch = Scratch::default();
+    let mut tally = Tally::default();
+
+    let result = 'session: loop {
+        // Handle every complete request in the buffer.
+        loop {
+            let frame = match input.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => break 'session Err(e),
+            };
+            let h = frame.header;
+            tally.requests += 1;
+            match validate(&h, &x) {
+                Ok(req) if req.command == Command::Disconnect => break 'session Ok(()),
+                Ok(req) => {
+                    if !execute(dev, &x, &req, &input.buf[frame.payload], &mut out, &mut scratch) {
+                        tally.errors += 1;
+                    }
+                    match req.command {
+                        Command::Read { .. } => tally.bytes_read += req.length as u64,
+                        Command::Write { .. } => tally.bytes_written += req.length as u64,
+                        _ => {}
+                    }
+                }
+                Err(Rejection::Error { errno, reason }) => {
+                    tally.errors += 1;
+                    reply_error(&mut out, &x, h.handle, errno, reason, None);
+                }
+                Err(Rejection::Disconnect(reason)) => break 'session Err(SessionError::Protocol(reason)),
+            }
+            if out.len() >= FLUSH_AT {
+                if let Err(e) = stream.write_all(out.as_slice()).await {
+                    break 'session Err(e.into());
+                }
+                out.clear();
+            }
+        }
+        if !out.is_empty() {
+            if let Err(e) = stream.write_all(out.as_slice()).await {
+                break 'session Err(e.into());
+            }
+            out.clear();
+            out.shrink_to(1 << 20);
+        }
+        tally.publish(&shared.stats);
+        let n = tokio::select! {
+            biased;
+            _ = shutdown.wait() => break 'session Ok(()),
+            r = input.fill(&mut stream) => r,
+        };
+        match n {
+            Ok(0) => {
+                if input.has_partial() {
+                    log::debug!("client closed the connection in the middle of a request");
+                }
+                break 'session Ok(());
+            }
+            Ok(_) => {}
+            Err(e) => break 'session Err(e.into()),
+        }
+    };
+    // Whatever was answered before the end still goes out.
+    if !out.is_empty() {
+        let _ = stream.write_all(out.as_slice()).await;
+    }
+    tally.publish(&shared.stats);
+    let _ = stream.flush().await;
+    let _ = stream.shutdown().await;
+    result
+}
+
+/// A finished reply on its way to the writer, holding its share of the in-flight budget.
+struct Reply {
+    bytes: ReplyBuf,
+    _budget: Option<OwnedSemaphorePermit>,
+}
+
+async fn run_concurrent<S>(stream: S, negotiated: Negotiated, shared: &Shared, mut shutdown: ShutdownSignal) -> Result<(), SessionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let dev = negotiated.device.clone();
+    let x = negotiated.params;
+    let max_budget = shared.config.max_in_flight_bytes.clamp(MAX_PAYLOAD as usize + REQUEST_OVERHEAD, u32::MAX as usize);
+    let budget = Arc::new(Semaphore::new(max_budget));
+    let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
+    let stats = shared.stats.clone();
+
+    let reader = async move {
+        let mut input = Input::new(shared.config.read_buffer_size);
+        let mut tally = Tally::default();
+        let result = 'session: loop {
+            loop {
+                let frame = match input.next_frame() {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(e) => break 'session Err(e),
+                };
+                let h = frame.header;
+                tally.requests += 1;
+                let verdict = if shutdown.is_shutdown() {
+                    Err(Rejection::Error { errno: ESHUTDOWN, reason: "the server is shutting down; reconnect later" })
+                } else {
+                    validate(&h, &x)
+                };
+                match verdict {
+                    Ok(req) if req.command == Command::Disconnect => break 'session Ok(()),
+                    Ok(req) => {
+                        let data_len = match req.command {
+                            Command::Read { .. } => {
+                                tally.bytes_read += req.length as u64;
+                                req.length as usize
+                            }
+                            Command::Write { .. } => {
+                                tally.bytes_written += req.length as u64;
+                                req.length as usize
+                            }
+                            _ => 0,
+                        };
+                        let cost = (data_len + REQUEST_OVERHEAD).min(max_budget) as u32;
+                        let permit = tokio::select! {
+                            p = budget.clone().acquire_many_owned(cost) => p.expect("the budget semaphore is never closed"),
+                            _ = tx.closed() => break 'session Ok(()),
+                        };
+                        let payload = input.buf[frame.payload].to_vec();
+                        let (dev, tx) = (dev.clone(), tx.clone());
+                        tokio::task::spawn_blocking(move || {
+                            let mut bytes = ReplyBuf::with_capacity(0);
+                            let mut scratch = Scratch::default();
+                            execute(&*dev, &x, &req, &payload, &mut bytes, &mut scratch);
+                            // The writer may be gone (client left): nothing to do then.
+                            let _ = tx.send(Reply { bytes, _budget: Some(permit) });
+                        });
+                    }
+                    Err(Rejection::Error { errno, reason }) => {
+                        tally.errors += 1;
+                        let mut bytes = ReplyBuf::with_capacity(0);
+                        reply_error(&mut bytes, &x, h.handle, errno, reason, None);
+                        let _ = tx.send(Reply { bytes, _budget: None });
+                    }
+                    Err(Rejection::Disconnect(reason)) => break 'session Err(SessionError::Protocol(reason)),
+                }
+            }
+            tally.publish(&stats);
+            let n = tokio::select! {
+                biased;
+                _ = shutdown.wait() => break 'session Ok(()),
+                _ = tx.closed() => break 'session Ok(()),
+                r = input.fill(&mut rd) => r,
+            };
+            match n {
+                Ok(0) => break 'session Ok(()),
+                Ok(_) => {}
+                Err(e) => break 'session Err(SessionError::from(e)),
+            }
+        };
+        tally.publish(&stats);
+        // Dropping our sender: the writer ends once every in-flight request has replied.
+        drop(tx);
+        result
+    };
+
+    let writer = async move {
+        let mut batch = Vec::with_capacity(256 << 10);
+        let mut held = Vec::new();
+        let mut result: Result<(), SessionError> = Ok(());
+        while let Some(first) = rx.recv().await {
+            batch.extend_from_slice(first.bytes.as_slice());
+            held.push(first);
+            while batch.len() < FLUSH_AT {
+                match rx.try_recv() {
+                    Ok(r) => {
+                        batch.extend_from_slice(r.bytes.as_slice());
+                        held.push(r);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = wr.write_all(&batch).await {
+                result = Err(e.into());
+                break;
+            }
+            batch.clear();
+            if batch.capacity() > 4 << 20 {
+                batch = Vec::with_capacity(256 << 10);
+            }
+            held.clear(); // releases the budget of what was written
+        }
+        drop(rx);
+        let _ = wr.flush().await;
+        let _ = wr.shutdown().await;
+        result
+    };
+
+    let (read_result, write_result) = tokio::join!(reader, writer);
+    read_result.and(write_result)
+}
