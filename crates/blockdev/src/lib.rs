@@ -144,7 +144,8 @@ pub trait BlockDev: Send + Sync + std::fmt::Debug {
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()>;
 
     /// Appends extents describing `[offset, offset+len)` to `out`. They must start at
-    /// `offset`, be non-empty, and may stop short of `offset+len` (at least one extent).
+    /// `offset`, be non-empty, and may stop short of `offset+len`; for `len > 0` there is at
+    /// least one. (`len == 0` appends nothing; the NBD edge refuses zero-length requests.)
     fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
         let _ = offset;
         out.push(Extent { len, hole: false, zero: false });
