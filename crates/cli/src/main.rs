@@ -1,1 +1,42 @@
-fn main() {}
+//! The `vdstream` binary: argument parsing and wiring only. Every capability lives in a
+//! library crate; this file turns command lines into calls and errors into messages.
+
+mod serve_image;
+mod size;
+
+use clap::{Parser, Subcommand};
+
+/// vdstream streams one golden disk image to many machines over NBD and gives each
+/// machine its own fast, throw-away write cache.
+#[derive(Debug, Parser)]
+#[command(name = "vdstream", version, about, long_about = None, after_help = "\
+Examples:
+  vdstream serve-image --memory 1G              a 1 GiB RAM disk on /tmp/vdstream.sock
+  vdstream serve-image disk.img --read-only     a raw image, read-only
+  nbdinfo 'nbd+unix:///?socket=/tmp/vdstream.sock'
+  qemu-img info 'nbd+unix:///?socket=/tmp/vdstream.sock'
+
+Logging: set RUST_LOG=debug (or info, warn) for more detail.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    ServeImage(serve_image::ServeImageArgs),
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_millis()
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::ServeImage(args) => serve_image::run(args),
+    };
+    if let Err(err) = result {
+        eprintln!("vdstream: error: {err:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,224 @@
+//! `vdstream serve-image`: serve one raw image file, or a RAM disk, as an NBD export on a
+//! unix socket and/or a loopback TCP port, until SIGINT or SIGTERM, which drain the
+//! requests in flight before the process exits.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use vdstream_blockdev::{BlockDev, FileDev, FileOptions, MemoryDev};
+use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
+
+use vdstream_wcache::{CacheConfig, CacheType};
+
+use crate::size::{format_size, parse_size};
+
+fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" | "yes" | "true" => Ok(true),
+        "off" | "no" | "false" => Ok(false),
+        _ => Err(format!("{text:?}: say on or off")),
+    }
+}
+
+const DEFAULT_SOCKET: &str = "/tmp/vdstream.sock";
+
+/// Serve a raw image file or a RAM disk over NBD.
+///
+/// The export answers to the empty (default) name and to --name. Clients connect with
+/// `nbd+unix:///NAME?socket=PATH` or `nbd://127.0.0.1:PORT/NAME`. Ctrl-C or SIGTERM stops
+/// accepting, finishes every request in flight, and exits.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  vdstream serve-image --memory 1G
+  vdstream serve-image disk.img --socket /run/disk.sock --name golden
+  vdstream serve-image disk.img --read-only --listen 127.0.0.1:10809
+Then:
+  nbdinfo --map 'nbd+unix:///?socket=/tmp/vdstream.sock'
+  qemu-system-x86_64 -drive file=nbd+unix:///?socket=/tmp/vdstream.sock,format=raw,if=virtio ...")]
+pub struct ServeImageArgs {
+    /// Raw image file (or block device) to serve. Omit it with --memory.
+    #[arg(value_name = "FILE", required_unless_present = "memory", conflicts_with = "memory")]
+    file: Option<PathBuf>,
+
+    /// Serve a sparse RAM disk of this size instead of a file (e.g. 64M, 1G, 2T).
+    /// Memory is taken only as data is written and is given back on trim.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory: Option<u64>,
+
+    /// Refuse writes, trims and zeroes (clients see a read-only disk).
+    #[arg(long)]
+    read_only: bool,
+
+    /// Open FILE with O_DIRECT, bypassing the host page cache.
+    #[arg(long, conflicts_with = "memory")]
+    direct: bool,
+
+    /// Unix socket to listen on. Default: /tmp/vdstream.sock, unless --listen is given.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    /// TCP address to listen on, e.g. 127.0.0.1:10809 (the NBD port).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+
+    /// Serve FILE through a write cache of this type: the file is only read (except with
+    /// `private`), every write lands in the cache. Types: ram-overflow, device-ram,
+    /// device-disk, device-disk-persistent, server, server-persistent, private.
+    #[arg(long, value_name = "TYPE")]
+    cache: Option<vdstream_wcache::CacheType>,
+
+    /// RAM for device-ram and ram-overflow (e.g. 256M). 0 sends ram-overflow straight to its file.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256M", requires = "cache")]
+    ram: u64,
+
+    /// Folder for the overflow file (ram-overflow) or cache file (disk and server types).
+    #[arg(long, value_name = "DIR", requires = "cache")]
+    overflow_dir: Option<PathBuf>,
+
+    /// Cap on the overflow or cache file (e.g. 10G); past it, writes to new blocks fail with ENOSPC.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "cache")]
+    overflow_max: Option<u64>,
+
+    /// Disk cache types: `on` writes through the host page cache, `off` uses O_DIRECT.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "off", requires = "cache")]
+    intermediate_buffering: bool,
+
+    /// Export name, besides the default empty name.
+    #[arg(long, value_name = "EXPORT", default_value = "vdstream")]
+    name: String,
+}
+
+/// One device, offered under the default name and under its own name.
+#[derive(Debug)]
+struct SingleExport {
+    name: String,
+    description: String,
+    dev: Arc<dyn BlockDev>,
+}
+
+impl Exports for SingleExport {
+    fn list(&self) -> Vec<ExportInfo> {
+        vec![ExportInfo { name: self.name.clone(), description: self.description.clone() }]
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
+        if name.is_empty() || name == self.name {
+            Ok(self.dev.clone())
+        } else {
+            Err(OpenError::Unknown(format!(
+                "no export named {name:?}: this server offers {:?} (or the default empty name)",
+                self.name
+            )))
+        }
+    }
+}
+
+pub fn run(args: ServeImageArgs) -> Result<()> {
+    if args.read_only && args.memory.is_some() {
+        bail!("--read-only with --memory would serve a disk of zeros; drop --read-only");
+    }
+    let (dev, description): (Arc<dyn BlockDev>, String) = match (&args.file, args.memory) {
+        (_, Some(size)) => {
+            if size == 0 {
+                bail!("--memory must be larger than 0 (e.g. --memory 1G)");
+            }
+            (Arc::new(MemoryDev::new(size)), format!("RAM disk of {}", format_size(size)))
+        }
+        (Some(path), None) => {
+            // Under a cache the image is the read-only vDisk; only `private` writes to it.
+            let read_only = args.read_only || args.cache.is_some_and(|c| c != CacheType::Private);
+            let dev = FileDev::open(path, FileOptions { read_only, direct: args.direct })
+                .with_context(|| format!("cannot serve {}", path.display()))?;
+            (Arc::new(dev), format!("raw image {}", path.display()))
+        }
+        (None, None) => bail!("give an image FILE or --memory SIZE"),
+    };
+    let (dev, description) = match args.cache {
+        None => (dev, description),
+        Some(kind) => {
+            let cfg = CacheConfig {
+                target: args.name.clone(),
+                ram: args.ram,
+                dir: args.overflow_dir.clone().unwrap_or_else(std::env::temp_dir),
+                max_file: args.overflow_max,
+                intermediate_buffering: args.intermediate_buffering,
+                lock_path: args.file.clone(),
+            };
+            let cache = vdstream_wcache::open(kind, dev, &cfg).with_context(|| format!("cannot open the {kind} write cache"))?;
+            let dev: Arc<dyn BlockDev> = cache;
+            (dev, format!("{description} through a {kind} write cache"))
+        }
+    };
+    let size = dev.size();
+    let exports = Arc::new(SingleExport { name: args.name.clone(), description: description.clone(), dev });
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
+    runtime.block_on(async move {
+        let server = Arc::new(Server::new(exports, ServerConfig::default()));
+        let (trigger, shutdown) = ShutdownSignal::new();
+        let socket = match (&args.socket, &args.listen) {
+            (None, None) => Some(PathBuf::from(DEFAULT_SOCKET)),
+            (s, _) => s.clone(),
+        };
+        let mut tasks = Vec::new();
+        if let Some(path) = &socket {
+            let listener = bind_unix(path)?;
+            println!(
+                "vdstream: serving {description} ({size} bytes) as export {:?} on nbd+unix:///{}?socket={}",
+                args.name,
+                args.name,
+                path.display()
+            );
+            println!("vdstream: try: nbdinfo 'nbd+unix:///?socket={}'", path.display());
+            let (server, shutdown) = (server.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(listener), shutdown).await }));
+        }
+        if let Some(addr) = args.listen {
+            let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}: is another server using that port?"))?;
+            println!("vdstream: serving {description} ({size} bytes) as export {:?} on nbd://{addr}/{}", args.name, args.name);
+            let (server, shutdown) = (server.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(listener), shutdown).await }));
+        }
+        wait_for_signal().await?;
+        log::info!("shutting down: finishing requests in flight");
+        trigger.shutdown();
+        for task in tasks {
+            task.await.context("server task panicked")?.context("server failed")?;
+        }
+        if let Some(path) = &socket {
+            let _ = std::fs::remove_file(path);
+        }
+        log::info!("all sessions drained; bye");
+        Ok(())
+    })
+}
+
+/// Binds a unix socket, removing a stale socket file left by a process that died, but
+/// refusing to steal a socket some live server still answers on.
+fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!("{} exists and is not a socket: choose another --socket path", path.display());
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("another server is already listening on {}: stop it or choose another --socket path", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on unix socket {}", path.display()))
+}
+
+async fn wait_for_signal() -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! The write-cache types of vdstream. A target's writes never touch the shared vDisk: they
+//! land in its write cache, and reads come from the cache where the target wrote and from
+//! the vDisk (the *lower* device, read-only) everywhere else. Every cache type is a
+//! [`BlockDev`] that wraps a lower `BlockDev`, so the NBD session, the server and the agent
+//! stack it like any other device.
+//!
+//! ```text
+//!   guest I/O ──▶ WriteCache (one of CacheType) ──▶ lower BlockDev (vDisk, read-only)
+//!                    │ RAM pages / overflow file / cache file
+//!                    ▼
+//!                 storage I/O (counted in CacheStats)
+//! ```
+//!
+//! Invariants every type keeps (the conformance suite and the model tests check them):
+//! - The lower device is never written (except by `private`, which has no cache).
+//! - Cache granularity is the 4 KiB page: a write that covers part of a page not yet in
+//!   the cache reads the page from below first (read-modify-write). Two in-flight writes to
+//!   the same page never lose an update (per-page locks, sharded; never one lock over the
+//!   whole device).
+//! - A trimmed or zeroed page reads as zeros, never as the vDisk's bytes underneath: the
+//!   cache records it as a zero page and frees whatever held its data.
+//! - A cache that fills answers [`ErrorKind::NoSpace`] for writes to pages it does not yet
+//!   hold; it never crashes, loses acknowledged data, or stops serving reads; overwrites of
+//!   pages it holds still succeed.
+//! - Non-persistent types start empty on every open, so a fresh attach is a clean boot.
+
+pub mod cachefile;
+pub mod disk;
+pub mod journal;
+pub mod overflow;
+mod overflow_file;
+pub mod page;
+pub mod pagemap;
+pub mod persistent;
+pub mod private;
+pub mod ram;
+mod region_map;
+pub mod stats;
+mod tiers;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use stats::{CacheStats, StatsSnapshot};
+use vdstream_blockdev::{BlockDev, Result};
+
+/// The cache types, named as PVS names them (see DESIGN.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CacheType {
+    /// Cache file on the server, per target; gone on the next attach.
+    Server,
+    /// Cache file on the server that survives restarts.
+    ServerPersistent,
+    /// Cache file on the target's local disk, 4 KiB granularity; gone on the next attach.
+    DeviceDisk,
+    /// Cache file on the target's local disk that survives restarts.
+    DeviceDiskPersistent,
+    /// RAM only, up to a limit; ENOSPC past it.
+    DeviceRam,
+    /// RAM first, least-recently-used data to an overflow file in 2 MiB units (the default).
+    RamOverflow,
+    /// No cache: writes go to the vDisk itself, one writer at a time.
+    Private,
+}
+
+impl CacheType {
+    pub const ALL: [CacheType; 7] = [
+        CacheType::Server,
+        CacheType::ServerPersistent,
+        CacheType::DeviceDisk,
+        CacheType::DeviceDiskPersistent,
+        CacheType::DeviceRam,
+        CacheType::RamOverflow,
+        CacheType::Private,
+    ];
+
+    /// The name used on the command line, in config files and in the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheType::Server => "server",
+            CacheType::ServerPersistent => "server-persistent",
+            CacheType::DeviceDisk => "device-disk",
+            CacheType::DeviceDiskPersistent => "device-disk-persistent",
+            CacheType::DeviceRam => "device-ram",
+            CacheType::RamOverflow => "ram-overflow",
+            CacheType::Private => "private",
+        }
+    }
+
+    pub fn is_persistent(self) -> bool {
+        matches!(self, CacheType::ServerPersistent | CacheType::DeviceDiskPersistent)
+    }
+}
+
+impl std::fmt::Display for CacheType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CacheType {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        CacheType::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| {
+            let names: Vec<_> = CacheType::ALL.iter().map(|t| t.name()).collect();
+            format!("unknown cache type {s:?}: choose one of {}", names.join(", "))
+        })
+    }
+}
+
+/// Everything a cache type may need to open. Each type reads the fields it uses.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Who the cache belongs to, for messages and logs (a target id, or the image path).
+    pub target: String,
+    /// RAM budget for `device-ram` and `ram-overflow`, in bytes.
+    pub ram: u64,
+    /// Folder of the overflow file (`ram-overflow`) or the cache file (disk and server types).
+    pub dir: PathBuf,
+    /// Cap on the overflow file or cache file, in bytes; `None` = the size of the vDisk.
+    pub max_file: Option<u64>,
+    /// Disk types: write through the page cache (`true`) or with O_DIRECT (`false`).
+    pub intermediate_buffering: bool,
+    /// `private`: the file to lock exclusively so that a second writer is refused (the
+    /// vDisk's own file).
+    pub lock_path: Option<PathBuf>,
+}
+
+impl CacheConfig {
+    /// A config with PVS's usual defaults: 256 MiB of RAM, overflow in the system temp dir.
+    pub fn new(target: impl Into<String>) -> Self {
+        CacheConfig {
+            target: target.into(),
+            ram: 256 << 20,
+            dir: std::env::temp_dir(),
+            max_file: None,
+            intermediate_buffering: false,
+            lock_path: None,
+        }
+    }
+}
+
+/// A write cache: a block device that also reports what it did.
+pub trait WriteCache: BlockDev {
+    fn cache_type(&self) -> CacheType;
+    fn stats(&self) -> StatsSnapshot;
+}
+
+/// Opens a write cache of `kind` over `lower` (which is only read, except by `private`).
+pub fn open(kind: CacheType, lower: Arc<dyn BlockDev>, cfg: &CacheConfig) -> Result<Arc<dyn WriteCache>> {
+    Ok(match kind {
+        CacheType::DeviceRam => Arc::new(ram::RamCache::open(lower, cfg)?),
+        CacheType::RamOverflow => Arc::new(overflow::RamOverflowCache::open(lower, cfg)?),
+        CacheType::DeviceDisk | CacheType::Server => Arc::new(disk::DiskCache::open(lower, cfg, kind)?),
+        CacheType::DeviceDiskPersistent | CacheType::ServerPersistent => {
+            Arc::new(persistent::PersistentDiskCache::open(lower, cfg, kind)?)
+        }
+        CacheType::Private => Arc::new(private::PrivateDev::open(lower, cfg)?),
+    })
+}
