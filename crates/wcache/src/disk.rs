@@ -1,0 +1,505 @@
+//! `device-disk` and `server`: a write cache in a sparse file on local disk, 4 KiB pages,
+//! gone on the next attach. The `server` type is the same engine with the file in the
+//! store's cache folder for the target (the caller passes it as `cfg.dir`). The persistent
+//! types ([`crate::persistent`]) reuse this engine and add durable metadata.
+//!
+//! Design notes.
+//!
+//! - **Layout**: page `p` of the device lives at byte `p·4096` of a [`CacheFile`] (see there
+//!   why the identity layout beats an allocation-ordered one here); a [`PageMap`] keeps each
+//!   page's state in two bits, lock-free:
+//!
+//!   | state  | reads come from          | a write of the whole page | a partial write           | trim / zero             |
+//!   | ------ | ------------------------ | ------------------------- | ------------------------- | ----------------------- |
+//!   | absent | the vDisk                | pwrite → data (new page)  | vDisk page + patch → data | → zero                  |
+//!   | data   | the cache file           | pwrite                    | pwrite (RMW in O_DIRECT)  | → zero, punch the hole  |
+//!   | zero   | zeros                    | pwrite → data (new page)  | zeros + patch → data      | nothing                 |
+//!
+//! - **Per-I/O cost**: a read is one `pread` per run of data pages (or one lower read per
+//!   run of absent pages); a write is one `pwrite` of the whole range. In buffered mode a
+//!   write whose partial edge pages are already data goes straight from the caller's buffer;
+//!   otherwise the range is assembled in an aligned per-thread buffer (old edge pages read
+//!   from the file, the vDisk or as zeros) and written as whole pages.
+//! - **Ordering**: a write holds the striped page locks of every page it touches
+//!   ([`PageLocks`]), writes the file, *then* marks the pages data; a trim marks pages zero,
+//!   *then* punches. So a lock-free reader that sees *data* finds the bytes in the file, and
+//!   two writers of one page never lose an update.
+//! - **Space**: the file's used bytes are the data pages × 4096 (exact, `file_bytes`).
+//!   `cfg.max_file` caps them: a write that would turn pages that are not data into data
+//!   past the cap fails whole with [`ErrorKind::NoSpace`] (logged once, counted in
+//!   `nospace_errors`); overwrites of data pages always work; trims give space back.
+//! - **Flush**: not advertised (`Caps::flush` and `fua` false) and a no-op: the file is
+//!   deleted when the cache closes and a new attach starts empty, so `fdatasync` would make
+//!   nothing survive that anyone could read. Completed writes are visible to every
+//!   connection at once (one file, one map), so `multi_conn` holds.
+//! - **Zeroing** never writes zeros for whole pages (it is a map change and a punch), so it
+//!   is always fast; `NO_HOLE` is not honoured as a reservation: this cache never reserves.
+//! - **Non-persistence**: every open creates a fresh, uniquely named file in `cfg.dir` with
+//!   `O_EXCL` and unlinks it at once; the descriptor keeps it alive until drop.
+//!
+//! Invariants: the lower device is only read; a page is *data* only after its bytes are in
+//! the file; the bytes past the device size in the last page are never read.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
+
+use crate::cachefile::{is_aligned, with_bounce, CacheFile, BOUNCE_BYTES};
+use crate::page::{read_lower_page, PageLocks, PAGE, PAGE_SHIFT, PAGE_U64};
+use crate::pagemap::{ChangedPages, PageMap, PageState};
+use crate::stats::CacheStats;
+use crate::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
+
+/// Stripes of page locks per cache.
+const LOCK_STRIPES: usize = 1024;
+/// Most extents one block-status answer returns.
+const MAX_EXTENTS: usize = 1024;
+static ZERO_PAGE: [u8; PAGE] = [0; PAGE];
+
+fn round_down(x: u64) -> u64 {
+    x & !(PAGE_U64 - 1)
+}
+
+fn round_up(x: u64) -> u64 {
+    round_down(x + PAGE_U64 - 1)
+}
+
+/// A file-name-safe form of a target id: `[A-Za-z0-9._-]` kept, the rest `_`, plus a hash
+/// of the original so that two ids that sanitize alike still get different files.
+pub fn file_stem(target: &str) -> String {
+    let clean: String = target
+        .chars()
+        .take(64)
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .collect();
+    let clean = clean.trim_start_matches('.');
+    // FNV-1a, stable across builds and platforms.
+    let hash = target.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x1000_0000_01b3));
+    format!("{clean}-{:08x}", hash as u32)
+}
+
+/// A disk write cache; see the module notes.
+#[derive(Debug)]
+pub struct DiskCache {
+    lower: Arc<dyn BlockDev>,
+    file: CacheFile,
+    map: PageMap,
+    locks: PageLocks,
+    stats: CacheStats,
+    kind: CacheType,
+    target: String,
+    dir: PathBuf,
+    size: u64,
+    /// Most data pages `max_file` allows.
+    limit_pages: u64,
+    warned_full: AtomicBool,
+    /// Persistent types: pages whose state changed since the last flush.
+    changed: Option<ChangedPages>,
+    /// Set by every write to the file; cleared by a flush before its `fdatasync`.
+    unsynced: AtomicBool,
+    /// Delete this path on drop (if unlinking right after creation failed).
+    remove_on_drop: Option<PathBuf>,
+}
+
+static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
+
+impl DiskCache {
+    /// Opens a fresh, empty cache over `lower` in a new file in `cfg.dir`.
+    pub fn open(lower: Arc<dyn BlockDev>, cfg: &CacheConfig, kind: CacheType) -> Result<Self> {
+        let pages = lower.size().div_ceil(PAGE_U64);
+        let name = format!(
+            ".vdstream-{kind}-{}-{}-{}.cache",
+            file_stem(&cfg.target),
+            std::process::id(),
+            NEXT_FILE.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = cfg.dir.join(name);
+        let file = CacheFile::open(&path, pages, !cfg.intermediate_buffering, true, true)
+            .map_err(|e| Error { message: format!("cannot create the {kind} cache file of target {}: {}", cfg.target, e.message), ..e })?;
+        let mut cache = DiskCache::with_file(lower, file, cfg, kind, false);
+        if let Err(e) = std::fs::remove_file(&path) {
+            log::warn!("cannot unlink the cache file {} right away ({e}); it is removed when the cache closes", path.display());
+            cache.remove_on_drop = Some(path);
+        }
+        Ok(cache)
+    }
+
+    /// The engine over an open cache file (all pages absent). With `track_changes`, every
+    /// page state change is recorded for [`DiskCache::drain_changed`].
+    pub(crate) fn with_file(lower: Arc<dyn BlockDev>, file: CacheFile, cfg: &CacheConfig, kind: CacheType, track_changes: bool) -> Self {
+        let size = lower.size();
+        let pages = size.div_ceil(PAGE_U64);
+        DiskCache {
+            lower,
+            file,
+            map: PageMap::new(pages),
+            locks: PageLocks::new(LOCK_STRIPES),
+            stats: CacheStats::default(),
+            kind,
+            target: cfg.target.clone(),
+            dir: cfg.dir.clone(),
+            size,
+            limit_pages: cfg.max_file.map_or(pages, |m| m / PAGE_U64),
+            warned_full: AtomicBool::new(false),
+            changed: track_changes.then(|| ChangedPages::new(pages)),
+            unsynced: AtomicBool::new(false),
+            remove_on_drop: None,
+        }
+    }
+
+    pub(crate) fn map(&self) -> &PageMap {
+        &self.map
+    }
+
+    pub(crate) fn cache_file(&self) -> &CacheFile {
+        &self.file
+    }
+
+    pub(crate) fn counters(&self) -> &CacheStats {
+        &self.stats
+    }
+
+    /// Recomputes `file_bytes` after the map was loaded from elsewhere.
+    pub(crate) fn refresh_file_bytes(&self) {
+        self.stats.file_bytes.store(self.map.data_pages() * PAGE_U64, Ordering::Relaxed);
+    }
+
+    /// Takes the pages whose state changed since the last call (ascending).
+    pub(crate) fn drain_changed(&self) -> Vec<u64> {
+        self.changed.as_ref().map(ChangedPages::drain).unwrap_or_default()
+    }
+
+    /// Whether anything was written to the file since the last call.
+    pub(crate) fn take_unsynced(&self) -> bool {
+        self.unsynced.swap(false, Ordering::AcqRel)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Flags that the file has writes a flush has not synced (a failed flush puts it back).
+    pub(crate) fn mark_unsynced(&self) {
+        self.unsynced.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn mark_changed(&self, page: u64) {
+        if let Some(c) = &self.changed {
+            c.mark(page);
+        }
+    }
+
+    fn no_space(&self, op: Op, offset: u64, len: u64) -> Error {
+        self.stats.nospace_errors.fetch_add(1, Ordering::Relaxed);
+        let cap = self.limit_pages * PAGE_U64;
+        let message = format!(
+            "the {} write cache of target {} is full: its file in {} holds {} bytes, the cap (max_file) is {cap} bytes; \
+             writes to pages already cached still work: raise max_file, trim unused space in the guest, or re-attach to start empty",
+            self.kind,
+            self.target,
+            self.dir.display(),
+            self.map.data_pages() * PAGE_U64,
+        );
+        if !self.warned_full.swap(true, Ordering::Relaxed) {
+            log::warn!("{message}");
+        }
+        Error::new(ErrorKind::NoSpace, op, offset, len, self.describe(), message)
+    }
+
+    /// Fills `out` (one aligned page) with page `p` as the cache sees it now.
+    fn old_page(&self, p: u64, out: &mut [u8]) -> Result<()> {
+        match self.map.get(p) {
+            PageState::Data => {
+                self.file.read(out, p << PAGE_SHIFT)?;
+                CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, PAGE_U64);
+                Ok(())
+            }
+            PageState::Absent => read_lower_page(&*self.lower, &self.stats, p, out),
+            PageState::Zero => {
+                out.fill(0);
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes `data` at `offset` (non-empty, in range) with the page locks of the range held.
+    fn write_locked(&self, data: &[u8], offset: u64, op: Op) -> Result<()> {
+        let len = data.len() as u64;
+        let end = offset + len;
+        let (first, last) = (offset >> PAGE_SHIFT, (end - 1) >> PAGE_SHIFT);
+        let new = (first..=last).filter(|&p| self.map.get(p) != PageState::Data).count() as u64;
+        if new > 0 && !self.map.reserve(new, self.limit_pages) {
+            return Err(self.no_space(op, offset, len));
+        }
+        // The page locks keep every page of the range in the state counted above.
+        if let Err(e) = self.write_file(data, offset) {
+            self.map.release(new);
+            return Err(Error { op, ..e });
+        }
+        for p in first..=last {
+            if self.map.set_data_reserved(p) != PageState::Data {
+                self.mark_changed(p);
+            }
+        }
+        self.unsynced.store(true, Ordering::Release);
+        self.refresh_file_bytes();
+        Ok(())
+    }
+
+    /// The file part of a write: one pwrite of the caller's bytes when possible, else the
+    /// range assembled as whole pages in the aligned bounce buffer.
+    fn write_file(&self, data: &[u8], offset: u64) -> Result<()> {
+        let end = offset + data.len() as u64;
+        let (first, last) = (offset >> PAGE_SHIFT, (end - 1) >> PAGE_SHIFT);
+        let head_partial = offset % PAGE_U64 != 0 || (first == last && end % PAGE_U64 != 0);
+        let tail_partial = end % PAGE_U64 != 0;
+        let direct_ok = if self.file.is_direct() {
+            is_aligned(data, offset)
+        } else {
+            (!head_partial || self.map.get(first) == PageState::Data) && (!tail_partial || self.map.get(last) == PageState::Data)
+        };
+        if direct_ok {
+            self.file.write(data, offset)?;
+            CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, data.len() as u64);
+            return Ok(());
+        }
+        for piece in vdstream_blockdev::span::units(offset, data.len() as u64, BOUNCE_BYTES as u64) {
+            let (ps, pe) = (offset + piece.pos as u64, offset + (piece.pos + piece.len) as u64);
+            let (span_start, span_end) = (round_down(ps), round_up(pe));
+            let span = (span_end - span_start) as usize;
+            with_bounce(span, |b| {
+                if ps != span_start || (pe != span_end && span == PAGE) {
+                    self.old_page(span_start >> PAGE_SHIFT, &mut b[..PAGE])?;
+                }
+                if pe != span_end && span > PAGE {
+                    self.old_page((span_end >> PAGE_SHIFT) - 1, &mut b[span - PAGE..])?;
+                }
+                let at = (ps - span_start) as usize;
+                b[at..at + piece.len].copy_from_slice(&data[piece.pos..piece.pos + piece.len]);
+                self.file.write(b, span_start)?;
+                CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, span as u64);
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Reads `[offset, offset+buf.len())` of the cache file into `buf`.
+    fn read_file(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if !self.file.is_direct() || is_aligned(buf, offset) {
+            self.file.read(buf, offset)?;
+            CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, buf.len() as u64);
+            return Ok(());
+        }
+        for piece in vdstream_blockdev::span::units(offset, buf.len() as u64, BOUNCE_BYTES as u64) {
+            let ps = offset + piece.pos as u64;
+            let (span_start, span_end) = (round_down(ps), round_up(ps + piece.len as u64));
+            let span = (span_end - span_start) as usize;
+            with_bounce(span, |b| {
+                self.file.read(b, span_start)?;
+                CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, span as u64);
+                let at = (ps - span_start) as usize;
+                buf[piece.pos..piece.pos + piece.len].copy_from_slice(&b[at..at + piece.len]);
+                Ok::<_, Error>(())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn read_inner(&self, buf: &mut [u8], offset: u64, mut holes: Option<&mut Vec<Hole>>) -> Result<()> {
+        let len = buf.len() as u64;
+        check_range(self.size, Op::Read, offset, len, &|| self.describe())?;
+        CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, len);
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        let (mut p, stop) = (offset >> PAGE_SHIFT, ((end - 1) >> PAGE_SHIFT) + 1);
+        while p < stop {
+            let (state, run_end) = self.map.run(p, stop);
+            let (bs, be) = ((p << PAGE_SHIFT).max(offset), (run_end << PAGE_SHIFT).min(end));
+            let at = (bs - offset) as usize;
+            let piece = &mut buf[at..(be - offset) as usize];
+            let pages = run_end - p;
+            match state {
+                PageState::Data => {
+                    self.stats.hits.fetch_add(pages, Ordering::Relaxed);
+                    self.read_file(piece, bs)?;
+                }
+                PageState::Zero => {
+                    self.stats.hits.fetch_add(pages, Ordering::Relaxed);
+                    piece.fill(0);
+                    if let Some(h) = holes.as_deref_mut() {
+                        h.push(Hole { start: at, len: piece.len() });
+                    }
+                }
+                PageState::Absent => {
+                    self.stats.misses.fetch_add(pages, Ordering::Relaxed);
+                    CacheStats::count(&self.stats.vdisk_read_ops, &self.stats.vdisk_read_bytes, piece.len() as u64);
+                    match holes.as_deref_mut() {
+                        None => self.lower.read_at(piece, bs)?,
+                        Some(h) => {
+                            let mut below = Vec::new();
+                            self.lower.read_at_sparse(piece, bs, &mut below)?;
+                            h.extend(below.into_iter().map(|x| Hole { start: x.start + at, len: x.len }));
+                        }
+                    }
+                }
+            }
+            p = run_end;
+        }
+        Ok(())
+    }
+
+    /// Trim and write-zeroes: whole pages become zero (and are punched), partial pages get
+    /// zeros written into them.
+    fn zero_range(&self, offset: u64, len: u64, op: Op) -> Result<()> {
+        check_range(self.size, op, offset, len, &|| self.describe())?;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        let (first, last) = (offset >> PAGE_SHIFT, (end - 1) >> PAGE_SHIFT);
+        // The last page of a device whose size is not a page multiple is whole when the range
+        // reaches the end of the device.
+        let ends_whole = end % PAGE_U64 == 0 || end == self.size;
+        let head_partial = offset % PAGE_U64 != 0 || (first == last && !ends_whole);
+        let tail_partial = last != first && !ends_whole;
+        let _guard = self.locks.lock_pages(first, last - first + 1);
+        let (wf, we) = (first + head_partial as u64, last + 1 - tail_partial as u64);
+        if we > wf {
+            let was_data = self.map.set_range(wf, we - wf, PageState::Zero, |p| self.mark_changed(p));
+            self.refresh_file_bytes();
+            if was_data > 0 {
+                self.file.punch(wf << PAGE_SHIFT, (we - wf) << PAGE_SHIFT).map_err(|e| Error { op, ..e })?;
+            }
+        }
+        let zero_part = |p: u64| -> Result<()> {
+            if self.map.get(p) == PageState::Zero {
+                return Ok(());
+            }
+            let (s, e) = ((p << PAGE_SHIFT).max(offset), ((p + 1) << PAGE_SHIFT).min(end));
+            self.write_locked(&ZERO_PAGE[..(e - s) as usize], s, op)
+        };
+        if head_partial {
+            zero_part(first)?;
+        }
+        if tail_partial {
+            zero_part(last)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DiskCache {
+    fn drop(&mut self) {
+        if let Some(path) = &self.remove_on_drop {
+            if let Err(e) = std::fs::remove_file(path) {
+                log::warn!("cannot remove the cache file {}: {e}; delete it by hand", path.display());
+            }
+        }
+    }
+}
+
+impl BlockDev for DiskCache {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            read_only: false,
+            flush: false,
+            fua: false,
+            trim: true,
+            zeroes: true,
+            fast_zero: true,
+            cache: false,
+            block_status: true,
+            multi_conn: true,
+            may_block: true,
+            preferred_block: PAGE as u32,
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read_inner(buf, offset, None)
+    }
+
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
+        self.read_inner(buf, offset, Some(holes))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<()> {
+        let len = buf.len() as u64;
+        check_range(self.size, Op::Write, offset, len, &|| self.describe())?;
+        CacheStats::count(&self.stats.guest_write_ops, &self.stats.guest_write_bytes, len);
+        if len == 0 {
+            return Ok(());
+        }
+        let _guard = self.locks.lock_bytes(offset, len);
+        self.write_locked(buf, offset, Op::Write)
+    }
+
+    fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<()> {
+        self.zero_range(offset, len, Op::Trim)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, _flags: ZeroFlags) -> Result<()> {
+        self.zero_range(offset, len, Op::Zero)
+    }
+
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        check_range(self.size, Op::BlockStatus, offset, len, &|| self.describe())?;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        let (mut p, stop) = (offset >> PAGE_SHIFT, ((end - 1) >> PAGE_SHIFT) + 1);
+        let start_len = out.len();
+        let push = |out: &mut Vec<Extent>, e: Extent| {
+            let mergeable = out.len() > start_len;
+            match out.last_mut() {
+                Some(l) if mergeable && l.hole == e.hole && l.zero == e.zero => l.len += e.len,
+                _ => out.push(e),
+            }
+        };
+        while p < stop && out.len() - start_len < MAX_EXTENTS {
+            let (state, run_end) = self.map.run(p, stop);
+            let (bs, be) = ((p << PAGE_SHIFT).max(offset), (run_end << PAGE_SHIFT).min(end));
+            match state {
+                PageState::Data => push(out, Extent { len: be - bs, hole: false, zero: false }),
+                PageState::Zero => push(out, Extent { len: be - bs, hole: true, zero: true }),
+                PageState::Absent => {
+                    let mut below = Vec::new();
+                    self.lower.block_status(bs, be - bs, &mut below)?;
+                    let covered: u64 = below.iter().map(|e| e.len).sum();
+                    for e in below {
+                        push(out, e);
+                    }
+                    if covered < be - bs {
+                        break;
+                    }
+                }
+            }
+            p = run_end;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("{} cache of target {} in {}", self.kind, self.target, self.dir.display())
+    }
+}
+
+impl WriteCache for DiskCache {
+    fn cache_type(&self) -> CacheType {
+        self.kind
+    }
+
+    fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+}
