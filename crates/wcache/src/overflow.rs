@@ -1,0 +1,233 @@
+//! `ram-overflow`, the default cache type: RAM first, the least recently used data spilled to
+//! an overflow file on the target's local disk in 2 MiB units (PVS's "cache in device RAM
+//! with overflow on hard disk", whose file is `vdiskdif.vhdx`).
+//!
+//! Design notes.
+//!
+//! The data path is [`crate::tiers::Tiers`] with an [`OverflowFile`]; this module adds the
+//! [`Flusher`] and the configuration. Page states (see [`crate::region_map`]):
+//!
+//! | state    | reads from               | held                       | on write                 | on trim/zero            |
+//! | -------- | ------------------------ | -------------------------- | ------------------------ | ----------------------- |
+//! | absent   | the vDisk                | nothing                    | → ram, else → overflow   | → zero                  |
+//! | ram      | RAM (no disk I/O)        | 4 KiB of RAM (+stale slot) | in place, no I/O         | → zero, page freed      |
+//! | overflow | its slot in the unit     | a 4 KiB slot               | → ram, else in place     | → zero, slot punched    |
+//! | zero     | zeros                    | nothing                    | → ram, else → overflow   | stays zero              |
+//!
+//! - RAM is taken page by page up to `cfg.ram`. The flusher thread wakes when RAM use
+//!   reaches the high watermark (90%) and evicts least-recently-used regions (CLOCK) until it
+//!   is under the low watermark (75%), so a burst of guest writes does not wait on the disk.
+//!   Only when RAM is completely full does a writer evict one region itself first
+//!   (backpressure, bounded to one region per request); a page that still finds no RAM goes
+//!   straight to its slot in the file.
+//! - An evicted region is written sorted and coalesced: each run of adjacent RAM pages is one
+//!   `pwritev` to consecutive slots, so a fully written 2 MiB region costs one 2 MiB write.
+//! - The file holds at most `cfg.max_file` bytes (default: the vDisk size) in whole units;
+//!   a write that needs a new unit past that fails with ENOSPC (logged once, counted every
+//!   time), exactly as `device-ram` does when its RAM is full. Trimming gives units back.
+//! - `cfg.ram == 0` sends every write straight to the file; no flusher runs.
+//! - Non-persistent: the file is created fresh and unlinked at once (see
+//!   [`crate::overflow_file`]); `flush` and FUA are not advertised, because nothing is made
+//!   durable, and every completed write is visible to every connection (`multi_conn`).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use vdstream_blockdev::{check_range, BlockDev, Caps, Error, Extent, Op, Result, ZeroFlags};
+
+use crate::overflow_file::{OverflowFile, UNIT};
+use crate::page::PAGE;
+use crate::tiers::Tiers;
+use crate::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
+
+/// RAM use (percent of the budget) at which the flusher starts evicting.
+pub const HIGH_WATERMARK_PERCENT: u64 = 90;
+/// RAM use (percent of the budget) at which the flusher stops.
+pub const LOW_WATERMARK_PERCENT: u64 = 75;
+
+/// The `ram-overflow` cache. See the module notes.
+#[derive(Debug)]
+pub struct RamOverflowCache {
+    tiers: Arc<Tiers>,
+    /// Held for its `Drop`, which stops and joins the thread.
+    _flusher: Option<Flusher>,
+}
+
+impl RamOverflowCache {
+    /// Opens an empty cache over `lower`: `cfg.ram` bytes of RAM, a fresh overflow file in
+    /// `cfg.dir` capped at `cfg.max_file` bytes.
+    pub fn open(lower: Arc<dyn BlockDev>, cfg: &CacheConfig) -> Result<Self> {
+        let name = format!("ram-overflow cache of {} over {}", cfg.target, lower.describe());
+        let max_bytes = cfg.max_file.unwrap_or_else(|| lower.size().div_ceil(UNIT) * UNIT);
+        let file = OverflowFile::create(&cfg.dir, &cfg.target, max_bytes / UNIT).map_err(|e| {
+            let mut err = Error::from_io(e, Op::Open, 0, 0, name.clone());
+            err.message = format!(
+                "cannot create the overflow file in {}: {}: check that the folder exists, is writable and is on a local disk",
+                cfg.dir.display(),
+                err.message
+            );
+            err
+        })?;
+        let full = format!(
+            "the write cache of target {} is full: {} bytes of RAM and an overflow file of {} bytes in {} are in use: raise --overflow-max (or --ram), or free space in the guest (fstrim)",
+            cfg.target,
+            cfg.ram,
+            max_bytes / UNIT * UNIT,
+            cfg.dir.display()
+        );
+        let mut tiers = Tiers::new(lower, name, cfg.ram, Some(file), full);
+        let low = tiers.ram_limit / 100 * LOW_WATERMARK_PERCENT / PAGE as u64 * PAGE as u64;
+        if tiers.ram_limit > 0 {
+            tiers.high = (tiers.ram_limit / 100 * HIGH_WATERMARK_PERCENT).max(PAGE as u64);
+        }
+        let tiers = Arc::new(tiers);
+        let flusher = if tiers.ram_limit > 0 {
+            Some(Flusher::start(Arc::clone(&tiers), low).map_err(|e| Error::from_io(e, Op::Open, 0, 0, tiers.name.clone()))?)
+        } else {
+            None
+        };
+        Ok(RamOverflowCache { tiers, _flusher: flusher })
+    }
+
+    /// Evicts least-recently-used regions until RAM use is at most `ram_bytes`, or nothing
+    /// more can go; returns the pages moved. For tests, benches and "spill now" commands.
+    pub fn evict_until(&self, ram_bytes: u64) -> Result<u64> {
+        let mut moved = 0u64;
+        let mut idle = 0;
+        while self.tiers.stats.ram_bytes.load(Relaxed) > ram_bytes && idle < 4 {
+            match self.tiers.evict_one()? {
+                0 => idle += 1,
+                n => {
+                    moved += n as u64;
+                    idle = 0;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Units of the overflow file owned by regions now.
+    pub fn overflow_units(&self) -> u64 {
+        self.tiers.file.as_ref().map_or(0, |f| f.units_in_use())
+    }
+
+    /// Bytes the overflow file occupies on disk now (its allocated blocks).
+    pub fn overflow_disk_bytes(&self) -> u64 {
+        self.tiers.file.as_ref().map_or(0, |f| f.disk_bytes())
+    }
+
+    fn check(&self, op: Op, offset: u64, len: u64) -> Result<()> {
+        check_range(self.tiers.size, op, offset, len, &|| self.tiers.name.clone())
+    }
+}
+
+/// The background thread that evicts ahead of need, between the watermarks.
+#[derive(Debug)]
+pub struct Flusher {
+    tiers: Arc<Tiers>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flusher {
+    fn start(tiers: Arc<Tiers>, low: u64) -> std::io::Result<Self> {
+        let t = Arc::clone(&tiers);
+        let thread = std::thread::Builder::new().name("vdstream-flusher".into()).spawn(move || {
+            let mut warned = false;
+            while !t.wake.stop.load(Relaxed) {
+                let woken = t.wake.wait(Duration::from_millis(100));
+                if !woken && t.stats.ram_bytes.load(Relaxed) < t.high {
+                    continue;
+                }
+                let mut idle = 0;
+                while !t.wake.stop.load(Relaxed) && t.stats.ram_bytes.load(Relaxed) > low && idle < 4 {
+                    match t.evict_one() {
+                        Ok(0) => idle += 1,
+                        Ok(_) => idle = 0,
+                        Err(e) => {
+                            if !warned {
+                                log::warn!("{}: the flusher cannot evict: {e}", t.name);
+                                warned = true;
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+        })?;
+        Ok(Flusher { tiers, thread: Some(thread) })
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.tiers.wake.stop.store(true, Relaxed);
+        self.tiers.wake.notify();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl BlockDev for RamOverflowCache {
+    fn size(&self) -> u64 {
+        self.tiers.size
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            read_only: false,
+            flush: false,
+            fua: false,
+            trim: true,
+            zeroes: true,
+            fast_zero: true,
+            cache: false,
+            block_status: true,
+            multi_conn: true,
+            may_block: true,
+            preferred_block: PAGE as u32,
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.check(Op::Read, offset, buf.len() as u64)?;
+        self.tiers.read(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<()> {
+        self.check(Op::Write, offset, buf.len() as u64)?;
+        self.tiers.write(buf, offset)
+    }
+
+    fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<()> {
+        self.check(Op::Trim, offset, len)?;
+        self.tiers.zero_range(offset, len, Op::Trim)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, _flags: ZeroFlags) -> Result<()> {
+        // Zeroing is markers plus at most two partial pages: always fast.
+        self.check(Op::Zero, offset, len)?;
+        self.tiers.zero_range(offset, len, Op::Zero)
+    }
+
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        self.check(Op::BlockStatus, offset, len)?;
+        self.tiers.block_status(offset, len, out)
+    }
+
+    fn describe(&self) -> String {
+        self.tiers.name.clone()
+    }
+}
+
+impl WriteCache for RamOverflowCache {
+    fn cache_type(&self) -> CacheType {
+        CacheType::RamOverflow
+    }
+
+    fn stats(&self) -> StatsSnapshot {
+        self.tiers.stats.snapshot()
+    }
+}

@@ -1,0 +1,672 @@
+//! `Tiers`: the data path shared by `device-ram` and `ram-overflow`: RAM pages first, then
+//! (for `ram-overflow`) the overflow file, then the lower device (the vDisk).
+//!
+//! Design notes.
+//!
+//! Page states and the region layout are in [`crate::region_map`]. The rules:
+//! - A read resolves each page under its region's shard lock: RAM pages and zero pages are
+//!   copied out right there; overflow and absent pages become file reads and vDisk reads,
+//!   coalesced into runs and issued after the lock is dropped. A reader does not take page
+//!   locks, so it re-checks afterwards that every region it read from the file still owns
+//!   the same unit (`unit_gen`) and retries otherwise (a unit released and reused meanwhile).
+//! - A write, trim or zero takes the page locks of its range ([`PageLocks`]) for its whole
+//!   duration, so two requests never interleave on one page. Under the page lock, a page in
+//!   RAM is patched in place (no I/O: overwrites of RAM pages are free); any other page is
+//!   rebuilt (read-modify-write from zero, the file or the vDisk) and placed: into RAM when
+//!   the budget has room, else into its region's unit of the overflow file, else ENOSPC.
+//! - A page whose new content is all zeros becomes a zero marker instead: its RAM page and
+//!   file slot are freed (hole punched), and a unit left with no pages is released.
+//! - Eviction (the flusher thread, or a writer when RAM is full) takes a region lock (not the
+//!   page locks, so guest writes keep going), snapshots the region's RAM pages (`Arc` clones),
+//!   writes them to the unit as runs of adjacent pages with one `pwritev` each, then drops
+//!   from RAM exactly the pages that did not change meanwhile (a writer that patched one
+//!   copied it on write). The unit is pinned during the I/O so that it cannot be released.
+//! - Lock order: page locks → region lock → shard lock → the file's unit table. The flusher
+//!   and writers evicting for room hold no page locks.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use vdstream_blockdev::span::units;
+use vdstream_blockdev::{BlockDev, Error, ErrorKind, Extent, Op, Result};
+
+use crate::overflow_file::{OverflowFile, UNIT, UNIT_PAGES};
+use crate::page::{is_zero, read_lower_page, rmw_from_zero, PageLocks, Patch, PAGE, PAGE_U64};
+use crate::region_map::{PageState, Region, RegionMap, Shard};
+use crate::stats::CacheStats;
+
+/// Page lock stripes.
+const PAGE_STRIPES: usize = 1024;
+/// Region lock stripes (evictions against in-place file writes).
+const REGION_STRIPES: usize = 64;
+/// Longest range one `block_status` call looks at; the answer may stop short there.
+const STATUS_SCAN: u64 = 1 << 30;
+
+/// Wakes the flusher when RAM use crosses the high watermark.
+#[derive(Debug, Default)]
+pub(crate) struct Wake {
+    pending: Mutex<bool>,
+    cv: Condvar,
+    pub stop: AtomicBool,
+}
+
+impl Wake {
+    pub fn notify(&self) {
+        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits for a notification or `timeout`; returns whether one came.
+    pub fn wait(&self, timeout: std::time::Duration) -> bool {
+        let g = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut g, _) = self.cv.wait_timeout_while(g, timeout, |p| !*p).unwrap_or_else(PoisonError::into_inner);
+        std::mem::replace(&mut *g, false)
+    }
+}
+
+/// What the cache says when it is full.
+#[derive(Debug)]
+pub(crate) struct FullReport {
+    pub message: String,
+    warned: AtomicBool,
+}
+
+impl FullReport {
+    pub fn new(message: String) -> Self {
+        FullReport { message, warned: AtomicBool::new(false) }
+    }
+}
+
+/// The shared data path. See the module notes.
+#[derive(Debug)]
+pub(crate) struct Tiers {
+    pub lower: Arc<dyn BlockDev>,
+    pub size: u64,
+    pub name: String,
+    pub map: RegionMap,
+    pub locks: PageLocks,
+    region_locks: PageLocks,
+    pub file: Option<OverflowFile>,
+    pub stats: CacheStats,
+    /// RAM budget in bytes (a multiple of the page size).
+    pub ram_limit: u64,
+    /// RAM use at which the flusher is woken (`u64::MAX`: no flusher).
+    pub high: u64,
+    pub wake: Wake,
+    full: FullReport,
+    unit_gen: AtomicU64,
+}
+
+/// A piece of a read served by I/O after the shard lock is dropped.
+#[derive(Debug)]
+struct ReadIo {
+    /// `Some(file offset)`, or `None` for the lower device at `dev_off`.
+    file_off: Option<u64>,
+    dev_off: u64,
+    pos: usize,
+    len: usize,
+}
+
+/// An eviction in flight: the region, its pinned unit, handles on its RAM pages.
+#[derive(Debug)]
+struct Eviction {
+    region: u64,
+    unit: u64,
+    pages: Vec<(usize, crate::region_map::RamPage)>,
+}
+
+/// A run of a block-status answer before the vDisk is asked about absent runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Data,
+    Zero,
+    Absent,
+}
+
+impl Tiers {
+    pub fn new(lower: Arc<dyn BlockDev>, name: String, ram: u64, file: Option<OverflowFile>, full: String) -> Self {
+        let size = lower.size();
+        Tiers {
+            lower,
+            size,
+            name,
+            map: RegionMap::default(),
+            locks: PageLocks::new(PAGE_STRIPES),
+            region_locks: PageLocks::new(REGION_STRIPES),
+            file,
+            stats: CacheStats::default(),
+            ram_limit: ram / PAGE_U64 * PAGE_U64,
+            high: u64::MAX,
+            wake: Wake::default(),
+            full: FullReport::new(full),
+            unit_gen: AtomicU64::new(0),
+        }
+    }
+
+    fn io_err(&self, e: std::io::Error, op: Op, offset: u64, len: u64) -> Error {
+        let path = self.file.as_ref().map(|f| f.path().display().to_string()).unwrap_or_default();
+        let mut err = Error::from_io(e, op, offset, len, self.name.clone());
+        err.message = format!("overflow file {path}: {}", err.message);
+        err
+    }
+
+    /// The ENOSPC answer: counted every time, logged once per cache.
+    fn nospace(&self, op: Op, offset: u64, len: u64) -> Error {
+        self.stats.nospace_errors.fetch_add(1, Relaxed);
+        if !self.full.warned.swap(true, Relaxed) {
+            log::error!("{}: {}", self.name, self.full.message);
+        }
+        Error::new(ErrorKind::NoSpace, op, offset, len, self.name.clone(), self.full.message.clone())
+    }
+
+    /// Takes one page of the RAM budget, waking the flusher past the high watermark.
+    fn take_ram(&self) -> bool {
+        let limit = self.ram_limit;
+        match self.stats.ram_bytes.fetch_update(Relaxed, Relaxed, |v| (v + PAGE_U64 <= limit).then_some(v + PAGE_U64)) {
+            Ok(prev) => {
+                if prev + PAGE_U64 >= self.high && prev < self.high {
+                    self.wake.notify();
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn give_ram(&self, pages: u64) {
+        self.stats.ram_bytes.fetch_sub(pages * PAGE_U64, Relaxed);
+    }
+
+    pub fn ram_full(&self) -> bool {
+        self.stats.ram_bytes.load(Relaxed) + PAGE_U64 > self.ram_limit
+    }
+
+    // ---- read ---------------------------------------------------------------------------
+
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, buf.len() as u64);
+        loop {
+            let mut ios: Vec<ReadIo> = Vec::new();
+            let mut checks: Vec<(u64, u64)> = Vec::new();
+            let (mut hits, mut misses) = (0u64, 0u64);
+            for rp in units(offset, buf.len() as u64, UNIT) {
+                let sh = self.map.lock(rp.index);
+                let reg = sh.get(rp.index);
+                let mut from_file = false;
+                for pp in units(offset + rp.pos as u64, rp.len as u64, PAGE_U64) {
+                    let slot = (pp.index % UNIT_PAGES as u64) as usize;
+                    let pos = rp.pos + pp.pos;
+                    let state = reg.map_or(PageState::Absent, |r| r.state(slot));
+                    let mut push = |file_off: Option<u64>| match ios.last_mut() {
+                        Some(last)
+                            if last.pos + last.len == pos
+                                && last.file_off.is_some() == file_off.is_some()
+                                && last.file_off.map(|o| o + last.len as u64) == file_off =>
+                        {
+                            last.len += pp.len
+                        }
+                        _ => ios.push(ReadIo { file_off, dev_off: offset + pos as u64, pos, len: pp.len }),
+                    };
+                    match state {
+                        PageState::Ram => {
+                            let page = reg.and_then(|r| r.ram_page(slot)).expect("ram state");
+                            buf[pos..pos + pp.len].copy_from_slice(&page[pp.within..pp.within + pp.len]);
+                            hits += 1;
+                        }
+                        PageState::Zero => {
+                            buf[pos..pos + pp.len].fill(0);
+                            hits += 1;
+                        }
+                        PageState::Overflow => {
+                            let unit = reg.and_then(|r| r.unit).expect("a region with file pages owns a unit");
+                            push(Some(OverflowFile::slot_offset(unit, slot) + pp.within as u64));
+                            from_file = true;
+                            hits += 1;
+                        }
+                        PageState::Absent => {
+                            push(None);
+                            misses += 1;
+                        }
+                    }
+                }
+                if from_file {
+                    checks.push((rp.index, reg.map_or(0, |r| r.unit_gen)));
+                }
+            }
+            for io in &ios {
+                let dst = &mut buf[io.pos..io.pos + io.len];
+                match io.file_off {
+                    Some(off) => {
+                        let file = self.file.as_ref().expect("file pages need a file");
+                        file.read_at(dst, off).map_err(|e| self.io_err(e, Op::Read, io.dev_off, io.len as u64))?;
+                        CacheStats::count(&self.stats.overflow_read_ops, &self.stats.overflow_read_bytes, io.len as u64);
+                    }
+                    None => {
+                        self.lower.read_at(dst, io.dev_off)?;
+                        CacheStats::count(&self.stats.vdisk_read_ops, &self.stats.vdisk_read_bytes, io.len as u64);
+                    }
+                }
+            }
+            let unchanged = checks.iter().all(|&(region, gen)| {
+                self.map.lock(region).get(region).is_some_and(|r| r.unit.is_some() && r.unit_gen == gen)
+            });
+            if unchanged {
+                self.stats.hits.fetch_add(hits, Relaxed);
+                self.stats.misses.fetch_add(misses, Relaxed);
+                return Ok(());
+            }
+        }
+    }
+
+    // ---- write, trim, zero --------------------------------------------------------------
+
+    pub fn write(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        CacheStats::count(&self.stats.guest_write_ops, &self.stats.guest_write_bytes, len);
+        if self.file.is_some() && self.ram_limit > 0 && self.ram_full() {
+            // Backpressure, bounded: make room for this write by evicting one region now.
+            if let Err(e) = self.evict_one() {
+                log::debug!("{}: eviction for room failed: {e}", self.name);
+            }
+        }
+        let _pages = self.locks.lock_bytes(offset, len);
+        for pp in units(offset, len, PAGE_U64) {
+            self.write_page(pp.index, pp.within, Patch::Data(&buf[pp.pos..pp.pos + pp.len]), Op::Write, offset, len)?;
+        }
+        Ok(())
+    }
+
+    /// Trim and write-zeroes: the range reads as zeros afterwards.
+    pub fn zero_range(&self, offset: u64, len: u64, op: Op) -> Result<()> {
+        let _pages = self.locks.lock_bytes(offset, len);
+        for rp in units(offset, len, UNIT) {
+            if rp.is_whole(UNIT) {
+                self.zero_region(rp.index)?;
+                continue;
+            }
+            for pp in units(offset + rp.pos as u64, rp.len as u64, PAGE_U64) {
+                if pp.is_whole(PAGE_U64) {
+                    let mut sh = self.map.lock(rp.index);
+                    let slot = (pp.index % UNIT_PAGES as u64) as usize;
+                    self.mark_zero(&mut sh, rp.index, slot);
+                } else {
+                    self.write_page(pp.index, pp.within, Patch::Zeros(pp.len), op, offset, len)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `patch` at `within` of page `index`; the caller holds the page lock.
+    fn write_page(&self, index: u64, within: usize, patch: Patch<'_>, op: Op, offset: u64, len: u64) -> Result<()> {
+        let region = index / UNIT_PAGES as u64;
+        let slot = (index % UNIT_PAGES as u64) as usize;
+        let zeros = matches!(patch, Patch::Zeros(_));
+        let mut sh = self.map.lock(region);
+        let reg = sh.region_mut(region);
+        let state = reg.state(slot);
+        match state {
+            PageState::Ram => {
+                let page = Arc::make_mut(reg.ram_page_mut(slot).expect("ram state"));
+                patch.apply(page, within);
+                if zeros && is_zero(page) {
+                    self.mark_zero(&mut sh, region, slot);
+                }
+                return Ok(());
+            }
+            PageState::Zero if zeros => return Ok(()),
+            _ => {}
+        }
+        if self.file.is_none() && !zeros && self.ram_full() {
+            sh.forget_if_empty(region);
+            return Err(self.nospace(op, offset, len));
+        }
+        let mut page = Arc::new([0u8; PAGE]);
+        let buf = Arc::get_mut(&mut page).expect("new page");
+        match state {
+            PageState::Zero => rmw_from_zero(within, patch, buf),
+            _ if patch.covers_page(within) => patch.apply(buf, 0),
+            PageState::Overflow => {
+                let off = OverflowFile::slot_offset(reg.unit.expect("file page has a unit"), slot);
+                drop(sh);
+                let file = self.file.as_ref().expect("file pages need a file");
+                file.read_at(buf, off).map_err(|e| self.io_err(e, op, offset, len))?;
+                CacheStats::count(&self.stats.overflow_read_ops, &self.stats.overflow_read_bytes, PAGE_U64);
+                if zeros && is_zero(&buf[within..within + patch.len()]) {
+                    return Ok(());
+                }
+                patch.apply(buf, within);
+                sh = self.map.lock(region);
+            }
+            PageState::Absent | PageState::Ram => {
+                drop(sh);
+                read_lower_page(&*self.lower, &self.stats, index, buf)?;
+                if zeros && is_zero(&buf[within..within + patch.len()]) {
+                    // The vDisk already has zeros there: nothing to remember.
+                    self.map.lock(region).forget_if_empty(region);
+                    return Ok(());
+                }
+                patch.apply(buf, within);
+                sh = self.map.lock(region);
+            }
+        }
+        if is_zero(&page[..]) {
+            self.mark_zero(&mut sh, region, slot);
+            return Ok(());
+        }
+        self.place(sh, region, slot, page, op, offset, len)
+    }
+
+    /// Puts a rebuilt page (not in RAM now) into RAM, or else into the overflow file.
+    #[allow(clippy::too_many_arguments)]
+    fn place(&self, mut sh: MutexGuard<'_, Shard>, region: u64, slot: usize, page: Arc<[u8; PAGE]>, op: Op, offset: u64, len: u64) -> Result<()> {
+        if self.take_ram() {
+            sh.region_mut(region).insert_ram(slot, page);
+            sh.note_ram(region);
+            return Ok(());
+        }
+        let Some(file) = &self.file else {
+            sh.forget_if_empty(region);
+            return Err(self.nospace(op, offset, len));
+        };
+        drop(sh);
+        let _region_lock = self.region_locks.lock(region);
+        let mut sh = self.map.lock(region);
+        let Some(unit) = self.unit_of(sh.region_mut(region), file) else {
+            sh.forget_if_empty(region);
+            return Err(self.nospace(op, offset, len));
+        };
+        sh.region_mut(region).pins += 1;
+        drop(sh);
+        let r = file.write_slot(unit, slot, &page);
+        let mut sh = self.map.lock(region);
+        let reg = sh.region_mut(region);
+        reg.pins -= 1;
+        match r {
+            Ok(()) => {
+                CacheStats::count(&self.stats.overflow_write_ops, &self.stats.overflow_write_bytes, PAGE_U64);
+                if reg.set_file(slot) {
+                    self.stats.file_bytes.fetch_add(PAGE_U64, Relaxed);
+                }
+                reg.zero.clear(slot);
+                Ok(())
+            }
+            Err(e) => {
+                self.maybe_release(reg);
+                sh.forget_if_empty(region);
+                Err(self.io_err(e, op, offset, len))
+            }
+        }
+    }
+
+    /// The region's unit, allocating one if it has none (`None`: the file is at its cap).
+    fn unit_of(&self, reg: &mut Region, file: &OverflowFile) -> Option<u64> {
+        if reg.unit.is_none() {
+            reg.unit = Some(file.alloc_unit()?);
+            reg.unit_gen = self.unit_gen.fetch_add(1, Relaxed) + 1;
+        }
+        reg.unit
+    }
+
+    /// Releases the region's unit if no page and no I/O uses it.
+    fn maybe_release(&self, reg: &mut Region) {
+        if reg.file_count == 0 && reg.pins == 0 {
+            if let (Some(unit), Some(file)) = (reg.unit.take(), &self.file) {
+                file.release_unit(unit);
+            }
+        }
+    }
+
+    /// Makes one page a zero marker, freeing its RAM page and file slot.
+    fn mark_zero(&self, sh: &mut Shard, region: u64, slot: usize) {
+        let reg = sh.region_mut(region);
+        if reg.remove_ram(slot).is_some() {
+            self.give_ram(1);
+        }
+        if reg.clear_file(slot) {
+            self.stats.file_bytes.fetch_sub(PAGE_U64, Relaxed);
+            if let (Some(unit), Some(file)) = (reg.unit, &self.file) {
+                if reg.file_count > 0 || reg.pins > 0 {
+                    if let Err(e) = file.punch(OverflowFile::slot_offset(unit, slot), PAGE_U64) {
+                        log::debug!("{}: punching a freed page failed: {e}", self.name);
+                    }
+                }
+            }
+        }
+        reg.zero.set(slot);
+        self.maybe_release(reg);
+    }
+
+    /// Zeroes a whole region (the caller holds its page locks).
+    fn zero_region(&self, region: u64) -> Result<()> {
+        let start = region * UNIT;
+        if self.map.lock(region).get(region).is_none() && self.lower_reads_zero(start, UNIT)? {
+            return Ok(());
+        }
+        let mut sh = self.map.lock(region);
+        let reg = sh.region_mut(region);
+        let ram = reg.ram_pages();
+        for (slot, _) in &ram {
+            reg.remove_ram(*slot);
+        }
+        self.give_ram(ram.len() as u64);
+        if reg.file_count > 0 {
+            self.stats.file_bytes.fetch_sub(reg.file_count as u64 * PAGE_U64, Relaxed);
+            reg.file = Default::default();
+            reg.file_count = 0;
+            if let (Some(unit), Some(file), true) = (reg.unit, &self.file, reg.pins > 0) {
+                let _ = file.punch(unit * UNIT, UNIT);
+            }
+        }
+        for slot in 0..UNIT_PAGES {
+            reg.zero.set(slot);
+        }
+        self.maybe_release(reg);
+        Ok(())
+    }
+
+    /// Whether the lower device reports `[offset, offset+len)` as reading zero.
+    fn lower_reads_zero(&self, offset: u64, len: u64) -> Result<bool> {
+        if !self.lower.caps().block_status {
+            return Ok(false);
+        }
+        let (mut pos, end) = (offset, offset + len);
+        let mut out = Vec::new();
+        while pos < end {
+            out.clear();
+            self.lower.block_status(pos, end - pos, &mut out)?;
+            if out.is_empty() || out.iter().any(|e| !e.zero) {
+                return Ok(false);
+            }
+            pos += out.iter().map(|e| e.len).sum::<u64>();
+        }
+        Ok(true)
+    }
+
+    // ---- block status -------------------------------------------------------------------
+
+    pub fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        let end = offset + len.min(STATUS_SCAN);
+        let mut runs: Vec<(Run, u64)> = Vec::new();
+        let mut push = |run: Run, n: u64| match runs.last_mut() {
+            Some((r, l)) if *r == run => *l += n,
+            _ => runs.push((run, n)),
+        };
+        for rp in units(offset, end - offset, UNIT) {
+            let sh = self.map.lock(rp.index);
+            let Some(reg) = sh.get(rp.index) else {
+                push(Run::Absent, rp.len as u64);
+                continue;
+            };
+            for pp in units(offset + rp.pos as u64, rp.len as u64, PAGE_U64) {
+                let run = match reg.state((pp.index % UNIT_PAGES as u64) as usize) {
+                    PageState::Ram | PageState::Overflow => Run::Data,
+                    PageState::Zero => Run::Zero,
+                    PageState::Absent => Run::Absent,
+                };
+                push(run, pp.len as u64);
+            }
+        }
+        let mut pos = offset;
+        for (run, n) in runs {
+            match run {
+                Run::Data => out.push(Extent { len: n, hole: false, zero: false }),
+                Run::Zero => out.push(Extent { len: n, hole: true, zero: true }),
+                Run::Absent => {
+                    let first = out.len();
+                    self.lower.block_status(pos, n, out)?;
+                    let got: u64 = out[first..].iter().map(|e| e.len).sum();
+                    if got < n {
+                        return Ok(()); // the lower stopped short: so do we
+                    }
+                }
+            }
+            pos += n;
+        }
+        Ok(())
+    }
+
+    // ---- eviction -----------------------------------------------------------------------
+
+    /// Evicts one least-recently-used region; returns the pages moved to the file.
+    pub fn evict_one(&self) -> Result<usize> {
+        if self.file.is_none() {
+            return Ok(0);
+        }
+        match self.map.eviction_victim() {
+            Some(region) => self.evict_region(region),
+            None => Ok(0),
+        }
+    }
+
+    /// Writes a region's RAM pages to its unit and frees those that did not change meanwhile.
+    pub fn evict_region(&self, region: u64) -> Result<usize> {
+        let _region_lock = self.region_locks.lock(region);
+        let Some(snap) = self.evict_begin(region)? else { return Ok(0) };
+        let written = self.evict_write(&snap);
+        self.evict_finish(snap, written)
+    }
+
+    /// Eviction, step 1 (region lock held): pin the region's unit (allocating one) and take
+    /// handles on its RAM pages. `None`: nothing in RAM.
+    fn evict_begin(&self, region: u64) -> Result<Option<Eviction>> {
+        let file = self.file.as_ref().expect("eviction needs a file");
+        let mut sh = self.map.lock(region);
+        let Some(reg) = sh.get_mut(region) else { return Ok(None) };
+        if reg.ram_count == 0 {
+            return Ok(None);
+        }
+        let Some(unit) = self.unit_of(reg, file) else {
+            return Err(Error::new(ErrorKind::NoSpace, Op::Write, region * UNIT, UNIT, self.name.clone(), self.full.message.clone()));
+        };
+        reg.pins += 1;
+        Ok(Some(Eviction { region, unit, pages: reg.ram_pages() }))
+    }
+
+    /// Eviction, step 2 (no shard lock): one `pwritev` per run of adjacent pages.
+    fn evict_write(&self, ev: &Eviction) -> std::io::Result<()> {
+        let file = self.file.as_ref().expect("eviction needs a file");
+        let pages = &ev.pages;
+        let mut i = 0;
+        while i < pages.len() {
+            let mut j = i + 1;
+            while j < pages.len() && pages[j].0 == pages[j - 1].0 + 1 {
+                j += 1;
+            }
+            let run: Vec<&[u8; PAGE]> = pages[i..j].iter().map(|(_, p)| &**p).collect();
+            file.write_run(ev.unit, pages[i].0, &run)?;
+            CacheStats::count(&self.stats.overflow_write_ops, &self.stats.overflow_write_bytes, (j - i) as u64 * PAGE_U64);
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Eviction, step 3: drop from RAM the pages that did not change since step 1 (now in
+    /// their slots), keep the patched ones, unpin.
+    fn evict_finish(&self, ev: Eviction, written: std::io::Result<()>) -> Result<usize> {
+        let file = self.file.as_ref().expect("eviction needs a file");
+        let mut sh = self.map.lock(ev.region);
+        let reg = sh.get_mut(ev.region).expect("a pinned region stays");
+        reg.pins -= 1;
+        let mut moved = 0;
+        if written.is_ok() {
+            for (slot, snap) in &ev.pages {
+                let slot = *slot;
+                match reg.ram_page(slot) {
+                    Some(cur) if Arc::ptr_eq(cur, snap) => {
+                        reg.remove_ram(slot);
+                        moved += 1;
+                        if reg.set_file(slot) {
+                            self.stats.file_bytes.fetch_add(PAGE_U64, Relaxed);
+                        }
+                    }
+                    // Patched meanwhile: stays in RAM; the slot holds an older copy.
+                    Some(_) => {
+                        let newly = reg.set_file(slot);
+                        if newly {
+                            self.stats.file_bytes.fetch_add(PAGE_U64, Relaxed);
+                        }
+                    }
+                    // Zeroed meanwhile: free what was just written.
+                    None if !reg.file.get(slot) => {
+                        let _ = file.punch(OverflowFile::slot_offset(ev.unit, slot), PAGE_U64);
+                    }
+                    None => {}
+                }
+            }
+            self.give_ram(moved as u64);
+            self.stats.evictions.fetch_add(moved as u64, Relaxed);
+        }
+        self.maybe_release(reg);
+        drop(sh);
+        let region = ev.region;
+        drop(ev);
+        written.map(|()| moved).map_err(|e| self.io_err(e, Op::Write, region * UNIT, UNIT))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vdstream_blockdev::MemoryDev;
+
+    fn tiers(dir: &std::path::Path) -> Tiers {
+        let file = OverflowFile::create(dir, "unit-test", 8).unwrap();
+        Tiers::new(Arc::new(MemoryDev::new(8 << 20)), "test".into(), 1 << 20, Some(file), "full".into())
+    }
+
+    #[test]
+    fn a_page_patched_during_eviction_stays_in_ram_with_the_patch() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tiers(dir.path());
+        t.write(&[1u8; 8192], 0).unwrap();
+        let ev = t.evict_begin(0).unwrap().unwrap();
+        t.write(&[2u8; 10], 100).unwrap(); // patches page 0 while its eviction is in flight
+        let written = t.evict_write(&ev);
+        assert_eq!(t.evict_finish(ev, written).unwrap(), 1, "only the unchanged page leaves RAM");
+        assert_eq!(t.stats.ram_bytes.load(Relaxed), PAGE_U64);
+        let mut buf = vec![0u8; 8192];
+        t.read(&mut buf, 0).unwrap();
+        assert_eq!(&buf[100..110], &[2u8; 10]);
+        assert!(buf[..100].iter().chain(&buf[110..]).all(|&b| b == 1));
+        // The next eviction takes it too.
+        assert_eq!(t.evict_region(0).unwrap(), 1);
+        t.read(&mut buf, 0).unwrap();
+        assert_eq!(&buf[100..110], &[2u8; 10]);
+    }
+
+    #[test]
+    fn a_page_zeroed_during_eviction_reads_zero_and_keeps_no_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tiers(dir.path());
+        t.write(&[1u8; 8192], 0).unwrap();
+        let ev = t.evict_begin(0).unwrap().unwrap();
+        t.zero_range(0, 4096, Op::Trim).unwrap();
+        let written = t.evict_write(&ev);
+        assert_eq!(t.evict_finish(ev, written).unwrap(), 1);
+        assert_eq!(t.stats.file_bytes.load(Relaxed), PAGE_U64, "only page 1 holds a slot");
+        let mut buf = vec![9u8; 8192];
+        t.read(&mut buf, 0).unwrap();
+        assert!(buf[..4096].iter().all(|&b| b == 0) && buf[4096..].iter().all(|&b| b == 1));
+    }
+}
