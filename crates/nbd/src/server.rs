@@ -16,6 +16,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+
+use crate::handshake::Negotiated;
+use crate::session::SessionError;
 use vdstream_blockdev::BlockDev;
 
 /// One export as shown to `NBD_OPT_LIST` and `NBD_INFO_DESCRIPTION`.
@@ -230,6 +233,7 @@ impl Server {
                         match conn {
                             Conn::Unix(s) => run_connection(s, &shared, signal, &peer).await,
                             Conn::Tcp(s) => run_connection(s, &shared, signal, &peer).await,
+
                         }
                     });
                 }
@@ -259,8 +263,152 @@ impl Server {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        run_connection(stream, &self.shared, shutdown, "stream").await
+        run_connection(InMemory(stream), &self.shared, shutdown, "stream").await
     }
+}
+
+/// A stream the transmission phase may move onto a blocking socket of its own thread.
+trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The blocking socket behind this stream, or the stream back if it has none.
+    fn into_blocking(self) -> Converted<Self>
+    where
+        Self: Sized;
+}
+
+/// What became of a stream asked for its blocking socket.
+enum Converted<S> {
+    Blocking(BlockingSocket),
+    Async(S),
+    Failed(io::Error),
+}
+
+/// An in-memory stream (tests, fuzzing): always served by the async engines.
+struct InMemory<S>(S);
+
+impl<S: AsyncRead + Unpin> AsyncRead for InMemory<S> {
+    fn poll_read(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for InMemory<S> {
+    fn poll_write(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+    fn poll_flush(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+    fn poll_shutdown(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Transport for InMemory<S> {
+    fn into_blocking(self) -> Converted<Self> {
+        Converted::Async(self)
+    }
+}
+
+impl Transport for tokio::net::UnixStream {
+    fn into_blocking(self) -> Converted<Self> {
+        match self.into_std() {
+            Ok(s) => Converted::Blocking(BlockingSocket::Unix(s)),
+            Err(e) => Converted::Failed(e),
+        }
+    }
+}
+
+impl Transport for tokio::net::TcpStream {
+    fn into_blocking(self) -> Converted<Self> {
+        match self.into_std() {
+            Ok(s) => Converted::Blocking(BlockingSocket::Tcp(s)),
+            Err(e) => Converted::Failed(e),
+        }
+    }
+}
+
+/// A connected socket in blocking mode.
+enum BlockingSocket {
+    Unix(std::os::unix::net::UnixStream),
+    Tcp(std::net::TcpStream),
+}
+
+/// How long a blocked reply write may wait for a client that stopped reading.
+const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl BlockingSocket {
+    fn prepare(&self) -> io::Result<()> {
+        match self {
+            BlockingSocket::Unix(s) => {
+                s.set_nonblocking(false)?;
+                s.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))
+            }
+            BlockingSocket::Tcp(s) => {
+                s.set_nonblocking(false)?;
+                s.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))
+            }
+        }
+    }
+
+    fn try_clone(&self) -> io::Result<BlockingSocket> {
+        Ok(match self {
+            BlockingSocket::Unix(s) => BlockingSocket::Unix(s.try_clone()?),
+            BlockingSocket::Tcp(s) => BlockingSocket::Tcp(s.try_clone()?),
+        })
+    }
+
+    /// Ends the read side: a read blocked on it returns end-of-file.
+    fn shutdown_read(&self) {
+        let _ = match self {
+            BlockingSocket::Unix(s) => s.shutdown(std::net::Shutdown::Read),
+            BlockingSocket::Tcp(s) => s.shutdown(std::net::Shutdown::Read),
+        };
+    }
+}
+
+impl io::Read for BlockingSocket {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            BlockingSocket::Unix(s) => s.read(buf),
+            BlockingSocket::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl io::Write for BlockingSocket {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            BlockingSocket::Unix(s) => s.write(buf),
+            BlockingSocket::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs the inline engine on a thread of its own over a blocking socket, and shuts the
+/// socket's read side when a drain starts so the thread finishes what it read and ends.
+async fn run_on_thread(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
+    sock.prepare()?;
+    let waker = sock.try_clone()?;
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
+        let result = crate::session::run_inline_blocking(sock, negotiated, &shared);
+        let _ = done_tx.send(result);
+    })?;
+    let finished = tokio::select! {
+        r = &mut done_rx => Some(r),
+        _ = shutdown.wait() => None,
+    };
+    let result = match finished {
+        Some(r) => r,
+        None => {
+            waker.shutdown_read();
+            done_rx.await
+        }
+    };
+    result.unwrap_or_else(|_| Err(SessionError::Io(io::Error::other("the session thread panicked"))))
 }
 
 enum Conn {
@@ -285,10 +433,7 @@ async fn accept(listener: &Listener) -> io::Result<(Conn, String)> {
 }
 
 /// One connection, start to end. Never returns an error: failures are logged here.
-async fn run_connection<S>(mut stream: S, shared: &Shared, shutdown: ShutdownSignal, peer: &str)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutdown: ShutdownSignal, peer: &str) {
     let negotiated = match crate::handshake::negotiate(&mut stream, shared, &shutdown).await {
         Ok(Some(n)) => n,
         Ok(None) => {
@@ -302,7 +447,17 @@ where
         }
     };
     log::debug!("NBD client {peer} uses export {:?} ({})", negotiated.export_name, negotiated.device.describe());
-    if let Err(e) = crate::session::run(stream, negotiated, shared, shutdown).await {
+    // Devices that never sleep are served inline on a thread per connection (see session).
+    let result = if negotiated.device.caps().may_block {
+        crate::session::run(stream, negotiated, shared, shutdown).await
+    } else {
+        match stream.into_blocking() {
+            Converted::Blocking(sock) => run_on_thread(sock, negotiated, shared.clone(), shutdown).await,
+            Converted::Async(stream) => crate::session::run(stream, negotiated, shared, shutdown).await,
+            Converted::Failed(e) => Err(e.into()),
+        }
+    };
+    if let Err(e) = result {
         log::info!("NBD connection from {peer} ended: {e}");
     }
 }

@@ -30,7 +30,7 @@ use crate::exec::{execute, reply_error, Scratch};
 use crate::handshake::Negotiated;
 use crate::proto::*;
 use crate::server::{ServerStats, Shared, ShutdownSignal};
-use crate::validate::{validate, Command, Rejection};
+use crate::validate::{validate, Command, ExportParams, Rejection};
 use crate::wire::{ReplyBuf, RequestHeader, REQUEST_HEADER_LEN};
 
 /// Write the output buffer once it holds this much, even mid-batch.
@@ -105,8 +105,8 @@ impl Input {
         self.end > self.start
     }
 
-    /// Reads more bytes; 0 means EOF.
-    async fn fill<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> io::Result<usize> {
+    /// Makes room at the end of the buffer for the next read.
+    fn make_room(&mut self) {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -116,7 +116,20 @@ impl Input {
         } else if self.end == self.buf.len() {
             self.compact();
         }
+    }
+
+    /// Reads more bytes; 0 means EOF.
+    async fn fill<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> io::Result<usize> {
+        self.make_room();
         let n = r.read(&mut self.buf[self.end..]).await?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Reads more bytes from a blocking stream; 0 means EOF.
+    fn fill_blocking<R: std::io::Read>(&mut self, r: &mut R) -> io::Result<usize> {
+        self.make_room();
+        let n = r.read(&mut self.buf[self.end..])?;
         self.end += n;
         Ok(n)
     }
@@ -155,6 +168,54 @@ where
     }
 }
 
+/// How one pass over the input buffer ended.
+enum Step {
+    /// Every complete request was handled; read more input.
+    NeedInput,
+    /// The output buffer is full: write it, then call again.
+    OutputFull,
+    /// The client sent DISC.
+    Disconnect,
+    Failed(SessionError),
+}
+
+/// The inline engine's core, shared by its async and blocking loops: handles complete
+/// requests from `input`, appending replies to `out`, until the input runs dry or the
+/// output fills.
+fn process(input: &mut Input, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally) -> Step {
+    loop {
+        let frame = match input.next_frame() {
+            Ok(Some(f)) => f,
+            Ok(None) => return Step::NeedInput,
+            Err(e) => return Step::Failed(e),
+        };
+        let h = frame.header;
+        tally.requests += 1;
+        match validate(&h, x) {
+            Ok(req) if req.command == Command::Disconnect => return Step::Disconnect,
+            Ok(req) => {
+                if !execute(dev, x, &req, &input.buf[frame.payload], out, scratch) {
+                    tally.errors += 1;
+                }
+                match req.command {
+                    Command::Read { .. } => tally.bytes_read += req.length as u64,
+                    Command::Write { .. } => tally.bytes_written += req.length as u64,
+                    _ => {}
+                }
+            }
+            Err(Rejection::Error { errno, reason }) => {
+                tally.errors += 1;
+                reply_error(out, x, h.handle, errno, reason, None);
+            }
+            Err(Rejection::Disconnect(reason)) => return Step::Failed(SessionError::Protocol(reason)),
+        }
+        if out.len() >= FLUSH_AT {
+            return Step::OutputFull;
+        }
+    }
+}
+
+/// The inline engine over an async stream (in-memory streams of tests and fuzzing).
 async fn run_inline<S>(mut stream: S, negotiated: Negotiated, shared: &Shared, mut shutdown: ShutdownSignal) -> Result<(), SessionError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -167,39 +228,17 @@ where
     let mut tally = Tally::default();
 
     let result = 'session: loop {
-        // Handle every complete request in the buffer.
-        loop {
-            let frame = match input.next_frame() {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(e) => break 'session Err(e),
-            };
-            let h = frame.header;
-            tally.requests += 1;
-            match validate(&h, &x) {
-                Ok(req) if req.command == Command::Disconnect => break 'session Ok(()),
-                Ok(req) => {
-                    if !execute(dev, &x, &req, &input.buf[frame.payload], &mut out, &mut scratch) {
-                        tally.errors += 1;
-                    }
-                    match req.command {
-                        Command::Read { .. } => tally.bytes_read += req.length as u64,
-                        Command::Write { .. } => tally.bytes_written += req.length as u64,
-                        _ => {}
-                    }
-                }
-                Err(Rejection::Error { errno, reason }) => {
-                    tally.errors += 1;
-                    reply_error(&mut out, &x, h.handle, errno, reason, None);
-                }
-                Err(Rejection::Disconnect(reason)) => break 'session Err(SessionError::Protocol(reason)),
-            }
-            if out.len() >= FLUSH_AT {
+        match process(&mut input, dev, &x, &mut out, &mut scratch, &mut tally) {
+            Step::NeedInput => {}
+            Step::OutputFull => {
                 if let Err(e) = stream.write_all(out.as_slice()).await {
                     break 'session Err(e.into());
                 }
                 out.clear();
+                continue;
             }
+            Step::Disconnect => break 'session Ok(()),
+            Step::Failed(e) => break 'session Err(e),
         }
         if !out.is_empty() {
             if let Err(e) = stream.write_all(out.as_slice()).await {
@@ -232,6 +271,62 @@ where
     tally.publish(&shared.stats);
     let _ = stream.flush().await;
     let _ = stream.shutdown().await;
+    result
+}
+
+/// The inline engine on a blocking socket, one thread per connection: the kernel wakes
+/// this thread straight from the socket, with no event loop between (the fastest path for
+/// devices that never sleep). Drain works by shutting down the socket's read side, which
+/// makes the blocked read return end-of-file; every request already read is answered.
+pub fn run_inline_blocking<S>(mut stream: S, negotiated: Negotiated, shared: &Shared) -> Result<(), SessionError>
+where
+    S: std::io::Read + std::io::Write,
+{
+    let dev: &dyn BlockDev = &*negotiated.device;
+    let x = negotiated.params;
+    let mut input = Input::new(shared.config.read_buffer_size);
+    let mut out = ReplyBuf::with_capacity(64 << 10);
+    let mut scratch = Scratch::default();
+    let mut tally = Tally::default();
+
+    let result = 'session: loop {
+        match process(&mut input, dev, &x, &mut out, &mut scratch, &mut tally) {
+            Step::NeedInput => {}
+            Step::OutputFull => {
+                if let Err(e) = stream.write_all(out.as_slice()) {
+                    break 'session Err(e.into());
+                }
+                out.clear();
+                continue;
+            }
+            Step::Disconnect => break 'session Ok(()),
+            Step::Failed(e) => break 'session Err(e),
+        }
+        if !out.is_empty() {
+            if let Err(e) = stream.write_all(out.as_slice()) {
+                break 'session Err(e.into());
+            }
+            out.clear();
+            out.shrink_to(1 << 20);
+        }
+        tally.publish(&shared.stats);
+        match input.fill_blocking(&mut stream) {
+            Ok(0) => {
+                if input.has_partial() {
+                    log::debug!("client closed the connection in the middle of a request");
+                }
+                break 'session Ok(());
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break 'session Err(e.into()),
+        }
+    };
+    if !out.is_empty() {
+        let _ = stream.write_all(out.as_slice());
+    }
+    tally.publish(&shared.stats);
+    let _ = stream.flush();
     result
 }
 
