@@ -75,6 +75,9 @@ pub struct ServerConfig {
     pub read_buffer_size: usize,
     /// Connections beyond this are closed right after accept.
     pub max_connections: usize,
+    /// Worker threads per connection for devices that may sleep (files, caches): how many
+    /// of one connection's requests run at once.
+    pub threads_per_connection: usize,
 }
 
 impl Default for ServerConfig {
@@ -84,6 +87,7 @@ impl Default for ServerConfig {
             max_in_flight_bytes: 64 << 20,
             read_buffer_size: 256 << 10,
             max_connections: 4096,
+            threads_per_connection: 16,
         }
     }
 }
@@ -387,14 +391,22 @@ impl io::Write for BlockingSocket {
     }
 }
 
-/// Runs the inline engine on a thread of its own over a blocking socket, and shuts the
-/// socket's read side when a drain starts so the thread finishes what it read and ends.
-async fn run_on_thread(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
+/// Runs a blocking engine on threads of its own: the inline engine for devices that never
+/// sleep, the threaded one for devices that may. When a drain starts it shuts the socket's
+/// read side, so the threads answer what they read and end.
+async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
     sock.prepare()?;
     let waker = sock.try_clone()?;
+    let writer = if negotiated.device.caps().may_block { Some(sock.try_clone()?) } else { None };
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
-        let result = crate::session::run_inline_blocking(sock, negotiated, &shared);
+        let result = match writer {
+            None => crate::session::run_inline_blocking(sock, negotiated, &shared),
+            Some(writer) => {
+                let threads = shared.config.threads_per_connection.max(1);
+                crate::session::run_threaded_blocking(sock, writer, negotiated, &shared, threads)
+            }
+        };
         let _ = done_tx.send(result);
     })?;
     let finished = tokio::select! {
@@ -447,15 +459,12 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
         }
     };
     log::debug!("NBD client {peer} uses export {:?} ({})", negotiated.export_name, negotiated.device.describe());
-    // Devices that never sleep are served inline on a thread per connection (see session).
-    let result = if negotiated.device.caps().may_block {
-        crate::session::run(stream, negotiated, shared, shutdown).await
-    } else {
-        match stream.into_blocking() {
-            Converted::Blocking(sock) => run_on_thread(sock, negotiated, shared.clone(), shutdown).await,
-            Converted::Async(stream) => crate::session::run(stream, negotiated, shared, shutdown).await,
-            Converted::Failed(e) => Err(e.into()),
-        }
+    // Real sockets go blocking, on threads of their own (see session); in-memory streams
+    // stay on the async engines.
+    let result = match stream.into_blocking() {
+        Converted::Blocking(sock) => run_on_threads(sock, negotiated, shared.clone(), shutdown).await,
+        Converted::Async(stream) => crate::session::run(stream, negotiated, shared, shutdown).await,
+        Converted::Failed(e) => Err(e.into()),
     };
     if let Err(e) = result {
         log::info!("NBD connection from {peer} ended: {e}");

@@ -330,6 +330,156 @@ where
     result
 }
 
+/// The threaded engine on a blocking socket, for devices that may sleep (nbdkit's
+/// parallel model): `threads` workers take turns holding the read side, each taking the
+/// next request from the shared input buffer (reading the socket when it runs dry), then
+/// execute it outside any lock of ours and write the reply under the write side's lock.
+/// Up to `threads` requests run at once and replies go out in completion order. Bytes in
+/// flight are bounded by the input buffer plus one payload per worker.
+pub fn run_threaded_blocking<R, W>(reader: R, writer: W, negotiated: Negotiated, shared: &Shared, threads: usize) -> Result<(), SessionError>
+where
+    R: std::io::Read + Send,
+    W: std::io::Write + Send,
+{
+    let read_side = std::sync::Mutex::new(ReadSide {
+        sock: reader,
+        input: Input::new(shared.config.read_buffer_size),
+        done: false,
+        result: Ok(()),
+        tally: Tally::default(),
+    });
+    let write_side = std::sync::Mutex::new(WriteSide { sock: writer, failed: None });
+    let dev: &dyn BlockDev = &*negotiated.device;
+    let x = negotiated.params;
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            scope.spawn(|| threaded_worker(&read_side, &write_side, dev, &x, shared));
+        }
+        threaded_worker(&read_side, &write_side, dev, &x, shared);
+    });
+    let mut rs = read_side.into_inner().unwrap_or_else(|p| p.into_inner());
+    rs.tally.publish(&shared.stats);
+    let ws = write_side.into_inner().unwrap_or_else(|p| p.into_inner());
+    match ws.failed {
+        Some(e) => Err(e.into()),
+        None => rs.result,
+    }
+}
+
+struct ReadSide<R> {
+    sock: R,
+    input: Input,
+    /// No further request is taken (DISC, EOF, drain, error).
+    done: bool,
+    result: Result<(), SessionError>,
+    tally: Tally,
+}
+
+struct WriteSide<W> {
+    sock: W,
+    failed: Option<io::Error>,
+}
+
+/// What a worker took from the input.
+enum Job {
+    Execute(crate::validate::Request),
+    Refuse { handle: u64, errno: u32, reason: &'static str },
+}
+
+fn threaded_worker<R: std::io::Read, W: std::io::Write>(
+    read_side: &std::sync::Mutex<ReadSide<R>>,
+    write_side: &std::sync::Mutex<WriteSide<W>>,
+    dev: &dyn BlockDev,
+    x: &ExportParams,
+    shared: &Shared,
+) {
+    let mut payload = Vec::new();
+    let mut out = ReplyBuf::with_capacity(64 << 10);
+    let mut scratch = Scratch::default();
+    loop {
+        let job = {
+            let mut guard = read_side.lock().unwrap_or_else(|p| p.into_inner());
+            let rs = &mut *guard;
+            loop {
+                if rs.done {
+                    return;
+                }
+                let frame = match rs.input.next_frame() {
+                    Ok(Some(f)) => f,
+                    Ok(None) => {
+                        rs.tally.publish(&shared.stats);
+                        match rs.input.fill_blocking(&mut rs.sock) {
+                            Ok(0) => rs.done = true,
+                            Ok(_) => {}
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => {
+                                rs.done = true;
+                                rs.result = Err(e.into());
+                            }
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        rs.done = true;
+                        rs.result = Err(e);
+                        return;
+                    }
+                };
+                let h = frame.header;
+                rs.tally.requests += 1;
+                match validate(&h, x) {
+                    Ok(req) if req.command == Command::Disconnect => {
+                        rs.done = true;
+                        return;
+                    }
+                    Ok(req) => {
+                        match req.command {
+                            Command::Read { .. } => rs.tally.bytes_read += req.length as u64,
+                            Command::Write { .. } => rs.tally.bytes_written += req.length as u64,
+                            _ => {}
+                        }
+                        payload.clear();
+                        payload.extend_from_slice(&rs.input.buf[frame.payload]);
+                        break Job::Execute(req);
+                    }
+                    Err(Rejection::Error { errno, reason }) => {
+                        rs.tally.errors += 1;
+                        break Job::Refuse { handle: h.handle, errno, reason };
+                    }
+                    Err(Rejection::Disconnect(reason)) => {
+                        rs.done = true;
+                        rs.result = Err(SessionError::Protocol(reason));
+                        return;
+                    }
+                }
+            }
+        };
+        out.clear();
+        match job {
+            Job::Execute(req) => {
+                if !execute(dev, x, &req, &payload, &mut out, &mut scratch) {
+                    shared.stats.request_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Job::Refuse { handle, errno, reason } => reply_error(&mut out, x, handle, errno, reason, None),
+        }
+        if payload.capacity() > 4 << 20 {
+            payload = Vec::new();
+        }
+        let mut ws = write_side.lock().unwrap_or_else(|p| p.into_inner());
+        if ws.failed.is_some() {
+            return;
+        }
+        if let Err(e) = ws.sock.write_all(out.as_slice()) {
+            ws.failed = Some(e);
+            return;
+        }
+        drop(ws);
+        out.clear();
+        out.shrink_to(1 << 20);
+    }
+}
+
 /// A finished reply on its way to the writer, holding its share of the in-flight budget.
 struct Reply {
     bytes: ReplyBuf,
