@@ -56,13 +56,21 @@ pub enum HandshakeError {
 struct Wire<'a, S> {
     stream: &'a mut S,
     timeout: Duration,
+    shutdown: ShutdownSignal,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Wire<'_, S> {
+    /// Reads exactly `buf.len()` bytes, giving up after the timeout, or as soon as a drain
+    /// has begun and the bytes are not already there (a stalled client must not hold up a
+    /// shutdown).
     async fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), HandshakeError> {
-        match tokio::time::timeout(self.timeout, self.stream.read_exact(buf)).await {
-            Ok(r) => r.map(|_| ()).map_err(HandshakeError::from),
-            Err(_) => Err(HandshakeError::Timeout(self.timeout)),
+        tokio::select! {
+            biased;
+            r = tokio::time::timeout(self.timeout, self.stream.read_exact(buf)) => match r {
+                Ok(r) => r.map(|_| ()).map_err(HandshakeError::from),
+                Err(_) => Err(HandshakeError::Timeout(self.timeout)),
+            },
+            _ = self.shutdown.wait() => Err(HandshakeError::Shutdown),
         }
     }
     async fn write_all(&mut self, buf: &[u8]) -> Result<(), HandshakeError> {
@@ -88,8 +96,7 @@ pub(crate) async fn negotiate<S>(stream: &mut S, shared: &Shared, shutdown: &Shu
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut wire = Wire { stream, timeout: shared.config.handshake_timeout };
-    let mut shutdown = shutdown.clone();
+    let mut wire = Wire { stream, timeout: shared.config.handshake_timeout, shutdown: shutdown.clone() };
 
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
@@ -111,11 +118,7 @@ where
     let mut out = Vec::new();
     loop {
         let mut raw = [0u8; OPTION_HEADER_LEN];
-        tokio::select! {
-            biased;
-            _ = shutdown.wait() => return Err(HandshakeError::Shutdown),
-            r = wire.read_exact(&mut raw) => r?,
-        }
+        wire.read_exact(&mut raw).await?;
         let header = OptionHeader::parse(&raw);
         if header.magic != IHAVEOPT {
             return Err(HandshakeError::BadMagic(header.magic));
