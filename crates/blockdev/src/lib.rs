@@ -40,9 +40,12 @@ pub use memory::MemoryDev;
 pub struct Caps {
     /// Writes, trims and zeroes are refused.
     pub read_only: bool,
-    /// The device has a volatile cache that `flush` makes durable (NBD `SEND_FLUSH`).
+    /// `flush` is offered (NBD `SEND_FLUSH`): it returns once every completed write is as
+    /// durable as this device makes anything. A RAM disk offers it and answers at once, as
+    /// nbdkit's memory plugin does, so clients that flush (qemu-img, libnbd) work.
     pub flush: bool,
-    /// `fua` on a write makes that write durable before it returns (NBD `SEND_FUA`).
+    /// `fua` on a write is offered (NBD `SEND_FUA`): that write is as durable as a flush
+    /// would make it before it returns.
     pub fua: bool,
     /// `trim` gives space back (NBD `SEND_TRIM`).
     pub trim: bool,
@@ -50,7 +53,7 @@ pub struct Caps {
     pub zeroes: bool,
     /// `write_zeroes` with `fast_only` answers [`ErrorKind::NotFast`] when it would be slow (NBD `SEND_FAST_ZERO`).
     pub fast_zero: bool,
-    /// `cache` (prefetch) does something useful (NBD `SEND_CACHE`).
+    /// `cache` (prefetch) is offered (NBD `SEND_CACHE`); a device already in RAM answers at once.
     pub cache: bool,
     /// `block_status` reports real holes and zeros, not just "all data".
     pub block_status: bool,

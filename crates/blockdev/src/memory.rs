@@ -281,12 +281,12 @@ impl BlockDev for MemoryDev {
     fn caps(&self) -> Caps {
         Caps {
             read_only: false,
-            flush: false,
-            fua: false,
+            flush: true,
+            fua: true,
             trim: true,
             zeroes: true,
             fast_zero: true,
-            cache: false,
+            cache: true,
             block_status: true,
             multi_conn: true,
             may_block: false,

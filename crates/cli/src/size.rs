@@ -61,7 +61,7 @@ mod tests {
 
     #[test]
     fn sizes_format_round_trip() {
-        for s in ["1 GiB", "64 MiB", "4096 B", "1.5 KiB"] {
+        for s in ["1 GiB", "64 MiB", "512 B", "1.5 KiB"] {
             let n = parse_size(&s.replace(' ', "")).unwrap();
             assert_eq!(format_size(n), s);
         }

@@ -21,8 +21,13 @@ async fn validation_errnos_simple_replies() {
     assert_eq!(c.call(CMD_READ, CMD_FLAG_DF, 0, 1, &[]).await, EINVAL, "DF without structured replies");
     assert_eq!(c.call(CMD_READ, 1 << 12, 0, 1, &[]).await, EINVAL, "unknown flag");
     assert_eq!(c.call(CMD_BLOCK_STATUS, 0, 0, 512, &[]).await, EINVAL, "block status without context");
-    assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]).await, EINVAL, "flush not advertised");
-    assert_eq!(c.call(CMD_CACHE, 0, 0, 512, &[]).await, EINVAL, "cache not advertised");
+    assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]).await, 0, "flush is advertised by the memory disk");
+    assert_eq!(c.call(CMD_CACHE, 0, 0, 512, &[]).await, 0, "cache is advertised by the memory disk");
+    // Commands the export does not advertise are refused.
+    let (mut ro, _, ro_flags) = RawClient::open(&h.path, "ro", false).await;
+    assert_eq!(ro_flags & (FLAG_SEND_FLUSH | FLAG_SEND_CACHE), 0);
+    assert_eq!(ro.call(CMD_FLUSH, 0, 0, 0, &[]).await, EINVAL, "flush not advertised");
+    assert_eq!(ro.call(CMD_CACHE, 0, 0, 512, &[]).await, EINVAL, "cache not advertised");
     // After all that, the stream is in sync.
     assert_eq!(c.call(CMD_WRITE, 0, 100, 3, b"xyz").await, 0);
     assert_eq!(c.read(100, 3).await, b"xyz");

@@ -16,8 +16,8 @@ use vdstream_nbd::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfi
 
 pub const DISK: u64 = 1 << 20;
 
-/// Exports: "disk" (writable memory), "ro" (read-only view), "slow" (may_block, variable
-/// sleeps), "" (= "disk").
+/// Exports: "disk" (writable memory), "ro" (read-only view that offers no flush, FUA or
+/// cache), "slow" (may_block, variable sleeps), "" (= "disk").
 pub struct TestExports {
     pub disk: Arc<MemoryDev>,
     pub slow: Arc<SlowDev>,
@@ -46,7 +46,7 @@ impl Exports for TestExports {
 pub struct ReadOnly(pub Arc<MemoryDev>);
 impl BlockDev for ReadOnly {
     fn size(&self) -> u64 { self.0.size() }
-    fn caps(&self) -> Caps { Caps { read_only: true, ..self.0.caps() } }
+    fn caps(&self) -> Caps { Caps { read_only: true, flush: false, fua: false, cache: false, ..self.0.caps() } }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> { self.0.read_at(buf, offset) }
     fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> { self.0.read_at_sparse(buf, offset, holes) }
     fn write_at(&self, _: &[u8], _: u64, _: bool) -> DevResult<()> { panic!("write reached a read-only device") }
