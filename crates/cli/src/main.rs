@@ -40,3 +40,34 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("vdstream").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn intermediate_buffering_takes_on_and_off() {
+        for (word, want) in [("on", true), ("off", false)] {
+            let cli = parse(&["serve-image", "b.img", "--cache", "device-disk", "--intermediate-buffering", word]).unwrap();
+            let Command::ServeImage(args) = cli.command;
+            assert_eq!(args.intermediate_buffering(), want, "--intermediate-buffering {word}");
+        }
+        assert!(parse(&["serve-image", "b.img", "--cache", "device-disk", "--intermediate-buffering", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn cache_type_names_are_checked() {
+        let err = parse(&["serve-image", "b.img", "--cache", "ram"]).unwrap_err().to_string();
+        assert!(err.contains("ram-overflow"), "the error lists the valid types: {err}");
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

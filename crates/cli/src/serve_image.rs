@@ -83,12 +83,20 @@ pub struct ServeImageArgs {
     overflow_max: Option<u64>,
 
     /// Disk cache types: `on` writes through the host page cache, `off` uses O_DIRECT.
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "off", requires = "cache")]
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "off", requires = "cache", action = clap::ArgAction::Set)]
     intermediate_buffering: bool,
 
     /// Export name, besides the default empty name.
     #[arg(long, value_name = "EXPORT", default_value = "vdstream")]
     name: String,
+}
+
+impl ServeImageArgs {
+    /// Whether disk cache types write through the host page cache.
+    #[cfg(test)]
+    pub fn intermediate_buffering(&self) -> bool {
+        self.intermediate_buffering
+    }
 }
 
 /// One device, offered under the default name and under its own name.

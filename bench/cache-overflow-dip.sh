@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# bench/cache-overflow-dip.sh — what ram-overflow costs when the working set outgrows RAM.
+# Two runs of the VDI profile (shared/bench/vdi.fio: 4 jobs x QD16, 4 KiB, 80% writes, 90%
+# random) with fio's nbd engine over a unix socket, on a 96 MiB working set over a base of
+# random data, each with an empty cache:
+#   overflow   vdstream serve-image BASE --cache ram-overflow --ram 64M   (working set 1.5x RAM)
+#   fits       vdstream serve-image BASE --cache ram-overflow --ram 256M  (never overflows)
+# fio logs IOPS every 250 ms (--write_iops_log, --log_avg_msec=250, summed over jobs and
+# directions); a poller reads the allocated size of the server's overflow file (unlinked,
+# found through /proc/PID/fd) every 100 ms, which dates the moment overflow starts. Printed:
+#   - sustained IOPS of each run (mean over the second half of the run) and their ratio
+#     overflow/fits (goal >= 0.9);
+#   - the dip: the lowest 250 ms window after overflow starts vs the overflow run's
+#     sustained IOPS, and how long it lasts (from overflow start until four windows in a
+#     row, 1 s, are back at >= 90% of sustained).
+#
+# Usage: bench/cache-overflow-dip.sh [--runtime 20] [--ws 96m] [--quick] [--out FILE] [--keep DIR]
+#   --quick   --runtime 6 (to check the script, not for figures)
+# Environment: SHARED (default: the `shared` folder beside the repo), VDSTREAM_BIN, TMPDIR.
+
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SHARED=${SHARED:-$ROOT/../shared}
+JOBFILE=$SHARED/bench/vdi.fio
+VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
+PY=/usr/bin/python3
+export PATH=/usr/bin:$PATH
+
+runtime=20 ws=96m out='' keep=''
+args_given="$*"
+while (($#)); do
+    case $1 in
+    --runtime) runtime=$2; shift ;;
+    --ws) ws=$2; shift ;;
+    --quick) runtime=6 ;;
+    --out) out=$2; shift ;;
+    --keep) keep=$2; shift ;;
+    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    *) echo "cache-overflow-dip.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+[[ $runtime =~ ^[1-9][0-9]*$ ]] || { echo "--runtime must be whole seconds" >&2; exit 2; }
+[[ -f $JOBFILE ]] || { echo "cache-overflow-dip.sh: job file $JOBFILE not found (set SHARED=)" >&2; exit 2; }
+[[ -x $VDSTREAM_BIN ]] || { echo "$VDSTREAM_BIN not built: cargo build --release -p vdstream" >&2; exit 2; }
+for c in fio nbdinfo numfmt; do
+    command -v $c >/dev/null || { echo "cache-overflow-dip.sh: $c is not installed" >&2; exit 2; }
+done
+ws_bytes=$(numfmt --from=iec "${ws^^}")
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-dip-bench.XXXXXX")
+server_pid='' poller_pid=''
+cleanup() {
+    local rc=$? pid
+    for pid in $poller_pid $server_pid; do
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null
+            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done
+    rm -rf "$work"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+base=$work/base.img
+# The base is twice the working set, random data throughout.
+head -c $((2 * ws_bytes)) /dev/urandom >"$base"
+
+# poll_overflow PID DIR OUT — every 100 ms, "epoch_seconds allocated_bytes" of PID's files under DIR.
+poll_overflow() {
+    local pid=$1 dir=$2 outf=$3 fd target total
+    while kill -0 "$pid" 2>/dev/null; do
+        total=0
+        for fd in /proc/"$pid"/fd/*; do
+            target=$(readlink "$fd" 2>/dev/null) || continue
+            [[ $target == "$dir"/* ]] || continue
+            total=$((total + $(stat -L -c %b "$fd" 2>/dev/null || echo 0) * 512))
+        done
+        echo "$EPOCHREALTIME $total" >>"$outf"
+        sleep 0.1
+    done
+}
+
+run_one() { # run_one NAME RAM
+    local name=$1 ram=$2 sock=$work/$1.sock cdir=$work/cache.$1
+    mkdir -p "$cdir"
+    echo "run $name: ram-overflow --ram $ram, working set $ws, ${runtime}s" >&2
+    "$VDSTREAM_BIN" serve-image "$base" --cache ram-overflow --ram "$ram" --overflow-dir "$cdir" \
+        --socket "$sock" >"$work/$name.server.log" 2>&1 </dev/null &
+    server_pid=$!
+    local deadline=$((SECONDS + 20))
+    until [[ -S $sock ]] && timeout 5 nbdinfo --size "nbd+unix:///?socket=$sock" >/dev/null 2>&1; do
+        kill -0 "$server_pid" 2>/dev/null || { cat "$work/$name.server.log" >&2; exit 1; }
+        ((SECONDS < deadline)) || { echo "server did not start in 20 s" >&2; exit 1; }
+        sleep 0.1
+    done
+    poll_overflow "$server_pid" "$cdir" "$work/$name.overflow" &
+    poller_pid=$!
+    echo "$EPOCHREALTIME" >"$work/$name.start"
+    (cd "$work" && fio "$JOBFILE" --ioengine=nbd --uri="nbd+unix:///?socket=$sock" \
+        --size="$ws" --runtime="$runtime" --write_iops_log="$name" --log_avg_msec=250 \
+        --output-format=json --output="$work/$name.json") >"$work/$name.fio.log" 2>&1 ||
+        { cat "$work/$name.fio.log" >&2; echo "fio failed against $name" >&2; exit 1; }
+    kill -TERM "$server_pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    wait "$poller_pid" 2>/dev/null || true
+    server_pid='' poller_pid=''
+    rm -rf "$cdir"
+}
+
+run_one overflow 64M
+sleep 1
+run_one fits 256M
+if [[ -n $keep ]]; then
+    mkdir -p "$keep"
+    cp "$work"/*.log "$work"/*.json "$work"/*.overflow "$keep"/ 2>/dev/null || true
+fi
+
+report=$("$PY" - "$work" "$runtime" <<'PYEOF'
+import glob, json, statistics, sys
+work, runtime = sys.argv[1], int(sys.argv[2])
+W = 250  # ms per window
+
+def windows(name):
+    # fio writes NAME_iops.N.log per job: "msec, iops, dir, bs, offset"; sum jobs and directions.
+    acc = {}
+    for path in glob.glob(f"{work}/{name}_iops.*.log"):
+        for line in open(path):
+            f = [x.strip() for x in line.split(",")]
+            if len(f) < 3:
+                continue
+            k = round(int(f[0]) / W)
+            acc[k] = acc.get(k, 0) + int(f[1])
+    ks = sorted(acc)
+    return [(k * W / 1000, acc[k]) for k in ks if k >= 1]
+
+def overflow_start(name):
+    t0 = float(open(f"{work}/{name}.start").read())
+    try:
+        for line in open(f"{work}/{name}.overflow"):
+            t, b = line.split()
+            if int(b) > 0:
+                return float(t.replace(",", ".")) - t0, None
+    except FileNotFoundError:
+        pass
+    return None, None
+
+def total_iops(name):
+    text = open(f"{work}/{name}.json").read()
+    j = json.loads(text[text.index("{"):])["jobs"][0]
+    return j["read"]["iops"] + j["write"]["iops"]
+
+out = {}
+for name in ("overflow", "fits"):
+    w = windows(name)
+    half = [v for t, v in w if t > runtime / 2]
+    out[name] = {"w": w, "sustained": statistics.mean(half) if half else float("nan"),
+                 "start": overflow_start(name)[0], "total": total_iops(name)}
+
+o, f = out["overflow"], out["fits"]
+ratio = o["sustained"] / f["sustained"]
+print("| run | RAM | sustained IOPS (2nd half) | whole-run IOPS | overflow starts at |")
+print("| --- | ---: | ---: | ---: | ---: |")
+for name, ram in (("overflow", "64M"), ("fits", "256M")):
+    x = out[name]
+    st = "never" if x["start"] is None else f"{x['start']:.2f} s"
+    print(f"| {name} | {ram} | {x['sustained']:.0f} | {x['total']:.0f} | {st} |")
+print()
+print(f"- sustained overflow/fits = **{ratio:.2f}** (goal >= 0.9: {'met' if ratio >= 0.9 else 'NOT met'})")
+if o["start"] is None:
+    print("- the overflow run never wrote to its overflow file: no dip to measure")
+else:
+    s = o["sustained"]
+    after = [(t, v) for t, v in o["w"] if t >= o["start"]]
+    if not after:
+        print(f"- overflow started at {o['start']:.2f} s, after the last IOPS window")
+    else:
+        tmin, vmin = min(after, key=lambda tv: tv[1])
+        before = [v for t, v in o["w"] if t < o["start"]]
+        pre = statistics.mean(before) if before else float("nan")
+        vals = [v for t, v in after]
+        end = None
+        for i in range(len(vals)):
+            if all(v >= 0.9 * s for v in vals[i:i + 4]) and len(vals[i:i + 4]) == 4:
+                end = i
+                break
+        lasting = "until the end of the run" if end is None else f"{end * W / 1000:.2f} s"
+        print(f"- overflow starts at {o['start']:.2f} s (IOPS before it: {pre:.0f}); lowest 250 ms window after it: "
+              f"{vmin:.0f} IOPS at {tmin:.2f} s = **{vmin / s:.2f}** of sustained ({s:.0f})")
+        print(f"- the dip (windows < 90% of sustained) lasts {lasting} from the start of overflow")
+print()
+def series(name):
+    return " ".join(f"{v / 1000:.0f}" for t, v in out[name]["w"])
+print(f"IOPS per 250 ms window, in thousands — overflow: {series('overflow')}")
+print(f"fits: {series('fits')}")
+PYEOF
+)
+header="### ram-overflow: overflow dip and sustained IOPS
+
+\`bench/cache-overflow-dip.sh ${args_given}\` — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(fio --version),
+VDI profile (\`shared/bench/vdi.fio\`) --size=$ws --runtime=$runtime over nbd+unix, base of random data,
+overflow dir on $(stat -f -c %T "$work"); \`--cache ram-overflow --ram 64M\` (overflow) vs \`--ram 256M\` (fits).
+"
+printf '%s\n%s\n' "$header" "$report"
+if [[ -n $out ]]; then printf '%s\n%s\n' "$header" "$report" >"$out"; echo "wrote $out" >&2; fi
