@@ -10,7 +10,7 @@ use clap::Args;
 use vdstream_blockdev::{BlockDev, FileDev, FileOptions, MemoryDev};
 use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
 
-use vdstream_wcache::{CacheConfig, CacheType};
+use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
 use crate::size::{format_size, parse_size};
 
@@ -144,6 +144,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         }
         (None, None) => bail!("give an image FILE or --memory SIZE"),
     };
+    let mut cache_in_use = None;
     let (dev, description) = match args.cache {
         None => (dev, description),
         Some(kind) => {
@@ -156,6 +157,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
                 lock_path: args.file.clone(),
             };
             let cache = vdstream_wcache::open(kind, dev, &cfg).with_context(|| format!("cannot open the {kind} write cache"))?;
+            cache_in_use = Some(cache.clone());
             let dev: Arc<dyn BlockDev> = cache;
             (dev, format!("{description} through a {kind} write cache"))
         }
@@ -200,8 +202,33 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             let _ = std::fs::remove_file(path);
         }
         log::info!("all sessions drained; bye");
+        if let Some(cache) = cache_in_use {
+            println!("vdstream: {}", cache_summary(&*cache));
+        }
         Ok(())
     })
+}
+
+/// One line on what the guest asked for against what reached storage.
+fn cache_summary(cache: &dyn WriteCache) -> String {
+    let s = cache.stats();
+    format!(
+        "{} cache: guest {} reads and {} writes; storage {} reads and {} writes \
+         ({} vDisk reads, {} overflow-file writes, {} cache-file writes); {} evictions; \
+         {} writes refused for lack of space; RAM in use {}, file in use {}",
+        cache.cache_type(),
+        s.guest_read_ops,
+        s.guest_write_ops,
+        s.vdisk_read_ops + s.overflow_read_ops + s.disk_read_ops,
+        s.storage_write_ops(),
+        s.vdisk_read_ops,
+        s.overflow_write_ops,
+        s.disk_write_ops,
+        s.evictions,
+        s.nospace_errors,
+        format_size(s.ram_bytes),
+        format_size(s.file_bytes),
+    )
 }
 
 /// Binds a unix socket, removing a stale socket file left by a process that died, but
@@ -229,4 +256,23 @@ async fn wait_for_signal() -> Result<()> {
         _ = int.recv() => {},
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_summary_counts_guest_and_storage_io() {
+        let base: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(1 << 20));
+        let cfg = CacheConfig { ram: 64 << 10, ..CacheConfig::new("t1") };
+        let cache = vdstream_wcache::open(CacheType::DeviceRam, base, &cfg).unwrap();
+        cache.write_at(&[7u8; 4096], 0, false).unwrap();
+        let mut buf = [0u8; 4096];
+        cache.read_at(&mut buf, 8192).unwrap();
+        let line = cache_summary(&*cache);
+        assert!(line.starts_with("device-ram cache: guest 1 reads and 1 writes"), "{line}");
+        assert!(line.contains("1 vDisk reads"), "{line}");
+        assert!(line.contains("RAM in use 4 KiB"), "{line}");
+    }
 }
