@@ -9,12 +9,10 @@
 //!   in offset, length and memory: requests are copied through a per-thread aligned bounce
 //!   buffer (skipped when the caller's buffer and range are already aligned), and a write
 //!   that starts or ends inside a 4 KiB block reads that block first (read-modify-write).
-//!   Two writes that each rewrite part of the same block would lose one of the updates, so
-//!   a write that goes through the bounce buffer holds a striped lock for its first and
-//!   last block while it runs (a fully aligned write rewrites whole blocks only), and so
-//!   do trims and zeroes around their `fallocate` (which zeroes partial blocks in place).
-//!   Known limit: a partial-block write racing with an *overlapping* write that covers the
-//!   whole block may leave that block's bytes outside the overlap as they were before. When the
+//!   A read-modify-write must not interleave with any other change to that block, or it
+//!   would write back stale bytes outside its own range, so every direct write, trim and
+//!   zero holds the striped locks of *all* the blocks it covers while it runs (taken in
+//!   stripe order; a range longer than the stripe count takes every stripe). When the
 //!   size is not a multiple of 4096, the bytes of the final partial block go through a
 //!   second, buffered descriptor: an `O_DIRECT` write of that block would grow the file.
 //! - **TRIM** is `fallocate(PUNCH_HOLE|KEEP_SIZE)`, probed once at open (past the end of a
@@ -58,6 +56,13 @@ pub struct FileOptions {
     pub read_only: bool,
     /// Bypass the page cache with `O_DIRECT`.
     pub direct: bool,
+}
+
+/// The stripe locks one change holds; one stripe needs no allocation.
+#[allow(dead_code)] // held only for their drop
+enum StripeGuards<'a> {
+    One(MutexGuard<'a, ()>),
+    Many(Vec<MutexGuard<'a, ()>>),
 }
 
 /// One aligned 4 KiB block: a `Vec` of them is an aligned buffer.
@@ -362,40 +367,29 @@ impl FileDev {
         Ok(())
     }
 
-    /// Locks the read-modify-write stripes of blocks `a` and `b`, in stripe order.
-    fn lock_blocks(&self, a: u64, b: u64) -> (MutexGuard<'_, ()>, Option<MutexGuard<'_, ()>>) {
-        let (sa, sb) = (
-            (a % RMW_STRIPES as u64) as usize,
-            (b % RMW_STRIPES as u64) as usize,
-        );
-        let lock = |s: usize| {
-            self.rmw_locks[s]
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-        };
-        match sa.cmp(&sb) {
-            std::cmp::Ordering::Equal => (lock(sa), None),
-            std::cmp::Ordering::Less => {
-                let first = lock(sa);
-                (first, Some(lock(sb)))
-            }
-            std::cmp::Ordering::Greater => {
-                let first = lock(sb);
-                (first, Some(lock(sa)))
-            }
+    /// Locks the read-modify-write stripes of every block in `first..=last`, in stripe
+    /// order (all stripes when the range has more blocks than there are stripes).
+    fn lock_blocks(&self, first: u64, last: u64) -> StripeGuards<'_> {
+        let lock = |s: usize| self.rmw_locks[s].lock().unwrap_or_else(PoisonError::into_inner);
+        let blocks = last - first + 1;
+        if blocks == 1 {
+            return StripeGuards::One(lock((first % RMW_STRIPES as u64) as usize));
         }
+        let mut stripes: Vec<usize> = if blocks >= RMW_STRIPES as u64 {
+            (0..RMW_STRIPES).collect()
+        } else {
+            (first..=last).map(|b| (b % RMW_STRIPES as u64) as usize).collect()
+        };
+        stripes.sort_unstable();
+        stripes.dedup();
+        StripeGuards::Many(stripes.into_iter().map(lock).collect())
     }
 
-    /// Direct mode: locks the first and last block of `[offset, offset+len)` (len > 0), so
-    /// that an `fallocate` which zeroes part of a block cannot interleave with a
-    /// read-modify-write of that block by another thread. Buffered mode: nothing to lock.
-    fn lock_edges(
-        &self,
-        offset: u64,
-        len: u64,
-    ) -> Option<(MutexGuard<'_, ()>, Option<MutexGuard<'_, ()>>)> {
-        self.direct
-            .then(|| self.lock_blocks(offset / ALIGN, (offset + len - 1) / ALIGN))
+    /// Direct mode: locks every block of `[offset, offset+len)` (len > 0), so that no
+    /// read-modify-write of one of them interleaves with this change. Buffered mode:
+    /// nothing to lock.
+    fn lock_range(&self, offset: u64, len: u64) -> Option<StripeGuards<'_>> {
+        self.direct.then(|| self.lock_blocks(offset / ALIGN, (offset + len - 1) / ALIGN))
     }
 
     /// Direct-mode read of `[offset, offset+buf.len())`, all below `direct_end`.
@@ -421,6 +415,7 @@ impl FileDev {
     /// Direct-mode write of `[offset, offset+buf.len())`, all below `direct_end`.
     fn write_direct(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         if can_go_direct(buf.as_ptr() as usize, offset, buf.len()) {
+            let _locks = self.lock_range(offset, buf.len() as u64);
             return self.pwrite(&self.file, buf, offset, fua);
         }
         for w in units(offset, buf.len() as u64, BOUNCE_BYTES) {
@@ -565,7 +560,7 @@ impl BlockDev for FileDev {
             return Ok(());
         }
         let punched = {
-            let _locks = self.lock_edges(offset, len);
+            let _locks = self.lock_range(offset, len);
             self.try_fallocate(
                 &self.punch_works,
                 libc::FALLOC_FL_PUNCH_HOLE,
@@ -594,7 +589,7 @@ impl BlockDev for FileDev {
             return Ok(());
         }
         let done = {
-            let _locks = self.lock_edges(offset, len);
+            let _locks = self.lock_range(offset, len);
             (flags.may_trim
                 && self.try_fallocate(
                     &self.punch_works,
