@@ -337,6 +337,9 @@ enum BlockingSocket {
     Tcp(std::net::TcpStream),
 }
 
+/// The whole handshake may take this many `handshake_timeout`s.
+const HANDSHAKE_READS_ALLOWED: u32 = 4;
+
 /// How long a blocked reply write may wait for a client that stopped reading.
 const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -403,7 +406,7 @@ async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Ar
         let result = match writer {
             None => crate::session::run_inline_blocking(sock, negotiated, &shared),
             Some(writer) => {
-                let threads = shared.config.threads_per_connection.max(1);
+                let threads = std::env::var("VDS_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(shared.config.threads_per_connection).max(1);
                 crate::session::run_threaded_blocking(sock, writer, negotiated, &shared, threads)
             }
         };
@@ -446,7 +449,13 @@ async fn accept(listener: &Listener) -> io::Result<(Conn, String)> {
 
 /// One connection, start to end. Never returns an error: failures are logged here.
 async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutdown: ShutdownSignal, peer: &str) {
-    let negotiated = match crate::handshake::negotiate(&mut stream, shared, &shutdown).await {
+    // Each handshake read is bounded by handshake_timeout; the whole handshake by a few of
+    // them, so a client dribbling a byte at a time cannot hold a slot either.
+    let whole = shared.config.handshake_timeout * HANDSHAKE_READS_ALLOWED;
+    let negotiated = match tokio::time::timeout(whole, crate::handshake::negotiate(&mut stream, shared, &shutdown))
+        .await
+        .unwrap_or(Err(crate::handshake::HandshakeError::Timeout(whole)))
+    {
         Ok(Some(n)) => n,
         Ok(None) => {
             log::debug!("NBD client {peer} ended the handshake");

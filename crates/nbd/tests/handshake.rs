@@ -215,3 +215,27 @@ async fn stalled_handshake_times_out() {
     assert!(c.closed().await);
     assert!(t.elapsed() < std::time::Duration::from_secs(5));
 }
+
+#[tokio::test]
+async fn slow_endless_handshake_is_bounded_as_a_whole() {
+    // Every option arrives whole and in time, but the handshake never ends: the server
+    // must still close it, after a few handshake timeouts (4 x 300 ms here).
+    let h = start_with(vdstream_nbd::ServerConfig { handshake_timeout: std::time::Duration::from_millis(300), ..Default::default() });
+    let mut c = RawClient::connect(&h.path).await;
+    c.greet(FLAG_C_FIXED_NEWSTYLE).await;
+    let t = std::time::Instant::now();
+    let mut answered = 0;
+    while t.elapsed() < std::time::Duration::from_secs(5) {
+        let mut opt = IHAVEOPT.to_be_bytes().to_vec();
+        opt.extend_from_slice(&OPT_STRUCTURED_REPLY.to_be_bytes());
+        opt.extend_from_slice(&0u32.to_be_bytes());
+        if c.s.write_all(&opt).await.is_err() || c.closed_or_acked().await {
+            break;
+        }
+        answered += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let took = t.elapsed();
+    assert!(answered >= 5, "options sent in time were answered before the cut ({answered})");
+    assert!(took >= std::time::Duration::from_millis(900) && took < std::time::Duration::from_secs(3), "closed after {took:?}");
+}

@@ -187,6 +187,18 @@ impl RawClient {
         }
     }
 
+    /// After an option was sent: true if the server closed the connection instead of
+    /// answering it, false once one reply arrived.
+    pub async fn closed_or_acked(&mut self) -> bool {
+        let mut head = [0u8; 20];
+        if self.s.read_exact(&mut head).await.is_err() {
+            return true;
+        }
+        let len = u32::from_be_bytes(head[16..20].try_into().unwrap()) as usize;
+        let mut rest = vec![0u8; len];
+        self.s.read_exact(&mut rest).await.is_err()
+    }
+
     pub async fn send_option(&mut self, option: u32, data: &[u8]) {
         let mut m = IHAVEOPT.to_be_bytes().to_vec();
         m.extend_from_slice(&option.to_be_bytes());
