@@ -22,7 +22,9 @@
 //!   else writes zeros — unless the request is `fast_only`, which then fails with
 //!   [`ErrorKind::NotFast`].
 //! - **Block status** (regular files) walks `lseek(SEEK_DATA/SEEK_HOLE)`; holes are reported
-//!   as hole+zero. Block devices report all data.
+//!   as hole+zero. Block devices report all data. Reads of 64 KiB or more use the same walk
+//!   (`read_at_sparse`): holes are zero-filled without reading and reported, so the NBD edge
+//!   sends them as holes.
 //! - A read-only device answers every write, trim and zero with [`ErrorKind::ReadOnly`];
 //!   reads, flush, block status and cache work.
 //!
@@ -40,7 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::span::units;
-use crate::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Op, Result, ZeroFlags};
+use crate::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
 
 /// Alignment of every `O_DIRECT` I/O: offset, length and buffer address.
 const ALIGN: u64 = 4096;
@@ -48,6 +50,9 @@ const ALIGN: u64 = 4096;
 const BOUNCE_BYTES: u64 = 1 << 20;
 /// Number of striped read-modify-write locks (direct mode).
 const RMW_STRIPES: usize = 256;
+/// Reads at least this long look for holes first (`read_at_sparse`): skipping a hole saves
+/// reading it, and the NBD edge can send it as a hole rather than as bytes.
+const SPARSE_READ_MIN: usize = 64 << 10;
 
 /// How to open a [`FileDev`].
 #[derive(Debug, Clone, Default)]
@@ -504,6 +509,30 @@ impl BlockDev for FileDev {
             may_block: true,
             preferred_block: ALIGN as u32,
         }
+    }
+
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
+        if self.is_block_device || buf.len() < SPARSE_READ_MIN {
+            return self.read_at(buf, offset);
+        }
+        let mut extents = Vec::new();
+        self.block_status(offset, buf.len() as u64, &mut extents)?;
+        let mut pos = 0usize;
+        for e in extents {
+            let end = pos + e.len as usize;
+            if e.hole {
+                buf[pos..end].fill(0);
+                holes.push(Hole { start: pos, len: end - pos });
+            } else {
+                self.read_at(&mut buf[pos..end], offset + pos as u64)?;
+            }
+            pos = end;
+        }
+        // Block status may stop short of the end: read the rest as data.
+        if pos < buf.len() {
+            self.read_at(&mut buf[pos..], offset + pos as u64)?;
+        }
+        Ok(())
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
