@@ -35,12 +35,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use vdstream_blockdev::{check_range, BlockDev, Caps, Error, Extent, Op, Result, ZeroFlags};
+use vdstream_blockdev::{BlockDev, Error, Op, Result};
 
 use crate::overflow_file::{OverflowFile, UNIT};
 use crate::page::PAGE;
-use crate::tiers::Tiers;
-use crate::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
+use crate::tiers::{tiers_cache_impls, Tiers};
+use crate::{CacheConfig, CacheType};
 
 /// RAM use (percent of the budget) at which the flusher starts evicting.
 pub const HIGH_WATERMARK_PERCENT: u64 = 90;
@@ -117,10 +117,6 @@ impl RamOverflowCache {
     pub fn overflow_disk_bytes(&self) -> u64 {
         self.tiers.file.as_ref().map_or(0, |f| f.disk_bytes())
     }
-
-    fn check(&self, op: Op, offset: u64, len: u64) -> Result<()> {
-        check_range(self.tiers.size, op, offset, len, &|| self.tiers.name.clone())
-    }
 }
 
 /// The background thread that evicts ahead of need, between the watermarks.
@@ -170,64 +166,4 @@ impl Drop for Flusher {
     }
 }
 
-impl BlockDev for RamOverflowCache {
-    fn size(&self) -> u64 {
-        self.tiers.size
-    }
-
-    fn caps(&self) -> Caps {
-        Caps {
-            read_only: false,
-            flush: false,
-            fua: false,
-            trim: true,
-            zeroes: true,
-            fast_zero: true,
-            cache: false,
-            block_status: true,
-            multi_conn: true,
-            may_block: true,
-            preferred_block: PAGE as u32,
-        }
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.check(Op::Read, offset, buf.len() as u64)?;
-        self.tiers.read(buf, offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<()> {
-        self.check(Op::Write, offset, buf.len() as u64)?;
-        self.tiers.write(buf, offset)
-    }
-
-    fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<()> {
-        self.check(Op::Trim, offset, len)?;
-        self.tiers.zero_range(offset, len, Op::Trim)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, _flags: ZeroFlags) -> Result<()> {
-        // Zeroing is markers plus at most two partial pages: always fast.
-        self.check(Op::Zero, offset, len)?;
-        self.tiers.zero_range(offset, len, Op::Zero)
-    }
-
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-        self.check(Op::BlockStatus, offset, len)?;
-        self.tiers.block_status(offset, len, out)
-    }
-
-    fn describe(&self) -> String {
-        self.tiers.name.clone()
-    }
-}
-
-impl WriteCache for RamOverflowCache {
-    fn cache_type(&self) -> CacheType {
-        CacheType::RamOverflow
-    }
-
-    fn stats(&self) -> StatsSnapshot {
-        self.tiers.stats.snapshot()
-    }
-}
+tiers_cache_impls!(RamOverflowCache, CacheType::RamOverflow);

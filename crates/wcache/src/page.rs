@@ -75,10 +75,29 @@ pub struct PageLocks {
 #[derive(Debug, Default)]
 struct Stripe(Mutex<()>);
 
-/// Holds the stripes of a multi-page request, in ascending order; released on drop.
+/// Holds the stripes of a request, in ascending order; released on drop. A one-page
+/// request (the common 4 KiB case) holds its stripe inline: no allocation per request.
 #[derive(Debug)]
 pub struct PageRangeGuard<'a> {
-    _guards: Vec<MutexGuard<'a, ()>>,
+    _guards: Guards<'a>,
+}
+
+#[derive(Debug)]
+enum Guards<'a> {
+    None,
+    One(#[allow(dead_code)] MutexGuard<'a, ()>),
+    Many(Vec<MutexGuard<'a, ()>>),
+}
+
+impl PageRangeGuard<'_> {
+    /// Number of stripes held.
+    pub fn stripes_held(&self) -> usize {
+        match &self._guards {
+            Guards::None => 0,
+            Guards::One(_) => 1,
+            Guards::Many(v) => v.len(),
+        }
+    }
 }
 
 impl PageLocks {
@@ -106,7 +125,10 @@ impl PageLocks {
     /// Locks the stripes of pages `first .. first + count` (each stripe once, ascending).
     /// A range with as many pages as there are stripes locks every stripe.
     pub fn lock_pages(&self, first: u64, count: u64) -> PageRangeGuard<'_> {
-        let mut idx: Vec<usize> = if count >= self.stripes.len() as u64 {
+        if count == 1 {
+            return PageRangeGuard { _guards: Guards::One(self.lock(first)) };
+        }
+        let idx: Vec<usize> = if count >= self.stripes.len() as u64 {
             (0..self.stripes.len()).collect()
         } else {
             let mut v: Vec<usize> = (first..first + count).map(|p| self.stripe_of(p)).collect();
@@ -114,15 +136,14 @@ impl PageLocks {
             v.dedup();
             v
         };
-        idx.shrink_to_fit();
         let guards = idx.into_iter().map(|i| self.stripes[i].0.lock().unwrap_or_else(PoisonError::into_inner)).collect();
-        PageRangeGuard { _guards: guards }
+        PageRangeGuard { _guards: Guards::Many(guards) }
     }
 
     /// Locks the stripes of every page touched by the byte range `[offset, offset+len)`.
     pub fn lock_bytes(&self, offset: u64, len: u64) -> PageRangeGuard<'_> {
         if len == 0 {
-            return PageRangeGuard { _guards: Vec::new() };
+            return PageRangeGuard { _guards: Guards::None };
         }
         let first = offset >> PAGE_SHIFT;
         let last = (offset + len - 1) >> PAGE_SHIFT;
@@ -221,7 +242,7 @@ mod tests {
         let g = locks.lock_pages(0, 1000);
         drop(g);
         let g = locks.lock_bytes(4095, 2);
-        assert_eq!(g._guards.len(), 2);
+        assert_eq!(g.stripes_held(), 2);
         drop(g);
         let _one = locks.lock(7);
     }

@@ -25,11 +25,10 @@
 
 use std::sync::Arc;
 
-use vdstream_blockdev::{check_range, BlockDev, Caps, Extent, Op, Result, ZeroFlags};
+use vdstream_blockdev::{BlockDev, Result};
 
-use crate::page::PAGE;
-use crate::tiers::Tiers;
-use crate::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
+use crate::tiers::{tiers_cache_impls, Tiers};
+use crate::{CacheConfig, CacheType};
 
 /// The `device-ram` cache. See the module notes.
 #[derive(Debug)]
@@ -47,71 +46,6 @@ impl RamCache {
         );
         Ok(RamCache { tiers: Tiers::new(lower, name, cfg.ram, None, full) })
     }
-
-    fn check(&self, op: Op, offset: u64, len: u64) -> Result<()> {
-        check_range(self.tiers.size, op, offset, len, &|| self.tiers.name.clone())
-    }
 }
 
-impl BlockDev for RamCache {
-    fn size(&self) -> u64 {
-        self.tiers.size
-    }
-
-    fn caps(&self) -> Caps {
-        Caps {
-            read_only: false,
-            flush: false,
-            fua: false,
-            trim: true,
-            zeroes: true,
-            fast_zero: true,
-            cache: false,
-            block_status: true,
-            multi_conn: true,
-            may_block: self.tiers.lower.caps().may_block,
-            preferred_block: PAGE as u32,
-        }
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.check(Op::Read, offset, buf.len() as u64)?;
-        self.tiers.read(buf, offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<()> {
-        self.check(Op::Write, offset, buf.len() as u64)?;
-        self.tiers.write(buf, offset)
-    }
-
-    fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<()> {
-        self.check(Op::Trim, offset, len)?;
-        self.tiers.zero_range(offset, len, Op::Trim)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, _flags: ZeroFlags) -> Result<()> {
-        // Zeroing is always fast here (markers, or at most two partial pages), so
-        // `fast_only` never has to be refused.
-        self.check(Op::Zero, offset, len)?;
-        self.tiers.zero_range(offset, len, Op::Zero)
-    }
-
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-        self.check(Op::BlockStatus, offset, len)?;
-        self.tiers.block_status(offset, len, out)
-    }
-
-    fn describe(&self) -> String {
-        self.tiers.name.clone()
-    }
-}
-
-impl WriteCache for RamCache {
-    fn cache_type(&self) -> CacheType {
-        CacheType::DeviceRam
-    }
-
-    fn stats(&self) -> StatsSnapshot {
-        self.tiers.stats.snapshot()
-    }
-}
+tiers_cache_impls!(RamCache, CacheType::DeviceRam);

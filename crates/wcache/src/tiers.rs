@@ -21,6 +21,10 @@
 //!   writes them to the unit as runs of adjacent pages with one `pwritev` each, then drops
 //!   from RAM exactly the pages that did not change meanwhile (a writer that patched one
 //!   copied it on write). The unit is pinned during the I/O so that it cannot be released.
+//!   Handles on RAM pages exist only while their region is pinned (an eviction drops any
+//!   that still alias a RAM page before it unpins), so a writer patches a RAM page of an
+//!   unpinned region in place, and copies on write only while the region is pinned.
+//!   Evicted pages go to a small spare pool that writers reuse for pages coming back.
 //! - Lock order: page locks → region lock → shard lock → the file's unit table. The flusher
 //!   and writers evicting for room hold no page locks.
 
@@ -28,11 +32,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use vdstream_blockdev::span::units;
-use vdstream_blockdev::{BlockDev, Error, ErrorKind, Extent, Op, Result};
+use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Op, Result};
 
 use crate::overflow_file::{OverflowFile, UNIT, UNIT_PAGES};
 use crate::page::{is_zero, read_lower_page, rmw_from_zero, PageLocks, Patch, PAGE, PAGE_U64};
-use crate::region_map::{PageState, Region, RegionMap, Shard};
+use crate::region_map::{PageState, RamPage, Region, RegionMap, Shard};
 use crate::stats::CacheStats;
 
 /// Page lock stripes.
@@ -95,6 +99,10 @@ pub(crate) struct Tiers {
     pub wake: Wake,
     full: FullReport,
     unit_gen: AtomicU64,
+    /// Page buffers freed by evictions, kept for reuse (at most `spares_max`, outside the
+    /// RAM budget: 1/32 of it, at most 8 MiB).
+    spares: Mutex<Vec<RamPage>>,
+    spares_max: usize,
 }
 
 /// A piece of a read served by I/O after the shard lock is dropped.
@@ -140,6 +148,8 @@ impl Tiers {
             wake: Wake::default(),
             full: FullReport::new(full),
             unit_gen: AtomicU64::new(0),
+            spares: Mutex::new(Vec::new()),
+            spares_max: ((ram / 32) / PAGE_U64).min((8 << 20) / PAGE_U64) as usize,
         }
     }
 
@@ -173,8 +183,55 @@ impl Tiers {
         }
     }
 
+    /// A page buffer for a page being rebuilt, from the spare pool if it has one (its old
+    /// bytes are left: every caller overwrites the whole page), else freshly allocated.
+    fn spare_page(&self) -> RamPage {
+        let spare = self.spares.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        spare.unwrap_or_else(|| Arc::new([0u8; PAGE]))
+    }
+
+    /// Keeps the unique ones of `pages` (evicted pages, copies replaced during an eviction)
+    /// as spares, up to [`Tiers::spares_max`], so that the pages coming back into RAM do
+    /// not cost an allocation and fresh-memory page faults each.
+    fn recycle(&self, pages: Vec<(usize, RamPage)>) {
+        let mut spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
+        for (_, p) in pages {
+            if spares.len() >= self.spares_max {
+                break;
+            }
+            if Arc::strong_count(&p) == 1 {
+                spares.push(p);
+            }
+        }
+    }
+
     fn give_ram(&self, pages: u64) {
         self.stats.ram_bytes.fetch_sub(pages * PAGE_U64, Relaxed);
+    }
+
+    /// What a cache over these tiers can do: the same for `device-ram` and `ram-overflow`,
+    /// except that the overflow file may block (reads and evictions are disk I/O), while a
+    /// RAM-only cache blocks only if its lower device does.
+    pub fn caps(&self) -> Caps {
+        Caps {
+            read_only: false,
+            flush: false,
+            fua: false,
+            trim: true,
+            zeroes: true,
+            fast_zero: true,
+            cache: false,
+            block_status: true,
+            multi_conn: true,
+            may_block: self.file.is_some() || self.lower.caps().may_block,
+            preferred_block: PAGE as u32,
+        }
+    }
+
+    /// Validates a request's range against the device (the NBD edge validated it already;
+    /// this guards in-process callers).
+    pub fn check(&self, op: Op, offset: u64, len: u64) -> Result<()> {
+        check_range(self.size, op, offset, len, &|| self.name.clone())
     }
 
     pub fn ram_full(&self) -> bool {
@@ -307,7 +364,8 @@ impl Tiers {
         let state = reg.state(slot);
         match state {
             PageState::Ram => {
-                let page = Arc::make_mut(reg.ram_page_mut(slot).expect("ram state"));
+                let pinned = reg.pins > 0;
+                let page = ram_page_for_write(reg.ram_page_mut(slot).expect("ram state"), pinned);
                 patch.apply(page, within);
                 if zeros && is_zero(page) {
                     self.mark_zero(&mut sh, region, slot);
@@ -321,8 +379,8 @@ impl Tiers {
             sh.forget_if_empty(region);
             return Err(self.nospace(op, offset, len));
         }
-        let mut page = Arc::new([0u8; PAGE]);
-        let buf = Arc::get_mut(&mut page).expect("new page");
+        let mut page = self.spare_page();
+        let buf = Arc::get_mut(&mut page).expect("a spare page is unique");
         match state {
             PageState::Zero => rmw_from_zero(within, patch, buf),
             _ if patch.covers_page(within) => patch.apply(buf, 0),
@@ -583,13 +641,16 @@ impl Tiers {
 
     /// Eviction, step 3: drop from RAM the pages that did not change since step 1 (now in
     /// their slots), keep the patched ones, unpin.
-    fn evict_finish(&self, ev: Eviction, written: std::io::Result<()>) -> Result<usize> {
+    fn evict_finish(&self, mut ev: Eviction, written: std::io::Result<()>) -> Result<usize> {
         let file = self.file.as_ref().expect("eviction needs a file");
         let mut sh = self.map.lock(ev.region);
         let reg = sh.get_mut(ev.region).expect("a pinned region stays");
-        reg.pins -= 1;
         let mut moved = 0;
-        if written.is_ok() {
+        if written.is_err() {
+            // The pages stay in RAM: drop our handles on them before unpinning, so that an
+            // unpinned region's RAM pages are never shared (see `ram_page_for_write`).
+            ev.pages.clear();
+        } else {
             for (slot, snap) in &ev.pages {
                 let slot = *slot;
                 match reg.ram_page(slot) {
@@ -616,13 +677,94 @@ impl Tiers {
             }
             self.give_ram(moved as u64);
             self.stats.evictions.fetch_add(moved as u64, Relaxed);
+            // Every handle left in `ev.pages` is now on a page that left RAM or on an old
+            // copy a writer replaced: none aliases a RAM page any more.
         }
+        reg.pins -= 1;
         self.maybe_release(reg);
         drop(sh);
         let region = ev.region;
-        drop(ev);
+        self.recycle(ev.pages);
         written.map(|()| moved).map_err(|e| self.io_err(e, Op::Write, region * UNIT, UNIT))
     }
+}
+
+/// The `BlockDev` and `WriteCache` impls of a cache type whose field `tiers` is (or derefs
+/// to) a [`Tiers`]: `device-ram` and `ram-overflow` share the whole data path, so it is
+/// written once, here. `flush` and FUA are not advertised (nothing is ever made durable,
+/// and every completed write is visible to every connection); zeroing is markers plus at
+/// most two partial pages, so it is always fast and `fast_only` is never refused.
+macro_rules! tiers_cache_impls {
+    ($ty:ty, $kind:expr) => {
+        impl vdstream_blockdev::BlockDev for $ty {
+            fn size(&self) -> u64 {
+                self.tiers.size
+            }
+
+            fn caps(&self) -> vdstream_blockdev::Caps {
+                self.tiers.caps()
+            }
+
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> vdstream_blockdev::Result<()> {
+                self.tiers.check(vdstream_blockdev::Op::Read, offset, buf.len() as u64)?;
+                self.tiers.read(buf, offset)
+            }
+
+            fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> vdstream_blockdev::Result<()> {
+                self.tiers.check(vdstream_blockdev::Op::Write, offset, buf.len() as u64)?;
+                self.tiers.write(buf, offset)
+            }
+
+            fn trim(&self, offset: u64, len: u64, _fua: bool) -> vdstream_blockdev::Result<()> {
+                self.tiers.check(vdstream_blockdev::Op::Trim, offset, len)?;
+                self.tiers.zero_range(offset, len, vdstream_blockdev::Op::Trim)
+            }
+
+            fn write_zeroes(&self, offset: u64, len: u64, _flags: vdstream_blockdev::ZeroFlags) -> vdstream_blockdev::Result<()> {
+                self.tiers.check(vdstream_blockdev::Op::Zero, offset, len)?;
+                self.tiers.zero_range(offset, len, vdstream_blockdev::Op::Zero)
+            }
+
+            fn block_status(&self, offset: u64, len: u64, out: &mut Vec<vdstream_blockdev::Extent>) -> vdstream_blockdev::Result<()> {
+                self.tiers.check(vdstream_blockdev::Op::BlockStatus, offset, len)?;
+                self.tiers.block_status(offset, len, out)
+            }
+
+            fn describe(&self) -> String {
+                self.tiers.name.clone()
+            }
+        }
+
+        impl $crate::WriteCache for $ty {
+            fn cache_type(&self) -> $crate::CacheType {
+                $kind
+            }
+
+            fn stats(&self) -> $crate::StatsSnapshot {
+                self.tiers.stats.snapshot()
+            }
+        }
+    };
+}
+pub(crate) use tiers_cache_impls;
+
+/// The bytes of a RAM page, for a writer that holds its page lock and its shard lock.
+///
+/// While the page's region is pinned, an eviction may hold a handle on the page and be
+/// writing it out: copy on write (`Arc::make_mut`). While it is not pinned, no handle but
+/// the region's exists (evictions take theirs only while pinned, and drop any that still
+/// alias a RAM page before unpinning), so the page is written in place without the atomic
+/// read-modify-write that `make_mut` costs on a cold cache line.
+fn ram_page_for_write(page: &mut crate::region_map::RamPage, pinned: bool) -> &mut [u8; PAGE] {
+    if pinned {
+        return Arc::make_mut(page);
+    }
+    debug_assert_eq!(Arc::strong_count(page), 1, "an unpinned region's RAM page is shared");
+    // SAFETY: the region is not pinned, so this `Arc` is the only handle on the page (see
+    // above; checked in debug builds); the caller holds `&mut` to it under the shard lock,
+    // so no other reference to the bytes can exist for the returned lifetime. `as_ptr`
+    // points at the `ArcInner`'s data, which the allocation owns mutably.
+    unsafe { &mut *(Arc::as_ptr(page) as *mut [u8; PAGE]) }
 }
 
 #[cfg(test)]
