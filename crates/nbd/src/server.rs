@@ -406,7 +406,7 @@ async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Ar
         let result = match writer {
             None => crate::session::run_inline_blocking(sock, negotiated, &shared),
             Some(writer) => {
-                let threads = std::env::var("VDS_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(shared.config.threads_per_connection).max(1);
+                let threads = shared.config.threads_per_connection.max(1);
                 crate::session::run_threaded_blocking(sock, writer, negotiated, &shared, threads)
             }
         };
