@@ -5,7 +5,8 @@
 //! Design notes.
 //!
 //! - The file is sparse and as long as the device rounded up to a page; a page that was
-//!   never written, or was trimmed, is a hole. The identity layout (no allocation table)
+//!   never written, or was trimmed, is a hole — or, in a chunk the disk cache preallocated
+//!   ([`CacheFile::preallocate`], see [`crate::prealloc`]), an allocated unwritten block. The identity layout (no allocation table)
 //!   keeps every guest I/O to one `pread`/`pwrite` of a contiguous range, needs no
 //!   allocator and no metadata for where a page lives, and lets TRIM punch exactly the
 //!   pages it frees. The cost is a file that is fragmented on disk the way the guest's
@@ -159,6 +160,12 @@ impl CacheFile {
             }
             Err(e) => Err(self.err(e, Op::Trim, offset, len)),
         }
+    }
+
+    /// Allocates the blocks of `[offset, offset+len)` (whole pages) without changing any
+    /// byte or the file's length; the raw `io::Error` so the caller can tell kinds apart.
+    pub fn preallocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        fallocate(&self.file, libc::FALLOC_FL_KEEP_SIZE, offset, len)
     }
 
     /// `fdatasync`: every completed write to the file is durable.

@@ -28,6 +28,12 @@
 //!   `cfg.max_file` caps them: a write that would turn pages that are not data into data
 //!   past the cap fails whole with [`ErrorKind::NoSpace`] (logged once, counted in
 //!   `nospace_errors`); overwrites of data pages always work; trims give space back.
+//! - **Preallocation**: the first write of new pages into a 2 MiB chunk of the file
+//!   `fallocate`s the whole chunk ([`Prealloc`]), so ext4 allocates once per chunk rather
+//!   than inside every random 4 KiB write (with O_DIRECT: 0.13–0.20× → 0.21–0.51× of raw
+//!   fio on the VDI profile, same runs). It changes no accounting above; it stops before
+//!   preallocated chunks plus data pages would pass `max_file`, and a trim that frees a
+//!   whole chunk punches it whole.
 //! - **Flush**: not advertised (`Caps::flush` and `fua` false) and a no-op: the file is
 //!   deleted when the cache closes and a new attach starts empty, so `fdatasync` would make
 //!   nothing survive that anyone could read. Completed writes are visible to every
@@ -49,6 +55,7 @@ use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, H
 use crate::cachefile::{is_aligned, with_bounce, CacheFile, BOUNCE_BYTES};
 use crate::page::{read_lower_page, PageLocks, PAGE, PAGE_SHIFT, PAGE_U64};
 use crate::pagemap::{ChangedPages, PageMap, PageState};
+use crate::prealloc::Prealloc;
 use crate::stats::CacheStats;
 use crate::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
 
@@ -87,6 +94,8 @@ pub struct DiskCache {
     file: CacheFile,
     map: PageMap,
     locks: PageLocks,
+    /// Chunks of the file preallocated ahead of the writes.
+    prealloc: Prealloc,
     stats: CacheStats,
     kind: CacheType,
     target: String,
@@ -131,17 +140,19 @@ impl DiskCache {
     pub(crate) fn with_file(lower: Arc<dyn BlockDev>, file: CacheFile, cfg: &CacheConfig, kind: CacheType, track_changes: bool) -> Self {
         let size = lower.size();
         let pages = size.div_ceil(PAGE_U64);
+        let limit_pages = cfg.max_file.map_or(pages, |m| m / PAGE_U64);
         DiskCache {
             lower,
             file,
             map: PageMap::new(pages),
             locks: PageLocks::new(LOCK_STRIPES),
+            prealloc: Prealloc::new(pages, limit_pages.min(pages)),
             stats: CacheStats::default(),
             kind,
             target: cfg.target.clone(),
             dir: cfg.dir.clone(),
             size,
-            limit_pages: cfg.max_file.map_or(pages, |m| m / PAGE_U64),
+            limit_pages,
             warned_full: AtomicBool::new(false),
             changed: track_changes.then(|| ChangedPages::new(pages)),
             unsynced: AtomicBool::new(false),
@@ -232,6 +243,9 @@ impl DiskCache {
         let new = (first..=last).filter(|&p| self.map.get(p) != PageState::Data).count() as u64;
         if new > 0 && !self.map.reserve(new, self.limit_pages) {
             return Err(self.no_space(op, offset, len));
+        }
+        if new > 0 {
+            self.prealloc.ensure(&self.file, first, last, self.map.data_pages());
         }
         // The page locks keep every page of the range in the state counted above.
         if let Err(e) = self.write_file(data, offset) {
@@ -372,8 +386,9 @@ impl DiskCache {
         if we > wf {
             let was_data = self.map.set_range(wf, we - wf, PageState::Zero, |p| self.mark_changed(p));
             self.refresh_file_bytes();
-            if was_data > 0 {
-                self.file.punch(wf << PAGE_SHIFT, (we - wf) << PAGE_SHIFT).map_err(|e| Error { op, ..e })?;
+            // Punch what was data, and chunks freed whole (they may hold preallocated blocks).
+            if (was_data > 0 || self.prealloc.holds_whole(wf, we)) && self.file.punch(wf << PAGE_SHIFT, (we - wf) << PAGE_SHIFT).map_err(|e| Error { op, ..e })? {
+                self.prealloc.freed(wf, we);
             }
         }
         let zero_part = |p: u64| -> Result<()> {

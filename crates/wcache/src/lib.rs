@@ -32,6 +32,7 @@ mod overflow_file;
 pub mod page;
 pub mod pagemap;
 pub mod persistent;
+pub mod prealloc;
 pub mod private;
 pub mod ram;
 mod region_map;
