@@ -138,7 +138,7 @@ stop_peer() {
 
 # proc_written PID — bytes PID sent towards storage so far.
 proc_written() {
-    awk '/^write_bytes/ {w = $2} /^cancelled_write_bytes/ {c = $2} END {print w - c}' "/proc/$1/io"
+    awk '/^write_bytes/ {w = $2} /^cancelled_write_bytes/ {c = $2} END {printf "%.0f\n", w - c}' "/proc/$1/io"
 }
 
 available=()
