@@ -1,0 +1,179 @@
+//! Backing chains: opening an image and everything below it, and creating new images.
+//!
+//! [`open_chain`] probes the format (qcow2 magic, else raw), and for qcow2 follows the
+//! backing file named in the header, relative to the image's directory when not absolute,
+//! using the backing format from the header extension when there is one. Every layer below
+//! the top is read-only. Chains deeper than [`MAX_CHAIN_DEPTH`] are refused (that also
+//! stops loops).
+//!
+//! [`create`] writes an empty version 3 image the way `qemu-img create -f qcow2` does:
+//! header (with the backing format extension) in cluster 0, refcount table in cluster 1,
+//! one refcount block in cluster 2, the L1 table after it; those clusters count 1.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use vdstream_blockdev::{BlockDev, Error, ErrorKind, FileDev, FileOptions, Op, Result};
+
+use crate::header::{push_extension, Header, EXT_BACKING_FORMAT, EXT_END, MAGIC, MAX_BACKING_NAME, MAX_CLUSTER_BITS, MIN_CLUSTER_BITS};
+use crate::image::{file_error, OpenOptions, Qcow2Image};
+
+/// Deepest backing chain we follow.
+pub const MAX_CHAIN_DEPTH: usize = 64;
+
+/// The format of an image in a chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    Raw,
+    Qcow2,
+}
+
+impl ImageFormat {
+    /// The name qemu uses ("raw", "qcow2").
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageFormat::Raw => "raw",
+            ImageFormat::Qcow2 => "qcow2",
+        }
+    }
+
+    fn from_name(name: &str, image: &Path) -> Result<Self> {
+        match name {
+            "raw" => Ok(ImageFormat::Raw),
+            "qcow2" => Ok(ImageFormat::Qcow2),
+            other => Err(file_error(ErrorKind::NotSupported, Op::Open, 0, image, format!(
+                "backing format {other:?} is not supported (only raw and qcow2): convert the backing file with `qemu-img convert`"))),
+        }
+    }
+
+    /// Probes `path`: qcow2 if it starts with the qcow2 magic, raw otherwise.
+    pub fn probe(path: &Path) -> Result<Self> {
+        let mut magic = [0u8; 4];
+        let mut f = File::open(path).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
+        let n = f.read(&mut magic).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
+        Ok(if n == 4 && u32::from_be_bytes(magic) == MAGIC { ImageFormat::Qcow2 } else { ImageFormat::Raw })
+    }
+}
+
+/// Opens `path` (raw or qcow2, probed) and its whole backing chain, read-only.
+pub fn open_chain(path: impl AsRef<Path>) -> Result<Arc<dyn BlockDev>> {
+    open_layer(path.as_ref(), None, 0)
+}
+
+fn open_layer(path: &Path, format: Option<ImageFormat>, depth: usize) -> Result<Arc<dyn BlockDev>> {
+    if depth > MAX_CHAIN_DEPTH {
+        return Err(file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
+            "the backing chain is deeper than {MAX_CHAIN_DEPTH} layers (or loops): check it with `qemu-img info --backing-chain`")));
+    }
+    let format = match format {
+        Some(f) => f,
+        None => ImageFormat::probe(path)?,
+    };
+    match format {
+        ImageFormat::Raw => Ok(Arc::new(FileDev::open(path, FileOptions { read_only: true, ..Default::default() })?)),
+        ImageFormat::Qcow2 => {
+            let backing = backing_of(path, depth)?;
+            Ok(Arc::new(Qcow2Image::open(path, OpenOptions { read_only: true, ..Default::default() }, backing)?))
+        }
+    }
+}
+
+/// The backing device named by the qcow2 header of `path`, opened read-only.
+pub(crate) fn backing_of(path: &Path, depth: usize) -> Result<Option<Arc<dyn BlockDev>>> {
+    let f = File::open(path).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
+    let len = f.metadata().map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?.len();
+    let mut first = vec![0u8; len.min(crate::header::HEADER_READ_LEN as u64) as usize];
+    f.read_exact_at(&mut first, 0).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
+    let header = Header::parse(&first, len)
+        .map_err(|e| file_error(ErrorKind::Invalid, Op::Open, 0, path, format!("{e}; check the image with `qemu-img check`")))?;
+    let Some(name) = header.backing_file else { return Ok(None) };
+    let resolved = resolve_backing(path, &name);
+    let format = header.backing_format.as_deref().map(|n| ImageFormat::from_name(n, path)).transpose()?;
+    if !resolved.exists() {
+        return Err(file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
+            "backing file {name:?} (resolved to {}) does not exist: restore it or rebase the image with `qemu-img rebase`", resolved.display())));
+    }
+    open_layer(&resolved, format, depth + 1).map(Some)
+}
+
+/// A backing file name, relative to the directory of the image that names it.
+pub fn resolve_backing(image: &Path, name: &str) -> PathBuf {
+    let p = Path::new(name);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        image.parent().unwrap_or(Path::new(".")).join(p)
+    }
+}
+
+/// Creates an empty version 3 qcow2 image of `size` bytes at `path` (which must not
+/// exist), optionally over `backing` (its name is stored as given: relative names are
+/// resolved against `path`'s directory), with clusters of `1 << cluster_bits` bytes.
+pub fn create(path: impl AsRef<Path>, size: u64, backing: Option<(&str, ImageFormat)>, cluster_bits: u32) -> Result<()> {
+    let path = path.as_ref();
+    let invalid = |m: String| file_error(ErrorKind::Invalid, Op::Open, 0, path, m);
+    if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
+        return Err(invalid(format!("cluster_bits {cluster_bits} is outside 9..=21")));
+    }
+    let cs = 1u64 << cluster_bits;
+    let l1_entries = Header::l1_entries_for(size, cluster_bits);
+    if l1_entries * 8 > crate::header::MAX_L1_BYTES {
+        return Err(invalid(format!("{size} bytes need an L1 table above 32 MiB: use larger clusters")));
+    }
+    let l1_clusters = (l1_entries * 8).div_ceil(cs).max(1);
+    let used = 3 + l1_clusters;
+    if used > cs / 2 {
+        return Err(invalid(format!("{size} bytes with {cs}-byte clusters need more metadata than one refcount block covers: use larger clusters")));
+    }
+    let mut h = Header {
+        version: 3,
+        cluster_bits,
+        size,
+        l1_size: l1_entries as u32,
+        l1_table_offset: 3 * cs,
+        refcount_table_offset: cs,
+        refcount_table_clusters: 1,
+        nb_snapshots: 0,
+        snapshots_offset: 0,
+        incompatible_features: 0,
+        compatible_features: 0,
+        autoclear_features: 0,
+        refcount_order: 4,
+        header_length: 112,
+        backing_file: None,
+        backing_format: None,
+    };
+    let mut ext = Vec::new();
+    if let Some((name, format)) = backing {
+        if name.is_empty() || name.len() > MAX_BACKING_NAME as usize {
+            return Err(invalid(format!("the backing file name must be 1 to 1023 bytes, got {}", name.len())));
+        }
+        push_extension(&mut ext, EXT_BACKING_FORMAT, format.name().as_bytes());
+        h.backing_file = Some(name.to_string());
+        h.backing_format = Some(format.name().to_string());
+    }
+    push_extension(&mut ext, EXT_END, &[]);
+    let name_at = h.header_length as u64 + ext.len() as u64;
+    let mut first = h.to_bytes_v3(name_at);
+    first.extend_from_slice(&ext);
+    if let Some(name) = &h.backing_file {
+        first.extend_from_slice(name.as_bytes());
+    }
+    if first.len() as u64 > cs {
+        return Err(invalid("the header and backing file name do not fit in one cluster: use larger clusters".into()));
+    }
+    let mut image = vec![0u8; (used * cs) as usize];
+    image[..first.len()].copy_from_slice(&first);
+    image[cs as usize..cs as usize + 8].copy_from_slice(&(2 * cs).to_be_bytes());
+    for c in 0..used as usize {
+        let at = 2 * cs as usize + 2 * c;
+        image[at..at + 2].copy_from_slice(&1u16.to_be_bytes());
+    }
+    let io = |e: std::io::Error| Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(io)?;
+    file.write_all_at(&image, 0).map_err(io)?;
+    file.sync_all().map_err(io)
+}
