@@ -24,6 +24,7 @@
 pub mod error;
 pub mod file;
 pub mod memory;
+pub mod reclaim;
 pub mod span;
 
 #[cfg(any(test, feature = "conformance"))]

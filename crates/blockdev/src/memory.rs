@@ -35,6 +35,7 @@
 use std::collections::BTreeMap;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::reclaim;
 use crate::span::units;
 use crate::{check_range, BlockDev, Caps, Extent, Hole, Op, Result, ZeroFlags};
 
@@ -214,6 +215,7 @@ impl MemoryDev {
         let end = offset + len;
         let (first, last) = (offset / CHUNK_SIZE, (end - 1) / CHUNK_SIZE);
         let mut emptied = Vec::new();
+        let mut freed = 0u64;
         self.for_each_shard_in(first, last, |shard| {
             let Shard { chunks, pages } = shard;
             emptied.clear();
@@ -230,6 +232,7 @@ impl MemoryDev {
                         *slot = None;
                         chunk.allocated -= 1;
                         *pages -= 1;
+                        freed += PAGE_SIZE;
                     }
                 }
                 if chunk.allocated == 0 {
@@ -240,6 +243,9 @@ impl MemoryDev {
                 chunks.remove(index);
             }
         });
+        // Outside the shard locks: hand the freed pages back to the system.
+        reclaim::note_freed(freed);
+        reclaim::maybe_reclaim();
     }
 
     /// Copies `[offset, offset+buf.len())` into `buf`, zero-filling and reporting holes

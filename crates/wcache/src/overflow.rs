@@ -150,6 +150,7 @@ impl Flusher {
                         }
                     }
                 }
+                vdstream_blockdev::reclaim::maybe_reclaim();
             }
         })?;
         Ok(Flusher { tiers, thread: Some(thread) })

@@ -205,8 +205,11 @@ impl Tiers {
         }
     }
 
+    /// Takes `pages` off the RAM in use; the memory goes back to the system at the next
+    /// `reclaim::maybe_reclaim` outside the locks (after a trim, or in the flusher).
     fn give_ram(&self, pages: u64) {
         self.stats.ram_bytes.fetch_sub(pages * PAGE_U64, Relaxed);
+        vdstream_blockdev::reclaim::note_freed(pages * PAGE_U64);
     }
 
     /// What a cache over these tiers can do: the same for `device-ram` and `ram-overflow`,
@@ -717,12 +720,16 @@ macro_rules! tiers_cache_impls {
 
             fn trim(&self, offset: u64, len: u64, _fua: bool) -> vdstream_blockdev::Result<()> {
                 self.tiers.check(vdstream_blockdev::Op::Trim, offset, len)?;
-                self.tiers.zero_range(offset, len, vdstream_blockdev::Op::Trim)
+                let done = self.tiers.zero_range(offset, len, vdstream_blockdev::Op::Trim);
+                vdstream_blockdev::reclaim::maybe_reclaim();
+                done
             }
 
             fn write_zeroes(&self, offset: u64, len: u64, _flags: vdstream_blockdev::ZeroFlags) -> vdstream_blockdev::Result<()> {
                 self.tiers.check(vdstream_blockdev::Op::Zero, offset, len)?;
-                self.tiers.zero_range(offset, len, vdstream_blockdev::Op::Zero)
+                let done = self.tiers.zero_range(offset, len, vdstream_blockdev::Op::Zero);
+                vdstream_blockdev::reclaim::maybe_reclaim();
+                done
             }
 
             fn block_status(&self, offset: u64, len: u64, out: &mut Vec<vdstream_blockdev::Extent>) -> vdstream_blockdev::Result<()> {
