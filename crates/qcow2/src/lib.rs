@@ -21,9 +21,6 @@
 //! unknown incompatible features; writing images with internal snapshots or other
 //! refcount widths. Invariants are stated at the top of each module.
 
-// `x % n != 0` rather than `is_multiple_of` (Rust 1.87): the workspace's MSRV is 1.80.
-#![allow(clippy::manual_is_multiple_of)]
-
 pub mod chain;
 pub mod header;
 mod image;
