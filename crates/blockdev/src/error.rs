@@ -54,9 +54,10 @@ impl fmt::Display for Op {
     }
 }
 
-/// A block-device error with its kind and context.
+/// A block-device error with its kind and context. An I/O error names the operation, the
+/// range and the device; an open error names the device (it has no range).
 #[derive(Debug, thiserror::Error)]
-#[error("{op} of {len} bytes at offset {offset} on {device}: {message}")]
+#[error("{}", self.describe())]
 pub struct Error {
     pub kind: ErrorKind,
     pub op: Op,
@@ -71,6 +72,13 @@ pub struct Error {
 }
 
 impl Error {
+    fn describe(&self) -> String {
+        match self.op {
+            Op::Open => format!("cannot open {}: {}", self.device, self.message),
+            op => format!("{op} of {} bytes at offset {} on {}: {}", self.len, self.offset, self.device, self.message),
+        }
+    }
+
     pub fn new(kind: ErrorKind, op: Op, offset: u64, len: u64, device: impl Into<String>, message: impl Into<String>) -> Self {
         Error { kind, op, offset, len, device: device.into(), message: message.into(), source: None }
     }
@@ -89,3 +97,16 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_what_matters_for_the_operation() {
+        let e = Error::new(ErrorKind::Io, Op::Read, 4096, 512, "disk.img", "short read");
+        assert_eq!(e.to_string(), "read of 512 bytes at offset 4096 on disk.img: short read");
+        let e = Error::new(ErrorKind::Io, Op::Open, 0, 0, "disk.img", "it is in use by another writer");
+        assert_eq!(e.to_string(), "cannot open disk.img: it is in use by another writer");
+    }
+}
