@@ -21,6 +21,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$ROOT/bench/lib.sh"
 SHARED=${SHARED:-$ROOT/../shared}
 JOBFILE=$SHARED/bench/vdi.fio
 VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
@@ -51,21 +53,8 @@ ws_bytes=$(numfmt --from=iec "${ws^^}")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-dip-bench.XXXXXX")
 server_pid='' poller_pid=''
-cleanup() {
-    local rc=$? pid
-    for pid in $poller_pid $server_pid; do
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null
-            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-    done
-    rm -rf "$work"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+BENCH_PID_VARS="poller_pid server_pid"
+bench_cleanup_on_exit
 
 base=$work/base.img
 # The base is twice the working set, random data throughout.
@@ -93,12 +82,7 @@ run_one() { # run_one NAME RAM
     "$VDSTREAM_BIN" serve-image "$base" --cache ram-overflow --ram "$ram" --overflow-dir "$cdir" \
         --socket "$sock" >"$work/$name.server.log" 2>&1 </dev/null &
     server_pid=$!
-    local deadline=$((SECONDS + 20))
-    until [[ -S $sock ]] && timeout 5 nbdinfo --size "nbd+unix:///?socket=$sock" >/dev/null 2>&1; do
-        kill -0 "$server_pid" 2>/dev/null || { cat "$work/$name.server.log" >&2; exit 1; }
-        ((SECONDS < deadline)) || { echo "server did not start in 20 s" >&2; exit 1; }
-        sleep 0.1
-    done
+    wait_nbd_ready "$server_pid" "$sock" "$work/$name.server.log" "server" 20 || exit 1
     poll_overflow "$server_pid" "$cdir" "$work/$name.overflow" &
     poller_pid=$!
     echo "$EPOCHREALTIME" >"$work/$name.start"
@@ -106,10 +90,7 @@ run_one() { # run_one NAME RAM
         --size="$ws" --runtime="$runtime" --write_iops_log="$name" --log_avg_msec=250 \
         --output-format=json --output="$work/$name.json") >"$work/$name.fio.log" 2>&1 ||
         { cat "$work/$name.fio.log" >&2; echo "fio failed against $name" >&2; exit 1; }
-    kill -TERM "$server_pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
+    stop_pid "$server_pid"
     wait "$poller_pid" 2>/dev/null || true
     server_pid='' poller_pid=''
     rm -rf "$cdir"

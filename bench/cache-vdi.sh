@@ -32,6 +32,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$ROOT/bench/lib.sh"
 SHARED=${SHARED:-$ROOT/../shared}
 JOBFILE=$SHARED/bench/vdi.fio
 VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
@@ -77,19 +79,7 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-cache-bench.XXXXXX")
 server_pid=
-cleanup() {
-    local rc=$?
-    if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
-        kill -TERM "$server_pid" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$server_pid" 2>/dev/null || true
-    fi
-    rm -rf "$work"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_cleanup_on_exit
 
 IB_ON=(--intermediate-buffering on)
 
@@ -116,23 +106,11 @@ start_peer() {
     esac
     env "${env[@]}" "${cmd[@]}" >"$work/$name.server.log" 2>&1 </dev/null &
     server_pid=$!
-    local deadline=$((SECONDS + 30))
-    while ((SECONDS < deadline)); do
-        kill -0 "$server_pid" 2>/dev/null || { cat "$work/$name.server.log" >&2; return 1; }
-        if [[ -S $sock ]] && timeout 5 nbdinfo --size "nbd+unix:///?socket=$sock" >/dev/null 2>&1; then
-            return 0
-        fi
-        sleep 0.1
-    done
-    echo "$name did not become ready in 30 s" >&2
-    return 1
+    wait_nbd_ready "$server_pid" "$sock" "$work/$name.server.log" "$name" 30
 }
 
 stop_peer() {
-    kill -TERM "$server_pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
+    stop_pid "$server_pid"
     server_pid=
 }
 

@@ -19,6 +19,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$ROOT/bench/lib.sh"
 SHARED=${SHARED:-$ROOT/../shared}
 JOBFILE=$SHARED/bench/vdi.fio
 VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
@@ -51,19 +53,7 @@ IFS=, read -r -a peer_list <<<"$peers"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-bench.XXXXXX")
 server_pid=
-cleanup() {
-    local rc=$?
-    if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
-        kill -TERM "$server_pid" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$server_pid" 2>/dev/null || true
-    fi
-    rm -rf "$work"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_cleanup_on_exit
 
 # start_peer NAME SOCK — start the peer's server on SOCK; sets server_pid.
 start_peer() {
@@ -76,23 +66,11 @@ start_peer() {
     esac
     "${cmd[@]}" >"$work/$name.server.log" 2>&1 </dev/null &
     server_pid=$!
-    local deadline=$((SECONDS + 20))
-    while ((SECONDS < deadline)); do
-        kill -0 "$server_pid" 2>/dev/null || { cat "$work/$name.server.log" >&2; return 1; }
-        if [[ -S $sock ]] && timeout 5 nbdinfo --size "nbd+unix:///?socket=$sock" >/dev/null 2>&1; then
-            return 0
-        fi
-        sleep 0.1
-    done
-    echo "$name did not become ready in 20 s" >&2
-    return 1
+    wait_nbd_ready "$server_pid" "$sock" "$work/$name.server.log" "$name" 20
 }
 
 stop_peer() {
-    kill -TERM "$server_pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
+    stop_pid "$server_pid"
     server_pid=
 }
 

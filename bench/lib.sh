@@ -1,0 +1,48 @@
+# bench/lib.sh — pieces the benchmark scripts share: starting a peer's server is theirs,
+# waiting for it to answer NBD, stopping it and cleaning up on exit are here.
+# shellcheck shell=bash
+
+# stop_pid PID [TENTHS] — SIGTERM, wait up to TENTHS tenths of a second (default 100),
+# then SIGKILL; reaps the process if it is our child.
+stop_pid() {
+    local pid=$1 tenths=${2:-100}
+    [[ -n $pid ]] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq "$tenths"); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+# wait_nbd_ready PID SOCK LOG NAME SECS — poll (bounded) until the server PID answers an
+# NBD handshake on SOCK. On failure prints why (with the server's LOG if it died), returns 1.
+wait_nbd_ready() {
+    local pid=$1 sock=$2 log=$3 name=$4 secs=$5
+    local deadline=$((SECONDS + secs))
+    while ((SECONDS < deadline)); do
+        kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; return 1; }
+        if [[ -S $sock ]] && timeout 5 nbdinfo --size "nbd+unix:///?socket=$sock" >/dev/null 2>&1; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "$name did not become ready in $secs s" >&2
+    return 1
+}
+
+# bench_cleanup_on_exit — on any exit, stop the processes whose pids are in the variables
+# named by BENCH_PID_VARS (default: server_pid) and remove the caller's scratch folder
+# $work; keeps the exit status.
+bench_cleanup_on_exit() {
+    trap _bench_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+_bench_cleanup() {
+    local rc=$? var
+    for var in ${BENCH_PID_VARS:-server_pid}; do
+        stop_pid "${!var:-}" 50
+    done
+    # shellcheck disable=SC2154 # $work is the calling script's scratch folder
+    rm -rf "$work"
+    exit "$rc"
+}
