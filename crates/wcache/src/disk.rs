@@ -424,19 +424,7 @@ impl BlockDev for DiskCache {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            read_only: false,
-            flush: false,
-            fua: false,
-            trim: true,
-            zeroes: true,
-            fast_zero: true,
-            cache: false,
-            block_status: true,
-            multi_conn: true,
-            may_block: true,
-            preferred_block: PAGE as u32,
-        }
+        crate::volatile_cache_caps(true)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

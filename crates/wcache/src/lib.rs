@@ -141,6 +141,27 @@ impl CacheConfig {
     }
 }
 
+/// What every non-persistent cache type offers: writable, trim and fast zeroing (a zeroed
+/// page is a marker), block status (cached data, zero pages, and the vDisk's own extents
+/// below), several connections on one cache; no flush or FUA, because nothing in such a
+/// cache outlives it, so there is nothing to make durable. `may_block` is the type's own.
+/// The persistent types add flush and FUA on top of this.
+pub(crate) fn volatile_cache_caps(may_block: bool) -> vdstream_blockdev::Caps {
+    vdstream_blockdev::Caps {
+        read_only: false,
+        flush: false,
+        fua: false,
+        trim: true,
+        zeroes: true,
+        fast_zero: true,
+        cache: false,
+        block_status: true,
+        multi_conn: true,
+        may_block,
+        preferred_block: page::PAGE as u32,
+    }
+}
+
 /// A write cache: a block device that also reports what it did.
 pub trait WriteCache: BlockDev {
     fn cache_type(&self) -> CacheType;

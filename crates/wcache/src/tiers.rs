@@ -216,19 +216,7 @@ impl Tiers {
     /// except that the overflow file may block (reads and evictions are disk I/O), while a
     /// RAM-only cache blocks only if its lower device does.
     pub fn caps(&self) -> Caps {
-        Caps {
-            read_only: false,
-            flush: false,
-            fua: false,
-            trim: true,
-            zeroes: true,
-            fast_zero: true,
-            cache: false,
-            block_status: true,
-            multi_conn: true,
-            may_block: self.file.is_some() || self.lower.caps().may_block,
-            preferred_block: PAGE as u32,
-        }
+        crate::volatile_cache_caps(self.file.is_some() || self.lower.caps().may_block)
     }
 
     /// Validates a request's range against the device (the NBD edge validated it already;
