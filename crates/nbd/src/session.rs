@@ -398,8 +398,6 @@ struct WriteSide<W> {
 enum Job {
     Execute(crate::validate::Request),
     Refuse { handle: u64, errno: u32, reason: &'static str },
-    /// Replies already made inline (fast mode) and waiting in the worker's buffer.
-    Send,
 }
 
 /// Below this mean time per request (ns) the device counts as fast: a worker holding the
@@ -450,17 +448,26 @@ fn threaded_worker<R: std::io::Read, W: std::io::Write>(
                     return;
                 }
                 if pace.is_fast() {
-                    match process(&mut rs.input, dev, x, &mut out, &mut scratch, &mut rs.tally, Some(pace)) {
-                        Step::NeedInput if out.is_empty() => {}
-                        Step::NeedInput | Step::OutputFull => break Job::Send,
+                    let step = process(&mut rs.input, dev, x, &mut out, &mut scratch, &mut rs.tally, Some(pace));
+                    let answered = !out.is_empty();
+                    // The replies go out while this worker still holds the read side: in
+                    // fast mode it is the connection's one runner, as in the inline
+                    // engine, with no hand-off between threads per batch.
+                    if answered && !send_replies(write_side, &mut out) {
+                        rs.done = true;
+                        return;
+                    }
+                    match step {
+                        Step::NeedInput if !answered => {}
+                        Step::NeedInput | Step::OutputFull => continue,
                         Step::Disconnect => {
                             rs.done = true;
-                            break Job::Send;
+                            return;
                         }
                         Step::Failed(e) => {
                             rs.done = true;
                             rs.result = Err(e);
-                            break Job::Send;
+                            return;
                         }
                     }
                 }
@@ -527,23 +534,30 @@ fn threaded_worker<R: std::io::Read, W: std::io::Write>(
                 out.clear();
                 reply_error(&mut out, x, handle, errno, reason, None);
             }
-            Job::Send => {}
         }
         if payload.capacity() > 4 << 20 {
             payload = Vec::new();
         }
-        let mut ws = write_side.lock().unwrap_or_else(|p| p.into_inner());
-        if ws.failed.is_some() {
+        if !send_replies(write_side, &mut out) {
             return;
         }
-        if let Err(e) = ws.sock.write_all(out.as_slice()) {
-            ws.failed = Some(e);
-            return;
-        }
-        drop(ws);
-        out.clear();
-        out.shrink_to(1 << 20);
     }
+}
+
+/// Writes `out` under the write side's lock and empties it; false once the socket failed.
+fn send_replies<W: std::io::Write>(write_side: &std::sync::Mutex<WriteSide<W>>, out: &mut ReplyBuf) -> bool {
+    let mut ws = write_side.lock().unwrap_or_else(|p| p.into_inner());
+    if ws.failed.is_some() {
+        return false;
+    }
+    if let Err(e) = ws.sock.write_all(out.as_slice()) {
+        ws.failed = Some(e);
+        return false;
+    }
+    drop(ws);
+    out.clear();
+    out.shrink_to(1 << 20);
+    true
 }
 
 /// A finished reply on its way to the writer, holding its share of the in-flight budget.
