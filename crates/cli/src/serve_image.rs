@@ -1,6 +1,9 @@
-//! `vdstream serve-image`: serve one raw image file, or a RAM disk, as an NBD export on a
-//! unix socket and/or a loopback TCP port, until SIGINT or SIGTERM, which drain the
-//! requests in flight before the process exits.
+//! `vdstream serve-image`: serve one raw image file, a RAM disk, or a layer of a vDisk in
+//! the store, as an NBD export on a unix socket and/or a loopback TCP port, until SIGINT or
+//! SIGTERM, which drain the requests in flight before the process exits.
+//!
+//! With `--vdisk NAME[@V]` the layer is chosen once, at start (a target's version is fixed
+//! when it connects), and its chain stays open, holding the files' locks, until exit.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,9 +42,19 @@ Then:
   nbdinfo --map 'nbd+unix:///?socket=/tmp/vdstream.sock'
   qemu-system-x86_64 -drive file=nbd+unix:///?socket=/tmp/vdstream.sock,format=raw,if=virtio ...")]
 pub struct ServeImageArgs {
-    /// Raw image file (or block device) to serve. Omit it with --memory.
-    #[arg(value_name = "FILE", required_unless_present = "memory", conflicts_with = "memory")]
+    /// Raw image file (or block device) to serve. Omit it with --memory or --vdisk.
+    #[arg(value_name = "FILE", required_unless_present_any = ["memory", "vdisk"], conflicts_with_all = ["memory", "vdisk"])]
     file: Option<PathBuf>,
+
+    /// Serve a vDisk of the store: NAME (what production targets get) or NAME@V (V: a
+    /// number, base, production, test, maintenance, latest). The maintenance version and a
+    /// private vDisk are served read-write to one client process; the rest read-only.
+    #[arg(long, value_name = "NAME[@V]", conflicts_with = "memory")]
+    vdisk: Option<String>,
+
+    /// Store directory for --vdisk. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
+    #[arg(long, value_name = "DIR", requires = "vdisk")]
+    store: Option<PathBuf>,
 
     /// Serve a sparse RAM disk of this size instead of a file (e.g. 64M, 1G, 2T).
     /// Memory is taken only as data is written and is given back on trim.
@@ -128,7 +141,15 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
     if args.read_only && args.memory.is_some() {
         bail!("--read-only with --memory would serve a disk of zeros; drop --read-only");
     }
+    let mut opened_layer = None;
     let (dev, description): (Arc<dyn BlockDev>, String) = match (&args.file, args.memory) {
+        _ if args.vdisk.is_some() => {
+            let opened = open_vdisk(&args)?;
+            let d = format!("{} of vDisk {} ({})", opened.layer, opened.vdisk, opened.path.display());
+            let dev = opened.dev.clone();
+            opened_layer = Some(opened);
+            (dev, d)
+        }
         (_, Some(size)) => {
             if size == 0 {
                 bail!("--memory must be larger than 0 (e.g. --memory 1G)");
@@ -154,7 +175,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
                 dir: args.overflow_dir.clone().unwrap_or_else(std::env::temp_dir),
                 max_file: args.overflow_max,
                 intermediate_buffering: args.intermediate_buffering,
-                lock_path: args.file.clone(),
+                lock_path: args.file.clone().or_else(|| opened_layer.as_ref().map(|o| o.path.clone())),
             };
             let cache = vdstream_wcache::open(kind, dev, &cfg).with_context(|| format!("cannot open the {kind} write cache"))?;
             cache_in_use = Some(cache.clone());
@@ -205,8 +226,41 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         if let Some(cache) = cache_in_use {
             println!("vdstream: {}", cache_summary(&*cache));
         }
+        // The layer's files stay locked (in use) until here.
+        drop(opened_layer);
         Ok(())
     })
+}
+
+/// Opens the layer `--vdisk NAME[@V]` picks and says which one it is.
+fn open_vdisk(args: &ServeImageArgs) -> Result<vdstream_store::OpenedLayer> {
+    use vdstream_store::{Access, DiskAccess, Selector, Store};
+    let reference = args.vdisk.as_deref().expect("--vdisk");
+    let (name, sel) = vdstream_store::names::parse_ref(reference, Selector::Production)?;
+    let store = Store::open(vdstream_store::store_dir(args.store.as_deref()))?;
+    let writable = !args.read_only && args.cache.is_none();
+    let opened = store.open_layer(&name, sel, writable)?;
+    let private = opened.meta.access == DiskAccess::Private;
+    if args.cache.is_some() && (private || opened.access == Some(Access::Maintenance)) {
+        bail!("{} of vDisk {name} is written directly by one target ({}); drop --cache",
+            opened.layer, if private { "private access" } else { "maintenance version" });
+    }
+    if args.cache == Some(CacheType::Private) {
+        bail!("vDisk {name} has standard access: its layers are read-only to targets; use another --cache type, \
+               or serve {name}@maintenance to write a new version");
+    }
+    let access = match (private, opened.access) {
+        (true, _) => "private access".to_string(),
+        (false, Some(a)) => a.name().to_string(),
+        (false, None) => "base".to_string(),
+    };
+    println!(
+        "vdstream: vDisk {name}: {} ({access}) chosen for {reference:?}, file {}, {}",
+        opened.layer,
+        opened.path.display(),
+        if opened.writable { "read-write (one writer)" } else { "read-only" }
+    );
+    Ok(opened)
 }
 
 /// One line on what the guest asked for against what reached storage.
