@@ -67,7 +67,7 @@ pub fn read(path: &Path, vdisk: Option<&str>, limit: Option<usize>) -> Result<Ve
         }
         let e: AuditEntry = serde_json::from_str(line).map_err(|e| StoreError::Corrupt {
             path: path.to_path_buf(),
-            detail: format!("line {}: {e}", i + 1),
+            detail: format!("line {}: {}", i + 1, e.to_string().split(" at line ").next().unwrap_or_default()),
             advice: "the audit trail is append-only: move the damaged line out of the file by hand (keep a copy)".into(),
         })?;
         if vdisk.map_or(true, |v| v == e.vdisk) {

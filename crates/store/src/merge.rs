@@ -233,8 +233,7 @@ impl Store {
         let mut layers = vec![(Layer::Base, meta.base.file.clone(), meta.base.format)];
         layers.extend(meta.versions.iter().filter(|v| v.access != Access::Maintenance).map(|v| (Layer::Version(v.number), v.file.clone(), LayerFormat::Qcow2)));
         let total = layers.len() as u64 * meta.size;
-        let mut done_layers = 0u64;
-        for (layer, file, format) in layers {
+        for (done_layers, (layer, file, format)) in (0u64..).zip(layers) {
             let path = self.file_path(name, &file);
             let before = allocated(&path);
             let mut sub = |d: u64, _t: u64| progress(done_layers * meta.size + d, total);
@@ -265,7 +264,6 @@ impl Store {
             }
             out.push(CompactedLayer { layer, file: file.clone(), bytes_before: before, bytes_after: allocated(&path) });
             parent = Some(file);
-            done_layers += 1;
         }
         progress(total, total);
         let _l = self.lock(LockMode::Exclusive)?;

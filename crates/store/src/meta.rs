@@ -231,10 +231,10 @@ pub fn load_json<T: for<'de> Deserialize<'de>>(path: &Path, advice: &str) -> Res
         }
         Err(e) => return Err(io("read", path)(e)),
     };
-    serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        detail: format!("line {}: {e}", e.line()),
-        advice: advice.to_string(),
+    serde_json::from_slice(&bytes).map_err(|e| {
+        let text = e.to_string();
+        let what = text.split(" at line ").next().unwrap_or(&text);
+        StoreError::Corrupt { path: path.to_path_buf(), detail: format!("line {}, column {}: {what}", e.line(), e.column()), advice: advice.to_string() }
     })
 }
 
@@ -337,7 +337,7 @@ pub(crate) mod tests {
         assert!(e.contains("vdisk.json is missing") && e.contains("restore"), "{e}");
         std::fs::write(&p, "{\n \"format\": \"vdstream-vdisk\",\n \"size\": oops\n}").unwrap();
         let e = load_vdisk(&p, "w").unwrap_err().to_string();
-        assert!(e.contains("vdisk.json is corrupt (line 3:") && e.contains("re-import"), "{e}");
+        assert!(e.contains("vdisk.json is corrupt (line 3, column 10: expected value)") && e.contains("re-import"), "{e}");
         std::fs::write(&p, serde_json::to_vec(&sample()).unwrap()).unwrap();
         let e = load_vdisk(&p, "other").unwrap_err().to_string();
         assert!(e.contains("folder of \"other\""), "{e}");
