@@ -4,11 +4,12 @@
 # leading '-'), bad sizes, an unknown vDisk (the known ones are listed), a corrupt
 # vdisk.json (file and line named), a missing version file (named, with qemu-img check),
 # an unsupported import format, a bad --at, a second maintenance version, a second writer
-# on the maintenance version (holder named), promoting a version that has a writer.
+# on the maintenance version (holder named) and a second connection to its server,
+# promoting a version that has a writer.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/store-lib.sh"
-require qemu-img nbdinfo
+require qemu-img nbdinfo nbdsh
 require_vdstream
 e2e_init
 store_init
@@ -49,6 +50,18 @@ start_server --vdisk w@maintenance --store "$STORE"
 expect_error "second writer" "already has a writer \(pid $SERVER_PID" \
     "$VDSTREAM_BIN" serve-image --vdisk w@maintenance --store "$STORE" --socket "$E2E_TMP/second.sock"
 [[ ! -e $E2E_TMP/second.sock ]] || fail "the refused server left its socket behind"
+require_python_nbd
+nbdsh_script "
+import nbd
+h2 = nbd.NBD()
+try:
+    h2.connect_uri('$URI')
+    raise SystemExit('a second connection to the maintenance version was accepted')
+except nbd.Error as e:
+    assert 'policy' in str(e) or 'one writer' in str(e), str(e)
+h.pwrite(b'x' * 512, 0)
+"
+log "ok: a second connection to the maintenance version is refused while the first writes"
 expect_error "promote with a writer" "still open by its maintenance target.*pid $SERVER_PID" vds version promote w "$v" --to test
 stop_server "$SERVER_PID" 15 || fail "the maintenance server did not stop cleanly"
 vds version promote w "$v" --to test >/dev/null

@@ -4,7 +4,7 @@
 # promote it to test then production. Every version file passes `qemu-img check` and
 # `qemu-img info --backing-chain` shows the chain; `qemu-img convert` of each version
 # file to raw is byte-identical (cmp) to what serve-image serves for that version, and to
-# `vdisk export`. qcow2 import goes through qemu-img; the audit trail has every step.
+# `vdisk export`; block status reports holes and zeros through the chain. qcow2 import goes through qemu-img; the audit trail has every step.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/store-lib.sh"
@@ -39,6 +39,17 @@ for v in 1 2 3; do
     log "ok: version $v served = qemu-img convert of its file"
 done
 cmp -s "$E2E_TMP/flat2.raw" "$E2E_TMP/flat3.raw" && fail "version 3 should differ from version 2"
+
+# Block status through the chain: the discard in version 3 over version 2's data reads as
+# zeros, and what no layer holds (the raw base's holes) is a hole.
+start_server --vdisk win@3 --store "$STORE" --read-only
+nbdinfo --map --json "$URI" >"$E2E_TMP/map.json"
+stop_server "$SERVER_PID" 15 || fail "the server of win@3 did not stop cleanly"
+covers() { json_get "$E2E_TMP/map.json" "any(e['offset'] <= $1 and e['offset'] + e['length'] >= $2 and e['type'] & $3 for e in j)"; }
+assert_eq "5M..6M (discarded over data) reads as zeros" "$(covers $((5 << 20)) $((6 << 20)) 2)" True
+assert_eq "20M..30M (held by no layer) is a hole" "$(covers $((20 << 20)) $((30 << 20)) 1)" True
+assert_eq "1M+64k..3M (version 1's data) has no zero extent" \
+    "$(json_get "$E2E_TMP/map.json" "any(e['offset'] < $((3 << 20)) and e['offset'] + e['length'] > $(((1 << 20) + 65536)) and e['type'] & 2 for e in j)")" False
 served_raw win "$E2E_TMP/prod.raw"
 cmp "$E2E_TMP/prod.raw" "$E2E_TMP/flat2.raw" || fail "NAME without @V is not what production gets"
 

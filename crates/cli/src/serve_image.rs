@@ -118,6 +118,18 @@ struct SingleExport {
     name: String,
     description: String,
     dev: Arc<dyn BlockDev>,
+    /// For a maintenance version or a private vDisk: the one connection allowed. Holds
+    /// the reference count of `dev` with no connection open; a connection holds a clone
+    /// of `dev` for its life, so a higher count means the writer is connected.
+    one_writer: Option<std::sync::Mutex<usize>>,
+}
+
+impl SingleExport {
+    fn new(name: String, description: String, dev: Arc<dyn BlockDev>, one_writer: bool) -> Self {
+        let baseline = Arc::strong_count(&dev) + 1; // + the clone `open` hands out
+        let one_writer = one_writer.then(|| std::sync::Mutex::new(baseline));
+        SingleExport { name, description, dev, one_writer }
+    }
 }
 
 impl Exports for SingleExport {
@@ -127,7 +139,17 @@ impl Exports for SingleExport {
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
         if name.is_empty() || name == self.name {
-            Ok(self.dev.clone())
+            let Some(baseline) = &self.one_writer else { return Ok(self.dev.clone()) };
+            let baseline = baseline.lock().unwrap_or_else(|p| p.into_inner());
+            // A writer that just disconnected may take a moment to let go of the device.
+            for _ in 0..50 {
+                if Arc::strong_count(&self.dev) < *baseline {
+                    return Ok(self.dev.clone());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(OpenError::Busy(format!(
+                "{} takes one writer connection at a time and one is connected; disconnect it first", self.description)))
         } else {
             Err(OpenError::Unknown(format!(
                 "no export named {name:?}: this server offers {:?} (or the default empty name)",
@@ -184,7 +206,8 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         }
     };
     let size = dev.size();
-    let exports = Arc::new(SingleExport { name: args.name.clone(), description: description.clone(), dev });
+    let one_writer = opened_layer.as_ref().is_some_and(|o| o.writable);
+    let exports = Arc::new(SingleExport::new(args.name.clone(), description.clone(), dev, one_writer));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
     runtime.block_on(async move {
