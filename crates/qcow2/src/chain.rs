@@ -83,12 +83,33 @@ fn open_layer(path: &Path, format: Option<ImageFormat>, depth: usize) -> Result<
 
 /// The backing device named by the qcow2 header of `path`, opened read-only.
 pub(crate) fn backing_of(path: &Path, depth: usize) -> Result<Option<Arc<dyn BlockDev>>> {
+    match backing_ref(path)? {
+        None => Ok(None),
+        Some(b) => open_layer(&b.path, b.format, depth + 1).map(Some),
+    }
+}
+
+/// What a qcow2 header says about its backing file.
+#[derive(Debug, Clone)]
+pub(crate) struct BackingRef {
+    /// The name resolved against the image's directory (checked to exist).
+    pub path: PathBuf,
+    /// The format from the backing format extension, when there is one.
+    pub format: Option<ImageFormat>,
+}
+
+/// Reads and validates the header of the qcow2 image at `path`.
+pub(crate) fn read_header(path: &Path) -> Result<Header> {
     let f = File::open(path).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
     let len = f.metadata().map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?.len();
     let mut first = vec![0u8; len.min(crate::header::HEADER_READ_LEN as u64) as usize];
     f.read_exact_at(&mut first, 0).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
-    let header = Header::parse(&first, len)
-        .map_err(|e| file_error(ErrorKind::Invalid, Op::Open, 0, path, format!("{e}; check the image with `qemu-img check`")))?;
+    Header::parse(&first, len).map_err(|e| file_error(ErrorKind::Invalid, Op::Open, 0, path, format!("{e}; check the image with `qemu-img check`")))
+}
+
+/// The backing file named by the qcow2 header of `path`, if any.
+pub(crate) fn backing_ref(path: &Path) -> Result<Option<BackingRef>> {
+    let header = read_header(path)?;
     let Some(name) = header.backing_file else { return Ok(None) };
     let resolved = resolve_backing(path, &name);
     let format = header.backing_format.as_deref().map(|n| ImageFormat::from_name(n, path)).transpose()?;
@@ -96,7 +117,58 @@ pub(crate) fn backing_of(path: &Path, depth: usize) -> Result<Option<Arc<dyn Blo
         return Err(file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
             "backing file {name:?} (resolved to {}) does not exist: restore it or rebase the image with `qemu-img rebase`", resolved.display())));
     }
-    open_layer(&resolved, format, depth + 1).map(Some)
+    Ok(Some(BackingRef { path: resolved, format }))
+}
+
+/// One layer of an opened chain, with its own type kept (merging asks each layer what it
+/// holds itself, which a `dyn BlockDev` of the whole chain cannot say).
+#[derive(Debug, Clone)]
+pub(crate) struct Layer {
+    /// The path as reached from the top (relative names resolved).
+    pub path: PathBuf,
+    pub format: ImageFormat,
+    /// This layer and everything below it.
+    pub dev: Arc<dyn BlockDev>,
+    /// The same device when it is qcow2, for per-layer allocation lookups.
+    pub qcow2: Option<Arc<Qcow2Image>>,
+}
+
+/// Opens `top` and its whole backing chain read-only, layer by layer: index 0 is `top`,
+/// the last is the base.
+pub(crate) fn open_layers(top: &Path) -> Result<Vec<Layer>> {
+    let mut found: Vec<(PathBuf, ImageFormat)> = Vec::new();
+    let mut next = Some((top.to_path_buf(), None::<ImageFormat>));
+    while let Some((path, format)) = next.take() {
+        if found.len() > MAX_CHAIN_DEPTH {
+            return Err(file_error(ErrorKind::Invalid, Op::Open, 0, top, format!(
+                "the backing chain is deeper than {MAX_CHAIN_DEPTH} layers (or loops): check it with `qemu-img info --backing-chain`")));
+        }
+        let format = match format {
+            Some(f) => f,
+            None => ImageFormat::probe(&path)?,
+        };
+        if format == ImageFormat::Qcow2 {
+            next = backing_ref(&path)?.map(|b| (b.path, b.format));
+        }
+        found.push((path, format));
+    }
+    let mut layers: Vec<Layer> = Vec::with_capacity(found.len());
+    for (path, format) in found.into_iter().rev() {
+        let below = layers.last().map(|l| l.dev.clone());
+        let layer = match format {
+            ImageFormat::Raw => {
+                let dev: Arc<dyn BlockDev> = Arc::new(FileDev::open(&path, FileOptions { read_only: true, ..Default::default() })?);
+                Layer { path, format, dev, qcow2: None }
+            }
+            ImageFormat::Qcow2 => {
+                let img = Arc::new(Qcow2Image::open(&path, OpenOptions { read_only: true, ..Default::default() }, below)?);
+                Layer { path, format, dev: img.clone(), qcow2: Some(img) }
+            }
+        };
+        layers.push(layer);
+    }
+    layers.reverse();
+    Ok(layers)
 }
 
 /// A backing file name, relative to the directory of the image that names it.

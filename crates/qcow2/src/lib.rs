@@ -11,6 +11,7 @@
 //!   l2cache.rs   bounded LRU of L2 tables
 //!   refcount.rs  refcount table/blocks and the end-of-file allocator
 //!   chain.rs     open_chain (raw or qcow2 backing files), create
+//!   merge.rs     merge_layers: merge a chain's upper layers (or all) into a new image
 //! ```
 //!
 //! What is implemented, from qemu's `docs/interop/qcow2.txt`: versions 2 and 3, cluster
@@ -25,9 +26,11 @@ pub mod chain;
 pub mod header;
 mod image;
 mod l2cache;
+mod merge;
 mod refcount;
 mod write;
 
 pub use chain::{create, open_chain, resolve_backing, ImageFormat};
 pub use header::{Header, HeaderError};
 pub use image::{OpenOptions, Qcow2Image};
+pub use merge::{merge_layers, MergeOptions, MergeReport, CHUNK_BYTES};
