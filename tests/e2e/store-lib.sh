@@ -39,3 +39,44 @@ served_raw() {
     qemu-img convert -f raw -O raw "$URI" "$2" || fail "reading $1 over NBD failed"
     stop_server "$pid" 15 || fail "the server of $1 did not stop cleanly"
 }
+
+# snapshot_refs NAME DIR REF... — what each REF of NAME serves over NBD, into DIR/REF.raw.
+snapshot_refs() {
+    local name=$1 dir=$2 ref; shift 2
+    mkdir -p "$dir"
+    for ref in "$@"; do
+        served_raw "$name@$ref" "$dir/$ref.raw"
+    done
+}
+
+# same_refs BEFORE AFTER REF... — each REF serves the same bytes after as before (cmp);
+# BEFORE_REF=AFTER_REF compares a merged version with the number that replaced it.
+same_refs() {
+    local before=$1 after=$2 ref; shift 2
+    for ref in "$@"; do
+        cmp "$before/${ref%%=*}.raw" "$after/${ref##*=}.raw" || fail "$ref serves other bytes after the merge"
+    done
+}
+
+# judge_chain NAME — qemu-img check on every qcow2 file the metadata of NAME lists, and
+# qemu-img info --backing-chain on every layer names the chain the metadata lists.
+judge_chain() {
+    local name=$1 dir=$STORE/vdisks/$1
+    vds vdisk info "$name" --json >"$E2E_TMP/judge.json"
+    python3 - "$E2E_TMP/judge.json" "$dir" <<'PY' || fail "the chain of $name is not what its metadata lists"
+import json, os, subprocess, sys
+meta = json.load(open(sys.argv[1]))["meta"]
+d = sys.argv[2]
+assert "pending_merge" not in meta, meta
+chain = [meta["base"]["file"]]
+for v in meta["versions"]:
+    chain.append(v["file"])
+for i, f in enumerate(chain):
+    p = os.path.join(d, f)
+    if f.endswith(".qcow2"):
+        subprocess.run(["qemu-img", "check", p], check=True, stdout=subprocess.DEVNULL)
+    info = json.loads(subprocess.run(["qemu-img", "info", "--backing-chain", "--output=json", p], check=True, capture_output=True).stdout)
+    got = [os.path.basename(x["filename"]) for x in reversed(info)]
+    assert got == chain[: i + 1], (f, got, chain[: i + 1])
+PY
+}

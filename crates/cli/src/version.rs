@@ -63,7 +63,7 @@ enum VersionCommand {
         #[arg(long, conflicts_with = "version")]
         clear: bool,
     },
-    /// Merge all versions into one new version, or with --base into a new base.
+    /// Merge the versions up to the one production boots into one new version (--base: into a new base).
     Merge {
         name: String,
         #[arg(long)]
@@ -122,6 +122,15 @@ fn describe_merge(name: &str, out: &MergeOutcome) -> String {
     let merged = out.merged.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
     let mut s = format!("{}merged versions {merged} of {name} into {} ({}, {:.1} s)",
         if out.automatic { "automatically " } else { "" }, out.new_layer, out.file, out.seconds);
+    if let Some(v) = out.repointed {
+        s.push_str(&format!("; version {v} above it now backs onto {} (same content)", out.file));
+    }
+    if let Some(m) = out.override_moved {
+        match m.to {
+            Some(to) => s.push_str(&format!("; the override moved from version {} to version {to}", m.from)),
+            None => s.push_str(&format!("; the override of version {} was cleared: production boots the new base, the same content", m.from)),
+        }
+    }
     if !out.still_in_use.is_empty() {
         s.push_str(&format!("; still read by running targets, deleted once they disconnect: {}", out.still_in_use.join(", ")));
     }

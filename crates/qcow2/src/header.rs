@@ -341,6 +341,70 @@ impl Header {
     }
 }
 
+/// The first bytes of an image rewritten to name another backing file (or none), the way
+/// `qemu-img rebase -u` does: the fixed header is kept except the name's offset and length,
+/// every header extension is kept except the backing format, which is replaced (or
+/// dropped with the name), and the name follows the extensions. `first` is what
+/// [`Header::parse`] takes, `backing` is (name, format name).
+///
+/// The result is at most one cluster and at least as long as the old header area, so
+/// writing it at offset 0 leaves no stale bytes of the old name behind; the name must
+/// fit in the first cluster with everything else (a [`HeaderError`] says so otherwise).
+pub fn with_backing(first: &[u8], file_len: u64, backing: Option<(&str, &str)>) -> Result<Vec<u8>, HeaderError> {
+    let h = Header::parse(first, file_len)?;
+    let cs = h.cluster_size() as usize;
+    let first = &first[..first.len().min(cs)];
+    let hl = h.header_length as usize;
+    let mut kept: Vec<(u32, &[u8])> = Vec::new();
+    let mut used_end = hl;
+    let mut at = hl;
+    // Each round moves `at` forward by at least 8 bytes inside `first`.
+    while at + 8 <= first.len() {
+        let ty = be32(first, at);
+        let len = be32(first, at + 4) as usize;
+        if ty == EXT_END {
+            used_end = at + 8;
+            break;
+        }
+        let data = first.get(at + 8..at + 8 + len).ok_or_else(|| corrupt("header extension", format!("extension {ty:#010x} runs past the first cluster")))?;
+        if ty != EXT_BACKING_FORMAT {
+            kept.push((ty, data));
+        }
+        at += 8 + len.div_ceil(8) * 8;
+        used_end = at.min(first.len());
+    }
+    let old_name_end = if h.backing_file.is_some() { (be64(first, 8) + be32(first, 16) as u64) as usize } else { 0 };
+    let mut out = first[..hl].to_vec();
+    let mut ext = Vec::new();
+    if let Some((name, format)) = backing {
+        if name.is_empty() || name.len() > MAX_BACKING_NAME as usize || name.contains('\0') {
+            return Err(corrupt("backing_file_size", format!("the backing file name must be 1 to {MAX_BACKING_NAME} bytes without NUL, got {} bytes", name.len())));
+        }
+        push_extension(&mut ext, EXT_BACKING_FORMAT, format.as_bytes());
+    }
+    for (ty, data) in kept {
+        push_extension(&mut ext, ty, data);
+    }
+    push_extension(&mut ext, EXT_END, &[]);
+    out.extend_from_slice(&ext);
+    let name_at = out.len() as u64;
+    let (offset, size) = match backing {
+        Some((name, _)) => {
+            out.extend_from_slice(name.as_bytes());
+            (name_at, name.len() as u32)
+        }
+        None => (0, 0),
+    };
+    if out.len() > cs {
+        return Err(corrupt("backing_file_offset", format!(
+            "the header, its extensions and a {size}-byte backing file name need {} bytes, more than the {cs}-byte first cluster", out.len())));
+    }
+    out[8..16].copy_from_slice(&offset.to_be_bytes());
+    out[16..20].copy_from_slice(&size.to_be_bytes());
+    out.resize(out.len().max(used_end).max(old_name_end).min(cs), 0);
+    Ok(out)
+}
+
 /// Appends one header extension (type, length, data padded to 8 bytes) to `out`.
 pub fn push_extension(out: &mut Vec<u8>, ty: u32, data: &[u8]) {
     out.extend_from_slice(&ty.to_be_bytes());
@@ -376,6 +440,40 @@ mod tests {
         push_extension(&mut b, EXT_END, &[]);
         b.resize(1 << 16, 0);
         b
+    }
+
+    #[test]
+    fn with_backing_sets_replaces_and_clears_the_name() {
+        let mut b = sample();
+        // An extension qemu writes (feature names), to be kept.
+        let mut fixed = b[..112].to_vec();
+        push_extension(&mut fixed, EXT_FEATURE_TABLE, &[0u8; 48]);
+        push_extension(&mut fixed, EXT_END, &[]);
+        b[..fixed.len()].copy_from_slice(&fixed);
+        let len = 4 << 16;
+        let set = with_backing(&b, len, Some(("base.qcow2", "qcow2"))).unwrap();
+        let h = Header::parse(&set, len).unwrap();
+        assert_eq!((h.backing_file.as_deref(), h.backing_format.as_deref()), (Some("base.qcow2"), Some("qcow2")));
+        let longer = with_backing(&set, len, Some(("a-much-longer-name.raw", "raw"))).unwrap();
+        let shorter = with_backing(&longer, len, Some(("b", "raw"))).unwrap();
+        assert!(shorter.len() >= longer.len(), "stale name bytes are overwritten");
+        let h = Header::parse(&shorter, len).unwrap();
+        assert_eq!((h.backing_file.as_deref(), h.backing_format.as_deref()), (Some("b"), Some("raw")));
+        let cleared = with_backing(&shorter, len, None).unwrap();
+        let h = Header::parse(&cleared, len).unwrap();
+        assert_eq!((h.backing_file, h.backing_format), (None, None));
+        assert_eq!(cleared[112..112 + 8], fixed[112..120], "the feature table is kept");
+        assert!(cleared[cleared.len() - 40..].iter().all(|&x| x == 0));
+        assert!(with_backing(&b, len, Some(("", "raw"))).is_err());
+        assert!(with_backing(&b, len, Some((&"x".repeat(1024), "raw"))).is_err());
+        // 512-byte clusters: a long name does not fit after the header.
+        let mut small = sample();
+        small[20..24].copy_from_slice(&9u32.to_be_bytes());
+        small[36..40].copy_from_slice(&(Header::l1_entries_for(1 << 30, 9) as u32).to_be_bytes());
+        let small_len = 1 << 30;
+        small[40..48].copy_from_slice(&(1u64 << 20).to_be_bytes());
+        let e = with_backing(&small, small_len, Some((&"n".repeat(500), "qcow2"))).unwrap_err();
+        assert!(e.problem.contains("first cluster"), "{e}");
     }
 
     #[test]

@@ -444,7 +444,7 @@ impl Qcow2Image {
     }
 }
 
-fn lock_file(file: &File, exclusive: bool, path: &Path) -> Result<()> {
+pub(crate) fn lock_file(file: &File, exclusive: bool, path: &Path) -> Result<()> {
     let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
     // SAFETY: flock only takes the descriptor, which `file` keeps open for this call, and
     // an integer; it touches no memory of ours.

@@ -12,6 +12,7 @@
 //!   refcount.rs  refcount table/blocks and the end-of-file allocator
 //!   chain.rs     open_chain (raw or qcow2 backing files), create
 //!   merge.rs     merge_layers: merge a chain's upper layers (or all) into a new image
+//!   rebase.rs    set_backing_file: re-point an image's header (qemu-img rebase -u)
 //! ```
 //!
 //! What is implemented, from qemu's `docs/interop/qcow2.txt`: versions 2 and 3, cluster
@@ -27,10 +28,12 @@ pub mod header;
 mod image;
 mod l2cache;
 mod merge;
+mod rebase;
 mod refcount;
 mod write;
 
 pub use chain::{create, open_chain, resolve_backing, ImageFormat};
-pub use header::{Header, HeaderError};
+pub use header::{with_backing, Header, HeaderError};
 pub use image::{OpenOptions, Qcow2Image};
 pub use merge::{merge_layers, MergeOptions, MergeReport, CHUNK_BYTES};
+pub use rebase::set_backing_file;

@@ -96,6 +96,31 @@ pub fn in_use(path: &Path) -> Result<bool> {
     Ok(!try_lock(&f, LockMode::Exclusive).map_err(io("lock", path))?)
 }
 
+/// Who has a file open, as far as `flock` tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holders {
+    Nobody,
+    /// Shared locks only: targets (or exports) reading it.
+    Readers,
+    /// An exclusive lock: a writer (a maintenance target).
+    Writer,
+}
+
+/// Who holds `path` (tried without waiting, released at once). Call it only under the
+/// store's exclusive lock, where no opener of store files runs.
+pub fn holders_of(path: &Path) -> Result<Holders> {
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Holders::Nobody),
+        Err(e) => return Err(io("open", path)(e)),
+    };
+    if !try_lock(&f, LockMode::Shared).map_err(io("lock", path))? {
+        return Ok(Holders::Writer);
+    }
+    // Upgrading our own shared lock succeeds only when nobody else holds one.
+    Ok(if try_lock(&f, LockMode::Exclusive).map_err(io("lock", path))? { Holders::Nobody } else { Holders::Readers })
+}
+
 /// Processes holding `flock` locks on `path`, as "pid N (command line)", read from
 /// `/proc/locks` (best effort: empty when it cannot tell).
 pub fn holders(path: &Path) -> Vec<String> {
@@ -215,12 +240,18 @@ mod tests {
         let p = dir.path().join("v.qcow2");
         std::fs::write(&p, b"x").unwrap();
         assert!(!in_use(&p).unwrap());
+        assert_eq!(holders_of(&p).unwrap(), Holders::Nobody);
         let held = hold_shared(&p).unwrap().expect("nobody writes it");
         assert!(in_use(&p).unwrap());
+        assert_eq!(holders_of(&p).unwrap(), Holders::Readers);
         let who = describe_holders(&p);
         assert!(who.contains(&format!("pid {}", std::process::id())), "{who}");
         drop(held);
         assert!(!in_use(&p).unwrap());
+        let writer = File::open(&p).unwrap();
+        assert!(try_lock(&writer, LockMode::Exclusive).unwrap());
+        assert_eq!(holders_of(&p).unwrap(), Holders::Writer);
+        drop(writer);
         assert!(!in_use(&dir.path().join("gone")).unwrap());
     }
 

@@ -1,20 +1,34 @@
-//! Merges and compaction: the long operations, done in three steps so that the store is
-//! locked only for moments:
+//! Merges and compaction: the long operations, done in steps so that the store is locked
+//! only for moments.
 //!
-//! 1. plan, under the exclusive lock: check the rules, pick the files, note the
-//!    metadata `generation`;
+//! A merge folds the versions **up to and including the one production boots now** into
+//! one new layer (`--base`: the base too); versions above it stay, with their numbers and
+//! access, and the first of them is re-pointed onto the new layer. The new layer's content
+//! equals that of the version it replaces, byte for byte, so no target (production, test,
+//! maintenance, `NAME@N` of a version that stays) sees a change.
+//!
+//! 1. plan, under the exclusive lock: check the rules, pick the versions, note the
+//!    metadata `generation`; refuse if a writer holds the version that must be re-pointed;
 //! 2. write, with no store lock: `vdstream_qcow2::merge_layers` writes the new layer into
-//!    a hidden temporary file beside the others (the chain it reads is held by `flock`);
-//! 3. commit, under the exclusive lock: if the generation moved, the vDisk changed
-//!    meanwhile and the merge is dropped (run it again); otherwise the file is renamed
-//!    into place, the metadata rewritten, the old files retired, and the audit appended.
+//!    a hidden temporary file beside the others (the chain it reads is held by `flock`),
+//!    fsynced;
+//! 3. commit, under the exclusive lock, if the generation did not move (else the merge is
+//!    dropped: run it again), in this order:
 //!
-//! Merge rules (docs/STORE.md explains them):
-//! - nothing is merged while a version is in maintenance: vdstream does not rebase the
-//!   maintenance version onto the merged layer, so it stays where it is;
-//! - a merge never changes what production targets boot: if they boot a version other than
-//!   the newest (which the merge would fold away), the merge is refused until the newest
-//!   is promoted or reverted; `--base` also needs production to boot the newest version.
+//! | step | does | a crash right after it leaves | the next command (`recover`) |
+//! |---|---|---|---|
+//! | pending  | metadata names the new file in `pending_merge`, takes its number | a temporary file; the chain untouched | undoes: drops the record (gc removes the temporary file) |
+//! | renamed  | the new file gets its name (fsync folder) | a complete new file nobody points at | undoes: retires the new file |
+//! | re-pointed | the version above names the new file as backing (fsync) | the version above reads the new file (same bytes); metadata still lists the old chain | finishes the merge |
+//! | done     | metadata: merged versions replaced by the new one, old files retired, record dropped | the merged store | — |
+//!
+//! "Re-pointed" is read from the header of the version above, so recovery knows which
+//! side of step 3 the crash fell on. With no version above, a new file in place means done.
+//!
+//! Re-pointing rewrites the header in place when nobody has the file open; when targets
+//! read it (shared `flock`), a copy is re-pointed and renamed over it, so they keep the
+//! old inode and its old chain; when a writer holds it (a maintenance target), the merge
+//! is refused (deferred, when automatic) and the audit trail says why.
 //!
 //! Compaction rewrites each qcow2 layer except the maintenance one (its own backing file as
 //! `stop_at`, so its content is unchanged) into a temporary file and renames it over the
@@ -25,26 +39,44 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
-use vdstream_qcow2::{merge_layers, MergeOptions};
+use vdstream_qcow2::{merge_layers, set_backing_file, ImageFormat, MergeOptions};
 
 use crate::copy::{Progress, ZERO_BLOCK};
 use crate::error::{io, Result, StoreError};
-use crate::fsutil::{self, LockMode};
-use crate::meta::{Access, Base, DiskAccess, LayerFormat, VdiskMeta, Version};
+use crate::fsutil::{self, Holders, LockMode};
+use crate::meta::{Access, Base, DiskAccess, LayerFormat, PendingMerge, VdiskMeta, Version};
 use crate::select::{select, Layer, Selector};
 use crate::store::Store;
 use crate::time::Timestamp;
 
 /// Which merge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MergeKind {
-    /// All versions into one new version over the same base.
+    /// The versions up to production's into one new version over the same base.
     Updates,
-    /// The base and all versions into a new (qcow2) base.
+    /// The base and the versions up to production's into a new (qcow2) base.
     Base,
+}
+
+/// The commit steps of a merge (see the table at the top of this module). Tests stop a
+/// merge after one of them to leave the store as a crash there would.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeStep {
+    Pending,
+    Renamed,
+    Repointed,
+}
+
+/// An override the merge moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct OverrideMove {
+    pub from: u32,
+    /// `None`: cleared, because the pinned version became the base.
+    pub to: Option<u32>,
 }
 
 /// What a merge did.
@@ -55,6 +87,10 @@ pub struct MergeOutcome {
     pub merged: Vec<u32>,
     pub new_layer: Layer,
     pub file: String,
+    /// The version left above the merged ones and re-pointed onto the new layer.
+    pub repointed: Option<u32>,
+    #[serde(rename = "override")]
+    pub override_moved: Option<OverrideMove>,
     /// Files retired (deleted now, or once their last reader is gone).
     pub retired: Vec<String>,
     pub still_in_use: Vec<String>,
@@ -89,55 +125,178 @@ pub fn counted_versions(meta: &VdiskMeta) -> usize {
     meta.versions.iter().filter(|v| v.access != Access::Maintenance).count()
 }
 
-/// Checks the merge rules; returns the numbers to merge.
-fn plan(meta: &VdiskMeta, kind: MergeKind) -> Result<Vec<u32>> {
+/// What a merge will fold, and the version it leaves above.
+#[derive(Debug, Clone)]
+struct Plan {
+    merged: Vec<u32>,
+    above: Option<u32>,
+}
+
+/// Checks the merge rules at `now`.
+fn plan(meta: &VdiskMeta, kind: MergeKind, now: Timestamp) -> Result<Plan> {
     let name = &meta.name;
     if meta.access == DiskAccess::Private {
         return Err(StoreError::Refused(format!("vDisk {name} has private access and no versions to merge")));
     }
-    if let Some(v) = meta.maintenance() {
-        return Err(StoreError::Refused(format!(
-            "version {} of {name} is in maintenance; vdstream does not merge while a maintenance version sits on the chain: promote it (`vdstream version promote {name} {} --to test`) or discard it (`vdstream version revert {name} {}`) first",
-            v.number, v.number, v.number)));
-    }
-    let merged: Vec<u32> = meta.versions.iter().map(|v| v.number).collect();
-    let Some(&k) = merged.last() else {
+    if meta.versions.is_empty() {
         return Err(StoreError::Refused(format!("vDisk {name} has no versions to merge")));
+    }
+    let p = match select(meta, Selector::Production, now)? {
+        Layer::Version(p) => p,
+        Layer::Base => {
+            return Err(StoreError::Refused(format!(
+                "production targets of {name} boot the base: a merge folds the versions up to the one production boots, and there is none yet; promote one first (`vdstream version promote {name} N --to production`)")))
+        }
     };
+    let idx = meta.versions.iter().position(|v| v.number == p).expect("select picks listed versions");
+    let merged: Vec<u32> = meta.versions[..=idx].iter().map(|v| v.number).collect();
+    let above = meta.versions.get(idx + 1).map(|v| v.number);
     if kind == MergeKind::Updates && merged.len() < 2 {
-        return Err(StoreError::Refused(format!("vDisk {name} has one version ({k}); there is nothing to merge")));
-    }
-    let newest = meta.version(k).expect("listed");
-    let production = select(meta, Selector::Production, Timestamp::now())?;
-    let why = match (kind, production) {
-        (_, Layer::Version(p)) if p != k => Some(format!("production targets boot version {p}, which the merge would fold into version {k} ({})", newest.access.name())),
-        (MergeKind::Base, Layer::Base) => Some(format!("production targets boot the base, and merge --base would give them version {k} ({})", newest.access.name())),
-        _ => None,
-    };
-    if let Some(why) = why {
-        let pin = if meta.override_version.is_some_and(|o| o != k) { " or clear the override (`version override --clear`)" } else { "" };
         return Err(StoreError::Refused(format!(
-            "{why}: promote version {k} to production (`vdstream version promote {name} {k} --to production`){pin} first, or revert it")));
+            "production targets of {name} boot version {p}, its first version: there is nothing below it to merge (a merge folds the versions up to the one production boots; those above are merged once production boots them)")));
     }
-    Ok(merged)
+    if kind == MergeKind::Base && meta.override_version.is_some() && above.is_some() {
+        return Err(StoreError::Refused(format!(
+            "production targets of {name} are pinned to version {p} by an override, and versions above it stay: a base cannot carry the pin; run `vdstream version merge {name}` (without --base), which moves the pin to the merged version, or clear the override first (`vdstream version override {name} --clear`)")));
+    }
+    Ok(Plan { merged, above })
+}
+
+/// The backing file name in the header of the qcow2 image at `path` (file name only).
+fn backing_of(path: &Path) -> Result<Option<String>> {
+    let f = std::fs::File::open(path).map_err(io("open", path))?;
+    let len = f.metadata().map_err(io("stat", path))?.len();
+    let mut buf = vec![0u8; len.min(vdstream_qcow2::header::HEADER_READ_LEN as u64) as usize];
+    f.read_exact_at(&mut buf, 0).map_err(io("read", path))?;
+    let h = vdstream_qcow2::Header::parse(&buf, len).map_err(|e| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+        advice: "check it with `qemu-img check`, restore it from backup if it is damaged".into(),
+    })?;
+    Ok(h.backing_file.map(|b| Path::new(&b).file_name().map_or(b.clone(), |n| n.to_string_lossy().into_owned())))
+}
+
+/// Applies the pending merge of `m` to it: the merged versions (and, for `--base`, the
+/// base) give way to the new layer, the override moves, the old files are retired.
+/// Returns the new layer, the files retired and the override moved.
+fn finish(m: &mut VdiskMeta, who: &str) -> (Layer, Vec<String>, Option<OverrideMove>) {
+    let p = m.pending_merge.take().expect("a pending merge");
+    let last = *p.merged.last().expect("merges fold at least one version");
+    let idx = m.versions.iter().position(|v| v.number == last).expect("checked by VdiskMeta::check");
+    let rest = m.versions.split_off(idx + 1);
+    let folded = std::mem::replace(&mut m.versions, rest);
+    let mut retired: Vec<String> = folded.iter().map(|v| v.file.clone()).collect();
+    let k = folded.last().expect("folded");
+    let pinned = m.override_version.filter(|o| p.merged.contains(o));
+    let now = Timestamp::now();
+    let layer = match p.kind {
+        MergeKind::Updates => {
+            m.versions.insert(0, Version {
+                number: p.number,
+                file: p.file.clone(),
+                access: k.access,
+                created: now,
+                created_by: who.to_string(),
+                promoted: k.promoted.clone(),
+                scheduled_at: k.scheduled_at,
+                note: Some(format!("merge of versions {}", p.merged.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))),
+                merged_from: p.merged.clone(),
+            });
+            Layer::Version(p.number)
+        }
+        MergeKind::Base => {
+            retired.insert(0, m.base.file.clone());
+            m.base = Base { file: p.file.clone(), format: LayerFormat::Qcow2, created: now, created_by: who.to_string() };
+            Layer::Base
+        }
+    };
+    let moved = pinned.map(|from| {
+        let to = (p.kind == MergeKind::Updates).then_some(p.number);
+        m.override_version = to;
+        OverrideMove { from, to }
+    });
+    m.retired.extend(retired.iter().cloned());
+    (layer, retired, moved)
+}
+
+fn stopped(step: MergeStep) -> StoreError {
+    StoreError::Refused(format!("merge stopped after step {step:?} (test hook)"))
 }
 
 impl Store {
     /// `version merge NAME [--base]`.
     pub fn merge(&self, name: &str, kind: MergeKind, automatic: bool, progress: Progress<'_>) -> Result<MergeOutcome> {
+        self.merge_until(name, kind, automatic, None, progress)
+    }
+
+    /// A merge that stops right after `step`, leaving the store as a crash there would
+    /// (for tests of `recover`).
+    #[doc(hidden)]
+    pub fn merge_stopping_after(&self, name: &str, kind: MergeKind, step: MergeStep) -> Result<MergeOutcome> {
+        self.merge_until(name, kind, false, Some(step), &mut |_, _| {})
+    }
+
+    /// Refuses when a writer holds version `above`, which the merge must re-point.
+    fn check_repointable(&self, meta: &VdiskMeta, above: u32) -> Result<()> {
+        let v = meta.version(above).expect("planned");
+        let path = self.file_path(&meta.name, &v.file);
+        if fsutil::holders_of(&path)? == Holders::Writer {
+            let name = &meta.name;
+            return Err(StoreError::Refused(format!(
+                "version {above} of {name} ({}) is open read-write ({}): the merge would re-point it onto the merged layer, which vdstream does only while no writer has it; stop that target, then run `vdstream version merge {name}` (nothing was changed)",
+                v.access.name(), fsutil::describe_holders(&path))));
+        }
+        Ok(())
+    }
+
+    /// Makes the qcow2 file `file` of vDisk `name` back onto `backing`: in place when
+    /// nobody has it open, else through a re-pointed copy renamed over it (its readers keep
+    /// the old inode). The caller holds the exclusive store lock.
+    fn repoint(&self, name: &str, file: &str, backing: &str) -> Result<()> {
+        let path = self.file_path(name, file);
+        let to = Some((backing, ImageFormat::Qcow2));
+        match fsutil::holders_of(&path)? {
+            Holders::Nobody => Ok(set_backing_file(&path, to)?),
+            Holders::Readers => {
+                let tmp = fsutil::temp_beside(&path);
+                let _ = std::fs::remove_file(&tmp);
+                let done = std::fs::copy(&path, &tmp)
+                    .map_err(io("copy", &path))
+                    .and_then(|_| Ok(set_backing_file(&tmp, to)?)) // fsyncs the copy
+                    .and_then(|()| std::fs::rename(&tmp, &path).map_err(io("move into place", &path)));
+                if done.is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+                done?;
+                fsutil::sync_dir(&self.vdisk_dir(name))
+            }
+            Holders::Writer => Err(StoreError::Refused(format!(
+                "{} is open read-write ({}): it cannot be re-pointed now", path.display(), fsutil::describe_holders(&path)))),
+        }
+    }
+
+    fn merge_until(&self, name: &str, kind: MergeKind, automatic: bool, stop: Option<MergeStep>, progress: Progress<'_>) -> Result<MergeOutcome> {
         let started = std::time::Instant::now();
-        let (meta, merged) = {
+        let (meta, plan) = {
             let _l = self.lock(LockMode::Exclusive)?;
-            let meta = self.load(name)?;
-            let merged = plan(&meta, kind)?;
-            (meta, merged)
+            let meta = self.load_for_change(name)?;
+            let plan = plan(&meta, kind, Timestamp::now())?;
+            if let Some(a) = plan.above {
+                if let Err(e) = self.check_repointable(&meta, a) {
+                    if !automatic {
+                        self.audit("version.merge.deferred", name, json!({"automatic": false, "kind": kind, "reason": e.to_string()}))?;
+                    }
+                    return Err(e);
+                }
+            }
+            (meta, plan)
         };
         let number = meta.next_version;
         let file = match kind {
             MergeKind::Updates => format!("{name}.{number}.qcow2"),
             MergeKind::Base => format!("{name}.base-{number}.qcow2"),
         };
-        let k = meta.version(*merged.last().expect("planned")).expect("listed").clone();
+        let k = meta.version(*plan.merged.last().expect("planned")).expect("listed").clone();
         let top = self.file_path(name, &k.file);
         let base = self.file_path(name, &meta.base.file);
         let dst = self.file_path(name, &file);
@@ -147,56 +306,84 @@ impl Store {
         let report = merge_layers(&top, stop_at, &tmp, &MergeOptions::default(), progress)?;
 
         let _l = self.lock(LockMode::Exclusive)?;
-        let mut m = self.load(name)?;
-        if m.generation != meta.generation {
+        let mut m = self.load_for_change(name)?;
+        let drop_tmp = || {
             let _ = std::fs::remove_file(&tmp);
+        };
+        if m.generation != meta.generation {
+            drop_tmp();
             return Err(StoreError::Refused(format!(
                 "vDisk {name} changed while the merge ran (see `vdstream audit {name}`); nothing was changed: run the merge again")));
         }
         if dst.exists() {
-            let _ = std::fs::remove_file(&tmp);
+            drop_tmp();
             return Err(StoreError::Refused(format!("{} exists but the metadata does not list it: move it away and run the merge again", dst.display())));
         }
-        std::fs::rename(&tmp, &dst).map_err(io("move into place", &dst))?;
-        fsutil::sync_dir(&self.vdisk_dir(name))?;
-        let mut retired: Vec<String> = m.versions.iter().map(|v| v.file.clone()).collect();
-        let new_layer = match kind {
-            MergeKind::Updates => {
-                m.versions = vec![Version {
-                    number,
-                    file: file.clone(),
-                    access: k.access,
-                    created: Timestamp::now(),
-                    created_by: self.actor().who(),
-                    promoted: k.promoted.clone(),
-                    scheduled_at: k.scheduled_at,
-                    note: Some(format!("merge of versions {}", merged.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))),
-                    merged_from: merged.clone(),
-                }];
-                if m.override_version.is_some() {
-                    m.override_version = Some(number);
+        if let Some(a) = plan.above {
+            if let Err(e) = self.check_repointable(&m, a) {
+                drop_tmp();
+                if !automatic {
+                    self.audit("version.merge.deferred", name, json!({"automatic": false, "kind": kind, "reason": e.to_string()}))?;
                 }
-                Layer::Version(number)
+                return Err(e);
             }
-            MergeKind::Base => {
-                retired.insert(0, m.base.file.clone());
-                m.base = Base { file: file.clone(), format: LayerFormat::Qcow2, created: Timestamp::now(), created_by: self.actor().who() };
-                m.versions.clear();
-                m.override_version = None;
-                Layer::Base
-            }
-        };
+        }
+        // Step "pending": the new file is named before anything points at it.
+        m.pending_merge = Some(PendingMerge {
+            kind,
+            automatic,
+            merged: plan.merged.clone(),
+            number,
+            file: file.clone(),
+            above: plan.above,
+            started: Timestamp::now(),
+        });
         m.next_version = number + 1;
-        m.retired.extend(retired.iter().cloned());
+        if let Err(e) = self.save(&mut m) {
+            drop_tmp();
+            return Err(e);
+        }
+        if stop == Some(MergeStep::Pending) {
+            return Err(stopped(MergeStep::Pending));
+        }
+        let steps = (|| {
+            std::fs::rename(&tmp, &dst).map_err(io("move into place", &dst))?;
+            fsutil::sync_dir(&self.vdisk_dir(name))?;
+            if stop == Some(MergeStep::Renamed) {
+                return Err(stopped(MergeStep::Renamed));
+            }
+            if let Some(a) = plan.above {
+                let above_file = m.version(a).expect("planned").file.clone();
+                self.repoint(name, &above_file, &file)?;
+            }
+            if stop == Some(MergeStep::Repointed) {
+                return Err(stopped(MergeStep::Repointed));
+            }
+            Ok(())
+        })();
+        if let Err(e) = steps {
+            if stop.is_none() {
+                // A real failure: finish or undo now rather than at the next command.
+                drop_tmp();
+                if let Err(r) = self.recover(&mut m) {
+                    log::warn!("cannot recover the interrupted merge of {name} now: {r}; the next command of {name} will");
+                }
+            }
+            return Err(e);
+        }
+        // Step "done".
+        let (new_layer, retired, override_moved) = finish(&mut m, &self.actor().who());
         self.collect_retired(&mut m)?;
         let still_in_use = m.retired.iter().filter(|f| retired.contains(f)).cloned().collect();
         self.save(&mut m)?;
         let outcome = MergeOutcome {
             kind,
             automatic,
-            merged,
+            merged: plan.merged,
             new_layer,
             file,
+            repointed: plan.above,
+            override_moved,
             retired,
             still_in_use,
             bytes_written: report.bytes_written,
@@ -204,6 +391,42 @@ impl Store {
         };
         self.audit("version.merge", name, serde_json::to_value(&outcome).expect("serializes"))?;
         Ok(outcome)
+    }
+
+    /// Finishes or undoes a merge cut short between its commit steps (`pending_merge` set):
+    /// finished when the new file is in place and the version above already backs onto it
+    /// (or there is none), undone otherwise. Saves and audits `version.merge.recovered`.
+    /// The caller holds the exclusive lock.
+    pub(crate) fn recover(&self, m: &mut VdiskMeta) -> Result<()> {
+        let Some(p) = m.pending_merge.clone() else { return Ok(()) };
+        let name = m.name.clone();
+        let dst = self.file_path(&name, &p.file);
+        let repointed = match p.above {
+            None => dst.exists(),
+            Some(a) => {
+                let f = self.file_path(&name, &m.version(a).expect("checked by VdiskMeta::check").file);
+                backing_of(&f)?.as_deref() == Some(p.file.as_str())
+            }
+        };
+        let details = if dst.exists() && repointed {
+            let (layer, retired, moved) = finish(m, &self.actor().who());
+            self.collect_retired(m)?;
+            json!({"result": "finished", "merge": p, "new_layer": layer, "retired": retired, "override": moved})
+        } else if repointed {
+            return Err(StoreError::MissingFile {
+                path: dst,
+                advice: format!("version {} of vDisk {name} backs onto it (a merge was cut short): restore it from backup", p.above.unwrap_or_default()),
+            });
+        } else {
+            m.pending_merge = None;
+            if dst.exists() {
+                m.retired.push(p.file.clone());
+            }
+            self.collect_retired(m)?;
+            json!({"result": "undone", "merge": p})
+        };
+        self.save(m)?;
+        self.audit("version.merge.recovered", &name, details)
     }
 
     /// After a change: merges the updates if the versions outside maintenance exceed
@@ -217,7 +440,7 @@ impl Store {
             Ok(o) => Ok(Some(AutoMerge::Merged(o))),
             Err(StoreError::Refused(why)) => {
                 let _l = self.lock(LockMode::Exclusive)?;
-                self.audit("version.merge.deferred", name, json!({"versions": counted_versions(&meta), "max_versions": meta.max_versions, "reason": why}))?;
+                self.audit("version.merge.deferred", name, json!({"automatic": true, "versions": counted_versions(&meta), "max_versions": meta.max_versions, "reason": why}))?;
                 Ok(Some(AutoMerge::Deferred(why)))
             }
             Err(e) => Err(e),
@@ -227,7 +450,10 @@ impl Store {
     /// `vdisk compact NAME`: drops zero and unused clusters from every layer but the
     /// maintenance version.
     pub fn compact(&self, name: &str, progress: Progress<'_>) -> Result<Vec<CompactedLayer>> {
-        let meta = self.get(name)?;
+        let meta = {
+            let _l = self.lock(LockMode::Exclusive)?;
+            self.load_for_change(name)?
+        };
         let mut out = Vec::new();
         let mut parent: Option<String> = None;
         let mut layers = vec![(Layer::Base, meta.base.file.clone(), meta.base.format)];
@@ -245,7 +471,7 @@ impl Store {
                     let stop = parent.as_ref().map(|p| self.file_path(name, p));
                     merge_layers(&path, stop.as_deref(), &tmp, &MergeOptions::default(), &mut sub)?;
                     let _l = self.lock(LockMode::Exclusive)?;
-                    let now = self.load(name)?;
+                    let now = self.load_for_change(name)?;
                     let exists = match layer {
                         Layer::Base => now.base.file == file,
                         Layer::Version(n) => now.version(n).is_some_and(|v| v.file == file),

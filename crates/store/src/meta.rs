@@ -4,12 +4,16 @@
 //!
 //! Invariants [`VdiskMeta::check`] enforces on every load and before every save:
 //! - `versions` is in chain order (each layer's backing file is the one before it, the
-//!   first one's is the base) and numbers strictly increase;
+//!   first one's is the base) and numbers are unique; a merged version carries a new
+//!   number and may sit below versions with smaller numbers (numbers tell contents apart,
+//!   the list gives the order);
 //! - at most one version is in `maintenance`, and it is the newest;
 //! - `next_version` is above every number ever used, so a number (and file name) is never
 //!   reused, not even while a retired file of that name still waits to be deleted;
 //! - `override` names an existing version that is not in maintenance;
-//! - every file name is a plain name inside the vDisk's folder (no `/`).
+//! - every file name is a plain name inside the vDisk's folder (no `/`);
+//! - a `pending_merge` (a merge cut short between its steps, see merge.rs) names a number
+//!   below `next_version`, merged versions that exist, and a version above them that exists.
 
 use std::path::Path;
 
@@ -141,6 +145,27 @@ pub struct VdiskMeta {
     pub generation: u64,
     pub created: Timestamp,
     pub created_by: String,
+    /// A merge between its commit steps; present on disk only after a crash (see merge.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_merge: Option<PendingMerge>,
+}
+
+/// A merge whose new layer is named before anything points at it, so that a crash between
+/// the commit steps can be finished or undone by the next command (merge.rs, `recover`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingMerge {
+    pub kind: crate::merge::MergeKind,
+    pub automatic: bool,
+    /// The versions folded in, bottom first (a base merge folds the base in too).
+    pub merged: Vec<u32>,
+    /// The number the merge took from `next_version`.
+    pub number: u32,
+    /// The new layer's file.
+    pub file: String,
+    /// The first version left above the merged ones, re-pointed onto `file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub above: Option<u32>,
+    pub started: Timestamp,
 }
 
 /// `store.json`.
@@ -195,17 +220,29 @@ impl VdiskMeta {
             }
         }
         let mut last = 0;
+        let mut seen = std::collections::BTreeSet::new();
         for (i, v) in self.versions.iter().enumerate() {
-            if v.number <= last {
-                return Err(format!("version {} is listed after version {last}", v.number));
+            if v.number == 0 || !seen.insert(v.number) {
+                return Err(format!("version {} is listed twice (or is 0)", v.number));
             }
-            last = v.number;
+            last = last.max(v.number);
             if v.access == Access::Maintenance && i + 1 != self.versions.len() {
                 return Err(format!("version {} is in maintenance but is not the newest", v.number));
             }
         }
         if self.next_version <= last {
             return Err(format!("next_version {} is not above version {last}", self.next_version));
+        }
+        if let Some(p) = &self.pending_merge {
+            if !plain(&p.file) {
+                return Err(format!("pending merge file {:?} is not a plain file name", p.file));
+            }
+            if p.number >= self.next_version {
+                return Err(format!("pending merge number {} is not below next_version {}", p.number, self.next_version));
+            }
+            if let Some(n) = p.merged.iter().chain(p.above.iter()).find(|&&n| self.version(n).is_none()) {
+                return Err(format!("pending merge names version {n}, which does not exist"));
+            }
         }
         if self.access == DiskAccess::Private && !self.versions.is_empty() {
             return Err("a private vDisk has versions".into());
@@ -295,6 +332,7 @@ pub(crate) mod tests {
             generation: 1,
             created: t,
             created_by: "root@h".into(),
+            pending_merge: None,
         }
     }
 
@@ -313,8 +351,8 @@ pub(crate) mod tests {
     #[test]
     fn impossible_documents_are_refused() {
         let mut m = sample();
-        m.versions.swap(0, 1);
-        assert!(m.check().unwrap_err().contains("listed after"));
+        m.versions[1].number = 1;
+        assert!(m.check().unwrap_err().contains("listed twice"));
         let mut m = sample();
         m.versions[1].access = Access::Maintenance;
         assert!(m.check().unwrap_err().contains("not the newest"));

@@ -147,6 +147,16 @@ impl Store {
         meta::load_vdisk(&self.vdisk_dir(name).join("vdisk.json"), name)
     }
 
+    /// Loads `name` for a change; the caller holds the exclusive lock. A merge cut short by
+    /// a crash (`pending_merge`) is finished or undone first (merge.rs, `recover`).
+    pub(crate) fn load_for_change(&self, name: &str) -> Result<VdiskMeta> {
+        let mut meta = self.load(name)?;
+        if meta.pending_merge.is_some() {
+            self.recover(&mut meta)?;
+        }
+        Ok(meta)
+    }
+
     /// Loads `name` under the shared lock.
     pub fn get(&self, name: &str) -> Result<VdiskMeta> {
         let _l = self.lock(LockMode::Shared)?;
@@ -184,7 +194,7 @@ impl Store {
     /// metadata is saved if it changed, and `action` is audited.
     pub fn update<T>(&self, name: &str, action: &str, change: impl FnOnce(&mut VdiskMeta) -> Result<(T, Value)>) -> Result<T> {
         let _l = self.lock(LockMode::Exclusive)?;
-        let mut meta = self.load(name)?;
+        let mut meta = self.load_for_change(name)?;
         let before = meta.clone();
         let (out, details) = change(&mut meta)?;
         self.collect_retired(&mut meta)?;
@@ -225,7 +235,7 @@ impl Store {
         let _l = self.lock(LockMode::Exclusive)?;
         let mut out = Vec::new();
         for name in self.names()? {
-            let mut meta = self.load(&name)?;
+            let mut meta = self.load_for_change(&name)?;
             let deleted = self.collect_retired(&mut meta)?;
             if !deleted.is_empty() {
                 self.save(&mut meta)?;

@@ -114,6 +114,7 @@ impl Store {
             generation: 0,
             created: now,
             created_by: self.actor().who(),
+            pending_merge: None,
         }
     }
 
