@@ -88,6 +88,7 @@ pub struct ServeImageArgs {
     ram: u64,
 
     /// Folder for the overflow file (ram-overflow) or cache file (disk and server types).
+    /// Default: the store's cache/ folder for the server types of a --vdisk, else $TMPDIR.
     #[arg(long, value_name = "DIR", requires = "cache")]
     overflow_dir: Option<PathBuf>,
 
@@ -194,7 +195,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             let cfg = CacheConfig {
                 target: args.name.clone(),
                 ram: args.ram,
-                dir: args.overflow_dir.clone().unwrap_or_else(std::env::temp_dir),
+                dir: cache_dir(&args, kind)?,
                 max_file: args.overflow_max,
                 intermediate_buffering: args.intermediate_buffering,
                 lock_path: args.file.clone().or_else(|| opened_layer.as_ref().map(|o| o.path.clone())),
@@ -256,6 +257,21 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
 }
 
 /// Opens the layer `--vdisk NAME[@V]` picks and says which one it is.
+/// Where the cache's file goes: `--overflow-dir`; else, for the server-side types of a
+/// store vDisk, the store's `cache/` folder (kept with the store, one file per target);
+/// else the temporary directory.
+fn cache_dir(args: &ServeImageArgs, kind: CacheType) -> Result<PathBuf> {
+    if let Some(dir) = &args.overflow_dir {
+        return Ok(dir.clone());
+    }
+    if args.vdisk.is_some() && matches!(kind, CacheType::Server | CacheType::ServerPersistent) {
+        let dir = vdstream_store::store_dir(args.store.as_deref()).join("cache");
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create the store's cache folder {}", dir.display()))?;
+        return Ok(dir);
+    }
+    Ok(std::env::temp_dir())
+}
+
 fn open_vdisk(args: &ServeImageArgs) -> Result<vdstream_store::OpenedLayer> {
     use vdstream_store::{Access, DiskAccess, Selector, Store};
     let reference = args.vdisk.as_deref().expect("--vdisk");
