@@ -43,6 +43,9 @@ use crate::ImageFormat;
 /// reported after each.
 pub const CHUNK_BYTES: u64 = 4 << 20;
 
+/// L2 cache budget of the image being written.
+const DST_L2_CACHE_BYTES: u64 = 64 << 20;
+
 /// How to merge. Build it with `MergeOptions { .., ..Default::default() }`: fields may be
 /// added.
 #[derive(Debug, Clone, Default)]
@@ -99,9 +102,10 @@ pub fn merge_layers(top: &Path, stop_at: Option<&Path>, dst: &Path, opts: &Merge
     crate::create(dst, size, backing.as_ref().map(|(n, f)| (n.as_str(), *f)), cluster_bits)?;
     let result = (|| {
         let cs = 1u64 << cluster_bits;
-        let tables = crate::header::Header::l1_entries_for(size, cluster_bits) as usize;
-        let l2_cache_tables = tables.clamp(1, ((64 << 20) / cs as usize).max(64));
-        let out = Qcow2Image::open(dst, OpenOptions { read_only: false, l2_cache_tables }, below.as_ref().map(|b| b.dev.clone()))?;
+        // Enough to keep every L2 table of dst in memory up to 64 MiB of them, so tables are
+        // written once, at the end, rather than evicted (each eviction syncs).
+        let l2_cache_bytes = (crate::header::Header::l1_entries_for(size, cluster_bits) * cs).min(DST_L2_CACHE_BYTES);
+        let out = Qcow2Image::open(dst, OpenOptions { read_only: false, l2_cache_bytes }, below.as_ref().map(|b| b.dev.clone()))?;
         let mut m = Merger {
             top: layers[0].dev.clone(),
             upper: &layers[..upper_count],
