@@ -48,13 +48,13 @@ print("nbd  zero ranges:", b, file=sys.stderr)
 sys.exit(a != b)
 PYEOF
 log "ok: zero ranges agree with qemu-img map"
-stop_server || fail "server did not stop cleanly"
+stop_server "$SERVER_PID" || fail "server did not stop cleanly"
 
 # Writable: writes land in the top layer only; the layers below are unchanged.
 sums=$(md5sum "$d/base.raw" "$d/v1.qcow2" "$d/v2.qcow2")
 start_server "$d/v3.qcow2"
 qemu-io -f raw -c 'write -P 0x51 2M 64k' "$URI" >/dev/null
-stop_server || fail "server did not stop cleanly"
+stop_server "$SERVER_PID" || fail "server did not stop cleanly"
 [[ $(md5sum "$d/base.raw" "$d/v1.qcow2" "$d/v2.qcow2") == "$sums" ]] || fail "a lower layer changed"
 qemu-img check -q "$d/v3.qcow2" || fail "qemu-img check found problems in the written top layer"
 qemu-io -f qcow2 -c 'read -P 0x51 2M 64k' "$d/v3.qcow2" | grep -q "read 65536" || fail "the write is not in v3"
