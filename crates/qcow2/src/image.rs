@@ -4,7 +4,8 @@
 //!
 //! Mapping: guest cluster `i` → L1 entry `i / l2_entries` → L2 table (cached) → L2 entry,
 //! decoded into a [`Mapping`]. The L1 table is held whole in memory (the header parser
-//! bounded it to 32 MiB); L2 tables sit in a bounded LRU [`L2Cache`].
+//! bounded it to 32 MiB); L2 tables sit in an LRU [`L2Cache`] bounded in bytes
+//! ([`OpenOptions::l2_cache_bytes`], 4 MiB by default, per layer of a chain).
 //!
 //! Reads take the metadata lock only to turn the request into runs ([`Run`]), then do the
 //! I/O without it: data runs `pread` straight into the caller's buffer (contiguous host

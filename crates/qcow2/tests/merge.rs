@@ -267,6 +267,24 @@ fn refusals_name_the_problem() {
     assert_eq!(std::fs::read(&dst).unwrap(), b"x", "an existing dst is left alone");
 }
 
+#[test]
+fn a_read_error_mid_merge_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "64M"]);
+    let v1 = overlay(dir.path(), "v1.qcow2", &base, "qcow2", 65536);
+    io(&v1, "qcow2", &["write -P 0x11 0 40M".into(), "write -P 0x12 60M 64k".into()]);
+    // Cut off the last data cluster (at guest 60M): the metadata still points at it.
+    let len = std::fs::metadata(&v1).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&v1).unwrap().set_len(len - 65536).unwrap();
+    let dst = dir.path().join("dst.qcow2");
+    let mut last = 0;
+    let e = merge_layers(&v1, Some(&base), &dst, &MergeOptions::default(), &mut |d, _| last = d).unwrap_err();
+    assert!(e.to_string().contains("v1.qcow2") && e.to_string().contains("qemu-img check"), "{e}");
+    assert!(last >= 40 << 20, "chunks before the bad one were written ({last})");
+    assert!(!dst.exists(), "a failed merge leaves no dst behind");
+}
+
 /// One random operation on a layer.
 #[derive(Debug, Clone)]
 enum Write {
