@@ -268,6 +268,22 @@ fn refusals_name_the_problem() {
 }
 
 #[test]
+fn dst_in_another_folder_names_its_backing_by_absolute_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "4M"]);
+    io(&base, "qcow2", &["write -P 0x11 0 4M".into()]);
+    let v1 = overlay(dir.path(), "v1.qcow2", &base, "qcow2", 65536);
+    io(&v1, "qcow2", &["write -P 0x22 1M 64k".into()]);
+    std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
+    let dst = dir.path().join("elsewhere/merged.qcow2");
+    merge_layers(&v1, Some(&base), &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&qemu_img(&["info", "--output=json", s(&dst)])).unwrap();
+    assert_eq!(v["backing-filename"].as_str(), Some(s(&base)), "{v}");
+    qemu_img(&["compare", "-q", s(&v1), s(&dst)]);
+}
+
+#[test]
 fn a_read_error_mid_merge_fails_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base.qcow2");
