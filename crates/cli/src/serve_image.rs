@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use vdstream_blockdev::{BlockDev, FileDev, FileOptions, MemoryDev};
-use vdstream_qcow2::{open_chain, ImageFormat, OpenOptions, Qcow2Image};
 use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
+use vdstream_qcow2::{open_chain, ImageFormat, OpenOptions, Qcow2Image};
 
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
