@@ -234,6 +234,21 @@ fn a_zero_over_data_stays_zero_and_compaction_drops_zeros() {
 }
 
 #[test]
+fn version_2_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", "-o", "compat=0.10", s(&base), "8M"]);
+    io(&base, "qcow2", &["write -P 0x11 0 6M".into()]);
+    let v1 = dir.path().join("v1.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", "-o", "compat=0.10,cluster_size=4096", "-b", "base.qcow2", "-F", "qcow2", s(&v1)]);
+    // Version 2 has no zero clusters: qemu writes the zeros as data.
+    io(&v1, "qcow2", &["write -z 1M 64k".into(), "write -P 0x22 3M 10k".into(), "write -c -P 0x23 7M 4k".into()]);
+    let r = merge_and_check(&v1, Some(1), &MergeOptions::default(), "v2");
+    assert_eq!(r.zero_clusters, 16, "zeros over base data: {r:?}");
+    merge_and_check(&v1, None, &MergeOptions::default(), "v2-flat");
+}
+
+#[test]
 fn odd_sizes_and_a_smaller_base() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base.qcow2");
