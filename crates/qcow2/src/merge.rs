@@ -23,8 +23,9 @@
 //! writes it; at most two chunks wait between them, and their buffers are reused.
 //!
 //! Invariants:
-//! - Only clusters some upper layer holds as data are read, and each at most once; nothing
-//!   that reads as zeros is written as data.
+//! - Only destination clusters an upper layer holds data in are read, each once (plus,
+//!   when destination clusters are larger than a layer's, those that mix an upper layer's
+//!   zeros with data below); nothing that reads as zeros is written as data.
 //! - The guest content of `dst` equals that of `top`: a zero in an upper layer over data
 //!   in `stop_at` stays a zero cluster; a cluster no upper layer holds falls through to the
 //!   same `stop_at` it fell through to before.
