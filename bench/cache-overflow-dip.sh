@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/cache-overflow-dip.sh — what ram-overflow costs when the working set outgrows RAM.
-# Two runs of the VDI profile (shared/bench/vdi.fio: 4 jobs x QD16, 4 KiB, 80% writes, 90%
+# Pairs of runs of the VDI profile (shared/bench/vdi.fio: 4 jobs x QD16, 4 KiB, 80% writes, 90%
 # random) with fio's nbd engine over a unix socket, on a 96 MiB working set over a base of
 # random data, each with an empty cache:
 #   overflow   vdstream serve-image BASE --cache ram-overflow --ram 64M   (working set 1.5x RAM)
@@ -9,13 +9,14 @@
 # directions); a poller reads the allocated size of the server's overflow file (unlinked,
 # found through /proc/PID/fd) every 100 ms, which dates the moment overflow starts. Printed:
 #   - sustained IOPS of each run (mean over the second half of the run) and their ratio
-#     overflow/fits (goal >= 0.9);
+#     overflow/fits (goal >= 0.9), per round and the median over rounds (with --rounds N the
+#     pair runs N times, which run goes first alternating by round);
 #   - the dip: the lowest 250 ms window after overflow starts vs the overflow run's
 #     sustained IOPS, and how long it lasts (from overflow start until four windows in a
 #     row, 1 s, are back at >= 90% of sustained).
 #
-# Usage: bench/cache-overflow-dip.sh [--runtime 20] [--ws 96m] [--quick] [--out FILE] [--keep DIR]
-#   --quick   --runtime 6 (to check the script, not for figures)
+# Usage: bench/cache-overflow-dip.sh [--runtime 20] [--ws 96m] [--rounds 3] [--quick] [--out FILE] [--keep DIR]
+#   --quick   --runtime 6 --rounds 1 (to check the script, not for figures)
 # Environment: SHARED (default: the `shared` folder beside the repo), VDSTREAM_BIN, TMPDIR.
 
 set -euo pipefail
@@ -29,13 +30,14 @@ VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
 PY=/usr/bin/python3
 export PATH=/usr/bin:$PATH
 
-runtime=20 ws=96m out='' keep=''
+runtime=20 ws=96m rounds=3 out='' keep=''
 args_given="$*"
 while (($#)); do
     case $1 in
     --runtime) runtime=$2; shift ;;
     --ws) ws=$2; shift ;;
-    --quick) runtime=6 ;;
+    --rounds) rounds=$2; shift ;;
+    --quick) runtime=6 rounds=1 ;;
     --out) out=$2; shift ;;
     --keep) keep=$2; shift ;;
     -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
@@ -44,6 +46,7 @@ while (($#)); do
     shift
 done
 [[ $runtime =~ ^[1-9][0-9]*$ ]] || { echo "--runtime must be whole seconds" >&2; exit 2; }
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive integer" >&2; exit 2; }
 [[ -f $JOBFILE ]] || { echo "cache-overflow-dip.sh: job file $JOBFILE not found (set SHARED=)" >&2; exit 2; }
 [[ -x $VDSTREAM_BIN ]] || { echo "$VDSTREAM_BIN not built: cargo build --release -p vdstream" >&2; exit 2; }
 for c in fio nbdinfo numfmt; do
@@ -96,15 +99,19 @@ run_one() { # run_one NAME RAM
     rm -rf "$cdir"
 }
 
-run_one overflow 64M
-sleep 1
-run_one fits 256M
+for ((r = 1; r <= rounds; r++)); do
+    if ((r % 2)); then order="overflow fits"; else order="fits overflow"; fi
+    for kind in $order; do
+        if [[ $kind == overflow ]]; then run_one "overflow.r$r" 64M; else run_one "fits.r$r" 256M; fi
+        sleep 1
+    done
+done
 if [[ -n $keep ]]; then
     mkdir -p "$keep"
     cp "$work"/*.log "$work"/*.json "$work"/*.overflow "$keep"/ 2>/dev/null || true
 fi
 
-report=$("$PY" - "$work" "$runtime" <<'PYEOF'
+report=$("$PY" - "$work" "$runtime" "$rounds" <<'PYEOF'
 import glob, json, statistics, sys
 work, runtime = sys.argv[1], int(sys.argv[2])
 W = 250  # ms per window
@@ -138,55 +145,57 @@ def total_iops(name):
     j = json.loads(text[text.index("{"):])["jobs"][0]
     return j["read"]["iops"] + j["write"]["iops"]
 
-out = {}
-for name in ("overflow", "fits"):
+def run_stats(name):
     w = windows(name)
     half = [v for t, v in w if t > runtime / 2]
-    out[name] = {"w": w, "sustained": statistics.mean(half) if half else float("nan"),
-                 "start": overflow_start(name)[0], "total": total_iops(name)}
+    return {"w": w, "sustained": statistics.mean(half) if half else float("nan"),
+            "start": overflow_start(name)[0], "total": total_iops(name)}
 
-o, f = out["overflow"], out["fits"]
-ratio = o["sustained"] / f["sustained"]
-print("| run | RAM | sustained IOPS (2nd half) | whole-run IOPS | overflow starts at |")
-print("| --- | ---: | ---: | ---: | ---: |")
-for name, ram in (("overflow", "64M"), ("fits", "256M")):
-    x = out[name]
-    st = "never" if x["start"] is None else f"{x['start']:.2f} s"
-    print(f"| {name} | {ram} | {x['sustained']:.0f} | {x['total']:.0f} | {st} |")
-print()
-print(f"- sustained overflow/fits = **{ratio:.2f}** (goal >= 0.9: {'met' if ratio >= 0.9 else 'NOT met'})")
-if o["start"] is None:
-    print("- the overflow run never wrote to its overflow file: no dip to measure")
-else:
+def dip(o):
+    """(lowest window after overflow starts / sustained, seconds until 4 windows >= 90%)."""
+    if o["start"] is None:
+        return None, None
     s = o["sustained"]
-    after = [(t, v) for t, v in o["w"] if t >= o["start"]]
+    after = [v for t, v in o["w"] if t >= o["start"]]
     if not after:
-        print(f"- overflow started at {o['start']:.2f} s, after the last IOPS window")
-    else:
-        tmin, vmin = min(after, key=lambda tv: tv[1])
-        before = [v for t, v in o["w"] if t < o["start"]]
-        pre = statistics.mean(before) if before else float("nan")
-        vals = [v for t, v in after]
-        end = None
-        for i in range(len(vals)):
-            if all(v >= 0.9 * s for v in vals[i:i + 4]) and len(vals[i:i + 4]) == 4:
-                end = i
-                break
-        lasting = "until the end of the run" if end is None else f"{end * W / 1000:.2f} s"
-        print(f"- overflow starts at {o['start']:.2f} s (IOPS before it: {pre:.0f}); lowest 250 ms window after it: "
-              f"{vmin:.0f} IOPS at {tmin:.2f} s = **{vmin / s:.2f}** of sustained ({s:.0f})")
-        print(f"- the dip (windows < 90% of sustained) lasts {lasting} from the start of overflow")
+        return None, None
+    end = None
+    for i in range(len(after)):
+        if len(after[i:i + 4]) == 4 and all(v >= 0.9 * s for v in after[i:i + 4]):
+            end = i
+            break
+    return min(after) / s, (None if end is None else end * W / 1000)
+
+rounds = int(sys.argv[3])
+rows = []
+for r in range(1, rounds + 1):
+    o, f = run_stats(f"overflow.r{r}"), run_stats(f"fits.r{r}")
+    low, lasts = dip(o)
+    rows.append((r, o, f, o["sustained"] / f["sustained"], o["total"] / f["total"], low, lasts))
+
+print("| round | overflow sustained | fits sustained | **ratio** | overflow whole-run | fits whole-run | whole-run ratio | overflow starts | lowest window after it / sustained | dip lasts |")
+print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+for r, o, f, ratio, whole, low, lasts in rows:
+    st = "never" if o["start"] is None else f"{o['start']:.2f} s"
+    lo = "n/a" if low is None else f"{low:.2f}"
+    la = "n/a" if low is None else ("to the end" if lasts is None else f"{lasts:.2f} s")
+    print(f"| {r} | {o['sustained']:.0f} | {f['sustained']:.0f} | {ratio:.2f} | {o['total']:.0f} | {f['total']:.0f} | {whole:.2f} | {st} | {lo} | {la} |")
 print()
-def series(name):
-    return " ".join(f"{v / 1000:.0f}" for t, v in out[name]["w"])
-print(f"IOPS per 250 ms window, in thousands — overflow: {series('overflow')}")
-print(f"fits: {series('fits')}")
+med = statistics.median(x[3] for x in rows)
+medw = statistics.median(x[4] for x in rows)
+print(f"- median sustained overflow/fits over {rounds} round(s) = **{med:.2f}** (goal >= 0.9: {'met' if med >= 0.9 else 'NOT met'}); whole-run median {medw:.2f}")
+print("- the dip: the lowest 250 ms window once the overflow file starts growing, against the run's sustained rate; "
+      "it lasts until four windows in a row (1 s) are back at >= 90% of sustained")
+print()
+for r, o, f, *_ in rows:
+    print(f"round {r}, IOPS per 250 ms window in thousands — overflow: " + " ".join(f"{v / 1000:.0f}" for t, v in o["w"]))
+    print(f"round {r}, fits: " + " ".join(f"{v / 1000:.0f}" for t, v in f["w"]))
 PYEOF
 )
 header="### ram-overflow: overflow dip and sustained IOPS
 
 \`bench/cache-overflow-dip.sh ${args_given}\` — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(fio --version),
-VDI profile (\`shared/bench/vdi.fio\`) --size=$ws --runtime=$runtime over nbd+unix, base of random data,
+VDI profile (\`shared/bench/vdi.fio\`) --size=$ws --runtime=$runtime, $rounds round(s), over nbd+unix, base of random data,
 overflow dir on $(stat -f -c %T "$work"); \`--cache ram-overflow --ram 64M\` (overflow) vs \`--ram 256M\` (fits).
 "
 printf '%s\n%s\n' "$header" "$report"

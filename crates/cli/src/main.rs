@@ -1,8 +1,12 @@
 //! The `vdstream` binary: argument parsing and wiring only. Every capability lives in a
 //! library crate; this file turns command lines into calls and errors into messages.
 
+mod audit;
+mod output;
 mod serve_image;
 mod size;
+mod vdisk;
+mod version;
 
 use clap::{Parser, Subcommand};
 
@@ -15,6 +19,9 @@ Examples:
   vdstream serve-image disk.img --read-only     a raw image, read-only
   nbdinfo 'nbd+unix:///?socket=/tmp/vdstream.sock'
   qemu-img info 'nbd+unix:///?socket=/tmp/vdstream.sock'
+  vdstream vdisk create win11 --size 64G        a vDisk in the store
+  vdstream version new win11                    a maintenance version to update it
+  vdstream serve-image --vdisk win11            serve what production targets boot
 
 Logging: set RUST_LOG=debug (or info, warn) for more detail.")]
 struct Cli {
@@ -25,6 +32,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     ServeImage(serve_image::ServeImageArgs),
+    Vdisk(vdisk::VdiskArgs),
+    Version(version::VersionArgs),
+    Audit(audit::AuditArgs),
 }
 
 fn main() {
@@ -34,6 +44,9 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::ServeImage(args) => serve_image::run(args),
+        Command::Vdisk(args) => vdisk::run(args),
+        Command::Version(args) => version::run(args),
+        Command::Audit(args) => audit::run(args),
     };
     if let Err(err) = result {
         eprintln!("vdstream: error: {err:#}");
@@ -53,7 +66,7 @@ mod tests {
     fn intermediate_buffering_takes_on_and_off() {
         for (word, want) in [("on", true), ("off", false)] {
             let cli = parse(&["serve-image", "b.img", "--cache", "device-disk", "--intermediate-buffering", word]).unwrap();
-            let Command::ServeImage(args) = cli.command;
+            let Command::ServeImage(args) = cli.command else { panic!("serve-image") };
             assert_eq!(args.intermediate_buffering(), want, "--intermediate-buffering {word}");
         }
         assert!(parse(&["serve-image", "b.img", "--cache", "device-disk", "--intermediate-buffering", "maybe"]).is_err());

@@ -1,6 +1,10 @@
-//! `vdstream serve-image`: serve one image file (raw, or qcow2 with its backing chain), or
-//! a RAM disk, as an NBD export on a unix socket and/or a loopback TCP port, until SIGINT
-//! or SIGTERM, which drain the requests in flight before the process exits.
+//! `vdstream serve-image`: serve one image file (raw, or qcow2 with its backing chain), a
+//! RAM disk, or a layer of a vDisk in the store, as an NBD export on a unix socket and/or a
+//! loopback TCP port, until SIGINT or SIGTERM, which drain the requests in flight before
+//! the process exits.
+//!
+//! With `--vdisk NAME[@V]` the layer is chosen once, at start (a target's version is fixed
+//! when it connects), and its chain stays open, holding the files' locks, until exit.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,8 +63,8 @@ Then:
   qemu-system-x86_64 -drive file=nbd+unix:///?socket=/tmp/vdstream.sock,format=raw,if=virtio ...")]
 pub struct ServeImageArgs {
     /// Image file (or block device) to serve: raw, or qcow2 served with its whole backing
-    /// chain (see --format). Omit it with --memory.
-    #[arg(value_name = "FILE", required_unless_present = "memory", conflicts_with = "memory")]
+    /// chain (see --format). Omit it with --memory or --vdisk.
+    #[arg(value_name = "FILE", required_unless_present_any = ["memory", "vdisk"], conflicts_with_all = ["memory", "vdisk"])]
     file: Option<PathBuf>,
 
     /// Format of FILE: `auto` (qcow2 when it starts with the qcow2 magic, else raw), `raw`
@@ -68,6 +72,15 @@ pub struct ServeImageArgs {
     /// qcow2 header into it must not make the next start read its "backing files".
     #[arg(long, value_name = "auto|raw|qcow2", default_value = "auto", value_parser = parse_format)]
     format: FormatChoice,
+    /// Serve a vDisk of the store: NAME (what production targets get) or NAME@V (V: a
+    /// number, base, production, test, maintenance, latest). The maintenance version and a
+    /// private vDisk are served read-write to one client process; the rest read-only.
+    #[arg(long, value_name = "NAME[@V]", conflicts_with = "memory")]
+    vdisk: Option<String>,
+
+    /// Store directory for --vdisk. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
+    #[arg(long, value_name = "DIR", requires = "vdisk")]
+    store: Option<PathBuf>,
 
     /// Serve a sparse RAM disk of this size instead of a file (e.g. 64M, 1G, 2T).
     /// Memory is taken only as data is written and is given back on trim.
@@ -131,6 +144,18 @@ struct SingleExport {
     name: String,
     description: String,
     dev: Arc<dyn BlockDev>,
+    /// For a maintenance version or a private vDisk: the one connection allowed. Holds
+    /// the reference count of `dev` with no connection open; a connection holds a clone
+    /// of `dev` for its life, so a higher count means the writer is connected.
+    one_writer: Option<std::sync::Mutex<usize>>,
+}
+
+impl SingleExport {
+    fn new(name: String, description: String, dev: Arc<dyn BlockDev>, one_writer: bool) -> Self {
+        let baseline = Arc::strong_count(&dev) + 1; // + the clone `open` hands out
+        let one_writer = one_writer.then(|| std::sync::Mutex::new(baseline));
+        SingleExport { name, description, dev, one_writer }
+    }
 }
 
 impl Exports for SingleExport {
@@ -140,7 +165,17 @@ impl Exports for SingleExport {
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
         if name.is_empty() || name == self.name {
-            Ok(self.dev.clone())
+            let Some(baseline) = &self.one_writer else { return Ok(self.dev.clone()) };
+            let baseline = baseline.lock().unwrap_or_else(|p| p.into_inner());
+            // A writer that just disconnected may take a moment to let go of the device.
+            for _ in 0..50 {
+                if Arc::strong_count(&self.dev) < *baseline {
+                    return Ok(self.dev.clone());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(OpenError::Busy(format!(
+                "{} takes one writer connection at a time and one is connected; disconnect it first", self.description)))
         } else {
             Err(OpenError::Unknown(format!(
                 "no export named {name:?}: this server offers {:?} (or the default empty name)",
@@ -154,7 +189,15 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
     if args.read_only && args.memory.is_some() {
         bail!("--read-only with --memory would serve a disk of zeros; drop --read-only");
     }
+    let mut opened_layer = None;
     let (dev, description): (Arc<dyn BlockDev>, String) = match (&args.file, args.memory) {
+        _ if args.vdisk.is_some() => {
+            let opened = open_vdisk(&args)?;
+            let d = format!("{} of vDisk {} ({})", opened.layer, opened.vdisk, opened.path.display());
+            let dev = opened.dev.clone();
+            opened_layer = Some(opened);
+            (dev, d)
+        }
         (_, Some(size)) => {
             if size == 0 {
                 bail!("--memory must be larger than 0 (e.g. --memory 1G)");
@@ -178,7 +221,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
                 dir: args.overflow_dir.clone().unwrap_or_else(std::env::temp_dir),
                 max_file: args.overflow_max,
                 intermediate_buffering: args.intermediate_buffering,
-                lock_path: args.file.clone(),
+                lock_path: args.file.clone().or_else(|| opened_layer.as_ref().map(|o| o.path.clone())),
             };
             let cache = vdstream_wcache::open(kind, dev, &cfg).with_context(|| format!("cannot open the {kind} write cache"))?;
             cache_in_use = Some(cache.clone());
@@ -187,7 +230,8 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         }
     };
     let size = dev.size();
-    let exports = Arc::new(SingleExport { name: args.name.clone(), description: description.clone(), dev });
+    let one_writer = opened_layer.as_ref().is_some_and(|o| o.writable);
+    let exports = Arc::new(SingleExport::new(args.name.clone(), description.clone(), dev, one_writer));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
     runtime.block_on(async move {
@@ -229,6 +273,8 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         if let Some(cache) = cache_in_use {
             println!("vdstream: {}", cache_summary(&*cache));
         }
+        // The layer's files stay locked (in use) until here.
+        drop(opened_layer);
         Ok(())
     })
 }
@@ -254,6 +300,37 @@ fn open_image(path: &Path, format: FormatChoice, read_only: bool, direct: bool) 
         Arc::new(Qcow2Image::open_with_backing_chain(path, options).with_context(|| format!("cannot serve {}", path.display()))?)
     };
     Ok((dev, format!("qcow2 image {} with its backing chain", path.display())))
+}
+
+/// Opens the layer `--vdisk NAME[@V]` picks and says which one it is.
+fn open_vdisk(args: &ServeImageArgs) -> Result<vdstream_store::OpenedLayer> {
+    use vdstream_store::{Access, DiskAccess, Selector, Store};
+    let reference = args.vdisk.as_deref().expect("--vdisk");
+    let (name, sel) = vdstream_store::names::parse_ref(reference, Selector::Production)?;
+    let store = Store::open(vdstream_store::store_dir(args.store.as_deref()))?;
+    let writable = !args.read_only && args.cache.is_none();
+    let opened = store.open_layer(&name, sel, writable)?;
+    let private = opened.meta.access == DiskAccess::Private;
+    if args.cache.is_some() && (private || opened.access == Some(Access::Maintenance)) {
+        bail!("{} of vDisk {name} is written directly by one target ({}); drop --cache",
+            opened.layer, if private { "private access" } else { "maintenance version" });
+    }
+    if args.cache == Some(CacheType::Private) {
+        bail!("vDisk {name} has standard access: its layers are read-only to targets; use another --cache type, \
+               or serve {name}@maintenance to write a new version");
+    }
+    let access = match (private, opened.access) {
+        (true, _) => "private access".to_string(),
+        (false, Some(a)) => a.name().to_string(),
+        (false, None) => "base".to_string(),
+    };
+    println!(
+        "vdstream: vDisk {name}: {} ({access}) chosen for {reference:?}, file {}, {}",
+        opened.layer,
+        opened.path.display(),
+        if opened.writable { "read-write (one writer)" } else { "read-only" }
+    );
+    Ok(opened)
 }
 
 /// One line on what the guest asked for against what reached storage.

@@ -182,8 +182,13 @@ enum Step {
 /// The inline engine's core, shared by its async and blocking loops: handles complete
 /// requests from `input`, appending replies to `out`, until the input runs dry or the
 /// output fills.
-fn process(input: &mut Input, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally) -> Step {
+///
+/// With `pace`, each request is timed and recorded there, and the pass ends (as if the
+/// output were full) after a request slower than [`FAST_REQUEST_NS`], so that the threaded
+/// engine can hand the rest out to its workers.
+fn process(input: &mut Input, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally, pace: Option<&Pace>) -> Step {
     loop {
+        let started = pace.map(|_| std::time::Instant::now());
         let frame = match input.next_frame() {
             Ok(Some(f)) => f,
             Ok(None) => return Step::NeedInput,
@@ -209,6 +214,11 @@ fn process(input: &mut Input, dev: &dyn BlockDev, x: &ExportParams, out: &mut Re
             }
             Err(Rejection::Disconnect(reason)) => return Step::Failed(SessionError::Protocol(reason)),
         }
+        if let (Some(pace), Some(started)) = (pace, started) {
+            if pace.record(started.elapsed()) > FAST_REQUEST_NS {
+                return Step::OutputFull;
+            }
+        }
         if out.len() >= FLUSH_AT {
             return Step::OutputFull;
         }
@@ -228,7 +238,7 @@ where
     let mut tally = Tally::default();
 
     let result = 'session: loop {
-        match process(&mut input, dev, &x, &mut out, &mut scratch, &mut tally) {
+        match process(&mut input, dev, &x, &mut out, &mut scratch, &mut tally, None) {
             Step::NeedInput => {}
             Step::OutputFull => {
                 if let Err(e) = stream.write_all(out.as_slice()).await {
@@ -290,7 +300,7 @@ where
     let mut tally = Tally::default();
 
     let result = 'session: loop {
-        match process(&mut input, dev, &x, &mut out, &mut scratch, &mut tally) {
+        match process(&mut input, dev, &x, &mut out, &mut scratch, &mut tally, None) {
             Step::NeedInput => {}
             Step::OutputFull => {
                 if let Err(e) = stream.write_all(out.as_slice()) {
@@ -335,7 +345,10 @@ where
 /// next request from the shared input buffer (reading the socket when it runs dry), then
 /// execute it outside any lock of ours and write the reply under the write side's lock.
 /// Up to `threads` requests run at once and replies go out in completion order. Bytes in
-/// flight are bounded by the input buffer plus one payload per worker.
+/// flight are bounded by the input buffer plus one payload per worker. While requests
+/// finish fast (a RAM cache that is not waiting on its disk), the worker holding the read
+/// side runs the inline engine's batch core instead, so such devices are not held to the
+/// speed of a thread hand-off per request.
 pub fn run_threaded_blocking<R, W>(reader: R, writer: W, negotiated: Negotiated, shared: &Shared, threads: usize) -> Result<(), SessionError>
 where
     R: std::io::Read + Send,
@@ -351,11 +364,12 @@ where
     let write_side = std::sync::Mutex::new(WriteSide { sock: writer, failed: None });
     let dev: &dyn BlockDev = &*negotiated.device;
     let x = negotiated.params;
+    let pace = Pace::default();
     std::thread::scope(|scope| {
         for _ in 1..threads {
-            scope.spawn(|| threaded_worker(&read_side, &write_side, dev, &x, shared));
+            scope.spawn(|| threaded_worker(&read_side, &write_side, &pace, dev, &x, shared));
         }
-        threaded_worker(&read_side, &write_side, dev, &x, shared);
+        threaded_worker(&read_side, &write_side, &pace, dev, &x, shared);
     });
     let mut rs = read_side.into_inner().unwrap_or_else(|p| p.into_inner());
     rs.tally.publish(&shared.stats);
@@ -386,9 +400,38 @@ enum Job {
     Refuse { handle: u64, errno: u32, reason: &'static str },
 }
 
+/// Below this mean time per request (ns) the device counts as fast: a worker holding the
+/// read side handles every complete request in the input buffer on the spot, like the
+/// inline engine, instead of handing one request at a time to the pool.
+const FAST_REQUEST_NS: u64 = 20_000;
+
+/// The recent mean execution time per request, an exponentially weighted average (1/8 new)
+/// that every worker updates; approximate under races, which is all it needs to be.
+#[derive(Default)]
+struct Pace(std::sync::atomic::AtomicU64);
+
+impl Pace {
+    fn is_fast(&self) -> bool {
+        self.0.load(Ordering::Relaxed) < FAST_REQUEST_NS
+    }
+
+    /// Records one request's time; returns that time in ns.
+    fn record(&self, elapsed: std::time::Duration) -> u64 {
+        let ns = (elapsed.as_nanos() as u64).min(1 << 40);
+        let old = self.0.load(Ordering::Relaxed);
+        self.0.store(old - old / 8 + ns / 8, Ordering::Relaxed);
+        ns
+    }
+}
+
+/// A worker of the threaded engine. While the device is fast (see [`Pace`]) the worker
+/// holding the read side runs the inline batch core there and then, with payloads read in
+/// place; once requests turn slow (a cache waiting on its disk) it hands them out one by
+/// one, so others keep running while one waits.
 fn threaded_worker<R: std::io::Read, W: std::io::Write>(
     read_side: &std::sync::Mutex<ReadSide<R>>,
     write_side: &std::sync::Mutex<WriteSide<W>>,
+    pace: &Pace,
     dev: &dyn BlockDev,
     x: &ExportParams,
     shared: &Shared,
@@ -403,6 +446,30 @@ fn threaded_worker<R: std::io::Read, W: std::io::Write>(
             loop {
                 if rs.done {
                     return;
+                }
+                if pace.is_fast() {
+                    let step = process(&mut rs.input, dev, x, &mut out, &mut scratch, &mut rs.tally, Some(pace));
+                    let answered = !out.is_empty();
+                    // The replies go out while this worker still holds the read side: in
+                    // fast mode it is the connection's one runner, as in the inline
+                    // engine, with no hand-off between threads per batch.
+                    if answered && !send_replies(write_side, &mut out) {
+                        rs.done = true;
+                        return;
+                    }
+                    match step {
+                        Step::NeedInput if !answered => {}
+                        Step::NeedInput | Step::OutputFull => continue,
+                        Step::Disconnect => {
+                            rs.done = true;
+                            return;
+                        }
+                        Step::Failed(e) => {
+                            rs.done = true;
+                            rs.result = Err(e);
+                            return;
+                        }
+                    }
                 }
                 let frame = match rs.input.next_frame() {
                     Ok(Some(f)) => f,
@@ -454,30 +521,43 @@ fn threaded_worker<R: std::io::Read, W: std::io::Write>(
                 }
             }
         };
-        out.clear();
         match job {
             Job::Execute(req) => {
+                out.clear();
+                let started = std::time::Instant::now();
                 if !execute(dev, x, &req, &payload, &mut out, &mut scratch) {
                     shared.stats.request_errors.fetch_add(1, Ordering::Relaxed);
                 }
+                pace.record(started.elapsed());
             }
-            Job::Refuse { handle, errno, reason } => reply_error(&mut out, x, handle, errno, reason, None),
+            Job::Refuse { handle, errno, reason } => {
+                out.clear();
+                reply_error(&mut out, x, handle, errno, reason, None);
+            }
         }
         if payload.capacity() > 4 << 20 {
             payload = Vec::new();
         }
-        let mut ws = write_side.lock().unwrap_or_else(|p| p.into_inner());
-        if ws.failed.is_some() {
+        if !send_replies(write_side, &mut out) {
             return;
         }
-        if let Err(e) = ws.sock.write_all(out.as_slice()) {
-            ws.failed = Some(e);
-            return;
-        }
-        drop(ws);
-        out.clear();
-        out.shrink_to(1 << 20);
     }
+}
+
+/// Writes `out` under the write side's lock and empties it; false once the socket failed.
+fn send_replies<W: std::io::Write>(write_side: &std::sync::Mutex<WriteSide<W>>, out: &mut ReplyBuf) -> bool {
+    let mut ws = write_side.lock().unwrap_or_else(|p| p.into_inner());
+    if ws.failed.is_some() {
+        return false;
+    }
+    if let Err(e) = ws.sock.write_all(out.as_slice()) {
+        ws.failed = Some(e);
+        return false;
+    }
+    drop(ws);
+    out.clear();
+    out.shrink_to(1 << 20);
+    true
 }
 
 /// A finished reply on its way to the writer, holding its share of the in-flight budget.

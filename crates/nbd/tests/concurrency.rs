@@ -40,6 +40,36 @@ async fn many_in_flight_replies_out_of_order() {
     }
 }
 
+/// The threaded engine runs fast requests inline in batches; when the device turns slow it
+/// must go back to running requests side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_concurrent_again_when_a_fast_device_slows_down() {
+    let h = start();
+    let (mut c, _, _) = RawClient::open(&h.path, "slow", false).await;
+    // TRIM does not sleep on this device: a long run of fast requests first.
+    for i in 0..256u64 {
+        c.send(CMD_TRIM, 0, i, (i % 64) * 4096, 4096, &[]).await;
+    }
+    for _ in 0..256 {
+        assert_eq!(c.reply(0).await.error(), 0);
+    }
+    let n = 16u64;
+    for i in 0..n {
+        c.send(CMD_WRITE, 0, 1000 + i, i * 4096, 4096, &vec![i as u8; 4096]).await;
+    }
+    let mut order = Vec::new();
+    for _ in 0..n {
+        let r = c.reply(0).await;
+        assert_eq!(r.error(), 0);
+        order.push(r.handle() - 1000);
+    }
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "every request answered once");
+    assert!(h.exports.slow.peak.load(Ordering::SeqCst) > 1, "slow writes ran side by side");
+    assert_ne!(order, sorted, "slow writes complete out of order");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_answers_in_flight_requests_then_closes() {
     let h = start();

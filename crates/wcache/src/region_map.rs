@@ -203,6 +203,13 @@ impl Shard {
     }
 
     /// The region's entry, created empty if missing; marks it referenced.
+    /// The region's entry if it has one (marked referenced, as [`Shard::region_mut`] does).
+    pub fn region_if_present(&mut self, region: u64) -> Option<&mut Region> {
+        let r = self.regions.get_mut(&region)?;
+        r.referenced = true;
+        Some(r)
+    }
+
     pub fn region_mut(&mut self, region: u64) -> &mut Region {
         let r = self.regions.entry(region).or_default();
         r.referenced = true;

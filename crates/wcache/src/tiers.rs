@@ -317,11 +317,34 @@ impl Tiers {
                 log::debug!("{}: eviction for room failed: {e}", self.name);
             }
         }
+        if offset / PAGE_U64 == (offset + len - 1) / PAGE_U64 && self.patch_if_in_ram(offset / PAGE_U64, (offset % PAGE_U64) as usize, buf) {
+            return Ok(());
+        }
         let _pages = self.locks.lock_bytes(offset, len);
         for pp in units(offset, len, PAGE_U64) {
             self.write_page(pp.index, pp.within, Patch::Data(&buf[pp.pos..pp.pos + pp.len]), Op::Write, offset, len)?;
         }
         Ok(())
+    }
+
+    /// The fast path of a write inside one page that is in RAM: patched under the shard
+    /// lock alone, without the page lock. That is safe because every write path that drops
+    /// the shard lock mid-way (read-modify-write from the vDisk or the overflow file,
+    /// placing a page) starts from a page that is *not* in RAM, and such a page sends this
+    /// path to the page lock too; a page in RAM is only ever changed whole under the
+    /// shard lock. Returns false, having changed nothing, when the page is not in RAM.
+    fn patch_if_in_ram(&self, index: u64, within: usize, data: &[u8]) -> bool {
+        let region = index / UNIT_PAGES as u64;
+        let slot = (index % UNIT_PAGES as u64) as usize;
+        let mut sh = self.map.lock(region);
+        let Some(reg) = sh.region_if_present(region) else { return false };
+        if reg.state(slot) != PageState::Ram {
+            return false;
+        }
+        let pinned = reg.pins > 0;
+        let page = ram_page_for_write(reg.ram_page_mut(slot).expect("ram state"), pinned);
+        Patch::Data(data).apply(page, within);
+        true
     }
 
     /// Trim and write-zeroes: the range reads as zeros afterwards.

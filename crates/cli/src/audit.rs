@@ -1,0 +1,39 @@
+//! `vdstream audit [NAME]`: the store's audit trail, who changed what and when.
+
+use anyhow::Result;
+use clap::Args;
+use vdstream_store::audit;
+
+use crate::output::StoreOpts;
+
+/// Show who changed what and when in the store (oldest first).
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  vdstream audit\n  vdstream audit win11 --limit 20 --json")]
+pub struct AuditArgs {
+    /// Only entries about this vDisk.
+    #[arg(value_name = "NAME")]
+    name: Option<String>,
+
+    /// Only the last N entries.
+    #[arg(long, value_name = "N")]
+    limit: Option<usize>,
+
+    #[command(flatten)]
+    opts: StoreOpts,
+}
+
+pub fn run(args: AuditArgs) -> Result<()> {
+    let store = args.opts.open()?;
+    if let Some(n) = &args.name {
+        vdstream_store::names::validate_name(n)?;
+    }
+    let entries = audit::read(&store.audit_path(), args.name.as_deref(), args.limit)?;
+    args.opts.emit(serde_json::to_value(&entries)?, || {
+        entries
+            .iter()
+            .map(|e| format!("{}  {}@{} (pid {})  {:<22} {:<16} {}", e.time, e.user, e.host, e.pid, e.action, e.vdisk, e.details))
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! `vdstream vdisk …`: create, import, list, info, export, delete, set, compact and gc of
+//! vDisks in the store. Wiring only: every rule lives in vdstream-store.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::json;
+use vdstream_store::meta::DEFAULT_MAX_VERSIONS;
+use vdstream_store::vdisk::NewVdisk;
+use vdstream_store::{DiskAccess, LayerFormat, Selector};
+
+use crate::output::StoreOpts;
+use crate::size::{format_size, parse_size};
+
+/// Manage vDisks: golden images kept as a base plus a chain of versions.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  vdstream vdisk create win11 --size 64G
+  vdstream vdisk import ubuntu ubuntu.qcow2
+  vdstream vdisk list
+  vdstream vdisk info win11
+  vdstream vdisk export win11@production win11.raw
+The store is $VDSTREAM_STORE, else /var/lib/vdstream/store, unless --store DIR says.")]
+pub struct VdiskArgs {
+    #[command(subcommand)]
+    command: VdiskCommand,
+
+    #[command(flatten)]
+    opts: StoreOpts,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum AccessArg {
+    /// Shared and read-only; each target writes to its own write cache.
+    Standard,
+    /// One writer, no cache, no versions.
+    Private,
+}
+
+impl From<AccessArg> for DiskAccess {
+    fn from(a: AccessArg) -> Self {
+        match a {
+            AccessArg::Standard => DiskAccess::Standard,
+            AccessArg::Private => DiskAccess::Private,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FormatArg {
+    Raw,
+    Qcow2,
+}
+
+#[derive(Debug, Subcommand)]
+enum VdiskCommand {
+    /// Create an empty vDisk (creates the store if there is none).
+    Create {
+        name: String,
+        /// Guest size, e.g. 64M, 40G (binary units).
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Versions kept (besides one in maintenance) before they are merged automatically.
+        #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VERSIONS)]
+        max_versions: u32,
+        #[arg(long, value_enum, default_value = "standard")]
+        access: AccessArg,
+    },
+    /// Import a disk image: raw natively; qcow2, vhdx, vmdk, vdi through qemu-img convert.
+    Import {
+        name: String,
+        file: PathBuf,
+        #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VERSIONS)]
+        max_versions: u32,
+        #[arg(long, value_enum, default_value = "standard")]
+        access: AccessArg,
+    },
+    /// List the vDisks.
+    List,
+    /// Show a vDisk: versions, what each kind of target gets, files and who uses them.
+    Info { name: String },
+    /// Write a layer's whole content to a file (raw, sparse; or standalone qcow2).
+    Export {
+        /// NAME or NAME@V (V: a number, base, production, test, maintenance, latest).
+        reference: String,
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "raw")]
+        format: FormatArg,
+        /// Overwrite FILE if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Delete a vDisk and all its files (refused while a target uses it).
+    Delete { name: String },
+    /// Change settings of a vDisk.
+    Set {
+        name: String,
+        #[arg(long, value_name = "N")]
+        max_versions: Option<u32>,
+        #[arg(long, value_enum)]
+        access: Option<AccessArg>,
+    },
+    /// Rewrite every layer but the maintenance one without zero or unused clusters.
+    Compact { name: String },
+    /// Delete retired files no target uses any more, and leftovers of crashed commands.
+    Gc,
+}
+
+pub fn run(args: VdiskArgs) -> Result<()> {
+    let o = &args.opts;
+    match args.command {
+        VdiskCommand::Create { name, size, max_versions, access } => {
+            let (store, created) = o.open_or_create()?;
+            let m = store.create_vdisk(&name, size, NewVdisk { access: access.into(), max_versions })?;
+            o.emit(json!({"store": store.root(), "store_created": created, "vdisk": m}), || {
+                format!("created vDisk {name} ({}, {} access) with base {}", format_size(m.size), access_name(m.access), m.base.file)
+            });
+        }
+        VdiskCommand::Import { name, file, max_versions, access } => {
+            let (store, created) = o.open_or_create()?;
+            let bar = o.bar(&format!("importing {}", file.display()));
+            let (m, report) = store.import_vdisk(&name, &file, NewVdisk { access: access.into(), max_versions }, &mut |d, t| bar.update(d, t))?;
+            drop(bar);
+            o.emit(json!({"store": store.root(), "store_created": created, "vdisk": m, "import": report}), || {
+                format!("imported {} ({} image, {}) as vDisk {name} with base {} ({})",
+                    file.display(), report.source_format, format_size(report.size), report.base_file, report.method)
+            });
+        }
+        VdiskCommand::List => {
+            let store = o.open()?;
+            let list = store.list()?;
+            let docs: Vec<_> = list.iter().map(|(n, m)| match m {
+                Ok(m) => json!(m),
+                Err(e) => json!({"name": n, "error": e.to_string()}),
+            }).collect();
+            o.emit(json!(docs), || {
+                if list.is_empty() {
+                    return format!("no vDisks in {}", store.root().display());
+                }
+                let mut lines = vec![format!("{:<24} {:>10} {:<9} {:>8} {:<12}", "NAME", "SIZE", "ACCESS", "VERSIONS", "PRODUCTION")];
+                for (n, m) in &list {
+                    lines.push(match m {
+                        Ok(m) => {
+                            let prod = vdstream_store::select(m, Selector::Production, vdstream_store::Timestamp::now()).map(|l| l.tag()).unwrap_or_default();
+                            format!("{:<24} {:>10} {:<9} {:>8} {:<12}", n, format_size(m.size), access_name(m.access), m.versions.len(), prod)
+                        }
+                        Err(e) => format!("{n:<24} error: {e}"),
+                    });
+                }
+                lines.join("\n")
+            });
+        }
+        VdiskCommand::Info { name } => {
+            let store = o.open()?;
+            let info = store.info(&name)?;
+            o.emit(json!(info), || {
+                let m = &info.meta;
+                let mut lines = vec![
+                    format!("vDisk {} — {}, {} access, max {} versions, created {} by {}", m.name, format_size(m.size), access_name(m.access), m.max_versions, m.created, m.created_by),
+                    format!("production targets get {}; test targets get {}{}", info.production, info.test,
+                        info.maintenance.map(|n| format!("; version {n} is in maintenance")).unwrap_or_default()),
+                ];
+                if let Some(o) = m.override_version {
+                    lines.push(format!("override: production is pinned to version {o}"));
+                }
+                for l in &info.layers {
+                    let v = match l.layer { vdstream_store::Layer::Version(n) => m.version(n), _ => None };
+                    let what = match v {
+                        None => format!("base     {}", m.base.format.name()),
+                        Some(v) => format!("{:<8} {}{}{}", v.number, v.access.name(),
+                            v.scheduled_at.map(|t| format!(" from {t}")).unwrap_or_default(),
+                            v.note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default()),
+                    };
+                    let users = if l.in_use_by.is_empty() { String::new() } else { format!("  in use by {}", l.in_use_by.join(", ")) };
+                    lines.push(format!("  {what:<40} {:<28} {:>10}{users}", l.file, format_size(l.allocated)));
+                }
+                if !m.retired.is_empty() {
+                    lines.push(format!("retired, deleted once no target reads them: {}", m.retired.join(", ")));
+                }
+                lines.join("\n")
+            });
+        }
+        VdiskCommand::Export { reference, file, format, force } => {
+            let store = o.open()?;
+            let (name, sel) = vdstream_store::names::parse_ref(&reference, Selector::Production)?;
+            let fmt = match format { FormatArg::Raw => LayerFormat::Raw, FormatArg::Qcow2 => LayerFormat::Qcow2 };
+            let bar = o.bar(&format!("exporting {reference}"));
+            let layer = store.export(&name, sel, &file, fmt, force, &mut |d, t| bar.update(d, t))?;
+            drop(bar);
+            o.emit(json!({"vdisk": name, "layer": layer, "file": file, "format": fmt}), || {
+                format!("exported {layer} of vDisk {name} to {} ({})", file.display(), fmt.name())
+            });
+        }
+        VdiskCommand::Delete { name } => {
+            let store = o.open()?;
+            let files = store.delete_vdisk(&name)?;
+            o.emit(json!({"vdisk": name, "deleted": files}), || format!("deleted vDisk {name} ({} files)", files.len()));
+        }
+        VdiskCommand::Set { name, max_versions, access } => {
+            if max_versions.is_none() && access.is_none() {
+                anyhow::bail!("nothing to set: give --max-versions N and/or --access standard|private");
+            }
+            let store = o.open()?;
+            let m = store.set_vdisk(&name, max_versions, access.map(Into::into))?;
+            let (auto, said) = crate::version::auto_merge(&store, o, &name)?;
+            o.emit(json!({"vdisk": m, "auto_merge": auto}), || format!("vDisk {name}: {} access, max {} versions{said}", access_name(m.access), m.max_versions));
+        }
+        VdiskCommand::Compact { name } => {
+            let store = o.open()?;
+            let bar = o.bar(&format!("compacting {name}"));
+            let layers = store.compact(&name, &mut |d, t| bar.update(d, t))?;
+            drop(bar);
+            let (before, after) = layers.iter().fold((0, 0), |(b, a), l| (b + l.bytes_before, a + l.bytes_after));
+            o.emit(json!({"vdisk": name, "layers": layers, "bytes_before": before, "bytes_after": after}), || {
+                let mut lines: Vec<String> = layers.iter().map(|l| format!("  {:<12} {:<28} {:>10} -> {}", l.layer.to_string(), l.file, format_size(l.bytes_before), format_size(l.bytes_after))).collect();
+                lines.insert(0, format!("compacted vDisk {name}: {} -> {}", format_size(before), format_size(after)));
+                lines.join("\n")
+            });
+        }
+        VdiskCommand::Gc => {
+            let store = o.open()?;
+            let deleted = store.gc()?;
+            o.emit(json!(deleted.iter().map(|(v, f)| json!({"vdisk": v, "file": f})).collect::<Vec<_>>()), || {
+                if deleted.is_empty() { "nothing to delete".to_string() } else {
+                    deleted.iter().map(|(v, f)| format!("deleted {v}/{f}")).collect::<Vec<_>>().join("\n")
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+pub fn access_name(a: DiskAccess) -> &'static str {
+    match a {
+        DiskAccess::Standard => "standard",
+        DiskAccess::Private => "private",
+    }
+}

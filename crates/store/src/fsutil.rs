@@ -1,0 +1,232 @@
+//! File-system primitives of the store: atomic replacement of a file, `flock` locks, who
+//! holds a lock (from `/proc/locks`), and who is acting (user, host, pid).
+//!
+//! Atomic write: the bytes go to a temporary file in the same folder, which is fsynced,
+//! renamed over the target, and the folder is fsynced, so a reader (or a crash) sees the
+//! old file or the new one, never a mix.
+//!
+//! Locks are `flock` locks, which belong to an open file description: they are released
+//! when the `File` is dropped or the process dies, so a crash never leaves a stale lock.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::error::{io, Result};
+
+/// Writes `bytes` to `path` atomically (tmp, fsync, rename, fsync folder).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).map_err(io("create", &tmp))?;
+        f.write_all(bytes).map_err(io("write", &tmp))?;
+        f.sync_all().map_err(io("fsync", &tmp))?;
+        std::fs::rename(&tmp, path).map_err(io("rename into place", path))?;
+        sync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// fsyncs a folder, so renames and creations in it are durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io("fsync folder", dir))
+}
+
+/// `flock` modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockMode {
+    Shared,
+    Exclusive,
+}
+
+fn flock(file: &File, mode: LockMode, wait: bool) -> std::io::Result<()> {
+    let op = match mode {
+        LockMode::Shared => libc::LOCK_SH,
+        LockMode::Exclusive => libc::LOCK_EX,
+    } | if wait { 0 } else { libc::LOCK_NB };
+    loop {
+        // SAFETY: flock takes the descriptor, which `file` keeps open for the call, and an
+        // integer; it touches no memory of ours.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Takes a lock on `file`, waiting for it.
+pub fn lock_wait(file: &File, mode: LockMode) -> std::io::Result<()> {
+    flock(file, mode, true)
+}
+
+/// Tries a lock on `file`: `Ok(false)` when another open file holds a conflicting one.
+pub fn try_lock(file: &File, mode: LockMode) -> std::io::Result<bool> {
+    match flock(file, mode, false) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens `path` and takes a shared lock on it, so that the store does not delete it while
+/// this process uses it. `Ok(None)` when a writer holds it exclusively.
+pub fn hold_shared(path: &Path) -> Result<Option<File>> {
+    let f = File::open(path).map_err(io("open", path))?;
+    Ok(if try_lock(&f, LockMode::Shared).map_err(io("lock", path))? { Some(f) } else { None })
+}
+
+/// Whether some process holds a lock on `path` (tried without waiting, released at once).
+/// Call it only under the store's exclusive lock, where no opener of store files runs.
+pub fn in_use(path: &Path) -> Result<bool> {
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io("open", path)(e)),
+    };
+    Ok(!try_lock(&f, LockMode::Exclusive).map_err(io("lock", path))?)
+}
+
+/// Processes holding `flock` locks on `path`, as "pid N (command line)", read from
+/// `/proc/locks` (best effort: empty when it cannot tell).
+pub fn holders(path: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(path) else { return vec![] };
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else { return vec![] };
+    let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    let want = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let mut out = Vec::new();
+    for line in locks.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (blocked waiters carry "->").
+        if f.len() >= 6 && f[1] == "FLOCK" && f[5] == want {
+            let pid = f[4];
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>().join(" "))
+                .unwrap_or_default();
+            let kind = if f[3] == "WRITE" { "read-write" } else { "read-only" };
+            let who = if cmd.is_empty() { format!("pid {pid} ({kind})") } else { format!("pid {pid} ({kind}: {cmd})") };
+            if !out.contains(&who) {
+                out.push(who);
+            }
+        }
+    }
+    out
+}
+
+/// "held by pid 12 (…)" or "held by another process".
+pub fn describe_holders(path: &Path) -> String {
+    let h = holders(path);
+    if h.is_empty() {
+        "held by another process".to_string()
+    } else {
+        format!("held by {}", h.join(", "))
+    }
+}
+
+/// Who is acting, for metadata and the audit trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    pub user: String,
+    pub host: String,
+    pub pid: u32,
+}
+
+impl Actor {
+    /// The current process.
+    pub fn current() -> Self {
+        Actor { user: user_name(), host: host_name(), pid: std::process::id() }
+    }
+
+    /// `user@host`, as recorded in `created_by` and `promoted.by`.
+    pub fn who(&self) -> String {
+        format!("{}@{}", self.user, self.host)
+    }
+}
+
+fn user_name() -> String {
+    // SAFETY: getuid has no arguments and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let mut pw: libc::passwd = unsafe_zeroed_passwd();
+    let mut buf = vec![0 as libc::c_char; 4096];
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is to a live local of the right type and `buf.len()` is its size;
+    // getpwuid_r writes only into `pw` and `buf` and sets `result`.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc == 0 && !result.is_null() && !pw.pw_name.is_null() {
+        // SAFETY: on success pw_name points at a NUL-terminated string inside `buf`.
+        let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+        return name.to_string_lossy().into_owned();
+    }
+    std::env::var("USER").unwrap_or_else(|_| format!("uid{uid}"))
+}
+
+fn unsafe_zeroed_passwd() -> libc::passwd {
+    // SAFETY: passwd is a plain C struct of pointers and integers; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the pointer and length describe `buf`, which gethostname fills.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown-host".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// A temporary file name next to `path` for this process: `.<name>.tmp-<pid>`.
+pub fn temp_beside(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_whole_files_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two two");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        let e = write_atomic(&dir.path().join("no/such/m.json"), b"x").unwrap_err().to_string();
+        assert!(e.contains("cannot create") && e.contains("no/such"), "{e}");
+    }
+
+    #[test]
+    fn locks_tell_who_uses_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v.qcow2");
+        std::fs::write(&p, b"x").unwrap();
+        assert!(!in_use(&p).unwrap());
+        let held = hold_shared(&p).unwrap().expect("nobody writes it");
+        assert!(in_use(&p).unwrap());
+        let who = describe_holders(&p);
+        assert!(who.contains(&format!("pid {}", std::process::id())), "{who}");
+        drop(held);
+        assert!(!in_use(&p).unwrap());
+        assert!(!in_use(&dir.path().join("gone")).unwrap());
+    }
+
+    #[test]
+    fn the_actor_has_a_name() {
+        let a = Actor::current();
+        assert!(!a.user.is_empty() && !a.host.is_empty() && a.who().contains('@'));
+    }
+}

@@ -1,0 +1,42 @@
+//! The vDisk store of vdstream: vDisks kept as a base plus a chain of qcow2 versions in a
+//! directory, with the version life cycle of Citrix PVS (maintenance → test → production),
+//! locked and atomically written metadata, an audit trail, and reference counting of
+//! files by `flock`, so nothing a running target reads is deleted under it.
+//!
+//! ```text
+//!   names.rs    vDisk names and NAME@V references (validated before any path is built)
+//!   time.rs     RFC 3339 times and +DURATION
+//!   meta.rs     vdisk.json / store.json schema, loading, invariants
+//!   select.rs   which layer production, test and maintenance targets get (pure)
+//!   fsutil.rs   atomic writes, flock, lock holders, who is acting
+//!   audit.rs    audit.log, JSON lines
+//!   store.rs    Store: the directory, its lock, metadata transactions, retired files
+//!   open.rs     opening a layer and its chain for a target (holding its files)
+//!   vdisk.rs    create, import, set, info, export, delete
+//!   version.rs  new, promote, revert, override
+//!   merge.rs    merge, merge --base, automatic merges, compact
+//!   copy.rs     sparse raw copies, qemu-img for other formats, progress
+//! ```
+//!
+//! The layout and formats are documented for administrators in docs/STORE.md.
+
+pub mod audit;
+pub mod copy;
+pub mod error;
+pub mod fsutil;
+pub mod merge;
+pub mod meta;
+pub mod names;
+pub mod open;
+pub mod select;
+pub mod store;
+pub mod time;
+pub mod vdisk;
+pub mod version;
+
+pub use error::{Result, StoreError};
+pub use meta::{Access, DiskAccess, LayerFormat, VdiskMeta, Version};
+pub use open::OpenedLayer;
+pub use select::{select, Layer, Selector};
+pub use store::{store_dir, Store, DEFAULT_STORE};
+pub use time::Timestamp;

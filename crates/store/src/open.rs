@@ -1,0 +1,160 @@
+//! Opening a layer of a vDisk for a target, an export or a merge.
+//!
+//! The layer is chosen once, under the store's shared lock, and its whole chain is opened
+//! before the lock is released: from then on the [`OpenedLayer`] reads the same files
+//! whatever later commands do to the metadata. Every file of the chain is held with a
+//! shared `flock` (qcow2 layers take one themselves; the store takes one on every file,
+//! raw bases included), and those locks are the reference counts that keep a retired file
+//! on disk until the last reader drops it (store.rs deletes only files nobody locks).
+//!
+//! A maintenance version opened writable takes the exclusive lock on its file instead, so
+//! it has one writer at a time and no reader beside it; a second writer is refused with
+//! the holder's pid and command line. A `private` vDisk is its base, opened read-write
+//! under an exclusive lock.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use vdstream_blockdev::{BlockDev, FileDev, FileOptions};
+use vdstream_qcow2::{OpenOptions, Qcow2Image};
+
+use crate::error::{io, Result, StoreError};
+use crate::fsutil::{self, LockMode};
+use crate::meta::{Access, DiskAccess, LayerFormat, VdiskMeta};
+use crate::select::{select, Layer, Selector};
+use crate::store::Store;
+use crate::time::Timestamp;
+
+/// A layer and the chain below it, open, with the locks that keep its files.
+#[derive(Debug)]
+pub struct OpenedLayer {
+    pub dev: Arc<dyn BlockDev>,
+    pub vdisk: String,
+    pub layer: Layer,
+    /// The version's access (`None` for the base).
+    pub access: Option<Access>,
+    pub writable: bool,
+    /// The top file of the chain.
+    pub path: PathBuf,
+    pub format: LayerFormat,
+    /// The metadata the layer was chosen from.
+    pub meta: VdiskMeta,
+    _held: Vec<File>,
+}
+
+/// The files of `layer`'s chain, base first, with their formats.
+pub fn chain_files(meta: &VdiskMeta, layer: Layer) -> Vec<(String, LayerFormat)> {
+    let mut out = vec![(meta.base.file.clone(), meta.base.format)];
+    if let Layer::Version(n) = layer {
+        for v in &meta.versions {
+            out.push((v.file.clone(), LayerFormat::Qcow2));
+            if v.number == n {
+                break;
+            }
+        }
+    }
+    out
+}
+
+impl Store {
+    /// Opens the layer `sel` picks in vDisk `name`. With `write_maintenance`, a maintenance
+    /// version (and a private vDisk) is opened read-write; everything else is read-only.
+    pub fn open_layer(&self, name: &str, sel: Selector, write_maintenance: bool) -> Result<OpenedLayer> {
+        let _l = self.lock(LockMode::Shared)?;
+        let meta = self.load(name)?;
+        if meta.access == DiskAccess::Private {
+            if !matches!(sel, Selector::Base | Selector::Latest | Selector::Production | Selector::Maintenance) {
+                return Err(StoreError::BadInput(format!("vDisk {name} has private access and no versions: refer to it as {name} or {name}@base")));
+            }
+            return self.open_private(meta, write_maintenance);
+        }
+        let layer = select(&meta, sel, Timestamp::now())?;
+        let files = chain_files(&meta, layer);
+        let top_path = self.file_path(name, &files.last().expect("base").0);
+        for (f, _) in &files {
+            let p = self.file_path(name, f);
+            if !p.exists() {
+                return Err(StoreError::MissingFile {
+                    path: p,
+                    advice: format!(
+                        "{layer} of vDisk {name} needs it: restore it from backup, then check the chain with `qemu-img info --backing-chain {}` and `qemu-img check`",
+                        top_path.display()),
+                });
+            }
+        }
+        let access = match layer {
+            Layer::Base => None,
+            Layer::Version(n) => meta.version(n).map(|v| v.access),
+        };
+        let writable = write_maintenance && access == Some(Access::Maintenance);
+        let below = if writable { &files[..files.len() - 1] } else { &files[..] };
+        let mut held = Vec::new();
+        for (f, _) in below {
+            let p = self.file_path(name, f);
+            match fsutil::hold_shared(&p)? {
+                Some(h) => held.push(h),
+                None => {
+                    return Err(StoreError::Refused(format!(
+                        "{} is open read-write ({}): {layer} of vDisk {name} is in maintenance; stop its maintenance target first",
+                        p.display(), fsutil::describe_holders(&p))))
+                }
+            }
+        }
+        let format = files.last().expect("base").1;
+        let dev: Arc<dyn BlockDev> = if writable {
+            let parent = self.file_path(name, &files[files.len() - 2].0);
+            let backing = vdstream_qcow2::open_chain(&parent)?;
+            match Qcow2Image::open(&top_path, OpenOptions { read_only: false, ..Default::default() }, Some(backing)) {
+                Ok(img) => Arc::new(img),
+                Err(e) => return Err(writer_refused(e, &top_path, &format!("{layer} of vDisk {name} is in maintenance and"))),
+            }
+        } else {
+            vdstream_qcow2::open_chain(&top_path)?
+        };
+        Ok(OpenedLayer { dev, vdisk: name.into(), layer, access, writable, path: top_path, format, meta, _held: held })
+    }
+
+    fn open_private(&self, meta: VdiskMeta, writable: bool) -> Result<OpenedLayer> {
+        let name = meta.name.clone();
+        let path = self.file_path(&name, &meta.base.file);
+        if !path.exists() {
+            return Err(StoreError::MissingFile { path, advice: format!("it is the base of vDisk {name}: restore it from backup") });
+        }
+        let mut held = Vec::new();
+        let what = format!("vDisk {name} has private access (one writer, no cache) and");
+        let dev: Arc<dyn BlockDev> = match (meta.base.format, writable) {
+            (LayerFormat::Raw, true) => {
+                let f = File::open(&path).map_err(io("open", &path))?;
+                if !fsutil::try_lock(&f, LockMode::Exclusive).map_err(io("lock", &path))? {
+                    return Err(StoreError::Refused(format!("{what} is already open ({}): stop that target first", fsutil::describe_holders(&path))));
+                }
+                held.push(f);
+                Arc::new(FileDev::open(&path, FileOptions { read_only: false, direct: false })?)
+            }
+            (LayerFormat::Qcow2, true) => match Qcow2Image::open(&path, OpenOptions { read_only: false, ..Default::default() }, None) {
+                Ok(img) => Arc::new(img),
+                Err(e) => return Err(writer_refused(e, &path, &what)),
+            },
+            (_, false) => {
+                match fsutil::hold_shared(&path)? {
+                    Some(h) => held.push(h),
+                    None => return Err(StoreError::Refused(format!("{what} is open read-write ({}): stop that target first", fsutil::describe_holders(&path)))),
+                }
+                vdstream_qcow2::open_chain(&path)?
+            }
+        };
+        Ok(OpenedLayer { dev, vdisk: name, layer: Layer::Base, access: None, writable, path, format: meta.base.format, meta, _held: held })
+    }
+}
+
+/// Turns "the image is already open elsewhere" into a message naming the holder.
+fn writer_refused(e: vdstream_blockdev::Error, path: &std::path::Path, what: &str) -> StoreError {
+    let holders = fsutil::holders(path);
+    if holders.is_empty() {
+        return e.into();
+    }
+    StoreError::Refused(format!(
+        "{what} already has a writer ({}) on {}: it takes one writer at a time; stop that target first",
+        holders.join(", "), path.display()))
+}

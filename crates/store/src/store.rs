@@ -1,0 +1,266 @@
+//! [`Store`]: the store directory, its lock, and metadata transactions.
+//!
+//! ```text
+//! STORE/store.json               format marker and version
+//! STORE/.lock                    flock: shared to read metadata, exclusive to change it
+//! STORE/audit.log                JSON lines, see audit.rs
+//! STORE/vdisks/NAME/vdisk.json   see meta.rs
+//! STORE/vdisks/NAME/NAME.base.{raw,qcow2}, NAME.N.qcow2, NAME.base-N.qcow2
+//! ```
+//!
+//! Invariants:
+//! - Every change of metadata is one [`Store::update`]: under the exclusive lock, load,
+//!   change, check, write atomically, append to the audit trail. Two processes can
+//!   never lose each other's change.
+//! - Files are opened for serving under the shared lock (see open.rs), and a retired file
+//!   is deleted only under the exclusive lock and only when nobody holds a `flock` on it,
+//!   so a file still read by a target is never deleted under it. Every update retries the
+//!   retired files of the vDisk it changes; `vdisk gc` retries all of them.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::audit::{self, AuditEntry};
+use crate::error::{io, Result, StoreError};
+use crate::fsutil::{self, Actor, LockMode};
+use crate::meta::{self, StoreMeta, VdiskMeta, FORMAT_VERSION, STORE_FORMAT};
+use crate::names::validate_name;
+use crate::time::Timestamp;
+
+/// Where the store is when neither `--store` nor `$VDSTREAM_STORE` says.
+pub const DEFAULT_STORE: &str = "/var/lib/vdstream/store";
+
+/// The store directory from `--store`, else `$VDSTREAM_STORE`, else [`DEFAULT_STORE`].
+pub fn store_dir(flag: Option<&Path>) -> PathBuf {
+    match flag {
+        Some(p) => p.to_path_buf(),
+        None => std::env::var_os("VDSTREAM_STORE").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_STORE)),
+    }
+}
+
+/// An open store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+    actor: Actor,
+}
+
+/// A held store lock; released on drop.
+#[derive(Debug)]
+pub struct StoreLock {
+    _file: File,
+}
+
+impl Store {
+    /// Opens an existing store.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
+        let root = root.into();
+        let marker = root.join("store.json");
+        if !marker.exists() {
+            return Err(StoreError::NoStore { dir: root });
+        }
+        meta::load_store(&marker)?;
+        Ok(Store { root, actor: Actor::current() })
+    }
+
+    /// Opens the store, creating it when there is none; `true` when it was created.
+    pub fn open_or_create(root: impl Into<PathBuf>) -> Result<(Self, bool)> {
+        let root = root.into();
+        if root.join("store.json").exists() {
+            return Ok((Self::open(root)?, false));
+        }
+        std::fs::create_dir_all(root.join("vdisks")).map_err(io("create the store folder", &root))?;
+        let store = Store { root: root.clone(), actor: Actor::current() };
+        let _lock = store.lock(LockMode::Exclusive)?;
+        let marker = root.join("store.json");
+        if marker.exists() {
+            return Ok((Self::open(root)?, false));
+        }
+        let m = StoreMeta { format: STORE_FORMAT.into(), format_version: FORMAT_VERSION, created: Timestamp::now() };
+        fsutil::write_atomic(&marker, &serde_json::to_vec_pretty(&m).expect("serializes"))?;
+        Ok((store, true))
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn actor(&self) -> &Actor {
+        &self.actor
+    }
+
+    /// Takes the store lock, waiting for it.
+    pub fn lock(&self, mode: LockMode) -> Result<StoreLock> {
+        let p = self.root.join(".lock");
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(io("open the store lock", &p))?;
+        fsutil::lock_wait(&f, mode).map_err(io("lock", &p))?;
+        Ok(StoreLock { _file: f })
+    }
+
+    pub fn vdisk_dir(&self, name: &str) -> PathBuf {
+        self.root.join("vdisks").join(name)
+    }
+
+    /// The path of a file of vDisk `name`.
+    pub fn file_path(&self, name: &str, file: &str) -> PathBuf {
+        self.vdisk_dir(name).join(file)
+    }
+
+    pub fn audit_path(&self) -> PathBuf {
+        self.root.join("audit.log")
+    }
+
+    /// Names of the vDisks, sorted (folders whose name is not a valid vDisk name are skipped).
+    pub fn names(&self) -> Result<Vec<String>> {
+        let dir = self.root.join("vdisks");
+        let mut out = Vec::new();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io("list", &dir)(e)),
+        };
+        for e in entries {
+            let e = e.map_err(io("list", &dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if validate_name(&name).is_ok() && e.path().is_dir() {
+                out.push(name);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Loads `vdisk.json` of `name`; the caller holds the lock.
+    pub fn load(&self, name: &str) -> Result<VdiskMeta> {
+        validate_name(name)?;
+        if !self.vdisk_dir(name).is_dir() {
+            let names = self.names()?;
+            let known = if names.is_empty() {
+                "the store has no vDisks yet; create one with `vdstream vdisk create` or `vdstream vdisk import`".to_string()
+            } else {
+                format!("known vDisks: {}", names.join(", "))
+            };
+            return Err(StoreError::UnknownVdisk { name: name.into(), store: self.root.clone(), known });
+        }
+        meta::load_vdisk(&self.vdisk_dir(name).join("vdisk.json"), name)
+    }
+
+    /// Loads `name` under the shared lock.
+    pub fn get(&self, name: &str) -> Result<VdiskMeta> {
+        let _l = self.lock(LockMode::Shared)?;
+        self.load(name)
+    }
+
+    /// Every vDisk, each loaded or with the error that stopped it.
+    pub fn list(&self) -> Result<Vec<(String, Result<VdiskMeta>)>> {
+        let _l = self.lock(LockMode::Shared)?;
+        Ok(self.names()?.into_iter().map(|n| {
+            let m = self.load(&n);
+            (n, m)
+        }).collect())
+    }
+
+    /// Writes `meta` (checked, generation bumped) atomically; the caller holds the lock.
+    pub(crate) fn save(&self, meta: &mut VdiskMeta) -> Result<()> {
+        meta.generation += 1;
+        let path = self.vdisk_dir(&meta.name).join("vdisk.json");
+        meta.check().map_err(|detail| StoreError::Corrupt {
+            path: path.clone(),
+            detail: format!("refusing to write it: {detail}"),
+            advice: "this is a bug in vdstream; nothing was changed".into(),
+        })?;
+        fsutil::write_atomic(&path, &serde_json::to_vec_pretty(meta).expect("serializes"))
+    }
+
+    /// Appends to the audit trail; the caller holds the exclusive lock.
+    pub(crate) fn audit(&self, action: &str, vdisk: &str, details: Value) -> Result<()> {
+        audit::append(&self.audit_path(), &AuditEntry::new(&self.actor, action, vdisk, details))
+    }
+
+    /// One metadata transaction on vDisk `name`: `change` edits the metadata and returns
+    /// its result and the audit details; then retired files nobody uses are deleted, the
+    /// metadata is saved if it changed, and `action` is audited.
+    pub fn update<T>(&self, name: &str, action: &str, change: impl FnOnce(&mut VdiskMeta) -> Result<(T, Value)>) -> Result<T> {
+        let _l = self.lock(LockMode::Exclusive)?;
+        let mut meta = self.load(name)?;
+        let before = meta.clone();
+        let (out, details) = change(&mut meta)?;
+        self.collect_retired(&mut meta)?;
+        if meta != before {
+            self.save(&mut meta)?;
+        }
+        self.audit(action, name, details)?;
+        Ok(out)
+    }
+
+    /// Deletes the retired files of `meta` that no process holds; keeps the rest listed.
+    /// Returns the deleted names. The caller holds the exclusive lock.
+    pub(crate) fn collect_retired(&self, meta: &mut VdiskMeta) -> Result<Vec<String>> {
+        let mut deleted = Vec::new();
+        let mut kept = Vec::new();
+        for f in std::mem::take(&mut meta.retired) {
+            let p = self.file_path(&meta.name, &f);
+            if fsutil::in_use(&p)? {
+                kept.push(f);
+                continue;
+            }
+            match std::fs::remove_file(&p) {
+                Ok(()) => deleted.push(f),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => deleted.push(f),
+                Err(e) => {
+                    log::warn!("cannot delete retired file {}: {e}; will retry", p.display());
+                    kept.push(f);
+                }
+            }
+        }
+        meta.retired = kept;
+        Ok(deleted)
+    }
+
+    /// `vdisk gc`: retries every retired file of every vDisk and removes temporary files
+    /// left by processes that died. Returns `(vdisk, file)` for each file deleted.
+    pub fn gc(&self) -> Result<Vec<(String, String)>> {
+        let _l = self.lock(LockMode::Exclusive)?;
+        let mut out = Vec::new();
+        for name in self.names()? {
+            let mut meta = self.load(&name)?;
+            let deleted = self.collect_retired(&mut meta)?;
+            if !deleted.is_empty() {
+                self.save(&mut meta)?;
+                self.audit("vdisk.gc", &name, serde_json::json!({ "deleted": deleted }))?;
+            }
+            out.extend(deleted.into_iter().map(|f| (name.clone(), f)));
+            out.extend(remove_stale_temps(&self.vdisk_dir(&name)).into_iter().map(|f| (name.clone(), f)));
+        }
+        out.extend(remove_stale_temps(&self.root.join("vdisks")).into_iter().map(|f| (String::new(), f)));
+        Ok(out)
+    }
+}
+
+/// Removes `.X.tmp-PID` files and `.X.import-PID` folders whose process is gone.
+fn remove_stale_temps(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') {
+            continue;
+        }
+        let Some(pid) = name.rsplit_once("-").and_then(|(head, pid)| {
+            (head.ends_with(".tmp") || head.ends_with(".import")).then(|| pid.parse::<i32>().ok()).flatten()
+        }) else { continue };
+        // SAFETY: kill with signal 0 only checks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if alive {
+            continue;
+        }
+        let p = e.path();
+        let ok = if p.is_dir() { std::fs::remove_dir_all(&p).is_ok() } else { std::fs::remove_file(&p).is_ok() };
+        if ok {
+            out.push(name);
+        }
+    }
+    out
+}
