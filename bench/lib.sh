@@ -46,3 +46,27 @@ _bench_cleanup() {
     rm -rf "$work"
     exit "$rc"
 }
+
+# make_store_chain DIR SIZE_MIB LAYERS PERCENT — a vDisk as the store keeps it, in DIR:
+# base.qcow2 (SIZE_MIB of random data, converted from a raw file that is then removed)
+# and v1.qcow2 … vLAYERS.qcow2, each backed by the one below (relative names), each
+# holding PERCENT% of the disk in random 64 KiB writes (seeded: the same chain every
+# time). Prints nothing; fails if qemu-img or qemu-io do.
+make_store_chain() {
+    local dir=$1 mib=$2 layers=$3 percent=$4 i below=base.qcow2
+    head -c "$((mib * 1024 * 1024))" /dev/urandom >"$dir/base.raw"
+    qemu-img convert -O qcow2 "$dir/base.raw" "$dir/base.qcow2"
+    rm -f "$dir/base.raw"
+    for ((i = 1; i <= layers; i++)); do
+        qemu-img create -q -f qcow2 -b "$below" -F qcow2 "$dir/v$i.qcow2"
+        /usr/bin/python3 - "$mib" "$percent" "$i" <<'PYEOF' | qemu-io -f qcow2 "$dir/v$i.qcow2" >/dev/null
+import random, sys
+mib, percent, seed = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(seed)
+clusters = mib * 16
+for _ in range(clusters * percent // 100):
+    print(f"write -P {rng.randrange(1, 256)} {rng.randrange(clusters) * 65536} 64k")
+PYEOF
+        below=v$i.qcow2
+    done
+}

@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     drop(f);
-    if let Ok(img) = Qcow2Image::open(&path, OpenOptions { read_only: true, l2_cache_tables: 2 }, None) {
+    if let Ok(img) = Qcow2Image::open(&path, OpenOptions { read_only: true, l2_cache_bytes: 0 }, None) {
         let n = img.size().min(1 << 20) as usize;
         let mut buf = vec![0u8; n];
         let _ = img.read_at(&mut buf, 0);

@@ -1,6 +1,7 @@
-//! `vdstream serve-image`: serve one raw image file, a RAM disk, or a layer of a vDisk in
-//! the store, as an NBD export on a unix socket and/or a loopback TCP port, until SIGINT or
-//! SIGTERM, which drain the requests in flight before the process exits.
+//! `vdstream serve-image`: serve one image file (raw, or qcow2 with its backing chain), a
+//! RAM disk, or a layer of a vDisk in the store, as an NBD export on a unix socket and/or a
+//! loopback TCP port, until SIGINT or SIGTERM, which drain the requests in flight before
+//! the process exits.
 //!
 //! With `--vdisk NAME[@V]` the layer is chosen once, at start (a target's version is fixed
 //! when it connects), and its chain stays open, holding the files' locks, until exit.
@@ -12,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use vdstream_blockdev::{BlockDev, FileDev, FileOptions, MemoryDev};
 use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
+use vdstream_qcow2::{open_chain, ImageFormat, OpenOptions, Qcow2Image};
 
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
@@ -25,9 +27,26 @@ fn parse_on_off(text: &str) -> Result<bool, String> {
     }
 }
 
+/// `--format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FormatChoice {
+    Auto,
+    Raw,
+    Qcow2,
+}
+
+fn parse_format(text: &str) -> Result<FormatChoice, String> {
+    match text {
+        "auto" => Ok(FormatChoice::Auto),
+        "raw" => Ok(FormatChoice::Raw),
+        "qcow2" => Ok(FormatChoice::Qcow2),
+        _ => Err(format!("{text:?}: say auto, raw or qcow2")),
+    }
+}
+
 const DEFAULT_SOCKET: &str = "/tmp/vdstream.sock";
 
-/// Serve a raw image file or a RAM disk over NBD.
+/// Serve an image file (raw, or qcow2 with its backing chain) or a RAM disk over NBD.
 ///
 /// The export answers to the empty (default) name and to --name. Clients connect with
 /// `nbd+unix:///NAME?socket=PATH` or `nbd://127.0.0.1:PORT/NAME`. Ctrl-C or SIGTERM stops
@@ -38,14 +57,21 @@ Examples:
   vdstream serve-image --memory 1G
   vdstream serve-image disk.img --socket /run/disk.sock --name golden
   vdstream serve-image disk.img --read-only --listen 127.0.0.1:10809
+  vdstream serve-image store/win11/v3.qcow2 --read-only   (v3 and every version below it)
 Then:
   nbdinfo --map 'nbd+unix:///?socket=/tmp/vdstream.sock'
   qemu-system-x86_64 -drive file=nbd+unix:///?socket=/tmp/vdstream.sock,format=raw,if=virtio ...")]
 pub struct ServeImageArgs {
-    /// Raw image file (or block device) to serve. Omit it with --memory or --vdisk.
+    /// Image file (or block device) to serve: raw, or qcow2 served with its whole backing
+    /// chain (see --format). Omit it with --memory or --vdisk.
     #[arg(value_name = "FILE", required_unless_present_any = ["memory", "vdisk"], conflicts_with_all = ["memory", "vdisk"])]
     file: Option<PathBuf>,
 
+    /// Format of FILE: `auto` (qcow2 when it starts with the qcow2 magic, else raw), `raw`
+    /// or `qcow2`. Give `raw` for a raw image that clients may write: a guest that writes a
+    /// qcow2 header into it must not make the next start read its "backing files".
+    #[arg(long, value_name = "auto|raw|qcow2", default_value = "auto", value_parser = parse_format)]
+    format: FormatChoice,
     /// Serve a vDisk of the store: NAME (what production targets get) or NAME@V (V: a
     /// number, base, production, test, maintenance, latest). The maintenance version and a
     /// private vDisk are served read-write to one client process; the rest read-only.
@@ -182,9 +208,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         (Some(path), None) => {
             // Under a cache the image is the read-only vDisk; only `private` writes to it.
             let read_only = args.read_only || args.cache.is_some_and(|c| c != CacheType::Private);
-            let dev = FileDev::open(path, FileOptions { read_only, direct: args.direct })
-                .with_context(|| format!("cannot serve {}", path.display()))?;
-            (Arc::new(dev), format!("raw image {}", path.display()))
+            open_image(path, args.format, read_only, args.direct)?
         }
         (None, None) => bail!("give an image FILE or --memory SIZE"),
     };
@@ -254,6 +278,29 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         drop(opened_layer);
         Ok(())
     })
+}
+
+/// Opens FILE as raw or as qcow2 with its backing chain (read-only layers below the top).
+fn open_image(path: &Path, format: FormatChoice, read_only: bool, direct: bool) -> Result<(Arc<dyn BlockDev>, String)> {
+    let qcow2 = match format {
+        FormatChoice::Raw => false,
+        FormatChoice::Qcow2 => true,
+        FormatChoice::Auto => ImageFormat::probe(path).with_context(|| format!("cannot serve {}", path.display()))? == ImageFormat::Qcow2,
+    };
+    if !qcow2 {
+        let dev = FileDev::open(path, FileOptions { read_only, direct }).with_context(|| format!("cannot serve {}", path.display()))?;
+        return Ok((Arc::new(dev), format!("raw image {}", path.display())));
+    }
+    if direct {
+        bail!("--direct is for raw images; {} is qcow2: drop --direct (or serve it with --format raw)", path.display());
+    }
+    let dev: Arc<dyn BlockDev> = if read_only {
+        open_chain(path).with_context(|| format!("cannot serve {}", path.display()))?
+    } else {
+        let options = OpenOptions { read_only: false, ..Default::default() };
+        Arc::new(Qcow2Image::open_with_backing_chain(path, options).with_context(|| format!("cannot serve {}", path.display()))?)
+    };
+    Ok((dev, format!("qcow2 image {} with its backing chain", path.display())))
 }
 
 /// Opens the layer `--vdisk NAME[@V]` picks and says which one it is.

@@ -4,7 +4,8 @@
 //!
 //! Mapping: guest cluster `i` → L1 entry `i / l2_entries` → L2 table (cached) → L2 entry,
 //! decoded into a [`Mapping`]. The L1 table is held whole in memory (the header parser
-//! bounded it to 32 MiB); L2 tables sit in a bounded LRU [`L2Cache`].
+//! bounded it to 32 MiB); L2 tables sit in an LRU [`L2Cache`] bounded in bytes
+//! ([`OpenOptions::l2_cache_bytes`], 4 MiB by default, per layer of a chain).
 //!
 //! Reads take the metadata lock only to turn the request into runs ([`Run`]), then do the
 //! I/O without it: data runs `pread` straight into the caller's buffer (contiguous host
@@ -43,13 +44,19 @@ pub(crate) const ZERO_FLAG: u64 = 1;
 pub struct OpenOptions {
     /// Refuse writes. Read-only opens take a shared lock, read-write an exclusive one.
     pub read_only: bool,
-    /// L2 tables kept in memory (each one cluster).
-    pub l2_cache_tables: usize,
+    /// Memory for cached L2 tables, in bytes ([`DEFAULT_L2_CACHE_BYTES`] by default).
+    /// Each table is one cluster and maps `cluster_size / 8` clusters; at least two tables
+    /// are kept whatever the budget. Every layer of a chain has its own cache.
+    pub l2_cache_bytes: u64,
 }
+
+/// The default L2 cache budget per image: 4 MiB, which maps 32 GiB of guest space with
+/// 64 KiB clusters (64 tables), 512 MiB with 4 KiB clusters and 4 TiB with 2 MiB clusters.
+pub const DEFAULT_L2_CACHE_BYTES: u64 = 4 << 20;
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { read_only: true, l2_cache_tables: 64 }
+        OpenOptions { read_only: true, l2_cache_bytes: DEFAULT_L2_CACHE_BYTES }
     }
 }
 
@@ -168,13 +175,14 @@ impl Qcow2Image {
             Some(rc)
         };
         let name = path.display().to_string();
+        let l2_tables = (options.l2_cache_bytes / header.cluster_size()).clamp(2, usize::MAX as u64) as usize;
         let image = Qcow2Image {
             path,
             file,
             header,
             read_only: options.read_only,
             backing,
-            meta: Mutex::new(Meta { l1, l1_dirty: Default::default(), l2: L2Cache::new(options.l2_cache_tables), rc }),
+            meta: Mutex::new(Meta { l1, l1_dirty: Default::default(), l2: L2Cache::new(l2_tables), rc }),
         };
         if !image.read_only && image.header.autoclear_features != 0 {
             // We keep no bitmaps: clearing the autoclear bits tells qemu they are stale.

@@ -34,6 +34,6 @@ mod write;
 
 pub use chain::{create, open_chain, resolve_backing, ImageFormat};
 pub use header::{with_backing, Header, HeaderError};
-pub use image::{OpenOptions, Qcow2Image};
+pub use image::{OpenOptions, Qcow2Image, DEFAULT_L2_CACHE_BYTES};
 pub use merge::{merge_layers, MergeOptions, MergeReport, CHUNK_BYTES};
 pub use rebase::set_backing_file;

@@ -18,9 +18,14 @@
 //!     Data, or Zero + Below   → read through the chain; all zeros → as Zero, else written
 //! ```
 //!
+//! Two threads share the work: a reader ([`Planner`]) decides chunk n+1 and reads its data
+//! runs while the caller's thread ([`Writer`]) checks chunk n for all-zero clusters and
+//! writes it; at most two chunks wait between them, and their buffers are reused.
+//!
 //! Invariants:
-//! - Only clusters some upper layer holds as data are read, and each at most once; nothing
-//!   that reads as zeros is written as data.
+//! - Only destination clusters an upper layer holds data in are read, each once (plus,
+//!   when destination clusters are larger than a layer's, those that mix an upper layer's
+//!   zeros with data below); nothing that reads as zeros is written as data.
 //! - The guest content of `dst` equals that of `top`: a zero in an upper layer over data
 //!   in `stop_at` stays a zero cluster; a cluster no upper layer holds falls through to the
 //!   same `stop_at` it fell through to before.
@@ -28,8 +33,9 @@
 //!   (data, metadata and its directory entry fsynced) before `merge_layers` returns; the
 //!   caller renames it into place. On failure it is removed.
 
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use vdstream_blockdev::{BlockDev, Error, ErrorKind, Extent, Op, Result, ZeroFlags};
@@ -42,6 +48,9 @@ use crate::ImageFormat;
 /// Guest bytes looked at per step (rounded up to whole destination clusters); progress is
 /// reported after each.
 pub const CHUNK_BYTES: u64 = 4 << 20;
+
+/// L2 cache budget of the image being written.
+const DST_L2_CACHE_BYTES: u64 = 64 << 20;
 
 /// How to merge. Build it with `MergeOptions { .., ..Default::default() }`: fields may be
 /// added.
@@ -99,29 +108,44 @@ pub fn merge_layers(top: &Path, stop_at: Option<&Path>, dst: &Path, opts: &Merge
     crate::create(dst, size, backing.as_ref().map(|(n, f)| (n.as_str(), *f)), cluster_bits)?;
     let result = (|| {
         let cs = 1u64 << cluster_bits;
-        let tables = crate::header::Header::l1_entries_for(size, cluster_bits) as usize;
-        let l2_cache_tables = tables.clamp(1, ((64 << 20) / cs as usize).max(64));
-        let out = Qcow2Image::open(dst, OpenOptions { read_only: false, l2_cache_tables }, below.as_ref().map(|b| b.dev.clone()))?;
-        let mut m = Merger {
-            top: layers[0].dev.clone(),
-            upper: &layers[..upper_count],
-            below: below.as_ref().map(|b| b.dev.clone()),
-            out: &out,
-            cs,
-            size,
-            report: MergeReport::default(),
-            buf: Vec::new(),
-        };
+        // Enough to keep every L2 table of dst in memory up to 64 MiB of them, so tables are
+        // written once, at the end, rather than evicted (each eviction syncs).
+        let l2_cache_bytes = (crate::header::Header::l1_entries_for(size, cluster_bits) * cs).min(DST_L2_CACHE_BYTES);
+        let out = Qcow2Image::open(dst, OpenOptions { read_only: false, l2_cache_bytes }, below.as_ref().map(|b| b.dev.clone()))?;
+        let planner = Planner { top: layers[0].dev.clone(), upper: &layers[..upper_count], below: below.is_some(), cs };
+        let mut writer = Writer { out: &out, below: below.as_ref().map(|b| b.dev.clone()), cs, report: MergeReport::default() };
         let chunk = CHUNK_BYTES.div_ceil(cs) * cs;
         progress(0, size);
-        let mut at = 0;
-        while at < size {
-            let end = (at + chunk).min(size);
-            m.chunk(at, end)?;
-            progress(end, size);
-            at = end;
-        }
-        let report = m.report;
+        std::thread::scope(|scope| -> Result<()> {
+            // The reader plans and reads chunk n+1 while this thread writes chunk n.
+            let (tx, rx) = mpsc::sync_channel::<Result<Batch>>(2);
+            let (spare_tx, spare_rx) = mpsc::sync_channel::<Vec<u8>>(4);
+            let planner = &planner;
+            std::thread::Builder::new()
+                .name("merge-read".into())
+                .spawn_scoped(scope, move || {
+                    let mut at = 0;
+                    while at < size {
+                        let end = (at + chunk).min(size);
+                        let batch = planner.plan(at, end, &spare_rx);
+                        let failed = batch.is_err();
+                        if tx.send(batch).is_err() || failed {
+                            return;
+                        }
+                        at = end;
+                    }
+                })
+                .map_err(|e| Error::from_io(e, Op::Write, 0, 0, dst.display().to_string()))?;
+            // On an error `rx` is dropped here, so the reader's next send fails and it stops.
+            for batch in rx {
+                let batch = batch?;
+                let end = batch.end;
+                writer.apply(batch, &spare_tx)?;
+                progress(end, size);
+            }
+            Ok(())
+        })?;
+        let report = writer.report;
         out.flush()?;
         drop(out);
         sync_dir(dst)?;
@@ -157,17 +181,17 @@ fn stop_index(layers: &[Layer], top: &Path, stop_at: &Path) -> Result<usize> {
         "{} is not in its backing chain ({}): pass one of those layers, or None to flatten", stop_at.display(), chain.join(" -> "))))
 }
 
-/// How `dst` names `below`: the bare file name when both sit in one directory, else the
-/// absolute path.
+/// How `dst` names `below`: its file name when both sit in one directory (as the store
+/// keeps a vDisk's versions; symlinks are not resolved, so the name stays the one the
+/// chain uses), else its absolute path.
 fn backing_name(dst: &Path, below: &Path) -> String {
     let dir = |p: &Path| -> Option<PathBuf> {
         let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         std::fs::canonicalize(parent).ok()
     };
-    let abs = std::fs::canonicalize(below).unwrap_or_else(|_| below.to_path_buf());
-    match (dir(dst), abs.parent(), abs.file_name()) {
+    match (dir(dst), dir(below), below.file_name()) {
         (Some(a), Some(b), Some(name)) if a == b => name.to_string_lossy().into_owned(),
-        _ => abs.display().to_string(),
+        _ => std::path::absolute(below).unwrap_or_else(|_| below.to_path_buf()).display().to_string(),
     }
 }
 
@@ -195,27 +219,35 @@ enum Plan {
     Read,
 }
 
-struct Merger<'a> {
-    top: Arc<dyn BlockDev>,
-    upper: &'a [Layer],
-    below: Option<Arc<dyn BlockDev>>,
-    out: &'a Qcow2Image,
-    cs: u64,
-    size: u64,
-    report: MergeReport,
-    buf: Vec<u8>,
+/// One chunk as the reader planned it.
+struct Batch {
+    start: u64,
+    end: u64,
+    /// Per destination cluster: an upper layer makes it read as zeros.
+    zero_at: Vec<bool>,
+    /// Cluster-aligned runs read through the chain: (guest offset, bytes).
+    reads: Vec<(u64, Vec<u8>)>,
 }
 
-impl Merger<'_> {
-    /// Decides and writes the destination clusters of `[start, end)` (`start` cluster
-    /// aligned, `end` aligned or the end of the disk).
-    fn chunk(&mut self, start: u64, end: u64) -> Result<()> {
+/// The reading half: decides each chunk and reads what must be copied.
+struct Planner<'a> {
+    top: Arc<dyn BlockDev>,
+    upper: &'a [Layer],
+    /// Whether there is a backing (`stop_at`) below the upper layers.
+    below: bool,
+    cs: u64,
+}
+
+impl Planner<'_> {
+    /// Plans `[start, end)` (`start` cluster aligned, `end` aligned or the end of the disk)
+    /// and reads its data runs, into buffers from `spare` when there are some.
+    fn plan(&self, start: u64, end: u64, spare: &mpsc::Receiver<Vec<u8>>) -> Result<Batch> {
         let cs = self.cs;
         let n = (end - start).div_ceil(cs) as usize;
         let mut plan: Vec<Option<Plan>> = vec![None; n];
         for (s, e, a) in self.upper_alloc(start, end)? {
-            let a = if a == Alloc::Below && self.below.is_none() { Alloc::Zero } else { a };
             let p = match a {
+                Alloc::Below if !self.below => Plan::Zero,
                 Alloc::Below => Plan::Below,
                 Alloc::Zero => Plan::Zero,
                 Alloc::Data => Plan::Read,
@@ -228,7 +260,7 @@ impl Merger<'_> {
                 });
             }
         }
-        let mut zero_at: Vec<bool> = vec![false; n];
+        let mut batch = Batch { start, end, zero_at: vec![false; n], reads: Vec::new() };
         let mut i = 0;
         while i < n {
             let Some(p) = plan[i] else { unreachable!("every cluster is covered") };
@@ -239,51 +271,99 @@ impl Merger<'_> {
             let (s, e) = (start + i as u64 * cs, (start + j as u64 * cs).min(end));
             match p {
                 Plan::Below => {}
-                Plan::Zero => zero_at[i..j].fill(true),
-                Plan::Read => self.copy(s, e, &mut zero_at[i..j])?,
+                Plan::Zero => batch.zero_at[i..j].fill(true),
+                Plan::Read => {
+                    let mut buf = spare.try_recv().unwrap_or_default();
+                    buf.resize((e - s) as usize, 0);
+                    self.top.read_at(&mut buf, s)?;
+                    batch.reads.push((s, buf));
+                }
             }
             i = j;
         }
-        self.write_zeros(start, end, &zero_at)
+        Ok(batch)
     }
 
-    /// Reads `[s, e)` through the chain, writes its non-zero clusters, and marks the
-    /// all-zero ones in `zero_at`.
-    fn copy(&mut self, s: u64, e: u64, zero_at: &mut [bool]) -> Result<()> {
-        let len = (e - s) as usize;
-        self.buf.resize(len, 0);
-        self.top.read_at(&mut self.buf[..len], s)?;
-        self.report.bytes_read += len as u64;
+    /// What the upper layers hold over `[start, end)`, as sorted, disjoint ranges covering it.
+    fn upper_alloc(&self, start: u64, end: u64) -> Result<Vec<(u64, u64, Alloc)>> {
+        let mut decided: Vec<(u64, u64, Alloc)> = Vec::new();
+        let mut open: Vec<(u64, u64)> = vec![(start, end)];
+        for layer in self.upper {
+            if open.is_empty() {
+                break;
+            }
+            let mut still = Vec::new();
+            for &(s, e) in &open {
+                for (a, b, alloc) in layer_alloc(layer, s, e)? {
+                    match alloc {
+                        Alloc::Below => still.push((a, b)),
+                        _ => decided.push((a, b, alloc)),
+                    }
+                }
+            }
+            open = still;
+        }
+        decided.extend(open.into_iter().map(|(s, e)| (s, e, Alloc::Below)));
+        decided.sort_unstable_by_key(|d| d.0);
+        debug_assert!(decided.windows(2).all(|w| w[0].1 == w[1].0));
+        Ok(decided)
+    }
+}
+
+/// The writing half: drops all-zero clusters, writes the rest and the zero clusters.
+struct Writer<'a> {
+    out: &'a Qcow2Image,
+    below: Option<Arc<dyn BlockDev>>,
+    cs: u64,
+    report: MergeReport,
+}
+
+impl Writer<'_> {
+    /// Writes one planned chunk; hands its buffers back through `spare`.
+    fn apply(&mut self, batch: Batch, spare: &mpsc::SyncSender<Vec<u8>>) -> Result<()> {
         let cs = self.cs as usize;
-        for (k, cluster) in self.buf[..len].chunks(cs).enumerate() {
-            zero_at[k] = is_zero(cluster);
-        }
-        self.report.zero_data_dropped += zero_at.iter().filter(|&&z| z).count() as u64;
-        let mut k = 0;
-        while k < zero_at.len() {
-            if zero_at[k] {
-                k += 1;
-                continue;
+        let mut zero_at = batch.zero_at;
+        for (s, buf) in batch.reads {
+            self.report.bytes_read += buf.len() as u64;
+            let first = ((s - batch.start) / self.cs) as usize;
+            let clusters = buf.len().div_ceil(cs);
+            let zero = &mut zero_at[first..first + clusters];
+            for (k, cluster) in buf.chunks(cs).enumerate() {
+                zero[k] = is_zero(cluster);
             }
-            let mut j = k + 1;
-            while j < zero_at.len() && !zero_at[j] {
-                j += 1;
+            self.report.zero_data_dropped += zero.iter().filter(|&&z| z).count() as u64;
+            let mut k = 0;
+            while k < clusters {
+                if zero[k] {
+                    k += 1;
+                    continue;
+                }
+                let mut j = k + 1;
+                while j < clusters && !zero[j] {
+                    j += 1;
+                }
+                let data = &buf[k * cs..(j * cs).min(buf.len())];
+                self.out.write_at(data, s + (k * cs) as u64, false)?;
+                self.report.bytes_written += data.len() as u64;
+                self.report.clusters_written += (j - k) as u64;
+                k = j;
             }
-            self.write_run(s, k, j)?;
-            k = j;
+            let _ = spare.try_send(buf);
         }
+        self.write_zeros(batch.start, batch.end, &zero_at)?;
+        self.start_writeback();
         Ok(())
     }
 
-    /// Writes clusters `[from, to)` of the buffer read at guest `s`.
-    fn write_run(&mut self, s: u64, from: usize, to: usize) -> Result<()> {
-        let cs = self.cs as usize;
-        let end = (to * cs).min(self.buf.len());
-        let data = &self.buf[from * cs..end];
-        self.out.write_at(data, s + (from * cs) as u64, false)?;
-        self.report.bytes_written += data.len() as u64;
-        self.report.clusters_written += (to - from) as u64;
-        Ok(())
+    /// Asks the kernel to start writing dst's dirty pages now, so that the disk works
+    /// while the copy goes on and the final fsync has little left to wait for.
+    fn start_writeback(&self) {
+        // SAFETY: sync_file_range takes the descriptor `out.file` keeps open and integers;
+        // it touches no memory of ours.
+        let rc = unsafe { libc::sync_file_range(self.out.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+        if rc != 0 {
+            log::debug!("{}: sync_file_range: {}", self.out.path.display(), std::io::Error::last_os_error());
+        }
     }
 
     /// Makes the clusters marked in `zero_at` read as zeros in `dst`: nothing to do where
@@ -343,31 +423,6 @@ impl Merger<'_> {
             }
         }
         Ok(zero)
-    }
-
-    /// What the upper layers hold over `[start, end)`, as sorted, disjoint ranges covering it.
-    fn upper_alloc(&self, start: u64, end: u64) -> Result<Vec<(u64, u64, Alloc)>> {
-        let mut decided: Vec<(u64, u64, Alloc)> = Vec::new();
-        let mut open: Vec<(u64, u64)> = vec![(start, end)];
-        for layer in self.upper {
-            if open.is_empty() {
-                break;
-            }
-            let mut still = Vec::new();
-            for &(s, e) in &open {
-                for (a, b, alloc) in layer_alloc(layer, s, e)? {
-                    match alloc {
-                        Alloc::Below => still.push((a, b)),
-                        _ => decided.push((a, b, alloc)),
-                    }
-                }
-            }
-            open = still;
-        }
-        decided.extend(open.into_iter().map(|(s, e)| (s, e, Alloc::Below)));
-        decided.sort_unstable_by_key(|d| d.0);
-        debug_assert!(decided.windows(2).all(|w| w[0].1 == w[1].0) && self.size >= end);
-        Ok(decided)
     }
 }
 

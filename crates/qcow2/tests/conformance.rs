@@ -13,7 +13,7 @@ use vdstream_qcow2::{create, open_chain, ImageFormat, OpenOptions, Qcow2Image};
 static N: AtomicUsize = AtomicUsize::new(0);
 
 fn rw() -> OpenOptions {
-    OpenOptions { read_only: false, l2_cache_tables: 4 }
+    OpenOptions { read_only: false, l2_cache_bytes: 4 * 4096 }
 }
 
 /// A fresh image in `dir`; `base_seed` puts a raw backing file of that pattern under it.

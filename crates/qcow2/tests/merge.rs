@@ -234,6 +234,21 @@ fn a_zero_over_data_stays_zero_and_compaction_drops_zeros() {
 }
 
 #[test]
+fn version_2_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", "-o", "compat=0.10", s(&base), "8M"]);
+    io(&base, "qcow2", &["write -P 0x11 0 6M".into()]);
+    let v1 = dir.path().join("v1.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", "-o", "compat=0.10,cluster_size=4096", "-b", "base.qcow2", "-F", "qcow2", s(&v1)]);
+    // Version 2 has no zero clusters: qemu writes the zeros as data.
+    io(&v1, "qcow2", &["write -z 1M 64k".into(), "write -P 0x22 3M 10k".into(), "write -c -P 0x23 7M 4k".into()]);
+    let r = merge_and_check(&v1, Some(1), &MergeOptions::default(), "v2");
+    assert_eq!(r.zero_clusters, 16, "zeros over base data: {r:?}");
+    merge_and_check(&v1, None, &MergeOptions::default(), "v2-flat");
+}
+
+#[test]
 fn odd_sizes_and_a_smaller_base() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base.qcow2");
@@ -265,6 +280,40 @@ fn refusals_name_the_problem() {
     let e = merge_layers(&v1, None, &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("dst.qcow2"), "{e}");
     assert_eq!(std::fs::read(&dst).unwrap(), b"x", "an existing dst is left alone");
+}
+
+#[test]
+fn dst_in_another_folder_names_its_backing_by_absolute_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "4M"]);
+    io(&base, "qcow2", &["write -P 0x11 0 4M".into()]);
+    let v1 = overlay(dir.path(), "v1.qcow2", &base, "qcow2", 65536);
+    io(&v1, "qcow2", &["write -P 0x22 1M 64k".into()]);
+    std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
+    let dst = dir.path().join("elsewhere/merged.qcow2");
+    merge_layers(&v1, Some(&base), &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&qemu_img(&["info", "--output=json", s(&dst)])).unwrap();
+    assert_eq!(v["backing-filename"].as_str(), Some(s(&base)), "{v}");
+    qemu_img(&["compare", "-q", s(&v1), s(&dst)]);
+}
+
+#[test]
+fn a_read_error_mid_merge_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "64M"]);
+    let v1 = overlay(dir.path(), "v1.qcow2", &base, "qcow2", 65536);
+    io(&v1, "qcow2", &["write -P 0x11 0 40M".into(), "write -P 0x12 60M 64k".into()]);
+    // Cut off the last data cluster (at guest 60M): the metadata still points at it.
+    let len = std::fs::metadata(&v1).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&v1).unwrap().set_len(len - 65536).unwrap();
+    let dst = dir.path().join("dst.qcow2");
+    let mut last = 0;
+    let e = merge_layers(&v1, Some(&base), &dst, &MergeOptions::default(), &mut |d, _| last = d).unwrap_err();
+    assert!(e.to_string().contains("v1.qcow2") && e.to_string().contains("qemu-img check"), "{e}");
+    assert!(last >= 40 << 20, "chunks before the bad one were written ({last})");
+    assert!(!dst.exists(), "a failed merge leaves no dst behind");
 }
 
 /// One random operation on a layer.

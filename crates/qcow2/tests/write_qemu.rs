@@ -15,8 +15,9 @@ use vdstream_qcow2::{create, ImageFormat, OpenOptions, Qcow2Image};
 
 const MIB: u64 = 1 << 20;
 
-fn rw(l2_cache_tables: usize) -> OpenOptions {
-    OpenOptions { read_only: false, l2_cache_tables }
+/// A small L2 cache, to exercise eviction: `units` of 512 bytes (never under two tables).
+fn rw(units: u64) -> OpenOptions {
+    OpenOptions { read_only: false, l2_cache_bytes: units * 512 }
 }
 
 #[derive(Debug, Clone)]
