@@ -43,7 +43,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use stats::{CacheStats, StatsSnapshot};
-use vdstream_blockdev::{BlockDev, Result};
+use vdstream_blockdev::{BlockDev, IoEngineKind, Result};
 
 /// The cache types, named as PVS names them (see DESIGN.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -122,6 +122,9 @@ pub struct CacheConfig {
     pub max_file: Option<u64>,
     /// Disk types: write through the page cache (`true`) or with O_DIRECT (`false`).
     pub intermediate_buffering: bool,
+    /// Disk types: how the cache file's pages are read and written (io_uring falls back to
+    /// sync where the kernel refuses it).
+    pub io_engine: IoEngineKind,
     /// `private`: the file to lock exclusively so that a second writer is refused (the
     /// vDisk's own file).
     pub lock_path: Option<PathBuf>,
@@ -136,6 +139,7 @@ impl CacheConfig {
             dir: std::env::temp_dir(),
             max_file: None,
             intermediate_buffering: false,
+            io_engine: IoEngineKind::default(),
             lock_path: None,
         }
     }
