@@ -93,6 +93,11 @@ pub struct ServeImageArgs {
     #[arg(long, value_name = "sync|io_uring", default_value = "sync", requires = "cache")]
     io_engine: vdstream_blockdev::IoEngineKind,
 
+    /// Disk cache types with O_DIRECT: write zeros over each 2 MiB chunk of the cache file
+    /// as it is preallocated, so that guest writes land on written blocks.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "off", requires = "cache", action = clap::ArgAction::Set)]
+    zero_fill: bool,
+
     /// Worker threads per connection for devices that may sleep (files, disk caches): how
     /// many of one connection's requests run at once.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -173,6 +178,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
                 max_file: args.overflow_max,
                 intermediate_buffering: args.intermediate_buffering,
                 io_engine: args.io_engine,
+                zero_fill: args.zero_fill,
                 lock_path: args.file.clone(),
             };
             let cache = vdstream_wcache::open(kind, dev, &cfg).with_context(|| format!("cannot open the {kind} write cache"))?;

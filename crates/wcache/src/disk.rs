@@ -153,7 +153,7 @@ impl DiskCache {
             file,
             map: PageMap::new(pages),
             locks: PageLocks::new(LOCK_STRIPES),
-            prealloc: Prealloc::new(pages, limit_pages.min(pages)),
+            prealloc: Prealloc::new(pages, limit_pages.min(pages), cfg.zero_fill),
             stats: CacheStats::default(),
             kind,
             target: cfg.target.clone(),
@@ -257,7 +257,7 @@ impl DiskCache {
             return Err(self.no_space(op, offset, len));
         }
         if new > 0 {
-            self.prealloc.ensure(&self.file, first, last, self.map.data_pages());
+            self.prealloc.ensure(&self.file, first, last, self.map.data_pages(), &|p| self.map.get(p) == PageState::Data);
         }
         // The page locks keep every page of the range in the state counted above.
         if let Err(e) = self.write_file(data, offset) {

@@ -125,6 +125,9 @@ pub struct CacheConfig {
     /// Disk types: how the cache file's pages are read and written (io_uring falls back to
     /// sync where the kernel refuses it).
     pub io_engine: IoEngineKind,
+    /// Disk types with O_DIRECT: write zeros over each 2 MiB chunk of the cache file when
+    /// it is preallocated, so guest writes land on written blocks (see `prealloc`).
+    pub zero_fill: bool,
     /// `private`: the file to lock exclusively so that a second writer is refused (the
     /// vDisk's own file).
     pub lock_path: Option<PathBuf>,
@@ -140,6 +143,7 @@ impl CacheConfig {
             max_file: None,
             intermediate_buffering: false,
             io_engine: IoEngineKind::default(),
+            zero_fill: false,
             lock_path: None,
         }
     }
