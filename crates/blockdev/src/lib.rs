@@ -21,17 +21,20 @@
 //! - [`Caps`] tells the truth: the NBD server derives what it advertises from it, and never
 //!   from a hand-kept list.
 
+pub mod engine;
 pub mod error;
 pub mod file;
 pub mod memory;
 pub mod reclaim;
 pub mod span;
+pub mod uring;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
 use std::sync::Arc;
 
+pub use engine::{IoEngine, IoEngineKind};
 pub use error::{Error, ErrorKind, Op, Result};
 pub use file::{FileDev, FileOptions};
 pub use memory::MemoryDev;

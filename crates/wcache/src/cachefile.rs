@@ -16,6 +16,12 @@
 //!   A file system that refuses `O_DIRECT` (tmpfs) is reported at open with what to do.
 //! - Hole punching is probed at open; if the file system cannot punch, trims still work
 //!   (the page map says *zero*), they just do not give the blocks back.
+//! - Page reads and writes go through an [`IoEngine`]: `pread`/`pwrite` on the calling
+//!   thread, or a batched io_uring queue shared by every thread using the file (the
+//!   NBD server's workers), chosen by [`IoEngineKind`] at open. Either way a call returns
+//!   only when its I/O is complete, so the disk cache's rule "a page is *data* only after
+//!   its bytes are in the file" and the persistent types' flush ordering (`fdatasync`
+//!   covers every completed write) hold unchanged.
 //!
 //! Invariants: every I/O here is whole pages inside the file; every error names the file.
 
@@ -27,7 +33,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use vdstream_blockdev::{Error, ErrorKind, Op, Result};
+use vdstream_blockdev::{Error, ErrorKind, IoEngine, IoEngineKind, Op, Result};
 
 use crate::page::{PAGE, PAGE_U64};
 
@@ -68,6 +74,8 @@ pub fn is_aligned(buf: &[u8], offset: u64) -> bool {
 /// The page file of a disk cache. See the module notes.
 #[derive(Debug)]
 pub struct CacheFile {
+    /// Declared before `file`: dropped (its ring thread ended) before the descriptor closes.
+    engine: IoEngine,
     file: File,
     path: PathBuf,
     direct: bool,
@@ -76,8 +84,22 @@ pub struct CacheFile {
 
 impl CacheFile {
     /// Opens (creating it if `create`) the file at `path` and sets its length to `pages`
-    /// pages. With `exclusive`, the file must not exist yet.
-    pub fn open(path: &Path, pages: u64, direct: bool, create: bool, exclusive: bool) -> Result<CacheFile> {
+    /// pages. With `exclusive`, the file must not exist yet. Page I/O uses an engine of
+    /// `engine` (sync where io_uring cannot be set up).
+    pub fn open(path: &Path, pages: u64, direct: bool, create: bool, exclusive: bool, engine: IoEngineKind) -> Result<CacheFile> {
+        let what = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        Self::open_with_engine(path, pages, direct, create, exclusive, || IoEngine::open(engine, &what))
+    }
+
+    /// Like [`open`](Self::open), with the engine made by `engine` once the file is open.
+    pub fn open_with_engine(
+        path: &Path,
+        pages: u64,
+        direct: bool,
+        create: bool,
+        exclusive: bool,
+        engine: impl FnOnce() -> IoEngine,
+    ) -> Result<CacheFile> {
         let name = path.display().to_string();
         let mut oo = OpenOptions::new();
         oo.read(true).write(true);
@@ -111,7 +133,7 @@ impl CacheFile {
         if cur != len {
             file.set_len(len).map_err(|e| Error::from_io(e, Op::Open, 0, len, name.clone()))?;
         }
-        let cf = CacheFile { file, path: path.to_path_buf(), direct, punch_works: AtomicBool::new(true) };
+        let cf = CacheFile { engine: IoEngine::Sync, file, path: path.to_path_buf(), direct, punch_works: AtomicBool::new(true) };
         if direct && pages > 0 {
             // Some file systems accept O_DIRECT at open and refuse it at the first I/O.
             with_bounce(PAGE, |b| cf.file.read_exact_at(b, 0)).map_err(refuse_direct)?;
@@ -119,7 +141,7 @@ impl CacheFile {
         // Probe hole punching past the end of the file, where no data is touched.
         let punch = fallocate(&cf.file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, len, PAGE_U64);
         cf.punch_works.store(punch.is_ok(), Ordering::Relaxed);
-        Ok(cf)
+        Ok(CacheFile { engine: engine(), ..cf })
     }
 
     pub fn path(&self) -> &Path {
@@ -130,6 +152,11 @@ impl CacheFile {
         self.direct
     }
 
+    /// The engine in use (sync after a fallback).
+    pub fn engine(&self) -> IoEngineKind {
+        self.engine.kind()
+    }
+
     fn err(&self, e: io::Error, op: Op, offset: u64, len: u64) -> Error {
         Error::from_io(e, op, offset, len, self.path.display().to_string())
     }
@@ -137,13 +164,13 @@ impl CacheFile {
     /// Reads `buf` at `offset` (aligned in direct mode).
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         debug_assert!(!self.direct || is_aligned(buf, offset));
-        self.file.read_exact_at(buf, offset).map_err(|e| self.err(e, Op::Read, offset, buf.len() as u64))
+        self.engine.read_exact_at(&self.file, buf, offset).map_err(|e| self.err(e, Op::Read, offset, buf.len() as u64))
     }
 
     /// Writes `buf` at `offset` (aligned in direct mode).
     pub fn write(&self, buf: &[u8], offset: u64) -> Result<()> {
         debug_assert!(!self.direct || is_aligned(buf, offset));
-        self.file.write_all_at(buf, offset).map_err(|e| self.err(e, Op::Write, offset, buf.len() as u64))
+        self.engine.write_all_at(&self.file, buf, offset).map_err(|e| self.err(e, Op::Write, offset, buf.len() as u64))
     }
 
     /// Gives back the blocks of `[offset, offset+len)` (whole pages). `false` when the file

@@ -50,7 +50,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
+use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine, IoEngineKind, Op, Result, ZeroFlags};
 
 use crate::cachefile::{is_aligned, with_bounce, CacheFile, BOUNCE_BYTES};
 use crate::page::{read_lower_page, PageLocks, PAGE, PAGE_SHIFT, PAGE_U64};
@@ -117,6 +117,13 @@ static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
 impl DiskCache {
     /// Opens a fresh, empty cache over `lower` in a new file in `cfg.dir`.
     pub fn open(lower: Arc<dyn BlockDev>, cfg: &CacheConfig, kind: CacheType) -> Result<Self> {
+        let engine = cfg.io_engine;
+        Self::open_with_engine(lower, cfg, kind, |what| IoEngine::open(engine, what))
+    }
+
+    /// Like [`open`](Self::open), with the cache file's engine made by `engine` (given the
+    /// file's name) instead of from `cfg.io_engine`.
+    pub fn open_with_engine(lower: Arc<dyn BlockDev>, cfg: &CacheConfig, kind: CacheType, engine: impl FnOnce(&str) -> IoEngine) -> Result<Self> {
         let pages = lower.size().div_ceil(PAGE_U64);
         let name = format!(
             ".vdstream-{kind}-{}-{}-{}.cache",
@@ -124,8 +131,8 @@ impl DiskCache {
             std::process::id(),
             NEXT_FILE.fetch_add(1, Ordering::Relaxed)
         );
-        let path = cfg.dir.join(name);
-        let file = CacheFile::open(&path, pages, !cfg.intermediate_buffering, true, true)
+        let path = cfg.dir.join(&name);
+        let file = CacheFile::open_with_engine(&path, pages, !cfg.intermediate_buffering, true, true, || engine(&name))
             .map_err(|e| Error { message: format!("cannot create the {kind} cache file of target {}: {}", cfg.target, e.message), ..e })?;
         let mut cache = DiskCache::with_file(lower, file, cfg, kind, false);
         if let Err(e) = std::fs::remove_file(&path) {
@@ -146,7 +153,7 @@ impl DiskCache {
             file,
             map: PageMap::new(pages),
             locks: PageLocks::new(LOCK_STRIPES),
-            prealloc: Prealloc::new(pages, limit_pages.min(pages)),
+            prealloc: Prealloc::new(pages, limit_pages.min(pages), cfg.zero_fill),
             stats: CacheStats::default(),
             kind,
             target: cfg.target.clone(),
@@ -166,6 +173,11 @@ impl DiskCache {
 
     pub(crate) fn cache_file(&self) -> &CacheFile {
         &self.file
+    }
+
+    /// The engine the cache file's pages go through (sync after a fallback).
+    pub fn io_engine(&self) -> IoEngineKind {
+        self.file.engine()
     }
 
     pub(crate) fn counters(&self) -> &CacheStats {
@@ -245,7 +257,7 @@ impl DiskCache {
             return Err(self.no_space(op, offset, len));
         }
         if new > 0 {
-            self.prealloc.ensure(&self.file, first, last, self.map.data_pages());
+            self.prealloc.ensure(&self.file, first, last, self.map.data_pages(), &|p| self.map.get(p) == PageState::Data);
         }
         // The page locks keep every page of the range in the state counted above.
         if let Err(e) = self.write_file(data, offset) {

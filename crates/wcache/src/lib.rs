@@ -43,7 +43,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use stats::{CacheStats, StatsSnapshot};
-use vdstream_blockdev::{BlockDev, Result};
+use vdstream_blockdev::{BlockDev, IoEngineKind, Result};
 
 /// The cache types, named as PVS names them (see DESIGN.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -122,6 +122,12 @@ pub struct CacheConfig {
     pub max_file: Option<u64>,
     /// Disk types: write through the page cache (`true`) or with O_DIRECT (`false`).
     pub intermediate_buffering: bool,
+    /// Disk types: how the cache file's pages are read and written (io_uring falls back to
+    /// sync where the kernel refuses it).
+    pub io_engine: IoEngineKind,
+    /// Disk types with O_DIRECT: write zeros over each 2 MiB chunk of the cache file when
+    /// it is preallocated, so guest writes land on written blocks (see `prealloc`).
+    pub zero_fill: bool,
     /// `private`: the file to lock exclusively so that a second writer is refused (the
     /// vDisk's own file).
     pub lock_path: Option<PathBuf>,
@@ -136,6 +142,8 @@ impl CacheConfig {
             dir: std::env::temp_dir(),
             max_file: None,
             intermediate_buffering: false,
+            io_engine: IoEngineKind::default(),
+            zero_fill: false,
             lock_path: None,
         }
     }

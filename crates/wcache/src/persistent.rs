@@ -169,7 +169,7 @@ impl PersistentDiskCache {
                 (durable, journal, replay.last_seq.max(cp.seq))
             }
         };
-        let file = CacheFile::open(&data_path, pages, !cfg.intermediate_buffering, true, false)?;
+        let file = CacheFile::open(&data_path, pages, !cfg.intermediate_buffering, true, false, cfg.io_engine)?;
         give_back_unmapped(&file, &durable)?;
         let cache = DiskCache::with_file(lower, file, cfg, kind, true);
         cache.map().import_words(&durable.export_words()).map_err(|why| corrupt(&cp_path, &why))?;
@@ -186,6 +186,11 @@ impl PersistentDiskCache {
 
     /// The last journal sequence number made durable (grows with every flush that changed
     /// the map).
+    /// The engine the cache file's pages go through (sync after a fallback).
+    pub fn io_engine(&self) -> vdstream_blockdev::IoEngineKind {
+        self.cache.io_engine()
+    }
+
     pub fn durable_seq(&self) -> u64 {
         self.meta.lock().unwrap_or_else(PoisonError::into_inner).seq
     }

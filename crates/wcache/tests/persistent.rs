@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vdstream_blockdev::conformance::{self, model, pattern_buf};
-use vdstream_blockdev::{BlockDev, ErrorKind, FileDev, FileOptions, MemoryDev};
+use vdstream_blockdev::{BlockDev, ErrorKind, FileDev, FileOptions, IoEngineKind, MemoryDev};
 use vdstream_wcache::persistent::{cache_paths, PersistentDiskCache};
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
@@ -64,6 +64,11 @@ fn both_persistent_types_conform() {
     if direct_works(dir.path()) {
         conformance::run_all("device-disk-persistent (O_DIRECT)", &|size| {
             Arc::new(fresh(dir.path(), CacheType::DeviceDiskPersistent, false, size, None).unwrap())
+        });
+        conformance::run_all("device-disk-persistent (O_DIRECT, io_uring)", &|size| {
+            let target = format!("uring vm {}", NEXT.fetch_add(1, Ordering::Relaxed));
+            let cfg = CacheConfig { io_engine: IoEngineKind::IoUring, ..config(dir.path(), &target, false) };
+            Arc::new(PersistentDiskCache::open(lower(size, None), &cfg, CacheType::DeviceDiskPersistent).unwrap())
         });
     }
 }
@@ -251,7 +256,9 @@ fn crash_lower(dir: &Path) -> Arc<dyn BlockDev> {
 fn crash_child() {
     let Some(dir) = std::env::var_os(CRASH_ENV).map(PathBuf::from) else { return };
     let seed: u64 = std::env::var("VDSTREAM_CRASH_SEED").unwrap().parse().unwrap();
-    let cfg = config(&dir, "crash target", seed % 2 == 0);
+    // Rounds 1-2 on io_uring (O_DIRECT, buffered), 3-4 on pread/pwrite.
+    let engine = if seed <= 2 { IoEngineKind::IoUring } else { IoEngineKind::Sync };
+    let cfg = CacheConfig { io_engine: engine, ..config(&dir, "crash target", seed % 2 == 0) };
     let cache = PersistentDiskCache::open(crash_lower(&dir), &cfg, CacheType::DeviceDiskPersistent).unwrap();
     let mut progress = std::fs::OpenOptions::new().create(true).append(true).open(crash_paths(&dir).1).unwrap();
     let mut rng = Rng(seed);
