@@ -75,9 +75,9 @@ mod tests {
     #[test]
     fn io_engine_defaults_to_sync_and_takes_io_uring() {
         use vdstream_blockdev::IoEngineKind;
-        let Command::ServeImage(args) = parse(&["serve-image", "b.img", "--cache", "device-disk"]).unwrap().command;
+        let Command::ServeImage(args) = parse(&["serve-image", "b.img", "--cache", "device-disk"]).unwrap().command else { panic!("serve-image") };
         assert_eq!(args.io_engine(), IoEngineKind::Sync);
-        let Command::ServeImage(args) = parse(&["serve-image", "b.img", "--cache", "device-disk", "--io-engine", "io_uring"]).unwrap().command;
+        let Command::ServeImage(args) = parse(&["serve-image", "b.img", "--cache", "device-disk", "--io-engine", "io_uring"]).unwrap().command else { panic!("serve-image") };
         assert_eq!(args.io_engine(), IoEngineKind::IoUring);
         assert!(parse(&["serve-image", "b.img", "--cache", "device-disk", "--io-engine", "aio"]).is_err());
         assert!(parse(&["serve-image", "b.img", "--threads", "0"]).is_err());
