@@ -5,6 +5,7 @@ mod audit;
 mod output;
 mod serve_image;
 mod size;
+mod target;
 mod vdisk;
 mod version;
 
@@ -22,6 +23,8 @@ Examples:
   vdstream vdisk create win11 --size 64G        a vDisk in the store
   vdstream version new win11                    a maintenance version to update it
   vdstream serve-image --vdisk win11            serve what production targets boot
+  vdstream target attach vm1 --server 'nbd+unix:///?socket=/tmp/vdstream.sock'
+                                                a target's agent: local cache, socket for qemu
 
 Logging: set RUST_LOG=debug (or info, warn) for more detail.")]
 struct Cli {
@@ -35,6 +38,7 @@ enum Command {
     Vdisk(vdisk::VdiskArgs),
     Version(version::VersionArgs),
     Audit(audit::AuditArgs),
+    Target(target::TargetArgs),
 }
 
 fn main() {
@@ -47,6 +51,7 @@ fn main() {
         Command::Vdisk(args) => vdisk::run(args),
         Command::Version(args) => version::run(args),
         Command::Audit(args) => audit::run(args),
+        Command::Target(args) => target::run(args),
     };
     if let Err(err) = result {
         eprintln!("vdstream: error: {err:#}");

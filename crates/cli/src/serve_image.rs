@@ -19,7 +19,7 @@ use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
 use crate::size::{format_size, parse_size};
 
-fn parse_on_off(text: &str) -> Result<bool, String> {
+pub(crate) fn parse_on_off(text: &str) -> Result<bool, String> {
     match text {
         "on" | "yes" | "true" => Ok(true),
         "off" | "no" | "false" => Ok(false),
@@ -185,6 +185,10 @@ impl SingleExport {
 impl Exports for SingleExport {
     fn list(&self) -> Vec<ExportInfo> {
         vec![ExportInfo { name: self.name.clone(), description: self.description.clone() }]
+    }
+
+    fn description(&self, name: &str) -> Option<String> {
+        (name.is_empty() || name == self.name).then(|| self.description.clone())
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
@@ -413,7 +417,7 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
     tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on unix socket {}", path.display()))
 }
 
-async fn wait_for_signal() -> Result<()> {
+pub(crate) async fn wait_for_signal() -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;

@@ -201,7 +201,7 @@ where
                             put_option_reply(&mut out, option, REP_INFO, &info);
                         }
                         if req.want_description {
-                            let description = shared.exports.list().into_iter().find(|e| e.name == req.name).map(|e| e.description);
+                            let description = shared.exports.description(req.name);
                             if let Some(d) = description.filter(|d| !d.is_empty()) {
                                 let mut info = INFO_DESCRIPTION.to_be_bytes().to_vec();
                                 info.extend_from_slice(crate::wire::clip_message(&d, 4096).as_bytes());

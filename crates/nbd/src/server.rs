@@ -60,6 +60,14 @@ pub trait Exports: Send + Sync + 'static {
     /// dropped right after its size and caps are read). Return the same `Arc` for every
     /// connection that should share one device.
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError>;
+
+    /// The description sent as `NBD_INFO_DESCRIPTION` for export `name` (clients such as
+    /// the agent compare it across reconnects to know they still read the same vDisk
+    /// version). The default looks `name` up in [`Exports::list`]; an implementation where
+    /// "" is an alias of a listed export should answer for "" too.
+    fn description(&self, name: &str) -> Option<String> {
+        self.list().into_iter().find(|e| e.name == name).map(|e| e.description)
+    }
 }
 
 /// Tunables of a server. `Default` gives production values.

@@ -2,7 +2,7 @@
 //!
 //! Order of options: NBD_OPT_STRUCTURED_REPLY, then NBD_OPT_SET_META_CONTEXT
 //! `base:allocation` (only once structured replies are on), then NBD_OPT_GO asking for
-//! NBD_INFO_BLOCK_SIZE, falling back to NBD_OPT_EXPORT_NAME when the server answers GO with
+//! NBD_INFO_BLOCK_SIZE and NBD_INFO_DESCRIPTION, falling back to NBD_OPT_EXPORT_NAME when the server answers GO with
 //! NBD_REP_ERR_UNSUP. Invariants: no option reply payload longer than [`MAX_REPLY_LEN`] is
 //! read (so a wire length never drives an allocation beyond it); every reply must echo the
 //! option we sent; the handshake does not read past the server's last handshake byte, so the
@@ -47,6 +47,10 @@ pub struct ExportInfo {
     pub structured: bool,
     /// The meta context id of `base:allocation`, when negotiated.
     pub base_allocation: Option<u32>,
+    /// The export's description (NBD_INFO_DESCRIPTION), when the server sent one. The
+    /// agent uses it, with the size, to tell that a server still serves the same vDisk
+    /// version after a reconnect.
+    pub description: Option<String>,
 }
 
 pub(crate) struct Request<'a> {
@@ -154,11 +158,13 @@ where
     let mut p = Vec::with_capacity(8 + req.export.len());
     p.extend_from_slice(&(req.export.len() as u32).to_be_bytes());
     p.extend_from_slice(req.export.as_bytes());
-    p.extend_from_slice(&1u16.to_be_bytes());
+    p.extend_from_slice(&2u16.to_be_bytes());
     p.extend_from_slice(&proto::INFO_BLOCK_SIZE.to_be_bytes());
+    p.extend_from_slice(&proto::INFO_DESCRIPTION.to_be_bytes());
     opts.send(proto::OPT_GO, &p).await?;
     let mut export_info: Option<(u64, u16)> = None;
     let mut block_sizes = BlockSizes::default();
+    let mut description = None;
     loop {
         let r = opts.reply(proto::OPT_GO).await?;
         match r.kind {
@@ -185,7 +191,8 @@ where
                         let b = BlockSizes { minimum: be(0), preferred: be(4), maximum: be(8) };
                         block_sizes = check_block_sizes(b).map_err(&fail)?;
                     }
-                    _ => {} // NAME, DESCRIPTION and unknown infos are informative only.
+                    proto::INFO_DESCRIPTION => description = Some(String::from_utf8_lossy(d).into_owned()),
+                    _ => {} // NAME and unknown infos are informative only.
                 }
             }
             proto::REP_ACK => break,
@@ -199,6 +206,7 @@ where
                     block_sizes: BlockSizes::default(),
                     structured,
                     base_allocation,
+                    description: None,
                 });
             }
             k if k & proto::REP_FLAG_ERROR != 0 => {
@@ -215,7 +223,7 @@ where
         }
     }
     let (size, flags) = export_info.ok_or_else(|| fail("server acknowledged NBD_OPT_GO without NBD_INFO_EXPORT".into()))?;
-    Ok(ExportInfo { export: req.export.to_string(), size, flags, block_sizes, structured, base_allocation })
+    Ok(ExportInfo { export: req.export.to_string(), size, flags, block_sizes, structured, base_allocation, description })
 }
 
 fn check_block_sizes(b: BlockSizes) -> Result<BlockSizes, String> {

@@ -1,0 +1,390 @@
+//! One attach of one target: [`Agent::open`] takes the target's lock, connects the remote
+//! base, opens the write cache over it and binds the local socket; [`Agent::serve`] serves
+//! the local export and publishes the status every second until shutdown, then drains.
+//!
+//! Invariants:
+//! - One agent per target id (an `flock` on `RUN/ID.lock`), and never two servers on one
+//!   socket: a socket a live process answers on is refused, a stale one is replaced.
+//! - The local socket exists only once the vDisk is reachable and the cache is open, so a
+//!   client that connects is served at once.
+//! - A non-persistent cache starts empty (the cache types guarantee it); the persistent
+//!   type reopens its cache only over the same vDisk (size and identity are checked).
+//! - At shutdown, every request already read is answered, the device is flushed, the
+//!   socket removed and a last status with state `stopped` written.
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vdstream_blockdev::BlockDev;
+use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
+use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
+
+use crate::endpoint::Endpoint;
+use crate::remote::{RemoteBase, RemoteOptions};
+use crate::status::{self, CacheStatus, IoStatus, ServerStatus, Status, VdiskStatus};
+use crate::{paths, AgentError};
+
+/// Everything an attach needs; the CLI fills it from flags and defaults ([`crate::paths`]).
+#[derive(Debug, Clone)]
+pub struct AttachConfig {
+    pub target: String,
+    pub endpoints: Vec<Endpoint>,
+    pub cache: CacheType,
+    /// RAM for `device-ram` and `ram-overflow`.
+    pub ram: u64,
+    /// Folder of the overflow or cache file.
+    pub cache_dir: PathBuf,
+    /// Cap on the overflow or cache file.
+    pub overflow_max: Option<u64>,
+    pub intermediate_buffering: bool,
+    pub socket: PathBuf,
+    pub listen: Option<SocketAddr>,
+    pub status_path: PathBuf,
+    pub lock_path: PathBuf,
+    pub remote: RemoteOptions,
+    /// How often the status file is rewritten.
+    pub status_every: Duration,
+}
+
+impl AttachConfig {
+    /// A config with every default for target `id` reading from `endpoints`.
+    pub fn new(id: &str, endpoints: Vec<Endpoint>) -> AttachConfig {
+        AttachConfig {
+            target: id.to_string(),
+            endpoints,
+            cache: CacheType::RamOverflow,
+            ram: 256 << 20,
+            cache_dir: paths::cache_dir(id),
+            overflow_max: None,
+            intermediate_buffering: false,
+            socket: paths::socket_path(id),
+            listen: None,
+            status_path: paths::status_path(id),
+            lock_path: paths::lock_path(id),
+            remote: RemoteOptions { target: id.to_string(), ..RemoteOptions::default() },
+            status_every: Duration::from_secs(1),
+        }
+    }
+
+    /// The types whose writes go to the server rather than a local cache.
+    pub fn passes_through(&self) -> bool {
+        matches!(self.cache, CacheType::Server | CacheType::ServerPersistent | CacheType::Private)
+    }
+}
+
+/// A running attach. See the module docs.
+#[derive(Debug)]
+pub struct Agent {
+    cfg: AttachConfig,
+    remote: Arc<RemoteBase>,
+    cache: Option<Arc<dyn WriteCache>>,
+    dev: Arc<dyn BlockDev>,
+    unix: Option<std::os::unix::net::UnixListener>,
+    started_ms: u64,
+    _lock: File,
+}
+
+impl Agent {
+    /// Takes the target's lock, connects, opens the cache and binds the local socket.
+    pub fn open(mut cfg: AttachConfig) -> Result<Agent, AgentError> {
+        paths::check_target_id(&cfg.target)?;
+        cfg.remote.target = cfg.target.clone();
+        for dir in [cfg.lock_path.parent(), cfg.socket.parent(), cfg.status_path.parent()].into_iter().flatten() {
+            create_private_dir(dir)?;
+        }
+        let lock = take_lock(&cfg.target, &cfg.lock_path)?;
+        check_socket(&cfg.socket)?;
+        cfg.remote.writable = cfg.passes_through();
+        let remote = Arc::new(RemoteBase::connect(cfg.endpoints.clone(), cfg.remote.clone())?);
+        let id = remote.identity();
+        let (ep, _) = remote.endpoint_in_use();
+        log::info!("target {}: reading export {:?} ({} bytes) from {ep}", cfg.target, id.export, id.size);
+        let (cache, dev): (Option<Arc<dyn WriteCache>>, Arc<dyn BlockDev>) = if cfg.passes_through() {
+            (None, remote.clone())
+        } else {
+            create_private_dir(&cfg.cache_dir)?;
+            let ccfg = CacheConfig {
+                target: cfg.target.clone(),
+                ram: cfg.ram,
+                dir: cfg.cache_dir.clone(),
+                max_file: cfg.overflow_max,
+                intermediate_buffering: cfg.intermediate_buffering,
+                lock_path: None,
+            };
+            let lower: Arc<dyn BlockDev> = remote.clone();
+            let kind = cfg.cache;
+            let cache: Arc<dyn WriteCache> = if kind == CacheType::DeviceDiskPersistent {
+                let identity = format!("{} {}", id.export, id.description.as_deref().unwrap_or(""));
+                Arc::new(vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(lower, &ccfg, kind, identity.trim()).map_err(|source| AgentError::Cache { id: cfg.target.clone(), kind, source })?)
+            } else {
+                vdstream_wcache::open(kind, lower, &ccfg).map_err(|source| AgentError::Cache { id: cfg.target.clone(), kind, source })?
+            };
+            let dev: Arc<dyn BlockDev> = cache.clone();
+            (Some(cache), dev)
+        };
+        check_socket(&cfg.socket)?;
+        let unix = std::os::unix::net::UnixListener::bind(&cfg.socket)
+            .map_err(|e| AgentError::SocketInUse { path: cfg.socket.clone(), reason: format!("cannot listen: {e}") })?;
+        unix.set_nonblocking(true).map_err(|source| AgentError::Io { what: "cannot set up the socket".into(), source })?;
+        Ok(Agent { cfg, remote, cache, dev, unix: Some(unix), started_ms: status::now_ms(), _lock: lock })
+    }
+
+    /// The device the local export serves (the cache, or the remote base for the
+    /// pass-through types).
+    pub fn device(&self) -> Arc<dyn BlockDev> {
+        self.dev.clone()
+    }
+
+    pub fn remote(&self) -> &RemoteBase {
+        &self.remote
+    }
+
+    pub fn config(&self) -> &AttachConfig {
+        &self.cfg
+    }
+
+    /// Serves the local export until `shutdown` fires, then drains, flushes, removes the
+    /// socket and writes the last status. Must run inside a multi-thread tokio runtime.
+    pub async fn serve(&mut self, shutdown: ShutdownSignal) -> Result<(), AgentError> {
+        let description = format!(
+            "target {}: vDisk {:?} from {} through a {} write cache",
+            self.cfg.target,
+            self.remote.identity().export,
+            self.remote.endpoint_in_use().0,
+            self.cfg.cache
+        );
+        let exports = Arc::new(AgentExports { name: self.cfg.target.clone(), description, dev: self.dev.clone() });
+        let server = Arc::new(Server::new(exports, ServerConfig::default()));
+        let std_unix = self.unix.take().expect("serve runs once");
+        let unix = tokio::net::UnixListener::from_std(std_unix).map_err(|source| AgentError::Io { what: "cannot serve the socket".into(), source })?;
+        let mut tasks = Vec::new();
+        {
+            let (server, shutdown) = (server.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(unix), shutdown).await }));
+        }
+        if let Some(addr) = self.cfg.listen {
+            let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|source| AgentError::Io {
+                what: format!("cannot listen on {addr} (is another server using that port?)"),
+                source,
+            })?;
+            let (server, shutdown) = (server.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(tcp), shutdown).await }));
+        }
+        let mut prev = (self.status(None), Instant::now());
+        let mut wait = shutdown.clone();
+        loop {
+            self.publish(&prev.0);
+            tokio::select! {
+                _ = wait.wait() => break,
+                _ = tokio::time::sleep(self.cfg.status_every) => {}
+            }
+            let now = self.status(Some((&prev.0, prev.1.elapsed())));
+            prev = (now, Instant::now());
+        }
+        for t in tasks {
+            match t.await {
+                Ok(Err(e)) => log::error!("target {}: the local NBD server failed: {e}", self.cfg.target),
+                Err(e) => log::error!("target {}: the local NBD server task failed: {e}", self.cfg.target),
+                Ok(Ok(())) => {}
+            }
+        }
+        let dev = self.dev.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || dev.flush()).await.unwrap_or(Ok(())) {
+            log::error!("target {}: the last flush failed: {e}", self.cfg.target);
+        }
+        let _ = std::fs::remove_file(&self.cfg.socket);
+        let mut last = self.status(Some((&prev.0, prev.1.elapsed())));
+        last.state = "stopped".into();
+        self.publish(&last);
+        Ok(())
+    }
+
+    fn publish(&self, s: &Status) {
+        if let Err(e) = status::write(&self.cfg.status_path, s) {
+            log::warn!("target {}: {e}", self.cfg.target);
+        }
+    }
+
+    /// The figures now; rates over `prev` (the last reading and its age).
+    pub fn status(&self, prev: Option<(&Status, Duration)>) -> Status {
+        let c = self.remote.counters();
+        let id = self.remote.identity();
+        let (endpoint, connected) = self.remote.endpoint_in_use();
+        let server = ServerStatus {
+            endpoint,
+            connected,
+            endpoints: self.remote.endpoints(),
+            retries: c.retries.load(Relaxed),
+            reconnects: c.reconnects.load(Relaxed),
+            failovers: c.failovers.load(Relaxed),
+            gave_up: c.gave_up.load(Relaxed),
+            read_ops: c.read_ops.load(Relaxed),
+            read_bytes: c.read_bytes.load(Relaxed),
+            write_ops: c.write_ops.load(Relaxed),
+            write_bytes: c.write_bytes.load(Relaxed),
+        };
+        let remote_io = IoStatus {
+            read_ops: server.read_ops,
+            read_bytes: server.read_bytes,
+            write_ops: server.write_ops,
+            write_bytes: server.write_bytes,
+            ..IoStatus::default()
+        };
+        let (cache, mut guest, mut storage) = match &self.cache {
+            None => (CacheStatus { kind: self.cfg.cache.name().into(), ..CacheStatus::default() }, remote_io, remote_io),
+            Some(cache) => {
+                let s = cache.stats();
+                let ram_limit = if matches!(self.cfg.cache, CacheType::DeviceRam | CacheType::RamOverflow) { self.cfg.ram } else { 0 };
+                let file_limit = if self.cfg.cache == CacheType::DeviceRam { 0 } else { self.cfg.overflow_max.unwrap_or(id.size) };
+                let limit = ram_limit + file_limit;
+                let cs = CacheStatus {
+                    kind: self.cfg.cache.name().into(),
+                    ram_bytes: s.ram_bytes,
+                    ram_limit,
+                    file_bytes: s.file_bytes,
+                    file_limit,
+                    used_percent: if limit == 0 { 0.0 } else { (s.ram_bytes + s.file_bytes) as f64 * 100.0 / limit as f64 },
+                    hits: s.hits,
+                    misses: s.misses,
+                    evictions: s.evictions,
+                    nospace_errors: s.nospace_errors,
+                    dir: self.cfg.cache_dir.display().to_string(),
+                };
+                let guest = IoStatus {
+                    read_ops: s.guest_read_ops,
+                    read_bytes: s.guest_read_bytes,
+                    write_ops: s.guest_write_ops,
+                    write_bytes: s.guest_write_bytes,
+                    ..IoStatus::default()
+                };
+                let storage = IoStatus {
+                    read_ops: s.vdisk_read_ops + s.overflow_read_ops + s.disk_read_ops,
+                    read_bytes: s.vdisk_read_bytes + s.overflow_read_bytes + s.disk_read_bytes,
+                    write_ops: s.storage_write_ops(),
+                    write_bytes: s.vdisk_write_bytes + s.overflow_write_bytes + s.disk_write_bytes,
+                    ..IoStatus::default()
+                };
+                (cs, guest, storage)
+            }
+        };
+        if let Some((p, age)) = prev {
+            guest.rate_from(&p.guest, age.as_secs_f64());
+            storage.rate_from(&p.storage, age.as_secs_f64());
+        }
+        Status {
+            target: self.cfg.target.clone(),
+            pid: std::process::id(),
+            state: "running".into(),
+            started_unix_ms: self.started_ms,
+            updated_unix_ms: status::now_ms(),
+            socket: self.cfg.socket.display().to_string(),
+            listen: self.cfg.listen.map(|a| a.to_string()),
+            vdisk: VdiskStatus { export: id.export, description: id.description, size: id.size },
+            server,
+            cache,
+            guest,
+            storage,
+        }
+    }
+
+    /// One line for the log at exit: guest against storage I/O, and the link's history.
+    pub fn summary(&self) -> String {
+        let s = self.status(None);
+        format!(
+            "target {}: {} cache: guest {} reads and {} writes; storage {} reads and {} writes; \
+             server {} reads ({} bytes) and {} writes; {} retries, {} reconnects, {} failovers; \
+             RAM in use {} bytes, file in use {} bytes, {} evictions, {} writes refused for space",
+            s.target,
+            s.cache.kind,
+            s.guest.read_ops,
+            s.guest.write_ops,
+            s.storage.read_ops,
+            s.storage.write_ops,
+            s.server.read_ops,
+            s.server.read_bytes,
+            s.server.write_ops,
+            s.server.retries,
+            s.server.reconnects,
+            s.server.failovers,
+            s.cache.ram_bytes,
+            s.cache.file_bytes,
+            s.cache.evictions,
+            s.cache.nospace_errors,
+        )
+    }
+}
+
+/// The local export: "" and the target id, one device.
+#[derive(Debug)]
+struct AgentExports {
+    name: String,
+    description: String,
+    dev: Arc<dyn BlockDev>,
+}
+
+impl Exports for AgentExports {
+    fn list(&self) -> Vec<ExportInfo> {
+        vec![ExportInfo { name: self.name.clone(), description: self.description.clone() }]
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
+        if name.is_empty() || name == self.name {
+            Ok(self.dev.clone())
+        } else {
+            Err(OpenError::Unknown(format!("no export named {name:?}: this agent offers {:?} (or the default empty name)", self.name)))
+        }
+    }
+
+    fn description(&self, name: &str) -> Option<String> {
+        (name.is_empty() || name == self.name).then(|| self.description.clone())
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| AgentError::Io { what: format!("cannot create {}", dir.display()), source })
+}
+
+/// Locks `RUN/ID.lock` for the life of the agent and writes our pid in it.
+fn take_lock(id: &str, path: &Path) -> Result<File, AgentError> {
+    use std::os::fd::AsRawFd;
+    let io = |source| AgentError::Io { what: format!("cannot use the lock file {}", path.display()), source };
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut pid = String::new();
+        let _ = f.read_to_string(&mut pid);
+        return Err(AgentError::AlreadyAttached { id: id.to_string(), pid: pid.trim().to_string(), lock: path.to_path_buf() });
+    }
+    f.set_len(0).map_err(io)?;
+    f.rewind().map_err(io)?;
+    writeln!(f, "{}", std::process::id()).map_err(io)?;
+    Ok(f)
+}
+
+/// Refuses a path that is not a socket or that a live process answers on; removes a
+/// stale socket left by a process that died.
+fn check_socket(path: &Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
+    let in_use = |reason: &str| Err(AgentError::SocketInUse { path: path.to_path_buf(), reason: reason.to_string() });
+    if !meta.file_type().is_socket() {
+        return in_use("exists and is not a socket: choose another --socket path");
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return in_use("a live server (another agent or serve-image?) is listening on it: stop it or choose another --socket path");
+    }
+    std::fs::remove_file(path).map_err(|source| AgentError::Io { what: format!("cannot remove the stale socket {}", path.display()), source })
+}

@@ -1,0 +1,36 @@
+//! The target side of vdstream: `vdstream target attach`.
+//!
+//! An agent streams one vDisk from its servers, keeps the target's writes in a local write
+//! cache, and offers the result to the target's OS or hypervisor as an NBD export on a
+//! unix socket (qemu `-drive file=nbd+unix:///?socket=PATH`, `nbd-client -unix`, nbdfuse).
+//!
+//! ```text
+//!   qemu / nbd-client / nbdfuse / fio
+//!        │ NBD, unix socket (and optionally 127.0.0.1)
+//!   vdstream_nbd::Server ─▶ WriteCache(type) ─▶ RemoteBase ══ NBD ══▶ server 1 | server 2 ...
+//!                           (absent for the `server` types: RemoteBase forwards writes)
+//! ```
+//!
+//! Modules: [`endpoint`] (the servers to read from), [`remote`] (the remote base: cap on
+//! requests in flight, reconnect with backoff, failover, re-send of unanswered requests),
+//! [`attach`] (the stack, the local export, the drain), [`status`] (the figures the agent
+//! publishes and `vdstream target status` shows), [`paths`] (where sockets, status files
+//! and caches live by default).
+//!
+//! Invariants: the vDisk is never written unless the cache type is `server` or
+//! `server-persistent` (then the server's own cache takes the writes); a non-persistent
+//! cache starts empty on every attach; the guest never sees a connection loss, only a
+//! pause, unless `--retry-for` runs out (then EIO, naming the servers).
+
+pub mod attach;
+pub mod endpoint;
+mod error;
+pub mod paths;
+pub mod remote;
+pub mod status;
+
+pub use attach::{Agent, AttachConfig};
+pub use endpoint::Endpoint;
+pub use error::AgentError;
+pub use remote::{Identity, RemoteBase, RemoteOptions};
+pub use status::Status;

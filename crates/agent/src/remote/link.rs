@@ -1,0 +1,373 @@
+//! The agent's link to its servers: one live NBD connection at a time, replaced when it
+//! breaks, by the same server or the next one listed.
+//!
+//! State table of the link (`current.client`, `current.down_since`):
+//!
+//! | client      | down_since | meaning                                                  |
+//! | ----------- | ---------- | -------------------------------------------------------- |
+//! | live        | None       | connected; requests go straight to it                    |
+//! | broken/None | Some(t)    | outage since t; the first request in reconnects, the rest wait on `reconnecting` |
+//! | None        | None       | before the first connect                                 |
+//!
+//! Invariants:
+//! - Only one task reconnects at a time (`reconnecting`); a request that saw generation g
+//!   fail reconnects only if the link is still at g, so an outage costs one reconnect, not
+//!   one per request in flight.
+//! - The [`Identity`] is taken at the first connect and never changes: a server whose
+//!   export differs in size, description or writability is not used (the attempt counts
+//!   as failed and the next endpoint is tried). The agent never switches version silently.
+//! - Attempts start at the endpoint in use, then go round-robin; after a whole round fails
+//!   the link sleeps (50 ms doubling to 2 s by default, ±25% jitter).
+//! - With `retry_for`, an outage longer than it makes requests fail with EIO (after one more
+//!   round), naming every server and why it failed; without it, requests wait forever.
+//! - Each endpoint's failure reason is logged when it changes, not on every attempt.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vdstream_nbd::client::{Client, ClientError, ConnectOptions};
+
+use crate::endpoint::Endpoint;
+
+/// Tunables of the link.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// Requests in flight to the server, at most (the NBD client itself has no cap).
+    pub max_requests: usize,
+    /// Payload bytes in flight, at most (a larger single request runs alone).
+    pub max_bytes: usize,
+    /// First sleep after a round of failed attempts; doubles up to `backoff_max`.
+    pub backoff_start: Duration,
+    pub backoff_max: Duration,
+    /// Give up an outage after this long (EIO to the caller). `None`: never, like PVS.
+    pub retry_for: Option<Duration>,
+    /// Bound on one connect plus handshake.
+    pub connect_timeout: Duration,
+    /// A request without a reply for this long means the server is hung: the connection
+    /// is dropped and the request re-sent elsewhere.
+    pub request_timeout: Option<Duration>,
+    /// Writes are forwarded (the `server` cache types); otherwise the base is read-only.
+    pub writable: bool,
+    /// Who reads, for messages (the target id).
+    pub target: String,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            max_requests: 64,
+            max_bytes: 64 << 20,
+            backoff_start: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+            retry_for: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Some(Duration::from_secs(30)),
+            writable: false,
+            target: "target".into(),
+        }
+    }
+}
+
+/// What the agent first attached to; every later connection must show the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub export: String,
+    pub size: u64,
+    pub description: Option<String>,
+}
+
+impl Identity {
+    fn of(client: &Client) -> Identity {
+        let info = client.info();
+        Identity { export: info.export.clone(), size: info.size, description: info.description.clone() }
+    }
+
+    /// Why `now` is not the export first attached to, or `None` if it is.
+    fn mismatch(&self, now: &Identity) -> Option<String> {
+        if now.size != self.size {
+            return Some(format!(
+                "the export is now {} bytes but was {} bytes at attach: it is not the vDisk version this target started with; \
+                 refusing it (restart the target to move to another version)",
+                now.size, self.size
+            ));
+        }
+        match (&self.description, &now.description) {
+            (Some(was), Some(is)) if was != is => Some(format!(
+                "the export is now described as {is:?} but was {was:?} at attach: refusing a different vDisk version"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Counters of the link, read by the status.
+#[derive(Debug, Default)]
+pub struct LinkCounters {
+    pub read_ops: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_ops: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub other_ops: AtomicU64,
+    /// Requests re-sent because their connection broke before the reply.
+    pub retries: AtomicU64,
+    /// Connections made after the first.
+    pub reconnects: AtomicU64,
+    /// Reconnects that landed on another endpoint than the one that failed.
+    pub failovers: AtomicU64,
+    /// Requests failed because the outage outlasted `retry_for`.
+    pub gave_up: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Current {
+    client: Option<Arc<Client>>,
+    generation: u64,
+    index: usize,
+    down_since: Option<Instant>,
+    /// Why the last connection ended.
+    reason: Option<String>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub endpoints: Vec<Endpoint>,
+    pub opts: RemoteOptions,
+    current: Mutex<Current>,
+    reconnecting: tokio::sync::Mutex<()>,
+    identity: Mutex<Option<Identity>>,
+    last_reason: Mutex<Vec<Option<String>>>,
+    pub requests: tokio::sync::Semaphore,
+    pub bytes: tokio::sync::Semaphore,
+    pub counters: LinkCounters,
+    seed: AtomicU64,
+}
+
+/// A connection failure that the link cannot hide.
+#[derive(Debug)]
+pub(crate) struct GaveUp {
+    pub message: String,
+}
+
+impl Link {
+    pub fn new(endpoints: Vec<Endpoint>, opts: RemoteOptions) -> Link {
+        let n = endpoints.len();
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
+        Link {
+            requests: tokio::sync::Semaphore::new(opts.max_requests.max(1)),
+            bytes: tokio::sync::Semaphore::new(opts.max_bytes.clamp(1 << 20, u32::MAX as usize)),
+            endpoints,
+            opts,
+            current: Mutex::new(Current::default()),
+            reconnecting: tokio::sync::Mutex::new(()),
+            identity: Mutex::new(None),
+            last_reason: Mutex::new(vec![None; n]),
+            counters: LinkCounters::default(),
+            seed: AtomicU64::new(seed),
+        }
+    }
+
+    /// The identity taken at the first connect.
+    pub fn identity(&self) -> Option<Identity> {
+        lock(&self.identity).clone()
+    }
+
+    /// The endpoint in use (or last used), and whether it is connected now.
+    pub fn endpoint_in_use(&self) -> (&Endpoint, bool) {
+        let cur = lock(&self.current);
+        let live = cur.client.as_ref().is_some_and(|c| c.closed_reason().is_none());
+        (&self.endpoints[cur.index], live)
+    }
+
+    /// A live client and its generation. `failed`: the generation whose connection just
+    /// broke under the caller (it is replaced unless someone already did).
+    pub async fn client(&self, failed: Option<u64>) -> Result<(Arc<Client>, u64), GaveUp> {
+        if let Some(c) = self.usable(failed) {
+            return Ok(c);
+        }
+        let _one = self.reconnecting.lock().await;
+        if let Some(c) = self.usable(failed) {
+            return Ok(c);
+        }
+        self.reconnect().await
+    }
+
+    /// Marks generation `g` broken for a reason the client does not see (a server that
+    /// answers ESHUTDOWN while it drains).
+    pub fn broken(&self, g: u64, reason: String) {
+        let mut cur = lock(&self.current);
+        if cur.generation == g && cur.client.is_some() {
+            cur.client = None;
+            cur.reason = Some(reason);
+            cur.down_since.get_or_insert_with(Instant::now);
+        }
+    }
+
+    fn usable(&self, failed: Option<u64>) -> Option<(Arc<Client>, u64)> {
+        let mut cur = lock(&self.current);
+        let gen = cur.generation;
+        let closed = match &cur.client {
+            Some(c) if failed != Some(gen) => match c.closed_reason() {
+                None => return Some((c.clone(), gen)),
+                Some(r) => r,
+            },
+            Some(c) => c.closed_reason().unwrap_or_else(|| "a request on it failed".into()),
+            None => return None,
+        };
+        cur.client = None;
+        cur.reason = Some(closed);
+        cur.down_since.get_or_insert_with(Instant::now);
+        None
+    }
+
+    async fn reconnect(&self) -> Result<(Arc<Client>, u64), GaveUp> {
+        let (start, first_index, reason, first_connect) = {
+            let mut cur = lock(&self.current);
+            let first = cur.generation == 0;
+            let since = *cur.down_since.get_or_insert_with(Instant::now);
+            (since, cur.index, cur.reason.clone(), first)
+        };
+        let n = self.endpoints.len();
+        if !first_connect {
+            log::warn!(
+                "target {}: lost {} ({}); reconnecting",
+                self.opts.target,
+                self.endpoints[first_index],
+                reason.as_deref().unwrap_or("connection closed")
+            );
+        }
+        let mut delay = self.opts.backoff_start;
+        let mut index = first_index;
+        let mut attempts = 0usize;
+        // At attach, a round where every server refused the export is an answer, not an
+        // outage: an unknown vDisk fails the attach at once.
+        let mut refused_in_round = 0usize;
+        loop {
+            let ep = &self.endpoints[index];
+            match self.attempt(ep).await {
+                Ok(client) => {
+                    let client = Arc::new(client);
+                    let mut cur = lock(&self.current);
+                    cur.generation += 1;
+                    cur.client = Some(client.clone());
+                    cur.index = index;
+                    cur.down_since = None;
+                    cur.reason = None;
+                    lock(&self.last_reason)[index] = None;
+                    if !first_connect {
+                        self.counters.reconnects.fetch_add(1, Relaxed);
+                        if index != first_index {
+                            self.counters.failovers.fetch_add(1, Relaxed);
+                        }
+                        log::warn!(
+                            "target {}: reconnected to {ep}{} after {:.1?}",
+                            self.opts.target,
+                            if index != first_index { format!(" (failover from {})", self.endpoints[first_index]) } else { String::new() },
+                            start.elapsed()
+                        );
+                    }
+                    return Ok((client, cur.generation));
+                }
+                Err((why, refused)) => {
+                    refused_in_round += usize::from(refused);
+                    let mut last = lock(&self.last_reason);
+                    if last[index].as_deref() != Some(why.as_str()) {
+                        log::warn!("target {}: {ep}: {why}", self.opts.target);
+                        last[index] = Some(why);
+                    }
+                }
+            }
+            attempts += 1;
+            index = (index + 1) % n;
+            if attempts % n == 0 {
+                if first_connect && refused_in_round == n {
+                    return Err(GaveUp { message: self.give_up_message(start.elapsed(), true) });
+                }
+                refused_in_round = 0;
+                if let Some(limit) = self.opts.retry_for {
+                    if start.elapsed() >= limit {
+                        self.counters.gave_up.fetch_add(1, Relaxed);
+                        return Err(GaveUp { message: self.give_up_message(start.elapsed(), false) });
+                    }
+                }
+                let mut sleep = self.jitter(delay);
+                if let Some(limit) = self.opts.retry_for {
+                    sleep = sleep.min(limit.saturating_sub(start.elapsed()) + Duration::from_millis(1));
+                }
+                tokio::time::sleep(sleep).await;
+                delay = (delay * 2).min(self.opts.backoff_max);
+            }
+        }
+    }
+
+    /// One connect + handshake + identity check; the reason it failed otherwise.
+    /// The error says why, and whether the server refused the export (a definite answer).
+    async fn attempt(&self, ep: &Endpoint) -> Result<Client, (String, bool)> {
+        let opts = ConnectOptions {
+            export: ep.export.clone(),
+            connect_timeout: self.opts.connect_timeout,
+            request_timeout: self.opts.request_timeout,
+            ..ConnectOptions::default()
+        };
+        let client = Client::connect(ep.address.clone(), opts)
+            .await
+            .map_err(|e| (e.to_string(), matches!(e, ClientError::Refused { .. })))?;
+        let now = Identity::of(&client);
+        if self.opts.writable && client.read_only() {
+            return Err((
+                format!("export {:?} is read-only, but the target's cache type writes through to the server", now.export),
+                true,
+            ));
+        }
+        let mut identity = lock(&self.identity);
+        match &*identity {
+            None => *identity = Some(now),
+            Some(was) => {
+                if let Some(why) = was.mismatch(&now) {
+                    return Err((why, false));
+                }
+            }
+        }
+        Ok(client)
+    }
+
+    fn give_up_message(&self, waited: Duration, refused: bool) -> String {
+        let last = lock(&self.last_reason);
+        let tried: Vec<String> = self
+            .endpoints
+            .iter()
+            .zip(last.iter())
+            .map(|(ep, why)| format!("{ep} ({})", why.as_deref().unwrap_or("connection lost")))
+            .collect();
+        if refused {
+            return format!("every server refused the export: {}; check the vDisk name in --server", tried.join("; "));
+        }
+        format!(
+            "no server answered for {:.1?} (--retry-for {:?}): {}; start a server or list another with --server",
+            waited,
+            self.opts.retry_for.unwrap_or_default(),
+            tried.join("; ")
+        )
+    }
+
+    fn jitter(&self, d: Duration) -> Duration {
+        // xorshift64: spreads many agents' retries after a server restart.
+        let mut x = self.seed.load(Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.seed.store(x, Relaxed);
+        let permille = 750 + (x % 501); // 0.75 .. 1.25
+        d * permille as u32 / 1000
+    }
+}
+
+/// True when the error means "this connection is gone, re-send elsewhere".
+pub(crate) fn is_retryable(e: &ClientError) -> bool {
+    e.is_connection_lost() || e.errno() == Some(vdstream_nbd::proto::ESHUTDOWN)
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

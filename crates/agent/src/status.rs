@@ -1,0 +1,234 @@
+//! The figures an agent publishes: the same [`Status`] document is the status file that
+//! `vdstream target status ID` reads and, once the store server exists, what the agent
+//! reports to its API.
+//!
+//! Invariants: the file is replaced atomically (write a temporary file, rename), so a
+//! reader sees a whole document or the previous one; rates (`iops`, `bytes_per_sec`) are
+//! over the last status interval; counters only grow during an attach.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::AgentError;
+
+/// One agent, as `vdstream target status` and the API show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub target: String,
+    pub pid: u32,
+    /// `running`, or `stopped` (written last, at a clean exit).
+    pub state: String,
+    pub started_unix_ms: u64,
+    pub updated_unix_ms: u64,
+    /// The local export, for qemu: `nbd+unix:///?socket=SOCKET`.
+    pub socket: String,
+    pub listen: Option<String>,
+    pub vdisk: VdiskStatus,
+    pub server: ServerStatus,
+    pub cache: CacheStatus,
+    /// What the target asked for.
+    pub guest: IoStatus,
+    /// What reached storage: reads of the vDisk over the network, and the overflow or
+    /// cache file (for the `server` types: everything, since every request goes to the server).
+    pub storage: IoStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VdiskStatus {
+    /// The export read (with the store server: `vdisk/NAME@V`, V fixed at attach).
+    pub export: String,
+    pub description: Option<String>,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    /// The server in use (or last used).
+    pub endpoint: String,
+    pub connected: bool,
+    /// Every server listed, in the order tried.
+    pub endpoints: Vec<String>,
+    /// Requests re-sent after their connection broke.
+    pub retries: u64,
+    pub reconnects: u64,
+    /// Reconnects that moved to another server.
+    pub failovers: u64,
+    /// Requests failed because no server answered within --retry-for.
+    pub gave_up: u64,
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheStatus {
+    /// The cache type's name.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub ram_bytes: u64,
+    pub ram_limit: u64,
+    pub file_bytes: u64,
+    pub file_limit: u64,
+    /// (RAM + file in use) over (RAM limit + file limit), in percent.
+    pub used_percent: f64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub nospace_errors: u64,
+    /// Where the overflow or cache file lives.
+    pub dir: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct IoStatus {
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+    /// Operations per second over the last interval.
+    pub iops: f64,
+    pub bytes_per_sec: f64,
+}
+
+impl IoStatus {
+    /// Sets the rates from the previous reading, `secs` ago.
+    pub fn rate_from(&mut self, prev: &IoStatus, secs: f64) {
+        if secs <= 0.0 {
+            return;
+        }
+        let ops = (self.read_ops + self.write_ops).saturating_sub(prev.read_ops + prev.write_ops);
+        let bytes = (self.read_bytes + self.write_bytes).saturating_sub(prev.read_bytes + prev.write_bytes);
+        self.iops = ops as f64 / secs;
+        self.bytes_per_sec = bytes as f64 / secs;
+    }
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Replaces the status file atomically.
+pub fn write(path: &Path, status: &Status) -> Result<(), AgentError> {
+    let io = |what: &str, source| AgentError::Io { what: format!("{what} {}", path.display()), source };
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_vec_pretty(status).expect("a status always serializes");
+    std::fs::write(&tmp, text).map_err(|e| io("cannot write the status file", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("cannot replace the status file", e))
+}
+
+/// Reads a status file.
+pub fn read(id: &str, path: &Path) -> Result<Status, AgentError> {
+    let text = std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => AgentError::NoStatus { id: id.to_string(), path: path.to_path_buf() },
+        _ => AgentError::Io { what: format!("cannot read {}", path.display()), source: e },
+    })?;
+    serde_json::from_slice(&text).map_err(|e| AgentError::Io {
+        what: format!("{} is not an agent status file", path.display()),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })
+}
+
+/// Whether process `pid` is alive.
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: kill with signal 0 only checks that the process exists; no signal is sent.
+    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The status as text for a person. `alive`: whether the agent process still runs.
+pub fn render(s: &Status, alive: bool) -> String {
+    let state = match (s.state.as_str(), alive) {
+        ("running", true) => "running".to_string(),
+        ("running", false) => format!("not running (agent pid {} is gone; figures are from its last status)", s.pid),
+        (other, _) => other.to_string(),
+    };
+    let io = |x: &IoStatus| {
+        format!(
+            "{} reads ({}), {} writes ({}); now {:.0} IOPS, {}/s",
+            x.read_ops,
+            human_bytes(x.read_bytes),
+            x.write_ops,
+            human_bytes(x.write_bytes),
+            x.iops,
+            human_bytes(x.bytes_per_sec as u64)
+        )
+    };
+    let c = &s.cache;
+    format!(
+        "target {}: {state} (pid {})\n\
+         export:    nbd+unix:///?socket={}{}\n\
+         vDisk:     export {:?}, {} bytes{}\n\
+         server:    {} ({}); {} retries, {} reconnects, {} failovers, {} gave up\n\
+         servers:   {}\n\
+         cache:     {}: RAM {} of {}, file {} of {} ({:.1}% used); {} hits, {} misses, {} evictions, {} refused for space\n\
+         guest:     {}\n\
+         storage:   {}\n",
+        s.target,
+        s.pid,
+        s.socket,
+        s.listen.as_ref().map(|l| format!(" and nbd://{l}/")).unwrap_or_default(),
+        s.vdisk.export,
+        s.vdisk.size,
+        s.vdisk.description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default(),
+        s.server.endpoint,
+        if s.server.connected { "connected" } else { "NOT connected" },
+        s.server.retries,
+        s.server.reconnects,
+        s.server.failovers,
+        s.server.gave_up,
+        s.server.endpoints.join(", "),
+        c.kind,
+        human_bytes(c.ram_bytes),
+        human_bytes(c.ram_limit),
+        human_bytes(c.file_bytes),
+        human_bytes(c.file_limit),
+        c.used_percent,
+        c.hits,
+        c.misses,
+        c.evictions,
+        c.nospace_errors,
+        io(&s.guest),
+        io(&s.storage),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_render() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t1.status.json");
+        let mut s = Status { target: "t1".into(), pid: std::process::id(), state: "running".into(), ..Status::default() };
+        s.guest = IoStatus { read_ops: 10, write_ops: 30, read_bytes: 40960, write_bytes: 122880, ..IoStatus::default() };
+        s.guest.rate_from(&IoStatus::default(), 2.0);
+        assert_eq!(s.guest.iops, 20.0);
+        write(&path, &s).unwrap();
+        let back = read("t1", &path).unwrap();
+        assert_eq!(back, s);
+        let text = render(&back, pid_alive(back.pid));
+        assert!(text.contains("target t1: running"), "{text}");
+        assert!(text.contains("20 IOPS"), "{text}");
+        let err = read("t2", &dir.path().join("t2.status.json")).unwrap_err().to_string();
+        assert!(err.contains("is it attached"), "{err}");
+    }
+}

@@ -1,0 +1,215 @@
+//! `vdstream target attach|status`: the agent's command line. Flags become an
+//! [`AttachConfig`]; everything else lives in the `vdstream-agent` crate.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use vdstream_agent::{paths, status, Agent, AttachConfig, Endpoint};
+use vdstream_nbd::server::ShutdownSignal;
+use vdstream_wcache::CacheType;
+
+use crate::size::parse_size;
+
+/// Run a target's agent, or show how it is doing.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    #[command(subcommand)]
+    command: TargetCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum TargetCommand {
+    Attach(AttachArgs),
+    Status(StatusArgs),
+}
+
+/// Attach target ID: stream its vDisk from the servers, keep its writes in a local write
+/// cache, and offer the disk on a unix socket until SIGINT or SIGTERM.
+///
+/// If the server connection drops, the agent reconnects (with backoff) to the same server
+/// or the next one listed and sends every unanswered request again; the target sees a
+/// pause, not an error. Non-persistent caches start empty on every attach.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  vdstream serve-image golden.img --read-only --socket /run/golden.sock
+  vdstream target attach vm1 --server 'nbd+unix:///?socket=/run/golden.sock' --cache ram-overflow --ram 512M
+  qemu-system-x86_64 -drive file=nbd+unix:///?socket=$XDG_RUNTIME_DIR/vdstream/vm1.sock,format=raw,if=virtio ...
+  vdstream target status vm1
+Two servers of the same image (failover):
+  vdstream target attach vm1 --server nbd://10.0.0.1:10809/ --server nbd://10.0.0.2:10809/")]
+pub struct AttachArgs {
+    /// Target id (letters, digits, '.', '_', '-'): names the socket, status and cache files.
+    #[arg(value_name = "ID")]
+    id: String,
+
+    /// An NBD server of the vDisk: nbd://HOST:PORT/EXPORT or nbd+unix:///EXPORT?socket=PATH.
+    /// Repeat for failover; the first listed is used first. (http:// store-server URLs are
+    /// for a later version.)
+    #[arg(long = "server", value_name = "URI", required = true)]
+    servers: Vec<String>,
+
+    /// Unix socket of the local export. Default: RUN/ID.sock, RUN being $VDSTREAM_RUN_DIR,
+    /// $XDG_RUNTIME_DIR/vdstream, /run/vdstream (root) or /tmp/vdstream-UID.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    /// Also serve on TCP, e.g. 127.0.0.1:10810 (loopback is advised: there is no authentication).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+
+    /// Write cache type: ram-overflow (default), device-ram, device-disk,
+    /// device-disk-persistent; server and server-persistent send writes to the server's
+    /// export (it must be writable: its own cache takes them).
+    #[arg(long, value_name = "TYPE", default_value = "ram-overflow")]
+    cache: CacheType,
+
+    /// RAM for device-ram and ram-overflow (e.g. 512M).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256M")]
+    ram: u64,
+
+    /// Folder of the overflow or cache file. Default: $VDSTREAM_CACHE_DIR/ID, else /var/tmp/vdstream/ID.
+    #[arg(long, value_name = "DIR")]
+    overflow_dir: Option<PathBuf>,
+
+    /// Cap on the overflow or cache file (e.g. 10G); past it, writes to new blocks fail with ENOSPC.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    overflow_max: Option<u64>,
+
+    /// Disk cache types: `on` writes through the host page cache, `off` uses O_DIRECT.
+    #[arg(long, value_name = "on|off", value_parser = crate::serve_image::parse_on_off, default_value = "off", action = clap::ArgAction::Set)]
+    intermediate_buffering: bool,
+
+    /// Give up after no server answered for this long (e.g. 30s, 5m): the target then gets
+    /// EIO. Default: retry forever, as PVS targets do.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    retry_for: Option<Duration>,
+
+    /// A request with no reply for this long means the server is hung: reconnect and re-send.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    request_timeout: Duration,
+
+    /// Requests in flight to the server, at most.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_requests: u32,
+}
+
+/// Show the figures of a running (or the last) agent of target ID.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[arg(value_name = "ID")]
+    id: String,
+
+    /// Print the status document (the API's form) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: TargetArgs) -> Result<()> {
+    match args.command {
+        TargetCommand::Attach(a) => attach(a),
+        TargetCommand::Status(s) => show_status(s),
+    }
+}
+
+fn attach(a: AttachArgs) -> Result<()> {
+    paths::check_target_id(&a.id)?;
+    let endpoints = a.servers.iter().map(|s| Endpoint::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    let mut cfg = AttachConfig::new(&a.id, endpoints);
+    cfg.cache = a.cache;
+    cfg.ram = a.ram;
+    if let Some(dir) = a.overflow_dir {
+        cfg.cache_dir = dir;
+    }
+    cfg.overflow_max = a.overflow_max;
+    cfg.intermediate_buffering = a.intermediate_buffering;
+    if let Some(sock) = a.socket {
+        cfg.socket = sock;
+    }
+    cfg.listen = a.listen;
+    cfg.remote.retry_for = a.retry_for;
+    cfg.remote.request_timeout = Some(a.request_timeout);
+    cfg.remote.max_requests = a.max_requests as usize;
+    let servers = a.servers.join(", ");
+    println!("vdstream: target {}: connecting to {servers}", a.id);
+    let mut agent = Agent::open(cfg).with_context(|| format!("cannot attach target {}", a.id))?;
+    let id = agent.remote().identity();
+    let c = agent.config();
+    println!(
+        "vdstream: target {}: vDisk export {:?} ({} bytes{}) from {}, {} write cache; serving nbd+unix:///?socket={}{}",
+        c.target,
+        id.export,
+        id.size,
+        id.description.as_ref().map(|d| format!(", {d}")).unwrap_or_default(),
+        agent.remote().endpoint_in_use().0,
+        c.cache,
+        c.socket.display(),
+        c.listen.map(|l| format!(" and nbd://{l}/")).unwrap_or_default()
+    );
+    println!("vdstream: status: vdstream target status {} (file {})", c.target, c.status_path.display());
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
+    runtime.block_on(async {
+        let (trigger, shutdown) = ShutdownSignal::new();
+        let signals = tokio::spawn(async move {
+            if let Err(e) = crate::serve_image::wait_for_signal().await {
+                log::error!("{e:#}");
+            }
+            log::info!("shutting down: finishing requests in flight");
+            trigger.shutdown();
+        });
+        let served = agent.serve(shutdown).await;
+        signals.abort();
+        served
+    })?;
+    println!("vdstream: {}", agent.summary());
+    Ok(())
+}
+
+fn show_status(s: StatusArgs) -> Result<()> {
+    paths::check_target_id(&s.id)?;
+    let path = paths::status_path(&s.id);
+    let st = status::read(&s.id, &path)?;
+    if s.json {
+        println!("{}", serde_json::to_string_pretty(&st).context("cannot print the status")?);
+    } else {
+        print!("{}", status::render(&st, status::pid_alive(st.pid)));
+    }
+    Ok(())
+}
+
+/// `500ms`, `30s`, `5m`, `1h`, or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{text:?}: give a duration such as 500ms, 30s, 5m or 1h"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
+        return Err(format!("{text:?}: give a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        for bad in ["", "s", "-1s", "3 days", "0"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+}
