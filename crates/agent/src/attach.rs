@@ -115,6 +115,7 @@ impl Agent {
                 max_file: cfg.overflow_max,
                 intermediate_buffering: cfg.intermediate_buffering,
                 lock_path: None,
+                ..CacheConfig::new(&cfg.target)
             };
             let lower: Arc<dyn BlockDev> = remote.clone();
             let kind = cfg.cache;
