@@ -21,17 +21,8 @@ const PAGE: u64 = 4096;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// xorshift64*: a cheap, deterministic stream of page indices.
-struct Pages(u64);
-
-impl Pages {
-    fn next(&mut self, pages: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % pages
-    }
-}
+mod common;
+use common::Pages;
 
 fn overflow_cache(size: u64, ram: u64, dir: &std::path::Path) -> RamOverflowCache {
     let lower: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(size));

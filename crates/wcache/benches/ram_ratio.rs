@@ -20,17 +20,8 @@ const PAGE: u64 = 4096;
 const GIB: u64 = 1 << 30;
 const PER_ROUND: u64 = 300_000;
 
-/// xorshift64*: a cheap, deterministic stream of page indices.
-struct Pages(u64);
-
-impl Pages {
-    fn next(&mut self, pages: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % pages
-    }
-}
+mod common;
+use common::Pages;
 
 fn main() {
     let rounds: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(15);
