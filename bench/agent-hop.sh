@@ -16,11 +16,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-SHARED=${SHARED:-$ROOT/../shared}
-JOBFILE=$SHARED/bench/vdi.fio
-VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
-PY=/usr/bin/python3
-export PATH=/usr/bin:$PATH
 
 size=1g runtime=15 rounds=3
 args_given="$*"
@@ -34,12 +29,12 @@ while (($#)); do
     esac
     shift
 done
-[[ -f $JOBFILE ]] || { echo "agent-hop.sh: job file $JOBFILE not found (set SHARED=)" >&2; exit 2; }
-[[ -x $VDSTREAM_BIN ]] || { echo "agent-hop.sh: $VDSTREAM_BIN not built (cargo build --release)" >&2; exit 2; }
+need_jobfile
+need_vdstream
 size_bytes=$(numfmt --from=iec "${size^^}")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-agent-hop.XXXXXX")
-server_pid= agent_pid=
+server_pid='' agent_pid=''
 BENCH_PID_VARS="agent_pid server_pid"
 bench_cleanup_on_exit
 export VDSTREAM_RUN_DIR=$work/run VDSTREAM_CACHE_DIR=$work/cache

@@ -24,11 +24,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-SHARED=${SHARED:-$ROOT/../shared}
-JOBFILE=$SHARED/bench/vdi.fio
-VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
-PY=/usr/bin/python3
-export PATH=/usr/bin:$PATH
 
 runtime=20 ws=96m rounds=3 out='' keep=''
 args_given="$*"
@@ -47,8 +42,8 @@ while (($#)); do
 done
 [[ $runtime =~ ^[1-9][0-9]*$ ]] || { echo "--runtime must be whole seconds" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive integer" >&2; exit 2; }
-[[ -f $JOBFILE ]] || { echo "cache-overflow-dip.sh: job file $JOBFILE not found (set SHARED=)" >&2; exit 2; }
-[[ -x $VDSTREAM_BIN ]] || { echo "$VDSTREAM_BIN not built: cargo build --release -p vdstream" >&2; exit 2; }
+need_jobfile
+need_vdstream
 for c in fio nbdinfo numfmt; do
     command -v $c >/dev/null || { echo "cache-overflow-dip.sh: $c is not installed" >&2; exit 2; }
 done

@@ -36,11 +36,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-SHARED=${SHARED:-$ROOT/../shared}
-JOBFILE=$SHARED/bench/vdi.fio
-VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
-PY=/usr/bin/python3
-export PATH=/usr/bin:$PATH
 ALL_PEERS=raw-disk,device-disk,device-disk-uring,device-disk-zero,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=$ALL_PEERS
@@ -61,7 +56,7 @@ while (($#)); do
 done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive integer" >&2; exit 2; }
 [[ $runtime =~ ^[1-9][0-9]*$ ]] || { echo "--runtime must be whole seconds" >&2; exit 2; }
-[[ -f $JOBFILE ]] || { echo "cache-vdi.sh: job file $JOBFILE not found (set SHARED=)" >&2; exit 2; }
+need_jobfile
 size_bytes=$(numfmt --from=iec "${size^^}") || { echo "--size: cannot parse $size" >&2; exit 2; }
 ((size_bytes >= 16 << 20 && size_bytes % 4096 == 0)) || { echo "--size must be >= 16m and a multiple of 4k" >&2; exit 2; }
 IFS=, read -r -a peer_list <<<"$peers"

@@ -16,10 +16,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-SHARED=${SHARED:-$ROOT/../shared}
-JOBFILE=$SHARED/bench/vdi.fio
-VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
-export PATH=/usr/bin:$PATH
 
 size=1g runtime=8 rounds=2 settings=()
 while (($#)); do
@@ -34,8 +30,8 @@ while (($#)); do
     shift
 done
 ((${#settings[@]})) || { echo "give at least one NAME=ARGS setting (see --help)" >&2; exit 2; }
-[[ -x $VDSTREAM_BIN ]] || { echo "$VDSTREAM_BIN not built (cargo build --release)" >&2; exit 2; }
-[[ -f $JOBFILE ]] || { echo "job file $JOBFILE not found (set SHARED=)" >&2; exit 2; }
+need_vdstream
+need_jobfile
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-disk-ab.XXXXXX")
 server_pid=

@@ -1,6 +1,26 @@
 # bench/lib.sh — pieces the benchmark scripts share: starting a peer's server is theirs,
-# waiting for it to answer NBD, stopping it and cleaning up on exit are here.
+# the settings below, waiting for a server to answer NBD, stopping it and cleaning up on
+# exit are here. Set ROOT (the repository) before sourcing it.
 # shellcheck shell=bash
+
+# Settings; SHARED and VDSTREAM_BIN may come from the environment.
+SHARED=${SHARED:-$ROOT/../shared}
+JOBFILE=$SHARED/bench/vdi.fio
+VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
+# Debian's libnbd bindings are only visible to the system interpreter (the scripts that
+# source this file run their report code with it).
+# shellcheck disable=SC2034
+PY=/usr/bin/python3
+export PATH=/usr/bin:$PATH
+
+# need_jobfile, need_vdstream — exit 2, saying what to do, when the VDI job file or the
+# vdstream binary is missing.
+need_jobfile() {
+    [[ -f $JOBFILE ]] || { echo "$(basename "$0"): job file $JOBFILE not found (set SHARED=)" >&2; exit 2; }
+}
+need_vdstream() {
+    [[ -x $VDSTREAM_BIN ]] || { echo "$(basename "$0"): $VDSTREAM_BIN not built: cargo build --release -p vdstream" >&2; exit 2; }
+}
 
 # stop_pid PID [TENTHS] — SIGTERM, wait up to TENTHS tenths of a second (default 100),
 # then SIGKILL; reaps the process if it is our child.

@@ -21,11 +21,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-SHARED=${SHARED:-$ROOT/../shared}
-JOBFILE=$SHARED/bench/vdi.fio
-VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
-PY=/usr/bin/python3
-export PATH=/usr/bin:$PATH
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=vdstream,nbdkit-memory,nbdkit-null
 args_given="$*"
@@ -45,7 +40,7 @@ while (($#)); do
 done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive integer" >&2; exit 2; }
 [[ $runtime =~ ^[1-9][0-9]*$ ]] || { echo "--runtime must be whole seconds" >&2; exit 2; }
-[[ -f $JOBFILE ]] || { echo "nbd-vdi.sh: job file $JOBFILE not found (set SHARED=)" >&2; exit 2; }
+need_jobfile
 for c in fio nbdkit nbdinfo; do
     command -v $c >/dev/null || { echo "nbd-vdi.sh: $c is not installed (run scripts/test once)" >&2; exit 2; }
 done

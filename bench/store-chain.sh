@@ -28,9 +28,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-VDSTREAM_BIN=${VDSTREAM_BIN:-$ROOT/target/release/vdstream}
-PY=/usr/bin/python3
-export PATH=/usr/bin:$PATH
 
 mib=1024 layers=5 pct=10 runtime=10 rounds=3 out='' peers=vdstream-chain,vdstream-flat,qemu-nbd-chain
 args_given="$*"
@@ -56,7 +53,7 @@ done
 for c in fio qemu-img qemu-io qemu-nbd nbdinfo; do
     command -v $c >/dev/null || { echo "store-chain.sh: $c is not installed" >&2; exit 2; }
 done
-[[ -x $VDSTREAM_BIN ]] || { echo "store-chain.sh: $VDSTREAM_BIN not built (cargo build --release)" >&2; exit 2; }
+need_vdstream
 IFS=, read -r -a peer_list <<<"$peers"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-bench-chain.XXXXXX")

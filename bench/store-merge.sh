@@ -32,8 +32,6 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
 MERGE_BIN=${MERGE_BIN:-$ROOT/target/release/examples/merge}
-PY=/usr/bin/python3
-export PATH=/usr/bin:$PATH
 
 mib=1024 layers=5 pct=10 rounds=3 out=''
 args_given="$*"
