@@ -9,33 +9,14 @@
 //!
 //! Run briefly: `cargo bench -p vdstream-wcache --bench cache -- --warm-up-time 1 --measurement-time 3`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use vdstream_blockdev::{BlockDev, MemoryDev};
-use vdstream_wcache::overflow::RamOverflowCache;
-use vdstream_wcache::{CacheConfig, WriteCache};
-
-const PAGE: u64 = 4096;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
+use vdstream_blockdev::BlockDev;
+use vdstream_wcache::WriteCache;
 
 mod common;
-use common::Pages;
-
-fn overflow_cache(size: u64, ram: u64, dir: &std::path::Path) -> RamOverflowCache {
-    let lower: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(size));
-    let cfg = CacheConfig { ram, dir: dir.to_path_buf(), ..CacheConfig::new("bench") };
-    RamOverflowCache::open(lower, &cfg).unwrap()
-}
-
-fn fill(cache: &RamOverflowCache, bytes: u64) {
-    let chunk = vec![0x5Au8; MIB as usize];
-    for off in (0..bytes).step_by(MIB as usize) {
-        cache.write_at(&chunk, off, false).unwrap();
-    }
-}
+use common::{fill, overflow_cache, resident_1gib, Pages, GIB, MIB, PAGE};
 
 fn ram_resident(c: &mut Criterion) {
     let mut g = c.benchmark_group("ram_resident_4k_random_write");
@@ -54,9 +35,7 @@ fn ram_resident(c: &mut Criterion) {
     drop(plain);
 
     let dir = tempfile::tempdir().unwrap();
-    // RAM above the working set by more than the flusher's high watermark: nothing evicts.
-    let cache = overflow_cache(GIB, GIB + GIB / 4, dir.path());
-    fill(&cache, GIB);
+    let cache = resident_1gib(dir.path());
     let mut rng = Pages(0x1234_5678);
     g.bench_function("ram_overflow_1gib", |b| {
         b.iter(|| cache.write_at(black_box(&data), rng.next(pages) * PAGE, false).unwrap())

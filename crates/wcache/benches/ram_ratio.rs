@@ -9,19 +9,15 @@
 //! Run: `cargo bench -p vdstream-wcache --bench ram_ratio [-- ROUNDS]` (default 15 rounds of
 //! 300 000 writes each side).
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use vdstream_blockdev::{BlockDev, MemoryDev};
-use vdstream_wcache::overflow::RamOverflowCache;
-use vdstream_wcache::{CacheConfig, WriteCache};
+use vdstream_blockdev::BlockDev;
+use vdstream_wcache::WriteCache;
 
-const PAGE: u64 = 4096;
-const GIB: u64 = 1 << 30;
 const PER_ROUND: u64 = 300_000;
 
 mod common;
-use common::Pages;
+use common::{resident_1gib, Pages, GIB, PAGE};
 
 fn main() {
     let rounds: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(15);
@@ -30,14 +26,7 @@ fn main() {
 
     let mut plain = vec![1u8; GIB as usize];
     let dir = tempfile::tempdir().unwrap();
-    let lower: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(GIB));
-    // RAM above the working set by more than the flusher's high watermark: nothing evicts.
-    let cfg = CacheConfig { ram: GIB + GIB / 4, dir: dir.path().to_path_buf(), ..CacheConfig::new("bench") };
-    let cache = RamOverflowCache::open(lower, &cfg).unwrap();
-    let chunk = vec![0x5Au8; 1 << 20];
-    for off in (0..GIB).step_by(1 << 20) {
-        cache.write_at(&chunk, off, false).unwrap();
-    }
+    let cache = resident_1gib(dir.path());
 
     let mut rng_plain = Pages(0x1234_5678);
     let mut rng_cache = Pages(0x1234_5678);
