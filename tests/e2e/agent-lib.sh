@@ -4,11 +4,9 @@
 #                            directories in the scratch dir; waits (bounded) until its
 #                            socket answers NBD; sets AGENT_PID, AGENT_LOG, AGENT_SOCK and
 #                            points URI at the agent.
-#   restart_server_on SOCK ARGS...  serve-image ARGS on an existing socket path (after a
-#                            kill); sets SERVER_PID.
 
 export VDSTREAM_RUN_DIR VDSTREAM_CACHE_DIR
-AGENT_PID= AGENT_LOG= AGENT_SOCK=
+AGENT_PID='' AGENT_LOG='' AGENT_SOCK=''
 
 agent_env() {
     VDSTREAM_RUN_DIR=$E2E_TMP/run
@@ -28,19 +26,6 @@ start_agent() {
     E2E_SERVER_LOGS+=("$AGENT_LOG")
     URI="nbd+unix:///?socket=$AGENT_SOCK"
     wait_ready "$AGENT_PID" "$URI"
-}
-
-restart_server_on() {
-    local sock=$1; shift
-    local n=${#E2E_SERVER_PIDS[@]}
-    local logf=$E2E_TMP/server$n.log
-    log "restarting: vdstream serve-image --socket $sock $*"
-    "$VDSTREAM_BIN" serve-image --socket "$sock" "$@" >"$logf" 2>&1 </dev/null &
-    SERVER_PID=$!
-    E2E_PIDS+=("$SERVER_PID")
-    E2E_SERVER_PIDS+=("$SERVER_PID")
-    E2E_SERVER_LOGS+=("$logf")
-    wait_ready "$SERVER_PID" "nbd+unix:///?socket=$sock"
 }
 
 # agent_status_get EXPR — python EXPR over the agent's status JSON `j`.

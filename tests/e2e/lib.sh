@@ -158,11 +158,18 @@ server_command() {
 # --socket) on a fresh unix socket and wait until it completes an NBD handshake.
 # Sets SERVER_PID, SOCK, URI, SERVER_LOG.
 start_server() {
-    local n=${#E2E_SERVER_PIDS[@]} cmd=()
-    SOCK=$E2E_TMP/server$n.sock
-    SERVER_LOG=$E2E_TMP/server$n.log
+    SOCK=$E2E_TMP/server${#E2E_SERVER_PIDS[@]}.sock
     URI="nbd+unix:///?socket=$SOCK"
-    mapfile -d '' cmd < <(server_command "$SOCK" "$@")
+    start_server_on "$SOCK" "$@"
+}
+
+# start_server_on SOCK ARGS... — the same on a given socket path (to restart a server where
+# it was), leaving SOCK and URI as they are. Sets SERVER_PID, SERVER_LOG.
+start_server_on() {
+    local sock=$1 n=${#E2E_SERVER_PIDS[@]} cmd=()
+    shift
+    SERVER_LOG=$E2E_TMP/server$n.log
+    mapfile -d '' cmd < <(server_command "$sock" "$@")
     ((${#cmd[@]})) || exit 1
     log "starting: ${cmd[*]}"
     "${cmd[@]}" >"$SERVER_LOG" 2>&1 </dev/null &
@@ -170,7 +177,7 @@ start_server() {
     E2E_PIDS+=("$SERVER_PID")
     E2E_SERVER_PIDS+=("$SERVER_PID")
     E2E_SERVER_LOGS+=("$SERVER_LOG")
-    wait_ready "$SERVER_PID" "$URI"
+    wait_ready "$SERVER_PID" "nbd+unix:///?socket=$sock"
 }
 
 # wait_ready PID URI — poll (bounded) until URI answers a full handshake.

@@ -60,7 +60,7 @@ expect_fail 15 "already attached.*pid $AGENT_PID" \
 # has not cached fail with EIO once --retry-for is over, and the agent says why.
 stop_server "$srv_pid" 10 || true
 truncate -s 8M "$E2E_TMP/small.img"
-restart_server_on "$srv_sock" "$E2E_TMP/small.img" --read-only
+start_server_on "$srv_sock" "$E2E_TMP/small.img" --read-only
 rc=0
 timeout 20 nbdsh -u "$URI" -c 'h.pread(4096, 12 << 20)' >"$E2E_TMP/read.txt" 2>&1 || rc=$?
 cat "$E2E_TMP/read.txt" >&2

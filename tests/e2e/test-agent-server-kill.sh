@@ -31,7 +31,7 @@ sleep 2
 log "SIGKILL to the server (pid $SERVER_PID)"
 kill -KILL "$SERVER_PID"
 sleep 1
-restart_server_on "$srv_sock" "$base" --read-only
+start_server_on "$srv_sock" "$base" --read-only
 wait "$fio_pid" || fail "fio through the agent failed across the server kill"
 server_alive "$AGENT_PID" || fail "the agent died"
 sleep 1.5   # the status file is rewritten every second
