@@ -1,0 +1,226 @@
+//! What a running server knows about itself and its connections, shared by the NBD side
+//! (which registers sessions and counts their I/O) and the HTTP side (which shows them).
+//!
+//! Invariants: a session is in the registry from the end of its handshake until its
+//! connection closes; counters only grow; `reconnects` of a target counts every
+//! connection of that target after its first one since the server started.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+/// Which kind of export a session opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportKind {
+    /// `vdisk/NAME` or `vdisk/NAME@V`: read-only.
+    Vdisk,
+    /// `target/ID`: the target's vDisk through its server-side write cache.
+    Target,
+    /// `maintenance/NAME`: the maintenance version, writable by one connection.
+    Maintenance,
+}
+
+/// What a session is, fixed when it connects.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionInfo {
+    /// The export name the client asked for, as it asked.
+    pub export: String,
+    pub kind: ExportKind,
+    /// The target, for `target/ID` exports, or as the agent named itself.
+    pub target: Option<String>,
+    /// `unix` or the peer's `IP:PORT`.
+    pub peer: String,
+    pub vdisk: String,
+    /// The version served (0: the base).
+    pub version: u32,
+    /// The server-side cache type (`server`, `server-persistent`), if any.
+    pub cache_type: Option<String>,
+    /// The cache's limit in bytes (RAM plus file), if it has one.
+    pub cache_limit: Option<u64>,
+}
+
+/// I/O counters of one session. Guest: what the client asked for. Store: what reached the
+/// store's files (after the shared read cache and the session's write cache).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub guest_read_ops: AtomicU64,
+    pub guest_read_bytes: AtomicU64,
+    pub guest_write_ops: AtomicU64,
+    pub guest_write_bytes: AtomicU64,
+    pub store_read_ops: AtomicU64,
+    pub store_read_bytes: AtomicU64,
+    pub store_write_ops: AtomicU64,
+    pub store_write_bytes: AtomicU64,
+    /// Bytes the session's server-side cache holds now (RAM plus file).
+    pub cache_used: AtomicU64,
+}
+
+/// A snapshot of [`Counters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CountersSnapshot {
+    pub guest_read_ops: u64,
+    pub guest_read_bytes: u64,
+    pub guest_write_ops: u64,
+    pub guest_write_bytes: u64,
+    pub store_read_ops: u64,
+    pub store_read_bytes: u64,
+    pub store_write_ops: u64,
+    pub store_write_bytes: u64,
+    pub cache_used: u64,
+}
+
+impl Counters {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CountersSnapshot {
+            guest_read_ops: g(&self.guest_read_ops),
+            guest_read_bytes: g(&self.guest_read_bytes),
+            guest_write_ops: g(&self.guest_write_ops),
+            guest_write_bytes: g(&self.guest_write_bytes),
+            store_read_ops: g(&self.store_read_ops),
+            store_read_bytes: g(&self.store_read_bytes),
+            store_write_ops: g(&self.store_write_ops),
+            store_write_bytes: g(&self.store_write_bytes),
+            cache_used: g(&self.cache_used),
+        }
+    }
+}
+
+/// One live connection.
+#[derive(Debug)]
+pub struct Session {
+    pub id: u64,
+    pub info: SessionInfo,
+    pub connected_unix_ms: u64,
+    pub counters: Counters,
+}
+
+/// Every live session, and per-target connection counts.
+#[derive(Debug, Default)]
+pub struct Registry {
+    next_id: AtomicU64,
+    sessions: Mutex<BTreeMap<u64, Arc<Session>>>,
+    target_connects: Mutex<BTreeMap<String, u64>>,
+}
+
+/// Removes its session from the registry when dropped (when the connection ends).
+#[derive(Debug)]
+pub struct SessionGuard {
+    registry: Arc<Registry>,
+    pub session: Arc<Session>,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.registry.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.session.id);
+    }
+}
+
+impl Registry {
+    pub fn new() -> Arc<Registry> {
+        Arc::new(Registry::default())
+    }
+
+    /// Registers a session; it leaves the registry when the guard is dropped.
+    pub fn open(self: &Arc<Self>, info: SessionInfo) -> SessionGuard {
+        if let Some(t) = &info.target {
+            *self.target_connects.lock().unwrap_or_else(|p| p.into_inner()).entry(t.clone()).or_default() += 1;
+        }
+        let session = Arc::new(Session {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
+            info,
+            connected_unix_ms: unix_ms(),
+            counters: Counters::default(),
+        });
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(session.id, session.clone());
+        SessionGuard { registry: self.clone(), session }
+    }
+
+    /// The live sessions, oldest first.
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Connections of `target` after its first one since this server started.
+    pub fn reconnects(&self, target: &str) -> u64 {
+        self.target_connects.lock().unwrap_or_else(|p| p.into_inner()).get(target).map_or(0, |n| n.saturating_sub(1))
+    }
+}
+
+/// The server as a whole: its store, where it listens, its sessions, whether it drains.
+#[derive(Debug)]
+pub struct ServerState {
+    /// This server's name in the API (default: `HOSTNAME:PID`).
+    pub name: String,
+    pub store: PathBuf,
+    /// `--listen`, if any.
+    pub nbd_listen: Option<String>,
+    /// `--socket`, if any.
+    pub nbd_socket: Option<PathBuf>,
+    pub registry: Arc<Registry>,
+    /// Set on SIGTERM: no new connections; agents should move elsewhere.
+    pub draining: AtomicBool,
+    pub started_unix_ms: u64,
+}
+
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(target: Option<&str>) -> SessionInfo {
+        SessionInfo {
+            export: "vdisk/w".into(),
+            kind: ExportKind::Vdisk,
+            target: target.map(str::to_string),
+            peer: "unix".into(),
+            vdisk: "w".into(),
+            version: 1,
+            cache_type: None,
+            cache_limit: None,
+        }
+    }
+
+    #[test]
+    fn a_session_leaves_the_registry_when_its_connection_ends() {
+        let r = Registry::new();
+        let a = r.open(info(Some("vm1")));
+        let b = r.open(info(None));
+        assert_eq!(r.len(), 2);
+        Counters::add(&a.session.counters.guest_read_ops, 3);
+        assert_eq!(r.sessions()[0].counters.snapshot().guest_read_ops, 3);
+        drop(a);
+        assert_eq!(r.sessions().iter().map(|s| s.id).collect::<Vec<_>>(), vec![b.session.id]);
+    }
+
+    #[test]
+    fn reconnects_count_connections_after_the_first() {
+        let r = Registry::new();
+        assert_eq!(r.reconnects("vm1"), 0);
+        drop(r.open(info(Some("vm1"))));
+        assert_eq!(r.reconnects("vm1"), 0);
+        let _again = r.open(info(Some("vm1")));
+        assert_eq!(r.reconnects("vm1"), 1);
+        assert_eq!(r.reconnects("vm2"), 0);
+    }
+}
