@@ -26,6 +26,7 @@ pub mod error;
 pub mod file;
 pub mod memory;
 pub mod reclaim;
+pub mod ring;
 pub mod span;
 pub mod uring;
 
@@ -167,6 +168,69 @@ pub trait BlockDev: Send + Sync + std::fmt::Debug {
 
     /// A short name for messages and logs: a path, "memory", a target id.
     fn describe(&self) -> String;
+
+    /// Runs every read and write of `ops`, setting each one's `result`. The ops were in
+    /// flight together, so they may run in any order or at once (NBD gives overlapping
+    /// requests in flight no order). The default runs them one by one with `read_at` and
+    /// `write_at`; a device whose I/O is asynchronous underneath submits them together.
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        for op in ops {
+            op.result = match &mut op.io {
+                BatchIo::Read(buf) => self.read_at(buf, op.offset),
+                BatchIo::Write(buf, fua) => self.write_at(buf, op.offset, *fua),
+            };
+        }
+    }
+
+    /// Whether [`io_batch`](Self::io_batch) is worth more than one call per request (the
+    /// NBD server then hands this device a connection's requests in batches).
+    fn prefers_batches(&self) -> bool {
+        false
+    }
+}
+
+/// One read or write of an [`BlockDev::io_batch`] call.
+#[derive(Debug)]
+pub struct BatchOp<'a> {
+    pub offset: u64,
+    pub io: BatchIo<'a>,
+    /// Set by `io_batch`.
+    pub result: Result<()>,
+}
+
+/// What a [`BatchOp`] does.
+#[derive(Debug)]
+pub enum BatchIo<'a> {
+    Read(&'a mut [u8]),
+    /// The bytes, and whether the write is FUA.
+    Write(&'a [u8], bool),
+}
+
+impl<'a> BatchOp<'a> {
+    /// A read of `buf.len()` bytes at `offset`, not run yet.
+    pub fn read(buf: &'a mut [u8], offset: u64) -> Self {
+        BatchOp { offset, io: BatchIo::Read(buf), result: Ok(()) }
+    }
+
+    /// A write of `buf` at `offset`, not run yet.
+    pub fn write(buf: &'a [u8], offset: u64, fua: bool) -> Self {
+        BatchOp { offset, io: BatchIo::Write(buf, fua), result: Ok(()) }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.io {
+            BatchIo::Read(b) => b.len(),
+            BatchIo::Write(b, _) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_write(&self) -> bool {
+        matches!(self.io, BatchIo::Write(..))
+    }
 }
 
 macro_rules! forward_blockdev {
@@ -189,6 +253,8 @@ macro_rules! forward_blockdev {
             }
             fn cache(&self, offset: u64, len: u64) -> Result<()> { (**self).cache(offset, len) }
             fn describe(&self) -> String { (**self).describe() }
+            fn io_batch(&self, ops: &mut [BatchOp<'_>]) { (**self).io_batch(ops) }
+            fn prefers_batches(&self) -> bool { (**self).prefers_batches() }
         }
     };
 }

@@ -23,7 +23,7 @@ use super::{
     check_extents, check_extents_against, check_holes, compare, compare_all, pattern_buf,
     CheckResult, MakeDev,
 };
-use crate::{BlockDev, Hole, ZeroFlags};
+use crate::{BatchOp, BlockDev, Hole, ZeroFlags};
 
 const PAGE: u64 = 4096;
 const UNIT: u64 = 2 << 20;
@@ -60,6 +60,9 @@ pub enum ModelOp {
         offset: u64,
         len: u64,
     },
+    /// Reads and writes (never `Batch`) of ranges that do not overlap, run with one
+    /// [`BlockDev::io_batch`] call.
+    Batch(Vec<ModelOp>),
 }
 
 /// Offsets in `[start, end)` (non-empty), biased to page and 2 MiB edges and to the ends.
@@ -112,8 +115,49 @@ pub fn op_in(start: u64, end: u64, max_len: u64) -> BoxedStrategy<ModelOp> {
         2 => (r(), any::<bool>()).prop_map(|((offset, len), may_trim)| ModelOp::Zero { offset, len, may_trim }),
         1 => Just(ModelOp::Flush),
         1 => r().prop_map(|(offset, len)| ModelOp::BlockStatus { offset, len }),
+        2 => batch_in(start, end, max_len),
     ]
     .boxed()
+}
+
+/// A batch of 1 to 8 reads and writes inside `[start, end)` whose ranges do not overlap,
+/// half of them whole aligned pages (the ranges a batching device submits at once).
+pub fn batch_in(start: u64, end: u64, max_len: u64) -> BoxedStrategy<ModelOp> {
+    let first_page = start.div_ceil(PAGE);
+    let last_page = end / PAGE; // exclusive
+    let aligned = move || {
+        (first_page..last_page.max(first_page + 1), 1u64..=(max_len / PAGE).clamp(1, 4))
+            .prop_map(move |(p, n)| (p * PAGE, (n * PAGE).min(end.saturating_sub(p * PAGE))))
+    };
+    let one = move || {
+        let range = if last_page > first_page { prop_oneof![1 => range_in(start, end, max_len), 1 => aligned()].boxed() } else { range_in(start, end, max_len) };
+        (range, any::<bool>(), 8u8..=255).prop_map(|((offset, len), write, seed)| {
+            if write {
+                ModelOp::Write { offset, len, seed, fua: false }
+            } else {
+                ModelOp::Read { offset, len }
+            }
+        })
+    };
+    prop::collection::vec(one(), 1..=8)
+        .prop_map(|ops| {
+            let mut kept: Vec<ModelOp> = Vec::new();
+            let span = |op: &ModelOp| match *op {
+                ModelOp::Read { offset, len } | ModelOp::Write { offset, len, .. } => (offset, offset + len),
+                _ => (0, 0),
+            };
+            for op in ops {
+                let (s, e) = span(&op);
+                if e > s && kept.iter().all(|k| {
+                    let (ks, ke) = span(k);
+                    e <= ks || s >= ke
+                }) {
+                    kept.push(op);
+                }
+            }
+            ModelOp::Batch(kept)
+        })
+        .boxed()
 }
 
 /// A sequence of 1 to `max_ops` operations inside `[start, end)`.
@@ -181,6 +225,42 @@ pub fn step(dev: &dyn BlockDev, model: &mut [u8], base: u64, op: &ModelOp) -> Ch
             check_extents(offset, len, &out)?;
             check_extents_against(&model[at(offset, len)], 0, &out)
                 .map_err(|e| format!("{e} (relative to offset {offset})"))
+        }
+        ModelOp::Batch(ref ops) => {
+            let writes: Vec<Vec<u8>> = ops
+                .iter()
+                .map(|op| match *op {
+                    ModelOp::Write { offset, len, seed, .. } => pattern_buf(seed, offset, len as usize),
+                    _ => Vec::new(),
+                })
+                .collect();
+            let mut reads: Vec<Vec<u8>> = ops
+                .iter()
+                .map(|op| match *op {
+                    ModelOp::Read { len, .. } => vec![0xEEu8; len as usize],
+                    _ => Vec::new(),
+                })
+                .collect();
+            let mut batch: Vec<BatchOp<'_>> = Vec::with_capacity(ops.len());
+            for ((op, w), r) in ops.iter().zip(&writes).zip(reads.iter_mut()) {
+                match *op {
+                    ModelOp::Write { offset, fua, .. } => batch.push(BatchOp::write(w, offset, fua)),
+                    ModelOp::Read { offset, .. } => batch.push(BatchOp::read(r, offset)),
+                    _ => return Err(format!("a batch holds only reads and writes, not {op:?}")),
+                }
+            }
+            dev.io_batch(&mut batch);
+            let results: Vec<_> = batch.into_iter().map(|b| b.result).collect();
+            // The ranges do not overlap, so every read sees the state before the batch.
+            for ((op, result), (w, r)) in ops.iter().zip(results).zip(writes.iter().zip(&reads)) {
+                result.map_err(|e| format!("in a batch: {e}"))?;
+                match *op {
+                    ModelOp::Read { offset, len } => compare(r, &model[at(offset, len)], offset, "read in a batch")?,
+                    ModelOp::Write { offset, len, .. } => model[at(offset, len)].copy_from_slice(w),
+                    _ => {}
+                }
+            }
+            Ok(())
         }
     }
 }
