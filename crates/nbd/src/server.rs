@@ -408,10 +408,12 @@ impl io::Write for BlockingSocket {
 async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
     sock.prepare()?;
     let waker = sock.try_clone()?;
-    let writer = if negotiated.device.caps().may_block { Some(sock.try_clone()?) } else { None };
+    let batched = negotiated.device.prefers_batches();
+    let writer = if negotiated.device.caps().may_block && !batched { Some(sock.try_clone()?) } else { None };
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
         let result = match writer {
+            None if batched => crate::session::run_batched_blocking(sock, negotiated, &shared),
             None => crate::session::run_inline_blocking(sock, negotiated, &shared),
             Some(writer) => {
                 let threads = shared.config.threads_per_connection.max(1);

@@ -70,6 +70,59 @@ async fn turns_concurrent_again_when_a_fast_device_slows_down() {
     assert_ne!(order, sorted, "slow writes complete out of order");
 }
 
+/// A device that prefers batches gets a connection's reads and writes in batches; other
+/// commands and refused requests in between are answered too, and every reply carries the
+/// right bytes (simple and structured replies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_reach_a_device_that_prefers_them() {
+    for structured in [false, true] {
+        let h = start();
+        let (mut c, _, _) = RawClient::open(&h.path, "batched", structured).await;
+        let n = 48u64;
+        for i in 0..n {
+            c.send(CMD_WRITE, 0, i, i * 4096, 4096, &vec![i as u8 + 1; 4096]).await;
+            if i == 20 {
+                c.send(CMD_FLUSH, 0, 500, 0, 0, &[]).await;
+                c.send(CMD_READ, 0, 501, DISK, 4096, &[]).await; // out of range: refused
+            }
+        }
+        let mut handles = Vec::new();
+        for _ in 0..n + 2 {
+            let r = c.reply(0).await;
+            if r.handle() == 501 {
+                assert_eq!(r.error(), EINVAL, "{r:?}");
+            } else {
+                assert_eq!(r.error(), 0, "{r:?}");
+            }
+            handles.push(r.handle());
+        }
+        handles.sort();
+        let mut want: Vec<u64> = (0..n).collect();
+        want.extend([500, 501]);
+        assert_eq!(handles, want, "every request answered once");
+        for i in 0..n {
+            c.send(CMD_READ, 0, 1000 + i, i * 4096, 4096, &[]).await;
+        }
+        for _ in 0..n {
+            let (handle, data) = match c.reply(4096).await {
+                Reply::Simple { error: 0, data, handle } => (handle, data),
+                Reply::Chunk { flags, kind: REPLY_TYPE_OFFSET_DATA, handle, payload: data } => {
+                    assert_ne!(flags & REPLY_FLAG_DONE, 0, "one chunk per read");
+                    let off = u64::from_be_bytes(data[..8].try_into().unwrap());
+                    assert_eq!(off, (handle - 1000) * 4096);
+                    (handle, data[8..].to_vec())
+                }
+                r => panic!("{r:?}"),
+            };
+            let i = handle - 1000;
+            assert!(data.iter().all(|&b| b == i as u8 + 1), "read {i} (structured: {structured})");
+        }
+        let batches = h.exports.batched.batches.lock().unwrap().clone();
+        assert!(batches.iter().any(|&b| b > 1), "requests in flight together went down together: {batches:?}");
+        assert_eq!(batches.iter().sum::<usize>() as u64, 2 * n, "every read and write went through io_batch once");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_answers_in_flight_requests_then_closes() {
     let h = start();

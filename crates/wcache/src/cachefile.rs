@@ -66,6 +66,34 @@ pub fn with_bounce<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
+thread_local! {
+    static ARENA: RefCell<Vec<AlignedPage>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a 4096-aligned buffer of `len` bytes (a multiple of [`PAGE`]) for a batch
+/// of page I/O, apart from [`with_bounce`]'s (so `f` may use that one too); contents on
+/// entry are unspecified. `None` (and `f` not run) if this thread's arena is in use.
+pub fn with_arena<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+    debug_assert!(len % PAGE == 0);
+    ARENA.with(|cell| {
+        let mut pages = cell.try_borrow_mut().ok()?;
+        let n = len / PAGE;
+        if pages.len() < n {
+            pages.resize(n, AlignedPage([0; PAGE]));
+        }
+        // SAFETY: as in `with_bounce`: `n` aligned pages are `len` contiguous initialised
+        // bytes, and the `RefCell` borrow makes this the only reference to them.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(pages.as_mut_ptr().cast::<u8>(), len) };
+        let r = f(bytes);
+        if pages.len() > 256 {
+            // Keep at most 1 MiB per thread between batches.
+            pages.truncate(256);
+            pages.shrink_to_fit();
+        }
+        Some(r)
+    })
+}
+
 /// Whether `O_DIRECT` could use `buf` at `offset` as it is.
 pub fn is_aligned(buf: &[u8], offset: u64) -> bool {
     buf.as_ptr() as usize % PAGE == 0 && buf.len() % PAGE == 0 && offset % PAGE_U64 == 0
@@ -157,7 +185,7 @@ impl CacheFile {
         self.engine.kind()
     }
 
-    fn err(&self, e: io::Error, op: Op, offset: u64, len: u64) -> Error {
+    pub(crate) fn err(&self, e: io::Error, op: Op, offset: u64, len: u64) -> Error {
         Error::from_io(e, op, offset, len, self.path.display().to_string())
     }
 

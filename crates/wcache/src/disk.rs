@@ -34,6 +34,14 @@
 //!   fio on the VDI profile, same runs). It changes no accounting above; it stops before
 //!   preallocated chunks plus data pages would pass `max_file`, and a trim that frees a
 //!   whole chunk punches it whole.
+//! - **Batches** (`O_DIRECT` only): the NBD server hands a connection's reads and writes to
+//!   [`BlockDev::io_batch`] together. Whole-page writes, and whole-page reads of pages that
+//!   are all *data*, take their page locks without waiting, go to the file in one io_uring
+//!   submission from the connection's own thread, and update the map when complete — the
+//!   same order as a single write. Everything else (partial pages, reads that need the
+//!   vDisk, pages whose locks are busy) runs after the submission, one request at a time.
+//!   VDI profile through NBD: 0.28× → see docs/BENCHMARKS.md of the raw disk, because no
+//!   thread sleeps and wakes per request any more.
 //! - **Flush**: not advertised (`Caps::flush` and `fua` false) and a no-op: the file is
 //!   deleted when the cache closes and a new attach starts empty, so `fdatasync` would make
 //!   nothing survive that anyone could read. Completed writes are visible to every
@@ -50,9 +58,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine, IoEngineKind, Op, Result, ZeroFlags};
+use vdstream_blockdev::ring::{self, FileIo};
+use vdstream_blockdev::{check_range, BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine, IoEngineKind, Op, Result, ZeroFlags};
 
-use crate::cachefile::{is_aligned, with_bounce, CacheFile, BOUNCE_BYTES};
+use crate::cachefile::{is_aligned, with_arena, with_bounce, CacheFile, BOUNCE_BYTES};
 use crate::page::{read_lower_page, PageLocks, PAGE, PAGE_SHIFT, PAGE_U64};
 use crate::pagemap::{ChangedPages, PageMap, PageState};
 use crate::prealloc::Prealloc;
@@ -506,6 +515,173 @@ impl BlockDev for DiskCache {
 
     fn describe(&self) -> String {
         format!("{} cache of target {} in {}", self.kind, self.target, self.dir.display())
+    }
+
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        if !self.file.is_direct() {
+            // Through the page cache a pwrite is a memcpy: one call per request is cheapest.
+            for op in ops {
+                op.result = match &mut op.io {
+                    BatchIo::Read(buf) => self.read_at(buf, op.offset),
+                    BatchIo::Write(buf, fua) => self.write_at(buf, op.offset, *fua),
+                };
+            }
+            return;
+        }
+        self.direct_batch(ops);
+    }
+
+    fn prefers_batches(&self) -> bool {
+        self.file.is_direct()
+    }
+}
+
+/// One request of a batch that goes to the cache file in [`DiskCache::direct_batch`].
+struct Planned {
+    op: usize,
+    first: u64,
+    pages: u64,
+    /// Pages the write turns into data (reserved).
+    new: u64,
+    /// Where its bytes sit in the batch's aligned arena.
+    at: usize,
+}
+
+impl DiskCache {
+    /// `io_batch` with `O_DIRECT`: every whole-page write, and every whole-page read of pages
+    /// that are all *data*, goes to the file in one submission through this thread's
+    /// io_uring ([`vdstream_blockdev::ring`]); the rest (partial pages, reads that need the
+    /// vDisk, pages another request holds) run one by one afterwards, as `read_at` and
+    /// `write_at` would run them.
+    ///
+    /// The page locks of the submitted requests are taken without waiting and held until
+    /// their I/O is complete and the map updated, so the module's ordering rules hold as for
+    /// a single write; a request whose locks are busy (held by another thread, or by an
+    /// earlier request of this batch) is simply run afterwards.
+    fn direct_batch(&self, ops: &mut [BatchOp<'_>]) {
+        let mut guards = Vec::new();
+        let mut planned: Vec<Planned> = Vec::new();
+        let mut later: Vec<usize> = Vec::new();
+        let mut bytes = 0usize;
+        for (i, op) in ops.iter_mut().enumerate() {
+            let (offset, len) = (op.offset, op.len() as u64);
+            let kind = if op.is_write() { Op::Write } else { Op::Read };
+            if let Err(e) = check_range(self.size, kind, offset, len, &|| self.describe()) {
+                op.result = Err(e);
+                continue;
+            }
+            if len == 0 || offset % PAGE_U64 != 0 || len % PAGE_U64 != 0 {
+                later.push(i);
+                continue;
+            }
+            let (first, pages) = (offset >> PAGE_SHIFT, len >> PAGE_SHIFT);
+            let Some(guard) = self.locks.try_lock_pages(first, pages) else {
+                later.push(i);
+                continue;
+            };
+            let mut new = 0;
+            if op.is_write() {
+                new = (first..first + pages).filter(|&p| self.map.get(p) != PageState::Data).count() as u64;
+                CacheStats::count(&self.stats.guest_write_ops, &self.stats.guest_write_bytes, len);
+                if new > 0 && !self.map.reserve(new, self.limit_pages) {
+                    op.result = Err(self.no_space(Op::Write, offset, len));
+                    continue;
+                }
+                if new > 0 {
+                    self.prealloc.ensure(&self.file, first, first + pages - 1, self.map.data_pages(), &|p| self.map.get(p) == PageState::Data);
+                }
+            } else {
+                let (state, run_end) = self.map.run(first, first + pages);
+                if state != PageState::Data || run_end < first + pages {
+                    later.push(i);
+                    continue;
+                }
+                CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, len);
+                self.stats.hits.fetch_add(pages, Ordering::Relaxed);
+            }
+            guards.push(guard);
+            planned.push(Planned { op: i, first, pages, new, at: bytes });
+            bytes += len as usize;
+        }
+        if !planned.is_empty() {
+            let ran = with_arena(bytes, |arena| self.submit_planned(ops, &planned, arena));
+            if ran.is_none() {
+                // This thread's arena is busy (a batch inside a batch): give the plan back.
+                for p in &planned {
+                    self.map.release(p.new);
+                    let op = &ops[p.op];
+                    let (ops_c, bytes_c) = if op.is_write() { (&self.stats.guest_write_ops, &self.stats.guest_write_bytes) } else { (&self.stats.guest_read_ops, &self.stats.guest_read_bytes) };
+                    ops_c.fetch_sub(1, Ordering::Relaxed);
+                    bytes_c.fetch_sub(op.len() as u64, Ordering::Relaxed);
+                    if !op.is_write() {
+                        self.stats.hits.fetch_sub(p.pages, Ordering::Relaxed);
+                    }
+                    later.push(p.op);
+                }
+            }
+        }
+        drop(guards);
+        later.sort_unstable();
+        for i in later {
+            let op = &mut ops[i];
+            op.result = match &mut op.io {
+                BatchIo::Read(buf) => self.read_at(buf, op.offset),
+                BatchIo::Write(buf, fua) => self.write_at(buf, op.offset, *fua),
+            };
+        }
+    }
+
+    /// The file I/O of the planned requests, in one batch, and the map updates after it.
+    fn submit_planned(&self, ops: &mut [BatchOp<'_>], planned: &[Planned], arena: &mut [u8]) {
+        let file = self.file.file();
+        let mut ios = Vec::with_capacity(planned.len());
+        let mut rest = &mut arena[..];
+        for p in planned {
+            let len = (p.pages << PAGE_SHIFT) as usize;
+            let (mine, tail) = rest.split_at_mut(len);
+            rest = tail;
+            let at = p.first << PAGE_SHIFT;
+            match &ops[p.op].io {
+                BatchIo::Write(data, _) => {
+                    mine.copy_from_slice(data);
+                    ios.push(FileIo::write(file, mine, at));
+                }
+                BatchIo::Read(_) => ios.push(FileIo::read(file, mine, at)),
+            }
+        }
+        ring::run_batch(&mut ios);
+        let results: Vec<std::io::Result<()>> = ios.into_iter().map(|io| io.result).collect();
+        let mut wrote = false;
+        for (p, r) in planned.iter().zip(results) {
+            let op = &mut ops[p.op];
+            let (at, len) = (p.first << PAGE_SHIFT, p.pages << PAGE_SHIFT);
+            op.result = match (r, &mut op.io) {
+                (Ok(()), BatchIo::Write(..)) => {
+                    CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, len);
+                    for page in p.first..p.first + p.pages {
+                        if self.map.set_data_reserved(page) != PageState::Data {
+                            self.mark_changed(page);
+                        }
+                    }
+                    wrote = true;
+                    Ok(())
+                }
+                (Ok(()), BatchIo::Read(buf)) => {
+                    CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, len);
+                    buf.copy_from_slice(&arena[p.at..p.at + len as usize]);
+                    Ok(())
+                }
+                (Err(e), io) => {
+                    let kind = if matches!(io, BatchIo::Write(..)) { Op::Write } else { Op::Read };
+                    self.map.release(p.new);
+                    Err(self.file.err(e, kind, at, len))
+                }
+            };
+        }
+        if wrote {
+            self.unsynced.store(true, Ordering::Release);
+            self.refresh_file_bytes();
+        }
     }
 }
 

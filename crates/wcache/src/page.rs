@@ -140,6 +140,29 @@ impl PageLocks {
         PageRangeGuard { _guards: Guards::Many(guards) }
     }
 
+    /// Like [`lock_pages`](Self::lock_pages), without waiting: `None` if any stripe is held
+    /// (by anyone, this thread included), and then nothing stays locked.
+    pub fn try_lock_pages(&self, first: u64, count: u64) -> Option<PageRangeGuard<'_>> {
+        let try_one = |i: usize| match self.stripes[i].0.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if count == 1 {
+            return try_one(self.stripe_of(first)).map(|g| PageRangeGuard { _guards: Guards::One(g) });
+        }
+        let idx: Vec<usize> = if count >= self.stripes.len() as u64 {
+            (0..self.stripes.len()).collect()
+        } else {
+            let mut v: Vec<usize> = (first..first + count).map(|p| self.stripe_of(p)).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let guards = idx.into_iter().map(try_one).collect::<Option<Vec<_>>>()?;
+        Some(PageRangeGuard { _guards: Guards::Many(guards) })
+    }
+
     /// Locks the stripes of every page touched by the byte range `[offset, offset+len)`.
     pub fn lock_bytes(&self, offset: u64, len: u64) -> PageRangeGuard<'_> {
         if len == 0 {

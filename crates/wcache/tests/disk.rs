@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use vdstream_blockdev::conformance::{self, model, pattern_buf};
 use vdstream_blockdev::uring::UringQueue;
-use vdstream_blockdev::{BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine, IoEngineKind, MemoryDev, Op, Result, ZeroFlags};
+use vdstream_blockdev::{BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine, IoEngineKind, MemoryDev, Op, Result, ZeroFlags};
 use vdstream_wcache::disk::DiskCache;
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
@@ -392,4 +392,45 @@ fn direct_io_on_tmpfs_is_refused_clearly() {
 fn a_missing_folder_is_named() {
     let err = open(std::path::Path::new("/nonexistent/vdstream"), true, CacheType::Server, Frozen::over(4096, None)).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/vdstream") && err.to_string().contains("target-7/test"), "{err}");
+}
+
+/// A batch on a capped O_DIRECT cache: writes of new pages past the cap fail with
+/// NoSpace, alone; overwrites of cached pages and reads in the same batch still work; the
+/// statistics count each request once, whether it went down in the batch or after it.
+#[test]
+fn a_batch_past_the_cap_fails_only_the_writes_that_do_not_fit() {
+    let dir = cache_dir();
+    if !direct_works(dir.path()) {
+        return;
+    }
+    let cfg = CacheConfig { max_file: Some(3 * 4096), ..config(dir.path(), false) };
+    let cache = DiskCache::open(Frozen::over(1 << 20, Some(0x21)), &cfg, CacheType::DeviceDisk).unwrap();
+    assert!(cache.prefers_batches());
+    cache.write_at(&[7u8; 4096], 0, false).unwrap();
+    let (a, b, c, d) = (vec![1u8; 4096], vec![2u8; 8192], vec![3u8; 4096], vec![4u8; 100]);
+    let (mut r0, mut r9) = (vec![0u8; 4096], vec![0u8; 4096]);
+    let mut ops = vec![
+        BatchOp::write(&a, 0, false),         // overwrite: always fits
+        BatchOp::read(&mut r9, 9 * 4096),     // from the vDisk (run after the batch)
+        BatchOp::write(&b, 4096, false),      // two new pages: fills the cap
+        BatchOp::write(&c, 3 * 4096, false),  // one more new page: no space
+        BatchOp::write(&d, 5 * 4096 + 1, false), // partial page, new: no space either
+    ];
+    cache.io_batch(&mut ops);
+    let kinds: Vec<Option<ErrorKind>> = ops.iter().map(|o| o.result.as_ref().err().map(|e| e.kind)).collect();
+    assert_eq!(kinds, vec![None, None, None, Some(ErrorKind::NoSpace), Some(ErrorKind::NoSpace)]);
+    drop(ops);
+    assert_eq!(r9, pattern_buf(0x21, 9 * 4096, 4096));
+    let mut ops = vec![BatchOp::read(&mut r0, 0)];
+    cache.io_batch(&mut ops);
+    assert!(ops[0].result.is_ok());
+    drop(ops);
+    assert_eq!(r0, a);
+    let mut got = vec![0u8; 8192];
+    cache.read_at(&mut got, 4096).unwrap();
+    assert_eq!(got, b);
+    let s = cache.stats();
+    assert_eq!((s.guest_write_ops, s.guest_read_ops), (5, 3), "{s:?}");
+    assert_eq!(s.file_bytes, 3 * 4096);
+    assert_eq!(s.nospace_errors, 2);
 }

@@ -21,6 +21,7 @@ pub const DISK: u64 = 1 << 20;
 pub struct TestExports {
     pub disk: Arc<MemoryDev>,
     pub slow: Arc<SlowDev>,
+    pub batched: Arc<BatchDev>,
 }
 
 impl Exports for TestExports {
@@ -35,6 +36,7 @@ impl Exports for TestExports {
             "" | "disk" => Ok(self.disk.clone()),
             "ro" => Ok(Arc::new(ReadOnly(self.disk.clone()))),
             "slow" => Ok(self.slow.clone()),
+            "batched" => Ok(self.batched.clone()),
             "busy" => Err(OpenError::Busy("version v3 is in maintenance by another target".into())),
             _ => Err(OpenError::Unknown(format!("no export named {name:?}"))),
         }
@@ -93,6 +95,41 @@ impl BlockDev for SlowDev {
     fn describe(&self) -> String { "slow memory".into() }
 }
 
+/// A memory device that prefers batches: each `io_batch` call sleeps 5 ms (so requests pile
+/// up behind it) and records its size.
+#[derive(Debug)]
+pub struct BatchDev {
+    pub inner: MemoryDev,
+    pub batches: Mutex<Vec<usize>>,
+}
+
+impl BatchDev {
+    pub fn new() -> BatchDev {
+        BatchDev { inner: MemoryDev::new(DISK), batches: Mutex::new(Vec::new()) }
+    }
+}
+
+impl BlockDev for BatchDev {
+    fn size(&self) -> u64 { self.inner.size() }
+    fn caps(&self) -> Caps { Caps { may_block: true, ..self.inner.caps() } }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> { self.inner.read_at(buf, offset) }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> { self.inner.write_at(buf, offset, fua) }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> { self.inner.trim(offset, len, fua) }
+    fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> { self.inner.write_zeroes(offset, len, f) }
+    fn describe(&self) -> String { "batched memory".into() }
+    fn io_batch(&self, ops: &mut [vdstream_blockdev::BatchOp<'_>]) {
+        self.batches.lock().unwrap().push(ops.len());
+        std::thread::sleep(Duration::from_millis(5));
+        for op in ops {
+            op.result = match &mut op.io {
+                vdstream_blockdev::BatchIo::Read(b) => self.inner.read_at(b, op.offset),
+                vdstream_blockdev::BatchIo::Write(b, fua) => self.inner.write_at(b, op.offset, *fua),
+            };
+        }
+    }
+    fn prefers_batches(&self) -> bool { true }
+}
+
 /// A running server on a unix socket in a temp dir.
 pub struct Harness {
     pub dir: tempfile::TempDir,
@@ -110,7 +147,7 @@ pub fn start() -> Harness {
 pub fn start_with(config: ServerConfig) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nbd.sock");
-    let exports = Arc::new(TestExports { disk: Arc::new(MemoryDev::new(DISK)), slow: Arc::new(SlowDev::new()) });
+    let exports = Arc::new(TestExports { disk: Arc::new(MemoryDev::new(DISK)), slow: Arc::new(SlowDev::new()), batched: Arc::new(BatchDev::new()) });
     let server = Server::new(exports.clone(), config);
     let stats = server.stats();
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
