@@ -214,3 +214,28 @@ fn read_only_base_refuses_writes_and_reports_extents() {
     assert_eq!(&buf[..500], &[0u8; 500][..]);
     assert_eq!(&buf[500..], &[1u8; 500][..]);
 }
+
+/// A batch of reads is sent side by side and every read gets its own bytes (aligned or
+/// not); a write in the same batch is refused alone (the vDisk is read-only to targets).
+#[test]
+fn a_batch_of_reads_gets_each_its_bytes() {
+    use vdstream_blockdev::{BatchOp, ErrorKind};
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s.sock");
+    let vdisk = patterned(1 << 20);
+    let server = TestServer::start(&sock, vdisk.clone(), "golden");
+    let base = connect(&[server.uri()], quick(None));
+    let ranges: Vec<(u64, usize)> = (0..40u64).map(|i| ((i * 24_577) % ((1 << 20) - 9000), 512 + (i as usize * 211) % 8000)).collect();
+    let mut bufs: Vec<Vec<u8>> = ranges.iter().map(|&(_, l)| vec![0u8; l]).collect();
+    let junk = vec![1u8; 4096];
+    let mut ops: Vec<BatchOp<'_>> = bufs.iter_mut().zip(&ranges).map(|(b, &(o, _))| BatchOp::read(b, o)).collect();
+    ops.push(BatchOp::write(&junk, 0, false));
+    base.io_batch(&mut ops);
+    let refused = ops.pop().unwrap();
+    assert_eq!(refused.result.unwrap_err().kind, ErrorKind::ReadOnly);
+    assert!(ops.iter().all(|o| o.result.is_ok()));
+    drop(ops);
+    for (b, &(o, l)) in bufs.iter().zip(&ranges) {
+        assert_eq!(b, &pattern(o, l), "read of {l} bytes at {o}");
+    }
+}

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::span::units;
-use crate::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
+use crate::{check_range, BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
 
 /// Alignment of every `O_DIRECT` I/O: offset, length and buffer address.
 const ALIGN: u64 = 4096;
@@ -490,6 +490,33 @@ impl FileDev {
 }
 
 impl BlockDev for FileDev {
+    /// Reads through the page cache go to the kernel together (the caller's io_uring):
+    /// the ones cached complete at once, the others are read side by side. Writes, and
+    /// everything with `O_DIRECT`, run one by one.
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        let mut reads = Vec::new();
+        let mut idx = Vec::new();
+        for (i, op) in ops.iter_mut().enumerate() {
+            let offset = op.offset;
+            match &mut op.io {
+                BatchIo::Read(buf) if self.direct => op.result = self.read_at(buf, offset),
+                BatchIo::Read(buf) => match check_range(self.size, Op::Read, offset, buf.len() as u64, &|| self.describe()) {
+                    Ok(()) => {
+                        idx.push(i);
+                        reads.push(crate::ring::FileIo::read(&self.file, buf, offset));
+                    }
+                    Err(e) => op.result = Err(e),
+                },
+                BatchIo::Write(buf, fua) => op.result = self.write_at(buf, offset, *fua),
+            }
+        }
+        crate::ring::run_batch(&mut reads);
+        let results: Vec<(u64, usize, io::Result<()>)> = reads.into_iter().map(|r| (r.offset, r.len(), r.result)).collect();
+        for (i, (offset, len, r)) in idx.into_iter().zip(results) {
+            ops[i].result = r.map_err(|e| self.io_err(e, Op::Read, offset, len as u64));
+        }
+    }
+
     fn size(&self) -> u64 {
         self.size
     }

@@ -62,11 +62,15 @@ impl<'a> FileIo<'a> {
         FileIo { file, offset, buf: FileBuf::Write(buf), result: Ok(()) }
     }
 
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         match &self.buf {
             FileBuf::Read(b) => b.len(),
             FileBuf::Write(b) => b.len(),
         }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Does the rest of this I/O (from byte `done`) with `pread`/`pwrite`.

@@ -562,6 +562,7 @@ impl DiskCache {
         let mut guards = Vec::new();
         let mut planned: Vec<Planned> = Vec::new();
         let mut later: Vec<usize> = Vec::new();
+        let mut below: Vec<usize> = Vec::new();
         let mut bytes = 0usize;
         for (i, op) in ops.iter_mut().enumerate() {
             let (offset, len) = (op.offset, op.len() as u64);
@@ -592,6 +593,11 @@ impl DiskCache {
                 }
             } else {
                 let (state, run_end) = self.map.run(first, first + pages);
+                if state == PageState::Absent && run_end >= first + pages {
+                    // All from the vDisk: with the other such reads, in one lower batch.
+                    below.push(i);
+                    continue;
+                }
                 if state != PageState::Data || run_end < first + pages {
                     later.push(i);
                     continue;
@@ -621,6 +627,7 @@ impl DiskCache {
             }
         }
         drop(guards);
+        self.read_below(ops, &below);
         later.sort_unstable();
         for i in later {
             let op = &mut ops[i];
@@ -628,6 +635,35 @@ impl DiskCache {
                 BatchIo::Read(buf) => self.read_at(buf, op.offset),
                 BatchIo::Write(buf, fua) => self.write_at(buf, op.offset, *fua),
             };
+        }
+    }
+
+    /// Reads whose pages are all absent, from the vDisk in one batch of the lower device
+    /// (a remote base sends them side by side; a file reads them in one submission).
+    fn read_below(&self, ops: &mut [BatchOp<'_>], below: &[usize]) {
+        if below.is_empty() {
+            return;
+        }
+        let mut sub: Vec<BatchOp<'_>> = Vec::with_capacity(below.len());
+        let mut rest = &mut ops[..];
+        let mut base = 0usize;
+        for &i in below {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(i - base + 1);
+            let op = &mut head[i - base];
+            base = i + 1;
+            rest = tail;
+            let len = op.len() as u64;
+            if let BatchIo::Read(buf) = &mut op.io {
+                CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, len);
+                self.stats.misses.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
+                CacheStats::count(&self.stats.vdisk_read_ops, &self.stats.vdisk_read_bytes, len);
+                sub.push(BatchOp::read(buf, op.offset));
+            }
+        }
+        self.lower.io_batch(&mut sub);
+        let results: Vec<Result<()>> = sub.into_iter().map(|b| b.result).collect();
+        for (&i, r) in below.iter().zip(results) {
+            ops[i].result = r;
         }
     }
 

@@ -27,7 +27,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use vdstream_blockdev::{BlockDev, Caps, Error, ErrorKind, Extent, Op, Result, ZeroFlags};
+use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Op, Result, ZeroFlags};
 use vdstream_nbd::client::{Client, ClientError};
 use vdstream_nbd::proto;
 
@@ -254,6 +254,44 @@ impl RemoteBase {
         Ok(())
     }
 
+    /// `read_at`, on the base's runtime.
+    async fn read_async(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        self.check(Op::Read, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.aligned(offset, len) {
+            return self.read_aligned(buf, offset).await;
+        }
+        let (start, wide) = self.widen(offset, len);
+        let mut bounce = vec![0u8; wide as usize];
+        self.read_aligned(&mut bounce, start).await?;
+        let skip = (offset - start) as usize;
+        buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    /// `write_at`, on the base's runtime.
+    async fn write_async(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        let len = buf.len() as u64;
+        self.check(Op::Write, offset, len)?;
+        if !self.aligned(offset, len) {
+            return Err(Error::new(ErrorKind::Invalid, Op::Write, offset, len, self.describe(),
+                format!("not aligned to the server's minimum block of {} bytes", self.min_block)));
+        }
+        let fua = fua && self.caps.fua;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(self.max_block as usize);
+            self.call(offset + done as u64, Request::Write(&buf[done..done + n], fua)).await?;
+            done += n;
+        }
+        self.link.counters.write_ops.fetch_add(1, Relaxed);
+        self.link.counters.write_bytes.fetch_add(len, Relaxed);
+        Ok(())
+    }
+
     /// The aligned range covering `[offset, offset+len)`, clipped to the device.
     fn widen(&self, offset: u64, len: u64) -> (u64, u64) {
         let start = offset / self.min_block * self.min_block;
@@ -281,6 +319,30 @@ impl RemoteBase {
     }
 }
 
+/// Runs every future of `futs` at once; their outputs, in order.
+async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<std::pin::Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in futs.iter_mut().zip(outs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outs.into_iter().map(|o| o.expect("every future finished")).collect()
+}
+
 /// Runs `fut` to completion from sync code on `handle`'s runtime.
 fn run<F: Future>(handle: &tokio::runtime::Handle, fut: F) -> F::Output {
     match tokio::runtime::Handle::try_current() {
@@ -300,41 +362,11 @@ impl BlockDev for RemoteBase {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let len = buf.len() as u64;
-        self.check(Op::Read, offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        if self.aligned(offset, len) {
-            return run(&self.handle, self.read_aligned(buf, offset));
-        }
-        let (start, wide) = self.widen(offset, len);
-        let mut bounce = vec![0u8; wide as usize];
-        run(&self.handle, self.read_aligned(&mut bounce, start))?;
-        let skip = (offset - start) as usize;
-        buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
-        Ok(())
+        run(&self.handle, self.read_async(buf, offset))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
-        let len = buf.len() as u64;
-        self.check(Op::Write, offset, len)?;
-        if !self.aligned(offset, len) {
-            return Err(Error::new(ErrorKind::Invalid, Op::Write, offset, len, self.describe(),
-                format!("not aligned to the server's minimum block of {} bytes", self.min_block)));
-        }
-        let fua = fua && self.caps.fua;
-        run(&self.handle, async {
-            let mut done = 0usize;
-            while done < buf.len() {
-                let n = (buf.len() - done).min(self.max_block as usize);
-                self.call(offset + done as u64, Request::Write(&buf[done..done + n], fua)).await?;
-                done += n;
-            }
-            self.link.counters.write_ops.fetch_add(1, Relaxed);
-            self.link.counters.write_bytes.fetch_add(len, Relaxed);
-            Ok(())
-        })
+        run(&self.handle, self.write_async(buf, offset, fua))
     }
 
     fn flush(&self) -> Result<()> {
@@ -390,6 +422,27 @@ impl BlockDev for RemoteBase {
             out.push(all_data); // a server that answered nothing usable: say "data"
         }
         Ok(())
+    }
+
+    /// Every read and write of the batch is in flight at once on the connection (each one
+    /// reconnecting and re-sent on its own as `read_at` and `write_at` would be).
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        let futs: Vec<_> = ops
+            .iter_mut()
+            .map(|op| {
+                let offset = op.offset;
+                async move {
+                    match &mut op.io {
+                        BatchIo::Read(buf) => self.read_async(buf, offset).await,
+                        BatchIo::Write(buf, fua) => self.write_async(buf, offset, *fua).await,
+                    }
+                }
+            })
+            .collect();
+        let results = run(&self.handle, join_all(futs));
+        for (op, r) in ops.iter_mut().zip(results) {
+            op.result = r;
+        }
     }
 
     fn describe(&self) -> String {
