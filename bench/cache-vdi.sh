@@ -5,9 +5,9 @@
 # ${TMPDIR:-/tmp}, on the same file system as the cache files), one after the other:
 #   raw-disk            fio --ioengine=io_uring --direct=1 on a scratch copy of the base
 #                       (no NBD, no cache: the disk's ceiling for this job file)
-#   device-disk         vdstream serve-image BASE --cache device-disk          (O_DIRECT cache file, pread/pwrite)
-#   device-disk-uring   ... --cache device-disk --io-engine io_uring           (O_DIRECT, batched io_uring)
-#   device-disk-zero    ... --cache device-disk --zero-fill on                 (O_DIRECT, chunks zero-filled)
+#   device-disk         vdstream serve-image BASE --cache device-disk          (O_DIRECT, chunks zero-filled, batched io_uring)
+#   device-disk-uring   ... --cache device-disk --io-engine io_uring           (O_DIRECT, the shared ring for requests outside batches)
+#   device-disk-sparse  ... --cache device-disk --zero-fill off                (O_DIRECT, chunks only fallocated)
 #   device-disk-buf     ... --cache device-disk --intermediate-buffering on    (page cache)
 #   ram-overflow-2g     ... --cache ram-overflow --ram 2G                      (everything fits)
 #   ram-overflow-64m    ... --cache ram-overflow --ram 64M                     (overflows: working set = --size)
@@ -36,7 +36,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-ALL_PEERS=raw-disk,device-disk,device-disk-uring,device-disk-zero,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2
+ALL_PEERS=raw-disk,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=$ALL_PEERS
 args_given="$*"
@@ -91,7 +91,7 @@ start_peer() {
     case $name in
     device-disk) cmd=("${vd[@]}" --cache device-disk) ;;
     device-disk-uring) cmd=("${vd[@]}" --cache device-disk --io-engine io_uring) ;;
-    device-disk-zero) cmd=("${vd[@]}" --cache device-disk --zero-fill on) ;;
+    device-disk-sparse) cmd=("${vd[@]}" --cache device-disk --zero-fill off) ;;
     device-disk-buf) cmd=("${vd[@]}" --cache device-disk "${IB_ON[@]}") ;;
     ram-overflow-2g) cmd=("${vd[@]}" --cache ram-overflow --ram 2G) ;;
     ram-overflow-64m) cmd=("${vd[@]}" --cache ram-overflow --ram 64M) ;;
