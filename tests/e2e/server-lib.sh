@@ -51,3 +51,11 @@ except AssertionError as e:
     print(e)
 PYEOF
 }
+
+# golden_vdisk NAME MIB — a vDisk of MIB MiB of random bytes, with a production version.
+golden_vdisk() {
+    head -c $(($2 << 20)) /dev/urandom >"$E2E_TMP/$1.img"
+    vds vdisk import "$1" "$E2E_TMP/$1.img" >/dev/null
+    rm -f "$E2E_TMP/$1.img"
+    new_patched_version "$1" production 0 64k 0x5e >/dev/null
+}
