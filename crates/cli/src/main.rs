@@ -4,6 +4,7 @@
 mod audit;
 mod output;
 mod serve_image;
+mod server;
 mod size;
 mod target;
 mod vdisk;
@@ -23,6 +24,7 @@ Examples:
   vdstream vdisk create win11 --size 64G        a vDisk in the store
   vdstream version new win11                    a maintenance version to update it
   vdstream serve-image --vdisk win11            serve what production targets boot
+  vdstream server --socket /run/vds.sock        serve the whole store: vdisk/NAME[@V], maintenance/NAME
   vdstream target attach vm1 --server 'nbd+unix:///?socket=/tmp/vdstream.sock'
                                                 a target's agent: local cache, socket for qemu
 
@@ -35,6 +37,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     ServeImage(serve_image::ServeImageArgs),
+    Server(server::ServerArgs),
     Vdisk(vdisk::VdiskArgs),
     Version(version::VersionArgs),
     Audit(audit::AuditArgs),
@@ -48,6 +51,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::ServeImage(args) => serve_image::run(args),
+        Command::Server(args) => server::run(args),
         Command::Vdisk(args) => vdisk::run(args),
         Command::Version(args) => version::run(args),
         Command::Audit(args) => audit::run(args),

@@ -19,7 +19,7 @@ use crate::errno::rep_err_for;
 use crate::flags::{block_size, transmission_flags};
 use crate::options::{self, OptionParseError};
 use crate::proto::*;
-use crate::server::{Shared, ShutdownSignal};
+use crate::server::{OpenPurpose, OpenRequest, OpenedExport, Shared, ShutdownSignal};
 use crate::validate::ExportParams;
 use crate::wire::{put_option_reply, OptionHeader, OPTION_HEADER_LEN};
 
@@ -92,7 +92,7 @@ struct MetaSelection {
 }
 
 /// Runs the handshake. `Ok(None)`: the client aborted or left politely.
-pub(crate) async fn negotiate<S>(stream: &mut S, shared: &Shared, shutdown: &ShutdownSignal) -> Result<Option<Negotiated>, HandshakeError>
+pub(crate) async fn negotiate<S>(stream: &mut S, shared: &Shared, shutdown: &ShutdownSignal, peer: &str) -> Result<Option<Negotiated>, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -147,7 +147,8 @@ where
                     reason,
                 };
                 let name = options::parse_export_name(&data).map_err(|e| rejected(e.to_string()))?;
-                let device = shared.exports.open(name).map_err(|e| rejected(e.to_string()))?;
+                let opened = shared.exports.open_export(&OpenRequest { name, peer, purpose: OpenPurpose::Session });
+                let device = opened.map_err(|e| rejected(e.to_string()))?.device;
                 let params = export_params(&*device, structured, &meta, name);
                 out.extend_from_slice(&params.size.to_be_bytes());
                 out.extend_from_slice(&params.flags.to_be_bytes());
@@ -184,12 +185,16 @@ where
             },
             OPT_INFO | OPT_GO => match options::parse_info_request(&data) {
                 Err(e) => invalid(&mut out, option, &e),
-                Ok(req) => match shared.exports.open(req.name) {
+                Ok(req) => match shared.exports.open_export(&OpenRequest {
+                    name: req.name,
+                    peer,
+                    purpose: if option == OPT_GO { OpenPurpose::Session } else { OpenPurpose::Info },
+                }) {
                     Err(e) => {
                         let msg = e.to_string();
                         put_option_reply(&mut out, option, rep_err_for(&e), crate::wire::clip_message(&msg, 4096).as_bytes());
                     }
-                    Ok(device) => {
+                    Ok(OpenedExport { device, description }) => {
                         let params = export_params(&*device, structured, &meta, req.name);
                         let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                         info.extend_from_slice(&params.size.to_be_bytes());
@@ -201,7 +206,6 @@ where
                             put_option_reply(&mut out, option, REP_INFO, &info);
                         }
                         if req.want_description {
-                            let description = shared.exports.description(req.name);
                             if let Some(d) = description.filter(|d| !d.is_empty()) {
                                 let mut info = INFO_DESCRIPTION.to_be_bytes().to_vec();
                                 info.extend_from_slice(crate::wire::clip_message(&d, 4096).as_bytes());

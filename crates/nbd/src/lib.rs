@@ -20,4 +20,4 @@ mod session;
 pub mod validate;
 pub mod wire;
 
-pub use server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger};
+pub use server::{ExportInfo, Exports, Listener, OpenError, OpenPurpose, OpenRequest, OpenedExport, Server, ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger};

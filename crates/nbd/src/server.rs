@@ -50,6 +50,34 @@ pub enum OpenError {
     Failed(String),
 }
 
+/// Why an export is being opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenPurpose {
+    /// `NBD_OPT_INFO`: the device is dropped right after its size and caps are read.
+    Info,
+    /// `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`: the connection uses the device until it closes.
+    Session,
+}
+
+/// One request to open an export, with what the server knows of the client.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenRequest<'a> {
+    /// The export name the client asked for ("" = the default export).
+    pub name: &'a str,
+    /// `unix` for a unix socket, else the peer's `IP:PORT`.
+    pub peer: &'a str,
+    pub purpose: OpenPurpose,
+}
+
+/// An opened export: the device and the description that goes with it. Returned
+/// together so that an export resolved at connect time (a vDisk's production version)
+/// describes exactly the device the client got.
+#[derive(Debug)]
+pub struct OpenedExport {
+    pub device: Arc<dyn BlockDev>,
+    pub description: Option<String>,
+}
+
 /// The set of exports a server offers.
 pub trait Exports: Send + Sync + 'static {
     /// The exports shown to `NBD_OPT_LIST`.
@@ -67,6 +95,15 @@ pub trait Exports: Send + Sync + 'static {
     /// "" is an alias of a listed export should answer for "" too.
     fn description(&self, name: &str) -> Option<String> {
         self.list().into_iter().find(|e| e.name == name).map(|e| e.description)
+    }
+
+    /// Opens an export for one connection, knowing its peer and why. The device lives as
+    /// long as the connection uses it (for [`OpenPurpose::Session`], until the connection
+    /// closes), so an implementation can tie per-connection state to it. The default
+    /// calls [`Exports::open`] and [`Exports::description`].
+    fn open_export(&self, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+        let device = self.open(req.name)?;
+        Ok(OpenedExport { device, description: self.description(req.name) })
     }
 }
 
@@ -445,7 +482,7 @@ async fn accept(listener: &Listener) -> io::Result<(Conn, String)> {
     match listener {
         Listener::Unix(l) => {
             let (s, _) = l.accept().await?;
-            Ok((Conn::Unix(s), "unix socket".to_string()))
+            Ok((Conn::Unix(s), "unix".to_string()))
         }
         Listener::Tcp(l) => {
             let (s, addr) = l.accept().await?;
@@ -462,7 +499,7 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
     // Each handshake read is bounded by handshake_timeout; the whole handshake by a few of
     // them, so a client dribbling a byte at a time cannot hold a slot either.
     let whole = shared.config.handshake_timeout * HANDSHAKE_READS_ALLOWED;
-    let negotiated = match tokio::time::timeout(whole, crate::handshake::negotiate(&mut stream, shared, &shutdown))
+    let negotiated = match tokio::time::timeout(whole, crate::handshake::negotiate(&mut stream, shared, &shutdown, peer))
         .await
         .unwrap_or(Err(crate::handshake::HandshakeError::Timeout(whole)))
     {

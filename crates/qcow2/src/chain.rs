@@ -60,10 +60,21 @@ impl ImageFormat {
 
 /// Opens `path` (raw or qcow2, probed) and its whole backing chain, read-only.
 pub fn open_chain(path: impl AsRef<Path>) -> Result<Arc<dyn BlockDev>> {
-    open_layer(path.as_ref(), None, 0)
+    open_layer(path.as_ref(), None, 0, &|_, dev| dev)
 }
 
-fn open_layer(path: &Path, format: Option<ImageFormat>, depth: usize) -> Result<Arc<dyn BlockDev>> {
+/// Called on every layer of a chain as it is opened, bottom first, with the layer's file
+/// and its device (that layer and everything below it); what it returns is what the layer
+/// above reads as its backing device (and, for the top, what the caller gets). The store
+/// server puts its shared read cache there.
+pub type LayerHook<'a> = &'a dyn Fn(&Path, Arc<dyn BlockDev>) -> Arc<dyn BlockDev>;
+
+/// [`open_chain`], passing each layer's device through `hook`.
+pub fn open_chain_with(path: impl AsRef<Path>, hook: LayerHook<'_>) -> Result<Arc<dyn BlockDev>> {
+    open_layer(path.as_ref(), None, 0, hook)
+}
+
+fn open_layer(path: &Path, format: Option<ImageFormat>, depth: usize, hook: LayerHook<'_>) -> Result<Arc<dyn BlockDev>> {
     if depth > MAX_CHAIN_DEPTH {
         return Err(file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
             "the backing chain is deeper than {MAX_CHAIN_DEPTH} layers (or loops): check it with `qemu-img info --backing-chain`")));
@@ -72,20 +83,26 @@ fn open_layer(path: &Path, format: Option<ImageFormat>, depth: usize) -> Result<
         Some(f) => f,
         None => ImageFormat::probe(path)?,
     };
-    match format {
-        ImageFormat::Raw => Ok(Arc::new(FileDev::open(path, FileOptions { read_only: true, ..Default::default() })?)),
+    let dev: Arc<dyn BlockDev> = match format {
+        ImageFormat::Raw => Arc::new(FileDev::open(path, FileOptions { read_only: true, ..Default::default() })?),
         ImageFormat::Qcow2 => {
-            let backing = backing_of(path, depth)?;
-            Ok(Arc::new(Qcow2Image::open(path, OpenOptions { read_only: true, ..Default::default() }, backing)?))
+            let backing = backing_of_with(path, depth, hook)?;
+            Arc::new(Qcow2Image::open(path, OpenOptions { read_only: true, ..Default::default() }, backing)?)
         }
-    }
+    };
+    Ok(hook(path, dev))
 }
 
 /// The backing device named by the qcow2 header of `path`, opened read-only.
 pub(crate) fn backing_of(path: &Path, depth: usize) -> Result<Option<Arc<dyn BlockDev>>> {
+    backing_of_with(path, depth, &|_, dev| dev)
+}
+
+/// [`backing_of`], passing each layer below through `hook`.
+fn backing_of_with(path: &Path, depth: usize, hook: LayerHook<'_>) -> Result<Option<Arc<dyn BlockDev>>> {
     match backing_ref(path)? {
         None => Ok(None),
-        Some(b) => open_layer(&b.path, b.format, depth + 1).map(Some),
+        Some(b) => open_layer(&b.path, b.format, depth + 1, hook).map(Some),
     }
 }
 

@@ -32,7 +32,7 @@ mod rebase;
 mod refcount;
 mod write;
 
-pub use chain::{create, open_chain, resolve_backing, ImageFormat};
+pub use chain::{create, open_chain, open_chain_with, resolve_backing, ImageFormat, LayerHook};
 pub use header::{with_backing, Header, HeaderError};
 pub use image::{OpenOptions, Qcow2Image, DEFAULT_L2_CACHE_BYTES};
 pub use merge::{merge_layers, MergeOptions, MergeReport, CHUNK_BYTES};

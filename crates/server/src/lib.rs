@@ -1,7 +1,29 @@
 //! The vdstream server: one process on the store that serves every vDisk version and every
 //! target over NBD, keeps one shared read cache for all of them, and answers the HTTP API.
 //!
+//! ```text
+//!   config.rs     ServerOptions; the --config TOML file (keys = flag names)
+//!   state.rs      ServerState: sessions, counters, draining; shared by the NBD and HTTP halves
+//!   names.rs      export names: vdisk/NAME[@V], maintenance/NAME, target/ID (parsed at the edge)
+//!   exports.rs    StoreExports: what each export opens, one chain per connection; SessionDev
+//!   readcache.rs  the shared read cache in front of the layer files (per file, LRU, single flight)
+//!   target.rs     lookup_target: a target's vDisk, version and cache, from the store
+//!   nbd.rs        NbdService: listeners, serving, drain; the stats file
+//! ```
+//!
 //! [`state`] is the live picture both halves share: the NBD side registers a
 //! [`state::Session`] per connection and counts its I/O; the HTTP side reads them.
+//! Starting a server: `let state = ServerState::new(&opts);` then
+//! `NbdService::start(state.clone(), threads)` (and the HTTP API on the same `state`).
 
+pub mod config;
+pub mod exports;
+pub mod names;
+pub mod nbd;
+pub mod readcache;
 pub mod state;
+pub mod target;
+
+pub use config::{ConfigFile, ServerOptions, DEFAULT_READ_CACHE};
+pub use nbd::NbdService;
+pub use state::ServerState;

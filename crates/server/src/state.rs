@@ -178,6 +178,77 @@ pub struct ServerState {
     /// Set on SIGTERM: no new connections; agents should move elsewhere.
     pub draining: AtomicBool,
     pub started_unix_ms: u64,
+    /// Guest and store I/O of every session since the server started (closed ones too).
+    pub totals: Arc<Counters>,
+    /// The read cache shared by every session (capacity 0: disabled).
+    pub read_cache: Arc<crate::readcache::ReadCache>,
+}
+
+impl ServerState {
+    /// The state of a server with these options (the name defaults to `HOSTNAME:PID`).
+    /// The NBD listeners (`crate::nbd::NbdService::start`) and the HTTP API are started on
+    /// it afterwards, each with a clone of the `Arc`.
+    pub fn new(opts: &crate::config::ServerOptions) -> Arc<ServerState> {
+        let totals = Arc::new(Counters::default());
+        Arc::new(ServerState {
+            name: opts.name.clone().unwrap_or_else(default_name),
+            store: opts.store.clone(),
+            nbd_listen: opts.listen.map(|a| a.to_string()),
+            nbd_socket: opts.socket.clone(),
+            registry: Registry::new(),
+            draining: AtomicBool::new(false),
+            started_unix_ms: unix_ms(),
+            read_cache: crate::readcache::ReadCache::new(opts.read_cache, totals.clone()),
+            totals,
+        })
+    }
+
+    /// Whether a drain has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Figures of the whole server: totals, the read cache, the live sessions.
+    pub fn stats(&self) -> ServerStatsSnapshot {
+        ServerStatsSnapshot {
+            name: self.name.clone(),
+            draining: self.is_draining(),
+            totals: self.totals.snapshot(),
+            read_cache: self.read_cache.snapshot(),
+            sessions: self
+                .registry
+                .sessions()
+                .iter()
+                .map(|s| SessionSnapshot { id: s.id, info: s.info.clone(), connected_unix_ms: s.connected_unix_ms, counters: s.counters.snapshot() })
+                .collect(),
+        }
+    }
+}
+
+/// `HOSTNAME:PID`.
+pub fn default_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// One session in [`ServerStatsSnapshot`].
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionSnapshot {
+    pub id: u64,
+    #[serde(flatten)]
+    pub info: SessionInfo,
+    pub connected_unix_ms: u64,
+    pub counters: CountersSnapshot,
+}
+
+/// What `--stats-file` holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerStatsSnapshot {
+    pub name: String,
+    pub draining: bool,
+    pub totals: CountersSnapshot,
+    pub read_cache: crate::readcache::CacheSnapshot,
+    pub sessions: Vec<SessionSnapshot>,
 }
 
 pub fn unix_ms() -> u64 {

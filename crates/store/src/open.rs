@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use vdstream_blockdev::{BlockDev, FileDev, FileOptions};
-use vdstream_qcow2::{OpenOptions, Qcow2Image};
+use vdstream_qcow2::{LayerHook, OpenOptions, Qcow2Image};
 
 use crate::error::{io, Result, StoreError};
 use crate::fsutil::{self, LockMode};
@@ -61,6 +61,14 @@ impl Store {
     /// Opens the layer `sel` picks in vDisk `name`. With `write_maintenance`, a maintenance
     /// version (and a private vDisk) is opened read-write; everything else is read-only.
     pub fn open_layer(&self, name: &str, sel: Selector, write_maintenance: bool) -> Result<OpenedLayer> {
+        self.open_layer_with(name, sel, write_maintenance, &|_, dev| dev)
+    }
+
+    /// [`Store::open_layer`], passing the device of every read-only layer of the chain
+    /// through `hook` as it is opened (bottom first; see [`vdstream_qcow2::LayerHook`]).
+    /// The writable top of a maintenance version is not passed. A private vDisk is not
+    /// passed either: its one file is written in place by its writer.
+    pub fn open_layer_with(&self, name: &str, sel: Selector, write_maintenance: bool, hook: LayerHook<'_>) -> Result<OpenedLayer> {
         let _l = self.lock(LockMode::Shared)?;
         let meta = self.load(name)?;
         if meta.access == DiskAccess::Private {
@@ -104,13 +112,13 @@ impl Store {
         let format = files.last().expect("base").1;
         let dev: Arc<dyn BlockDev> = if writable {
             let parent = self.file_path(name, &files[files.len() - 2].0);
-            let backing = vdstream_qcow2::open_chain(&parent)?;
+            let backing = vdstream_qcow2::open_chain_with(&parent, hook)?;
             match Qcow2Image::open(&top_path, OpenOptions { read_only: false, ..Default::default() }, Some(backing)) {
                 Ok(img) => Arc::new(img),
                 Err(e) => return Err(writer_refused(e, &top_path, &format!("{layer} of vDisk {name} is in maintenance and"))),
             }
         } else {
-            vdstream_qcow2::open_chain(&top_path)?
+            vdstream_qcow2::open_chain_with(&top_path, hook)?
         };
         Ok(OpenedLayer { dev, vdisk: name.into(), layer, access, writable, path: top_path, format, meta, _held: held })
     }

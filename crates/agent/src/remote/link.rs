@@ -93,12 +93,23 @@ impl Identity {
             ));
         }
         match (&self.description, &now.description) {
+            // The store server's descriptions start with the resolved version
+            // (`vdisk/w@3 (test)`): the same version whatever its access is now.
+            (Some(was), Some(is)) if pinned_export(was).is_some() && pinned_export(was) == pinned_export(is) => None,
             (Some(was), Some(is)) if was != is => Some(format!(
                 "the export is now described as {is:?} but was {was:?} at attach: refusing a different vDisk version"
             )),
             _ => None,
         }
     }
+}
+
+/// The export that pins a version, when a description starts with one: the store server
+/// describes `vdisk/w` as `vdisk/w@3 (production)`, and `vdisk/w@3` reaches that version
+/// after production has moved on.
+pub(crate) fn pinned_export(description: &str) -> Option<&str> {
+    let first = description.split_whitespace().next()?;
+    (first.starts_with("vdisk/") && first.contains('@')).then_some(first)
 }
 
 /// Counters of the link, read by the status.
@@ -137,6 +148,9 @@ pub(crate) struct Link {
     current: Mutex<Current>,
     reconnecting: tokio::sync::Mutex<()>,
     identity: Mutex<Option<Identity>>,
+    /// After the first connect to a store server's `vdisk/NAME`: `vdisk/NAME@V`, asked
+    /// of every server from then on (reconnects keep the version).
+    pinned: Mutex<Option<String>>,
     last_reason: Mutex<Vec<Option<String>>>,
     pub requests: tokio::sync::Semaphore,
     pub bytes: tokio::sync::Semaphore,
@@ -162,6 +176,7 @@ impl Link {
             current: Mutex::new(Current::default()),
             reconnecting: tokio::sync::Mutex::new(()),
             identity: Mutex::new(None),
+            pinned: Mutex::new(None),
             last_reason: Mutex::new(vec![None; n]),
             counters: LinkCounters::default(),
             seed: AtomicU64::new(seed),
@@ -304,8 +319,12 @@ impl Link {
     /// One connect + handshake + identity check; the reason it failed otherwise.
     /// The error says why, and whether the server refused the export (a definite answer).
     async fn attempt(&self, ep: &Endpoint) -> Result<Client, (String, bool)> {
+        let export = match &*lock(&self.pinned) {
+            Some(pin) if ep.export.starts_with("vdisk/") => pin.clone(),
+            _ => ep.export.clone(),
+        };
         let opts = ConnectOptions {
-            export: ep.export.clone(),
+            export,
             connect_timeout: self.opts.connect_timeout,
             request_timeout: self.opts.request_timeout,
             ..ConnectOptions::default()
@@ -322,7 +341,15 @@ impl Link {
         }
         let mut identity = lock(&self.identity);
         match &*identity {
-            None => *identity = Some(now),
+            None => {
+                if let Some(pin) = now.description.as_deref().and_then(pinned_export) {
+                    if ep.export.starts_with("vdisk/") && ep.export != pin {
+                        log::info!("target {}: {} is {pin}; reconnects ask for {pin}", self.opts.target, ep.export);
+                        *lock(&self.pinned) = Some(pin.to_string());
+                    }
+                }
+                *identity = Some(now);
+            }
             Some(was) => {
                 if let Some(why) = was.mismatch(&now) {
                     return Err((why, false));
@@ -370,4 +397,28 @@ pub(crate) fn is_retryable(e: &ClientError) -> bool {
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(description: &str) -> Identity {
+        Identity { export: "vdisk/w".into(), size: 1 << 20, description: Some(description.into()) }
+    }
+
+    #[test]
+    fn a_store_server_description_pins_the_version() {
+        assert_eq!(pinned_export("vdisk/w@3 (production)"), Some("vdisk/w@3"));
+        assert_eq!(pinned_export("vdisk/w@base (base)"), Some("vdisk/w@base"));
+        assert_eq!(pinned_export("v3 of vDisk w (/s/w.3.qcow2)"), None);
+        assert_eq!(pinned_export("vdisk/w"), None);
+    }
+
+    #[test]
+    fn the_same_version_with_another_access_is_the_same_export() {
+        assert_eq!(id("vdisk/w@3 (test)").mismatch(&id("vdisk/w@3 (production)")), None);
+        assert!(id("vdisk/w@3 (production)").mismatch(&id("vdisk/w@4 (production)")).is_some());
+        assert!(id("raw image a").mismatch(&id("raw image b")).is_some());
+    }
 }

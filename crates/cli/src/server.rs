@@ -1,0 +1,207 @@
+//! `vdstream server`: flags and config file → `vdstream_server::ServerOptions`, then the
+//! server runs until SIGINT or SIGTERM, which drain it. Everything else is in
+//! `crates/server`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
+use vdstream_server::config::SizeValue;
+use vdstream_server::{ConfigFile, NbdService, ServerOptions, ServerState, DEFAULT_READ_CACHE};
+
+use crate::serve_image::wait_for_signal;
+use crate::size::{format_size, parse_size};
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+/// Serve every vDisk of the store over NBD, to agents and to any NBD client.
+///
+/// One server process serves the whole store: each connection names its export, and its
+/// version is chosen when it connects (a promote moves the next connections, never the
+/// running ones). Exports:
+///
+///   vdisk/NAME          what production targets get now, read-only
+///   vdisk/NAME@V        version V: a number, base, production, test or latest
+///   maintenance/NAME    the maintenance version, read-write, one connection at a time
+///   target/ID           a target's vDisk through its server-side write cache (with target records)
+///
+/// Every export's description starts with its resolved name (e.g. `vdisk/win11@3
+/// (production)`): reconnect to that name to keep the version. One RAM read cache
+/// (--read-cache) in front of the store's files is shared by every connection. SIGTERM or
+/// Ctrl-C drains: no new connections, requests in flight are answered, later ones get
+/// ESHUTDOWN (agents then move to their next server).
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  vdstream server --store /srv/vdstream                       (listens on 127.0.0.1:10809)
+  vdstream server --socket /run/vdstream/server.sock --read-cache 1G
+  vdstream server --config /etc/vdstream/server.toml --name pvs1
+Then:
+  nbdinfo --list nbd://127.0.0.1:10809
+  qemu-img info nbd://127.0.0.1:10809/vdisk/win11
+  vdstream target attach vm1 --server nbd://127.0.0.1:10809/vdisk/win11 --cache ram-overflow
+  qemu-io -f raw -c 'write -P 1 0 1M' 'nbd+unix:///maintenance/win11?socket=/run/vdstream/server.sock'
+
+Config file (TOML, keys = flag names; a flag given on the command line wins):
+  store = \"/srv/vdstream\"
+  listen = \"127.0.0.1:10809\"
+  socket = \"/run/vdstream/server.sock\"
+  read-cache = \"1G\"
+  name = \"pvs1\"
+  stats-file = \"/run/vdstream/server-stats.json\"")]
+pub struct ServerArgs {
+    /// Store directory. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
+    #[arg(long, value_name = "DIR")]
+    store: Option<PathBuf>,
+
+    /// TCP address to listen on (use loopback or a trusted network: NBD has no
+    /// authentication here). Default: 127.0.0.1:10809, unless only --socket is given.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+
+    /// Unix socket to listen on (as well as, or instead of, --listen).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    /// TOML file with any of these settings (keys: store, listen, socket, read-cache, name, stats-file).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// RAM for the read cache shared by every connection (e.g. 256M, 4G); 0 disables it.
+    /// Default: 256M.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    read_cache: Option<u64>,
+
+    /// This server's name in logs, errors and the API. Default: HOSTNAME:PID.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+
+    /// Write the server's figures (guest and store I/O, read cache, sessions) as JSON to
+    /// this file every second and at exit.
+    #[arg(long, value_name = "FILE")]
+    stats_file: Option<PathBuf>,
+
+    /// Worker threads per connection: how many of one connection's requests run at once.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: u16,
+}
+
+/// Merges the flags over the config file.
+fn options(args: &ServerArgs) -> Result<ServerOptions> {
+    let file = match &args.config {
+        Some(path) => ConfigFile::load(path).map_err(|e| anyhow!(e))?,
+        None => ConfigFile::default(),
+    };
+    let listen_from_file = match &file.listen {
+        Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| anyhow!("listen = {text:?} in the config file: {e} (say e.g. \"127.0.0.1:10809\")"))?),
+        None => None,
+    };
+    let read_cache_from_file = match &file.read_cache {
+        Some(SizeValue::Bytes(n)) => Some(*n),
+        Some(SizeValue::Text(t)) => Some(parse_size(t).map_err(|e| anyhow!("read-cache in the config file: {e}"))?),
+        None => None,
+    };
+    let socket = args.socket.clone().or(file.socket);
+    let mut listen = args.listen.or(listen_from_file);
+    if listen.is_none() && socket.is_none() {
+        listen = Some(DEFAULT_LISTEN.parse().expect("a socket address"));
+    }
+    Ok(ServerOptions {
+        store: vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref())),
+        listen,
+        socket,
+        read_cache: args.read_cache.or(read_cache_from_file).unwrap_or(DEFAULT_READ_CACHE),
+        name: args.name.clone().or(file.name),
+        stats_file: args.stats_file.clone().or(file.stats_file),
+        threads: args.threads as usize,
+    })
+}
+
+pub fn run(args: ServerArgs) -> Result<()> {
+    let opts = options(&args)?;
+    let state = ServerState::new(&opts);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
+    runtime.block_on(async move {
+        let nbd = NbdService::start(state.clone(), opts.threads).await?;
+        println!(
+            "vdstream: server {} on store {}, read cache {}",
+            state.name,
+            state.store.display(),
+            if opts.read_cache == 0 { "off".to_string() } else { format_size(opts.read_cache) }
+        );
+        for uri in &nbd.uris {
+            println!("vdstream: serving {uri} (EXPORT: vdisk/NAME[@V], maintenance/NAME, target/ID)");
+        }
+        if let Some(uri) = nbd.uris.first() {
+            println!("vdstream: try: nbdinfo --list '{}'", uri.replace("EXPORT", ""));
+        }
+        let stats = opts.stats_file.clone().map(|path| {
+            let state = state.clone();
+            tokio::spawn(async move {
+                loop {
+                    if let Err(e) = vdstream_server::nbd::write_stats(&state, &path) {
+                        log::warn!("cannot write the stats file {}: {e}", path.display());
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            })
+        });
+        wait_for_signal().await?;
+        log::info!("draining: no new connections; finishing the requests in flight of {} session(s)", state.registry.len());
+        nbd.drain().await?;
+        if let Some(task) = stats {
+            task.abort();
+        }
+        if let Some(path) = &opts.stats_file {
+            vdstream_server::nbd::write_stats(&state, path).with_context(|| format!("cannot write the stats file {}", path.display()))?;
+        }
+        println!("vdstream: {}", vdstream_server::nbd::summary(&state));
+        log::info!("all sessions drained; bye");
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServerArgs,
+    }
+
+    fn parse(args: &[&str]) -> ServerArgs {
+        Cli::try_parse_from(std::iter::once("server").chain(args.iter().copied())).unwrap().args
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_defaults_fill_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.toml");
+        std::fs::write(&file, "store = \"/from-file\"\nread-cache = \"1G\"\nname = \"file\"\nsocket = \"/tmp/f.sock\"\n").unwrap();
+        let cfg = file.to_str().unwrap();
+        let o = options(&parse(&["--config", cfg, "--name", "flag"])).unwrap();
+        assert_eq!(o.store, PathBuf::from("/from-file"));
+        assert_eq!(o.read_cache, 1 << 30);
+        assert_eq!(o.name.as_deref(), Some("flag"));
+        assert_eq!(o.socket, Some(PathBuf::from("/tmp/f.sock")));
+        assert_eq!(o.listen, None, "a socket alone: no TCP");
+        let o = options(&parse(&["--store", "/s", "--read-cache", "0"])).unwrap();
+        assert_eq!(o.listen, Some(DEFAULT_LISTEN.parse().unwrap()));
+        assert_eq!(o.read_cache, 0);
+        assert_eq!(options(&parse(&["--store", "/s"])).unwrap().read_cache, DEFAULT_READ_CACHE);
+    }
+
+    #[test]
+    fn a_bad_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.toml");
+        std::fs::write(&file, "read_cache = 5\n").unwrap();
+        let e = options(&parse(&["--config", file.to_str().unwrap()])).unwrap_err().to_string();
+        assert!(e.contains("s.toml") && e.contains("read-cache"), "{e}");
+    }
+}

@@ -1,0 +1,91 @@
+//! The server's settings: flags, and a TOML file (`--config FILE`) whose keys are the
+//! flags' names. A flag given on the command line wins over the file.
+//!
+//! ```toml
+//! store = "/srv/vdstream"
+//! listen = "127.0.0.1:10809"
+//! socket = "/run/vdstream/server.sock"
+//! read-cache = "1G"          # or a number of bytes
+//! name = "pvs1"
+//! stats-file = "/run/vdstream/server-stats.json"
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Default size of the shared read cache.
+pub const DEFAULT_READ_CACHE: u64 = 256 << 20;
+
+/// Everything a server runs with, after flags and file are merged.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub store: PathBuf,
+    pub listen: Option<SocketAddr>,
+    pub socket: Option<PathBuf>,
+    /// Bytes of the shared read cache (0: none).
+    pub read_cache: u64,
+    pub name: Option<String>,
+    /// Where to write the server's figures (JSON) every second and at exit.
+    pub stats_file: Option<PathBuf>,
+    /// Worker threads per connection.
+    pub threads: usize,
+}
+
+/// A size in the file: `"256M"` or a number of bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+/// The `--config` file, as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ConfigFile {
+    pub store: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub socket: Option<PathBuf>,
+    pub read_cache: Option<SizeValue>,
+    pub name: Option<String>,
+    pub stats_file: Option<PathBuf>,
+}
+
+impl ConfigFile {
+    /// Reads and parses `path`; the error names the file and what is wrong in it.
+    pub fn load(path: &Path) -> Result<ConfigFile, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("the config file {} is not valid: {e}", path.display()))
+    }
+
+    /// Parses the text of a config file.
+    pub fn parse(text: &str) -> Result<ConfigFile, String> {
+        toml::from_str(text).map_err(|e| {
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, read-cache, name, stats-file", e.message())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_the_flag_names() {
+        let c = ConfigFile::parse("store = \"/s\"\nlisten = \"127.0.0.1:10809\"\nread-cache = \"1G\"\nname = \"pvs1\"\n").unwrap();
+        assert_eq!(c.store, Some(PathBuf::from("/s")));
+        assert_eq!(c.read_cache, Some(SizeValue::Text("1G".into())));
+        assert_eq!(ConfigFile::parse("read-cache = 0").unwrap().read_cache, Some(SizeValue::Bytes(0)));
+        assert_eq!(ConfigFile::parse("").unwrap(), ConfigFile::default());
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let e = ConfigFile::parse("read_cache = \"1G\"").unwrap_err();
+        assert!(e.contains("read_cache") && e.contains("read-cache"), "{e}");
+        let e = ConfigFile::parse("listen = 5").unwrap_err();
+        assert!(e.contains("listen") || e.contains("string"), "{e}");
+    }
+}

@@ -1,0 +1,396 @@
+//! The store's exports over NBD: what each export name opens, one chain per connection.
+//!
+//! A connection's layer is chosen when it opens its export (`NBD_OPT_GO`), under the
+//! store's shared lock, and its chain stays open, holding the files' shared `flock`s, until
+//! the connection closes: a promote meanwhile changes what the *next* connection gets, never
+//! this one. Every layer of the chain reads through the server's shared [`ReadCache`].
+//!
+//! Each connection's device is a [`SessionDev`]: it counts the session's guest I/O, charges
+//! its store reads to it (see `readcache`), and holds what the session holds (the opened
+//! chain, its registry entry, the maintenance writer slot), releasing them when the
+//! connection drops the device.
+//!
+//! A maintenance version has one writer: the first `maintenance/NAME` connection takes the
+//! vDisk's writer slot (and the store's exclusive lock on the file); a second one is
+//! refused with `NBD_REP_ERR_POLICY`, naming the session that holds it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use vdstream_blockdev::{BlockDev, Caps, Extent, Hole, Result as DevResult, ZeroFlags};
+use vdstream_nbd::server::{ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport};
+use vdstream_store::{Access, DiskAccess, Layer, OpenedLayer, Selector, Store, StoreError};
+
+use crate::names::{canonical_vdisk, ExportName};
+use crate::readcache::with_session;
+use crate::state::{unix_ms, Counters, ExportKind, ServerState, Session, SessionGuard, SessionInfo};
+use crate::target::{lookup_target, TargetLookupError};
+
+/// How long a new maintenance writer waits for one that just disconnected to let go.
+const WRITER_HANDOVER: Duration = Duration::from_secs(1);
+
+/// The exports of one store. See the module docs.
+#[derive(Debug)]
+pub struct StoreExports {
+    state: Arc<ServerState>,
+    store: Store,
+    /// vDisk name → who writes its maintenance version now.
+    writers: Arc<Mutex<HashMap<String, String>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How a store error reaches the client: unknown things are `UNKNOWN`, a held writer lock
+/// is `POLICY` (busy), the rest `UNKNOWN` with the message.
+fn open_error(e: StoreError) -> OpenError {
+    match e {
+        StoreError::UnknownVdisk { .. } | StoreError::BadName(_) | StoreError::BadInput(_) => OpenError::Unknown(e.to_string()),
+        StoreError::Refused(m) => OpenError::Busy(m),
+        other => OpenError::Failed(other.to_string()),
+    }
+}
+
+fn access_word(opened: &OpenedLayer) -> &'static str {
+    if opened.meta.access == DiskAccess::Private {
+        return "private";
+    }
+    match opened.access {
+        Some(a) => a.name(),
+        None => "base",
+    }
+}
+
+impl StoreExports {
+    pub fn new(state: Arc<ServerState>) -> vdstream_store::Result<StoreExports> {
+        let store = Store::open(state.store.clone())?;
+        Ok(StoreExports { state, store, writers: Arc::new(Mutex::new(HashMap::new())) })
+    }
+
+    fn open_vdisk(&self, export: &str, vdisk: &str, selector: Selector, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+        let cache = self.state.read_cache.clone();
+        let opened = self.store.open_layer_with(vdisk, selector, false, &|p, d| cache.wrap(p, d)).map_err(open_error)?;
+        if opened.meta.access == DiskAccess::Private {
+            return Err(OpenError::Policy(format!(
+                "vDisk {vdisk} has private access: it is written directly by one target and not served by the store server")));
+        }
+        let canonical = canonical_vdisk(vdisk, opened.layer);
+        let description = format!("{canonical} ({})", access_word(&opened));
+        let info = SessionInfo {
+            export: export.to_string(),
+            kind: ExportKind::Vdisk,
+            target: None,
+            peer: req.peer.to_string(),
+            vdisk: vdisk.to_string(),
+            version: layer_number(opened.layer),
+            cache_type: None,
+            cache_limit: None,
+        };
+        Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: None }, description))
+    }
+
+    fn open_maintenance(&self, export: &str, vdisk: &str, version: Option<u32>, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+        let slot = self.take_writer_slot(vdisk, req)?;
+        let cache = self.state.read_cache.clone();
+        let opened = self.store.open_layer_with(vdisk, Selector::Maintenance, true, &|p, d| cache.wrap(p, d)).map_err(open_error)?;
+        if opened.meta.access == DiskAccess::Private {
+            return Err(OpenError::Policy(format!(
+                "vDisk {vdisk} has private access and no versions: it is not served by the store server")));
+        }
+        let number = layer_number(opened.layer);
+        if let Some(want) = version {
+            if want != number {
+                return Err(OpenError::Unknown(format!(
+                    "version {want} of vDisk {vdisk} is no longer in maintenance (version {number} is): connect to maintenance/{vdisk}")));
+            }
+        }
+        if !opened.writable || opened.access != Some(Access::Maintenance) {
+            return Err(OpenError::Failed(format!("the maintenance version of vDisk {vdisk} could not be opened read-write")));
+        }
+        let description = format!("maintenance/{vdisk}@{number} (maintenance, read-write, one writer)");
+        let info = SessionInfo {
+            export: export.to_string(),
+            kind: ExportKind::Maintenance,
+            target: None,
+            peer: req.peer.to_string(),
+            vdisk: vdisk.to_string(),
+            version: number,
+            cache_type: None,
+            cache_limit: None,
+        };
+        Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: Some(slot) }, description))
+    }
+
+    /// The vDisk's maintenance writer slot, or the refusal naming who holds it.
+    fn take_writer_slot(&self, vdisk: &str, req: &OpenRequest<'_>) -> Result<WriterSlot, OpenError> {
+        let deadline = std::time::Instant::now() + WRITER_HANDOVER;
+        loop {
+            {
+                let mut writers = lock(&self.writers);
+                match writers.get(vdisk) {
+                    None => {
+                        let since = vdstream_store::Timestamp::now();
+                        writers.insert(vdisk.to_string(), format!("a connection from {} since {since}", req.peer));
+                        return Ok(WriterSlot { writers: self.writers.clone(), vdisk: vdisk.to_string() });
+                    }
+                    Some(holder) if std::time::Instant::now() >= deadline => {
+                        return Err(OpenError::Busy(format!(
+                            "the maintenance version of vDisk {vdisk} already has its one writer ({holder}, on server {}): \
+                             disconnect it first, or read the version read-only through vdisk/{vdisk}@latest once it is released",
+                            self.state.name)));
+                    }
+                    Some(_) => {}
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn open_target(&self, export: &str, id: &str, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+        match lookup_target(&self.store, id) {
+            Err(TargetLookupError::Unknown(m)) => Err(OpenError::Unknown(m)),
+            Err(TargetLookupError::Failed(m)) => Err(OpenError::Failed(m)),
+            Ok(spec) => {
+                let _ = req;
+                Err(OpenError::Failed(format!(
+                    "{export}: target {id} uses vDisk {} with cache type {}, but this server does not serve target exports yet",
+                    spec.vdisk, spec.cache
+                )))
+            }
+        }
+    }
+
+    /// Wraps an opened device for its connection (registered for a session; bare for INFO).
+    fn session(&self, req: &OpenRequest<'_>, info: SessionInfo, dev: Arc<dyn BlockDev>, held: Held, description: String) -> OpenedExport {
+        if req.purpose == OpenPurpose::Info {
+            // Size and caps only; the chain is released when the server drops the device.
+            return OpenedExport { device: Arc::new(SessionDev { inner: dev, held, session: None }), description: Some(description) };
+        }
+        log::info!("session: {} from {} opened {description}", info.export, info.peer);
+        let guard = self.state.registry.open(info);
+        let device = Arc::new(SessionDev { inner: dev, held, session: Some(SessionCounting { guard, totals: self.state.totals.clone() }) });
+        OpenedExport { device, description: Some(description) }
+    }
+
+    /// One line per export for `NBD_OPT_LIST`: every vDisk's production and (when there
+    /// is one) maintenance export, with what they resolve to now.
+    fn list_exports(&self) -> Vec<ExportInfo> {
+        let now = vdstream_store::Timestamp::now();
+        let mut out = Vec::new();
+        let Ok(list) = self.store.list() else { return out };
+        for (name, meta) in list {
+            let Ok(meta) = meta else { continue };
+            if meta.access == DiskAccess::Private {
+                continue;
+            }
+            if let Ok(layer) = vdstream_store::select(&meta, Selector::Production, now) {
+                let access = match layer {
+                    Layer::Base => "base",
+                    Layer::Version(n) => meta.version(n).map_or("production", |v| v.access.name()),
+                };
+                out.push(ExportInfo {
+                    name: format!("vdisk/{name}"),
+                    description: format!("{} ({access})", canonical_vdisk(&name, layer)),
+                });
+            }
+            for v in meta.versions.iter().filter(|v| v.access != Access::Maintenance) {
+                out.push(ExportInfo {
+                    name: canonical_vdisk(&name, Layer::Version(v.number)),
+                    description: format!("{} ({})", canonical_vdisk(&name, Layer::Version(v.number)), v.access.name()),
+                });
+            }
+            if let Some(m) = meta.maintenance() {
+                out.push(ExportInfo {
+                    name: format!("maintenance/{name}"),
+                    description: format!("maintenance/{name}@{} (maintenance, read-write, one writer)", m.number),
+                });
+            }
+        }
+        out
+    }
+}
+
+fn layer_number(layer: Layer) -> u32 {
+    match layer {
+        Layer::Base => 0,
+        Layer::Version(n) => n,
+    }
+}
+
+impl Exports for StoreExports {
+    fn list(&self) -> Vec<ExportInfo> {
+        self.list_exports()
+    }
+
+    fn open(&self, name: &str) -> std::result::Result<Arc<dyn BlockDev>, OpenError> {
+        self.open_export(&OpenRequest { name, peer: "local", purpose: OpenPurpose::Info }).map(|o| o.device)
+    }
+
+    fn description(&self, name: &str) -> Option<String> {
+        self.open_export(&OpenRequest { name, peer: "local", purpose: OpenPurpose::Info }).ok().and_then(|o| o.description)
+    }
+
+    fn open_export(&self, req: &OpenRequest<'_>) -> std::result::Result<OpenedExport, OpenError> {
+        if self.state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(OpenError::Shutdown(format!("server {} is shutting down; connect to another server", self.state.name)));
+        }
+        match ExportName::parse(req.name).map_err(OpenError::Unknown)? {
+            ExportName::Vdisk { vdisk, selector } => self.open_vdisk(req.name, &vdisk, selector, req),
+            ExportName::Maintenance { vdisk, version } => self.open_maintenance(req.name, &vdisk, version, req),
+            ExportName::Target { id } => self.open_target(req.name, &id, req),
+        }
+    }
+}
+
+/// Frees a vDisk's maintenance writer slot when the writer's device is dropped.
+#[derive(Debug)]
+struct WriterSlot {
+    writers: Arc<Mutex<HashMap<String, String>>>,
+    vdisk: String,
+}
+
+impl Drop for WriterSlot {
+    fn drop(&mut self) {
+        lock(&self.writers).remove(&self.vdisk);
+    }
+}
+
+/// What a connection holds besides its device, released in this order when it closes:
+/// the chain (and its file locks) before the writer slot, so a writer that connects next
+/// finds the file free.
+#[derive(Debug)]
+struct Held {
+    _chain: Option<OpenedLayer>,
+    writer: Option<WriterSlot>,
+}
+
+#[derive(Debug)]
+struct SessionCounting {
+    guard: SessionGuard,
+    totals: Arc<Counters>,
+}
+
+impl SessionCounting {
+    fn session(&self) -> &Arc<Session> {
+        &self.guard.session
+    }
+
+    fn count(&self, pick: impl Fn(&Counters) -> (&std::sync::atomic::AtomicU64, &std::sync::atomic::AtomicU64), bytes: u64) {
+        for c in [&self.guard.session.counters, &*self.totals] {
+            let (ops, b) = pick(c);
+            Counters::add(ops, 1);
+            Counters::add(b, bytes);
+        }
+    }
+}
+
+/// One connection's device: the opened chain (or cache), counted, holding what the
+/// session holds. Drop order: `inner`, then `held` (chain, then writer slot), then the
+/// registry entry.
+#[derive(Debug)]
+pub struct SessionDev {
+    inner: Arc<dyn BlockDev>,
+    held: Held,
+    session: Option<SessionCounting>,
+}
+
+impl Drop for SessionDev {
+    fn drop(&mut self) {
+        if let Some(s) = &self.session {
+            let info = &s.session().info;
+            let c = s.session().counters.snapshot();
+            log::info!(
+                "session: {} from {} closed after {:.1}s: guest {} reads ({} bytes), {} writes ({} bytes); store {} reads ({} bytes)",
+                info.export,
+                info.peer,
+                unix_ms().saturating_sub(s.session().connected_unix_ms) as f64 / 1000.0,
+                c.guest_read_ops,
+                c.guest_read_bytes,
+                c.guest_write_ops,
+                c.guest_write_bytes,
+                c.store_read_ops,
+                c.store_read_bytes
+            );
+        }
+        // The writable top must be flushed and closed before the slot frees.
+        if self.held.writer.is_some() {
+            if let Err(e) = self.inner.flush() {
+                log::error!("flushing the maintenance version at disconnect failed: {e}");
+            }
+        }
+    }
+}
+
+impl SessionDev {
+    fn run<T>(&self, f: impl FnOnce() -> T) -> T {
+        match &self.session {
+            Some(s) => with_session(s.session(), f),
+            None => f(),
+        }
+    }
+
+    fn writes_to_store(&self) -> bool {
+        self.held.writer.is_some()
+    }
+}
+
+impl BlockDev for SessionDev {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn caps(&self) -> Caps {
+        self.inner.caps()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        if let Some(s) = &self.session {
+            s.count(|c| (&c.guest_read_ops, &c.guest_read_bytes), buf.len() as u64);
+        }
+        self.run(|| self.inner.read_at(buf, offset))
+    }
+
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> {
+        if let Some(s) = &self.session {
+            s.count(|c| (&c.guest_read_ops, &c.guest_read_bytes), buf.len() as u64);
+        }
+        self.run(|| self.inner.read_at_sparse(buf, offset, holes))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> {
+        if let Some(s) = &self.session {
+            s.count(|c| (&c.guest_write_ops, &c.guest_write_bytes), buf.len() as u64);
+            if self.writes_to_store() {
+                s.count(|c| (&c.store_write_ops, &c.store_write_bytes), buf.len() as u64);
+            }
+        }
+        self.run(|| self.inner.write_at(buf, offset, fua))
+    }
+
+    fn flush(&self) -> DevResult<()> {
+        self.inner.flush()
+    }
+
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.inner.trim(offset, len, fua)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DevResult<()> {
+        self.run(|| self.inner.write_zeroes(offset, len, flags))
+    }
+
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> DevResult<()> {
+        self.inner.block_status(offset, len, out)
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> DevResult<()> {
+        self.inner.cache(offset, len)
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+

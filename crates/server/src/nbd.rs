@@ -1,0 +1,143 @@
+//! The NBD side of the server: the listeners (unix socket and/or TCP), the store's exports
+//! on them, and the drain.
+//!
+//! Drain ([`NbdService::drain`], on SIGTERM/SIGINT): `draining` is set (new opens are
+//! refused with `NBD_REP_ERR_SHUTDOWN`, so an agent moves to its next server), the
+//! listeners stop accepting, requests already read are answered, requests that arrive
+//! after the drain began get `ESHUTDOWN`, and each connection closes. It returns when
+//! every connection has closed.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use vdstream_nbd::server::{Listener, Server, ServerConfig, ShutdownSignal, ShutdownTrigger};
+
+use crate::exports::StoreExports;
+use crate::state::ServerState;
+
+/// Why the NBD side could not start or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NbdError {
+    #[error(transparent)]
+    Store(#[from] vdstream_store::StoreError),
+    #[error("{0}")]
+    Listen(String),
+    #[error("the NBD server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// The running NBD listeners of a server.
+#[derive(Debug)]
+pub struct NbdService {
+    state: Arc<ServerState>,
+    trigger: ShutdownTrigger,
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    socket: Option<PathBuf>,
+    /// One line per listener: where clients connect.
+    pub uris: Vec<String>,
+}
+
+impl NbdService {
+    /// Binds the listeners named in `state` (`nbd_socket`, `nbd_listen`) and starts serving
+    /// the store's exports on them. Call inside a tokio runtime.
+    pub async fn start(state: Arc<ServerState>, threads: usize) -> Result<NbdService, NbdError> {
+        let exports = Arc::new(StoreExports::new(state.clone())?);
+        let config = ServerConfig { threads_per_connection: threads.max(1), ..ServerConfig::default() };
+        let server = Arc::new(Server::new(exports, config));
+        let (trigger, shutdown) = ShutdownSignal::new();
+        let mut tasks = Vec::new();
+        let mut uris = Vec::new();
+        if let Some(path) = &state.nbd_socket {
+            let listener = bind_unix(path)?;
+            uris.push(format!("nbd+unix:///EXPORT?socket={}", path.display()));
+            let (server, shutdown) = (server.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(listener), shutdown).await }));
+        }
+        if let Some(addr) = &state.nbd_listen {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| NbdError::Listen(format!("cannot listen on {addr}: {e}; is another server using that port?")))?;
+            uris.push(format!("nbd://{addr}/EXPORT"));
+            let (server, shutdown) = (server.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(listener), shutdown).await }));
+        }
+        if tasks.is_empty() {
+            return Err(NbdError::Listen("nothing to listen on: give a unix socket or a TCP address".into()));
+        }
+        let socket = state.nbd_socket.clone();
+        Ok(NbdService { state, trigger, tasks, socket, uris })
+    }
+
+    /// Drains (see the module docs) and returns once every connection has closed.
+    pub async fn drain(self) -> Result<(), NbdError> {
+        self.state.draining.store(true, Ordering::Relaxed);
+        self.trigger.shutdown();
+        let mut result = Ok(());
+        for task in self.tasks {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(NbdError::Serve(e)),
+                Err(e) => result = Err(NbdError::Serve(std::io::Error::other(e.to_string()))),
+            }
+        }
+        if let Some(path) = &self.socket {
+            let _ = std::fs::remove_file(path);
+        }
+        result
+    }
+}
+
+/// Binds a unix socket, replacing a stale socket file left by a process that died, but
+/// refusing one a live server still answers on.
+fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, NbdError> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(NbdError::Listen(format!("{} exists and is not a socket: choose another --socket path", path.display())));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(NbdError::Listen(format!(
+                "another server is already listening on {}: stop it or choose another --socket path",
+                path.display()
+            )));
+        }
+        std::fs::remove_file(path).map_err(|e| NbdError::Listen(format!("cannot remove the stale socket {}: {e}", path.display())))?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    tokio::net::UnixListener::bind(path).map_err(|e| NbdError::Listen(format!("cannot listen on the unix socket {}: {e}", path.display())))
+}
+
+/// Writes the server's figures to `path` as JSON, atomically (temporary file + rename).
+pub fn write_stats(state: &ServerState, path: &Path) -> std::io::Result<()> {
+    let json = serde_json::to_vec_pretty(&state.stats()).map_err(std::io::Error::other)?;
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, json)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// One line on what the guests asked for against what reached the store.
+pub fn summary(state: &ServerState) -> String {
+    let t = state.totals.snapshot();
+    let c = state.read_cache.snapshot();
+    format!(
+        "guest {} reads ({} bytes) and {} writes ({} bytes); store {} reads ({} bytes) and {} writes ({} bytes); \
+         read cache {} of {} bytes used, {} hits, {} misses ({} loads shared), {} evictions",
+        t.guest_read_ops,
+        t.guest_read_bytes,
+        t.guest_write_ops,
+        t.guest_write_bytes,
+        t.store_read_ops,
+        t.store_read_bytes,
+        t.store_write_ops,
+        t.store_write_bytes,
+        c.used,
+        c.capacity,
+        c.hits,
+        c.misses,
+        c.shared_loads,
+        c.evictions
+    )
+}
