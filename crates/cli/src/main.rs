@@ -6,6 +6,7 @@ mod output;
 mod serve_image;
 mod size;
 mod target;
+mod target_record;
 mod vdisk;
 mod version;
 

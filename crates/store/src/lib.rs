@@ -15,6 +15,7 @@
 //!   vdisk.rs    create, import, set, info, export, delete
 //!   version.rs  new, promote, revert, override
 //!   merge.rs    merge, merge --base, automatic merges, compact
+//!   targets.rs  target records: which vDisk and version a target boots, its write cache
 //!   copy.rs     sparse raw copies, qemu-img for other formats, progress
 //! ```
 //!
@@ -30,6 +31,7 @@ pub mod names;
 pub mod open;
 pub mod select;
 pub mod store;
+pub mod targets;
 pub mod time;
 pub mod vdisk;
 pub mod version;
@@ -39,4 +41,5 @@ pub use meta::{Access, DiskAccess, LayerFormat, VdiskMeta, Version};
 pub use open::OpenedLayer;
 pub use select::{select, Layer, Selector};
 pub use store::{store_dir, Store, DEFAULT_STORE};
+pub use targets::{NewTarget, TargetChange, TargetRecord};
 pub use time::Timestamp;
