@@ -4,4 +4,5 @@
 //! [`state`] is the live picture both halves share: the NBD side registers a
 //! [`state::Session`] per connection and counts its I/O; the HTTP side reads them.
 
+pub mod http;
 pub mod state;

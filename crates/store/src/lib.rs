@@ -16,6 +16,7 @@
 //!   version.rs  new, promote, revert, override
 //!   merge.rs    merge, merge --base, automatic merges, compact
 //!   targets.rs  target records: which vDisk and version a target boots, its write cache
+//!   documents.rs  the JSON documents the CLI prints and the server's API answers
 //!   copy.rs     sparse raw copies, qemu-img for other formats, progress
 //! ```
 //!
@@ -23,6 +24,7 @@
 
 pub mod audit;
 pub mod copy;
+pub mod documents;
 pub mod error;
 pub mod fsutil;
 pub mod merge;

@@ -72,7 +72,7 @@ pub enum MergeStep {
 }
 
 /// An override the merge moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OverrideMove {
     pub from: u32,
     /// `None`: cleared, because the pinned version became the base.
@@ -80,7 +80,7 @@ pub struct OverrideMove {
 }
 
 /// What a merge did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MergeOutcome {
     pub kind: MergeKind,
     pub automatic: bool,
@@ -99,7 +99,7 @@ pub struct MergeOutcome {
 }
 
 /// What an automatic merge check decided.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AutoMerge {
     Merged(MergeOutcome),
@@ -108,7 +108,7 @@ pub enum AutoMerge {
 }
 
 /// One compacted layer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CompactedLayer {
     pub layer: Layer,
     pub file: String,

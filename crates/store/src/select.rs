@@ -96,7 +96,7 @@ impl<'de> serde::Deserialize<'de> for Selector {
 }
 
 /// One layer of a vDisk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Layer {
     Base,

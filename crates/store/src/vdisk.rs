@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::copy::{self, Progress};
@@ -64,7 +64,7 @@ pub fn check_max_versions(n: u32) -> Result<()> {
 }
 
 /// Per-layer facts for `vdisk info`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LayerInfo {
     pub layer: Layer,
     pub file: String,
@@ -75,7 +75,7 @@ pub struct LayerInfo {
 }
 
 /// `vdisk info`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VdiskInfo {
     pub meta: VdiskMeta,
     pub production: Layer,
