@@ -3,6 +3,7 @@
 
 mod audit;
 mod output;
+mod remote;
 mod serve_image;
 mod size;
 mod target;

@@ -1,14 +1,16 @@
 //! `vdstream target add|list|show|set|remove`: the target records of the store (which
 //! vDisk and version a target boots, its write cache). Wiring only: the rules live in
-//! vdstream-store (targets.rs). The human text is made from the JSON document, so the
-//! same words come out whether the store or a server's API answered.
+//! vdstream-store (targets.rs). With `--server URL` each goes to a server's API instead;
+//! the human text is made from the JSON document, so the same words come out whether the
+//! store or the API answered.
 
 use anyhow::Result;
 use clap::Args;
 use serde_json::{json, Value};
-use vdstream_store::{NewTarget, Selector, TargetChange, TargetRecord};
+use vdstream_store::{documents, NewTarget, Selector, TargetChange, TargetRecord};
 
 use crate::output::StoreOpts;
+use crate::remote::{seg, ServerOpt};
 use crate::size::{format_size, parse_size};
 
 /// Add a target record: the machine ID boots vDisk NAME through a write cache of TYPE.
@@ -25,6 +27,8 @@ pub struct AddArgs {
     pub fields: Fields,
     #[command(flatten)]
     pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
 }
 
 /// What `add` and `set` take.
@@ -58,6 +62,8 @@ pub struct ShowArgs {
     pub id: String,
     #[command(flatten)]
     pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
 }
 
 /// List the target records.
@@ -65,6 +71,8 @@ pub struct ShowArgs {
 pub struct ListArgs {
     #[command(flatten)]
     pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
 }
 
 /// Change a target record: only the fields given change.
@@ -80,6 +88,8 @@ pub struct SetArgs {
     pub fields: Fields,
     #[command(flatten)]
     pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
 }
 
 /// Remove a target record (a running agent keeps what it attached to).
@@ -89,6 +99,8 @@ pub struct RemoveArgs {
     pub id: String,
     #[command(flatten)]
     pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
 }
 
 fn selector(v: Option<String>) -> Result<Option<Selector>> {
@@ -120,8 +132,14 @@ impl Fields {
 
 pub fn add(a: AddArgs) -> Result<()> {
     let t = a.fields.new_target(a.id)?;
-    let r = a.opts.open()?.add_target(t)?;
-    print_added(&a.opts, json!(r))
+    let doc = match a.api.client()? {
+        Some(c) => c.post("/api/v1/targets", &json!({
+            "id": t.id, "vdisk": t.vdisk, "cache": t.cache, "version": t.version, "ram": t.ram,
+            "overflow_max": t.overflow_max, "description": t.description,
+        }))?,
+        None => documents::target_add(&a.opts.open()?, t)?,
+    };
+    print_added(&a.opts, doc)
 }
 
 pub fn print_added(o: &StoreOpts, doc: Value) -> Result<()> {
@@ -132,8 +150,11 @@ pub fn print_added(o: &StoreOpts, doc: Value) -> Result<()> {
 
 pub fn list(a: ListArgs) -> Result<()> {
     let o = &a.opts;
-    let list = o.open()?.targets()?;
-    print_list(o, json!(list))
+    let doc = match a.api.client()? {
+        Some(c) => c.get("/api/v1/targets")?,
+        None => documents::target_list(&o.open()?)?,
+    };
+    print_list(o, doc)
 }
 
 pub fn print_list(o: &StoreOpts, doc: Value) -> Result<()> {
@@ -155,8 +176,11 @@ pub fn print_list(o: &StoreOpts, doc: Value) -> Result<()> {
 }
 
 pub fn show(a: ShowArgs) -> Result<()> {
-    let r = a.opts.open()?.target(&a.id)?;
-    print_show(&a.opts, json!(r))
+    let doc = match a.api.client()? {
+        Some(c) => c.get(&format!("/api/v1/targets/{}", seg(&a.id)))?,
+        None => documents::target_show(&a.opts.open()?, &a.id)?,
+    };
+    print_show(&a.opts, doc)
 }
 
 /// `target show`: the record; from a server also `agent`, the agent's latest report.
@@ -189,8 +213,11 @@ pub fn set(a: SetArgs) -> Result<()> {
     if change.is_empty() {
         anyhow::bail!("nothing to set: give --vdisk, --cache, --version, --ram, --overflow-max or --description");
     }
-    let r = a.opts.open()?.set_target(&a.id, change)?;
-    print_set(&a.opts, json!(r))
+    let doc = match a.api.client()? {
+        Some(c) => c.put(&format!("/api/v1/targets/{}", seg(&a.id)), &change_json(&change))?,
+        None => documents::target_set(&a.opts.open()?, &a.id, change)?,
+    };
+    print_set(&a.opts, doc)
 }
 
 pub fn print_set(o: &StoreOpts, doc: Value) -> Result<()> {
@@ -200,8 +227,11 @@ pub fn print_set(o: &StoreOpts, doc: Value) -> Result<()> {
 }
 
 pub fn remove(a: RemoveArgs) -> Result<()> {
-    let r = a.opts.open()?.remove_target(&a.id)?;
-    print_removed(&a.opts, json!({"removed": a.id, "target": r}))
+    let doc = match a.api.client()? {
+        Some(c) => c.delete(&format!("/api/v1/targets/{}", seg(&a.id)))?,
+        None => documents::target_remove(&a.opts.open()?, &a.id)?,
+    };
+    print_removed(&a.opts, doc)
 }
 
 pub fn print_removed(o: &StoreOpts, doc: Value) -> Result<()> {
@@ -209,6 +239,30 @@ pub fn print_removed(o: &StoreOpts, doc: Value) -> Result<()> {
     let damaged = doc["target"].is_null();
     o.emit(doc, || if damaged { format!("removed the damaged record of target {id}") } else { format!("removed target {id}") });
     Ok(())
+}
+
+/// A change as the API's PUT takes it: only the fields given (`null` clears).
+fn change_json(c: &TargetChange) -> Value {
+    let mut doc = json!({});
+    if let Some(v) = &c.vdisk {
+        doc["vdisk"] = json!(v);
+    }
+    if let Some(v) = &c.cache {
+        doc["cache"] = json!(v);
+    }
+    if let Some(v) = c.version {
+        doc["version"] = json!(v);
+    }
+    if let Some(v) = c.ram {
+        doc["ram"] = json!(v);
+    }
+    if let Some(v) = c.overflow_max {
+        doc["overflow_max"] = json!(v);
+    }
+    if let Some(v) = &c.description {
+        doc["description"] = json!(v);
+    }
+    doc
 }
 
 fn describe_version(v: Selector) -> String {
