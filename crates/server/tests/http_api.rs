@@ -361,3 +361,25 @@ fn openapi_lists_exactly_the_routes_of_the_router() {
     let extra: Vec<_> = documented.iter().filter(|r| !known.contains(r)).collect();
     assert!(missing.is_empty() && extra.is_empty(), "docs/openapi.yaml lacks {missing:?} and lists routes the router does not know: {extra:?}");
 }
+
+#[test]
+fn a_stalled_request_gets_408_and_an_idle_connection_is_closed_silently() {
+    let a = api();
+    let mut stalled = TcpStream::connect(a.addr).unwrap();
+    stalled.write_all(b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut idle = TcpStream::connect(a.addr).unwrap();
+    idle.write_all(b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let limit = http::REQUEST_DEADLINE + Duration::from_secs(10);
+    let started = std::time::Instant::now();
+    for s in [&stalled, &idle] {
+        s.set_read_timeout(Some(limit)).unwrap();
+    }
+    let mut out = String::new();
+    stalled.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 408 "), "{out}");
+    let mut out = String::new();
+    idle.read_to_string(&mut out).unwrap();
+    assert_eq!(out.matches("HTTP/1.1 ").count(), 1, "one answer, then a silent close: {out}");
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    assert!(started.elapsed() < limit, "the server closed both within its deadline");
+}

@@ -14,7 +14,7 @@
 //! Invariants: a request is read whole, within [`REQUEST_DEADLINE`], before anything acts
 //! on it; a malformed one is answered 400 (413, 431, 408 for the limits) and its
 //! connection closed, costing nothing else; a connection idle for [`REQUEST_DEADLINE`]
-//! is closed; [`HttpHandle::stop`] closes the listener and every open connection.
+//! is closed (silently; one that stalls inside a request gets 408); [`HttpHandle::stop`] closes the listener and every open connection.
 
 mod error;
 mod live;
@@ -182,10 +182,19 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// A socket whose reads must all finish by `deadline`.
+/// A socket whose reads must all finish by `deadline`; counts the bytes read since the
+/// deadline was last set.
 struct DeadlineStream {
     stream: TcpStream,
     deadline: Instant,
+    got: usize,
+}
+
+impl DeadlineStream {
+    fn reset(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        self.got = 0;
+    }
 }
 
 impl Read for DeadlineStream {
@@ -195,7 +204,9 @@ impl Read for DeadlineStream {
             return Err(std::io::ErrorKind::TimedOut.into());
         }
         self.stream.set_read_timeout(Some(left))?;
-        self.stream.read(buf)
+        let n = self.stream.read(buf)?;
+        self.got += n;
+        Ok(n)
     }
 }
 
@@ -203,14 +214,17 @@ fn serve_connection(shared: &Shared, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(REQUEST_DEADLINE));
     let Ok(mut out) = stream.try_clone() else { return };
-    let mut reader = BufReader::new(DeadlineStream { stream, deadline: Instant::now() + REQUEST_DEADLINE });
+    let mut reader = BufReader::new(DeadlineStream { stream, deadline: Instant::now() + REQUEST_DEADLINE, got: 0 });
     let limits = Limits { max_head: 16 << 10, max_body: MAX_BODY };
     loop {
-        reader.get_mut().deadline = Instant::now() + REQUEST_DEADLINE;
+        let idle = reader.buffer().is_empty();
+        reader.get_mut().reset(Instant::now() + REQUEST_DEADLINE);
         let req = match wire::read_request(&mut reader, &limits) {
             Ok(r) => r,
             Err(WireError::Closed) => return,
             Err(WireError::Io(_)) if shared.stop.load(Ordering::Acquire) => return,
+            // A kept-alive connection that sent nothing more: close it without a word.
+            Err(WireError::Timeout) if idle && reader.get_ref().got == 0 => return,
             Err(e) => {
                 let err = ApiError::from_wire(&e);
                 let _ = wire::write_response(&mut out, err.status, &[("Content-Type", "application/json")], &err.body(), false);
