@@ -219,6 +219,9 @@ fn describe_merge(name: &str, out: &MergeOutcome) -> String {
             None => s.push_str(&format!("; the override of version {} was cleared: production boots the new base, the same content", m.from)),
         }
     }
+    if !out.targets_moved.is_empty() {
+        s.push_str(&format!("; targets pinned to a merged version now boot {} (same content): {}", out.new_layer, out.targets_moved.join(", ")));
+    }
     if !out.still_in_use.is_empty() {
         s.push_str(&format!("; still read by running targets, deleted once they disconnect: {}", out.still_in_use.join(", ")));
     }

@@ -33,7 +33,7 @@ use crate::error::{io, Result, StoreError};
 use crate::fsutil::{self, LockMode};
 use crate::meta::{load_json, DiskAccess, FORMAT_VERSION};
 use crate::names::validate_target_id;
-use crate::select::{select, Selector};
+use crate::select::{select, Layer, Selector};
 use crate::store::Store;
 use crate::time::Timestamp;
 
@@ -277,6 +277,47 @@ impl Store {
         let dir = self.targets_dir();
         std::fs::create_dir_all(&dir).map_err(io("create the targets folder", &dir))?;
         fsutil::write_atomic(&self.target_path(&r.id), &serde_json::to_vec_pretty(r).expect("serializes"))
+    }
+
+    /// After a merge of vDisk `vdisk` folded the versions `merged` into `to`: the records
+    /// pinned to one of them now name `to`, which reads the same bytes. Returns their ids.
+    /// The caller holds the exclusive lock and has saved the merged metadata. A record that
+    /// cannot be read or rewritten is left as it is, with a warning: the server then
+    /// refuses that target, naming the missing version, until the record is changed.
+    pub(crate) fn move_target_pins(&self, vdisk: &str, merged: &[u32], to: Layer) -> Vec<String> {
+        let ids = match self.target_ids() {
+            Ok(ids) => ids,
+            Err(e) => {
+                log::warn!("cannot list the target records after merging {vdisk}: {e}; records pinned to versions {merged:?} must be changed by hand");
+                return vec![];
+            }
+        };
+        let to = match to {
+            Layer::Base => Selector::Base,
+            Layer::Version(n) => Selector::Number(n),
+        };
+        let mut moved = Vec::new();
+        for id in ids {
+            let mut r = match self.load_target(&id) {
+                Ok(r) => r,
+                Err(e) => {
+                    log::warn!("target {id}: {e}");
+                    continue;
+                }
+            };
+            if r.vdisk != vdisk || !matches!(r.version, Selector::Number(n) if merged.contains(&n)) {
+                continue;
+            }
+            r.version = to;
+            r.updated = Timestamp::now();
+            r.updated_by = self.actor().who();
+            r.generation += 1;
+            match self.write_target(&r) {
+                Ok(()) => moved.push(id),
+                Err(e) => log::warn!("cannot move target {id} to {to} after the merge of {vdisk}: {e}"),
+            }
+        }
+        moved
     }
 
     /// `target add`.

@@ -109,3 +109,28 @@ fn a_damaged_record_is_named_and_can_be_removed() {
     assert_eq!(s.remove_target("vm1").unwrap(), None);
     assert!(s.targets().unwrap().is_empty());
 }
+
+#[test]
+fn a_merge_moves_the_records_pinned_to_the_versions_it_folds() {
+    use vdstream_store::merge::MergeKind;
+    use vdstream_store::Access;
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    for _ in 0..3 {
+        let v = s.new_version("win", None).unwrap().number;
+        s.promote("win", v, Access::Production, None).unwrap();
+    }
+    s.add_target(NewTarget { version: Some(Selector::Number(1)), ..new("vm1", "win", "server") }).unwrap();
+    s.add_target(NewTarget { version: Some(Selector::Test), ..new("vm2", "win", "server") }).unwrap();
+    s.add_target(NewTarget { version: Some(Selector::Number(3)), ..new("vm3", "win", "server") }).unwrap();
+    s.set_override("win", Some(2)).unwrap();
+    let out = s.merge("win", MergeKind::Updates, false, &mut |_, _| {}).unwrap();
+    assert_eq!(out.merged, [1, 2]);
+    assert_eq!(out.targets_moved, ["vm1"]);
+    let vm1 = s.target("vm1").unwrap();
+    assert_eq!((vm1.version, vm1.generation), (Selector::Number(4), 2));
+    assert_eq!(s.target("vm2").unwrap().version, Selector::Test, "selectors by role stay");
+    assert_eq!(s.target("vm3").unwrap().version, Selector::Number(3), "a version above the merge keeps its number");
+    let audit = vdstream_store::audit::read(&s.audit_path(), Some("win"), None).unwrap();
+    assert_eq!(audit.last().unwrap().details["targets_moved"], serde_json::json!(["vm1"]));
+}
