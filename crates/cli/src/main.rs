@@ -3,10 +3,12 @@
 
 mod audit;
 mod output;
+mod remote;
 mod serve_image;
 mod server;
 mod size;
 mod target;
+mod target_record;
 mod vdisk;
 mod version;
 

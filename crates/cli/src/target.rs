@@ -1,5 +1,6 @@
 //! `vdstream target attach|status`: the agent's command line. Flags become an
-//! [`AttachConfig`]; everything else lives in the `vdstream-agent` crate.
+//! [`AttachConfig`]; everything else lives in the `vdstream-agent` crate. The store's
+//! target records (`add`, `list`, `show`, `set`, `remove`) are in target_record.rs.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,8 +12,9 @@ use vdstream_nbd::server::ShutdownSignal;
 use vdstream_wcache::CacheType;
 
 use crate::size::parse_size;
+use crate::target_record;
 
-/// Run a target's agent, or show how it is doing.
+/// Keep the store's target records, run a target's agent, or show how it is doing.
 #[derive(Debug, Args)]
 pub struct TargetArgs {
     #[command(subcommand)]
@@ -21,6 +23,11 @@ pub struct TargetArgs {
 
 #[derive(Debug, Subcommand)]
 enum TargetCommand {
+    Add(target_record::AddArgs),
+    List(target_record::ListArgs),
+    Show(target_record::ShowArgs),
+    Set(target_record::SetArgs),
+    Remove(target_record::RemoveArgs),
     Attach(AttachArgs),
     Status(StatusArgs),
 }
@@ -109,6 +116,11 @@ pub struct StatusArgs {
 
 pub fn run(args: TargetArgs) -> Result<()> {
     match args.command {
+        TargetCommand::Add(a) => target_record::add(a),
+        TargetCommand::List(a) => target_record::list(a),
+        TargetCommand::Show(a) => target_record::show(a),
+        TargetCommand::Set(a) => target_record::set(a),
+        TargetCommand::Remove(a) => target_record::remove(a),
         TargetCommand::Attach(a) => attach(a),
         TargetCommand::Status(s) => show_status(s),
     }

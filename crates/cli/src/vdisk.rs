@@ -1,16 +1,19 @@
 //! `vdstream vdisk …`: create, import, list, info, export, delete, set, compact and gc of
-//! vDisks in the store. Wiring only: every rule lives in vdstream-store.
+//! vDisks in the store. Wiring only: every rule lives in vdstream-store. `list` and `info`
+//! (also `show`) go to a server's API instead with `--server URL`; their human text is
+//! made from the JSON document, so both print the same.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
-use serde_json::json;
+use serde_json::{json, Value};
 use vdstream_store::meta::DEFAULT_MAX_VERSIONS;
-use vdstream_store::vdisk::NewVdisk;
-use vdstream_store::{DiskAccess, LayerFormat, Selector};
+use vdstream_store::vdisk::{NewVdisk, VdiskInfo};
+use vdstream_store::{documents, DiskAccess, LayerFormat, Selector, VdiskMeta};
 
 use crate::output::StoreOpts;
+use crate::remote::{seg, ServerOpt};
 use crate::size::{format_size, parse_size};
 
 /// Manage vDisks: golden images kept as a base plus a chain of versions.
@@ -78,9 +81,17 @@ enum VdiskCommand {
         access: AccessArg,
     },
     /// List the vDisks.
-    List,
+    List {
+        #[command(flatten)]
+        api: ServerOpt,
+    },
     /// Show a vDisk: versions, what each kind of target gets, files and who uses them.
-    Info { name: String },
+    #[command(visible_alias = "show")]
+    Info {
+        name: String,
+        #[command(flatten)]
+        api: ServerOpt,
+    },
     /// Write a layer's whole content to a file (raw, sparse; or standalone qcow2).
     Export {
         /// NAME or NAME@V (V: a number, base, production, test, maintenance, latest).
@@ -128,59 +139,22 @@ pub fn run(args: VdiskArgs) -> Result<()> {
                     file.display(), report.source_format, format_size(report.size), report.base_file, report.method)
             });
         }
-        VdiskCommand::List => {
-            let store = o.open()?;
-            let list = store.list()?;
-            let docs: Vec<_> = list.iter().map(|(n, m)| match m {
-                Ok(m) => json!(m),
-                Err(e) => json!({"name": n, "error": e.to_string()}),
-            }).collect();
-            o.emit(json!(docs), || {
-                if list.is_empty() {
-                    return format!("no vDisks in {}", store.root().display());
+        VdiskCommand::List { api } => {
+            let (doc, place) = match api.client()? {
+                Some(c) => (c.get("/api/v1/vdisks")?, c.url().to_string()),
+                None => {
+                    let store = o.open()?;
+                    (documents::vdisk_list(&store)?, store.root().display().to_string())
                 }
-                let mut lines = vec![format!("{:<24} {:>10} {:<9} {:>8} {:<12}", "NAME", "SIZE", "ACCESS", "VERSIONS", "PRODUCTION")];
-                for (n, m) in &list {
-                    lines.push(match m {
-                        Ok(m) => {
-                            let prod = vdstream_store::select(m, Selector::Production, vdstream_store::Timestamp::now()).map(|l| l.tag()).unwrap_or_default();
-                            format!("{:<24} {:>10} {:<9} {:>8} {:<12}", n, format_size(m.size), access_name(m.access), m.versions.len(), prod)
-                        }
-                        Err(e) => format!("{n:<24} error: {e}"),
-                    });
-                }
-                lines.join("\n")
-            });
+            };
+            print_list(o, doc, &place)?;
         }
-        VdiskCommand::Info { name } => {
-            let store = o.open()?;
-            let info = store.info(&name)?;
-            o.emit(json!(info), || {
-                let m = &info.meta;
-                let mut lines = vec![
-                    format!("vDisk {} — {}, {} access, max {} versions, created {} by {}", m.name, format_size(m.size), access_name(m.access), m.max_versions, m.created, m.created_by),
-                    format!("production targets get {}; test targets get {}{}", info.production, info.test,
-                        info.maintenance.map(|n| format!("; version {n} is in maintenance")).unwrap_or_default()),
-                ];
-                if let Some(o) = m.override_version {
-                    lines.push(format!("override: production is pinned to version {o}"));
-                }
-                for l in &info.layers {
-                    let v = match l.layer { vdstream_store::Layer::Version(n) => m.version(n), _ => None };
-                    let what = match v {
-                        None => format!("base     {}", m.base.format.name()),
-                        Some(v) => format!("{:<8} {}{}{}", v.number, v.access.name(),
-                            v.scheduled_at.map(|t| format!(" from {t}")).unwrap_or_default(),
-                            v.note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default()),
-                    };
-                    let users = if l.in_use_by.is_empty() { String::new() } else { format!("  in use by {}", l.in_use_by.join(", ")) };
-                    lines.push(format!("  {what:<40} {:<28} {:>10}{users}", l.file, format_size(l.allocated)));
-                }
-                if !m.retired.is_empty() {
-                    lines.push(format!("retired, deleted once no target reads them: {}", m.retired.join(", ")));
-                }
-                lines.join("\n")
-            });
+        VdiskCommand::Info { name, api } => {
+            let doc = match api.client()? {
+                Some(c) => c.get(&format!("/api/v1/vdisks/{}", seg(&name)))?,
+                None => documents::vdisk_show(&o.open()?, &name)?,
+            };
+            print_info(o, doc)?;
         }
         VdiskCommand::Export { reference, file, format, force } => {
             let store = o.open()?;
@@ -229,6 +203,65 @@ pub fn run(args: VdiskArgs) -> Result<()> {
             });
         }
     }
+    Ok(())
+}
+
+/// `vdisk list`, from its JSON document (`place`: the store or the server it came from).
+fn print_list(o: &StoreOpts, doc: Value, place: &str) -> Result<()> {
+    let list: Vec<Result<VdiskMeta, (String, String)>> = doc.as_array().cloned().unwrap_or_default().into_iter().map(|d| {
+        serde_json::from_value::<VdiskMeta>(d.clone()).map_err(|e| (
+            d["name"].as_str().unwrap_or("?").to_string(),
+            d["error"].as_str().map_or_else(|| format!("unreadable entry: {e}"), str::to_string),
+        ))
+    }).collect();
+    o.emit(doc, || {
+        if list.is_empty() {
+            return format!("no vDisks in {place}");
+        }
+        let mut lines = vec![format!("{:<24} {:>10} {:<9} {:>8} {:<12}", "NAME", "SIZE", "ACCESS", "VERSIONS", "PRODUCTION")];
+        for m in &list {
+            lines.push(match m {
+                Ok(m) => {
+                    let prod = vdstream_store::select(m, Selector::Production, vdstream_store::Timestamp::now()).map(|l| l.tag()).unwrap_or_default();
+                    format!("{:<24} {:>10} {:<9} {:>8} {:<12}", m.name, format_size(m.size), access_name(m.access), m.versions.len(), prod)
+                }
+                Err((n, e)) => format!("{n:<24} error: {e}"),
+            });
+        }
+        lines.join("\n")
+    });
+    Ok(())
+}
+
+/// `vdisk info` / `vdisk show`, from its JSON document.
+fn print_info(o: &StoreOpts, doc: Value) -> Result<()> {
+    let info: VdiskInfo = serde_json::from_value(doc.clone())?;
+    o.emit(doc, || {
+        let m = &info.meta;
+        let mut lines = vec![
+            format!("vDisk {} — {}, {} access, max {} versions, created {} by {}", m.name, format_size(m.size), access_name(m.access), m.max_versions, m.created, m.created_by),
+            format!("production targets get {}; test targets get {}{}", info.production, info.test,
+                info.maintenance.map(|n| format!("; version {n} is in maintenance")).unwrap_or_default()),
+        ];
+        if let Some(o) = m.override_version {
+            lines.push(format!("override: production is pinned to version {o}"));
+        }
+        for l in &info.layers {
+            let v = match l.layer { vdstream_store::Layer::Version(n) => m.version(n), _ => None };
+            let what = match v {
+                None => format!("base     {}", m.base.format.name()),
+                Some(v) => format!("{:<8} {}{}{}", v.number, v.access.name(),
+                    v.scheduled_at.map(|t| format!(" from {t}")).unwrap_or_default(),
+                    v.note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default()),
+            };
+            let users = if l.in_use_by.is_empty() { String::new() } else { format!("  in use by {}", l.in_use_by.join(", ")) };
+            lines.push(format!("  {what:<40} {:<28} {:>10}{users}", l.file, format_size(l.allocated)));
+        }
+        if !m.retired.is_empty() {
+            lines.push(format!("retired, deleted once no target reads them: {}", m.retired.join(", ")));
+        }
+        lines.join("\n")
+    });
     Ok(())
 }
 

@@ -1,18 +1,22 @@
-//! `vdstream version …`: new, promote, revert, override and merge of a vDisk's versions.
-//! Wiring only: the rules live in vdstream-store (version.rs, merge.rs).
+//! `vdstream version …`: list, new, promote, revert, override and merge of a vDisk's
+//! versions. Wiring only: the rules live in vdstream-store (version.rs, merge.rs); list,
+//! new, promote and revert also go to a server's API with `--server URL`.
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
-use vdstream_store::merge::{AutoMerge, MergeKind, MergeOutcome};
-use vdstream_store::{Access, Store, Timestamp};
+use vdstream_store::merge::{MergeKind, MergeOutcome};
+use vdstream_store::version::Reverted;
+use vdstream_store::{documents, Access, Layer, Store, Version};
 
 use crate::output::StoreOpts;
+use crate::remote::{seg, ServerOpt};
 
 /// Manage the versions of a vDisk: maintenance → test → production.
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Examples:
+  vdstream version list win11                      the chain and what each kind of target gets
   vdstream version new win11                       a maintenance version on top
   vdstream serve-image --vdisk win11@maintenance   the maintenance target writes to it
   vdstream version promote win11 3 --to test
@@ -36,12 +40,20 @@ enum Stage {
 
 #[derive(Debug, Subcommand)]
 enum VersionCommand {
+    /// List the versions of a vDisk, in chain order, and what each kind of target gets.
+    List {
+        name: String,
+        #[command(flatten)]
+        api: ServerOpt,
+    },
     /// Make a maintenance version on top of the newest layer (one at a time).
     New {
         name: String,
         /// What this version is for (kept in the metadata).
         #[arg(long)]
         note: Option<String>,
+        #[command(flatten)]
+        api: ServerOpt,
     },
     /// Promote a version to test or production.
     Promote {
@@ -52,9 +64,16 @@ enum VersionCommand {
         /// Release to production from this time: RFC 3339 (2025-03-01T22:00:00Z) or +DURATION (+2h).
         #[arg(long, value_name = "TIME")]
         at: Option<String>,
+        #[command(flatten)]
+        api: ServerOpt,
     },
     /// One step back: production → test, test → maintenance (newest only), maintenance → discarded.
-    Revert { name: String, version: u32 },
+    Revert {
+        name: String,
+        version: u32,
+        #[command(flatten)]
+        api: ServerOpt,
+    },
     /// Pin the version production targets boot (or --clear the pin).
     Override {
         name: String,
@@ -73,33 +92,57 @@ enum VersionCommand {
 
 pub fn run(args: VersionArgs) -> Result<()> {
     let o = &args.opts;
-    let store = o.open()?;
     match args.command {
-        VersionCommand::New { name, note } => {
-            let v = store.new_version(&name, note)?;
-            let (auto, said) = auto_merge(&store, o, &name)?;
-            o.emit(json!({"vdisk": name, "version": v, "auto_merge": auto}), || {
+        VersionCommand::List { name, api } => {
+            let doc = match api.client()? {
+                Some(c) => c.get(&format!("/api/v1/vdisks/{}/versions", seg(&name)))?,
+                None => documents::version_list(&o.open()?, &name)?,
+            };
+            print_list(o, doc)?;
+        }
+        VersionCommand::New { name, note, api } => {
+            let doc = match api.client()? {
+                Some(c) => c.post(&format!("/api/v1/vdisks/{}/versions", seg(&name)), &json!({"note": note}))?,
+                None => {
+                    let bar = o.bar(&format!("merging {name} (over --max-versions)"));
+                    documents::version_new(&o.open()?, &name, note, &mut |d, t| bar.update(d, t))?
+                }
+            };
+            let v: Version = serde_json::from_value(doc["version"].clone())?;
+            let said = describe_auto_merge(&name, &doc["auto_merge"]);
+            o.emit(doc, || {
                 format!("created version {} of {name} in maintenance ({}); serve it to the maintenance target with `vdstream serve-image --vdisk {name}@maintenance`{said}", v.number, v.file)
             });
         }
-        VersionCommand::Promote { name, version, to, at } => {
+        VersionCommand::Promote { name, version, to, at, api } => {
             let to = match to { Stage::Test => Access::Test, Stage::Production => Access::Production };
-            let at = at.map(|t| Timestamp::parse_at(&t, Timestamp::now())).transpose()?;
-            let v = store.promote(&name, version, to, at)?;
-            let (auto, said) = auto_merge(&store, o, &name)?;
-            o.emit(json!({"vdisk": name, "version": v, "auto_merge": auto}), || {
+            let doc = match api.client()? {
+                Some(c) => c.post(&format!("/api/v1/vdisks/{}/versions/{version}/promote", seg(&name)), &json!({"to": to, "at": at}))?,
+                None => {
+                    let bar = o.bar(&format!("merging {name} (over --max-versions)"));
+                    documents::version_promote(&o.open()?, &name, version, to, at.as_deref(), &mut |d, t| bar.update(d, t))?
+                }
+            };
+            let v: Version = serde_json::from_value(doc["version"].clone())?;
+            let said = describe_auto_merge(&name, &doc["auto_merge"]);
+            o.emit(doc, || {
                 format!("version {version} of {name} is now {}{}; targets get it when they next connect{said}",
-                    to.name(), at.map(|t| format!(" from {t}")).unwrap_or_default())
+                    v.access.name(), v.scheduled_at.map(|t| format!(" from {t}")).unwrap_or_default())
             });
         }
-        VersionCommand::Revert { name, version } => {
-            let r = store.revert(&name, version)?;
-            o.emit(json!({"vdisk": name, "version": version, "result": r}), || match r {
-                vdstream_store::version::Reverted::To(a) => format!("version {version} of {name} is back in {}", a.name()),
-                vdstream_store::version::Reverted::Discarded => format!("version {version} of {name} was discarded; its file is deleted once no target has it open"),
+        VersionCommand::Revert { name, version, api } => {
+            let doc = match api.client()? {
+                Some(c) => c.post(&format!("/api/v1/vdisks/{}/revert", seg(&name)), &json!({"version": version}))?,
+                None => documents::version_revert(&o.open()?, &name, version)?,
+            };
+            let r: Reverted = serde_json::from_value(doc["result"].clone())?;
+            o.emit(doc, || match r {
+                Reverted::To(a) => format!("version {version} of {name} is back in {}", a.name()),
+                Reverted::Discarded => format!("version {version} of {name} was discarded; its file is deleted once no target has it open"),
             });
         }
         VersionCommand::Override { name, version, clear } => {
+            let store = o.open()?;
             let pin = if clear { None } else { version };
             store.set_override(&name, pin)?;
             o.emit(json!({"vdisk": name, "override": pin}), || match pin {
@@ -108,6 +151,7 @@ pub fn run(args: VersionArgs) -> Result<()> {
             });
         }
         VersionCommand::Merge { name, base } => {
+            let store = o.open()?;
             let kind = if base { MergeKind::Base } else { MergeKind::Updates };
             let bar = o.bar(&format!("merging {name}"));
             let out = store.merge(&name, kind, false, &mut |d, t| bar.update(d, t))?;
@@ -116,6 +160,50 @@ pub fn run(args: VersionArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `version list`, from its JSON document.
+fn print_list(o: &StoreOpts, doc: serde_json::Value) -> Result<()> {
+    let name = doc["vdisk"].as_str().unwrap_or_default().to_string();
+    let versions: Vec<Version> = serde_json::from_value(doc["versions"].clone())?;
+    let production: Layer = serde_json::from_value(doc["production"].clone())?;
+    let test: Layer = serde_json::from_value(doc["test"].clone())?;
+    let pin = doc["override"].as_u64();
+    o.emit(doc, || {
+        let mut lines = vec![
+            format!("vDisk {name}: production targets get {production}; test targets get {test}{}",
+                pin.map(|p| format!(" (production pinned to version {p})")).unwrap_or_default()),
+            format!("  {:<8} {:<12} {:<22} {:<20} {}", "VERSION", "ACCESS", "CREATED", "BY", "NOTE"),
+            "  base".to_string(),
+        ];
+        for v in &versions {
+            let access = match v.scheduled_at {
+                Some(t) => format!("{} from {t}", v.access.name()),
+                None => v.access.name().to_string(),
+            };
+            lines.push(format!("  {:<8} {:<12} {:<22} {:<20} {}", v.number, access, v.created.to_string(), v.created_by, v.note.as_deref().unwrap_or("")));
+        }
+        lines.join("\n")
+    });
+    Ok(())
+}
+
+/// The sentence about an automatic merge, from its JSON (see `documents::auto_merge`):
+/// empty, or starting with a newline.
+pub fn describe_auto_merge(name: &str, doc: &serde_json::Value) -> String {
+    if doc.is_null() {
+        return String::new();
+    }
+    if let Some(e) = doc.get("error").and_then(|e| e.as_str()) {
+        return format!("\nthe automatic merge of {name} failed: {e}; the change above stands; run `vdstream version merge {name}` later");
+    }
+    if let Some(why) = doc.get("deferred").and_then(|e| e.as_str()) {
+        return format!("\n{name} has more versions than --max-versions; the automatic merge waits: {why}");
+    }
+    match serde_json::from_value::<MergeOutcome>(doc.clone()) {
+        Ok(out) => format!("\n{} (over --max-versions)", describe_merge(name, &out)),
+        Err(_) => format!("\n{name} was merged automatically (over --max-versions)"),
+    }
 }
 
 fn describe_merge(name: &str, out: &MergeOutcome) -> String {
@@ -131,6 +219,9 @@ fn describe_merge(name: &str, out: &MergeOutcome) -> String {
             None => s.push_str(&format!("; the override of version {} was cleared: production boots the new base, the same content", m.from)),
         }
     }
+    if !out.targets_moved.is_empty() {
+        s.push_str(&format!("; targets pinned to a merged version now boot {} (same content): {}", out.new_layer, out.targets_moved.join(", ")));
+    }
     if !out.still_in_use.is_empty() {
         s.push_str(&format!("; still read by running targets, deleted once they disconnect: {}", out.still_in_use.join(", ")));
     }
@@ -141,21 +232,8 @@ fn describe_merge(name: &str, out: &MergeOutcome) -> String {
 /// JSON (null when nothing happened) and a human sentence (empty, or starting with a newline).
 pub fn auto_merge(store: &Store, o: &StoreOpts, name: &str) -> Result<(serde_json::Value, String)> {
     let bar = o.bar(&format!("merging {name} (over --max-versions)"));
-    let r = store.auto_merge(name, &mut |d, t| bar.update(d, t));
+    let doc = documents::auto_merge(store, name, &mut |d, t| bar.update(d, t));
     drop(bar);
-    let r = match r {
-        Ok(r) => r,
-        Err(e) => {
-            return Ok((json!({"error": e.to_string()}), format!(
-                "\nthe automatic merge of {name} failed: {e}; the change above stands; run `vdstream version merge {name}` later")))
-        }
-    };
-    Ok(match r {
-        None => (serde_json::Value::Null, String::new()),
-        Some(AutoMerge::Merged(out)) => (json!(out), format!("\n{} (over --max-versions)", describe_merge(name, &out))),
-        Some(AutoMerge::Deferred(why)) => (
-            json!({"deferred": why}),
-            format!("\n{name} has more versions than --max-versions; the automatic merge waits: {why}"),
-        ),
-    })
+    let said = describe_auto_merge(name, &doc);
+    Ok((doc, said))
 }

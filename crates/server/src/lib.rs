@@ -9,6 +9,7 @@
 //!   readcache.rs  the shared read cache in front of the layer files (per file, LRU, single flight)
 //!   target.rs     lookup_target: a target's vDisk, version and cache, from the store
 //!   nbd.rs        NbdService: listeners, serving, drain; the stats file
+//!   http/         the JSON HTTP API and /metrics (http::spawn), on the same ServerState
 //! ```
 //!
 //! [`state`] is the live picture both halves share: the NBD side registers a
@@ -18,6 +19,7 @@
 
 pub mod config;
 pub mod exports;
+pub mod http;
 pub mod names;
 pub mod nbd;
 pub mod readcache;

@@ -22,6 +22,10 @@ pub enum StoreError {
     #[error("no vDisk named {name:?} in {}: {known}", store.display())]
     UnknownVdisk { name: String, store: PathBuf, known: String },
 
+    /// No target record of that id.
+    #[error("no target named {id:?} in {}: {known}", store.display())]
+    UnknownTarget { id: String, store: PathBuf, known: String },
+
     /// A metadata or data file that cannot be parsed.
     #[error("{} is corrupt ({detail}): {advice}", path.display())]
     Corrupt { path: PathBuf, detail: String, advice: String },

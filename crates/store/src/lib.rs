@@ -15,6 +15,8 @@
 //!   vdisk.rs    create, import, set, info, export, delete
 //!   version.rs  new, promote, revert, override
 //!   merge.rs    merge, merge --base, automatic merges, compact
+//!   targets.rs  target records: which vDisk and version a target boots, its write cache
+//!   documents.rs  the JSON documents the CLI prints and the server's API answers
 //!   copy.rs     sparse raw copies, qemu-img for other formats, progress
 //! ```
 //!
@@ -22,6 +24,7 @@
 
 pub mod audit;
 pub mod copy;
+pub mod documents;
 pub mod error;
 pub mod fsutil;
 pub mod merge;
@@ -30,6 +33,7 @@ pub mod names;
 pub mod open;
 pub mod select;
 pub mod store;
+pub mod targets;
 pub mod time;
 pub mod vdisk;
 pub mod version;
@@ -39,4 +43,5 @@ pub use meta::{Access, DiskAccess, LayerFormat, VdiskMeta, Version};
 pub use open::OpenedLayer;
 pub use select::{select, Layer, Selector};
 pub use store::{store_dir, Store, DEFAULT_STORE};
+pub use targets::{NewTarget, TargetChange, TargetRecord};
 pub use time::Timestamp;

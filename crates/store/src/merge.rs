@@ -72,7 +72,7 @@ pub enum MergeStep {
 }
 
 /// An override the merge moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OverrideMove {
     pub from: u32,
     /// `None`: cleared, because the pinned version became the base.
@@ -80,7 +80,7 @@ pub struct OverrideMove {
 }
 
 /// What a merge did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MergeOutcome {
     pub kind: MergeKind,
     pub automatic: bool,
@@ -91,6 +91,9 @@ pub struct MergeOutcome {
     pub repointed: Option<u32>,
     #[serde(rename = "override")]
     pub override_moved: Option<OverrideMove>,
+    /// Target records that were pinned to a merged version and now name the new layer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets_moved: Vec<String>,
     /// Files retired (deleted now, or once their last reader is gone).
     pub retired: Vec<String>,
     pub still_in_use: Vec<String>,
@@ -99,7 +102,7 @@ pub struct MergeOutcome {
 }
 
 /// What an automatic merge check decided.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AutoMerge {
     Merged(MergeOutcome),
@@ -108,7 +111,7 @@ pub enum AutoMerge {
 }
 
 /// One compacted layer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CompactedLayer {
     pub layer: Layer,
     pub file: String,
@@ -376,6 +379,7 @@ impl Store {
         self.collect_retired(&mut m)?;
         let still_in_use = m.retired.iter().filter(|f| retired.contains(f)).cloned().collect();
         self.save(&mut m)?;
+        let targets_moved = self.move_target_pins(name, &plan.merged, new_layer);
         let outcome = MergeOutcome {
             kind,
             automatic,
@@ -384,6 +388,7 @@ impl Store {
             file,
             repointed: plan.above,
             override_moved,
+            targets_moved,
             retired,
             still_in_use,
             bytes_written: report.bytes_written,
@@ -408,9 +413,11 @@ impl Store {
                 backing_of(&f)?.as_deref() == Some(p.file.as_str())
             }
         };
-        let details = if dst.exists() && repointed {
+        let mut finished_as = None;
+        let mut details = if dst.exists() && repointed {
             let (layer, retired, moved) = finish(m, &self.actor().who());
             self.collect_retired(m)?;
+            finished_as = Some(layer);
             json!({"result": "finished", "merge": p, "new_layer": layer, "retired": retired, "override": moved})
         } else if repointed {
             return Err(StoreError::MissingFile {
@@ -426,6 +433,9 @@ impl Store {
             json!({"result": "undone", "merge": p})
         };
         self.save(m)?;
+        if let Some(layer) = finished_as {
+            details["targets_moved"] = json!(self.move_target_pins(&name, &p.merged, layer));
+        }
         self.audit("version.merge.recovered", &name, details)
     }
 

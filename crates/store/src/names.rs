@@ -17,7 +17,17 @@ const ALLOWED: &str = "1 to 64 characters of letters, digits, '.', '_' and '-', 
 
 /// Checks a vDisk name; the error says what is wrong and what is allowed.
 pub fn validate_name(name: &str) -> Result<()> {
-    let bad = |what: String| Err(StoreError::BadName(format!("invalid vDisk name {name:?}: {what}; a name is {ALLOWED}")));
+    check_name("vDisk name", name)
+}
+
+/// Checks a target id: the same rules as a vDisk name, since it names a file
+/// (`targets/ID.json`), the target's cache files and its `target/ID` export.
+pub fn validate_target_id(id: &str) -> Result<()> {
+    check_name("target id", id)
+}
+
+fn check_name(kind: &str, name: &str) -> Result<()> {
+    let bad = |what: String| Err(StoreError::BadName(format!("invalid {kind} {name:?}: {what}; a name is {ALLOWED}")));
     if name.is_empty() {
         return bad("it is empty".into());
     }
@@ -90,6 +100,13 @@ mod tests {
             assert!(e.contains(why), "{n:?}: {e}");
             assert!(e.contains("a name is 1 to 64 characters"), "{e}");
         }
+    }
+
+    #[test]
+    fn target_ids_follow_the_same_rules() {
+        validate_target_id("vm-01.lab").unwrap();
+        let e = validate_target_id("../vm").unwrap_err().to_string();
+        assert!(e.starts_with("invalid target id \"../vm\""), "{e}");
     }
 
     #[test]

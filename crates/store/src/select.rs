@@ -52,8 +52,51 @@ impl FromStr for Selector {
     }
 }
 
+/// The canonical text of a selector, as `NAME@V` takes it (`prod` prints as `production`).
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Selector::Number(n) => write!(f, "{n}"),
+            Selector::Base => f.write_str("base"),
+            Selector::Production => f.write_str("production"),
+            Selector::Test => f.write_str("test"),
+            Selector::Maintenance => f.write_str("maintenance"),
+            Selector::Latest => f.write_str("latest"),
+        }
+    }
+}
+
+/// In JSON a selector is its text (`"production"`, `"3"`); a number is taken too.
+impl serde::Serialize for Selector {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Selector {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Text;
+        impl serde::de::Visitor<'_> for Text {
+            type Value = Selector;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a version: a number, base, production, test, maintenance or latest")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Selector, E> {
+                v.parse().map_err(|e: StoreError| E::custom(e.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Selector, E> {
+                self.visit_str(&v.to_string())
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Selector, E> {
+                self.visit_str(&v.to_string())
+            }
+        }
+        d.deserialize_any(Text)
+    }
+}
+
 /// One layer of a vDisk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Layer {
     Base,

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::copy::{self, Progress};
@@ -64,7 +64,7 @@ pub fn check_max_versions(n: u32) -> Result<()> {
 }
 
 /// Per-layer facts for `vdisk info`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LayerInfo {
     pub layer: Layer,
     pub file: String,
@@ -75,7 +75,7 @@ pub struct LayerInfo {
 }
 
 /// `vdisk info`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VdiskInfo {
     pub meta: VdiskMeta,
     pub production: Layer,
@@ -216,6 +216,12 @@ impl Store {
         if let Some(n) = max_versions {
             check_max_versions(n)?;
         }
+        let targets = if access == Some(DiskAccess::Private) {
+            let _l = self.lock(LockMode::Shared)?;
+            self.targets_using(name)?
+        } else {
+            vec![]
+        };
         self.update(name, "vdisk.set", |m| {
             let mut details = json!({});
             if let Some(n) = max_versions {
@@ -227,6 +233,11 @@ impl Store {
                     return Err(StoreError::Refused(format!(
                         "vDisk {name} has {} versions; private access has none: merge them into a new base first (`vdstream version merge {name} --base`)",
                         m.versions.len())));
+                }
+                if a == DiskAccess::Private && m.access != DiskAccess::Private && !targets.is_empty() {
+                    return Err(StoreError::Refused(format!(
+                        "vDisk {name} is booted by targets {} through their write caches; private access has none: move or remove those targets first",
+                        targets.join(", "))));
                 }
                 details["access"] = json!({"from": m.access, "to": a});
                 m.access = a;
@@ -281,6 +292,12 @@ impl Store {
         let dir = self.vdisk_dir(name);
         if !dir.is_dir() {
             self.load(name)?; // the "unknown vDisk" error, with the known names
+        }
+        let targets = self.targets_using(name)?;
+        if !targets.is_empty() {
+            return Err(StoreError::Refused(format!(
+                "vDisk {name} is booted by targets {}: move them to another vDisk (`vdstream target set ID --vdisk OTHER`) or remove them (`vdstream target remove ID`) first",
+                targets.join(", "))));
         }
         let mut files = Vec::new();
         for e in std::fs::read_dir(&dir).map_err(io("list", &dir))? {

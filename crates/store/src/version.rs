@@ -23,7 +23,7 @@ use crate::store::Store;
 use crate::time::Timestamp;
 
 /// What `version revert` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Reverted {
     /// Back to this access.

@@ -1,0 +1,291 @@
+//! `vdstream target add|list|show|set|remove`: the target records of the store (which
+//! vDisk and version a target boots, its write cache). Wiring only: the rules live in
+//! vdstream-store (targets.rs). With `--server URL` each goes to a server's API instead;
+//! the human text is made from the JSON document, so the same words come out whether the
+//! store or the API answered.
+
+use anyhow::Result;
+use clap::Args;
+use serde_json::{json, Value};
+use vdstream_store::{documents, NewTarget, Selector, TargetChange, TargetRecord};
+
+use crate::output::StoreOpts;
+use crate::remote::{seg, ServerOpt};
+use crate::size::{format_size, parse_size};
+
+/// Add a target record: the machine ID boots vDisk NAME through a write cache of TYPE.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  vdstream target add vm1 --vdisk win11 --cache ram-overflow --ram 512M
+  vdstream target add lab-07 --vdisk win11 --cache device-disk --version test --description 'lab PC 7'
+  vdstream target add render3 --vdisk ubuntu --cache server")]
+pub struct AddArgs {
+    #[arg(value_name = "ID")]
+    pub id: String,
+    #[command(flatten)]
+    pub fields: Fields,
+    #[command(flatten)]
+    pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
+}
+
+/// What `add` and `set` take.
+#[derive(Debug, Args)]
+pub struct Fields {
+    /// The vDisk it boots.
+    #[arg(long, value_name = "NAME")]
+    pub vdisk: Option<String>,
+    /// Write cache type: server, server-persistent, device-disk, device-disk-persistent,
+    /// device-ram, ram-overflow (private is for a vDisk's one machine, not a target).
+    #[arg(long, value_name = "TYPE")]
+    pub cache: Option<String>,
+    /// RAM of device-ram and ram-overflow, e.g. 512M.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub ram: Option<u64>,
+    /// Cap on the overflow or cache file, e.g. 10G.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub overflow_max: Option<u64>,
+    /// Which version it boots: production (default), test, latest, base or a number.
+    #[arg(long, value_name = "V")]
+    pub version: Option<String>,
+    /// Free text, e.g. where the machine is (empty with `set`: none).
+    #[arg(long, value_name = "TEXT")]
+    pub description: Option<String>,
+}
+
+/// Show one target record.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    #[arg(value_name = "ID")]
+    pub id: String,
+    #[command(flatten)]
+    pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
+}
+
+/// List the target records.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
+}
+
+/// Change a target record: only the fields given change.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  vdstream target set vm1 --version test           boot what test targets boot, from its next attach
+  vdstream target set vm1 --cache device-disk      RAM size dropped: device-disk has none")]
+pub struct SetArgs {
+    #[arg(value_name = "ID")]
+    pub id: String,
+    #[command(flatten)]
+    pub fields: Fields,
+    #[command(flatten)]
+    pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
+}
+
+/// Remove a target record (a running agent keeps what it attached to).
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    #[arg(value_name = "ID")]
+    pub id: String,
+    #[command(flatten)]
+    pub opts: StoreOpts,
+    #[command(flatten)]
+    pub api: ServerOpt,
+}
+
+fn selector(v: Option<String>) -> Result<Option<Selector>> {
+    Ok(v.map(|v| v.parse::<Selector>()).transpose()?)
+}
+
+impl Fields {
+    /// The body of `target add` (the API's POST /api/v1/targets).
+    pub fn new_target(self, id: String) -> Result<NewTarget> {
+        let (Some(vdisk), Some(cache)) = (self.vdisk, self.cache) else {
+            anyhow::bail!("a new target needs --vdisk NAME and --cache TYPE");
+        };
+        Ok(NewTarget { id, vdisk, cache, version: selector(self.version)?, ram: self.ram, overflow_max: self.overflow_max, description: self.description })
+    }
+
+    /// The body of `target set` (the API's PUT /api/v1/targets/ID). An empty
+    /// `--description` clears it.
+    pub fn change(self) -> Result<TargetChange> {
+        Ok(TargetChange {
+            vdisk: self.vdisk,
+            cache: self.cache,
+            version: selector(self.version)?,
+            ram: self.ram.map(Some),
+            overflow_max: self.overflow_max.map(Some),
+            description: self.description.map(|d| Some(d).filter(|d| !d.is_empty())),
+        })
+    }
+}
+
+pub fn add(a: AddArgs) -> Result<()> {
+    let t = a.fields.new_target(a.id)?;
+    let doc = match a.api.client()? {
+        Some(c) => c.post("/api/v1/targets", &json!({
+            "id": t.id, "vdisk": t.vdisk, "cache": t.cache, "version": t.version, "ram": t.ram,
+            "overflow_max": t.overflow_max, "description": t.description,
+        }))?,
+        None => documents::target_add(&a.opts.open()?, t)?,
+    };
+    print_added(&a.opts, doc)
+}
+
+pub fn print_added(o: &StoreOpts, doc: Value) -> Result<()> {
+    let r: TargetRecord = serde_json::from_value(doc.clone())?;
+    o.emit(doc, || format!("added target {}: {}", r.id, summary(&r)));
+    Ok(())
+}
+
+pub fn list(a: ListArgs) -> Result<()> {
+    let o = &a.opts;
+    let doc = match a.api.client()? {
+        Some(c) => c.get("/api/v1/targets")?,
+        None => documents::target_list(&o.open()?)?,
+    };
+    print_list(o, doc)
+}
+
+pub fn print_list(o: &StoreOpts, doc: Value) -> Result<()> {
+    let list: Vec<TargetRecord> = serde_json::from_value(doc.clone())?;
+    o.emit(doc, || {
+        if list.is_empty() {
+            return "no targets; add one with `vdstream target add ID --vdisk NAME --cache TYPE`".into();
+        }
+        let mut lines = vec![format!("{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {}", "ID", "VDISK", "VERSION", "CACHE", "RAM", "OVERFLOW-MAX", "DESCRIPTION")];
+        for r in &list {
+            lines.push(format!("{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {}", r.id, r.vdisk, r.version.to_string(), r.cache.name(),
+                r.ram.map(format_size).unwrap_or_else(|| "-".into()),
+                r.overflow_max.map(format_size).unwrap_or_else(|| "-".into()),
+                r.description.as_deref().unwrap_or("")));
+        }
+        lines.join("\n")
+    });
+    Ok(())
+}
+
+pub fn show(a: ShowArgs) -> Result<()> {
+    let doc = match a.api.client()? {
+        Some(c) => c.get(&format!("/api/v1/targets/{}", seg(&a.id)))?,
+        None => documents::target_show(&a.opts.open()?, &a.id)?,
+    };
+    print_show(&a.opts, doc)
+}
+
+/// `target show`: the record; from a server also `agent`, the agent's latest report.
+pub fn print_show(o: &StoreOpts, doc: Value) -> Result<()> {
+    let r: TargetRecord = serde_json::from_value(doc.clone())?;
+    let agent = doc.get("agent").filter(|a| !a.is_null()).cloned();
+    o.emit(doc, || {
+        let mut lines = vec![
+            format!("target {}{}", r.id, r.description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default()),
+            format!("  boots:    vDisk {} ({})", r.vdisk, describe_version(r.version)),
+            format!("  cache:    {}", cache_words(&r)),
+            format!("  created:  {} by {}", r.created, r.created_by),
+            format!("  changed:  {} by {} (generation {})", r.updated, r.updated_by, r.generation),
+        ];
+        if let Some(a) = agent {
+            let n = |p: &str| a.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+            lines.push(format!("  agent:    {} on {}, {} retries, {} reconnects, {} failovers; cache {:.1}% used",
+                a.get("state").and_then(Value::as_str).unwrap_or("?"),
+                a.pointer("/server/endpoint").and_then(Value::as_str).unwrap_or("?"),
+                n("/server/retries"), n("/server/reconnects"), n("/server/failovers"),
+                a.pointer("/cache/used_percent").and_then(Value::as_f64).unwrap_or(0.0)));
+        }
+        lines.join("\n")
+    });
+    Ok(())
+}
+
+pub fn set(a: SetArgs) -> Result<()> {
+    let change = a.fields.change()?;
+    if change.is_empty() {
+        anyhow::bail!("nothing to set: give --vdisk, --cache, --version, --ram, --overflow-max or --description");
+    }
+    let doc = match a.api.client()? {
+        Some(c) => c.put(&format!("/api/v1/targets/{}", seg(&a.id)), &change_json(&change))?,
+        None => documents::target_set(&a.opts.open()?, &a.id, change)?,
+    };
+    print_set(&a.opts, doc)
+}
+
+pub fn print_set(o: &StoreOpts, doc: Value) -> Result<()> {
+    let r: TargetRecord = serde_json::from_value(doc.clone())?;
+    o.emit(doc, || format!("target {}: {}; it takes effect at its next attach", r.id, summary(&r)));
+    Ok(())
+}
+
+pub fn remove(a: RemoveArgs) -> Result<()> {
+    let doc = match a.api.client()? {
+        Some(c) => c.delete(&format!("/api/v1/targets/{}", seg(&a.id)))?,
+        None => documents::target_remove(&a.opts.open()?, &a.id)?,
+    };
+    print_removed(&a.opts, doc)
+}
+
+pub fn print_removed(o: &StoreOpts, doc: Value) -> Result<()> {
+    let id = doc["removed"].as_str().unwrap_or_default().to_string();
+    let damaged = doc["target"].is_null();
+    o.emit(doc, || if damaged { format!("removed the damaged record of target {id}") } else { format!("removed target {id}") });
+    Ok(())
+}
+
+/// A change as the API's PUT takes it: only the fields given (`null` clears).
+fn change_json(c: &TargetChange) -> Value {
+    let mut doc = json!({});
+    if let Some(v) = &c.vdisk {
+        doc["vdisk"] = json!(v);
+    }
+    if let Some(v) = &c.cache {
+        doc["cache"] = json!(v);
+    }
+    if let Some(v) = c.version {
+        doc["version"] = json!(v);
+    }
+    if let Some(v) = c.ram {
+        doc["ram"] = json!(v);
+    }
+    if let Some(v) = c.overflow_max {
+        doc["overflow_max"] = json!(v);
+    }
+    if let Some(v) = &c.description {
+        doc["description"] = json!(v);
+    }
+    doc
+}
+
+fn describe_version(v: Selector) -> String {
+    match v {
+        Selector::Production => "what production targets get".into(),
+        Selector::Test => "what test targets get".into(),
+        Selector::Latest => "its newest version".into(),
+        Selector::Base => "its base".into(),
+        other => format!("version {other}"),
+    }
+}
+
+fn cache_words(r: &TargetRecord) -> String {
+    let mut sizes = Vec::new();
+    if let Some(ram) = r.ram {
+        sizes.push(format!("RAM {}", format_size(ram)));
+    }
+    if let Some(m) = r.overflow_max {
+        sizes.push(format!("file up to {}", format_size(m)));
+    }
+    if sizes.is_empty() { r.cache.name().to_string() } else { format!("{} ({})", r.cache.name(), sizes.join(", ")) }
+}
+
+fn summary(r: &TargetRecord) -> String {
+    format!("vDisk {} ({}), {} write cache", r.vdisk, describe_version(r.version), cache_words(r))
+}

@@ -1,0 +1,227 @@
+//! The live part of the API: the server document, the sessions with their I/O rates, and
+//! the agents' reports.
+//!
+//! Rates: a sampler takes a snapshot of every session's counters each
+//! [`SAMPLE_EVERY`]; a rate is the growth from the oldest snapshot still inside
+//! [`RATE_WINDOW`] to the counters now. A session younger than one sample shows 0.
+//!
+//! Agent reports: `PUT /api/v1/targets/{id}/agent` carries an agent's status document
+//! (`vdstream_agent::Status`, the JSON `vdstream target status --json` prints). Only the
+//! latest report of each target is kept, and one older than [`REPORT_TTL`] is left out
+//! of every view (and dropped at the next report). The server reads only a few numbers
+//! from it (metrics); the rest is passed on as the agent wrote it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::lock;
+use super::router::{Call, Reply};
+use super::Shared;
+use crate::state::{unix_ms, CountersSnapshot, ServerState, Session};
+
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+pub const RATE_WINDOW: Duration = Duration::from_secs(5);
+pub const REPORT_TTL: Duration = Duration::from_secs(60);
+/// Reports kept at most (one per target); past it the oldest is dropped.
+const MAX_REPORTS: usize = 10_000;
+
+#[derive(Debug)]
+struct Report {
+    at: Instant,
+    doc: Value,
+}
+
+/// Agent reports and counter samples.
+#[derive(Debug, Default)]
+pub(crate) struct Live {
+    reports: Mutex<BTreeMap<String, Report>>,
+    samples: Mutex<HashMap<u64, VecDeque<(Instant, CountersSnapshot)>>>,
+}
+
+/// Operations and bytes per second.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Rates {
+    pub guest_iops: f64,
+    pub guest_bytes_per_sec: f64,
+    pub store_iops: f64,
+    pub store_bytes_per_sec: f64,
+}
+
+fn rates_between(old: &CountersSnapshot, new: &CountersSnapshot, secs: f64) -> Rates {
+    if secs <= 0.0 {
+        return Rates::default();
+    }
+    let d = |a: u64, b: u64| b.saturating_sub(a) as f64 / secs;
+    Rates {
+        guest_iops: d(old.guest_read_ops + old.guest_write_ops, new.guest_read_ops + new.guest_write_ops),
+        guest_bytes_per_sec: d(old.guest_read_bytes + old.guest_write_bytes, new.guest_read_bytes + new.guest_write_bytes),
+        store_iops: d(old.store_read_ops + old.store_write_ops, new.store_read_ops + new.store_write_ops),
+        store_bytes_per_sec: d(old.store_read_bytes + old.store_write_bytes, new.store_read_bytes + new.store_write_bytes),
+    }
+}
+
+impl Live {
+    /// One sampler tick: a snapshot of every live session; sessions gone are forgotten.
+    pub fn sample(&self, sessions: &[Arc<Session>]) {
+        self.sample_at(Instant::now(), sessions);
+    }
+
+    fn sample_at(&self, now: Instant, sessions: &[Arc<Session>]) {
+        let mut samples = lock(&self.samples);
+        samples.retain(|id, _| sessions.iter().any(|s| s.id == *id));
+        for s in sessions {
+            let h = samples.entry(s.id).or_default();
+            h.push_back((now, s.counters.snapshot()));
+            while h.len() > 1 && h.front().is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW) {
+                h.pop_front();
+            }
+        }
+    }
+
+    /// Rates of a session from its oldest sample to `now`.
+    pub fn rates(&self, s: &Session, now: Instant) -> Rates {
+        let samples = lock(&self.samples);
+        match samples.get(&s.id).and_then(|h| h.front()) {
+            Some((t, old)) => rates_between(old, &s.counters.snapshot(), now.duration_since(*t).as_secs_f64()),
+            None => Rates::default(),
+        }
+    }
+
+    /// The latest report of `target`, if it is fresh, with `received_unix_ms` added.
+    pub fn agent_report(&self, target: &str) -> Option<Value> {
+        let reports = lock(&self.reports);
+        let r = reports.get(target)?;
+        (r.at.elapsed() <= REPORT_TTL).then(|| r.doc.clone())
+    }
+
+    /// Fresh reports, by target.
+    pub fn agent_reports(&self) -> Vec<(String, Value)> {
+        lock(&self.reports).iter().filter(|(_, r)| r.at.elapsed() <= REPORT_TTL).map(|(t, r)| (t.clone(), r.doc.clone())).collect()
+    }
+
+    fn put_report(&self, target: &str, mut doc: Value) {
+        doc["received_unix_ms"] = json!(unix_ms());
+        let mut reports = lock(&self.reports);
+        reports.retain(|_, r| r.at.elapsed() <= REPORT_TTL);
+        if reports.len() >= MAX_REPORTS && !reports.contains_key(target) {
+            if let Some(oldest) = reports.iter().min_by_key(|(_, r)| r.at).map(|(t, _)| t.clone()) {
+                reports.remove(&oldest);
+            }
+        }
+        reports.insert(target.to_string(), Report { at: Instant::now(), doc });
+    }
+
+    /// `GET /api/v1/sessions`.
+    pub fn sessions_doc(&self, state: &ServerState) -> Value {
+        let now = Instant::now();
+        let docs: Vec<Value> = state.registry.sessions().iter().map(|s| {
+            let c = s.counters.snapshot();
+            let r = self.rates(s, now);
+            let i = &s.info;
+            let percent = i.cache_limit.filter(|l| *l > 0).map(|l| (c.cache_used as f64 * 1000.0 / l as f64).round() / 10.0);
+            json!({
+                "id": s.id,
+                "server": state.name,
+                "export": i.export,
+                "kind": i.kind,
+                "target": i.target,
+                "peer": i.peer,
+                "vdisk": i.vdisk,
+                "version": i.version,
+                "cache": {
+                    "type": i.cache_type,
+                    "used_bytes": c.cache_used,
+                    "limit_bytes": i.cache_limit,
+                    "used_percent": percent,
+                },
+                "reconnects": i.target.as_deref().map_or(0, |t| state.registry.reconnects(t)),
+                "guest": {
+                    "read_ops": c.guest_read_ops, "read_bytes": c.guest_read_bytes,
+                    "write_ops": c.guest_write_ops, "write_bytes": c.guest_write_bytes,
+                    "iops": r.guest_iops, "bytes_per_sec": r.guest_bytes_per_sec,
+                },
+                "store": {
+                    "read_ops": c.store_read_ops, "read_bytes": c.store_read_bytes,
+                    "write_ops": c.store_write_ops, "write_bytes": c.store_write_bytes,
+                    "iops": r.store_iops, "bytes_per_sec": r.store_bytes_per_sec,
+                },
+                "connected_unix_ms": s.connected_unix_ms,
+                "agent": i.target.as_deref().and_then(|t| self.agent_report(t)),
+            })
+        }).collect();
+        json!(docs)
+    }
+}
+
+/// `GET /api/v1/server`.
+pub(crate) fn server_doc(state: &ServerState) -> Value {
+    json!({
+        "name": state.name,
+        "store": state.store,
+        "nbd": {"listen": state.nbd_listen, "socket": state.nbd_socket},
+        "sessions": state.registry.len(),
+        "draining": state.draining.load(std::sync::atomic::Ordering::Relaxed),
+        "started_unix_ms": state.started_unix_ms,
+        "version": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+/// `PUT /api/v1/targets/{id}/agent`: the body is the agent's status document; its
+/// `target` (if present) must be `{id}`.
+pub(crate) fn put_agent(shared: &Shared, call: &Call<'_>) -> Result<Reply, ApiError> {
+    let id = call.params[0].as_str();
+    vdstream_store::names::validate_target_id(id)?;
+    let doc: Value = call.json(false)?;
+    let Some(obj) = doc.as_object() else {
+        return Err(ApiError::bad_request("an agent report is a JSON object", "send the document `vdstream target status ID --json` prints"));
+    };
+    match obj.get("target") {
+        None => {}
+        Some(Value::String(t)) if t == id => {}
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                format!("the report names target {other} but was sent for target {id:?}"),
+                "send it to /api/v1/targets/{its target}/agent",
+            ))
+        }
+    }
+    for (field, want) in [("server", "an object"), ("cache", "an object"), ("guest", "an object"), ("storage", "an object")] {
+        if obj.get(field).is_some_and(|v| !v.is_object()) {
+            return Err(ApiError::bad_request(format!("field {field} of the report is not {want}"), "send the document `vdstream target status ID --json` prints"));
+        }
+    }
+    shared.live.put_report(id, doc);
+    Ok(Reply::json(200, &json!({"target": id, "accepted": true, "keep_for_secs": REPORT_TTL.as_secs()})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Counters, ExportKind, Registry, SessionInfo};
+
+    #[test]
+    fn rates_are_growth_over_the_window() {
+        let live = Live::default();
+        let reg = Registry::new();
+        let g = reg.open(SessionInfo {
+            export: "vdisk/w".into(), kind: ExportKind::Vdisk, target: None, peer: "unix".into(),
+            vdisk: "w".into(), version: 0, cache_type: None, cache_limit: None,
+        });
+        let t0 = Instant::now();
+        live.sample_at(t0, &reg.sessions());
+        Counters::add(&g.session.counters.guest_read_ops, 100);
+        Counters::add(&g.session.counters.guest_read_bytes, 409_600);
+        let r = live.rates(&g.session, t0 + Duration::from_secs(2));
+        assert_eq!((r.guest_iops, r.guest_bytes_per_sec, r.store_iops), (50.0, 204_800.0, 0.0));
+        // Old samples leave the window; gone sessions are forgotten.
+        live.sample_at(t0 + Duration::from_secs(10), &reg.sessions());
+        assert_eq!(lock(&live.samples)[&g.session.id].len(), 1);
+        drop(g);
+        live.sample_at(t0 + Duration::from_secs(11), &reg.sessions());
+        assert!(lock(&live.samples).is_empty());
+    }
+}

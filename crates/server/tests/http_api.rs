@@ -1,0 +1,385 @@
+//! The HTTP API against a real store in a temporary folder and a real registry of
+//! sessions: every route, the answers being the CLI's JSON documents, the error statuses,
+//! agent reports merged into sessions and targets, metrics, and malformed requests (each
+//! answered 400-class, none crashing or stalling the server). Also: docs/openapi.yaml
+//! lists exactly the routes the router knows.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use vdstream_http::{Client, ClientError};
+use vdstream_server::http::{self, HttpHandle, ROUTES};
+use vdstream_server::state::{unix_ms, Counters, ExportKind, Registry, ServerState, SessionInfo};
+use vdstream_server::ServerOptions;
+use vdstream_store::vdisk::NewVdisk;
+use vdstream_store::{documents, Store};
+
+struct Api {
+    _dir: tempfile::TempDir,
+    store: Store,
+    state: Arc<ServerState>,
+    handle: Option<HttpHandle>,
+    addr: SocketAddr,
+    client: Client,
+}
+
+fn api() -> Api {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open_or_create(dir.path().join("store")).unwrap();
+    store.create_vdisk("win", 8 << 20, NewVdisk::default()).unwrap();
+    let state = ServerState::new(&ServerOptions {
+        store: store.root().to_path_buf(),
+        listen: Some("127.0.0.1:10809".parse().unwrap()),
+        socket: None,
+        read_cache: 0,
+        name: Some("pvs1:4242".into()),
+        stats_file: None,
+        threads: 1,
+    });
+    let handle = http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()).unwrap();
+    let addr = handle.local_addr();
+    let client = Client::new(&format!("http://{addr}")).unwrap().with_timeout(Duration::from_secs(20));
+    Api { _dir: dir, store, state, handle: Some(handle), addr, client }
+}
+
+fn api_error(r: Result<Value, ClientError>) -> (u16, String, String) {
+    match r {
+        Err(ClientError::Api { status, error, what_to_do }) => (status, error, what_to_do),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// Sends raw bytes, half-closes, returns the status and the body of the answer.
+fn raw(addr: SocketAddr, bytes: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(bytes).unwrap();
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn the_server_document_says_who_and_where() {
+    let a = api();
+    let doc = a.client.get("/api/v1/server").unwrap();
+    assert_eq!(doc["name"], "pvs1:4242");
+    assert_eq!(doc["store"], json!(a.store.root()));
+    assert_eq!(doc["nbd"], json!({"listen": "127.0.0.1:10809", "socket": null}));
+    assert_eq!((doc["sessions"].as_u64(), doc["draining"].as_bool()), (Some(0), Some(false)));
+    assert_eq!(doc["version"], env!("CARGO_PKG_VERSION"));
+    assert!(doc["started_unix_ms"].as_u64().unwrap() <= unix_ms());
+}
+
+#[test]
+fn vdisks_and_versions_answer_the_cli_documents() {
+    let a = api();
+    assert_eq!(a.client.get("/api/v1/vdisks").unwrap(), documents::vdisk_list(&a.store).unwrap());
+    assert_eq!(a.client.get("/api/v1/vdisks/win").unwrap(), documents::vdisk_show(&a.store, "win").unwrap());
+
+    let made = a.client.post("/api/v1/vdisks/win/versions", &json!({"note": "May patches"})).unwrap();
+    assert_eq!((made["vdisk"].as_str(), made["version"]["number"].as_u64(), made["version"]["access"].as_str()), (Some("win"), Some(1), Some("maintenance")));
+    assert_eq!(made["auto_merge"], Value::Null);
+    let (status, error, _) = api_error(a.client.post("/api/v1/vdisks/win/versions", &json!({})));
+    assert_eq!(status, 409);
+    assert!(error.contains("already has version 1 in maintenance"), "{error}");
+
+    let p = a.client.post("/api/v1/vdisks/win/versions/1/promote", &json!({"to": "test"})).unwrap();
+    assert_eq!(p["version"]["access"], "test");
+    let p = a.client.post("/api/v1/vdisks/win/versions/1/promote", &json!({"to": "production", "at": "+2h"})).unwrap();
+    assert!(p["version"]["scheduled_at"].is_string(), "{p}");
+    let list = a.client.get("/api/v1/vdisks/win/versions").unwrap();
+    assert_eq!(list, documents::version_list(&a.store, "win").unwrap());
+    assert_eq!((list["production"].clone(), list["test"].clone()), (json!("base"), json!({"version": 1})));
+
+    let r = a.client.post("/api/v1/vdisks/win/revert", &json!({"version": 1})).unwrap();
+    assert_eq!(r, json!({"vdisk": "win", "version": 1, "result": {"to": "test"}}));
+
+    // Errors: statuses and messages of the store.
+    let (status, error, what) = api_error(a.client.get("/api/v1/vdisks/nope"));
+    assert_eq!((status, what.as_str()), (404, "known vDisks: win"));
+    assert!(error.contains("no vDisk named \"nope\""), "{error}");
+    assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/x/promote", &json!({"to": "test"}))).0, 400);
+    assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/1/promote", &json!({"to": "maintenance"}))).0, 400);
+    assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/9/promote", &json!({"to": "test"}))).0, 400);
+    assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/1/promote", &json!({"to": "test", "at": "+1h"}))).0, 400);
+    assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/revert", &json!({"version": "one"}))).0, 400);
+    assert_eq!(api_error(a.client.get("/api/v1/vdisks/a%2Fb")).0, 400);
+}
+
+#[test]
+fn targets_are_added_shown_patched_and_removed() {
+    let a = api();
+    assert_eq!(a.client.get("/api/v1/targets").unwrap(), json!([]));
+    let t = a.client.post("/api/v1/targets", &json!({"id": "vm1", "vdisk": "win", "cache": "ram-overflow", "ram": 536870912})).unwrap();
+    assert_eq!(t, documents::target_show(&a.store, "vm1").unwrap());
+    assert_eq!(a.client.get("/api/v1/targets/vm1").unwrap(), t);
+    let p = a.client.put("/api/v1/targets/vm1", &json!({"version": "test", "description": "lab 1"})).unwrap();
+    assert_eq!((p["version"].as_str(), p["ram"].as_u64(), p["generation"].as_u64()), (Some("test"), Some(536870912), Some(2)));
+    let p = a.client.put("/api/v1/targets/vm1", &json!({"ram": null})).unwrap();
+    assert!(p.get("ram").is_none(), "{p}");
+    assert_eq!(a.client.get("/api/v1/targets").unwrap(), documents::target_list(&a.store).unwrap());
+
+    assert_eq!(api_error(a.client.post("/api/v1/targets", &json!({"id": "vm1", "vdisk": "win", "cache": "server"}))).0, 409);
+    assert_eq!(api_error(a.client.post("/api/v1/targets", &json!({"id": "vm2", "vdisk": "nope", "cache": "server"}))).0, 404);
+    assert_eq!(api_error(a.client.post("/api/v1/targets", &json!({"id": "vm2", "vdisk": "win", "cache": "private"}))).0, 400);
+    assert_eq!(api_error(a.client.post("/api/v1/targets", &json!({"id": "vm2", "vdisk": "win"}))).0, 400);
+    assert_eq!(api_error(a.client.post("/api/v1/targets", &json!({"id": "vm2", "vdisk": "win", "cache": "server", "colour": "red"}))).0, 400);
+    assert_eq!(api_error(a.client.put("/api/v1/targets/vm1", &json!({}))).0, 400);
+    assert_eq!(api_error(a.client.put("/api/v1/targets/nope", &json!({"version": "test"}))).0, 404);
+    assert_eq!(api_error(a.client.get("/api/v1/targets/..")).0, 400);
+    let (status, error, _) = api_error(a.client.call("DELETE", "/api/v1/vdisks/win", None));
+    assert_eq!(status, 405, "{error}");
+
+    let d = a.client.delete("/api/v1/targets/vm1").unwrap();
+    assert_eq!(d["removed"], "vm1");
+    assert_eq!(d["target"]["id"], "vm1");
+    assert_eq!(api_error(a.client.get("/api/v1/targets/vm1")).0, 404);
+}
+
+fn session(reg: &Arc<Registry>, target: &str) -> vdstream_server::state::SessionGuard {
+    reg.open(SessionInfo {
+        export: format!("target/{target}"),
+        kind: ExportKind::Target,
+        target: Some(target.into()),
+        peer: "127.0.0.1:50000".into(),
+        vdisk: "win".into(),
+        version: 0,
+        cache_type: Some("server".into()),
+        cache_limit: Some(1000),
+    })
+}
+
+#[test]
+fn sessions_show_counters_rates_and_the_agents_report() {
+    let a = api();
+    let reg = &a.state.registry;
+    drop(session(reg, "vm1"));
+    let g = session(reg, "vm1");
+    let _other = reg.open(SessionInfo {
+        export: "vdisk/win@0".into(), kind: ExportKind::Vdisk, target: None, peer: "unix".into(),
+        vdisk: "win".into(), version: 0, cache_type: None, cache_limit: None,
+    });
+    Counters::add(&g.session.counters.guest_write_ops, 10);
+    Counters::add(&g.session.counters.guest_write_bytes, 40960);
+    Counters::add(&g.session.counters.cache_used, 250);
+
+    // The agent reports the document `target status --json` prints.
+    let mut st = vdstream_agent::Status { target: "vm1".into(), pid: 7, state: "running".into(), ..Default::default() };
+    st.server.retries = 3;
+    st.server.reconnects = 2;
+    st.server.connected = true;
+    st.cache.used_percent = 12.5;
+    let ok = a.client.put("/api/v1/targets/vm1/agent", &json!(st)).unwrap();
+    assert_eq!(ok["accepted"], true);
+    let (status, error, _) = api_error(a.client.put("/api/v1/targets/vm2/agent", &json!(st)));
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(api_error(a.client.put("/api/v1/targets/vm1/agent", &json!([1, 2]))).0, 400);
+    assert_eq!(api_error(a.client.put("/api/v1/targets/vm1/agent", &json!({"server": 5}))).0, 400);
+
+    let list = a.client.get("/api/v1/sessions").unwrap();
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 2);
+    let s = &list[0];
+    assert_eq!((s["id"].as_u64(), s["target"].as_str(), s["kind"].as_str(), s["server"].as_str()), (Some(g.session.id), Some("vm1"), Some("target"), Some("pvs1:4242")));
+    assert_eq!((s["reconnects"].as_u64(), s["guest"]["write_ops"].as_u64(), s["guest"]["write_bytes"].as_u64()), (Some(1), Some(10), Some(40960)));
+    assert_eq!(s["cache"], json!({"type": "server", "used_bytes": 250, "limit_bytes": 1000, "used_percent": 25.0}));
+    assert_eq!((s["agent"]["server"]["retries"].as_u64(), s["agent"]["pid"].as_u64()), (Some(3), Some(7)));
+    assert!(s["agent"]["received_unix_ms"].as_u64().is_some());
+    assert!(s["guest"]["iops"].as_f64().is_some() && s["connected_unix_ms"].as_u64().is_some());
+    assert_eq!(list[1]["agent"], Value::Null);
+
+    // The rate over the last seconds: writes made after a sample show as IOPS.
+    std::thread::sleep(Duration::from_millis(1200));
+    Counters::add(&g.session.counters.guest_write_ops, 1000);
+    let list = a.client.get("/api/v1/sessions").unwrap();
+    let iops = list[0]["guest"]["iops"].as_f64().unwrap();
+    assert!((100.0..5000.0).contains(&iops), "{iops}");
+
+    // The target's record shows the report too.
+    a.client.post("/api/v1/targets", &json!({"id": "vm1", "vdisk": "win", "cache": "server"})).unwrap();
+    assert_eq!(a.client.get("/api/v1/targets/vm1").unwrap()["agent"]["server"]["reconnects"], 2);
+
+    let m = String::from_utf8(raw_get(a.addr, "/metrics")).unwrap();
+    for want in [
+        "# TYPE vdstream_sessions gauge\nvdstream_sessions 2\n",
+        "# HELP vdstream_session_guest_write_ops_total ",
+        &format!("vdstream_session_guest_write_ops_total{{session=\"{}\",target=\"vm1\",export=\"target/vm1\",vdisk=\"win\",version=\"0\"}} 1010\n", g.session.id),
+        "vdstream_target_reconnects_total{target=\"vm1\"} 1\n",
+        "vdstream_agent_retries_total{target=\"vm1\"} 3\n",
+        "vdstream_agent_cache_used_percent{target=\"vm1\"} 12.5\n",
+        "vdstream_agent_connected{target=\"vm1\"} 1\n",
+    ] {
+        assert!(m.contains(want), "metrics lack {want:?}:\n{m}");
+    }
+    for line in m.lines().filter(|l| !l.starts_with('#')) {
+        let (_, value) = line.rsplit_once(' ').unwrap();
+        value.parse::<f64>().unwrap_or_else(|_| panic!("not a sample line: {line}"));
+    }
+    drop(g);
+    assert_eq!(a.client.get("/api/v1/sessions").unwrap().as_array().unwrap().len(), 1);
+}
+
+fn raw_get(addr: SocketAddr, path: &str) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("Content-Type: text/plain; version=0.0.4"), "{text}");
+    text.split_once("\r\n\r\n").unwrap().1.as_bytes().to_vec()
+}
+
+#[test]
+fn malformed_requests_get_400_class_answers_and_the_server_goes_on() {
+    let a = api();
+    let big_header = format!("GET /api/v1/server HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "a".repeat(20_000));
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("garbage request line", b"HELLO THERE\r\n\r\n".to_vec(), 400),
+        ("binary noise", vec![0, 1, 2, 255, 254, b'\n', b'\n'], 400),
+        ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec(), 400),
+        ("bad Content-Length", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n".to_vec(), 400),
+        ("negative Content-Length", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n".to_vec(), 400),
+        ("chunked", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".to_vec(), 400),
+        ("oversized header", big_header.into_bytes(), 431),
+        ("body over the cap", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n{".to_vec(), 413),
+        ("truncated body", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"id\": \"vm1\"".to_vec(), 400),
+        ("truncated head", b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\n".to_vec(), 400),
+        ("invalid UTF-8 body", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n\"\xff\xfe\"".to_vec(), 400),
+        ("invalid UTF-8 path", b"GET /api/v1/targets/%ff%fe HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), 400),
+        ("invalid UTF-8 in the head", b"GET /api/v1/server HTTP/1.1\r\nHost: \xff\r\n\r\n".to_vec(), 400),
+        ("malformed JSON", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"id\": ".to_vec(), 400),
+        ("JSON of the wrong shape", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]".to_vec(), 400),
+        ("no body", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".to_vec(), 400),
+        ("no Host", b"GET /api/v1/server HTTP/1.1\r\n\r\n".to_vec(), 400),
+        ("bad percent-encoding", b"GET /api/v1/vdisks/%zz HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), 400),
+        ("unknown route", b"GET /api/v1/nothing HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), 404),
+        ("wrong method", b"DELETE /api/v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), 405),
+    ];
+    for (what, bytes, want) in cases {
+        let (status, body) = raw(a.addr, &bytes);
+        assert_eq!(status, want, "{what}: {body}");
+        let doc: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{what}: the body is not JSON ({e}): {body}"));
+        assert!(doc["error"].is_string() && doc["what_to_do"].is_string(), "{what}: {doc}");
+    }
+    // A stalled client holds only its own connection.
+    let mut stalled = TcpStream::connect(a.addr).unwrap();
+    stalled.write_all(b"GET /api/v1/ser").unwrap();
+    assert_eq!(a.client.get("/api/v1/server").unwrap()["name"], "pvs1:4242");
+    // 405 names the allowed methods.
+    let mut s = TcpStream::connect(a.addr).unwrap();
+    s.write_all(b"PUT /api/v1/vdisks HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 405") && out.contains("\r\nAllow: GET\r\n"), "{out}");
+    drop(stalled);
+}
+
+#[test]
+fn keep_alive_serves_several_requests_on_one_connection() {
+    let a = api();
+    let mut s = TcpStream::connect(a.addr).unwrap();
+    s.write_all(b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\n\r\nGET /api/v1/targets HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 2, "{out}");
+}
+
+#[test]
+fn connections_over_the_limit_get_503_and_stop_closes_everything() {
+    let mut a = api();
+    let idle: Vec<TcpStream> = (0..http::MAX_CONNECTIONS).map(|_| TcpStream::connect(a.addr).unwrap()).collect();
+    // Let the accept thread register them.
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = raw(a.addr, b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(status, 503, "{body}");
+    drop(idle);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match a.client.get("/api/v1/server") {
+            Ok(_) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("the API did not recover after the idle connections closed: {e}"),
+        }
+    }
+    let held = TcpStream::connect(a.addr).unwrap();
+    a.handle.take().unwrap().stop();
+    held.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    assert!(matches!((&held).read(&mut buf), Ok(0) | Err(_)), "stop closes open connections");
+    assert!(TcpStream::connect(a.addr).is_err() || a.client.get("/api/v1/server").is_err(), "stop closes the listener");
+}
+
+/// `paths:` of docs/openapi.yaml as (path, method) pairs, read line by line: a path is a
+/// two-space-indented key starting with `/`, a method a four-space-indented HTTP verb.
+fn openapi_routes(path: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    let mut in_paths = false;
+    for line in text.lines() {
+        if !line.starts_with(' ') && !line.is_empty() {
+            in_paths = line.trim_end() == "paths:";
+            current = None;
+            continue;
+        }
+        if !in_paths {
+            continue;
+        }
+        if let Some(p) = line.strip_prefix("  /") {
+            current = Some(format!("/{}", p.trim_end().trim_end_matches(':').trim_matches('\'').trim_matches('"')));
+        } else if let (Some(p), Some(m)) = (&current, line.strip_prefix("    ")) {
+            let m = m.trim_end().trim_end_matches(':');
+            if ["get", "put", "post", "delete", "patch", "head", "options"].contains(&m) {
+                out.push((p.clone(), m.to_uppercase()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn openapi_lists_exactly_the_routes_of_the_router() {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.yaml");
+    let documented = openapi_routes(&doc);
+    let mut known: Vec<(String, String)> = ROUTES.iter().flat_map(|(p, ms, _)| ms.iter().map(move |m| (p.to_string(), m.to_string()))).collect();
+    known.sort();
+    let missing: Vec<_> = known.iter().filter(|r| !documented.contains(r)).collect();
+    let extra: Vec<_> = documented.iter().filter(|r| !known.contains(r)).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "docs/openapi.yaml lacks {missing:?} and lists routes the router does not know: {extra:?}");
+}
+
+#[test]
+fn a_stalled_request_gets_408_and_an_idle_connection_is_closed_silently() {
+    let a = api();
+    let mut stalled = TcpStream::connect(a.addr).unwrap();
+    stalled.write_all(b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut idle = TcpStream::connect(a.addr).unwrap();
+    idle.write_all(b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let limit = http::REQUEST_DEADLINE + Duration::from_secs(10);
+    let started = std::time::Instant::now();
+    for s in [&stalled, &idle] {
+        s.set_read_timeout(Some(limit)).unwrap();
+    }
+    let mut out = String::new();
+    stalled.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 408 "), "{out}");
+    let mut out = String::new();
+    idle.read_to_string(&mut out).unwrap();
+    assert_eq!(out.matches("HTTP/1.1 ").count(), 1, "one answer, then a silent close: {out}");
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    assert!(started.elapsed() < limit, "the server closed both within its deadline");
+}

@@ -1,0 +1,477 @@
+//! Target records: which vDisk a target boots, which version of it, and its write cache,
+//! kept in the store like PVS keeps its device collection. The server looks a record up
+//! when a target connects to `target/ID`; the agent's `--server http://` mode reads it
+//! through the API.
+//!
+//! ```text
+//! STORE/targets/ID.json   one TargetRecord, written atomically under the exclusive store lock
+//! ```
+//!
+//! Invariants:
+//! - Every change is made under the exclusive store lock, written atomically
+//!   (`fsutil::write_atomic`) and audited (`target.add`, `target.set`, `target.remove`),
+//!   so the vDisk a record names existed when the record was written, and `vdisk delete`
+//!   (which checks the records under the same lock) cannot remove a vDisk a record names.
+//! - A record is always valid as written: a known cache type other than `private`, RAM
+//!   only for the RAM types, an overflow cap only for types with a cache file, a version
+//!   selector other than `maintenance`, and the vDisk of standard access.
+//! - The id follows the vDisk name rules (names.rs), so it is one safe file name.
+//!
+//! Why not `private` or `maintenance`: a target record describes a machine that reads a
+//! shared vDisk through its own write cache. `private` writes to the vDisk itself and
+//! the maintenance version is written directly by its one writer (`maintenance/NAME`);
+//! neither is a target of a shared image, and serving either through a record would let
+//! two machines write one image.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use vdstream_wcache::CacheType;
+
+use crate::error::{io, Result, StoreError};
+use crate::fsutil::{self, LockMode};
+use crate::meta::{load_json, DiskAccess, FORMAT_VERSION};
+use crate::names::validate_target_id;
+use crate::select::{select, Layer, Selector};
+use crate::store::Store;
+use crate::time::Timestamp;
+
+/// `format` of a target record.
+pub const TARGET_FORMAT: &str = "vdstream-target";
+
+const RECORD_ADVICE: &str = "restore it from backup, or remove the target (`vdstream target remove ID`) and add it again";
+
+/// One target, as `STORE/targets/ID.json` holds it and the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TargetRecord {
+    pub format: String,
+    pub format_version: u32,
+    pub id: String,
+    pub vdisk: String,
+    /// Which version it boots (`production` unless said otherwise).
+    pub version: Selector,
+    #[serde(with = "cache_name")]
+    pub cache: CacheType,
+    /// RAM of `device-ram` and `ram-overflow`, bytes; absent: the agent's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ram: Option<u64>,
+    /// Cap on the overflow or cache file, bytes; absent: the vDisk's size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflow_max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub created: Timestamp,
+    pub created_by: String,
+    pub updated: Timestamp,
+    pub updated_by: String,
+    /// Bumped on every change.
+    pub generation: u64,
+}
+
+/// `target add`: a new record. In JSON (the API's POST), `cache` is a cache type's name
+/// and `version` a selector's text or number.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewTarget {
+    pub id: String,
+    pub vdisk: String,
+    pub cache: String,
+    #[serde(default)]
+    pub version: Option<Selector>,
+    #[serde(default)]
+    pub ram: Option<u64>,
+    #[serde(default)]
+    pub overflow_max: Option<u64>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// `target set`: what to change; an absent field stays. For `ram`, `overflow_max` and
+/// `description`, `Some(None)` (JSON `null`) clears the value.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetChange {
+    #[serde(default)]
+    pub vdisk: Option<String>,
+    #[serde(default)]
+    pub cache: Option<String>,
+    #[serde(default)]
+    pub version: Option<Selector>,
+    #[serde(default, deserialize_with = "present")]
+    pub ram: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    pub overflow_max: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    pub description: Option<Option<String>>,
+}
+
+impl TargetChange {
+    pub fn is_empty(&self) -> bool {
+        *self == TargetChange::default()
+    }
+}
+
+/// A field that is present (even as `null`) becomes `Some(value)`.
+fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// A cache type in JSON: its name.
+mod cache_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use vdstream_wcache::CacheType;
+
+    pub fn serialize<S: Serializer>(t: &CacheType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(t.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<CacheType, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Whether the cache type keeps data in RAM (takes `ram`).
+fn uses_ram(t: CacheType) -> bool {
+    matches!(t, CacheType::DeviceRam | CacheType::RamOverflow)
+}
+
+/// Whether the cache type has a cache or overflow file (takes `overflow_max`).
+fn uses_file(t: CacheType) -> bool {
+    !matches!(t, CacheType::DeviceRam | CacheType::Private)
+}
+
+/// Parses and checks a cache type for a target.
+pub fn target_cache_type(text: &str) -> Result<CacheType> {
+    let allowed: Vec<&str> = CacheType::ALL.iter().filter(|t| **t != CacheType::Private).map(|t| t.name()).collect();
+    let t: CacheType = text.parse().map_err(|_| StoreError::BadInput(format!("unknown cache type {text:?}: choose one of {}", allowed.join(", "))))?;
+    if t == CacheType::Private {
+        return Err(StoreError::BadInput(format!(
+            "a target cannot have the private cache type: private writes go to the vDisk itself, for one machine, while a target reads a shared vDisk through its own write cache; choose one of {} (or serve a private vDisk to its one machine directly)",
+            allowed.join(", "))));
+    }
+    Ok(t)
+}
+
+/// Checks the fields of a record that do not depend on the store.
+fn check_fields(cache: CacheType, version: Selector, ram: Option<u64>, overflow_max: Option<u64>, description: Option<&str>) -> Result<()> {
+    if version == Selector::Maintenance {
+        return Err(StoreError::BadInput(
+            "a target cannot boot the maintenance version: it is written directly by its one writer (the maintenance/NAME export or `serve-image --vdisk NAME@maintenance`), not through a write cache; give production, test, latest, base or a version number".into()));
+    }
+    if ram.is_some() && !uses_ram(cache) {
+        return Err(StoreError::BadInput(format!(
+            "--ram is for the device-ram and ram-overflow cache types, not {cache}: leave it out, or choose one of those types")));
+    }
+    if ram == Some(0) && cache == CacheType::DeviceRam {
+        return Err(StoreError::BadInput("device-ram with --ram 0 could hold no write: give a size such as 512M".into()));
+    }
+    if overflow_max.is_some() && !uses_file(cache) {
+        return Err(StoreError::BadInput(format!(
+            "--overflow-max caps a cache or overflow file; {cache} has none: leave it out, or choose a type with a file (ram-overflow, device-disk, server, …)")));
+    }
+    if overflow_max == Some(0) {
+        return Err(StoreError::BadInput("--overflow-max 0 would refuse every write that reaches the file: give a size such as 10G, or leave it out".into()));
+    }
+    if let Some(d) = description {
+        if d.len() > 1024 || d.chars().any(char::is_control) {
+            return Err(StoreError::BadInput("a target description is at most 1024 bytes of text without control characters (no newlines)".into()));
+        }
+    }
+    Ok(())
+}
+
+impl Store {
+    pub fn targets_dir(&self) -> PathBuf {
+        self.root().join("targets")
+    }
+
+    fn target_path(&self, id: &str) -> PathBuf {
+        self.targets_dir().join(format!("{id}.json"))
+    }
+
+    /// Ids of the records, sorted; the caller holds the lock.
+    fn target_ids(&self) -> Result<Vec<String>> {
+        let dir = self.targets_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => return Err(io("list", &dir)(e)),
+        };
+        let mut out = Vec::new();
+        for e in entries {
+            let e = e.map_err(io("list", &dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_suffix(".json") {
+                if validate_target_id(id).is_ok() {
+                    out.push(id.to_string());
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Loads a record; the caller holds the lock.
+    fn load_target(&self, id: &str) -> Result<TargetRecord> {
+        validate_target_id(id)?;
+        let path = self.target_path(id);
+        if !path.exists() {
+            let ids = self.target_ids()?;
+            let known = if ids.is_empty() {
+                "the store has no targets yet; add one with `vdstream target add ID --vdisk NAME --cache TYPE`".to_string()
+            } else {
+                format!("known targets: {}", ids.join(", "))
+            };
+            return Err(StoreError::UnknownTarget { id: id.into(), store: self.root().to_path_buf(), known });
+        }
+        let r: TargetRecord = load_json(&path, RECORD_ADVICE)?;
+        let corrupt = |detail: String| StoreError::Corrupt { path: path.clone(), detail, advice: RECORD_ADVICE.into() };
+        if r.format != TARGET_FORMAT || r.format_version != FORMAT_VERSION {
+            return Err(corrupt(format!("format {:?} version {}, expected {TARGET_FORMAT:?} version {FORMAT_VERSION}", r.format, r.format_version)));
+        }
+        if r.id != id {
+            return Err(corrupt(format!("it names target {:?} but its file is that of {id:?}", r.id)));
+        }
+        Ok(r)
+    }
+
+    /// The record of target `id`.
+    pub fn target(&self, id: &str) -> Result<TargetRecord> {
+        let _l = self.lock(LockMode::Shared)?;
+        self.load_target(id)
+    }
+
+    /// Every target record, sorted by id. A record that does not load is an error naming
+    /// its file.
+    pub fn targets(&self) -> Result<Vec<TargetRecord>> {
+        let _l = self.lock(LockMode::Shared)?;
+        self.target_ids()?.iter().map(|id| self.load_target(id)).collect()
+    }
+
+    /// Ids of the targets that boot vDisk `name`; the caller holds the lock.
+    pub(crate) fn targets_using(&self, name: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for id in self.target_ids()? {
+            // A record that does not load cannot be said not to use the vDisk.
+            match self.load_target(&id) {
+                Ok(r) if r.vdisk != name => {}
+                _ => out.push(id),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks the vDisk and version of a record against the store; the caller holds the lock.
+    fn check_vdisk(&self, vdisk: &str, version: Selector) -> Result<()> {
+        let meta = self.load(vdisk)?;
+        if meta.access == DiskAccess::Private {
+            return Err(StoreError::Refused(format!(
+                "vDisk {vdisk} has private access (one writer, no write cache), so it cannot have targets: switch it to standard (`vdstream vdisk set {vdisk} --access standard`) or serve it to its one machine directly")));
+        }
+        select(&meta, version, Timestamp::now()).map(|_| ())
+    }
+
+    fn write_target(&self, r: &TargetRecord) -> Result<()> {
+        let dir = self.targets_dir();
+        std::fs::create_dir_all(&dir).map_err(io("create the targets folder", &dir))?;
+        fsutil::write_atomic(&self.target_path(&r.id), &serde_json::to_vec_pretty(r).expect("serializes"))
+    }
+
+    /// After a merge of vDisk `vdisk` folded the versions `merged` into `to`: the records
+    /// pinned to one of them now name `to`, which reads the same bytes. Returns their ids.
+    /// The caller holds the exclusive lock and has saved the merged metadata. A record that
+    /// cannot be read or rewritten is left as it is, with a warning: the server then
+    /// refuses that target, naming the missing version, until the record is changed.
+    pub(crate) fn move_target_pins(&self, vdisk: &str, merged: &[u32], to: Layer) -> Vec<String> {
+        let ids = match self.target_ids() {
+            Ok(ids) => ids,
+            Err(e) => {
+                log::warn!("cannot list the target records after merging {vdisk}: {e}; records pinned to versions {merged:?} must be changed by hand");
+                return vec![];
+            }
+        };
+        let to = match to {
+            Layer::Base => Selector::Base,
+            Layer::Version(n) => Selector::Number(n),
+        };
+        let mut moved = Vec::new();
+        for id in ids {
+            let mut r = match self.load_target(&id) {
+                Ok(r) => r,
+                Err(e) => {
+                    log::warn!("target {id}: {e}");
+                    continue;
+                }
+            };
+            if r.vdisk != vdisk || !matches!(r.version, Selector::Number(n) if merged.contains(&n)) {
+                continue;
+            }
+            r.version = to;
+            r.updated = Timestamp::now();
+            r.updated_by = self.actor().who();
+            r.generation += 1;
+            match self.write_target(&r) {
+                Ok(()) => moved.push(id),
+                Err(e) => log::warn!("cannot move target {id} to {to} after the merge of {vdisk}: {e}"),
+            }
+        }
+        moved
+    }
+
+    /// `target add`.
+    pub fn add_target(&self, t: NewTarget) -> Result<TargetRecord> {
+        validate_target_id(&t.id)?;
+        let cache = target_cache_type(&t.cache)?;
+        let version = t.version.unwrap_or(Selector::Production);
+        let description = t.description.filter(|d| !d.is_empty());
+        check_fields(cache, version, t.ram, t.overflow_max, description.as_deref())?;
+        let _l = self.lock(LockMode::Exclusive)?;
+        if self.target_path(&t.id).exists() {
+            return Err(StoreError::Refused(format!(
+                "target {} already exists in {}: change it with `vdstream target set {} …`, or remove it first", t.id, self.root().display(), t.id)));
+        }
+        self.check_vdisk(&t.vdisk, version)?;
+        let now = Timestamp::now();
+        let r = TargetRecord {
+            format: TARGET_FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            id: t.id,
+            vdisk: t.vdisk,
+            version,
+            cache,
+            ram: t.ram,
+            overflow_max: t.overflow_max,
+            description,
+            created: now,
+            created_by: self.actor().who(),
+            updated: now,
+            updated_by: self.actor().who(),
+            generation: 1,
+        };
+        self.write_target(&r)?;
+        self.audit("target.add", &r.vdisk, json!({
+            "target": r.id, "version": r.version, "cache": r.cache.name(), "ram": r.ram, "overflow_max": r.overflow_max, "description": r.description,
+        }))?;
+        Ok(r)
+    }
+
+    /// `target set`: changes the fields `change` gives. When the cache type changes,
+    /// `ram` and `overflow_max` that the new type does not use are dropped (unless given).
+    pub fn set_target(&self, id: &str, change: TargetChange) -> Result<TargetRecord> {
+        validate_target_id(id)?;
+        if change.is_empty() {
+            return Err(StoreError::BadInput(format!(
+                "nothing to change for target {id}: give --vdisk, --cache, --version, --ram, --overflow-max or --description")));
+        }
+        let new_cache = change.cache.as_deref().map(target_cache_type).transpose()?;
+        let _l = self.lock(LockMode::Exclusive)?;
+        let before = self.load_target(id)?;
+        let mut r = before.clone();
+        if let Some(v) = &change.vdisk {
+            r.vdisk = v.clone();
+        }
+        if let Some(c) = new_cache {
+            r.cache = c;
+            if change.ram.is_none() && !uses_ram(c) {
+                r.ram = None;
+            }
+            if change.overflow_max.is_none() && !uses_file(c) {
+                r.overflow_max = None;
+            }
+        }
+        if let Some(v) = change.version {
+            r.version = v;
+        }
+        if let Some(ram) = change.ram {
+            r.ram = ram;
+        }
+        if let Some(m) = change.overflow_max {
+            r.overflow_max = m;
+        }
+        if let Some(d) = change.description {
+            r.description = d.filter(|d| !d.is_empty());
+        }
+        check_fields(r.cache, r.version, r.ram, r.overflow_max, r.description.as_deref())?;
+        if r.vdisk != before.vdisk || r.version != before.version {
+            self.check_vdisk(&r.vdisk, r.version)?;
+        }
+        let mut details = json!({"target": id});
+        let mut note = |field: &str, from: serde_json::Value, to: serde_json::Value| {
+            if from != to {
+                details[field] = json!({"from": from, "to": to});
+            }
+        };
+        note("vdisk", json!(before.vdisk), json!(r.vdisk));
+        note("version", json!(before.version), json!(r.version));
+        note("cache", json!(before.cache.name()), json!(r.cache.name()));
+        note("ram", json!(before.ram), json!(r.ram));
+        note("overflow_max", json!(before.overflow_max), json!(r.overflow_max));
+        note("description", json!(before.description), json!(r.description));
+        if r != before {
+            r.updated = Timestamp::now();
+            r.updated_by = self.actor().who();
+            r.generation += 1;
+            self.write_target(&r)?;
+        }
+        self.audit("target.set", &r.vdisk, details)?;
+        Ok(r)
+    }
+
+    /// `target remove`: deletes the record; returns what it was (`None`: it was damaged).
+    pub fn remove_target(&self, id: &str) -> Result<Option<TargetRecord>> {
+        validate_target_id(id)?;
+        let _l = self.lock(LockMode::Exclusive)?;
+        // A damaged record can still be removed; the audit then names no vDisk.
+        let (r, vdisk) = match self.load_target(id) {
+            Ok(r) => {
+                let v = r.vdisk.clone();
+                (Some(r), v)
+            }
+            Err(StoreError::Corrupt { .. }) => (None, String::new()),
+            Err(e) => return Err(e),
+        };
+        let path = self.target_path(id);
+        std::fs::remove_file(&path).map_err(io("delete", &path))?;
+        fsutil::sync_dir(&self.targets_dir())?;
+        self.audit("target.remove", &vdisk, json!({"target": id, "damaged": r.is_none()}))?;
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_checked_by_cache_type() {
+        use CacheType::*;
+        let ok = |c, ram, max| check_fields(c, Selector::Production, ram, max, None);
+        ok(RamOverflow, Some(1 << 30), Some(10 << 30)).unwrap();
+        ok(RamOverflow, Some(0), None).unwrap();
+        ok(DeviceRam, Some(1 << 20), None).unwrap();
+        ok(DeviceDisk, None, Some(1 << 30)).unwrap();
+        ok(Server, None, None).unwrap();
+        assert!(ok(DeviceDisk, Some(1), None).unwrap_err().to_string().contains("--ram is for"));
+        assert!(ok(DeviceRam, None, Some(1)).unwrap_err().to_string().contains("has none"));
+        assert!(ok(DeviceRam, Some(0), None).is_err());
+        assert!(ok(Server, None, Some(0)).is_err());
+        let e = check_fields(Server, Selector::Maintenance, None, None, None).unwrap_err().to_string();
+        assert!(e.contains("maintenance version"), "{e}");
+        assert!(check_fields(Server, Selector::Test, None, None, Some("a\nb")).is_err());
+        let e = target_cache_type("private").unwrap_err().to_string();
+        assert!(e.contains("private writes go to the vDisk itself") && e.contains("ram-overflow"), "{e}");
+        assert!(target_cache_type("ram").unwrap_err().to_string().contains("choose one of"));
+    }
+
+    #[test]
+    fn changes_read_null_as_clear_and_absent_as_keep() {
+        let c: TargetChange = serde_json::from_str(r#"{"ram": null, "version": 3, "cache": "device-disk"}"#).unwrap();
+        assert_eq!(c.ram, Some(None));
+        assert_eq!(c.overflow_max, None);
+        assert_eq!(c.version, Some(Selector::Number(3)));
+        assert!(serde_json::from_str::<TargetChange>(r#"{"rams": 1}"#).is_err());
+        assert!(serde_json::from_str::<TargetChange>("{}").unwrap().is_empty());
+    }
+}
