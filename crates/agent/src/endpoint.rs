@@ -5,8 +5,9 @@
 //! the one field that pins what is read. Today it is whatever the URI names (serve-image,
 //! nbdkit and qemu-nbd serve one image, usually as ""); with the store server it will be
 //! `vdisk/NAME@V` with V fixed at the first attach, so a reconnect can only reach the same
-//! version, never a newer one. `http://` URLs (the store server's API) are refused with a
-//! message until that server exists.
+//! version, never a newer one. `http://` URLs name a store server's API, not an NBD
+//! server: [`crate::api`] turns them into endpoints (`target/ID`, with a `vdisk/NAME[@V]`
+//! fallback for the device cache types).
 
 use std::fmt;
 
@@ -23,27 +24,36 @@ pub struct Endpoint {
     pub address: Address,
     /// The export name sent in `NBD_OPT_GO`.
     pub export: String,
+    /// Asked instead when the server does not know `export` or serves another version
+    /// under it (a device type reading `target/ID` from an older server): `vdisk/NAME[@V]`,
+    /// pinned like any `vdisk/` export.
+    pub fallback: Option<String>,
 }
 
 impl Endpoint {
     /// Parses `nbd://HOST[:PORT]/EXPORT` or `nbd+unix:///EXPORT?socket=PATH`.
     pub fn parse(uri: &str) -> Result<Endpoint, AgentError> {
-        if uri.starts_with("http://") || uri.starts_with("https://") {
-            return Err(AgentError::ServerModeNotBuilt { uri: uri.to_string() });
+        if crate::api::is_api_url(uri) {
+            return Err(AgentError::MixedServers { uri: uri.to_string() });
         }
         let (address, export) = Address::parse_uri(uri)
             .map_err(|e| AgentError::BadEndpoint { uri: uri.to_string(), reason: e.to_string() })?;
-        Ok(Endpoint { uri: uri.to_string(), address, export })
+        Ok(Endpoint { uri: uri.to_string(), address, export, fallback: None })
+    }
+
+    /// `export` on the server at `address`, with the URI that names it.
+    pub fn at(address: Address, export: &str) -> Endpoint {
+        let uri = match &address {
+            Address::Unix(p) => format!("nbd+unix:///{export}?socket={}", p.display()),
+            Address::Tcp(hp) => format!("nbd://{hp}/{export}"),
+        };
+        Endpoint { uri, address, export: export.to_string(), fallback: None }
     }
 
     /// The same server, another export: how a target's version is pinned (`vdisk/NAME@V`)
     /// and how the `server` cache types reach `target/ID`.
     pub fn with_export(&self, export: &str) -> Endpoint {
-        let uri = match &self.address {
-            Address::Unix(p) => format!("nbd+unix:///{export}?socket={}", p.display()),
-            Address::Tcp(hp) => format!("nbd://{hp}/{export}"),
-        };
-        Endpoint { uri, address: self.address.clone(), export: export.to_string() }
+        Endpoint::at(self.address.clone(), export)
     }
 }
 
@@ -76,9 +86,9 @@ mod tests {
     }
 
     #[test]
-    fn http_is_refused_with_a_reason() {
+    fn http_is_not_an_nbd_uri() {
         let err = Endpoint::parse("http://pvs1:8080").unwrap_err().to_string();
-        assert!(err.contains("store server"), "{err}");
+        assert!(err.contains("store server") && err.contains("every --server"), "{err}");
         let err = Endpoint::parse("/tmp/a.sock").unwrap_err().to_string();
         assert!(err.contains("/tmp/a.sock"), "{err}");
     }

@@ -17,7 +17,11 @@
 //!   export differs in size, description or writability is not used (the attempt counts
 //!   as failed and the next endpoint is tried). The agent never switches version silently.
 //! - Attempts start at the endpoint in use, then go round-robin; after a whole round fails
-//!   the link sleeps (50 ms doubling to 2 s by default, ±25% jitter).
+//!   the link sleeps (50 ms doubling to 2 s by default, ±25% jitter). With a [`Reorder`]
+//!   (the store server's API), a reconnect first asks it for a new order (least busy,
+//!   draining servers last) and goes round that instead.
+//! - An endpoint with a `fallback` export is asked for it when its server refuses the
+//!   export or serves another version under it; `vdisk/` exports are pinned either way.
 //! - With `retry_for`, an outage longer than it makes requests fail with EIO (after one more
 //!   round), naming every server and why it failed; without it, requests wait forever.
 //! - Each endpoint's failure reason is logged when it changes, not on every attempt.
@@ -104,12 +108,33 @@ impl Identity {
     }
 }
 
-/// The export that pins a version, when a description starts with one: the store server
+/// The export that pins a version, when a description names one: the store server
 /// describes `vdisk/w` as `vdisk/w@3 (production)`, and `vdisk/w@3` reaches that version
-/// after production has moved on.
+/// after production has moved on. The first `vdisk/NAME@V` word counts, wherever it is
+/// (a `target/ID` export may name its vDisk version after the target).
 pub(crate) fn pinned_export(description: &str) -> Option<&str> {
-    let first = description.split_whitespace().next()?;
-    (first.starts_with("vdisk/") && first.contains('@')).then_some(first)
+    description
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c: char| matches!(c, '"' | '\'' | '(' | ')' | ',' | ';' | ':')))
+        .find(|w| w.starts_with("vdisk/") && w.len() > "vdisk/".len() && w.contains('@') && !w.ends_with('@'))
+}
+
+/// Chooses the order of the endpoints for a reconnect (a new placement). Called off the
+/// async workers; may block for a bounded time.
+pub trait Reorder: Send + Sync + std::fmt::Debug {
+    /// A permutation of `0..n`, best first, after endpoint `failed` broke.
+    fn reorder(&self, failed: usize) -> Vec<usize>;
+}
+
+/// Why one attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// No connection, or it broke during the handshake.
+    Down,
+    /// The server refused the export (a definite answer).
+    Refused,
+    /// The export is not the vDisk version attached to.
+    Mismatch,
 }
 
 /// Counters of the link, read by the status.
@@ -152,6 +177,7 @@ pub(crate) struct Link {
     /// of every server from then on (reconnects keep the version).
     pinned: Mutex<Option<String>>,
     last_reason: Mutex<Vec<Option<String>>>,
+    reorder: Option<Arc<dyn Reorder>>,
     pub requests: tokio::sync::Semaphore,
     pub bytes: tokio::sync::Semaphore,
     pub counters: LinkCounters,
@@ -178,9 +204,21 @@ impl Link {
             identity: Mutex::new(None),
             pinned: Mutex::new(None),
             last_reason: Mutex::new(vec![None; n]),
+            reorder: None,
             counters: LinkCounters::default(),
             seed: AtomicU64::new(seed),
         }
+    }
+
+    /// Reconnects ask `reorder` for the order of the endpoints.
+    pub fn with_reorder(mut self, reorder: Option<Arc<dyn Reorder>>) -> Link {
+        self.reorder = reorder;
+        self
+    }
+
+    /// The index of the endpoint in use (or last used).
+    pub fn index_in_use(&self) -> usize {
+        lock(&self.current).index
     }
 
     /// The identity taken at the first connect.
@@ -252,8 +290,22 @@ impl Link {
                 reason.as_deref().unwrap_or("connection closed")
             );
         }
+        let order = match (&self.reorder, first_connect) {
+            (Some(r), false) => {
+                let r = r.clone();
+                let order = tokio::task::spawn_blocking(move || r.reorder(first_index)).await.unwrap_or_default();
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                if sorted == (0..n).collect::<Vec<_>>() {
+                    order
+                } else {
+                    (0..n).map(|k| (first_index + k) % n).collect()
+                }
+            }
+            _ => (0..n).map(|k| (first_index + k) % n).collect(),
+        };
         let mut delay = self.opts.backoff_start;
-        let mut index = first_index;
+        let mut index = order[0];
         let mut attempts = 0usize;
         // At attach, a round where every server refused the export is an answer, not an
         // outage: an unknown vDisk fails the attach at once.
@@ -294,7 +346,7 @@ impl Link {
                 }
             }
             attempts += 1;
-            index = (index + 1) % n;
+            index = order[attempts % n];
             if attempts % n == 0 {
                 if first_connect && refused_in_round == n {
                     return Err(GaveUp { message: self.give_up_message(start.elapsed(), true) });
@@ -316,12 +368,30 @@ impl Link {
         }
     }
 
-    /// One connect + handshake + identity check; the reason it failed otherwise.
-    /// The error says why, and whether the server refused the export (a definite answer).
+    /// One connect + handshake + identity check, of the endpoint's export and, if the
+    /// server refuses it or serves another version under it, of its fallback. The error
+    /// says why, and whether the server refused the export (a definite answer).
     async fn attempt(&self, ep: &Endpoint) -> Result<Client, (String, bool)> {
+        let (why, failure) = match self.attempt_export(ep, &ep.export).await {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        };
+        match &ep.fallback {
+            Some(fallback) if failure != Failure::Down => match self.attempt_export(ep, fallback).await {
+                Ok(c) => {
+                    log::info!("target {}: {ep}: {why}; reading {:?} instead", self.opts.target, c.info().export);
+                    Ok(c)
+                }
+                Err((why2, f2)) => Err((format!("{why}; then {fallback:?}: {why2}"), failure == Failure::Refused && f2 == Failure::Refused)),
+            },
+            _ => Err((why, failure == Failure::Refused)),
+        }
+    }
+
+    async fn attempt_export(&self, ep: &Endpoint, asked: &str) -> Result<Client, (String, Failure)> {
         let export = match &*lock(&self.pinned) {
-            Some(pin) if ep.export.starts_with("vdisk/") => pin.clone(),
-            _ => ep.export.clone(),
+            Some(pin) if asked.starts_with("vdisk/") => pin.clone(),
+            _ => asked.to_string(),
         };
         let opts = ConnectOptions {
             export,
@@ -329,22 +399,23 @@ impl Link {
             request_timeout: self.opts.request_timeout,
             ..ConnectOptions::default()
         };
-        let client = Client::connect(ep.address.clone(), opts)
-            .await
-            .map_err(|e| (e.to_string(), matches!(e, ClientError::Refused { .. })))?;
+        let client = Client::connect(ep.address.clone(), opts).await.map_err(|e| {
+            let failure = if matches!(e, ClientError::Refused { .. }) { Failure::Refused } else { Failure::Down };
+            (e.to_string(), failure)
+        })?;
         let now = Identity::of(&client);
         if self.opts.writable && client.read_only() {
             return Err((
                 format!("export {:?} is read-only, but the target's cache type writes through to the server", now.export),
-                true,
+                Failure::Refused,
             ));
         }
         let mut identity = lock(&self.identity);
         match &*identity {
             None => {
                 if let Some(pin) = now.description.as_deref().and_then(pinned_export) {
-                    if ep.export.starts_with("vdisk/") && ep.export != pin {
-                        log::info!("target {}: {} is {pin}; reconnects ask for {pin}", self.opts.target, ep.export);
+                    if (asked.starts_with("vdisk/") || ep.fallback.is_some()) && asked != pin {
+                        log::info!("target {}: {asked} is {pin}; reconnects ask for {pin}", self.opts.target);
                         *lock(&self.pinned) = Some(pin.to_string());
                     }
                 }
@@ -352,7 +423,7 @@ impl Link {
             }
             Some(was) => {
                 if let Some(why) = was.mismatch(&now) {
-                    return Err((why, false));
+                    return Err((why, Failure::Mismatch));
                 }
             }
         }
@@ -413,6 +484,9 @@ mod tests {
         assert_eq!(pinned_export("vdisk/w@base (base)"), Some("vdisk/w@base"));
         assert_eq!(pinned_export("v3 of vDisk w (/s/w.3.qcow2)"), None);
         assert_eq!(pinned_export("vdisk/w"), None);
+        assert_eq!(pinned_export("target/vm1: vdisk/w@3 (production), device-disk"), Some("vdisk/w@3"));
+        assert_eq!(pinned_export("target/vm1 reads \"vdisk/w@test\""), Some("vdisk/w@test"));
+        assert_eq!(pinned_export("vdisk/@ or vdisk/w@"), None);
     }
 
     #[test]

@@ -31,7 +31,7 @@ use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Exte
 use vdstream_nbd::client::{Client, ClientError};
 use vdstream_nbd::proto;
 
-pub use link::{Identity, LinkCounters, RemoteOptions};
+pub use link::{Identity, LinkCounters, RemoteOptions, Reorder};
 use link::{is_retryable, Link};
 
 use crate::endpoint::Endpoint;
@@ -126,6 +126,12 @@ impl RemoteBase {
     /// Connects to the first endpoint that answers (trying them in order, then again with
     /// backoff, up to `opts.retry_for`) and takes its export as this target's vDisk.
     pub fn connect(endpoints: Vec<Endpoint>, opts: RemoteOptions) -> std::result::Result<RemoteBase, AgentError> {
+        RemoteBase::connect_with(endpoints, opts, None)
+    }
+
+    /// [`RemoteBase::connect`], with reconnects asking `reorder` for the order of the
+    /// endpoints (a new placement after a failover).
+    pub fn connect_with(endpoints: Vec<Endpoint>, opts: RemoteOptions, reorder: Option<Arc<dyn Reorder>>) -> std::result::Result<RemoteBase, AgentError> {
         if endpoints.is_empty() {
             return Err(AgentError::NoEndpoint);
         }
@@ -136,7 +142,7 @@ impl RemoteBase {
             .build()
             .map_err(|source| AgentError::Io { what: "cannot start the remote I/O runtime".into(), source })?;
         let handle = runtime.handle().clone();
-        let link = Arc::new(Link::new(endpoints, opts));
+        let link = Arc::new(Link::new(endpoints, opts).with_reorder(reorder));
         let (client, _) = run(&handle, link.client(None)).map_err(|e| AgentError::NoServer { message: e.message })?;
         let writable = link.opts.writable;
         let read_only = !writable || client.read_only();
@@ -169,6 +175,11 @@ impl RemoteBase {
     pub fn endpoint_in_use(&self) -> (String, bool) {
         let (ep, live) = self.link.endpoint_in_use();
         (ep.uri.clone(), live)
+    }
+
+    /// The index in [`RemoteBase::endpoints`] of the endpoint in use (or last used).
+    pub fn endpoint_index(&self) -> usize {
+        self.link.index_in_use()
     }
 
     /// Every endpoint, in the order tried.
