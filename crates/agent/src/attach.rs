@@ -24,8 +24,9 @@ use vdstream_blockdev::BlockDev;
 use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
+use crate::api::ApiLink;
 use crate::endpoint::Endpoint;
-use crate::remote::{RemoteBase, RemoteOptions};
+use crate::remote::{RemoteBase, RemoteOptions, Reorder};
 use crate::status::{self, CacheStatus, IoStatus, ServerStatus, Status, VdiskStatus};
 use crate::{paths, AgentError};
 
@@ -47,8 +48,11 @@ pub struct AttachConfig {
     pub status_path: PathBuf,
     pub lock_path: PathBuf,
     pub remote: RemoteOptions,
-    /// How often the status file is rewritten.
+    /// How often the status file is rewritten (and reported to the API).
     pub status_every: Duration,
+    /// With `--server http://`: the servers' API, one client per endpoint, for reports
+    /// and re-placement after a failover.
+    pub api: Option<ApiLink>,
 }
 
 impl AttachConfig {
@@ -68,6 +72,7 @@ impl AttachConfig {
             lock_path: paths::lock_path(id),
             remote: RemoteOptions { target: id.to_string(), ..RemoteOptions::default() },
             status_every: Duration::from_secs(1),
+            api: None,
         }
     }
 
@@ -100,7 +105,8 @@ impl Agent {
         let lock = take_lock(&cfg.target, &cfg.lock_path)?;
         check_socket(&cfg.socket)?;
         cfg.remote.writable = cfg.passes_through();
-        let remote = Arc::new(RemoteBase::connect(cfg.endpoints.clone(), cfg.remote.clone())?);
+        let reorder = cfg.api.clone().map(|a| Arc::new(a) as Arc<dyn Reorder>);
+        let remote = Arc::new(RemoteBase::connect_with(cfg.endpoints.clone(), cfg.remote.clone(), reorder)?);
         let id = remote.identity();
         let (ep, _) = remote.endpoint_in_use();
         log::info!("target {}: reading export {:?} ({} bytes) from {ep}", cfg.target, id.export, id.size);
@@ -201,13 +207,23 @@ impl Agent {
         let _ = std::fs::remove_file(&self.cfg.socket);
         let mut last = self.status(Some((&prev.0, prev.1.elapsed())));
         last.state = "stopped".into();
-        self.publish(&last);
+        if let Err(e) = status::write(&self.cfg.status_path, &last) {
+            log::warn!("target {}: {e}", self.cfg.target);
+        }
+        if let Some(api) = self.cfg.api.clone() {
+            let index = self.remote.endpoint_index();
+            let _ = tokio::task::spawn_blocking(move || api.report_blocking(index, &last)).await;
+        }
         Ok(())
     }
 
+    /// Writes the status file and, with the API, reports it to the server in use.
     fn publish(&self, s: &Status) {
         if let Err(e) = status::write(&self.cfg.status_path, s) {
             log::warn!("target {}: {e}", self.cfg.target);
+        }
+        if let Some(api) = &self.cfg.api {
+            api.report(self.remote.endpoint_index(), s);
         }
     }
 

@@ -10,10 +10,19 @@ pub enum AgentError {
     BadEndpoint { uri: String, reason: String },
 
     #[error(
-        "{uri}: fetching target records from a vdstream store server is not built into this version; \
-         give the vDisk's NBD address instead (--server nbd+unix:///?socket=PATH or nbd://HOST:PORT/EXPORT) and --cache TYPE"
+        "{uri} is a store server's API, and the other servers listed are NBD URIs: give every --server as http://HOST:PORT \
+         (the agent then asks the API for the target's record and the servers' NBD addresses), or every one as an NBD URI"
     )]
-    ServerModeNotBuilt { uri: String },
+    MixedServers { uri: String },
+
+    #[error(
+        "target {id} has no record on {server}: add one with `vdstream target add {id} --vdisk NAME --cache TYPE --server {server}`, \
+         or attach it without a record: --vdisk NAME[@VERSION] --cache TYPE"
+    )]
+    NoTargetRecord { id: String, server: String },
+
+    #[error("{message}")]
+    Api { message: String },
 
     #[error("no server given: list at least one with --server")]
     NoEndpoint,

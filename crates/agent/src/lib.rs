@@ -11,7 +11,8 @@
 //!                           (absent for the `server` types: RemoteBase forwards writes)
 //! ```
 //!
-//! Modules: [`endpoint`] (the servers to read from), [`remote`] (the remote base: cap on
+//! Modules: [`api`] (`--server http://`: the target's record, placement on the least
+//! busy store server, status reports), [`endpoint`] (the servers to read from), [`remote`] (the remote base: cap on
 //! requests in flight, reconnect with backoff, failover, re-send of unanswered requests),
 //! [`attach`] (the stack, the local export, the drain), [`status`] (the figures the agent
 //! publishes and `vdstream target status` shows), [`paths`] (where sockets, status files
@@ -22,6 +23,7 @@
 //! cache starts empty on every attach; the guest never sees a connection loss, only a
 //! pause, unless `--retry-for` runs out (then EIO, naming the servers).
 
+pub mod api;
 pub mod attach;
 pub mod endpoint;
 mod error;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use vdstream_agent::api::{self, Overrides};
 use vdstream_agent::{paths, status, Agent, AttachConfig, Endpoint};
 use vdstream_nbd::server::ShutdownSignal;
 use vdstream_wcache::CacheType;
@@ -46,17 +47,27 @@ Examples:
   qemu-system-x86_64 -drive file=nbd+unix:///?socket=$XDG_RUNTIME_DIR/vdstream/vm1.sock,format=raw,if=virtio ...
   vdstream target status vm1
 Two servers of the same image (failover):
-  vdstream target attach vm1 --server nbd://10.0.0.1:10809/ --server nbd://10.0.0.2:10809/")]
+  vdstream target attach vm1 --server nbd://10.0.0.1:10809/ --server nbd://10.0.0.2:10809/
+Store servers (`vdstream server --http`): the target's record says what to attach, the least busy server serves it:
+  vdstream target add vm1 --vdisk win11 --cache device-disk
+  vdstream target attach vm1 --server http://10.0.0.1:8480 --server http://10.0.0.2:8480
+  vdstream target attach lab7 --server http://10.0.0.1:8480 --vdisk win11@test --cache device-ram   (no record)")]
 pub struct AttachArgs {
     /// Target id (letters, digits, '.', '_', '-'): names the socket, status and cache files.
     #[arg(value_name = "ID")]
     id: String,
 
-    /// An NBD server of the vDisk: nbd://HOST:PORT/EXPORT or nbd+unix:///EXPORT?socket=PATH.
-    /// Repeat for failover; the first listed is used first. (http:// store-server URLs are
-    /// for a later version.)
+    /// An NBD server of the vDisk: nbd://HOST:PORT/EXPORT or nbd+unix:///EXPORT?socket=PATH;
+    /// or a store server's API, http://HOST:PORT: the target's record (vDisk, version, cache)
+    /// is read from it and the least busy server is used. Repeat for failover (all NBD
+    /// URIs or all http:// URLs); NBD URIs are tried in the order listed.
     #[arg(long = "server", value_name = "URI", required = true)]
     servers: Vec<String>,
+
+    /// With http:// servers: the vDisk to read, NAME or NAME@VERSION, instead of the
+    /// record's (or without a record, with --cache).
+    #[arg(long, value_name = "NAME[@V]")]
+    vdisk: Option<String>,
 
     /// Unix socket of the local export. Default: RUN/ID.sock, RUN being $VDSTREAM_RUN_DIR,
     /// $XDG_RUNTIME_DIR/vdstream, /run/vdstream (root) or /tmp/vdstream-UID.
@@ -67,15 +78,15 @@ pub struct AttachArgs {
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
 
-    /// Write cache type: ram-overflow (default), device-ram, device-disk,
-    /// device-disk-persistent; server and server-persistent send writes to the server's
-    /// export (it must be writable: its own cache takes them).
-    #[arg(long, value_name = "TYPE", default_value = "ram-overflow")]
-    cache: CacheType,
+    /// Write cache type: ram-overflow (default, or the record's with http:// servers),
+    /// device-ram, device-disk, device-disk-persistent; server and server-persistent send
+    /// writes to the server's export (it must be writable: its own cache takes them).
+    #[arg(long, value_name = "TYPE")]
+    cache: Option<CacheType>,
 
-    /// RAM for device-ram and ram-overflow (e.g. 512M).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256M")]
-    ram: u64,
+    /// RAM for device-ram and ram-overflow (e.g. 512M). Default: 256M, or the record's.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    ram: Option<u64>,
 
     /// Folder of the overflow or cache file. Default: $VDSTREAM_CACHE_DIR/ID, else /var/tmp/vdstream/ID.
     #[arg(long, value_name = "DIR")]
@@ -112,6 +123,11 @@ pub struct StatusArgs {
     /// Print the status document (the API's form) instead of text.
     #[arg(long)]
     json: bool,
+
+    /// Show the latest report the agent sent to this store server's API
+    /// (http://HOST:PORT) instead of the local status file.
+    #[arg(long, value_name = "URL")]
+    server: Option<String>,
 }
 
 pub fn run(args: TargetArgs) -> Result<()> {
@@ -128,14 +144,51 @@ pub fn run(args: TargetArgs) -> Result<()> {
 
 fn attach(a: AttachArgs) -> Result<()> {
     paths::check_target_id(&a.id)?;
-    let endpoints = a.servers.iter().map(|s| Endpoint::parse(s)).collect::<Result<Vec<_>, _>>()?;
-    let mut cfg = AttachConfig::new(&a.id, endpoints);
-    cfg.cache = a.cache;
-    cfg.ram = a.ram;
+    let mut cfg = if a.servers.iter().any(|s| api::is_api_url(s)) {
+        if let Some(nbd) = a.servers.iter().find(|s| !api::is_api_url(s)) {
+            anyhow::bail!(
+                "--server {nbd} is an NBD URI, and the others are store servers' APIs: give every --server as http://HOST:PORT, or every one as an NBD URI"
+            );
+        }
+        let flags = Overrides { vdisk: a.vdisk.clone(), cache: a.cache, ram: a.ram, overflow_max: a.overflow_max };
+        println!("vdstream: target {}: asking {}", a.id, a.servers.join(", "));
+        let r = api::resolve(&a.id, &a.servers, &flags).with_context(|| format!("cannot attach target {}", a.id))?;
+        let p = &r.plan;
+        println!(
+            "vdstream: target {}: vDisk {}{} with a {} cache (from the {}); servers, least busy first:",
+            a.id,
+            p.vdisk,
+            p.version.as_deref().map(|v| format!("@{v}")).unwrap_or_default(),
+            p.cache,
+            p.source
+        );
+        for s in &r.servers {
+            println!("vdstream:   {s}");
+        }
+        let mut cfg = AttachConfig::new(&a.id, r.endpoints);
+        cfg.cache = p.cache;
+        if let Some(ram) = p.ram {
+            cfg.ram = ram;
+        }
+        cfg.overflow_max = p.overflow_max;
+        cfg.api = Some(r.link);
+        cfg
+    } else {
+        if a.vdisk.is_some() {
+            anyhow::bail!("--vdisk needs store servers (--server http://HOST:PORT); with an NBD URI, name the export in it (nbd://HOST:PORT/vdisk/NAME@V)");
+        }
+        let endpoints = a.servers.iter().map(|s| Endpoint::parse(s)).collect::<Result<Vec<_>, _>>()?;
+        let mut cfg = AttachConfig::new(&a.id, endpoints);
+        cfg.cache = a.cache.unwrap_or(CacheType::RamOverflow);
+        if let Some(ram) = a.ram {
+            cfg.ram = ram;
+        }
+        cfg.overflow_max = a.overflow_max;
+        cfg
+    };
     if let Some(dir) = a.overflow_dir {
         cfg.cache_dir = dir;
     }
-    cfg.overflow_max = a.overflow_max;
     cfg.intermediate_buffering = a.intermediate_buffering;
     if let Some(sock) = a.socket {
         cfg.socket = sock;
@@ -144,7 +197,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.remote.retry_for = a.retry_for;
     cfg.remote.request_timeout = Some(a.request_timeout);
     cfg.remote.max_requests = a.max_requests as usize;
-    let servers = a.servers.join(", ");
+    let servers = cfg.endpoints.iter().map(|e| e.uri.as_str()).collect::<Vec<_>>().join(", ");
     println!("vdstream: target {}: connecting to {servers}", a.id);
     let mut agent = Agent::open(cfg).with_context(|| format!("cannot attach target {}", a.id))?;
     let id = agent.remote().identity();
@@ -181,12 +234,41 @@ fn attach(a: AttachArgs) -> Result<()> {
 
 fn show_status(s: StatusArgs) -> Result<()> {
     paths::check_target_id(&s.id)?;
+    if let Some(url) = &s.server {
+        return show_api_status(&s, url);
+    }
     let path = paths::status_path(&s.id);
     let st = status::read(&s.id, &path)?;
     if s.json {
         println!("{}", serde_json::to_string_pretty(&st).context("cannot print the status")?);
     } else {
         print!("{}", status::render(&st, status::pid_alive(st.pid)));
+    }
+    Ok(())
+}
+
+/// `target status ID --server URL`: the agent's latest report, as the API keeps it.
+fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
+    let client = vdstream_http::Client::new(url).map_err(|e| anyhow::anyhow!("{e}"))?.with_timeout(Duration::from_secs(10));
+    let doc = client.get(&format!("/api/v1/targets/{}", s.id)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let Some(report) = doc.get("agent") else {
+        anyhow::bail!(
+            "target {} has no report from its agent on {}: the API keeps the latest for 60 s, and an agent reports to the server it reads from \
+             (try the other servers, or `vdstream target status {}` on the target's machine)",
+            s.id,
+            client.url(),
+            s.id
+        );
+    };
+    if s.json {
+        println!("{}", serde_json::to_string_pretty(report).context("cannot print the status")?);
+        return Ok(());
+    }
+    let st: status::Status = serde_json::from_value(report.clone()).with_context(|| format!("the report of target {} on {} is not an agent status", s.id, client.url()))?;
+    let age = report.get("received_unix_ms").and_then(serde_json::Value::as_u64).map(|t| status::now_ms().saturating_sub(t));
+    print!("{}", status::render(&st, st.state == "running"));
+    if let Some(ms) = age {
+        println!("reported:  to {} {:.1} s ago", client.url(), ms as f64 / 1000.0);
     }
     Ok(())
 }

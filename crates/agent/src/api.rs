@@ -1,0 +1,537 @@
+//! The agent and the store server's HTTP API: `vdstream target attach ID --server
+//! http://HOST:PORT ...`. From the API the agent learns what to attach (the target's
+//! record), where (each server's NBD address and load), and it reports its status back.
+//!
+//! ```text
+//!   GET /api/v1/targets/ID   first server that answers ─▶ record ─┐
+//!   --vdisk, --cache, --ram, --overflow-max (flags win) ──────────┴▶ [`Plan`]
+//!   GET /api/v1/server       every server ─▶ [`ServerDoc`] ─▶ [`placement_order`]
+//!        ─▶ one [`Endpoint`] per server: export target/ID (fallback vdisk/NAME[@V])
+//!   PUT /api/v1/targets/ID/agent   every status interval, to the server in use ([`ApiLink`])
+//! ```
+//!
+//! Invariants:
+//! - Placement and merging are pure functions of what the API answered and the flags
+//!   ([`placement_order`], [`plan`]); the tests check them without a server.
+//! - A new target goes to the answering, non-draining server with the fewest sessions
+//!   (ties: the order listed); the others follow as the failover order; draining servers
+//!   come last. A server whose API does not answer at attach is left out (its NBD address
+//!   is unknown).
+//! - The export is `target/ID` when the record is followed as it is, so the server knows
+//!   the target; device types fall back to `vdisk/NAME[@V]` on a server that does not
+//!   know `target/ID`. Either way the link pins the version at the first connect
+//!   (`remote::link`), so a reconnect never moves a running target to another version.
+//! - Reports are best effort: a failed report is logged at debug and never stops the agent.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use vdstream_http::{Client, ClientError};
+use vdstream_nbd::client::Address;
+use vdstream_wcache::CacheType;
+
+use crate::endpoint::Endpoint;
+use crate::status::Status;
+use crate::AgentError;
+
+/// How long a placement or report call may take (a report must not pile up behind a
+/// dead server; a placement is asked of every server at once).
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether `uri` names a store server's API rather than an NBD server.
+pub fn is_api_url(uri: &str) -> bool {
+    uri.starts_with("http://") || uri.starts_with("https://")
+}
+
+/// `GET /api/v1/server`, what the agent uses of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerDoc {
+    pub name: String,
+    pub nbd_listen: Option<String>,
+    pub nbd_socket: Option<String>,
+    pub sessions: u64,
+    pub draining: bool,
+}
+
+impl ServerDoc {
+    pub fn from_json(v: &Value) -> Result<ServerDoc, String> {
+        let nbd = v.get("nbd").filter(|n| n.is_object()).ok_or("it has no \"nbd\" object")?;
+        let text = |x: &Value| x.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+        Ok(ServerDoc {
+            name: v.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+            nbd_listen: nbd.get("listen").and_then(text),
+            nbd_socket: nbd.get("socket").and_then(text),
+            sessions: v.get("sessions").and_then(Value::as_u64).ok_or("it has no \"sessions\" count")?,
+            draining: v.get("draining").and_then(Value::as_bool).unwrap_or(false),
+        })
+    }
+
+    /// The server's NBD address, as seen from an agent that reached its API at
+    /// `api_host`: the unix socket when the API is on this machine (loopback) or the
+    /// server has no TCP listener, else TCP, with an unspecified listen address
+    /// (`0.0.0.0`, `[::]`) replaced by `api_host`.
+    pub fn nbd_address(&self, api_host: &str) -> Option<Address> {
+        let local = matches!(api_host, "127.0.0.1" | "localhost" | "::1" | "[::1]");
+        match (&self.nbd_socket, &self.nbd_listen) {
+            (Some(sock), None) => Some(Address::unix(sock)),
+            (Some(sock), Some(_)) if local => Some(Address::unix(sock)),
+            (_, Some(listen)) => {
+                let (host, port) = listen.rsplit_once(':')?;
+                let host = match host {
+                    "0.0.0.0" | "[::]" | "::" | "" => api_host,
+                    h => h,
+                };
+                let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+                Some(Address::tcp(format!("{host}:{port}")))
+            }
+            (None, None) => None,
+        }
+    }
+}
+
+/// The host part of `http://HOST:PORT`.
+fn api_host(url: &str) -> &str {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    rest.rsplit_once(':').map_or(rest, |(h, _)| h)
+}
+
+/// Indexes of `docs` in placement order: answering, non-draining servers by fewest
+/// sessions (ties keep the listed order), then draining ones (listed order). Servers
+/// that did not answer (`None`) are left out.
+pub fn placement_order(docs: &[Option<ServerDoc>]) -> Vec<usize> {
+    let mut live: Vec<usize> = (0..docs.len()).filter(|&i| docs[i].as_ref().is_some_and(|d| !d.draining)).collect();
+    live.sort_by_key(|&i| docs[i].as_ref().map_or(u64::MAX, |d| d.sessions));
+    live.extend((0..docs.len()).filter(|&i| docs[i].as_ref().is_some_and(|d| d.draining)));
+    live
+}
+
+/// A target record (`GET /api/v1/targets/ID`), what the agent uses of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetRecord {
+    pub vdisk: String,
+    /// `production`, `test`, `latest`, `base` or a number.
+    pub version: String,
+    pub cache: CacheType,
+    pub ram: Option<u64>,
+    pub overflow_max: Option<u64>,
+}
+
+impl TargetRecord {
+    pub fn from_json(v: &Value) -> Result<TargetRecord, String> {
+        let vdisk = v.get("vdisk").and_then(Value::as_str).ok_or("it has no \"vdisk\"")?.to_string();
+        let version = match v.get("version") {
+            None | Some(Value::Null) => "production".to_string(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            Some(other) => return Err(format!("its \"version\" is {other}, not a version")),
+        };
+        let cache = v.get("cache").and_then(Value::as_str).ok_or("it has no \"cache\" type")?;
+        let cache: CacheType = cache.parse().map_err(|e| format!("its cache type: {e}"))?;
+        Ok(TargetRecord {
+            vdisk,
+            version,
+            cache,
+            ram: v.get("ram").and_then(Value::as_u64),
+            overflow_max: v.get("overflow_max").and_then(Value::as_u64),
+        })
+    }
+}
+
+/// What the command line says, each `None` when not given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `NAME` or `NAME@V`.
+    pub vdisk: Option<String>,
+    pub cache: Option<CacheType>,
+    pub ram: Option<u64>,
+    pub overflow_max: Option<u64>,
+}
+
+/// What the agent attaches: the record with the flags laid over it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub vdisk: String,
+    /// `None`: production, chosen by the server at the first connect.
+    pub version: Option<String>,
+    pub cache: CacheType,
+    pub ram: Option<u64>,
+    pub overflow_max: Option<u64>,
+    /// The export asked first on every server.
+    pub export: String,
+    /// Asked when a server does not know `export` (device types reading `target/ID`).
+    pub fallback: Option<String>,
+    /// Where the settings came from, for the log: `record`, `record and flags`, `flags`.
+    pub source: &'static str,
+}
+
+fn is_server_type(c: CacheType) -> bool {
+    matches!(c, CacheType::Server | CacheType::ServerPersistent)
+}
+
+/// `vdisk/NAME` for production, else `vdisk/NAME@V`.
+fn vdisk_export(vdisk: &str, version: Option<&str>) -> String {
+    match version {
+        None | Some("production") | Some("prod") => format!("vdisk/{vdisk}"),
+        Some(v) => format!("vdisk/{vdisk}@{v}"),
+    }
+}
+
+/// Lays the flags over the record (`None`: the target has no record on `server`). See
+/// docs/AGENT.md, "--server http://".
+pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overrides) -> Result<Plan, AgentError> {
+    let (name, version) = match flags.vdisk.as_deref() {
+        Some(v) => match v.split_once('@') {
+            Some((n, ver)) => (Some(n.to_string()), Some(ver.to_string())),
+            None => (Some(v.to_string()), None),
+        },
+        None => (None, None),
+    };
+    if let Some(n) = &name {
+        if n.is_empty() || n.contains('/') || version.as_deref() == Some("") {
+            return Err(AgentError::Api { message: format!("--vdisk {:?}: give NAME or NAME@VERSION, e.g. win11 or win11@3", flags.vdisk.as_deref().unwrap_or("")) });
+        }
+    }
+    if flags.cache == Some(CacheType::Private) {
+        return Err(AgentError::Api {
+            message: "--cache private: the store server does not serve private vDisks; attach a private vDisk with `vdstream serve-image --vdisk NAME` and an NBD --server URI".into(),
+        });
+    }
+    let Some(rec) = record else {
+        let Some(vdisk) = name else {
+            return Err(AgentError::NoTargetRecord { id: id.to_string(), server: server.to_string() });
+        };
+        let cache = flags.cache.unwrap_or(CacheType::RamOverflow);
+        if is_server_type(cache) {
+            return Err(AgentError::Api {
+                message: format!(
+                    "target {id} has no record on {server}, and a {cache} cache lives on the server, which keeps it by the record: \
+                     add one with `vdstream target add {id} --vdisk {vdisk} --cache {cache} --server {server}`"
+                ),
+            });
+        }
+        let export = vdisk_export(&vdisk, version.as_deref());
+        return Ok(Plan { vdisk, version, cache, ram: flags.ram, overflow_max: flags.overflow_max, export, fallback: None, source: "flags" });
+    };
+    // `--vdisk NAME` with the record's name keeps the record's version; another name
+    // without @V means production.
+    let (vdisk, version) = match (name, version) {
+        (None, _) => (rec.vdisk.clone(), Some(rec.version.clone())),
+        (Some(n), None) if n == rec.vdisk => (n, Some(rec.version.clone())),
+        (Some(n), v) => (n, v),
+    };
+    let version = version.filter(|v| !matches!(v.as_str(), "production" | "prod"));
+    let cache = flags.cache.unwrap_or(rec.cache);
+    let rec_version = Some(rec.version.clone()).filter(|v| !matches!(v.as_str(), "production" | "prod"));
+    let as_recorded = vdisk == rec.vdisk && version == rec_version;
+    let source = if *flags == Overrides::default() { "record" } else { "record and flags" };
+    let common = |export: String, fallback: Option<String>| Plan {
+        vdisk: vdisk.clone(),
+        version: version.clone(),
+        cache,
+        ram: flags.ram.or(rec.ram),
+        overflow_max: flags.overflow_max.or(rec.overflow_max),
+        export,
+        fallback,
+        source,
+    };
+    if is_server_type(cache) {
+        // The server-side cache follows the record: the flags cannot move it.
+        if !as_recorded || cache != rec.cache {
+            return Err(AgentError::Api {
+                message: format!(
+                    "target {id}'s record on {server} says vDisk {}@{} with a {} cache; a {cache} cache lives on the server and follows \
+                     the record: change the record (`vdstream target set {id} ... --server {server}`) instead of the flags",
+                    rec.vdisk, rec.version, rec.cache
+                ),
+            });
+        }
+        return Ok(common(format!("target/{id}"), None));
+    }
+    let vdisk_exp = vdisk_export(&vdisk, version.as_deref());
+    if as_recorded && !is_server_type(rec.cache) {
+        Ok(common(format!("target/{id}"), Some(vdisk_exp)))
+    } else {
+        // The flags chose another vDisk, version or side of the cache than the record:
+        // target/ID would serve the record's, so read the vDisk directly.
+        Ok(common(vdisk_exp, None))
+    }
+}
+
+/// The result of asking the API: what to attach and where.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub plan: Plan,
+    /// In placement order: the first is the least busy server.
+    pub endpoints: Vec<Endpoint>,
+    pub link: ApiLink,
+    /// One line per server for the log: its URL, name, sessions, draining, NBD address.
+    pub servers: Vec<String>,
+}
+
+/// Asks the servers at `urls` (every `http://HOST:PORT`) what target `id` is and where it
+/// goes. See the module docs.
+pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved, AgentError> {
+    let clients = urls
+        .iter()
+        .map(|u| Client::new(u).map(|c| c.with_timeout(CALL_TIMEOUT)).map_err(|e| AgentError::BadEndpoint { uri: u.clone(), reason: e.to_string() }))
+        .collect::<Result<Vec<_>, _>>()?;
+    let answers = ask_all(&clients);
+    let mut failures = Vec::new();
+    let docs: Vec<Option<ServerDoc>> = answers
+        .into_iter()
+        .zip(&clients)
+        .map(|(a, c)| match a {
+            Ok(doc) => Some(doc),
+            Err(e) => {
+                log::warn!("{}: {e}; it is left out of this attach", c.url());
+                failures.push(format!("{} ({e})", c.url()));
+                None
+            }
+        })
+        .collect();
+    // The record, from the first server that answers in the order listed.
+    let mut record: Option<(String, Option<TargetRecord>)> = None;
+    let path = format!("/api/v1/targets/{id}");
+    for (c, _) in clients.iter().zip(&docs).filter(|(_, d)| d.is_some()) {
+        match c.get(&path) {
+            Ok(v) => {
+                let r = TargetRecord::from_json(&v).map_err(|e| AgentError::Api { message: format!("{}{path}: the target record is not usable: {e}", c.url()) })?;
+                record = Some((c.url().to_string(), Some(r)));
+                break;
+            }
+            Err(ClientError::Api { status: 404, .. }) => {
+                record = Some((c.url().to_string(), None));
+                break;
+            }
+            Err(e) => log::warn!("{}: cannot read target {id}'s record: {e}", c.url()),
+        }
+    }
+    let Some((from, record)) = record else {
+        return Err(AgentError::NoServer { message: format!("no store server answered for target {id}: {}; start one or list another with --server", failures.join("; ")) });
+    };
+    let plan = plan(id, &from, record.as_ref(), flags)?;
+    let mut endpoints = Vec::new();
+    let mut apis = Vec::new();
+    let mut servers = Vec::new();
+    for i in placement_order(&docs) {
+        let doc = docs[i].as_ref().expect("placement lists answering servers");
+        let url = clients[i].url();
+        let Some(address) = doc.nbd_address(api_host(url)) else {
+            log::warn!("{url}: server {} serves no NBD (no listen address, no socket); it is left out", doc.name);
+            continue;
+        };
+        let mut ep = Endpoint::at(address, &plan.export);
+        ep.fallback = plan.fallback.clone();
+        servers.push(format!(
+            "{url} ({}: {} sessions{}, NBD {})",
+            doc.name,
+            doc.sessions,
+            if doc.draining { ", draining" } else { "" },
+            ep.uri
+        ));
+        endpoints.push(ep);
+        apis.push(clients[i].clone());
+    }
+    if endpoints.is_empty() {
+        return Err(AgentError::NoServer {
+            message: format!("no store server can take target {id}: {}", if failures.is_empty() { "none serves NBD".to_string() } else { failures.join("; ") }),
+        });
+    }
+    Ok(Resolved { plan, endpoints, link: ApiLink::new(id, apis), servers })
+}
+
+/// `GET /api/v1/server` of every client at once.
+fn ask_all(clients: &[Client]) -> Vec<Result<ServerDoc, String>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = clients
+            .iter()
+            .map(|c| s.spawn(move || c.get("/api/v1/server").map_err(|e| e.to_string()).and_then(|v| ServerDoc::from_json(&v).map_err(|e| format!("its /api/v1/server answer: {e}")))))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("the query failed".into()))).collect()
+    })
+}
+
+/// The agent's side of the API once attached: one client per endpoint (same order), for
+/// reports and for re-placement after a failover.
+#[derive(Debug, Clone)]
+pub struct ApiLink {
+    target: String,
+    apis: Vec<Client>,
+    reporting: Arc<AtomicBool>,
+}
+
+impl ApiLink {
+    pub fn new(target: &str, apis: Vec<Client>) -> ApiLink {
+        ApiLink { target: target.to_string(), apis, reporting: Arc::new(AtomicBool::new(false)) }
+    }
+
+    /// The API URL of endpoint `index`.
+    pub fn url(&self, index: usize) -> Option<&str> {
+        self.apis.get(index).map(Client::url)
+    }
+
+    /// Sends `status` to the API of endpoint `index` in the background, unless the last
+    /// report is still under way (a slow server never piles reports up).
+    pub fn report(&self, index: usize, status: &Status) {
+        let Some(client) = self.apis.get(index).cloned() else { return };
+        if self.reporting.swap(true, Relaxed) {
+            log::debug!("target {}: the last report to {} is still under way; skipping one", self.target, client.url());
+            return;
+        }
+        let doc = serde_json::to_value(status).expect("a status always serializes");
+        let (flag, target) = (self.reporting.clone(), self.target.clone());
+        let spawned = std::thread::Builder::new().name("vdstream-report".into()).spawn(move || {
+            report_now(&client, &target, &doc);
+            flag.store(false, Relaxed);
+        });
+        if let Err(e) = spawned {
+            self.reporting.store(false, Relaxed);
+            log::debug!("target {}: cannot start a report: {e}", self.target);
+        }
+    }
+
+    /// Sends `status` now and waits (the last report, at exit).
+    pub fn report_blocking(&self, index: usize, status: &Status) {
+        if let Some(client) = self.apis.get(index) {
+            report_now(client, &self.target, &serde_json::to_value(status).expect("a status always serializes"));
+        }
+    }
+
+    /// The order in which to try the endpoints after endpoint `failed` broke: a new
+    /// placement over what the servers answer now (fewest sessions, draining last); those
+    /// that do not answer come after, `failed` last among them.
+    pub fn reorder(&self, failed: usize) -> Vec<usize> {
+        let answers = ask_all(&self.apis);
+        let docs: Vec<Option<ServerDoc>> = answers.into_iter().map(Result::ok).collect();
+        let mut order = placement_order(&docs);
+        let n = self.apis.len();
+        order.extend((1..=n).map(|k| (failed + k) % n).filter(|i| docs[*i].is_none()));
+        order
+    }
+}
+
+impl crate::remote::Reorder for ApiLink {
+    fn reorder(&self, failed: usize) -> Vec<usize> {
+        ApiLink::reorder(self, failed)
+    }
+}
+
+fn report_now(client: &Client, target: &str, doc: &Value) {
+    if let Err(e) = client.put(&format!("/api/v1/targets/{target}/agent"), doc) {
+        log::debug!("target {target}: report to {} failed: {e}", client.url());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc(sessions: u64, draining: bool) -> Option<ServerDoc> {
+        Some(ServerDoc { name: "s".into(), nbd_listen: None, nbd_socket: Some("/s".into()), sessions, draining })
+    }
+
+    #[test]
+    fn placement_prefers_the_least_busy_and_puts_draining_last() {
+        assert_eq!(placement_order(&[doc(3, false), doc(1, false), doc(2, false)]), vec![1, 2, 0]);
+        // Ties keep the order listed.
+        assert_eq!(placement_order(&[doc(1, false), doc(1, false)]), vec![0, 1]);
+        // A draining server is never first, however idle; one that did not answer is left out.
+        assert_eq!(placement_order(&[doc(0, true), None, doc(5, false)]), vec![2, 0]);
+        assert_eq!(placement_order(&[None, None]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn server_documents_give_nbd_addresses() {
+        let v = json!({"name": "pvs1", "nbd": {"listen": "0.0.0.0:10809", "socket": "/run/s.sock"}, "sessions": 4, "draining": false});
+        let d = ServerDoc::from_json(&v).unwrap();
+        assert_eq!((d.sessions, d.draining), (4, false));
+        // On this machine: the socket; from elsewhere: TCP, at the host the API answered on.
+        assert_eq!(d.nbd_address("127.0.0.1"), Some(Address::unix("/run/s.sock")));
+        assert_eq!(d.nbd_address("10.0.0.2"), Some(Address::tcp("10.0.0.2:10809")));
+        let d = ServerDoc { nbd_listen: Some("10.0.0.9:10900".into()), nbd_socket: None, ..d };
+        assert_eq!(d.nbd_address("127.0.0.1"), Some(Address::tcp("10.0.0.9:10900")));
+        let d = ServerDoc { nbd_listen: Some("[::]:10809".into()), ..d };
+        assert_eq!(d.nbd_address("::1"), Some(Address::tcp("[::1]:10809")));
+        let d = ServerDoc { nbd_listen: None, ..d };
+        assert_eq!(d.nbd_address("127.0.0.1"), None);
+        assert!(ServerDoc::from_json(&json!({"name": "x"})).is_err());
+        assert_eq!(api_host("http://127.0.0.1:8480/"), "127.0.0.1");
+        assert_eq!(api_host("http://[::1]:8480"), "[::1]");
+    }
+
+    fn rec(cache: CacheType) -> TargetRecord {
+        TargetRecord { vdisk: "win11".into(), version: "production".into(), cache, ram: Some(1 << 30), overflow_max: Some(8 << 30) }
+    }
+
+    #[test]
+    fn records_parse_with_string_or_number_versions() {
+        let r = TargetRecord::from_json(&json!({"vdisk": "w", "version": 3, "cache": "device-disk", "ram": 5})).unwrap();
+        assert_eq!((r.version.as_str(), r.cache, r.ram, r.overflow_max), ("3", CacheType::DeviceDisk, Some(5), None));
+        let r = TargetRecord::from_json(&json!({"vdisk": "w", "version": "test", "cache": "server"})).unwrap();
+        assert_eq!(r.version, "test");
+        assert!(TargetRecord::from_json(&json!({"vdisk": "w", "cache": "floppy"})).is_err());
+    }
+
+    #[test]
+    fn the_record_alone_reads_target_id_with_a_vdisk_fallback() {
+        let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &Overrides::default()).unwrap();
+        assert_eq!((p.export.as_str(), p.fallback.as_deref(), p.source), ("target/vm1", Some("vdisk/win11"), "record"));
+        assert_eq!((p.cache, p.ram, p.overflow_max, p.version), (CacheType::DeviceDisk, Some(1 << 30), Some(8 << 30), None));
+        let r = TargetRecord { version: "3".into(), ..rec(CacheType::RamOverflow) };
+        let p = plan("vm1", "http://a:1", Some(&r), &Overrides::default()).unwrap();
+        assert_eq!((p.export.as_str(), p.fallback.as_deref()), ("target/vm1", Some("vdisk/win11@3")));
+        // Server types have no fallback: their cache is the server's target/ID.
+        let p = plan("vm1", "http://a:1", Some(&rec(CacheType::Server)), &Overrides::default()).unwrap();
+        assert_eq!((p.export.as_str(), p.fallback), ("target/vm1", None));
+    }
+
+    #[test]
+    fn flags_win_over_the_record() {
+        let flags = Overrides { cache: Some(CacheType::DeviceRam), ram: Some(64 << 20), ..Overrides::default() };
+        let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &flags).unwrap();
+        assert_eq!((p.cache, p.ram, p.overflow_max, p.source), (CacheType::DeviceRam, Some(64 << 20), Some(8 << 30), "record and flags"));
+        assert_eq!(p.export, "target/vm1");
+        // Another version than the record's: target/ID would serve the record's, so the vDisk is read directly.
+        let flags = Overrides { vdisk: Some("win11@2".into()), ..Overrides::default() };
+        let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &flags).unwrap();
+        assert_eq!((p.export.as_str(), p.fallback, p.version.as_deref()), ("vdisk/win11@2", None, Some("2")));
+        // The record's name without @V keeps the record's version.
+        let r = TargetRecord { version: "test".into(), ..rec(CacheType::DeviceDisk) };
+        let p = plan("vm1", "http://a:1", Some(&r), &Overrides { vdisk: Some("win11".into()), ..Overrides::default() }).unwrap();
+        assert_eq!((p.export.as_str(), p.fallback.as_deref()), ("target/vm1", Some("vdisk/win11@test")));
+        // A device type over a record of a server type: the vDisk, not the server's cache.
+        let flags = Overrides { cache: Some(CacheType::DeviceDisk), ..Overrides::default() };
+        let p = plan("vm1", "http://a:1", Some(&rec(CacheType::Server)), &flags).unwrap();
+        assert_eq!(p.export, "vdisk/win11");
+    }
+
+    #[test]
+    fn a_server_side_cache_follows_its_record() {
+        let flags = Overrides { cache: Some(CacheType::ServerPersistent), ..Overrides::default() };
+        let e = plan("vm1", "http://a:1", Some(&rec(CacheType::Server)), &flags).unwrap_err().to_string();
+        assert!(e.contains("vdstream target set vm1"), "{e}");
+        let flags = Overrides { cache: Some(CacheType::Server), ..Overrides::default() };
+        let e = plan("vm1", "http://a:1", None, &Overrides { vdisk: Some("w".into()), ..flags }).unwrap_err().to_string();
+        assert!(e.contains("vdstream target add vm1 --vdisk w --cache server"), "{e}");
+    }
+
+    #[test]
+    fn without_a_record_the_flags_must_name_the_vdisk() {
+        let e = plan("vm1", "http://a:1", None, &Overrides::default()).unwrap_err().to_string();
+        assert!(e.contains("vm1") && e.contains("vdstream target add vm1") && e.contains("--vdisk"), "{e}");
+        let flags = Overrides { vdisk: Some("win11@3".into()), cache: Some(CacheType::DeviceDisk), ..Overrides::default() };
+        let p = plan("vm1", "http://a:1", None, &flags).unwrap();
+        assert_eq!((p.export.as_str(), p.fallback, p.cache, p.source), ("vdisk/win11@3", None, CacheType::DeviceDisk, "flags"));
+        let p = plan("vm1", "http://a:1", None, &Overrides { vdisk: Some("win11".into()), ..Overrides::default() }).unwrap();
+        assert_eq!((p.export.as_str(), p.cache), ("vdisk/win11", CacheType::RamOverflow));
+        for bad in ["", "a/b", "w@"] {
+            assert!(plan("vm1", "u", None, &Overrides { vdisk: Some(bad.into()), ..Overrides::default() }).is_err(), "{bad}");
+        }
+        let flags = Overrides { vdisk: Some("w".into()), cache: Some(CacheType::Private), ..Overrides::default() };
+        assert!(plan("vm1", "u", None, &flags).unwrap_err().to_string().contains("private"));
+    }
+}
