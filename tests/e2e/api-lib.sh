@@ -6,6 +6,10 @@
 #                         API_URL (http://127.0.0.1:PORT) and API_PID
 #   api METHOD PATH [JSON]
 #                         curl the API; prints the body, then a last line with the status
+#   require_server_http   skip unless `vdstream server` has --http (NBD and API in one process)
+#   server_api_url LOG PID
+#                         wait (bounded) until the server logging to LOG says where its API
+#                         listens; sets API_URL
 #
 # The API is served by `vdstream server --http` when the binary has it, else by the
 # vdstream-server example `http-api` (the API alone, no NBD), found next to the binary:
@@ -49,4 +53,21 @@ api() {
     else
         curl -sS --max-time 30 -X "$method" -w '\n%{http_code}' "$API_URL$path"
     fi
+}
+
+require_server_http() {
+    "$VDSTREAM_BIN" server --help 2>/dev/null | grep -q -- '--http' ||
+        skip "\`vdstream server\` has no --http in this build"
+}
+
+server_api_url() {
+    local log=$1 pid=$2 i
+    API_URL=
+    for ((i = 0; i < READY_SECS * 10; i++)); do
+        API_URL=$(grep -Eo 'http://127\.0\.0\.1:[0-9]+' "$log" 2>/dev/null | head -n1 || true)
+        [[ -n $API_URL ]] && return 0
+        kill -0 "$pid" 2>/dev/null || fail "the server exited at start: $(cat "$log")"
+        sleep 0.1
+    done
+    fail "the server did not say where its API listens within ${READY_SECS}s: $(cat "$log")"
 }
