@@ -2,47 +2,35 @@
 # tests/e2e/api-lib.sh — helpers for the test-api-*.sh tests (source after lib.sh and
 # store-lib.sh).
 #
-#   start_api             serve the HTTP API on $STORE at a free loopback port; sets
-#                         API_URL (http://127.0.0.1:PORT) and API_PID
+#   start_api [FLAG...]  `vdstream server --http 127.0.0.1:0` on $STORE, its NBD side on the
+#                         unix socket $API_NBD_SOCK (extra flags are passed on); sets
+#                         API_URL (http://127.0.0.1:PORT), API_PID and API_LOG
 #   api METHOD PATH [JSON]
 #                         curl the API; prints the body, then a last line with the status
-#   require_server_http   skip unless `vdstream server` has --http (NBD and API in one process)
 #   server_api_url LOG PID
-#                         wait (bounded) until the server logging to LOG says where its API
-#                         listens; sets API_URL
-#
-# The API is served by `vdstream server --http` when the binary has it, else by the
-# vdstream-server example `http-api` (the API alone, no NBD), found next to the binary:
-# build it with `cargo build --release -p vdstream-server --example http-api`.
+#                         wait (bounded) until the server logging to LOG (started with
+#                         --http 127.0.0.1:0) says where its API listens; sets API_URL
 
 API_URL=
 API_PID=
-
-api_command() {
-    if "$VDSTREAM_BIN" server --help 2>/dev/null | grep -q -- '--http'; then
-        echo "$VDSTREAM_BIN server --store $STORE --http 127.0.0.1:0"
-        return
-    fi
-    local ex
-    ex=$(dirname "$VDSTREAM_BIN")/examples/http-api
-    [[ -x $ex ]] || skip "no API to test: neither \`vdstream server --http\` nor $ex (cargo build --release -p vdstream-server --example http-api)"
-    echo "$ex --store $STORE --http 127.0.0.1:0"
-}
+API_LOG=
+API_NBD_SOCK=
 
 start_api() {
-    local log=$E2E_TMP/api.log i
-    # shellcheck disable=SC2046
-    $(api_command) >"$log" 2>&1 &
+    local i
+    API_LOG=$E2E_TMP/api.log
+    API_NBD_SOCK=$E2E_TMP/api-nbd.sock
+    "$VDSTREAM_BIN" server --store "$STORE" --socket "$API_NBD_SOCK" --http 127.0.0.1:0 "$@" >"$API_LOG" 2>&1 &
     API_PID=$!
     track_pid "$API_PID"
-    E2E_SERVER_LOGS+=("$log")
+    E2E_SERVER_LOGS+=("$API_LOG")
     for ((i = 0; i < READY_SECS * 10; i++)); do
-        API_URL=$(grep -Eo 'http://127\.0\.0\.1:[0-9]+' "$log" 2>/dev/null | head -n1 || true)
+        API_URL=$(grep -Eo 'http://127\.0\.0\.1:[0-9]+' "$API_LOG" 2>/dev/null | head -n1 || true)
         [[ -n $API_URL ]] && break
-        kill -0 "$API_PID" 2>/dev/null || fail "the API exited at start: $(cat "$log")"
+        kill -0 "$API_PID" 2>/dev/null || fail "the API exited at start: $(cat "$API_LOG")"
         sleep 0.1
     done
-    [[ -n $API_URL ]] || fail "the API did not say where it listens within ${READY_SECS}s: $(cat "$log")"
+    [[ -n $API_URL ]] || fail "the API did not say where it listens within ${READY_SECS}s: $(cat "$API_LOG")"
     log "API at $API_URL (pid $API_PID)"
 }
 
@@ -53,11 +41,6 @@ api() {
     else
         curl -sS --max-time 30 -X "$method" -w '\n%{http_code}' "$API_URL$path"
     fi
-}
-
-require_server_http() {
-    "$VDSTREAM_BIN" server --help 2>/dev/null | grep -q -- '--http' ||
-        skip "\`vdstream server\` has no --http in this build"
 }
 
 server_api_url() {

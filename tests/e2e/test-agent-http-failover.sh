@@ -17,7 +17,6 @@ source "$E2E_DIR/api-lib.sh"
 source "$E2E_DIR/fio-verify.sh"
 require fio nbdinfo curl
 require_vdstream
-require_server_http
 e2e_init
 store_init
 

@@ -14,7 +14,6 @@ source "$E2E_DIR/agent-lib.sh"
 source "$E2E_DIR/api-lib.sh"
 require nbdinfo curl
 require_vdstream
-require_server_http
 e2e_init
 store_init
 

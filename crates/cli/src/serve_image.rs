@@ -126,10 +126,11 @@ pub struct ServeImageArgs {
     #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "off", requires = "cache", action = clap::ArgAction::Set)]
     intermediate_buffering: bool,
 
-    /// Disk cache types: how the cache file is read and written: `sync` (pread/pwrite on
-    /// each worker thread; measured faster here) or `io_uring` (one ring per cache file,
-    /// submissions batched across the worker threads; falls back to `sync` where the kernel
-    /// refuses io_uring).
+    /// Disk cache types: how the cache file is read and written outside batches: `sync`
+    /// (pread/pwrite; measured faster here) or `io_uring` (one ring per cache file, shared
+    /// by the threads; falls back to `sync` where the kernel refuses io_uring). With O_DIRECT
+    /// the whole-page reads and writes of a connection go to the file as one batch through
+    /// the connection's own io_uring either way.
     #[arg(long, value_name = "sync|io_uring", default_value = "sync", requires = "cache")]
     io_engine: vdstream_blockdev::IoEngineKind,
 

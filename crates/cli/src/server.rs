@@ -31,23 +31,28 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// (production)`): reconnect to that name to keep the version. One RAM read cache
 /// (--read-cache) in front of the store's files is shared by every connection. SIGTERM or
 /// Ctrl-C drains: no new connections, requests in flight are answered, later ones get
-/// ESHUTDOWN (agents then move to their next server).
+/// ESHUTDOWN (agents then move to their next server). With --http, the JSON API and
+/// Prometheus /metrics run on the same server (they answer through the drain, showing
+/// "draining": true, and stop when it ends).
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Examples:
   vdstream server --store /srv/vdstream                       (listens on 127.0.0.1:10809)
   vdstream server --socket /run/vdstream/server.sock --read-cache 1G
   vdstream server --config /etc/vdstream/server.toml --name pvs1
+  vdstream server --store /srv/vdstream --http 127.0.0.1:8480     (with the HTTP API)
 Then:
   nbdinfo --list nbd://127.0.0.1:10809
   qemu-img info nbd://127.0.0.1:10809/vdisk/win11
   vdstream target attach vm1 --server nbd://127.0.0.1:10809/vdisk/win11 --cache ram-overflow
   qemu-io -f raw -c 'write -P 1 0 1M' 'nbd+unix:///maintenance/win11?socket=/run/vdstream/server.sock'
+  curl http://127.0.0.1:8480/api/v1/sessions
 
 Config file (TOML, keys = flag names; a flag given on the command line wins):
   store = \"/srv/vdstream\"
   listen = \"127.0.0.1:10809\"
   socket = \"/run/vdstream/server.sock\"
+  http = \"127.0.0.1:8480\"
   read-cache = \"1G\"
   name = \"pvs1\"
   stats-file = \"/run/vdstream/server-stats.json\"")]
@@ -65,7 +70,13 @@ pub struct ServerArgs {
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
 
-    /// TOML file with any of these settings (keys: store, listen, socket, read-cache, name, stats-file).
+    /// Serve the HTTP API (/api/v1/...) and Prometheus /metrics on this TCP address (port 0:
+    /// any free port; the address is printed). No authentication: use loopback or a
+    /// trusted network.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+
+    /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -98,6 +109,10 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| anyhow!("listen = {text:?} in the config file: {e} (say e.g. \"127.0.0.1:10809\")"))?),
         None => None,
     };
+    let http_from_file = match &file.http {
+        Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| anyhow!("http = {text:?} in the config file: {e} (say e.g. \"127.0.0.1:8480\")"))?),
+        None => None,
+    };
     let read_cache_from_file = match &file.read_cache {
         Some(SizeValue::Bytes(n)) => Some(*n),
         Some(SizeValue::Text(t)) => Some(parse_size(t).map_err(|e| anyhow!("read-cache in the config file: {e}"))?),
@@ -112,6 +127,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         store: vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref())),
         listen,
         socket,
+        http: args.http.or(http_from_file),
         read_cache: args.read_cache.or(read_cache_from_file).unwrap_or(DEFAULT_READ_CACHE),
         name: args.name.clone().or(file.name),
         stats_file: args.stats_file.clone().or(file.stats_file),
@@ -122,6 +138,14 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
 pub fn run(args: ServerArgs) -> Result<()> {
     let opts = options(&args)?;
     let state = ServerState::new(&opts);
+    // Bound before the NBD side starts, so that a busy port fails the start cleanly.
+    let http_listener = match opts.http {
+        Some(addr) => Some(
+            std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen for the HTTP API on {addr}; is another server using that port?"))?,
+        ),
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
     runtime.block_on(async move {
         let nbd = NbdService::start(state.clone(), opts.threads).await?;
@@ -137,6 +161,15 @@ pub fn run(args: ServerArgs) -> Result<()> {
         if let Some(uri) = nbd.uris.first() {
             println!("vdstream: try: nbdinfo --list '{}'", uri.replace("EXPORT", ""));
         }
+        // The API's threads are std threads; it shares `state` with the NBD side.
+        let http = match http_listener {
+            Some(listener) => {
+                let handle = vdstream_server::http::spawn(listener, state.clone()).context("cannot start the HTTP API")?;
+                println!("vdstream: HTTP API on http://{}/api/v1/server, metrics on http://{0}/metrics", handle.local_addr());
+                Some(handle)
+            }
+            None => None,
+        };
         let stats = opts.stats_file.clone().map(|path| {
             let state = state.clone();
             tokio::spawn(async move {
@@ -150,7 +183,12 @@ pub fn run(args: ServerArgs) -> Result<()> {
         });
         wait_for_signal().await?;
         log::info!("draining: no new connections; finishing the requests in flight of {} session(s)", state.registry.len());
-        nbd.drain().await?;
+        let drained = nbd.drain().await;
+        // The API answered through the drain ("draining": true); it stops once it is over.
+        if let Some(handle) = http {
+            tokio::task::spawn_blocking(move || handle.stop()).await.context("cannot stop the HTTP API")?;
+        }
+        drained?;
         if let Some(task) = stats {
             task.abort();
         }
@@ -182,7 +220,7 @@ mod tests {
     fn flags_win_over_the_file_and_defaults_fill_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("s.toml");
-        std::fs::write(&file, "store = \"/from-file\"\nread-cache = \"1G\"\nname = \"file\"\nsocket = \"/tmp/f.sock\"\n").unwrap();
+        std::fs::write(&file, "store = \"/from-file\"\nread-cache = \"1G\"\nname = \"file\"\nsocket = \"/tmp/f.sock\"\nhttp = \"127.0.0.1:8480\"\n").unwrap();
         let cfg = file.to_str().unwrap();
         let o = options(&parse(&["--config", cfg, "--name", "flag"])).unwrap();
         assert_eq!(o.store, PathBuf::from("/from-file"));
@@ -190,9 +228,13 @@ mod tests {
         assert_eq!(o.name.as_deref(), Some("flag"));
         assert_eq!(o.socket, Some(PathBuf::from("/tmp/f.sock")));
         assert_eq!(o.listen, None, "a socket alone: no TCP");
+        assert_eq!(o.http, Some("127.0.0.1:8480".parse().unwrap()));
+        let o = options(&parse(&["--config", cfg, "--http", "127.0.0.1:0"])).unwrap();
+        assert_eq!(o.http, Some("127.0.0.1:0".parse().unwrap()));
         let o = options(&parse(&["--store", "/s", "--read-cache", "0"])).unwrap();
         assert_eq!(o.listen, Some(DEFAULT_LISTEN.parse().unwrap()));
         assert_eq!(o.read_cache, 0);
+        assert_eq!(o.http, None, "no API unless asked for");
         assert_eq!(options(&parse(&["--store", "/s"])).unwrap().read_cache, DEFAULT_READ_CACHE);
     }
 

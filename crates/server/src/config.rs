@@ -5,6 +5,7 @@
 //! store = "/srv/vdstream"
 //! listen = "127.0.0.1:10809"
 //! socket = "/run/vdstream/server.sock"
+//! http = "127.0.0.1:8480"    # the HTTP API and /metrics
 //! read-cache = "1G"          # or a number of bytes
 //! name = "pvs1"
 //! stats-file = "/run/vdstream/server-stats.json"
@@ -24,6 +25,8 @@ pub struct ServerOptions {
     pub store: PathBuf,
     pub listen: Option<SocketAddr>,
     pub socket: Option<PathBuf>,
+    /// Where the HTTP API and `/metrics` listen (`None`: no API).
+    pub http: Option<SocketAddr>,
     /// Bytes of the shared read cache (0: none).
     pub read_cache: u64,
     pub name: Option<String>,
@@ -48,6 +51,7 @@ pub struct ConfigFile {
     pub store: Option<PathBuf>,
     pub listen: Option<String>,
     pub socket: Option<PathBuf>,
+    pub http: Option<String>,
     pub read_cache: Option<SizeValue>,
     pub name: Option<String>,
     pub stats_file: Option<PathBuf>,
@@ -63,7 +67,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, read-cache, name, stats-file", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file", e.message())
         })
     }
 }
@@ -79,6 +83,7 @@ mod tests {
         assert_eq!(c.read_cache, Some(SizeValue::Text("1G".into())));
         assert_eq!(ConfigFile::parse("read-cache = 0").unwrap().read_cache, Some(SizeValue::Bytes(0)));
         assert_eq!(ConfigFile::parse("").unwrap(), ConfigFile::default());
+        assert_eq!(ConfigFile::parse("http = \"127.0.0.1:8480\"").unwrap().http.as_deref(), Some("127.0.0.1:8480"));
     }
 
     #[test]

@@ -35,6 +35,7 @@ fn api() -> Api {
         store: store.root().to_path_buf(),
         listen: Some("127.0.0.1:10809".parse().unwrap()),
         socket: None,
+        http: None,
         read_cache: 0,
         name: Some("pvs1:4242".into()),
         stats_file: None,
