@@ -40,6 +40,12 @@ use crate::AgentError;
 /// dead server; a placement is asked of every server at once).
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long an attach waits for the servers' `GET /api/v1/server`.
+const ATTACH_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a reconnect waits for them (the guest is waiting too).
+const REPLACE_WAIT: Duration = Duration::from_secs(1);
+
 /// Whether `uri` names a store server's API rather than an NBD server.
 pub fn is_api_url(uri: &str) -> bool {
     uri.starts_with("http://") || uri.starts_with("https://")
@@ -278,7 +284,7 @@ pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved,
         .iter()
         .map(|u| Client::new(u).map(|c| c.with_timeout(CALL_TIMEOUT)).map_err(|e| AgentError::BadEndpoint { uri: u.clone(), reason: e.to_string() }))
         .collect::<Result<Vec<_>, _>>()?;
-    let answers = ask_all(&clients);
+    let answers = ask_all(&clients, ATTACH_WAIT);
     let mut failures = Vec::new();
     let docs: Vec<Option<ServerDoc>> = answers
         .into_iter()
@@ -343,15 +349,31 @@ pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved,
     Ok(Resolved { plan, endpoints, link: ApiLink::new(id, apis), servers })
 }
 
-/// `GET /api/v1/server` of every client at once.
-fn ask_all(clients: &[Client]) -> Vec<Result<ServerDoc, String>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = clients
-            .iter()
-            .map(|c| s.spawn(move || c.get("/api/v1/server").map_err(|e| e.to_string()).and_then(|v| ServerDoc::from_json(&v).map_err(|e| format!("its /api/v1/server answer: {e}")))))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("the query failed".into()))).collect()
-    })
+/// `GET /api/v1/server` of every client at once; a server that has not answered within
+/// `within` counts as not answering (its call finishes in the background, bounded by the
+/// client's own timeouts), so a host that swallows packets cannot stall a reconnect.
+fn ask_all(clients: &[Client], within: Duration) -> Vec<Result<ServerDoc, String>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (i, c) in clients.iter().enumerate() {
+        let (c, sender) = (c.clone(), tx.clone());
+        let spawned = std::thread::Builder::new().name("vdstream-api".into()).spawn(move || {
+            let doc = c.get("/api/v1/server").map_err(|e| e.to_string()).and_then(|v| ServerDoc::from_json(&v).map_err(|e| format!("its /api/v1/server answer: {e}")));
+            let _ = sender.send((i, doc));
+        });
+        if let Err(e) = spawned {
+            let _ = tx.send((i, Err(format!("cannot start the query: {e}"))));
+        }
+    }
+    drop(tx);
+    let mut out: Vec<Result<ServerDoc, String>> = clients.iter().map(|_| Err(format!("no answer within {within:?}"))).collect();
+    let deadline = std::time::Instant::now() + within;
+    for _ in 0..clients.len() {
+        match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok((i, doc)) => out[i] = doc,
+            Err(_) => break,
+        }
+    }
+    out
 }
 
 /// The agent's side of the API once attached: one client per endpoint (same order), for
@@ -404,7 +426,7 @@ impl ApiLink {
     /// placement over what the servers answer now (fewest sessions, draining last); those
     /// that do not answer come after, `failed` last among them.
     pub fn reorder(&self, failed: usize) -> Vec<usize> {
-        let answers = ask_all(&self.apis);
+        let answers = ask_all(&self.apis, REPLACE_WAIT);
         let docs: Vec<Option<ServerDoc>> = answers.into_iter().map(Result::ok).collect();
         let mut order = placement_order(&docs);
         let n = self.apis.len();
@@ -461,6 +483,30 @@ mod tests {
         assert!(ServerDoc::from_json(&json!({"name": "x"})).is_err());
         assert_eq!(api_host("http://127.0.0.1:8480/"), "127.0.0.1");
         assert_eq!(api_host("http://[::1]:8480"), "[::1]");
+    }
+
+    #[test]
+    fn servers_are_asked_at_once_and_a_silent_one_does_not_stall() {
+        use std::io::{Read, Write};
+        let answering = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = |l: &std::net::TcpListener| format!("http://{}", l.local_addr().unwrap());
+        let clients = vec![Client::new(&url(&silent)).unwrap(), Client::new(&url(&answering)).unwrap()];
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = answering.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let body = r#"{"name": "b", "nbd": {"listen": null, "socket": "/b.sock"}, "sessions": 2, "draining": true}"#;
+            write!(s, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        });
+        let t = std::time::Instant::now();
+        let answers = ask_all(&clients, Duration::from_millis(500));
+        assert!(t.elapsed() < Duration::from_millis(1500), "took {:?}", t.elapsed());
+        assert!(answers[0].as_ref().unwrap_err().contains("no answer"), "{:?}", answers[0]);
+        let b = answers[1].as_ref().unwrap();
+        assert_eq!((b.sessions, b.draining, b.nbd_socket.as_deref()), (2, true, Some("/b.sock")));
+        server.join().unwrap();
+        drop(silent);
     }
 
     fn rec(cache: CacheType) -> TargetRecord {
