@@ -105,7 +105,7 @@ for h in handles:
         h.shutdown()
     except nbd.Error:
         pass
-    h.close()
+handles.clear()  # a libnbd handle closes its socket when it is freed
 PYEOF
 
 # run_peer NAME ROUND — appends one line to $work/results: NAME ROUND connected
