@@ -149,6 +149,9 @@ pub struct ServerStats {
     pub request_errors: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
+    /// Worker threads the threaded engine runs now, over all connections (it starts them
+    /// as requests need them: an idle connection has one).
+    pub workers: AtomicU64,
 }
 
 /// Starts a graceful drain when [`ShutdownTrigger::shutdown`] is called.

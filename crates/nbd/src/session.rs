@@ -23,7 +23,7 @@
 //! and the connection closes after its replies are written.
 
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -565,18 +565,62 @@ where
     let dev: &dyn BlockDev = &*negotiated.device;
     let x = negotiated.params;
     let pace = Pace::default();
-    std::thread::scope(|scope| {
-        for _ in 1..threads {
-            scope.spawn(|| threaded_worker(&read_side, &write_side, &pace, dev, &x, shared));
-        }
-        threaded_worker(&read_side, &write_side, &pace, dev, &x, shared);
-    });
+    let crew = Crew { max: threads.max(1), spawned: AtomicUsize::new(1), at_door: AtomicUsize::new(0) };
+    let ctx = WorkerCtx { crew: &crew, read_side: &read_side, write_side: &write_side, pace: &pace, dev, x: &x, shared };
+    std::thread::scope(|scope| threaded_worker(scope, ctx));
     let mut rs = read_side.into_inner().unwrap_or_else(|p| p.into_inner());
     rs.tally.publish(&shared.stats);
     let ws = write_side.into_inner().unwrap_or_else(|p| p.into_inner());
     match ws.failed {
         Some(e) => Err(e.into()),
         None => rs.result,
+    }
+}
+
+/// The workers of one connection: started one at a time as requests need them, up to `max`.
+/// An idle connection holds one thread (blocked reading the socket), not `max`.
+struct Crew {
+    max: usize,
+    spawned: AtomicUsize,
+    /// Workers waiting to take the read side.
+    at_door: AtomicUsize,
+}
+
+/// What every worker of a connection shares.
+struct WorkerCtx<'env, R, W> {
+    crew: &'env Crew,
+    read_side: &'env std::sync::Mutex<ReadSide<R>>,
+    write_side: &'env std::sync::Mutex<WriteSide<W>>,
+    pace: &'env Pace,
+    dev: &'env dyn BlockDev,
+    x: &'env ExportParams,
+    shared: &'env Shared,
+}
+
+impl<R, W> Clone for WorkerCtx<'_, R, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R, W> Copy for WorkerCtx<'_, R, W> {}
+
+impl<'env, R: std::io::Read + Send, W: std::io::Write + Send> WorkerCtx<'env, R, W> {
+    /// Starts one more worker if no worker is waiting to read the next request and the
+    /// connection has fewer than `max`. A thread the system refuses is not an error: the
+    /// requests wait for the workers there are.
+    fn grow<'scope>(self, scope: &'scope std::thread::Scope<'scope, 'env>) {
+        let crew = self.crew;
+        if crew.at_door.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        if crew.spawned.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < crew.max).then_some(n + 1)).is_err() {
+            return;
+        }
+        if let Err(e) = std::thread::Builder::new().name("nbd-worker".into()).spawn_scoped(scope, move || threaded_worker(scope, self)) {
+            crew.spawned.fetch_sub(1, Ordering::AcqRel);
+            log::debug!("cannot start another worker for a connection ({e}); its requests wait for the ones it has");
+        }
     }
 }
 
@@ -628,20 +672,24 @@ impl Pace {
 /// holding the read side runs the inline batch core there and then, with payloads read in
 /// place; once requests turn slow (a cache waiting on its disk) it hands them out one by
 /// one, so others keep running while one waits.
-fn threaded_worker<R: std::io::Read, W: std::io::Write>(
-    read_side: &std::sync::Mutex<ReadSide<R>>,
-    write_side: &std::sync::Mutex<WriteSide<W>>,
-    pace: &Pace,
-    dev: &dyn BlockDev,
-    x: &ExportParams,
-    shared: &Shared,
-) {
+fn threaded_worker<'scope, 'env, R: std::io::Read + Send, W: std::io::Write + Send>(scope: &'scope std::thread::Scope<'scope, 'env>, ctx: WorkerCtx<'env, R, W>) {
+    let WorkerCtx { crew, read_side, write_side, pace, dev, x, shared } = ctx;
+    shared.stats.workers.fetch_add(1, Ordering::Relaxed);
+    struct Leaving<'a>(&'a Shared);
+    impl Drop for Leaving<'_> {
+        fn drop(&mut self) {
+            self.0.stats.workers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    let _leaving = Leaving(shared);
     let mut payload = Vec::new();
-    let mut out = ReplyBuf::with_capacity(64 << 10);
+    let mut out = ReplyBuf::with_capacity(4 << 10);
     let mut scratch = Scratch::default();
     loop {
         let job = {
+            crew.at_door.fetch_add(1, Ordering::AcqRel);
             let mut guard = read_side.lock().unwrap_or_else(|p| p.into_inner());
+            crew.at_door.fetch_sub(1, Ordering::AcqRel);
             let rs = &mut *guard;
             loop {
                 if rs.done {
@@ -723,6 +771,8 @@ fn threaded_worker<R: std::io::Read, W: std::io::Write>(
         };
         match job {
             Job::Execute(req) => {
+                // This request runs away from the read side: make sure someone reads on.
+                ctx.grow(scope);
                 out.clear();
                 let started = std::time::Instant::now();
                 if !execute(dev, x, &req, &payload, &mut out, &mut scratch) {

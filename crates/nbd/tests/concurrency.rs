@@ -40,6 +40,38 @@ async fn many_in_flight_replies_out_of_order() {
     }
 }
 
+/// The threaded engine starts workers as requests need them: an idle connection holds one
+/// thread, a connection with slow requests in flight grows to run them side by side, and
+/// no more than the configured number per connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_start_as_requests_need_them() {
+    let h = start_with(vdstream_nbd::ServerConfig { threads_per_connection: 6, ..Default::default() });
+    let mut idle = Vec::new();
+    for _ in 0..5 {
+        let (mut c, _, _) = RawClient::open(&h.path, "slow", false).await;
+        assert_eq!(c.call(CMD_TRIM, 0, 0, 4096, &[]).await, 0); // a fast request: no new worker
+        idle.push(c);
+    }
+    let workers = || h.stats.workers.load(Ordering::SeqCst);
+    assert_eq!(workers(), 5, "five idle connections, one worker each");
+    let c = &mut idle[0];
+    for i in 0..16u64 {
+        c.send(CMD_WRITE, 0, i, i * 4096, 4096, &[9u8; 4096]).await;
+    }
+    for _ in 0..16 {
+        assert_eq!(c.reply(0).await.error(), 0);
+    }
+    let grown = workers();
+    assert!(grown > 5 && grown <= 5 + 5, "the busy connection grew to at most 6 workers: {grown} in all");
+    assert!(h.exports.slow.peak.load(Ordering::SeqCst) > 1, "its slow writes ran side by side");
+    drop(idle);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while workers() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(workers(), 0, "every worker ends with its connection");
+}
+
 /// The threaded engine runs fast requests inline in batches; when the device turns slow it
 /// must go back to running requests side by side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

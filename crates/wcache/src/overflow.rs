@@ -134,6 +134,11 @@ impl Flusher {
             while !t.wake.stop.load(Relaxed) {
                 let woken = t.wake.wait(Duration::from_millis(100));
                 if !woken && t.stats.ram_bytes.load(Relaxed) < t.high {
+                    // A quiet moment: give back what evictions freed. Not while they churn:
+                    // the pages freed then are allocated again at once by writes coming
+                    // back into RAM, and trimming them costs a heap walk, TLB shootdowns
+                    // and fresh page faults for nothing.
+                    vdstream_blockdev::reclaim::maybe_reclaim();
                     continue;
                 }
                 let mut idle = 0;
@@ -150,7 +155,6 @@ impl Flusher {
                         }
                     }
                 }
-                vdstream_blockdev::reclaim::maybe_reclaim();
             }
         })?;
         Ok(Flusher { tiers, thread: Some(thread) })
