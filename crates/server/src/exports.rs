@@ -394,6 +394,11 @@ impl SessionDev {
         self.held.writer.is_some()
     }
 
+    /// Whether writes must be durable before they are answered (see `TargetHold::write_through`).
+    fn write_through(&self) -> bool {
+        self.held.target.as_ref().is_some_and(TargetHold::write_through)
+    }
+
     /// After an operation on a target's server-side cache: what reached its file.
     fn charge_cache(&self) {
         if let (Some(hold), Some(s)) = (&self.held.target, &self.session) {
@@ -436,6 +441,7 @@ impl BlockDev for SessionDev {
                 s.count(|c| (&c.store_write_ops, &c.store_write_bytes), buf.len() as u64);
             }
         }
+        let fua = fua || self.write_through();
         let r = self.run(|| self.inner.write_at(buf, offset, fua));
         self.charge_cache();
         r
@@ -448,12 +454,13 @@ impl BlockDev for SessionDev {
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        let r = self.inner.trim(offset, len, fua);
+        let r = self.inner.trim(offset, len, fua || self.write_through());
         self.charge_cache();
         r
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DevResult<()> {
+        let flags = ZeroFlags { fua: flags.fua || self.write_through(), ..flags };
         let r = self.run(|| self.inner.write_zeroes(offset, len, flags));
         self.charge_cache();
         r

@@ -219,7 +219,13 @@ impl TargetCaches {
             attach: c.attach.clone(),
             version: c.version,
             limit: c.limit,
-            hold: TargetHold { caches: self.clone(), id: id.to_string(), cache: c.cache.clone(), seen: Mutex::new(c.cache.stats()) },
+            hold: TargetHold {
+                caches: self.clone(),
+                id: id.to_string(),
+                cache: c.cache.clone(),
+                write_through: c.kind == CacheType::ServerPersistent,
+                seen: Mutex::new(c.cache.stats()),
+            },
         }
     }
 
@@ -341,11 +347,20 @@ pub struct TargetHold {
     caches: Arc<TargetCaches>,
     id: String,
     cache: Arc<dyn WriteCache>,
+    write_through: bool,
     /// The cache's figures when last charged.
     seen: Mutex<StatsSnapshot>,
 }
 
 impl TargetHold {
+    /// `server-persistent`: every write, trim and zero is made durable before it is
+    /// acknowledged (as if sent with FUA). The agent forgets a write once it is answered,
+    /// and NBD cannot replay it, so an answered write must outlive the server process
+    /// (SIGKILL, power loss) for the guest never to see it lost.
+    pub fn write_through(&self) -> bool {
+        self.write_through
+    }
+
     /// Charges what reached the cache's file since the last call to `session` and
     /// `totals` (store reads and writes), and sets the session's `cache_used`.
     pub fn charge(&self, session: &Session, totals: &Counters) {
