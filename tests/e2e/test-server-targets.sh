@@ -7,7 +7,8 @@
 # GET /api/v1/sessions shows each session's target, vDisk, version, cache type and use;
 # an unknown target and a second live writer are refused with what to do; after the
 # restart the `server` attach is refused as gone; a promote moves the next attach of a
-# target, not the running one; a malformed API request gets 400.
+# target, not the running one; a malformed API request gets 400; GET /api/v1/server and
+# /metrics carry the read cache's figures and guest against store I/O.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
@@ -71,6 +72,20 @@ assert by["p1"]["cache"]["limit_bytes"] == 48 << 20, by["p1"]
 print("sessions:", {t: (s["version"], s["cache"]["type"], s["cache"]["used_bytes"]) for t, s in by.items()})
 PYEOF
 log "ok: GET /api/v1/sessions shows both targets"
+curl -sS --max-time 10 "$API/api/v1/server" >"$E2E_TMP/server.json" || fail "GET /api/v1/server failed"
+"$PY" - "$E2E_TMP/server.json" <<'PYEOF' || fail "GET /api/v1/server: $(cat "$E2E_TMP/server.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+rc, io = j["read_cache"], j["io"]
+assert rc["capacity_bytes"] > 0 and rc["misses"] > 0 and rc["used_bytes"] > 0, rc
+assert io["guest"]["read_bytes"] > 0 and io["store"]["read_bytes"] > 0 and io["store"]["write_bytes"] > 0, io
+print("read cache:", rc, "io:", io)
+PYEOF
+curl -sS --max-time 10 "$API/metrics" >"$E2E_TMP/metrics.txt" || fail "GET /metrics failed"
+for m in vdstream_read_cache_hits_total vdstream_read_cache_misses_total vdstream_read_cache_used_bytes vdstream_store_read_bytes_total; do
+    grep -Eq "^$m [0-9]" "$E2E_TMP/metrics.txt" || fail "/metrics has no $m"
+done
+log "ok: read-cache figures in /api/v1/server and /metrics"
 attach_s1=$(grep -Eo 'target s1: new attach [a-z0-9]+' "$SERVER_LOG" | awk '{print $5}' | head -n1)
 [[ -n $attach_s1 ]] || fail "no attach logged for s1"
 
