@@ -112,6 +112,7 @@ start_store_server_on "$srv" --http 127.0.0.1:0
 API=$(api_url)
 wait "$fio_pid" || fail "fio through p1 failed across the server kill"
 server_alive "$pid_p1" || fail "the p1 agent died"
+sleep 1.5   # the agent rewrites its status file every second
 reconnects=$(agent_status_get p1 'j["server"]["reconnects"]')
 ((reconnects >= 1)) || fail "the p1 agent did not reconnect"
 log "ok: server-persistent survived the kill ($reconnects reconnects)"

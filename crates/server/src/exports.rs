@@ -77,7 +77,8 @@ fn access_word(opened: &OpenedLayer) -> &'static str {
 impl StoreExports {
     pub fn new(state: Arc<ServerState>) -> vdstream_store::Result<StoreExports> {
         let store = Store::open(state.store.clone())?;
-        Ok(StoreExports { state, store, writers: Arc::new(Mutex::new(HashMap::new())), targets: Arc::new(TargetCaches::default()) })
+        let targets = Arc::new(TargetCaches::new(store.clone(), state.name.clone()));
+        Ok(StoreExports { state, store, writers: Arc::new(Mutex::new(HashMap::new())), targets })
     }
 
     fn open_vdisk(&self, export: &str, vdisk: &str, selector: Selector, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
@@ -210,7 +211,7 @@ impl StoreExports {
         }
         let opened = self
             .targets
-            .open(&self.store, &self.state.name, id, &spec, attach, req.peer, &open_chain)
+            .open(id, &spec, attach, req.peer, &open_chain)
             .map_err(|e| match e {
                 TargetOpenError::Unknown(m) => OpenError::Unknown(m),
                 TargetOpenError::Busy(m) => OpenError::Busy(m),

@@ -114,8 +114,11 @@ struct LiveCache {
 }
 
 /// The server-side caches of this server, by target id.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TargetCaches {
+    store: Store,
+    /// This server's name, for refusals.
+    server: String,
     live: Mutex<HashMap<String, LiveCache>>,
 }
 
@@ -155,12 +158,14 @@ pub enum TargetOpenError {
 }
 
 impl TargetCaches {
+    pub fn new(store: Store, server: String) -> TargetCaches {
+        TargetCaches { store, server, live: Mutex::new(HashMap::new()) }
+    }
+
     /// Opens (or joins) the server-side cache of target `id` for a connection from `peer`.
     /// `attach`: the attach a reconnect names; `None`: a new attach. See the module docs.
     pub fn open(
         self: &Arc<Self>,
-        store: &Store,
-        server: &str,
         id: &str,
         spec: &TargetSpec,
         attach: Option<&str>,
@@ -180,9 +185,9 @@ impl TargetCaches {
                         live.remove(id);
                     } else if Instant::now() >= deadline {
                         return Err(TargetOpenError::Busy(format!(
-                            "target {id} already has its one writer ({}, attach {}, on server {server}): \
+                            "target {id} already has its one writer ({}, attach {}, on server {}): \
                              detach that one first (vdstream target detach {id} on its machine), or wait for its connection to close",
-                            c.holder, c.attach
+                            c.holder, c.attach, self.server
                         )));
                     } else {
                         drop(live);
@@ -199,7 +204,7 @@ impl TargetCaches {
                         )));
                     }
                 }
-                let opened = self.create(store, id, spec, attach, peer, open_chain)?;
+                let opened = self.create(id, spec, attach, open_chain)?;
                 let joined = {
                     let c = live.entry(id.to_string()).or_insert(opened);
                     self.join(c, id, peer)
@@ -229,8 +234,8 @@ impl TargetCaches {
         }
     }
 
-    fn create(&self, store: &Store, id: &str, spec: &TargetSpec, attach: Option<&str>, _peer: &str, open_chain: OpenChain<'_>) -> Result<LiveCache, TargetOpenError> {
-        let dir = vdstream_store::server_cache_dir(store.root()).map_err(|e| TargetOpenError::Failed(e.to_string()))?;
+    fn create(&self, id: &str, spec: &TargetSpec, attach: Option<&str>, open_chain: OpenChain<'_>) -> Result<LiveCache, TargetOpenError> {
+        let dir = vdstream_store::server_cache_dir(self.store.root()).map_err(|e| TargetOpenError::Failed(e.to_string()))?;
         let cfg = |dir: PathBuf| CacheConfig { max_file: spec.overflow_max, dir, ..CacheConfig::new(id) };
         if spec.cache == CacheType::Server {
             let chain = open_chain(spec.version).map_err(TargetOpenError::Failed)?;
