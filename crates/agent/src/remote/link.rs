@@ -106,10 +106,16 @@ impl Identity {
 
 /// The export that pins a version, when a description starts with one: the store server
 /// describes `vdisk/w` as `vdisk/w@3 (production)`, and `vdisk/w@3` reaches that version
-/// after production has moved on.
+/// after production has moved on; it describes `target/vm1` as `target/vm1@ATTACH …`, and
+/// `target/vm1@ATTACH` reaches the same attach (version and server-side cache).
 pub(crate) fn pinned_export(description: &str) -> Option<&str> {
     let first = description.split_whitespace().next()?;
-    (first.starts_with("vdisk/") && first.contains('@')).then_some(first)
+    ((first.starts_with("vdisk/") || first.starts_with("target/")) && first.contains('@')).then_some(first)
+}
+
+/// Whether an endpoint's export is one the store server pins by name.
+fn pinnable(export: &str) -> bool {
+    export.starts_with("vdisk/") || export.starts_with("target/")
 }
 
 /// Counters of the link, read by the status.
@@ -320,7 +326,7 @@ impl Link {
     /// The error says why, and whether the server refused the export (a definite answer).
     async fn attempt(&self, ep: &Endpoint) -> Result<Client, (String, bool)> {
         let export = match &*lock(&self.pinned) {
-            Some(pin) if ep.export.starts_with("vdisk/") => pin.clone(),
+            Some(pin) if pinnable(&ep.export) => pin.clone(),
             _ => ep.export.clone(),
         };
         let opts = ConnectOptions {
@@ -343,7 +349,7 @@ impl Link {
         match &*identity {
             None => {
                 if let Some(pin) = now.description.as_deref().and_then(pinned_export) {
-                    if ep.export.starts_with("vdisk/") && ep.export != pin {
+                    if pinnable(&ep.export) && ep.export != pin && pin.split('@').next() == ep.export.split('@').next() {
                         log::info!("target {}: {} is {pin}; reconnects ask for {pin}", self.opts.target, ep.export);
                         *lock(&self.pinned) = Some(pin.to_string());
                     }
@@ -413,6 +419,8 @@ mod tests {
         assert_eq!(pinned_export("vdisk/w@base (base)"), Some("vdisk/w@base"));
         assert_eq!(pinned_export("v3 of vDisk w (/s/w.3.qcow2)"), None);
         assert_eq!(pinned_export("vdisk/w"), None);
+        assert_eq!(pinned_export("target/vm1@a1f vdisk/w@3 (a server cache on server s)"), Some("target/vm1@a1f"));
+        assert_eq!(pinned_export("target/vm1@v3 vdisk/w@3 (device-disk cache on the target; read-only)"), Some("target/vm1@v3"));
     }
 
     #[test]
