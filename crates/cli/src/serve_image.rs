@@ -344,9 +344,7 @@ fn cache_dir(args: &ServeImageArgs, kind: CacheType) -> Result<PathBuf> {
         return Ok(dir.clone());
     }
     if args.vdisk.is_some() && matches!(kind, CacheType::Server | CacheType::ServerPersistent) {
-        let dir = vdstream_store::store_dir(args.store.as_deref()).join("cache");
-        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create the store's cache folder {}", dir.display()))?;
-        return Ok(dir);
+        return Ok(vdstream_store::server_cache_dir(&vdstream_store::store_dir(args.store.as_deref()))?);
     }
     Ok(std::env::temp_dir())
 }

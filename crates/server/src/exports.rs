@@ -25,7 +25,7 @@ use vdstream_store::{Access, DiskAccess, Layer, OpenedLayer, Selector, Store, St
 use crate::names::{canonical_vdisk, ExportName};
 use crate::readcache::with_session;
 use crate::state::{unix_ms, Counters, ExportKind, ServerState, Session, SessionGuard, SessionInfo};
-use crate::target::{lookup_target, TargetLookupError};
+use crate::target::{layer_number, lookup_target, version_selector, TargetCaches, TargetHold, TargetLookupError, TargetOpenError};
 
 /// How long a new maintenance writer waits for one that just disconnected to let go.
 const WRITER_HANDOVER: Duration = Duration::from_secs(1);
@@ -37,6 +37,17 @@ pub struct StoreExports {
     store: Store,
     /// vDisk name → who writes its maintenance version now.
     writers: Arc<Mutex<HashMap<String, String>>>,
+    /// The server-side caches of `target/ID` exports.
+    targets: Arc<TargetCaches>,
+}
+
+/// A version number as export names write it (`base` for 0).
+fn vn(v: u32) -> String {
+    if v == 0 {
+        "base".to_string()
+    } else {
+        v.to_string()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -66,7 +77,8 @@ fn access_word(opened: &OpenedLayer) -> &'static str {
 impl StoreExports {
     pub fn new(state: Arc<ServerState>) -> vdstream_store::Result<StoreExports> {
         let store = Store::open(state.store.clone())?;
-        Ok(StoreExports { state, store, writers: Arc::new(Mutex::new(HashMap::new())) })
+        let targets = Arc::new(TargetCaches::new(store.clone(), state.name.clone()));
+        Ok(StoreExports { state, store, writers: Arc::new(Mutex::new(HashMap::new())), targets })
     }
 
     fn open_vdisk(&self, export: &str, vdisk: &str, selector: Selector, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
@@ -88,7 +100,7 @@ impl StoreExports {
             cache_type: None,
             cache_limit: None,
         };
-        Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: None }, description))
+        Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: None, target: None }, description))
     }
 
     fn open_maintenance(&self, export: &str, vdisk: &str, version: Option<u32>, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
@@ -120,7 +132,7 @@ impl StoreExports {
             cache_type: None,
             cache_limit: None,
         };
-        Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: Some(slot) }, description))
+        Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: Some(slot), target: None }, description))
     }
 
     /// The vDisk's maintenance writer slot, or the refusal naming who holds it.
@@ -148,18 +160,71 @@ impl StoreExports {
         }
     }
 
-    fn open_target(&self, export: &str, id: &str, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
-        match lookup_target(&self.store, id) {
-            Err(TargetLookupError::Unknown(m)) => Err(OpenError::Unknown(m)),
-            Err(TargetLookupError::Failed(m)) => Err(OpenError::Failed(m)),
-            Ok(spec) => {
-                let _ = req;
-                Err(OpenError::Failed(format!(
-                    "{export}: target {id} uses vDisk {} with cache type {}, but this server does not serve target exports yet",
-                    spec.vdisk, spec.cache
-                )))
+    fn open_target(&self, export: &str, id: &str, attach: Option<&str>, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+        let spec = match lookup_target(&self.store, id) {
+            Err(TargetLookupError::Unknown(m)) => return Err(OpenError::Unknown(m)),
+            Err(TargetLookupError::Failed(m)) => return Err(OpenError::Failed(m)),
+            Ok(spec) => spec,
+        };
+        let cache = self.state.read_cache.clone();
+        let open_chain = |selector: Selector| -> Result<OpenedLayer, String> {
+            let opened = self.store.open_layer_with(&spec.vdisk, selector, false, &|p, d| cache.wrap(p, d)).map_err(|e| e.to_string())?;
+            if opened.meta.access == DiskAccess::Private {
+                return Err(format!("vDisk {} of target {id} has private access: it is not served by the store server", spec.vdisk));
             }
+            Ok(opened)
+        };
+        let mut info = SessionInfo {
+            export: export.to_string(),
+            kind: ExportKind::Target,
+            target: Some(id.to_string()),
+            peer: req.peer.to_string(),
+            vdisk: spec.vdisk.clone(),
+            version: 0,
+            cache_type: Some(spec.cache.name().to_string()),
+            cache_limit: None,
+        };
+        if !spec.server_side() || req.purpose == OpenPurpose::Info {
+            // The device types (the agent keeps the cache): the version, read-only; its
+            // number is the attach. INFO of a server type: size and name only, no cache.
+            let selector = match attach {
+                None => spec.version,
+                Some(a) if !spec.server_side() => match a.strip_prefix('v').and_then(|n| n.parse::<u32>().ok()) {
+                    Some(n) => version_selector(n),
+                    None => return Err(OpenError::Unknown(format!("target {id} has cache type {}: its attaches are vN (a version number), not {a:?}", spec.cache))),
+                },
+                Some(_) => match self.targets.current(id) {
+                    Some((_, v)) => version_selector(v),
+                    None => spec.version,
+                },
+            };
+            let opened = open_chain(selector).map_err(OpenError::Unknown)?;
+            info.version = layer_number(opened.layer);
+            let v = info.version;
+            let description = if spec.server_side() {
+                let name = self.targets.current(id).map_or(format!("target/{id}"), |(a, _)| format!("target/{id}@{a}"));
+                format!("{name} vdisk/{}@{} (a {} cache on server {})", spec.vdisk, vn(v), spec.cache, self.state.name)
+            } else {
+                format!("target/{id}@v{v} vdisk/{}@{} ({} cache on the target; read-only)", spec.vdisk, vn(v), spec.cache)
+            };
+            return Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: None, target: None }, description));
         }
+        let opened = self
+            .targets
+            .open(id, &spec, attach, req.peer, &open_chain)
+            .map_err(|e| match e {
+                TargetOpenError::Unknown(m) => OpenError::Unknown(m),
+                TargetOpenError::Busy(m) => OpenError::Busy(m),
+                TargetOpenError::Failed(m) => OpenError::Failed(m),
+            })?;
+        info.version = opened.version;
+        info.cache_limit = Some(opened.limit);
+        let description = format!(
+            "target/{id}@{} vdisk/{}@{} (a {} cache on server {}, read-write, one writer)",
+            opened.attach, spec.vdisk, vn(opened.version), spec.cache, self.state.name
+        );
+        let dev: Arc<dyn BlockDev> = opened.cache.clone();
+        Ok(self.session(req, info, dev, Held { _chain: None, writer: None, target: Some(opened.hold) }, description))
     }
 
     /// Wraps an opened device for its connection (registered for a session; bare for INFO).
@@ -212,13 +277,6 @@ impl StoreExports {
     }
 }
 
-fn layer_number(layer: Layer) -> u32 {
-    match layer {
-        Layer::Base => 0,
-        Layer::Version(n) => n,
-    }
-}
-
 impl Exports for StoreExports {
     fn list(&self) -> Vec<ExportInfo> {
         self.list_exports()
@@ -239,7 +297,7 @@ impl Exports for StoreExports {
         match ExportName::parse(req.name).map_err(OpenError::Unknown)? {
             ExportName::Vdisk { vdisk, selector } => self.open_vdisk(req.name, &vdisk, selector, req),
             ExportName::Maintenance { vdisk, version } => self.open_maintenance(req.name, &vdisk, version, req),
-            ExportName::Target { id } => self.open_target(req.name, &id, req),
+            ExportName::Target { id, attach } => self.open_target(req.name, &id, attach.as_deref(), req),
         }
     }
 }
@@ -264,6 +322,8 @@ impl Drop for WriterSlot {
 struct Held {
     _chain: Option<OpenedLayer>,
     writer: Option<WriterSlot>,
+    /// `target/ID` of a server type: the hold on the target's cache (`inner` is the cache).
+    target: Option<TargetHold>,
 }
 
 #[derive(Debug)]
@@ -334,6 +394,18 @@ impl SessionDev {
     fn writes_to_store(&self) -> bool {
         self.held.writer.is_some()
     }
+
+    /// Whether writes must be durable before they are answered (see `TargetHold::write_through`).
+    fn write_through(&self) -> bool {
+        self.held.target.as_ref().is_some_and(TargetHold::write_through)
+    }
+
+    /// After an operation on a target's server-side cache: what reached its file.
+    fn charge_cache(&self) {
+        if let (Some(hold), Some(s)) = (&self.held.target, &self.session) {
+            hold.charge(s.session(), &s.totals);
+        }
+    }
 }
 
 impl BlockDev for SessionDev {
@@ -349,14 +421,18 @@ impl BlockDev for SessionDev {
         if let Some(s) = &self.session {
             s.count(|c| (&c.guest_read_ops, &c.guest_read_bytes), buf.len() as u64);
         }
-        self.run(|| self.inner.read_at(buf, offset))
+        let r = self.run(|| self.inner.read_at(buf, offset));
+        self.charge_cache();
+        r
     }
 
     fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> {
         if let Some(s) = &self.session {
             s.count(|c| (&c.guest_read_ops, &c.guest_read_bytes), buf.len() as u64);
         }
-        self.run(|| self.inner.read_at_sparse(buf, offset, holes))
+        let r = self.run(|| self.inner.read_at_sparse(buf, offset, holes));
+        self.charge_cache();
+        r
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> {
@@ -366,19 +442,29 @@ impl BlockDev for SessionDev {
                 s.count(|c| (&c.store_write_ops, &c.store_write_bytes), buf.len() as u64);
             }
         }
-        self.run(|| self.inner.write_at(buf, offset, fua))
+        let fua = fua || self.write_through();
+        let r = self.run(|| self.inner.write_at(buf, offset, fua));
+        self.charge_cache();
+        r
     }
 
     fn flush(&self) -> DevResult<()> {
-        self.inner.flush()
+        let r = self.inner.flush();
+        self.charge_cache();
+        r
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        self.inner.trim(offset, len, fua)
+        let r = self.inner.trim(offset, len, fua || self.write_through());
+        self.charge_cache();
+        r
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DevResult<()> {
-        self.run(|| self.inner.write_zeroes(offset, len, flags))
+        let flags = ZeroFlags { fua: flags.fua || self.write_through(), ..flags };
+        let r = self.run(|| self.inner.write_zeroes(offset, len, flags));
+        self.charge_cache();
+        r
     }
 
     fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> DevResult<()> {

@@ -21,8 +21,9 @@ pub enum ExportName {
     Vdisk { vdisk: String, selector: Selector },
     /// `maintenance/NAME[@N]`; with `@N`, only while N is still the maintenance version.
     Maintenance { vdisk: String, version: Option<u32> },
-    /// `target/ID`.
-    Target { id: String },
+    /// `target/ID` (a new attach), or `target/ID@ATTACH`: a reconnect of the attach whose
+    /// export description began with that name (see `target.rs`).
+    Target { id: String, attach: Option<String> },
 }
 
 /// The one-line guide to export names, for error messages.
@@ -54,10 +55,21 @@ impl ExportName {
                 Ok((vdisk, _)) => bad(format!("maintenance/{vdisk} takes no version other than its number")),
                 Err(e) => bad(e.to_string()),
             },
-            "target" => match validate_target_id(rest) {
-                Ok(()) => Ok(ExportName::Target { id: rest.to_string() }),
-                Err(e) => bad(e),
-            },
+            "target" => {
+                let (id, attach) = match rest.split_once('@') {
+                    Some((id, a)) => (id, Some(a)),
+                    None => (rest, None),
+                };
+                if let Some(a) = attach {
+                    if a.is_empty() || a.len() > 32 || !a.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+                        return bad(format!("{a:?} is not an attach of target {id} (target/ID@ATTACH is the name a target/ID export describes itself with)"));
+                    }
+                }
+                match validate_target_id(id) {
+                    Ok(()) => Ok(ExportName::Target { id: id.to_string(), attach: attach.map(str::to_string) }),
+                    Err(e) => bad(e),
+                }
+            }
             other => bad(format!("unknown kind {other:?}")),
         }
     }
@@ -85,7 +97,8 @@ mod tests {
         assert_eq!(ExportName::parse("vdisk/w@test").unwrap(), ExportName::Vdisk { vdisk: "w".into(), selector: Selector::Test });
         assert_eq!(ExportName::parse("maintenance/win11").unwrap(), ExportName::Maintenance { vdisk: "win11".into(), version: None });
         assert_eq!(ExportName::parse("maintenance/win11@4").unwrap(), ExportName::Maintenance { vdisk: "win11".into(), version: Some(4) });
-        assert_eq!(ExportName::parse("target/vm-1").unwrap(), ExportName::Target { id: "vm-1".into() });
+        assert_eq!(ExportName::parse("target/vm-1").unwrap(), ExportName::Target { id: "vm-1".into(), attach: None });
+        assert_eq!(ExportName::parse("target/vm-1@v3").unwrap(), ExportName::Target { id: "vm-1".into(), attach: Some("v3".into()) });
     }
 
     #[test]
@@ -103,6 +116,8 @@ mod tests {
             ("maintenance/w@test", "no version other"),
             ("target/", "empty"),
             ("target/a b", "target id"),
+            ("target/a@", "not an attach"),
+            ("target/a@X/y", "not an attach"),
         ] {
             let e = ExportName::parse(name).unwrap_err();
             assert!(e.contains(why), "{name:?}: {e}");
@@ -124,7 +139,7 @@ mod tests {
             if let Ok(n) = ExportName::parse(&text) {
                 let name = match n {
                     ExportName::Vdisk { vdisk, .. } | ExportName::Maintenance { vdisk, .. } => vdisk,
-                    ExportName::Target { id } => id,
+                    ExportName::Target { id, .. } => id,
                 };
                 proptest::prop_assert!(!name.contains('/') && !name.contains("..") && !name.is_empty());
             }

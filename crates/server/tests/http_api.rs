@@ -78,6 +78,10 @@ fn the_server_document_says_who_and_where() {
     assert_eq!((doc["sessions"].as_u64(), doc["draining"].as_bool()), (Some(0), Some(false)));
     assert_eq!(doc["version"], env!("CARGO_PKG_VERSION"));
     assert!(doc["started_unix_ms"].as_u64().unwrap() <= unix_ms());
+    assert_eq!(doc["read_cache"]["capacity_bytes"], 0, "read_cache: 0 in the options");
+    assert_eq!((doc["read_cache"]["hits"].as_u64(), doc["read_cache"]["hit_ratio"].is_null()), (Some(0), true));
+    assert_eq!(doc["io"]["guest"]["read_bytes"], 0);
+    assert_eq!(doc["io"]["store"]["write_ops"], 0);
 }
 
 #[test]
@@ -218,6 +222,9 @@ fn sessions_show_counters_rates_and_the_agents_report() {
         "vdstream_agent_retries_total{target=\"vm1\"} 3\n",
         "vdstream_agent_cache_used_percent{target=\"vm1\"} 12.5\n",
         "vdstream_agent_connected{target=\"vm1\"} 1\n",
+        "# TYPE vdstream_read_cache_hits_total counter\nvdstream_read_cache_hits_total 0\n",
+        "vdstream_read_cache_capacity_bytes 0\n",
+        "# TYPE vdstream_store_read_bytes_total counter\n",
     ] {
         assert!(m.contains(want), "metrics lack {want:?}:\n{m}");
     }

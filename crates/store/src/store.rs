@@ -40,6 +40,15 @@ pub fn store_dir(flag: Option<&Path>) -> PathBuf {
     }
 }
 
+/// `STORE/cache/`, created if missing: the server-side write caches (`server`,
+/// `server-persistent`), one set of files per target, named after it. `serve-image --vdisk`
+/// and the store server's `target/ID` exports keep them there.
+pub fn server_cache_dir(root: &Path) -> std::io::Result<PathBuf> {
+    let dir = root.join("cache");
+    std::fs::create_dir_all(&dir).map_err(|e| std::io::Error::new(e.kind(), format!("cannot create the store's cache folder {}: {e}", dir.display())))?;
+    Ok(dir)
+}
+
 /// An open store.
 #[derive(Debug, Clone)]
 pub struct Store {

@@ -88,7 +88,9 @@ impl Identity {
     }
 
     /// Why `now` is not the export first attached to, or `None` if it is.
-    fn mismatch(&self, now: &Identity) -> Option<String> {
+    /// `read_only`: the target only reads (a device type), so the same vDisk version under
+    /// another name (`target/ID@v3` or `vdisk/NAME@3`) is the same bytes.
+    fn mismatch(&self, now: &Identity, read_only: bool) -> Option<String> {
         if now.size != self.size {
             return Some(format!(
                 "the export is now {} bytes but was {} bytes at attach: it is not the vDisk version this target started with; \
@@ -100,6 +102,7 @@ impl Identity {
             // The store server's descriptions start with the resolved version
             // (`vdisk/w@3 (test)`): the same version whatever its access is now.
             (Some(was), Some(is)) if pinned_export(was).is_some() && pinned_export(was) == pinned_export(is) => None,
+            (Some(was), Some(is)) if read_only && vdisk_pin(was).is_some() && vdisk_pin(was) == vdisk_pin(is) => None,
             (Some(was), Some(is)) if was != is => Some(format!(
                 "the export is now described as {is:?} but was {was:?} at attach: refusing a different vDisk version"
             )),
@@ -108,15 +111,27 @@ impl Identity {
     }
 }
 
-/// The export that pins a version, when a description names one: the store server
+/// The export that pins a version, when a description starts with one: the store server
 /// describes `vdisk/w` as `vdisk/w@3 (production)`, and `vdisk/w@3` reaches that version
-/// after production has moved on. The first `vdisk/NAME@V` word counts, wherever it is
-/// (a `target/ID` export may name its vDisk version after the target).
+/// after production has moved on; it describes `target/vm1` as `target/vm1@ATTACH …`, and
+/// `target/vm1@ATTACH` reaches the same attach (version and server-side cache).
 pub(crate) fn pinned_export(description: &str) -> Option<&str> {
+    let first = description.split_whitespace().next()?;
+    ((first.starts_with("vdisk/") || first.starts_with("target/")) && first.contains('@')).then_some(first)
+}
+
+/// The first `vdisk/NAME@V` word of a description, wherever it is (`target/vm1@v3
+/// vdisk/w@3 (…)`): what a device type's `vdisk/` fallback must read to stay on the version.
+pub(crate) fn vdisk_pin(description: &str) -> Option<&str> {
     description
         .split_whitespace()
         .map(|w| w.trim_matches(|c: char| matches!(c, '"' | '\'' | '(' | ')' | ',' | ';' | ':')))
         .find(|w| w.starts_with("vdisk/") && w.len() > "vdisk/".len() && w.contains('@') && !w.ends_with('@'))
+}
+
+/// The name a pin stands for: `vdisk/w@3` pins `vdisk/w`, `vdisk/w@test` and `vdisk/w@3`.
+fn pin_name(export: &str) -> &str {
+    export.split('@').next().unwrap_or(export)
 }
 
 /// Chooses the order of the endpoints for a reconnect (a new placement). Called off the
@@ -173,9 +188,10 @@ pub(crate) struct Link {
     current: Mutex<Current>,
     reconnecting: tokio::sync::Mutex<()>,
     identity: Mutex<Option<Identity>>,
-    /// After the first connect to a store server's `vdisk/NAME`: `vdisk/NAME@V`, asked
-    /// of every server from then on (reconnects keep the version).
-    pinned: Mutex<Option<String>>,
+    /// From the first connect to a store server: `vdisk/NAME@V` and `target/ID@X`, each
+    /// asked instead of any export of its name from then on (reconnects keep the version,
+    /// and for `target/ID` the attach).
+    pins: Mutex<Vec<String>>,
     last_reason: Mutex<Vec<Option<String>>>,
     reorder: Option<Arc<dyn Reorder>>,
     pub requests: tokio::sync::Semaphore,
@@ -202,7 +218,7 @@ impl Link {
             current: Mutex::new(Current::default()),
             reconnecting: tokio::sync::Mutex::new(()),
             identity: Mutex::new(None),
-            pinned: Mutex::new(None),
+            pins: Mutex::new(Vec::new()),
             last_reason: Mutex::new(vec![None; n]),
             reorder: None,
             counters: LinkCounters::default(),
@@ -389,10 +405,7 @@ impl Link {
     }
 
     async fn attempt_export(&self, ep: &Endpoint, asked: &str) -> Result<Client, (String, Failure)> {
-        let export = match &*lock(&self.pinned) {
-            Some(pin) if asked.starts_with("vdisk/") => pin.clone(),
-            _ => asked.to_string(),
-        };
+        let export = lock(&self.pins).iter().find(|p| pin_name(p) == pin_name(asked)).cloned().unwrap_or_else(|| asked.to_string());
         let opts = ConnectOptions {
             export,
             connect_timeout: self.opts.connect_timeout,
@@ -413,16 +426,20 @@ impl Link {
         let mut identity = lock(&self.identity);
         match &*identity {
             None => {
-                if let Some(pin) = now.description.as_deref().and_then(pinned_export) {
-                    if (asked.starts_with("vdisk/") || ep.fallback.is_some()) && asked != pin {
-                        log::info!("target {}: {asked} is {pin}; reconnects ask for {pin}", self.opts.target);
-                        *lock(&self.pinned) = Some(pin.to_string());
+                let description = now.description.as_deref().unwrap_or("");
+                let mut pins = lock(&self.pins);
+                for pin in [pinned_export(description), vdisk_pin(description)].into_iter().flatten() {
+                    if !pins.iter().any(|p| p == pin) {
+                        if pin_name(pin) == pin_name(asked) && pin != asked {
+                            log::info!("target {}: {asked} is {pin}; reconnects ask for {pin}", self.opts.target);
+                        }
+                        pins.push(pin.to_string());
                     }
                 }
                 *identity = Some(now);
             }
             Some(was) => {
-                if let Some(why) = was.mismatch(&now) {
+                if let Some(why) = was.mismatch(&now, !self.opts.writable) {
                     return Err((why, Failure::Mismatch));
                 }
             }
@@ -484,15 +501,26 @@ mod tests {
         assert_eq!(pinned_export("vdisk/w@base (base)"), Some("vdisk/w@base"));
         assert_eq!(pinned_export("v3 of vDisk w (/s/w.3.qcow2)"), None);
         assert_eq!(pinned_export("vdisk/w"), None);
-        assert_eq!(pinned_export("target/vm1: vdisk/w@3 (production), device-disk"), Some("vdisk/w@3"));
-        assert_eq!(pinned_export("target/vm1 reads \"vdisk/w@test\""), Some("vdisk/w@test"));
-        assert_eq!(pinned_export("vdisk/@ or vdisk/w@"), None);
+        assert_eq!(pinned_export("target/vm1@a1f vdisk/w@3 (a server cache on server s)"), Some("target/vm1@a1f"));
+        assert_eq!(pinned_export("target/vm1@v3 vdisk/w@3 (device-disk cache on the target; read-only)"), Some("target/vm1@v3"));
+        assert_eq!(vdisk_pin("target/vm1@v3 vdisk/w@3 (device-disk cache on the target; read-only)"), Some("vdisk/w@3"));
+        assert_eq!(vdisk_pin("target/vm1 reads \"vdisk/w@test\""), Some("vdisk/w@test"));
+        assert_eq!(vdisk_pin("vdisk/@ or vdisk/w@"), None);
+        assert_eq!((pin_name("vdisk/w@3"), pin_name("target/vm1")), ("vdisk/w", "target/vm1"));
     }
 
     #[test]
     fn the_same_version_with_another_access_is_the_same_export() {
-        assert_eq!(id("vdisk/w@3 (test)").mismatch(&id("vdisk/w@3 (production)")), None);
-        assert!(id("vdisk/w@3 (production)").mismatch(&id("vdisk/w@4 (production)")).is_some());
-        assert!(id("raw image a").mismatch(&id("raw image b")).is_some());
+        assert_eq!(id("vdisk/w@3 (test)").mismatch(&id("vdisk/w@3 (production)"), true), None);
+        assert!(id("vdisk/w@3 (production)").mismatch(&id("vdisk/w@4 (production)"), true).is_some());
+        assert!(id("raw image a").mismatch(&id("raw image b"), true).is_some());
+        // A device type may read its version through target/ID or, on an older server, vdisk/.
+        let through_target = id("target/vm1@v3 vdisk/w@3 (device-disk cache on the target; read-only)");
+        assert_eq!(through_target.mismatch(&id("vdisk/w@3 (production)"), true), None);
+        assert!(through_target.mismatch(&id("vdisk/w@4 (production)"), true).is_some());
+        // A server-side cache is its attach: the same version in another attach is not it.
+        let attach = id("target/vm1@a1f vdisk/w@3 (a server cache on server s)");
+        assert!(attach.mismatch(&id("target/vm1@b2c vdisk/w@3 (a server cache on server s)"), false).is_some());
+        assert_eq!(attach.mismatch(&id("target/vm1@a1f vdisk/w@3 (a server cache on server t)"), false), None);
     }
 }

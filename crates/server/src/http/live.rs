@@ -167,6 +167,32 @@ pub(crate) fn server_doc(state: &ServerState) -> Value {
         "draining": state.draining.load(std::sync::atomic::Ordering::Relaxed),
         "started_unix_ms": state.started_unix_ms,
         "version": env!("CARGO_PKG_VERSION"),
+        "read_cache": read_cache_doc(state),
+        "io": io_doc(&state.totals.snapshot()),
+    })
+}
+
+/// The shared read cache: what it holds, and how often it spared the store a read.
+fn read_cache_doc(state: &ServerState) -> Value {
+    let c = state.read_cache.snapshot();
+    let looked = c.hits + c.misses;
+    json!({
+        "capacity_bytes": c.capacity,
+        "used_bytes": c.used,
+        "hits": c.hits,
+        "misses": c.misses,
+        "shared_loads": c.shared_loads,
+        "evictions": c.evictions,
+        "hit_ratio": (looked > 0).then(|| (c.hits as f64 * 1000.0 / looked as f64).round() / 1000.0),
+    })
+}
+
+/// Guest I/O (what clients asked for) against store I/O (what reached the store's files)
+/// of every session since the server started.
+fn io_doc(t: &crate::state::CountersSnapshot) -> Value {
+    json!({
+        "guest": {"read_ops": t.guest_read_ops, "read_bytes": t.guest_read_bytes, "write_ops": t.guest_write_ops, "write_bytes": t.guest_write_bytes},
+        "store": {"read_ops": t.store_read_ops, "read_bytes": t.store_read_bytes, "write_ops": t.store_write_ops, "write_bytes": t.store_write_bytes},
     })
 }
 

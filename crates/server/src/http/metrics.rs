@@ -52,6 +52,18 @@ const SESSION_COUNTERS: [Counter; 8] = [
     ("vdstream_session_store_write_bytes_total", "Bytes written to a file (the server-side cache).", |c| c.store_write_bytes),
 ];
 
+/// Every session's I/O since the server started (closed sessions too).
+const SERVER_COUNTERS: [Counter; 8] = [
+    ("vdstream_guest_read_ops_total", "Reads clients asked for, every session.", |c| c.guest_read_ops),
+    ("vdstream_guest_read_bytes_total", "Bytes clients read, every session.", |c| c.guest_read_bytes),
+    ("vdstream_guest_write_ops_total", "Writes clients asked for, every session.", |c| c.guest_write_ops),
+    ("vdstream_guest_write_bytes_total", "Bytes clients wrote, every session.", |c| c.guest_write_bytes),
+    ("vdstream_store_read_ops_total", "Reads that reached the store's files (after the read cache).", |c| c.store_read_ops),
+    ("vdstream_store_read_bytes_total", "Bytes read from the store's files (after the read cache).", |c| c.store_read_bytes),
+    ("vdstream_store_write_ops_total", "Writes that reached a file (maintenance versions, server-side caches).", |c| c.store_write_ops),
+    ("vdstream_store_write_bytes_total", "Bytes written to a file (maintenance versions, server-side caches).", |c| c.store_write_bytes),
+];
+
 /// The agent figures exported, by JSON pointer into its report.
 const AGENT_FIGURES: [(&str, &str, &str, &str); 6] = [
     ("vdstream_agent_retries_total", "counter", "Requests the agent re-sent after a connection broke.", "/server/retries"),
@@ -71,6 +83,22 @@ pub(crate) fn render(shared: &Shared) -> String {
         .sample("vdstream_server_draining", "", if state.draining.load(Ordering::Relaxed) { 1.0 } else { 0.0 });
     let started = state.started_unix_ms as f64 / 1000.0;
     Family::new(&mut out, "vdstream_server_start_time_seconds", "gauge", "When the server started, Unix time.").sample("vdstream_server_start_time_seconds", "", started);
+
+    let totals = state.totals.snapshot();
+    for (name, help, get) in SERVER_COUNTERS {
+        Family::new(&mut out, name, "counter", help).sample(name, "", get(&totals) as f64);
+    }
+    let rc = state.read_cache.snapshot();
+    for (name, kind, help, value) in [
+        ("vdstream_read_cache_hits_total", "counter", "Blocks the shared read cache answered.", rc.hits),
+        ("vdstream_read_cache_misses_total", "counter", "Blocks the shared read cache read from the store.", rc.misses),
+        ("vdstream_read_cache_shared_loads_total", "counter", "Misses that waited for another reader's load of the same block.", rc.shared_loads),
+        ("vdstream_read_cache_evictions_total", "counter", "Blocks dropped from the shared read cache to make room.", rc.evictions),
+        ("vdstream_read_cache_used_bytes", "gauge", "Bytes the shared read cache holds.", rc.used),
+        ("vdstream_read_cache_capacity_bytes", "gauge", "The shared read cache's size (--read-cache).", rc.capacity),
+    ] {
+        Family::new(&mut out, name, kind, help).sample(name, "", value as f64);
+    }
 
     let snaps: Vec<_> = sessions.iter().map(|s| {
         let i = &s.info;
