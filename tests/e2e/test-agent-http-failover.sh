@@ -70,6 +70,9 @@ for ((i = 0; i < 50; i++)); do
 done
 [[ -n $ok ]] || fail "server a's API does not show t1's report with a failover: $(cat "$E2E_TMP/t1.out")"
 log "ok: a's API shows t1: $(json_get "$E2E_TMP/t1.json" 'j["agent"]["server"]')"
+api GET /api/v1/sessions | head -n -1 >"$E2E_TMP/sessions.json"
+assert_eq "t1's session on a carries its report" \
+    "$(json_get "$E2E_TMP/sessions.json" '[s["agent"]["server"]["failovers"] >= 1 for s in j if s["target"] == "t1" and s["agent"]]')" "[True]"
 assert_eq "vDisk in the report" "$(json_get "$E2E_TMP/t1.json" 'j["agent"]["cache"]["type"]')" device-disk
 "$VDSTREAM_BIN" target status t1 --server "$api_a" >"$E2E_TMP/status-api.txt" || fail "target status --server failed"
 grep -Eq '[1-9][0-9]* failovers' "$E2E_TMP/status-api.txt" || fail "target status --server shows no failover: $(cat "$E2E_TMP/status-api.txt")"
