@@ -93,20 +93,6 @@ thread_local! {
     static RING: RefCell<RingState> = const { RefCell::new(RingState::Untried) };
 }
 
-fn setup() -> io::Result<IoUring> {
-    let ring = match IoUring::builder().setup_single_issuer().setup_defer_taskrun().build(ENTRIES) {
-        Ok(r) => r,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::new(ENTRIES)?,
-        Err(e) => return Err(e),
-    };
-    let mut probe = io_uring::Probe::new();
-    ring.submitter().register_probe(&mut probe)?;
-    if !probe.is_supported(opcode::Read::CODE) || !probe.is_supported(opcode::Write::CODE) {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    Ok(ring)
-}
-
 /// Runs every I/O of `ios` (at once where the kernel can) and sets each one's `result`.
 /// Buffers for files opened with `O_DIRECT` must meet its alignment, as with `pread`.
 pub fn run_batch(ios: &mut [FileIo<'_>]) {
@@ -118,7 +104,7 @@ pub fn run_batch(ios: &mut [FileIo<'_>]) {
     RING.with(|cell| {
         let Ok(mut state) = cell.try_borrow_mut() else { return };
         if let RingState::Untried = *state {
-            *state = match setup() {
+            *state = match crate::uring::setup_ring_of(ENTRIES) {
                 Ok(r) => RingState::Ready(Box::new(r)),
                 Err(e) => {
                     log::info!("io_uring is not available on this thread ({e}); batches use pread/pwrite");

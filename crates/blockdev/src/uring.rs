@@ -269,9 +269,15 @@ impl Drop for UringQueue {
 /// A ring that can do what the queue needs: single issuer and deferred task work when the
 /// kernel has them (6.1+), plain otherwise; read and write opcodes present.
 fn setup_ring() -> io::Result<IoUring> {
-    let ring = match IoUring::builder().setup_single_issuer().setup_defer_taskrun().build(ENTRIES) {
+    setup_ring_of(ENTRIES)
+}
+
+/// A ring of `entries` for one thread's use (`SINGLE_ISSUER` and `DEFER_TASKRUN` where the
+/// kernel has them) that can read and write files; also [`crate::ring`]'s per-thread ring.
+pub(crate) fn setup_ring_of(entries: u32) -> io::Result<IoUring> {
+    let ring = match IoUring::builder().setup_single_issuer().setup_defer_taskrun().build(entries) {
         Ok(r) => r,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::new(ENTRIES)?,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::new(entries)?,
         Err(e) => return Err(e),
     };
     let mut probe = io_uring::Probe::new();

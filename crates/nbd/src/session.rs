@@ -300,19 +300,29 @@ where
 /// this thread straight from the socket, with no event loop between (the fastest path for
 /// devices that never sleep). Drain works by shutting down the socket's read side, which
 /// makes the blocked read return end-of-file; every request already read is answered.
-pub fn run_inline_blocking<S>(mut stream: S, negotiated: Negotiated, shared: &Shared) -> Result<(), SessionError>
+pub fn run_inline_blocking<S>(stream: S, negotiated: Negotiated, shared: &Shared) -> Result<(), SessionError>
 where
     S: std::io::Read + std::io::Write,
 {
     let dev: &dyn BlockDev = &*negotiated.device;
     let x = negotiated.params;
+    blocking_loop(stream, shared, |input, out, scratch, tally| process(input, dev, &x, out, scratch, tally, None))
+}
+
+/// The loop the inline and batched engines share on a blocking socket: `core` handles what
+/// the input buffer holds and appends replies; the loop writes them, then reads more, until
+/// DISC, end of file, an error, or a protocol violation. What was answered still goes out.
+fn blocking_loop<S>(mut stream: S, shared: &Shared, mut core: impl FnMut(&mut Input, &mut ReplyBuf, &mut Scratch, &mut Tally) -> Step) -> Result<(), SessionError>
+where
+    S: std::io::Read + std::io::Write,
+{
     let mut input = Input::new(shared.config.read_buffer_size);
     let mut out = ReplyBuf::with_capacity(64 << 10);
     let mut scratch = Scratch::default();
     let mut tally = Tally::default();
 
     let result = 'session: loop {
-        match process(&mut input, dev, &x, &mut out, &mut scratch, &mut tally, None) {
+        match core(&mut input, &mut out, &mut scratch, &mut tally) {
             Step::NeedInput => {}
             Step::OutputFull => {
                 if let Err(e) = stream.write_all(out.as_slice()) {
@@ -363,57 +373,14 @@ const MAX_BATCH: usize = 64;
 /// after the reads and writes taken before them. One sleep per batch, where the threaded
 /// engine pays a thread hand-off and a sleep per request. Drain works as in the inline
 /// engine.
-pub fn run_batched_blocking<S>(mut stream: S, negotiated: Negotiated, shared: &Shared) -> Result<(), SessionError>
+pub fn run_batched_blocking<S>(stream: S, negotiated: Negotiated, shared: &Shared) -> Result<(), SessionError>
 where
     S: std::io::Read + std::io::Write,
 {
     let dev: &dyn BlockDev = &*negotiated.device;
     let x = negotiated.params;
-    let mut input = Input::new(shared.config.read_buffer_size);
-    let mut out = ReplyBuf::with_capacity(64 << 10);
-    let mut scratch = Scratch::default();
-    let mut tally = Tally::default();
     let mut batch = Batch::default();
-
-    let result = 'session: loop {
-        match process_batched(&mut input, dev, &x, &mut out, &mut scratch, &mut tally, &mut batch) {
-            Step::NeedInput => {}
-            Step::OutputFull => {
-                if let Err(e) = stream.write_all(out.as_slice()) {
-                    break 'session Err(e.into());
-                }
-                out.clear();
-                continue;
-            }
-            Step::Disconnect => break 'session Ok(()),
-            Step::Failed(e) => break 'session Err(e),
-        }
-        if !out.is_empty() {
-            if let Err(e) = stream.write_all(out.as_slice()) {
-                break 'session Err(e.into());
-            }
-            out.clear();
-            out.shrink_to(1 << 20);
-        }
-        tally.publish(&shared.stats);
-        match input.fill_blocking(&mut stream) {
-            Ok(0) => {
-                if input.has_partial() {
-                    log::debug!("client closed the connection in the middle of a request");
-                }
-                break 'session Ok(());
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => break 'session Err(e.into()),
-        }
-    };
-    if !out.is_empty() {
-        let _ = stream.write_all(out.as_slice());
-    }
-    tally.publish(&shared.stats);
-    let _ = stream.flush();
-    result
+    blocking_loop(stream, shared, |input, out, scratch, tally| process_batched(input, dev, &x, out, scratch, tally, &mut batch))
 }
 
 /// The reads and writes taken from the input buffer and not run yet.

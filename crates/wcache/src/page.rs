@@ -139,6 +139,17 @@ impl PageLocks {
         (page.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(32) & self.mask) as usize
     }
 
+    /// The stripes of pages `first .. first + count`, each once, ascending (the lock order).
+    fn stripes_of(&self, first: u64, count: u64) -> Vec<usize> {
+        if count >= self.stripes.len() as u64 {
+            return (0..self.stripes.len()).collect();
+        }
+        let mut v: Vec<usize> = (first..first + count).map(|p| self.stripe_of(p)).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Locks the stripe of one page.
     pub fn lock(&self, page: u64) -> MutexGuard<'_, ()> {
         self.stripes[self.stripe_of(page)].0.lock().unwrap_or_else(PoisonError::into_inner)
@@ -150,14 +161,7 @@ impl PageLocks {
         if count == 1 {
             return PageRangeGuard { _guards: Guards::One(self.lock(first)) };
         }
-        let idx: Vec<usize> = if count >= self.stripes.len() as u64 {
-            (0..self.stripes.len()).collect()
-        } else {
-            let mut v: Vec<usize> = (first..first + count).map(|p| self.stripe_of(p)).collect();
-            v.sort_unstable();
-            v.dedup();
-            v
-        };
+        let idx = self.stripes_of(first, count);
         let guards = idx.into_iter().map(|i| self.stripes[i].0.lock().unwrap_or_else(PoisonError::into_inner)).collect();
         PageRangeGuard { _guards: Guards::Many(guards) }
     }
@@ -173,14 +177,7 @@ impl PageLocks {
         if count == 1 {
             return try_one(self.stripe_of(first)).map(|g| PageRangeGuard { _guards: Guards::One(g) });
         }
-        let idx: Vec<usize> = if count >= self.stripes.len() as u64 {
-            (0..self.stripes.len()).collect()
-        } else {
-            let mut v: Vec<usize> = (first..first + count).map(|p| self.stripe_of(p)).collect();
-            v.sort_unstable();
-            v.dedup();
-            v
-        };
+        let idx = self.stripes_of(first, count);
         let guards = idx.into_iter().map(try_one).collect::<Option<Vec<_>>>()?;
         Some(PageRangeGuard { _guards: Guards::Many(guards) })
     }
