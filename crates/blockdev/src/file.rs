@@ -498,16 +498,18 @@ impl BlockDev for FileDev {
         let mut idx = Vec::new();
         for (i, op) in ops.iter_mut().enumerate() {
             let offset = op.offset;
-            match &mut op.io {
-                BatchIo::Read(buf) if self.direct => op.result = self.read_at(buf, offset),
-                BatchIo::Read(buf) => match check_range(self.size, Op::Read, offset, buf.len() as u64, &|| self.describe()) {
+            if self.direct || op.is_write() {
+                op.run_alone(self);
+                continue;
+            }
+            if let BatchIo::Read(buf) = &mut op.io {
+                match check_range(self.size, Op::Read, offset, buf.len() as u64, &|| self.describe()) {
                     Ok(()) => {
                         idx.push(i);
                         reads.push(crate::ring::FileIo::read(&self.file, buf, offset));
                     }
                     Err(e) => op.result = Err(e),
-                },
-                BatchIo::Write(buf, fua) => op.result = self.write_at(buf, offset, *fua),
+                }
             }
         }
         crate::ring::run_batch(&mut reads);

@@ -175,10 +175,7 @@ pub trait BlockDev: Send + Sync + std::fmt::Debug {
     /// `write_at`; a device whose I/O is asynchronous underneath submits them together.
     fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
         for op in ops {
-            op.result = match &mut op.io {
-                BatchIo::Read(buf) => self.read_at(buf, op.offset),
-                BatchIo::Write(buf, fua) => self.write_at(buf, op.offset, *fua),
-            };
+            op.run_alone(self);
         }
     }
 
@@ -230,6 +227,16 @@ impl<'a> BatchOp<'a> {
 
     pub fn is_write(&self) -> bool {
         matches!(self.io, BatchIo::Write(..))
+    }
+
+    /// Runs this op on its own with `read_at` or `write_at` of `dev` and sets its result:
+    /// what [`BlockDev::io_batch`] does by default, and what a batching device does with
+    /// the ops it does not batch.
+    pub fn run_alone<D: BlockDev + ?Sized>(&mut self, dev: &D) {
+        self.result = match &mut self.io {
+            BatchIo::Read(buf) => dev.read_at(buf, self.offset),
+            BatchIo::Write(buf, fua) => dev.write_at(buf, self.offset, *fua),
+        };
     }
 }
 

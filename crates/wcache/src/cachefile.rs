@@ -72,25 +72,30 @@ thread_local! {
 
 /// Runs `f` with a 4096-aligned buffer of `len` bytes (a multiple of [`PAGE`]) for a batch
 /// of page I/O, apart from [`with_bounce`]'s (so `f` may use that one too); contents on
-/// entry are unspecified. `None` (and `f` not run) if this thread's arena is in use.
-pub fn with_arena<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+/// entry are unspecified. The thread's arena is reused from batch to batch; should it be
+/// in use already (a batch inside a batch), `f` gets a buffer of its own.
+pub fn with_arena<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     debug_assert!(len % PAGE == 0);
-    ARENA.with(|cell| {
-        let mut pages = cell.try_borrow_mut().ok()?;
+    let run = |pages: &mut Vec<AlignedPage>| {
         let n = len / PAGE;
         if pages.len() < n {
             pages.resize(n, AlignedPage([0; PAGE]));
         }
         // SAFETY: as in `with_bounce`: `n` aligned pages are `len` contiguous initialised
-        // bytes, and the `RefCell` borrow makes this the only reference to them.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(pages.as_mut_ptr().cast::<u8>(), len) };
-        let r = f(bytes);
-        if pages.len() > 256 {
-            // Keep at most 1 MiB per thread between batches.
-            pages.truncate(256);
-            pages.shrink_to_fit();
+        // bytes, and the caller's exclusive borrow of `pages` makes this the only reference.
+        f(unsafe { std::slice::from_raw_parts_mut(pages.as_mut_ptr().cast::<u8>(), len) })
+    };
+    ARENA.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut pages) => {
+            let r = run(&mut pages);
+            if pages.len() > 256 {
+                // Keep at most 1 MiB per thread between batches.
+                pages.truncate(256);
+                pages.shrink_to_fit();
+            }
+            r
         }
-        Some(r)
+        Err(_) => run(&mut Vec::new()),
     })
 }
 

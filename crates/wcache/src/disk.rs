@@ -523,10 +523,7 @@ impl BlockDev for DiskCache {
         if !self.file.is_direct() {
             // Through the page cache a pwrite is a memcpy: one call per request is cheapest.
             for op in ops {
-                op.result = match &mut op.io {
-                    BatchIo::Read(buf) => self.read_at(buf, op.offset),
-                    BatchIo::Write(buf, fua) => self.write_at(buf, op.offset, *fua),
-                };
+                op.run_alone(self);
             }
             return;
         }
@@ -612,31 +609,12 @@ impl DiskCache {
             bytes += len as usize;
         }
         if !planned.is_empty() {
-            let ran = with_arena(bytes, |arena| self.submit_planned(ops, &planned, arena));
-            if ran.is_none() {
-                // This thread's arena is busy (a batch inside a batch): give the plan back.
-                for p in &planned {
-                    self.map.release(p.new);
-                    let op = &ops[p.op];
-                    let (ops_c, bytes_c) = if op.is_write() { (&self.stats.guest_write_ops, &self.stats.guest_write_bytes) } else { (&self.stats.guest_read_ops, &self.stats.guest_read_bytes) };
-                    ops_c.fetch_sub(1, Ordering::Relaxed);
-                    bytes_c.fetch_sub(op.len() as u64, Ordering::Relaxed);
-                    if !op.is_write() {
-                        self.stats.hits.fetch_sub(p.pages, Ordering::Relaxed);
-                    }
-                    later.push(p.op);
-                }
-            }
+            with_arena(bytes, |arena| self.submit_planned(ops, &planned, arena));
         }
         drop(guards);
         self.read_below(ops, &below);
-        later.sort_unstable();
         for i in later {
-            let op = &mut ops[i];
-            op.result = match &mut op.io {
-                BatchIo::Read(buf) => self.read_at(buf, op.offset),
-                BatchIo::Write(buf, fua) => self.write_at(buf, op.offset, *fua),
-            };
+            ops[i].run_alone(self);
         }
     }
 
@@ -647,13 +625,8 @@ impl DiskCache {
             return;
         }
         let mut sub: Vec<BatchOp<'_>> = Vec::with_capacity(below.len());
-        let mut rest = &mut ops[..];
-        let mut base = 0usize;
-        for &i in below {
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(i - base + 1);
-            let op = &mut head[i - base];
-            base = i + 1;
-            rest = tail;
+        // `below` is ascending: take those ops, each borrowed once.
+        for (_, op) in ops.iter_mut().enumerate().filter(|(i, _)| below.binary_search(i).is_ok()) {
             let len = op.len() as u64;
             if let BatchIo::Read(buf) = &mut op.io {
                 CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, len);

@@ -121,10 +121,7 @@ impl BlockDev for BatchDev {
         self.batches.lock().unwrap().push(ops.len());
         std::thread::sleep(Duration::from_millis(5));
         for op in ops {
-            op.result = match &mut op.io {
-                vdstream_blockdev::BatchIo::Read(b) => self.inner.read_at(b, op.offset),
-                vdstream_blockdev::BatchIo::Write(b, fua) => self.inner.write_at(b, op.offset, *fua),
-            };
+            op.run_alone(&self.inner);
         }
     }
     fn prefers_batches(&self) -> bool { true }
