@@ -395,34 +395,24 @@ struct Batch {
 /// The batched engine's core: like [`process`], with reads and writes collected and run
 /// together (see [`run_batched_blocking`]).
 fn process_batched(input: &mut Input, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally, batch: &mut Batch) -> Step {
-    loop {
+    let step = loop {
         if !batch.pending.is_empty() && (batch.pending.len() >= MAX_BATCH || input.needs_room()) {
             run_batch(batch, &input.buf, dev, x, out, tally);
         }
         if out.len() >= FLUSH_AT {
-            run_batch(batch, &input.buf, dev, x, out, tally);
-            return Step::OutputFull;
+            break Step::OutputFull;
         }
         let frame = match input.next_frame() {
             Ok(Some(f)) => f,
-            Ok(None) => {
-                run_batch(batch, &input.buf, dev, x, out, tally);
-                return Step::NeedInput;
-            }
-            Err(e) => {
-                run_batch(batch, &input.buf, dev, x, out, tally);
-                return Step::Failed(e);
-            }
+            Ok(None) => break Step::NeedInput,
+            Err(e) => break Step::Failed(e),
         };
         let h = frame.header;
         tally.requests += 1;
         match validate(&h, x) {
             Ok(req) => match req.command {
                 Command::Read { .. } | Command::Write { .. } => batch.pending.push((req, frame.payload)),
-                Command::Disconnect => {
-                    run_batch(batch, &input.buf, dev, x, out, tally);
-                    return Step::Disconnect;
-                }
+                Command::Disconnect => break Step::Disconnect,
                 _ => {
                     run_batch(batch, &input.buf, dev, x, out, tally);
                     if !execute(dev, x, &req, &input.buf[frame.payload], out, scratch) {
@@ -434,12 +424,12 @@ fn process_batched(input: &mut Input, dev: &dyn BlockDev, x: &ExportParams, out:
                 tally.errors += 1;
                 reply_error(out, x, h.handle, errno, reason, None);
             }
-            Err(Rejection::Disconnect(reason)) => {
-                run_batch(batch, &input.buf, dev, x, out, tally);
-                return Step::Failed(SessionError::Protocol(reason));
-            }
+            Err(Rejection::Disconnect(reason)) => break Step::Failed(SessionError::Protocol(reason)),
         }
-    }
+    };
+    // Whatever ends the pass, the reads and writes taken so far are answered first.
+    run_batch(batch, &input.buf, dev, x, out, tally);
+    step
 }
 
 /// Runs the pending reads and writes with one `io_batch` call and appends their replies.
