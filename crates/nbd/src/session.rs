@@ -39,7 +39,7 @@ use crate::validate::{validate, Command, ExportParams, Rejection};
 use crate::wire::{ReplyBuf, RequestHeader, REQUEST_HEADER_LEN};
 
 mod batched;
-pub use batched::{run_batched_blocking, RUNNERS as BATCH_RUNNERS};
+pub use batched::run_batched_blocking;
 
 /// Write the output buffer once it holds this much, even mid-batch.
 const FLUSH_AT: usize = 512 << 10;

@@ -46,7 +46,7 @@ const MAX_BATCH: usize = 64;
 const MAX_BATCH_BYTES: u64 = 8 << 20;
 /// Most runners (threads) of one connection: two keep one batch in the kernel while the
 /// next is read and submitted; more add thread hand-offs without more overlap.
-pub const RUNNERS: usize = 2;
+const RUNNERS: usize = 2;
 
 /// Runs the batched engine until the client disconnects, the socket fails, or a drain
 /// shuts the read side. See the module notes.
