@@ -125,7 +125,7 @@ boot_vm() {
     wait_vm "$1" "$VM_PID" "${4:-$VM_SECS}"
 }
 
-serial_has() { grep -aEq "$2" "$E2E_TMP/$1.serial"; }
+serial_has() { grep -aEq "$2" "$E2E_TMP/$1.serial" 2>/dev/null; }
 
 # vm_secs NAME — wall-clock seconds from qemu's start to its exit (the guest's power-off).
 vm_secs() {
