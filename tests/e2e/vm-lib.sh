@@ -18,6 +18,8 @@
 #                              fails unless it printed `VDSTEST DONE status=ok`
 #   boot_vm NAME URI APPEND [SECS]  start_vm + wait_vm
 #   serial_has NAME REGEX      the guest's serial log has a line matching REGEX
+#   vm_storm N PREFIX URI APPEND AGENT_ARGS...
+#                              N agents and N guests booting at once (see the function)
 #   vm_secs NAME               wall-clock seconds from qemu's start to the guest's power-off
 #   booted_uptime NAME         the guest's uptime when its /sbin/init started
 #
@@ -108,7 +110,8 @@ wait_vm() {
     done
     kill -0 "$pid" 2>/dev/null && { kill -TERM "$pid" 2>/dev/null; sleep 1; }
     wait "$pid" || rc=$?
-    date +%s.%N >"$E2E_TMP/$name.ended"
+    # The guest's last console line (its power-off) dates its end, however late we wait.
+    stat -c %.9Y "$E2E_TMP/$name.serial" >"$E2E_TMP/$name.ended" 2>/dev/null || date +%s.%N >"$E2E_TMP/$name.ended"
     if ! grep -aq 'VDSTEST DONE status=ok' "$E2E_TMP/$name.serial" 2>/dev/null; then
         echo "---- guest $name: qemu (exit $rc) ----" >&2
         cat "$E2E_TMP/$name.qemu.log" >&2 || true
@@ -127,10 +130,58 @@ boot_vm() {
 
 serial_has() { grep -aEq "$2" "$E2E_TMP/$1.serial" 2>/dev/null; }
 
-# vm_secs NAME — wall-clock seconds from qemu's start to its exit (the guest's power-off).
+# vm_secs NAME — wall-clock seconds from qemu's start to the guest's last console line (its
+# power-off).
 vm_secs() {
     awk -v a="$(cat "$E2E_TMP/$1.started")" -v b="$(cat "$E2E_TMP/$1.ended")" 'BEGIN { printf "%.1f", b - a }'
 }
 
 # booted_uptime NAME — the guest's uptime when its init started (kernel and initramfs).
 booted_uptime() { grep -aom1 'VDSTEST BOOTED uptime=[0-9.]*' "$E2E_TMP/$1.serial" | cut -d= -f2; }
+
+# vm_storm N PREFIX EXPORT_URI APPEND AGENT_ARGS... — N targets PREFIX1..PREFIXN, each with
+# its own agent (`target attach ... --server EXPORT_URI AGENT_ARGS...`), boot at the same
+# time with APPEND; waits for every guest (each must end with DONE status=ok), reads each
+# agent's status, and writes one JSON line per target to $E2E_TMP/PREFIX.storm.jsonl:
+# target, secs (qemu start to power-off), init_uptime, guest and storage I/O of its agent
+# and what it read from the server. Prints a table of them.
+vm_storm() {
+    local n=$1 prefix=$2 uri=$3 append=$4 i id pid
+    shift 4
+    local agents=() vms=()
+    for ((i = 1; i <= n; i++)); do
+        start_agent "$prefix$i" --server "$uri" "$@"
+        agents+=("$AGENT_PID")
+    done
+    vm_accel >/dev/null # probe once, before the guests start together
+    for ((i = 1; i <= n; i++)); do
+        start_vm "$prefix$i" "nbd+unix:///?socket=$VDSTREAM_RUN_DIR/$prefix$i.sock" "$append"
+        vms+=("$VM_PID")
+    done
+    for ((i = 1; i <= n; i++)); do
+        wait_vm "$prefix$i" "${vms[i - 1]}"
+    done
+    sleep 1.5 # the agents rewrite their status files every second
+    : >"$E2E_TMP/$prefix.storm.jsonl"
+    for ((i = 1; i <= n; i++)); do
+        id=$prefix$i
+        "$VDSTREAM_BIN" target status "$id" --json >"$E2E_TMP/$id.status.json" || fail "target status $id failed"
+        "$PY" - "$E2E_TMP/$id.status.json" "$id" "$(vm_secs "$id")" "$(booted_uptime "$id")" \
+            >>"$E2E_TMP/$prefix.storm.jsonl" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(json.dumps({"target": sys.argv[2], "secs": float(sys.argv[3]), "init_uptime": float(sys.argv[4]),
+                  "cache": j["cache"]["type"], "guest": j["guest"], "storage": j["storage"],
+                  "from_server_bytes": j["server"]["read_bytes"]}))
+PYEOF
+    done
+    "$PY" - "$E2E_TMP/$prefix.storm.jsonl" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'target':<10} {'boot s':>7} {'init at':>8} {'guest rd KiB':>13} {'guest wr KiB':>13} {'storage wr KiB':>15} {'from server KiB':>16}")
+for r in rows:
+    print(f"{r['target']:<10} {r['secs']:>7.1f} {r['init_uptime']:>8.2f} {r['guest']['read_bytes'] >> 10:>13} "
+          f"{r['guest']['write_bytes'] >> 10:>13} {r['storage']['write_bytes'] >> 10:>15} {r['from_server_bytes'] >> 10:>16}")
+PYEOF
+    for pid in "${agents[@]}"; do stop_server "$pid" 15 || fail "an agent of the storm did not stop cleanly"; done
+}
