@@ -43,18 +43,27 @@ for sum in /var/lib/vdstest/*.sha256; do
 done
 
 # workload ROUNDS — real file-system work through the guest's ext4 and journal: copy the
-# /usr/lib/modules tree (hundreds of files, tens of MiB) with tar, sync, list it, remove
-# it and sync again, ROUNDS times. Prints one WORKLOAD line per round.
+# /usr/lib/modules tree (about a hundred files, over 20 MiB) with tar and sync; write 200
+# small files (4 KiB, a sync every 20, as an application saving its state does) and
+# append to a log; list it all, remove it and sync again; ROUNDS times. Prints one
+# WORKLOAD line per round.
 workload() {
     n=$(find /usr/lib/modules -type f | wc -l)
     r=1
     while [ "$r" -le "$1" ]; do
         t0=$(uptime_s)
-        mkdir -p /var/tmp/work
+        mkdir -p /var/tmp/work/small
         tar -C /usr/lib -cf - modules | tar -C /var/tmp/work -xf - || failed "tar round $r"
         sync
+        i=1
+        while [ "$i" -le 200 ]; do
+            head -c 4096 /dev/urandom >"/var/tmp/work/small/f$i"
+            echo "round $r file $i" >>/var/log/vdstest-workload.log
+            [ $((i % 20)) -ne 0 ] || sync
+            i=$((i + 1))
+        done
         got=$(find /var/tmp/work -type f | wc -l)
-        [ "$got" = "$n" ] || failed "round $r copied $got of $n files"
+        [ "$got" = "$((n + 200))" ] || failed "round $r made $got of $((n + 200)) files"
         rm -rf /var/tmp/work
         sync
         say "WORKLOAD round=$r files=$got secs=$(since "$t0")"
