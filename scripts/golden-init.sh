@@ -95,7 +95,14 @@ loop)
         sleep 0.5
     done
     ;;
-workload) workload "$rounds" ;;
+workload)
+    workload "$rounds"
+    if [ "$(arg vdstest.fstrim 0)" = 1 ]; then
+        # What a guest's periodic fstrim does: tell the disk which blocks are free.
+        out=$(fstrim -v / 2>&1) || failed "fstrim: $out"
+        say "FSTRIM $out"
+    fi
+    ;;
 *) failed "unknown mode vdstest=$mode" ;;
 esac
 

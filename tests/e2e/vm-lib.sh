@@ -23,7 +23,8 @@
 #   vm_secs NAME               wall-clock seconds from qemu's start to the guest's power-off
 #   booted_uptime NAME         the guest's uptime when its /sbin/init started
 #
-# Guests: -m 192M, one vCPU, no network, -no-reboot (a kernel panic ends qemu), every run
+# Guests: -m 192M, one vCPU, no network, the disk with discard=unmap (fstrim reaches the
+# write cache as NBD TRIM), -no-reboot (a kernel panic ends qemu), every run
 # bounded by `timeout`.
 
 GOLDEN=$REPO_ROOT/target/golden-image
@@ -67,7 +68,7 @@ qemu_argv() {
     printf '%s\0' qemu-system-x86_64 -accel "$accel" -m 192M -smp 1 -nographic -no-reboot \
         -nic none -monitor none -serial "file:$serial" \
         -kernel "$GOLDEN/vmlinuz" -initrd "$GOLDEN/initrd.img" \
-        -append "$(cat "$GOLDEN/cmdline") $append" -drive "$drive"
+        -append "$(cat "$GOLDEN/cmdline") $append" -drive "$drive,discard=unmap"
 }
 
 vm_accel() {
