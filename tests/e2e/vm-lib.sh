@@ -17,6 +17,8 @@
 #   wait_vm NAME PID [SECS]    wait (bounded, default VM_SECS) for the guest to power off;
 #                              fails unless it printed `VDSTEST DONE status=ok`
 #   boot_vm NAME URI APPEND [SECS]  start_vm + wait_vm
+#   fsck_served URI            copy the disk URI serves (qemu-img convert) and run
+#                              `e2fsck -fn` on it: fails unless the file system is clean
 #   serial_has NAME REGEX      the guest's serial log has a line matching REGEX
 #   vm_storm N PREFIX URI APPEND AGENT_ARGS...
 #                              N agents and N guests booting at once (see the function)
@@ -185,4 +187,11 @@ for r in rows:
           f"{r['guest']['write_bytes'] >> 10:>13} {r['storage']['write_bytes'] >> 10:>15} {r['from_server_bytes'] >> 10:>16}")
 PYEOF
     for pid in "${agents[@]}"; do stop_server "$pid" 15 || fail "an agent of the storm did not stop cleanly"; done
+}
+
+fsck_served() {
+    local uri=$1 img=$E2E_TMP/fsck.img
+    qemu-img convert -f raw -O raw "$uri" "$img" || fail "reading $uri for e2fsck failed"
+    e2fsck -fn "$img" >"$E2E_TMP/fsck.log" 2>&1 || { cat "$E2E_TMP/fsck.log" >&2; fail "e2fsck -fn found errors in the disk $uri serves"; }
+    rm -f "$img"
 }
