@@ -52,6 +52,7 @@ source "$E2E_DIR/agent-lib.sh"
 # shellcheck source=../tests/e2e/vm-lib.sh
 source "$E2E_DIR/vm-lib.sh"
 require_vdstream
+VM_SECS=${VDSTREAM_VM_SECS:-600} # a guest's bound: storms and workloads take longer than a test's boot
 e2e_init
 require_vm
 store_init
@@ -128,7 +129,7 @@ workload() {
     local id=$1 cache=$2
     shift 2
     start_agent "$id" --server "$(xuri vdisk/golden)" --cache "$cache" "$@" "${agent_args[@]}"
-    boot_vm "$id" "$URI" "vdstest=workload vdstest.rounds=$rounds" 600
+    boot_vm "$id" "$URI" "vdstest=workload vdstest.rounds=$rounds"
     sleep 1.5 # the agent rewrites its status file every second
     "$VDSTREAM_BIN" target status "$id" --json >"$E2E_TMP/$id.status.json"
     stop_server "$AGENT_PID" 15 || fail "agent $id did not stop cleanly"
