@@ -51,12 +51,8 @@ source "$E2E_DIR/server-lib.sh"
 source "$E2E_DIR/agent-lib.sh"
 # shellcheck source=../tests/e2e/vm-lib.sh
 source "$E2E_DIR/vm-lib.sh"
-require_vdstream
 VM_SECS=${VDSTREAM_VM_SECS:-600} # a guest's bound: storms and workloads take longer than a test's boot
-e2e_init
-require_vm
-store_init
-vm_store golden
+vm_test_init golden
 echo "# bench/boot-storm.sh $args_given"
 echo "# $(date -u +%FT%TZ), $(nproc) cores, -accel $(vm_accel), guest kernel $(file -b "$GOLDEN/vmlinuz" | grep -o 'version [^ ]*' || echo '?')"
 want() { [[ -z $only || $only == "$1" ]]; }

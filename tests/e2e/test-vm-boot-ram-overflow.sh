@@ -16,11 +16,7 @@ source "$E2E_DIR/agent-lib.sh"
 # shellcheck source=vm-lib.sh
 source "$E2E_DIR/vm-lib.sh"
 require nbdinfo qemu-img
-require_vdstream
-e2e_init
-require_vm
-store_init
-vm_store golden
+vm_test_init golden
 
 start_store_server
 start_agent vm1 --server "$(xuri vdisk/golden)" --cache ram-overflow --ram 64M

@@ -16,11 +16,7 @@ source "$E2E_DIR/agent-lib.sh"
 # shellcheck source=vm-lib.sh
 source "$E2E_DIR/vm-lib.sh"
 require nbdinfo curl
-require_vdstream
-e2e_init
-require_vm
-store_init
-vm_store golden
+vm_test_init golden
 N=${VDSTREAM_VM_STORM:-8}
 
 start_store_server --http 127.0.0.1:0

@@ -16,11 +16,7 @@ source "$E2E_DIR/agent-lib.sh"
 # shellcheck source=vm-lib.sh
 source "$E2E_DIR/vm-lib.sh"
 require nbdinfo qemu-img
-require_vdstream
-e2e_init
-require_vm
-store_init
-vm_store golden
+vm_test_init golden
 vds target add std1 --vdisk golden --cache ram-overflow >/dev/null
 vds target add dp1 --vdisk golden --cache device-disk-persistent >/dev/null
 vds target add sp1 --vdisk golden --cache server-persistent >/dev/null

@@ -17,11 +17,7 @@ source "$E2E_DIR/agent-lib.sh"
 # shellcheck source=vm-lib.sh
 source "$E2E_DIR/vm-lib.sh"
 require nbdinfo
-require_vdstream
-e2e_init
-require_vm
-store_init
-vm_store golden
+vm_test_init golden
 start_store_server
 
 # old1: attached to production (the base) before the new version exists; runs 30 s.

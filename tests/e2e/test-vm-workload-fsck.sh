@@ -16,11 +16,7 @@ source "$E2E_DIR/agent-lib.sh"
 # shellcheck source=vm-lib.sh
 source "$E2E_DIR/vm-lib.sh"
 require nbdinfo qemu-img e2fsck
-require_vdstream
-e2e_init
-require_vm
-store_init
-vm_store golden
+vm_test_init golden
 start_store_server
 
 for spec in "ram16 ram-overflow --ram 16M"; do

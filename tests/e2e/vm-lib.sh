@@ -1,6 +1,8 @@
 # shellcheck shell=bash
 # tests/e2e/vm-lib.sh — real Linux guests for the test-vm-*.sh tests (source after lib.sh):
 #
+#   vm_test_init NAME          a VM test's start: require_vdstream, e2e_init, require_vm,
+#                              store_init and vm_store NAME
 #   require_vm                 skip unless qemu-system-x86_64 is installed and the golden
 #                              image can be built (scripts/make-golden-image: Debian's
 #                              kernel and busybox, downloaded once into target/golden-cache)
@@ -37,6 +39,14 @@ VM_PID=
 vm_store() {
     "$VDSTREAM_BIN" vdisk import "$1" "$GOLDEN/golden.img" --store "$STORE" >/dev/null ||
         fail "vdstream vdisk import $1 $GOLDEN/golden.img failed"
+}
+
+vm_test_init() {
+    require_vdstream
+    e2e_init
+    require_vm
+    store_init
+    vm_store "$1"
 }
 
 require_vm() {
