@@ -192,7 +192,7 @@ PYEOF
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print("boot s: host wall clock, qemu start to power-off; init at: the guest's uptime when its init started,\n"
-      "by the guest's clock (a guest starved of CPU while the kernel calibrates its TSC can run its clock fast)")
+      "by the guest's clock (the HPET: tsc=unstable)")
 print(f"{'target':<10} {'boot s':>7} {'init at':>8} {'guest rd KiB':>13} {'guest wr KiB':>13} {'storage wr KiB':>15} {'from server KiB':>16}")
 for r in rows:
     print(f"{r['target']:<10} {r['secs']:>7.1f} {r['init_uptime']:>8.2f} {r['guest']['read_bytes'] >> 10:>13} "
