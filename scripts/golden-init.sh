@@ -1,0 +1,111 @@
+#!/bin/sh
+# /sbin/init of the golden image that scripts/make-golden-image builds: the guest's test
+# program. It runs under busybox sh inside the guest, never on the host. The kernel command
+# line chooses what it does (see make-golden-image --help); every line it prints for the
+# host starts with "VDSTEST ", and it always ends with `VDSTEST DONE status=ok|fail` and a
+# power-off, so a host reading the serial log knows the guest finished.
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+mount -t tmpfs tmp /tmp
+
+say() { echo "VDSTEST $*"; }
+status=ok
+failed() { say "FAIL $*"; status=fail; }
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN { printf "%.2f", b - a }'; }
+arg() { # arg NAME DEFAULT — the value of NAME=... on the kernel command line
+    v=$(tr ' ' '\n' </proc/cmdline | sed -n "s/^$1=//p" | tail -n1)
+    echo "${v:-$2}"
+}
+
+mode=$(arg vdstest boot)
+tag=$(arg vdstest.tag boot)
+mb=$(arg vdstest.mb 4)
+secs=$(arg vdstest.secs 20)
+rounds=$(arg vdstest.rounds 3)
+say "BOOTED uptime=$(uptime_s) mode=$mode"
+
+# The root must be writable (a read-only vDisk would show here first).
+if grep -q '^/dev/vda / ext4 rw' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
+    say "RW ok"
+else
+    failed "root is not writable: $(grep ' / ' /proc/mounts)"
+    say "RW fail"
+fi
+
+# What earlier boots left: each TAG.bin checked against the sha256 written with it.
+for sum in /var/lib/vdstest/*.sha256; do
+    [ -e "$sum" ] || continue
+    t=$(basename "$sum" .sha256)
+    if (cd /var/lib/vdstest && sha256sum -c -s "$t.sha256"); then say "SEES $t ok"; else failed "SEES $t bad"; fi
+done
+
+# workload ROUNDS — real file-system work through the guest's ext4 and journal: copy the
+# /usr/lib/modules tree (about a hundred files, over 20 MiB) with tar and sync; write 200
+# small files (4 KiB, a sync every 20, as an application saving its state does) and
+# append to a log; list it all, remove it and sync again; ROUNDS times. Prints one
+# WORKLOAD line per round.
+workload() {
+    n=$(find /usr/lib/modules -type f | wc -l)
+    r=1
+    while [ "$r" -le "$1" ]; do
+        t0=$(uptime_s)
+        mkdir -p /var/tmp/work/small
+        tar -C /usr/lib -cf - modules | tar -C /var/tmp/work -xf - || failed "tar round $r"
+        sync
+        i=1
+        while [ "$i" -le 200 ]; do
+            head -c 4096 /dev/urandom >"/var/tmp/work/small/f$i"
+            echo "round $r file $i" >>/var/log/vdstest-workload.log
+            [ $((i % 20)) -ne 0 ] || sync
+            i=$((i + 1))
+        done
+        got=$(find /var/tmp/work -type f | wc -l)
+        [ "$got" = "$((n + 200))" ] || failed "round $r made $got of $((n + 200)) files"
+        rm -rf /var/tmp/work
+        sync
+        say "WORKLOAD round=$r files=$got secs=$(since "$t0")"
+        r=$((r + 1))
+    done
+}
+
+case $mode in
+boot | check) ;;
+write)
+    mkdir -p /var/lib/vdstest
+    cd /var/lib/vdstest || failed "cd /var/lib/vdstest"
+    dd if=/dev/urandom of="$tag.bin" bs=1M count="$mb" 2>/dev/null || failed "dd $tag.bin"
+    sha256sum "$tag.bin" >"$tag.sha256"
+    sync
+    cd /
+    say "WROTE $tag mb=$mb"
+    ;;
+loop)
+    t0=$(uptime_s)
+    i=0
+    while awk -v a="$t0" -v b="$(uptime_s)" -v s="$secs" 'BEGIN { exit !(b - a < s) }'; do
+        i=$((i + 1))
+        dd if=/dev/urandom of=/var/tmp/loop.bin bs=1M count=1 2>/dev/null
+        want=$(sha256sum </var/tmp/loop.bin)
+        sync
+        echo 3 >/proc/sys/vm/drop_caches
+        if [ "$(sha256sum </var/tmp/loop.bin)" = "$want" ]; then say "ROUND $i ok"; else failed "ROUND $i bad"; fi
+        sleep 0.5
+    done
+    ;;
+workload)
+    workload "$rounds"
+    if [ "$(arg vdstest.fstrim 0)" = 1 ]; then
+        # What a guest's periodic fstrim does: tell the disk which blocks are free.
+        out=$(fstrim -v / 2>&1) || failed "fstrim: $out"
+        say "FSTRIM $out"
+    fi
+    ;;
+*) failed "unknown mode vdstest=$mode" ;;
+esac
+
+sync
+say "DONE status=$status uptime=$(uptime_s)"
+poweroff -f
