@@ -28,9 +28,7 @@ const RIGHT_PAD: f64 = 24.0;
 /// Rough width of one character at font-size 12, for layout only.
 const CHAR_W: f64 = 6.8;
 /// Colours of series, in order (colour-blind friendly, after Okabe & Ito).
-const PALETTE: [&str; 8] = [
-    "#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#f0e442",
-];
+const PALETTE: [&str; 8] = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#f0e442"];
 
 /// One line of a line chart: a name for the legend and its (x, y) points, drawn in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,11 +57,7 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
     let axis = LinearAxis::including_zero(&values);
     let plot = Plot::new(RIGHT_PAD);
     let mut out = header(title);
-    let y = Scale {
-        axis: &axis,
-        px_lo: plot.bottom,
-        px_hi: plot.top,
-    };
+    let y = Scale { axis: &axis, px_lo: plot.bottom, px_hi: plot.top };
     y_grid(&mut out, &plot, &axis, &y);
     axis_titles(&mut out, &plot, "", y_label);
     if bars.is_empty() {
@@ -79,11 +73,7 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
         let cx = plot.left + slot * (i as f64 + 0.5);
         if value.is_finite() {
             let top = y.map(*value);
-            let (y0, h) = if top <= zero {
-                (top, zero - top)
-            } else {
-                (zero, top - zero)
-            };
+            let (y0, h) = if top <= zero { (top, zero - top) } else { (zero, top - zero) };
             let _ = writeln!(
                 out,
                 r#"<rect class="bar" x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}: {}</title></rect>"#,
@@ -123,51 +113,20 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
 }
 
 /// [`line_chart`] with a choice of axes (see [`LineOptions`]).
-pub fn line_chart_with(
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[Series],
-    options: LineOptions,
-) -> String {
-    let placeable =
-        |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!options.x_log || x > 0.0);
-    let all: Vec<(f64, f64)> = series
-        .iter()
-        .flat_map(|s| s.points.iter().copied())
-        .filter(placeable)
-        .collect();
+pub fn line_chart_with(title: &str, x_label: &str, y_label: &str, series: &[Series], options: LineOptions) -> String {
+    let placeable = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!options.x_log || x > 0.0);
+    let all: Vec<(f64, f64)> = series.iter().flat_map(|s| s.points.iter().copied()).filter(placeable).collect();
     let xs: Vec<f64> = all.iter().map(|p| p.0).collect();
     let ys: Vec<f64> = all.iter().map(|p| p.1).collect();
-    let x_axis = if options.x_log {
-        LinearAxis::log10(&xs)
-    } else {
-        LinearAxis::spanning(&xs)
-    };
+    let x_axis = if options.x_log { LinearAxis::log10(&xs) } else { LinearAxis::spanning(&xs) };
     let y_axis = LinearAxis::including_zero(&ys);
 
     let legend = series.len() > 1 || series.iter().any(|s| !s.name.is_empty());
-    let longest = series
-        .iter()
-        .map(|s| s.name.chars().count())
-        .max()
-        .unwrap_or(0) as f64;
-    let legend_w = if legend {
-        (longest * CHAR_W + 40.0).min(220.0)
-    } else {
-        0.0
-    };
+    let longest = series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0) as f64;
+    let legend_w = if legend { (longest * CHAR_W + 40.0).min(220.0) } else { 0.0 };
     let plot = Plot::new(RIGHT_PAD + legend_w);
-    let x = Scale {
-        axis: &x_axis,
-        px_lo: plot.left,
-        px_hi: plot.right,
-    };
-    let y = Scale {
-        axis: &y_axis,
-        px_lo: plot.bottom,
-        px_hi: plot.top,
-    };
+    let x = Scale { axis: &x_axis, px_lo: plot.left, px_hi: plot.right };
+    let y = Scale { axis: &y_axis, px_lo: plot.bottom, px_hi: plot.top };
 
     let mut out = header(title);
     y_grid(&mut out, &plot, &y_axis, &y);
@@ -178,14 +137,7 @@ pub fn line_chart_with(
             r##"<line class="tick" x1="{px:.1}" y1="{:.1}" x2="{px:.1}" y2="{:.1}" stroke="#e4e4e4"/>"##,
             plot.top, plot.bottom
         );
-        text(
-            &mut out,
-            px,
-            plot.bottom + 18.0,
-            "middle",
-            "",
-            &x_axis.label(t),
-        );
+        text(&mut out, px, plot.bottom + 18.0, "middle", "", &x_axis.label(t));
     }
     axis_titles(&mut out, &plot, x_label, y_label);
     if all.is_empty() {
@@ -196,10 +148,7 @@ pub fn line_chart_with(
         let colour = PALETTE[i % PALETTE.len()];
         // A line breaks wherever a point cannot be placed.
         for run in s.points.split(|p| !placeable(p)).filter(|r| !r.is_empty()) {
-            let pts: Vec<String> = run
-                .iter()
-                .map(|&(a, b)| format!("{:.1},{:.1}", x.map(a), y.map(b)))
-                .collect();
+            let pts: Vec<String> = run.iter().map(|&(a, b)| format!("{:.1},{:.1}", x.map(a), y.map(b))).collect();
             let _ = writeln!(
                 out,
                 r#"<polyline class="line" points="{}" fill="none" stroke="{colour}" stroke-width="2" stroke-linejoin="round"/>"#,
@@ -225,16 +174,9 @@ pub fn line_chart_with(
         for (i, s) in series.iter().enumerate() {
             let ly = plot.top + 8.0 + 20.0 * i as f64;
             let colour = PALETTE[i % PALETTE.len()];
-            let _ = writeln!(
-                out,
-                r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/>"#,
-                lx + 18.0
-            );
-            let name = if s.name.is_empty() {
-                format!("series {}", i + 1)
-            } else {
-                s.name.clone()
-            };
+            let _ =
+                writeln!(out, r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/>"#, lx + 18.0);
+            let name = if s.name.is_empty() { format!("series {}", i + 1) } else { s.name.clone() };
             text(&mut out, lx + 24.0, ly + 4.0, "start", "", &name);
         }
     }
@@ -253,12 +195,7 @@ struct Plot {
 
 impl Plot {
     fn new(right_pad: f64) -> Self {
-        Plot {
-            left: LEFT,
-            top: TOP,
-            right: WIDTH - right_pad,
-            bottom: HEIGHT - BOTTOM_PAD,
-        }
+        Plot { left: LEFT, top: TOP, right: WIDTH - right_pad, bottom: HEIGHT - BOTTOM_PAD }
     }
     fn width(&self) -> f64 {
         self.right - self.left
@@ -310,41 +247,20 @@ impl LinearAxis {
         let step = nice_step((hi - lo) / 5.0);
         let first = (lo / step).floor();
         let last = (hi / step).ceil();
-        let ticks: Vec<f64> = (0..=((last - first) as i64).clamp(1, 20))
-            .map(|i| (first + i as f64) * step)
-            .collect();
+        let ticks: Vec<f64> = (0..=((last - first) as i64).clamp(1, 20)).map(|i| (first + i as f64) * step).collect();
         let max_abs = ticks.iter().fold(0.0f64, |m, t| m.max(t.abs()));
         let unit = unit_for(max_abs);
         let decimals = (-(step / unit.0).log10().floor()).clamp(0.0, 6.0) as usize;
-        LinearAxis {
-            lo: ticks[0],
-            hi: *ticks.last().unwrap_or(&1.0),
-            log: false,
-            ticks,
-            unit,
-            decimals,
-        }
+        LinearAxis { lo: ticks[0], hi: *ticks.last().unwrap_or(&1.0), log: false, ticks, unit, decimals }
     }
 
     /// A log10 axis over positive `values`, from the power of ten at or below the smallest
     /// to the one at or above the largest; ticks at powers of ten, and at 2× and 5× when
     /// the axis spans two decades or fewer.
     fn log10(values: &[f64]) -> Self {
-        let lo = values
-            .iter()
-            .copied()
-            .filter(|v| *v > 0.0)
-            .fold(f64::INFINITY, f64::min);
-        let hi = values
-            .iter()
-            .copied()
-            .filter(|v| *v > 0.0)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let (mut e_lo, mut e_hi) = if lo.is_finite() {
-            (lo.log10().floor(), hi.log10().ceil())
-        } else {
-            (0.0, 1.0)
-        };
+        let lo = values.iter().copied().filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
+        let hi = values.iter().copied().filter(|v| *v > 0.0).fold(f64::NEG_INFINITY, f64::max);
+        let (mut e_lo, mut e_hi) = if lo.is_finite() { (lo.log10().floor(), hi.log10().ceil()) } else { (0.0, 1.0) };
         if e_lo == e_hi {
             e_hi += 1.0;
         }
@@ -359,14 +275,7 @@ impl LinearAxis {
         }
         let unit = unit_for(10f64.powf(e_hi));
         let decimals = (-(10f64.powf(e_lo) / unit.0).log10().floor()).clamp(0.0, 6.0) as usize;
-        LinearAxis {
-            lo: 10f64.powf(e_lo),
-            hi: 10f64.powf(e_hi),
-            log: true,
-            ticks,
-            unit,
-            decimals,
-        }
+        LinearAxis { lo: 10f64.powf(e_lo), hi: 10f64.powf(e_hi), log: true, ticks, unit, decimals }
     }
 
     fn label(&self, v: f64) -> String {
@@ -374,18 +283,10 @@ impl LinearAxis {
             return "0".to_string();
         }
         let scaled = v / self.unit.0;
-        let decimals = if self.log {
-            trimmed_decimals(scaled, self.decimals)
-        } else {
-            self.decimals
-        };
+        let decimals = if self.log { trimmed_decimals(scaled, self.decimals) } else { self.decimals };
         let s = format!("{:.*}{}", decimals, scaled, self.unit.1);
         // Never print "-0".
-        if s.starts_with('-')
-            && s[1..]
-                .chars()
-                .all(|c| c == '0' || c == '.' || c.is_alphabetic())
-        {
+        if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.' || c.is_alphabetic()) {
             s[1..].to_string()
         } else {
             s
@@ -395,9 +296,7 @@ impl LinearAxis {
 
 /// Fewest decimals (up to `max`) that show `v` exactly enough: 0.2 rather than 0.200.
 fn trimmed_decimals(v: f64, max: usize) -> usize {
-    (0..=max)
-        .find(|&d| (v * 10f64.powi(d as i32)).round() - v * 10f64.powi(d as i32) == 0.0)
-        .unwrap_or(max)
+    (0..=max).find(|&d| (v * 10f64.powi(d as i32)).round() - v * 10f64.powi(d as i32) == 0.0).unwrap_or(max)
 }
 
 /// 1, 2, 2.5 or 5 times a power of ten, the smallest not below `raw`.
@@ -407,10 +306,7 @@ fn nice_step(raw: f64) -> f64 {
     }
     let mag = 10f64.powf(raw.log10().floor());
     let norm = raw / mag;
-    let nice = [1.0, 2.0, 2.5, 5.0, 10.0]
-        .into_iter()
-        .find(|n| norm <= n * (1.0 + 1e-9))
-        .unwrap_or(10.0);
+    let nice = [1.0, 2.0, 2.5, 5.0, 10.0].into_iter().find(|n| norm <= n * (1.0 + 1e-9)).unwrap_or(10.0);
     nice * mag
 }
 
@@ -443,11 +339,7 @@ fn format_value(v: f64) -> String {
         return format!("{v:.1e}");
     };
     let s = format!("{scaled:.decimals$}");
-    let s = if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    };
+    let s = if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s };
     format!("{s}{suffix}")
 }
 
@@ -461,11 +353,7 @@ struct Scale<'a> {
 impl Scale<'_> {
     fn map(&self, v: f64) -> f64 {
         let (lo, hi, v) = if self.axis.log {
-            (
-                self.axis.lo.log10(),
-                self.axis.hi.log10(),
-                v.max(f64::MIN_POSITIVE).log10(),
-            )
+            (self.axis.lo.log10(), self.axis.hi.log10(), v.max(f64::MIN_POSITIVE).log10())
         } else {
             (self.axis.lo, self.axis.hi, v)
         };
@@ -487,10 +375,7 @@ fn header(title: &str) -> String {
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12" fill="#222">"##
     );
     let _ = writeln!(out, "<title>{}</title>", escape(title));
-    let _ = writeln!(
-        out,
-        r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#
-    );
+    let _ = writeln!(out, r#"<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>"#);
     let _ = writeln!(
         out,
         r#"<text x="{:.1}" y="28" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
@@ -514,14 +399,7 @@ fn y_grid(out: &mut String, plot: &Plot, axis: &LinearAxis, y: &Scale) {
 
 fn axis_titles(out: &mut String, plot: &Plot, x_label: &str, y_label: &str) {
     if !x_label.is_empty() {
-        text(
-            out,
-            (plot.left + plot.right) / 2.0,
-            HEIGHT - 16.0,
-            "middle",
-            "",
-            x_label,
-        );
+        text(out, (plot.left + plot.right) / 2.0, HEIGHT - 16.0, "middle", "", x_label);
     }
     if !y_label.is_empty() {
         let (x, y) = (18.0, (plot.top + plot.bottom) / 2.0);
@@ -542,27 +420,12 @@ fn frame(out: &mut String, plot: &Plot) {
 }
 
 fn no_data(out: &mut String, plot: &Plot) {
-    text(
-        out,
-        (plot.left + plot.right) / 2.0,
-        (plot.top + plot.bottom) / 2.0,
-        "middle",
-        "#888",
-        "no data",
-    );
+    text(out, (plot.left + plot.right) / 2.0, (plot.top + plot.bottom) / 2.0, "middle", "#888", "no data");
 }
 
 fn text(out: &mut String, x: f64, y: f64, anchor: &str, fill: &str, s: &str) {
-    let fill = if fill.is_empty() {
-        String::new()
-    } else {
-        format!(r#" fill="{fill}""#)
-    };
-    let _ = writeln!(
-        out,
-        r#"<text x="{x:.1}" y="{y:.1}" text-anchor="{anchor}"{fill}>{}</text>"#,
-        escape(s)
-    );
+    let fill = if fill.is_empty() { String::new() } else { format!(r#" fill="{fill}""#) };
+    let _ = writeln!(out, r#"<text x="{x:.1}" y="{y:.1}" text-anchor="{anchor}"{fill}>{}</text>"#, escape(s));
 }
 
 /// XML-escape `s` for text and attribute values, dropping characters XML 1.0 forbids.
@@ -588,21 +451,15 @@ mod tests {
     use super::*;
 
     fn parse(svg: &str) -> roxmltree::Document<'_> {
-        roxmltree::Document::parse(svg)
-            .unwrap_or_else(|e| panic!("not well-formed XML: {e}\n{svg}"))
+        roxmltree::Document::parse(svg).unwrap_or_else(|e| panic!("not well-formed XML: {e}\n{svg}"))
     }
 
     fn attr(n: &roxmltree::Node, name: &str) -> f64 {
-        n.attribute(name)
-            .unwrap_or_else(|| panic!("no {name}"))
-            .parse()
-            .unwrap()
+        n.attribute(name).unwrap_or_else(|| panic!("no {name}")).parse().unwrap()
     }
 
     fn marks<'a>(doc: &'a roxmltree::Document<'a>, class: &str) -> Vec<roxmltree::Node<'a, 'a>> {
-        doc.descendants()
-            .filter(|n| n.attribute("class") == Some(class))
-            .collect()
+        doc.descendants().filter(|n| n.attribute("class") == Some(class)).collect()
     }
 
     fn bars(v: &[(&str, f64)]) -> Vec<(String, f64)> {
@@ -619,10 +476,7 @@ mod tests {
         assert_eq!(nice_step(8200.0), 10000.0);
         assert_eq!(nice_step(f64::NAN), 1.0);
         let a = LinearAxis::including_zero(&[41_234.0, 9_000.0]);
-        assert_eq!(
-            a.ticks,
-            vec![0.0, 10_000.0, 20_000.0, 30_000.0, 40_000.0, 50_000.0]
-        );
+        assert_eq!(a.ticks, vec![0.0, 10_000.0, 20_000.0, 30_000.0, 40_000.0, 50_000.0]);
         assert_eq!(a.label(20_000.0), "20k");
         assert_eq!(a.label(0.0), "0");
         let a = LinearAxis::including_zero(&[0.35]);
@@ -648,39 +502,21 @@ mod tests {
     fn text_is_escaped() {
         assert_eq!(escape(r#"a<b>&"c'"#), "a&lt;b&gt;&amp;&quot;c&apos;");
         assert_eq!(escape("x\u{1}y\tz"), "xy z");
-        let svg = bar_chart(
-            "<&> \"t\"",
-            "y & <z>",
-            &bars(&[("a</text>", 1.0), ("\u{0}b", 2.0)]),
-        );
+        let svg = bar_chart("<&> \"t\"", "y & <z>", &bars(&[("a</text>", 1.0), ("\u{0}b", 2.0)]));
         let doc = parse(&svg);
-        assert_eq!(
-            doc.descendants()
-                .find(|n| n.has_tag_name("title"))
-                .unwrap()
-                .text(),
-            Some("<&> \"t\"")
-        );
+        assert_eq!(doc.descendants().find(|n| n.has_tag_name("title")).unwrap().text(), Some("<&> \"t\""));
         assert!(doc.descendants().any(|n| n.text() == Some("a</text>")));
     }
 
     #[test]
     fn bar_heights_grow_with_values() {
-        let values = [
-            ("small", 300.0),
-            ("zero", 0.0),
-            ("big", 41_000.0),
-            ("mid", 9_000.0),
-        ];
+        let values = [("small", 300.0), ("zero", 0.0), ("big", 41_000.0), ("mid", 9_000.0)];
         let svg = bar_chart("IOPS", "IOPS", &bars(&values));
         let doc = parse(&svg);
         let rects = marks(&doc, "bar");
         assert_eq!(rects.len(), 4);
         let heights: Vec<f64> = rects.iter().map(|r| attr(r, "height")).collect();
-        let bottoms: Vec<f64> = rects
-            .iter()
-            .map(|r| attr(r, "y") + attr(r, "height"))
-            .collect();
+        let bottoms: Vec<f64> = rects.iter().map(|r| attr(r, "y") + attr(r, "height")).collect();
         for (i, a) in values.iter().enumerate() {
             for (j, b) in values.iter().enumerate() {
                 if a.1 < b.1 {
@@ -690,10 +526,7 @@ mod tests {
                     assert!(heights[i] <= heights[j], "{a:?} drawn taller than {b:?}");
                 }
             }
-            assert!(
-                (bottoms[i] - bottoms[0]).abs() < 0.2,
-                "bars share a baseline"
-            );
+            assert!((bottoms[i] - bottoms[0]).abs() < 0.2, "bars share a baseline");
         }
         assert_eq!(heights[1], 0.0);
         // bars go left to right in the given order
@@ -706,49 +539,12 @@ mod tests {
         for svg in [
             bar_chart("empty", "y", &[]),
             bar_chart("zeros", "y", &bars(&[("a", 0.0), ("b", 0.0)])),
-            bar_chart(
-                "nan",
-                "y",
-                &bars(&[("a", f64::NAN), ("b", f64::INFINITY), ("c", -2.0)]),
-            ),
+            bar_chart("nan", "y", &bars(&[("a", f64::NAN), ("b", f64::INFINITY), ("c", -2.0)])),
             line_chart("empty", "x", "y", &[]),
-            line_chart(
-                "no points",
-                "x",
-                "y",
-                &[Series {
-                    name: "s".into(),
-                    points: vec![],
-                }],
-            ),
-            line_chart(
-                "nan",
-                "x",
-                "y",
-                &[Series {
-                    name: "s".into(),
-                    points: vec![(0.0, f64::NAN), (1.0, 0.0), (f64::INFINITY, 2.0)],
-                }],
-            ),
-            line_chart(
-                "one point",
-                "x",
-                "y",
-                &[Series {
-                    name: String::new(),
-                    points: vec![(5.0, 5.0)],
-                }],
-            ),
-            line_chart_with(
-                "log",
-                "x",
-                "y",
-                &[Series {
-                    name: "s".into(),
-                    points: vec![(0.0, 1.0)],
-                }],
-                LineOptions { x_log: true },
-            ),
+            line_chart("no points", "x", "y", &[Series { name: "s".into(), points: vec![] }]),
+            line_chart("nan", "x", "y", &[Series { name: "s".into(), points: vec![(0.0, f64::NAN), (1.0, 0.0), (f64::INFINITY, 2.0)] }]),
+            line_chart("one point", "x", "y", &[Series { name: String::new(), points: vec![(5.0, 5.0)] }]),
+            line_chart_with("log", "x", "y", &[Series { name: "s".into(), points: vec![(0.0, 1.0)] }], LineOptions { x_log: true }),
         ] {
             parse(&svg);
             assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
@@ -759,48 +555,26 @@ mod tests {
         let doc = parse(&doc_svg);
         let rects = marks(&doc, "bar");
         assert_eq!(attr(&rects[0], "height"), attr(&rects[1], "height"));
-        assert!(
-            attr(&rects[0], "y") > attr(&rects[1], "y"),
-            "negative bar hangs below the zero line"
-        );
+        assert!(attr(&rects[0], "y") > attr(&rects[1], "y"), "negative bar hangs below the zero line");
     }
 
     #[test]
     fn points_map_monotonically_and_series_get_a_legend() {
         let series = vec![
-            Series {
-                name: "ram-overflow".into(),
-                points: vec![(64.0, 900.0), (256.0, 400.0), (1024.0, 50.0), (4096.0, 0.0)],
-            },
-            Series {
-                name: "device-ram".into(),
-                points: vec![(64.0, 10.0), (256.0, 10.0), (1024.0, 10.0), (4096.0, 10.0)],
-            },
+            Series { name: "ram-overflow".into(), points: vec![(64.0, 900.0), (256.0, 400.0), (1024.0, 50.0), (4096.0, 0.0)] },
+            Series { name: "device-ram".into(), points: vec![(64.0, 10.0), (256.0, 10.0), (1024.0, 10.0), (4096.0, 10.0)] },
         ];
         for options in [LineOptions::default(), LineOptions { x_log: true }] {
             let svg = line_chart_with("Storage IOPS", "RAM (MiB)", "IOPS", &series, options);
             let doc = parse(&svg);
             let pts = marks(&doc, "point");
             assert_eq!(pts.len(), 8);
-            let first: Vec<(f64, f64)> = pts[..4]
-                .iter()
-                .map(|p| (attr(p, "cx"), attr(p, "cy")))
-                .collect();
-            assert!(
-                first.windows(2).all(|w| w[0].0 < w[1].0),
-                "x grows to the right: {first:?}"
-            );
-            assert!(
-                first.windows(2).all(|w| w[0].1 < w[1].1),
-                "falling y goes down the page: {first:?}"
-            );
+            let first: Vec<(f64, f64)> = pts[..4].iter().map(|p| (attr(p, "cx"), attr(p, "cy"))).collect();
+            assert!(first.windows(2).all(|w| w[0].0 < w[1].0), "x grows to the right: {first:?}");
+            assert!(first.windows(2).all(|w| w[0].1 < w[1].1), "falling y goes down the page: {first:?}");
             assert_eq!(marks(&doc, "line").len(), 2);
             for s in &series {
-                assert!(
-                    doc.descendants().any(|n| n.text() == Some(s.name.as_str())),
-                    "legend names {}",
-                    s.name
-                );
+                assert!(doc.descendants().any(|n| n.text() == Some(s.name.as_str())), "legend names {}", s.name);
             }
         }
         // On a log axis equal ratios are equal distances.
@@ -812,16 +586,7 @@ mod tests {
 
     #[test]
     fn a_line_breaks_at_a_point_it_cannot_place() {
-        let s = Series {
-            name: "s".into(),
-            points: vec![
-                (0.0, 1.0),
-                (1.0, 2.0),
-                (2.0, f64::NAN),
-                (3.0, 1.0),
-                (4.0, 0.0),
-            ],
-        };
+        let s = Series { name: "s".into(), points: vec![(0.0, 1.0), (1.0, 2.0), (2.0, f64::NAN), (3.0, 1.0), (4.0, 0.0)] };
         let svg = line_chart("gap", "x", "y", &[s]);
         let doc = parse(&svg);
         assert_eq!(marks(&doc, "line").len(), 2);
