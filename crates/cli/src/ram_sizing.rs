@@ -149,11 +149,11 @@ pub fn run(args: SizeArgs) -> Result<()> {
         std::fs::write(path, chart(&shown, &trace, &rams, goal, baseline))
             .with_context(|| format!("cannot write the chart to {}", path.display()))?;
     }
+    let report = Report { args: &args, device_size, trace: &trace, results: &shown, advice: &advice, goal, baseline };
     if args.json {
-        let doc = report_json(&args, device_size, &trace, &shown, &advice, goal, baseline);
-        println!("{}", serde_json::to_string_pretty(&doc).context("cannot print the report")?);
+        println!("{}", serde_json::to_string_pretty(&report_json(&report)).context("cannot print the report")?);
     } else {
-        print!("{}", report_text(&args, device_size, &trace, &shown, &advice, goal, baseline));
+        print!("{}", report_text(&report));
         if let Some(path) = &args.chart {
             println!("chart: {}", path.display());
         }
@@ -201,15 +201,19 @@ fn reduction(r: &ReplayResult, trace: &TraceSummary, baseline: Option<f64>) -> O
     }
 }
 
-fn report_text(
-    args: &SizeArgs,
+/// Everything the report shows, for the table and the JSON alike.
+struct Report<'a> {
+    args: &'a SizeArgs,
     device_size: u64,
-    t: &TraceSummary,
-    results: &[&ReplayResult],
-    advice: &[(CacheType, Option<u64>)],
+    trace: &'a TraceSummary,
+    results: &'a [&'a ReplayResult],
+    advice: &'a [(CacheType, Option<u64>)],
     goal: SizingGoal,
     baseline: Option<f64>,
-) -> String {
+}
+
+fn report_text(rep: &Report) -> String {
+    let Report { args, device_size, trace: t, results, advice, goal, baseline } = *rep;
     let mut out = String::new();
     let secs = t.seconds();
     out += &format!(
@@ -268,15 +272,8 @@ fn report_text(
     out
 }
 
-fn report_json(
-    args: &SizeArgs,
-    device_size: u64,
-    t: &TraceSummary,
-    results: &[&ReplayResult],
-    advice: &[(CacheType, Option<u64>)],
-    goal: SizingGoal,
-    baseline: Option<f64>,
-) -> Value {
+fn report_json(rep: &Report) -> Value {
+    let Report { args, device_size, trace: t, results, advice, goal, baseline } = *rep;
     let rows: Vec<Value> = results
         .iter()
         .map(|r| {

@@ -15,16 +15,24 @@
 //!   would make writes look free.
 //! - A write the cache refuses (ENOSPC, `device-ram` when its RAM is full) is counted, and
 //!   the trace time of the first one is kept; the replay goes on, as the target would.
-//! - Replay is faster than real time, so `ram-overflow`'s background flusher runs relatively
-//!   later than it would have; what reaches the overflow file is what the engine decided.
+//! - Replay is faster than real time. Where the trace was idle before the next request (a
+//!   gap of 1 ms or more) and `ram-overflow`'s RAM is past the flusher's high watermark,
+//!   the replay waits for the flusher as the idle time would have let it (at most the gap,
+//!   and at most 50 ms), so its evictions follow the trace's pace; within bursts it runs
+//!   as fast as the engine takes requests, and what reaches the overflow file is what the
+//!   engine decided.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use vdstream_blockdev::trace::{FLAG_FUA, FLAG_MAY_TRIM};
 use vdstream_blockdev::{BlockDev, ErrorKind, MemoryDev, Result, TraceOp, TraceRecord, ZeroFlags};
 
 use crate::{CacheConfig, CacheType, StatsSnapshot};
+
+/// The longest the replay waits for `ram-overflow`'s flusher in one idle gap of the trace.
+const MAX_FLUSHER_WAIT: Duration = Duration::from_millis(50);
 
 /// Requests of a trace by operation, and its span.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -177,6 +185,18 @@ pub fn replay(
         let s = cache.stats();
         out.peak_ram_bytes = out.peak_ram_bytes.max(s.ram_bytes);
         out.peak_file_bytes = out.peak_file_bytes.max(s.file_bytes);
+        if kind == CacheType::RamOverflow && ram > 0 {
+            if let Some(next) = records.get(i + 1) {
+                let idle = Duration::from_nanos(next.time_ns.saturating_sub(r.time_ns)).min(MAX_FLUSHER_WAIT);
+                if idle >= Duration::from_millis(1) {
+                    let high = ram / 100 * crate::overflow::HIGH_WATERMARK_PERCENT;
+                    let until = Instant::now() + idle;
+                    while cache.stats().ram_bytes >= high && Instant::now() < until {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            }
+        }
         if i % 4096 == 4095 {
             progress(i as u64 + 1);
         }
