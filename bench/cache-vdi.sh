@@ -13,6 +13,9 @@
 #   ram-overflow-2g     ... --cache ram-overflow --ram 2G                      (everything fits)
 #   ram-overflow-64m    ... --cache ram-overflow --ram 64M                     (overflows: working set = --size)
 #   device-ram-2g       ... --cache device-ram --ram 2G
+#   ram-overflow-2g-trace, ram-overflow-64m-trace
+#                       ... the same, with --record-trace FILE in the scratch dir (the cost of
+#                       recording; the footer gives each one's ratio to its untraced peer)
 #   server              ... --cache server                                     (device-disk's engine)
 #   nbdkit-cow          nbdkit --filter=cow file BASE  (overlay in the scratch dir, default 64K cow blocks)
 #   qemu-nbd-qcow2      qemu-img create -f qcow2 -b BASE -F raw ovl.qcow2;
@@ -37,7 +40,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-ALL_PEERS=raw-disk,device-disk,device-disk-1runner,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2
+ALL_PEERS=raw-disk,device-disk,device-disk-1runner,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=$ALL_PEERS
 args_given="$*"
@@ -97,6 +100,8 @@ start_peer() {
     device-disk-buf) cmd=("${vd[@]}" --cache device-disk "${IB_ON[@]}") ;;
     ram-overflow-2g) cmd=("${vd[@]}" --cache ram-overflow --ram 2G) ;;
     ram-overflow-64m) cmd=("${vd[@]}" --cache ram-overflow --ram 64M) ;;
+    ram-overflow-2g-trace) cmd=("${vd[@]}" --cache ram-overflow --ram 2G --record-trace "$cdir/io.trace") ;;
+    ram-overflow-64m-trace) cmd=("${vd[@]}" --cache ram-overflow --ram 64M --record-trace "$cdir/io.trace") ;;
     device-ram-2g) cmd=("${vd[@]}" --cache device-ram --ram 2G) ;;
     server) cmd=("${vd[@]}" --cache server) ;;
     nbdkit-cow) env=(TMPDIR="$cdir"); cmd=(nbdkit -f -U "$sock" --filter=cow file "$base") ;;
@@ -211,6 +216,11 @@ for p in peers:
 print()
 print(f"({label}; total IOPS per round: " +
       "; ".join(f"{p} {x['runs']}" for p, x in res.items()) + ")")
+traced = [p for p in peers if p.endswith("-trace") and p[:-len("-trace")] in res]
+if traced:
+    print()
+    print("Recording a trace (--record-trace), total IOPS against the same peer without: " +
+          "; ".join(f"{p} {ratio(p, p[:-len('-trace')])}" for p in traced) + ".")
 PYEOF
 )
 

@@ -11,6 +11,9 @@
 //!   type reopens its cache only over the same vDisk (size and identity are checked).
 //! - At shutdown, every request already read is answered, the device is flushed, the
 //!   socket removed and a last status with state `stopped` written.
+//! - With `record_trace`, a [`TraceDev`] on top of the stack records every request the
+//!   local export receives (and nothing the agent does itself, such as its last flush);
+//!   the trace is written out after the drain.
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -20,7 +23,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vdstream_blockdev::BlockDev;
+use vdstream_blockdev::{BlockDev, TraceDev};
 use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
@@ -53,6 +56,8 @@ pub struct AttachConfig {
     /// With `--server http://`: the servers' API, one client per endpoint, for reports
     /// and re-placement after a failover.
     pub api: Option<ApiLink>,
+    /// Record every request of the local export into this I/O trace file.
+    pub record_trace: Option<PathBuf>,
 }
 
 impl AttachConfig {
@@ -73,6 +78,7 @@ impl AttachConfig {
             remote: RemoteOptions { target: id.to_string(), ..RemoteOptions::default() },
             status_every: Duration::from_secs(1),
             api: None,
+            record_trace: None,
         }
     }
 
@@ -89,6 +95,8 @@ pub struct Agent {
     remote: Arc<RemoteBase>,
     cache: Option<Arc<dyn WriteCache>>,
     dev: Arc<dyn BlockDev>,
+    /// The recorder on top of `dev`, with `record_trace`.
+    trace: Option<Arc<TraceDev>>,
     unix: Option<std::os::unix::net::UnixListener>,
     started_ms: u64,
     _lock: File,
@@ -134,17 +142,26 @@ impl Agent {
             let dev: Arc<dyn BlockDev> = cache.clone();
             (Some(cache), dev)
         };
+        let trace = match &cfg.record_trace {
+            None => None,
+            Some(path) => Some(Arc::new(TraceDev::create(dev.clone(), path).map_err(|e| AgentError::Trace { id: cfg.target.clone(), message: e.to_string() })?)),
+        };
         check_socket(&cfg.socket)?;
         let unix = std::os::unix::net::UnixListener::bind(&cfg.socket)
             .map_err(|e| AgentError::SocketInUse { path: cfg.socket.clone(), reason: format!("cannot listen: {e}") })?;
         unix.set_nonblocking(true).map_err(|source| AgentError::Io { what: "cannot set up the socket".into(), source })?;
-        Ok(Agent { cfg, remote, cache, dev, unix: Some(unix), started_ms: status::now_ms(), _lock: lock })
+        Ok(Agent { cfg, remote, cache, dev, trace, unix: Some(unix), started_ms: status::now_ms(), _lock: lock })
     }
 
     /// The device the local export serves (the cache, or the remote base for the
     /// pass-through types).
     pub fn device(&self) -> Arc<dyn BlockDev> {
         self.dev.clone()
+    }
+
+    /// With `record_trace`: its file and how many requests it holds (after `serve`).
+    pub fn trace(&self) -> Option<(PathBuf, Result<u64, vdstream_blockdev::TraceError>)> {
+        self.trace.as_ref().map(|t| (t.trace_path().to_path_buf(), t.finish()))
     }
 
     pub fn remote(&self) -> &RemoteBase {
@@ -165,7 +182,11 @@ impl Agent {
             self.remote.endpoint_in_use().0,
             self.cfg.cache
         );
-        let exports = Arc::new(AgentExports { name: self.cfg.target.clone(), description, dev: self.dev.clone() });
+        let exported: Arc<dyn BlockDev> = match &self.trace {
+            Some(t) => t.clone(),
+            None => self.dev.clone(),
+        };
+        let exports = Arc::new(AgentExports { name: self.cfg.target.clone(), description, dev: exported });
         let server = Arc::new(Server::new(exports, ServerConfig::default()));
         let std_unix = self.unix.take().expect("serve runs once");
         let unix = tokio::net::UnixListener::from_std(std_unix).map_err(|source| AgentError::Io { what: "cannot serve the socket".into(), source })?;
@@ -203,6 +224,13 @@ impl Agent {
         let dev = self.dev.clone();
         if let Err(e) = tokio::task::spawn_blocking(move || dev.flush()).await.unwrap_or(Ok(())) {
             log::error!("target {}: the last flush failed: {e}", self.cfg.target);
+        }
+        if let Some(trace) = self.trace.clone() {
+            match tokio::task::spawn_blocking(move || trace.finish()).await {
+                Ok(Ok(n)) => log::info!("target {}: {n} requests recorded", self.cfg.target),
+                Ok(Err(e)) => log::error!("target {}: {e}", self.cfg.target),
+                Err(e) => log::error!("target {}: the trace writer failed: {e}", self.cfg.target),
+            }
         }
         let _ = std::fs::remove_file(&self.cfg.socket);
         let mut last = self.status(Some((&prev.0, prev.1.elapsed())));

@@ -47,6 +47,9 @@ pub enum AgentError {
         source: vdstream_blockdev::Error,
     },
 
+    #[error("target {id}: cannot record the I/O trace: {message}")]
+    Trace { id: String, message: String },
+
     #[error("no status for target {id} in {path}: is it attached? (start it with `vdstream target attach {id} ...`; set VDSTREAM_RUN_DIR if it runs with another)", path = path.display())]
     NoStatus { id: String, path: PathBuf },
 

@@ -28,6 +28,7 @@ pub mod memory;
 pub mod reclaim;
 pub mod ring;
 pub mod span;
+pub mod trace;
 pub mod uring;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -39,6 +40,7 @@ pub use engine::{IoEngine, IoEngineKind};
 pub use error::{Error, ErrorKind, Op, Result};
 pub use file::{FileDev, FileOptions};
 pub use memory::MemoryDev;
+pub use trace::{TraceDev, TraceError, TraceOp, TraceReader, TraceRecord};
 
 /// What a device can do. The NBD server turns this into transmission flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

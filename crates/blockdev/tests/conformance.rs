@@ -1,6 +1,7 @@
 //! Runs the conformance suite (see `src/conformance.rs`) on every device this crate
 //! provides: `MemoryDev`, `FileDev` buffered, `FileDev` with `O_DIRECT` (skipped, with the
-//! reason printed, where the file system refuses it) and `FileDev` read-only.
+//! reason printed, where the file system refuses it), `FileDev` read-only, and `TraceDev`
+//! (the recording wrapper) over a `MemoryDev`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -163,4 +164,14 @@ fn file_dev_open_errors_say_what_to_do() {
     )
     .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Invalid, "{e}");
+}
+
+#[test]
+fn trace_dev_conforms() {
+    // Recording must not change what the device below answers.
+    let images = Images::new();
+    conformance::run_all("TraceDev(MemoryDev)", &|size| {
+        let dev = vdstream_blockdev::TraceDev::create(memory(size), &images.path()).expect("a trace file");
+        Arc::new(dev) as Arc<dyn BlockDev>
+    });
 }

@@ -3,6 +3,7 @@
 
 mod audit;
 mod output;
+mod ram_sizing;
 mod remote;
 mod serve_image;
 mod server;
@@ -29,6 +30,7 @@ Examples:
   vdstream server --socket /run/vds.sock        serve the whole store: vdisk/NAME[@V], maintenance/NAME
   vdstream target attach vm1 --server 'nbd+unix:///?socket=/tmp/vdstream.sock'
                                                 a target's agent: local cache, socket for qemu
+  vdstream size --trace vm1.trace --ram 64M,256M,1G   RAM sizing from a recorded trace (--record-trace)
 
 Logging: set RUST_LOG=debug (or info, warn) for more detail.")]
 struct Cli {
@@ -44,6 +46,7 @@ enum Command {
     Version(version::VersionArgs),
     Audit(audit::AuditArgs),
     Target(target::TargetArgs),
+    Size(ram_sizing::SizeArgs),
 }
 
 fn main() {
@@ -58,6 +61,7 @@ fn main() {
         Command::Version(args) => version::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Target(args) => target::run(args),
+        Command::Size(args) => ram_sizing::run(args),
     };
     if let Err(err) = result {
         eprintln!("vdstream: error: {err:#}");

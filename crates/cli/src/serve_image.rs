@@ -58,6 +58,7 @@ Examples:
   vdstream serve-image disk.img --socket /run/disk.sock --name golden
   vdstream serve-image disk.img --read-only --listen 127.0.0.1:10809
   vdstream serve-image store/win11/v3.qcow2 --read-only   (v3 and every version below it)
+  vdstream serve-image disk.img --cache ram-overflow --record-trace vm.trace   (then: vdstream size --trace vm.trace)
 Then:
   nbdinfo --map 'nbd+unix:///?socket=/tmp/vdstream.sock'
   qemu-system-x86_64 -drive file=nbd+unix:///?socket=/tmp/vdstream.sock,format=raw,if=virtio ...")]
@@ -139,6 +140,11 @@ pub struct ServeImageArgs {
     /// conversion per write; one sequential 2 MiB write per chunk, no extra space).
     #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "on", requires = "cache", action = clap::ArgAction::Set)]
     zero_fill: bool,
+
+    /// Record every request clients send (offset, length, op, time) into this I/O trace
+    /// file, for `vdstream size --trace FILE` (format: docs/AGENT.md).
+    #[arg(long, value_name = "FILE")]
+    pub record_trace: Option<PathBuf>,
 
     /// Worker threads per connection for devices that may sleep (files, disk caches): how
     /// many of one connection's requests run at once. A disk cache with O_DIRECT runs its
@@ -262,6 +268,16 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             (dev, format!("{description} through a {kind} write cache"))
         }
     };
+    let trace = match &args.record_trace {
+        None => None,
+        Some(path) => Some(Arc::new(
+            vdstream_blockdev::TraceDev::create(dev.clone(), path).with_context(|| "cannot record the I/O trace (--record-trace)")?,
+        )),
+    };
+    let dev: Arc<dyn BlockDev> = match &trace {
+        Some(t) => t.clone(),
+        None => dev,
+    };
     let size = dev.size();
     let one_writer = opened_layer.as_ref().is_some_and(|o| o.writable);
     let exports = Arc::new(SingleExport::new(args.name.clone(), description.clone(), dev, one_writer));
@@ -307,6 +323,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         if let Some(cache) = cache_in_use {
             println!("vdstream: {}", cache_summary(&*cache));
         }
+        report_trace(trace.map(|t| (t.trace_path().to_path_buf(), t.finish())))?;
         // The layer's files stay locked (in use) until here.
         drop(opened_layer);
         Ok(())
@@ -378,6 +395,15 @@ fn open_vdisk(args: &ServeImageArgs) -> Result<vdstream_store::OpenedLayer> {
         if opened.writable { "read-write (one writer)" } else { "read-only" }
     );
     Ok(opened)
+}
+
+/// Says where the I/O trace went and how many requests it holds, once it is written out.
+pub(crate) fn report_trace(trace: Option<(PathBuf, Result<u64, vdstream_blockdev::TraceError>)>) -> Result<()> {
+    if let Some((path, written)) = trace {
+        let n = written.context("the I/O trace is incomplete")?;
+        println!("vdstream: recorded {n} requests in {} (replay: vdstream size --trace {})", path.display(), path.display());
+    }
+    Ok(())
 }
 
 /// One line on what the guest asked for against what reached storage.

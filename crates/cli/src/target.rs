@@ -46,6 +46,8 @@ Examples:
   vdstream target attach vm1 --server 'nbd+unix:///?socket=/run/golden.sock' --cache ram-overflow --ram 512M
   qemu-system-x86_64 -drive file=nbd+unix:///?socket=$XDG_RUNTIME_DIR/vdstream/vm1.sock,format=raw,if=virtio ...
   vdstream target status vm1
+Record the target's I/O for RAM sizing (vdstream size --help):
+  vdstream target attach vm1 --server nbd://10.0.0.1:10809/ --record-trace vm1.trace
 Two servers of the same image (failover):
   vdstream target attach vm1 --server nbd://10.0.0.1:10809/ --server nbd://10.0.0.2:10809/
 Store servers (`vdstream server --http`): the target's record says what to attach, the least busy server serves it:
@@ -108,6 +110,11 @@ pub struct AttachArgs {
     /// A request with no reply for this long means the server is hung: reconnect and re-send.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     request_timeout: Duration,
+
+    /// Record every request the local export receives (offset, length, op, time) into
+    /// this I/O trace file, for `vdstream size --trace FILE` (format: docs/AGENT.md).
+    #[arg(long, value_name = "FILE")]
+    record_trace: Option<PathBuf>,
 
     /// Requests in flight to the server, at most.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -197,6 +204,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.remote.retry_for = a.retry_for;
     cfg.remote.request_timeout = Some(a.request_timeout);
     cfg.remote.max_requests = a.max_requests as usize;
+    cfg.record_trace = a.record_trace;
     let servers = cfg.endpoints.iter().map(|e| e.uri.as_str()).collect::<Vec<_>>().join(", ");
     println!("vdstream: target {}: connecting to {servers}", a.id);
     let mut agent = Agent::open(cfg).with_context(|| format!("cannot attach target {}", a.id))?;
@@ -229,7 +237,8 @@ fn attach(a: AttachArgs) -> Result<()> {
         served
     })?;
     println!("vdstream: {}", agent.summary());
-    Ok(())
+    crate::serve_image::report_trace(agent.trace())
+
 }
 
 fn show_status(s: StatusArgs) -> Result<()> {

@@ -34,6 +34,7 @@ pub mod pagemap;
 pub mod persistent;
 pub mod prealloc;
 pub mod private;
+pub mod sizing;
 pub mod ram;
 mod region_map;
 pub mod stats;
