@@ -2,6 +2,7 @@
 //! library crate; this file turns command lines into calls and errors into messages.
 
 mod audit;
+mod bench;
 mod output;
 mod remote;
 mod serve_image;
@@ -29,6 +30,8 @@ Examples:
   vdstream server --socket /run/vds.sock        serve the whole store: vdisk/NAME[@V], maintenance/NAME
   vdstream target attach vm1 --server 'nbd+unix:///?socket=/tmp/vdstream.sock'
                                                 a target's agent: local cache, socket for qemu
+  vdstream bench 'nbd+unix:///?socket=/tmp/vdstream.sock' --profile vdi
+                                                the VDI profile: IOPS, MiB/s, latency
 
 Logging: set RUST_LOG=debug (or info, warn) for more detail.")]
 struct Cli {
@@ -44,6 +47,7 @@ enum Command {
     Version(version::VersionArgs),
     Audit(audit::AuditArgs),
     Target(target::TargetArgs),
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -58,6 +62,7 @@ fn main() {
         Command::Version(args) => version::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Target(args) => target::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     if let Err(err) = result {
         eprintln!("vdstream: error: {err:#}");
