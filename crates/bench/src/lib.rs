@@ -6,8 +6,10 @@
 //! Pieces: [`workload`] (the settings, the VDI preset and each worker's stream of offsets),
 //! [`pattern`] (the `--verify` stamps and the ledger of acknowledged writes),
 //! [`histogram`] (latency percentiles), [`run`] (the workers and the sampler) and
-//! [`result`] (what a run measured, as JSON and text).
+//! [`result`] (what a run measured, as JSON and text) and [`compare`] (the write-cache
+//! comparison table of `vdstream demo`).
 
+pub mod compare;
 pub mod histogram;
 pub mod pattern;
 pub mod result;
@@ -15,7 +17,8 @@ pub mod run;
 pub mod workload;
 
 pub use result::{BenchResult, Interval, OpFigures, VerifyFigures};
-pub use run::{run, Progress, RunOptions};
+pub use compare::{Comparison, Row};
+pub use run::{run, wait_ready, Progress, RunOptions};
 pub use workload::{Profile, Workload, WorkloadError};
 
 use vdstream_nbd::client::ClientError;

@@ -129,6 +129,26 @@ pub fn run(uri: &str, workload: &Workload, opts: &RunOptions, progress: &mut dyn
     rt.block_on(run_async(uri, workload, opts, progress))
 }
 
+/// Waits until `uri` answers an NBD handshake (a server that is starting), at most
+/// `timeout`; returns the export's size. The last connection error on timeout.
+pub fn wait_ready(uri: &str, timeout: Duration) -> Result<u64, BenchError> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(BenchError::Runtime)?;
+    rt.block_on(async {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match connect(uri).await {
+                Ok(client) => {
+                    let size = client.size();
+                    let _ = client.disconnect().await;
+                    return Ok(size);
+                }
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+}
+
 async fn connect(uri: &str) -> Result<Client, BenchError> {
     // No allocation map or structured replies needed: plain reads, like fio's engine.
     let opts = ConnectOptions { structured_replies: true, base_allocation: false, ..ConnectOptions::default() };

@@ -104,7 +104,7 @@ impl BenchArgs {
 
 /// Runs `workload` on `uri`, with a live progress line on stderr when it is a terminal and
 /// `show_progress` is set; `label` starts the line.
-pub fn run_workload(uri: &str, workload: &Workload, label: &str, show_progress: bool) -> Result<BenchResult> {
+pub fn run_with(uri: &str, workload: &Workload, opts: &RunOptions, label: &str, show_progress: bool) -> Result<BenchResult> {
     let live = show_progress && std::io::stderr().is_terminal();
     let mut progress = |p: &Progress| {
         if live {
@@ -121,7 +121,7 @@ pub fn run_workload(uri: &str, workload: &Workload, label: &str, show_progress: 
             let _ = std::io::stderr().flush();
         }
     };
-    let result = vdstream_bench::run(uri, workload, &RunOptions::default(), &mut progress);
+    let result = vdstream_bench::run(uri, workload, opts, &mut progress);
     if live {
         eprint!("\r\x1b[2K");
     }
@@ -138,7 +138,7 @@ pub fn quiet_client_logs() {
 pub fn run(args: BenchArgs) -> Result<()> {
     let workload = args.workload()?;
     quiet_client_logs();
-    let result = run_workload(&args.uri, &workload, "", !args.json)?;
+    let result = run_with(&args.uri, &workload, &RunOptions::default(), "", !args.json)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result).expect("a result serializes"));
     } else {

@@ -3,6 +3,7 @@
 
 mod audit;
 mod bench;
+mod demo;
 mod output;
 mod remote;
 mod serve_image;
@@ -20,6 +21,7 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "vdstream", version, about, long_about = None, after_help = "\
 Examples:
+  vdstream demo                                 compare the write-cache types on a demo vDisk (2 min)
   vdstream serve-image --memory 1G              a 1 GiB RAM disk on /tmp/vdstream.sock
   vdstream serve-image disk.img --read-only     a raw image, read-only
   nbdinfo 'nbd+unix:///?socket=/tmp/vdstream.sock'
@@ -47,6 +49,7 @@ enum Command {
     Version(version::VersionArgs),
     Audit(audit::AuditArgs),
     Target(target::TargetArgs),
+    Demo(demo::DemoArgs),
     Bench(bench::BenchArgs),
 }
 
@@ -62,6 +65,7 @@ fn main() {
         Command::Version(args) => version::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Target(args) => target::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
     };
     if let Err(err) = result {
