@@ -7,11 +7,12 @@
 //! [`pattern`] (the `--verify` stamps and the ledger of acknowledged writes),
 //! [`histogram`] (latency percentiles), [`run`] (the workers and the sampler) and
 //! [`result`] (what a run measured, as JSON and text) and [`compare`] (the write-cache
-//! comparison table of `vdstream demo`).
+//! comparison table of `vdstream demo`) and [`report`] (Markdown with SVG charts).
 
 pub mod compare;
 pub mod histogram;
 pub mod pattern;
+pub mod report;
 pub mod result;
 pub mod run;
 pub mod workload;

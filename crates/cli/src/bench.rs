@@ -4,9 +4,10 @@
 //! result (totals, read and write figures, latency percentiles, time series) on stdout.
 
 use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use vdstream_bench::{BenchResult, Profile, Progress, RunOptions, Workload};
 
@@ -25,7 +26,8 @@ Examples:
   vdstream bench nbd://127.0.0.1:10809/ --write-pct 0 --random-pct 0 --block-size 1M --working-set 256M
                                    sequential 1 MiB reads
   vdstream bench URI --verify --duration 10       writes carry offset and generation stamps; reads check them
-  vdstream bench URI --json | jq .total.iops")]
+  vdstream bench URI --json | jq .total.iops
+  vdstream bench URI --report out/                out/report.md with SVG charts")]
 pub struct BenchArgs {
     /// The export: nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME.
     #[arg(value_name = "URI")]
@@ -72,6 +74,10 @@ pub struct BenchArgs {
     /// Print the result as one JSON document on stdout.
     #[arg(long)]
     json: bool,
+
+    /// Write DIR/report.md with SVG charts (IOPS and latency over time) and DIR/result.json.
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
 }
 
 fn parse_profile(s: &str) -> Result<Profile, String> {
@@ -143,6 +149,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&result).expect("a result serializes"));
     } else {
         print!("{}", result.render());
+    }
+    if let Some(dir) = &args.report {
+        let path = vdstream_bench::report::write_bench(dir, &result).with_context(|| format!("cannot write the report into {}", dir.display()))?;
+        if !args.json {
+            println!("report: {}", path.display());
+        }
     }
     if !result.ok() {
         let why = match &result.verify {

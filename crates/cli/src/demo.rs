@@ -36,6 +36,7 @@ Examples:
   vdstream demo --quick           about 20 seconds: a 64 MiB vDisk, 2 s per row
   vdstream demo --duration 60     longer runs, steadier figures
   vdstream demo --json | jq '.rows[] | {name, storage_iops}'
+  vdstream demo --report out/     out/report.md with SVG charts
   vdstream demo --keep            keep the scratch folder (store, logs) and print where it is")]
 pub struct DemoArgs {
     /// About 20 seconds: a 64 MiB vDisk and 2 s per row.
@@ -53,6 +54,11 @@ pub struct DemoArgs {
     /// Print the table as one JSON document (every row's full bench result) on stdout.
     #[arg(long)]
     json: bool,
+
+    /// Also write DIR/report.md with SVG charts (IOPS per cache type, storage IOPS per
+    /// target, IOPS and latency over time) and DIR/result.json.
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
 }
 
 /// The children and the scratch folder; whoever finishes first (the demo, or the signal
@@ -267,6 +273,19 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let result = run_rows(&args, &scratch, &dir, size, &workload);
     scratch.lock().unwrap_or_else(|e| e.into_inner()).finish();
     let comparison = result?;
+    let intro = format!(
+        "VDI profile (4 workers × queue depth 16, 4 KiB, 80% writes, 90% random) for {secs} s per row on a {} demo vDisk, \
+         one target per row, every process on this machine (`vdstream demo{}`).",
+        format_size(size),
+        if args.quick { " --quick" } else { "" }
+    );
+    if let Some(dir) = &args.report {
+        let path = vdstream_bench::report::write_comparison(dir, &comparison, "vdstream demo: write-cache types compared", &intro)
+            .with_context(|| format!("cannot write the report into {}", dir.display()))?;
+        if !args.json {
+            eprintln!("vdstream demo: report in {}", path.display());
+        }
+    }
 
     if args.json {
         let mut doc = comparison.to_json();
@@ -335,8 +354,8 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
     let ram_big = format_size(size * 2).replace(' ', "");
     let ram_small = format_size(size / 4).replace(' ', "");
     let agents: [(&str, String, &str, Option<&str>); 4] = [
-        ("ram-overflow", format!("ram-overflow, fits in RAM ({})", format_size(size * 2)), "ram-overflow", Some(&ram_big)),
-        ("ram-overflow-small", format!("ram-overflow, overflows (RAM {})", format_size(size / 4)), "ram-overflow", Some(&ram_small)),
+        ("ram-overflow", "ram-overflow (fits)".to_string(), "ram-overflow", Some(&ram_big)),
+        ("ram-overflow-small", "ram-overflow (overflows)".to_string(), "ram-overflow", Some(&ram_small)),
         ("device-ram", "device-ram".to_string(), "device-ram", Some(&ram_big)),
         ("device-disk", "device-disk".to_string(), "device-disk", None),
     ];
@@ -349,7 +368,7 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
         let uri = format!("nbd+unix:///?socket={}", vdstream_agent::paths::socket_path(id).display());
         ready(scratch, id, &uri)?;
         let setup = match ram {
-            Some(ram) => format!("`vdstream target attach --cache {cache} --ram {ram}` reading vdisk/demo from the server"),
+            Some(ram) => format!("`vdstream target attach --cache {cache} --ram {ram}` reading vdisk/demo from the server (the working set is {})", format_size(size)),
             None => format!("`vdstream target attach --cache {cache}` reading vdisk/demo from the server, cache file in {}", dir.display()),
         };
         let spec = RowSpec {
