@@ -9,8 +9,11 @@
 # alternating per round (the machine is noisy), and medians are shown.
 #
 # Usage: bench/bench-vs-fio.sh [--size 1g] [--runtime 10] [--rounds 3] [--quick] [--out FILE]
-#                              [--peers vdstream,nbdkit-memory]
+#                              [--peers vdstream,nbdkit-memory] [--pin]
 #   --quick       --size 256m --runtime 3 --rounds 1 (to check the script, not for figures)
+#   --pin         server on CPU 0, the load generator on CPU 1 (taskset): each side has a
+#                 core of its own, so a client that costs more CPU per request does not
+#                 slow the server it measures
 # Environment: SHARED (default: the `shared` folder beside the repo), VDSTREAM_BIN.
 
 set -euo pipefail
@@ -19,7 +22,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
 
-size=1g runtime=10 rounds=3 out='' peers=vdstream,nbdkit-memory
+size=1g runtime=10 rounds=3 out='' peers=vdstream,nbdkit-memory pin=0
 args_given="$*"
 while (($#)); do
     case $1 in
@@ -29,6 +32,7 @@ while (($#)); do
     --quick) size=256m runtime=3 rounds=1 ;;
     --out) out=$2; shift ;;
     --peers) peers=$2; shift ;;
+    --pin) pin=1 ;;
     -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "bench-vs-fio.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -42,6 +46,11 @@ for c in fio nbdkit nbdinfo; do
     command -v $c >/dev/null || { echo "bench-vs-fio.sh: $c is not installed (run scripts/test once)" >&2; exit 2; }
 done
 IFS=, read -r -a peer_list <<<"$peers"
+server_cpu=() client_cpu=()
+if ((pin)); then
+    (($(nproc) >= 2)) || { echo "--pin needs 2 CPUs" >&2; exit 2; }
+    server_cpu=(taskset -c 0) client_cpu=(taskset -c 1)
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-bench.XXXXXX")
 server_pid=
@@ -54,7 +63,7 @@ start_peer() {
     nbdkit-memory) cmd=(nbdkit -f -U "$sock" memory 1G) ;;
     *) echo "unknown peer $name" >&2; return 1 ;;
     esac
-    "${cmd[@]}" >"$work/$name.server.log" 2>&1 </dev/null &
+    "${server_cpu[@]}" "${cmd[@]}" >"$work/$name.server.log" 2>&1 </dev/null &
     server_pid=$!
     wait_nbd_ready "$server_pid" "$sock" "$work/$name.server.log" "$name" 20
 }
@@ -70,10 +79,10 @@ for p in "${peer_list[@]}"; do
         for tool in "${order[@]}"; do
             echo "$p round $((r + 1))/$rounds: $tool (size=$size runtime=${runtime}s)" >&2
             case $tool in
-            fio) fio "$JOBFILE" --ioengine=nbd --uri="$uri" --size="$size" --runtime="$runtime" \
+            fio) "${client_cpu[@]}" fio "$JOBFILE" --ioengine=nbd --uri="$uri" --size="$size" --runtime="$runtime" \
                     --output-format=json --output="$work/$p.fio.$r.json" >"$work/$p.fio.$r.log" 2>&1 ||
                     { cat "$work/$p.fio.$r.log" >&2; echo "fio failed against $p" >&2; exit 1; } ;;
-            bench) "$VDSTREAM_BIN" bench "$uri" --profile vdi --working-set "$size_bytes" --duration "$runtime" \
+            bench) "${client_cpu[@]}" "$VDSTREAM_BIN" bench "$uri" --profile vdi --working-set "$size_bytes" --duration "$runtime" \
                     --json >"$work/$p.bench.$r.json" 2>"$work/$p.bench.$r.log" ||
                     { cat "$work/$p.bench.$r.log" >&2; echo "vdstream bench failed against $p" >&2; exit 1; } ;;
             esac
@@ -123,13 +132,15 @@ print(f"({label}; total IOPS per round: " + "; ".join(notes) + ")")
 PYEOF
 )
 
+pin_note=''
+((pin)) && pin_note='; server pinned to CPU 0, fio and bench to CPU 1 (--pin)'
 header="### vdstream bench against fio, VDI profile
 
 \`bench/bench-vs-fio.sh ${args_given}\` — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(fio --version),
 $(nbdkit --version | head -n1); fio runs \`shared/bench/vdi.fio\` with --size=$size --runtime=$runtime,
 \`vdstream bench --profile vdi --working-set $size --duration $runtime\` the same workload, alternately on
 the same server process (vdstream = \`vdstream serve-image --memory 1G\`, nbdkit-memory = \`nbdkit memory 1G\`),
-client and server on the same machine, over a unix socket.
+client and server on the same machine, over a unix socket${pin_note}.
 "
 printf '%s\n%s\n' "$header" "$table"
 if [[ -n $out ]]; then
