@@ -268,6 +268,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let dir = std::env::temp_dir().join(format!("vdstream-demo-{}-{nanos:x}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create the scratch folder {}", dir.display()))?;
+    // The agents' sockets, status files and caches live in the scratch folder; children
+    // inherit this. Set before any other thread starts.
+    std::env::set_var("VDSTREAM_RUN_DIR", dir.join("run"));
+    std::env::set_var("VDSTREAM_CACHE_DIR", dir.join("cache"));
     let scratch: Shared = Arc::new(Mutex::new(Scratch { dir: dir.clone(), keep: args.keep, children: Vec::new(), done: false }));
     clean_up_on_signal(scratch.clone())?;
     let result = run_rows(&args, &scratch, &dir, size, &workload);
@@ -313,10 +317,6 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
         }
     };
     let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
-    // The agents' sockets, status files and caches live in the scratch folder; children
-    // inherit this (set before any child or thread that reads the environment starts).
-    std::env::set_var("VDSTREAM_RUN_DIR", path("run"));
-    std::env::set_var("VDSTREAM_CACHE_DIR", path("cache"));
     let store = path("store");
     let image = path("demo.img");
     say(&format!("scratch folder {}; making a {} demo vDisk", dir.display(), format_size(size)));
