@@ -33,13 +33,13 @@ use crate::size::format_size;
 #[command(after_help = "\
 Examples:
   vdstream demo                   about 2 minutes on 2 cores: a 256 MiB vDisk, 15 s per row
-  vdstream demo --quick           about 20 seconds: a 64 MiB vDisk, 2 s per row
+  vdstream demo --quick           about 30 seconds: a 64 MiB vDisk, 2 s per row
   vdstream demo --duration 60     longer runs, steadier figures
   vdstream demo --json | jq '.rows[] | {name, storage_iops}'
   vdstream demo --report out/     out/report.md with SVG charts
   vdstream demo --keep            keep the scratch folder (store, logs) and print where it is")]
 pub struct DemoArgs {
-    /// About 20 seconds: a 64 MiB vDisk and 2 s per row.
+    /// About 30 seconds: a 64 MiB vDisk and 2 s per row.
     #[arg(long)]
     quick: bool,
 
