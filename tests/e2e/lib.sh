@@ -265,3 +265,20 @@ run_bounded() {
     [[ $rc -ne 124 && $rc -ne 137 ]] || fail "timed out after ${secs}s: $*"
     return "$rc"
 }
+
+# rasterize_charts DIR — render every DIR/*.svg to PNG with rsvg-convert (a real SVG
+# renderer) and check each PNG's signature and size; logs and returns when rsvg-convert
+# is missing (Debian: librsvg2-bin; scripts/test installs it).
+rasterize_charts() {
+    local dir=$1 svg png n=0
+    command -v rsvg-convert >/dev/null || { log "note: rsvg-convert missing: charts not rasterized"; return 0; }
+    for svg in "$dir"/*.svg; do
+        png=${svg%.svg}.png
+        rsvg-convert -o "$png" "$svg" || fail "rsvg-convert refused $svg"
+        [[ $(head -c 8 "$png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] || fail "$png is not a PNG"
+        (($(stat -c %s "$png") > 2000)) || fail "$png is nearly empty ($(stat -c %s "$png") bytes)"
+        n=$((n + 1))
+    done
+    ((n > 0)) || fail "no SVG chart in $dir"
+    log "ok: rsvg-convert rendered $n charts in $dir"
+}

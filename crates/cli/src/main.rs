@@ -2,6 +2,8 @@
 //! library crate; this file turns command lines into calls and errors into messages.
 
 mod audit;
+mod bench;
+mod demo;
 mod output;
 mod ram_sizing;
 mod remote;
@@ -20,6 +22,7 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "vdstream", version, about, long_about = None, after_help = "\
 Examples:
+  vdstream demo                                 compare the write-cache types on a demo vDisk (2 min)
   vdstream serve-image --memory 1G              a 1 GiB RAM disk on /tmp/vdstream.sock
   vdstream serve-image disk.img --read-only     a raw image, read-only
   nbdinfo 'nbd+unix:///?socket=/tmp/vdstream.sock'
@@ -31,6 +34,8 @@ Examples:
   vdstream target attach vm1 --server 'nbd+unix:///?socket=/tmp/vdstream.sock'
                                                 a target's agent: local cache, socket for qemu
   vdstream size --trace vm1.trace --ram 64M,256M,1G   RAM sizing from a recorded trace (--record-trace)
+  vdstream bench 'nbd+unix:///?socket=/tmp/vdstream.sock' --profile vdi
+                                                the VDI profile: IOPS, MiB/s, latency
 
 Logging: set RUST_LOG=debug (or info, warn) for more detail.")]
 struct Cli {
@@ -47,6 +52,8 @@ enum Command {
     Audit(audit::AuditArgs),
     Target(target::TargetArgs),
     Size(ram_sizing::SizeArgs),
+    Demo(demo::DemoArgs),
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -62,6 +69,8 @@ fn main() {
         Command::Audit(args) => audit::run(args),
         Command::Target(args) => target::run(args),
         Command::Size(args) => ram_sizing::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     if let Err(err) = result {
         eprintln!("vdstream: error: {err:#}");
