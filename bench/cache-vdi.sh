@@ -6,7 +6,6 @@
 #   raw-disk            fio --ioengine=io_uring --direct=1 on a scratch copy of the base
 #                       (no NBD, no cache: the disk's ceiling for this job file)
 #   device-disk         vdstream serve-image BASE --cache device-disk          (O_DIRECT, chunks zero-filled, batched io_uring)
-#   device-disk-1runner ... --cache device-disk --threads 1                    (one batch at a time per connection)
 #   device-disk-uring   ... --cache device-disk --io-engine io_uring           (O_DIRECT, the shared ring for requests outside batches)
 #   device-disk-sparse  ... --cache device-disk --zero-fill off                (O_DIRECT, chunks only fallocated)
 #   device-disk-buf     ... --cache device-disk --intermediate-buffering on    (page cache)
@@ -40,7 +39,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-ALL_PEERS=raw-disk,device-disk,device-disk-1runner,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
+ALL_PEERS=raw-disk,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=$ALL_PEERS
 args_given="$*"
@@ -94,7 +93,6 @@ start_peer() {
     local vd=("$VDSTREAM_BIN" serve-image "$base" --socket "$sock" --overflow-dir "$cdir")
     case $name in
     device-disk) cmd=("${vd[@]}" --cache device-disk) ;;
-    device-disk-1runner) cmd=("${vd[@]}" --cache device-disk --threads 1) ;;
     device-disk-uring) cmd=("${vd[@]}" --cache device-disk --io-engine io_uring) ;;
     device-disk-sparse) cmd=("${vd[@]}" --cache device-disk --zero-fill off) ;;
     device-disk-buf) cmd=("${vd[@]}" --cache device-disk "${IB_ON[@]}") ;;

@@ -147,8 +147,7 @@ pub struct ServeImageArgs {
     pub record_trace: Option<PathBuf>,
 
     /// Worker threads per connection for devices that may sleep (files, disk caches): how
-    /// many of one connection's requests run at once. A disk cache with O_DIRECT runs its
-    /// requests in batches, with at most 2 batches at once (`--threads 1`: one at a time).
+    /// many of one connection's requests run at once.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
 

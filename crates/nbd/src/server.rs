@@ -443,19 +443,18 @@ impl io::Write for BlockingSocket {
 }
 
 /// Runs a blocking engine on threads of its own: the inline engine for devices that never
-/// sleep, the batched one for devices that prefer batches, the threaded one for other
-/// devices that may sleep. When a drain starts it shuts the socket's
+/// sleep, the threaded one for devices that may. When a drain starts it shuts the socket's
 /// read side, so the threads answer what they read and end.
 async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
     sock.prepare()?;
     let waker = sock.try_clone()?;
     let batched = negotiated.device.prefers_batches();
-    let writer = if negotiated.device.caps().may_block || batched { Some(sock.try_clone()?) } else { None };
+    let writer = if negotiated.device.caps().may_block && !batched { Some(sock.try_clone()?) } else { None };
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
         let result = match writer {
+            None if batched => crate::session::run_batched_blocking(sock, negotiated, &shared),
             None => crate::session::run_inline_blocking(sock, negotiated, &shared),
-            Some(writer) if batched => crate::session::run_batched_blocking(sock, writer, negotiated, &shared, shared.config.threads_per_connection),
             Some(writer) => {
                 let threads = shared.config.threads_per_connection.max(1);
                 crate::session::run_threaded_blocking(sock, writer, negotiated, &shared, threads)

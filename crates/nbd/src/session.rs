@@ -8,10 +8,9 @@
 //!   output with one syscall before it waits for more input. Per request: no allocation,
 //!   no task switch, no lock of ours.
 //! - **batched** (devices that prefer batches, [`BlockDev::prefers_batches`]: a disk cache
-//!   with `O_DIRECT`; module `batched`): the reads and writes the input holds go to the
-//!   device in one [`BlockDev::io_batch`] call, which submits them together (io_uring);
-//!   two runners take turns, so one batch is read and submitted while the other is in the
-//!   kernel. One sleep per batch instead of a thread hand-off per request.
+//!   with `O_DIRECT`): like inline, but the reads and writes of a pass go to the device in
+//!   one [`BlockDev::io_batch`] call, which submits them together (io_uring) and returns
+//!   when all are done; one sleep per batch instead of a thread hand-off per request.
 //! - **concurrent** (devices that may sleep): the reader dispatches each request to
 //!   tokio's blocking pool; replies come back out of order over a channel to a writer that
 //!   batches whatever is ready into one write. Payload bytes in flight are bounded by
@@ -29,17 +28,15 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-use vdstream_blockdev::BlockDev;
+use vdstream_blockdev::{BatchOp, BlockDev};
 
+use crate::errno::errno_for;
 use crate::exec::{execute, reply_error, Scratch};
 use crate::handshake::Negotiated;
 use crate::proto::*;
 use crate::server::{ServerStats, Shared, ShutdownSignal};
-use crate::validate::{validate, Command, ExportParams, Rejection};
+use crate::validate::{validate, Command, ExportParams, Rejection, Request};
 use crate::wire::{ReplyBuf, RequestHeader, REQUEST_HEADER_LEN};
-
-mod batched;
-pub use batched::run_batched_blocking;
 
 /// Write the output buffer once it holds this much, even mid-batch.
 const FLUSH_AT: usize = 512 << 10;
@@ -99,6 +96,13 @@ impl Input {
         let payload_start = self.start + REQUEST_HEADER_LEN;
         self.start += total;
         Ok(Some(Frame { header, payload: payload_start..self.start }))
+    }
+
+    /// Whether the next request is larger than the buffer, so that taking it would move the
+    /// bytes of requests already taken (the batched engine runs its batch first).
+    fn needs_room(&self) -> bool {
+        RequestHeader::parse(&self.buf[self.start..self.end])
+            .is_some_and(|h| h.magic == REQUEST_MAGIC && h.payload_len() <= MAX_PAYLOAD && REQUEST_HEADER_LEN + h.payload_len() as usize > self.buf.len())
     }
 
     fn compact(&mut self) {
@@ -358,6 +362,141 @@ where
     result
 }
 
+/// Most requests in one batch of the batched engine.
+const MAX_BATCH: usize = 64;
+
+/// The batched engine on a blocking socket, one thread per connection, for devices whose
+/// I/O is asynchronous underneath ([`BlockDev::prefers_batches`]: a disk cache with
+/// `O_DIRECT`): every complete READ and WRITE in the input buffer goes to the device in one
+/// [`BlockDev::io_batch`] call, which submits them together and returns when all are done;
+/// then their replies go out in one write. Other commands run as in the inline engine,
+/// after the reads and writes taken before them. One sleep per batch, where the threaded
+/// engine pays a thread hand-off and a sleep per request. Drain works as in the inline
+/// engine.
+pub fn run_batched_blocking<S>(stream: S, negotiated: Negotiated, shared: &Shared) -> Result<(), SessionError>
+where
+    S: std::io::Read + std::io::Write,
+{
+    let dev: &dyn BlockDev = &*negotiated.device;
+    let x = negotiated.params;
+    let mut batch = Batch::default();
+    blocking_loop(stream, shared, |input, out, scratch, tally| process_batched(input, dev, &x, out, scratch, tally, &mut batch))
+}
+
+/// The reads and writes taken from the input buffer and not run yet.
+#[derive(Default)]
+struct Batch {
+    /// Each request, and where its WRITE payload sits in the input buffer.
+    pending: Vec<(Request, std::ops::Range<usize>)>,
+    /// The READ data of a batch, back to back.
+    data: Vec<u8>,
+}
+
+/// The batched engine's core: like [`process`], with reads and writes collected and run
+/// together (see [`run_batched_blocking`]).
+fn process_batched(input: &mut Input, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally, batch: &mut Batch) -> Step {
+    let step = loop {
+        if !batch.pending.is_empty() && (batch.pending.len() >= MAX_BATCH || input.needs_room()) {
+            run_batch(batch, &input.buf, dev, x, out, tally);
+        }
+        if out.len() >= FLUSH_AT {
+            break Step::OutputFull;
+        }
+        let frame = match input.next_frame() {
+            Ok(Some(f)) => f,
+            Ok(None) => break Step::NeedInput,
+            Err(e) => break Step::Failed(e),
+        };
+        let h = frame.header;
+        tally.requests += 1;
+        match validate(&h, x) {
+            Ok(req) => match req.command {
+                Command::Read { .. } | Command::Write { .. } => batch.pending.push((req, frame.payload)),
+                Command::Disconnect => break Step::Disconnect,
+                _ => {
+                    run_batch(batch, &input.buf, dev, x, out, tally);
+                    if !execute(dev, x, &req, &input.buf[frame.payload], out, scratch) {
+                        tally.errors += 1;
+                    }
+                }
+            },
+            Err(Rejection::Error { errno, reason }) => {
+                tally.errors += 1;
+                reply_error(out, x, h.handle, errno, reason, None);
+            }
+            Err(Rejection::Disconnect(reason)) => break Step::Failed(SessionError::Protocol(reason)),
+        }
+    };
+    // Whatever ends the pass, the reads and writes taken so far are answered first.
+    run_batch(batch, &input.buf, dev, x, out, tally);
+    step
+}
+
+/// Runs the pending reads and writes with one `io_batch` call and appends their replies.
+fn run_batch(batch: &mut Batch, input: &[u8], dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, tally: &mut Tally) {
+    if batch.pending.is_empty() {
+        return;
+    }
+    let read_bytes: usize = batch.pending.iter().filter(|(r, _)| matches!(r.command, Command::Read { .. })).map(|(r, _)| r.length as usize).sum();
+    batch.data.clear();
+    batch.data.resize(read_bytes, 0);
+    let mut ops = Vec::with_capacity(batch.pending.len());
+    let mut rest = &mut batch.data[..];
+    for (req, payload) in &batch.pending {
+        match req.command {
+            Command::Write { fua } => ops.push(BatchOp::write(&input[payload.clone()], req.offset, fua)),
+            _ => {
+                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(req.length as usize);
+                rest = tail;
+                ops.push(BatchOp::read(mine, req.offset));
+            }
+        }
+    }
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dev.io_batch(&mut ops)));
+    let results: Vec<Result<(), vdstream_blockdev::Error>> = match ran {
+        Ok(()) => ops.into_iter().map(|op| op.result).collect(),
+        Err(_) => {
+            log::error!("device {} panicked on a batch of {} requests; answered EIO", dev.describe(), batch.pending.len());
+            drop(ops);
+            batch.pending.iter().map(|_| Err(vdstream_blockdev::Error::new(vdstream_blockdev::ErrorKind::Io, vdstream_blockdev::Op::Read, 0, 0, dev.describe(), "internal error in the block device (it panicked); see the server log"))).collect()
+        }
+    };
+    let mut at = 0usize;
+    for ((req, _), result) in batch.pending.iter().zip(results) {
+        let len = req.length as usize;
+        let is_read = matches!(req.command, Command::Read { .. });
+        match result {
+            Ok(()) if is_read => {
+                if x.structured {
+                    out.chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req.handle, (8 + len) as u32);
+                    out.put_u64(req.offset);
+                } else {
+                    out.simple_reply(req.handle, 0);
+                }
+                out.put(&batch.data[at..at + len]);
+                tally.bytes_read += len as u64;
+            }
+            Ok(()) => {
+                out.simple_reply(req.handle, 0);
+                tally.bytes_written += len as u64;
+            }
+            Err(e) => {
+                tally.errors += 1;
+                let end = req.offset + len as u64;
+                let offset = (is_read && e.offset >= req.offset && e.offset < end).then_some(e.offset);
+                reply_error(out, x, req.handle, errno_for(e.kind, false), &e.to_string(), offset);
+            }
+        }
+        if is_read {
+            at += len;
+        }
+    }
+    batch.pending.clear();
+    if batch.data.capacity() > 4 << 20 {
+        batch.data = Vec::new();
+    }
+}
+
 /// The threaded engine on a blocking socket, for devices that may sleep (nbdkit's
 /// parallel model): `threads` workers take turns holding the read side, each taking the
 /// next request from the shared input buffer (reading the socket when it runs dry), then
@@ -372,7 +511,13 @@ where
     R: std::io::Read + Send,
     W: std::io::Write + Send,
 {
-    let read_side = std::sync::Mutex::new(ReadSide::new(reader, shared));
+    let read_side = std::sync::Mutex::new(ReadSide {
+        sock: reader,
+        input: Input::new(shared.config.read_buffer_size),
+        done: false,
+        result: Ok(()),
+        tally: Tally::default(),
+    });
     let write_side = std::sync::Mutex::new(WriteSide { sock: writer, failed: None });
     let dev: &dyn BlockDev = &*negotiated.device;
     let x = negotiated.params;
@@ -443,12 +588,6 @@ struct ReadSide<R> {
     done: bool,
     result: Result<(), SessionError>,
     tally: Tally,
-}
-
-impl<R> ReadSide<R> {
-    fn new(sock: R, shared: &Shared) -> Self {
-        ReadSide { sock, input: Input::new(shared.config.read_buffer_size), done: false, result: Ok(()), tally: Tally::default() }
-    }
 }
 
 struct WriteSide<W> {

@@ -155,39 +155,6 @@ async fn batches_reach_a_device_that_prefers_them() {
     }
 }
 
-/// While one batch is in the device, the next requests the client sent are taken and
-/// submitted as a second batch: the device sees two batches at once, and every request
-/// is still answered once with the right bytes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batches_overlap_while_one_is_in_the_device() {
-    let h = start();
-    let (mut c, _, _) = RawClient::open(&h.path, "batched", true).await;
-    let n = DISK / 4096;
-    for i in 0..n {
-        c.send(CMD_WRITE, 0, i, i * 4096, 4096, &vec![(i % 251) as u8 + 1; 4096]).await;
-    }
-    let mut handles: Vec<u64> = Vec::new();
-    for _ in 0..n {
-        let r = c.reply(0).await;
-        assert_eq!(r.error(), 0, "{r:?}");
-        handles.push(r.handle());
-    }
-    handles.sort();
-    assert_eq!(handles, (0..n).collect::<Vec<_>>(), "every write answered once");
-    for i in (0..n).step_by(7) {
-        c.send(CMD_READ, 0, i, i * 4096, 4096, &[]).await;
-        match c.reply(4096).await {
-            Reply::Chunk { kind: REPLY_TYPE_OFFSET_DATA, handle, payload, .. } => {
-                assert_eq!(handle, i);
-                assert!(payload[8..].iter().all(|&b| b == (i % 251) as u8 + 1), "read back write {i}");
-            }
-            r => panic!("{r:?}"),
-        }
-    }
-    let peak = h.exports.batched.peak.load(Ordering::SeqCst);
-    assert!(peak >= 2, "a second batch ran while the first was in the device (peak {peak})");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_answers_in_flight_requests_then_closes() {
     let h = start();

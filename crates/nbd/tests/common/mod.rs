@@ -101,14 +101,11 @@ impl BlockDev for SlowDev {
 pub struct BatchDev {
     pub inner: MemoryDev,
     pub batches: Mutex<Vec<usize>>,
-    /// `io_batch` calls running now, and the most ever at once.
-    pub running: AtomicUsize,
-    pub peak: AtomicUsize,
 }
 
 impl BatchDev {
     pub fn new() -> BatchDev {
-        BatchDev { inner: MemoryDev::new(DISK), batches: Mutex::new(Vec::new()), running: AtomicUsize::new(0), peak: AtomicUsize::new(0) }
+        BatchDev { inner: MemoryDev::new(DISK), batches: Mutex::new(Vec::new()) }
     }
 }
 
@@ -122,13 +119,10 @@ impl BlockDev for BatchDev {
     fn describe(&self) -> String { "batched memory".into() }
     fn io_batch(&self, ops: &mut [vdstream_blockdev::BatchOp<'_>]) {
         self.batches.lock().unwrap().push(ops.len());
-        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak.fetch_max(now, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(5));
         for op in ops {
             op.run_alone(&self.inner);
         }
-        self.running.fetch_sub(1, Ordering::SeqCst);
     }
     fn prefers_batches(&self) -> bool { true }
 }
