@@ -27,6 +27,8 @@ const BOTTOM_PAD: f64 = 62.0;
 const RIGHT_PAD: f64 = 24.0;
 /// Rough width of one character at font-size 12, for layout only.
 const CHAR_W: f64 = 6.8;
+/// Widest legend (line, gap and name); longer names are cut with an ellipsis.
+const LEGEND_MAX_W: f64 = 260.0;
 /// Colours of series, in order (colour-blind friendly, after Okabe & Ito).
 const PALETTE: [&str; 8] = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#f0e442"];
 
@@ -66,8 +68,9 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
     let n = bars.len().max(1) as f64;
     let slot = plot.width() / n;
     let bar_w = (slot * 0.7).min(90.0);
-    let longest = bars.iter().map(|b| b.0.chars().count()).max().unwrap_or(0) as f64;
-    let rotate = longest * CHAR_W > slot * 0.95;
+    // Names go under their bars on up to three lines, broken at spaces; a name that still
+    // does not fit is cut with an ellipsis (the bar's tooltip keeps it whole).
+    let fits = ((slot * 0.95) / CHAR_W).floor().max(3.0) as usize;
     let zero = y.map(0.0);
     for (i, (name, value)) in bars.iter().enumerate() {
         let cx = plot.left + slot * (i as f64 + 0.5);
@@ -90,15 +93,8 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
         } else {
             text(&mut out, cx, zero - 5.0, "middle", "", "n/a");
         }
-        if rotate {
-            let ly = plot.bottom + 14.0;
-            let _ = writeln!(
-                out,
-                r#"<text x="{cx:.1}" y="{ly:.1}" text-anchor="end" transform="rotate(-30 {cx:.1} {ly:.1})">{}</text>"#,
-                escape(name)
-            );
-        } else {
-            text(&mut out, cx, plot.bottom + 18.0, "middle", "", name);
+        for (k, line) in label_lines(name, fits, 3).iter().enumerate() {
+            text(&mut out, cx, plot.bottom + 18.0 + 14.0 * k as f64, "middle", "", line);
         }
     }
     frame(&mut out, &plot);
@@ -123,7 +119,7 @@ pub fn line_chart_with(title: &str, x_label: &str, y_label: &str, series: &[Seri
 
     let legend = series.len() > 1 || series.iter().any(|s| !s.name.is_empty());
     let longest = series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0) as f64;
-    let legend_w = if legend { (longest * CHAR_W + 40.0).min(220.0) } else { 0.0 };
+    let legend_w = if legend { (longest * CHAR_W + 40.0).min(LEGEND_MAX_W) } else { 0.0 };
     let plot = Plot::new(RIGHT_PAD + legend_w);
     let x = Scale { axis: &x_axis, px_lo: plot.left, px_hi: plot.right };
     let y = Scale { axis: &y_axis, px_lo: plot.bottom, px_hi: plot.top };
@@ -177,6 +173,7 @@ pub fn line_chart_with(title: &str, x_label: &str, y_label: &str, series: &[Seri
             let _ =
                 writeln!(out, r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/>"#, lx + 18.0);
             let name = if s.name.is_empty() { format!("series {}", i + 1) } else { s.name.clone() };
+            let name = shorten(&name, ((LEGEND_MAX_W - 40.0) / CHAR_W) as usize);
             text(&mut out, lx + 24.0, ly + 4.0, "start", "", &name);
         }
     }
@@ -428,6 +425,36 @@ fn text(out: &mut String, x: f64, y: f64, anchor: &str, fill: &str, s: &str) {
     let _ = writeln!(out, r#"<text x="{x:.1}" y="{y:.1}" text-anchor="{anchor}"{fill}>{}</text>"#, escape(s));
 }
 
+/// `s` broken at spaces into lines of at most `width` characters, at most `max_lines` of
+/// them; what does not fit is cut with an ellipsis.
+fn label_lines(s: &str, width: usize, max_lines: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in s.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= width => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    if lines.len() > max_lines {
+        let rest = lines.split_off(max_lines - 1).join(" ");
+        lines.push(rest);
+    }
+    lines.iter().map(|l| shorten(l, width)).collect()
+}
+
+/// `s` cut to at most `max` characters, the last one an ellipsis when it was cut.
+fn shorten(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
 /// XML-escape `s` for text and attribute values, dropping characters XML 1.0 forbids.
 fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -496,6 +523,26 @@ mod tests {
         assert_eq!(format_value(0.0), "0");
         assert_eq!(format_value(123.0), "123");
         assert_eq!(format_value(f64::NAN), "n/a");
+    }
+
+    #[test]
+    fn long_bar_names_wrap_at_spaces_and_long_legends_are_cut() {
+        assert_eq!(label_lines("ram-overflow (overflows)", 14, 3), vec!["ram-overflow", "(overflows)"]);
+        assert_eq!(label_lines("aa bb cc dd", 2, 3), vec!["aa", "bb", "c…"]);
+        assert_eq!(label_lines("device-disk-persistent", 10, 3), vec!["device-di…"]);
+        let six = [("raw disk", 5.0), ("ram-overflow (fits)", 4.0), ("ram-overflow (overflows)", 3.0), ("device-ram", 4.0), ("device-disk", 1.0), ("server", 1.0)];
+        let svg = bar_chart("t", "IOPS", &bars(&six));
+        let doc = parse(&svg);
+        let texts: Vec<&str> = doc.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).collect();
+        assert!(texts.contains(&"ram-overflow") && texts.contains(&"(overflows)"), "{texts:?}");
+        for t in doc.descendants().filter(|n| n.has_tag_name("text")) {
+            assert!(attr(&t, "y") < HEIGHT, "label {:?} is inside the canvas", t.text());
+        }
+        let long = "a series name much longer than any legend could hold on the right";
+        let svg = line_chart("t", "s", "IOPS", &[Series { name: long.into(), points: vec![(0.0, 1.0), (1.0, 2.0)] }, Series { name: "b".into(), points: vec![(0.0, 2.0)] }]);
+        let doc = parse(&svg);
+        let legend = doc.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).find(|t| t.starts_with("a series")).unwrap();
+        assert!(legend.ends_with('…') && (legend.chars().count() as f64) * CHAR_W + 24.0 + 14.0 <= LEGEND_MAX_W, "{legend}");
     }
 
     #[test]

@@ -34,7 +34,7 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 #[test]
 fn rsvg_convert_renders_a_bar_chart_and_a_line_chart() {
     let bars: Vec<(String, f64)> =
-        [("raw disk", 9_800.0), ("ram-overflow (fits)", 41_500.0), ("device-disk", 8_900.0), ("server", 7_200.0)]
+        [("raw disk", 9_800.0), ("ram-overflow (fits)", 41_500.0), ("ram-overflow (overflows)", 30_100.0), ("device-ram", 40_900.0), ("device-disk", 8_900.0), ("server", 7_200.0)]
             .iter()
             .map(|(n, v)| (n.to_string(), *v))
             .collect();
