@@ -15,7 +15,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -33,13 +33,13 @@ use crate::size::format_size;
 #[command(after_help = "\
 Examples:
   vdstream demo                   about 2 minutes on 2 cores: a 256 MiB vDisk, 15 s per row
-  vdstream demo --quick           about 30 seconds: a 64 MiB vDisk, 2 s per row
+  vdstream demo --quick           about 20 seconds: a 64 MiB vDisk, 2 s per row
   vdstream demo --duration 60     longer runs, steadier figures
   vdstream demo --json | jq '.rows[] | {name, storage_iops}'
   vdstream demo --report out/     out/report.md with SVG charts
   vdstream demo --keep            keep the scratch folder (store, logs) and print where it is")]
 pub struct DemoArgs {
-    /// About 30 seconds: a 64 MiB vDisk and 2 s per row.
+    /// About 20 seconds: a 64 MiB vDisk and 2 s per row.
     #[arg(long)]
     quick: bool,
 
@@ -191,8 +191,27 @@ fn make_image(path: &Path, size: u64) -> Result<()> {
     Ok(f.sync_all()?)
 }
 
-/// Storage operations so far: (reads + writes) that reached a disk or the store.
-type StorageProbe<'a> = Box<dyn Fn() -> Result<u64> + 'a>;
+/// Storage operations so far: (reads + writes) that reached a disk or the store, read from
+/// a file that its writer rewrites every second.
+struct StorageProbe<'a> {
+    file: PathBuf,
+    read: Box<dyn Fn() -> Result<u64> + 'a>,
+}
+
+impl StorageProbe<'_> {
+    /// The figure as of a rewrite of the file that happened after this call.
+    fn fresh(&self) -> Result<u64> {
+        let since = SystemTime::now();
+        let deadline = Instant::now() + STATUS_WAIT;
+        while Instant::now() < deadline {
+            if std::fs::metadata(&self.file).and_then(|m| m.modified()).is_ok_and(|m| m > since) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (self.read)()
+    }
+}
 
 fn agent_storage_ops(id: &str) -> Result<u64> {
     let s = vdstream_agent::status::read(id, &vdstream_agent::paths::status_path(id))?;
@@ -211,8 +230,9 @@ fn server_storage_ops(stats: &Path, target: &str) -> Result<u64> {
     Ok(c["store_read_ops"].as_u64().unwrap_or(0) + c["store_write_ops"].as_u64().unwrap_or(0))
 }
 
-/// The status and stats files are rewritten every second: wait for a fresh one.
-const STATUS_REFRESH: Duration = Duration::from_millis(1300);
+/// The status and stats files are rewritten every second: wait at most this long for a
+/// rewrite.
+const STATUS_WAIT: Duration = Duration::from_secs(3);
 
 struct RowSpec<'a> {
     name: String,
@@ -225,10 +245,7 @@ struct RowSpec<'a> {
 
 fn measure(spec: RowSpec<'_>, workload: &Workload, json: bool) -> Result<Row> {
     let before = match &spec.storage {
-        Some(probe) => {
-            std::thread::sleep(STATUS_REFRESH);
-            probe()?
-        }
+        Some(probe) => probe.fresh()?,
         None => 0,
     };
     let label = format!("{:<28}", spec.name);
@@ -238,10 +255,7 @@ fn measure(spec: RowSpec<'_>, workload: &Workload, json: bool) -> Result<Row> {
         bail!("{}: the run had {} errors: {}", spec.name, result.errors, result.error_messages.join("; "));
     }
     let storage_ops = match &spec.storage {
-        Some(probe) => {
-            std::thread::sleep(STATUS_REFRESH);
-            probe()?.saturating_sub(before)
-        }
+        Some(probe) => probe.fresh()?.saturating_sub(before),
         // The raw disk has no cache: each request is one read or write of the file.
         None => result.total.ops,
     };
@@ -377,7 +391,7 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
             setup,
             uri,
             storage_source: "the agent's status (`vdstream target status`): vDisk reads from the server plus overflow or cache file I/O",
-            storage: Some(Box::new(move || agent_storage_ops(id))),
+            storage: Some(StorageProbe { file: vdstream_agent::paths::status_path(id), read: Box::new(move || agent_storage_ops(id)) }),
         };
         rows.push(measure(spec, workload, args.json)?);
         stop_last(scratch);
@@ -395,7 +409,7 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
         setup: "`vdstream target add --cache server` and an agent passing I/O through to target/demo-server on the server".into(),
         uri,
         storage_source: "the server's stats (`--stats-file`): the target's session's store reads and cache file I/O",
-        storage: Some(Box::new(move || server_storage_ops(&stats_path, "demo-server"))),
+        storage: Some(StorageProbe { file: stats_path.clone(), read: Box::new(move || server_storage_ops(&stats_path, "demo-server")) }),
     };
     rows.push(measure(spec, workload, args.json)?);
     stop_last(scratch);
