@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/bench-vs-fio.sh — does `vdstream bench --profile vdi` measure what fio measures?
-# On each export (vdstream = `vdstream serve-image --memory 1G`, nbdkit-memory = `nbdkit
-# memory 1G`), fio runs shared/bench/vdi.fio with its nbd engine and `vdstream bench`
+# On each export (vdstream = `vdstream serve-image --memory 1G`, vdstream-disk = `vdstream
+# serve-image BASE --cache device-disk` over a sparse base of --size with the cache file in the
+# scratch dir, written once sequentially before the rounds, nbdkit-memory = `nbdkit memory 1G`), fio runs shared/bench/vdi.fio with its nbd engine and `vdstream bench`
 # runs the same profile (4 workers x QD 16, 4 KiB, 80% writes, 90% random, same size and
 # runtime), alternately, on the same server process. Prints a Markdown table: each tool's
 # total/read/write IOPS and mean latency, and bench's total IOPS over fio's (goal: within
@@ -9,7 +10,7 @@
 # alternating per round (the machine is noisy), and medians are shown.
 #
 # Usage: bench/bench-vs-fio.sh [--size 1g] [--runtime 10] [--rounds 3] [--quick] [--out FILE]
-#                              [--peers vdstream,nbdkit-memory] [--pin]
+#                              [--peers vdstream,vdstream-disk,nbdkit-memory] [--pin]
 #   --quick       --size 256m --runtime 3 --rounds 1 (to check the script, not for figures)
 #   --pin         server on CPU 0, the load generator on CPU 1 (taskset): each side has a
 #                 core of its own, so a client that costs more CPU per request does not
@@ -22,7 +23,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
 
-size=1g runtime=10 rounds=3 out='' peers=vdstream,nbdkit-memory pin=0
+size=1g runtime=10 rounds=3 out='' peers=vdstream,vdstream-disk,nbdkit-memory pin=0
 args_given="$*"
 while (($#)); do
     case $1 in
@@ -60,6 +61,10 @@ start_peer() {
     local name=$1 sock=$2
     case $name in
     vdstream) cmd=("$VDSTREAM_BIN" serve-image --memory 1G --socket "$sock") ;;
+    vdstream-disk)
+        mkdir -p "$work/disk-cache"
+        truncate -s "$size_bytes" "$work/base.img"
+        cmd=("$VDSTREAM_BIN" serve-image "$work/base.img" --cache device-disk --overflow-dir "$work/disk-cache" --socket "$sock") ;;
     nbdkit-memory) cmd=(nbdkit -f -U "$sock" memory 1G) ;;
     *) echo "unknown peer $name" >&2; return 1 ;;
     esac
@@ -73,6 +78,13 @@ for p in "${peer_list[@]}"; do
     sock=$work/$p.sock
     start_peer "$p" "$sock" || { echo "failed to start $p" >&2; exit 1; }
     uri="nbd+unix:///?socket=$sock"
+    if [[ $p == vdstream-disk ]]; then
+        # One sequential pass first, so that every round finds the cache file's chunks
+        # allocated: otherwise whichever tool runs first pays for the allocation.
+        echo "$p: writing the whole export once (warm-up, not measured)" >&2
+        fio --name=warm-up --ioengine=nbd --uri="$uri" --rw=write --bs=1m --iodepth=4 --size="$size" \
+            >"$work/$p.warm-up.log" 2>&1 || { cat "$work/$p.warm-up.log" >&2; echo "warm-up failed on $p" >&2; exit 1; }
+    fi
     for ((r = 0; r < rounds; r++)); do
         order=(fio bench)
         ((r % 2)) && order=(bench fio)
@@ -139,7 +151,8 @@ header="### vdstream bench against fio, VDI profile
 \`bench/bench-vs-fio.sh ${args_given}\` — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(fio --version),
 $(nbdkit --version | head -n1); fio runs \`shared/bench/vdi.fio\` with --size=$size --runtime=$runtime,
 \`vdstream bench --profile vdi --working-set $size --duration $runtime\` the same workload, alternately on
-the same server process (vdstream = \`vdstream serve-image --memory 1G\`, nbdkit-memory = \`nbdkit memory 1G\`),
+the same server process (vdstream = \`vdstream serve-image --memory 1G\`, vdstream-disk = \`vdstream serve-image
+BASE --cache device-disk\` on a sparse $size base, O_DIRECT cache file on $(stat -f -c %T "$work"), nbdkit-memory = \`nbdkit memory 1G\`),
 client and server on the same machine, over a unix socket${pin_note}.
 "
 printf '%s\n%s\n' "$header" "$table"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `vdstream bench` against the served export: the VDI profile with --json gives total,
 # read and write IOPS, MiB/s and latency percentiles that hang together (total = read +
-# write, about 80% writes, p50 <= p99 <= max) and a time series; --verify on a clean
+# write, about 80% writes, p50 <= p99 <= max) and a time series, and its request count is
+# the server's own (the requests the server recorded with --record-trace); --verify on a clean
 # export checks reads and finds no mismatch; a smaller custom workload (sequential reads,
 # 64 KiB) does what it says. Bad input gets a clear error: an unreachable socket, a URI
 # without a scheme, a block size that is not a multiple of 512, and writes to a read-only
@@ -13,7 +14,7 @@ e2e_init
 [[ -x $VDSTREAM_BIN ]] || fail "$VDSTREAM_BIN not found: run 'cargo build --release' first"
 bench() { run_bounded 60 "$VDSTREAM_BIN" bench "$@"; }
 
-start_server --memory 256M
+start_server --memory 256M --record-trace "$E2E_TMP/vdi.trace"
 bench "$URI" --profile vdi --duration 2 --working-set 64M --json >"$E2E_TMP/vdi.json" || fail "bench --profile vdi failed"
 "$PY" - "$E2E_TMP/vdi.json" <<'PYEOF' || fail "the VDI result does not hang together: $(cat "$E2E_TMP/vdi.json")"
 import json, sys
@@ -34,6 +35,12 @@ assert len(j["series"]) >= 1 and all(s["read_iops"] + s["write_iops"] > 0 for s 
 print(f"vdi: {t['iops']:.0f} IOPS ({r['iops']:.0f} read, {wr['iops']:.0f} write), mean {t['latency']['mean_us']} us, p99 {t['latency']['p99_us']} us, {len(j['series'])} intervals")
 PYEOF
 log "ok: the VDI profile's JSON hangs together"
+stop_server
+served=$(grep -o 'recorded [0-9]* requests' "$SERVER_LOG" | grep -o '[0-9]*') || fail "the server did not say how many requests it recorded: $(tail -n 3 "$SERVER_LOG")"
+assert_eq "requests bench counted against requests the server served" "$(json_get "$E2E_TMP/vdi.json" 'j["total"]["ops"]')" "$served"
+log "ok: bench counted the $served requests the server served"
+
+start_server --memory 256M
 
 bench "$URI" --duration 2 --working-set 8M --verify --json >"$E2E_TMP/verify.json" || fail "bench --verify failed on a clean export: $(cat "$E2E_TMP/verify.json")"
 checked=$(json_get "$E2E_TMP/verify.json" 'j["verify"]["checked_reads"]')
