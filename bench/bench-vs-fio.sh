@@ -43,9 +43,7 @@ done
 [[ $runtime =~ ^[1-9][0-9]*$ ]] || { echo "--runtime must be whole seconds" >&2; exit 2; }
 need_jobfile
 need_vdstream
-for c in fio nbdkit nbdinfo; do
-    command -v $c >/dev/null || { echo "bench-vs-fio.sh: $c is not installed (run scripts/test once)" >&2; exit 2; }
-done
+need_cmds fio nbdkit nbdinfo
 IFS=, read -r -a peer_list <<<"$peers"
 server_cpu=() client_cpu=()
 if ((pin)); then

@@ -44,9 +44,7 @@ done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive integer" >&2; exit 2; }
 need_jobfile
 need_vdstream
-for c in fio nbdinfo numfmt; do
-    command -v $c >/dev/null || { echo "cache-overflow-dip.sh: $c is not installed" >&2; exit 2; }
-done
+need_cmds fio nbdinfo numfmt
 ws_bytes=$(numfmt --from=iec "${ws^^}")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-dip-bench.XXXXXX")

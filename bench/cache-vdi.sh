@@ -70,9 +70,7 @@ need=(fio nbdinfo numfmt)
 for p in "${peer_list[@]}"; do
     case $p in nbdkit-cow) need+=(nbdkit) ;; qemu-nbd-qcow2) need+=(qemu-nbd qemu-img) ;; esac
 done
-for c in "${need[@]}"; do
-    command -v "$c" >/dev/null || { echo "cache-vdi.sh: $c is not installed (run scripts/test once)" >&2; exit 2; }
-done
+need_cmds "${need[@]}"
 if ((size_bytes < 96 << 20)) && [[ ,$peers, == *,ram-overflow-64m,* ]]; then
     echo "note: --size $size is below 1.5 x 64M: ram-overflow-64m will hardly overflow" >&2
 fi

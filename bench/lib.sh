@@ -22,6 +22,16 @@ need_vdstream() {
     [[ -x $VDSTREAM_BIN ]] || { echo "$(basename "$0"): $VDSTREAM_BIN not built: cargo build --release -p vdstream" >&2; exit 2; }
 }
 
+# need_cmds CMD... — exit 2, naming the first CMD that is not installed and how to get it
+# (scripts/test installs every client tool the benchmarks use).
+need_cmds() {
+    local c
+    for c in "$@"; do
+        command -v "$c" >/dev/null ||
+            { echo "$(basename "$0"): $c is not installed (run scripts/test once, or apt-get install the package that has it)" >&2; exit 2; }
+    done
+}
+
 # stop_pid PID [TENTHS] — SIGTERM, wait up to TENTHS tenths of a second (default 100),
 # then SIGKILL; reaps the process if it is our child.
 stop_pid() {

@@ -41,9 +41,7 @@ done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive integer" >&2; exit 2; }
 [[ $runtime =~ ^[1-9][0-9]*$ ]] || { echo "--runtime must be whole seconds" >&2; exit 2; }
 need_jobfile
-for c in fio nbdkit nbdinfo; do
-    command -v $c >/dev/null || { echo "nbd-vdi.sh: $c is not installed (run scripts/test once)" >&2; exit 2; }
-done
+need_cmds fio nbdkit nbdinfo
 IFS=, read -r -a peer_list <<<"$peers"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-bench.XXXXXX")

@@ -50,9 +50,7 @@ for v in mib layers pct runtime rounds; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "--${v} must be a positive integer" >&2; exit 2; }
 done
 ((mib % 4 == 0)) || { echo "--size-mib must be a multiple of 4" >&2; exit 2; }
-for c in fio qemu-img qemu-io qemu-nbd nbdinfo; do
-    command -v $c >/dev/null || { echo "store-chain.sh: $c is not installed" >&2; exit 2; }
-done
+need_cmds fio qemu-img qemu-io qemu-nbd nbdinfo
 need_vdstream
 IFS=, read -r -a peer_list <<<"$peers"
 

@@ -52,9 +52,7 @@ for v in mib layers pct rounds; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "--${v} must be a positive integer" >&2; exit 2; }
 done
 ((layers >= 2)) || { echo "--layers must be at least 2 (qemu-img commit needs v1 and a layer above)" >&2; exit 2; }
-for c in qemu-img qemu-io; do
-    command -v $c >/dev/null || { echo "store-merge.sh: $c is not installed" >&2; exit 2; }
-done
+need_cmds qemu-img qemu-io
 [[ -x $MERGE_BIN ]] || { echo "store-merge.sh: $MERGE_BIN not built (cargo build --release -p vdstream-qcow2 --example merge)" >&2; exit 2; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-bench-merge.XXXXXX")
