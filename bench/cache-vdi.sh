@@ -5,6 +5,7 @@
 # ${TMPDIR:-/tmp}, on the same file system as the cache files), one after the other:
 #   raw-disk            fio --ioengine=io_uring --direct=1 on a scratch copy of the base
 #                       (no NBD, no cache: the disk's ceiling for this job file)
+#   raw-disk-buf        the same with --direct=0 (through the page cache: device-disk-buf's peer)
 #   device-disk         vdstream serve-image BASE --cache device-disk          (O_DIRECT, chunks zero-filled, batched io_uring)
 #   device-disk-uring   ... --cache device-disk --io-engine io_uring           (O_DIRECT, the shared ring for requests outside batches)
 #   device-disk-sparse  ... --cache device-disk --zero-fill off                (O_DIRECT, chunks only fallocated)
@@ -39,7 +40,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-ALL_PEERS=raw-disk,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
+ALL_PEERS=raw-disk,raw-disk-buf,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=$ALL_PEERS
 args_given="$*"
@@ -124,7 +125,7 @@ proc_written() {
 available=()
 for p in "${peer_list[@]}"; do
     case $p in
-    raw-disk | nbdkit-cow | qemu-nbd-qcow2) ;;
+    raw-disk | raw-disk-buf | nbdkit-cow | qemu-nbd-qcow2) ;;
     *) if [[ ! -x $VDSTREAM_BIN ]]; then
            echo "note: $VDSTREAM_BIN not built (cargo build --release): skipping $p" >&2
            continue
@@ -142,10 +143,12 @@ for ((r = 0; r < rounds; r++)); do
         cdir=$work/cache.$p.$r
         mkdir -p "$cdir"
         json=$work/$p.$r.json
-        if [[ $p == raw-disk ]]; then
+        if [[ $p == raw-disk || $p == raw-disk-buf ]]; then
+            direct=1
+            [[ $p == raw-disk-buf ]] && direct=0
             cp "$base" "$cdir/basecopy.img"
             sync
-            fio "$JOBFILE" --ioengine=io_uring --direct=1 --filename="$cdir/basecopy.img" \
+            fio "$JOBFILE" --ioengine=io_uring --direct=$direct --filename="$cdir/basecopy.img" \
                 --size="$size" --runtime="$runtime" \
                 --output-format=json --output="$json" >"$work/$p.$r.fio.log" 2>&1 ||
                 { cat "$work/$p.$r.fio.log" "$json" >&2 || true; echo "fio failed on $p" >&2; exit 1; }
@@ -199,6 +202,8 @@ def ratio(p, ref):
 def amp(p):
     if p == "raw-disk":
         return "1 (direct)"
+    if p == "raw-disk-buf":
+        return "n/a (page cache)"
     a = res[p]["amp"]
     return "n/a" if a is None else f"{a:.2f}"
 
@@ -212,6 +217,9 @@ for p in peers:
 print()
 print(f"({label}; total IOPS per round: " +
       "; ".join(f"{p} {x['runs']}" for p, x in res.items()) + ")")
+if "device-disk-buf" in res and "raw-disk-buf" in res:
+    print()
+    print(f"Same flags through the page cache: device-disk-buf / raw-disk-buf = {ratio('device-disk-buf', 'raw-disk-buf')}.")
 traced = [p for p in peers if p.endswith("-trace") and p[:-len("-trace")] in res]
 if traced:
     print()
