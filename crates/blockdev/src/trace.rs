@@ -134,6 +134,9 @@ pub enum TraceError {
     BadOp { path: PathBuf, offset: u64, code: u8 },
     #[error("{}: record at byte offset {offset} goes back in time ({time_ns} ns after one at {previous_ns} ns)", path.display())]
     OutOfOrder { path: PathBuf, offset: u64, time_ns: u64, previous_ns: u64 },
+    /// A later `finish` of a writer whose recording failed: the first error, again.
+    #[error("{message}")]
+    Failed { message: String },
 }
 
 /// The header of a trace file.
@@ -180,6 +183,8 @@ impl Shared {
 pub struct TraceWriter {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<std::result::Result<u64, TraceError>>>>,
+    /// The error the writer thread ended with, for `finish` calls after the first.
+    failure: Mutex<Option<String>>,
     path: PathBuf,
 }
 
@@ -199,7 +204,7 @@ impl TraceWriter {
             .name("trace-writer".into())
             .spawn(move || write_loop(&s, out, &p))
             .map_err(|e| io("cannot start the trace writer thread", e))?;
-        Ok(TraceWriter { shared, thread: Mutex::new(Some(thread)), path: path.to_path_buf() })
+        Ok(TraceWriter { shared, thread: Mutex::new(Some(thread)), failure: Mutex::new(None), path: path.to_path_buf() })
     }
 
     /// Queues one record stamped with the time now.
@@ -221,15 +226,25 @@ impl TraceWriter {
         self.shared.lock().done = true;
         self.shared.wake.notify_one();
         let handle = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
         match handle {
-            Some(h) => h.join().unwrap_or_else(|_| {
-                Err(TraceError::Io {
-                    path: self.path.clone(),
-                    what: "the trace writer thread failed",
-                    source: std::io::Error::other("panicked"),
-                })
-            }),
-            None => Ok(self.records_on_disk()),
+            Some(h) => {
+                let result = h.join().unwrap_or_else(|_| {
+                    Err(TraceError::Io {
+                        path: self.path.clone(),
+                        what: "the trace writer thread failed",
+                        source: std::io::Error::other("panicked"),
+                    })
+                });
+                if let Err(e) = &result {
+                    *failure = Some(e.to_string());
+                }
+                result
+            }
+            None => match &*failure {
+                Some(message) => Err(TraceError::Failed { message: message.clone() }),
+                None => Ok(self.records_on_disk()),
+            },
         }
     }
 
@@ -243,9 +258,14 @@ impl TraceWriter {
 }
 
 impl Drop for TraceWriter {
+    /// Finishes a trace nobody finished, logging its error (a `finish` before already
+    /// returned it to its caller).
     fn drop(&mut self) {
-        if let Err(e) = self.finish() {
-            log::error!("{e}");
+        let running = self.thread.get_mut().unwrap_or_else(PoisonError::into_inner).is_some();
+        if running {
+            if let Err(e) = self.finish() {
+                log::error!("{e}");
+            }
         }
     }
 }
@@ -498,6 +518,7 @@ fn read_full(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 mod tests {
     use super::*;
     use crate::MemoryDev;
+    use std::os::unix::fs::OpenOptionsExt;
 
     fn read_all(path: &Path) -> std::result::Result<Vec<TraceRecord>, TraceError> {
         TraceReader::open(path)?.collect()
@@ -542,6 +563,27 @@ mod tests {
         dev.write_at(&[1u8; 512], 0, false).unwrap();
         assert_eq!(dev.finish().unwrap(), 7);
         assert_eq!(read_all(&path).unwrap().len(), 7);
+    }
+
+    #[test]
+    fn a_failed_recording_says_so_on_every_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.fifo");
+        let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
+        assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0, "mkfifo");
+        // A reader first, so that opening the FIFO for writing does not wait; once it is
+        // gone, every write of the trace fails with EPIPE.
+        let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
+        let writer = TraceWriter::create(&path, 1 << 20).unwrap();
+        drop(reader);
+        for i in 0..1000 {
+            writer.record(TraceOp::Write, i * 4096, 4096, 0);
+        }
+        let first = writer.finish().expect_err("writing into a FIFO without a reader fails");
+        let again = writer.finish().expect_err("a second finish reports the failure too");
+        assert_eq!(again.to_string(), first.to_string());
+        assert!(first.to_string().contains("t.fifo"), "the error names the trace file: {first}");
     }
 
     #[test]
