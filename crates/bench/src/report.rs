@@ -11,6 +11,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use vdstream_report::svg::{line_chart_with, LineOptions};
 use vdstream_report::{bar_chart, line_chart, Series};
 
 use crate::compare::Comparison;
@@ -37,6 +38,13 @@ fn figures_table(rows: &[(&str, &BenchResult)]) -> String {
     t
 }
 
+/// Mean latency over time on a log axis: a cache's slow first seconds (hundreds of
+/// milliseconds) and a steady RAM cache (hundreds of microseconds) on one chart, each
+/// readable, so that a dip like ram-overflow's when it starts to overflow shows.
+fn latency_chart(series: &[Series]) -> String {
+    line_chart_with("Mean latency over time", "seconds", "latency (µs, log scale)", series, LineOptions { y_log: true, ..LineOptions::default() })
+}
+
 /// Writes DIR/report.md, DIR/iops-over-time.svg, DIR/latency-over-time.svg and
 /// DIR/result.json for one run; returns the report's path.
 pub fn write_bench(dir: &Path, r: &BenchResult) -> io::Result<PathBuf> {
@@ -48,7 +56,7 @@ pub fn write_bench(dir: &Path, r: &BenchResult) -> io::Result<PathBuf> {
         &[series("total", r, |i| i.iops()), series("read", r, |i| i.read_iops), series("write", r, |i| i.write_iops)],
     );
     write(dir, "iops-over-time.svg", &iops)?;
-    let latency = line_chart("Mean latency over time", "seconds", "latency (µs)", &[series("mean latency", r, |i| i.mean_latency_us)]);
+    let latency = latency_chart(&[series("mean latency", r, |i| i.mean_latency_us)]);
     write(dir, "latency-over-time.svg", &latency)?;
     write(dir, "result.json", &serde_json::to_string_pretty(r).expect("a result serializes"))?;
     let w = &r.workload;
@@ -91,7 +99,7 @@ pub fn write_comparison(dir: &Path, c: &Comparison, title: &str, intro: &str) ->
         c.rows.iter().map(|r| series(&r.name, &r.result, y)).collect()
     };
     write(dir, "iops-over-time.svg", &line_chart("IOPS over time", "seconds", "IOPS", &per_row(&|i| i.iops())))?;
-    write(dir, "latency-over-time.svg", &line_chart("Mean latency over time", "seconds", "latency (µs)", &per_row(&|i| i.mean_latency_us)))?;
+    write(dir, "latency-over-time.svg", &latency_chart(&per_row(&|i| i.mean_latency_us)))?;
     write(dir, "result.json", &serde_json::to_string_pretty(&c.to_json()).expect("a comparison serializes"))?;
     let setups: String = c.rows.iter().map(|r| format!("- **{}**: {}; storage from {}.\n", r.name, r.setup, r.storage_source)).collect();
     let md = format!(

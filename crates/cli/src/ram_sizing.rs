@@ -371,5 +371,5 @@ fn chart(results: &[&ReplayResult], t: &TraceSummary, rams: &[u64], goal: Sizing
         _ => {}
     }
     let x_log = rams.first().zip(rams.last()).is_some_and(|(lo, hi)| *lo > 0 && hi / lo >= 8);
-    line_chart_with("Storage IOPS by RAM size", "RAM (MiB)", "storage IOPS", &series, LineOptions { x_log })
+    line_chart_with("Storage IOPS by RAM size", "RAM (MiB)", "storage IOPS", &series, LineOptions { x_log, ..LineOptions::default() })
 }

@@ -45,6 +45,10 @@ pub struct LineOptions {
     /// A logarithmic x axis (powers of ten), for sizes spanning decades such as RAM sizes
     /// from 64 MiB to 4 GiB. Points with x ≤ 0 cannot be placed on it and are skipped.
     pub x_log: bool,
+    /// A logarithmic y axis, for values spanning decades such as latencies where one
+    /// series starts at hundreds of milliseconds and another runs at hundreds of
+    /// microseconds. Points with y ≤ 0 are skipped.
+    pub y_log: bool,
 }
 
 /// A bar chart of named values, one bar each, as a whole `<svg>` document.
@@ -110,12 +114,12 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
 
 /// [`line_chart`] with a choice of axes (see [`LineOptions`]).
 pub fn line_chart_with(title: &str, x_label: &str, y_label: &str, series: &[Series], options: LineOptions) -> String {
-    let placeable = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!options.x_log || x > 0.0);
+    let placeable = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!options.x_log || x > 0.0) && (!options.y_log || y > 0.0);
     let all: Vec<(f64, f64)> = series.iter().flat_map(|s| s.points.iter().copied()).filter(placeable).collect();
     let xs: Vec<f64> = all.iter().map(|p| p.0).collect();
     let ys: Vec<f64> = all.iter().map(|p| p.1).collect();
     let x_axis = if options.x_log { LinearAxis::log10(&xs) } else { LinearAxis::spanning(&xs) };
-    let y_axis = LinearAxis::including_zero(&ys);
+    let y_axis = if options.y_log { LinearAxis::log10(&ys) } else { LinearAxis::including_zero(&ys) };
 
     let legend = series.len() > 1 || series.iter().any(|s| !s.name.is_empty());
     let longest = series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0) as f64;
@@ -279,9 +283,11 @@ impl LinearAxis {
         if v == 0.0 {
             return "0".to_string();
         }
-        let scaled = v / self.unit.0;
-        let decimals = if self.log { trimmed_decimals(scaled, self.decimals) } else { self.decimals };
-        let s = format!("{:.*}{}", decimals, scaled, self.unit.1);
+        // A log axis spans decades: each tick gets its own unit (100, 1k, 10k, 1M).
+        let unit = if self.log { unit_for(v.abs()) } else { self.unit };
+        let scaled = v / unit.0;
+        let decimals = if self.log { trimmed_decimals(scaled, 6) } else { self.decimals };
+        let s = format!("{:.*}{}", decimals, scaled, unit.1);
         // Never print "-0".
         if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.' || c.is_alphabetic()) {
             s[1..].to_string()
@@ -591,7 +597,7 @@ mod tests {
             line_chart("no points", "x", "y", &[Series { name: "s".into(), points: vec![] }]),
             line_chart("nan", "x", "y", &[Series { name: "s".into(), points: vec![(0.0, f64::NAN), (1.0, 0.0), (f64::INFINITY, 2.0)] }]),
             line_chart("one point", "x", "y", &[Series { name: String::new(), points: vec![(5.0, 5.0)] }]),
-            line_chart_with("log", "x", "y", &[Series { name: "s".into(), points: vec![(0.0, 1.0)] }], LineOptions { x_log: true }),
+            line_chart_with("log", "x", "y", &[Series { name: "s".into(), points: vec![(0.0, 1.0)] }], LineOptions { x_log: true, ..LineOptions::default() }),
         ] {
             parse(&svg);
             assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
@@ -611,7 +617,7 @@ mod tests {
             Series { name: "ram-overflow".into(), points: vec![(64.0, 900.0), (256.0, 400.0), (1024.0, 50.0), (4096.0, 0.0)] },
             Series { name: "device-ram".into(), points: vec![(64.0, 10.0), (256.0, 10.0), (1024.0, 10.0), (4096.0, 10.0)] },
         ];
-        for options in [LineOptions::default(), LineOptions { x_log: true }] {
+        for options in [LineOptions::default(), LineOptions { x_log: true, ..LineOptions::default() }] {
             let svg = line_chart_with("Storage IOPS", "RAM (MiB)", "IOPS", &series, options);
             let doc = parse(&svg);
             let pts = marks(&doc, "point");
@@ -625,10 +631,35 @@ mod tests {
             }
         }
         // On a log axis equal ratios are equal distances.
-        let svg = line_chart_with("log", "x", "y", &series[..1], LineOptions { x_log: true });
+        let svg = line_chart_with("log", "x", "y", &series[..1], LineOptions { x_log: true, ..LineOptions::default() });
         let doc = parse(&svg);
         let cx: Vec<f64> = marks(&doc, "point").iter().map(|p| attr(p, "cx")).collect();
         assert!(((cx[1] - cx[0]) - (cx[3] - cx[2])).abs() < 0.2, "{cx:?}");
+    }
+
+    #[test]
+    fn a_log_y_axis_keeps_fast_and_slow_series_apart() {
+        // Latency: one series at hundreds of milliseconds, one at hundreds of microseconds.
+        let series = vec![
+            Series { name: "slow start".into(), points: vec![(0.5, 300_000.0), (1.0, 30_000.0), (1.5, 3_000.0)] },
+            Series { name: "steady".into(), points: vec![(0.5, 500.0), (1.0, 400.0), (1.5, 0.0)] },
+        ];
+        let options = LineOptions { y_log: true, ..LineOptions::default() };
+        let doc_svg = line_chart_with("Mean latency", "seconds", "latency (µs)", &series, options);
+        let doc = parse(&doc_svg);
+        let cy: Vec<f64> = marks(&doc, "point").iter().map(|p| attr(p, "cy")).collect();
+        assert_eq!(cy.len(), 5, "the zero cannot be placed on a log axis and is skipped");
+        // Equal ratios are equal distances, and higher values sit higher on the page.
+        assert!(((cy[1] - cy[0]) - (cy[2] - cy[1])).abs() < 0.2, "{cy:?}");
+        assert!(cy[0] < cy[1] && cy[1] < cy[2] && cy[2] < cy[3], "{cy:?}");
+        // On a linear axis the steady series would sit within a pixel of the bottom; here it
+        // is a visible distance above it.
+        let linear_svg = line_chart("Mean latency", "seconds", "latency (µs)", &series);
+        let linear = parse(&linear_svg);
+        let lin_cy: Vec<f64> = marks(&linear, "point").iter().map(|p| attr(p, "cy")).collect();
+        assert!((lin_cy[3] - lin_cy[5]).abs() < 2.0, "linear: {lin_cy:?}");
+        assert!(cy[3] - cy[2] > 20.0, "log: 3000 µs and 500 µs are far apart: {cy:?}");
+        assert!(doc_svg.contains(">100k<") && doc_svg.contains(">1000<") && doc_svg.contains(">1M<"), "power-of-ten ticks, each in its own unit: {doc_svg}");
     }
 
     #[test]
