@@ -105,6 +105,11 @@ impl Scratch {
 
 type Shared = Arc<Mutex<Scratch>>;
 
+/// Set by the signal thread before it stops the children: from then on a failure the
+/// main thread sees (an agent gone, a connection reset) is the interruption's doing, and
+/// the exit status is the signal thread's 130.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Stops everything on SIGINT or SIGTERM, then exits 130.
 fn clean_up_on_signal(scratch: Shared) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -118,6 +123,7 @@ fn clean_up_on_signal(scratch: Shared) -> Result<()> {
                 _ = int.recv() => {}
             }
         });
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
         eprintln!("\nvdstream demo: interrupted; stopping the servers and agents");
         scratch.lock().unwrap_or_else(|e| e.into_inner()).finish();
         std::process::exit(130);
@@ -271,6 +277,18 @@ fn row(spec: RowSpec<'_>, storage_ops: u64, result: BenchResult) -> Row {
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
+    let result = run_demo(args);
+    if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        // The signal thread is cleaning up and exits with 130: wait for it rather than
+        // return an error the interruption caused.
+        loop {
+            std::thread::park();
+        }
+    }
+    result
+}
+
+fn run_demo(args: DemoArgs) -> Result<()> {
     crate::bench::quiet_client_logs();
     let size: u64 = if args.quick { 64 << 20 } else { 256 << 20 };
     let secs = args.duration.unwrap_or(if args.quick { 2.0 } else { 15.0 });
