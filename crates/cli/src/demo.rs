@@ -344,11 +344,11 @@ fn boot_plan(args: &DemoArgs) -> Result<BootPlan> {
     }
     if boot::find_program(boot::QEMU).is_none() {
         let note = format!(
-            "no boot storm: {} is not on PATH; install it (Debian, Ubuntu: apt-get install {}) and run the demo with --boot again",
+            "{} is not on PATH; install it (Debian, Ubuntu: apt-get install {}) and run the demo with --boot again",
             boot::QEMU,
             boot::QEMU_PACKAGE
         );
-        eprintln!("vdstream demo: {note}; the cache table runs without it");
+        eprintln!("vdstream demo: boot storm skipped: {note}; the cache table runs without it");
         return Ok(BootPlan::Skipped(note));
     }
     let say = |what: &str| {
@@ -432,7 +432,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             println!("- {}: {}; storage from {}.", r.name, r.setup, r.storage_source);
         }
         match (&plan, &storm) {
-            (BootPlan::Skipped(note), _) => println!("\nBoot storm: {note}."),
+            (BootPlan::Skipped(note), _) => println!("\nBoot storm skipped: {note}."),
             (_, Some(storm)) => {
                 println!("\nBoot storm: {} guests at once from one vDisk, each through its own ram-overflow agent:\n", storm.targets);
                 print!("{}", storm.render_markdown());

@@ -268,10 +268,8 @@ fn accel(scratch: &Shared, dir: &Path, golden: &Golden, say: &dyn Fn(&str)) -> R
             return Ok(a.trim().to_string());
         }
     }
-    let kvm = std::ffi::CString::new("/dev/kvm").expect("no NUL");
-    // SAFETY: access() only reads the NUL-terminated path.
     let mut accel = "tcg";
-    if unsafe { libc::access(kvm.as_ptr(), libc::R_OK | libc::W_OK) } == 0 {
+    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
         say("probing KVM with one guest boot of at most 15 s");
         let probe = dir.join("kvm-probe.img");
         std::fs::copy(golden.image(), &probe).with_context(|| format!("cannot copy the golden image to {}", probe.display()))?;
@@ -452,11 +450,12 @@ impl BootStorm {
             mib(self.store_read_bytes)
         );
         out += &format!(
-            "\nStore reads: {:.2}x one target's reads from the server ({}), for {} targets booting at once: the server's shared \
-             read cache served the rest.\n",
+            "\nStore reads: {:.2}x one target's reads from the server ({}); the {} targets read {} from the server in all, \
+             the server's shared read cache served the rest.\n",
             self.store_reads_per_target,
             mib(self.one_target_read_bytes),
-            self.targets
+            self.targets,
+            mib(self.from_server_bytes)
         );
         out
     }
