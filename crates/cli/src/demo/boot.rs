@@ -311,6 +311,8 @@ impl Spread {
 pub struct BootStorm {
     pub targets: usize,
     pub accel: String,
+    /// CPUs of this machine: under TCG the guests of a storm share them.
+    pub cores: usize,
     pub golden: String,
     /// The vDisk the guests boot from, and its size.
     pub vdisk: String,
@@ -395,6 +397,7 @@ pub fn storm(scratch: &Shared, dir: &Path, golden: &Golden, vdisk_uri: &str, sta
     Ok(BootStorm {
         targets,
         accel,
+        cores: std::thread::available_parallelism().map_or(1, usize::from),
         golden: golden.dir.display().to_string(),
         vdisk: "vdisk/golden".into(),
         vdisk_size: std::fs::metadata(golden.image())?.len(),
@@ -466,7 +469,8 @@ impl BootStorm {
             "{} guests (qemu -accel {}, -m 192M, one vCPU, `{}`) boot at once from {} ({} golden image in {}), each through its own \
              `{}` agent on the demo's server; boot s: host seconds from qemu's start to the guest init's first line on the serial \
              console; the peer boots alone with qemu reading a local raw copy of the image; reads from the agents' status and the \
-             server's stats file; {:.0} s from the first qemu's start to the last one's exit.",
+             server's stats file; {:.0} s from the first qemu's start to the last one's exit. The {} guests share this machine's \
+             {} CPUs{}.",
             self.targets,
             self.accel,
             self.guest_append,
@@ -474,7 +478,10 @@ impl BootStorm {
             format_size(self.vdisk_size),
             self.golden,
             self.agent,
-            self.wall_secs
+            self.wall_secs,
+            self.targets,
+            self.cores,
+            if self.accel == "tcg" { ": under TCG a storm guest's boot time is its share of the CPUs as much as the streaming, the peer has them alone" } else { "" }
         )
     }
 
@@ -484,7 +491,7 @@ impl BootStorm {
             .chain(&self.guests)
             .map(|r| (r.name.replace('-', " "), r.boot_secs.unwrap_or(f64::NAN)))
             .collect();
-        vdstream_report::bar_chart("Boot time per guest (qemu start to init)", "seconds", &bars)
+        vdstream_report::bar_chart("Boot time per guest, qemu start to init (the local file boots alone)", "seconds", &bars)
     }
 
     /// What went wrong with each failed guest.
