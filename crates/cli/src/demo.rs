@@ -2,9 +2,10 @@
 //! a generated demo vDisk, starts a `vdstream server`, attaches one target per write-cache
 //! type (`vdstream target attach` agents, the `server` type through a `target add` record),
 //! runs the VDI profile on each with the bench engine, and prints the comparison table.
+//! With `--boot`, real guests then boot at once through the same server (`boot`).
 //!
 //! Wiring only: every piece is this same binary run as a child process
-//! (`std::env::current_exe`), exactly as a user would run it. Invariants: every child is
+//! (`std::env::current_exe`), exactly as a user would run it, or qemu. Invariants: every child is
 //! stopped and the scratch folder removed when the demo ends, fails or is interrupted
 //! (SIGINT/SIGTERM handled on a thread of its own; children also get SIGTERM if the demo
 //! dies, through PR_SET_PDEATHSIG); every figure in the table is measured (see
@@ -41,7 +42,7 @@ Examples:
   vdstream demo --json | jq '.rows[] | {name, storage_iops}'
   vdstream demo --report out/     out/report.md with SVG charts
   vdstream demo --keep            keep the scratch folder (store, logs) and print where it is
-  vdstream demo --boot            then a boot storm: 8 real guests at once (qemu, about 1 more minute)
+  vdstream demo --boot            then a boot storm: 8 real guests at once (about 1.5 more minutes under TCG)
   vdstream demo --quick --boot    4 guests; about 1 minute in all
   vdstream demo --boot --golden target/golden-image   boot a golden image built before
 
@@ -64,12 +65,14 @@ pub struct DemoArgs {
     #[arg(long)]
     keep: bool,
 
-    /// Print the table as one JSON document (every row's full bench result) on stdout.
+    /// Print the table as one JSON document (every row's full bench result; with --boot,
+    /// the storm as `boot`) on stdout.
     #[arg(long)]
     json: bool,
 
     /// Also write DIR/report.md with SVG charts (IOPS per cache type, storage IOPS per
-    /// target, IOPS and latency over time) and DIR/result.json.
+    /// target, IOPS and latency over time; with --boot, boot time per guest) and
+    /// DIR/result.json.
     #[arg(long, value_name = "DIR")]
     report: Option<PathBuf>,
 
@@ -146,7 +149,7 @@ fn clean_up_on_signal(scratch: Shared) -> Result<()> {
                 _ = int.recv() => {}
             }
         });
-        eprintln!("\nvdstream demo: interrupted; stopping the servers and agents");
+        eprintln!("\nvdstream demo: interrupted; stopping the servers, agents and guests");
         scratch.lock().unwrap_or_else(|e| e.into_inner()).finish();
         std::process::exit(130);
     });
