@@ -502,3 +502,38 @@ impl BootStorm {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_takes_the_middle_or_the_mean_of_the_two_middles() {
+        let s = Spread::of(&[9.0, 1.0, 4.0]).unwrap();
+        assert_eq!((s.min, s.median, s.max), (1.0, 4.0, 9.0));
+        let s = Spread::of(&[3.0, 1.0, 4.0, 2.0]).unwrap();
+        assert_eq!((s.min, s.median, s.max), (1.0, 2.5, 4.0));
+        assert!(Spread::of(&[]).is_none());
+    }
+
+    #[test]
+    fn a_golden_folder_without_its_files_is_named_with_what_to_run() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("vmlinuz"), b"k").unwrap();
+        let e = golden(Some(dir.path()), &|_| {}).unwrap_err().to_string();
+        assert!(e.contains("no initrd.img") && e.contains("scripts/make-golden-image"), "{e}");
+        for f in Golden::FILES {
+            std::fs::write(dir.path().join(f), b"x").unwrap();
+        }
+        assert_eq!(golden(Some(dir.path()), &|_| {}).unwrap().image(), dir.path().join("golden.img"));
+    }
+
+    #[test]
+    fn the_embedded_build_finds_the_guest_init_beside_itself() {
+        // golden() writes both scripts into ROOT/scripts and runs make-golden-image there.
+        assert!(MAKE_GOLDEN_IMAGE.contains(r#"cp "$ROOT/scripts/golden-init.sh" "$rfs/sbin/init""#));
+        // The markers the storm waits for: `say X` prints `VDSTEST X`.
+        assert!(GOLDEN_INIT.contains(r#"say() { echo "VDSTEST $*"; }"#), "say");
+        assert!(GOLDEN_INIT.contains(r#"say "BOOTED uptime="#) && GOLDEN_INIT.contains(r#"say "DONE status=$status"#));
+    }
+}
