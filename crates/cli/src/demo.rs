@@ -437,7 +437,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         match (&plan, &storm) {
             (BootPlan::Skipped(note), _) => println!("\nBoot storm skipped: {note}."),
             (_, Some(storm)) => {
-                println!("\nBoot storm: {} guests at once from one vDisk, each through its own ram-overflow agent:\n", storm.targets);
+                println!("\nBoot storm: {} at once from one vDisk, each through its own ram-overflow agent:\n", boot::n_guests(storm.targets));
                 print!("{}", storm.render_markdown());
                 println!("\n- {}", storm.setup());
             }
@@ -446,7 +446,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     if let Some(storm) = &storm {
         if storm.failed() > 0 {
-            bail!("{} guests did not boot and power off cleanly:\n{}", storm.failed(), storm.problems().join("\n"));
+            bail!("{} did not boot and power off cleanly:\n{}", boot::n_guests(storm.failed()), storm.problems().join("\n"));
         }
     }
     Ok(())

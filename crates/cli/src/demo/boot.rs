@@ -84,6 +84,36 @@ fn golden_home() -> Result<PathBuf> {
     Ok(base.join("vdstream").join("golden"))
 }
 
+/// "1 guest", "8 guests".
+pub fn n_guests(n: usize) -> String {
+    format!("{n} guest{}", if n == 1 { "" } else { "s" })
+}
+
+/// `text` without terminal escape sequences and other control characters (a console log
+/// holds the firmware's screen clearing).
+fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1b}' => {
+                // ESC [ parameters final-byte, or ESC and one character.
+                if chars.next() == Some('[') {
+                    for c in chars.by_ref() {
+                        if ('@'..='~').contains(&c) {
+                            break;
+                        }
+                    }
+                }
+            }
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -233,10 +263,11 @@ fn run_guests(scratch: &Shared, dir: &Path, golden: &Golden, accel: &str, guests
         stop(scratch, &name);
         let problem = problem.map(|p| {
             let qemu_log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+            let said = tail(qemu_log.trim(), 3);
+            let said = if said.is_empty() { String::new() } else { format!("; qemu said: {said}") };
             format!(
-                "{p}, no `VDSTEST DONE status=ok`; qemu said: {}; last console lines:\n{}",
-                tail(qemu_log.trim(), 3),
-                tail(&String::from_utf8_lossy(&console), 8)
+                "{p}, no `VDSTEST DONE status=ok`{said}; last console lines:\n{}",
+                tail(&printable(&String::from_utf8_lossy(&console)), 8)
             )
         });
         out.push(GuestRun {
@@ -373,7 +404,7 @@ pub fn storm(scratch: &Shared, dir: &Path, golden: &Golden, vdisk_uri: &str, sta
         ready(scratch, id, &format!("nbd+unix:///?socket={}", sock.display()))?;
         guests.push((format!("{id}-guest"), format!("file=nbd+unix:///?socket={},format=raw,if=virtio", sock.display())));
     }
-    say(&format!("boot storm: {targets} guests at once, each through its own ram-overflow agent"));
+    say(&format!("boot storm: {} at once, each through its own ram-overflow agent", n_guests(targets)));
     let start = Instant::now();
     let mut runs = run_guests(scratch, dir, golden, &accel, &guests, bound)?;
     let wall_secs = (start.elapsed().as_secs_f64() * 10.0).round() / 10.0;
@@ -452,26 +483,30 @@ impl BootStorm {
             mib(self.from_server_bytes),
             mib(self.store_read_bytes)
         );
-        out += &format!(
-            "\nStore reads: {:.2}x one target's reads from the server ({}); the {} targets read {} from the server in all, \
-             the server's shared read cache served the rest.\n",
-            self.store_reads_per_target,
-            mib(self.one_target_read_bytes),
-            self.targets,
-            mib(self.from_server_bytes)
-        );
+        if self.failures == 0 && self.targets > 1 {
+            out += &format!(
+                "\nStore reads: {:.2}x one target's reads from the server ({}); the {} targets read {} from the server in all, \
+                 the server's shared read cache served the rest.\n",
+                self.store_reads_per_target,
+                mib(self.one_target_read_bytes),
+                self.targets,
+                mib(self.from_server_bytes)
+            );
+        } else {
+            out += &format!("\nStore reads: {:.2}x one target's reads from the server ({}).\n", self.store_reads_per_target, mib(self.one_target_read_bytes));
+        }
         out
     }
 
     /// How the storm was run, for a person.
     pub fn setup(&self) -> String {
         format!(
-            "{} guests (qemu -accel {}, -m 192M, one vCPU, `{}`) boot at once from {} ({} golden image in {}), each through its own \
+            "{} (qemu -accel {}, -m 192M, one vCPU, `{}`) boot at once from {} ({} golden image in {}), each through its own \
              `{}` agent on the demo's server; boot s: host seconds from qemu's start to the guest init's first line on the serial \
              console; the peer boots alone with qemu reading a local raw copy of the image; reads from the agents' status and the \
-             server's stats file; {:.0} s from the first qemu's start to the last one's exit. The {} guests share this machine's \
+             server's stats file; {:.0} s from the first qemu's start to the last one's exit. The {} share this machine's \
              {} CPUs{}.",
-            self.targets,
+            n_guests(self.targets),
             self.accel,
             self.guest_append,
             self.vdisk,
@@ -479,7 +514,7 @@ impl BootStorm {
             self.golden,
             self.agent,
             self.wall_secs,
-            self.targets,
+            n_guests(self.targets),
             self.cores,
             if self.accel == "tcg" { ": under TCG a storm guest's boot time is its share of the CPUs as much as the streaming, the peer has them alone" } else { "" }
         )
