@@ -2,9 +2,10 @@
 //! a generated demo vDisk, starts a `vdstream server`, attaches one target per write-cache
 //! type (`vdstream target attach` agents, the `server` type through a `target add` record),
 //! runs the VDI profile on each with the bench engine, and prints the comparison table.
+//! With `--boot`, real guests then boot at once through the same server (`boot`).
 //!
 //! Wiring only: every piece is this same binary run as a child process
-//! (`std::env::current_exe`), exactly as a user would run it. Invariants: every child is
+//! (`std::env::current_exe`), exactly as a user would run it, or qemu. Invariants: every child is
 //! stopped and the scratch folder removed when the demo ends, fails or is interrupted
 //! (SIGINT/SIGTERM handled on a thread of its own; children also get SIGTERM if the demo
 //! dies, through PR_SET_PDEATHSIG); every figure in the table is measured (see
@@ -23,12 +24,15 @@ use vdstream_bench::{BenchResult, Comparison, Profile, Row, RunOptions, Workload
 
 use crate::size::format_size;
 
+mod boot;
+
 /// Compare the write-cache types on a demo vDisk: one command, about two minutes.
 ///
 /// Makes a temporary store with a generated vDisk, starts a server, attaches one target
 /// per cache type and runs the VDI profile (4 workers x QD 16, 4 KiB, 80% writes, 90%
-/// random) on each; prints IOPS, latency and storage IOPS per target. Cleans up after
-/// itself, also on Ctrl-C.
+/// random) on each; prints IOPS, latency and storage IOPS per target. With --boot, then
+/// boots real Linux guests at once from one vDisk (needs qemu-system-x86_64). Cleans up
+/// after itself, also on Ctrl-C.
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Examples:
@@ -37,7 +41,17 @@ Examples:
   vdstream demo --duration 60     longer runs, steadier figures
   vdstream demo --json | jq '.rows[] | {name, storage_iops}'
   vdstream demo --report out/     out/report.md with SVG charts
-  vdstream demo --keep            keep the scratch folder (store, logs) and print where it is")]
+  vdstream demo --keep            keep the scratch folder (store, logs) and print where it is
+  vdstream demo --boot            then a boot storm: 8 real guests at once (about 1.5 more minutes under TCG)
+  vdstream demo --quick --boot    4 guests; about 1 minute in all
+  vdstream demo --boot --golden target/golden-image   boot a golden image built before
+
+The boot storm (--boot) needs qemu-system-x86_64 (Debian: apt-get install qemu-system-x86);
+without it the demo prints the cache table and says what to install. Its golden image (a
+Debian kernel, a busybox initramfs and a 128 MiB ext4 root) is built on first use into
+$XDG_CACHE_HOME/vdstream/golden (or ~/.cache/vdstream/golden) from Debian packages fetched
+with apt-get download, and reused after. Guests run under TCG unless a probe boot under KVM
+finishes (VDSTREAM_VM_ACCEL=tcg|kvm decides instead).")]
 pub struct DemoArgs {
     /// About 20 seconds: a 64 MiB vDisk and 2 s per row.
     #[arg(long)]
@@ -51,14 +65,31 @@ pub struct DemoArgs {
     #[arg(long)]
     keep: bool,
 
-    /// Print the table as one JSON document (every row's full bench result) on stdout.
+    /// Print the table as one JSON document (every row's full bench result; with --boot,
+    /// the storm as `boot`) on stdout.
     #[arg(long)]
     json: bool,
 
     /// Also write DIR/report.md with SVG charts (IOPS per cache type, storage IOPS per
-    /// target, IOPS and latency over time) and DIR/result.json.
+    /// target, IOPS and latency over time; with --boot, boot time per guest) and
+    /// DIR/result.json.
     #[arg(long, value_name = "DIR")]
     report: Option<PathBuf>,
+
+    /// After the table, boot real Linux guests at once from one vDisk through the demo's
+    /// server, each through its own ram-overflow agent, and one from a local copy of the
+    /// image as the peer: boot times, failures, guest reads against store reads.
+    #[arg(long)]
+    boot: bool,
+
+    /// Guests in the boot storm (default 8, or 4 with --quick).
+    #[arg(long, value_name = "N", requires = "boot", value_parser = clap::value_parser!(u16).range(1..=32))]
+    boot_targets: Option<u16>,
+
+    /// A golden image built before (vmlinuz, initrd.img, golden.img, cmdline, as
+    /// scripts/make-golden-image writes them) instead of the one in the cache folder.
+    #[arg(long, value_name = "DIR", requires = "boot")]
+    golden: Option<PathBuf>,
 }
 
 /// The children and the scratch folder; whoever finishes first (the demo, or the signal
@@ -124,7 +155,7 @@ fn clean_up_on_signal(scratch: Shared) -> Result<()> {
             }
         });
         INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
-        eprintln!("\nvdstream demo: interrupted; stopping the servers and agents");
+        eprintln!("\nvdstream demo: interrupted; stopping the servers, agents and guests");
         scratch.lock().unwrap_or_else(|e| e.into_inner()).finish();
         std::process::exit(130);
     });
@@ -143,12 +174,19 @@ fn vdstream(args: &[&str]) -> Result<String> {
 
 /// Starts `vdstream ARGS...` in the background, its output in DIR/NAME.log.
 fn spawn(scratch: &Shared, name: &str, args: &[&str]) -> Result<()> {
-    use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("cannot find the vdstream binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    spawn_command(scratch, name, cmd)
+}
+
+/// Starts `cmd` in the background as the child NAME, its output in DIR/NAME.log; it is
+/// stopped with the others when the demo ends.
+fn spawn_command(scratch: &Shared, name: &str, mut cmd: Command) -> Result<()> {
+    use std::os::unix::process::CommandExt;
     let mut s = scratch.lock().unwrap_or_else(|e| e.into_inner());
     let log = File::create(s.dir.join(format!("{name}.log")))?;
-    let mut cmd = Command::new(exe);
-    cmd.args(args).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent; it asks the
     // kernel to SIGTERM the child if the demo dies without cleaning up.
     unsafe {
@@ -157,9 +195,28 @@ fn spawn(scratch: &Shared, name: &str, args: &[&str]) -> Result<()> {
             Ok(())
         });
     }
-    let child = cmd.spawn().with_context(|| format!("cannot start vdstream {}", args.join(" ")))?;
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let child = cmd.spawn().with_context(|| format!("cannot start {name} ({program})"))?;
     s.children.push((name.to_string(), child));
     Ok(())
+}
+
+/// The exit status of the child NAME once it has exited (it stays listed until [`stop`]).
+fn exited(scratch: &Shared, name: &str) -> Result<Option<std::process::ExitStatus>> {
+    let mut s = scratch.lock().unwrap_or_else(|e| e.into_inner());
+    match s.children.iter_mut().find(|(n, _)| n == name) {
+        Some((_, child)) => Ok(child.try_wait()?),
+        None => bail!("no child named {name}"),
+    }
+}
+
+/// Stops the child NAME (if still running) and forgets it.
+fn stop(scratch: &Shared, name: &str) {
+    let mut s = scratch.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = s.children.iter().position(|(n, _)| n == name) {
+        let (name, mut child) = s.children.remove(i);
+        Scratch::stop_child(&name, &mut child);
+    }
 }
 
 /// Stops the most recently started child.
@@ -207,15 +264,20 @@ struct StorageProbe<'a> {
 impl StorageProbe<'_> {
     /// The figure as of a rewrite of the file that happened after this call.
     fn fresh(&self) -> Result<u64> {
-        let since = SystemTime::now();
-        let deadline = Instant::now() + STATUS_WAIT;
-        while Instant::now() < deadline {
-            if std::fs::metadata(&self.file).and_then(|m| m.modified()).is_ok_and(|m| m > since) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_rewrites(std::slice::from_ref(&self.file));
         (self.read)()
+    }
+}
+
+/// Waits (at most [`STATUS_WAIT`]) until each of `files` has been rewritten after this call.
+fn wait_rewrites(files: &[PathBuf]) {
+    let since = SystemTime::now();
+    let deadline = Instant::now() + STATUS_WAIT;
+    while Instant::now() < deadline {
+        if files.iter().all(|f| std::fs::metadata(f).and_then(|m| m.modified()).is_ok_and(|m| m > since)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -276,6 +338,38 @@ fn row(spec: RowSpec<'_>, storage_ops: u64, result: BenchResult) -> Row {
     Row { name: spec.name, cache: spec.cache.into(), setup: spec.setup, storage_ops, storage_iops, storage_source: spec.storage_source.into(), result }
 }
 
+/// What --boot will do: nothing, say why it cannot, or boot this golden image.
+enum BootPlan {
+    Off,
+    Skipped(String),
+    Run(boot::Golden, usize),
+}
+
+/// Before the table: is qemu there, and the golden image (built now, so that a missing
+/// tool shows before two minutes of load rather than after).
+fn boot_plan(args: &DemoArgs) -> Result<BootPlan> {
+    if !args.boot {
+        return Ok(BootPlan::Off);
+    }
+    if boot::find_program(boot::QEMU).is_none() {
+        let note = format!(
+            "{} is not on PATH; install it (Debian, Ubuntu: apt-get install {}) and run the demo with --boot again",
+            boot::QEMU,
+            boot::QEMU_PACKAGE
+        );
+        eprintln!("vdstream demo: boot storm skipped: {note}; the cache table runs without it");
+        return Ok(BootPlan::Skipped(note));
+    }
+    let say = |what: &str| {
+        if !args.json {
+            eprintln!("vdstream demo: {what}");
+        }
+    };
+    let golden = boot::golden(args.golden.as_deref(), &say)?;
+    let targets = args.boot_targets.map_or(if args.quick { 4 } else { 8 }, usize::from);
+    Ok(BootPlan::Run(golden, targets))
+}
+
 pub fn run(args: DemoArgs) -> Result<()> {
     let result = run_demo(args);
     if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
@@ -296,6 +390,7 @@ fn run_demo(args: DemoArgs) -> Result<()> {
         bail!("--duration {secs} is not a number of seconds between 0 and 3600");
     }
     let workload = Workload { duration: Duration::from_secs_f64(secs), ..Profile::Vdi.workload() };
+    let plan = boot_plan(&args)?;
 
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let dir = std::env::temp_dir().join(format!("vdstream-demo-{}-{nanos:x}", std::process::id()));
@@ -306,17 +401,39 @@ fn run_demo(args: DemoArgs) -> Result<()> {
     std::env::set_var("VDSTREAM_CACHE_DIR", dir.join("cache"));
     let scratch: Shared = Arc::new(Mutex::new(Scratch { dir: dir.clone(), keep: args.keep, children: Vec::new(), done: false }));
     clean_up_on_signal(scratch.clone())?;
-    let result = run_rows(&args, &scratch, &dir, size, &workload);
+    let result = run_rows(&args, &scratch, &dir, size, &workload, &plan);
     scratch.lock().unwrap_or_else(|e| e.into_inner()).finish();
-    let comparison = result?;
+    let (comparison, storm) = result?;
+    let command = format!("vdstream demo{}{}", if args.quick { " --quick" } else { "" }, if args.boot { " --boot" } else { "" });
     let intro = format!(
         "VDI profile (4 workers × queue depth 16, 4 KiB, 80% writes, 90% random) for {secs} s per row on a {} demo vDisk, \
-         one target per row, every process on this machine (`vdstream demo{}`).",
+         one target per row, every process on this machine (`{command}`).",
         format_size(size),
-        if args.quick { " --quick" } else { "" }
     );
+    let mut doc = comparison.to_json();
+    doc["vdisk_size"] = serde_json::json!(size);
+    doc["workload"] = serde_json::to_value(&workload)?;
+    match (&plan, &storm) {
+        (BootPlan::Skipped(note), _) => doc["boot"] = serde_json::json!({ "skipped": note }),
+        (_, Some(storm)) => doc["boot"] = serde_json::to_value(storm)?,
+        _ => {}
+    }
     if let Some(dir) = &args.report {
         let path = vdstream_bench::report::write_comparison(dir, &comparison, "vdstream demo: write-cache types compared", &intro)
+            .and_then(|path| {
+                if let Some(storm) = &storm {
+                    std::fs::write(dir.join("boot-times.svg"), storm.chart())?;
+                    let section = format!(
+                        "\n## Boot storm\n\n{}\n{}\n\n![Boot time per guest](boot-times.svg)\n",
+                        storm.render_markdown(),
+                        storm.setup()
+                    );
+                    std::fs::OpenOptions::new().append(true).open(&path)?.write_all(section.as_bytes())?;
+                }
+                // The whole document, as --json prints it.
+                std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&doc).expect("JSON values serialize"))?;
+                Ok(path)
+            })
             .with_context(|| format!("cannot write the report into {}", dir.display()))?;
         if !args.json {
             eprintln!("vdstream demo: report in {}", path.display());
@@ -324,25 +441,36 @@ fn run_demo(args: DemoArgs) -> Result<()> {
     }
 
     if args.json {
-        let mut doc = comparison.to_json();
-        doc["vdisk_size"] = serde_json::json!(size);
-        doc["workload"] = serde_json::to_value(&workload)?;
         println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
+    } else {
+        println!(
+            "\nVDI profile (4 workers x queue depth 16, 4 KiB, 80% writes, 90% random) for {secs} s per row on a {} vDisk:\n",
+            format_size(size)
+        );
+        print!("{}", comparison.render_markdown());
+        println!();
+        for r in &comparison.rows {
+            println!("- {}: {}; storage from {}.", r.name, r.setup, r.storage_source);
+        }
+        match (&plan, &storm) {
+            (BootPlan::Skipped(note), _) => println!("\nBoot storm skipped: {note}."),
+            (_, Some(storm)) => {
+                println!("\nBoot storm: {} at once from one vDisk, each through its own ram-overflow agent:\n", boot::n_guests(storm.targets));
+                print!("{}", storm.render_markdown());
+                println!("\n- {}", storm.setup());
+            }
+            _ => {}
+        }
     }
-    println!(
-        "\nVDI profile (4 workers x queue depth 16, 4 KiB, 80% writes, 90% random) for {secs} s per row on a {} vDisk:\n",
-        format_size(size)
-    );
-    print!("{}", comparison.render_markdown());
-    println!();
-    for r in &comparison.rows {
-        println!("- {}: {}; storage from {}.", r.name, r.setup, r.storage_source);
+    if let Some(storm) = &storm {
+        if storm.failed() > 0 {
+            bail!("{} did not boot and power off cleanly:\n{}", boot::n_guests(storm.failed()), storm.problems().join("\n"));
+        }
     }
     Ok(())
 }
 
-fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: &Workload) -> Result<Comparison> {
+fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: &Workload, plan: &BootPlan) -> Result<(Comparison, Option<boot::BootStorm>)> {
     let say = |what: &str| {
         if !args.json {
             eprintln!("vdstream demo: {what}");
@@ -355,6 +483,9 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
     make_image(Path::new(&image), size)?;
     vdstream(&["vdisk", "import", "demo", &image, "--store", &store])?;
     vdstream(&["target", "add", "demo-server", "--vdisk", "demo", "--cache", "server", "--store", &store])?;
+    if let BootPlan::Run(golden, _) = plan {
+        vdstream(&["vdisk", "import", "golden", &golden.image().to_string_lossy(), "--store", &store])?;
+    }
     let server_sock = path("server.sock");
     let stats = path("server-stats.json");
     spawn(scratch, "server", &["server", "--store", &store, "--socket", &server_sock, "--stats-file", &stats])?;
@@ -431,5 +562,12 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
     };
     rows.push(measure(spec, workload, args.json)?);
     stop_last(scratch);
-    Ok(Comparison { rows })
+    let storm = match plan {
+        BootPlan::Run(golden, targets) => {
+            let uri = format!("nbd+unix:///vdisk/golden?socket={server_sock}");
+            Some(boot::storm(scratch, dir, golden, &uri, Path::new(&stats), *targets, &say)?)
+        }
+        _ => None,
+    };
+    Ok((Comparison { rows }, storm))
 }
