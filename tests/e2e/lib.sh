@@ -266,6 +266,17 @@ run_bounded() {
     return "$rc"
 }
 
+# assert_demo_gone WHAT — `vdstream demo` (run with TMPDIR set to a folder of its own) left
+# no scratch folder in TMPDIR and no server, agent or guest whose command line names it.
+assert_demo_gone() {
+    local what=$1 leftover
+    leftover=$(find "$TMPDIR" -mindepth 1 -maxdepth 1 | head -n1)
+    [[ -z $leftover ]] || fail "$what left $leftover behind"
+    if pgrep -f "$TMPDIR/vdstream-demo" >/dev/null; then
+        fail "$what left processes running: $(pgrep -af "$TMPDIR/vdstream-demo")"
+    fi
+}
+
 # rasterize_charts DIR — render every DIR/*.svg to PNG with rsvg-convert (a real SVG
 # renderer) and check each PNG's signature and size; logs and returns when rsvg-convert
 # is missing (Debian: librsvg2-bin; scripts/test installs it).

@@ -40,9 +40,7 @@ done
 grep -q "| ram-overflow (overflows) |" "$E2E_TMP/report/report.md" || fail "report.md has no table"
 json_get "$E2E_TMP/report/result.json" 'len(j["rows"])' >/dev/null || fail "the report's result.json does not parse"
 rasterize_charts "$E2E_TMP/report"
-leftover=$(find "$TMPDIR" -mindepth 1 -maxdepth 1 | head -n1)
-[[ -z $leftover ]] || fail "the demo left $leftover behind"
-pgrep -f "$TMPDIR/vdstream-demo" >/dev/null && fail "the demo left processes running: $(pgrep -af "$TMPDIR/vdstream-demo")"
+assert_demo_gone "the demo"
 log "ok: no scratch folder and no process left"
 
 # Interrupted in the middle: SIGINT once the first agent row is running.
@@ -59,8 +57,6 @@ rc=0
 for _ in $(seq 150); do kill -0 "$demo_pid" 2>/dev/null || break; sleep 0.1; done
 wait "$demo_pid" || rc=$?
 assert_eq "exit status after SIGINT" "$rc" 130
-leftover=$(find "$TMPDIR" -mindepth 1 -maxdepth 1 | head -n1)
-[[ -z $leftover ]] || fail "the interrupted demo left $leftover behind"
 sleep 0.5
-pgrep -f "$TMPDIR/vdstream-demo" >/dev/null && fail "the interrupted demo left processes: $(pgrep -af "$TMPDIR/vdstream-demo")"
+assert_demo_gone "the interrupted demo"
 log "ok: SIGINT stops the demo's servers and agents and removes its folder"

@@ -56,7 +56,5 @@ grep -q '| storm through vdstream |' "$E2E_TMP/report/report.md" || fail "report
 json_get "$E2E_TMP/report/result.json" 'j["boot"]["targets"]' >/dev/null || fail "the report's result.json has no boot storm"
 rasterize_charts "$E2E_TMP/report"
 
-leftover=$(find "$TMPDIR" -mindepth 1 -maxdepth 1 | head -n1)
-[[ -z $leftover ]] || fail "the demo left $leftover behind"
-pgrep -f "$TMPDIR/vdstream-demo" >/dev/null && fail "the demo left processes running: $(pgrep -af "$TMPDIR/vdstream-demo")"
+assert_demo_gone "the demo"
 log "ok: no scratch folder, agent or guest left"
