@@ -34,13 +34,12 @@ while (($#)); do
     --out) out=$2; shift ;;
     --peers) peers=$2; shift ;;
     --pin) pin=1 ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "bench-vs-fio.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    -h | --help) bench_help ;;
+    *) bench_bad_arg "$1" ;;
     esac
     shift
 done
-[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive integer" >&2; exit 2; }
-[[ $runtime =~ ^[1-9][0-9]*$ ]] || { echo "--runtime must be whole seconds" >&2; exit 2; }
+need_rounds_runtime
 need_jobfile
 need_vdstream
 need_cmds fio nbdkit nbdinfo

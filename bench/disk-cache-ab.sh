@@ -23,9 +23,9 @@ while (($#)); do
     --size) size=$2; shift ;;
     --runtime) runtime=$2; shift ;;
     --rounds) rounds=$2; shift ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) bench_help ;;
     *=*) settings+=("$1") ;;
-    *) echo "disk-cache-ab.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    *) bench_bad_arg "$1" ;;
     esac
     shift
 done

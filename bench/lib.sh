@@ -22,6 +22,23 @@ need_vdstream() {
     [[ -x $VDSTREAM_BIN ]] || { echo "$(basename "$0"): $VDSTREAM_BIN not built: cargo build --release -p vdstream" >&2; exit 2; }
 }
 
+# bench_help — prints the calling script's header comment (its --help) and exits 0.
+# bench_bad_arg ARG — exits 2 naming an argument the script does not take.
+bench_help() {
+    sed -n '2,/^$/s/^# \{0,1\}//p' "$0"
+    exit 0
+}
+bench_bad_arg() {
+    echo "$(basename "$0"): unknown argument $1 (see --help)" >&2
+    exit 2
+}
+
+# need_rounds_runtime — exits 2 unless $rounds and $runtime are positive whole numbers.
+need_rounds_runtime() {
+    [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive integer" >&2; exit 2; }
+    [[ $runtime =~ ^[1-9][0-9]*$ ]] || { echo "--runtime must be whole seconds" >&2; exit 2; }
+}
+
 # need_cmds CMD... — exit 2, naming the first CMD that is not installed and how to get it
 # (scripts/test installs every client tool the benchmarks use).
 need_cmds() {

@@ -29,8 +29,8 @@ while (($#)); do
     --runtime) runtime=$2; shift ;;
     --rounds) rounds=$2; shift ;;
     --caches) caches=$2; shift ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "server-hop.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    -h | --help) bench_help ;;
+    *) bench_bad_arg "$1" ;;
     esac
     shift
 done

@@ -32,8 +32,8 @@ while (($#)); do
     --rounds) rounds=$2; shift ;;
     --settle) settle=$2; shift ;;
     --peers) peers_arg=$2; shift ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "server-idle-memory.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    -h | --help) bench_help ;;
+    *) bench_bad_arg "$1" ;;
     esac
     shift
 done

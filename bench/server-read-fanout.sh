@@ -35,8 +35,8 @@ while (($#)); do
     --agents) agents=$2; shift ;;
     --rounds) rounds=$2; shift ;;
     --cache-size) cache_size=$2; shift ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "server-read-fanout.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    -h | --help) bench_help ;;
+    *) bench_bad_arg "$1" ;;
     esac
     shift
 done

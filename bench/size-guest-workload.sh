@@ -36,8 +36,8 @@ while (($#)); do
     --accel) accel=$2; shift ;;
     --keep) keep=$2; shift ;;
     --chart) chart=$2; shift ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "size-guest-workload.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    -h | --help) bench_help ;;
+    *) bench_bad_arg "$1" ;;
     esac
     shift
 done

@@ -41,8 +41,8 @@ while (($#)); do
     --quick) mib=128 runtime=2 rounds=1 ;;
     --out) out=$2; shift ;;
     --peers) peers=$2; shift ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "store-chain.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    -h | --help) bench_help ;;
+    *) bench_bad_arg "$1" ;;
     esac
     shift
 done

@@ -43,8 +43,8 @@ while (($#)); do
     --rounds) rounds=$2; shift ;;
     --quick) mib=128 rounds=1 ;;
     --out) out=$2; shift ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "store-merge.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    -h | --help) bench_help ;;
+    *) bench_bad_arg "$1" ;;
     esac
     shift
 done
