@@ -89,8 +89,9 @@ pub fn write_bench(dir: &Path, r: &BenchResult) -> io::Result<PathBuf> {
 }
 
 /// Writes DIR/report.md with the comparison table and its charts (IOPS per cache type,
-/// storage IOPS per target, IOPS and latency over time per row) and DIR/result.json.
-pub fn write_comparison(dir: &Path, c: &Comparison, title: &str, intro: &str) -> io::Result<PathBuf> {
+/// storage IOPS per target, IOPS and latency over time per row), then `more` (Markdown the
+/// caller adds, with its own charts), and DIR/result.json holding `doc`.
+pub fn write_comparison(dir: &Path, c: &Comparison, title: &str, intro: &str, more: &str, doc: &serde_json::Value) -> io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let bars = |f: &dyn Fn(&crate::compare::Row) -> f64| -> Vec<(String, f64)> { c.rows.iter().map(|r| (r.name.clone(), f(r))).collect() };
     write(dir, "iops-per-cache-type.svg", &bar_chart("IOPS per cache type (VDI profile)", "IOPS", &bars(&|r| r.result.total.iops)))?;
@@ -100,7 +101,7 @@ pub fn write_comparison(dir: &Path, c: &Comparison, title: &str, intro: &str) ->
     };
     write(dir, "iops-over-time.svg", &line_chart("IOPS over time", "seconds", "IOPS", &per_row(&|i| i.iops())))?;
     write(dir, "latency-over-time.svg", &latency_chart(&per_row(&|i| i.mean_latency_us)))?;
-    write(dir, "result.json", &serde_json::to_string_pretty(&c.to_json()).expect("a comparison serializes"))?;
+    write(dir, "result.json", &serde_json::to_string_pretty(doc).expect("JSON values serialize"))?;
     let setups: String = c.rows.iter().map(|r| format!("- **{}**: {}; storage from {}.\n", r.name, r.setup, r.storage_source)).collect();
     let md = format!(
         "# {title}\n\n{intro}\n\n{}\n{setups}\n\
@@ -109,6 +110,7 @@ pub fn write_comparison(dir: &Path, c: &Comparison, title: &str, intro: &str) ->
          IOPS and latency over each run (a RAM cache that overflows shows its dip here):\n\n\
          ![IOPS over time](iops-over-time.svg)\n\n\
          ![Mean latency over time](latency-over-time.svg)\n\n\
+         {more}\
          Every figure is in `result.json` beside this file.\n",
         c.render_markdown()
     );

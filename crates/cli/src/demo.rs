@@ -92,6 +92,15 @@ pub struct DemoArgs {
     golden: Option<PathBuf>,
 }
 
+impl DemoArgs {
+    /// Progress on stderr, unless the output is JSON for a script.
+    fn say(&self, what: &str) {
+        if !self.json {
+            eprintln!("vdstream demo: {what}");
+        }
+    }
+}
+
 /// The children and the scratch folder; whoever finishes first (the demo, or the signal
 /// thread) stops the children and removes the folder.
 #[derive(Debug)]
@@ -360,11 +369,7 @@ fn boot_plan(args: &DemoArgs) -> Result<BootPlan> {
         eprintln!("vdstream demo: boot storm skipped: {note}; the cache table runs without it");
         return Ok(BootPlan::Skipped(note));
     }
-    let say = |what: &str| {
-        if !args.json {
-            eprintln!("vdstream demo: {what}");
-        }
-    };
+    let say = |what: &str| args.say(what);
     let golden = boot::golden(args.golden.as_deref(), &say)?;
     let targets = args.boot_targets.map_or(if args.quick { 4 } else { 8 }, usize::from);
     Ok(BootPlan::Run(golden, targets))
@@ -419,22 +424,17 @@ fn run_demo(args: DemoArgs) -> Result<()> {
         _ => {}
     }
     if let Some(dir) = &args.report {
-        let path = vdstream_bench::report::write_comparison(dir, &comparison, "vdstream demo: write-cache types compared", &intro)
-            .and_then(|path| {
-                if let Some(storm) = &storm {
-                    std::fs::write(dir.join("boot-times.svg"), storm.chart())?;
-                    let section = format!(
-                        "\n## Boot storm\n\n{}\n{}\n\n![Boot time per guest](boot-times.svg)\n",
-                        storm.render_markdown(),
-                        storm.setup()
-                    );
-                    std::fs::OpenOptions::new().append(true).open(&path)?.write_all(section.as_bytes())?;
-                }
-                // The whole document, as --json prints it.
-                std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&doc).expect("JSON values serialize"))?;
-                Ok(path)
-            })
-            .with_context(|| format!("cannot write the report into {}", dir.display()))?;
+        let written = || -> std::io::Result<PathBuf> {
+            let mut section = String::new();
+            if let Some(storm) = &storm {
+                std::fs::create_dir_all(dir)?;
+                std::fs::write(dir.join("boot-times.svg"), storm.chart())?;
+                section = format!("## Boot storm\n\n{}\n{}\n\n![Boot time per guest](boot-times.svg)\n\n", storm.render_markdown(), storm.setup());
+            }
+            // result.json is the whole document, as --json prints it.
+            vdstream_bench::report::write_comparison(dir, &comparison, "vdstream demo: write-cache types compared", &intro, &section, &doc)
+        };
+        let path = written().with_context(|| format!("cannot write the report into {}", dir.display()))?;
         if !args.json {
             eprintln!("vdstream demo: report in {}", path.display());
         }
@@ -471,11 +471,7 @@ fn run_demo(args: DemoArgs) -> Result<()> {
 }
 
 fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: &Workload, plan: &BootPlan) -> Result<(Comparison, Option<boot::BootStorm>)> {
-    let say = |what: &str| {
-        if !args.json {
-            eprintln!("vdstream demo: {what}");
-        }
-    };
+    let say = |what: &str| args.say(what);
     let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
     let store = path("store");
     let image = path("demo.img");
