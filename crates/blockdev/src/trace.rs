@@ -182,10 +182,16 @@ impl Shared {
 #[derive(Debug)]
 pub struct TraceWriter {
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<std::result::Result<u64, TraceError>>>>,
-    /// The error the writer thread ended with, for `finish` calls after the first.
-    failure: Mutex<Option<String>>,
+    writer: Mutex<Writer>,
     path: PathBuf,
+}
+
+/// The writer thread while it runs; once `finish` joined it, how it ended (the count of
+/// records written, or its error's message), for the calls after.
+#[derive(Debug)]
+enum Writer {
+    Running(JoinHandle<std::result::Result<u64, TraceError>>),
+    Finished(std::result::Result<u64, String>),
 }
 
 impl TraceWriter {
@@ -204,7 +210,7 @@ impl TraceWriter {
             .name("trace-writer".into())
             .spawn(move || write_loop(&s, out, &p))
             .map_err(|e| io("cannot start the trace writer thread", e))?;
-        Ok(TraceWriter { shared, thread: Mutex::new(Some(thread)), failure: Mutex::new(None), path: path.to_path_buf() })
+        Ok(TraceWriter { shared, writer: Mutex::new(Writer::Running(thread)), path: path.to_path_buf() })
     }
 
     /// Queues one record stamped with the time now.
@@ -225,10 +231,10 @@ impl TraceWriter {
     pub fn finish(&self) -> std::result::Result<u64, TraceError> {
         self.shared.lock().done = true;
         self.shared.wake.notify_one();
-        let handle = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
-        let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
-        match handle {
-            Some(h) => {
+        // Held across the join, so that a concurrent call waits for the outcome.
+        let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        match std::mem::replace(&mut *writer, Writer::Finished(Ok(0))) {
+            Writer::Running(h) => {
                 let result = h.join().unwrap_or_else(|_| {
                     Err(TraceError::Io {
                         path: self.path.clone(),
@@ -236,20 +242,14 @@ impl TraceWriter {
                         source: std::io::Error::other("panicked"),
                     })
                 });
-                if let Err(e) = &result {
-                    *failure = Some(e.to_string());
-                }
+                *writer = Writer::Finished(result.as_ref().map(|n| *n).map_err(ToString::to_string));
                 result
             }
-            None => match &*failure {
-                Some(message) => Err(TraceError::Failed { message: message.clone() }),
-                None => Ok(self.records_on_disk()),
-            },
+            Writer::Finished(outcome) => {
+                *writer = Writer::Finished(outcome.clone());
+                outcome.map_err(|message| TraceError::Failed { message })
+            }
         }
-    }
-
-    fn records_on_disk(&self) -> u64 {
-        std::fs::metadata(&self.path).map(|m| m.len().saturating_sub(HEADER_LEN) / RECORD_LEN).unwrap_or(0)
     }
 
     pub fn path(&self) -> &Path {
@@ -261,8 +261,7 @@ impl Drop for TraceWriter {
     /// Finishes a trace nobody finished, logging its error (a `finish` before already
     /// returned it to its caller).
     fn drop(&mut self) {
-        let running = self.thread.get_mut().unwrap_or_else(PoisonError::into_inner).is_some();
-        if running {
+        if matches!(self.writer.get_mut().unwrap_or_else(PoisonError::into_inner), Writer::Running(_)) {
             if let Err(e) = self.finish() {
                 log::error!("{e}");
             }
