@@ -209,7 +209,8 @@ struct LinearAxis {
     hi: f64,
     log: bool,
     ticks: Vec<f64>,
-    /// Divisor and suffix of tick labels (1000 → "k"), and decimals after dividing.
+    /// Divisor and suffix of tick labels (1000 → "k"), and decimals after dividing (linear
+    /// axes only: a log axis labels each tick in its own unit).
     unit: (f64, &'static str),
     decimals: usize,
 }
@@ -274,9 +275,8 @@ impl LinearAxis {
                 ticks.extend([2.0 * p, 5.0 * p]);
             }
         }
-        let unit = unit_for(10f64.powf(e_hi));
-        let decimals = (-(10f64.powf(e_lo) / unit.0).log10().floor()).clamp(0.0, 6.0) as usize;
-        LinearAxis { lo: 10f64.powf(e_lo), hi: 10f64.powf(e_hi), log: true, ticks, unit, decimals }
+        // No axis-wide unit or decimals: each tick's label picks its own (see `label`).
+        LinearAxis { lo: 10f64.powf(e_lo), hi: 10f64.powf(e_hi), log: true, ticks, unit: (1.0, ""), decimals: 0 }
     }
 
     fn label(&self, v: f64) -> String {
