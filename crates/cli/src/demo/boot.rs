@@ -114,6 +114,11 @@ fn printable(text: &str) -> String {
     out
 }
 
+/// `x` rounded to two decimals, as the figures are kept in the JSON.
+fn hundredths(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -272,8 +277,8 @@ fn run_guests(scratch: &Shared, dir: &Path, golden: &Golden, accel: &str, guests
         });
         out.push(GuestRun {
             name,
-            boot_secs: booted.map(|d| (d.as_secs_f64() * 100.0).round() / 100.0),
-            run_secs: (run_secs * 100.0).round() / 100.0,
+            boot_secs: booted.map(|d| hundredths(d.as_secs_f64())),
+            run_secs: hundredths(run_secs),
             ok: problem.is_none() && booted.is_some(),
             guest_read_bytes: None,
             from_server_bytes: None,
@@ -333,7 +338,7 @@ impl Spread {
             _ if n % 2 == 1 => v[n / 2],
             _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
         };
-        Some(Spread { min: v[0], median: (median * 100.0).round() / 100.0, max: v[n - 1] })
+        Some(Spread { min: v[0], median: hundredths(median), max: v[n - 1] })
     }
 }
 
@@ -442,7 +447,7 @@ pub fn storm(scratch: &Shared, dir: &Path, golden: &Golden, vdisk_uri: &str, sta
         from_server_bytes: runs.iter().filter_map(|r| r.from_server_bytes).sum(),
         one_target_read_bytes: one,
         store_read_bytes,
-        store_reads_per_target: if one > 0 { (store_read_bytes as f64 / one as f64 * 100.0).round() / 100.0 } else { 0.0 },
+        store_reads_per_target: if one > 0 { hundredths(store_read_bytes as f64 / one as f64) } else { 0.0 },
         guests: runs,
     })
 }
