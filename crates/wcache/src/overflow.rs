@@ -126,21 +126,32 @@ pub struct Flusher {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Quiet 100 ms ticks of the flusher (no eviction needed) after which it empties the
+/// spare page pool.
+const QUIET_TICKS_BEFORE_DROPPING_SPARES: u32 = 10;
+
 impl Flusher {
     fn start(tiers: Arc<Tiers>, low: u64) -> std::io::Result<Self> {
         let t = Arc::clone(&tiers);
         let thread = std::thread::Builder::new().name("vdstream-flusher".into()).spawn(move || {
             let mut warned = false;
+            let mut quiet = 0u32;
             while !t.wake.stop.load(Relaxed) {
                 let woken = t.wake.wait(Duration::from_millis(100));
                 if !woken && t.stats.ram_bytes.load(Relaxed) < t.high {
                     // A quiet moment: give back what evictions freed. Not while they churn:
                     // the pages freed then are allocated again at once by writes coming
                     // back into RAM, and trimming them costs a heap walk, TLB shootdowns
-                    // and fresh page faults for nothing.
+                    // and fresh page faults for nothing. The spare pool goes after a
+                    // quiet second.
+                    quiet += 1;
+                    if quiet == QUIET_TICKS_BEFORE_DROPPING_SPARES {
+                        t.drop_spares();
+                    }
                     vdstream_blockdev::reclaim::maybe_reclaim();
                     continue;
                 }
+                quiet = 0;
                 let mut idle = 0;
                 while !t.wake.stop.load(Relaxed) && t.stats.ram_bytes.load(Relaxed) > low && idle < 4 {
                     match t.evict_one() {

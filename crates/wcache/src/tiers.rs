@@ -24,7 +24,8 @@
 //!   Handles on RAM pages exist only while their region is pinned (an eviction drops any
 //!   that still alias a RAM page before it unpins), so a writer patches a RAM page of an
 //!   unpinned region in place, and copies on write only while the region is pinned.
-//!   Evicted pages go to a small spare pool that writers reuse for pages coming back.
+//!   Evicted pages go to a spare pool that writers reuse for pages coming back; the pool is
+//!   part of the RAM budget, and the flusher empties it after a quiet second.
 //! - Lock order: page locks → region lock → shard lock → the file's unit table. The flusher
 //!   and writers evicting for room hold no page locks.
 
@@ -99,10 +100,9 @@ pub(crate) struct Tiers {
     pub wake: Wake,
     full: FullReport,
     unit_gen: AtomicU64,
-    /// Page buffers freed by evictions, kept for reuse (at most `spares_max`, outside the
-    /// RAM budget: 1/32 of it, at most 8 MiB).
+    /// Page buffers freed by evictions, kept for reuse inside the RAM budget: pages in RAM
+    /// plus spares stay within `ram_limit` (see [`Tiers::recycle`]).
     spares: Mutex<Vec<RamPage>>,
-    spares_max: usize,
 }
 
 /// A piece of a read served by I/O after the shard lock is dropped.
@@ -149,7 +149,6 @@ impl Tiers {
             full: FullReport::new(full),
             unit_gen: AtomicU64::new(0),
             spares: Mutex::new(Vec::new()),
-            spares_max: ((ram / 32) / PAGE_U64).min((8 << 20) / PAGE_U64) as usize,
         }
     }
 
@@ -191,18 +190,44 @@ impl Tiers {
     }
 
     /// Keeps the unique ones of `pages` (evicted pages, copies replaced during an eviction)
-    /// as spares, up to [`Tiers::spares_max`], so that the pages coming back into RAM do
-    /// not cost an allocation and fresh-memory page faults each.
+    /// as spares, so that the pages coming back into RAM do not cost an allocation, a
+    /// zero fill and a free each. The pool is part of the RAM budget: it keeps a page only
+    /// while pages in RAM plus spares stay within `--ram` (call it after the evicted pages
+    /// left the RAM count). A writer takes a spare as it takes a page of the budget, so
+    /// the sum never grows past `--ram`; after an eviction from the high to the low
+    /// watermark the pool can hold every page that eviction freed. (A writer allocating
+    /// while the pool is being filled may pass `--ram` by its one page.) The flusher empties the
+    /// pool after a quiet second ([`Tiers::drop_spares`]).
     fn recycle(&self, pages: Vec<(usize, RamPage)>) {
-        let mut spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
-        for (_, p) in pages {
-            if spares.len() >= self.spares_max {
-                break;
-            }
-            if Arc::strong_count(&p) == 1 {
-                spares.push(p);
+        let room = (self.ram_limit.saturating_sub(self.stats.ram_bytes.load(Relaxed)) / PAGE_U64) as usize;
+        let mut rest = pages.into_iter();
+        {
+            let mut spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
+            for (_, p) in rest.by_ref() {
+                if spares.len() >= room {
+                    break;
+                }
+                if Arc::strong_count(&p) == 1 {
+                    spares.push(p);
+                }
             }
         }
+        drop(rest); // freed outside the pool's lock (`give_ram` counted them as freed)
+    }
+
+    /// Gives the spare pool back to the allocator, counted as freed again (a reclaim may
+    /// have run while they sat in the pool), so the next `reclaim::maybe_reclaim` returns
+    /// the memory to the system. Returns the pages dropped.
+    pub fn drop_spares(&self) -> usize {
+        let spares = std::mem::take(&mut *self.spares.lock().unwrap_or_else(PoisonError::into_inner));
+        vdstream_blockdev::reclaim::note_freed(spares.len() as u64 * PAGE_U64);
+        spares.len()
+    }
+
+    /// Spare page buffers held now (for tests).
+    #[cfg(test)]
+    fn spare_count(&self) -> usize {
+        self.spares.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 
     /// Takes `pages` off the RAM in use; the memory goes back to the system at the next
@@ -828,5 +853,43 @@ mod tests {
         let mut buf = vec![9u8; 8192];
         t.read(&mut buf, 0).unwrap();
         assert!(buf[..4096].iter().all(|&b| b == 0) && buf[4096..].iter().all(|&b| b == 1));
+    }
+
+    #[test]
+    fn evicted_pages_are_kept_as_spares_within_the_ram_budget_and_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tiers(dir.path()); // 1 MiB of RAM: 256 pages
+        let limit_pages = (t.ram_limit / PAGE_U64) as usize;
+        // Fill RAM from two regions: 192 pages in region 0, 64 in region 1.
+        t.write(&vec![3u8; 192 * PAGE], 0).unwrap();
+        t.write(&vec![4u8; 64 * PAGE], UNIT).unwrap();
+        assert_eq!(t.stats.ram_bytes.load(Relaxed), t.ram_limit);
+        assert_eq!(t.spare_count(), 0);
+        assert_eq!(t.evict_region(0).unwrap(), 192);
+        // All 192 fit in the budget beside the 64 pages still in RAM.
+        assert_eq!(t.spare_count(), 192);
+        let in_ram = (t.stats.ram_bytes.load(Relaxed) / PAGE_U64) as usize;
+        assert!(in_ram + t.spare_count() <= limit_pages);
+        // Pages coming back into RAM take spares, and RAM plus spares stays within the budget.
+        t.write(&vec![5u8; 100 * PAGE], 0).unwrap();
+        assert_eq!(t.spare_count(), 92);
+        let in_ram = (t.stats.ram_bytes.load(Relaxed) / PAGE_U64) as usize;
+        assert_eq!(in_ram, 164);
+        assert!(in_ram + t.spare_count() <= limit_pages);
+        // A second eviction keeps only what the budget has room for.
+        assert_eq!(t.evict_region(1).unwrap(), 64);
+        let in_ram = (t.stats.ram_bytes.load(Relaxed) / PAGE_U64) as usize;
+        assert_eq!(in_ram + t.spare_count(), limit_pages);
+        // The bytes are right wherever they are.
+        let mut buf = vec![0u8; 256 * PAGE];
+        t.read(&mut buf[..192 * PAGE], 0).unwrap();
+        assert!(buf[..100 * PAGE].iter().all(|&b| b == 5) && buf[100 * PAGE..192 * PAGE].iter().all(|&b| b == 3));
+        t.read(&mut buf[..64 * PAGE], UNIT).unwrap();
+        assert!(buf[..64 * PAGE].iter().all(|&b| b == 4));
+        // Dropping the pool leaves the data alone.
+        assert_eq!(t.drop_spares(), 156);
+        assert_eq!(t.spare_count(), 0);
+        t.read(&mut buf[..64 * PAGE], UNIT).unwrap();
+        assert!(buf[..64 * PAGE].iter().all(|&b| b == 4));
     }
 }
