@@ -6,6 +6,10 @@
 #   raw-disk            fio --ioengine=io_uring --direct=1 on a scratch copy of the base
 #                       (no NBD, no cache: the disk's ceiling for this job file)
 #   raw-disk-buf        the same with --direct=0 (through the page cache: device-disk-buf's peer)
+#   raw-disk-nbd        qemu-nbd -f raw --cache=none --aio=io_uring on a scratch copy of the base
+#                       (the raw disk with the same flags, served over the same socket: no cache)
+#   nbdkit-null         nbdkit null size=SIZE (a server that stores nothing: what fio's nbd
+#                       engine and the socket alone allow on this machine)
 #   device-disk         vdstream serve-image BASE --cache device-disk          (O_DIRECT, chunks zero-filled, batched io_uring)
 #   device-disk-uring   ... --cache device-disk --io-engine io_uring           (O_DIRECT, the shared ring for requests outside batches)
 #   device-disk-sparse  ... --cache device-disk --zero-fill off                (O_DIRECT, chunks only fallocated)
@@ -40,7 +44,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-ALL_PEERS=raw-disk,raw-disk-buf,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
+ALL_PEERS=raw-disk,raw-disk-buf,raw-disk-nbd,nbdkit-null,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=$ALL_PEERS
 args_given="$*"
@@ -68,7 +72,7 @@ for p in "${peer_list[@]}"; do
 done
 need=(fio nbdinfo numfmt)
 for p in "${peer_list[@]}"; do
-    case $p in nbdkit-cow) need+=(nbdkit) ;; qemu-nbd-qcow2) need+=(qemu-nbd qemu-img) ;; esac
+    case $p in nbdkit-cow | nbdkit-null) need+=(nbdkit) ;; qemu-nbd-qcow2) need+=(qemu-nbd qemu-img) ;; raw-disk-nbd) need+=(qemu-nbd) ;; esac
 done
 need_cmds "${need[@]}"
 if ((size_bytes < 96 << 20)) && [[ ,$peers, == *,ram-overflow-64m,* ]]; then
@@ -101,6 +105,11 @@ start_peer() {
     device-ram-2g) cmd=("${vd[@]}" --cache device-ram --ram 2G) ;;
     server) cmd=("${vd[@]}" --cache server) ;;
     nbdkit-cow) env=(TMPDIR="$cdir"); cmd=(nbdkit -f -U "$sock" --filter=cow file "$base") ;;
+    nbdkit-null) cmd=(nbdkit -f -U "$sock" null size="$size_bytes") ;;
+    raw-disk-nbd)
+        cp "$base" "$cdir/basecopy.img"
+        sync
+        cmd=(qemu-nbd -k "$sock" -t -e 8 -f raw --cache=none --aio=io_uring "$cdir/basecopy.img") ;;
     qemu-nbd-qcow2)
         qemu-img create -q -f qcow2 -b "$base" -F raw "$cdir/ovl.qcow2"
         cmd=(qemu-nbd -k "$sock" -t -e 8 -f qcow2 --cache=none --aio=io_uring "$cdir/ovl.qcow2") ;;
@@ -124,7 +133,7 @@ proc_written() {
 available=()
 for p in "${peer_list[@]}"; do
     case $p in
-    raw-disk | raw-disk-buf | nbdkit-cow | qemu-nbd-qcow2) ;;
+    raw-disk | raw-disk-buf | raw-disk-nbd | nbdkit-null | nbdkit-cow | qemu-nbd-qcow2) ;;
     *) if [[ ! -x $VDSTREAM_BIN ]]; then
            echo "note: $VDSTREAM_BIN not built (cargo build --release): skipping $p" >&2
            continue
@@ -216,6 +225,16 @@ for p in peers:
 print()
 print(f"({label}; total IOPS per round: " +
       "; ".join(f"{p} {x['runs']}" for p, x in res.items()) + ")")
+ram = next((p for p in ("device-ram-2g", "ram-overflow-2g") if p in res), None)
+if ram and "raw-disk" in res and "device-disk" in res:
+    # Client and server share the CPUs: if a request's costs add up, one O_DIRECT write per
+    # guest write (raw-disk's cost) plus the trip through NBD and a RAM cache (ram's cost)
+    # allows this many IOPS. An estimate from two measured peers, not a measurement.
+    bound = 1 / (1 / res["raw-disk"]["total"] + 1 / res[ram]["total"])
+    print()
+    print(f"If the costs of one request add up (raw-disk's O_DIRECT write plus {ram}'s trip through NBD): "
+          f"{bound:.0f} IOPS, {bound / res['raw-disk']['total']:.2f}x raw-disk; device-disk reaches "
+          f"{res['device-disk']['total'] / bound:.2f}x that.")
 if "device-disk-buf" in res and "raw-disk-buf" in res:
     print()
     print(f"Same flags through the page cache: device-disk-buf / raw-disk-buf = {ratio('device-disk-buf', 'raw-disk-buf')}.")
