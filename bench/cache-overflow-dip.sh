@@ -15,7 +15,7 @@
 #     sustained IOPS, and how long it lasts (from overflow start until four windows in a
 #     row, 1 s, are back at >= 90% of sustained).
 #
-# Usage: bench/cache-overflow-dip.sh [--runtime 20] [--ws 96m] [--rounds 3] [--quick] [--out FILE] [--keep DIR]
+# Usage: bench/cache-overflow-dip.sh [--runtime 20] [--ws 96m] [--rounds 5] [--quick] [--out FILE] [--keep DIR]
 #   --quick   --runtime 6 --rounds 1 (to check the script, not for figures)
 # Environment: SHARED (default: the `shared` folder beside the repo), VDSTREAM_BIN, TMPDIR.
 
@@ -25,7 +25,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
 
-runtime=20 ws=96m rounds=3 out='' keep=''
+runtime=20 ws=96m rounds=5 out='' keep=''
 args_given="$*"
 while (($#)); do
     case $1 in
