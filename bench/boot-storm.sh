@@ -25,6 +25,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$ROOT/bench/lib.sh"
 targets=16 boots=3 rounds=3 only= agent_args=()
 args_given="$*"
 while (($#)); do
@@ -34,8 +36,8 @@ while (($#)); do
     --rounds) rounds=$2; shift ;;
     --only) only=$2; shift ;;
     --agent-arg) agent_args+=("$2"); shift ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    *) echo "boot-storm.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    -h | --help) bench_help ;;
+    *) bench_bad_arg "$1" ;;
     esac
     shift
 done
