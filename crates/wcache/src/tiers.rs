@@ -194,10 +194,9 @@ impl Tiers {
     /// zero fill and a free each. The pool is part of the RAM budget: it keeps a page only
     /// while pages in RAM plus spares stay within `--ram` (call it after the evicted pages
     /// left the RAM count). A writer takes a spare as it takes a page of the budget, so
-    /// the sum never grows past `--ram`; after an eviction from the high to the low
-    /// watermark the pool can hold every page that eviction freed. (A writer allocating
-    /// while the pool is being filled may pass `--ram` by its one page.) The flusher empties the
-    /// pool after a quiet second ([`Tiers::drop_spares`]).
+    /// the sum does not grow (a writer that allocates while the pool is being refilled may
+    /// pass `--ram` by its one page), and the pool can hold every page an eviction freed.
+    /// The flusher empties the pool after a quiet second ([`Tiers::drop_spares`]).
     fn recycle(&self, pages: Vec<(usize, RamPage)>) {
         let room = (self.ram_limit.saturating_sub(self.stats.ram_bytes.load(Relaxed)) / PAGE_U64) as usize;
         let mut rest = pages.into_iter();
@@ -876,7 +875,7 @@ mod tests {
         let in_ram = (t.stats.ram_bytes.load(Relaxed) / PAGE_U64) as usize;
         assert_eq!(in_ram, 164);
         assert!(in_ram + t.spare_count() <= limit_pages);
-        // A second eviction keeps only what the budget has room for.
+        // A second eviction: its pages join the pool, and RAM plus spares is the budget again.
         assert_eq!(t.evict_region(1).unwrap(), 64);
         let in_ram = (t.stats.ram_bytes.load(Relaxed) / PAGE_U64) as usize;
         assert_eq!(in_ram + t.spare_count(), limit_pages);
