@@ -183,3 +183,28 @@ impl Drop for Flusher {
 }
 
 tiers_cache_impls!(RamOverflowCache, CacheType::RamOverflow);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vdstream_blockdev::MemoryDev;
+
+    #[test]
+    fn the_flusher_gives_the_spare_pool_back_when_writes_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = CacheConfig { ram: 1 << 20, dir: dir.path().into(), ..CacheConfig::new("spares") };
+        let c = RamOverflowCache::open(Arc::new(MemoryDev::new(8 << 20)), &cfg).unwrap();
+        let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i / 4096) as u8 ^ 0x5a).collect();
+        c.write_at(&data, 0, false).unwrap(); // 4 MiB through 1 MiB of RAM
+        c.evict_until(0).unwrap();
+        assert!(c.tiers.spare_count() > 0, "evicted pages wait in the pool for reuse");
+        let start = std::time::Instant::now();
+        while c.tiers.spare_count() > 0 && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(c.tiers.spare_count(), 0, "the pool is still held {:?} after the last write", start.elapsed());
+        let mut back = vec![0u8; data.len()];
+        c.read_at(&mut back, 0).unwrap();
+        assert!(back == data, "the data reads back after the pool is gone");
+    }
+}

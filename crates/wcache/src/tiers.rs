@@ -225,7 +225,7 @@ impl Tiers {
 
     /// Spare page buffers held now (for tests).
     #[cfg(test)]
-    fn spare_count(&self) -> usize {
+    pub(crate) fn spare_count(&self) -> usize {
         self.spares.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 
