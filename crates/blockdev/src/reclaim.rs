@@ -32,6 +32,19 @@ pub fn maybe_reclaim() {
     if FREED.swap(0, Relaxed) < RECLAIM_AFTER {
         return; // another thread reclaimed meanwhile; what we took back is small
     }
+    trim_heaps();
+}
+
+/// Returns freed memory to the system now, however little was freed: for a caller that
+/// has just let go of a pool it kept (the threshold of [`maybe_reclaim`] would keep a
+/// pool smaller than [`RECLAIM_AFTER`] in the process for good). Call it with no lock
+/// held.
+pub fn reclaim_now() {
+    FREED.store(0, Relaxed);
+    trim_heaps();
+}
+
+fn trim_heaps() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks and trims the allocator's own heaps, under the
     // allocator's locks; it has no preconditions on the caller.

@@ -145,10 +145,11 @@ impl Flusher {
                     // and fresh page faults for nothing. The spare pool goes after a
                     // quiet second.
                     quiet += 1;
-                    if quiet == QUIET_TICKS_BEFORE_DROPPING_SPARES {
-                        t.drop_spares();
+                    if quiet == QUIET_TICKS_BEFORE_DROPPING_SPARES && t.drop_spares() > 0 {
+                        vdstream_blockdev::reclaim::reclaim_now();
+                    } else {
+                        vdstream_blockdev::reclaim::maybe_reclaim();
                     }
-                    vdstream_blockdev::reclaim::maybe_reclaim();
                     continue;
                 }
                 quiet = 0;

@@ -214,12 +214,12 @@ impl Tiers {
         drop(rest); // freed outside the pool's lock (`give_ram` counted them as freed)
     }
 
-    /// Gives the spare pool back to the allocator, counted as freed again (a reclaim may
-    /// have run while they sat in the pool), so the next `reclaim::maybe_reclaim` returns
-    /// the memory to the system. Returns the pages dropped.
+    /// Gives the spare pool back to the allocator and returns the pages dropped; the
+    /// caller then returns the memory to the system with `reclaim::reclaim_now` (the pool
+    /// may be smaller than `maybe_reclaim`'s threshold, and a reclaim may have run while
+    /// its pages sat in it).
     pub fn drop_spares(&self) -> usize {
         let spares = std::mem::take(&mut *self.spares.lock().unwrap_or_else(PoisonError::into_inner));
-        vdstream_blockdev::reclaim::note_freed(spares.len() as u64 * PAGE_U64);
         spares.len()
     }
 
