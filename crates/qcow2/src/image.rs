@@ -452,13 +452,28 @@ impl Qcow2Image {
     }
 }
 
+/// How long a lock conflict may last before it is an error: a lock of ours that was just
+/// released can outlive its descriptor for a moment, in a child process that another
+/// thread forked and that has not yet reached `exec` (flock locks belong to the open file,
+/// which the child's copy of the descriptor keeps). A real second user holds it for good.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
 pub(crate) fn lock_file(file: &File, exclusive: bool, path: &Path) -> Result<()> {
     let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
-    // SAFETY: flock only takes the descriptor, which `file` keeps open for this call, and
-    // an integer; it touches no memory of ours.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
-    if rc != 0 {
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: flock only takes the descriptor, which `file` keeps open for this call,
+        // and an integer; it touches no memory of ours.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
+        if rc == 0 {
+            return Ok(());
+        }
         let e = std::io::Error::last_os_error();
+        let busy = e.raw_os_error() == Some(libc::EWOULDBLOCK);
+        if busy && start.elapsed() < LOCK_PATIENCE {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            continue;
+        }
         let mut err = file_error(ErrorKind::Io, Op::Open, 0, path, if exclusive {
             "the image is already open elsewhere (vdstream allows one writer and no readers beside it): close the other user first".to_string()
         } else {
@@ -467,7 +482,6 @@ pub(crate) fn lock_file(file: &File, exclusive: bool, path: &Path) -> Result<()>
         err.source = Some(e);
         return Err(err);
     }
-    Ok(())
 }
 
 pub(crate) fn rc_error(e: RefcountError, op: Op, path: &Path) -> Error {
@@ -536,5 +550,40 @@ impl BlockDev for Qcow2Image {
 
     fn describe(&self) -> String {
         self.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(file: &File, mode: libc::c_int) {
+        // SAFETY: flock on a descriptor the caller keeps open; no memory is passed.
+        assert_eq!(unsafe { libc::flock(file.as_raw_fd(), mode) }, 0);
+    }
+
+    #[test]
+    fn a_lock_released_a_moment_later_is_taken_and_a_held_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("img");
+        std::fs::write(&path, b"x").unwrap();
+        let open = || File::open(&path).unwrap();
+        // Held for 50 ms (as by a forked child on its way to exec): the open waits it out.
+        let holder = open();
+        lock(&holder, libc::LOCK_EX);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(holder);
+        });
+        lock_file(&open(), false, &path).unwrap();
+        release.join().unwrap();
+        // Held for good: refused, naming the image, once the patience is spent.
+        let writer = open();
+        lock(&writer, libc::LOCK_EX);
+        let start = std::time::Instant::now();
+        let e = lock_file(&open(), false, &path).unwrap_err();
+        assert!(start.elapsed() >= LOCK_PATIENCE);
+        assert!(e.to_string().contains("img") && e.to_string().contains("open read-write elsewhere"), "{e}");
+        drop(writer);
     }
 }
