@@ -89,6 +89,14 @@ base=$work/base.img
 echo "making the base image: $size of random data in $work" >&2
 head -c "$size_bytes" /dev/urandom >"$base"
 
+# copy_base DIR — a copy of the base in DIR, on disk before the run (the raw-disk peers
+# write to it); prints its path.
+copy_base() {
+    cp "$base" "$1/basecopy.img"
+    sync
+    echo "$1/basecopy.img"
+}
+
 # start_peer NAME SOCK CACHEDIR — start the peer's server on SOCK; sets server_pid.
 start_peer() {
     local name=$1 sock=$2 cdir=$3 cmd env=()
@@ -107,9 +115,7 @@ start_peer() {
     nbdkit-cow) env=(TMPDIR="$cdir"); cmd=(nbdkit -f -U "$sock" --filter=cow file "$base") ;;
     nbdkit-null) cmd=(nbdkit -f -U "$sock" null size="$size_bytes") ;;
     raw-disk-nbd)
-        cp "$base" "$cdir/basecopy.img"
-        sync
-        cmd=(qemu-nbd -k "$sock" -t -e 8 -f raw --cache=none --aio=io_uring "$cdir/basecopy.img") ;;
+        cmd=(qemu-nbd -k "$sock" -t -e 8 -f raw --cache=none --aio=io_uring "$(copy_base "$cdir")") ;;
     qemu-nbd-qcow2)
         qemu-img create -q -f qcow2 -b "$base" -F raw "$cdir/ovl.qcow2"
         cmd=(qemu-nbd -k "$sock" -t -e 8 -f qcow2 --cache=none --aio=io_uring "$cdir/ovl.qcow2") ;;
@@ -154,9 +160,8 @@ for ((r = 0; r < rounds; r++)); do
         if [[ $p == raw-disk || $p == raw-disk-buf ]]; then
             direct=1
             [[ $p == raw-disk-buf ]] && direct=0
-            cp "$base" "$cdir/basecopy.img"
-            sync
-            fio "$JOBFILE" --ioengine=io_uring --direct=$direct --filename="$cdir/basecopy.img" \
+            copy=$(copy_base "$cdir")
+            fio "$JOBFILE" --ioengine=io_uring --direct=$direct --filename="$copy" \
                 --size="$size" --runtime="$runtime" \
                 --output-format=json --output="$json" >"$work/$p.$r.fio.log" 2>&1 ||
                 { cat "$work/$p.$r.fio.log" "$json" >&2 || true; echo "fio failed on $p" >&2; exit 1; }
