@@ -10,11 +10,9 @@
 #                       (the raw disk with the same flags, served over the same socket: no cache)
 #   nbdkit-null         nbdkit null size=SIZE (a server that stores nothing: what fio's nbd
 #                       engine and the socket alone allow on this machine)
-#   device-disk         vdstream serve-image BASE --cache device-disk          (O_DIRECT, log layout: a batch's writes in one write)
-#   device-disk-in-place ... --cache device-disk --disk-layout in-place        (O_DIRECT, page p at p*4096, chunks zero-filled)
-#   device-disk-uring   ... --cache device-disk --disk-layout in-place --io-engine io_uring
-#                                                                              (the shared ring for requests outside batches)
-#   device-disk-sparse  ... --cache device-disk --disk-layout in-place --zero-fill off (chunks only fallocated)
+#   device-disk         vdstream serve-image BASE --cache device-disk          (O_DIRECT, chunks zero-filled, batched io_uring)
+#   device-disk-uring   ... --cache device-disk --io-engine io_uring           (O_DIRECT, the shared ring for requests outside batches)
+#   device-disk-sparse  ... --cache device-disk --zero-fill off                (O_DIRECT, chunks only fallocated)
 #   device-disk-buf     ... --cache device-disk --intermediate-buffering on    (page cache)
 #   ram-overflow-2g     ... --cache ram-overflow --ram 2G                      (everything fits)
 #   ram-overflow-64m    ... --cache ram-overflow --ram 64M                     (overflows: working set = --size)
@@ -46,7 +44,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-ALL_PEERS=raw-disk,raw-disk-buf,raw-disk-nbd,nbdkit-null,device-disk,device-disk-in-place,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
+ALL_PEERS=raw-disk,raw-disk-buf,raw-disk-nbd,nbdkit-null,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=$ALL_PEERS
 args_given="$*"
@@ -105,9 +103,8 @@ start_peer() {
     local vd=("$VDSTREAM_BIN" serve-image "$base" --socket "$sock" --overflow-dir "$cdir")
     case $name in
     device-disk) cmd=("${vd[@]}" --cache device-disk) ;;
-    device-disk-in-place) cmd=("${vd[@]}" --cache device-disk --disk-layout in-place) ;;
-    device-disk-uring) cmd=("${vd[@]}" --cache device-disk --disk-layout in-place --io-engine io_uring) ;;
-    device-disk-sparse) cmd=("${vd[@]}" --cache device-disk --disk-layout in-place --zero-fill off) ;;
+    device-disk-uring) cmd=("${vd[@]}" --cache device-disk --io-engine io_uring) ;;
+    device-disk-sparse) cmd=("${vd[@]}" --cache device-disk --zero-fill off) ;;
     device-disk-buf) cmd=("${vd[@]}" --cache device-disk "${IB_ON[@]}") ;;
     ram-overflow-2g) cmd=("${vd[@]}" --cache ram-overflow --ram 2G) ;;
     ram-overflow-64m) cmd=("${vd[@]}" --cache ram-overflow --ram 64M) ;;

@@ -141,14 +141,6 @@ pub struct ServeImageArgs {
     #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "on", requires = "cache", action = clap::ArgAction::Set)]
     zero_fill: bool,
 
-    /// `device-disk` and `server` with O_DIRECT: where pages live in the cache file. `log`
-    /// (default): each batch of writes goes to the next free slots in one sequential write,
-    /// and a cleaner compacts partly stale 2 MiB segments (the file may hold up to a quarter
-    /// more than the data it caches). `in-place`: page p at byte p*4096, one write per
-    /// guest write where it lands (--zero-fill applies to this layout).
-    #[arg(long, value_name = "log|in-place", default_value = "log", requires = "cache")]
-    disk_layout: vdstream_wcache::DiskLayout,
-
     /// Record every request clients send (offset, length, op, time) into this I/O trace
     /// file, for `vdstream size --trace FILE` (format: docs/AGENT.md).
     #[arg(long, value_name = "FILE")]
@@ -267,7 +259,6 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
                 intermediate_buffering: args.intermediate_buffering,
                 io_engine: args.io_engine,
                 zero_fill: args.zero_fill,
-                disk_layout: args.disk_layout,
                 lock_path: args.file.clone().or_else(|| opened_layer.as_ref().map(|o| o.path.clone())),
             };
             let cache = vdstream_wcache::open(kind, dev, &cfg).with_context(|| format!("cannot open the {kind} write cache"))?;

@@ -64,12 +64,11 @@ use vdstream_blockdev::ring::{self, FileIo};
 use vdstream_blockdev::{check_range, BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine, IoEngineKind, Op, Result, ZeroFlags};
 
 use crate::cachefile::{is_aligned, with_arena, with_bounce, CacheFile, BOUNCE_BYTES};
-use crate::logmap::{LogMap, Run, SEG_BYTES, SEG_PAGES};
 use crate::page::{read_lower_page, PageLocks, PAGE, PAGE_SHIFT, PAGE_U64};
 use crate::pagemap::{ChangedPages, PageMap, PageState};
 use crate::prealloc::Prealloc;
 use crate::stats::CacheStats;
-use crate::{CacheConfig, CacheType, DiskLayout, StatsSnapshot, WriteCache};
+use crate::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
 
 /// Stripes of page locks per cache.
 const LOCK_STRIPES: usize = 1024;
@@ -122,8 +121,6 @@ pub struct DiskCache {
     unsynced: AtomicBool,
     /// Delete this path on drop (if unlinking right after creation failed).
     remove_on_drop: Option<PathBuf>,
-    /// The log layout ([`crate::logmap`]); `None`: page `p` at byte `p·4096`.
-    log: Option<LogMap>,
 }
 
 static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
@@ -162,14 +159,6 @@ impl DiskCache {
         let size = lower.size();
         let pages = size.div_ceil(PAGE_U64);
         let limit_pages = cfg.max_file.map_or(pages, |m| m / PAGE_U64);
-        let log = (cfg.disk_layout == DiskLayout::Log && file.is_direct() && !track_changes)
-            .then(|| LogMap::new(pages, limit_pages.min(pages)))
-            .flatten()
-            .filter(|log| {
-                // The file spans the whole log up front (sparse): writes never extend it.
-                let len = file.file().metadata().map(|m| m.len()).unwrap_or(0);
-                len >= log.max_bytes() || file.file().set_len(log.max_bytes()).is_ok()
-            });
         DiskCache {
             lower,
             file,
@@ -186,21 +175,6 @@ impl DiskCache {
             changed: track_changes.then(|| ChangedPages::new(pages)),
             unsynced: AtomicBool::new(false),
             remove_on_drop: None,
-            log,
-        }
-    }
-
-    /// Segments the log's cleaner has emptied (0 in the in-place layout).
-    pub fn log_cleanings(&self) -> u64 {
-        self.log.as_ref().map_or(0, LogMap::cleanings)
-    }
-
-    /// The layout in use.
-    pub fn layout(&self) -> DiskLayout {
-        if self.log.is_some() {
-            DiskLayout::Log
-        } else {
-            DiskLayout::InPlace
         }
     }
 
@@ -272,16 +246,7 @@ impl DiskCache {
     fn old_page(&self, p: u64, out: &mut [u8]) -> Result<()> {
         match self.map.get(p) {
             PageState::Data => {
-                match &self.log {
-                    None => self.file.read(out, p << PAGE_SHIFT)?,
-                    Some(log) => {
-                        let _reading = log.read_guard();
-                        match log.slot(p) {
-                            Some(slot) => self.file.read(out, LogMap::offset(slot))?,
-                            None => out.fill(0), // trimmed under us
-                        }
-                    }
-                }
+                self.file.read(out, p << PAGE_SHIFT)?;
                 CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, PAGE_U64);
                 Ok(())
             }
@@ -302,15 +267,11 @@ impl DiskCache {
         if new > 0 && !self.map.reserve(new, self.limit_pages) {
             return Err(self.no_space(op, offset, len));
         }
-        if new > 0 && self.log.is_none() {
+        if new > 0 {
             self.prealloc.ensure(&self.file, first, last, self.map.data_pages(), &|p| self.map.get(p) == PageState::Data);
         }
         // The page locks keep every page of the range in the state counted above.
-        let written = match &self.log {
-            None => self.write_file(data, offset),
-            Some(log) => self.write_log(log, data, offset, op),
-        };
-        if let Err(e) = written {
+        if let Err(e) = self.write_file(data, offset) {
             self.map.release(new);
             return Err(Error { op, ..e });
         }
@@ -362,145 +323,6 @@ impl DiskCache {
         Ok(())
     }
 
-    /// The file part of a write in the log layout: the range's pages, assembled whole (old
-    /// edge pages read first), go to freshly allocated slots, and then the pages point there.
-    fn write_log(&self, log: &LogMap, data: &[u8], offset: u64, op: Op) -> Result<()> {
-        let first = offset >> PAGE_SHIFT;
-        if is_aligned(data, offset) {
-            let runs = self.log_slots(log, data.len() as u64 >> PAGE_SHIFT, op, offset, data.len() as u64)?;
-            let mut k = 0usize;
-            for r in &runs {
-                log.set_owners(*r, |i| first + k as u64 + i);
-                let bytes = &data[k << PAGE_SHIFT..(k + r.len as usize) << PAGE_SHIFT];
-                if let Err(e) = self.file.write(bytes, r.offset()) {
-                    log.abandon(&runs);
-                    return Err(e);
-                }
-                CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, bytes.len() as u64);
-                k += r.len as usize;
-            }
-            self.commit_runs(log, &runs, first);
-            return Ok(());
-        }
-        for piece in vdstream_blockdev::span::units(offset, data.len() as u64, BOUNCE_BYTES as u64) {
-            let (ps, pe) = (offset + piece.pos as u64, offset + (piece.pos + piece.len) as u64);
-            let (span_start, span_end) = (round_down(ps), round_up(pe));
-            let span = (span_end - span_start) as usize;
-            let pfirst = span_start >> PAGE_SHIFT;
-            with_bounce(span, |b| {
-                if ps != span_start || (pe != span_end && span == PAGE) {
-                    self.old_page(pfirst, &mut b[..PAGE])?;
-                }
-                if pe != span_end && span > PAGE {
-                    self.old_page((span_end >> PAGE_SHIFT) - 1, &mut b[span - PAGE..])?;
-                }
-                let at = (ps - span_start) as usize;
-                b[at..at + piece.len].copy_from_slice(&data[piece.pos..piece.pos + piece.len]);
-                let runs = self.log_slots(log, (span / PAGE) as u64, op, offset, data.len() as u64)?;
-                let mut k = 0usize;
-                for r in &runs {
-                    log.set_owners(*r, |i| pfirst + k as u64 + i);
-                    let bytes = &b[k << PAGE_SHIFT..(k + r.len as usize) << PAGE_SHIFT];
-                    if let Err(e) = self.file.write(bytes, r.offset()) {
-                        log.abandon(&runs);
-                        return Err(e);
-                    }
-                    CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, bytes.len() as u64);
-                    k += r.len as usize;
-                }
-                self.commit_runs(log, &runs, pfirst);
-                Ok(())
-            })?;
-        }
-        Ok(())
-    }
-
-    /// `n` slots of the log for a write, cleaning as needed.
-    fn log_slots(&self, log: &LogMap, n: u64, op: Op, offset: u64, len: u64) -> Result<Vec<Run>> {
-        log.allocate(&self.file, n, false, &|log| self.clean_step(log)).ok_or_else(|| {
-            Error::new(
-                ErrorKind::NoSpace,
-                op,
-                offset,
-                len,
-                self.describe(),
-                format!("the log of the {} cache of target {} has no free segment and none to clean; re-attach to start empty", self.kind, self.target),
-            )
-        })
-    }
-
-    /// Points the pages written to `runs` (in order, from page `first`) at their slots.
-    fn commit_runs(&self, log: &LogMap, runs: &[Run], first: u64) {
-        let mut page = first;
-        for r in runs {
-            for slot in r.slot..r.slot + r.len {
-                log.commit(page, slot);
-                page += 1;
-            }
-        }
-    }
-
-    /// One cleaning step (see [`LogMap::clean`]): reads the victim segment whole, writes its
-    /// live pages to the cleaner's own slots in one sequential write per run, and moves them.
-    fn clean_step(&self, log: &LogMap) -> bool {
-        log.clean(|seg, moves| {
-            with_arena(SEG_BYTES as usize, |buf| {
-                let base = seg * SEG_PAGES;
-                if self.file.read(buf, LogMap::segment_offset(seg)).is_err() {
-                    return false;
-                }
-                CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, SEG_BYTES);
-                for (i, &(slot, _)) in moves.iter().enumerate() {
-                    let from = ((slot - base) as usize) << PAGE_SHIFT;
-                    buf.copy_within(from..from + PAGE, i << PAGE_SHIFT);
-                }
-                let Some(runs) = log.allocate(&self.file, moves.len() as u64, true, &|_| false) else { return false };
-                let mut k = 0usize;
-                for r in &runs {
-                    log.set_owners(*r, |i| moves[k + i as usize].1);
-                    let bytes = &buf[k << PAGE_SHIFT..(k + r.len as usize) << PAGE_SHIFT];
-                    if self.file.write(bytes, r.offset()).is_err() {
-                        log.abandon(&runs);
-                        return false;
-                    }
-                    CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, bytes.len() as u64);
-                    k += r.len as usize;
-                }
-                let mut k = 0usize;
-                for r in &runs {
-                    for to in r.slot..r.slot + r.len {
-                        let (from, page) = moves[k];
-                        log.relocate(page, from, to);
-                        k += 1;
-                    }
-                }
-                true
-            })
-        })
-    }
-
-    /// Reads data pages `[bs, be)` (bytes, inside pages `p..run_end`) in the log layout: one
-    /// read per run of consecutive slots.
-    fn read_log(&self, log: &LogMap, piece: &mut [u8], bs: u64, be: u64) -> Result<()> {
-        let _reading = log.read_guard();
-        let (mut p, stop) = (bs >> PAGE_SHIFT, ((be - 1) >> PAGE_SHIFT) + 1);
-        while p < stop {
-            let slot = log.slot(p);
-            let mut q = p + 1;
-            while q < stop && slot.is_some() && log.slot(q) == slot.map(|s| s + (q - p)) {
-                q += 1;
-            }
-            let (gs, ge) = ((p << PAGE_SHIFT).max(bs), (q << PAGE_SHIFT).min(be));
-            let out = &mut piece[(gs - bs) as usize..(ge - bs) as usize];
-            match slot {
-                Some(slot) => self.read_file(out, LogMap::offset(slot) + (gs - (p << PAGE_SHIFT)))?,
-                None => out.fill(0), // trimmed under us
-            }
-            p = q;
-        }
-        Ok(())
-    }
-
     /// Reads `[offset, offset+buf.len())` of the cache file into `buf`.
     fn read_file(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         if !self.file.is_direct() || is_aligned(buf, offset) {
@@ -541,10 +363,7 @@ impl DiskCache {
             match state {
                 PageState::Data => {
                     self.stats.hits.fetch_add(pages, Ordering::Relaxed);
-                    match &self.log {
-                        None => self.read_file(piece, bs)?,
-                        Some(log) => self.read_log(log, piece, bs, be)?,
-                    }
+                    self.read_file(piece, bs)?;
                 }
                 PageState::Zero => {
                     self.stats.hits.fetch_add(pages, Ordering::Relaxed);
@@ -588,15 +407,10 @@ impl DiskCache {
         let _guard = self.locks.lock_pages(first, last - first + 1);
         let (wf, we) = (first + head_partial as u64, last + 1 - tail_partial as u64);
         if we > wf {
-            let was_data = self.map.set_range(wf, we - wf, PageState::Zero, |p| {
-                self.mark_changed(p);
-                if let Some(log) = &self.log {
-                    log.forget(p);
-                }
-            });
+            let was_data = self.map.set_range(wf, we - wf, PageState::Zero, |p| self.mark_changed(p));
             self.refresh_file_bytes();
             // Punch what was data, and chunks freed whole (they may hold preallocated blocks).
-            if self.log.is_none() && (was_data > 0 || self.prealloc.holds_whole(wf, we)) && self.file.punch(wf << PAGE_SHIFT, (we - wf) << PAGE_SHIFT).map_err(|e| Error { op, ..e })? {
+            if (was_data > 0 || self.prealloc.holds_whole(wf, we)) && self.file.punch(wf << PAGE_SHIFT, (we - wf) << PAGE_SHIFT).map_err(|e| Error { op, ..e })? {
                 self.prealloc.freed(wf, we);
             }
         }
@@ -773,7 +587,7 @@ impl DiskCache {
                     op.result = Err(self.no_space(Op::Write, offset, len));
                     continue;
                 }
-                if new > 0 && self.log.is_none() {
+                if new > 0 {
                     self.prealloc.ensure(&self.file, first, first + pages - 1, self.map.data_pages(), &|p| self.map.get(p) == PageState::Data);
                 }
             } else {
@@ -795,10 +609,7 @@ impl DiskCache {
             bytes += len as usize;
         }
         if !planned.is_empty() {
-            match &self.log {
-                None => with_arena(bytes, |arena| self.submit_planned(ops, &planned, arena)),
-                Some(log) => with_arena(bytes, |arena| self.submit_planned_log(log, ops, &planned, arena)),
-            }
+            with_arena(bytes, |arena| self.submit_planned(ops, &planned, arena));
         }
         drop(guards);
         self.read_below(ops, &below);
@@ -877,131 +688,6 @@ impl DiskCache {
                     Err(self.file.err(e, kind, at, len))
                 }
             };
-        }
-        if wrote {
-            self.unsynced.store(true, Ordering::Release);
-            self.refresh_file_bytes();
-        }
-    }
-}
-
-impl DiskCache {
-    /// [`DiskCache::submit_planned`] in the log layout: the batch's whole-page writes get
-    /// consecutive slots and go to the file as one write per run of slots (one, unless the
-    /// open segment ends), its reads one per run of consecutive slots, all in one
-    /// submission. A write error fails every write of the batch (none is acknowledged).
-    fn submit_planned_log(&self, log: &LogMap, ops: &mut [BatchOp<'_>], planned: &[Planned], arena: &mut [u8]) {
-        let file = self.file.file();
-        let writes: Vec<bool> = planned.iter().map(|p| matches!(ops[p.op].io, BatchIo::Write(..))).collect();
-        let wpages: u64 = planned.iter().zip(&writes).filter(|(_, &w)| w).map(|(p, _)| p).map(|p| p.pages).sum();
-        let wbytes = (wpages << PAGE_SHIFT) as usize;
-        let mut runs = Vec::new();
-        let mut write_err = None;
-        if wpages > 0 {
-            match self.log_slots(log, wpages, Op::Write, 0, wbytes as u64) {
-                Ok(r) => runs = r,
-                Err(e) => write_err = Some(e),
-            }
-        }
-        let (wpart, mut rpart) = arena.split_at_mut(wbytes);
-        // The write pages in slot order, and the bytes that go there.
-        let mut wpage_list = Vec::with_capacity(wpages as usize);
-        let mut at = 0usize;
-        for p in planned.iter().zip(&writes).filter(|(_, &w)| w).map(|(p, _)| p) {
-            if let BatchIo::Write(data, _) = &ops[p.op].io {
-                wpart[at..at + data.len()].copy_from_slice(data);
-                at += data.len();
-                wpage_list.extend(p.first..p.first + p.pages);
-            }
-        }
-        let mut ios = Vec::with_capacity(planned.len() + runs.len());
-        let mut k = 0usize;
-        for r in &runs {
-            log.set_owners(*r, |i| wpage_list[k + i as usize]);
-            ios.push(FileIo::write(file, &wpart[k << PAGE_SHIFT..(k + r.len as usize) << PAGE_SHIFT], r.offset()));
-            k += r.len as usize;
-        }
-        let nwrites = ios.len();
-        // Reads: (planned index, number of ios) in order.
-        let mut reads: Vec<(usize, usize)> = Vec::new();
-        let reading = log.read_guard();
-        for (pi, p) in planned.iter().enumerate().filter(|&(i, _)| !writes[i]) {
-            let mut n = 0;
-            let mut page = p.first;
-            let end = p.first + p.pages;
-            while page < end {
-                // The page locks are held: every page of the read is data with a slot.
-                let slot = log.slot(page).unwrap_or(0);
-                let mut q = page + 1;
-                while q < end && log.slot(q) == Some(slot + (q - page)) {
-                    q += 1;
-                }
-                let len = ((q - page) << PAGE_SHIFT) as usize;
-                let (mine, tail) = std::mem::take(&mut rpart).split_at_mut(len);
-                rpart = tail;
-                ios.push(FileIo::read(file, mine, LogMap::offset(slot)));
-                n += 1;
-                page = q;
-            }
-            reads.push((pi, n));
-        }
-        ring::run_batch(&mut ios);
-        drop(reading);
-        let results: Vec<std::io::Result<()>> = ios.into_iter().map(|io| io.result).collect();
-        let mut results = results.into_iter();
-        let write_results: Vec<std::io::Result<()>> = results.by_ref().take(nwrites).collect();
-        if write_err.is_none() {
-            if let Some(Err(e)) = write_results.into_iter().find(|r| r.is_err()) {
-                log.abandon(&runs);
-                write_err = Some(self.file.err(e, Op::Write, 0, wbytes as u64));
-            }
-        }
-        let mut wrote = false;
-        if write_err.is_none() && wpages > 0 {
-            let mut k = 0usize;
-            for r in &runs {
-                for slot in r.slot..r.slot + r.len {
-                    log.commit(wpage_list[k], slot);
-                    k += 1;
-                }
-            }
-            wrote = true;
-        }
-        for p in planned.iter().zip(&writes).filter(|(_, &w)| w).map(|(p, _)| p) {
-            let len = p.pages << PAGE_SHIFT;
-            ops[p.op].result = match &write_err {
-                None => {
-                    CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, len);
-                    for page in p.first..p.first + p.pages {
-                        if self.map.set_data_reserved(page) != PageState::Data {
-                            self.mark_changed(page);
-                        }
-                    }
-                    Ok(())
-                }
-                Some(e) => {
-                    self.map.release(p.new);
-                    Err(Error::new(e.kind, Op::Write, p.first << PAGE_SHIFT, len, e.device.clone(), e.message.clone()))
-                }
-            };
-        }
-        // Read bytes sit in the arena after the writes, in the order the reads were planned.
-        let mut at = wbytes;
-        for (pi, n) in reads {
-            let p = &planned[pi];
-            let len = (p.pages << PAGE_SHIFT) as usize;
-            let failed = results.by_ref().take(n).find_map(|r| r.err());
-            let op = &mut ops[p.op];
-            op.result = match (failed, &mut op.io) {
-                (None, BatchIo::Read(buf)) => {
-                    CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, len as u64);
-                    buf.copy_from_slice(&arena[at..at + len]);
-                    Ok(())
-                }
-                (Some(e), _) => Err(self.file.err(e, Op::Read, p.first << PAGE_SHIFT, len as u64)),
-                (None, BatchIo::Write(..)) => unreachable!("planned reads are reads"),
-            };
-            at += len;
         }
         if wrote {
             self.unsynced.store(true, Ordering::Release);

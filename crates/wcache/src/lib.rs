@@ -27,7 +27,6 @@
 pub mod cachefile;
 pub mod disk;
 pub mod journal;
-pub mod logmap;
 pub mod overflow;
 mod overflow_file;
 pub mod page;
@@ -111,37 +110,6 @@ impl std::str::FromStr for CacheType {
     }
 }
 
-/// Where a disk cache keeps its pages in the cache file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DiskLayout {
-    /// Writes go to the next free slots of a log, one sequential write per batch, and a
-    /// cleaner compacts it ([`logmap`]): the default for O_DIRECT.
-    #[default]
-    Log,
-    /// Page `p` at byte `p·4096`: one write per guest write, where it lands.
-    InPlace,
-}
-
-impl DiskLayout {
-    pub fn name(self) -> &'static str {
-        match self {
-            DiskLayout::Log => "log",
-            DiskLayout::InPlace => "in-place",
-        }
-    }
-}
-
-impl std::str::FromStr for DiskLayout {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "log" => Ok(DiskLayout::Log),
-            "in-place" => Ok(DiskLayout::InPlace),
-            _ => Err(format!("unknown disk layout {s:?}: choose log or in-place")),
-        }
-    }
-}
-
 /// Everything a cache type may need to open. Each type reads the fields it uses.
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
@@ -164,9 +132,6 @@ pub struct CacheConfig {
     /// is preallocated anyway), and spares every guest write ext4's unwritten-extent
     /// conversion (0.69× → 0.99× of the raw disk, docs/BENCHMARKS.md).
     pub zero_fill: bool,
-    /// `device-disk` and `server` with O_DIRECT: where pages live in the cache file
-    /// ([`DiskLayout`]). The persistent types and buffered files always use `InPlace`.
-    pub disk_layout: DiskLayout,
     /// `private`: the file to lock exclusively so that a second writer is refused (the
     /// vDisk's own file).
     pub lock_path: Option<PathBuf>,
@@ -183,7 +148,6 @@ impl CacheConfig {
             intermediate_buffering: false,
             io_engine: IoEngineKind::default(),
             zero_fill: true,
-            disk_layout: DiskLayout::default(),
             lock_path: None,
         }
     }

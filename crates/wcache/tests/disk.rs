@@ -8,7 +8,7 @@ use vdstream_blockdev::conformance::{self, model, pattern_buf};
 use vdstream_blockdev::uring::UringQueue;
 use vdstream_blockdev::{BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine, IoEngineKind, MemoryDev, Op, Result, ZeroFlags};
 use vdstream_wcache::disk::DiskCache;
-use vdstream_wcache::{CacheConfig, CacheType, DiskLayout, WriteCache};
+use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
 /// A lower device that refuses every write: a cache that writes below fails loudly.
 #[derive(Debug)]
@@ -221,115 +221,6 @@ fn many_threads_hammering_the_same_pages_lose_nothing() {
             }
         }
     }
-}
-
-/// The in-place layout (page p at byte p·4096), still chosen with `disk_layout`, passes the
-/// suite and the model as the log does.
-#[test]
-fn the_in_place_layout_conforms_and_matches_the_model() {
-    let dir = cache_dir();
-    if !direct_works(dir.path()) {
-        return;
-    }
-    let cfg = CacheConfig { disk_layout: DiskLayout::InPlace, ..config(dir.path(), false) };
-    let open = |size: u64, seed: Option<u8>| DiskCache::open(Frozen::over(size, seed), &cfg, CacheType::DeviceDisk).unwrap();
-    assert_eq!(open(1 << 20, None).layout(), DiskLayout::InPlace);
-    conformance::run_all("device-disk (in place)", &|size| Arc::new(open(size, None)));
-    let seed = Some(0x3d);
-    let make = |size| -> Arc<dyn BlockDev> { Arc::new(open(size, seed)) };
-    model::model_check("device-disk (in place)", &make, model_cfg(32, seed));
-    model::model_check_concurrent("device-disk (in place)", &make, model_cfg(16, seed));
-}
-
-/// The log layout under many more writes than it has slots: the cleaner runs again and
-/// again while threads write (alone and in batches, whole pages and parts of pages), trim
-/// and read back their own pages; every thread's last bytes survive every move.
-#[test]
-fn the_log_keeps_every_write_through_many_cleanings() {
-    let dir = cache_dir();
-    if !direct_works(dir.path()) {
-        return;
-    }
-    const PAGES: u64 = 1024;
-    const THREADS: u64 = 4;
-    const ROUNDS: u64 = 3000;
-    let cache = DiskCache::open(Frozen::over(PAGES * 4096, Some(7)), &config(dir.path(), false), CacheType::DeviceDisk).unwrap();
-    assert_eq!(cache.layout(), DiskLayout::Log);
-    let base = pattern_buf(7, 0, (PAGES * 4096) as usize);
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let (cache, base) = (&cache, &base);
-            s.spawn(move || {
-                // This thread's pages are those with p % THREADS == t; `model` holds what they
-                // must read.
-                let mut model: Vec<u8> = base.clone();
-                let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ t;
-                let mut next = move || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
-                let mine = |x: u64| (x % (PAGES / THREADS)) * THREADS + t;
-                for r in 0..ROUNDS {
-                    match next() % 8 {
-                        0..=3 => {
-                            // A batch of whole-page writes and reads of own pages.
-                            let pages: Vec<u64> = (0..6).map(|_| mine(next())).collect();
-                            let mut uniq = pages.clone();
-                            uniq.sort();
-                            uniq.dedup();
-                            let bufs: Vec<Vec<u8>> = uniq.iter().map(|&p| pattern_buf((r % 251) as u8 + t as u8, p * 4096, 4096)).collect();
-                            let mut ops: Vec<BatchOp<'_>> = uniq.iter().zip(&bufs).map(|(&p, b)| BatchOp::write(b, p * 4096, false)).collect();
-                            cache.io_batch(&mut ops);
-                            for op in ops {
-                                op.result.unwrap();
-                            }
-                            for (&p, b) in uniq.iter().zip(&bufs) {
-                                model[(p * 4096) as usize..((p + 1) * 4096) as usize].copy_from_slice(b);
-                            }
-                            let mut backs: Vec<Vec<u8>> = uniq.iter().map(|_| vec![0u8; 4096]).collect();
-                            let mut ops: Vec<BatchOp<'_>> = uniq.iter().zip(backs.iter_mut()).map(|(&p, b)| BatchOp::read(b, p * 4096)).collect();
-                            cache.io_batch(&mut ops);
-                            for op in ops {
-                                op.result.unwrap();
-                            }
-                            for (&p, b) in uniq.iter().zip(&backs) {
-                                assert!(b[..] == model[(p * 4096) as usize..((p + 1) * 4096) as usize], "thread {t} round {r}: page {p} reads other bytes after a batch");
-                            }
-                        }
-                        4 | 5 => {
-                            // A part of a page, alone.
-                            let p = mine(next());
-                            let at = p * 4096 + next() % 4000;
-                            let len = 1 + next() % (p * 4096 + 4096 - at);
-                            let data = pattern_buf((r % 13) as u8 + 100, at, len as usize);
-                            cache.write_at(&data, at, false).unwrap();
-                            model[at as usize..(at + len) as usize].copy_from_slice(&data);
-                        }
-                        6 => {
-                            let p = mine(next());
-                            cache.trim(p * 4096, 4096, false).unwrap();
-                            model[(p * 4096) as usize..((p + 1) * 4096) as usize].fill(0);
-                        }
-                        _ => {
-                            let p = mine(next());
-                            let mut back = vec![0u8; 4096];
-                            cache.read_at(&mut back, p * 4096).unwrap();
-                            assert!(back[..] == model[(p * 4096) as usize..((p + 1) * 4096) as usize], "thread {t} round {r}: page {p} reads other bytes");
-                        }
-                    }
-                }
-                let mut back = vec![0u8; 4096];
-                for i in 0..PAGES / THREADS {
-                    let p = i * THREADS + t;
-                    cache.read_at(&mut back, p * 4096).unwrap();
-                    assert!(back[..] == model[(p * 4096) as usize..((p + 1) * 4096) as usize], "thread {t}: page {p} lost its last write");
-                }
-            });
-        }
-    });
-    assert!(cache.log_cleanings() > 10, "the cleaner ran {} times: the test did not fill the log", cache.log_cleanings());
 }
 
 /// Zero-filled preallocation never overwrites data: the suite, the model (concurrent too)
