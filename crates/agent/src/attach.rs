@@ -404,11 +404,10 @@ fn create_private_dir(dir: &Path) -> Result<(), AgentError> {
 
 /// Locks `RUN/ID.lock` for the life of the agent and writes our pid in it.
 fn take_lock(id: &str, path: &Path) -> Result<File, AgentError> {
-    use std::os::fd::AsRawFd;
+    use vdstream_blockdev::flock::{try_lock, LockMode, LOCK_PATIENCE};
     let io = |source| AgentError::Io { what: format!("cannot use the lock file {}", path.display()), source };
     let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    if !try_lock(&f, LockMode::Exclusive, LOCK_PATIENCE).map_err(io)? {
         let mut pid = String::new();
         let _ = f.read_to_string(&mut pid);
         return Err(AgentError::AlreadyAttached { id: id.to_string(), pid: pid.trim().to_string(), lock: path.to_path_buf() });

@@ -23,10 +23,10 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use vdstream_blockdev::flock::{try_lock, LockMode, LOCK_PATIENCE};
 use vdstream_blockdev::span::units;
 use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
 
@@ -452,36 +452,23 @@ impl Qcow2Image {
     }
 }
 
-/// How long a lock conflict may last before it is an error: a lock of ours that was just
-/// released can outlive its descriptor for a moment, in a child process that another
-/// thread forked and that has not yet reached `exec` (flock locks belong to the open file,
-/// which the child's copy of the descriptor keeps). A real second user holds it for good.
-const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
-
+/// Locks an image for reading (shared) or writing (exclusive), waiting out a conflict that
+/// clears within [`LOCK_PATIENCE`] (see [`vdstream_blockdev::flock`]); a lock held for good
+/// is refused, naming the image and what to do.
 pub(crate) fn lock_file(file: &File, exclusive: bool, path: &Path) -> Result<()> {
-    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
-    let start = std::time::Instant::now();
-    loop {
-        // SAFETY: flock only takes the descriptor, which `file` keeps open for this call,
-        // and an integer; it touches no memory of ours.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        let busy = e.raw_os_error() == Some(libc::EWOULDBLOCK);
-        if busy && start.elapsed() < LOCK_PATIENCE {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-            continue;
-        }
-        let mut err = file_error(ErrorKind::Io, Op::Open, 0, path, if exclusive {
-            "the image is already open elsewhere (vdstream allows one writer and no readers beside it): close the other user first".to_string()
-        } else {
-            "the image is open read-write elsewhere: close the writer first".to_string()
-        });
-        err.source = Some(e);
-        return Err(err);
-    }
+    let mode = if exclusive { LockMode::Exclusive } else { LockMode::Shared };
+    let e = match try_lock(file, mode, LOCK_PATIENCE) {
+        Ok(true) => return Ok(()),
+        Ok(false) => std::io::Error::from_raw_os_error(libc::EWOULDBLOCK),
+        Err(e) => e,
+    };
+    let mut err = file_error(ErrorKind::Io, Op::Open, 0, path, if exclusive {
+        "the image is already open elsewhere (vdstream allows one writer and no readers beside it): close the other user first".to_string()
+    } else {
+        "the image is open read-write elsewhere: close the writer first".to_string()
+    });
+    err.source = Some(e);
+    Err(err)
 }
 
 pub(crate) fn rc_error(e: RefcountError, op: Op, path: &Path) -> Error {
@@ -556,6 +543,7 @@ impl BlockDev for Qcow2Image {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::io::AsRawFd;
 
     fn lock(file: &File, mode: libc::c_int) {
         // SAFETY: flock on a descriptor the caller keeps open; no memory is passed.

@@ -10,7 +10,6 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::error::{io, Result};
@@ -38,51 +37,27 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io("fsync folder", dir))
 }
 
-/// `flock` modes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LockMode {
-    Shared,
-    Exclusive,
-}
+pub use vdstream_blockdev::flock::{lock_wait, LockMode};
+use vdstream_blockdev::flock::{self, LOCK_PATIENCE};
 
-fn flock(file: &File, mode: LockMode, wait: bool) -> std::io::Result<()> {
-    let op = match mode {
-        LockMode::Shared => libc::LOCK_SH,
-        LockMode::Exclusive => libc::LOCK_EX,
-    } | if wait { 0 } else { libc::LOCK_NB };
-    loop {
-        // SAFETY: flock takes the descriptor, which `file` keeps open for the call, and an
-        // integer; it touches no memory of ours.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-/// Takes a lock on `file`, waiting for it.
-pub fn lock_wait(file: &File, mode: LockMode) -> std::io::Result<()> {
-    flock(file, mode, true)
-}
-
-/// Tries a lock on `file`: `Ok(false)` when another open file holds a conflicting one.
+/// Tries a lock on `file` without waiting: `Ok(false)` when another open file holds a
+/// conflicting one. For probes ("is anyone using this?").
 pub fn try_lock(file: &File, mode: LockMode) -> std::io::Result<bool> {
-    match flock(file, mode, false) {
-        Ok(()) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
-        Err(e) => Err(e),
-    }
+    flock::try_lock(file, mode, std::time::Duration::ZERO)
+}
+
+/// Takes a lock on `file` for this process's own use: like [`try_lock`], but a conflict
+/// that clears within [`LOCK_PATIENCE`] (a forked child on its way to `exec` holding a
+/// copy of a descriptor whose lock was just released) is waited out.
+pub fn take_lock(file: &File, mode: LockMode) -> std::io::Result<bool> {
+    flock::try_lock(file, mode, LOCK_PATIENCE)
 }
 
 /// Opens `path` and takes a shared lock on it, so that the store does not delete it while
 /// this process uses it. `Ok(None)` when a writer holds it exclusively.
 pub fn hold_shared(path: &Path) -> Result<Option<File>> {
     let f = File::open(path).map_err(io("open", path))?;
-    Ok(if try_lock(&f, LockMode::Shared).map_err(io("lock", path))? { Some(f) } else { None })
+    Ok(if take_lock(&f, LockMode::Shared).map_err(io("lock", path))? { Some(f) } else { None })
 }
 
 /// Whether some process holds a lock on `path` (tried without waiting, released at once).

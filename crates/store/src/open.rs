@@ -134,7 +134,7 @@ impl Store {
         let dev: Arc<dyn BlockDev> = match (meta.base.format, writable) {
             (LayerFormat::Raw, true) => {
                 let f = File::open(&path).map_err(io("open", &path))?;
-                if !fsutil::try_lock(&f, LockMode::Exclusive).map_err(io("lock", &path))? {
+                if !fsutil::take_lock(&f, LockMode::Exclusive).map_err(io("lock", &path))? {
                     return Err(StoreError::Refused(format!("{what} is already open ({}): stop that target first", fsutil::describe_holders(&path))));
                 }
                 held.push(f);

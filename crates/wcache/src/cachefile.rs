@@ -255,19 +255,10 @@ pub fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::R
     }
 }
 
-/// Takes `flock(LOCK_EX|LOCK_NB)` on `file`: `Ok(false)` when another open holds it.
+/// Takes an exclusive `flock` on `file`: `Ok(false)` when another open file still holds
+/// one after [`LOCK_PATIENCE`](vdstream_blockdev::flock::LOCK_PATIENCE) (see
+/// [`vdstream_blockdev::flock`]).
 pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
-    loop {
-        // SAFETY: flock only reads its integer arguments; the descriptor is owned by `file`.
-        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if r == 0 {
-            return Ok(true);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EWOULDBLOCK) => return Ok(false),
-            _ => return Err(e),
-        }
-    }
+    use vdstream_blockdev::flock::{try_lock, LockMode, LOCK_PATIENCE};
+    try_lock(file, LockMode::Exclusive, LOCK_PATIENCE)
 }
