@@ -55,7 +55,8 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   http = \"127.0.0.1:8480\"
   read-cache = \"1G\"
   name = \"pvs1\"
-  stats-file = \"/run/vdstream/server-stats.json\"")]
+  stats-file = \"/run/vdstream/server-stats.json\"
+  dead-peer-timeout = 60")]
 pub struct ServerArgs {
     /// Store directory. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
     #[arg(long, value_name = "DIR")]
@@ -76,7 +77,8 @@ pub struct ServerArgs {
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
 
-    /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file).
+    /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file,
+    /// dead-peer-timeout).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -97,6 +99,13 @@ pub struct ServerArgs {
     /// Worker threads per connection: how many of one connection's requests run at once.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
+
+    /// Seconds after which a TCP connection whose peer stopped answering (its machine lost
+    /// or cut off without closing the connection) is dropped and its target let go: TCP
+    /// keepalive probes while it is idle, TCP_USER_TIMEOUT while data waits. 0: never.
+    /// Default: 60.
+    #[arg(long, value_name = "SECS")]
+    dead_peer_timeout: Option<u64>,
 }
 
 /// Merges the flags over the config file.
@@ -132,6 +141,11 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         name: args.name.clone().or(file.name),
         stats_file: args.stats_file.clone().or(file.stats_file),
         threads: args.threads as usize,
+        dead_peer_timeout: match args.dead_peer_timeout.or(file.dead_peer_timeout) {
+            Some(0) => None,
+            Some(secs) => Some(Duration::from_secs(secs)),
+            None => Some(vdstream_nbd::server::DEFAULT_DEAD_PEER_TIMEOUT),
+        },
     })
 }
 

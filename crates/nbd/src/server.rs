@@ -123,6 +123,11 @@ pub struct ServerConfig {
     /// Worker threads per connection for devices that may sleep (files, caches): how many
     /// of one connection's requests run at once.
     pub threads_per_connection: usize,
+    /// TCP connections whose peer stops answering (its machine lost or cut off without
+    /// closing the connection) are dropped after about this long: TCP keepalive probes
+    /// while idle, `TCP_USER_TIMEOUT` while data waits for an acknowledgement. `None`:
+    /// the system's defaults (keepalive off; a dead idle peer is never noticed).
+    pub dead_peer_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -133,6 +138,7 @@ impl Default for ServerConfig {
             read_buffer_size: 256 << 10,
             max_connections: 4096,
             threads_per_connection: 16,
+            dead_peer_timeout: Some(DEFAULT_DEAD_PEER_TIMEOUT),
         }
     }
 }
@@ -264,7 +270,7 @@ impl Server {
                     }
                     continue;
                 }
-                a = accept(&listener) => a,
+                a = accept(&listener, self.shared.config.dead_peer_timeout) => a,
             };
             match accepted {
                 Ok((conn, peer)) => {
@@ -481,7 +487,35 @@ enum Conn {
     Tcp(tokio::net::TcpStream),
 }
 
-async fn accept(listener: &Listener) -> io::Result<(Conn, String)> {
+/// The default [`ServerConfig::dead_peer_timeout`].
+pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Sets keepalive and `TCP_USER_TIMEOUT` on an accepted TCP connection so that a peer that
+/// stops answering is noticed within about `timeout`: the first probe after `timeout / 2`
+/// of silence, then three probes `timeout / 6` apart (at least a second each).
+pub fn set_dead_peer_timeout(sock: &impl std::os::fd::AsRawFd, timeout: Duration) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    let secs = |d: Duration| d.as_secs().clamp(1, i32::MAX as u64) as libc::c_int;
+    let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| -> io::Result<()> {
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local; `fd` is
+        // open for the call (borrowed from `sock`).
+        let rc = unsafe {
+            libc::setsockopt(fd, level, name, (&value as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs(timeout / 2))?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs(timeout / 6))?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3)?;
+    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, timeout.as_millis().clamp(1000, i32::MAX as u128) as libc::c_int)
+}
+
+async fn accept(listener: &Listener, dead_peer_timeout: Option<Duration>) -> io::Result<(Conn, String)> {
     match listener {
         Listener::Unix(l) => {
             let (s, _) = l.accept().await?;
@@ -491,6 +525,11 @@ async fn accept(listener: &Listener) -> io::Result<(Conn, String)> {
             let (s, addr) = l.accept().await?;
             if let Err(e) = s.set_nodelay(true) {
                 log::debug!("TCP_NODELAY on {addr}: {e}");
+            }
+            if let Some(t) = dead_peer_timeout {
+                if let Err(e) = set_dead_peer_timeout(&s, t) {
+                    log::warn!("cannot set TCP keepalive on the connection from {addr} ({e}); if its machine vanishes, the connection is held until the server stops");
+                }
             }
             Ok((Conn::Tcp(s), addr.to_string()))
         }
@@ -525,7 +564,46 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
         Converted::Async(stream) => crate::session::run(stream, negotiated, shared, shutdown).await,
         Converted::Failed(e) => Err(e.into()),
     };
-    if let Err(e) = result {
-        log::info!("NBD connection from {peer} ended: {e}");
+    match result {
+        Err(SessionError::Io(e)) if e.raw_os_error() == Some(libc::ETIMEDOUT) => log::warn!(
+            "NBD connection from {peer} ended: the peer stopped answering (connection timed out; see --dead-peer-timeout), so what it held is let go"
+        ),
+        Err(e) => log::info!("NBD connection from {peer} ended: {e}"),
+        Ok(()) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(sock: &std::net::TcpStream, level: libc::c_int, name: libc::c_int) -> libc::c_int {
+        use std::os::fd::AsRawFd;
+        let mut value: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into a live local.
+        let rc = unsafe { libc::getsockopt(sock.as_raw_fd(), level, name, (&mut value as *mut libc::c_int).cast(), &mut len) };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        value
+    }
+
+    #[test]
+    fn the_dead_peer_timeout_sets_keepalive_and_the_user_timeout() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (sock, _) = listener.accept().unwrap();
+        assert_eq!(get(&sock, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0, "keepalive is off by default");
+        set_dead_peer_timeout(&sock, Duration::from_secs(60)).unwrap();
+        assert_eq!(get(&sock, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        // First probe after half the timeout of silence, then three, a sixth apart.
+        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 30);
+        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 10);
+        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 3);
+        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT), 60_000);
+        // Short timeouts keep whole seconds of at least one.
+        set_dead_peer_timeout(&sock, Duration::from_secs(3)).unwrap();
+        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 1);
+        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 1);
+        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT), 3000);
     }
 }

@@ -34,6 +34,9 @@ pub struct ServerOptions {
     pub stats_file: Option<PathBuf>,
     /// Worker threads per connection.
     pub threads: usize,
+    /// TCP connections whose peer stops answering are dropped after about this long
+    /// (`None`: never; see `vdstream_nbd::ServerConfig::dead_peer_timeout`).
+    pub dead_peer_timeout: Option<std::time::Duration>,
 }
 
 /// A size in the file: `"256M"` or a number of bytes.
@@ -55,6 +58,8 @@ pub struct ConfigFile {
     pub read_cache: Option<SizeValue>,
     pub name: Option<String>,
     pub stats_file: Option<PathBuf>,
+    /// Seconds; 0 turns it off.
+    pub dead_peer_timeout: Option<u64>,
 }
 
 impl ConfigFile {
@@ -67,7 +72,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout", e.message())
         })
     }
 }
@@ -84,6 +89,7 @@ mod tests {
         assert_eq!(ConfigFile::parse("read-cache = 0").unwrap().read_cache, Some(SizeValue::Bytes(0)));
         assert_eq!(ConfigFile::parse("").unwrap(), ConfigFile::default());
         assert_eq!(ConfigFile::parse("http = \"127.0.0.1:8480\"").unwrap().http.as_deref(), Some("127.0.0.1:8480"));
+        assert_eq!(ConfigFile::parse("dead-peer-timeout = 20").unwrap().dead_peer_timeout, Some(20));
     }
 
     #[test]

@@ -43,7 +43,7 @@ impl NbdService {
     /// the store's exports on them. Call inside a tokio runtime.
     pub async fn start(state: Arc<ServerState>, threads: usize) -> Result<NbdService, NbdError> {
         let exports = Arc::new(StoreExports::new(state.clone())?);
-        let config = ServerConfig { threads_per_connection: threads.max(1), ..ServerConfig::default() };
+        let config = ServerConfig { threads_per_connection: threads.max(1), dead_peer_timeout: state.dead_peer_timeout, ..ServerConfig::default() };
         let server = Arc::new(Server::new(exports, config));
         let (trigger, shutdown) = ShutdownSignal::new();
         let mut tasks = Vec::new();

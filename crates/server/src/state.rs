@@ -174,6 +174,8 @@ pub struct ServerState {
     pub nbd_listen: Option<String>,
     /// `--socket`, if any.
     pub nbd_socket: Option<PathBuf>,
+    /// `--dead-peer-timeout` (`None`: off).
+    pub dead_peer_timeout: Option<std::time::Duration>,
     pub registry: Arc<Registry>,
     /// Set on SIGTERM: no new connections; agents should move elsewhere.
     pub draining: AtomicBool,
@@ -195,6 +197,7 @@ impl ServerState {
             store: opts.store.clone(),
             nbd_listen: opts.listen.map(|a| a.to_string()),
             nbd_socket: opts.socket.clone(),
+            dead_peer_timeout: opts.dead_peer_timeout,
             registry: Registry::new(),
             draining: AtomicBool::new(false),
             started_unix_ms: unix_ms(),

@@ -40,6 +40,7 @@ fn api() -> Api {
         name: Some("pvs1:4242".into()),
         stats_file: None,
         threads: 1,
+        dead_peer_timeout: None,
     });
     let handle = http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()).unwrap();
     let addr = handle.local_addr();
