@@ -31,35 +31,40 @@ pub enum LockMode {
 /// `Ok(false)` when another open file still holds a conflicting lock after that, `Err` for
 /// anything else (`EBADF`, `ENOLCK`, ...). `EINTR` is retried.
 pub fn try_lock(file: &File, mode: LockMode, patience: Duration) -> io::Result<bool> {
-    let op = match mode {
-        LockMode::Shared => libc::LOCK_SH,
-        LockMode::Exclusive => libc::LOCK_EX,
-    } | libc::LOCK_NB;
     let start = Instant::now();
     loop {
-        // SAFETY: flock only takes the descriptor, which `file` keeps open for this call,
-        // and an integer; it touches no memory of ours.
-        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-            return Ok(true);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EWOULDBLOCK) if start.elapsed() < patience => std::thread::sleep(RETRY_EVERY),
-            Some(libc::EWOULDBLOCK) => return Ok(false),
-            _ => return Err(e),
+        match flock(file, mode.op() | libc::LOCK_NB) {
+            Ok(()) => return Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                if start.elapsed() >= patience {
+                    return Ok(false);
+                }
+                std::thread::sleep(RETRY_EVERY);
+            }
+            Err(e) => return Err(e),
         }
     }
 }
 
 /// Takes a `mode` lock on `file`, waiting as long as it takes.
 pub fn lock_wait(file: &File, mode: LockMode) -> io::Result<()> {
-    let op = match mode {
-        LockMode::Shared => libc::LOCK_SH,
-        LockMode::Exclusive => libc::LOCK_EX,
-    };
+    flock(file, mode.op())
+}
+
+impl LockMode {
+    fn op(self) -> libc::c_int {
+        match self {
+            LockMode::Shared => libc::LOCK_SH,
+            LockMode::Exclusive => libc::LOCK_EX,
+        }
+    }
+}
+
+/// `flock(file, op)`, retried on `EINTR`.
+fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
     loop {
-        // SAFETY: as in `try_lock`.
+        // SAFETY: flock only takes the descriptor, which `file` keeps open for this call,
+        // and an integer; it touches no memory of ours.
         if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
             return Ok(());
         }

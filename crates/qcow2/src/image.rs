@@ -543,12 +543,7 @@ impl BlockDev for Qcow2Image {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::io::AsRawFd;
-
-    fn lock(file: &File, mode: libc::c_int) {
-        // SAFETY: flock on a descriptor the caller keeps open; no memory is passed.
-        assert_eq!(unsafe { libc::flock(file.as_raw_fd(), mode) }, 0);
-    }
+    use vdstream_blockdev::flock::lock_wait;
 
     #[test]
     fn a_lock_released_a_moment_later_is_taken_and_a_held_one_is_refused() {
@@ -558,7 +553,7 @@ mod tests {
         let open = || File::open(&path).unwrap();
         // Held for 50 ms (as by a forked child on its way to exec): the open waits it out.
         let holder = open();
-        lock(&holder, libc::LOCK_EX);
+        lock_wait(&holder, LockMode::Exclusive).unwrap();
         let release = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(50));
             drop(holder);
@@ -567,7 +562,7 @@ mod tests {
         release.join().unwrap();
         // Held for good: refused, naming the image, once the patience is spent.
         let writer = open();
-        lock(&writer, libc::LOCK_EX);
+        lock_wait(&writer, LockMode::Exclusive).unwrap();
         let start = std::time::Instant::now();
         let e = lock_file(&open(), false, &path).unwrap_err();
         assert!(start.elapsed() >= LOCK_PATIENCE);
