@@ -10,6 +10,11 @@
 #                       (the raw disk with the same flags, served over the same socket: no cache)
 #   nbdkit-null         nbdkit null size=SIZE (a server that stores nothing: what fio's nbd
 #                       engine and the socket alone allow on this machine)
+#   raw-disk-inproc     the same profile in process, no fio: 4 threads, each handing its 16
+#                       requests to the O_DIRECT file as one io_uring batch
+#                       (crates/wcache/benches/disk_vdi.rs: this harness's own ceiling)
+#   device-disk-inproc  device-disk's engine in process under that harness (no NBD, no socket:
+#                       what the cache layer costs against the raw disk)
 #   device-disk         vdstream serve-image BASE --cache device-disk          (O_DIRECT, chunks zero-filled, batched io_uring)
 #   device-disk-uring   ... --cache device-disk --io-engine io_uring           (O_DIRECT, the shared ring for requests outside batches)
 #   device-disk-sparse  ... --cache device-disk --zero-fill off                (O_DIRECT, chunks only fallocated)
@@ -44,7 +49,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-ALL_PEERS=raw-disk,raw-disk-buf,raw-disk-nbd,nbdkit-null,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
+ALL_PEERS=raw-disk,raw-disk-buf,raw-disk-inproc,device-disk-inproc,raw-disk-nbd,nbdkit-null,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=$ALL_PEERS
 args_given="$*"
@@ -140,6 +145,20 @@ available=()
 for p in "${peer_list[@]}"; do
     case $p in
     raw-disk | raw-disk-buf | raw-disk-nbd | nbdkit-null | nbdkit-cow | qemu-nbd-qcow2) ;;
+    *-inproc)
+        if [[ -z ${INPROC_BIN:-} ]]; then
+            echo "building the in-process harness (cargo bench -p vdstream-wcache --bench disk_vdi)" >&2
+            INPROC_BIN=$(cd "$ROOT" && cargo bench -q -p vdstream-wcache --bench disk_vdi --no-run --message-format=json 2>/dev/null |
+                "$PY" -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "disk_vdi":
+        print(m["executable"])') || true
+        fi
+        if [[ ! -x ${INPROC_BIN:-} ]]; then
+            echo "note: the in-process harness did not build: skipping $p" >&2
+            continue
+        fi ;;
     *) if [[ ! -x $VDSTREAM_BIN ]]; then
            echo "note: $VDSTREAM_BIN not built (cargo build --release): skipping $p" >&2
            continue
@@ -166,6 +185,15 @@ for ((r = 0; r < rounds; r++)); do
                 --output-format=json --output="$json" >"$work/$p.$r.fio.log" 2>&1 ||
                 { cat "$work/$p.$r.fio.log" "$json" >&2 || true; echo "fio failed on $p" >&2; exit 1; }
             echo "-1" >"$work/$p.$r.storage"
+        elif [[ $p == *-inproc ]]; then
+            if [[ $p == raw-disk-inproc ]]; then
+                inproc=(--device raw-disk --base "$(copy_base "$cdir")")
+                echo "-1" >"$work/$p.$r.storage"
+            else
+                inproc=(--device "${p%-inproc}" --base "$base" --dir "$cdir" --storage-out "$work/$p.$r.storage")
+            fi
+            "$INPROC_BIN" "${inproc[@]}" --runtime "$runtime" >"$json" 2>"$work/$p.$r.fio.log" ||
+                { cat "$work/$p.$r.fio.log" "$json" >&2 || true; echo "the in-process harness failed on $p" >&2; exit 1; }
         else
             sock=$work/$p.$r.sock
             start_peer "$p" "$sock" "$cdir" || { echo "failed to start $p" >&2; exit 1; }
@@ -213,7 +241,7 @@ def ratio(p, ref):
     return f"{res[p]['total'] / res[ref]['total']:.2f}" if ref in res else "n/a"
 
 def amp(p):
-    if p == "raw-disk":
+    if p in ("raw-disk", "raw-disk-inproc"):
         return "1 (direct)"
     if p == "raw-disk-buf":
         return "n/a (page cache)"
@@ -240,6 +268,10 @@ if ram and "raw-disk" in res and "device-disk" in res:
     print(f"If the costs of one request add up (raw-disk's O_DIRECT write plus {ram}'s trip through NBD): "
           f"{bound:.0f} IOPS, {bound / res['raw-disk']['total']:.2f}x raw-disk; device-disk reaches "
           f"{res['device-disk']['total'] / bound:.2f}x that.")
+if "device-disk-inproc" in res and "raw-disk" in res:
+    print()
+    print(f"In process, without NBD (the cache layer alone): device-disk-inproc / raw-disk = {ratio('device-disk-inproc', 'raw-disk')}"
+          + (f", / raw-disk-inproc = {ratio('device-disk-inproc', 'raw-disk-inproc')}" if "raw-disk-inproc" in res else "") + ".")
 if "device-disk-buf" in res and "raw-disk-buf" in res:
     print()
     print(f"Same flags through the page cache: device-disk-buf / raw-disk-buf = {ratio('device-disk-buf', 'raw-disk-buf')}.")
