@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # target/ID on `vdstream server --http`: a `server` target and a `server-persistent` one,
 # each attached through an agent (which passes their writes through) to target/ID, run
-# fio with crc32c verification; the server is SIGKILLed in the middle of the
-# server-persistent run and restarted on the same socket: fio finishes with zero errors
-# and verification passes (the cache was reopened for the same attach). Around it:
+# fio with crc32c verification; the server is SIGKILLed in the middle of two
+# server-persistent runs and restarted on the same socket: fio finishes with zero errors
+# and verification passes on both (the cache was reopened for the same attach). p1's agent
+# journals what the server answered and sends it again to the restarted server (the
+# server answers it without a sync per write); p2's agent runs with --journal-max 0, so the
+# server makes each write durable before answering it. Around it:
 # GET /api/v1/sessions shows each session's target, vDisk, version, cache type and use;
 # an unknown target and a second live writer are refused with what to do; after the
 # restart the `server` attach is refused as gone; a promote moves the next attach of a
@@ -29,6 +32,7 @@ golden_vdisk w 64
 v1=1   # golden_vdisk makes version 1, in production
 vds target add s1 --vdisk w --cache server >/dev/null
 vds target add p1 --vdisk w --cache server-persistent --overflow-max 48M >/dev/null
+vds target add p2 --vdisk w --cache server-persistent --overflow-max 48M >/dev/null
 vds target add d1 --vdisk w --cache device-disk >/dev/null
 
 start_store_server --http 127.0.0.1:0
@@ -100,22 +104,38 @@ print([x["version"] for x in s if x.get("target") == "p1"][0])')
 assert_eq "version of the running p1 after the promote" "$p1v" "$v1"
 log "ok: promote moved the next attach ($d1), not the running target"
 
-# --- server-persistent across a SIGKILL of the server
+# --- server-persistent across a SIGKILL of the server: with the agent's journal (p1), and
+# without it (p2: the server writes through)
+start_agent p2 --server "$(xuri target/p2 "$srv")" --cache server-persistent --journal-max 0
+uri_p2=$URI pid_p2=$AGENT_PID
 URI=$uri_p1 run_fio_verify p1 --rw=randrw --rwmixwrite=50 --bs=4k --size=32m --iodepth=8 \
     --rate_iops=2000 --number_ios=12000 &
 fio_pid=$!
+URI=$uri_p2 run_fio_verify p2 --rw=randrw --rwmixwrite=50 --bs=4k --size=32m --iodepth=8 \
+    --rate_iops=1000 --number_ios=5000 &
+fio2_pid=$!
 sleep 2
 log "SIGKILL to the server (pid $SERVER_PID)"
 kill -KILL "$SERVER_PID"
 sleep 1
 start_store_server_on "$srv" --http 127.0.0.1:0
 API=$(api_url)
-wait "$fio_pid" || fail "fio through p1 failed across the server kill"
+wait "$fio_pid" || fail "fio through p1 (journal) failed across the server kill"
+wait "$fio2_pid" || fail "fio through p2 (write-through) failed across the server kill"
 server_alive "$pid_p1" || fail "the p1 agent died"
+server_alive "$pid_p2" || fail "the p2 agent died"
 sleep 1.5   # the agent rewrites its status file every second
-reconnects=$(agent_status_get p1 'j["server"]["reconnects"]')
-((reconnects >= 1)) || fail "the p1 agent did not reconnect"
-log "ok: server-persistent survived the kill ($reconnects reconnects)"
+for t in p1 p2; do
+    reconnects=$(agent_status_get $t 'j["server"]["reconnects"]')
+    ((reconnects >= 1)) || fail "the $t agent did not reconnect"
+done
+replayed=$(agent_status_get p1 'j["server"]["journal"]["replayed"]')
+((replayed >= 1)) || fail "the p1 agent sent nothing again after the restart (journal: $(agent_status_get p1 'j["server"]["journal"]'))"
+j2=$(agent_status_get p2 'j["server"].get("journal")')
+[[ $j2 == None ]] || fail "p2 runs with --journal-max 0 but its status shows a journal: $j2"
+grep -q "target p1: the agent journals its writes" "$SERVER_LOG" || fail "the restarted server did not take p1's journal marker: $(cat "$SERVER_LOG")"
+if grep -q "target p2: the agent journals" "$SERVER_LOG"; then fail "the server dropped write-through for p2, whose agent keeps no journal"; fi
+log "ok: server-persistent survived the kill, with the journal ($replayed changes sent again) and written through"
 
 # --- the server attach died with the server
 r=$(refusal "target/s1@$attach_s1")

@@ -60,6 +60,10 @@ pub struct AttachConfig {
     pub record_trace: Option<PathBuf>,
 }
 
+/// Bytes of answered, unflushed writes a `server-persistent` target keeps for a replay
+/// before it flushes the server itself (`--journal-max`).
+pub const DEFAULT_JOURNAL_MAX: u64 = 64 << 20;
+
 impl AttachConfig {
     /// A config with every default for target `id` reading from `endpoints`.
     pub fn new(id: &str, endpoints: Vec<Endpoint>) -> AttachConfig {
@@ -75,7 +79,7 @@ impl AttachConfig {
             listen: None,
             status_path: paths::status_path(id),
             lock_path: paths::lock_path(id),
-            remote: RemoteOptions { target: id.to_string(), ..RemoteOptions::default() },
+            remote: RemoteOptions { target: id.to_string(), journal: Some(DEFAULT_JOURNAL_MAX), ..RemoteOptions::default() },
             status_every: Duration::from_secs(1),
             api: None,
             record_trace: None,
@@ -113,6 +117,11 @@ impl Agent {
         let lock = take_lock(&cfg.target, &cfg.lock_path)?;
         check_socket(&cfg.socket)?;
         cfg.remote.writable = cfg.passes_through();
+        if cfg.cache != CacheType::ServerPersistent {
+            // Only a cache that outlives its server can take a replay: a `server` cache dies
+            // with it (the reconnect is refused), the others do not write to the server.
+            cfg.remote.journal = None;
+        }
         let reorder = cfg.api.clone().map(|a| Arc::new(a) as Arc<dyn Reorder>);
         let remote = Arc::new(RemoteBase::connect_with(cfg.endpoints.clone(), cfg.remote.clone(), reorder)?);
         let id = remote.identity();
@@ -272,6 +281,7 @@ impl Agent {
             read_bytes: c.read_bytes.load(Relaxed),
             write_ops: c.write_ops.load(Relaxed),
             write_bytes: c.write_bytes.load(Relaxed),
+            journal: self.remote.journal_status(),
         };
         let remote_io = IoStatus {
             read_ops: server.read_ops,

@@ -60,6 +60,21 @@ pub struct ServerStatus {
     pub read_bytes: u64,
     pub write_ops: u64,
     pub write_bytes: u64,
+    /// server-persistent: the journal of answered, unflushed writes (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalStatus>,
+}
+
+/// The agent's journal of answered writes not yet covered by a flush.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JournalStatus {
+    /// Writes, trims and zeroes kept now, and the bytes they take.
+    pub changes: u64,
+    pub bytes: u64,
+    /// Changes sent again to a new connection, in all.
+    pub replayed: u64,
+    /// Replayed changes the new server refused.
+    pub replay_errors: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -177,7 +192,7 @@ pub fn render(s: &Status, alive: bool) -> String {
          export:    nbd+unix:///?socket={}{}\n\
          vDisk:     export {:?}, {} bytes{}\n\
          server:    {} ({}); {} retries, {} reconnects, {} failovers, {} gave up\n\
-         servers:   {}\n\
+         servers:   {}\n{}\
          cache:     {}: RAM {} of {}, file {} of {} ({:.1}% used); {} hits, {} misses, {} evictions, {} refused for space\n\
          guest:     {}\n\
          storage:   {}\n",
@@ -195,6 +210,13 @@ pub fn render(s: &Status, alive: bool) -> String {
         s.server.failovers,
         s.server.gave_up,
         s.server.endpoints.join(", "),
+        s.server.journal.as_ref().map_or(String::new(), |j| format!(
+            "journal:   {} answered changes ({}) kept until a flush; {} sent again after reconnects, {} refused\n",
+            j.changes,
+            human_bytes(j.bytes),
+            j.replayed,
+            j.replay_errors
+        )),
         c.kind,
         human_bytes(c.ram_bytes),
         human_bytes(c.ram_limit),

@@ -195,6 +195,70 @@ fn server_types_forward_writes_across_a_restart() {
     assert_eq!(direct, vec![9u8; 4096], "the write reached the server's device");
 }
 
+/// What a `server-persistent` cache keeps when its server is killed: the bytes as of the
+/// last flush. The agent's journal must bring back everything answered since.
+#[test]
+fn the_journal_sends_answered_unflushed_writes_to_a_server_that_lost_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("a.sock");
+    let disk = Arc::new(MemoryDev::new(SIZE));
+    let mut server = TestServer::start(&sock, disk.clone(), "target/t1@a1 vdisk/w@1");
+    let base = connect(&[server.uri()], RemoteOptions { writable: true, journal: Some(1 << 20), ..quick(None) });
+    for i in 0..16u64 {
+        base.write_at(&[1u8; 4096], i * 4096, false).unwrap();
+    }
+    base.flush().unwrap();
+    let durable = Arc::new(MemoryDev::new(SIZE));
+    let mut at_flush = vec![0u8; SIZE as usize];
+    disk.read_at(&mut at_flush, 0).unwrap();
+    durable.write_at(&at_flush, 0, false).unwrap();
+    assert_eq!(base.journal_status().unwrap().changes, 0, "the flush covered every write before it");
+
+    for i in 16..32u64 {
+        base.write_at(&[2u8; 4096], i * 4096, false).unwrap();
+    }
+    base.write_zeroes(4096, 4096, Default::default()).unwrap();
+    base.write_at(&[3u8; 4096], 16 * 4096, false).unwrap(); // a later write to a written block
+    assert_eq!(base.journal_status().unwrap().changes, 18);
+    // The server dies; the one that comes back has only what was flushed.
+    server.stop();
+    let _server = TestServer::start(&sock, durable.clone(), "target/t1@a1 vdisk/w@1");
+    let mut got = vec![0u8; 33 * 4096];
+    base.read_at(&mut got, 0).unwrap(); // reconnects: the journal goes first
+    let block = |i: usize| &got[i * 4096..(i + 1) * 4096];
+    assert_eq!(block(0), &[1u8; 4096][..]);
+    assert_eq!(block(1), &[0u8; 4096][..], "the zeroing was sent again");
+    assert_eq!(block(15), &[1u8; 4096][..]);
+    assert_eq!(block(16), &[3u8; 4096][..], "the later write to block 16 won again");
+    assert_eq!(block(17), &[2u8; 4096][..]);
+    assert_eq!(block(31), &[2u8; 4096][..]);
+    assert_eq!(block(32), &[0u8; 4096][..]);
+    let mut direct = vec![0u8; 4096];
+    durable.read_at(&mut direct, 20 * 4096).unwrap();
+    assert_eq!(direct, vec![2u8; 4096], "the replay reached the new server's device");
+    let j = base.journal_status().unwrap();
+    assert_eq!((j.replayed, j.replay_errors), (18, 0), "{j:?}");
+    assert!(base.counters().reconnects.load(Ordering::Relaxed) >= 1);
+}
+
+#[test]
+fn the_journal_flushes_the_server_past_its_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("a.sock");
+    let _server = TestServer::start(&sock, Arc::new(MemoryDev::new(SIZE)), "target/t1@a1 vdisk/w@1");
+    let cap = 64 << 10;
+    let base = connect(&[_server.uri()], RemoteOptions { writable: true, journal: Some(cap), ..quick(None) });
+    for i in 0..256u64 {
+        base.write_at(&[5u8; 4096], i * 4096, false).unwrap();
+        let j = base.journal_status().unwrap();
+        assert!(j.bytes <= cap, "after write {i} the journal holds {} bytes, past its cap of {cap}", j.bytes);
+    }
+    // FUA writes are durable when answered: nothing to keep.
+    base.flush().unwrap();
+    base.write_at(&[6u8; 4096], 0, true).unwrap();
+    assert_eq!(base.journal_status().unwrap().changes, 0);
+}
+
 #[test]
 fn read_only_base_refuses_writes_and_reports_extents() {
     let dir = tempfile::tempdir().unwrap();

@@ -119,6 +119,14 @@ pub struct AttachArgs {
     /// Requests in flight to the server, at most.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     max_requests: u32,
+
+    /// server-persistent: the agent keeps the writes the server answered until a flush
+    /// covers them, and sends them again to a restarted (or another) server before anything
+    /// else, so the server answers writes without syncing each one. Past this many bytes
+    /// the agent flushes the server itself. 0: no journal; the server then makes every
+    /// write durable before answering it (much slower).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "64M")]
+    journal_max: u64,
 }
 
 /// Show the figures of a running (or the last) agent of target ID.
@@ -204,6 +212,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.remote.retry_for = a.retry_for;
     cfg.remote.request_timeout = Some(a.request_timeout);
     cfg.remote.max_requests = a.max_requests as usize;
+    cfg.remote.journal = (a.journal_max > 0).then_some(a.journal_max);
     cfg.record_trace = a.record_trace;
     let servers = cfg.endpoints.iter().map(|e| e.uri.as_str()).collect::<Vec<_>>().join(", ");
     println!("vdstream: target {}: connecting to {servers}", a.id);

@@ -160,7 +160,7 @@ impl StoreExports {
         }
     }
 
-    fn open_target(&self, export: &str, id: &str, attach: Option<&str>, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+    fn open_target(&self, export: &str, id: &str, attach: Option<&str>, journaled: bool, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
         let spec = match lookup_target(&self.store, id) {
             Err(TargetLookupError::Unknown(m)) => return Err(OpenError::Unknown(m)),
             Err(TargetLookupError::Failed(m)) => return Err(OpenError::Failed(m)),
@@ -209,7 +209,7 @@ impl StoreExports {
             };
             return Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: None, target: None }, description));
         }
-        let opened = self
+        let mut opened = self
             .targets
             .open(id, &spec, attach, req.peer, &open_chain)
             .map_err(|e| match e {
@@ -217,6 +217,9 @@ impl StoreExports {
                 TargetOpenError::Busy(m) => OpenError::Busy(m),
                 TargetOpenError::Failed(m) => OpenError::Failed(m),
             })?;
+        if journaled {
+            opened.hold.answered_by_journal();
+        }
         info.version = opened.version;
         info.cache_limit = Some(opened.limit);
         let description = format!(
@@ -297,7 +300,7 @@ impl Exports for StoreExports {
         match ExportName::parse(req.name).map_err(OpenError::Unknown)? {
             ExportName::Vdisk { vdisk, selector } => self.open_vdisk(req.name, &vdisk, selector, req),
             ExportName::Maintenance { vdisk, version } => self.open_maintenance(req.name, &vdisk, version, req),
-            ExportName::Target { id, attach } => self.open_target(req.name, &id, attach.as_deref(), req),
+            ExportName::Target { id, attach, journaled } => self.open_target(req.name, &id, attach.as_deref(), journaled, req),
         }
     }
 }

@@ -7,6 +7,10 @@
 //! | `maintenance/NAME`  | the maintenance version, read-write, one connection at a time     |
 //! | `target/ID`         | a target's vDisk through its server-side write cache              |
 //!
+//! `target/ID[@ATTACH]+journal` is what an agent that keeps a journal asks for: the same
+//! export, whose answered writes need not be durable before they are answered, because
+//! the agent sends them again after a server restart (`TargetHold::write_through`).
+//!
 //! `NAME@V` follows the CLI's syntax (`vdstream_store::names::parse_ref`). Every export's
 //! description begins with its canonical name: the version resolved to a number (or
 //! `base`), e.g. `vdisk/win11@3 (production)`, so a client can reconnect to exactly that.
@@ -22,8 +26,9 @@ pub enum ExportName {
     /// `maintenance/NAME[@N]`; with `@N`, only while N is still the maintenance version.
     Maintenance { vdisk: String, version: Option<u32> },
     /// `target/ID` (a new attach), or `target/ID@ATTACH`: a reconnect of the attach whose
-    /// export description began with that name (see `target.rs`).
-    Target { id: String, attach: Option<String> },
+    /// export description began with that name (see `target.rs`). `journaled`: the name
+    /// ended in `+journal` (an agent that re-sends its answered, unflushed writes).
+    Target { id: String, attach: Option<String>, journaled: bool },
 }
 
 /// The one-line guide to export names, for error messages.
@@ -56,6 +61,10 @@ impl ExportName {
                 Err(e) => bad(e.to_string()),
             },
             "target" => {
+                let (rest, journaled) = match rest.strip_suffix("+journal") {
+                    Some(r) => (r, true),
+                    None => (rest, false),
+                };
                 let (id, attach) = match rest.split_once('@') {
                     Some((id, a)) => (id, Some(a)),
                     None => (rest, None),
@@ -66,7 +75,7 @@ impl ExportName {
                     }
                 }
                 match validate_target_id(id) {
-                    Ok(()) => Ok(ExportName::Target { id: id.to_string(), attach: attach.map(str::to_string) }),
+                    Ok(()) => Ok(ExportName::Target { id: id.to_string(), attach: attach.map(str::to_string), journaled }),
                     Err(e) => bad(e),
                 }
             }
@@ -97,8 +106,10 @@ mod tests {
         assert_eq!(ExportName::parse("vdisk/w@test").unwrap(), ExportName::Vdisk { vdisk: "w".into(), selector: Selector::Test });
         assert_eq!(ExportName::parse("maintenance/win11").unwrap(), ExportName::Maintenance { vdisk: "win11".into(), version: None });
         assert_eq!(ExportName::parse("maintenance/win11@4").unwrap(), ExportName::Maintenance { vdisk: "win11".into(), version: Some(4) });
-        assert_eq!(ExportName::parse("target/vm-1").unwrap(), ExportName::Target { id: "vm-1".into(), attach: None });
-        assert_eq!(ExportName::parse("target/vm-1@v3").unwrap(), ExportName::Target { id: "vm-1".into(), attach: Some("v3".into()) });
+        assert_eq!(ExportName::parse("target/vm-1").unwrap(), ExportName::Target { id: "vm-1".into(), attach: None, journaled: false });
+        assert_eq!(ExportName::parse("target/vm-1@v3").unwrap(), ExportName::Target { id: "vm-1".into(), attach: Some("v3".into()), journaled: false });
+        assert_eq!(ExportName::parse("target/vm-1+journal").unwrap(), ExportName::Target { id: "vm-1".into(), attach: None, journaled: true });
+        assert_eq!(ExportName::parse("target/vm-1@k3x+journal").unwrap(), ExportName::Target { id: "vm-1".into(), attach: Some("k3x".into()), journaled: true });
     }
 
     #[test]

@@ -362,8 +362,20 @@ impl TargetHold {
     /// acknowledged (as if sent with FUA). The agent forgets a write once it is answered,
     /// and NBD cannot replay it, so an answered write must outlive the server process
     /// (SIGKILL, power loss) for the guest never to see it lost.
+    ///
+    /// Not for an agent that journals (it asks for `target/ID…+journal`): it keeps every
+    /// answered write until a flush covers it and sends them all again on its next
+    /// connection, before anything else, so a write lost with the server comes back.
     pub fn write_through(&self) -> bool {
         self.write_through
+    }
+
+    /// The client keeps a journal of its answered writes (see [`TargetHold::write_through`]).
+    pub fn answered_by_journal(&mut self) {
+        if self.write_through {
+            log::info!("target {}: the agent journals its writes; they are answered without a sync each", self.id);
+        }
+        self.write_through = false;
     }
 
     /// Charges what reached the cache's file since the last call to `session` and

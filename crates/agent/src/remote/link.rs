@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use vdstream_nbd::client::{Client, ClientError, ConnectOptions};
 
+use super::journal::{Journal, MARKER};
 use crate::endpoint::Endpoint;
 
 /// Tunables of the link.
@@ -55,6 +56,11 @@ pub struct RemoteOptions {
     pub writable: bool,
     /// Who reads, for messages (the target id).
     pub target: String,
+    /// `server-persistent`: keep answered writes, trims and zeroes until a flush covers
+    /// them, at most about this many bytes (a flush is sent past it), and send them again
+    /// on every new connection before anything else (see `journal.rs`). `None`: the
+    /// server must make each one durable before answering.
+    pub journal: Option<u64>,
 }
 
 impl Default for RemoteOptions {
@@ -69,6 +75,7 @@ impl Default for RemoteOptions {
             request_timeout: Some(Duration::from_secs(30)),
             writable: false,
             target: "target".into(),
+            journal: None,
         }
     }
 }
@@ -197,6 +204,8 @@ pub(crate) struct Link {
     pub requests: tokio::sync::Semaphore,
     pub bytes: tokio::sync::Semaphore,
     pub counters: LinkCounters,
+    /// With `opts.journal`: the answered changes a new connection gets first.
+    pub journal: Option<Arc<Journal>>,
     seed: AtomicU64,
 }
 
@@ -210,6 +219,7 @@ impl Link {
     pub fn new(endpoints: Vec<Endpoint>, opts: RemoteOptions) -> Link {
         let n = endpoints.len();
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
+        let journal = opts.journal.map(|cap| Arc::new(Journal::new(cap)));
         Link {
             requests: tokio::sync::Semaphore::new(opts.max_requests.max(1)),
             bytes: tokio::sync::Semaphore::new(opts.max_bytes.clamp(1 << 20, u32::MAX as usize)),
@@ -222,6 +232,7 @@ impl Link {
             last_reason: Mutex::new(vec![None; n]),
             reorder: None,
             counters: LinkCounters::default(),
+            journal,
             seed: AtomicU64::new(seed),
         }
     }
@@ -328,7 +339,21 @@ impl Link {
         let mut refused_in_round = 0usize;
         loop {
             let ep = &self.endpoints[index];
-            match self.attempt(ep).await {
+            let attempt = match self.attempt(ep).await {
+                // A new connection gets the answered, unflushed changes before anyone else.
+                Ok(client) if !first_connect => match &self.journal {
+                    Some(j) => {
+                        let next = lock(&self.current).generation + 1;
+                        match j.replay(&client, next, &self.opts.target).await {
+                            Ok(()) => Ok(client),
+                            Err(e) => Err((format!("the connection broke while the journal was sent again: {e}"), false)),
+                        }
+                    }
+                    None => Ok(client),
+                },
+                other => other,
+            };
+            match attempt {
                 Ok(client) => {
                     let client = Arc::new(client);
                     let mut cur = lock(&self.current);
@@ -405,7 +430,11 @@ impl Link {
     }
 
     async fn attempt_export(&self, ep: &Endpoint, asked: &str) -> Result<Client, (String, Failure)> {
-        let export = lock(&self.pins).iter().find(|p| pin_name(p) == pin_name(asked)).cloned().unwrap_or_else(|| asked.to_string());
+        let mut export = lock(&self.pins).iter().find(|p| pin_name(p) == pin_name(asked)).cloned().unwrap_or_else(|| asked.to_string());
+        if self.journal.is_some() && export.starts_with("target/") {
+            // The store server then answers without making each write durable first.
+            export.push_str(MARKER);
+        }
         let opts = ConnectOptions {
             export,
             connect_timeout: self.opts.connect_timeout,

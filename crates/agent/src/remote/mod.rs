@@ -21,6 +21,7 @@
 //! - The sync API runs on the base's own small runtime; it must not be called from a
 //!   current-thread tokio runtime (the NBD server calls it from its session threads).
 
+mod journal;
 mod link;
 
 use std::future::Future;
@@ -32,6 +33,7 @@ use vdstream_nbd::client::{Client, ClientError};
 use vdstream_nbd::proto;
 
 pub use link::{Identity, LinkCounters, RemoteOptions, Reorder};
+use journal::{Change, Recorded};
 use link::{is_retryable, Link};
 
 use crate::endpoint::Endpoint;
@@ -89,6 +91,17 @@ impl Request<'_> {
             Request::Write(b, _) => b.len() as u64,
             Request::Flush => 0,
             Request::Trim(l, _) | Request::Zero(l, _) | Request::Status(l, _) => u64::from(*l),
+        }
+    }
+
+    /// What the journal keeps of this request once answered: writes, trims and zeroes
+    /// (not those with FUA: answered, they are durable already).
+    fn change(&self) -> Option<Change> {
+        match self {
+            Request::Write(data, false) => Some(Change::Write(Arc::from(&**data))),
+            Request::Trim(len, false) => Some(Change::Trim(*len)),
+            Request::Zero(len, f) if !f.fua => Some(Change::Zero(*len, *f)),
+            _ => None,
         }
     }
 
@@ -187,6 +200,18 @@ impl RemoteBase {
         self.link.endpoints.iter().map(|e| e.uri.clone()).collect()
     }
 
+    /// The journal's figures (server-persistent), if the link keeps one.
+    pub fn journal_status(&self) -> Option<crate::status::JournalStatus> {
+        let j = self.link.journal.as_deref()?;
+        let (changes, bytes) = j.size();
+        Some(crate::status::JournalStatus {
+            changes: changes as u64,
+            bytes,
+            replayed: j.replayed.load(Relaxed),
+            replay_errors: j.replay_errors.load(Relaxed),
+        })
+    }
+
     /// The counters (requests, retries, reconnects, failovers).
     pub fn counters(&self) -> &LinkCounters {
         &self.link.counters
@@ -200,6 +225,9 @@ impl RemoteBase {
         let _slot = link.requests.acquire().await.map_err(|_| self.shut(op, offset, len))?;
         let bytes = req.payload().clamp(1, link.opts.max_bytes.clamp(1 << 20, u32::MAX as usize) as u64) as u32;
         let _bytes = link.bytes.acquire_many(bytes).await.map_err(|_| self.shut(op, offset, len))?;
+        let journal = link.journal.as_deref();
+        // A flush covers what was answered before it is sent (the first time).
+        let mark = journal.filter(|_| matches!(req, Request::Flush)).map(|j| j.mark());
         let mut failed = None;
         loop {
             let (client, generation) = link
@@ -207,7 +235,23 @@ impl RemoteBase {
                 .await
                 .map_err(|g| Error::new(ErrorKind::Io, op, offset, len, self.describe(), g.message))?;
             match req.send(&client, offset).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if let Some(j) = journal {
+                        if let Some(change) = req.change() {
+                            if j.record(generation, offset, change) == Recorded::Missed {
+                                // Answered by a connection already replaced and replayed
+                                // without it: the new server must get it too.
+                                log::debug!("{op} at {offset} length {len}: answered on a replaced connection; sending it again");
+                                failed = None;
+                                continue;
+                            }
+                        }
+                        if let Some(m) = mark {
+                            j.flushed(m);
+                        }
+                    }
+                    return Ok(());
+                }
                 Err(e) if is_retryable(&e) => {
                     link.counters.retries.fetch_add(1, Relaxed);
                     log::debug!("{op} at {offset} length {len}: {e}; sending it again");
@@ -300,7 +344,29 @@ impl RemoteBase {
         }
         self.link.counters.write_ops.fetch_add(1, Relaxed);
         self.link.counters.write_bytes.fetch_add(len, Relaxed);
+        self.keep_journal_small().await;
         Ok(())
+    }
+
+    /// Past the journal's cap, one caller flushes the server (which empties the journal of
+    /// everything answered before); the others go on.
+    async fn keep_journal_small(&self) {
+        let Some(j) = self.link.journal.as_deref() else { return };
+        if !j.over_cap() || j.flushing.swap(true, Relaxed) {
+            return;
+        }
+        if !self.caps.flush {
+            // A server without flush offers no more durability than its answers: there is
+            // nothing to wait for, so the journal only keeps its last `cap` bytes' worth.
+            j.flushed(j.mark());
+            j.flushing.store(false, Relaxed);
+            return;
+        }
+        let r = self.call(0, Request::Flush).await;
+        j.flushing.store(false, Relaxed);
+        if let Err(e) = r {
+            log::warn!("target {}: a flush to empty the journal failed: {e}", self.link.opts.target);
+        }
     }
 
     /// The aligned range covering `[offset, offset+len)`, clipped to the device.
@@ -325,6 +391,7 @@ impl RemoteBase {
                 done += n;
             }
             self.link.counters.other_ops.fetch_add(1, Relaxed);
+            self.keep_journal_small().await;
             Ok(())
         })
     }
