@@ -11,7 +11,8 @@
 # an unknown target and a second live writer are refused with what to do; after the
 # restart the `server` attach is refused as gone; a promote moves the next attach of a
 # target, not the running one; a malformed API request gets 400; GET /api/v1/server and
-# /metrics carry the read cache's figures and guest against store I/O.
+# /metrics carry the read cache's figures and guest against store I/O. Last, with the
+# server gone, a detaching agent waits for its last flush and a second SIGTERM ends it.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
@@ -154,4 +155,15 @@ for p in "$pid_s1" "$pid_p1"; do stop_server "$p" 15 || true; done
 rc=0
 stop_server "$SERVER_PID" 15 || rc=$?
 assert_eq "server exit status" "$rc" 0
+
+# --- detaching with no server left: the last flush waits; a second SIGTERM leaves at once
+kill -TERM "$pid_p2"
+sleep 1.5
+server_alive "$pid_p2" || fail "the p2 agent left without its last flush on the first SIGTERM: $(tail -n 5 "$E2E_TMP/agent-p2.log")"
+rc=0
+stop_server "$pid_p2" 5 || rc=$?
+assert_eq "p2 agent's exit status after a second SIGTERM" "$rc" 1
+grep -q "a second signal: leaving now" "$E2E_TMP/agent-p2.log" || fail "the agent did not say why it left: $(tail -n 5 "$E2E_TMP/agent-p2.log")"
+[[ ! -e $VDSTREAM_RUN_DIR/p2.sock ]] || fail "the p2 agent left its socket behind"
+log "ok: with no server, a second SIGTERM ends the agent's wait for its last flush"
 log "ok: target exports"

@@ -231,15 +231,27 @@ fn attach(a: AttachArgs) -> Result<()> {
         c.listen.map(|l| format!(" and nbd://{l}/")).unwrap_or_default()
     );
     println!("vdstream: status: vdstream target status {} (file {})", c.target, c.status_path.display());
+    let socket = c.socket.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
     runtime.block_on(async {
         let (trigger, shutdown) = ShutdownSignal::new();
         let signals = tokio::spawn(async move {
             if let Err(e) = crate::serve_image::wait_for_signal().await {
                 log::error!("{e:#}");
+                return;
             }
-            log::info!("shutting down: finishing requests in flight");
+            log::info!("shutting down: finishing requests in flight, then the last flush (a second SIGINT or SIGTERM leaves without it)");
             trigger.shutdown();
+            // The last flush waits for a server as long as any request does (--retry-for);
+            // a second signal is the way out when none will come back.
+            if crate::serve_image::wait_for_signal().await.is_ok() {
+                log::error!(
+                    "a second signal: leaving now, without waiting for the requests in flight and the last flush; \
+                     what the server answered since the guest's last flush may not be durable"
+                );
+                let _ = std::fs::remove_file(&socket);
+                std::process::exit(1);
+            }
         });
         let served = agent.serve(shutdown).await;
         signals.abort();
