@@ -8,12 +8,22 @@
 #   agent-TYPE   vdstream server --store STORE  +
 #                vdstream target attach hop --server nbd+unix:///vdisk/NAME?socket=S --cache TYPE
 #                (fio talks to the agent; the agent reads the vDisk from the server over NBD)
+# For the server-side types (server, server-persistent) the cache is in the server:
+#   direct-TYPE  vdstream serve-image --vdisk NAME --cache TYPE
+#   agent-TYPE   vdstream server --store STORE (a target record T of that type)  +
+#                vdstream target attach T --server nbd+unix:///target/T?socket=S --cache TYPE
+#                (the agent forwards writes; for server-persistent it journals the answered
+#                ones until a flush covers them, and the server answers without a sync each)
+#   agent-server-persistent-sync
+#                the same with --journal-max 0: no journal, so the server makes every write
+#                durable before answering it (write-through); with server-persistent in
+#                --caches the table also gives agent-server-persistent against it
 # RAM caches get --ram 2G (the whole working set fits). Each round runs every peer, the
 # order rotating between rounds; caches start empty. Prints total IOPS per round, the
 # medians, agent/direct per cache type and per round, and the load average.
 #
 # Usage: bench/server-hop.sh [--size 1g] [--runtime 15] [--rounds 3]
-#                            [--caches ram-overflow,device-disk]
+#                            [--caches ram-overflow,device-disk,server,server-persistent]
 # Environment: SHARED (default: the `shared` folder beside the repo), VDSTREAM_BIN, TMPDIR.
 set -euo pipefail
 
@@ -41,8 +51,9 @@ IFS=, read -r -a cache_types <<<"$caches"
 peers=()
 for c in "${cache_types[@]}"; do
     case $c in
-    ram-overflow | device-ram | device-disk | device-disk-persistent) peers+=("direct-$c" "agent-$c") ;;
-    *) echo "server-hop.sh: --caches takes agent-side cache types (ram-overflow, device-ram, device-disk, device-disk-persistent), not $c" >&2; exit 2 ;;
+    ram-overflow | device-ram | device-disk | device-disk-persistent | server) peers+=("direct-$c" "agent-$c") ;;
+    server-persistent) peers+=("direct-$c" "agent-$c" "agent-$c-sync") ;;
+    *) echo "server-hop.sh: --caches takes ram-overflow, device-ram, device-disk, device-disk-persistent, server or server-persistent, not $c" >&2; exit 2 ;;
     esac
 done
 
@@ -56,6 +67,12 @@ echo "making the vDisk: $size of random data in $work/store" >&2
 head -c "$size_bytes" /dev/urandom >"$work/golden.img"
 "$VDSTREAM_BIN" vdisk import golden "$work/golden.img" >/dev/null
 rm -f "$work/golden.img"
+# Target records for the server-side types (the agent reads target/hop-TYPE).
+for c in "${cache_types[@]}"; do
+    case $c in server | server-persistent)
+        "$VDSTREAM_BIN" target add "hop-$c" --vdisk golden --cache "$c" >/dev/null ;;
+    esac
+done
 
 # ram_args TYPE — the --ram flag for RAM cache types.
 ram_args() {
@@ -64,8 +81,14 @@ ram_args() {
 
 # run_peer NAME ROUND — start the peer, run fio against it, stop it.
 run_peer() {
-    local name=$1 r=$2 ssock=$work/server.sock uri cache=${1#*-} extra
-    read -r -a extra <<<"$(ram_args "$cache")"
+    local name=$1 r=$2 ssock=$work/server.sock uri cache=${1#*-} extra export=vdisk/golden id=hop
+    if [[ $cache == *-sync ]]; then
+        cache=${cache%-sync}
+        extra=(--journal-max 0)
+    else
+        read -r -a extra <<<"$(ram_args "$cache")"
+    fi
+    case $cache in server | server-persistent) id=hop-$cache export=target/hop-$cache ;; esac
     mkdir -p "$work/cache"
     case $name in
     direct-*)
@@ -80,18 +103,18 @@ run_peer() {
         server_pid=$!
         # The server answers only named exports: wait for its socket, then for the agent.
         for _ in $(seq 300); do [[ -S $ssock ]] && break; sleep 0.1; done
-        "$VDSTREAM_BIN" target attach hop --server "nbd+unix:///vdisk/golden?socket=$ssock" \
+        "$VDSTREAM_BIN" target attach "$id" --server "nbd+unix:///$export?socket=$ssock" \
             --cache "$cache" "${extra[@]}" >"$work/$name.$r.agent.log" 2>&1 </dev/null &
         agent_pid=$!
-        wait_nbd_ready "$agent_pid" "$work/run/hop.sock" "$work/$name.$r.agent.log" agent 60
-        uri="nbd+unix:///?socket=$work/run/hop.sock" ;;
+        wait_nbd_ready "$agent_pid" "$work/run/$id.sock" "$work/$name.$r.agent.log" agent 60
+        uri="nbd+unix:///?socket=$work/run/$id.sock" ;;
     esac
     fio "$JOBFILE" --ioengine=nbd --uri="$uri" --size="$size" --runtime="$runtime" \
         --output-format=json --output="$work/$name.$r.json" >"$work/$name.$r.fio.log" 2>&1 ||
         { cat "$work/$name.$r.fio.log" >&2; echo "fio failed against $name" >&2; exit 1; }
     stop_pid "$agent_pid"; agent_pid=
     stop_pid "$server_pid"; server_pid=
-    rm -rf "$work/cache" "$work/run"
+    rm -rf "$work/cache" "$work/run" "$work/store/cache"
     sleep 1
 }
 
@@ -127,10 +150,16 @@ for p in peers:
     if kind == "direct":
         label, ratio = f"fio → `serve-image --vdisk golden --cache {cache}`", "1.00"
     else:
-        label = f"fio → agent `--cache {cache}` → `vdstream server`"
-        per = [a[0] / d[0] for a, d in zip(res[p], res[f"direct-{cache}"])]
+        sync = cache.endswith("-sync")
+        base = cache.removesuffix("-sync")
+        label = f"fio → agent `--cache {base}{' --journal-max 0' if sync else ''}` → `vdstream server`"
+        per = [a[0] / d[0] for a, d in zip(res[p], res[f"direct-{base}"])]
         ratio = f"**{statistics.median(per):.2f}**"
         notes.append(f"{cache}: agent/direct per round {', '.join(f'{x:.2f}' for x in per)}")
+        if not sync and f"agent-{cache}-sync" in res:
+            j = [a[0] / b[0] for a, b in zip(res[p], res[f"agent-{cache}-sync"])]
+            notes.append(f"{cache}: the journal against write-through (agent-{cache} / agent-{cache}-sync) per round "
+                         f"{', '.join(f'{x:.2f}' for x in j)}, median {statistics.median(j):.2f}")
     t, rd, wr, lat = med[p]
     print(f"| {label} | {t:.0f} | {rd:.0f} | {wr:.0f} | {lat:.0f} | {ratio} | {', '.join(str(round(x[0])) for x in res[p])} |")
 print()
