@@ -15,6 +15,9 @@
 #                       (crates/wcache/benches/disk_vdi.rs: this harness's own ceiling)
 #   device-disk-inproc  device-disk's engine in process under that harness (no NBD, no socket:
 #                       what the cache layer costs against the raw disk)
+#   device-disk-inproc-base-direct
+#                       the same, reading the base with O_DIRECT too (pages not written yet
+#                       get no help from the page cache)
 #   device-disk         vdstream serve-image BASE --cache device-disk          (O_DIRECT, chunks zero-filled, batched io_uring)
 #   device-disk-uring   ... --cache device-disk --io-engine io_uring           (O_DIRECT, the shared ring for requests outside batches)
 #   device-disk-sparse  ... --cache device-disk --zero-fill off                (O_DIRECT, chunks only fallocated)
@@ -49,7 +52,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-ALL_PEERS=raw-disk,raw-disk-buf,raw-disk-inproc,device-disk-inproc,raw-disk-nbd,nbdkit-null,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
+ALL_PEERS=raw-disk,raw-disk-buf,raw-disk-inproc,device-disk-inproc,device-disk-inproc-base-direct,raw-disk-nbd,nbdkit-null,device-disk,device-disk-uring,device-disk-sparse,device-disk-buf,ram-overflow-2g,ram-overflow-64m,device-ram-2g,server,nbdkit-cow,qemu-nbd-qcow2,ram-overflow-2g-trace,ram-overflow-64m-trace
 
 size=1g runtime=20 rounds=1 out='' keep='' peers=$ALL_PEERS
 args_given="$*"
@@ -145,7 +148,7 @@ available=()
 for p in "${peer_list[@]}"; do
     case $p in
     raw-disk | raw-disk-buf | raw-disk-nbd | nbdkit-null | nbdkit-cow | qemu-nbd-qcow2) ;;
-    *-inproc)
+    *-inproc | *-inproc-*)
         if [[ -z ${INPROC_BIN:-} ]]; then
             echo "building the in-process harness (cargo bench -p vdstream-wcache --bench disk_vdi)" >&2
             INPROC_BIN=$(cd "$ROOT" && cargo bench -q -p vdstream-wcache --bench disk_vdi --no-run --message-format=json 2>/dev/null |
@@ -185,12 +188,13 @@ for ((r = 0; r < rounds; r++)); do
                 --output-format=json --output="$json" >"$work/$p.$r.fio.log" 2>&1 ||
                 { cat "$work/$p.$r.fio.log" "$json" >&2 || true; echo "fio failed on $p" >&2; exit 1; }
             echo "-1" >"$work/$p.$r.storage"
-        elif [[ $p == *-inproc ]]; then
+        elif [[ $p == *-inproc || $p == *-inproc-* ]]; then
             if [[ $p == raw-disk-inproc ]]; then
                 inproc=(--device raw-disk --base "$(copy_base "$cdir")")
                 echo "-1" >"$work/$p.$r.storage"
             else
-                inproc=(--device "${p%-inproc}" --base "$base" --dir "$cdir" --storage-out "$work/$p.$r.storage")
+                inproc=(--device "${p%%-inproc*}" --base "$base" --dir "$cdir" --storage-out "$work/$p.$r.storage")
+                [[ $p != *-base-direct ]] || inproc+=(--base-direct)
             fi
             "$INPROC_BIN" "${inproc[@]}" --runtime "$runtime" >"$json" 2>"$work/$p.$r.fio.log" ||
                 { cat "$work/$p.$r.fio.log" "$json" >&2 || true; echo "the in-process harness failed on $p" >&2; exit 1; }
@@ -268,10 +272,13 @@ if ram and "raw-disk" in res and "device-disk" in res:
     print(f"If the costs of one request add up (raw-disk's O_DIRECT write plus {ram}'s trip through NBD): "
           f"{bound:.0f} IOPS, {bound / res['raw-disk']['total']:.2f}x raw-disk; device-disk reaches "
           f"{res['device-disk']['total'] / bound:.2f}x that.")
-if "device-disk-inproc" in res and "raw-disk" in res:
+inproc = [p for p in ("device-disk-inproc", "device-disk-inproc-base-direct") if p in res]
+if inproc and "raw-disk" in res:
     print()
-    print(f"In process, without NBD (the cache layer alone): device-disk-inproc / raw-disk = {ratio('device-disk-inproc', 'raw-disk')}"
-          + (f", / raw-disk-inproc = {ratio('device-disk-inproc', 'raw-disk-inproc')}" if "raw-disk-inproc" in res else "") + ".")
+    print("In process, without NBD (the cache layer alone): " + "; ".join(
+        f"{p} / raw-disk = {ratio(p, 'raw-disk')}"
+        + (f", / raw-disk-inproc = {ratio(p, 'raw-disk-inproc')}" if "raw-disk-inproc" in res else "")
+        for p in inproc) + ".")
 if "device-disk-buf" in res and "raw-disk-buf" in res:
     print()
     print(f"Same flags through the page cache: device-disk-buf / raw-disk-buf = {ratio('device-disk-buf', 'raw-disk-buf')}.")

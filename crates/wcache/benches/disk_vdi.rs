@@ -16,7 +16,8 @@
 //! - `device-disk`: `DiskCache` over `--base` (read-only, through the page cache, as
 //!   `vdstream serve-image BASE --cache device-disk` opens it), its cache file in `--dir` with
 //!   O_DIRECT (`--buffered`: through the page cache), zero-filled chunks: the server's
-//!   defaults.
+//!   defaults. `--base-direct` reads the base with O_DIRECT as well, so that reads of pages
+//!   not written yet get no help from the page cache either.
 //! - `raw-disk`: `--base` itself, opened with O_DIRECT, each batch of 16 submitted through the
 //!   worker's io_uring ([`vdstream_blockdev::ring::run_batch`]): what this harness gets from
 //!   the raw file, beside fio's own io_uring run of the same profile.
@@ -108,7 +109,7 @@ fn written_by_me() -> i64 {
 
 fn usage(msg: &str) -> ! {
     eprintln!("disk_vdi: {msg}");
-    eprintln!("usage: cargo bench -p vdstream-wcache --bench disk_vdi -- --device device-disk|raw-disk --base FILE [--dir DIR] [--runtime SECS] [--buffered] [--storage-out FILE]");
+    eprintln!("usage: cargo bench -p vdstream-wcache --bench disk_vdi -- --device device-disk|raw-disk --base FILE [--dir DIR] [--runtime SECS] [--buffered] [--base-direct] [--storage-out FILE]");
     std::process::exit(2);
 }
 
@@ -119,6 +120,9 @@ struct Run {
     dir: PathBuf,
     runtime: f64,
     buffered: bool,
+    /// device-disk: read the base with O_DIRECT too (no help from the page cache for pages
+    /// not written yet).
+    base_direct: bool,
 }
 
 /// Runs the profile against the device `run` names; returns its figures and the seconds
@@ -127,7 +131,7 @@ fn measure(run: &Run) -> Result<(Figures, f64), String> {
     let base = &run.base;
     let dev = match run.device.as_str() {
         "device-disk" => {
-            let lower = FileDev::open(base, FileOptions { read_only: true, direct: false })
+            let lower = FileDev::open(base, FileOptions { read_only: true, direct: run.base_direct })
                 .map_err(|e| format!("cannot open {}: {e}", base.display()))?;
             let cfg = CacheConfig { dir: run.dir.clone(), intermediate_buffering: run.buffered, ..CacheConfig::new("disk_vdi") };
             let cache = DiskCache::open(Arc::new(lower), &cfg, CacheType::DeviceDisk)
@@ -254,7 +258,7 @@ fn smoke() {
     }
     std::fs::write(&base, &data).expect("write the base");
     for device in ["raw-disk", "device-disk"] {
-        let run = Run { device: device.into(), base: base.clone(), dir: dir.path().to_path_buf(), runtime: 1.0, buffered: false };
+        let run = Run { device: device.into(), base: base.clone(), dir: dir.path().to_path_buf(), runtime: 1.0, buffered: false, base_direct: false };
         let (f, secs) = match measure(&run) {
             Err(e) if e.contains("O_DIRECT") || e.contains("Invalid argument") => {
                 eprintln!("disk_vdi smoke: {device} skipped: the temp dir's file system refuses O_DIRECT ({e})");
@@ -269,7 +273,7 @@ fn smoke() {
 }
 
 fn main() {
-    let mut run = Run { device: "device-disk".into(), base: PathBuf::new(), dir: std::env::temp_dir(), runtime: 20.0, buffered: false };
+    let mut run = Run { device: "device-disk".into(), base: PathBuf::new(), dir: std::env::temp_dir(), runtime: 20.0, buffered: false, base_direct: false };
     let mut base_given = false;
     let mut storage_out: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
@@ -284,6 +288,7 @@ fn main() {
             "--dir" => run.dir = PathBuf::from(value()),
             "--runtime" => run.runtime = value().parse().ok().filter(|s: &f64| *s > 0.0).unwrap_or_else(|| usage("--runtime takes seconds")),
             "--buffered" => run.buffered = true,
+            "--base-direct" => run.base_direct = true,
             "--storage-out" => storage_out = Some(PathBuf::from(value())),
             "--bench" => {} // cargo bench passes it to harness = false binaries
             other => usage(&format!("unknown argument {other}")),
