@@ -523,6 +523,13 @@ impl BlockDev for RemoteBase {
         }
     }
 
+    /// A batch goes out on the connection at once and costs one wait for all its replies,
+    /// where one request per thread costs a hand-off to this base's runtime and back each
+    /// (the `server` types: the agent's local export forwards every request here).
+    fn prefers_batches(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> String {
         let id = self.link.identity();
         let export = id.map(|i| i.export).unwrap_or_default();
