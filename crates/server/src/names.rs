@@ -61,7 +61,7 @@ impl ExportName {
                 Err(e) => bad(e.to_string()),
             },
             "target" => {
-                let (rest, journaled) = match rest.strip_suffix("+journal") {
+                let (rest, journaled) = match rest.strip_suffix(vdstream_wcache::JOURNAL_MARKER) {
                     Some(r) => (r, true),
                     None => (rest, false),
                 };

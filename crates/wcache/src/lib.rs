@@ -46,6 +46,12 @@ use std::sync::Arc;
 pub use stats::{CacheStats, StatsSnapshot};
 use vdstream_blockdev::{BlockDev, IoEngineKind, Result};
 
+/// Appended to a `server-persistent` target's export name (`target/ID[@ATTACH]+journal`) by
+/// a client that keeps the writes the server answered until a flush covers them and sends
+/// them again after a server restart (the agent): the server then answers its writes
+/// without making each durable first.
+pub const JOURNAL_MARKER: &str = "+journal";
+
 /// The cache types, named as PVS names them (see DESIGN.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CacheType {

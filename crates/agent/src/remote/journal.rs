@@ -7,8 +7,8 @@
 //! sent after it succeeds, and on every new connection the link sends the kept changes
 //! again, in the order they were answered, before any other request uses it. The server
 //! then need not make each write durable before answering it (the store server's
-//! write-through, which cost a sync per write); the agent asks for its export with the
-//! [`MARKER`] so that the server knows.
+//! write-through, which cost a sync per write); the agent asks for its export with
+//! [`vdstream_wcache::JOURNAL_MARKER`] so that the server knows.
 //!
 //! Invariants:
 //! - An entry is kept from its answer until a flush *sent after* that answer succeeds
@@ -22,8 +22,8 @@
 //! - Entries replay in answer order: of two answered changes to one range the later one
 //!   wins, as it did on the server that died. (Changes to overlapping ranges in flight at
 //!   once have no order in NBD; guests do not send them.)
-//! - Bytes kept are bounded by the caller: past `cap`, [`Recorded::Kept`] says so and the
-//!   sender flushes, which empties the journal of everything answered before.
+//! - Bytes kept are bounded by the caller: past `cap` ([`Journal::over_cap`]) the sender
+//!   flushes, which empties the journal of everything answered before.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -32,8 +32,7 @@ use std::sync::{Arc, Mutex};
 use vdstream_blockdev::ZeroFlags;
 use vdstream_nbd::client::{Client, ClientError};
 
-/// Appended to a `target/` export's name by an agent that journals.
-pub const MARKER: &str = "+journal";
+use super::Request;
 
 /// One answered change.
 #[derive(Debug, Clone)]
@@ -52,13 +51,13 @@ impl Change {
         }
     }
 
-    /// Sends the change on `client` (the same request as the original, without FUA: the
-    /// flush that ends the journal makes it durable).
-    pub async fn send(&self, client: &Client, offset: u64) -> Result<(), ClientError> {
+    /// The request that sends the change again: the original one (only changes sent without
+    /// FUA are kept; the flush that ends the journal makes them durable).
+    fn request(&self) -> Request<'_> {
         match self {
-            Change::Write(d) => client.write(offset, d, false).await,
-            Change::Trim(len) => client.trim(offset, *len, false).await,
-            Change::Zero(len, f) => client.write_zeroes(offset, *len, !f.may_trim, f.fast_only, false).await,
+            Change::Write(d) => Request::Write(d, false),
+            Change::Trim(len) => Request::Trim(*len, false),
+            Change::Zero(len, f) => Request::Zero(*len, *f),
         }
     }
 }
@@ -82,8 +81,8 @@ struct Inner {
 /// What [`Journal::record`] did with an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recorded {
-    /// Kept; `over_cap`: the journal holds more than its cap, so flush.
-    Kept { over_cap: bool },
+    /// Kept until a flush covers it.
+    Kept,
     /// Answered on a connection that a replay has replaced: send it again.
     Missed,
 }
@@ -126,7 +125,7 @@ impl Journal {
         j.next_seq += 1;
         j.bytes += change.bytes();
         j.entries.push_back(Entry { seq, offset, change });
-        Recorded::Kept { over_cap: j.bytes > self.cap }
+        Recorded::Kept
     }
 
     /// Taken before a flush is sent: what it will cover.
@@ -172,7 +171,7 @@ impl Journal {
         }
         let bytes: u64 = changes.iter().map(|(_, c)| c.bytes()).sum();
         for (offset, change) in &changes {
-            match change.send(client, *offset).await {
+            match change.request().send(client, *offset).await {
                 Ok(()) => {}
                 Err(e) if e.errno().is_some() => {
                     self.replay_errors.fetch_add(1, Relaxed);
@@ -202,7 +201,7 @@ mod tests {
     #[test]
     fn a_flush_forgets_only_what_was_answered_before_it_was_sent() {
         let j = Journal::new(1 << 20);
-        assert_eq!(j.record(1, 0, w(1)), Recorded::Kept { over_cap: false });
+        assert_eq!(j.record(1, 0, w(1)), Recorded::Kept);
         let mark = j.mark();
         // Answered while the flush is on its way: not covered by it.
         j.record(1, 4096, w(2));
@@ -234,17 +233,20 @@ mod tests {
         j.snapshot(2);
         assert_eq!(j.record(1, 4096, w(2)), Recorded::Missed);
         assert_eq!(j.size(), (1, 4096));
-        assert_eq!(j.record(2, 4096, w(2)), Recorded::Kept { over_cap: false });
+        assert_eq!(j.record(2, 4096, w(2)), Recorded::Kept);
         assert_eq!(offsets(&j, 2), vec![0, 4096]);
     }
 
     #[test]
-    fn past_the_cap_the_answer_says_flush() {
+    fn past_the_cap_it_says_flush() {
         let j = Journal::new(8192);
-        assert_eq!(j.record(1, 0, w(1)), Recorded::Kept { over_cap: false });
-        assert_eq!(j.record(1, 4096, w(1)), Recorded::Kept { over_cap: false });
-        assert_eq!(j.record(1, 8192, w(1)), Recorded::Kept { over_cap: true });
+        assert_eq!(j.record(1, 0, w(1)), Recorded::Kept);
+        assert_eq!(j.record(1, 4096, w(1)), Recorded::Kept);
+        assert!(!j.over_cap());
+        assert_eq!(j.record(1, 8192, w(1)), Recorded::Kept);
+        assert!(j.over_cap());
         j.flushed(j.mark());
-        assert_eq!(j.record(1, 0, w(1)), Recorded::Kept { over_cap: false });
+        assert_eq!(j.record(1, 0, w(1)), Recorded::Kept);
+        assert!(!j.over_cap());
     }
 }

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use vdstream_nbd::client::{Client, ClientError, ConnectOptions};
 
-use super::journal::{Journal, MARKER};
+use super::journal::Journal;
 use crate::endpoint::Endpoint;
 
 /// Tunables of the link.
@@ -433,7 +433,7 @@ impl Link {
         let mut export = lock(&self.pins).iter().find(|p| pin_name(p) == pin_name(asked)).cloned().unwrap_or_else(|| asked.to_string());
         if self.journal.is_some() && export.starts_with("target/") {
             // The store server then answers without making each write durable first.
-            export.push_str(MARKER);
+            export.push_str(vdstream_wcache::JOURNAL_MARKER);
         }
         let opts = ConnectOptions {
             export,

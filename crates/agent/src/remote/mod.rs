@@ -352,14 +352,16 @@ impl RemoteBase {
     /// everything answered before); the others go on.
     async fn keep_journal_small(&self) {
         let Some(j) = self.link.journal.as_deref() else { return };
-        if !j.over_cap() || j.flushing.swap(true, Relaxed) {
+        if !j.over_cap() {
             return;
         }
         if !self.caps.flush {
             // A server without flush offers no more durability than its answers: there is
             // nothing to wait for, so the journal only keeps its last `cap` bytes' worth.
             j.flushed(j.mark());
-            j.flushing.store(false, Relaxed);
+            return;
+        }
+        if j.flushing.swap(true, Relaxed) {
             return;
         }
         let r = self.call(0, Request::Flush).await;
