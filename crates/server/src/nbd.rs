@@ -33,7 +33,8 @@ pub struct NbdService {
     state: Arc<ServerState>,
     trigger: ShutdownTrigger,
     tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
-    socket: Option<PathBuf>,
+    /// The unix socket file: removed when the service is drained or dropped.
+    socket: Option<SocketFile>,
     /// One line per listener: where clients connect.
     pub uris: Vec<String>,
 }
@@ -48,8 +49,11 @@ impl NbdService {
         let (trigger, shutdown) = ShutdownSignal::new();
         let mut tasks = Vec::new();
         let mut uris = Vec::new();
+        // Owned from the bind on: a later failure (the TCP port is busy) removes it.
+        let mut socket = None;
         if let Some(path) = &state.nbd_socket {
             let listener = bind_unix(path)?;
+            socket = Some(SocketFile(path.clone()));
             uris.push(format!("nbd+unix:///EXPORT?socket={}", path.display()));
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(listener), shutdown).await }));
@@ -65,7 +69,6 @@ impl NbdService {
         if tasks.is_empty() {
             return Err(NbdError::Listen("nothing to listen on: give a unix socket or a TCP address".into()));
         }
-        let socket = state.nbd_socket.clone();
         Ok(NbdService { state, trigger, tasks, socket, uris })
     }
 
@@ -81,10 +84,19 @@ impl NbdService {
                 Err(e) => result = Err(NbdError::Serve(std::io::Error::other(e.to_string()))),
             }
         }
-        if let Some(path) = &self.socket {
-            let _ = std::fs::remove_file(path);
-        }
+        drop(self.socket);
         result
+    }
+}
+
+/// A unix socket file this process bound: removed on drop, so that no failure after the
+/// bind (another listener, the HTTP API, a signal handler) leaves it behind.
+#[derive(Debug)]
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
