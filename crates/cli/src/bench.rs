@@ -115,7 +115,7 @@ pub fn run_with(uri: &str, workload: &Workload, opts: &RunOptions, label: &str, 
     let mut progress = |p: &Progress| {
         if live {
             let i = &p.interval;
-            eprint!(
+            err!(
                 "\r{label}{:>5.1}/{:.0} s  {:>9.0} IOPS (read {:.0}, write {:.0})  mean latency {:>7.1} us   ",
                 p.elapsed.as_secs_f64(),
                 p.duration.as_secs_f64(),
@@ -129,7 +129,7 @@ pub fn run_with(uri: &str, workload: &Workload, opts: &RunOptions, label: &str, 
     };
     let result = vdstream_bench::run(uri, workload, opts, &mut progress);
     if live {
-        eprint!("\r\x1b[2K");
+        err!("\r\x1b[2K");
     }
     Ok(result?)
 }
@@ -146,14 +146,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     quiet_client_logs();
     let result = run_with(&args.uri, &workload, &RunOptions::default(), "", !args.json)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&result).expect("a result serializes"));
+        outln!("{}", serde_json::to_string_pretty(&result).expect("a result serializes"));
     } else {
-        print!("{}", result.render());
+        out!("{}", result.render());
     }
     if let Some(dir) = &args.report {
         let path = vdstream_bench::report::write_bench(dir, &result).with_context(|| format!("cannot write the report into {}", dir.display()))?;
         if !args.json {
-            println!("report: {}", path.display());
+            outln!("report: {}", path.display());
         }
     }
     if !result.ok() {

@@ -96,7 +96,7 @@ impl DemoArgs {
     /// Progress on stderr, unless the output is JSON for a script.
     fn say(&self, what: &str) {
         if !self.json {
-            eprintln!("vdstream demo: {what}");
+            errln!("vdstream demo: {what}");
         }
     }
 }
@@ -136,7 +136,7 @@ impl Scratch {
             Scratch::stop_child(&name, &mut child);
         }
         if self.keep {
-            eprintln!("vdstream demo: kept {}", self.dir.display());
+            errln!("vdstream demo: kept {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -164,7 +164,7 @@ fn clean_up_on_signal(scratch: Shared) -> Result<()> {
             }
         });
         INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
-        eprintln!("\nvdstream demo: interrupted; stopping the servers, agents and guests");
+        errln!("\nvdstream demo: interrupted; stopping the servers, agents and guests");
         scratch.lock().unwrap_or_else(|e| e.into_inner()).finish();
         std::process::exit(130);
     });
@@ -337,7 +337,7 @@ fn measure(spec: RowSpec<'_>, workload: &Workload, json: bool) -> Result<Row> {
         None => result.total.ops,
     };
     if !json {
-        eprintln!("{label}{:>9.0} IOPS, {:>7.0} storage IOPS", result.total.iops, storage_ops as f64 / result.elapsed_secs);
+        errln!("{label}{:>9.0} IOPS, {:>7.0} storage IOPS", result.total.iops, storage_ops as f64 / result.elapsed_secs);
     }
     Ok(row(spec, storage_ops, result))
 }
@@ -366,7 +366,7 @@ fn boot_plan(args: &DemoArgs) -> Result<BootPlan> {
             boot::QEMU,
             boot::QEMU_PACKAGE
         );
-        eprintln!("vdstream demo: boot storm skipped: {note}; the cache table runs without it");
+        errln!("vdstream demo: boot storm skipped: {note}; the cache table runs without it");
         return Ok(BootPlan::Skipped(note));
     }
     let say = |what: &str| args.say(what);
@@ -436,28 +436,28 @@ fn run_demo(args: DemoArgs) -> Result<()> {
         };
         let path = written().with_context(|| format!("cannot write the report into {}", dir.display()))?;
         if !args.json {
-            eprintln!("vdstream demo: report in {}", path.display());
+            errln!("vdstream demo: report in {}", path.display());
         }
     }
 
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        println!(
+        outln!(
             "\nVDI profile (4 workers x queue depth 16, 4 KiB, 80% writes, 90% random) for {secs} s per row on a {} vDisk:\n",
             format_size(size)
         );
-        print!("{}", comparison.render_markdown());
-        println!();
+        out!("{}", comparison.render_markdown());
+        outln!();
         for r in &comparison.rows {
-            println!("- {}: {}; storage from {}.", r.name, r.setup, r.storage_source);
+            outln!("- {}: {}; storage from {}.", r.name, r.setup, r.storage_source);
         }
         match (&plan, &storm) {
-            (BootPlan::Skipped(note), _) => println!("\nBoot storm skipped: {note}."),
+            (BootPlan::Skipped(note), _) => outln!("\nBoot storm skipped: {note}."),
             (_, Some(storm)) => {
-                println!("\nBoot storm: {} at once from one vDisk, each through its own ram-overflow agent:\n", boot::n_guests(storm.targets));
-                print!("{}", storm.render_markdown());
-                println!("\n- {}", storm.setup());
+                outln!("\nBoot storm: {} at once from one vDisk, each through its own ram-overflow agent:\n", boot::n_guests(storm.targets));
+                out!("{}", storm.render_markdown());
+                outln!("\n- {}", storm.setup());
             }
             _ => {}
         }

@@ -1,10 +1,15 @@
 //! The `vdstream` binary: argument parsing and wiring only. Every capability lives in a
-//! library crate; this file turns command lines into calls and errors into messages.
+//! library crate; this file turns command lines into calls and errors into messages and
+//! exit statuses (exit.rs). Output goes through output.rs's `outln!` (a closed stdout is not
+//! a panic), hence the lints below.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
+#[macro_use]
+mod output;
 mod audit;
 mod bench;
 mod demo;
-mod output;
+mod exit;
 mod ram_sizing;
 mod remote;
 mod serve_image;
@@ -37,7 +42,18 @@ Examples:
   vdstream bench 'nbd+unix:///?socket=/tmp/vdstream.sock' --profile vdi
                                                 the VDI profile: IOPS, MiB/s, latency
 
-Logging: set RUST_LOG=debug (or info, warn) for more detail.")]
+Logging: set RUST_LOG=debug (or info, warn) for more detail.
+
+Exit status:
+  0 success (also when stdout closes early, as with `| head -1`)
+  1 other failure
+  2 usage: a bad argument, option, name or size
+  3 not found: no such vDisk, version, target, store or status
+  4 conflict: refused by the current state (in use, already exists, already attached)
+  5 I/O: a read or write failed, a store file is damaged or missing
+  6 unavailable: no server answers, or the target's agent is not running
+With --json, a failure also prints one JSON object on stdout:
+  {\"error\": {\"kind\": \"not_found\", \"status\": 3, \"message\": \"...\"}}")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -60,7 +76,28 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();
-    let cli = Cli::parse();
+    let json = exit::json_requested();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version, and usage errors without --json: clap prints (ignoring a
+        // closed stdout) and exits 0 or 2.
+        Err(e) if !json || !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let text = e.render().to_string();
+            let message = text.trim().trim_start_matches("error: ").to_string();
+            exit::exit_with(&exit::fail(exit::Kind::Usage, message), true)
+        }
+    };
+    // The services outlive a closed stdout (they serve sockets and clean up after
+    // themselves); every other command is a printer and ends quietly on one. output.rs.
+    let service = match &cli.command {
+        Command::ServeImage(_) | Command::Server(_) | Command::Demo(_) | Command::Bench(_) => true,
+        Command::Target(t) => t.is_attach(),
+        _ => false,
+    };
+    if service {
+        output::keep_running_without_stdout();
+    }
     let result = match cli.command {
         Command::ServeImage(args) => serve_image::run(args),
         Command::Server(args) => server::run(args),
@@ -73,8 +110,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
     };
     if let Err(err) = result {
-        eprintln!("vdstream: error: {err:#}");
-        std::process::exit(1);
+        exit::exit_with(&err, json);
     }
 }
 
@@ -117,5 +153,52 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    /// Every argument and subcommand of every command says what it is (`--help` teaches).
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if a.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                let help = a.get_help().or(a.get_long_help()).map(|h| h.to_string()).unwrap_or_default();
+                if help.trim().is_empty() {
+                    missing.push(format!("{path}: {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                let name = format!("{path} {}", sub.get_name());
+                if sub.get_about().or(sub.get_long_about()).map_or(true, |h| h.to_string().trim().is_empty()) {
+                    missing.push(format!("{name} (the command itself)"));
+                }
+                walk(sub, &name, missing);
+            }
+        }
+        use clap::CommandFactory;
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "vdstream", &mut missing);
+        assert!(missing.is_empty(), "arguments without help text:\n  {}", missing.join("\n  "));
+    }
+
+    /// `server --help` shows its export table as lines, not one paragraph.
+    #[test]
+    fn server_help_keeps_the_export_table() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd.find_subcommand_mut("server").expect("server").render_long_help().to_string();
+        let lines: Vec<&str> = help.lines().map(str::trim).collect();
+        for export in ["vdisk/NAME ", "vdisk/NAME@V ", "maintenance/NAME ", "target/ID "] {
+            assert!(lines.iter().any(|l| l.starts_with(export)), "a line starts with {export:?}:\n{help}");
+        }
+    }
+
+    #[test]
+    fn the_exit_status_help_is_the_one_exit_rs_documents() {
+        use clap::CommandFactory;
+        let after = Cli::command().get_after_help().expect("after_help").to_string();
+        assert!(after.contains(exit::HELP), "main.rs's after_help repeats exit::HELP");
     }
 }

@@ -1,13 +1,80 @@
-//! What the store commands share: `--store DIR` and `--json`, one JSON document or human
-//! lines on stdout, and progress bars on stderr (only on a terminal, never with `--json`).
+//! What the commands share: every line on stdout and stderr goes through [`outln!`],
+//! [`out!`] and [`errln!`] (never `println!`, which panics on a closed pipe: clippy's
+//! `print_stdout` lint is denied in main.rs); and what the store commands share: `--store
+//! DIR` and `--json`, one JSON document or human lines on stdout, and progress bars on
+//! stderr (only on a terminal, never with `--json`).
+//!
+//! A closed stdout (EPIPE: `vdstream audit | head -1`) is not an error:
+//! - a command that only prints (the default) exits at once, quietly, with status 0;
+//! - a service (`server`, `serve-image`, `target attach`, `demo`, `bench`: see
+//!   [`keep_running_without_stdout`]) drops what it would print and goes on serving, so
+//!   that its clients and its clean-up do not depend on who reads its output.
+//!
+//! SIGPIPE stays ignored (Rust's default) in every command: a server writing to a socket
+//! whose client left must get EPIPE on that socket, not die.
 
-use std::io::IsTerminal;
+use std::fmt;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use vdstream_store::{store_dir, Store};
+
+/// Prints to stdout like `print!`, through [`write_stdout`].
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::output::write_stdout(format_args!($($arg)*)) };
+}
+
+/// Prints a line to stdout like `println!`, through [`write_stdout`].
+macro_rules! outln {
+    () => { $crate::output::write_stdout(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// Prints to stderr like `eprint!`, never panicking (a closed stderr drops it).
+macro_rules! err {
+    ($($arg:tt)*) => { $crate::output::write_stderr(format_args!($($arg)*)) };
+}
+
+/// Prints a line to stderr like `eprintln!`, never panicking (a closed stderr drops it).
+macro_rules! errln {
+    ($($arg:tt)*) => { $crate::output::write_stderr(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// false once a service said it outlives its stdout.
+static EXIT_ON_CLOSED_STDOUT: AtomicBool = AtomicBool::new(true);
+
+/// Called by the services: a closed stdout then drops their output instead of ending them.
+pub fn keep_running_without_stdout() {
+    EXIT_ON_CLOSED_STDOUT.store(false, Ordering::Relaxed);
+}
+
+/// Writes to stdout and flushes. A closed pipe ends a printing command quietly (status 0)
+/// and is ignored by a service; another error (a full disk behind `>`) ends the command
+/// with the I/O exit status.
+pub fn write_stdout(args: fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) else { return };
+    drop(stdout);
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        if EXIT_ON_CLOSED_STDOUT.load(Ordering::Relaxed) {
+            std::process::exit(0);
+        }
+        return;
+    }
+    if EXIT_ON_CLOSED_STDOUT.load(Ordering::Relaxed) {
+        write_stderr(format_args!("vdstream: error: cannot write to stdout: {e}\n"));
+        std::process::exit(crate::exit::Kind::Io.code());
+    }
+}
+
+/// Writes to stderr, ignoring errors (there is nowhere left to report them).
+pub fn write_stderr(args: fmt::Arguments<'_>) {
+    let _ = std::io::stderr().lock().write_fmt(args);
+}
 
 /// Options every store command takes.
 #[derive(Debug, Clone, Args)]
@@ -16,7 +83,8 @@ pub struct StoreOpts {
     #[arg(long, value_name = "DIR", global = true)]
     pub store: Option<PathBuf>,
 
-    /// Print one JSON document on stdout instead of human lines.
+    /// Print one JSON document on stdout instead of human lines (errors too: see
+    /// `vdstream --help`, "Exit status").
     #[arg(long, global = true)]
     pub json: bool,
 }
@@ -35,7 +103,7 @@ impl StoreOpts {
     pub fn open_or_create(&self) -> Result<(Store, bool)> {
         let (store, created) = Store::open_or_create(self.dir())?;
         if created && !self.json {
-            println!("created a new store at {}", store.root().display());
+            outln!("created a new store at {}", store.root().display());
         }
         Ok((store, created))
     }
@@ -43,11 +111,11 @@ impl StoreOpts {
     /// Prints `json` with --json, else `human`.
     pub fn emit(&self, json: serde_json::Value, human: impl FnOnce() -> String) {
         if self.json {
-            println!("{}", serde_json::to_string_pretty(&json).expect("serializes"));
+            outln!("{}", serde_json::to_string_pretty(&json).expect("serializes"));
         } else {
             let text = human();
             if !text.is_empty() {
-                println!("{text}");
+                outln!("{text}");
             }
         }
     }

@@ -14,7 +14,7 @@ use vdstream_report::svg::{line_chart_with, LineOptions, Series};
 use vdstream_wcache::sizing::{self, ReplayResult, SizingGoal, TraceSummary};
 use vdstream_wcache::CacheType;
 
-use crate::size::{format_size, parse_size};
+use crate::size::{format_size, parse_ram};
 
 /// Replay a recorded I/O trace through each cache type and RAM size, and recommend the
 /// smallest RAM that keeps storage IOPS within a target.
@@ -41,7 +41,7 @@ pub struct SizeArgs {
     trace: PathBuf,
 
     /// RAM sizes to try, comma-separated (e.g. 64M,256M,1G,4G).
-    #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = parse_size, default_value = "64M,256M,1G,4G")]
+    #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = parse_ram, default_value = "64M,256M,1G,4G")]
     ram: Vec<u64>,
 
     /// Cache types to replay, comma-separated: ram-overflow, device-ram, device-disk.
@@ -165,11 +165,11 @@ pub fn run(args: SizeArgs) -> Result<()> {
     }
     let report = Report { args: &args, device_size, trace: &trace, results: &shown, advice: &advice, goal, baseline };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report_json(&report)).context("cannot print the report")?);
+        outln!("{}", serde_json::to_string_pretty(&report_json(&report)).context("cannot print the report")?);
     } else {
-        print!("{}", report_text(&report));
+        out!("{}", report_text(&report));
         if let Some(path) = &args.chart {
-            println!("chart: {}", path.display());
+            outln!("chart: {}", path.display());
         }
     }
     Ok(())

@@ -17,7 +17,10 @@ use vdstream_qcow2::{open_chain, ImageFormat, OpenOptions, Qcow2Image};
 
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
-use crate::size::{format_size, parse_size};
+use crate::size::{check_ram_fits_here, format_size, parse_ram, parse_size};
+
+/// --ram when not given.
+const DEFAULT_RAM: u64 = 256 << 20;
 
 pub(crate) fn parse_on_off(text: &str) -> Result<bool, String> {
     match text {
@@ -110,9 +113,10 @@ pub struct ServeImageArgs {
     #[arg(long, value_name = "TYPE")]
     cache: Option<vdstream_wcache::CacheType>,
 
-    /// RAM for device-ram and ram-overflow (e.g. 256M). 0 sends ram-overflow straight to its file.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256M", requires = "cache")]
-    ram: u64,
+    /// RAM for device-ram and ram-overflow (e.g. 256M): 0 (ram-overflow only: straight to its
+    /// file) or 1M to 256G, and no more than this machine has. Default: 256M.
+    #[arg(long, value_name = "SIZE", value_parser = parse_ram, requires = "cache")]
+    ram: Option<u64>,
 
     /// Folder for the overflow file (ram-overflow) or cache file (disk and server types).
     /// Default: the store's cache/ folder for the server types of a --vdisk, else $TMPDIR.
@@ -253,7 +257,13 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         Some(kind) => {
             let cfg = CacheConfig {
                 target: args.name.clone(),
-                ram: args.ram,
+                ram: match args.ram {
+                    Some(ram) => {
+                        check_ram_fits_here(kind, ram)?;
+                        ram
+                    }
+                    None => DEFAULT_RAM,
+                },
                 dir: cache_dir(&args, kind)?,
                 max_file: args.overflow_max,
                 intermediate_buffering: args.intermediate_buffering,
@@ -293,19 +303,19 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         let mut tasks = Vec::new();
         if let Some(path) = &socket {
             let listener = bind_unix(path)?;
-            println!(
+            outln!(
                 "vdstream: serving {description} ({size} bytes) as export {:?} on nbd+unix:///{}?socket={}",
                 args.name,
                 args.name,
                 path.display()
             );
-            println!("vdstream: try: nbdinfo 'nbd+unix:///?socket={}'", path.display());
+            outln!("vdstream: try: nbdinfo 'nbd+unix:///?socket={}'", path.display());
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(listener), shutdown).await }));
         }
         if let Some(addr) = args.listen {
             let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}: is another server using that port?"))?;
-            println!("vdstream: serving {description} ({size} bytes) as export {:?} on nbd://{addr}/{}", args.name, args.name);
+            outln!("vdstream: serving {description} ({size} bytes) as export {:?} on nbd://{addr}/{}", args.name, args.name);
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(listener), shutdown).await }));
         }
@@ -320,7 +330,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         }
         log::info!("all sessions drained; bye");
         if let Some(cache) = cache_in_use {
-            println!("vdstream: {}", cache_summary(&*cache));
+            outln!("vdstream: {}", cache_summary(&*cache));
         }
         report_trace(trace.map(|t| (t.trace_path().to_path_buf(), t.finish())))?;
         // The layer's files stay locked (in use) until here.
@@ -387,7 +397,7 @@ fn open_vdisk(args: &ServeImageArgs) -> Result<vdstream_store::OpenedLayer> {
         (false, Some(a)) => a.name().to_string(),
         (false, None) => "base".to_string(),
     };
-    println!(
+    outln!(
         "vdstream: vDisk {name}: {} ({access}) chosen for {reference:?}, file {}, {}",
         opened.layer,
         opened.path.display(),
@@ -400,7 +410,7 @@ fn open_vdisk(args: &ServeImageArgs) -> Result<vdstream_store::OpenedLayer> {
 pub(crate) fn report_trace(trace: Option<(PathBuf, Result<u64, vdstream_blockdev::TraceError>)>) -> Result<()> {
     if let Some((path, written)) = trace {
         let n = written.context("the I/O trace is incomplete")?;
-        println!("vdstream: recorded {n} requests in {} (replay: vdstream size --trace {})", path.display(), path.display());
+        outln!("vdstream: recorded {n} requests in {} (replay: vdstream size --trace {})", path.display(), path.display());
     }
     Ok(())
 }

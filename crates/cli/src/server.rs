@@ -35,7 +35,7 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// Prometheus /metrics run on the same server (they answer through the drain, showing
 /// "draining": true, and stop when it ends).
 #[derive(Debug, Args)]
-#[command(after_help = "\
+#[command(verbatim_doc_comment, after_help = "\
 Examples:
   vdstream server --store /srv/vdstream                       (listens on 127.0.0.1:10809)
   vdstream server --socket /run/vdstream/server.sock --read-cache 1G
@@ -163,23 +163,23 @@ pub fn run(args: ServerArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
     runtime.block_on(async move {
         let nbd = NbdService::start(state.clone(), opts.threads).await?;
-        println!(
+        outln!(
             "vdstream: server {} on store {}, read cache {}",
             state.name,
             state.store.display(),
             if opts.read_cache == 0 { "off".to_string() } else { format_size(opts.read_cache) }
         );
         for uri in &nbd.uris {
-            println!("vdstream: serving {uri} (EXPORT: vdisk/NAME[@V], maintenance/NAME, target/ID)");
+            outln!("vdstream: serving {uri} (EXPORT: vdisk/NAME[@V], maintenance/NAME, target/ID)");
         }
         if let Some(uri) = nbd.uris.first() {
-            println!("vdstream: try: nbdinfo --list '{}'", uri.replace("EXPORT", ""));
+            outln!("vdstream: try: nbdinfo --list '{}'", uri.replace("EXPORT", ""));
         }
         // The API's threads are std threads; it shares `state` with the NBD side.
         let http = match http_listener {
             Some(listener) => {
                 let handle = vdstream_server::http::spawn(listener, state.clone()).context("cannot start the HTTP API")?;
-                println!("vdstream: HTTP API on http://{}/api/v1/server, metrics on http://{0}/metrics", handle.local_addr());
+                outln!("vdstream: HTTP API on http://{}/api/v1/server, metrics on http://{0}/metrics", handle.local_addr());
                 Some(handle)
             }
             None => None,
@@ -209,7 +209,7 @@ pub fn run(args: ServerArgs) -> Result<()> {
         if let Some(path) = &opts.stats_file {
             vdstream_server::nbd::write_stats(&state, path).with_context(|| format!("cannot write the stats file {}", path.display()))?;
         }
-        println!("vdstream: {}", vdstream_server::nbd::summary(&state));
+        outln!("vdstream: {}", vdstream_server::nbd::summary(&state));
         log::info!("all sessions drained; bye");
         Ok(())
     })

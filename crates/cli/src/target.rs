@@ -12,7 +12,8 @@ use vdstream_agent::{paths, status, Agent, AttachConfig, Endpoint};
 use vdstream_nbd::server::ShutdownSignal;
 use vdstream_wcache::CacheType;
 
-use crate::size::parse_size;
+use crate::exit::{fail, Failure, Kind};
+use crate::size::{check_ram_fits_here, parse_ram, parse_size};
 use crate::target_record;
 
 /// Keep the store's target records, run a target's agent, or show how it is doing.
@@ -86,8 +87,9 @@ pub struct AttachArgs {
     #[arg(long, value_name = "TYPE")]
     cache: Option<CacheType>,
 
-    /// RAM for device-ram and ram-overflow (e.g. 512M). Default: 256M, or the record's.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// RAM for device-ram and ram-overflow (e.g. 512M): 0 (ram-overflow only: straight to
+    /// the file) or 1M to 256G, and no more than this machine has. Default: 256M, or the record's.
+    #[arg(long, value_name = "SIZE", value_parser = parse_ram)]
     ram: Option<u64>,
 
     /// Folder of the overflow or cache file. Default: $VDSTREAM_CACHE_DIR/ID, else /var/tmp/vdstream/ID.
@@ -132,6 +134,8 @@ pub struct AttachArgs {
 /// Show the figures of a running (or the last) agent of target ID.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// The target's id, as given to `target attach` (e.g. vm1). Exit status 6 when its
+    /// agent is not running (the last figures are still shown).
     #[arg(value_name = "ID")]
     id: String,
 
@@ -143,6 +147,13 @@ pub struct StatusArgs {
     /// (http://HOST:PORT) instead of the local status file.
     #[arg(long, value_name = "URL")]
     server: Option<String>,
+}
+
+impl TargetArgs {
+    /// `target attach`: a service, not a printer (see output.rs).
+    pub fn is_attach(&self) -> bool {
+        matches!(self.command, TargetCommand::Attach(_))
+    }
 }
 
 pub fn run(args: TargetArgs) -> Result<()> {
@@ -166,10 +177,10 @@ fn attach(a: AttachArgs) -> Result<()> {
             );
         }
         let flags = Overrides { vdisk: a.vdisk.clone(), cache: a.cache, ram: a.ram, overflow_max: a.overflow_max };
-        println!("vdstream: target {}: asking {}", a.id, a.servers.join(", "));
+        outln!("vdstream: target {}: asking {}", a.id, a.servers.join(", "));
         let r = api::resolve(&a.id, &a.servers, &flags).with_context(|| format!("cannot attach target {}", a.id))?;
         let p = &r.plan;
-        println!(
+        outln!(
             "vdstream: target {}: vDisk {}{} with a {} cache (from the {}); servers, least busy first:",
             a.id,
             p.vdisk,
@@ -178,11 +189,12 @@ fn attach(a: AttachArgs) -> Result<()> {
             p.source
         );
         for s in &r.servers {
-            println!("vdstream:   {s}");
+            outln!("vdstream:   {s}");
         }
         let mut cfg = AttachConfig::new(&a.id, r.endpoints);
         cfg.cache = p.cache;
         if let Some(ram) = p.ram {
+            check_ram_fits_here(p.cache, ram)?;
             cfg.ram = ram;
         }
         cfg.overflow_max = p.overflow_max;
@@ -196,6 +208,7 @@ fn attach(a: AttachArgs) -> Result<()> {
         let mut cfg = AttachConfig::new(&a.id, endpoints);
         cfg.cache = a.cache.unwrap_or(CacheType::RamOverflow);
         if let Some(ram) = a.ram {
+            check_ram_fits_here(cfg.cache, ram)?;
             cfg.ram = ram;
         }
         cfg.overflow_max = a.overflow_max;
@@ -215,11 +228,11 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.remote.journal = (a.journal_max > 0).then_some(a.journal_max);
     cfg.record_trace = a.record_trace;
     let servers = cfg.endpoints.iter().map(|e| e.uri.as_str()).collect::<Vec<_>>().join(", ");
-    println!("vdstream: target {}: connecting to {servers}", a.id);
+    outln!("vdstream: target {}: connecting to {servers}", a.id);
     let mut agent = Agent::open(cfg).with_context(|| format!("cannot attach target {}", a.id))?;
     let id = agent.remote().identity();
     let c = agent.config();
-    println!(
+    outln!(
         "vdstream: target {}: vDisk export {:?} ({} bytes{}) from {}, {} write cache; serving nbd+unix:///?socket={}{}",
         c.target,
         id.export,
@@ -230,7 +243,7 @@ fn attach(a: AttachArgs) -> Result<()> {
         c.socket.display(),
         c.listen.map(|l| format!(" and nbd://{l}/")).unwrap_or_default()
     );
-    println!("vdstream: status: vdstream target status {} (file {})", c.target, c.status_path.display());
+    outln!("vdstream: status: vdstream target status {} (file {})", c.target, c.status_path.display());
     let socket = c.socket.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
     runtime.block_on(async {
@@ -257,7 +270,7 @@ fn attach(a: AttachArgs) -> Result<()> {
         signals.abort();
         served
     })?;
-    println!("vdstream: {}", agent.summary());
+    outln!("vdstream: {}", agent.summary());
     crate::serve_image::report_trace(agent.trace())
 
 }
@@ -269,38 +282,62 @@ fn show_status(s: StatusArgs) -> Result<()> {
     }
     let path = paths::status_path(&s.id);
     let st = status::read(&s.id, &path)?;
+    let alive = status::pid_alive(st.pid);
     if s.json {
-        println!("{}", serde_json::to_string_pretty(&st).context("cannot print the status")?);
+        outln!("{}", serde_json::to_string_pretty(&st).context("cannot print the status")?);
     } else {
-        print!("{}", status::render(&st, status::pid_alive(st.pid)));
+        out!("{}", status::render(&st, alive));
     }
-    Ok(())
+    if st.state == "running" && alive {
+        return Ok(());
+    }
+    // The figures are printed (they are the last ones), but the exit status says the
+    // target has no agent: scripts check `target status ID` before they use its socket.
+    Err(anyhow::Error::new(Failure {
+        kind: Kind::Unavailable,
+        message: format!(
+            "target {} has no running agent (state {:?}, pid {}{}): start it with `vdstream target attach {} ...`",
+            s.id,
+            st.state,
+            st.pid,
+            if alive { "" } else { " is gone" },
+            s.id
+        ),
+        reported: s.json,
+    }))
 }
 
 /// `target status ID --server URL`: the agent's latest report, as the API keeps it.
 fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
-    let client = vdstream_http::Client::new(url).map_err(|e| anyhow::anyhow!("{e}"))?.with_timeout(Duration::from_secs(10));
-    let doc = client.get(&format!("/api/v1/targets/{}", s.id)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = vdstream_http::Client::new(url)?.with_timeout(Duration::from_secs(10));
+    let doc = client.get(&format!("/api/v1/targets/{}", s.id))?;
     let Some(report) = doc.get("agent") else {
-        anyhow::bail!(
+        return Err(fail(Kind::Unavailable, format!(
             "target {} has no report from its agent on {}: the API keeps the latest for 60 s, and an agent reports to the server it reads from \
              (try the other servers, or `vdstream target status {}` on the target's machine)",
             s.id,
             client.url(),
             s.id
-        );
+        )));
     };
+    let st: status::Status = serde_json::from_value(report.clone()).with_context(|| format!("the report of target {} on {} is not an agent status", s.id, client.url()))?;
     if s.json {
-        println!("{}", serde_json::to_string_pretty(report).context("cannot print the status")?);
+        outln!("{}", serde_json::to_string_pretty(report).context("cannot print the status")?);
+    } else {
+        let age = report.get("received_unix_ms").and_then(serde_json::Value::as_u64).map(|t| status::now_ms().saturating_sub(t));
+        out!("{}", status::render(&st, st.state == "running"));
+        if let Some(ms) = age {
+            outln!("reported:  to {} {:.1} s ago", client.url(), ms as f64 / 1000.0);
+        }
+    }
+    if st.state == "running" {
         return Ok(());
     }
-    let st: status::Status = serde_json::from_value(report.clone()).with_context(|| format!("the report of target {} on {} is not an agent status", s.id, client.url()))?;
-    let age = report.get("received_unix_ms").and_then(serde_json::Value::as_u64).map(|t| status::now_ms().saturating_sub(t));
-    print!("{}", status::render(&st, st.state == "running"));
-    if let Some(ms) = age {
-        println!("reported:  to {} {:.1} s ago", client.url(), ms as f64 / 1000.0);
-    }
-    Ok(())
+    Err(anyhow::Error::new(Failure {
+        kind: Kind::Unavailable,
+        message: format!("target {}'s agent reported state {:?} to {}: it is not running", s.id, st.state, client.url()),
+        reported: s.json,
+    }))
 }
 
 /// `500ms`, `30s`, `5m`, `1h`, or a plain number of seconds.

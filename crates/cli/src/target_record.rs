@@ -11,7 +11,7 @@ use vdstream_store::{documents, NewTarget, Selector, TargetChange, TargetRecord}
 
 use crate::output::StoreOpts;
 use crate::remote::{seg, ServerOpt};
-use crate::size::{format_size, parse_size};
+use crate::size::{format_size, parse_ram, parse_size};
 
 /// Add a target record: the machine ID boots vDisk NAME through a write cache of TYPE.
 #[derive(Debug, Args)]
@@ -21,6 +21,7 @@ Examples:
   vdstream target add lab-07 --vdisk win11 --cache device-disk --version test --description 'lab PC 7'
   vdstream target add render3 --vdisk ubuntu --cache server")]
 pub struct AddArgs {
+    /// The target's id, usually its machine name: letters, digits, '.', '_', '-' (e.g. vm1).
     #[arg(value_name = "ID")]
     pub id: String,
     #[command(flatten)]
@@ -41,8 +42,9 @@ pub struct Fields {
     /// device-ram, ram-overflow (private is for a vDisk's one machine, not a target).
     #[arg(long, value_name = "TYPE")]
     pub cache: Option<String>,
-    /// RAM of device-ram and ram-overflow, e.g. 512M.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// RAM of device-ram and ram-overflow, e.g. 512M: 0 (ram-overflow only: straight to
+    /// the file) or 1M to 256G.
+    #[arg(long, value_name = "SIZE", value_parser = parse_ram)]
     pub ram: Option<u64>,
     /// Cap on the overflow or cache file, e.g. 10G.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -58,6 +60,7 @@ pub struct Fields {
 /// Show one target record.
 #[derive(Debug, Args)]
 pub struct ShowArgs {
+    /// The target's id, as `target list` shows it (e.g. vm1).
     #[arg(value_name = "ID")]
     pub id: String,
     #[command(flatten)]
@@ -82,6 +85,7 @@ Examples:
   vdstream target set vm1 --version test           boot what test targets boot, from its next attach
   vdstream target set vm1 --cache device-disk      RAM size dropped: device-disk has none")]
 pub struct SetArgs {
+    /// The target's id, as `target list` shows it (e.g. vm1).
     #[arg(value_name = "ID")]
     pub id: String,
     #[command(flatten)]
@@ -95,6 +99,7 @@ pub struct SetArgs {
 /// Remove a target record (a running agent keeps what it attached to).
 #[derive(Debug, Args)]
 pub struct RemoveArgs {
+    /// The target's id, as `target list` shows it (e.g. vm1).
     #[arg(value_name = "ID")]
     pub id: String,
     #[command(flatten)]

@@ -61,6 +61,7 @@ enum FormatArg {
 enum VdiskCommand {
     /// Create an empty vDisk (creates the store if there is none).
     Create {
+        /// Name of the new vDisk: letters, digits, '.', '_', '-' (e.g. win11).
         name: String,
         /// Guest size, e.g. 64M, 40G (binary units).
         #[arg(long, value_parser = parse_size)]
@@ -68,15 +69,23 @@ enum VdiskCommand {
         /// Versions kept (besides one in maintenance) before they are merged automatically.
         #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VERSIONS)]
         max_versions: u32,
+        /// standard: shared read-only, each target writes to its own cache; private: one
+        /// machine writes to it directly.
         #[arg(long, value_enum, default_value = "standard")]
         access: AccessArg,
     },
     /// Import a disk image: raw natively; qcow2, vhdx, vmdk, vdi through qemu-img convert.
     Import {
+        /// Name of the new vDisk: letters, digits, '.', '_', '-' (e.g. ubuntu).
         name: String,
+        /// The disk image to import (raw, qcow2, vhdx, vmdk or vdi; its format is detected),
+        /// e.g. ubuntu.qcow2. It is only read.
         file: PathBuf,
+        /// Versions kept (besides one in maintenance) before they are merged automatically.
         #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VERSIONS)]
         max_versions: u32,
+        /// standard: shared read-only, each target writes to its own cache; private: one
+        /// machine writes to it directly.
         #[arg(long, value_enum, default_value = "standard")]
         access: AccessArg,
     },
@@ -88,6 +97,7 @@ enum VdiskCommand {
     /// Show a vDisk: versions, what each kind of target gets, files and who uses them.
     #[command(visible_alias = "show")]
     Info {
+        /// The vDisk's name: letters, digits, '.', '_', '-' (e.g. win11).
         name: String,
         #[command(flatten)]
         api: ServerOpt,
@@ -96,7 +106,9 @@ enum VdiskCommand {
     Export {
         /// NAME or NAME@V (V: a number, base, production, test, maintenance, latest).
         reference: String,
+        /// The file to write, e.g. win11.raw (refused if it exists, unless --force).
         file: PathBuf,
+        /// raw: a sparse raw image; qcow2: a standalone qcow2 image (no backing file).
         #[arg(long, value_enum, default_value = "raw")]
         format: FormatArg,
         /// Overwrite FILE if it exists.
@@ -104,17 +116,27 @@ enum VdiskCommand {
         force: bool,
     },
     /// Delete a vDisk and all its files (refused while a target uses it).
-    Delete { name: String },
+    Delete {
+        /// The vDisk's name: letters, digits, '.', '_', '-' (e.g. win11).
+        name: String,
+    },
     /// Change settings of a vDisk.
     Set {
+        /// The vDisk's name: letters, digits, '.', '_', '-' (e.g. win11).
         name: String,
+        /// Versions kept (besides one in maintenance) before they are merged automatically;
+        /// lowering it merges at once.
         #[arg(long, value_name = "N")]
         max_versions: Option<u32>,
+        /// standard (shared, read-only, one cache per target) or private (one writer).
         #[arg(long, value_enum)]
         access: Option<AccessArg>,
     },
     /// Rewrite every layer but the maintenance one without zero or unused clusters.
-    Compact { name: String },
+    Compact {
+        /// The vDisk's name: letters, digits, '.', '_', '-' (e.g. win11).
+        name: String,
+    },
     /// Delete retired files no target uses any more, and leftovers of crashed commands.
     Gc,
 }

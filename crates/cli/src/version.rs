@@ -42,12 +42,14 @@ enum Stage {
 enum VersionCommand {
     /// List the versions of a vDisk, in chain order, and what each kind of target gets.
     List {
+        /// The vDisk's name (e.g. win11).
         name: String,
         #[command(flatten)]
         api: ServerOpt,
     },
     /// Make a maintenance version on top of the newest layer (one at a time).
     New {
+        /// The vDisk's name (e.g. win11).
         name: String,
         /// What this version is for (kept in the metadata).
         #[arg(long)]
@@ -57,8 +59,12 @@ enum VersionCommand {
     },
     /// Promote a version to test or production.
     Promote {
+        /// The vDisk's name (e.g. win11).
         name: String,
+        /// The version's number, as `version list` shows it (e.g. 3).
         version: u32,
+        /// The stage it moves to: test (test targets boot it) or production (every
+        /// production target boots it from its next connection, or from --at).
         #[arg(long, value_enum)]
         to: Stage,
         /// Release to production from this time: RFC 3339 (2025-03-01T22:00:00Z) or +DURATION (+2h).
@@ -69,22 +75,31 @@ enum VersionCommand {
     },
     /// One step back: production → test, test → maintenance (newest only), maintenance → discarded.
     Revert {
+        /// The vDisk's name (e.g. win11).
         name: String,
+        /// The version's number, as `version list` shows it (e.g. 3).
         version: u32,
         #[command(flatten)]
         api: ServerOpt,
     },
     /// Pin the version production targets boot (or --clear the pin).
     Override {
+        /// The vDisk's name (e.g. win11).
         name: String,
+        /// The version production targets boot from their next connection, whatever was
+        /// promoted later (e.g. 2 to go back to it while 3 is looked at).
         #[arg(required_unless_present = "clear")]
         version: Option<u32>,
+        /// Remove the pin: production targets boot the newest production version again.
         #[arg(long, conflicts_with = "version")]
         clear: bool,
     },
     /// Merge the versions up to the one production boots into one new version (--base: into a new base).
     Merge {
+        /// The vDisk's name (e.g. win11).
         name: String,
+        /// Merge the base too: the chain up to production becomes one new base file (no
+        /// versions below it); without it, the versions merge into one version on the base.
         #[arg(long)]
         base: bool,
     },

@@ -154,18 +154,53 @@ pub fn target_cache_type(text: &str) -> Result<CacheType> {
     Ok(t)
 }
 
+/// Smallest RAM cache: 1 MiB (256 pages). 0 is allowed too: ram-overflow then writes
+/// straight to its file (device-ram refuses 0).
+pub const MIN_RAM: u64 = 1 << 20;
+
+/// Largest RAM cache of one target: 256 GiB. Past it a value is a typo (`--ram 1T`, or a
+/// byte count meant as MiB), not a write cache.
+pub const MAX_RAM: u64 = 256 << 30;
+
+/// The range of any `--ram`, wherever it comes from (a flag, a record, the API): 0, or
+/// [`MIN_RAM`] to [`MAX_RAM`].
+pub fn check_ram_range(ram: u64) -> Result<()> {
+    let mib = |b: u64| if b % (1 << 20) == 0 { format!("{}M", b >> 20) } else { format!("{b} bytes") };
+    if ram != 0 && ram < MIN_RAM {
+        return Err(StoreError::BadInput(format!(
+            "RAM {} is too small for a write cache: give at least 1M (e.g. 256M), or 0 for a ram-overflow cache that writes straight to its file",
+            mib(ram))));
+    }
+    if ram > MAX_RAM {
+        return Err(StoreError::BadInput(format!(
+            "RAM {} is more than one target's write cache may take (at most 256G): did you mean a smaller unit (e.g. 1G)?", mib(ram))));
+    }
+    Ok(())
+}
+
+/// Whether `--ram` suits the cache type: its range, only device-ram and ram-overflow take
+/// it, and device-ram needs some. The one rule for every command that takes --ram (records
+/// here and through the API, `target attach` and `serve-image` in the binary).
+pub fn check_ram(cache: CacheType, ram: u64) -> Result<()> {
+    if !uses_ram(cache) {
+        return Err(StoreError::BadInput(format!(
+            "--ram is for the device-ram and ram-overflow cache types, not {cache}: leave it out, or choose one of those types")));
+    }
+    check_ram_range(ram)?;
+    if ram == 0 && cache == CacheType::DeviceRam {
+        return Err(StoreError::BadInput("device-ram with --ram 0 could hold no write: give a size such as 512M".into()));
+    }
+    Ok(())
+}
+
 /// Checks the fields of a record that do not depend on the store.
 fn check_fields(cache: CacheType, version: Selector, ram: Option<u64>, overflow_max: Option<u64>, description: Option<&str>) -> Result<()> {
     if version == Selector::Maintenance {
         return Err(StoreError::BadInput(
             "a target cannot boot the maintenance version: it is written directly by its one writer (the maintenance/NAME export or `serve-image --vdisk NAME@maintenance`), not through a write cache; give production, test, latest, base or a version number".into()));
     }
-    if ram.is_some() && !uses_ram(cache) {
-        return Err(StoreError::BadInput(format!(
-            "--ram is for the device-ram and ram-overflow cache types, not {cache}: leave it out, or choose one of those types")));
-    }
-    if ram == Some(0) && cache == CacheType::DeviceRam {
-        return Err(StoreError::BadInput("device-ram with --ram 0 could hold no write: give a size such as 512M".into()));
+    if let Some(ram) = ram {
+        check_ram(cache, ram)?;
     }
     if overflow_max.is_some() && !uses_file(cache) {
         return Err(StoreError::BadInput(format!(
@@ -456,6 +491,10 @@ mod tests {
         assert!(ok(DeviceDisk, Some(1), None).unwrap_err().to_string().contains("--ram is for"));
         assert!(ok(DeviceRam, None, Some(1)).unwrap_err().to_string().contains("has none"));
         assert!(ok(DeviceRam, Some(0), None).is_err());
+        assert!(ok(RamOverflow, Some(0), None).is_ok(), "0: straight to the file");
+        assert!(ok(RamOverflow, Some(1), None).unwrap_err().to_string().contains("too small"));
+        assert!(ok(DeviceRam, Some(1 << 40), None).unwrap_err().to_string().contains("at most 256G"));
+        assert!(ok(DeviceRam, Some(MIN_RAM), None).is_ok() && ok(DeviceRam, Some(MAX_RAM), None).is_ok());
         assert!(ok(Server, None, Some(0)).is_err());
         let e = check_fields(Server, Selector::Maintenance, None, None, None).unwrap_err().to_string();
         assert!(e.contains("maintenance version"), "{e}");
