@@ -22,6 +22,14 @@ pub fn qemu_img(args: &[&str]) -> String {
     run("qemu-img", args)
 }
 
+/// qemu-img's (major, minor) version, from `qemu-img --version` ("qemu-img version 10.0.2 (...)").
+pub fn qemu_img_version() -> (u32, u32) {
+    let text = qemu_img(&["--version"]);
+    let number = text.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit())).unwrap_or_else(|| panic!("no version in: {text}"));
+    let mut parts = number.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
 /// `qemu-io -c CMD...` on an image (format probed).
 pub fn qemu_io(image: &Path, cmds: &[&str]) {
     let mut args: Vec<&str> = Vec::new();
