@@ -15,7 +15,10 @@
 //! the library error types ([`StoreError`], [`ClientError`], [`AgentError`], the
 //! block-device error, `std::io::Error`), or a [`Failure`] the command made itself.
 //! `--json` anywhere on the command line selects the JSON form:
-//! `{"error": {"kind": "not_found", "status": 3, "message": "..."}}`.
+//! `{"error": {"kind": "not_found", "status": 3, "message": "..."}}`, unless the command
+//! already printed its own document (`bench --verify --json` with mismatches, `target
+//! status --json` of a stopped agent): stdout then stays that one document, and the
+//! status and stderr say the failure.
 
 use std::fmt;
 
@@ -70,7 +73,8 @@ Exit status:
   4 conflict: refused by the current state (in use, already exists, already attached)
   5 I/O: a read or write failed, a store file is damaged or missing
   6 unavailable: no server answers, or the target's agent is not running
-With --json, a failure also prints one JSON object on stdout:
+With --json, a failure also prints one JSON object on stdout (unless the command's
+own document is already there):
   {\"error\": {\"kind\": \"not_found\", \"status\": 3, \"message\": \"...\"}}";
 
 /// A failure the CLI classifies itself. `reported`: the command already printed its JSON
@@ -204,7 +208,7 @@ pub fn exit_with(err: &anyhow::Error, json: bool) -> ! {
     let kind = classify(err);
     let message = message(err);
     errln!("vdstream: error: {message}");
-    let reported = err.chain().any(|c| c.downcast_ref::<Failure>().is_some_and(|f| f.reported));
+    let reported = crate::output::wrote_stdout() || err.chain().any(|c| c.downcast_ref::<Failure>().is_some_and(|f| f.reported));
     if json && !reported {
         let doc = serde_json::json!({"error": {"kind": kind.name(), "status": kind.code(), "message": message}});
         outln!("{doc}");

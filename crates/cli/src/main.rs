@@ -52,7 +52,8 @@ Exit status:
   4 conflict: refused by the current state (in use, already exists, already attached)
   5 I/O: a read or write failed, a store file is damaged or missing
   6 unavailable: no server answers, or the target's agent is not running
-With --json, a failure also prints one JSON object on stdout:
+With --json, a failure also prints one JSON object on stdout (unless the command's
+own document is already there):
   {\"error\": {\"kind\": \"not_found\", \"status\": 3, \"message\": \"...\"}}")]
 struct Cli {
     #[command(subcommand)]

@@ -47,6 +47,15 @@ macro_rules! errln {
 /// false once a service said it outlives its stdout.
 static EXIT_ON_CLOSED_STDOUT: AtomicBool = AtomicBool::new(true);
 
+/// true once anything was written to stdout.
+static WROTE_STDOUT: AtomicBool = AtomicBool::new(false);
+
+/// Whether the command has written to stdout (a --json error object then stays off it:
+/// exit.rs).
+pub fn wrote_stdout() -> bool {
+    WROTE_STDOUT.load(Ordering::Relaxed)
+}
+
 /// Called by the services: a closed stdout then drops their output instead of ending them.
 pub fn keep_running_without_stdout() {
     EXIT_ON_CLOSED_STDOUT.store(false, Ordering::Relaxed);
@@ -56,6 +65,7 @@ pub fn keep_running_without_stdout() {
 /// and is ignored by a service; another error (a full disk behind `>`) ends the command
 /// with the I/O exit status.
 pub fn write_stdout(args: fmt::Arguments<'_>) {
+    WROTE_STDOUT.store(true, Ordering::Relaxed);
     let mut stdout = std::io::stdout().lock();
     let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) else { return };
     drop(stdout);

@@ -38,9 +38,10 @@ fn table_problems(text: &str) -> Vec<String> {
             i += 1;
         }
         let rows = &lines[start..i];
+        let has_separator = rows.len() >= 2 && is_separator(rows[1]);
         if in_code && rows.len() >= 2 {
             problems.push(format!("line {}: a table inside a ``` code block does not render", start + 1));
-        } else if !in_code && !(rows.len() >= 2 && is_separator(rows[1])) {
+        } else if !in_code && !has_separator {
             problems.push(format!("line {}: a table without its |---| row under the header", start + 1));
         }
     }
