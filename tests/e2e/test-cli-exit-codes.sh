@@ -2,7 +2,7 @@
 # Exit statuses and --json errors (README "Exit status"; `vdstream --help`): each class of
 # failure exits with its own status, and with --json prints one JSON object on stdout,
 # {"error": {"kind", "status", "message"}}, besides the message on stderr:
-#   2 usage        bad name, unknown subcommand, bad size
+#   2 usage        bad name, unknown subcommand, bad size, nothing to set
 #   3 not_found    unknown vDisk (store and API 404), no store, unknown target
 #   4 conflict     a second maintenance version (store and API 409)
 #   5 io           export into a missing folder; damaged metadata
@@ -49,6 +49,7 @@ vds vdisk create w --size 1M >/dev/null
 expect 2 usage "invalid vDisk name" vdisk info 'bad name' --store "$STORE"
 expect 2 usage "unrecognized subcommand" vdisk lst --store "$STORE"
 expect 2 usage "unknown unit" vdisk create x --size 12parsecs --store "$STORE"
+expect 2 usage "nothing to set" vdisk set w --store "$STORE"
 expect 3 not_found 'no vDisk named "nope"' vdisk info nope --store "$STORE"
 expect 3 not_found "no store at" vdisk list --store "$E2E_TMP/no-store"
 expect 3 not_found 'no target named "vm9"' target show vm9 --store "$STORE"

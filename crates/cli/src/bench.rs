@@ -100,7 +100,7 @@ impl BenchArgs {
         w.random_pct = self.random_pct.unwrap_or(w.random_pct);
         w.working_set = self.working_set;
         if !(self.duration.is_finite() && self.duration > 0.0 && self.duration <= 86_400.0) {
-            bail!("--duration {} is not a number of seconds between 0 and 86400", self.duration);
+            usage!("--duration {} is not a number of seconds between 0 and 86400", self.duration);
         }
         w.duration = Duration::from_secs_f64(self.duration);
         w.verify = self.verify;

@@ -392,7 +392,7 @@ fn run_demo(args: DemoArgs) -> Result<()> {
     let size: u64 = if args.quick { 64 << 20 } else { 256 << 20 };
     let secs = args.duration.unwrap_or(if args.quick { 2.0 } else { 15.0 });
     if !(secs.is_finite() && secs > 0.0 && secs <= 3600.0) {
-        bail!("--duration {secs} is not a number of seconds between 0 and 3600");
+        usage!("--duration {secs} is not a number of seconds between 0 and 3600");
     }
     let workload = Workload { duration: Duration::from_secs_f64(secs), ..Profile::Vdi.workload() };
     let plan = boot_plan(&args)?;

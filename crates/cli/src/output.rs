@@ -44,6 +44,16 @@ macro_rules! errln {
     ($($arg:tt)*) => { $crate::output::write_stderr(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
+/// Returns a usage error (exit status 2, kind "usage": exit.rs), like `anyhow::bail!`.
+macro_rules! usage {
+    ($($arg:tt)*) => { return Err($crate::exit::fail($crate::exit::Kind::Usage, format!($($arg)*))) };
+}
+
+/// Returns a conflict error (exit status 4, kind "conflict": exit.rs), like `anyhow::bail!`.
+macro_rules! conflict {
+    ($($arg:tt)*) => { return Err($crate::exit::fail($crate::exit::Kind::Conflict, format!($($arg)*))) };
+}
+
 /// false once a service said it outlives its stdout.
 static EXIT_ON_CLOSED_STDOUT: AtomicBool = AtomicBool::new(true);
 

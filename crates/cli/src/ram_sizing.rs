@@ -83,7 +83,7 @@ pub fn run(args: SizeArgs) -> Result<()> {
     let mut kinds = Vec::new();
     for k in &args.cache {
         if !matches!(k, CacheType::RamOverflow | CacheType::DeviceRam | CacheType::DeviceDisk) {
-            bail!("--cache {k}: size replays ram-overflow, device-ram and device-disk (the target-side types; server types behave as device-disk on the server)");
+            usage!("--cache {k}: size replays ram-overflow, device-ram and device-disk (the target-side types; server types behave as device-disk on the server)");
         }
         if !kinds.contains(k) {
             kinds.push(*k);
@@ -93,10 +93,10 @@ pub fn run(args: SizeArgs) -> Result<()> {
     rams.sort_unstable();
     rams.dedup();
     if rams.is_empty() {
-        bail!("--ram: give at least one RAM size (e.g. --ram 64M,256M,1G)");
+        usage!("--ram: give at least one RAM size (e.g. --ram 64M,256M,1G)");
     }
     let goal = match (args.target_storage_iops, args.target_reduction) {
-        (Some(n), _) if !(n.is_finite() && n >= 0.0) => bail!("--target-storage-iops {n}: give a number of IOPS, 0 or more"),
+        (Some(n), _) if !(n.is_finite() && n >= 0.0) => usage!("--target-storage-iops {n}: give a number of IOPS, 0 or more"),
         (Some(n), _) => SizingGoal::StorageIops(n),
         (None, Some(p)) => SizingGoal::ReductionPercent(p),
         (None, None) => SizingGoal::NearBest,

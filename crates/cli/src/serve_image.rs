@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use vdstream_blockdev::{BlockDev, FileDev, FileOptions, MemoryDev};
 use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
@@ -227,7 +227,7 @@ impl Exports for SingleExport {
 
 pub fn run(args: ServeImageArgs) -> Result<()> {
     if args.read_only && args.memory.is_some() {
-        bail!("--read-only with --memory would serve a disk of zeros; drop --read-only");
+        usage!("--read-only with --memory would serve a disk of zeros; drop --read-only");
     }
     let mut opened_layer = None;
     let (dev, description): (Arc<dyn BlockDev>, String) = match (&args.file, args.memory) {
@@ -240,7 +240,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         }
         (_, Some(size)) => {
             if size == 0 {
-                bail!("--memory must be larger than 0 (e.g. --memory 1G)");
+                usage!("--memory must be larger than 0 (e.g. --memory 1G)");
             }
             (Arc::new(MemoryDev::new(size)), format!("RAM disk of {}", format_size(size)))
         }
@@ -249,7 +249,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             let read_only = args.read_only || args.cache.is_some_and(|c| c != CacheType::Private);
             open_image(path, args.format, read_only, args.direct)?
         }
-        (None, None) => bail!("give an image FILE or --memory SIZE"),
+        (None, None) => usage!("give an image FILE or --memory SIZE"),
     };
     let mut cache_in_use = None;
     let (dev, description) = match args.cache {
@@ -351,7 +351,7 @@ fn open_image(path: &Path, format: FormatChoice, read_only: bool, direct: bool) 
         return Ok((Arc::new(dev), format!("raw image {}", path.display())));
     }
     if direct {
-        bail!("--direct is for raw images; {} is qcow2: drop --direct (or serve it with --format raw)", path.display());
+        usage!("--direct is for raw images; {} is qcow2: drop --direct (or serve it with --format raw)", path.display());
     }
     let dev: Arc<dyn BlockDev> = if read_only {
         open_chain(path).with_context(|| format!("cannot serve {}", path.display()))?
@@ -385,11 +385,11 @@ fn open_vdisk(args: &ServeImageArgs) -> Result<vdstream_store::OpenedLayer> {
     let opened = store.open_layer(&name, sel, writable)?;
     let private = opened.meta.access == DiskAccess::Private;
     if args.cache.is_some() && (private || opened.access == Some(Access::Maintenance)) {
-        bail!("{} of vDisk {name} is written directly by one target ({}); drop --cache",
+        usage!("{} of vDisk {name} is written directly by one target ({}); drop --cache",
             opened.layer, if private { "private access" } else { "maintenance version" });
     }
     if args.cache == Some(CacheType::Private) {
-        bail!("vDisk {name} has standard access: its layers are read-only to targets; use another --cache type, \
+        usage!("vDisk {name} has standard access: its layers are read-only to targets; use another --cache type, \
                or serve {name}@maintenance to write a new version");
     }
     let access = match (private, opened.access) {
@@ -443,10 +443,10 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            bail!("{} exists and is not a socket: choose another --socket path", path.display());
+            conflict!("{} exists and is not a socket: choose another --socket path", path.display());
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            bail!("another server is already listening on {}: stop it or choose another --socket path", path.display());
+            conflict!("another server is already listening on {}: stop it or choose another --socket path", path.display());
         }
         std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))?;
     }

@@ -172,7 +172,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     paths::check_target_id(&a.id)?;
     let mut cfg = if a.servers.iter().any(|s| api::is_api_url(s)) {
         if let Some(nbd) = a.servers.iter().find(|s| !api::is_api_url(s)) {
-            anyhow::bail!(
+            usage!(
                 "--server {nbd} is an NBD URI, and the others are store servers' APIs: give every --server as http://HOST:PORT, or every one as an NBD URI"
             );
         }
@@ -202,7 +202,7 @@ fn attach(a: AttachArgs) -> Result<()> {
         cfg
     } else {
         if a.vdisk.is_some() {
-            anyhow::bail!("--vdisk needs store servers (--server http://HOST:PORT); with an NBD URI, name the export in it (nbd://HOST:PORT/vdisk/NAME@V)");
+            usage!("--vdisk needs store servers (--server http://HOST:PORT); with an NBD URI, name the export in it (nbd://HOST:PORT/vdisk/NAME@V)");
         }
         let endpoints = a.servers.iter().map(|s| Endpoint::parse(s)).collect::<Result<Vec<_>, _>>()?;
         let mut cfg = AttachConfig::new(&a.id, endpoints);

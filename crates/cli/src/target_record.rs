@@ -116,7 +116,7 @@ impl Fields {
     /// The body of `target add` (the API's POST /api/v1/targets).
     pub fn new_target(self, id: String) -> Result<NewTarget> {
         let (Some(vdisk), Some(cache)) = (self.vdisk, self.cache) else {
-            anyhow::bail!("a new target needs --vdisk NAME and --cache TYPE");
+            usage!("a new target needs --vdisk NAME and --cache TYPE");
         };
         Ok(NewTarget { id, vdisk, cache, version: selector(self.version)?, ram: self.ram, overflow_max: self.overflow_max, description: self.description })
     }
@@ -216,7 +216,7 @@ pub fn print_show(o: &StoreOpts, doc: Value) -> Result<()> {
 pub fn set(a: SetArgs) -> Result<()> {
     let change = a.fields.change()?;
     if change.is_empty() {
-        anyhow::bail!("nothing to set: give --vdisk, --cache, --version, --ram, --overflow-max or --description");
+        usage!("nothing to set: give --vdisk, --cache, --version, --ram, --overflow-max or --description");
     }
     let doc = match a.api.client()? {
         Some(c) => c.put(&format!("/api/v1/targets/{}", seg(&a.id)), &change_json(&change))?,

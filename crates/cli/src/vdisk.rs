@@ -196,7 +196,7 @@ pub fn run(args: VdiskArgs) -> Result<()> {
         }
         VdiskCommand::Set { name, max_versions, access } => {
             if max_versions.is_none() && access.is_none() {
-                anyhow::bail!("nothing to set: give --max-versions N and/or --access standard|private");
+                usage!("nothing to set: give --max-versions N and/or --access standard|private");
             }
             let store = o.open()?;
             let m = store.set_vdisk(&name, max_versions, access.map(Into::into))?;
