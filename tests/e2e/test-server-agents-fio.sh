@@ -21,9 +21,10 @@ golden_vdisk w 128
 start_store_server --stats-file "$E2E_TMP/stats.json"
 srv=$SOCK
 declare -A uris
-for spec in a:ram-overflow:16M b:device-disk:0 c:device-ram:96M; do
+for spec in a:ram-overflow:16M b:device-disk: c:device-ram:96M; do
     IFS=: read -r id cache ram <<<"$spec"
-    start_agent "$id" --server "$(xuri vdisk/w "$srv")" --cache "$cache" --ram "$ram"
+    # --ram only for the RAM types (device-disk refuses it, as every command does).
+    start_agent "$id" --server "$(xuri vdisk/w "$srv")" --cache "$cache" ${ram:+--ram "$ram"}
     uris[$id]=$URI
 done
 
