@@ -193,7 +193,10 @@ fn attach(a: AttachArgs) -> Result<()> {
         }
         let mut cfg = AttachConfig::new(&a.id, r.endpoints);
         cfg.cache = p.cache;
-        if let Some(ram) = p.ram {
+        // The record's RAM size stays unused when --cache picks a type without RAM; a --ram
+        // flag is checked like any other.
+        let uses_ram = matches!(p.cache, CacheType::DeviceRam | CacheType::RamOverflow);
+        if let Some(ram) = p.ram.filter(|_| uses_ram || a.ram.is_some()) {
             check_ram_fits_here(p.cache, ram)?;
             cfg.ram = ram;
         }
