@@ -272,7 +272,7 @@ fn chunked_over_the_cap() -> Vec<u8> {
     let mut out = b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
     for _ in 0..17 {
         out.extend_from_slice(b"10000\r\n");
-        out.extend(std::iter::repeat_n(b' ', 0x10000));
+        out.extend_from_slice(&[b' '; 0x10000]);
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"0\r\n\r\n");
