@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # --server http:// without a target record: a clear error naming the target and
-# `vdstream target add`; with --vdisk NAME --cache TYPE the agent runs without one and
-# reports to the API anyway; NBD URIs and http:// URLs do not mix.
+# `vdstream target add`; with --vdisk NAME --cache TYPE the agent runs without one, its
+# reports refused by the API until the record is added; NBD URIs and http:// URLs do not mix.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
@@ -39,16 +39,29 @@ fi
 start_agent lab1 --server "$API_URL" --vdisk w --cache device-ram --ram 8M
 assert_eq "export" "$(agent_status_get lab1 'j["vdisk"]["export"]')" vdisk/w
 assert_eq "size" "$(nbdinfo --size "$URI")" $((16 << 20))
+# Its reports are refused while it has no record (the API keeps reports only of targets
+# in the store), and accepted once the record is added.
 ok=
-for ((i = 0; i < 50; i++)); do
+for ((i = 0; i < 100; i++)); do
+    if grep -q 'refused an agent report for target "lab1"' "$SERVER_LOG"; then
+        ok=1
+        break
+    fi
+    sleep 0.2
+done
+[[ -n $ok ]] || fail "the server did not log refusing lab1's report"
+! api GET /metrics | grep -q 'vdstream_agent_connected{target="lab1"}' || fail "the API keeps a report of lab1, which has no record"
+vds target add lab1 --vdisk w --cache device-ram --ram 8M >/dev/null
+ok=
+for ((i = 0; i < 100; i++)); do
     if api GET /metrics | grep -q '^vdstream_agent_connected{target="lab1"} 1'; then
         ok=1
         break
     fi
     sleep 0.2
 done
-[[ -n $ok ]] || fail "the API has no report of lab1: $(api GET /metrics | grep vdstream_agent)"
-log "ok: lab1 reports to the API without a record"
+[[ -n $ok ]] || fail "the API has no report of lab1 after its record was added: $(api GET /metrics | grep vdstream_agent)"
+log "ok: lab1 runs without a record; its reports count once the record exists"
 rc=0
 stop_server "$AGENT_PID" 15 || rc=$?
 assert_eq "agent exit status" "$rc" 0

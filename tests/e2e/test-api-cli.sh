@@ -3,7 +3,7 @@
 # store itself, byte for byte, with --json and without: vdisk list/show, version list,
 # target list/show; mutations through the API (target add/set/remove, version
 # new/promote/revert) land in the store and its audit trail, as the local commands'
-# would; errors read the same; an unreachable server or a bad URL is named.
+# would, with the API client's address (ip:port) in each audit entry; errors read the same; an unreachable server or a bad URL is named.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/store-lib.sh"
@@ -53,6 +53,12 @@ grep -q "removed target vm2" <<<"$(vds target remove vm2 --server "$API_URL")" |
 vds audit --json >"$E2E_TMP/audit.json"
 assert_eq "audited" "$(json_get "$E2E_TMP/audit.json" '[e["action"] for e in j][-7:]')" \
     "['target.add', 'target.set', 'version.new', 'version.promote', 'version.promote', 'version.revert', 'target.remove']"
+# Each change through the API names its client's address; a local change names none.
+assert_eq "API clients audited" "$(json_get "$E2E_TMP/audit.json" 'sorted({e.get("client", "").rsplit(":", 1)[0] for e in j[-7:]})')" "['127.0.0.1']"
+assert_eq "local change without client" "$(json_get "$E2E_TMP/audit.json" '"client" in j[0]')" "False"
+vds audit --limit 1 >"$E2E_TMP/audit.txt"
+grep -Eq 'via API from 127\.0\.0\.1:[0-9]+\)' "$E2E_TMP/audit.txt" || fail "vdstream audit does not show the API client: $(cat "$E2E_TMP/audit.txt")"
+log "ok: changes through the API are audited with the client's address"
 
 # Errors read the same, locally and through the API.
 for args in "vdisk show nope" "target show nope" "version promote win 7 --to test" "target add vm1 --vdisk win --cache server" "target add x --vdisk win --cache private" "vdisk show a..b" "target set vm1 --cache server --ram 1G"; do

@@ -49,7 +49,10 @@ expect_status "malformed JSON" 400 POST /api/v1/targets '{"id": '
 # An agent's report shows in its target and in /metrics.
 report='{"target": "vm1", "pid": 1, "state": "running", "server": {"endpoint": "nbd://a/", "connected": true, "retries": 4, "reconnects": 2, "failovers": 1, "gave_up": 0}, "cache": {"used_percent": 30.5}}'
 expect_status "agent report" 200 PUT /api/v1/targets/vm1/agent "$report"
-expect_status "report for another target" 400 PUT /api/v1/targets/vm2/agent "$report"
+expect_status "report for a target with no record" 404 PUT /api/v1/targets/vm2/agent "$report"
+json_get "$E2E_TMP/body" '"vdstream target add vm2" in j["what_to_do"]' | grep -qx True || fail "the refusal does not say to add the target: $(cat "$E2E_TMP/body")"
+expect_status "add target vm2" 201 POST /api/v1/targets '{"id": "vm2", "vdisk": "win", "cache": "server"}'
+expect_status "report naming another target" 400 PUT /api/v1/targets/vm2/agent "$report"
 expect_status "target with report" 200 GET /api/v1/targets/vm1
 assert_eq "agent retries" "$(json_get "$E2E_TMP/body" 'j["agent"]["server"]["retries"]')" 4
 curl -sS --max-time 30 "$API_URL/metrics" >"$E2E_TMP/metrics" || fail "GET /metrics failed"
@@ -72,7 +75,9 @@ assert "vdstream_sessions 0" in text
 PY
 log "ok: /metrics parses"
 
-# Raw bytes: each gets a 4xx answer or a closed connection, never a hang or a crash.
+# Raw bytes: each gets a 4xx answer or a closed connection, never a hang or a crash. What
+# hyper refuses before it is a request (garbage, a bad Content-Length, an oversized head)
+# gets its bare status; what the API refuses, the JSON error document.
 "$PY" - "${API_URL#http://}" <<'PY' || fail "a malformed request was mishandled"
 import json, socket, sys
 host, port = sys.argv[1].rsplit(":", 1)
@@ -80,31 +85,43 @@ addr = (host, int(port))
 
 def send(raw, half_close=True):
     s = socket.create_connection(addr, timeout=20)
-    s.sendall(raw)
-    if half_close:
-        s.shutdown(socket.SHUT_WR)
     out = b""
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        out += b
+    try:
+        s.sendall(raw)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except OSError:
+        # hyper answers a head it refuses and closes at once: the rest of what we send
+        # may reset the connection (and the answer with it).
+        pass
     s.close()
     return out
 
 cases = [
-    ("garbage", b"\x00\x01GARBAGE\r\n\r\n", 400),
-    ("bad Content-Length", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n", 400),
-    ("oversized head", b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 40000 + b"\r\n\r\n", 431),
-    ("invalid UTF-8 body", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n\xff\xfe\xfd", 400),
-    ("truncated body", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}", 400),
-    ("body too large", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n", 413),
+    ("garbage", b"\x00\x01GARBAGE\r\n\r\n", 400, False),
+    ("bad Content-Length", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n", 400, False),
+    ("oversized head", b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 40000 + b"\r\n\r\n", 431, False),
+    ("invalid UTF-8 body", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n\xff\xfe\xfd", 400, True),
+    ("truncated body", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}", 400, True),
+    ("body too large", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n", 413, True),
+    ("agent report too large", b"PUT /api/v1/targets/vm1/agent HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n", 413, True),
 ]
-for what, raw, want in cases:
+for what, raw, want, is_json in cases:
     out = send(raw)
+    if not out and not is_json:
+        print("ok:", what, "closed", file=sys.stderr)
+        continue
     head, _, body = out.partition(b"\r\n\r\n")
     status = int(head.split(b" ")[1])
     assert status == want, (what, out[:300])
+    if not is_json:
+        print("ok:", what, status, file=sys.stderr)
+        continue
     doc = json.loads(body)
     assert doc["error"] and doc["what_to_do"], (what, doc)
     print("ok:", what, status, doc["error"][:80], file=sys.stderr)

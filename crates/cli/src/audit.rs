@@ -31,7 +31,10 @@ pub fn run(args: AuditArgs) -> Result<()> {
     args.opts.emit(serde_json::to_value(&entries)?, || {
         entries
             .iter()
-            .map(|e| format!("{}  {}@{} (pid {})  {:<22} {:<16} {}", e.time, e.user, e.host, e.pid, e.action, e.vdisk, e.details))
+            .map(|e| {
+                let via = e.client.as_deref().map(|c| format!(" via API from {c}")).unwrap_or_default();
+                format!("{}  {}@{} (pid {}{via})  {:<22} {:<16} {}", e.time, e.user, e.host, e.pid, e.action, e.vdisk, e.details)
+            })
             .collect::<Vec<_>>()
             .join("\n")
     });

@@ -5,6 +5,9 @@
 //! ```json
 //! {"time":"2025-03-01T22:00:00Z","user":"root","host":"pvs1","pid":4242,"action":"version.promote","vdisk":"win11","details":{"version":3,"to":"production"}}
 //! ```
+//!
+//! A change made through the server's HTTP API also has `client`, the API client's
+//! `ip:port` (`user`, `host` and `pid` are then the server process's).
 
 use std::io::Write;
 use std::path::Path;
@@ -22,6 +25,9 @@ pub struct AuditEntry {
     pub user: String,
     pub host: String,
     pub pid: u32,
+    /// The API client (`ip:port`) a server made the change for; absent for the CLI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
     /// `vdisk.create`, `version.promote`, `version.merge`, …
     pub action: String,
     pub vdisk: String,
@@ -36,6 +42,7 @@ impl AuditEntry {
             user: actor.user.clone(),
             host: actor.host.clone(),
             pid: actor.pid,
+            client: actor.client.clone(),
             action: action.to_string(),
             vdisk: vdisk.to_string(),
             details,

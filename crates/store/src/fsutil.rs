@@ -139,12 +139,14 @@ pub struct Actor {
     pub user: String,
     pub host: String,
     pub pid: u32,
+    /// The remote client on whose behalf this process acts (the API's `ip:port`), if any.
+    pub client: Option<String>,
 }
 
 impl Actor {
     /// The current process.
     pub fn current() -> Self {
-        Actor { user: user_name(), host: host_name(), pid: std::process::id() }
+        Actor { user: user_name(), host: host_name(), pid: std::process::id(), client: None }
     }
 
     /// `user@host`, as recorded in `created_by` and `promoted.by`.

@@ -96,6 +96,13 @@ impl Store {
         &self.root
     }
 
+    /// The same store, with changes recorded in the audit trail as made for `client` (the
+    /// address of an API client, `ip:port`).
+    pub fn with_client(mut self, client: impl Into<String>) -> Self {
+        self.actor.client = Some(client.into());
+        self
+    }
+
     pub fn actor(&self) -> &Actor {
         &self.actor
     }

@@ -6,13 +6,14 @@
 //! | 400 | malformed request, path, parameter or JSON body; a bad name, size, version |
 //! | 404 | unknown route, vDisk or target |
 //! | 405 | a known route with another method (with `Allow`) |
-//! | 408, 413, 431 | the request was too slow, its body or its head too large |
+//! | 408, 413 | the body was too slow, or too large |
 //! | 409 | a rule of the store refuses the change (in use, exists, wrong state) |
 //! | 500 | anything else: a damaged or missing file, an I/O error |
-//! | 503 | too many connections |
+//!
+//! (What hyper refuses before there is a request, a request line or head that does not
+//! parse or is too large, gets hyper's bare 400 or 431 without this document.)
 
 use serde_json::json;
-use vdstream_http::wire::WireError;
 use vdstream_store::StoreError;
 
 /// An error answer.
@@ -36,16 +37,6 @@ impl ApiError {
         let mut b = serde_json::to_vec(&json!({"error": self.error, "what_to_do": self.what_to_do})).expect("serializes");
         b.push(b'\n');
         b
-    }
-
-    pub fn from_wire(e: &WireError) -> Self {
-        let what = match e {
-            WireError::BodyTooLarge { limit, .. } => format!("send a body of at most {limit} bytes"),
-            WireError::HeadTooLarge(_) => "send a shorter request line and fewer header fields".to_string(),
-            WireError::Timeout => "send the whole request within 10 seconds".to_string(),
-            _ => "send an HTTP/1.1 request: METHOD /path HTTP/1.1, a Host field, and Content-Length for a body".to_string(),
-        };
-        ApiError::new(e.status(), e.to_string(), what)
     }
 }
 

@@ -6,10 +6,18 @@
 //! [`RATE_WINDOW`] to the counters now. A session younger than one sample shows 0.
 //!
 //! Agent reports: `PUT /api/v1/targets/{id}/agent` carries an agent's status document
-//! (`vdstream_agent::Status`, the JSON `vdstream target status --json` prints). Only the
-//! latest report of each target is kept, and one older than [`REPORT_TTL`] is left out
-//! of every view (and dropped at the next report). The server reads only a few numbers
-//! from it (metrics); the rest is passed on as the agent wrote it.
+//! (`vdstream_agent::Status`, the JSON `vdstream target status --json` prints). The server
+//! reads only a few numbers from it (metrics); the rest is passed on as the agent wrote it.
+//!
+//! What a report may cost, bounded whoever sends it (the API has no authentication yet):
+//! - only targets with a record in the store may report (404 otherwise), so the reports
+//!   kept are at most one per target of the store (and never over [`MAX_REPORTS`]);
+//! - a report is at most `MAX_AGENT_REPORT` bytes (413, checked before it is read), at
+//!   most [`MAX_REPORT_VALUES`] JSON values and [`MAX_REPORT_DEPTH`] levels deep (400);
+//! - it is kept as compact JSON text (not a parsed tree), and parsed when read;
+//! - one older than [`REPORT_TTL`] is left out of every view and freed by the sampler's
+//!   sweep within a second or so, after which the allocator is asked to return freed
+//!   memory to the system (glibc's `malloc_trim`), so the server's RSS goes back down.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -28,11 +36,22 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(5);
 pub const REPORT_TTL: Duration = Duration::from_secs(60);
 /// Reports kept at most (one per target); past it the oldest is dropped.
 const MAX_REPORTS: usize = 10_000;
+/// JSON values (objects, arrays, strings, numbers, …) in one report at most.
+pub const MAX_REPORT_VALUES: usize = 1_000;
+/// Nesting of one report at most.
+pub const MAX_REPORT_DEPTH: usize = 8;
 
 #[derive(Debug)]
 struct Report {
     at: Instant,
-    doc: Value,
+    /// The report as compact JSON text.
+    json: Box<str>,
+}
+
+impl Report {
+    fn doc(&self) -> Value {
+        serde_json::from_str(&self.json).unwrap_or(Value::Null)
+    }
 }
 
 /// Agent reports and counter samples.
@@ -95,16 +114,32 @@ impl Live {
     pub fn agent_report(&self, target: &str) -> Option<Value> {
         let reports = lock(&self.reports);
         let r = reports.get(target)?;
-        (r.at.elapsed() <= REPORT_TTL).then(|| r.doc.clone())
+        (r.at.elapsed() <= REPORT_TTL).then(|| r.doc())
     }
 
     /// Fresh reports, by target.
     pub fn agent_reports(&self) -> Vec<(String, Value)> {
-        lock(&self.reports).iter().filter(|(_, r)| r.at.elapsed() <= REPORT_TTL).map(|(t, r)| (t.clone(), r.doc.clone())).collect()
+        lock(&self.reports).iter().filter(|(_, r)| r.at.elapsed() <= REPORT_TTL).map(|(t, r)| (t.clone(), r.doc())).collect()
+    }
+
+    /// Frees the reports older than [`REPORT_TTL`]; then, if any was freed, hands freed
+    /// heap memory back to the system.
+    pub fn sweep_reports(&self) {
+        let freed = {
+            let mut reports = lock(&self.reports);
+            let before = reports.len();
+            reports.retain(|_, r| r.at.elapsed() <= REPORT_TTL);
+            before - reports.len()
+        };
+        if freed > 0 {
+            trim_heap();
+        }
     }
 
     fn put_report(&self, target: &str, mut doc: Value) {
         doc["received_unix_ms"] = json!(unix_ms());
+        let json = serde_json::to_string(&doc).expect("JSON values serialize").into_boxed_str();
+        drop(doc);
         let mut reports = lock(&self.reports);
         reports.retain(|_, r| r.at.elapsed() <= REPORT_TTL);
         if reports.len() >= MAX_REPORTS && !reports.contains_key(target) {
@@ -112,7 +147,7 @@ impl Live {
                 reports.remove(&oldest);
             }
         }
-        reports.insert(target.to_string(), Report { at: Instant::now(), doc });
+        reports.insert(target.to_string(), Report { at: Instant::now(), json });
     }
 
     /// `GET /api/v1/sessions`.
@@ -196,15 +231,60 @@ fn io_doc(t: &crate::state::CountersSnapshot) -> Value {
     })
 }
 
+/// Returns freed heap memory to the system (glibc keeps it otherwise, and the RSS stays up).
+fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim takes no pointer and only rearranges the allocator's free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Counts the values of `v` (itself included) and checks its depth, stopping early past the limits.
+fn within_report_limits(v: &Value, depth: usize, count: &mut usize) -> bool {
+    *count += 1;
+    if *count > MAX_REPORT_VALUES || depth > MAX_REPORT_DEPTH {
+        return false;
+    }
+    match v {
+        Value::Array(a) => a.iter().all(|x| within_report_limits(x, depth + 1, count)),
+        Value::Object(o) => o.values().all(|x| within_report_limits(x, depth + 1, count)),
+        _ => true,
+    }
+}
+
 /// `PUT /api/v1/targets/{id}/agent`: the body is the agent's status document; its
-/// `target` (if present) must be `{id}`.
+/// `target` (if present) must be `{id}`, a target with a record in the store.
 pub(crate) fn put_agent(shared: &Shared, call: &Call<'_>) -> Result<Reply, ApiError> {
     let id = call.params[0].as_str();
     vdstream_store::names::validate_target_id(id)?;
+    match vdstream_store::Store::open(&shared.state.store).and_then(|s| s.target(id)) {
+        Ok(_) => {}
+        Err(vdstream_store::StoreError::UnknownTarget { .. }) => {
+            static LAST_LOGGED_S: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let now_s = unix_ms() / 1000;
+            // At most one line a second, whoever floods.
+            if LAST_LOGGED_S.swap(now_s, std::sync::atomic::Ordering::Relaxed) != now_s {
+                log::warn!("HTTP API: refused an agent report for target {id:?} from {}: no such target in the store", call.client.map_or("?".to_string(), |c| c.0.to_string()));
+            }
+            return Err(ApiError::new(
+                404,
+                format!("target {id:?} has no record in the store of this server, so its reports are refused"),
+                format!("add it first with `vdstream target add {id} --vdisk NAME --cache TYPE` (or POST /api/v1/targets), then start its agent"),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }
     let doc: Value = call.json(false)?;
     let Some(obj) = doc.as_object() else {
         return Err(ApiError::bad_request("an agent report is a JSON object", "send the document `vdstream target status ID --json` prints"));
     };
+    if !within_report_limits(&doc, 0, &mut 0) {
+        return Err(ApiError::bad_request(
+            format!("the report has more than {MAX_REPORT_VALUES} JSON values or is nested more than {MAX_REPORT_DEPTH} levels deep"),
+            "send the document `vdstream target status ID --json` prints",
+        ));
+    }
     match obj.get("target") {
         None => {}
         Some(Value::String(t)) if t == id => {}

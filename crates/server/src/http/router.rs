@@ -10,7 +10,7 @@ use serde_json::Value;
 use vdstream_http::wire::Request;
 
 use super::error::ApiError;
-use super::{live, metrics, store, Shared};
+use super::{live, metrics, store, ClientAddr, Shared};
 
 /// What a route does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,8 @@ impl Reply {
 #[derive(Debug)]
 pub(crate) struct Call<'a> {
     pub method: &'a str,
+    /// Who sent it (ip:port), recorded in the audit trail of the changes it makes.
+    pub client: Option<ClientAddr>,
     pub params: Vec<String>,
     pub body: &'a [u8],
 }
@@ -132,8 +134,8 @@ fn find(path: &str) -> Option<(Route, &'static [&'static str], Vec<String>)> {
     None
 }
 
-/// Answers one request.
-pub(crate) fn handle(shared: &Shared, req: &Request) -> Reply {
+/// Answers one request from `client`.
+pub(crate) fn handle(shared: &Shared, req: &Request, client: Option<ClientAddr>) -> Reply {
     let Some((route, methods, raw)) = find(&req.path) else {
         return Reply::error(&ApiError::new(404, format!("no API route {}", req.path), "the routes are listed in docs/openapi.yaml; they start with /api/v1/ (and /metrics)"));
     };
@@ -147,7 +149,7 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Reply {
         Ok(p) => p,
         Err(e) => return Reply::error(&e),
     };
-    let call = Call { method: &req.method, params, body: &req.body };
+    let call = Call { method: &req.method, client, params, body: &req.body };
     let result = match route {
         Route::Server => Ok(Reply::json(200, &live::server_doc(&shared.state))),
         Route::Sessions => Ok(Reply::json(200, &shared.live.sessions_doc(&shared.state))),

@@ -48,7 +48,10 @@ fn version_number(text: &str) -> Result<u32, ApiError> {
 fn no_progress(_: u64, _: u64) {}
 
 pub(crate) fn handle(shared: &Shared, route: Route, call: &Call<'_>) -> Result<Reply, ApiError> {
-    let store = Store::open(&shared.state.store)?;
+    let mut store = Store::open(&shared.state.store)?;
+    if let Some(c) = call.client {
+        store = store.with_client(c.0.to_string());
+    }
     let p = |i: usize| call.params[i].as_str();
     let ok = |v: Value| Ok(Reply::json(200, &v));
     let created = |v: Value| Ok(Reply::json(201, &v));

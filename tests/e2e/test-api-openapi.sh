@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# docs/openapi.yaml is valid YAML and a valid description of what the server answers:
+# every route's JSON from a running server (the server, the vDisk list with a healthy and
+# a damaged vDisk, a vDisk, its versions, a new version, promote, revert, targets, a target
+# with its agent's report, set, remove, the agent's report itself, the sessions with a live
+# NBD session, an error) validates against the response schema of its route and status
+# (openapi-schema-validator, OpenAPI 3.0), and each item of the vDisk list matches exactly
+# one branch of the list's `oneOf`. scripts/test installs PyYAML and
+# openapi-schema-validator with pip when they are missing.
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/store-lib.sh"
+source "$(dirname "$0")/api-lib.sh"
+require curl
+require_vdstream
+require_python_nbd
+"$PY" -c 'import yaml, openapi_schema_validator' 2>/dev/null ||
+    skip "python modules yaml and openapi_schema_validator are missing (scripts/test installs them with pip)"
+e2e_init
+store_init
+
+vds vdisk create win --size 16M >/dev/null
+vds vdisk create broken --size 16M >/dev/null
+echo '{"name": "broken", "size": ' >"$STORE/vdisks/broken/vdisk.json" || fail "cannot damage a vDisk"
+start_api
+
+# The answers, saved as METHOD PATH STATUS FILE lines for the validator.
+: >"$E2E_TMP/answers"
+record() {
+    local method=$1 path=$2 body=${3-} n
+    n=$(wc -l <"$E2E_TMP/answers")
+    api "$method" "$path" "$body" >"$E2E_TMP/a$n" || fail "$method $path: curl failed"
+    printf '%s %s %s %s\n' "$method" "$path" "$(tail -n1 "$E2E_TMP/a$n")" "$E2E_TMP/a$n" >>"$E2E_TMP/answers"
+    sed -i '$d' "$E2E_TMP/a$n"
+}
+
+record GET /api/v1/server
+record GET /api/v1/vdisks
+record GET /api/v1/vdisks/win
+record POST /api/v1/vdisks/win/versions '{"note": "n"}'
+record GET /api/v1/vdisks/win/versions
+record POST /api/v1/vdisks/win/versions/1/promote '{"to": "test"}'
+record POST /api/v1/vdisks/win/revert '{"version": 1}'
+record POST /api/v1/targets '{"id": "vm1", "vdisk": "win", "cache": "server", "description": "rack 4"}'
+record GET /api/v1/targets
+record PUT /api/v1/targets/vm1 '{"version": "test"}'
+record PUT /api/v1/targets/vm1/agent '{"target": "vm1", "pid": 1, "state": "running", "server": {"endpoint": "nbd://a/", "connected": true, "retries": 1, "reconnects": 0, "failovers": 0, "gave_up": 0}, "cache": {"used_percent": 3.5}}'
+record GET /api/v1/targets/vm1
+record GET /api/v1/vdisks/nope
+# The sessions, while an NBD client holds one open.
+"$PY" - "$API_NBD_SOCK" "$API_URL" "$E2E_TMP/sessions" <<'PY' || fail "cannot read the sessions while connected"
+import nbd, sys, urllib.request
+h = nbd.NBD()
+h.set_export_name("vdisk/win")
+h.connect_unix(sys.argv[1])
+h.pread(4096, 0)
+with urllib.request.urlopen(sys.argv[2] + "/api/v1/sessions", timeout=30) as r:
+    open(sys.argv[3], "wb").write(r.read())
+h.shutdown()
+PY
+echo "GET /api/v1/sessions 200 $E2E_TMP/sessions" >>"$E2E_TMP/answers"
+record DELETE /api/v1/targets/vm1
+
+"$PY" - "$REPO_ROOT/docs/openapi.yaml" "$E2E_TMP/answers" <<'PY' || fail "an answer does not match docs/openapi.yaml"
+import json, re, sys
+import yaml
+from openapi_schema_validator import OAS30Validator
+
+spec = yaml.safe_load(open(sys.argv[1]))
+components = spec["components"]
+
+def resolve(node):
+    while isinstance(node, dict) and "$ref" in node and node["$ref"].startswith("#/components/responses/"):
+        node = components["responses"][node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+def validator(schema):
+    return OAS30Validator(dict(schema, components=components))
+
+def route_of(path):
+    for pattern in spec["paths"]:
+        rx = "^" + re.sub(r"\{[^}]+\}", "[^/]+", pattern) + "$"
+        if re.match(rx, path):
+            return pattern
+    raise SystemExit(f"{path}: no route in the spec")
+
+failed = 0
+for line in open(sys.argv[2]):
+    method, path, status, file = line.split()
+    doc = json.load(open(file))
+    op = spec["paths"][route_of(path)][method.lower()]
+    resp = resolve(op["responses"].get(status))
+    if resp is None:
+        print(f"FAIL {method} {path}: status {status} is not documented", file=sys.stderr)
+        failed += 1
+        continue
+    schema = resp["content"]["application/json"]["schema"]
+    errors = list(validator(schema).iter_errors(doc))
+    for e in errors:
+        print(f"FAIL {method} {path} {status}: {e.message[:300]} at {list(e.absolute_path)}", file=sys.stderr)
+    failed += bool(errors)
+    if not errors:
+        print(f"ok: {method} {path} {status} matches its schema", file=sys.stderr)
+    if method == "GET" and path == "/api/v1/vdisks":
+        branches = schema["items"]["oneOf"]
+        kinds = set()
+        before = failed
+        for item in doc:
+            matching = [i for i, b in enumerate(branches) if validator(b).is_valid(item)]
+            if len(matching) != 1:
+                print(f"FAIL vdisk list item {item.get('name')}: matches oneOf branches {matching}, not exactly one", file=sys.stderr)
+                failed += 1
+            kinds.update(matching)
+        if failed > before:
+            pass
+        elif kinds != set(range(len(branches))):
+            print(f"FAIL the vdisk list shows only branches {kinds}: the test needs a healthy and a damaged vDisk", file=sys.stderr)
+            failed += 1
+        else:
+            print("ok: each vDisk list item matches exactly one oneOf branch", file=sys.stderr)
+sys.exit(1 if failed else 0)
+PY
+log "ok: docs/openapi.yaml parses and describes every answer"
