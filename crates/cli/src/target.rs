@@ -296,7 +296,7 @@ fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
     }
     let st: status::Status = serde_json::from_value(report.clone()).with_context(|| format!("the report of target {} on {} is not an agent status", s.id, client.url()))?;
     let age = report.get("received_unix_ms").and_then(serde_json::Value::as_u64).map(|t| status::now_ms().saturating_sub(t));
-    print!("{}", status::render(&st, st.state == "running"));
+    print!("{}", status::render(&st, st.state == "running" || st.state == status::STATE_LOST));
     if let Some(ms) = age {
         println!("reported:  to {} {:.1} s ago", client.url(), ms as f64 / 1000.0);
     }
