@@ -629,6 +629,18 @@ mod tests {
     }
 
     #[test]
+    fn the_attach_secret_is_taken_out_of_the_description() {
+        let (d, s) = split_secret("target/vm1@a1f#00ff99 vdisk/w@3 (a server cache on server s)");
+        assert_eq!(d, "target/vm1@a1f vdisk/w@3 (a server cache on server s)");
+        assert_eq!(s.as_deref(), Some("00ff99"));
+        assert_eq!(pinned_export(&d), Some("target/vm1@a1f"));
+        // Nothing to take: no secret, or a '#' that is not in a target's first word.
+        for plain in ["target/vm1@a1f vdisk/w@3 (x)", "vdisk/w@3 (production)", "v3 of vDisk w #1", "target/vm1@a1f# x", ""] {
+            assert_eq!(split_secret(plain), (plain.to_string(), None), "{plain:?}");
+        }
+    }
+
+    #[test]
     fn the_same_version_with_another_access_is_the_same_export() {
         assert_eq!(id("vdisk/w@3 (test)").mismatch(&id("vdisk/w@3 (production)"), true), None);
         assert!(id("vdisk/w@3 (production)").mismatch(&id("vdisk/w@4 (production)"), true).is_some());
