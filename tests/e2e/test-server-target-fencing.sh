@@ -5,7 +5,8 @@
 # cannot write, and the server logs the refusal with the client. After the server is
 # SIGKILLed and restarted under a server-persistent target, the agent reconnects with the
 # secret it was handed at attach and reads its own writes, and the name alone is still
-# refused. The secret shows up in no status, log, API answer or metric.
+# refused. The secret shows up in no status, log, API answer or metric. Last, a target
+# attached anew (under a new name) while its agent was away leaves that agent EIO, not a wait.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
@@ -122,6 +123,36 @@ done
 perm=$(stat -c %a "$STORE"/cache/*.vdattach)
 assert_eq "mode of the server-persistent attach file" "$perm" 600
 log "ok: no status, log, API answer or metric shows a secret"
+
+# --- attached anew while the agent was away: its attach is gone, EIO, not a wait.
+# The p1 agent is stopped (SIGSTOP) and the server killed and restarted: a new attach of
+# p1 (nbdsh on target/p1) continues the cache on disk under a new name. The old agent,
+# woken, is refused as gone and fails its guest's requests with EIO.
+kill -STOP "$pid_p1"
+kill -KILL "$SERVER_PID"
+wait "$SERVER_PID" 2>/dev/null || true
+start_store_server_on "$srv"
+URI=$(xuri target/p1 "$srv") nbdsh_script '
+assert h.pread(4096, 2 << 20) == b"\x77" * 4096, "the new attach does not continue the cache"
+assert h.get_export_name() == "target/p1"
+' || fail "a new attach of p1 after the restart"
+grep -q "target p1: new attach [a-z0-9]* continues its server-persistent cache (was attach ${name_p1#target/p1@}" "$SERVER_LOG" \
+    || fail "the new attach of p1 did not take a new name: $(grep 'target p1' "$SERVER_LOG")"
+kill -CONT "$pid_p1"
+out=$(URI=$uri_p1 timeout 60 nbdsh -u "$uri_p1" -c '
+import errno
+try:
+    h.pread(4096, 0)
+    print("read-ok")
+except nbd.Error as e:
+    print("read-error", e.errno if isinstance(e.errno, str) else errno.errorcode[e.errno])
+' 2>&1) || true
+[[ $out == "read-error EIO" ]] || fail "the old p1 agent after its target was attached anew: $out"
+grep -q "target p1: refused the reconnect of attach ${name_p1#target/p1@} from .*: its server-persistent cache now belongs to another attach" "$SERVER_LOG" \
+    || fail "the server did not log the old attach's refusal: $(grep 'target p1' "$SERVER_LOG")"
+sleep 1.5
+assert_eq "the old p1 agent's state" "$(agent_status_get p1 'j["state"]')" "cache lost"
+log "ok: a target attached anew while its agent was away: the old agent gets EIO, not a wait"
 
 for p in "$pid_s1" "$pid_p1"; do stop_server "$p" 15 || true; done
 rc=0

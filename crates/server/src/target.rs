@@ -13,7 +13,7 @@
 //! | ------------------- | ----------------- | ------------------------------------- | ----------------------------------------- |
 //! | device types        | `vN` (version N)  | version N read-only                   | version N read-only, on any server        |
 //! | `server`            | random, in memory | a fresh cache (the old one is dropped)| the same cache while this server runs; refused after a restart (the cache died with it) |
-//! | `server-persistent` | random, on disk   | the cache on disk if made for version N, else a clean one (logged) | the cache on disk, reopened after a restart or on another server of the store |
+//! | `server-persistent` | random, on disk   | the cache on disk (under a new ATTACH) if made for version N, else a clean one (logged) | the cache on disk, reopened after a restart or on another server of the store |
 //!
 //! **One writer per target.** A new attach of a server type while a connection holds the
 //! target's cache waits [`HANDOVER`] for it to close, then is refused (`NBD_REP_ERR_POLICY`)
@@ -33,11 +33,11 @@
 //! the secret, a reconnect is let in at once, even while its old connection is still open
 //! (the agent reconnects only after giving that one up; the server may not have seen it
 //! close yet). A new attach of `server-persistent` that continues the cache on disk gets a
-//! new secret: whoever held the old one is fenced out.
+//! new name and secret: whoever held the old attach is told it is gone.
 //!
 //! **A lost attach.** A reconnect whose attach this server does not have (a `server` cache
-//! of a server process that stopped; a `server-persistent` cache that now belongs to another
-//! attach) is refused with `NBD_REP_ERR_UNKNOWN` and a message that holds
+//! of a server process that stopped; a cache that now belongs to another attach, live here
+//! or, for `server-persistent`, on disk) is refused at once with `NBD_REP_ERR_UNKNOWN` and a message that holds
 //! [`vdstream_wcache::ATTACH_GONE`], and logged: the agent, when every server answers so,
 //! fails its guest's requests with EIO instead of waiting.
 //!
@@ -227,6 +227,18 @@ impl TargetCaches {
                         // A reconnect of this attach: its old connection may not have closed yet.
                         return Ok(self.join(c, id, peer, false));
                     }
+                    if let Some(a) = attach {
+                        // The target was attached anew since: attach `a`'s writes are not in
+                        // this cache, and waiting would not bring them back.
+                        log::warn!("target {id}: refused the reconnect of attach {a} from {peer}: the target was attached again since (attach {}); the agent's guest gets EIO", c.attach);
+                        return Err(TargetOpenError::Unknown(format!(
+                            "{}target {id} has no attach {a} any more: it was attached again since (attach {}, on server {}), \
+                             and the writes of attach {a} are not in that cache; restart the target",
+                            vdstream_wcache::ATTACH_GONE,
+                            c.attach,
+                            self.server
+                        )));
+                    }
                     if c.holders == 0 {
                         live.remove(id);
                     } else if Instant::now() >= deadline {
@@ -362,10 +374,12 @@ impl TargetCaches {
         let record = match (keep, on_disk) {
             (Some(d), _) => d,
             (None, Some(mut d)) if d.vdisk == spec.vdisk && d.version == version => {
-                // A new attach takes the cache over: a new secret fences out whoever held it.
+                // A new attach takes the cache over under a new name and secret: whoever held
+                // the old attach is told it is gone (EIO), not let back in.
+                let old = std::mem::replace(&mut d.attach, new_attach_name());
                 d.secret = Some(new_secret().map_err(TargetOpenError::Failed)?);
                 write_record(&mut file, &d)?;
-                log::info!("target {id}: new attach continues its server-persistent cache (attach {}, vDisk {}@{version})", d.attach, d.vdisk);
+                log::info!("target {id}: new attach {} continues its server-persistent cache (was attach {old}; vDisk {}@{version})", d.attach, d.vdisk);
                 d
             }
             (None, old) => {
