@@ -35,7 +35,8 @@ uri_s1=$URI pid_s1=$AGENT_PID
 start_agent p1 --server "$(xuri target/p1 "$srv")" --cache server-persistent
 uri_p1=$URI pid_p1=$AGENT_PID
 for t in s1 p1; do
-    URI=$(eval echo "\$uri_$t") nbdsh_script '
+    v=uri_$t
+    URI=${!v} nbdsh_script '
 h.pwrite(b"\x5a" * 65536, 1 << 20)
 flush_if_offered()
 ' || fail "the $t agent's guest could not write"
@@ -81,7 +82,8 @@ grep -q "target s1: refused a connection from .* to $name_s1: it presented no se
 grep -q "target s1: refused a connection from .* to $name_s1: it presented a wrong secret" "$SERVER_LOG" \
     || fail "the server did not log the refusal of a wrong secret: $(grep -i refused "$SERVER_LOG")"
 for t in s1 p1; do
-    URI=$(eval echo "\$uri_$t") nbdsh_script '
+    v=uri_$t
+    URI=${!v} nbdsh_script '
 assert h.pread(65536, 1 << 20) == b"\x5a" * 65536, "a hijacker wrote into the disk"
 ' || fail "the $t guest does not read back its own data"
 done
@@ -139,7 +141,7 @@ assert h.get_export_name() == "target/p1"
 grep -q "target p1: new attach [a-z0-9]* continues its server-persistent cache (was attach ${name_p1#target/p1@}" "$SERVER_LOG" \
     || fail "the new attach of p1 did not take a new name: $(grep 'target p1' "$SERVER_LOG")"
 kill -CONT "$pid_p1"
-out=$(URI=$uri_p1 timeout 60 nbdsh -u "$uri_p1" -c '
+out=$(timeout 60 nbdsh -u "$uri_p1" -c '
 import errno
 try:
     h.pread(4096, 0)
