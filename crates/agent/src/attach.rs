@@ -282,6 +282,7 @@ impl Agent {
             write_ops: c.write_ops.load(Relaxed),
             write_bytes: c.write_bytes.load(Relaxed),
             journal: self.remote.journal_status(),
+            lost: self.remote.lost(),
         };
         let remote_io = IoStatus {
             read_ops: server.read_ops,
@@ -334,7 +335,7 @@ impl Agent {
         Status {
             target: self.cfg.target.clone(),
             pid: std::process::id(),
-            state: "running".into(),
+            state: if server.lost.is_some() { status::STATE_LOST.into() } else { "running".into() },
             started_unix_ms: self.started_ms,
             updated_unix_ms: status::now_ms(),
             socket: self.cfg.socket.display().to_string(),

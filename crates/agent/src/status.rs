@@ -17,7 +17,9 @@ use crate::AgentError;
 pub struct Status {
     pub target: String,
     pub pid: u32,
-    /// `running`, or `stopped` (written last, at a clean exit).
+    /// `running`; `cache lost` (running, but the server lost the target's `server` cache:
+    /// every guest request fails with EIO; see `server.lost`); or `stopped` (written last,
+    /// at a clean exit).
     pub state: String,
     pub started_unix_ms: u64,
     pub updated_unix_ms: u64,
@@ -60,6 +62,9 @@ pub struct ServerStatus {
     pub read_bytes: u64,
     pub write_ops: u64,
     pub write_bytes: u64,
+    /// Why the target's attach is lost for good, once it is (state `cache lost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<String>,
     /// server-persistent: the journal of answered, unflushed writes (absent without one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal: Option<JournalStatus>,
@@ -120,6 +125,9 @@ impl IoStatus {
     }
 }
 
+/// The state of an agent whose server lost the target's cache.
+pub const STATE_LOST: &str = "cache lost";
+
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -172,7 +180,11 @@ fn human_bytes(n: u64) -> String {
 pub fn render(s: &Status, alive: bool) -> String {
     let state = match (s.state.as_str(), alive) {
         ("running", true) => "running".to_string(),
-        ("running", false) => format!("not running (agent pid {} is gone; figures are from its last status)", s.pid),
+        ("running" | STATE_LOST, false) => format!("not running (agent pid {} is gone; figures are from its last status)", s.pid),
+        (STATE_LOST, true) => format!(
+            "CACHE LOST: {}",
+            s.server.lost.as_deref().unwrap_or("the server lost the target's cache; every guest request fails with EIO")
+        ),
         (other, _) => other.to_string(),
     };
     let io = |x: &IoStatus| {
@@ -250,6 +262,10 @@ mod tests {
         let text = render(&back, pid_alive(back.pid));
         assert!(text.contains("target t1: running"), "{text}");
         assert!(text.contains("20 IOPS"), "{text}");
+        s.state = STATE_LOST.into();
+        s.server.lost = Some("target t1: the server lost this target's cache: …; every request of the guest now fails with EIO".into());
+        let text = render(&s, true);
+        assert!(text.contains("target t1: CACHE LOST: target t1: the server lost this target's cache"), "{text}");
         let err = read("t2", &dir.path().join("t2.status.json")).unwrap_err().to_string();
         assert!(err.contains("is it attached"), "{err}");
     }

@@ -40,6 +40,12 @@ enum TargetCommand {
 /// If the server connection drops, the agent reconnects (with backoff) to the same server
 /// or the next one listed and sends every unanswered request again; the target sees a
 /// pause, not an error. Non-persistent caches start empty on every attach.
+///
+/// Cache type `server`: its cache lives in one server process. When every server refuses
+/// the reconnect because that cache is gone (its server restarted), the target gets EIO
+/// for every request from then on, within about 3 s of the server answering again (one
+/// reconnect round: the backoff tops out at 2 s + 25%); `target status` says `cache lost`,
+/// and one SIGTERM ends the agent. Use server-persistent to keep the cache across restarts.
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Examples:
@@ -328,7 +334,7 @@ fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(report).context("cannot print the status")?);
     } else {
         let age = report.get("received_unix_ms").and_then(serde_json::Value::as_u64).map(|t| status::now_ms().saturating_sub(t));
-        out!("{}", status::render(&st, st.state == "running"));
+        out!("{}", status::render(&st, st.state == "running" || st.state == status::STATE_LOST));
         if let Some(ms) = age {
             outln!("reported:  to {} {:.1} s ago", client.url(), ms as f64 / 1000.0);
         }

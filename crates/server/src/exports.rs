@@ -22,7 +22,7 @@ use vdstream_blockdev::{BlockDev, Caps, Extent, Hole, Result as DevResult, ZeroF
 use vdstream_nbd::server::{ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport};
 use vdstream_store::{Access, DiskAccess, Layer, OpenedLayer, Selector, Store, StoreError};
 
-use crate::names::{canonical_vdisk, ExportName};
+use crate::names::{canonical_vdisk, shown_name, ExportName};
 use crate::readcache::with_session;
 use crate::state::{unix_ms, Counters, ExportKind, ServerState, Session, SessionGuard, SessionInfo};
 use crate::target::{layer_number, lookup_target, version_selector, TargetCaches, TargetHold, TargetLookupError, TargetOpenError};
@@ -160,7 +160,7 @@ impl StoreExports {
         }
     }
 
-    fn open_target(&self, export: &str, id: &str, attach: Option<&str>, journaled: bool, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+    fn open_target(&self, export: &str, id: &str, attach: Option<&str>, secret: Option<&str>, journaled: bool, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
         let spec = match lookup_target(&self.store, id) {
             Err(TargetLookupError::Unknown(m)) => return Err(OpenError::Unknown(m)),
             Err(TargetLookupError::Failed(m)) => return Err(OpenError::Failed(m)),
@@ -211,10 +211,11 @@ impl StoreExports {
         }
         let mut opened = self
             .targets
-            .open(id, &spec, attach, req.peer, &open_chain)
+            .open(id, &spec, attach, secret, req.peer, &open_chain)
             .map_err(|e| match e {
                 TargetOpenError::Unknown(m) => OpenError::Unknown(m),
                 TargetOpenError::Busy(m) => OpenError::Busy(m),
+                TargetOpenError::Fenced(m) => OpenError::Policy(m),
                 TargetOpenError::Failed(m) => OpenError::Failed(m),
             })?;
         if journaled {
@@ -227,7 +228,14 @@ impl StoreExports {
             opened.attach, spec.vdisk, vn(opened.version), spec.cache, self.state.name
         );
         let dev: Arc<dyn BlockDev> = opened.cache.clone();
-        Ok(self.session(req, info, dev, Held { _chain: None, writer: None, target: Some(opened.hold) }, description))
+        let (new_attach, secret) = (opened.new_attach, opened.secret);
+        let mut out = self.session(req, info, dev, Held { _chain: None, writer: None, target: Some(opened.hold) }, description);
+        if new_attach && req.purpose == OpenPurpose::Session {
+            // The one place the secret leaves the server: to the client that made the attach
+            // (after the session's description was logged without it).
+            out.description = out.description.map(|d| d.replacen(' ', &format!("{}{secret} ", vdstream_nbd::client::SECRET_SEPARATOR), 1));
+        }
+        Ok(out)
     }
 
     /// Wraps an opened device for its connection (registered for a session; bare for INFO).
@@ -300,7 +308,9 @@ impl Exports for StoreExports {
         match ExportName::parse(req.name).map_err(OpenError::Unknown)? {
             ExportName::Vdisk { vdisk, selector } => self.open_vdisk(req.name, &vdisk, selector, req),
             ExportName::Maintenance { vdisk, version } => self.open_maintenance(req.name, &vdisk, version, req),
-            ExportName::Target { id, attach, journaled } => self.open_target(req.name, &id, attach.as_deref(), journaled, req),
+            ExportName::Target { id, attach, secret, journaled } => {
+                self.open_target(shown_name(req.name), &id, attach.as_deref(), secret.as_deref(), journaled, req)
+            }
         }
     }
 }

@@ -28,7 +28,9 @@ pub enum ExportName {
     /// `target/ID` (a new attach), or `target/ID@ATTACH`: a reconnect of the attach whose
     /// export description began with that name (see `target.rs`). `journaled`: the name
     /// ended in `+journal` (an agent that re-sends its answered, unflushed writes).
-    Target { id: String, attach: Option<String>, journaled: bool },
+    /// `secret`: what followed `#` (`target/ID@ATTACH[+journal]#SECRET`), the proof that
+    /// the client made the attach; never logged or published.
+    Target { id: String, attach: Option<String>, secret: Option<String>, journaled: bool },
 }
 
 /// The one-line guide to export names, for error messages.
@@ -61,6 +63,15 @@ impl ExportName {
                 Err(e) => bad(e.to_string()),
             },
             "target" => {
+                let (rest, secret) = match rest.split_once(vdstream_nbd::client::SECRET_SEPARATOR) {
+                    Some((r, s)) => (r, Some(s)),
+                    None => (rest, None),
+                };
+                if let Some(s) = secret {
+                    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+                        return bad("what follows '#' is not an attach secret".to_string());
+                    }
+                }
                 let (rest, journaled) = match rest.strip_suffix(vdstream_wcache::JOURNAL_MARKER) {
                     Some(r) => (r, true),
                     None => (rest, false),
@@ -74,8 +85,11 @@ impl ExportName {
                         return bad(format!("{a:?} is not an attach of target {id} (target/ID@ATTACH is the name a target/ID export describes itself with)"));
                     }
                 }
+                if secret.is_some() && attach.is_none() {
+                    return bad("a secret proves an attach: target/ID@ATTACH#SECRET".to_string());
+                }
                 match validate_target_id(id) {
-                    Ok(()) => Ok(ExportName::Target { id: id.to_string(), attach: attach.map(str::to_string), journaled }),
+                    Ok(()) => Ok(ExportName::Target { id: id.to_string(), attach: attach.map(str::to_string), secret: secret.map(str::to_string), journaled }),
                     Err(e) => bad(e),
                 }
             }
@@ -87,6 +101,11 @@ impl ExportName {
 /// A target id follows the rules of a vDisk name (it names a cache file).
 pub fn validate_target_id(id: &str) -> Result<(), String> {
     validate_name(id).map_err(|e| e.to_string().replace("vDisk name", "target id"))
+}
+
+/// An export name as logs and the API show it: without its secret (`#…`).
+pub fn shown_name(name: &str) -> &str {
+    name.split_once(vdstream_nbd::client::SECRET_SEPARATOR).map_or(name, |(n, _)| n)
 }
 
 /// The canonical export name of a layer read-only: `vdisk/NAME@3`, `vdisk/NAME@base`.
@@ -106,10 +125,15 @@ mod tests {
         assert_eq!(ExportName::parse("vdisk/w@test").unwrap(), ExportName::Vdisk { vdisk: "w".into(), selector: Selector::Test });
         assert_eq!(ExportName::parse("maintenance/win11").unwrap(), ExportName::Maintenance { vdisk: "win11".into(), version: None });
         assert_eq!(ExportName::parse("maintenance/win11@4").unwrap(), ExportName::Maintenance { vdisk: "win11".into(), version: Some(4) });
-        assert_eq!(ExportName::parse("target/vm-1").unwrap(), ExportName::Target { id: "vm-1".into(), attach: None, journaled: false });
-        assert_eq!(ExportName::parse("target/vm-1@v3").unwrap(), ExportName::Target { id: "vm-1".into(), attach: Some("v3".into()), journaled: false });
-        assert_eq!(ExportName::parse("target/vm-1+journal").unwrap(), ExportName::Target { id: "vm-1".into(), attach: None, journaled: true });
-        assert_eq!(ExportName::parse("target/vm-1@k3x+journal").unwrap(), ExportName::Target { id: "vm-1".into(), attach: Some("k3x".into()), journaled: true });
+        assert_eq!(ExportName::parse("target/vm-1").unwrap(), ExportName::Target { id: "vm-1".into(), attach: None, secret: None, journaled: false });
+        assert_eq!(ExportName::parse("target/vm-1@v3").unwrap(), ExportName::Target { id: "vm-1".into(), attach: Some("v3".into()), secret: None, journaled: false });
+        assert_eq!(ExportName::parse("target/vm-1+journal").unwrap(), ExportName::Target { id: "vm-1".into(), attach: None, secret: None, journaled: true });
+        assert_eq!(ExportName::parse("target/vm-1@k3x+journal").unwrap(), ExportName::Target { id: "vm-1".into(), attach: Some("k3x".into()), secret: None, journaled: true });
+        assert_eq!(
+            ExportName::parse("target/vm-1@k3x+journal#0a9f").unwrap(),
+            ExportName::Target { id: "vm-1".into(), attach: Some("k3x".into()), secret: Some("0a9f".into()), journaled: true }
+        );
+        assert_eq!(shown_name("target/vm-1@k3x+journal#0a9f"), "target/vm-1@k3x+journal");
     }
 
     #[test]
@@ -129,6 +153,9 @@ mod tests {
             ("target/a b", "target id"),
             ("target/a@", "not an attach"),
             ("target/a@X/y", "not an attach"),
+            ("target/a#00", "a secret proves an attach"),
+            ("target/a@k#", "not an attach secret"),
+            ("target/a@k#xyz", "not an attach secret"),
         ] {
             let e = ExportName::parse(name).unwrap_err();
             assert!(e.contains(why), "{name:?}: {e}");

@@ -13,17 +13,33 @@
 //! | ------------------- | ----------------- | ------------------------------------- | ----------------------------------------- |
 //! | device types        | `vN` (version N)  | version N read-only                   | version N read-only, on any server        |
 //! | `server`            | random, in memory | a fresh cache (the old one is dropped)| the same cache while this server runs; refused after a restart (the cache died with it) |
-//! | `server-persistent` | random, on disk   | the cache on disk if made for version N, else a clean one (logged) | the cache on disk, reopened after a restart or on another server of the store |
+//! | `server-persistent` | random, on disk   | the cache on disk (under a new ATTACH) if made for version N, else a clean one (logged) | the cache on disk, reopened after a restart or on another server of the store |
 //!
 //! **One writer per target.** A new attach of a server type while a connection holds the
 //! target's cache waits [`HANDOVER`] for it to close, then is refused (`NBD_REP_ERR_POLICY`)
-//! naming the holder. A reconnect that names the current attach is let in at once: only the
-//! agent that made the attach knows its name, and it reconnects only after giving up its old
-//! connection (which the server may not have seen close yet). After a server is SIGKILLed
-//! nothing of it is held: its connections are gone, and the kernel dropped its `flock`s on
-//! the persistent cache's files, so the restarted server (or another one on the store)
-//! opens them; a live holder in another server process still holds them and is refused
-//! by them.
+//! naming the holder. After a server is SIGKILLed nothing of it is held: its connections
+//! are gone, and the kernel dropped its `flock`s on the persistent cache's files, so the
+//! restarted server (or another one on the store) opens them; a live holder in another
+//! server process still holds them and is refused by them.
+//!
+//! **Fencing.** The attach name is published (descriptions, the API, the agent's status),
+//! so it is no credential. A new attach also gets a secret (128 random bits), handed out
+//! once, in the description of the reply that made the attach (`target/ID@ATTACH#SECRET …`,
+//! never logged); a reconnect must name it: `target/ID@ATTACH[+journal]#SECRET` (the NBD
+//! client sends it as `ConnectOptions::secret`). A connection naming the attach without it,
+//! or with a wrong one, is refused (`NBD_REP_ERR_POLICY`, logged with the client) whether the
+//! attach is held or not, on this server and, for `server-persistent` (whose `.vdattach`
+//! keeps the secret, mode 0600), after a restart or on another server of the store. With
+//! the secret, a reconnect is let in at once, even while its old connection is still open
+//! (the agent reconnects only after giving that one up; the server may not have seen it
+//! close yet). A new attach of `server-persistent` that continues the cache on disk gets a
+//! new name and secret: whoever held the old attach is told it is gone.
+//!
+//! **A lost attach.** A reconnect whose attach this server does not have (a `server` cache
+//! of a server process that stopped; a cache that now belongs to another attach, live here
+//! or, for `server-persistent`, on disk) is refused at once with `NBD_REP_ERR_UNKNOWN` and a message that holds
+//! [`vdstream_wcache::ATTACH_GONE`], and logged: the agent, when every server answers so,
+//! fails its guest's requests with EIO instead of waiting.
 //!
 //! Files in `STORE/cache/` (`server_cache_dir`): `server` — an unlinked file of the disk
 //! cache, gone with the server; `server-persistent` — the cache's files
@@ -94,12 +110,18 @@ struct AttachFile {
     attach: String,
     vdisk: String,
     version: u32,
+    /// The attach's secret (absent in files of servers before fencing: such an attach
+    /// cannot be reconnected to, only attached anew).
+    #[serde(default)]
+    secret: Option<String>,
 }
 
 /// A server-side cache open in this server.
 #[derive(Debug)]
 struct LiveCache {
     attach: String,
+    /// What a reconnect must present besides the attach's name (see the module docs).
+    secret: String,
     version: u32,
     kind: CacheType,
     cache: Arc<dyn WriteCache>,
@@ -134,11 +156,29 @@ fn new_attach_name() -> String {
     format!("a{:x}{:x}{n:x}", crate::state::unix_ms(), std::process::id())
 }
 
+/// A new attach secret: 128 bits from the kernel's random source, in hex.
+fn new_secret() -> Result<String, String> {
+    let mut b = [0u8; 16];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("cannot read /dev/urandom for an attach secret: {e}"))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Compares two secrets in time independent of where they differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// What [`TargetCaches::open`] gives a connection.
 #[derive(Debug)]
 pub struct OpenedTargetCache {
     pub cache: Arc<dyn WriteCache>,
     pub attach: String,
+    /// The attach's secret: handed to the client in the reply to a new attach only.
+    pub secret: String,
+    /// This connection made the attach (it did not name one).
+    pub new_attach: bool,
     pub version: u32,
     pub limit: u64,
     pub hold: TargetHold,
@@ -154,6 +194,8 @@ pub enum TargetOpenError {
     Unknown(String),
     /// Another connection or server holds the cache (`NBD_REP_ERR_POLICY`).
     Busy(String),
+    /// The attach was named without its secret, or with a wrong one (`NBD_REP_ERR_POLICY`).
+    Fenced(String),
     Failed(String),
 }
 
@@ -169,6 +211,7 @@ impl TargetCaches {
         id: &str,
         spec: &TargetSpec,
         attach: Option<&str>,
+        secret: Option<&str>,
         peer: &str,
         open_chain: OpenChain<'_>,
     ) -> Result<OpenedTargetCache, TargetOpenError> {
@@ -178,17 +221,34 @@ impl TargetCaches {
                 let mut live = lock(&self.live);
                 if let Some(c) = live.get_mut(id) {
                     if attach.is_some_and(|a| a == c.attach) {
+                        if !secret.is_some_and(|s| same_secret(s, &c.secret)) {
+                            return Err(self.fenced(id, &c.attach, secret.is_some(), peer));
+                        }
                         // A reconnect of this attach: its old connection may not have closed yet.
-                        return Ok(self.join(c, id, peer));
+                        return Ok(self.join(c, id, peer, false));
+                    }
+                    if let Some(a) = attach {
+                        // The target was attached anew since: attach `a`'s writes are not in
+                        // this cache, and waiting would not bring them back.
+                        log::warn!("target {id}: refused the reconnect of attach {a} from {peer}: the target was attached again since (attach {}); the agent's guest gets EIO", c.attach);
+                        return Err(TargetOpenError::Unknown(format!(
+                            "{}target {id} has no attach {a} any more: it was attached again since (attach {}, on server {}), \
+                             and the writes of attach {a} are not in that cache; restart the target",
+                            vdstream_wcache::ATTACH_GONE,
+                            c.attach,
+                            self.server
+                        )));
                     }
                     if c.holders == 0 {
                         live.remove(id);
                     } else if Instant::now() >= deadline {
-                        return Err(TargetOpenError::Busy(format!(
+                        let m = format!(
                             "target {id} already has its one writer ({}, attach {}, on server {}): \
                              detach that one first (vdstream target detach {id} on its machine), or wait for its connection to close",
                             c.holder, c.attach, self.server
-                        )));
+                        );
+                        log::warn!("target {id}: refused a connection from {peer}: {m}");
+                        return Err(TargetOpenError::Busy(m));
                     } else {
                         drop(live);
                         std::thread::sleep(Duration::from_millis(20));
@@ -197,24 +257,39 @@ impl TargetCaches {
                 }
                 if let Some(a) = attach {
                     if spec.cache == CacheType::Server {
-                        return Err(TargetOpenError::Unknown(format!(
-                            "the server cache of target {id} (attach {a}) is gone: it lived in a server process that has \
+                        let m = format!(
+                            "{}the server cache of target {id} (attach {a}) is gone: it lived in a server process that has \
                              stopped since, and with it the target's writes since it attached; restart the target \
-                             (use cache type server-persistent to keep the cache across server restarts)"
-                        )));
+                             (use cache type server-persistent to keep the cache across server restarts)",
+                            vdstream_wcache::ATTACH_GONE
+                        );
+                        log::warn!("target {id}: refused the reconnect of attach {a} from {peer}: its server cache is lost (it lived in an earlier server process); the agent's guest gets EIO");
+                        return Err(TargetOpenError::Unknown(m));
                     }
                 }
-                let opened = self.create(id, spec, attach, open_chain)?;
+                let opened = self.create(id, spec, attach, secret, peer, open_chain)?;
                 let joined = {
                     let c = live.entry(id.to_string()).or_insert(opened);
-                    self.join(c, id, peer)
+                    self.join(c, id, peer, attach.is_none())
                 };
                 return Ok(joined);
             }
         }
     }
 
-    fn join(self: &Arc<Self>, c: &mut LiveCache, id: &str, peer: &str) -> OpenedTargetCache {
+    /// The refusal of a connection that names attach `attach` of target `id` without its
+    /// secret (`presented`: with a wrong one); logged, since it is a hijack or a bug.
+    fn fenced(&self, id: &str, attach: &str, presented: bool, peer: &str) -> TargetOpenError {
+        let why = if presented { "a wrong secret" } else { "no secret" };
+        log::warn!("target {id}: refused a connection from {peer} to target/{id}@{attach}: it presented {why}; only the agent that made the attach may reconnect to it");
+        TargetOpenError::Fenced(format!(
+            "target/{id}@{attach} is fenced: only the agent that made this attach may reconnect to it (with the secret it was \
+             handed at attach), and this connection presented {why}; attach the target with its agent \
+             (vdstream target attach {id} ...)"
+        ))
+    }
+
+    fn join(self: &Arc<Self>, c: &mut LiveCache, id: &str, peer: &str, new_attach: bool) -> OpenedTargetCache {
         if c.holders == 0 {
             c.holder = format!("a connection from {peer} since {}", vdstream_store::Timestamp::now());
         }
@@ -222,6 +297,8 @@ impl TargetCaches {
         OpenedTargetCache {
             cache: c.cache.clone(),
             attach: c.attach.clone(),
+            secret: c.secret.clone(),
+            new_attach,
             version: c.version,
             limit: c.limit,
             hold: TargetHold {
@@ -234,7 +311,7 @@ impl TargetCaches {
         }
     }
 
-    fn create(&self, id: &str, spec: &TargetSpec, attach: Option<&str>, open_chain: OpenChain<'_>) -> Result<LiveCache, TargetOpenError> {
+    fn create(&self, id: &str, spec: &TargetSpec, attach: Option<&str>, secret: Option<&str>, peer: &str, open_chain: OpenChain<'_>) -> Result<LiveCache, TargetOpenError> {
         let dir = vdstream_store::server_cache_dir(self.store.root()).map_err(|e| TargetOpenError::Failed(e.to_string()))?;
         let cfg = |dir: PathBuf| CacheConfig { max_file: spec.overflow_max, dir, ..CacheConfig::new(id) };
         if spec.cache == CacheType::Server {
@@ -244,14 +321,21 @@ impl TargetCaches {
                 .map_err(|e| TargetOpenError::Failed(format!("cannot open the server cache of target {id}: {e}")))?;
             let limit = spec.overflow_max.unwrap_or(chain.dev.size());
             let attach = new_attach_name();
+            let secret = new_secret().map_err(TargetOpenError::Failed)?;
             log::info!("target {id}: new attach {attach}: vDisk {}@{version} through a fresh server cache", spec.vdisk);
-            return Ok(LiveCache { attach, version, kind: CacheType::Server, cache, limit, holders: 0, holder: String::new(), _chain: Arc::new(chain), _attach_lock: None });
+            return Ok(LiveCache { attach, secret, version, kind: CacheType::Server, cache, limit, holders: 0, holder: String::new(), _chain: Arc::new(chain), _attach_lock: None });
         }
         // server-persistent: the attach file says which attach and version the cache on disk is.
         let stem = vdstream_wcache::disk::file_stem(id);
         let attach_path = dir.join(format!("{stem}.vdattach"));
         let fail = |what: String| TargetOpenError::Failed(format!("{}: {what}", attach_path.display()));
-        let mut file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&attach_path).map_err(|e| fail(e.to_string()))?;
+        // It holds the attach's secret: readable by this server's user only.
+        let mut file = {
+            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+            let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&attach_path).map_err(|e| fail(e.to_string()))?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| fail(e.to_string()))?;
+            f
+        };
         if !vdstream_wcache::cachefile::try_lock_exclusive(&file).map_err(|e| fail(e.to_string()))? {
             return Err(TargetOpenError::Busy(format!(
                 "the server-persistent cache of target {id} ({}) is open in another server on this store: \
@@ -263,11 +347,18 @@ impl TargetCaches {
         file.read_to_string(&mut text).map_err(|e| fail(e.to_string()))?;
         let on_disk: Option<AttachFile> = serde_json::from_str(&text).ok();
         let (selector, keep) = match (attach, &on_disk) {
-            (Some(a), Some(d)) if d.attach == a => (version_selector(d.version), Some(d.clone())),
+            (Some(a), Some(d)) if d.attach == a => {
+                if !matches!((secret, &d.secret), (Some(s), Some(on_disk)) if same_secret(s, on_disk)) {
+                    return Err(self.fenced(id, a, secret.is_some(), peer));
+                }
+                (version_selector(d.version), Some(d.clone()))
+            }
             (Some(a), _) => {
+                log::warn!("target {id}: refused the reconnect of attach {a} from {peer}: its server-persistent cache now belongs to another attach (or was removed); the agent's guest gets EIO");
                 return Err(TargetOpenError::Unknown(format!(
-                    "target {id} has no attach {a} any more (its server-persistent cache in {} now belongs to {}): \
+                    "{}target {id} has no attach {a} any more (its server-persistent cache in {} now belongs to {}): \
                      the target was attached again elsewhere or its cache was removed; restart the target",
+                    vdstream_wcache::ATTACH_GONE,
                     dir.display(),
                     on_disk.as_ref().map_or("no attach".to_string(), |d| format!("attach {}", d.attach))
                 )))
@@ -276,10 +367,19 @@ impl TargetCaches {
         };
         let chain = open_chain(selector).map_err(TargetOpenError::Failed)?;
         let version = layer_number(chain.layer);
+        let write_record = |file: &mut File, d: &AttachFile| -> Result<(), TargetOpenError> {
+            let json = serde_json::to_vec(d).expect("plain JSON");
+            file.set_len(0).and_then(|_| file.rewind()).and_then(|_| file.write_all(&json)).and_then(|_| file.sync_all()).map_err(|e| fail(e.to_string()))
+        };
         let record = match (keep, on_disk) {
             (Some(d), _) => d,
-            (None, Some(d)) if d.vdisk == spec.vdisk && d.version == version => {
-                log::info!("target {id}: new attach continues its server-persistent cache (attach {}, vDisk {}@{version})", d.attach, d.vdisk);
+            (None, Some(mut d)) if d.vdisk == spec.vdisk && d.version == version => {
+                // A new attach takes the cache over under a new name and secret: whoever held
+                // the old attach is told it is gone (EIO), not let back in.
+                let old = std::mem::replace(&mut d.attach, new_attach_name());
+                d.secret = Some(new_secret().map_err(TargetOpenError::Failed)?);
+                write_record(&mut file, &d)?;
+                log::info!("target {id}: new attach {} continues its server-persistent cache (was attach {old}; vDisk {}@{version})", d.attach, d.vdisk);
                 d
             }
             (None, old) => {
@@ -297,9 +397,9 @@ impl TargetCaches {
                         }
                     }
                 }
-                let d = AttachFile { attach: new_attach_name(), vdisk: spec.vdisk.clone(), version };
-                let json = serde_json::to_vec(&d).expect("plain JSON");
-                file.set_len(0).and_then(|_| file.rewind()).and_then(|_| file.write_all(&json)).and_then(|_| file.sync_all()).map_err(|e| fail(e.to_string()))?;
+                let secret = Some(new_secret().map_err(TargetOpenError::Failed)?);
+                let d = AttachFile { attach: new_attach_name(), vdisk: spec.vdisk.clone(), version, secret };
+                write_record(&mut file, &d)?;
                 log::info!("target {id}: new attach {}: vDisk {}@{version} through a new server-persistent cache", d.attach, d.vdisk);
                 d
             }
@@ -309,6 +409,7 @@ impl TargetCaches {
             .map_err(|e| TargetOpenError::Failed(format!("cannot open the server-persistent cache of target {id}: {e}")))?;
         let limit = spec.overflow_max.unwrap_or(chain.dev.size());
         Ok(LiveCache {
+            secret: record.secret.expect("every attach written or reconnected to has its secret"),
             attach: record.attach,
             version,
             kind: CacheType::ServerPersistent,

@@ -52,6 +52,12 @@ use vdstream_blockdev::{BlockDev, IoEngineKind, Result};
 /// without making each durable first.
 pub const JOURNAL_MARKER: &str = "+journal";
 
+/// Marks the message of the store server's refusal (`NBD_REP_ERR_UNKNOWN`) of a reconnect
+/// to `target/ID@ATTACH` whose attach it no longer has: the `server` cache died with the
+/// server process that held it, or the `server-persistent` cache now belongs to another
+/// attach. An agent that every server answers so has lost its cache for good (EIO).
+pub const ATTACH_GONE: &str = "attach gone: ";
+
 /// The cache types, named as PVS names them (see DESIGN.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CacheType {

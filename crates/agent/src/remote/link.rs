@@ -25,6 +25,14 @@
 //! - With `retry_for`, an outage longer than it makes requests fail with EIO (after one more
 //!   round), naming every server and why it failed; without it, requests wait forever.
 //! - Each endpoint's failure reason is logged when it changes, not on every attempt.
+//! - **A lost attach.** When every endpoint, in one round, refuses the pinned `target/ID@X`
+//!   as gone (`NBD_REP_ERR_UNKNOWN`, its message holding [`vdstream_wcache::ATTACH_GONE`]:
+//!   the `server` cache died with its server process), the link is lost for good: that
+//!   request and every later one fail with EIO at once, whatever `retry_for` says.
+//! - **The attach secret.** A store server hands a new attach of a server type a secret, in
+//!   the first word of the reply's description (`target/ID@X#SECRET`). The link keeps it in
+//!   memory only and sends it with every reconnect (`ConnectOptions::secret`); the
+//!   [`Identity`] (and so the status, the API report and the log) never holds it.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -89,9 +97,15 @@ pub struct Identity {
 }
 
 impl Identity {
-    fn of(client: &Client) -> Identity {
+    /// The identity a client shows, with the attach secret (if any) taken out of the
+    /// description; the secret is returned apart.
+    fn of(client: &Client) -> (Identity, Option<String>) {
         let info = client.info();
-        Identity { export: info.export.clone(), size: info.size, description: info.description.clone() }
+        let (description, secret) = match info.description.as_deref().map(split_secret) {
+            Some((d, s)) => (Some(d), s),
+            None => (None, None),
+        };
+        (Identity { export: info.export.clone(), size: info.size, description }, secret)
     }
 
     /// Why `now` is not the export first attached to, or `None` if it is.
@@ -115,6 +129,19 @@ impl Identity {
             )),
             _ => None,
         }
+    }
+}
+
+/// A description without the attach secret that may end its first word
+/// (`target/vm1@a1f#SECRET vdisk/w@3 (…)`), and the secret.
+pub(crate) fn split_secret(description: &str) -> (String, Option<String>) {
+    let sep = vdstream_nbd::client::SECRET_SEPARATOR;
+    let first_end = description.find(char::is_whitespace).unwrap_or(description.len());
+    match description[..first_end].split_once(sep) {
+        Some((name, secret)) if name.starts_with("target/") && !secret.is_empty() => {
+            (format!("{name}{}", &description[first_end..]), Some(secret.to_string()))
+        }
+        _ => (description.to_string(), None),
     }
 }
 
@@ -157,6 +184,8 @@ enum Failure {
     Refused,
     /// The export is not the vDisk version attached to.
     Mismatch,
+    /// The server no longer has the attach asked for (see the module docs).
+    Gone,
 }
 
 /// Counters of the link, read by the status.
@@ -206,6 +235,10 @@ pub(crate) struct Link {
     pub counters: LinkCounters,
     /// With `opts.journal`: the answered changes a new connection gets first.
     pub journal: Option<Arc<Journal>>,
+    /// The attach secret a store server handed the first connection (memory only).
+    secret: Mutex<Option<String>>,
+    /// Why the attach is lost for good (see the module docs), once it is.
+    lost: Mutex<Option<String>>,
     seed: AtomicU64,
 }
 
@@ -233,6 +266,8 @@ impl Link {
             reorder: None,
             counters: LinkCounters::default(),
             journal,
+            secret: Mutex::new(None),
+            lost: Mutex::new(None),
             seed: AtomicU64::new(seed),
         }
     }
@@ -266,11 +301,28 @@ impl Link {
         if let Some(c) = self.usable(failed) {
             return Ok(c);
         }
+        self.check_lost()?;
         let _one = self.reconnecting.lock().await;
         if let Some(c) = self.usable(failed) {
             return Ok(c);
         }
+        self.check_lost()?;
         self.reconnect().await
+    }
+
+    /// Why the attach is lost for good, once it is: the server no longer has the target's cache.
+    pub fn lost(&self) -> Option<String> {
+        lock(&self.lost).clone()
+    }
+
+    fn check_lost(&self) -> Result<(), GaveUp> {
+        match &*lock(&self.lost) {
+            Some(why) => {
+                self.counters.gave_up.fetch_add(1, Relaxed);
+                Err(GaveUp { message: why.clone() })
+            }
+            None => Ok(()),
+        }
     }
 
     /// Marks generation `g` broken for a reason the client does not see (a server that
@@ -337,6 +389,8 @@ impl Link {
         // At attach, a round where every server refused the export is an answer, not an
         // outage: an unknown vDisk fails the attach at once.
         let mut refused_in_round = 0usize;
+        // After attach, a round where every server answered that the attach is gone: lost.
+        let mut gone_in_round = 0usize;
         loop {
             let ep = &self.endpoints[index];
             let attempt = match self.attempt(ep).await {
@@ -346,7 +400,7 @@ impl Link {
                         let next = lock(&self.current).generation + 1;
                         match j.replay(&client, next, &self.opts.target).await {
                             Ok(()) => Ok(client),
-                            Err(e) => Err((format!("the connection broke while the journal was sent again: {e}"), false)),
+                            Err(e) => Err((format!("the connection broke while the journal was sent again: {e}"), Failure::Down)),
                         }
                     }
                     None => Ok(client),
@@ -377,8 +431,9 @@ impl Link {
                     }
                     return Ok((client, cur.generation));
                 }
-                Err((why, refused)) => {
-                    refused_in_round += usize::from(refused);
+                Err((why, failure)) => {
+                    refused_in_round += usize::from(matches!(failure, Failure::Refused | Failure::Gone));
+                    gone_in_round += usize::from(failure == Failure::Gone);
                     let mut last = lock(&self.last_reason);
                     if last[index].as_deref() != Some(why.as_str()) {
                         log::warn!("target {}: {ep}: {why}", self.opts.target);
@@ -392,7 +447,20 @@ impl Link {
                 if first_connect && refused_in_round == n {
                     return Err(GaveUp { message: self.give_up_message(start.elapsed(), true) });
                 }
+                if !first_connect && gone_in_round == n {
+                    let why = format!(
+                        "target {}: the server lost this target's cache: {}; every request of the guest now fails with EIO \
+                         (the writes it made since it attached are gone with the cache): detach the target and attach it again",
+                        self.opts.target,
+                        self.give_up_reasons()
+                    );
+                    log::error!("{why}");
+                    self.counters.gave_up.fetch_add(1, Relaxed);
+                    *lock(&self.lost) = Some(why.clone());
+                    return Err(GaveUp { message: why });
+                }
                 refused_in_round = 0;
+                gone_in_round = 0;
                 if let Some(limit) = self.opts.retry_for {
                     if start.elapsed() >= limit {
                         self.counters.gave_up.fetch_add(1, Relaxed);
@@ -412,7 +480,7 @@ impl Link {
     /// One connect + handshake + identity check, of the endpoint's export and, if the
     /// server refuses it or serves another version under it, of its fallback. The error
     /// says why, and whether the server refused the export (a definite answer).
-    async fn attempt(&self, ep: &Endpoint) -> Result<Client, (String, bool)> {
+    async fn attempt(&self, ep: &Endpoint) -> Result<Client, (String, Failure)> {
         let (why, failure) = match self.attempt_export(ep, &ep.export).await {
             Ok(c) => return Ok(c),
             Err(e) => e,
@@ -423,9 +491,12 @@ impl Link {
                     log::info!("target {}: {ep}: {why}; reading {:?} instead", self.opts.target, c.info().export);
                     Ok(c)
                 }
-                Err((why2, f2)) => Err((format!("{why}; then {fallback:?}: {why2}"), failure == Failure::Refused && f2 == Failure::Refused)),
+                Err((why2, f2)) => {
+                    let both = if failure == Failure::Refused && f2 == Failure::Refused { Failure::Refused } else { Failure::Down };
+                    Err((format!("{why}; then {fallback:?}: {why2}"), both))
+                }
             },
-            _ => Err((why, failure == Failure::Refused)),
+            _ => Err((why, if failure == Failure::Mismatch { Failure::Down } else { failure })),
         }
     }
 
@@ -435,17 +506,28 @@ impl Link {
             // The store server then answers without making each write durable first.
             export.push_str(vdstream_wcache::JOURNAL_MARKER);
         }
+        // Only a reconnect of the attach proves itself: the secret goes with the pinned name.
+        let secret = if export.starts_with("target/") && export.contains('@') { lock(&self.secret).clone() } else { None };
         let opts = ConnectOptions {
             export,
+            secret,
             connect_timeout: self.opts.connect_timeout,
             request_timeout: self.opts.request_timeout,
             ..ConnectOptions::default()
         };
         let client = Client::connect(ep.address.clone(), opts).await.map_err(|e| {
-            let failure = if matches!(e, ClientError::Refused { .. }) { Failure::Refused } else { Failure::Down };
+            let failure = match &e {
+                ClientError::Refused { reply, message, .. }
+                    if *reply == vdstream_nbd::proto::REP_ERR_UNKNOWN && message.contains(vdstream_wcache::ATTACH_GONE) =>
+                {
+                    Failure::Gone
+                }
+                ClientError::Refused { .. } => Failure::Refused,
+                _ => Failure::Down,
+            };
             (e.to_string(), failure)
         })?;
-        let now = Identity::of(&client);
+        let (now, secret) = Identity::of(&client);
         if self.opts.writable && client.read_only() {
             return Err((
                 format!("export {:?} is read-only, but the target's cache type writes through to the server", now.export),
@@ -456,6 +538,9 @@ impl Link {
         match &*identity {
             None => {
                 let description = now.description.as_deref().unwrap_or("");
+                if secret.is_some() {
+                    *lock(&self.secret) = secret;
+                }
                 let mut pins = lock(&self.pins);
                 for pin in [pinned_export(description), vdisk_pin(description)].into_iter().flatten() {
                     if !pins.iter().any(|p| p == pin) {
@@ -476,7 +561,8 @@ impl Link {
         Ok(client)
     }
 
-    fn give_up_message(&self, waited: Duration, refused: bool) -> String {
+    /// Every endpoint with why it failed last.
+    fn give_up_reasons(&self) -> String {
         let last = lock(&self.last_reason);
         let tried: Vec<String> = self
             .endpoints
@@ -484,14 +570,18 @@ impl Link {
             .zip(last.iter())
             .map(|(ep, why)| format!("{ep} ({})", why.as_deref().unwrap_or("connection lost")))
             .collect();
+        tried.join("; ")
+    }
+
+    fn give_up_message(&self, waited: Duration, refused: bool) -> String {
         if refused {
-            return format!("every server refused the export: {}; check the vDisk name in --server", tried.join("; "));
+            return format!("every server refused the export: {}; check the vDisk name in --server", self.give_up_reasons());
         }
         format!(
             "no server answered for {:.1?} (--retry-for {:?}): {}; start a server or list another with --server",
             waited,
             self.opts.retry_for.unwrap_or_default(),
-            tried.join("; ")
+            self.give_up_reasons()
         )
     }
 
@@ -536,6 +626,18 @@ mod tests {
         assert_eq!(vdisk_pin("target/vm1 reads \"vdisk/w@test\""), Some("vdisk/w@test"));
         assert_eq!(vdisk_pin("vdisk/@ or vdisk/w@"), None);
         assert_eq!((pin_name("vdisk/w@3"), pin_name("target/vm1")), ("vdisk/w", "target/vm1"));
+    }
+
+    #[test]
+    fn the_attach_secret_is_taken_out_of_the_description() {
+        let (d, s) = split_secret("target/vm1@a1f#00ff99 vdisk/w@3 (a server cache on server s)");
+        assert_eq!(d, "target/vm1@a1f vdisk/w@3 (a server cache on server s)");
+        assert_eq!(s.as_deref(), Some("00ff99"));
+        assert_eq!(pinned_export(&d), Some("target/vm1@a1f"));
+        // Nothing to take: no secret, or a '#' that is not in a target's first word.
+        for plain in ["target/vm1@a1f vdisk/w@3 (x)", "vdisk/w@3 (production)", "v3 of vDisk w #1", "target/vm1@a1f# x", ""] {
+            assert_eq!(split_secret(plain), (plain.to_string(), None), "{plain:?}");
+        }
     }
 
     #[test]

@@ -212,6 +212,12 @@ impl RemoteBase {
         })
     }
 
+    /// Why the target's attach is lost for good (its server lost the cache), once it is:
+    /// every request then fails with EIO.
+    pub fn lost(&self) -> Option<String> {
+        self.link.lost()
+    }
+
     /// The counters (requests, retries, reconnects, failovers).
     pub fn counters(&self) -> &LinkCounters {
         &self.link.counters

@@ -55,7 +55,10 @@ pub struct ExportInfo {
 
 pub(crate) struct Request<'a> {
     pub addr: &'a str,
+    /// The export name, as messages show it.
     pub export: &'a str,
+    /// The name sent on the wire: `export`, or `export#SECRET` (`ConnectOptions::secret`).
+    pub wire: &'a str,
     pub structured: bool,
     pub base_allocation: bool,
 }
@@ -82,7 +85,7 @@ where
             fail(format!("{what}: {e}"))
         }
     };
-    if req.export.len() > proto::MAX_STRING_LEN as usize {
+    if req.wire.len() > proto::MAX_STRING_LEN as usize {
         return Err(fail(format!("export name longer than {} bytes", proto::MAX_STRING_LEN)));
     }
 
@@ -123,9 +126,9 @@ where
     let mut base_allocation = None;
     if structured && req.base_allocation {
         let query = proto::META_CONTEXT_BASE_ALLOCATION.as_bytes();
-        let mut p = Vec::with_capacity(12 + req.export.len() + query.len());
-        p.extend_from_slice(&(req.export.len() as u32).to_be_bytes());
-        p.extend_from_slice(req.export.as_bytes());
+        let mut p = Vec::with_capacity(12 + req.wire.len() + query.len());
+        p.extend_from_slice(&(req.wire.len() as u32).to_be_bytes());
+        p.extend_from_slice(req.wire.as_bytes());
         p.extend_from_slice(&1u32.to_be_bytes());
         p.extend_from_slice(&(query.len() as u32).to_be_bytes());
         p.extend_from_slice(query);
@@ -155,9 +158,9 @@ where
         }
     }
 
-    let mut p = Vec::with_capacity(8 + req.export.len());
-    p.extend_from_slice(&(req.export.len() as u32).to_be_bytes());
-    p.extend_from_slice(req.export.as_bytes());
+    let mut p = Vec::with_capacity(8 + req.wire.len());
+    p.extend_from_slice(&(req.wire.len() as u32).to_be_bytes());
+    p.extend_from_slice(req.wire.as_bytes());
     p.extend_from_slice(&2u16.to_be_bytes());
     p.extend_from_slice(&proto::INFO_BLOCK_SIZE.to_be_bytes());
     p.extend_from_slice(&proto::INFO_DESCRIPTION.to_be_bytes());
@@ -294,7 +297,7 @@ where
     /// NBD_OPT_EXPORT_NAME: no reply header; the server closes the connection when it does
     /// not know the export.
     async fn export_name(&mut self, no_zeroes: bool) -> Result<(u64, u16), ClientError> {
-        self.send(proto::OPT_EXPORT_NAME, self.req.export.as_bytes()).await?;
+        self.send(proto::OPT_EXPORT_NAME, self.req.wire.as_bytes()).await?;
         let mut d = [0u8; 10 + 124];
         let want = if no_zeroes { 10 } else { d.len() };
         self.s.read_exact(&mut d[..want]).await.map_err(|e| {

@@ -32,11 +32,20 @@ use connection::{Command, Connection, ReadHalf, ReplyKind, WriteHalf};
 
 use crate::proto;
 
+/// Separates an export name from the credential that follows it on the wire
+/// ([`ConnectOptions::secret`]): `target/vm1@ATTACH#SECRET`. Export names never contain it
+/// otherwise; a server that logs or publishes a name shows only what comes before it.
+pub const SECRET_SEPARATOR: char = '#';
+
 /// How to connect and what to negotiate.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// Export name sent in NBD_OPT_GO ("" is the default export).
     pub export: String,
+    /// A credential for the export: sent on the wire as `EXPORT#SECRET` (see
+    /// [`SECRET_SEPARATOR`]), never shown: messages and [`ExportInfo::export`] name the
+    /// export without it.
+    pub secret: Option<String>,
     /// Ask for structured replies (needed for holes in reads and block status).
     pub structured_replies: bool,
     /// Ask for the `base:allocation` meta context (needs structured replies).
@@ -59,6 +68,7 @@ impl Default for ConnectOptions {
     fn default() -> Self {
         ConnectOptions {
             export: String::new(),
+            secret: None,
             structured_replies: true,
             base_allocation: true,
             connect_timeout: Duration::from_secs(10),
@@ -111,9 +121,14 @@ impl Client {
                 .open()
                 .await
                 .map_err(|source| ClientError::Connect { addr: addr_text.clone(), source })?;
+            let wire = match &opts.secret {
+                Some(secret) => format!("{}{SECRET_SEPARATOR}{secret}", opts.export),
+                None => opts.export.clone(),
+            };
             let req = handshake::Request {
                 addr: &addr_text,
                 export: &opts.export,
+                wire: &wire,
                 structured: opts.structured_replies,
                 base_allocation: opts.base_allocation,
             };
