@@ -245,7 +245,12 @@ impl Journal {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "it is not a vdstream cache journal (bad header)"));
         }
         let replay = parse_records(&bytes, after_seq, pages);
-        let journal = Journal { file, path: path.to_path_buf(), end: replay.end, reserved: replay.end, can_reserve: true };
+        // Blocks a former open reserved past the end are still there (a journal is written
+        // and reserved front to back, so its allocated bytes end where the reservation does).
+        use std::os::unix::fs::MetadataExt;
+        let allocated = file.metadata()?.blocks().saturating_mul(512);
+        let reserved = if replay.stopped.is_none() { allocated.max(replay.end) } else { replay.end };
+        let journal = Journal { file, path: path.to_path_buf(), end: replay.end, reserved, can_reserve: true };
         Ok(Some((journal, replay)))
     }
 
@@ -264,7 +269,8 @@ impl Journal {
 
     /// Cuts the file at the end of the valid records (drops a torn tail, and any record a
     /// failed append left past the end), durably. Frees the reservation too (call
-    /// [`reserve`](Self::reserve) after). Needs no space.
+    /// [`reserve`](Self::reserve) after), so only call it when there is something to cut.
+    /// Needs no space.
     pub fn truncate_tail(&mut self) -> io::Result<()> {
         self.file.set_len(self.end)?;
         self.reserved = self.end;
@@ -278,7 +284,10 @@ impl Journal {
         if !self.can_reserve || self.reserved >= self.end + JOURNAL_RESERVE / 2 {
             return Ok(());
         }
-        match crate::cachefile::fallocate(&self.file, libc::FALLOC_FL_KEEP_SIZE, self.end, JOURNAL_RESERVE) {
+        // Only past what is reserved already: a failed fallocate may give back the blocks of
+        // its range that hold no data (tmpfs does), and those must stay reserved.
+        let from = self.reserved.max(self.end);
+        match crate::cachefile::fallocate(&self.file, libc::FALLOC_FL_KEEP_SIZE, from, self.end + JOURNAL_RESERVE - from) {
             Ok(()) => {
                 self.reserved = self.end + JOURNAL_RESERVE;
                 Ok(())

@@ -174,11 +174,11 @@ impl PersistentDiskCache {
                     Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return Err(corrupt(&journal_path, &e.to_string())),
                     Err(e) => return Err(io_err(&journal_path, e)),
                 };
+                let mut journal = journal;
                 if let Some(why) = &replay.stopped {
                     log::info!("{}: replay stopped at a torn tail ({why}); dropping it", journal_path.display());
+                    journal.truncate_tail().map_err(|e| io_err(&journal_path, e))?;
                 }
-                let mut journal = journal;
-                journal.truncate_tail().map_err(|e| io_err(&journal_path, e))?;
                 for &(page, state) in &replay.changes {
                     durable.set(page, state);
                 }

@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::{CacheConfig, CacheType, StatsSnapshot};
+
 /// Free bytes below which an attach (or `serve-image`) refuses a cache folder: 64 MiB,
 /// room for a few 2 MiB overflow units, a persistent cache's journal reserve and its map.
 pub const MIN_FREE: u64 = 64 << 20;
@@ -113,14 +115,46 @@ pub fn check_free_space(dir: &Path, may_use: u64, allow_low: bool) -> Result<Opt
     }
     Ok((space.free < may_use).then(|| {
         format!(
-            "the file system of the cache folder {} has {} bytes free, less than the {may_use} bytes the cache may use: \
-             the cache's limit is {} bytes; past it writes to new blocks fail with ENOSPC (free space there, or cap the cache \
-             with --overflow-max)",
+            "the file system of the cache folder {} has {} bytes free, less than the {may_use} bytes the cache may use \
+             (its limit): the cache can grow by at most {} bytes, then writes to new blocks fail with ENOSPC; free space \
+             there, or name a larger folder",
             dir.display(),
             space.free,
             space.free
         )
     }))
+}
+
+/// The most a cache's file (overflow or cache file) may grow to: `None` for the types
+/// without one (`device-ram`, `private`).
+pub fn file_limit(kind: CacheType, max_file: Option<u64>, vdisk_size: u64) -> Option<u64> {
+    match kind {
+        CacheType::DeviceRam | CacheType::Private => None,
+        _ => Some(max_file.unwrap_or(vdisk_size)),
+    }
+}
+
+/// The RAM budget a cache type uses (0 for the types without RAM pages).
+pub fn ram_limit(kind: CacheType, ram: u64) -> u64 {
+    if matches!(kind, CacheType::DeviceRam | CacheType::RamOverflow) {
+        ram
+    } else {
+        0
+    }
+}
+
+/// The check every attach and `serve-image` runs on a cache's folder before opening it:
+/// the folder rule of [`prepare_cache_dir`] (with `rule`), then the free space of its file
+/// system against what the cache may use. Refuses below [`MIN_FREE`] unless `allow_low` or
+/// the cache is a persistent one that already exists (its data is there: a full file system
+/// must not keep it from being served); `Ok(Some(warning))` when the cache may outgrow the
+/// free space. Types without a file (`device-ram`, `private`) have no folder to check
+/// (`Ok(None)`).
+pub fn check_cache_room(kind: CacheType, cfg: &CacheConfig, rule: DirRule, vdisk_size: u64, allow_low: bool) -> Result<Option<String>, CacheDirError> {
+    let Some(may_use) = file_limit(kind, cfg.max_file, vdisk_size) else { return Ok(None) };
+    prepare_cache_dir(&cfg.dir, rule)?;
+    let existing = kind.is_persistent() && crate::persistent::cache_paths(&cfg.dir, &cfg.target)[1].exists();
+    check_free_space(&cfg.dir, may_use, allow_low || existing)
 }
 
 /// What a cache can hold, and how full it is.
@@ -139,6 +173,15 @@ pub struct Capacity {
 }
 
 impl Capacity {
+    /// Of a cache of `kind` configured with `ram` and `max_file`, over a vDisk of
+    /// `vdisk_size` bytes, with its file in `dir`, using what `stats` say. The one place
+    /// `used_percent` comes from (agent status, `serve-image`'s exit report).
+    pub fn of(kind: CacheType, ram: u64, max_file: Option<u64>, dir: &Path, vdisk_size: u64, stats: &StatsSnapshot) -> Capacity {
+        let file = file_limit(kind, max_file, vdisk_size);
+        let fs_free = file.and_then(|_| fs_space(dir).ok()).map(|s| s.free);
+        Capacity::new(ram_limit(kind, ram), stats.ram_bytes, file.unwrap_or(0), stats.file_bytes, fs_free)
+    }
+
     /// From the limits and use of the RAM and file parts and the free space of the file's
     /// file system (ignored when the file limit is 0: RAM only).
     pub fn new(ram_limit: u64, ram_used: u64, file_limit: u64, file_used: u64, fs_free: Option<u64>) -> Capacity {
@@ -259,6 +302,20 @@ mod tests {
         assert!(warn.contains(&tmp.path().display().to_string()), "{warn}");
         assert!(check_free_space(tmp.path(), 0, true).unwrap().is_none());
         assert!(fs_space(&tmp.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn the_room_check_skips_ram_caches_and_refuses_a_typo() {
+        let tmp = tempfile::tempdir().unwrap();
+        let typo = tmp.path().join("no").join("dir");
+        let cfg = CacheConfig { dir: typo.clone(), ..CacheConfig::new("t") };
+        assert!(check_cache_room(CacheType::DeviceRam, &cfg, DirRule::ParentMustExist, 1 << 30, false).unwrap().is_none());
+        assert!(!typo.exists());
+        let err = check_cache_room(CacheType::RamOverflow, &cfg, DirRule::ParentMustExist, 1 << 30, false).unwrap_err();
+        assert!(matches!(err, CacheDirError::NoParent { .. }), "{err}");
+        let cfg = CacheConfig { dir: tmp.path().join("ok"), max_file: Some(1 << 20), ..CacheConfig::new("t") };
+        check_cache_room(CacheType::DeviceDisk, &cfg, DirRule::ParentMustExist, 1 << 50, true).unwrap();
+        assert!(cfg.dir.is_dir());
     }
 
     #[test]

@@ -139,6 +139,10 @@ fn persistent_cache_on_a_full_file_system(checkpoint_after: Option<u64>) {
     let after = acked.last().unwrap() + 1;
     cache.read_at(&mut buf, after * PAGE as u64).unwrap();
     assert!(buf == pattern_buf(0x5A, after * PAGE as u64, PAGE), "a refused page reads as the vDisk");
+    // Reopened on the still full file system, it refuses new pages and keeps flushing.
+    let (_, refused) = fill(&cache, after, 1);
+    assert_eq!(refused, 1);
+    cache.flush().expect("a flush after a restart on a full file system");
     // Trimming gives the space back: new writes fit again.
     cache.trim(0, 64 * PAGE as u64, false).unwrap();
     cache.flush().unwrap();
