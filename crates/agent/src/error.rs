@@ -47,6 +47,13 @@ pub enum AgentError {
         source: vdstream_blockdev::Error,
     },
 
+    #[error("target {id}: {source}")]
+    CacheDir {
+        id: String,
+        #[source]
+        source: vdstream_wcache::space::CacheDirError,
+    },
+
     #[error("target {id}: cannot record the I/O trace: {message}")]
     Trace { id: String, message: String },
 
