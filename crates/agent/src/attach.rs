@@ -126,7 +126,7 @@ impl Agent {
         // created); the default one is created whole. Checked before connecting.
         let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) { DirRule::CreateAll } else { DirRule::ParentMustExist };
         if !cfg.passes_through() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
-            prepare_cache_dir(&cfg.cache_dir, dir_rule).map_err(|source| AgentError::CacheDir { id: cfg.target.clone(), source })?;
+            prepare_cache_dir(&cfg.cache_dir, dir_rule).map_err(|source| AgentError::CacheDir { id: cfg.target.clone(), reason: source })?;
         }
         if cfg.cache != CacheType::ServerPersistent {
             // Only a cache that outlives its server can take a replay: a `server` cache dies
@@ -154,7 +154,7 @@ impl Agent {
             match space::check_cache_room(kind, &ccfg, dir_rule, id.size, cfg.allow_low_space) {
                 Ok(None) => {}
                 Ok(Some(warning)) => log::warn!("target {}: {warning}", cfg.target),
-                Err(source) => return Err(AgentError::CacheDir { id: cfg.target.clone(), source }),
+                Err(source) => return Err(AgentError::CacheDir { id: cfg.target.clone(), reason: source }),
             }
             let lower: Arc<dyn BlockDev> = remote.clone();
             let cache: Arc<dyn WriteCache> = if kind == CacheType::DeviceDiskPersistent {
