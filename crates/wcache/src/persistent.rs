@@ -266,6 +266,7 @@ impl PersistentDiskCache {
                 // a checkpoint instead (same sequence number: nothing in the journal names it).
                 let err = journal_err(meta, e);
                 meta.journal.truncate_tail().map_err(|e| journal_err(meta, e))?;
+                self.keep_reserve(meta);
                 let before: Vec<(u64, PageState)> = changes.iter().map(|&(p, _)| (p, meta.durable.get(p))).collect();
                 for &(page, state) in changes {
                     meta.durable.set(page, state);

@@ -169,3 +169,38 @@ fn writes_the_file_system_refuses_count_as_refused_for_space() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A flush whose changes outgrow the journal's reserve on a full file system (a guest that
+/// zeroes most of a large disk) folds them into a checkpoint instead, and they survive.
+#[test]
+fn a_flush_too_big_for_the_journal_becomes_a_checkpoint() {
+    let Some(fs) = Tmpfs::mount("4m") else { return };
+    let size: u64 = 1 << 30;
+    let mem = MemoryDev::new(size);
+    mem.write_at(&pattern_buf(0x33, 0, 64 << 20), 0, false).unwrap();
+    let low: Arc<dyn BlockDev> = Arc::new(mem);
+    let cfg = config(fs.path(), "vm-big");
+    let kind = CacheType::DeviceDiskPersistent;
+    let cache = PersistentDiskCache::open(low.clone(), &cfg, kind).unwrap();
+    let (written, refused) = fill(&cache, 0, 1);
+    assert_eq!(refused, 1);
+    cache.flush().unwrap();
+    // Give back 256 KiB: room for the 64 KiB map, not for the 2 MiB of journal records
+    // that zeroing 1 GiB makes.
+    cache.trim(0, 64 * PAGE as u64, false).unwrap();
+    cache.flush().unwrap();
+    cache.write_zeroes(16 << 20, size - (16 << 20), Default::default()).unwrap();
+    cache.flush().expect("a flush whose records do not fit the journal must fall back to a checkpoint");
+    cache.flush().unwrap();
+    drop(cache);
+    let cache = PersistentDiskCache::open(low, &cfg, kind).unwrap();
+    let mut buf = vec![0u8; PAGE];
+    for &p in written.iter().filter(|&&p| p >= 64 && p * (PAGE as u64) < (16 << 20)) {
+        cache.read_at(&mut buf, p * PAGE as u64).unwrap();
+        assert!(buf == page_of(p), "page {p} was lost");
+    }
+    cache.read_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "a trimmed page reads as zeros");
+    cache.read_at(&mut buf, 32 << 20).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "a zeroed page reads as zeros, not the vDisk");
+}
