@@ -271,7 +271,6 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             let rule = if args.overflow_dir.is_some() { DirRule::ParentMustExist } else { DirRule::CreateAll };
             if let Some(warning) = space::check_cache_room(kind, &cfg, rule, dev.size(), args.allow_low_space)? {
                 log::warn!("{warning}");
-                eprintln!("vdstream: warning: {warning}");
             }
             let cache = vdstream_wcache::open(kind, dev, &cfg).with_context(|| format!("cannot open the {kind} write cache"))?;
             cache_in_use = Some((cache.clone(), cfg));
