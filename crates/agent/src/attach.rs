@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use vdstream_blockdev::{BlockDev, TraceDev};
 use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
+use vdstream_wcache::space::{self, prepare_cache_dir, Capacity, DirRule};
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
 use crate::api::ApiLink;
@@ -45,6 +46,9 @@ pub struct AttachConfig {
     pub cache_dir: PathBuf,
     /// Cap on the overflow or cache file.
     pub overflow_max: Option<u64>,
+    /// Start even when the cache folder's file system has less than
+    /// [`vdstream_wcache::space::MIN_FREE`] free (`--allow-low-space`).
+    pub allow_low_space: bool,
     pub intermediate_buffering: bool,
     pub socket: PathBuf,
     pub listen: Option<SocketAddr>,
@@ -74,6 +78,7 @@ impl AttachConfig {
             ram: 256 << 20,
             cache_dir: paths::cache_dir(id),
             overflow_max: None,
+            allow_low_space: false,
             intermediate_buffering: false,
             socket: paths::socket_path(id),
             listen: None,
@@ -117,6 +122,12 @@ impl Agent {
         let lock = take_lock(&cfg.target, &cfg.lock_path)?;
         check_socket(&cfg.socket)?;
         cfg.remote.writable = cfg.passes_through();
+        // A folder the user named must have an existing parent (a typo is refused, not
+        // created); the default one is created whole. Checked before connecting.
+        let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) { DirRule::CreateAll } else { DirRule::ParentMustExist };
+        if !cfg.passes_through() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
+            prepare_cache_dir(&cfg.cache_dir, dir_rule).map_err(|source| AgentError::CacheDir { id: cfg.target.clone(), reason: source })?;
+        }
         if cfg.cache != CacheType::ServerPersistent {
             // Only a cache that outlives its server can take a replay: a `server` cache dies
             // with it (the reconnect is refused), the others do not write to the server.
@@ -130,7 +141,6 @@ impl Agent {
         let (cache, dev): (Option<Arc<dyn WriteCache>>, Arc<dyn BlockDev>) = if cfg.passes_through() {
             (None, remote.clone())
         } else {
-            create_private_dir(&cfg.cache_dir)?;
             let ccfg = CacheConfig {
                 target: cfg.target.clone(),
                 ram: cfg.ram,
@@ -140,8 +150,13 @@ impl Agent {
                 lock_path: None,
                 ..CacheConfig::new(&cfg.target)
             };
-            let lower: Arc<dyn BlockDev> = remote.clone();
             let kind = cfg.cache;
+            match space::check_cache_room(kind, &ccfg, dir_rule, id.size, cfg.allow_low_space) {
+                Ok(None) => {}
+                Ok(Some(warning)) => log::warn!("target {}: {warning}", cfg.target),
+                Err(source) => return Err(AgentError::CacheDir { id: cfg.target.clone(), reason: source }),
+            }
+            let lower: Arc<dyn BlockDev> = remote.clone();
             let cache: Arc<dyn WriteCache> = if kind == CacheType::DeviceDiskPersistent {
                 let identity = format!("{} {}", id.export, id.description.as_deref().unwrap_or(""));
                 Arc::new(vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(lower, &ccfg, kind, identity.trim()).map_err(|source| AgentError::Cache { id: cfg.target.clone(), kind, source })?)
@@ -295,16 +310,17 @@ impl Agent {
             None => (CacheStatus { kind: self.cfg.cache.name().into(), ..CacheStatus::default() }, remote_io, remote_io),
             Some(cache) => {
                 let s = cache.stats();
-                let ram_limit = if matches!(self.cfg.cache, CacheType::DeviceRam | CacheType::RamOverflow) { self.cfg.ram } else { 0 };
-                let file_limit = if self.cfg.cache == CacheType::DeviceRam { 0 } else { self.cfg.overflow_max.unwrap_or(id.size) };
-                let limit = ram_limit + file_limit;
+                let cap = Capacity::of(self.cfg.cache, self.cfg.ram, self.cfg.overflow_max, &self.cfg.cache_dir, id.size, &s);
                 let cs = CacheStatus {
                     kind: self.cfg.cache.name().into(),
                     ram_bytes: s.ram_bytes,
-                    ram_limit,
+                    ram_limit: space::ram_limit(self.cfg.cache, self.cfg.ram),
                     file_bytes: s.file_bytes,
-                    file_limit,
-                    used_percent: if limit == 0 { 0.0 } else { (s.ram_bytes + s.file_bytes) as f64 * 100.0 / limit as f64 },
+                    file_limit: space::file_limit(self.cfg.cache, self.cfg.overflow_max, id.size).unwrap_or(0),
+                    limit_bytes: cap.limit,
+                    fs_free_bytes: cap.fs_free,
+                    capacity_bytes: cap.capacity,
+                    used_percent: cap.used_percent(),
                     hits: s.hits,
                     misses: s.misses,
                     evictions: s.evictions,

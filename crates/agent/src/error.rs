@@ -47,6 +47,10 @@ pub enum AgentError {
         source: vdstream_blockdev::Error,
     },
 
+    /// The cache folder of target `id` is unusable (the message names it and what to do).
+    #[error("{reason}")]
+    CacheDir { id: String, reason: vdstream_wcache::space::CacheDirError },
+
     #[error("target {id}: cannot record the I/O trace: {message}")]
     Trace { id: String, message: String },
 

@@ -91,7 +91,16 @@ pub struct CacheStatus {
     pub ram_limit: u64,
     pub file_bytes: u64,
     pub file_limit: u64,
-    /// (RAM + file in use) over (RAM limit + file limit), in percent.
+    /// RAM limit + file limit (the file limit is the vDisk's size without a cap).
+    #[serde(default)]
+    pub limit_bytes: u64,
+    /// Free bytes on the file system of the overflow or cache file (absent without a file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_free_bytes: Option<u64>,
+    /// What the cache can really hold: RAM limit + min(file limit, file in use + free).
+    #[serde(default)]
+    pub capacity_bytes: u64,
+    /// (RAM + file in use) over `capacity_bytes`, in percent.
     pub used_percent: f64,
     pub hits: u64,
     pub misses: u64,
@@ -205,7 +214,7 @@ pub fn render(s: &Status, alive: bool) -> String {
          vDisk:     export {:?}, {} bytes{}\n\
          server:    {} ({}); {} retries, {} reconnects, {} failovers, {} gave up\n\
          servers:   {}\n{}\
-         cache:     {}: RAM {} of {}, file {} of {} ({:.1}% used); {} hits, {} misses, {} evictions, {} refused for space\n\
+         cache:     {}: RAM {} of {}, file {} of {} ({:.1}% used of {}{}); {} hits, {} misses, {} evictions, {} refused for space\n\
          guest:     {}\n\
          storage:   {}\n",
         s.target,
@@ -235,6 +244,8 @@ pub fn render(s: &Status, alive: bool) -> String {
         human_bytes(c.file_bytes),
         human_bytes(c.file_limit),
         c.used_percent,
+        human_bytes(c.capacity_bytes),
+        c.fs_free_bytes.map_or(String::new(), |f| format!(", {} free on its file system", human_bytes(f))),
         c.hits,
         c.misses,
         c.evictions,

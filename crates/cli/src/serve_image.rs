@@ -15,6 +15,7 @@ use vdstream_blockdev::{BlockDev, FileDev, FileOptions, MemoryDev};
 use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
 use vdstream_qcow2::{open_chain, ImageFormat, OpenOptions, Qcow2Image};
 
+use vdstream_wcache::space::{self, Capacity, DirRule};
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
 use crate::size::{check_ram_fits_here, format_size, parse_ram, parse_size};
@@ -120,8 +121,14 @@ pub struct ServeImageArgs {
 
     /// Folder for the overflow file (ram-overflow) or cache file (disk and server types).
     /// Default: the store's cache/ folder for the server types of a --vdisk, else $TMPDIR.
+    /// Created if missing, but only when its parent exists (a typo is refused).
     #[arg(long, value_name = "DIR", requires = "cache")]
     overflow_dir: Option<PathBuf>,
+
+    /// Start even when the cache folder's file system has less than 64 MiB free (refused
+    /// otherwise; with less free space than the cache may use, a warning only).
+    #[arg(long, requires = "cache")]
+    allow_low_space: bool,
 
     /// Cap on the overflow or cache file (e.g. 10G); past it, writes to new blocks fail with ENOSPC.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "cache")]
@@ -271,8 +278,12 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
                 zero_fill: args.zero_fill,
                 lock_path: args.file.clone().or_else(|| opened_layer.as_ref().map(|o| o.path.clone())),
             };
+            let rule = if args.overflow_dir.is_some() { DirRule::ParentMustExist } else { DirRule::CreateAll };
+            if let Some(warning) = space::check_cache_room(kind, &cfg, rule, dev.size(), args.allow_low_space)? {
+                log::warn!("{warning}");
+            }
             let cache = vdstream_wcache::open(kind, dev, &cfg).with_context(|| format!("cannot open the {kind} write cache"))?;
-            cache_in_use = Some(cache.clone());
+            cache_in_use = Some((cache.clone(), cfg));
             let dev: Arc<dyn BlockDev> = cache;
             (dev, format!("{description} through a {kind} write cache"))
         }
@@ -329,8 +340,8 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             let _ = std::fs::remove_file(path);
         }
         log::info!("all sessions drained; bye");
-        if let Some(cache) = cache_in_use {
-            outln!("vdstream: {}", cache_summary(&*cache));
+        if let Some((cache, cfg)) = cache_in_use {
+            outln!("vdstream: {}", cache_summary(&*cache, &cfg));
         }
         report_trace(trace.map(|t| (t.trace_path().to_path_buf(), t.finish())))?;
         // The layer's files stay locked (in use) until here.
@@ -415,13 +426,16 @@ pub(crate) fn report_trace(trace: Option<(PathBuf, Result<u64, vdstream_blockdev
     Ok(())
 }
 
-/// One line on what the guest asked for against what reached storage.
-fn cache_summary(cache: &dyn WriteCache) -> String {
+/// One line on what the guest asked for against what reached storage, and how full the
+/// cache is against what it can really hold (its limit, or less when its file system has
+/// less room).
+fn cache_summary(cache: &dyn WriteCache, cfg: &CacheConfig) -> String {
     let s = cache.stats();
+    let cap = Capacity::of(cache.cache_type(), cfg.ram, cfg.max_file, &cfg.dir, cache.size(), &s);
     format!(
         "{} cache: guest {} reads and {} writes; storage {} reads and {} writes \
          ({} vDisk reads, {} overflow-file writes, {} cache-file writes); {} evictions; \
-         {} writes refused for lack of space; RAM in use {}, file in use {}",
+         {} writes refused for lack of space; RAM in use {}, file in use {}; {:.1}% used of {} (limit {}{})",
         cache.cache_type(),
         s.guest_read_ops,
         s.guest_write_ops,
@@ -434,6 +448,10 @@ fn cache_summary(cache: &dyn WriteCache) -> String {
         s.nospace_errors,
         format_size(s.ram_bytes),
         format_size(s.file_bytes),
+        cap.used_percent(),
+        format_size(cap.capacity),
+        format_size(cap.limit),
+        cap.fs_free.map_or(String::new(), |f| format!(", {} free on the file system of {}", format_size(f), cfg.dir.display())),
     )
 }
 
@@ -474,11 +492,14 @@ mod tests {
         let cfg = CacheConfig { ram: 64 << 10, ..CacheConfig::new("t1") };
         let cache = vdstream_wcache::open(CacheType::DeviceRam, base, &cfg).unwrap();
         cache.write_at(&[7u8; 4096], 0, false).unwrap();
+        cache.write_at(&[8u8; 4096], 4096, false).unwrap();
         let mut buf = [0u8; 4096];
         cache.read_at(&mut buf, 8192).unwrap();
-        let line = cache_summary(&*cache);
-        assert!(line.starts_with("device-ram cache: guest 1 reads and 1 writes"), "{line}");
+        let line = cache_summary(&*cache, &cfg);
+        assert!(line.starts_with("device-ram cache: guest 1 reads and 2 writes"), "{line}");
         assert!(line.contains("1 vDisk reads"), "{line}");
-        assert!(line.contains("RAM in use 4 KiB"), "{line}");
+        assert!(line.contains("RAM in use 8 KiB"), "{line}");
+        // Against its 64 KiB of RAM, not the 1 MiB vDisk.
+        assert!(line.contains("12.5% used of 64 KiB"), "{line}");
     }
 }

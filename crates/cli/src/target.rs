@@ -99,8 +99,14 @@ pub struct AttachArgs {
     ram: Option<u64>,
 
     /// Folder of the overflow or cache file. Default: $VDSTREAM_CACHE_DIR/ID, else /var/tmp/vdstream/ID.
+    /// A folder named here is created only if its parent exists (a typo is refused).
     #[arg(long, value_name = "DIR")]
     overflow_dir: Option<PathBuf>,
+
+    /// Start even when the cache folder's file system has less than 64 MiB free (attach
+    /// refuses then; with less free space than the cache may use it only warns).
+    #[arg(long)]
+    allow_low_space: bool,
 
     /// Cap on the overflow or cache file (e.g. 10G); past it, writes to new blocks fail with ENOSPC.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -226,6 +232,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     if let Some(dir) = a.overflow_dir {
         cfg.cache_dir = dir;
     }
+    cfg.allow_low_space = a.allow_low_space;
     cfg.intermediate_buffering = a.intermediate_buffering;
     if let Some(sock) = a.socket {
         cfg.socket = sock;

@@ -27,7 +27,10 @@
 //! - **Space**: the file's used bytes are the data pages × 4096 (exact, `file_bytes`).
 //!   `cfg.max_file` caps them: a write that would turn pages that are not data into data
 //!   past the cap fails whole with [`ErrorKind::NoSpace`] (logged once, counted in
-//!   `nospace_errors`); overwrites of data pages always work; trims give space back.
+//!   `nospace_errors`); overwrites of data pages always work; trims give space back. A
+//!   write the *file system* refuses (ENOSPC: the folder's disk is full before the cap) is
+//!   answered the same way: counted in `nospace_errors`, logged at most once a minute with
+//!   the folder and what to do, and nothing acknowledged is touched.
 //! - **Preallocation**: the first write of new pages into a 2 MiB chunk of the file
 //!   `fallocate`s the whole chunk ([`Prealloc`]), so ext4 allocates once per chunk rather
 //!   than inside every random 4 KiB write (with O_DIRECT: 0.13–0.20× → 0.21–0.51× of raw
@@ -115,6 +118,8 @@ pub struct DiskCache {
     /// Most data pages `max_file` allows.
     limit_pages: u64,
     warned_full: AtomicBool,
+    /// Rate limit of the "file system full" warning.
+    fs_full_log: crate::space::LogLimit,
     /// Persistent types: pages whose state changed since the last flush.
     changed: Option<ChangedPages>,
     /// Set by every write to the file; cleared by a flush before its `fdatasync`.
@@ -172,6 +177,7 @@ impl DiskCache {
             size,
             limit_pages,
             warned_full: AtomicBool::new(false),
+            fs_full_log: crate::space::LogLimit::new(),
             changed: track_changes.then(|| ChangedPages::new(pages)),
             unsynced: AtomicBool::new(false),
             remove_on_drop: None,
@@ -242,6 +248,30 @@ impl DiskCache {
         Error::new(ErrorKind::NoSpace, op, offset, len, self.describe(), message)
     }
 
+    /// A write error from the cache file: when the file system is full (ENOSPC, EDQUOT), the
+    /// write is refused for space like one past the cap: counted, logged (rate-limited),
+    /// and told what to do.
+    fn file_write_err(&self, e: Error) -> Error {
+        if e.kind != ErrorKind::NoSpace {
+            return e;
+        }
+        self.stats.nospace_errors.fetch_add(1, Ordering::Relaxed);
+        let message = format!(
+            "the file system of {} is full: the {} write cache of target {} cannot take new blocks (its file holds {} bytes; {}); \
+             writes to pages already cached still work: free space there, trim unused space in the guest, or put the cache on a \
+             larger file system (--overflow-dir)",
+            self.dir.display(),
+            self.kind,
+            self.target,
+            self.map.data_pages() * PAGE_U64,
+            e.message,
+        );
+        if let Some(n) = self.fs_full_log.allow(crate::space::FULL_LOG_EVERY_MS) {
+            log::warn!("{message}{}", crate::space::held_back(n));
+        }
+        Error { message, ..e }
+    }
+
     /// Fills `out` (one aligned page) with page `p` as the cache sees it now.
     fn old_page(&self, p: u64, out: &mut [u8]) -> Result<()> {
         match self.map.get(p) {
@@ -273,7 +303,7 @@ impl DiskCache {
         // The page locks keep every page of the range in the state counted above.
         if let Err(e) = self.write_file(data, offset) {
             self.map.release(new);
-            return Err(Error { op, ..e });
+            return Err(self.file_write_err(Error { op, ..e }));
         }
         for p in first..=last {
             if self.map.set_data_reserved(p) != PageState::Data {
@@ -683,9 +713,10 @@ impl DiskCache {
                     Ok(())
                 }
                 (Err(e), io) => {
-                    let kind = if matches!(io, BatchIo::Write(..)) { Op::Write } else { Op::Read };
+                    let write = matches!(io, BatchIo::Write(..));
                     self.map.release(p.new);
-                    Err(self.file.err(e, kind, at, len))
+                    let err = self.file.err(e, if write { Op::Write } else { Op::Read }, at, len);
+                    Err(if write { self.file_write_err(err) } else { err })
                 }
             };
         }

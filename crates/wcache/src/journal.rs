@@ -17,6 +17,13 @@
 //! Journal records carry consecutive sequence numbers; replay applies the records after the
 //! checkpoint's `seq` and stops at the first short, bad-checksum, out-of-order or invalid
 //! one (a torn tail from a crash), which the caller then truncates away.
+//!
+//! Space: the journal keeps [`JOURNAL_RESERVE`] bytes allocated past its end
+//! (`fallocate` with `KEEP_SIZE`, so the file's length and its records do not change), and
+//! tops the reservation up after each append. So a flush appends into blocks it already
+//! holds, and a file system that the cache's data writes filled cannot make it fail: the
+//! ENOSPC goes to the writes that did not fit, not to every flush after them. A reset (after
+//! a checkpoint) frees the old blocks and reserves again at once.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -34,6 +41,9 @@ pub const JOURNAL_HEADER: u64 = 16;
 /// Most entries one journal record holds (a flush with more writes several records).
 const MAX_ENTRIES: usize = 1 << 16;
 const MAX_IDENTITY: usize = 4096;
+/// Bytes the journal keeps allocated past its end: the records of one flush that changes
+/// up to 32 Ki pages (128 MiB of new data) fit in it without new space.
+pub const JOURNAL_RESERVE: u64 = 256 << 10;
 
 /// CRC-32 (IEEE), table-driven.
 pub fn crc32(data: &[u8]) -> u32 {
@@ -131,12 +141,19 @@ impl Checkpoint {
 
     /// Writes the checkpoint durably and atomically over `path`: temporary file, fsync,
     /// rename, fsync of the folder.
+    /// On failure before the rename the temporary file is removed, so a full file system
+    /// is not left fuller, and the old checkpoint stays.
     pub fn store(&self, path: &Path) -> io::Result<()> {
         let tmp = tmp_path(path);
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-        f.write_all(&self.encode())?;
-        f.sync_all()?;
-        drop(f);
+        let written = (|| {
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            f.write_all(&self.encode())?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         std::fs::rename(&tmp, path)?;
         sync_dir(path)
     }
@@ -193,6 +210,10 @@ pub struct Journal {
     path: PathBuf,
     /// Where the next record goes.
     end: u64,
+    /// Blocks are allocated (reserved) up to here; `end` when nothing is reserved.
+    reserved: u64,
+    /// Off once the file system said it cannot preallocate.
+    can_reserve: bool,
 }
 
 impl Journal {
@@ -206,7 +227,7 @@ impl Journal {
         file.write_all_at(&header, 0)?;
         file.sync_all()?;
         sync_dir(path)?;
-        Ok(Journal { file, path: path.to_path_buf(), end: JOURNAL_HEADER })
+        Ok(Journal { file, path: path.to_path_buf(), end: JOURNAL_HEADER, reserved: JOURNAL_HEADER, can_reserve: true })
     }
 
     /// Opens an existing journal and reads the records after `after_seq` that are valid for
@@ -224,7 +245,12 @@ impl Journal {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "it is not a vdstream cache journal (bad header)"));
         }
         let replay = parse_records(&bytes, after_seq, pages);
-        let journal = Journal { file, path: path.to_path_buf(), end: replay.end };
+        // Blocks a former open reserved past the end are still there (a journal is written
+        // and reserved front to back, so its allocated bytes end where the reservation does).
+        use std::os::unix::fs::MetadataExt;
+        let allocated = file.metadata()?.blocks().saturating_mul(512);
+        let reserved = if replay.stopped.is_none() { allocated.max(replay.end) } else { replay.end };
+        let journal = Journal { file, path: path.to_path_buf(), end: replay.end, reserved, can_reserve: true };
         Ok(Some((journal, replay)))
     }
 
@@ -241,10 +267,42 @@ impl Journal {
         self.len() == 0
     }
 
-    /// Cuts the file at the end of the valid records (drops a torn tail), durably.
-    pub fn truncate_tail(&self) -> io::Result<()> {
+    /// Cuts the file at the end of the valid records (drops a torn tail, and any record a
+    /// failed append left past the end), durably. Frees the reservation too (call
+    /// [`reserve`](Self::reserve) after), so only call it when there is something to cut.
+    /// Needs no space.
+    pub fn truncate_tail(&mut self) -> io::Result<()> {
         self.file.set_len(self.end)?;
+        self.reserved = self.end;
         self.file.sync_all()
+    }
+
+    /// Tops up the blocks allocated past the end to [`JOURNAL_RESERVE`] when less than half
+    /// of it is left. An error (ENOSPC) leaves the journal as it was: it still works, with
+    /// what is reserved. A file system that cannot preallocate is not an error.
+    pub fn reserve(&mut self) -> io::Result<()> {
+        if !self.can_reserve || self.reserved >= self.end + JOURNAL_RESERVE / 2 {
+            return Ok(());
+        }
+        // Only past what is reserved already: a failed fallocate may give back the blocks of
+        // its range that hold no data (tmpfs does), and those must stay reserved.
+        let from = self.reserved.max(self.end);
+        match crate::cachefile::fallocate(&self.file, libc::FALLOC_FL_KEEP_SIZE, from, self.end + JOURNAL_RESERVE - from) {
+            Ok(()) => {
+                self.reserved = self.end + JOURNAL_RESERVE;
+                Ok(())
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) => {
+                self.can_reserve = false;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Bytes allocated past the end of the records.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved.saturating_sub(self.end)
     }
 
     /// Appends `changes` as records numbered from `seq + 1`, then fdatasyncs; returns the
@@ -267,14 +325,17 @@ impl Journal {
         self.file.write_all_at(&buf, self.end)?;
         self.file.sync_data()?;
         self.end += buf.len() as u64;
+        self.reserved = self.reserved.max(self.end);
         Ok(seq)
     }
 
-    /// Empties the journal after a checkpoint made its records redundant, durably.
+    /// Empties the journal after a checkpoint made its records redundant, durably. This
+    /// frees its blocks, reservation included: call [`reserve`](Self::reserve) right after.
     pub fn reset(&mut self) -> io::Result<()> {
         self.file.set_len(JOURNAL_HEADER)?;
         self.file.sync_all()?;
         self.end = JOURNAL_HEADER;
+        self.reserved = JOURNAL_HEADER;
         Ok(())
     }
 }

@@ -35,6 +35,7 @@ pub mod persistent;
 pub mod prealloc;
 pub mod private;
 pub mod sizing;
+pub mod space;
 pub mod ram;
 mod region_map;
 pub mod stats;

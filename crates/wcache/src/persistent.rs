@@ -29,6 +29,16 @@
 //! stops at the first torn or bad record, the journal is cut there, and every page the map
 //! does not call *data* is punched, so blocks of unflushed writes are given back.
 //!
+//! Space: a flush must not need space the data writes may have taken, or a cache whose file
+//! system fills would fail every flush after (the ENOSPC belongs to the writes that did not
+//! fit, each refused itself). So the journal appends into blocks it reserved ahead (see
+//! [`crate::journal`]); should an append still meet ENOSPC, the flush folds its changes into
+//! a checkpoint instead (it needs the map's size, not the journal's); and a checkpoint that
+//! is merely *due* and fails does not fail the flush, whose records are already durable: it
+//! is logged (at most once a minute, with the folder and what to do) and tried again later.
+//! A flush fails with ENOSPC only when neither the journal nor a checkpoint could be written;
+//! the next flush retries every change, and nothing acknowledged before is lost.
+//!
 //! The checkpoint records the lower device's size and an identity string the caller may
 //! pass ([`PersistentDiskCache::open_with_identity`]); a cache made for another vDisk is
 //! refused. Corrupt metadata is refused with the file's name and what to do.
@@ -43,6 +53,7 @@ use crate::disk::{file_stem, DiskCache};
 use crate::journal::{Checkpoint, Journal};
 use crate::page::{PAGE_SHIFT, PAGE_U64};
 use crate::pagemap::{PageMap, PageState};
+use crate::space::{held_back, LogLimit, FULL_LOG_EVERY_MS};
 use crate::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
 
 /// Journal bytes past which a flush writes a checkpoint (at least; see `checkpoint_due`).
@@ -66,6 +77,10 @@ pub struct PersistentDiskCache {
     checkpoint_path: PathBuf,
     lower_size: u64,
     identity: String,
+    /// Rate limit of the metadata space warnings.
+    space_log: LogLimit,
+    /// Journal bytes past which a flush writes a checkpoint (at least the map's size).
+    checkpoint_after: u64,
     /// Keeps the `flock` on the data file for the life of the cache.
     _lock: std::fs::File,
 }
@@ -159,16 +174,25 @@ impl PersistentDiskCache {
                     Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return Err(corrupt(&journal_path, &e.to_string())),
                     Err(e) => return Err(io_err(&journal_path, e)),
                 };
+                let mut journal = journal;
                 if let Some(why) = &replay.stopped {
                     log::info!("{}: replay stopped at a torn tail ({why}); dropping it", journal_path.display());
+                    journal.truncate_tail().map_err(|e| io_err(&journal_path, e))?;
                 }
-                journal.truncate_tail().map_err(|e| io_err(&journal_path, e))?;
                 for &(page, state) in &replay.changes {
                     durable.set(page, state);
                 }
                 (durable, journal, replay.last_seq.max(cp.seq))
             }
         };
+        let mut journal = journal;
+        if let Err(e) = journal.reserve() {
+            log::warn!(
+                "{}: cannot reserve {} bytes for the journal ({e}): a flush may fail with ENOSPC while the file system of {dir} is full; free space there",
+                journal_path.display(),
+                crate::journal::JOURNAL_RESERVE
+            );
+        }
         let file = CacheFile::open(&data_path, pages, !cfg.intermediate_buffering, true, false, cfg.io_engine)?;
         give_back_unmapped(&file, &durable)?;
         let cache = DiskCache::with_file(lower, file, cfg, kind, true);
@@ -180,6 +204,8 @@ impl PersistentDiskCache {
             checkpoint_path: cp_path,
             lower_size: size,
             identity: identity.to_string(),
+            space_log: LogLimit::new(),
+            checkpoint_after: CHECKPOINT_AFTER,
             _lock: lock,
         })
     }
@@ -189,6 +215,13 @@ impl PersistentDiskCache {
     /// The engine the cache file's pages go through (sync after a fallback).
     pub fn io_engine(&self) -> vdstream_blockdev::IoEngineKind {
         self.cache.io_engine()
+    }
+
+    /// Writes a checkpoint once the journal holds more than `bytes` (and more than the
+    /// map's size) instead of the default 4 MiB: for tests of the checkpoint path.
+    #[doc(hidden)]
+    pub fn set_checkpoint_after(&mut self, bytes: u64) {
+        self.checkpoint_after = bytes;
     }
 
     pub fn durable_seq(&self) -> u64 {
@@ -210,32 +243,81 @@ impl PersistentDiskCache {
         (pages.into_iter().map(|p| (p, map.get(p))).collect(), unsynced)
     }
 
-    /// `flush_inner`: data durable first, then the journal records naming it.
+    /// `flush_inner`: data durable first, then the journal records naming it (or, when the
+    /// journal cannot grow, a checkpoint holding them).
     fn flush_inner(&self, meta: &mut Metadata, changes: &[(u64, PageState)], unsynced: bool) -> Result<()> {
         if unsynced || !changes.is_empty() {
             self.cache.cache_file().sync_data()?;
             self.count_flush();
         }
-        if !changes.is_empty() {
-            meta.seq = meta
-                .journal
-                .append(meta.seq, changes)
-                .map_err(|e| Error::from_io(e, Op::Flush, 0, 0, meta.journal.path().display().to_string()))?;
-            self.count_flush();
+        if changes.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let journal_err = |meta: &Metadata, e| Error::from_io(e, Op::Flush, 0, 0, meta.journal.path().display().to_string());
+        match meta.journal.append(meta.seq, changes) {
+            Ok(seq) => {
+                meta.seq = seq;
+                self.count_flush();
+                self.keep_reserve(meta);
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) => {
+                // Drop whatever the failed append left past the end, then put the changes in
+                // a checkpoint instead (same sequence number: nothing in the journal names it).
+                let err = journal_err(meta, e);
+                meta.journal.truncate_tail().map_err(|e| journal_err(meta, e))?;
+                self.keep_reserve(meta);
+                let before: Vec<(u64, PageState)> = changes.iter().map(|&(p, _)| (p, meta.durable.get(p))).collect();
+                for &(page, state) in changes {
+                    meta.durable.set(page, state);
+                }
+                if let Err(cp) = self.write_checkpoint(meta) {
+                    for &(page, state) in &before {
+                        meta.durable.set(page, state);
+                    }
+                    self.warn_space(&format!("neither the journal ({err}) nor a checkpoint ({cp}) could be written"));
+                    return Err(err);
+                }
+                Ok(())
+            }
+            Err(e) => Err(journal_err(meta, e)),
+        }
     }
 
-    /// `post_flush`: the durable map follows the journal; a checkpoint when it is due.
+    /// `post_flush`: the durable map follows the journal; a checkpoint when it is due. The
+    /// flush is complete before the checkpoint: one that fails is logged and tried again at
+    /// a later flush.
     fn post_flush(&self, meta: &mut Metadata, changes: &[(u64, PageState)]) -> Result<()> {
         for &(page, state) in changes {
             meta.durable.set(page, state);
         }
         let map_bytes = meta.durable.pages().div_ceil(4);
-        if meta.journal.len() > CHECKPOINT_AFTER.max(map_bytes) {
-            self.write_checkpoint(meta)?;
+        if meta.journal.len() > self.checkpoint_after.max(map_bytes) {
+            if let Err(e) = self.write_checkpoint(meta) {
+                self.warn_space(&format!("the checkpoint is due and could not be written ({e}); the journal keeps growing until it can"));
+            }
         }
         Ok(())
+    }
+
+    /// Tops up the journal's reserved space; a failure is only logged (rate-limited).
+    fn keep_reserve(&self, meta: &mut Metadata) {
+        if let Err(e) = meta.journal.reserve() {
+            self.warn_space(&format!("cannot reserve space for the journal {} ({e})", meta.journal.path().display()));
+        }
+    }
+
+    /// One warning about the metadata's space, at most once a minute.
+    fn warn_space(&self, what: &str) {
+        if let Some(n) = self.space_log.allow(FULL_LOG_EVERY_MS) {
+            log::warn!(
+                "{}: {what}: the file system of {} is full or failing; writes that do not fit get ENOSPC and flushes may too: \
+                 free space there, or trim unused space in the guest (fstrim){}",
+                self.describe(),
+                self.cache.dir().display(),
+                held_back(n)
+            );
+        }
     }
 
     fn flush_locked(&self, meta: &mut Metadata) -> Result<()> {
@@ -256,7 +338,9 @@ impl PersistentDiskCache {
         let err = |e| Error::from_io(e, Op::Flush, 0, 0, self.checkpoint_path.display().to_string());
         cp.store(&self.checkpoint_path).map_err(err)?;
         self.count_flush();
-        meta.journal.reset().map_err(|e| Error::from_io(e, Op::Flush, 0, 0, meta.journal.path().display().to_string()))
+        meta.journal.reset().map_err(|e| Error::from_io(e, Op::Flush, 0, 0, meta.journal.path().display().to_string()))?;
+        self.keep_reserve(meta);
+        Ok(())
     }
 
     fn count_flush(&self) {
@@ -288,8 +372,11 @@ fn give_back_unmapped(file: &CacheFile, map: &PageMap) -> Result<()> {
 impl Drop for PersistentDiskCache {
     fn drop(&mut self) {
         // A clean close leaves everything flushed and the journal folded into a checkpoint.
-        if let Err(e) = self.checkpoint() {
-            log::warn!("closing {}: {e}; writes since the last flush may be lost", self.describe());
+        let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = self.flush_locked(&mut meta) {
+            log::warn!("closing {}: {e}; writes since the last completed flush may be lost", self.describe());
+        } else if let Err(e) = self.write_checkpoint(&mut meta) {
+            log::info!("closing {}: no checkpoint ({e}); the journal holds every flushed write and is replayed at the next open", self.describe());
         }
     }
 }

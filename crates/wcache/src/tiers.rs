@@ -74,11 +74,13 @@ impl Wake {
 pub(crate) struct FullReport {
     pub message: String,
     warned: AtomicBool,
+    /// Rate limit of the "file system full" warning.
+    fs_log: crate::space::LogLimit,
 }
 
 impl FullReport {
     pub fn new(message: String) -> Self {
-        FullReport { message, warned: AtomicBool::new(false) }
+        FullReport { message, warned: AtomicBool::new(false), fs_log: crate::space::LogLimit::new() }
     }
 }
 
@@ -490,7 +492,22 @@ impl Tiers {
             Err(e) => {
                 self.maybe_release(reg);
                 sh.forget_if_empty(region);
-                Err(self.io_err(e, op, offset, len))
+                let full = matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT));
+                let mut err = self.io_err(e, op, offset, len);
+                if full {
+                    // The overflow file's file system is full before the cap: refused for space.
+                    self.stats.nospace_errors.fetch_add(1, Relaxed);
+                    err.message = format!(
+                        "{}: the file system of the overflow file is full before the cache's cap; writes to pages already \
+                         cached still work: free space there, trim unused space in the guest, or move the overflow file \
+                         (--overflow-dir)",
+                        err.message
+                    );
+                    if let Some(n) = self.full.fs_log.allow(crate::space::FULL_LOG_EVERY_MS) {
+                        log::warn!("{}: {}{}", self.name, err.message, crate::space::held_back(n));
+                    }
+                }
+                Err(err)
             }
         }
     }
