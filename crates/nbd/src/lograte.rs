@@ -54,7 +54,8 @@ impl LogLimiter {
         let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
         b.tokens = (b.tokens + elapsed * self.per_second).min(self.burst);
         b.last = b.last.max(now);
-        if b.tokens >= 1.0 {
+        // (The epsilon absorbs the rounding of many small refills.)
+        if b.tokens >= 1.0 - 1e-9 {
             b.tokens -= 1.0;
             Verdict::Log { suppressed: std::mem::take(&mut b.suppressed) }
         } else {
