@@ -295,6 +295,14 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// Frees a "server full" answering slot when its task ends, even by panic.
+struct RefusingGuard(Arc<Shared>);
+impl Drop for RefusingGuard {
+    fn drop(&mut self) {
+        self.0.refusing.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Server {
     pub fn new(exports: Arc<dyn Exports>, config: ServerConfig) -> Server {
         Server {
@@ -403,11 +411,11 @@ impl Server {
         }
         let signal = shutdown.clone();
         sessions.spawn(async move {
+            let _slot = RefusingGuard(shared.clone());
             match conn {
                 Conn::Unix(s) => run_connection(s, &shared, signal, &peer, Some(why)).await,
                 Conn::Tcp(s) => run_connection(s, &shared, signal, &peer, Some(why)).await,
             }
-            shared.refusing.fetch_sub(1, Ordering::Relaxed);
         });
     }
 
