@@ -140,12 +140,12 @@ pub fn raise_open_files_limit() -> OpenFilesLimit {
         log::warn!("cannot read the open-files limit: {}", std::io::Error::last_os_error());
         return OpenFilesLimit { was: 1024, soft: 1024, hard: 1024 };
     }
-    let was = rl.rlim_cur as u64;
+    let was: u64 = rl.rlim_cur;
     // An unlimited hard limit still stops at the kernel's fs.nr_open.
     let hard = if rl.rlim_max == libc::RLIM_INFINITY {
         std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(1 << 20)
     } else {
-        rl.rlim_max as u64
+        rl.rlim_max
     };
     if was < hard {
         let raised = libc::rlimit { rlim_cur: hard as libc::rlim_t, rlim_max: rl.rlim_max };
@@ -210,4 +210,19 @@ pub fn summary(state: &ServerState) -> String {
         c.shared_loads,
         c.evictions
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_connection_cap_fits_the_open_files_limit() {
+        assert_eq!(default_max_connections(1024), 120);
+        assert_eq!(default_max_connections(20_000), 2492);
+        assert_eq!(default_max_connections(40), 1, "at least one");
+        assert_eq!(default_max_connections(1 << 20), 4096, "at most 4096");
+        let l = OpenFilesLimit { was: 1024, soft: 524_288, hard: 524_288 };
+        assert_eq!(l.describe(), "open-files limit raised from 1024 to 524288 (the hard limit)");
+    }
 }
