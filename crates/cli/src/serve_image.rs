@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use vdstream_blockdev::{BlockDev, FileDev, FileOptions, MemoryDev};
-use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
+use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, OpenRequest, OpenedExport, Server, ServerConfig, ShutdownSignal};
 use vdstream_qcow2::{open_chain, ImageFormat, OpenOptions, Qcow2Image};
 
 use vdstream_wcache::space::{self, Capacity, DirRule};
@@ -208,6 +208,12 @@ impl Exports for SingleExport {
 
     fn description(&self, name: &str) -> Option<String> {
         (name.is_empty() || name == self.name).then(|| self.description.clone())
+    }
+
+    /// A one-writer export is held by its connection alone, so it offers no multi-conn.
+    fn open_export(&self, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+        let device = self.open(req.name)?;
+        Ok(OpenedExport { device, description: self.description(req.name), exclusive: self.one_writer.is_some() })
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {

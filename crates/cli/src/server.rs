@@ -56,7 +56,8 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   read-cache = \"1G\"
   name = \"pvs1\"
   stats-file = \"/run/vdstream/server-stats.json\"
-  dead-peer-timeout = 60")]
+  dead-peer-timeout = 60
+  max-connections = 1000")]
 pub struct ServerArgs {
     /// Store directory. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
     #[arg(long, value_name = "DIR")]
@@ -78,7 +79,7 @@ pub struct ServerArgs {
     http: Option<SocketAddr>,
 
     /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file,
-    /// dead-peer-timeout).
+    /// dead-peer-timeout, max-connections).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -106,6 +107,13 @@ pub struct ServerArgs {
     /// Default: 60.
     #[arg(long, value_name = "SECS")]
     dead_peer_timeout: Option<u64>,
+
+    /// NBD connections served at once, at most; a client beyond them is told "server full"
+    /// (NBD_REP_ERR_SHUTDOWN), and an agent moves to its next server. Default: what the
+    /// open-files limit allows (the soft limit is raised to the hard one at start; each
+    /// connection is counted at 8 descriptors, 64 kept aside), at most 4096.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections: Option<u64>,
 }
 
 /// Merges the flags over the config file.
@@ -141,6 +149,10 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         name: args.name.clone().or(file.name),
         stats_file: args.stats_file.clone().or(file.stats_file),
         threads: args.threads as usize,
+        max_connections: match args.max_connections.map(|n| n as usize).or(file.max_connections) {
+            Some(0) => return Err(anyhow!("max-connections = 0 in the config file: say at least 1, or leave it out for the default")),
+            n => n,
+        },
         dead_peer_timeout: match args.dead_peer_timeout.or(file.dead_peer_timeout) {
             Some(0) => None,
             Some(secs) => Some(Duration::from_secs(secs)),
@@ -250,6 +262,10 @@ mod tests {
         assert_eq!(o.read_cache, 0);
         assert_eq!(o.http, None, "no API unless asked for");
         assert_eq!(options(&parse(&["--store", "/s"])).unwrap().read_cache, DEFAULT_READ_CACHE);
+        assert_eq!(options(&parse(&["--store", "/s"])).unwrap().max_connections, None, "derived at start");
+        std::fs::write(&file, "max-connections = 300\n").unwrap();
+        assert_eq!(options(&parse(&["--config", cfg])).unwrap().max_connections, Some(300));
+        assert_eq!(options(&parse(&["--config", cfg, "--max-connections", "7"])).unwrap().max_connections, Some(7));
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub fn rep_err_for(err: &OpenError) -> u32 {
         // The spec has no generic "failed" reply; UNKNOWN ("the requested export is not
         // available") is the closest, and the message says why.
         OpenError::Failed(_) => proto::REP_ERR_UNKNOWN,
+        // No room now: the spec's "unwilling to continue negotiation" code, which clients
+        // take as "try another server or later", never as "no such export".
+        OpenError::Full(_) => proto::REP_ERR_SHUTDOWN,
     }
 }
 
@@ -64,5 +67,19 @@ mod tests {
         assert_eq!(rep_err_for(&OpenError::Unknown("x".into())), proto::REP_ERR_UNKNOWN);
         assert_eq!(rep_err_for(&OpenError::Policy("x".into())), proto::REP_ERR_POLICY);
         assert_eq!(rep_err_for(&OpenError::Shutdown("x".into())), proto::REP_ERR_SHUTDOWN);
+    }
+
+    #[test]
+    fn a_full_server_is_not_an_unknown_export() {
+        let full = OpenError::Full("64 connections (--max-connections 64)".into());
+        assert_eq!(rep_err_for(&full), proto::REP_ERR_SHUTDOWN);
+        assert!(full.to_string().starts_with("server full: 64 connections"), "{full}");
+        // Out of descriptors, however deep the error that says so is wrapped.
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot open layer: {0}")]
+        struct Wrapped(#[source] std::io::Error);
+        assert!(crate::server::is_out_of_fds(&Wrapped(std::io::Error::from_raw_os_error(libc::EMFILE))));
+        assert!(crate::server::is_out_of_fds(&std::io::Error::from_raw_os_error(libc::ENFILE)));
+        assert!(!crate::server::is_out_of_fds(&Wrapped(std::io::Error::from_raw_os_error(libc::ENOENT))));
     }
 }

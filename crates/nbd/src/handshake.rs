@@ -19,7 +19,7 @@ use crate::errno::rep_err_for;
 use crate::flags::{block_size, transmission_flags};
 use crate::options::{self, OptionParseError};
 use crate::proto::*;
-use crate::server::{OpenPurpose, OpenRequest, OpenedExport, Shared, ShutdownSignal};
+use crate::server::{OpenError, OpenPurpose, OpenRequest, OpenedExport, Shared, ShutdownSignal};
 use crate::validate::ExportParams;
 use crate::wire::{put_option_reply, OptionHeader, OPTION_HEADER_LEN};
 
@@ -91,8 +91,16 @@ struct MetaSelection {
     base_allocation: bool,
 }
 
-/// Runs the handshake. `Ok(None)`: the client aborted or left politely.
-pub(crate) async fn negotiate<S>(stream: &mut S, shared: &Shared, shutdown: &ShutdownSignal, peer: &str) -> Result<Option<Negotiated>, HandshakeError>
+/// Runs the handshake. `Ok(None)`: the client aborted or left politely. `refusal`: the
+/// server has no room for this connection; every export it asks for is refused so.
+/// Every refused open is logged (rate-limited) with the peer, the export and the reason.
+pub(crate) async fn negotiate<S>(
+    stream: &mut S,
+    shared: &Shared,
+    shutdown: &ShutdownSignal,
+    peer: &str,
+    refusal: Option<&OpenError>,
+) -> Result<Option<Negotiated>, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -143,19 +151,19 @@ where
         match option {
             OPT_EXPORT_NAME => {
                 let rejected = |reason: String| HandshakeError::ExportRejected {
-                    name: String::from_utf8_lossy(&data).into_owned(),
+                    name: crate::shown_export_name(&String::from_utf8_lossy(&data)).to_string(),
                     reason,
                 };
                 let name = options::parse_export_name(&data).map_err(|e| rejected(e.to_string()))?;
-                let opened = shared.exports.open_export(&OpenRequest { name, peer, purpose: OpenPurpose::Session });
-                let device = opened.map_err(|e| rejected(e.to_string()))?.device;
-                let params = export_params(&*device, structured, &meta, name);
+                let opened = open(shared, refusal, &OpenRequest { name, peer, purpose: OpenPurpose::Session }, "NBD_OPT_EXPORT_NAME");
+                let OpenedExport { device, exclusive, .. } = opened.map_err(|e| rejected(e.to_string()))?;
+                let params = export_params(&*device, structured, &meta, name, exclusive);
                 out.extend_from_slice(&params.size.to_be_bytes());
                 out.extend_from_slice(&params.flags.to_be_bytes());
                 if !no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
-                let export_name = name.to_string();
+                let export_name = crate::shown_export_name(name).to_string();
                 wire.write_all(&out).await?;
                 return Ok(Some(Negotiated { export_name, device, params }));
             }
@@ -185,17 +193,18 @@ where
             },
             OPT_INFO | OPT_GO => match options::parse_info_request(&data) {
                 Err(e) => invalid(&mut out, option, &e),
-                Ok(req) => match shared.exports.open_export(&OpenRequest {
-                    name: req.name,
-                    peer,
-                    purpose: if option == OPT_GO { OpenPurpose::Session } else { OpenPurpose::Info },
-                }) {
+                Ok(req) => match open(
+                    shared,
+                    refusal,
+                    &OpenRequest { name: req.name, peer, purpose: if option == OPT_GO { OpenPurpose::Session } else { OpenPurpose::Info } },
+                    if option == OPT_GO { "NBD_OPT_GO" } else { "NBD_OPT_INFO" },
+                ) {
                     Err(e) => {
                         let msg = e.to_string();
                         put_option_reply(&mut out, option, rep_err_for(&e), crate::wire::clip_message(&msg, 4096).as_bytes());
                     }
-                    Ok(OpenedExport { device, description }) => {
-                        let params = export_params(&*device, structured, &meta, req.name);
+                    Ok(OpenedExport { device, description, exclusive }) => {
+                        let params = export_params(&*device, structured, &meta, req.name, exclusive);
                         let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                         info.extend_from_slice(&params.size.to_be_bytes());
                         info.extend_from_slice(&params.flags.to_be_bytes());
@@ -220,7 +229,7 @@ where
                         put_option_reply(&mut out, option, REP_INFO, &info);
                         put_option_reply(&mut out, option, REP_ACK, &[]);
                         if option == OPT_GO {
-                            let export_name = req.name.to_string();
+                            let export_name = crate::shown_export_name(req.name).to_string();
                             wire.write_all(&out).await?;
                             return Ok(Some(Negotiated { export_name, device, params }));
                         }
@@ -273,14 +282,32 @@ where
     }
 }
 
+/// Opens the export a client asked for (or refuses it with `refusal`), logging a refusal.
+fn open(shared: &Shared, refusal: Option<&OpenError>, req: &OpenRequest<'_>, option: &str) -> Result<OpenedExport, OpenError> {
+    let result = match refusal {
+        Some(r) => Err(r.clone()),
+        None => shared.exports.open_export(req),
+    };
+    if let Err(e) = &result {
+        shared.log.log(log::Level::Warn, module_path!(),
+            "open refused",
+            format_args!("open refused ({}): client {}, export {:?} ({option}): {e}", e.kind(), req.peer, crate::shown_export_name(req.name)),
+        );
+    }
+    result
+}
+
 fn invalid(out: &mut Vec<u8>, option: u32, e: &OptionParseError) {
     put_option_reply(out, option, REP_ERR_INVALID, e.to_string().as_bytes());
 }
 
 /// The parameters a device gets for this connection; BLOCK_STATUS is allowed only if the
-/// last SET_META_CONTEXT selected `base:allocation` for this same export name.
-fn export_params(device: &dyn BlockDev, structured: bool, meta: &Option<MetaSelection>, name: &str) -> ExportParams {
-    let caps = device.caps();
+/// last SET_META_CONTEXT selected `base:allocation` for this same export name. An export
+/// this connection holds alone (`exclusive`) never advertises `CAN_MULTI_CONN`: a client's
+/// second connection would be refused.
+fn export_params(device: &dyn BlockDev, structured: bool, meta: &Option<MetaSelection>, name: &str, exclusive: bool) -> ExportParams {
+    let mut caps = device.caps();
+    caps.multi_conn &= !exclusive;
     let base_allocation = structured && meta.as_ref().is_some_and(|m| m.base_allocation && m.export == name);
     ExportParams { size: device.size(), flags: transmission_flags(&caps, structured), structured, base_allocation }
 }

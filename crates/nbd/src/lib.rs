@@ -6,18 +6,26 @@
 //! parsers), [`handshake`] (option haggling), [`flags`] (what is advertised, from `Caps`),
 //! [`validate`] (every request checked once at the edge), `exec` (running a request and
 //! encoding its reply), `session` (the transmission loop), [`errno`] (the one error → wire
-//! code mapping) and [`server`] (the public API, accept loop and drain).
+//! code mapping), [`server`] (the public API, accept loop and drain) and [`lograte`]
+//! (rate-limited logging of failures a client can provoke).
 
 pub mod client;
 pub mod errno;
 mod exec;
 pub mod flags;
 pub mod handshake;
+pub mod lograte;
 pub mod options;
 pub mod proto;
 pub mod server;
 mod session;
 pub mod validate;
 pub mod wire;
+
+/// An export name as logs and published lists may show it: without the credential that a
+/// client may append after [`client::SECRET_SEPARATOR`] (`target/vm1@A#SECRET`).
+pub fn shown_export_name(name: &str) -> &str {
+    name.split_once(client::SECRET_SEPARATOR).map_or(name, |(n, _)| n)
+}
 
 pub use server::{ExportInfo, Exports, Listener, OpenError, OpenPurpose, OpenRequest, OpenedExport, Server, ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger};

@@ -48,6 +48,41 @@ pub enum OpenError {
     /// Opening failed (I/O, corrupt store...) (`NBD_REP_ERR_UNKNOWN`, with this message).
     #[error("export could not be opened: {0}")]
     Failed(String),
+    /// The server has no room for this connection now: its connection cap
+    /// ([`ServerConfig::max_connections`]) is reached, or it ran out of file descriptors
+    /// (`EMFILE`/`ENFILE`) opening the export (`NBD_REP_ERR_SHUTDOWN`: "not here, not now",
+    /// so a client with another server moves on, and may come back later).
+    #[error("server full: {0}")]
+    Full(String),
+}
+
+impl OpenError {
+    /// The kind of refusal, one word, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OpenError::Unknown(_) => "unknown export",
+            OpenError::Policy(_) => "policy",
+            OpenError::Busy(_) => "busy",
+            OpenError::Shutdown(_) => "shutting down",
+            OpenError::Failed(_) => "failed",
+            OpenError::Full(_) => "server full",
+        }
+    }
+}
+
+/// Whether `e` (or an error it wraps) is the process or the system running out of file
+/// descriptors: then an open failed for want of room, not for anything about the export.
+pub fn is_out_of_fds(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Why an export is being opened.
@@ -76,6 +111,11 @@ pub struct OpenRequest<'a> {
 pub struct OpenedExport {
     pub device: Arc<dyn BlockDev>,
     pub description: Option<String>,
+    /// This connection holds the export alone: another connection to it is refused while
+    /// this one is open (a maintenance version's one writer). `CAN_MULTI_CONN` is then not
+    /// advertised, whatever the device could do, so that clients such as nbdcopy and
+    /// nbdfuse open one connection instead of being refused their second.
+    pub exclusive: bool,
 }
 
 /// The set of exports a server offers.
@@ -103,7 +143,7 @@ pub trait Exports: Send + Sync + 'static {
     /// calls [`Exports::open`] and [`Exports::description`].
     fn open_export(&self, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
         let device = self.open(req.name)?;
-        Ok(OpenedExport { device, description: self.description(req.name) })
+        Ok(OpenedExport { device, description: self.description(req.name), exclusive: false })
     }
 }
 
@@ -118,7 +158,8 @@ pub struct ServerConfig {
     pub max_in_flight_bytes: usize,
     /// Size of each connection's request read buffer.
     pub read_buffer_size: usize,
-    /// Connections beyond this are closed right after accept.
+    /// Connections beyond this (over all listeners of the server) are answered
+    /// [`OpenError::Full`] to whatever export they ask for, then closed.
     pub max_connections: usize,
     /// Worker threads per connection for devices that may sleep (files, caches): how many
     /// of one connection's requests run at once.
@@ -223,7 +264,17 @@ pub(crate) struct Shared {
     pub exports: Arc<dyn Exports>,
     pub config: ServerConfig,
     pub stats: Arc<ServerStats>,
+    /// Refused opens and accept failures go to the log through this.
+    pub log: crate::lograte::LogLimiter,
+    /// Connections being answered "server full" now (see [`Server::refuse`]).
+    pub refusing: std::sync::atomic::AtomicUsize,
 }
+
+/// Most connections answered "server full" at once; more are closed right after accept.
+const MAX_REFUSING: usize = 32;
+
+/// How long a connection answered "server full" may take over its handshake.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An NBD server (fixed newstyle handshake, no TLS). See the module docs.
 pub struct Server {
@@ -244,9 +295,25 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// Frees a "server full" answering slot when its task ends, even by panic.
+struct RefusingGuard(Arc<Shared>);
+impl Drop for RefusingGuard {
+    fn drop(&mut self) {
+        self.0.refusing.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Server {
     pub fn new(exports: Arc<dyn Exports>, config: ServerConfig) -> Server {
-        Server { shared: Arc::new(Shared { exports, config, stats: Arc::new(ServerStats::default()) }) }
+        Server {
+            shared: Arc::new(Shared {
+                exports,
+                config,
+                stats: Arc::new(ServerStats::default()),
+                log: crate::lograte::LogLimiter::default(),
+                refusing: std::sync::atomic::AtomicUsize::new(0),
+            }),
+        }
     }
 
     /// The server's counters.
@@ -277,9 +344,14 @@ impl Server {
                     accept_errors = 0;
                     let stats = &self.shared.stats;
                     stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
-                    if sessions.len() >= self.shared.config.max_connections {
+                    let active = stats.connections_active.load(Ordering::Relaxed) as usize;
+                    if active >= self.shared.config.max_connections {
                         stats.connections_refused.fetch_add(1, Ordering::Relaxed);
-                        log::warn!("refusing NBD connection from {peer}: already {} connections (max_connections)", sessions.len());
+                        let full = OpenError::Full(format!(
+                            "{active} connections (--max-connections {}): connect to another server, or retry later",
+                            self.shared.config.max_connections
+                        ));
+                        self.refuse(conn, peer, full, &mut sessions, &shutdown);
                         continue;
                     }
                     stats.connections_active.fetch_add(1, Ordering::Relaxed);
@@ -289,16 +361,27 @@ impl Server {
                     sessions.spawn(async move {
                         let _guard = guard;
                         match conn {
-                            Conn::Unix(s) => run_connection(s, &shared, signal, &peer).await,
-                            Conn::Tcp(s) => run_connection(s, &shared, signal, &peer).await,
-
+                            Conn::Unix(s) => run_connection(s, &shared, signal, &peer, None).await,
+                            Conn::Tcp(s) => run_connection(s, &shared, signal, &peer, None).await,
                         }
                     });
                 }
                 Err(e) => {
-                    // EMFILE and friends: back off rather than spin; give up if it persists.
-                    accept_errors += 1;
-                    log::warn!("accepting an NBD connection failed: {e}");
+                    // EMFILE and friends: the connection waits in the backlog until a
+                    // descriptor frees; back off rather than spin, and never give up for
+                    // it (connections end, and the cap keeps it rare). Anything else
+                    // that persists ends the listener.
+                    let resource = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM));
+                    if !resource {
+                        accept_errors += 1;
+                    }
+                    self.shared.log.log(log::Level::Warn, module_path!(),
+                        "accept failed",
+                        format_args!(
+                            "accepting an NBD connection failed: {e}{}",
+                            if resource { " (out of file descriptors: lower --max-connections or raise the limit, `ulimit -n`)" } else { "" }
+                        ),
+                    );
                     if accept_errors > 100 {
                         return Err(e);
                     }
@@ -315,13 +398,34 @@ impl Server {
         Ok(())
     }
 
+    /// Answers a connection the server has no room for: the handshake runs (briefly) so the
+    /// client learns why, every export it asks for is refused with `why`, and it is closed.
+    /// At most [`MAX_REFUSING`] such connections are answered at once; beyond that they
+    /// are closed at once (the client sees the connection end).
+    fn refuse(&self, conn: Conn, peer: String, why: OpenError, sessions: &mut JoinSet<()>, shutdown: &ShutdownSignal) {
+        let shared = self.shared.clone();
+        if shared.refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
+            shared.refusing.fetch_sub(1, Ordering::Relaxed);
+            shared.log.log(log::Level::Warn, module_path!(), "open refused", format_args!("NBD client {peer}: connection closed at once: {why}"));
+            return;
+        }
+        let signal = shutdown.clone();
+        sessions.spawn(async move {
+            let _slot = RefusingGuard(shared.clone());
+            match conn {
+                Conn::Unix(s) => run_connection(s, &shared, signal, &peer, Some(why)).await,
+                Conn::Tcp(s) => run_connection(s, &shared, signal, &peer, Some(why)).await,
+            }
+        });
+    }
+
     /// Serves one already-connected stream (handshake, then transmission) until it closes.
     /// Used by tests and fuzzing over in-memory streams; `serve` calls the same code.
     pub async fn serve_stream<S>(&self, stream: S, shutdown: ShutdownSignal)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        run_connection(InMemory(stream), &self.shared, shutdown, "stream").await
+        run_connection(InMemory(stream), &self.shared, shutdown, "stream", None).await
     }
 }
 
@@ -370,7 +474,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Transport for InMemory<
 impl Transport for tokio::net::UnixStream {
     fn into_blocking(self) -> Converted<Self> {
         match self.into_std() {
-            Ok(s) => Converted::Blocking(BlockingSocket::Unix(s)),
+            Ok(s) => Converted::Blocking(BlockingSocket::Unix(Arc::new(s))),
             Err(e) => Converted::Failed(e),
         }
     }
@@ -379,16 +483,18 @@ impl Transport for tokio::net::UnixStream {
 impl Transport for tokio::net::TcpStream {
     fn into_blocking(self) -> Converted<Self> {
         match self.into_std() {
-            Ok(s) => Converted::Blocking(BlockingSocket::Tcp(s)),
+            Ok(s) => Converted::Blocking(BlockingSocket::Tcp(Arc::new(s))),
             Err(e) => Converted::Failed(e),
         }
     }
 }
 
-/// A connected socket in blocking mode.
+/// A connected socket in blocking mode. Its clones share one file descriptor (reads and
+/// writes go through `&UnixStream` / `&TcpStream`): a connection costs one descriptor for
+/// its socket, not one per thread that uses it.
 enum BlockingSocket {
-    Unix(std::os::unix::net::UnixStream),
-    Tcp(std::net::TcpStream),
+    Unix(Arc<std::os::unix::net::UnixStream>),
+    Tcp(Arc<std::net::TcpStream>),
 }
 
 /// The whole handshake may take this many `handshake_timeout`s.
@@ -411,11 +517,12 @@ impl BlockingSocket {
         }
     }
 
-    fn try_clone(&self) -> io::Result<BlockingSocket> {
-        Ok(match self {
-            BlockingSocket::Unix(s) => BlockingSocket::Unix(s.try_clone()?),
-            BlockingSocket::Tcp(s) => BlockingSocket::Tcp(s.try_clone()?),
-        })
+    /// Another handle on the same socket (no new descriptor).
+    fn share(&self) -> BlockingSocket {
+        match self {
+            BlockingSocket::Unix(s) => BlockingSocket::Unix(s.clone()),
+            BlockingSocket::Tcp(s) => BlockingSocket::Tcp(s.clone()),
+        }
     }
 
     /// Ends the read side: a read blocked on it returns end-of-file.
@@ -430,8 +537,8 @@ impl BlockingSocket {
 impl io::Read for BlockingSocket {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            BlockingSocket::Unix(s) => s.read(buf),
-            BlockingSocket::Tcp(s) => s.read(buf),
+            BlockingSocket::Unix(s) => (&**s).read(buf),
+            BlockingSocket::Tcp(s) => (&**s).read(buf),
         }
     }
 }
@@ -439,8 +546,8 @@ impl io::Read for BlockingSocket {
 impl io::Write for BlockingSocket {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            BlockingSocket::Unix(s) => s.write(buf),
-            BlockingSocket::Tcp(s) => s.write(buf),
+            BlockingSocket::Unix(s) => (&**s).write(buf),
+            BlockingSocket::Tcp(s) => (&**s).write(buf),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -453,9 +560,9 @@ impl io::Write for BlockingSocket {
 /// read side, so the threads answer what they read and end.
 async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
     sock.prepare()?;
-    let waker = sock.try_clone()?;
+    let waker = sock.share();
     let batched = negotiated.device.prefers_batches();
-    let writer = if negotiated.device.caps().may_block && !batched { Some(sock.try_clone()?) } else { None };
+    let writer = if negotiated.device.caps().may_block && !batched { Some(sock.share()) } else { None };
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
         let result = match writer {
@@ -537,11 +644,12 @@ async fn accept(listener: &Listener, dead_peer_timeout: Option<Duration>) -> io:
 }
 
 /// One connection, start to end. Never returns an error: failures are logged here.
-async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutdown: ShutdownSignal, peer: &str) {
+/// `refusal`: the server has no room for it; every export it asks for is refused so.
+async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutdown: ShutdownSignal, peer: &str, refusal: Option<OpenError>) {
     // Each handshake read is bounded by handshake_timeout; the whole handshake by a few of
     // them, so a client dribbling a byte at a time cannot hold a slot either.
-    let whole = shared.config.handshake_timeout * HANDSHAKE_READS_ALLOWED;
-    let negotiated = match tokio::time::timeout(whole, crate::handshake::negotiate(&mut stream, shared, &shutdown, peer))
+    let whole = if refusal.is_some() { REFUSAL_TIMEOUT } else { shared.config.handshake_timeout * HANDSHAKE_READS_ALLOWED };
+    let negotiated = match tokio::time::timeout(whole, crate::handshake::negotiate(&mut stream, shared, &shutdown, peer, refusal.as_ref()))
         .await
         .unwrap_or(Err(crate::handshake::HandshakeError::Timeout(whole)))
     {

@@ -9,6 +9,7 @@
 //! read-cache = "1G"          # or a number of bytes
 //! name = "pvs1"
 //! stats-file = "/run/vdstream/server-stats.json"
+//! max-connections = 1000     # default: from the open-files limit
 //! ```
 
 use std::net::SocketAddr;
@@ -37,6 +38,9 @@ pub struct ServerOptions {
     /// TCP connections whose peer stops answering are dropped after about this long
     /// (`None`: never; see `vdstream_nbd::ServerConfig::dead_peer_timeout`).
     pub dead_peer_timeout: Option<std::time::Duration>,
+    /// NBD connections served at once, at most; more are answered "server full"
+    /// (`None`: derived from the open-files limit, see `nbd::default_max_connections`).
+    pub max_connections: Option<usize>,
 }
 
 /// A size in the file: `"256M"` or a number of bytes.
@@ -60,6 +64,7 @@ pub struct ConfigFile {
     pub stats_file: Option<PathBuf>,
     /// Seconds; 0 turns it off.
     pub dead_peer_timeout: Option<u64>,
+    pub max_connections: Option<usize>,
 }
 
 impl ConfigFile {
@@ -72,7 +77,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections", e.message())
         })
     }
 }
@@ -90,6 +95,7 @@ mod tests {
         assert_eq!(ConfigFile::parse("").unwrap(), ConfigFile::default());
         assert_eq!(ConfigFile::parse("http = \"127.0.0.1:8480\"").unwrap().http.as_deref(), Some("127.0.0.1:8480"));
         assert_eq!(ConfigFile::parse("dead-peer-timeout = 20").unwrap().dead_peer_timeout, Some(20));
+        assert_eq!(ConfigFile::parse("max-connections = 200").unwrap().max_connections, Some(200));
     }
 
     #[test]

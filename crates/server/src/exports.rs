@@ -41,6 +41,14 @@ pub struct StoreExports {
     targets: Arc<TargetCaches>,
 }
 
+/// Whether this process cannot open one more file now (`EMFILE`/`ENFILE`).
+fn out_of_fds_now() -> bool {
+    match std::fs::File::open("/dev/null") {
+        Ok(_) => false,
+        Err(e) => matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)),
+    }
+}
+
 /// A version number as export names write it (`base` for 0).
 fn vn(v: u32) -> String {
     if v == 0 {
@@ -55,8 +63,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// How a store error reaches the client: unknown things are `UNKNOWN`, a held writer lock
-/// is `POLICY` (busy), the rest `UNKNOWN` with the message.
+/// is `POLICY` (busy), running out of file descriptors is `Full` (never "unknown"), the
+/// rest `UNKNOWN` with the message.
 fn open_error(e: StoreError) -> OpenError {
+    if vdstream_nbd::server::is_out_of_fds(&e) {
+        return OpenError::Full(format!(
+            "out of file descriptors ({e}): connect to another server, or lower --max-connections / raise the open-files limit"
+        ));
+    }
     match e {
         StoreError::UnknownVdisk { .. } | StoreError::BadName(_) | StoreError::BadInput(_) => OpenError::Unknown(e.to_string()),
         StoreError::Refused(m) => OpenError::Busy(m),
@@ -238,16 +252,34 @@ impl StoreExports {
         Ok(out)
     }
 
+    /// A failed open while the process has no file descriptor left is the server being
+    /// full, whatever the error that surfaced said (some paths carry it only as text).
+    fn full_if_out_of_fds(&self, e: OpenError) -> OpenError {
+        match e {
+            OpenError::Unknown(m) | OpenError::Failed(m) if out_of_fds_now() => OpenError::Full(format!(
+                "server {} is out of file descriptors (open failed: {m}): connect to another server, or lower \
+                 --max-connections / raise the open-files limit",
+                self.state.name
+            )),
+            other => other,
+        }
+    }
+
     /// Wraps an opened device for its connection (registered for a session; bare for INFO).
     fn session(&self, req: &OpenRequest<'_>, info: SessionInfo, dev: Arc<dyn BlockDev>, held: Held, description: String) -> OpenedExport {
+        // A maintenance writer or a server-side target cache: a second connection to this
+        // export is refused while this one holds it, so it must not offer multi-conn.
+        let exclusive = held.writer.is_some() || held.target.is_some();
         if req.purpose == OpenPurpose::Info {
             // Size and caps only; the chain is released when the server drops the device.
-            return OpenedExport { device: Arc::new(SessionDev { inner: dev, held, session: None }), description: Some(description) };
+            let device = Arc::new(SessionDev { inner: dev, held, session: None, log: self.state.log.clone() });
+            return OpenedExport { device, description: Some(description), exclusive };
         }
         log::info!("session: {} from {} opened {description}", info.export, info.peer);
         let guard = self.state.registry.open(info);
-        let device = Arc::new(SessionDev { inner: dev, held, session: Some(SessionCounting { guard, totals: self.state.totals.clone() }) });
-        OpenedExport { device, description: Some(description) }
+        let session = Some(SessionCounting { guard, totals: self.state.totals.clone() });
+        let device = Arc::new(SessionDev { inner: dev, held, session, log: self.state.log.clone() });
+        OpenedExport { device, description: Some(description), exclusive }
     }
 
     /// One line per export for `NBD_OPT_LIST`: every vDisk's production and (when there
@@ -305,13 +337,14 @@ impl Exports for StoreExports {
         if self.state.draining.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(OpenError::Shutdown(format!("server {} is shutting down; connect to another server", self.state.name)));
         }
-        match ExportName::parse(req.name).map_err(OpenError::Unknown)? {
+        let opened = match ExportName::parse(req.name).map_err(OpenError::Unknown)? {
             ExportName::Vdisk { vdisk, selector } => self.open_vdisk(req.name, &vdisk, selector, req),
             ExportName::Maintenance { vdisk, version } => self.open_maintenance(req.name, &vdisk, version, req),
             ExportName::Target { id, attach, secret, journaled } => {
                 self.open_target(shown_name(req.name), &id, attach.as_deref(), secret.as_deref(), journaled, req)
             }
-        }
+        };
+        opened.map_err(|e| self.full_if_out_of_fds(e))
     }
 }
 
@@ -367,6 +400,8 @@ pub struct SessionDev {
     inner: Arc<dyn BlockDev>,
     held: Held,
     session: Option<SessionCounting>,
+    /// I/O errors reach the server log through this (rate-limited).
+    log: Arc<vdstream_nbd::lograte::LogLimiter>,
 }
 
 impl Drop for SessionDev {
@@ -404,6 +439,22 @@ impl SessionDev {
         }
     }
 
+    /// Logs a failure the client is answered with (`EIO`, `ENOSPC`: the server's trouble,
+    /// not the client's mistake), naming the client, the export and the reason.
+    fn logged<T>(&self, op: &str, offset: u64, len: u64, r: DevResult<T>) -> DevResult<T> {
+        if let (Err(e), Some(s)) = (&r, &self.session) {
+            if matches!(e.kind, vdstream_blockdev::ErrorKind::Io | vdstream_blockdev::ErrorKind::NoSpace) {
+                let info = &s.session().info;
+                let kind = if e.kind == vdstream_blockdev::ErrorKind::Io { "I/O error" } else { "no space" };
+                self.log.log(log::Level::Warn, module_path!(),
+                    kind,
+                    format_args!("{kind}: client {}, export {:?}, {op} of {len} bytes at {offset}: {e}", info.peer, info.export),
+                );
+            }
+        }
+        r
+    }
+
     fn writes_to_store(&self) -> bool {
         self.held.writer.is_some()
     }
@@ -436,7 +487,7 @@ impl BlockDev for SessionDev {
         }
         let r = self.run(|| self.inner.read_at(buf, offset));
         self.charge_cache();
-        r
+        self.logged("read", offset, buf.len() as u64, r)
     }
 
     fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> {
@@ -445,7 +496,7 @@ impl BlockDev for SessionDev {
         }
         let r = self.run(|| self.inner.read_at_sparse(buf, offset, holes));
         self.charge_cache();
-        r
+        self.logged("read", offset, buf.len() as u64, r)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> {
@@ -458,34 +509,34 @@ impl BlockDev for SessionDev {
         let fua = fua || self.write_through();
         let r = self.run(|| self.inner.write_at(buf, offset, fua));
         self.charge_cache();
-        r
+        self.logged("write", offset, buf.len() as u64, r)
     }
 
     fn flush(&self) -> DevResult<()> {
         let r = self.inner.flush();
         self.charge_cache();
-        r
+        self.logged("flush", 0, 0, r)
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
         let r = self.inner.trim(offset, len, fua || self.write_through());
         self.charge_cache();
-        r
+        self.logged("trim", offset, len, r)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DevResult<()> {
         let flags = ZeroFlags { fua: flags.fua || self.write_through(), ..flags };
         let r = self.run(|| self.inner.write_zeroes(offset, len, flags));
         self.charge_cache();
-        r
+        self.logged("write-zeroes", offset, len, r)
     }
 
     fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> DevResult<()> {
-        self.inner.block_status(offset, len, out)
+        self.logged("block-status", offset, len, self.inner.block_status(offset, len, out))
     }
 
     fn cache(&self, offset: u64, len: u64) -> DevResult<()> {
-        self.inner.cache(offset, len)
+        self.logged("cache", offset, len, self.inner.cache(offset, len))
     }
 
     fn describe(&self) -> String {

@@ -105,7 +105,7 @@ pub fn validate_target_id(id: &str) -> Result<(), String> {
 
 /// An export name as logs and the API show it: without its secret (`#…`).
 pub fn shown_name(name: &str) -> &str {
-    name.split_once(vdstream_nbd::client::SECRET_SEPARATOR).map_or(name, |(n, _)| n)
+    vdstream_nbd::shown_export_name(name)
 }
 
 /// The canonical export name of a layer read-only: `vdisk/NAME@3`, `vdisk/NAME@base`.

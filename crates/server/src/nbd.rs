@@ -44,7 +44,15 @@ impl NbdService {
     /// the store's exports on them. Call inside a tokio runtime.
     pub async fn start(state: Arc<ServerState>, threads: usize) -> Result<NbdService, NbdError> {
         let exports = Arc::new(StoreExports::new(state.clone())?);
-        let config = ServerConfig { threads_per_connection: threads.max(1), dead_peer_timeout: state.dead_peer_timeout, ..ServerConfig::default() };
+        let limit = raise_open_files_limit();
+        let max_connections = state.max_connections.unwrap_or_else(|| default_max_connections(limit.soft));
+        log::info!("{}; at most {max_connections} NBD connections (--max-connections)", limit.describe());
+        let config = ServerConfig {
+            threads_per_connection: threads.max(1),
+            dead_peer_timeout: state.dead_peer_timeout,
+            max_connections: max_connections.max(1),
+            ..ServerConfig::default()
+        };
         let server = Arc::new(Server::new(exports, config));
         let (trigger, shutdown) = ShutdownSignal::new();
         let mut tasks = Vec::new();
@@ -100,6 +108,69 @@ impl Drop for SocketFile {
     }
 }
 
+
+/// Descriptors a connection may hold: its socket, and per layer of its chain the layer's
+/// file and the file held for its shared lock (measured: 3 for a vDisk of one layer,
+/// `tests/e2e/test-server-full.sh`), with room for chains a few versions deep.
+pub const FDS_PER_CONNECTION: u64 = 8;
+
+/// Descriptors kept for everything but connections (listeners, the runtime, the HTTP API,
+/// the store's lock and metadata files, the read cache's files).
+pub const FDS_RESERVED: u64 = 64;
+
+/// The default `--max-connections` under a soft open-files limit of `soft`: what fits
+/// beside [`FDS_RESERVED`] at [`FDS_PER_CONNECTION`] each, at least 1, at most 4096.
+pub fn default_max_connections(soft: u64) -> usize {
+    (soft.saturating_sub(FDS_RESERVED) / FDS_PER_CONNECTION).clamp(1, 4096) as usize
+}
+
+/// The open-files limit (`RLIMIT_NOFILE`) before and after [`raise_open_files_limit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFilesLimit {
+    pub was: u64,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+impl OpenFilesLimit {
+    /// One line for the log.
+    pub fn describe(&self) -> String {
+        if self.soft > self.was {
+            format!("open-files limit raised from {} to {} (the hard limit)", self.was, self.soft)
+        } else {
+            format!("open-files limit {} (hard limit {})", self.soft, self.hard)
+        }
+    }
+}
+
+/// Raises the soft open-files limit to the hard limit: every connection costs descriptors,
+/// and the usual soft limit of 1024 would fill at a few hundred. Failing to raise it is
+/// logged, not fatal (the connection cap is derived from what holds).
+pub fn raise_open_files_limit() -> OpenFilesLimit {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one `rlimit` into a live local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        log::warn!("cannot read the open-files limit: {}", std::io::Error::last_os_error());
+        return OpenFilesLimit { was: 1024, soft: 1024, hard: 1024 };
+    }
+    let was: u64 = rl.rlim_cur;
+    // An unlimited hard limit still stops at the kernel's fs.nr_open.
+    let hard = if rl.rlim_max == libc::RLIM_INFINITY {
+        std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(1 << 20)
+    } else {
+        rl.rlim_max
+    };
+    if was < hard {
+        let raised = libc::rlimit { rlim_cur: hard as libc::rlim_t, rlim_max: rl.rlim_max };
+        // SAFETY: setrlimit reads one `rlimit` from a live local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return OpenFilesLimit { was, soft: hard, hard };
+        }
+        log::warn!("cannot raise the open-files limit from {was} to {hard}: {}", std::io::Error::last_os_error());
+    }
+    OpenFilesLimit { was, soft: was, hard }
+}
+
 /// Binds a unix socket, replacing a stale socket file left by a process that died, but
 /// refusing one a live server still answers on.
 fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, NbdError> {
@@ -152,4 +223,19 @@ pub fn summary(state: &ServerState) -> String {
         c.shared_loads,
         c.evictions
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_connection_cap_fits_the_open_files_limit() {
+        assert_eq!(default_max_connections(1024), 120);
+        assert_eq!(default_max_connections(20_000), 2492);
+        assert_eq!(default_max_connections(40), 1, "at least one");
+        assert_eq!(default_max_connections(1 << 20), 4096, "at most 4096");
+        let l = OpenFilesLimit { was: 1024, soft: 524_288, hard: 524_288 };
+        assert_eq!(l.describe(), "open-files limit raised from 1024 to 524288 (the hard limit)");
+    }
 }

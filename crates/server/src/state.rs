@@ -184,6 +184,10 @@ pub struct ServerState {
     pub totals: Arc<Counters>,
     /// The read cache shared by every session (capacity 0: disabled).
     pub read_cache: Arc<crate::readcache::ReadCache>,
+    /// `--max-connections` (`None`: derived from the open-files limit at start).
+    pub max_connections: Option<usize>,
+    /// Failures a client can provoke (I/O errors) reach the log through this.
+    pub log: Arc<vdstream_nbd::lograte::LogLimiter>,
 }
 
 impl ServerState {
@@ -203,6 +207,8 @@ impl ServerState {
             started_unix_ms: unix_ms(),
             read_cache: crate::readcache::ReadCache::new(opts.read_cache, totals.clone()),
             totals,
+            max_connections: opts.max_connections,
+            log: Arc::new(vdstream_nbd::lograte::LogLimiter::default()),
         })
     }
 

@@ -41,6 +41,7 @@ fn api() -> Api {
         stats_file: None,
         threads: 1,
         dead_peer_timeout: None,
+        max_connections: None,
     });
     let handle = http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()).unwrap();
     let addr = handle.local_addr();

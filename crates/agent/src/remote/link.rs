@@ -522,7 +522,7 @@ impl Link {
                 {
                     Failure::Gone
                 }
-                ClientError::Refused { .. } => Failure::Refused,
+                e if refused_for_good(e) => Failure::Refused,
                 _ => Failure::Down,
             };
             (e.to_string(), failure)
@@ -597,6 +597,14 @@ impl Link {
     }
 }
 
+/// Whether a failed connect is the server's answer about the export (unknown, refused by
+/// policy: the same on the next try) rather than about the server now. A server that is
+/// full or shutting down (`NBD_REP_ERR_SHUTDOWN`) has no room now: that is an outage of
+/// that server, retried there later and elsewhere meanwhile, never a final answer.
+fn refused_for_good(e: &ClientError) -> bool {
+    matches!(e, ClientError::Refused { reply, .. } if *reply != vdstream_nbd::proto::REP_ERR_SHUTDOWN)
+}
+
 /// True when the error means "this connection is gone, re-send elsewhere".
 pub(crate) fn is_retryable(e: &ClientError) -> bool {
     e.is_connection_lost() || e.errno() == Some(vdstream_nbd::proto::ESHUTDOWN)
@@ -612,6 +620,21 @@ mod tests {
 
     fn id(description: &str) -> Identity {
         Identity { export: "vdisk/w".into(), size: 1 << 20, description: Some(description.into()) }
+    }
+
+    #[test]
+    fn a_full_or_draining_server_is_retried_but_an_unknown_export_is_an_answer() {
+        let refused = |reply: u32| ClientError::Refused {
+            addr: "unix:/s".into(),
+            export: "vdisk/d".into(),
+            option: "NBD_OPT_GO",
+            reply,
+            meaning: "x",
+            message: "server full: 4 connections (--max-connections 4)".into(),
+        };
+        assert!(!refused_for_good(&refused(vdstream_nbd::proto::REP_ERR_SHUTDOWN)));
+        assert!(refused_for_good(&refused(vdstream_nbd::proto::REP_ERR_UNKNOWN)));
+        assert!(refused_for_good(&refused(vdstream_nbd::proto::REP_ERR_POLICY)));
     }
 
     #[test]

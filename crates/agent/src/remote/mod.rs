@@ -168,7 +168,11 @@ impl RemoteBase {
             fast_zero: !read_only && client.can_fast_zero(),
             cache: false,
             block_status: client.can_block_status(),
-            multi_conn: read_only || client.can_multi_conn(),
+            // Every connection to this device shares the link's one server connection
+            // (at a time), so a flush covers every write any of them completed, whether or
+            // not the server offers multi-conn on its export (a server-side cache's export
+            // takes one connection, and so does not).
+            multi_conn: true,
             may_block: true,
             preferred_block: client.block_sizes().preferred.max(512),
         };
