@@ -126,12 +126,18 @@ fn of_client(e: &ClientError) -> Kind {
 }
 
 fn of_agent(e: &AgentError) -> Option<Kind> {
+    use vdstream_wcache::space::CacheDirError;
     Some(match e {
         AgentError::BadEndpoint { .. } | AgentError::MixedServers { .. } | AgentError::NoEndpoint | AgentError::BadTarget { .. } => Kind::Usage,
         AgentError::NoTargetRecord { .. } | AgentError::NoStatus { .. } => Kind::NotFound,
         AgentError::AlreadyAttached { .. } | AgentError::SocketInUse { .. } => Kind::Conflict,
         AgentError::NoServer { .. } => Kind::Unavailable,
         AgentError::Cache { .. } | AgentError::Trace { .. } => Kind::Io,
+        AgentError::CacheDir { reason, .. } => match reason {
+            CacheDirError::NoParent { .. } => Kind::NotFound,
+            CacheDirError::NotADir { .. } => Kind::Usage,
+            CacheDirError::Create { .. } | CacheDirError::Statvfs { .. } | CacheDirError::TooLittleSpace { .. } => Kind::Io,
+        },
         // Its cause (an io::Error further down the chain) says more.
         AgentError::Io { .. } | AgentError::Api { .. } => return None,
     })
