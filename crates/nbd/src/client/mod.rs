@@ -110,7 +110,7 @@ impl Client {
             let stream = addr
                 .open()
                 .await
-                .map_err(|source| ClientError::Connect { addr: addr_text.clone(), source })?;
+                .map_err(|err| ClientError::Connect { addr: addr_text.clone(), err })?;
             let req = handshake::Request {
                 addr: &addr_text,
                 export: &opts.export,
