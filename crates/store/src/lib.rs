@@ -18,11 +18,13 @@
 //!   targets.rs  target records: which vDisk and version a target boots, its write cache
 //!   documents.rs  the JSON documents the CLI prints and the server's API answers
 //!   copy.rs     sparse raw copies, qemu-img for other formats, progress
+//!   check.rs    checks of an import's source and of a vDisk's layers (vdisk check, info)
 //! ```
 //!
 //! The layout and formats are documented for administrators in docs/STORE.md.
 
 pub mod audit;
+pub mod check;
 pub mod copy;
 pub mod documents;
 pub mod error;
