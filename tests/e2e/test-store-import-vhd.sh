@@ -3,8 +3,10 @@
 # fixed, and serves exactly its bytes (qemu-img compare against the source). Differencing
 # children (a VHD of disk type 4, a VHDX with a parent: AVHDX) cannot be read by qemu —
 # it refuses a VHDX with a parent and reads a differencing VHD as if it had no parent —
-# so they are refused with that reason instead of importing wrong bytes. (qemu cannot
-# create differencing VHD/VHDX files either; the test makes them by setting the bits.)
+# so on their own they are refused with that reason instead of importing wrong bytes.
+# A VHD chain imports with `--version CHILD.vhd` (read natively), one version per child,
+# each equal to its layer; given in the wrong order it is refused. qemu cannot create
+# differencing VHD/VHDX files, so the test makes them (make-vhd-child.py, bits set).
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/store-lib.sh"
@@ -71,4 +73,37 @@ for child in child.vhd child-named.vhdx child.avhdx; do
 done
 [[ ! -e $STORE/vdisks/c ]] || fail "a refused import left a vDisk"
 vds vdisk import b "$E2E_TMP/base.vhdx" >/dev/null || fail "the VHDX base itself does not import"
+
+# A PVS VHD chain: base.vhd <- c1.vhd <- c2.vhd, imported as the base and two versions.
+# Each version must read what its child reads over its parent (make-vhd-child.py writes
+# that as a raw file beside each child); qemu-img compares each version file with it.
+cp "$E2E_TMP/dynamic.vhd" "$E2E_TMP/p.vhd"
+python3 "$E2E_DIR/make-vhd-child.py" "$E2E_TMP/p.vhd" "$E2E_TMP/golden.raw" "$E2E_TMP/c1.vhd" "$E2E_TMP/c1.raw" 1
+python3 "$E2E_DIR/make-vhd-child.py" "$E2E_TMP/c1.vhd" "$E2E_TMP/c1.raw" "$E2E_TMP/c2.vhd" "$E2E_TMP/c2.raw" 2
+cmp -s "$E2E_TMP/c1.raw" "$E2E_TMP/golden.raw" && fail "the first child changes nothing: a bad test"
+rc=0
+vds vdisk import chain "$E2E_TMP/p.vhd" --version "$E2E_TMP/c2.vhd" --version "$E2E_TMP/c1.vhd" >/dev/null 2>"$E2E_TMP/err" || rc=$?
+((rc != 0)) || fail "a chain in the wrong order was imported"
+grep -q "c2.vhd is not a child of .*p.vhd" "$E2E_TMP/err" || fail "the wrong order is not named: $(cat "$E2E_TMP/err")"
+[[ ! -e $STORE/vdisks/chain ]] || fail "the refused chain left a vDisk"
+log "ok: a chain in the wrong order is refused: $(cat "$E2E_TMP/err")"
+head -c $(($(stat -c %s "$E2E_TMP/c1.vhd") - (1 << 20))) "$E2E_TMP/c1.vhd" >"$E2E_TMP/c1-cut.vhd"
+rc=0
+vds vdisk import chain "$E2E_TMP/p.vhd" --version "$E2E_TMP/c1-cut.vhd" >/dev/null 2>"$E2E_TMP/err" || rc=$?
+((rc != 0)) || fail "a truncated child was imported"
+grep -q "c1-cut.vhd is corrupt.*truncated" "$E2E_TMP/err" || fail "the truncated child is not named: $(cat "$E2E_TMP/err")"
+[[ ! -e $STORE/vdisks/chain ]] || fail "the refused truncated child left a vDisk"
+log "ok: a truncated child is refused: $(cat "$E2E_TMP/err")"
+vds vdisk import chain "$E2E_TMP/p.vhd" --version "$E2E_TMP/c1.vhd" --version "$E2E_TMP/c2.vhd" --json >"$E2E_TMP/chain.json" 2>"$E2E_TMP/err" ||
+    fail "importing the VHD chain failed: $(cat "$E2E_TMP/err")"
+read -r v1 v2 < <(json_get "$E2E_TMP/chain.json" '" ".join(str(v["number"]) for v in j["versions"])')
+[[ -n $v1 && -n $v2 ]] || fail "the chain import made no two versions: $(cat "$E2E_TMP/chain.json")"
+cdir=$STORE/vdisks/chain
+qemu-img compare -q -f vpc -F qcow2 "$E2E_TMP/p.vhd" "$cdir/chain.base.qcow2" || fail "the chain's base differs from p.vhd"
+qemu-img compare -q -f raw -F qcow2 "$E2E_TMP/c1.raw" "$cdir/chain.$v1.qcow2" || fail "version $v1 differs from c1.vhd over p.vhd"
+qemu-img compare -q -f raw -F qcow2 "$E2E_TMP/c2.raw" "$cdir/chain.$v2.qcow2" || fail "version $v2 differs from c2.vhd over c1.vhd"
+served_raw chain "$E2E_TMP/served.raw"
+cmp "$E2E_TMP/c2.raw" "$E2E_TMP/served.raw" || fail "production (version $v2) does not serve what c2.vhd reads"
+vds vdisk check chain >/dev/null || fail "vdisk check of the imported chain failed"
+log "ok: the VHD chain imported as base + versions $v1, $v2, each equal to its source layer"
 log "PASS"

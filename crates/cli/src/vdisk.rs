@@ -78,6 +78,10 @@ enum VdiskCommand {
     Import {
         name: String,
         file: PathBuf,
+        /// A differencing VHD child of FILE (then of the previous --version), imported as
+        /// a version released to production; repeat in chain order (PVS VHD chains).
+        #[arg(long = "version", value_name = "CHILD.vhd")]
+        versions: Vec<PathBuf>,
         #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VERSIONS)]
         max_versions: u32,
         #[arg(long, value_enum, default_value = "standard")]
@@ -139,16 +143,25 @@ pub fn run(args: VdiskArgs) -> Result<()> {
                 format!("created vDisk {name} ({}, {} access) with base {}", format_size(m.size), access_name(m.access), m.base.file)
             });
         }
-        VdiskCommand::Import { name, file, max_versions, access } => {
+        VdiskCommand::Import { name, file, versions, max_versions, access } => {
             let (store, created) = o.open_or_create()?;
             let bar = o.bar(&format!("importing {}", file.display()));
-            let (m, report) = store.import_vdisk(&name, &file, NewVdisk { access: access.into(), max_versions }, &mut |d, t| bar.update(d, t))?;
+            let opts = NewVdisk { access: access.into(), max_versions };
+            let (m, report, made) = if versions.is_empty() {
+                let (m, r) = store.import_vdisk(&name, &file, opts, &mut |d, t| bar.update(d, t))?;
+                (m, r, vec![])
+            } else {
+                store.import_vhd_chain(&name, &file, &versions, opts, &mut |d, t| bar.update(d, t))?
+            };
             drop(bar);
-            o.emit(json!({"store": store.root(), "store_created": created, "vdisk": m, "import": report}), || {
+            o.emit(json!({"store": store.root(), "store_created": created, "vdisk": m, "import": report, "versions": made}), || {
                 let mut text = format!("imported {} ({} image, {}) as vDisk {name} with base {} ({})",
                     file.display(), report.source_format, format_size(report.size), report.base_file, report.method);
                 for w in &report.warnings {
                     text.push_str(&format!("\nnote: {w}"));
+                }
+                for v in &made {
+                    text.push_str(&format!("\nversion {} ({}, production) from {}", v.number, v.file, v.note.as_deref().unwrap_or("").trim_start_matches("imported from ")));
                 }
                 text
             });

@@ -17,6 +17,7 @@
 //!   merge.rs    merge, merge --base, automatic merges, compact
 //!   targets.rs  target records: which vDisk and version a target boots, its write cache
 //!   documents.rs  the JSON documents the CLI prints and the server's API answers
+//!   vhd.rs      differencing VHD children, imported as versions (qemu cannot read them)
 //!   copy.rs     sparse raw copies, qemu-img for other formats, progress
 //!   check.rs    checks of an import's source and of a vDisk's layers (vdisk check, info)
 //! ```
@@ -39,6 +40,7 @@ pub mod targets;
 pub mod time;
 pub mod vdisk;
 pub mod version;
+pub mod vhd;
 
 pub use error::{Result, StoreError};
 pub use meta::{Access, DiskAccess, LayerFormat, VdiskMeta, Version};
