@@ -159,9 +159,9 @@ impl Agent {
             let lower: Arc<dyn BlockDev> = remote.clone();
             let cache: Arc<dyn WriteCache> = if kind == CacheType::DeviceDiskPersistent {
                 let identity = format!("{} {}", id.export, id.description.as_deref().unwrap_or(""));
-                Arc::new(vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(lower, &ccfg, kind, identity.trim()).map_err(|source| AgentError::Cache { id: cfg.target.clone(), kind, source })?)
+                Arc::new(vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(lower, &ccfg, kind, identity.trim()).map_err(|err| AgentError::Cache { id: cfg.target.clone(), kind, err })?)
             } else {
-                vdstream_wcache::open(kind, lower, &ccfg).map_err(|source| AgentError::Cache { id: cfg.target.clone(), kind, source })?
+                vdstream_wcache::open(kind, lower, &ccfg).map_err(|err| AgentError::Cache { id: cfg.target.clone(), kind, err })?
             };
             let dev: Arc<dyn BlockDev> = cache.clone();
             (Some(cache), dev)
@@ -173,7 +173,7 @@ impl Agent {
         check_socket(&cfg.socket)?;
         let unix = std::os::unix::net::UnixListener::bind(&cfg.socket)
             .map_err(|e| AgentError::SocketInUse { path: cfg.socket.clone(), reason: format!("cannot listen: {e}") })?;
-        unix.set_nonblocking(true).map_err(|source| AgentError::Io { what: "cannot set up the socket".into(), source })?;
+        unix.set_nonblocking(true).map_err(|err| AgentError::Io { what: "cannot set up the socket".into(), err })?;
         Ok(Agent { cfg, remote, cache, dev, trace, unix: Some(unix), started_ms: status::now_ms(), _lock: lock })
     }
 
@@ -213,16 +213,16 @@ impl Agent {
         let exports = Arc::new(AgentExports { name: self.cfg.target.clone(), description, dev: exported });
         let server = Arc::new(Server::new(exports, ServerConfig::default()));
         let std_unix = self.unix.take().expect("serve runs once");
-        let unix = tokio::net::UnixListener::from_std(std_unix).map_err(|source| AgentError::Io { what: "cannot serve the socket".into(), source })?;
+        let unix = tokio::net::UnixListener::from_std(std_unix).map_err(|err| AgentError::Io { what: "cannot serve the socket".into(), err })?;
         let mut tasks = Vec::new();
         {
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(unix), shutdown).await }));
         }
         if let Some(addr) = self.cfg.listen {
-            let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|source| AgentError::Io {
+            let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|err| AgentError::Io {
                 what: format!("cannot listen on {addr} (is another server using that port?)"),
-                source,
+                err,
             })?;
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(tcp), shutdown).await }));
@@ -426,13 +426,13 @@ fn create_private_dir(dir: &Path) -> Result<(), AgentError> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|source| AgentError::Io { what: format!("cannot create {}", dir.display()), source })
+        .map_err(|err| AgentError::Io { what: format!("cannot create {}", dir.display()), err })
 }
 
 /// Locks `RUN/ID.lock` for the life of the agent and writes our pid in it.
 fn take_lock(id: &str, path: &Path) -> Result<File, AgentError> {
     use vdstream_blockdev::flock::{try_lock, LockMode, LOCK_PATIENCE};
-    let io = |source| AgentError::Io { what: format!("cannot use the lock file {}", path.display()), source };
+    let io = |err| AgentError::Io { what: format!("cannot use the lock file {}", path.display()), err };
     let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
     if !try_lock(&f, LockMode::Exclusive, LOCK_PATIENCE).map_err(io)? {
         let mut pid = String::new();
@@ -457,5 +457,5 @@ fn check_socket(path: &Path) -> Result<(), AgentError> {
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         return in_use("a live server (another agent or serve-image?) is listening on it: stop it or choose another --socket path");
     }
-    std::fs::remove_file(path).map_err(|source| AgentError::Io { what: format!("cannot remove the stale socket {}", path.display()), source })
+    std::fs::remove_file(path).map_err(|err| AgentError::Io { what: format!("cannot remove the stale socket {}", path.display()), err })
 }

@@ -39,12 +39,13 @@ pub enum AgentError {
     #[error("{path}: {reason}", path = path.display())]
     SocketInUse { path: PathBuf, reason: String },
 
-    #[error("cannot open the {kind} write cache of target {id}: {source}")]
+    // The causes below are in the messages, so they are not also `source()`: a chain
+    // printed with `{:#}` would say them twice.
+    #[error("cannot open the {kind} write cache of target {id}: {err}")]
     Cache {
         id: String,
         kind: vdstream_wcache::CacheType,
-        #[source]
-        source: vdstream_blockdev::Error,
+        err: vdstream_blockdev::Error,
     },
 
     /// The cache folder of target `id` is unusable (the message names it and what to do).
@@ -57,10 +58,9 @@ pub enum AgentError {
     #[error("no status for target {id} in {path}: is it attached? (start it with `vdstream target attach {id} ...`; set VDSTREAM_RUN_DIR if it runs with another)", path = path.display())]
     NoStatus { id: String, path: PathBuf },
 
-    #[error("{what}: {source}")]
+    #[error("{what}: {err}")]
     Io {
         what: String,
-        #[source]
-        source: std::io::Error,
+        err: std::io::Error,
     },
 }

@@ -144,7 +144,7 @@ pub fn now_ms() -> u64 {
 
 /// Replaces the status file atomically.
 pub fn write(path: &Path, status: &Status) -> Result<(), AgentError> {
-    let io = |what: &str, source| AgentError::Io { what: format!("{what} {}", path.display()), source };
+    let io = |what: &str, err| AgentError::Io { what: format!("{what} {}", path.display()), err };
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_vec_pretty(status).expect("a status always serializes");
     std::fs::write(&tmp, text).map_err(|e| io("cannot write the status file", e))?;
@@ -155,11 +155,11 @@ pub fn write(path: &Path, status: &Status) -> Result<(), AgentError> {
 pub fn read(id: &str, path: &Path) -> Result<Status, AgentError> {
     let text = std::fs::read(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => AgentError::NoStatus { id: id.to_string(), path: path.to_path_buf() },
-        _ => AgentError::Io { what: format!("cannot read {}", path.display()), source: e },
+        _ => AgentError::Io { what: format!("cannot read {}", path.display()), err: e },
     })?;
     serde_json::from_slice(&text).map_err(|e| AgentError::Io {
         what: format!("{} is not an agent status file", path.display()),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        err: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
     })
 }
 

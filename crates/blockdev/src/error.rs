@@ -67,8 +67,9 @@ pub struct Error {
     pub device: String,
     /// What went wrong and, where there is one, what to do about it.
     pub message: String,
-    #[source]
-    pub source: Option<std::io::Error>,
+    /// The OS error behind it, if any. Its text is already in `message`, so it is not the
+    /// error's `source()` (a chain printed with `{:#}` would say it twice).
+    pub os_error: Option<std::io::Error>,
 }
 
 impl Error {
@@ -80,7 +81,7 @@ impl Error {
     }
 
     pub fn new(kind: ErrorKind, op: Op, offset: u64, len: u64, device: impl Into<String>, message: impl Into<String>) -> Self {
-        Error { kind, op, offset, len, device: device.into(), message: message.into(), source: None }
+        Error { kind, op, offset, len, device: device.into(), message: message.into(), os_error: None }
     }
 
     /// Wraps an OS error, choosing the kind from its errno (ENOSPC stays NoSpace, and so on).
@@ -92,7 +93,7 @@ impl Error {
             Some(libc::EINVAL) => ErrorKind::Invalid,
             _ => ErrorKind::Io,
         };
-        Error { kind, op, offset, len, device: device.into(), message: err.to_string(), source: Some(err) }
+        Error { kind, op, offset, len, device: device.into(), message: err.to_string(), os_error: Some(err) }
     }
 }
 

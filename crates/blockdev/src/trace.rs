@@ -122,8 +122,9 @@ impl TraceRecord {
 /// What is wrong with a trace file, naming it and the byte offset at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{}: {what}: {source}", path.display())]
-    Io { path: PathBuf, what: &'static str, source: std::io::Error },
+    // The OS error is in the message, so it is not also `source()` (printed twice by `{:#}`).
+    #[error("{}: {what}: {err}", path.display())]
+    Io { path: PathBuf, what: &'static str, err: std::io::Error },
     #[error("{} is not a vdstream I/O trace (bytes 0-7 are {found:?}, not \"VDSTRACE\"); record one with --record-trace", path.display())]
     BadMagic { path: PathBuf, found: String },
     #[error("{}: trace format version {version} (or record size {record_size}) is not supported: this vdstream reads version {VERSION} with {RECORD_LEN}-byte records", path.display())]
@@ -198,7 +199,7 @@ impl TraceWriter {
     /// Creates (or truncates) `path` and writes the header of a trace of a device of
     /// `device_size` bytes.
     pub fn create(path: &Path, device_size: u64) -> std::result::Result<TraceWriter, TraceError> {
-        let io = |what, source| TraceError::Io { path: path.to_path_buf(), what, source };
+        let io = |what, err| TraceError::Io { path: path.to_path_buf(), what, err };
         let file = File::create(path).map_err(|e| io("cannot create the trace file", e))?;
         let start_unix_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
         let mut out = BufWriter::with_capacity(1 << 20, file);
@@ -239,7 +240,7 @@ impl TraceWriter {
                     Err(TraceError::Io {
                         path: self.path.clone(),
                         what: "the trace writer thread failed",
-                        source: std::io::Error::other("panicked"),
+                        err: std::io::Error::other("panicked"),
                     })
                 });
                 *writer = Writer::Finished(result.as_ref().map(|n| *n).map_err(ToString::to_string));
@@ -272,7 +273,7 @@ impl Drop for TraceWriter {
 /// The writer thread: takes whatever is queued when woken (a full chunk, or once a
 /// second), encodes it outside the lock and writes it.
 fn write_loop(shared: &Shared, mut out: BufWriter<File>, path: &Path) -> std::result::Result<u64, TraceError> {
-    let io = |what, source| TraceError::Io { path: path.to_path_buf(), what, source };
+    let io = |what, err| TraceError::Io { path: path.to_path_buf(), what, err };
     let mut taken = Vec::with_capacity(CHUNK_RECORDS);
     let mut bytes = Vec::with_capacity(CHUNK_RECORDS * RECORD_LEN as usize);
     let mut written = 0u64;
@@ -413,7 +414,7 @@ pub struct TraceReader {
 impl TraceReader {
     /// Opens `path` and checks its header and length.
     pub fn open(path: &Path) -> std::result::Result<TraceReader, TraceError> {
-        let io = |what, source| TraceError::Io { path: path.to_path_buf(), what, source };
+        let io = |what, err| TraceError::Io { path: path.to_path_buf(), what, err };
         let file = File::open(path).map_err(|e| io("cannot open the trace", e))?;
         let file_len = file.metadata().map_err(|e| io("cannot read the trace", e))?.len();
         let mut input = BufReader::with_capacity(1 << 20, file);
@@ -467,10 +468,10 @@ impl TraceReader {
 
     fn next_record(&mut self) -> std::result::Result<Option<TraceRecord>, TraceError> {
         let mut r = [0u8; RECORD_LEN as usize];
-        let n = read_full(&mut self.input, &mut r).map_err(|source| TraceError::Io {
+        let n = read_full(&mut self.input, &mut r).map_err(|err| TraceError::Io {
             path: self.path.clone(),
             what: "cannot read the trace",
-            source,
+            err,
         })?;
         if n == 0 {
             return Ok(None);

@@ -140,8 +140,10 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
     if listen.is_none() && socket.is_none() {
         listen = Some(DEFAULT_LISTEN.parse().expect("a socket address"));
     }
+    let store = vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref()));
+    vdstream_store::check_location(&store)?;
     Ok(ServerOptions {
-        store: vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref())),
+        store,
         listen,
         socket,
         http: args.http.or(http_from_file),

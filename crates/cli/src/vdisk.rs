@@ -24,6 +24,7 @@ Examples:
   vdstream vdisk import ubuntu ubuntu.qcow2
   vdstream vdisk list
   vdstream vdisk info win11
+  vdstream vdisk check win11                    qemu-img check of every layer, and the metadata
   vdstream vdisk export win11@production win11.raw
 The store is $VDSTREAM_STORE, else /var/lib/vdstream/store, unless --store DIR says.")]
 pub struct VdiskArgs {
@@ -74,13 +75,19 @@ enum VdiskCommand {
         #[arg(long, value_enum, default_value = "standard")]
         access: AccessArg,
     },
-    /// Import a disk image: raw natively; qcow2, vhdx, vmdk, vdi through qemu-img convert.
+    /// Import a disk image: raw natively; qcow2, vhdx, vhd (vpc), vmdk, vdi through qemu-img
+    /// convert. The image is checked first (qemu-img check, its size against its header) and
+    /// a damaged one is refused.
     Import {
         /// Name of the new vDisk: letters, digits, '.', '_', '-' (e.g. ubuntu).
         name: String,
-        /// The disk image to import (raw, qcow2, vhdx, vmdk or vdi; its format is detected),
+        /// The disk image to import (raw, qcow2, vhdx, vhd, vmdk or vdi; its format is detected),
         /// e.g. ubuntu.qcow2. It is only read.
         file: PathBuf,
+        /// A differencing VHD child of FILE (then of the previous --version), imported as
+        /// a version released to production; repeat in chain order (PVS VHD chains).
+        #[arg(long = "version", value_name = "CHILD.vhd")]
+        versions: Vec<PathBuf>,
         /// Versions kept (besides one in maintenance) before they are merged automatically.
         #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VERSIONS)]
         max_versions: u32,
@@ -101,6 +108,13 @@ enum VdiskCommand {
         name: String,
         #[command(flatten)]
         api: ServerOpt,
+    },
+    /// Check every layer of a vDisk: qemu-img check of each file, and that the files agree
+    /// with the metadata (present, not truncated, the right size and backing file). Exits
+    /// non-zero when anything is wrong.
+    Check {
+        /// NAME (every layer) or NAME@V (the chain under V: a number, base, production, test, maintenance, latest).
+        reference: String,
     },
     /// Write a layer's whole content to a file (raw, sparse; or standalone qcow2).
     Export {
@@ -151,14 +165,27 @@ pub fn run(args: VdiskArgs) -> Result<()> {
                 format!("created vDisk {name} ({}, {} access) with base {}", format_size(m.size), access_name(m.access), m.base.file)
             });
         }
-        VdiskCommand::Import { name, file, max_versions, access } => {
+        VdiskCommand::Import { name, file, versions, max_versions, access } => {
             let (store, created) = o.open_or_create()?;
             let bar = o.bar(&format!("importing {}", file.display()));
-            let (m, report) = store.import_vdisk(&name, &file, NewVdisk { access: access.into(), max_versions }, &mut |d, t| bar.update(d, t))?;
+            let opts = NewVdisk { access: access.into(), max_versions };
+            let (m, report, made) = if versions.is_empty() {
+                let (m, r) = store.import_vdisk(&name, &file, opts, &mut |d, t| bar.update(d, t))?;
+                (m, r, vec![])
+            } else {
+                store.import_vhd_chain(&name, &file, &versions, opts, &mut |d, t| bar.update(d, t))?
+            };
             drop(bar);
-            o.emit(json!({"store": store.root(), "store_created": created, "vdisk": m, "import": report}), || {
-                format!("imported {} ({} image, {}) as vDisk {name} with base {} ({})",
-                    file.display(), report.source_format, format_size(report.size), report.base_file, report.method)
+            o.emit(json!({"store": store.root(), "store_created": created, "vdisk": m, "import": report, "versions": made}), || {
+                let mut text = format!("imported {} ({} image, {}) as vDisk {name} with base {} ({})",
+                    file.display(), report.source_format, format_size(report.size), report.base_file, report.method);
+                for w in &report.warnings {
+                    text.push_str(&format!("\nnote: {w}"));
+                }
+                for v in &made {
+                    text.push_str(&format!("\nversion {} ({}, production) from {}", v.number, v.file, v.note.as_deref().unwrap_or("").trim_start_matches("imported from ")));
+                }
+                text
             });
         }
         VdiskCommand::List { api } => {
@@ -177,6 +204,35 @@ pub fn run(args: VdiskArgs) -> Result<()> {
                 None => documents::vdisk_show(&o.open()?, &name)?,
             };
             print_info(o, doc)?;
+        }
+        VdiskCommand::Check { reference } => {
+            let store = o.open()?;
+            let (name, sel) = match reference.split_once('@') {
+                Some(_) => {
+                    let (n, s) = vdstream_store::names::parse_ref(&reference, Selector::Production)?;
+                    (n, Some(s))
+                }
+                None => (reference.clone(), None),
+            };
+            let report = store.check_layers(&name, sel)?;
+            let bad = report.layers.iter().filter(|l| !l.problems.is_empty()).count();
+            o.emit(serde_json::to_value(&report)?, || {
+                let mut lines = Vec::new();
+                for l in &report.layers {
+                    let verdict = if l.problems.is_empty() { "ok".to_string() } else { format!("DAMAGED: {}", l.problems.join("; ")) };
+                    lines.push(format!("  {:<12} {:<28} {verdict}", l.layer.to_string(), l.file));
+                    lines.extend(l.notes.iter().map(|n| format!("  {:<12} {:<28} note: {n}", "", "")));
+                }
+                lines.insert(0, if report.ok {
+                    format!("vDisk {name}: {} layer(s) checked, no problems (qemu-img check and metadata)", report.layers.len())
+                } else {
+                    format!("vDisk {name}: {bad} of {} layer(s) damaged", report.layers.len())
+                });
+                lines.join("\n")
+            });
+            if !report.ok {
+                anyhow::bail!("vDisk {name}: {bad} of {} layer(s) damaged (listed above); restore the files from a backup, or revert or delete the versions", report.layers.len());
+            }
         }
         VdiskCommand::Export { reference, file, format, force } => {
             let store = o.open()?;
@@ -278,6 +334,15 @@ fn print_info(o: &StoreOpts, doc: Value) -> Result<()> {
             };
             let users = if l.in_use_by.is_empty() { String::new() } else { format!("  in use by {}", l.in_use_by.join(", ")) };
             lines.push(format!("  {what:<40} {:<28} {:>10}{users}", l.file, format_size(l.allocated)));
+            if !l.problems.is_empty() {
+                lines.push(format!("    DAMAGED: {}", l.problems.join("; ")));
+            }
+        }
+        let damaged = info.layers.iter().filter(|l| !l.problems.is_empty()).count();
+        if damaged > 0 {
+            lines.push(format!("{damaged} layer(s) damaged: run `vdstream vdisk check {}` for a full check (qemu-img check of every layer)", m.name));
+        } else {
+            lines.push(format!("layer files look sound (size and headers); `vdstream vdisk check {}` checks them in full", m.name));
         }
         if !m.retired.is_empty() {
             lines.push(format!("retired, deleted once no target reads them: {}", m.retired.join(", ")));

@@ -46,11 +46,10 @@ impl std::fmt::Display for ClientError {
 }
 
 impl std::error::Error for ClientError {
+    /// None: the OS error of `Connect` and `Io` is already in the message; as `source()`
+    /// too, a chain printed with `{:#}` would say it twice.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ClientError::Connect { source, .. } | ClientError::Io { source, .. } => Some(source),
-            _ => None,
-        }
+        None
     }
 }
 

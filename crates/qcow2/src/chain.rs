@@ -263,6 +263,9 @@ pub fn create(path: impl AsRef<Path>, size: u64, backing: Option<(&str, ImageFor
     }
     let io = |e: std::io::Error| Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(io)?;
-    file.write_all_at(&image, 0).map_err(io)?;
-    file.sync_all().map_err(io)
+    // A failed write (a full file system) must not leave a half-made image behind.
+    file.write_all_at(&image, 0).and_then(|()| file.sync_all()).map_err(|e| {
+        let _ = std::fs::remove_file(path);
+        io(e)
+    })
 }

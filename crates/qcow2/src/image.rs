@@ -467,7 +467,7 @@ pub(crate) fn lock_file(file: &File, exclusive: bool, path: &Path) -> Result<()>
     } else {
         "the image is open read-write elsewhere: close the writer first".to_string()
     });
-    err.source = Some(e);
+    err.os_error = Some(e);
     Err(err)
 }
 

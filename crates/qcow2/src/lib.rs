@@ -13,6 +13,7 @@
 //!   chain.rs     open_chain (raw or qcow2 backing files), create
 //!   merge.rs     merge_layers: merge a chain's upper layers (or all) into a new image
 //!   rebase.rs    set_backing_file: re-point an image's header (qemu-img rebase -u)
+//!   sanity.rs    sanity: a cheap check of the file against its own size (truncation)
 //! ```
 //!
 //! What is implemented, from qemu's `docs/interop/qcow2.txt`: versions 2 and 3, cluster
@@ -30,6 +31,7 @@ mod l2cache;
 mod merge;
 mod rebase;
 mod refcount;
+mod sanity;
 mod write;
 
 pub use chain::{create, open_chain, open_chain_with, resolve_backing, ImageFormat, LayerHook};
@@ -37,3 +39,4 @@ pub use header::{with_backing, Header, HeaderError};
 pub use image::{OpenOptions, Qcow2Image, DEFAULT_L2_CACHE_BYTES};
 pub use merge::{merge_layers, MergeOptions, MergeReport, CHUNK_BYTES};
 pub use rebase::set_backing_file;
+pub use sanity::{check_sane, sanity, Sanity};

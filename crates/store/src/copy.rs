@@ -154,17 +154,37 @@ fn tool_missing(e: std::io::Error) -> StoreError {
 
 /// `qemu-img info --output=json FILE`.
 pub fn qemu_info(path: &Path) -> Result<ImageInfo> {
-    let out = qemu_img().args(["info", "--output=json"]).arg(path).output().map_err(tool_missing)?;
+    qemu_info_if_installed(path)?.ok_or_else(|| tool_missing(std::io::Error::from(std::io::ErrorKind::NotFound)))
+}
+
+/// [`qemu_info`], or `Ok(None)` when qemu-img cannot be run at all. A file qemu-img
+/// cannot open is an error, never `None`: a damaged image must not pass for raw.
+pub fn qemu_info_if_installed(path: &Path) -> Result<Option<ImageInfo>> {
+    qemu_info_as(path, None)
+}
+
+/// [`qemu_info_if_installed`], with the format given (`-f FORMAT`) instead of probed.
+pub fn qemu_info_as(path: &Path, format: Option<&str>) -> Result<Option<ImageInfo>> {
+    let mut cmd = qemu_img();
+    cmd.args(["info", "--output=json"]);
+    if let Some(f) = format {
+        cmd.args(["-f", f]);
+    }
+    let out = match cmd.arg(path).output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(tool_missing(e)),
+    };
     if !out.status.success() {
         return Err(StoreError::Tool(format!(
-            "qemu-img info {} failed: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim())));
+            "qemu-img info {} failed: {}", path.display(), crate::check::first_lines(&String::from_utf8_lossy(&out.stderr)))));
     }
     let j: serde_json::Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| StoreError::Tool(format!("qemu-img info {} printed something that is not JSON: {e}", path.display())))?;
-    Ok(ImageInfo {
+    Ok(Some(ImageInfo {
         format: j["format"].as_str().unwrap_or("").to_string(),
         virtual_size: j["virtual-size"].as_u64().unwrap_or(0),
-    })
+    }))
 }
 
 /// Parses one `(NN.NN/100%)` progress report of `qemu-img -p` into a fraction.

@@ -38,13 +38,14 @@ pub enum StoreError {
     #[error("{0}")]
     Refused(String),
 
-    /// An operating-system error on a file of the store.
-    #[error("cannot {what} {}: {source}", path.display())]
+    /// An operating-system error on a file of the store. The OS error is part of the
+    /// message and deliberately not also the error's `source()`: `{:#}` (anyhow) prints
+    /// the chain, and the reason must appear once.
+    #[error("cannot {what} {}: {err}", path.display())]
     Io {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        err: std::io::Error,
     },
 
     /// An error from an image (qcow2 or raw) of the store.
@@ -62,5 +63,33 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// Wraps an OS error with the operation and the file.
 pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
     let path = path.into();
-    move |source| StoreError::Io { what, path, source }
+    move |err| StoreError::Io { what, path, err }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error and its `source()` chain joined as anyhow's `{:#}` prints them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            s.push_str(&format!(": {c}"));
+            cur = c.source();
+        }
+        s
+    }
+
+    #[test]
+    fn an_os_error_is_printed_once_in_the_chain() {
+        let os = std::io::Error::from_raw_os_error(libc::ENOENT).to_string();
+        let e = io("create", "/no/such/x.raw")(std::io::Error::from_raw_os_error(libc::ENOENT));
+        let text = chain(&e);
+        assert_eq!(text.matches(&os).count(), 1, "{text}");
+        assert!(text.starts_with("cannot create /no/such/x.raw: No such file"), "{text}");
+        let e = StoreError::Image(vdstream_blockdev::Error::from_io(std::io::Error::from_raw_os_error(libc::ENOENT), vdstream_blockdev::Op::Open, 0, 0, "/no/such/x.qcow2"));
+        let text = chain(&e);
+        assert_eq!(text.matches(&os).count(), 1, "{text}");
+    }
 }

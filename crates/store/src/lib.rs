@@ -17,12 +17,15 @@
 //!   merge.rs    merge, merge --base, automatic merges, compact
 //!   targets.rs  target records: which vDisk and version a target boots, its write cache
 //!   documents.rs  the JSON documents the CLI prints and the server's API answers
+//!   vhd.rs      differencing VHD children, imported as versions (qemu cannot read them)
 //!   copy.rs     sparse raw copies, qemu-img for other formats, progress
+//!   check.rs    checks of an import's source and of a vDisk's layers (vdisk check, info)
 //! ```
 //!
 //! The layout and formats are documented for administrators in docs/STORE.md.
 
 pub mod audit;
+pub mod check;
 pub mod copy;
 pub mod documents;
 pub mod error;
@@ -37,11 +40,12 @@ pub mod targets;
 pub mod time;
 pub mod vdisk;
 pub mod version;
+pub mod vhd;
 
 pub use error::{Result, StoreError};
 pub use meta::{Access, DiskAccess, LayerFormat, VdiskMeta, Version};
 pub use open::OpenedLayer;
 pub use select::{select, Layer, Selector};
-pub use store::{server_cache_dir, store_dir, Store, DEFAULT_STORE};
+pub use store::{check_location, server_cache_dir, store_dir, Store, DEFAULT_STORE, STORE_SCHEMES};
 pub use targets::{NewTarget, TargetChange, TargetRecord};
 pub use time::Timestamp;

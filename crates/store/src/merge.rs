@@ -306,13 +306,14 @@ impl Store {
         let tmp = fsutil::temp_beside(&dst);
         let _ = std::fs::remove_file(&tmp);
         let stop_at = (kind == MergeKind::Updates).then_some(base.as_path());
-        let report = merge_layers(&top, stop_at, &tmp, &MergeOptions::default(), progress)?;
-
-        let _l = self.lock(LockMode::Exclusive)?;
-        let mut m = self.load_for_change(name)?;
         let drop_tmp = || {
             let _ = std::fs::remove_file(&tmp);
         };
+        // A failure before the commit (a full file system, a lock or metadata error) leaves
+        // no temporary file behind.
+        let report = merge_layers(&top, stop_at, &tmp, &MergeOptions::default(), progress).inspect_err(|_| drop_tmp())?;
+        let _l = self.lock(LockMode::Exclusive).inspect_err(|_| drop_tmp())?;
+        let mut m = self.load_for_change(name).inspect_err(|_| drop_tmp())?;
         if m.generation != meta.generation {
             drop_tmp();
             return Err(StoreError::Refused(format!(
@@ -479,9 +480,12 @@ impl Store {
                     let tmp = fsutil::temp_beside(&path);
                     let _ = std::fs::remove_file(&tmp);
                     let stop = parent.as_ref().map(|p| self.file_path(name, p));
-                    merge_layers(&path, stop.as_deref(), &tmp, &MergeOptions::default(), &mut sub)?;
-                    let _l = self.lock(LockMode::Exclusive)?;
-                    let now = self.load_for_change(name)?;
+                    let drop_tmp = || {
+                        let _ = std::fs::remove_file(&tmp);
+                    };
+                    merge_layers(&path, stop.as_deref(), &tmp, &MergeOptions::default(), &mut sub).inspect_err(|_| drop_tmp())?;
+                    let _l = self.lock(LockMode::Exclusive).inspect_err(|_| drop_tmp())?;
+                    let now = self.load_for_change(name).inspect_err(|_| drop_tmp())?;
                     let exists = match layer {
                         Layer::Base => now.base.file == file,
                         Layer::Version(n) => now.version(n).is_some_and(|v| v.file == file),
@@ -494,7 +498,7 @@ impl Store {
                         return Err(StoreError::Refused(format!(
                             "vDisk {name} changed while compacting {layer} (see `vdstream audit {name}`); the layers done so far are compacted: run it again")));
                     }
-                    std::fs::rename(&tmp, &path).map_err(io("move into place", &path))?;
+                    std::fs::rename(&tmp, &path).map_err(io("move into place", &path)).inspect_err(|_| drop_tmp())?;
                     fsutil::sync_dir(&self.vdisk_dir(name))?;
                 }
             }

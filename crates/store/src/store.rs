@@ -33,17 +33,44 @@ use crate::time::Timestamp;
 pub const DEFAULT_STORE: &str = "/var/lib/vdstream/store";
 
 /// The store directory from `--store`, else `$VDSTREAM_STORE`, else [`DEFAULT_STORE`].
+/// `file:///PATH` is taken as `/PATH`; any other `SCHEME://` is left as it is, for
+/// [`check_location`] (called by [`Store::open`] and friends) to refuse.
 pub fn store_dir(flag: Option<&Path>) -> PathBuf {
-    match flag {
+    let p = match flag {
         Some(p) => p.to_path_buf(),
         None => std::env::var_os("VDSTREAM_STORE").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_STORE)),
+    };
+    match p.to_str().and_then(|s| s.strip_prefix("file://")) {
+        Some(rest) if rest.starts_with('/') => PathBuf::from(rest),
+        _ => p,
     }
+}
+
+/// The schemes a store location may have: a plain path, or `file:///PATH`.
+pub const STORE_SCHEMES: &str = "a local folder, given as a path (/srv/vdstream) or as file:///srv/vdstream";
+
+/// Refuses a store location with a URL scheme vdstream does not serve (`s3://…`,
+/// `http://…`, `file://` with a relative path), before anything is created: the store
+/// is a local folder, and `s3://bucket` would otherwise become a folder named `s3:`.
+pub fn check_location(root: &Path) -> Result<()> {
+    let Some(text) = root.to_str() else { return Ok(()) };
+    if let Some((scheme, _)) = text.split_once("://") {
+        let is_scheme = !scheme.is_empty()
+            && scheme.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if is_scheme {
+            return Err(StoreError::BadInput(format!(
+                "store {text:?}: vdstream does not serve {scheme}:// stores; a store is {STORE_SCHEMES} (--store DIR or VDSTREAM_STORE)")));
+        }
+    }
+    Ok(())
 }
 
 /// `STORE/cache/`, created if missing: the server-side write caches (`server`,
 /// `server-persistent`), one set of files per target, named after it. `serve-image --vdisk`
 /// and the store server's `target/ID` exports keep them there.
 pub fn server_cache_dir(root: &Path) -> std::io::Result<PathBuf> {
+    check_location(root).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     let dir = root.join("cache");
     std::fs::create_dir_all(&dir).map_err(|e| std::io::Error::new(e.kind(), format!("cannot create the store's cache folder {}: {e}", dir.display())))?;
     Ok(dir)
@@ -66,6 +93,7 @@ impl Store {
     /// Opens an existing store.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
+        check_location(&root)?;
         let marker = root.join("store.json");
         if !marker.exists() {
             return Err(StoreError::NoStore { dir: root });
@@ -77,6 +105,7 @@ impl Store {
     /// Opens the store, creating it when there is none; `true` when it was created.
     pub fn open_or_create(root: impl Into<PathBuf>) -> Result<(Self, bool)> {
         let root = root.into();
+        check_location(&root)?;
         if root.join("store.json").exists() {
             return Ok((Self::open(root)?, false));
         }
@@ -245,16 +274,22 @@ impl Store {
         Ok(deleted)
     }
 
-    /// `vdisk gc`: retries every retired file of every vDisk and removes temporary files
-    /// left by processes that died. Returns `(vdisk, file)` for each file deleted.
+    /// `vdisk gc`: retries every retired file of every vDisk, deletes layer files the
+    /// metadata does not list (left by a command that crashed between writing a file and
+    /// saving the metadata) once nobody holds them, and removes temporary files left by
+    /// processes that died. Returns `(vdisk, file)` for each file deleted.
     pub fn gc(&self) -> Result<Vec<(String, String)>> {
         let _l = self.lock(LockMode::Exclusive)?;
         let mut out = Vec::new();
         for name in self.names()? {
             let mut meta = self.load_for_change(&name)?;
-            let deleted = self.collect_retired(&mut meta)?;
-            if !deleted.is_empty() {
+            let mut deleted = self.collect_retired(&mut meta)?;
+            let retired_changed = !deleted.is_empty();
+            deleted.extend(self.remove_orphans(&meta)?);
+            if retired_changed {
                 self.save(&mut meta)?;
+            }
+            if !deleted.is_empty() {
                 self.audit("vdisk.gc", &name, serde_json::json!({ "deleted": deleted }))?;
             }
             out.extend(deleted.into_iter().map(|f| (name.clone(), f)));
@@ -265,7 +300,71 @@ impl Store {
     }
 }
 
-/// Removes `.X.tmp-PID` files and `.X.import-PID` folders whose process is gone.
+impl Store {
+    /// Layer files of `meta`'s folder (`NAME.*.qcow2`, `NAME.*.raw`) that the metadata
+    /// lists nowhere (base, versions, retired, a pending merge) and nobody holds: deleted.
+    /// Under the exclusive lock, where every command that makes such a file lists it
+    /// before letting the lock go, so an unlisted file is a crash's leftover.
+    fn remove_orphans(&self, meta: &VdiskMeta) -> Result<Vec<String>> {
+        let dir = self.vdisk_dir(&meta.name);
+        let mut listed: Vec<&str> = vec![meta.base.file.as_str()];
+        listed.extend(meta.versions.iter().map(|v| v.file.as_str()));
+        listed.extend(meta.retired.iter().map(String::as_str));
+        listed.extend(meta.pending_merge.iter().map(|p| p.file.as_str()));
+        let mut out = Vec::new();
+        let prefix = format!("{}.", meta.name);
+        for e in std::fs::read_dir(&dir).map_err(io("list", &dir))? {
+            let e = e.map_err(io("list", &dir))?;
+            let file = e.file_name().to_string_lossy().into_owned();
+            let layer_like = file.starts_with(&prefix) && (file.ends_with(".qcow2") || file.ends_with(".raw"));
+            if !layer_like || listed.contains(&file.as_str()) || !e.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            let p = e.path();
+            if fsutil::in_use(&p)? {
+                log::warn!("{} is not listed in the metadata of {} but is open ({}); kept", p.display(), meta.name, fsutil::describe_holders(&p));
+                continue;
+            }
+            match std::fs::remove_file(&p) {
+                Ok(()) => out.push(file),
+                Err(e) => log::warn!("cannot delete {}, which the metadata of {} does not list: {e}", p.display(), meta.name),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Whether process `pid` runs and started before `mtime` (so it may be the one that
+/// wrote a file last modified then). A process that started later has only reused the
+/// pid of the dead writer.
+fn writer_alive(pid: i32, mtime: Option<std::time::SystemTime>) -> bool {
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    let exists = unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    if !exists {
+        return false;
+    }
+    match (mtime, process_start(pid)) {
+        // One second of slack: /proc gives the start in clock ticks, mtime may be coarse.
+        (Some(m), Some(start)) => m + std::time::Duration::from_secs(1) >= start,
+        _ => true,
+    }
+}
+
+/// When process `pid` started, from `/proc/PID/stat` (field 22, clock ticks after boot)
+/// and `btime` of `/proc/stat`.
+fn process_start(pid: i32) -> Option<std::time::SystemTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: fields after ')'.
+    let ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    let btime: u64 = std::fs::read_to_string("/proc/stat").ok()?.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
+    // SAFETY: sysconf takes an integer and reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as u64 } else { 100 };
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(btime) + std::time::Duration::from_millis(ticks * 1000 / hz))
+}
+
+/// Removes `.X.tmp-PID` files and `.X.import-PID` folders whose process is gone (or whose
+/// pid now belongs to a process that started after the file was last written).
 fn remove_stale_temps(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else { return out };
@@ -277,16 +376,40 @@ fn remove_stale_temps(dir: &Path) -> Vec<String> {
         let Some(pid) = name.rsplit_once("-").and_then(|(head, pid)| {
             (head.ends_with(".tmp") || head.ends_with(".import")).then(|| pid.parse::<i32>().ok()).flatten()
         }) else { continue };
-        // SAFETY: kill with signal 0 only checks whether the process exists.
-        let alive = unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-        if alive {
+        let p = e.path();
+        if pid == std::process::id() as i32 || writer_alive(pid, std::fs::symlink_metadata(&p).and_then(|m| m.modified()).ok()) {
             continue;
         }
-        let p = e.path();
         let ok = if p.is_dir() { std::fs::remove_dir_all(&p).is_ok() } else { std::fs::remove_file(&p).is_ok() };
         if ok {
             out.push(name);
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_is_a_local_folder_and_other_schemes_are_refused_before_anything_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        for bad in ["s3://bucket/prefix", "http://host/x", "nfs://srv/export", "file://relative/x"] {
+            let e = Store::open_or_create(bad).unwrap_err();
+            assert!(matches!(e, StoreError::BadInput(_)), "{bad}: {e}");
+            let text = e.to_string();
+            assert!(text.contains(bad.split("://").next().unwrap()) && text.contains("file:///") && text.contains("local folder"), "{text}");
+            assert!(Store::open(bad).is_err() && server_cache_dir(Path::new(bad)).is_err(), "{bad}");
+        }
+        assert!(!cwd.join("s3:").exists() && !cwd.join("http:").exists(), "a refused location made a folder");
+        let url = format!("file://{}", dir.path().join("s").display());
+        let root = store_dir(Some(Path::new(&url)));
+        assert_eq!(root, dir.path().join("s"));
+        let (s, created) = Store::open_or_create(&root).unwrap();
+        assert!(created && s.root().join("store.json").is_file());
+        check_location(Path::new("/srv/a:b/c")).unwrap();
+        check_location(Path::new("relative/dir")).unwrap();
+    }
 }

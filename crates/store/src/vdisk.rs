@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::check;
 use crate::copy::{self, Progress};
 use crate::error::{io, Result, StoreError};
 use crate::fsutil::{self, LockMode};
@@ -20,8 +21,8 @@ use crate::select::{select, Layer, Selector};
 use crate::store::Store;
 use crate::time::Timestamp;
 
-/// Formats `vdisk import` takes, besides raw.
-pub const CONVERTED_FORMATS: [&str; 4] = ["qcow2", "vhdx", "vmdk", "vdi"];
+/// Formats `vdisk import` takes, besides raw (`vpc` is qemu's name for VHD).
+pub const CONVERTED_FORMATS: [&str; 5] = ["qcow2", "vhdx", "vpc", "vmdk", "vdi"];
 
 /// Options of a new vDisk.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +45,9 @@ pub struct ImportReport {
     pub base_file: String,
     /// `native` (raw sparse copy) or `qemu-img convert`.
     pub method: &'static str,
+    /// What the source check noticed that did not stop the import (leaked clusters).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Checks a guest size.
@@ -72,6 +76,10 @@ pub struct LayerInfo {
     pub allocated: u64,
     /// Processes that have the file open (from `/proc/locks`).
     pub in_use_by: Vec<String>,
+    /// What is wrong with the file, from its size and header (see check.rs,
+    /// `layer_health`); empty when it looks sound. `vdisk check` checks it in full.
+    #[serde(default)]
+    pub problems: Vec<String>,
 }
 
 /// `vdisk info`.
@@ -158,7 +166,8 @@ impl Store {
         result
     }
 
-    /// `vdisk import NAME FILE`: raw is copied natively (sparse); qcow2, vhdx, vmdk and vdi
+    /// `vdisk import NAME FILE`: raw is copied natively (sparse); qcow2, vhdx, vpc, vmdk and vdi
+    /// are checked (check.rs; a damaged source is refused before anything is made) and
     /// go through `qemu-img convert` into a qcow2 base.
     pub fn import_vdisk(&self, name: &str, src: &Path, opts: NewVdisk, progress: Progress<'_>) -> Result<(VdiskMeta, ImportReport)> {
         check_max_versions(opts.max_versions)?;
@@ -166,16 +175,25 @@ impl Store {
         if !src.is_file() {
             return Err(StoreError::BadInput(format!("{} is not a file: give the path of a disk image to import", src.display())));
         }
-        let info = match copy::qemu_info(src) {
-            Ok(i) => i,
+        refuse_differencing(src)?;
+        let info = match copy::qemu_info_if_installed(src)? {
+            Some(i) => i,
             // Without qemu-img only raw can be imported; the probe tells raw from qcow2.
-            Err(e) => match vdstream_qcow2::ImageFormat::probe(src)? {
+            None => match vdstream_qcow2::ImageFormat::probe(src)? {
                 vdstream_qcow2::ImageFormat::Raw => copy::ImageInfo {
                     format: "raw".into(),
                     virtual_size: std::fs::metadata(src).map_err(io("stat", src))?.len(),
                 },
-                vdstream_qcow2::ImageFormat::Qcow2 => return Err(e),
+                vdstream_qcow2::ImageFormat::Qcow2 => return Err(StoreError::Tool(format!(
+                    "{} is a qcow2 image, which vdstream imports through qemu-img: install it (Debian: apt-get install qemu-utils)", src.display()))),
             },
+        };
+        // A fixed VHD has its footer only at the end, so qemu's probe takes it for raw
+        // (and the guest would get the footer as one more sector): look for it.
+        let info = if info.format == "raw" && has_vhd_footer(src) {
+            copy::qemu_info_as(src, Some("vpc"))?.unwrap_or(info)
+        } else {
+            info
         };
         let method = if info.format == "raw" {
             "native"
@@ -183,10 +201,14 @@ impl Store {
             "qemu-img convert"
         } else {
             return Err(StoreError::BadInput(format!(
-                "{} is a {:?} image: vdstream imports raw, {}", src.display(), info.format, CONVERTED_FORMATS.join(", "))));
+                "{} is a {:?} image: vdstream imports raw, {}", src.display(), info.format,
+                CONVERTED_FORMATS.map(|f| if f == "vpc" { "vpc (VHD)" } else { f }).join(", "))));
         };
         check_size(info.virtual_size).map_err(|_| StoreError::BadInput(format!(
             "{} is {} bytes, not a multiple of 512: pad it first (truncate -s %512 FILE)", src.display(), info.virtual_size)))?;
+        self.refuse_existing(name)?;
+        // Before anything is made: a damaged source is refused (check.rs).
+        let warnings = check::check_source(src, &info.format)?;
         let staging = self.stage(name)?;
         let result = (|| {
             let (file, format) = if method == "native" {
@@ -198,7 +220,7 @@ impl Store {
                 copy::qemu_convert(src, &info.format, &staging.join(&file), "qcow2", info.virtual_size, progress)?;
                 (file, LayerFormat::Qcow2)
             };
-            let report = ImportReport { source_format: info.format.clone(), size: info.virtual_size, base_file: file.clone(), method };
+            let report = ImportReport { source_format: info.format.clone(), size: info.virtual_size, base_file: file.clone(), method, warnings: warnings.clone() };
             let meta = self.new_meta(name, info.virtual_size, (file, format), opts);
             self.commit_staged(&staging, meta.clone(), "vdisk.import", json!({
                 "source": src.display().to_string(), "source_format": info.format, "size": info.virtual_size, "method": method,
@@ -209,6 +231,59 @@ impl Store {
             let _ = std::fs::remove_dir_all(&staging);
         }
         result
+    }
+
+    /// `vdisk import NAME BASE.vhd --version CHILD.vhd …`: a PVS-style VHD chain. The base
+    /// (a dynamic or fixed VHD) is imported as [`Store::import_vdisk`] does; each child, a
+    /// differencing VHD whose parent is the file before it (checked by unique id, before
+    /// anything is made), becomes one version over the previous layer holding exactly the
+    /// sectors the child holds, released to production (note: "imported from FILE"). If
+    /// any step fails, the whole vDisk is deleted again.
+    pub fn import_vhd_chain(&self, name: &str, src: &Path, children: &[PathBuf], opts: NewVdisk, progress: Progress<'_>) -> Result<(VdiskMeta, ImportReport, Vec<crate::Version>)> {
+        use crate::vhd::Vhd;
+        let base = Vhd::open(src)?;
+        if base.disk_type == 4 {
+            return Err(StoreError::Refused(format!("{} is itself a differencing VHD: give the base of the chain first, then its children with --version", src.display())));
+        }
+        let mut parent_id = base.unique_id;
+        let mut kids = Vec::new();
+        for c in children {
+            let k = Vhd::open(c)?;
+            if k.disk_type != 4 {
+                return Err(StoreError::Refused(format!("{} is not a differencing VHD (disk type {}): --version takes the children of the base, in order", c.display(), k.disk_type)));
+            }
+            if k.parent_id != parent_id {
+                return Err(StoreError::Refused(format!(
+                    "{} is not a child of {}: its parent's unique id does not match; give the children in chain order, each after its parent",
+                    c.display(), if kids.is_empty() { src.display().to_string() } else { children[kids.len() - 1].display().to_string() })));
+            }
+            if k.size != base.size {
+                return Err(StoreError::Refused(format!("{} is {} bytes, its base {}: a chain has one size", c.display(), k.size, base.size)));
+            }
+            parent_id = k.unique_id;
+            kids.push(k);
+        }
+        let (meta, report) = self.import_vdisk(name, src, opts, progress)?;
+        let mut versions = Vec::new();
+        let applied = (|| {
+            for (k, path) in kids.iter().zip(children) {
+                let v = self.new_version(name, Some(format!("imported from {}", path.display())))?;
+                let opened = self.open_layer(name, Selector::Maintenance, true)?;
+                k.for_each_run(&mut |off, data| Ok(opened.dev.write_at(data, off, false)?))?;
+                opened.dev.flush()?;
+                drop(opened);
+                versions.push(self.promote(name, v.number, crate::Access::Production, None)?);
+            }
+            Ok(())
+        })();
+        if let Err(e) = applied {
+            if let Err(d) = self.delete_vdisk(name) {
+                log::warn!("cannot delete the half-imported vDisk {name}: {d}; delete it with `vdstream vdisk delete {name}`");
+            }
+            return Err(e);
+        }
+        let meta = self.get(name).unwrap_or(meta);
+        Ok((meta, report, versions))
     }
 
     /// `vdisk set NAME [--max-versions N] [--access A]`.
@@ -253,10 +328,13 @@ impl Store {
         let now = Timestamp::now();
         let mut layers = Vec::new();
         let all = std::iter::once(Layer::Base).chain(meta.versions.iter().map(|v| Layer::Version(v.number)));
-        for (layer, (file, _)) in all.zip(chain_files(&meta, meta.newest().map_or(Layer::Base, |v| Layer::Version(v.number)))) {
+        let mut below: Option<(String, LayerFormat)> = None;
+        for (layer, (file, format)) in all.zip(chain_files(&meta, meta.newest().map_or(Layer::Base, |v| Layer::Version(v.number)))) {
             let p = self.file_path(name, &file);
             let allocated = std::fs::metadata(&p).map(|m| m.blocks() * 512).unwrap_or(0);
-            layers.push(LayerInfo { layer, file, allocated, in_use_by: fsutil::holders(&p) });
+            let problems = check::layer_health(&p, format, meta.size, below.as_ref().map(|(f, fmt): &(String, LayerFormat)| (f.as_str(), *fmt)));
+            below = Some((file.clone(), format));
+            layers.push(LayerInfo { layer, file, allocated, in_use_by: fsutil::holders(&p), problems });
         }
         Ok(VdiskInfo {
             production: select(&meta, Selector::Production, now)?,
@@ -315,4 +393,63 @@ impl Store {
         self.audit("vdisk.delete", name, json!({"files": files}))?;
         Ok(files)
     }
+}
+
+/// Refuses a differencing VHD or VHDX (an AVHDX): qemu cannot create them, and it reads a
+/// differencing VHD as if it had no parent (only the child's own blocks, zeros
+/// elsewhere), so converting one would import the wrong bytes. VHD disk type 4 in the
+/// footer (a copy sits at offset 0 of dynamic and differencing files); for VHDX, qemu
+/// refuses files with a parent itself, and this names the reason first.
+fn refuse_differencing(src: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut head = [0u8; 512];
+    let n = std::fs::File::open(src).and_then(|mut f| f.read(&mut head)).map_err(io("read", src))?;
+    let advice = "qemu (which vdstream converts with) cannot read differencing images: import the chain with its base, \
+        `vdstream vdisk import NAME BASE.vhd --version CHILD.vhd ...` (VHD), or merge the chain into its base first \
+        (Hyper-V: Merge-VHD; PVS: merge the versions into a new base) and import the merged file (VHDX)";
+    if n >= 64 && &head[..8] == b"conectix" && u32::from_be_bytes(head[60..64].try_into().expect("4")) == 4 {
+        return Err(StoreError::Refused(format!("{} is a differencing VHD (a child of another VHD): {advice}", src.display())));
+    }
+    let avhdx = src.extension().is_some_and(|e| e.eq_ignore_ascii_case("avhdx"));
+    if n >= 8 && &head[..8] == b"vhdxfile" && (avhdx || vhdx_has_parent(src)) {
+        return Err(StoreError::Refused(format!("{} is a differencing VHDX (AVHDX, a child of another VHDX): {advice}", src.display())));
+    }
+    Ok(())
+}
+
+/// Whether the last 512 bytes of `src` are a VHD footer (cookie "conectix").
+fn has_vhd_footer(src: &Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = std::fs::File::open(src) else { return false };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut cookie = [0u8; 8];
+    len >= 1024 && f.read_exact_at(&mut cookie, len - 512).is_ok() && &cookie == b"conectix"
+}
+
+/// Whether a VHDX file's metadata says it has a parent (the HasParent bit of its File
+/// Parameters item). Layout (MS-VHDX 2.2, 2.3): region table at 192 KiB, entries of 32
+/// bytes (GUID, file offset, length) after a 16-byte header; the metadata region starts
+/// with a 32-byte header ("metadata", entry count at 10) and 32-byte entries (item GUID,
+/// offset within the region at 16); File Parameters' flags word has HasParent as bit 1.
+fn vhdx_has_parent(src: &Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    const METADATA_REGION: [u8; 16] = [0x06, 0xa2, 0x7c, 0x8b, 0x90, 0x47, 0x9a, 0x4b, 0xb8, 0xfe, 0x57, 0x5f, 0x05, 0x0f, 0x88, 0x6e];
+    const FILE_PARAMETERS: [u8; 16] = [0x37, 0x67, 0xa1, 0xca, 0x36, 0xfa, 0x43, 0x4d, 0xb3, 0xb6, 0x33, 0xf0, 0xaa, 0x44, 0xe7, 0x6b];
+    let Ok(f) = std::fs::File::open(src) else { return false };
+    let mut rt = vec![0u8; 64 << 10];
+    if f.read_exact_at(&mut rt, 192 << 10).is_err() || &rt[..4] != b"regi" {
+        return false;
+    }
+    let count = (u32::from_le_bytes(rt[8..12].try_into().expect("4")) as usize).min(2047);
+    let Some(meta_off) = (0..count).map(|i| &rt[16 + 32 * i..48 + 32 * i]).find(|e| e[..16] == METADATA_REGION)
+        .map(|e| u64::from_le_bytes(e[16..24].try_into().expect("8"))) else { return false };
+    let mut mt = vec![0u8; 64 << 10];
+    if f.read_exact_at(&mut mt, meta_off).is_err() || &mt[..8] != b"metadata" {
+        return false;
+    }
+    let entries = (u16::from_le_bytes(mt[10..12].try_into().expect("2")) as usize).min(2047);
+    let Some(item_off) = (0..entries).map(|i| &mt[32 + 32 * i..64 + 32 * i]).find(|e| e[..16] == FILE_PARAMETERS)
+        .map(|e| u32::from_le_bytes(e[16..20].try_into().expect("4")) as u64) else { return false };
+    let mut fp = [0u8; 8];
+    f.read_exact_at(&mut fp, meta_off + item_off).is_ok() && u32::from_le_bytes(fp[4..8].try_into().expect("4")) & 2 != 0
 }

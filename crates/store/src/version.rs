@@ -16,7 +16,7 @@
 
 use serde_json::json;
 
-use crate::error::{Result, StoreError};
+use crate::error::{io, Result, StoreError};
 use crate::fsutil;
 use crate::meta::{Access, DiskAccess, LayerFormat, Stamp, Version, VdiskMeta};
 use crate::store::Store;
@@ -40,7 +40,38 @@ fn no_version(meta: &VdiskMeta, n: u32) -> StoreError {
 
 impl Store {
     /// `version new NAME`: a maintenance version over the newest layer.
+    ///
+    /// The file is written under a temporary name and renamed into place; when anything
+    /// fails (a full file system while writing it or the metadata), nothing is left behind.
     pub fn new_version(&self, name: &str, note: Option<String>) -> Result<Version> {
+        let made = std::cell::Cell::new(None);
+        let result = self.new_version_in(name, note, &made);
+        if result.is_err() {
+            if let Some(file) = made.take() {
+                self.drop_unlisted(name, &file);
+            }
+        }
+        result
+    }
+
+    /// Removes `file` of vDisk `name` if the metadata does not list it (checked under the
+    /// exclusive lock: a failed command may have failed after saving the metadata).
+    fn drop_unlisted(&self, name: &str, file: &str) {
+        let Ok(_l) = self.lock(fsutil::LockMode::Exclusive) else { return };
+        let listed = match self.load(name) {
+            Ok(m) => m.base.file == file || m.versions.iter().any(|v| v.file == file) || m.retired.iter().any(|f| f == file),
+            Err(_) => true, // cannot tell: leave it to `vdisk gc`
+        };
+        if !listed {
+            let p = self.file_path(name, file);
+            match std::fs::remove_file(&p) {
+                Ok(()) => log::info!("removed {} left by the failed command", p.display()),
+                Err(e) => log::warn!("cannot remove {} left by the failed command: {e}; `vdstream vdisk gc` will", p.display()),
+            }
+        }
+    }
+
+    fn new_version_in(&self, name: &str, note: Option<String>, made: &std::cell::Cell<Option<String>>) -> Result<Version> {
         self.update(name, "version.new", |m| {
             if m.access == DiskAccess::Private {
                 return Err(StoreError::Refused(format!(
@@ -60,13 +91,23 @@ impl Store {
             let path = self.file_path(name, &file);
             if path.exists() {
                 return Err(StoreError::Refused(format!(
-                    "{} exists but the metadata does not list it: move it away (it may be a leftover of a crash) and try again", path.display())));
+                    "{} exists but the metadata does not list it (a leftover of a crash): run `vdstream vdisk gc`, which deletes it, and try again", path.display())));
             }
             let parent_path = self.file_path(name, &parent);
             if !parent_path.exists() {
                 return Err(StoreError::MissingFile { path: parent_path, advice: "the new version would sit on it: restore it from backup first".into() });
             }
-            vdstream_qcow2::create(&path, m.size, Some((&parent, format.image_format())), 16)?;
+            let tmp = fsutil::temp_beside(&path);
+            let _ = std::fs::remove_file(&tmp);
+            let written = vdstream_qcow2::create(&tmp, m.size, Some((&parent, format.image_format())), 16)
+                .map_err(StoreError::from)
+                .and_then(|()| std::fs::rename(&tmp, &path).map_err(io("move into place", &path)));
+            if let Err(e) = written {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            made.set(Some(file.clone()));
+            fsutil::sync_dir(&self.vdisk_dir(name))?;
             let v = Version {
                 number,
                 file,

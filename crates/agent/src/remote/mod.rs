@@ -153,7 +153,7 @@ impl RemoteBase {
             .thread_name("vdstream-remote")
             .enable_all()
             .build()
-            .map_err(|source| AgentError::Io { what: "cannot start the remote I/O runtime".into(), source })?;
+            .map_err(|err| AgentError::Io { what: "cannot start the remote I/O runtime".into(), err })?;
         let handle = runtime.handle().clone();
         let link = Arc::new(Link::new(endpoints, opts).with_reorder(reorder));
         let (client, _) = run(&handle, link.client(None)).map_err(|e| AgentError::NoServer { message: e.message })?;

@@ -98,11 +98,11 @@ pub enum ClientError {
     #[error("bad NBD address {input:?}: {reason}")]
     Address { input: String, reason: String },
 
-    #[error("cannot connect to NBD server {addr}: {source}")]
+    #[error("cannot connect to NBD server {addr}: {err}")]
     Connect {
         addr: Arc<str>,
-        #[source]
-        source: std::io::Error,
+        /// In the message, so not also `source()` (`{:#}` would print it twice).
+        err: std::io::Error,
     },
 
     #[error("connecting to NBD server {addr} (export {export:?}) took longer than {timeout:?}")]

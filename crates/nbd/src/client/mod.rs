@@ -120,7 +120,7 @@ impl Client {
             let stream = addr
                 .open()
                 .await
-                .map_err(|source| ClientError::Connect { addr: addr_text.clone(), source })?;
+                .map_err(|err| ClientError::Connect { addr: addr_text.clone(), err })?;
             let wire = match &opts.secret {
                 Some(secret) => format!("{}{SECRET_SEPARATOR}{secret}", opts.export),
                 None => opts.export.clone(),

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Where the store is, and how errors read:
+# - `--store s3://bucket/prefix` (and VDSTREAM_STORE=s3://…) is refused, naming the
+#   locations vdstream serves, and creates nothing (no folder `s3:` in the working
+#   directory); `file:///PATH` is the folder PATH;
+# - an OS error is said once: "No such file or directory" does not repeat itself.
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/store-lib.sh"
+require_vdstream
+e2e_init
+store_init
+
+work=$E2E_TMP/cwd
+mkdir -p "$work"
+cd "$work"
+
+# refused WHAT CMD... — CMD fails, says what a store may be, and leaves $work empty.
+refused() {
+    local what=$1 rc=0; shift
+    "$@" >"$E2E_TMP/out" 2>"$E2E_TMP/err" || rc=$?
+    ((rc != 0)) || fail "$what: the command succeeded: $*"
+    grep -q 'does not serve s3:// stores; a store is a local folder, given as a path (/srv/vdstream) or as file:///srv/vdstream' "$E2E_TMP/err" ||
+        fail "$what: the error does not name the schemes served: $(cat "$E2E_TMP/err")"
+    [[ -z $(ls -A "$work") ]] || fail "$what: something was created in the working directory: $(ls -A "$work")"
+    log "ok: $what refused (exit $rc): $(cat "$E2E_TMP/err")"
+}
+
+refused "--store s3:// on create" "$VDSTREAM_BIN" vdisk create w --size 1M --store s3://bucket/prefix
+refused "--store s3:// on list" "$VDSTREAM_BIN" vdisk list --store s3://bucket/prefix
+refused "--store s3:// on target list" "$VDSTREAM_BIN" target list --store s3://bucket/prefix
+refused "VDSTREAM_STORE=s3:// on import" env VDSTREAM_STORE=s3://bucket/prefix "$VDSTREAM_BIN" vdisk import w /etc/hostname
+refused "--store s3:// on serve-image" "$VDSTREAM_BIN" serve-image --vdisk w --store s3://bucket/prefix --socket "$E2E_TMP/s.sock"
+refused "--store s3:// on server" timeout 10 "$VDSTREAM_BIN" server --store s3://bucket/prefix --socket "$E2E_TMP/s.sock"
+
+# file:///PATH is the folder PATH.
+"$VDSTREAM_BIN" vdisk create w --size 1M --store "file://$STORE" >/dev/null
+[[ -f $STORE/vdisks/w/vdisk.json ]] || fail "--store file://$STORE did not make the store at $STORE"
+[[ -z $(ls -A "$work") ]] || fail "file:// created something in the working directory: $(ls -A "$work")"
+vds vdisk info w >/dev/null
+log "ok: file://$STORE is the folder $STORE"
+
+# An OS error reads once.
+rc=0
+vds vdisk export w "$E2E_TMP/no/such/dir/w.raw" 2>"$E2E_TMP/err" || rc=$?
+((rc != 0)) || fail "export into a missing folder succeeded"
+n=$(grep -o "No such file or directory" "$E2E_TMP/err" | wc -l)
+assert_eq "times the OS error is said ($(cat "$E2E_TMP/err"))" "$n" 1
+grep -q "no/such/dir/w.raw" "$E2E_TMP/err" || fail "the error does not name the file: $(cat "$E2E_TMP/err")"
+log "PASS"
