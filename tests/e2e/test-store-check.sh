@@ -73,7 +73,7 @@ damaged() {
     grep -Eq "d\.$v\.qcow2 +DAMAGED: .*$pattern" "$E2E_TMP/out" || fail "vdisk check does not name the $what layer: $(cat "$E2E_TMP/out")"
     local rc=0
     vds vdisk check d --json >"$E2E_TMP/check.json" 2>/dev/null || rc=$?
-    ((rc != 0)) || fail "vdisk check --json exits 0 on a $what layer"
+    ((rc == 5)) || fail "vdisk check --json exits $rc, not 5 (I/O: a damaged store file), on a $what layer"
     assert_eq "check --json ok, $what layer" "$(json_get "$E2E_TMP/check.json" 'j["ok"]')" False
 }
 

@@ -231,7 +231,10 @@ pub fn run(args: VdiskArgs) -> Result<()> {
                 lines.join("\n")
             });
             if !report.ok {
-                anyhow::bail!("vDisk {name}: {bad} of {} layer(s) damaged (listed above); restore the files from a backup, or revert or delete the versions", report.layers.len());
+                return Err(crate::exit::fail(
+                    crate::exit::Kind::Io,
+                    format!("vDisk {name}: {bad} of {} layer(s) damaged (listed above); restore the files from a backup, or revert or delete the versions", report.layers.len()),
+                ));
             }
         }
         VdiskCommand::Export { reference, file, format, force } => {
