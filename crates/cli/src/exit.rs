@@ -61,10 +61,11 @@ impl Kind {
     }
 }
 
-/// The "Exit status" section of `vdstream --help`: main.rs's after_help repeats it (clap
-/// takes a literal there), and a test checks that the two agree.
-#[cfg(test)]
-pub const HELP: &str = "\
+/// The "Exit status" section of `vdstream --help` (main.rs's after_help ends with it; a
+/// macro, since clap's attribute takes a literal or `concat!`).
+macro_rules! exit_status_help {
+    () => {
+        "\
 Exit status:
   0 success (also when stdout closes early, as with `| head -1`)
   1 other failure
@@ -75,7 +76,12 @@ Exit status:
   6 unavailable: no server answers, or the target's agent is not running
 With --json, a failure also prints one JSON object on stdout (unless the command's
 own document is already there):
-  {\"error\": {\"kind\": \"not_found\", \"status\": 3, \"message\": \"...\"}}";
+  {\"error\": {\"kind\": \"not_found\", \"status\": 3, \"message\": \"...\"}}"
+    };
+}
+
+#[cfg(test)]
+pub const HELP: &str = exit_status_help!();
 
 /// A failure the CLI classifies itself. `reported`: the command already printed its JSON
 /// document on stdout (e.g. `target status --json` of a stopped agent), so no error object
@@ -138,8 +144,10 @@ fn of_agent(e: &AgentError) -> Option<Kind> {
             CacheDirError::NotADir { .. } => Kind::Usage,
             CacheDirError::Create { .. } | CacheDirError::Statvfs { .. } | CacheDirError::TooLittleSpace { .. } => Kind::Io,
         },
-        // Its cause (an io::Error further down the chain) says more.
-        AgentError::Io { .. } | AgentError::Api { .. } => return None,
+        // The io::Error is held, not chained (its text is in the message once).
+        AgentError::Io { err, .. } => of_io(err),
+        // Its cause further down the chain, if any, says more.
+        AgentError::Api { .. } => return None,
     })
 }
 
@@ -243,7 +251,7 @@ mod tests {
         assert_eq!(classify(&io.context("cannot listen").unwrap_err()), Kind::Conflict);
         assert_eq!(classify(&fail(Kind::Unavailable, "stopped")), Kind::Unavailable);
         assert_eq!(classify(&anyhow::anyhow!("plain")), Kind::Other);
-        let agent = AgentError::Io { what: "cannot bind".into(), source: std::io::ErrorKind::PermissionDenied.into() };
+        let agent = AgentError::Io { what: "cannot bind".into(), err: std::io::ErrorKind::PermissionDenied.into() };
         assert_eq!(classify(&anyhow::Error::new(agent)), Kind::Io);
     }
 

@@ -9,6 +9,7 @@ mod output;
 mod audit;
 mod bench;
 mod demo;
+#[macro_use]
 mod exit;
 mod ram_sizing;
 mod remote;
@@ -25,7 +26,7 @@ use clap::{Parser, Subcommand};
 /// vdstream streams one golden disk image to many machines over NBD and gives each
 /// machine its own fast, throw-away write cache.
 #[derive(Debug, Parser)]
-#[command(name = "vdstream", version, about, long_about = None, after_help = "\
+#[command(name = "vdstream", version, about, long_about = None, after_help = concat!("\
 Examples:
   vdstream demo                                 compare the write-cache types on a demo vDisk (2 min)
   vdstream serve-image --memory 1G              a 1 GiB RAM disk on /tmp/vdstream.sock
@@ -44,17 +45,7 @@ Examples:
 
 Logging: set RUST_LOG=debug (or info, warn) for more detail.
 
-Exit status:
-  0 success (also when stdout closes early, as with `| head -1`)
-  1 other failure
-  2 usage: a bad argument, option, name or size
-  3 not found: no such vDisk, version, target, store or status
-  4 conflict: refused by the current state (in use, already exists, already attached)
-  5 I/O: a read or write failed, a store file is damaged or missing
-  6 unavailable: no server answers, or the target's agent is not running
-With --json, a failure also prints one JSON object on stdout (unless the command's
-own document is already there):
-  {\"error\": {\"kind\": \"not_found\", \"status\": 3, \"message\": \"...\"}}")]
+", exit_status_help!()))]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -194,12 +185,5 @@ mod tests {
         for export in ["vdisk/NAME ", "vdisk/NAME@V ", "maintenance/NAME ", "target/ID "] {
             assert!(lines.iter().any(|l| l.starts_with(export)), "a line starts with {export:?}:\n{help}");
         }
-    }
-
-    #[test]
-    fn the_exit_status_help_is_the_one_exit_rs_documents() {
-        use clap::CommandFactory;
-        let after = Cli::command().get_after_help().expect("after_help").to_string();
-        assert!(after.contains(exit::HELP), "main.rs's after_help repeats exit::HELP");
     }
 }
