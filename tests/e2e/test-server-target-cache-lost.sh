@@ -78,12 +78,22 @@ log "ok: a new read fails with EIO at once (${took}s, with nbdsh's own start)"
 
 # The status says so, in text and JSON.
 sleep 1.5   # the status file is rewritten every second
-text=$("$VDSTREAM_BIN" target status s1) || fail "target status s1 failed"
+rc=0
+text=$("$VDSTREAM_BIN" target status s1 2>"$E2E_TMP/status.err") || rc=$?
+assert_eq "exit status of target status (6: unavailable)" "$rc" 6
+grep -q "server lost its cache" "$E2E_TMP/status.err" || fail "target status does not say why it fails: $(cat "$E2E_TMP/status.err")"
 [[ $text == *"CACHE LOST"* && $text == *"EIO"* ]] || fail "target status does not say the cache is lost: $text"
-assert_eq "status JSON state" "$(agent_status_get s1 'j["state"]')" "cache lost"
-lost=$(agent_status_get s1 'j["server"]["lost"]')
+# `target status --json` prints the status and exits 6: the target's disk is unavailable.
+lost_status_get() {
+    local rc=0
+    "$VDSTREAM_BIN" target status s1 --json >"$E2E_TMP/status.json" 2>/dev/null || rc=$?
+    ((rc == 6)) || fail "target status s1 --json exits $rc, not 6 (unavailable)"
+    json_get "$E2E_TMP/status.json" "$1"
+}
+assert_eq "status JSON state" "$(lost_status_get 'j["state"]')" "cache lost"
+lost=$(lost_status_get 'j["server"]["lost"]')
 [[ $lost == *"lost this target's cache"* && $lost == *"attach gone"* ]] || fail "status JSON server.lost: $lost"
-gave_up=$(agent_status_get s1 'j["server"]["gave_up"]')
+gave_up=$(lost_status_get 'j["server"]["gave_up"]')
 ((gave_up >= 2)) || fail "status JSON server.gave_up: $gave_up"
 log "ok: target status says: $(grep -m1 'CACHE LOST' <<<"$text")"
 

@@ -25,6 +25,7 @@ pub mod engine;
 pub mod error;
 pub mod file;
 pub mod flock;
+pub mod lograte;
 pub mod memory;
 pub mod reclaim;
 pub mod ring;

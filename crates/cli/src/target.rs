@@ -308,7 +308,10 @@ fn show_status(s: StatusArgs) -> Result<()> {
         return Ok(());
     }
     // The figures are printed (they are the last ones), but the exit status says the
-    // target has no agent: scripts check `target status ID` before they use its socket.
+    // target has no usable disk: scripts check `target status ID` before they use its socket.
+    if st.state == status::STATE_LOST && alive {
+        return Err(anyhow::Error::new(Failure { kind: Kind::Unavailable, message: cache_lost(&s.id), reported: s.json }));
+    }
     Err(anyhow::Error::new(Failure {
         kind: Kind::Unavailable,
         message: format!(
@@ -321,6 +324,14 @@ fn show_status(s: StatusArgs) -> Result<()> {
         ),
         reported: s.json,
     }))
+}
+
+/// Why `target status` of an agent whose server lost its cache exits non-zero.
+fn cache_lost(id: &str) -> String {
+    format!(
+        "target {id}: its agent runs, but the server lost its cache, so every request of the guest fails with EIO: \
+         detach the target and attach it again"
+    )
 }
 
 /// `target status ID --server URL`: the agent's latest report, as the API keeps it.
@@ -348,6 +359,9 @@ fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
     }
     if st.state == "running" {
         return Ok(());
+    }
+    if st.state == status::STATE_LOST {
+        return Err(anyhow::Error::new(Failure { kind: Kind::Unavailable, message: cache_lost(&s.id), reported: s.json }));
     }
     Err(anyhow::Error::new(Failure {
         kind: Kind::Unavailable,

@@ -6,15 +6,16 @@
 //! parsers), [`handshake`] (option haggling), [`flags`] (what is advertised, from `Caps`),
 //! [`validate`] (every request checked once at the edge), `exec` (running a request and
 //! encoding its reply), `session` (the transmission loop), [`errno`] (the one error → wire
-//! code mapping), [`server`] (the public API, accept loop and drain) and [`lograte`]
-//! (rate-limited logging of failures a client can provoke).
+//! code mapping) and [`server`] (the public API, accept loop and drain). Failures a client
+//! can provoke are logged through [`lograte`] (the workspace's one rate limiter, from
+//! vdstream-blockdev).
 
 pub mod client;
 pub mod errno;
 mod exec;
 pub mod flags;
 pub mod handshake;
-pub mod lograte;
+pub use vdstream_blockdev::lograte;
 pub mod options;
 pub mod proto;
 pub mod server;

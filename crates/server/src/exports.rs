@@ -66,7 +66,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// is `POLICY` (busy), running out of file descriptors is `Full` (never "unknown"), the
 /// rest `UNKNOWN` with the message.
 fn open_error(e: StoreError) -> OpenError {
-    if vdstream_nbd::server::is_out_of_fds(&e) {
+    if e.os_error().is_some_and(|io| vdstream_nbd::server::is_out_of_fds(io)) || vdstream_nbd::server::is_out_of_fds(&e) {
         return OpenError::Full(format!(
             "out of file descriptors ({e}): connect to another server, or lower --max-connections / raise the open-files limit"
         ));

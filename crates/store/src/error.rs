@@ -60,6 +60,19 @@ pub enum StoreError {
 /// Result of store operations.
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+impl StoreError {
+    /// The OS error behind this one, if any. It is held, not chained as `source()` (its
+    /// text is in the message once), so callers that must tell its kind (the server telling
+    /// "out of file descriptors" from "no such export") ask here.
+    pub fn os_error(&self) -> Option<&std::io::Error> {
+        match self {
+            StoreError::Io { err, .. } => Some(err),
+            StoreError::Image(e) => e.os_error.as_ref(),
+            _ => None,
+        }
+    }
+}
+
 /// Wraps an OS error with the operation and the file.
 pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
     let path = path.into();

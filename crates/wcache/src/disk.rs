@@ -119,7 +119,7 @@ pub struct DiskCache {
     limit_pages: u64,
     warned_full: AtomicBool,
     /// Rate limit of the "file system full" warning.
-    fs_full_log: crate::space::LogLimit,
+    fs_full_log: vdstream_blockdev::lograte::LogLimiter,
     /// Persistent types: pages whose state changed since the last flush.
     changed: Option<ChangedPages>,
     /// Set by every write to the file; cleared by a flush before its `fdatasync`.
@@ -177,7 +177,7 @@ impl DiskCache {
             size,
             limit_pages,
             warned_full: AtomicBool::new(false),
-            fs_full_log: crate::space::LogLimit::new(),
+            fs_full_log: crate::space::full_log(),
             changed: track_changes.then(|| ChangedPages::new(pages)),
             unsynced: AtomicBool::new(false),
             remove_on_drop: None,
@@ -266,9 +266,7 @@ impl DiskCache {
             self.map.data_pages() * PAGE_U64,
             e.message,
         );
-        if let Some(n) = self.fs_full_log.allow(crate::space::FULL_LOG_EVERY_MS) {
-            log::warn!("{message}{}", crate::space::held_back(n));
-        }
+        self.fs_full_log.log(log::Level::Warn, module_path!(), "file system full", format_args!("{message}"));
         Error { message, ..e }
     }
 

@@ -53,7 +53,6 @@ use crate::disk::{file_stem, DiskCache};
 use crate::journal::{Checkpoint, Journal};
 use crate::page::{PAGE_SHIFT, PAGE_U64};
 use crate::pagemap::{PageMap, PageState};
-use crate::space::{held_back, LogLimit, FULL_LOG_EVERY_MS};
 use crate::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
 
 /// Journal bytes past which a flush writes a checkpoint (at least; see `checkpoint_due`).
@@ -78,7 +77,7 @@ pub struct PersistentDiskCache {
     lower_size: u64,
     identity: String,
     /// Rate limit of the metadata space warnings.
-    space_log: LogLimit,
+    space_log: vdstream_blockdev::lograte::LogLimiter,
     /// Journal bytes past which a flush writes a checkpoint (at least the map's size).
     checkpoint_after: u64,
     /// Keeps the `flock` on the data file for the life of the cache.
@@ -204,7 +203,7 @@ impl PersistentDiskCache {
             checkpoint_path: cp_path,
             lower_size: size,
             identity: identity.to_string(),
-            space_log: LogLimit::new(),
+            space_log: crate::space::full_log(),
             checkpoint_after: CHECKPOINT_AFTER,
             _lock: lock,
         })
@@ -309,15 +308,17 @@ impl PersistentDiskCache {
 
     /// One warning about the metadata's space, at most once a minute.
     fn warn_space(&self, what: &str) {
-        if let Some(n) = self.space_log.allow(FULL_LOG_EVERY_MS) {
-            log::warn!(
+        self.space_log.log(
+            log::Level::Warn,
+            module_path!(),
+            "metadata space",
+            format_args!(
                 "{}: {what}: the file system of {} is full or failing; writes that do not fit get ENOSPC and flushes may too: \
-                 free space there, or trim unused space in the guest (fstrim){}",
+                 free space there, or trim unused space in the guest (fstrim)",
                 self.describe(),
                 self.cache.dir().display(),
-                held_back(n)
-            );
-        }
+            ),
+        );
     }
 
     fn flush_locked(&self, meta: &mut Metadata) -> Result<()> {

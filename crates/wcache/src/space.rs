@@ -17,8 +17,6 @@
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::{CacheConfig, CacheType, StatsSnapshot};
 
@@ -204,45 +202,12 @@ impl Capacity {
     }
 }
 
-/// Lets a log line through at most once per interval; counts what it held back.
-#[derive(Debug, Default)]
-pub struct LogLimit {
-    /// Milliseconds since the epoch of the last line let through (0: never).
-    last_ms: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl LogLimit {
-    pub const fn new() -> LogLimit {
-        LogLimit { last_ms: AtomicU64::new(0), suppressed: AtomicU64::new(0) }
-    }
-
-    /// `Some(lines held back since the last one)` when a line may go out now.
-    pub fn allow(&self, every_ms: u64) -> Option<u64> {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64).max(1);
-        let last = self.last_ms.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < every_ms {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        if self.last_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err() {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(self.suppressed.swap(0, Ordering::Relaxed))
-    }
-}
-
 /// How often a full cache repeats its log line.
-pub const FULL_LOG_EVERY_MS: u64 = 60_000;
+pub const FULL_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// " (N more like it since the last)" for a rate-limited line, or "".
-pub fn held_back(n: u64) -> String {
-    if n == 0 {
-        String::new()
-    } else {
-        format!(" ({n} more like it since the last report)")
-    }
+/// The limiter of a cache's "file system full" lines: one a minute per kind.
+pub fn full_log() -> vdstream_blockdev::lograte::LogLimiter {
+    vdstream_blockdev::lograte::LogLimiter::every(FULL_LOG_EVERY)
 }
 
 #[cfg(test)]
@@ -316,14 +281,5 @@ mod tests {
         let cfg = CacheConfig { dir: tmp.path().join("ok"), max_file: Some(1 << 20), ..CacheConfig::new("t") };
         check_cache_room(CacheType::DeviceDisk, &cfg, DirRule::ParentMustExist, 1 << 50, true).unwrap();
         assert!(cfg.dir.is_dir());
-    }
-
-    #[test]
-    fn log_limit_lets_one_line_through_per_interval() {
-        let l = LogLimit::new();
-        assert_eq!(l.allow(60_000), Some(0));
-        assert_eq!(l.allow(60_000), None);
-        assert_eq!(l.allow(60_000), None);
-        assert_eq!(l.allow(0), Some(2));
     }
 }

@@ -75,12 +75,12 @@ pub(crate) struct FullReport {
     pub message: String,
     warned: AtomicBool,
     /// Rate limit of the "file system full" warning.
-    fs_log: crate::space::LogLimit,
+    fs_log: vdstream_blockdev::lograte::LogLimiter,
 }
 
 impl FullReport {
     pub fn new(message: String) -> Self {
-        FullReport { message, warned: AtomicBool::new(false), fs_log: crate::space::LogLimit::new() }
+        FullReport { message, warned: AtomicBool::new(false), fs_log: crate::space::full_log() }
     }
 }
 
@@ -503,9 +503,7 @@ impl Tiers {
                          (--overflow-dir)",
                         err.message
                     );
-                    if let Some(n) = self.full.fs_log.allow(crate::space::FULL_LOG_EVERY_MS) {
-                        log::warn!("{}: {}{}", self.name, err.message, crate::space::held_back(n));
-                    }
+                    self.full.fs_log.log(log::Level::Warn, module_path!(), "file system full", format_args!("{}: {}", self.name, err.message));
                 }
                 Err(err)
             }

@@ -261,12 +261,15 @@ pub(crate) fn put_agent(shared: &Shared, call: &Call<'_>) -> Result<Reply, ApiEr
     match vdstream_store::Store::open(&shared.state.store).and_then(|s| s.target(id)) {
         Ok(_) => {}
         Err(vdstream_store::StoreError::UnknownTarget { .. }) => {
-            static LAST_LOGGED_S: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let now_s = unix_ms() / 1000;
-            // At most one line a second, whoever floods.
-            if LAST_LOGGED_S.swap(now_s, std::sync::atomic::Ordering::Relaxed) != now_s {
-                log::warn!("HTTP API: refused an agent report for target {id:?} from {}: no such target in the store", call.client.map_or("?".to_string(), |c| c.0.to_string()));
-            }
+            shared.state.log.log(
+                log::Level::Warn,
+                module_path!(),
+                "agent report refused",
+                format_args!(
+                    "HTTP API: refused an agent report for target {id:?} from {}: no such target in the store",
+                    call.client.map_or("?".to_string(), |c| c.0.to_string())
+                ),
+            );
             return Err(ApiError::new(
                 404,
                 format!("target {id:?} has no record in the store of this server, so its reports are refused"),

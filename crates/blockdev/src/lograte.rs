@@ -1,6 +1,8 @@
 //! Rate-limited logging of failures that a hostile or broken client can provoke at will
-//! (refused opens, I/O errors, a full server): every kind of line gets a small token
-//! bucket, so the log shows each failure while they are rare and a count once they flood.
+//! (refused opens, I/O errors, a full server or a full cache): every kind of line gets a
+//! small token bucket, so the log shows each failure while they are rare and a count once
+//! they flood. The one limiter of the workspace: the NBD server, the store server and the
+//! write caches all log through it.
 //!
 //! Invariants: a kind logs at most `burst` lines at once and `per_second` lines a second
 //! on average; every line held back is counted, and the next line of that kind that is let
@@ -9,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// See the module docs. Cheap to share (`&self` methods; one short lock per call).
 #[derive(Debug)]
@@ -47,6 +49,13 @@ impl LogLimiter {
         LogLimiter { per_second: f64::from(per_second.max(1)), burst: f64::from(burst.max(1)), kinds: Mutex::new(HashMap::new()) }
     }
 
+    /// One line per `period` and kind, no burst (a condition that lasts, like a full file
+    /// system, says so once a period).
+    pub fn every(period: Duration) -> LogLimiter {
+        let secs = period.as_secs_f64().max(1e-3);
+        LogLimiter { per_second: 1.0 / secs, burst: 1.0, kinds: Mutex::new(HashMap::new()) }
+    }
+
     /// Whether a line of `kind` may be logged at `now`.
     pub fn check_at(&self, kind: &'static str, now: Instant) -> Verdict {
         let mut kinds = self.kinds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -82,7 +91,6 @@ impl LogLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn a_burst_passes_then_lines_are_counted_and_reported_once_the_rate_allows() {
@@ -115,5 +123,15 @@ mod tests {
         // 100 lines a second for 10 seconds: about 10 a second get through.
         let logged = (0..1000).filter(|i| matches!(l.check_at("k", t0 + Duration::from_millis(i * 10)), Verdict::Log { .. })).count();
         assert!((99..=101).contains(&logged), "{logged} lines logged");
+    }
+
+    #[test]
+    fn every_lets_one_line_through_per_period() {
+        let l = LogLimiter::every(Duration::from_secs(60));
+        let t0 = Instant::now();
+        assert_eq!(l.check_at("full", t0), Verdict::Log { suppressed: 0 });
+        assert_eq!(l.check_at("full", t0 + Duration::from_secs(1)), Verdict::Suppress);
+        assert_eq!(l.check_at("full", t0 + Duration::from_secs(59)), Verdict::Suppress);
+        assert_eq!(l.check_at("full", t0 + Duration::from_secs(60)), Verdict::Log { suppressed: 2 });
     }
 }
