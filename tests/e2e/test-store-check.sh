@@ -5,7 +5,8 @@
 #   problem, with nothing left in the store;
 # - `vdisk info` reports a truncated, a missing and a mis-pointed layer as damaged;
 # - `vdisk check NAME[@V]` (qemu-img check of every layer plus the metadata) passes a
-#   sound vDisk and fails, naming the layer, on each of those.
+#   sound vDisk and fails, naming the layer, on each of those; a vDisk or a version that
+#   does not exist exits 3 (not found), naming it and what there is.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/store-lib.sh"
@@ -93,4 +94,17 @@ cp "$E2E_TMP/v.keep" "$vfile"
 rm -f "$dir/stray.qcow2"
 vds vdisk check d >/dev/null || fail "vdisk check fails after the file was restored"
 log "ok: restored, vdisk check passes again"
+# expect_status WHAT STATUS PATTERN CMD... — CMD exits with STATUS, stderr matches PATTERN.
+expect_status() {
+    local what=$1 want=$2 pattern=$3; shift 3
+    local rc=0
+    "$@" >"$E2E_TMP/out" 2>"$E2E_TMP/err" || rc=$?
+    ((rc == want)) || fail "$what: exit status $rc, want $want: $(cat "$E2E_TMP/err")"
+    grep -Eq -- "$pattern" "$E2E_TMP/err" || fail "$what: stderr does not match '$pattern': $(cat "$E2E_TMP/err")"
+    log "ok: $what: exit $rc: $(head -c 160 "$E2E_TMP/err")"
+}
+expect_status "check of a missing vDisk" 3 'no vDisk named "nope".*known vDisks: .*d' vds vdisk check nope
+expect_status "check of a missing version" 3 "vDisk d has no version 9; its versions are: $v" vds vdisk check d@9
+expect_status "check of a missing version (--json)" 3 "has no version 9" vds vdisk check d@9 --json
+grep -q '"not_found"' "$E2E_TMP/out" || fail "--json error of a missing version is not not_found: $(cat "$E2E_TMP/out")"
 log "PASS"

@@ -72,7 +72,7 @@ fn open_error(e: StoreError) -> OpenError {
         ));
     }
     match e {
-        StoreError::UnknownVdisk { .. } | StoreError::BadName(_) | StoreError::BadInput(_) => OpenError::Unknown(e.to_string()),
+        StoreError::UnknownVdisk { .. } | StoreError::UnknownVersion { .. } | StoreError::BadName(_) | StoreError::BadInput(_) => OpenError::Unknown(e.to_string()),
         StoreError::Refused(m) => OpenError::Busy(m),
         other => OpenError::Failed(other.to_string()),
     }

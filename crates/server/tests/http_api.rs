@@ -102,7 +102,7 @@ fn vdisks_and_versions_answer_the_cli_documents() {
     assert!(error.contains("no vDisk named \"nope\""), "{error}");
     assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/x/promote", &json!({"to": "test"}))).0, 400);
     assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/1/promote", &json!({"to": "maintenance"}))).0, 400);
-    assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/9/promote", &json!({"to": "test"}))).0, 400);
+    assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/9/promote", &json!({"to": "test"}))).0, 404);
     assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/1/promote", &json!({"to": "test", "at": "+1h"}))).0, 400);
     assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/revert", &json!({"version": "one"}))).0, 400);
     assert_eq!(api_error(a.client.get("/api/v1/vdisks/a%2Fb")).0, 400);
