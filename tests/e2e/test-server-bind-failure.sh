@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A server that cannot bind one of its ports leaves nothing behind: with --socket S and a
-# busy --listen (NBD) or --http (API) port, `vdstream server` exits non-zero at once with
-# a message naming the address, and S does not exist afterwards (nor does a later server
-# on S have to clean up after it).
+# busy --listen (NBD) or --http (API) port, `vdstream server` exits at once with status 4
+# (conflict: README.md, "exit status") and a message naming the address, and S
+# does not exist afterwards (nor does a later server on S have to clean up after it).
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
@@ -31,6 +31,7 @@ for flag in --listen --http; do
         >"$E2E_TMP/out.txt" 2>"$E2E_TMP/err.txt" </dev/null || rc=$?
     cat "$E2E_TMP/err.txt" >&2
     ((rc != 0 && rc != 124)) || fail "server $flag on a busy port: status $rc, want a failure at once"
+    ((rc == 4)) || fail "server $flag on a busy port: exit status $rc, want 4 (conflict: address in use)"
     grep -q "127.0.0.1:$port" "$E2E_TMP/err.txt" || fail "server $flag: the error does not name the address"
     grep -qi "in use" "$E2E_TMP/err.txt" || fail "server $flag: the error does not say the port is in use"
     [[ ! -e $sock ]] || fail "server $flag on a busy port left its NBD socket $sock behind"

@@ -2,10 +2,12 @@
 # Damaged images are found, not served as if whole:
 # - `vdisk import` refuses a truncated qcow2 and a truncated VHDX (qemu-img convert would
 #   read zeros for the missing part and import wrong bytes), naming the file and the
-#   problem, with nothing left in the store;
+#   problem, with nothing left in the store; into a store that did not exist, the refused
+#   import (and a refused `vdisk create`) leaves no store and no folder behind;
 # - `vdisk info` reports a truncated, a missing and a mis-pointed layer as damaged;
 # - `vdisk check NAME[@V]` (qemu-img check of every layer plus the metadata) passes a
-#   sound vDisk and fails, naming the layer, on each of those.
+#   sound vDisk and fails, naming the layer, on each of those; a vDisk or a version that
+#   does not exist exits 3 (not found), naming it and what there is.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/store-lib.sh"
@@ -39,6 +41,21 @@ expect_fail "truncated qcow2 import" "cut\.qcow2.*(truncated|past the end)" vds 
 expect_fail "truncated vhdx import" "cut\.vhdx.*(truncated|past the end|after end of file)" vds vdisk import bad "$E2E_TMP/cut.vhdx"
 [[ $(ls -A "$STORE/vdisks") == keep ]] || fail "a refused import left something: $(ls -A "$STORE/vdisks")"
 vds vdisk list --json | grep -q '"bad"' && fail "a refused import is listed"
+
+# Into a store that does not exist yet: refused, and neither the store nor the folders
+# made for it stay. A folder that existed before stays (empty, as it was).
+fresh=$E2E_TMP/fresh
+expect_fail "truncated qcow2 import into a new store" "cut\.qcow2.*(truncated|past the end)" \
+    "$VDSTREAM_BIN" vdisk import bad "$E2E_TMP/cut.qcow2" --store "$fresh/deeper/store"
+[[ ! -e $fresh ]] || fail "a refused import into a new store left $(find "$fresh" | tr '\n' ' ')"
+expect_fail "create with a bad size into a new store" "size 1 bytes is not allowed" \
+    "$VDSTREAM_BIN" vdisk create bad --size 1 --store "$fresh/store"
+[[ ! -e $fresh ]] || fail "a refused create into a new store left $(find "$fresh" | tr '\n' ' ')"
+mkdir "$E2E_TMP/empty"
+expect_fail "truncated qcow2 import into an empty folder" "cut\.qcow2" \
+    "$VDSTREAM_BIN" vdisk import bad "$E2E_TMP/cut.qcow2" --store "$E2E_TMP/empty"
+[[ -d $E2E_TMP/empty && -z $(ls -A "$E2E_TMP/empty") ]] || fail "a refused import left files in an existing empty folder: $(ls -A "$E2E_TMP/empty")"
+log "ok: a refused import or create into a new store leaves nothing behind"
 
 # A sound vDisk: an imported base and a version with data.
 vds vdisk import d "$E2E_TMP/src.qcow2" >/dev/null
@@ -93,4 +110,18 @@ cp "$E2E_TMP/v.keep" "$vfile"
 rm -f "$dir/stray.qcow2"
 vds vdisk check d >/dev/null || fail "vdisk check fails after the file was restored"
 log "ok: restored, vdisk check passes again"
+
+# expect_status WHAT STATUS PATTERN CMD... — CMD exits with STATUS, stderr matches PATTERN.
+expect_status() {
+    local what=$1 want=$2 pattern=$3; shift 3
+    local rc=0
+    "$@" >"$E2E_TMP/out" 2>"$E2E_TMP/err" || rc=$?
+    ((rc == want)) || fail "$what: exit status $rc, want $want: $(cat "$E2E_TMP/err")"
+    grep -Eq -- "$pattern" "$E2E_TMP/err" || fail "$what: stderr does not match '$pattern': $(cat "$E2E_TMP/err")"
+    log "ok: $what: exit $rc: $(head -c 160 "$E2E_TMP/err")"
+}
+expect_status "check of a missing vDisk" 3 'no vDisk named "nope".*known vDisks: .*d' vds vdisk check nope
+expect_status "check of a missing version" 3 "vDisk d has no version 9; its versions are: $v" vds vdisk check d@9
+expect_status "check of a missing version (--json)" 3 "has no version 9" vds vdisk check d@9 --json
+grep -q '"not_found"' "$E2E_TMP/out" || fail "--json error of a missing version is not not_found: $(cat "$E2E_TMP/out")"
 log "PASS"

@@ -109,7 +109,7 @@ pub fn fail(kind: Kind, message: impl Into<String>) -> anyhow::Error {
 fn of_store(e: &StoreError) -> Kind {
     match e {
         StoreError::BadName(_) | StoreError::BadInput(_) => Kind::Usage,
-        StoreError::NoStore { .. } | StoreError::UnknownVdisk { .. } | StoreError::UnknownTarget { .. } => Kind::NotFound,
+        StoreError::NoStore { .. } | StoreError::UnknownVdisk { .. } | StoreError::UnknownVersion { .. } | StoreError::UnknownTarget { .. } => Kind::NotFound,
         StoreError::Refused(_) => Kind::Conflict,
         StoreError::Corrupt { .. } | StoreError::MissingFile { .. } | StoreError::Io { .. } | StoreError::Image(_) => Kind::Io,
         _ => Kind::Other,

@@ -119,13 +119,41 @@ impl StoreOpts {
         Ok(Store::open(self.dir())?)
     }
 
-    /// Opens the store, creating it if needed (and saying so in human output).
-    pub fn open_or_create(&self) -> Result<(Store, bool)> {
-        let (store, created) = Store::open_or_create(self.dir())?;
-        if created && !self.json {
-            outln!("created a new store at {}", store.root().display());
+    /// Opens the store, creating it if needed, and runs `f` on it; `true` when it was
+    /// created (said in human output once `f` succeeded). When `f` fails, a store this call
+    /// created is removed again, with the folders created for it, as long as it holds no
+    /// vDisk: a failed command leaves nothing behind.
+    pub fn in_new_or_existing_store<T>(&self, f: impl FnOnce(&Store) -> Result<T>) -> Result<(Store, bool, T)> {
+        let dir = self.dir();
+        let created_from = vdstream_store::first_missing_dir(&dir);
+        let (store, created) = match Store::open_or_create(&dir) {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some(top) = &created_from {
+                    vdstream_store::store::remove_empty_dirs(&dir, top);
+                }
+                return Err(e.into());
+            }
+        };
+        match f(&store) {
+            Ok(v) => {
+                if created && !self.json {
+                    outln!("created a new store at {}", store.root().display());
+                }
+                Ok((store, created, v))
+            }
+            Err(e) => {
+                if created {
+                    let root = store.root().to_path_buf();
+                    match store.remove_new(created_from.as_deref()) {
+                        Ok(true) => {}
+                        Ok(false) => errln!("note: kept the new store at {}: another command put a vDisk in it meanwhile", root.display()),
+                        Err(re) => errln!("note: could not remove the new store at {} after the failure: {re}", root.display()),
+                    }
+                }
+                Err(e)
+            }
         }
-        Ok((store, created))
     }
 
     /// Prints `json` with --json, else `human`.

@@ -159,22 +159,23 @@ pub fn run(args: VdiskArgs) -> Result<()> {
     let o = &args.opts;
     match args.command {
         VdiskCommand::Create { name, size, max_versions, access } => {
-            let (store, created) = o.open_or_create()?;
-            let m = store.create_vdisk(&name, size, NewVdisk { access: access.into(), max_versions })?;
+            let (store, created, m) =
+                o.in_new_or_existing_store(|store| Ok(store.create_vdisk(&name, size, NewVdisk { access: access.into(), max_versions })?))?;
             o.emit(json!({"store": store.root(), "store_created": created, "vdisk": m}), || {
                 format!("created vDisk {name} ({}, {} access) with base {}", format_size(m.size), access_name(m.access), m.base.file)
             });
         }
         VdiskCommand::Import { name, file, versions, max_versions, access } => {
-            let (store, created) = o.open_or_create()?;
             let bar = o.bar(&format!("importing {}", file.display()));
             let opts = NewVdisk { access: access.into(), max_versions };
-            let (m, report, made) = if versions.is_empty() {
-                let (m, r) = store.import_vdisk(&name, &file, opts, &mut |d, t| bar.update(d, t))?;
-                (m, r, vec![])
-            } else {
-                store.import_vhd_chain(&name, &file, &versions, opts, &mut |d, t| bar.update(d, t))?
-            };
+            let (store, created, (m, report, made)) = o.in_new_or_existing_store(|store| {
+                Ok(if versions.is_empty() {
+                    let (m, r) = store.import_vdisk(&name, &file, opts, &mut |d, t| bar.update(d, t))?;
+                    (m, r, vec![])
+                } else {
+                    store.import_vhd_chain(&name, &file, &versions, opts, &mut |d, t| bar.update(d, t))?
+                })
+            })?;
             drop(bar);
             o.emit(json!({"store": store.root(), "store_created": created, "vdisk": m, "import": report, "versions": made}), || {
                 let mut text = format!("imported {} ({} image, {}) as vDisk {name} with base {} ({})",

@@ -72,7 +72,7 @@ fn open_error(e: StoreError) -> OpenError {
         ));
     }
     match e {
-        StoreError::UnknownVdisk { .. } | StoreError::BadName(_) | StoreError::BadInput(_) => OpenError::Unknown(e.to_string()),
+        StoreError::UnknownVdisk { .. } | StoreError::UnknownVersion { .. } | StoreError::BadName(_) | StoreError::BadInput(_) => OpenError::Unknown(e.to_string()),
         StoreError::Refused(m) => OpenError::Busy(m),
         other => OpenError::Failed(other.to_string()),
     }
@@ -276,7 +276,8 @@ impl StoreExports {
             return OpenedExport { device, description: Some(description), exclusive };
         }
         log::info!("session: {} from {} opened {description}", info.export, info.peer);
-        let guard = self.state.registry.open(info);
+        let probe = held.target.as_ref().map(|t| t.probe.clone());
+        let guard = self.state.registry.open_with_cache(info, probe);
         let session = Some(SessionCounting { guard, totals: self.state.totals.clone() });
         let device = Arc::new(SessionDev { inner: dev, held, session, log: self.state.log.clone() });
         OpenedExport { device, description: Some(description), exclusive }

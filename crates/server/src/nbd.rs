@@ -23,6 +23,15 @@ pub enum NbdError {
     Store(#[from] vdstream_store::StoreError),
     #[error("{0}")]
     Listen(String),
+    /// A listener could not bind: the `io::Error` is kept as the source, so that its kind
+    /// (`AddrInUse`, `PermissionDenied`, ...) decides the CLI's exit status.
+    #[error("cannot listen on {addr}: {source}; {hint}")]
+    Bind {
+        addr: String,
+        hint: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the NBD server failed: {0}")]
     Serve(std::io::Error),
 }
@@ -69,7 +78,7 @@ impl NbdService {
         if let Some(addr) = &state.nbd_listen {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|e| NbdError::Listen(format!("cannot listen on {addr}: {e}; is another server using that port?")))?;
+                .map_err(|source| NbdError::Bind { addr: addr.clone(), hint: "is another server using that port?", source })?;
             uris.push(format!("nbd://{addr}/EXPORT"));
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(listener), shutdown).await }));
@@ -180,17 +189,22 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, NbdError> {
             return Err(NbdError::Listen(format!("{} exists and is not a socket: choose another --socket path", path.display())));
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(NbdError::Listen(format!(
-                "another server is already listening on {}: stop it or choose another --socket path",
-                path.display()
-            )));
+            return Err(NbdError::Bind {
+                addr: format!("the unix socket {}", path.display()),
+                hint: "stop that server or choose another --socket path",
+                source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "another server is already listening on it (address in use)"),
+            });
         }
         std::fs::remove_file(path).map_err(|e| NbdError::Listen(format!("cannot remove the stale socket {}: {e}", path.display())))?;
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         let _ = std::fs::create_dir_all(dir);
     }
-    tokio::net::UnixListener::bind(path).map_err(|e| NbdError::Listen(format!("cannot listen on the unix socket {}: {e}", path.display())))
+    tokio::net::UnixListener::bind(path).map_err(|source| NbdError::Bind {
+        addr: format!("the unix socket {}", path.display()),
+        hint: "check the folder's permissions, or choose another --socket path",
+        source,
+    })
 }
 
 /// Writes the server's figures to `path` as JSON, atomically (temporary file + rename).

@@ -102,6 +102,44 @@ pub struct Session {
     pub info: SessionInfo,
     pub connected_unix_ms: u64,
     pub counters: Counters,
+    /// The session's server-side write cache (`target/ID` of a server type), measured
+    /// when the API is asked.
+    pub cache: Option<CacheProbe>,
+}
+
+impl Session {
+    /// Capacity and figures of the session's server-side write cache, if it has one. A
+    /// session with a limit but no probe is measured against its limit (the same
+    /// calculation with no file system known).
+    pub fn cache_figures(&self) -> Option<(vdstream_wcache::space::Capacity, vdstream_wcache::StatsSnapshot)> {
+        self.cache.as_ref().map(CacheProbe::measure).or_else(|| {
+            let used = self.counters.cache_used.load(Ordering::Relaxed);
+            self.info.cache_limit.map(|l| (vdstream_wcache::space::Capacity::new(0, 0, l, used, None), Default::default()))
+        })
+    }
+}
+
+/// A server-side write cache as the API measures it: its figures, and where its file
+/// lives. Its capacity is the one calculation the agent uses too
+/// ([`vdstream_wcache::space::Capacity`]: the limit, or less when the file system of
+/// the cache's file has less room), so `used_percent` means the same on both sides.
+#[derive(Debug, Clone)]
+pub struct CacheProbe {
+    pub kind: vdstream_wcache::CacheType,
+    /// The cap of the cache's file (`--overflow-max` of the target; `None`: the vDisk's size).
+    pub max_file: Option<u64>,
+    /// The folder of the cache's file (`STORE/cache`).
+    pub dir: PathBuf,
+    pub vdisk_size: u64,
+    pub cache: Arc<dyn vdstream_wcache::WriteCache>,
+}
+
+impl CacheProbe {
+    /// The cache's capacity and use now (one `statvfs` of its folder), and its figures.
+    pub fn measure(&self) -> (vdstream_wcache::space::Capacity, vdstream_wcache::StatsSnapshot) {
+        let s = self.cache.stats();
+        (vdstream_wcache::space::Capacity::of(self.kind, 0, self.max_file, &self.dir, self.vdisk_size, &s), s)
+    }
 }
 
 /// Every live session, and per-target connection counts.
@@ -132,6 +170,11 @@ impl Registry {
 
     /// Registers a session; it leaves the registry when the guard is dropped.
     pub fn open(self: &Arc<Self>, info: SessionInfo) -> SessionGuard {
+        self.open_with_cache(info, None)
+    }
+
+    /// [`Registry::open`] of a session with a server-side write cache.
+    pub fn open_with_cache(self: &Arc<Self>, info: SessionInfo, cache: Option<CacheProbe>) -> SessionGuard {
         if let Some(t) = &info.target {
             *self.target_connects.lock().unwrap_or_else(|p| p.into_inner()).entry(t.clone()).or_default() += 1;
         }
@@ -140,6 +183,7 @@ impl Registry {
             info,
             connected_unix_ms: unix_ms(),
             counters: Counters::default(),
+            cache,
         });
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(session.id, session.clone());
         SessionGuard { registry: self.clone(), session }

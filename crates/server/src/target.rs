@@ -58,7 +58,7 @@ use vdstream_blockdev::BlockDev;
 use vdstream_store::{Layer, OpenedLayer, Selector, Store, StoreError};
 use vdstream_wcache::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
 
-use crate::state::{Counters, Session};
+use crate::state::{CacheProbe, Counters, Session};
 
 /// How long a new attach waits for the connection holding the target's cache to close.
 pub const HANDOVER: Duration = Duration::from_secs(2);
@@ -126,6 +126,8 @@ struct LiveCache {
     kind: CacheType,
     cache: Arc<dyn WriteCache>,
     limit: u64,
+    /// How the API measures it (capacity against the free space of its folder).
+    probe: CacheProbe,
     /// Connections using it, and who the first of them is (for refusals).
     holders: usize,
     holder: String,
@@ -302,6 +304,7 @@ impl TargetCaches {
             version: c.version,
             limit: c.limit,
             hold: TargetHold {
+                probe: c.probe.clone(),
                 caches: self.clone(),
                 id: id.to_string(),
                 cache: c.cache.clone(),
@@ -317,13 +320,14 @@ impl TargetCaches {
         if spec.cache == CacheType::Server {
             let chain = open_chain(spec.version).map_err(TargetOpenError::Failed)?;
             let version = layer_number(chain.layer);
-            let cache = vdstream_wcache::open(CacheType::Server, chain.dev.clone(), &cfg(dir))
+            let cache = vdstream_wcache::open(CacheType::Server, chain.dev.clone(), &cfg(dir.clone()))
                 .map_err(|e| TargetOpenError::Failed(format!("cannot open the server cache of target {id}: {e}")))?;
             let limit = spec.overflow_max.unwrap_or(chain.dev.size());
+            let probe = CacheProbe { kind: CacheType::Server, max_file: spec.overflow_max, dir, vdisk_size: chain.dev.size(), cache: cache.clone() };
             let attach = new_attach_name();
             let secret = new_secret().map_err(TargetOpenError::Failed)?;
             log::info!("target {id}: new attach {attach}: vDisk {}@{version} through a fresh server cache", spec.vdisk);
-            return Ok(LiveCache { attach, secret, version, kind: CacheType::Server, cache, limit, holders: 0, holder: String::new(), _chain: Arc::new(chain), _attach_lock: None });
+            return Ok(LiveCache { attach, secret, version, kind: CacheType::Server, cache, limit, probe, holders: 0, holder: String::new(), _chain: Arc::new(chain), _attach_lock: None });
         }
         // server-persistent: the attach file says which attach and version the cache on disk is.
         let stem = vdstream_wcache::disk::file_stem(id);
@@ -405,16 +409,20 @@ impl TargetCaches {
             }
         };
         let identity = format!("target {id} vdisk {}@{version}", spec.vdisk);
-        let cache = vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(chain.dev.clone(), &cfg(dir), CacheType::ServerPersistent, &identity)
-            .map_err(|e| TargetOpenError::Failed(format!("cannot open the server-persistent cache of target {id}: {e}")))?;
+        let cache: Arc<dyn WriteCache> = Arc::new(
+            vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(chain.dev.clone(), &cfg(dir.clone()), CacheType::ServerPersistent, &identity)
+                .map_err(|e| TargetOpenError::Failed(format!("cannot open the server-persistent cache of target {id}: {e}")))?,
+        );
         let limit = spec.overflow_max.unwrap_or(chain.dev.size());
+        let probe = CacheProbe { kind: CacheType::ServerPersistent, max_file: spec.overflow_max, dir, vdisk_size: chain.dev.size(), cache: cache.clone() };
         Ok(LiveCache {
             secret: record.secret.expect("every attach written or reconnected to has its secret"),
             attach: record.attach,
             version,
             kind: CacheType::ServerPersistent,
-            cache: Arc::new(cache),
+            cache,
             limit,
+            probe,
             holders: 0,
             holder: String::new(),
             _chain: Arc::new(chain),
@@ -450,6 +458,8 @@ pub fn layer_number(layer: Layer) -> u32 {
 /// a reconnect of its attach.
 #[derive(Debug)]
 pub struct TargetHold {
+    /// The cache, for the API's figures of the session.
+    pub probe: CacheProbe,
     caches: Arc<TargetCaches>,
     id: String,
     cache: Arc<dyn WriteCache>,

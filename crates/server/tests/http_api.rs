@@ -102,7 +102,7 @@ fn vdisks_and_versions_answer_the_cli_documents() {
     assert!(error.contains("no vDisk named \"nope\""), "{error}");
     assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/x/promote", &json!({"to": "test"}))).0, 400);
     assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/1/promote", &json!({"to": "maintenance"}))).0, 400);
-    assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/9/promote", &json!({"to": "test"}))).0, 400);
+    assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/9/promote", &json!({"to": "test"}))).0, 404);
     assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/versions/1/promote", &json!({"to": "test", "at": "+1h"}))).0, 400);
     assert_eq!(api_error(a.client.post("/api/v1/vdisks/win/revert", &json!({"version": "one"}))).0, 400);
     assert_eq!(api_error(a.client.get("/api/v1/vdisks/a%2Fb")).0, 400);
@@ -200,7 +200,11 @@ fn sessions_show_counters_rates_and_the_agents_report() {
     let s = &list[0];
     assert_eq!((s["id"].as_u64(), s["target"].as_str(), s["kind"].as_str(), s["server"].as_str()), (Some(g.session.id), Some("vm1"), Some("target"), Some("pvs1:4242")));
     assert_eq!((s["reconnects"].as_u64(), s["guest"]["write_ops"].as_u64(), s["guest"]["write_bytes"].as_u64()), (Some(1), Some(10), Some(40960)));
-    assert_eq!(s["cache"], json!({"type": "server", "used_bytes": 250, "limit_bytes": 1000, "used_percent": 25.0}));
+    assert_eq!(
+        s["cache"],
+        json!({"type": "server", "used_bytes": 250, "limit_bytes": 1000, "fs_free_bytes": null, "capacity_bytes": 1000,
+               "used_percent": 25.0, "nospace_errors": 0})
+    );
     assert_eq!((s["agent"]["server"]["retries"].as_u64(), s["agent"]["pid"].as_u64()), (Some(3), Some(7)));
     assert!(s["agent"]["received_unix_ms"].as_u64().is_some());
     assert!(s["guest"]["iops"].as_f64().is_some() && s["connected_unix_ms"].as_u64().is_some());

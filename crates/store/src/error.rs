@@ -22,6 +22,10 @@ pub enum StoreError {
     #[error("no vDisk named {name:?} in {}: {known}", store.display())]
     UnknownVdisk { name: String, store: PathBuf, known: String },
 
+    /// No version of that number (`have`: the versions there are, in words).
+    #[error("vDisk {vdisk} has no version {version}; its versions are: {have}")]
+    UnknownVersion { vdisk: String, version: u32, have: String },
+
     /// No target record of that id.
     #[error("no target named {id:?} in {}: {known}", store.display())]
     UnknownTarget { id: String, store: PathBuf, known: String },

@@ -151,9 +151,11 @@ pub fn select(meta: &VdiskMeta, sel: Selector, now: Timestamp) -> Result<Layer> 
             Some(_) => Layer::Version(n),
             None => {
                 let have: Vec<String> = meta.versions.iter().map(|v| v.number.to_string()).collect();
-                return Err(StoreError::BadInput(format!(
-                    "vDisk {} has no version {n}; its versions are: {}", meta.name,
-                    if have.is_empty() { "none (only the base)".to_string() } else { have.join(", ") })));
+                return Err(StoreError::UnknownVersion {
+                    vdisk: meta.name.clone(),
+                    version: n,
+                    have: if have.is_empty() { "none (only the base)".to_string() } else { have.join(", ") },
+                });
             }
         },
     })

@@ -52,6 +52,31 @@ pub const STORE_SCHEMES: &str = "a local folder, given as a path (/srv/vdstream)
 /// Refuses a store location with a URL scheme vdstream does not serve (`s3://…`,
 /// `http://…`, `file://` with a relative path), before anything is created: the store
 /// is a local folder, and `s3://bucket` would otherwise become a folder named `s3:`.
+/// The topmost folder of `dir`'s path that does not exist yet (`dir` itself when only it is
+/// missing; `None` when it exists): what creating `dir` with its parents would create.
+pub fn first_missing_dir(dir: &Path) -> Option<PathBuf> {
+    if dir.exists() {
+        return None;
+    }
+    let mut top = dir.to_path_buf();
+    while let Some(parent) = top.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+        top = parent.to_path_buf();
+    }
+    Some(top)
+}
+
+/// Removes `dir` and its parents up to and including `top`, stopping at the first one
+/// that is not empty (or cannot be removed).
+pub fn remove_empty_dirs(dir: &Path, top: &Path) {
+    let mut d = dir;
+    while std::fs::remove_dir(d).is_ok() && d != top {
+        match d.parent() {
+            Some(p) if d.starts_with(top) => d = p,
+            _ => break,
+        }
+    }
+}
+
 pub fn check_location(root: &Path) -> Result<()> {
     let Some(text) = root.to_str() else { return Ok(()) };
     if let Some((scheme, _)) = text.split_once("://") {
@@ -119,6 +144,38 @@ impl Store {
         let m = StoreMeta { format: STORE_FORMAT.into(), format_version: FORMAT_VERSION, created: Timestamp::now() };
         fsutil::write_atomic(&marker, &serde_json::to_vec_pretty(&m).expect("serializes"))?;
         Ok((store, true))
+    }
+
+    /// Undoes [`Store::open_or_create`] for a command that created the store and then
+    /// failed, so that a failed command leaves nothing behind: removes the store's own
+    /// entries (`vdisks/`, `store.json`, `audit.log`, `.lock`), then the store folder and
+    /// each folder above it up to `created_from` (the topmost folder the command created;
+    /// `None`: the folder existed before, so it stays), each only while it is empty.
+    /// Nothing is removed while `vdisks/` holds anything (a vDisk another command made in
+    /// the meantime): `Ok(false)` then.
+    pub fn remove_new(self, created_from: Option<&Path>) -> Result<bool> {
+        {
+            let _lock = self.lock(LockMode::Exclusive)?;
+            let vdisks = self.root.join("vdisks");
+            match std::fs::remove_dir(&vdisks) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => return Ok(false),
+                Err(e) => return Err(io("remove the new store's vdisks folder", &vdisks)(e)),
+            }
+            for f in ["store.json", "audit.log", ".lock"] {
+                let p = self.root.join(f);
+                match std::fs::remove_file(&p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io("remove a file of the new store", &p)(e)),
+                }
+            }
+        }
+        if let Some(top) = created_from {
+            remove_empty_dirs(&self.root, top);
+        }
+        Ok(true)
     }
 
     pub fn root(&self) -> &Path {

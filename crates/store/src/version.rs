@@ -34,8 +34,11 @@ pub enum Reverted {
 
 fn no_version(meta: &VdiskMeta, n: u32) -> StoreError {
     let have: Vec<String> = meta.versions.iter().map(|v| v.number.to_string()).collect();
-    StoreError::BadInput(format!("vDisk {} has no version {n}; its versions are: {}", meta.name,
-        if have.is_empty() { "none (only the base)".into() } else { have.join(", ") }))
+    StoreError::UnknownVersion {
+        vdisk: meta.name.clone(),
+        version: n,
+        have: if have.is_empty() { "none (only the base)".into() } else { have.join(", ") },
+    }
 }
 
 impl Store {

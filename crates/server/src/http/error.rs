@@ -53,6 +53,7 @@ impl From<StoreError> for ApiError {
             StoreError::BadInput(m) => (400, advice_of(m)),
             StoreError::UnknownVdisk { known, .. } => (404, known.clone()),
             StoreError::UnknownTarget { known, .. } => (404, known.clone()),
+            StoreError::UnknownVersion { have, .. } => (404, format!("its versions are: {have}")),
             StoreError::Refused(m) => (409, advice_of(m)),
             StoreError::Corrupt { advice, .. } | StoreError::MissingFile { advice, .. } => (500, advice.clone()),
             StoreError::NoStore { .. } => (500, "create a vDisk first with `vdstream vdisk create`".to_string()),

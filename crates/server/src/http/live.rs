@@ -157,7 +157,7 @@ impl Live {
             let c = s.counters.snapshot();
             let r = self.rates(s, now);
             let i = &s.info;
-            let percent = i.cache_limit.filter(|l| *l > 0).map(|l| (c.cache_used as f64 * 1000.0 / l as f64).round() / 10.0);
+            let cache = s.cache_figures();
             json!({
                 "id": s.id,
                 "server": state.name,
@@ -167,11 +167,21 @@ impl Live {
                 "peer": i.peer,
                 "vdisk": i.vdisk,
                 "version": i.version,
-                "cache": {
-                    "type": i.cache_type,
-                    "used_bytes": c.cache_used,
-                    "limit_bytes": i.cache_limit,
-                    "used_percent": percent,
+                "cache": match cache {
+                    // The same figures as an agent's status (`vdstream target status`).
+                    Some((cap, st)) => json!({
+                        "type": i.cache_type,
+                        "used_bytes": cap.used,
+                        "limit_bytes": cap.limit,
+                        "fs_free_bytes": cap.fs_free,
+                        "capacity_bytes": cap.capacity,
+                        "used_percent": cap.used_percent(),
+                        "nospace_errors": st.nospace_errors,
+                    }),
+                    None => json!({
+                        "type": i.cache_type, "used_bytes": c.cache_used, "limit_bytes": null,
+                        "fs_free_bytes": null, "capacity_bytes": null, "used_percent": null, "nospace_errors": null,
+                    }),
                 },
                 "reconnects": i.target.as_deref().map_or(0, |t| state.registry.reconnects(t)),
                 "guest": {

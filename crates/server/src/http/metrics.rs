@@ -70,7 +70,7 @@ const AGENT_FIGURES: [(&str, &str, &str, &str); 6] = [
     ("vdstream_agent_reconnects_total", "counter", "Reconnects of the agent.", "/server/reconnects"),
     ("vdstream_agent_failovers_total", "counter", "Reconnects that moved the agent to another server.", "/server/failovers"),
     ("vdstream_agent_gave_up_total", "counter", "Requests failed after --retry-for ran out.", "/server/gave_up"),
-    ("vdstream_agent_cache_used_percent", "gauge", "The agent's write cache in use, percent of its limit.", "/cache/used_percent"),
+    ("vdstream_agent_cache_used_percent", "gauge", "The agent's write cache in use, percent of its capacity (its limit, or less when its file system has less room).", "/cache/used_percent"),
     ("vdstream_agent_guest_iops", "gauge", "Guest operations per second at the agent.", "/guest/iops"),
 ];
 
@@ -109,7 +109,7 @@ pub(crate) fn render(shared: &Shared) -> String {
             ("vdisk", &i.vdisk),
             ("version", &i.version.to_string()),
         ]);
-        (l, s.counters.snapshot(), i.cache_limit)
+        (l, s.counters.snapshot(), s.cache_figures())
     }).collect();
     for (name, help, get) in SESSION_COUNTERS {
         let mut f = Family::new(&mut out, name, "counter", help);
@@ -121,10 +121,21 @@ pub(crate) fn render(shared: &Shared) -> String {
     for (l, c, _) in &snaps {
         f.sample("vdstream_session_cache_used_bytes", l, c.cache_used as f64);
     }
-    let mut f = Family::new(&mut out, "vdstream_session_cache_limit_bytes", "gauge", "The limit of the session's server-side write cache.");
-    for (l, _, limit) in &snaps {
-        if let Some(limit) = limit {
-            f.sample("vdstream_session_cache_limit_bytes", l, *limit as f64);
+    // A server-side write cache's capacity, as an agent's status has it (see CacheProbe).
+    type CacheFigure = fn(&(vdstream_wcache::space::Capacity, vdstream_wcache::StatsSnapshot)) -> Option<f64>;
+    const CACHE_FIGURES: [(&str, &str, &str, CacheFigure); 5] = [
+        ("vdstream_session_cache_limit_bytes", "gauge", "The configured limit of the session's server-side write cache (its file's cap, or the vDisk's size).", |(c, _)| Some(c.limit as f64)),
+        ("vdstream_session_cache_fs_free_bytes", "gauge", "Free bytes on the file system of the server-side write cache's file.", |(c, _)| c.fs_free.map(|f| f as f64)),
+        ("vdstream_session_cache_capacity_bytes", "gauge", "What the server-side write cache can hold: the least of its limit and its use plus the free space of its file system.", |(c, _)| Some(c.capacity as f64)),
+        ("vdstream_session_cache_used_percent", "gauge", "The server-side write cache in use, percent of its capacity.", |(c, _)| Some(c.used_percent())),
+        ("vdstream_session_cache_nospace_errors_total", "counter", "Writes the server-side write cache refused for space (its limit, or its file system full: ENOSPC).", |(_, s)| Some(s.nospace_errors as f64)),
+    ];
+    for (name, kind, help, get) in CACHE_FIGURES {
+        let mut f = Family::new(&mut out, name, kind, help);
+        for (l, _, cache) in &snaps {
+            if let Some(v) = cache.as_ref().and_then(get) {
+                f.sample(name, l, v);
+            }
         }
     }
 
