@@ -140,21 +140,13 @@ impl Store {
         let (meta, report) = self.import_vdisk(name, src, opts, progress)?;
         let mut versions = Vec::new();
         let applied = (|| {
-            let zeros = vec![0u8; 1 << 20];
             for (k, path) in kids.iter().zip(children) {
                 let v = self.new_version(name, Some(format!("imported from {}", path.display())))?;
                 let opened = self.open_layer(name, Selector::Maintenance, true)?;
                 k.for_each_run(&mut |off, run| {
                     match run {
                         Run::Data(data) => opened.dev.write_at(data, off, false)?,
-                        Run::Zero(n) => {
-                            let mut done = 0;
-                            while done < n {
-                                let len = (n - done).min(zeros.len() as u64);
-                                opened.dev.write_at(&zeros[..len as usize], off + done, false)?;
-                                done += len;
-                            }
-                        }
+                        Run::Zero(n) => opened.dev.write_zeroes(off, n, vdstream_blockdev::ZeroFlags::default())?,
                     }
                     Ok(())
                 })?;
