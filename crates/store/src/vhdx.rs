@@ -181,9 +181,9 @@ impl Vhdx {
             if has_entry {
                 return Err(StoreError::Refused(format!(
                     "{} has a non-empty log (it was not closed cleanly): its log must be replayed before it can be read; \
-                     open it once in Hyper-V (Mount-VHD, then Dismount-VHD), or for a VHDX without a parent run \
-                     `qemu-img check -r all {}`, and import again",
-                    path.display(), path.display())));
+                     open it once in Hyper-V (Mount-VHD, then Dismount-VHD; for a VHDX without a parent \
+                     `qemu-img check -r all FILE` also replays it), then import again",
+                    path.display())));
             }
         }
 
