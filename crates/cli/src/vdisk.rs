@@ -84,9 +84,10 @@ enum VdiskCommand {
         /// The disk image to import (raw, qcow2, vhdx, vhd, vmdk or vdi; its format is detected),
         /// e.g. ubuntu.qcow2. It is only read.
         file: PathBuf,
-        /// A differencing VHD child of FILE (then of the previous --version), imported as
-        /// a version released to production; repeat in chain order (PVS VHD chains).
-        #[arg(long = "version", value_name = "CHILD.vhd")]
+        /// A differencing child of FILE (then of the previous --version): a differencing VHD
+        /// of a .vhd, an AVHDX of a .vhdx; imported as a version released to production;
+        /// repeat in chain order (PVS vDisk chains). Read natively, since qemu cannot.
+        #[arg(long = "version", value_name = "CHILD")]
         versions: Vec<PathBuf>,
         /// Versions kept (besides one in maintenance) before they are merged automatically.
         #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VERSIONS)]
@@ -173,7 +174,7 @@ pub fn run(args: VdiskArgs) -> Result<()> {
                     let (m, r) = store.import_vdisk(&name, &file, opts, &mut |d, t| bar.update(d, t))?;
                     (m, r, vec![])
                 } else {
-                    store.import_vhd_chain(&name, &file, &versions, opts, &mut |d, t| bar.update(d, t))?
+                    store.import_chain(&name, &file, &versions, opts, &mut |d, t| bar.update(d, t))?
                 })
             })?;
             drop(bar);

@@ -17,7 +17,9 @@
 //!   merge.rs    merge, merge --base, automatic merges, compact
 //!   targets.rs  target records: which vDisk and version a target boots, its write cache
 //!   documents.rs  the JSON documents the CLI prints and the server's API answers
-//!   vhd.rs      differencing VHD children, imported as versions (qemu cannot read them)
+//!   chain.rs    PVS chains (VHD or VHDX base + differencing children) imported as versions
+//!   vhd.rs      differencing VHD children (qemu cannot read them)
+//!   vhdx.rs     VHDX and differencing AVHDX children (qemu refuses them)
 //!   copy.rs     sparse raw copies, qemu-img for other formats, progress
 //!   check.rs    checks of an import's source and of a vDisk's layers (vdisk check, info)
 //! ```
@@ -25,6 +27,7 @@
 //! The layout and formats are documented for administrators in docs/STORE.md.
 
 pub mod audit;
+pub mod chain;
 pub mod check;
 pub mod copy;
 pub mod documents;
@@ -41,6 +44,7 @@ pub mod time;
 pub mod vdisk;
 pub mod version;
 pub mod vhd;
+pub mod vhdx;
 
 pub use error::{Result, StoreError};
 pub use meta::{Access, DiskAccess, LayerFormat, VdiskMeta, Version};

@@ -233,59 +233,6 @@ impl Store {
         result
     }
 
-    /// `vdisk import NAME BASE.vhd --version CHILD.vhd …`: a PVS-style VHD chain. The base
-    /// (a dynamic or fixed VHD) is imported as [`Store::import_vdisk`] does; each child, a
-    /// differencing VHD whose parent is the file before it (checked by unique id, before
-    /// anything is made), becomes one version over the previous layer holding exactly the
-    /// sectors the child holds, released to production (note: "imported from FILE"). If
-    /// any step fails, the whole vDisk is deleted again.
-    pub fn import_vhd_chain(&self, name: &str, src: &Path, children: &[PathBuf], opts: NewVdisk, progress: Progress<'_>) -> Result<(VdiskMeta, ImportReport, Vec<crate::Version>)> {
-        use crate::vhd::Vhd;
-        let base = Vhd::open(src)?;
-        if base.disk_type == 4 {
-            return Err(StoreError::Refused(format!("{} is itself a differencing VHD: give the base of the chain first, then its children with --version", src.display())));
-        }
-        let mut parent_id = base.unique_id;
-        let mut kids = Vec::new();
-        for c in children {
-            let k = Vhd::open(c)?;
-            if k.disk_type != 4 {
-                return Err(StoreError::Refused(format!("{} is not a differencing VHD (disk type {}): --version takes the children of the base, in order", c.display(), k.disk_type)));
-            }
-            if k.parent_id != parent_id {
-                return Err(StoreError::Refused(format!(
-                    "{} is not a child of {}: its parent's unique id does not match; give the children in chain order, each after its parent",
-                    c.display(), if kids.is_empty() { src.display().to_string() } else { children[kids.len() - 1].display().to_string() })));
-            }
-            if k.size != base.size {
-                return Err(StoreError::Refused(format!("{} is {} bytes, its base {}: a chain has one size", c.display(), k.size, base.size)));
-            }
-            parent_id = k.unique_id;
-            kids.push(k);
-        }
-        let (meta, report) = self.import_vdisk(name, src, opts, progress)?;
-        let mut versions = Vec::new();
-        let applied = (|| {
-            for (k, path) in kids.iter().zip(children) {
-                let v = self.new_version(name, Some(format!("imported from {}", path.display())))?;
-                let opened = self.open_layer(name, Selector::Maintenance, true)?;
-                k.for_each_run(&mut |off, data| Ok(opened.dev.write_at(data, off, false)?))?;
-                opened.dev.flush()?;
-                drop(opened);
-                versions.push(self.promote(name, v.number, crate::Access::Production, None)?);
-            }
-            Ok(())
-        })();
-        if let Err(e) = applied {
-            if let Err(d) = self.delete_vdisk(name) {
-                log::warn!("cannot delete the half-imported vDisk {name}: {d}; delete it with `vdstream vdisk delete {name}`");
-            }
-            return Err(e);
-        }
-        let meta = self.get(name).unwrap_or(meta);
-        Ok((meta, report, versions))
-    }
-
     /// `vdisk set NAME [--max-versions N] [--access A]`.
     pub fn set_vdisk(&self, name: &str, max_versions: Option<u32>, access: Option<DiskAccess>) -> Result<VdiskMeta> {
         if let Some(n) = max_versions {
@@ -405,8 +352,9 @@ fn refuse_differencing(src: &Path) -> Result<()> {
     let mut head = [0u8; 512];
     let n = std::fs::File::open(src).and_then(|mut f| f.read(&mut head)).map_err(io("read", src))?;
     let advice = "qemu (which vdstream converts with) cannot read differencing images: import the chain with its base, \
-        `vdstream vdisk import NAME BASE.vhd --version CHILD.vhd ...` (VHD), or merge the chain into its base first \
-        (Hyper-V: Merge-VHD; PVS: merge the versions into a new base) and import the merged file (VHDX)";
+        `vdstream vdisk import NAME BASE.vhd --version CHILD.vhd ...` (VHD) or \
+        `vdstream vdisk import NAME BASE.vhdx --version CHILD.avhdx ...` (VHDX), children in chain order, \
+        or merge the chain into its base first (Hyper-V: Merge-VHD; PVS: merge the versions into a new base)";
     if n >= 64 && &head[..8] == b"conectix" && u32::from_be_bytes(head[60..64].try_into().expect("4")) == 4 {
         return Err(StoreError::Refused(format!("{} is a differencing VHD (a child of another VHD): {advice}", src.display())));
     }
