@@ -5,6 +5,8 @@
 #   vdstream        vdstream serve-image --memory 1G
 #   nbdkit-memory   nbdkit memory 1G        (default thread model: parallel)
 #   nbdkit-null     nbdkit null 1G          (no storage at all: the protocol's ceiling)
+#   vdstream-old    like vdstream, with the binary $VDSTREAM_OLD_BIN (only when asked for
+#                   in --peers: an older build to compare against)
 # and prints a Markdown table: total/read/write IOPS, mean completion latency, and the
 # ratio of total IOPS to nbdkit-memory and nbdkit-null. With --rounds N each peer runs N
 # times, the order rotating every round (the machine is noisy), and the median is shown.
@@ -14,7 +16,8 @@
 #   --quick       --size 256m --runtime 3 (to check the script, not for figures)
 #   --out FILE    also write the table (with the command line and environment) to FILE
 #   --keep DIR    keep fio's JSON output of every run in DIR
-# Environment: SHARED (default: the `shared` folder beside the repo), VDSTREAM_BIN.
+# Environment: SHARED (default: the `shared` folder beside the repo), VDSTREAM_BIN,
+# VDSTREAM_OLD_BIN (for the vdstream-old peer).
 
 set -euo pipefail
 
@@ -52,6 +55,7 @@ start_peer() {
     local name=$1 sock=$2
     case $name in
     vdstream) cmd=("$VDSTREAM_BIN" serve-image --memory 1G --socket "$sock") ;;
+    vdstream-old) cmd=("${VDSTREAM_OLD_BIN:?set VDSTREAM_OLD_BIN for the vdstream-old peer}" serve-image --memory 1G --socket "$sock") ;;
     nbdkit-memory) cmd=(nbdkit -f -U "$sock" memory 1G) ;;
     nbdkit-null) cmd=(nbdkit -f -U "$sock" null 1G) ;;
     *) echo "unknown peer $name" >&2; return 1 ;;
