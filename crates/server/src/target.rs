@@ -161,15 +161,14 @@ fn new_attach_name() -> String {
 /// A new attach secret: 128 bits from the kernel's random source, in hex.
 fn new_secret() -> Result<String, String> {
     let mut b = [0u8; 16];
-    File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| format!("cannot read /dev/urandom for an attach secret: {e}"))?;
+    getrandom::fill(&mut b).map_err(|e| format!("cannot get random bytes from the OS for an attach secret: {e}"))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 /// Compares two secrets in time independent of where they differ.
 fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.as_bytes().ct_eq(b.as_bytes()).into()
 }
 
 /// What [`TargetCaches::open`] gives a connection.
