@@ -25,8 +25,9 @@
 #
 # Usage: bench/hardening.sh [--old-bin PATH] [--new-bin PATH] [--rounds 3]
 #                           [--parts api,fds,reports,vdi] [--out FILE]
-#   --old-bin     the build before the fixes (default: $VDSTREAM_OLD_BIN, else
-#                 ../wt/old/target/release/vdstream)
+#   --old-bin     the build before the fixes (default: $VDSTREAM_OLD_BIN), e.g.
+#                 git worktree add /tmp/old add59d4 && (cd /tmp/old && cargo build --release)
+#                 then --old-bin /tmp/old/target/release/vdstream
 #   --new-bin     default: target/release/vdstream ($VDSTREAM_BIN)
 #   --out FILE    also write the tables to FILE
 # Environment: SHARED (for the VDI job file), TMPDIR.
@@ -36,7 +37,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
 
-old_bin=${VDSTREAM_OLD_BIN:-$ROOT/../wt/old/target/release/vdstream}
+old_bin=${VDSTREAM_OLD_BIN:-}
 new_bin=$VDSTREAM_BIN rounds=3 parts=api,fds,reports,vdi out=''
 args_given="$*"
 while (($#)); do
@@ -52,6 +53,7 @@ while (($#)); do
     shift
 done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] && ((rounds <= 10)) || { echo "hardening.sh: --rounds must be 1..10" >&2; exit 2; }
+[[ -n $old_bin ]] || { echo "hardening.sh: give the build before the fixes with --old-bin PATH (see --help)" >&2; exit 2; }
 for b in "$old_bin" "$new_bin"; do
     [[ -x $b ]] || { echo "hardening.sh: $b is not an executable (see --old-bin, --new-bin)" >&2; exit 2; }
 done
