@@ -160,7 +160,8 @@ impl Store {
             match std::fs::remove_dir(&vdisks) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => return Ok(false),
+                // (ErrorKind::DirectoryNotEmpty needs Rust 1.83; the workspace supports 1.80.)
+                Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => return Ok(false),
                 Err(e) => return Err(io("remove the new store's vdisks folder", &vdisks)(e)),
             }
             for f in ["store.json", "audit.log", ".lock"] {
