@@ -223,6 +223,25 @@ def flush_if_offered(handle=None):
     handle = handle or h
     if handle.can_flush():
         handle.flush()
+
+def write_until_enospc(refusals, first_page=0, limit=32 << 20):
+    """Writes 4 KiB pages (page p holds byte p % 251 + 1) from first_page on until
+    `refusals` of them were refused with ENOSPC (a full cache or file system) or `limit`
+    bytes were tried; returns the pages that were written. Any other error, or space that
+    never runs out, fails the script."""
+    import errno, nbd
+    P = 4096
+    written, refused, p = [], 0, first_page
+    while refused < refusals and p < limit // P:
+        try:
+            h.pwrite(bytes([p % 251 + 1]) * P, p * P)
+            written.append(p)
+        except nbd.Error as e:
+            assert e.errno == errno.ENOSPC or "ENOSPC" in str(e) or "No space" in str(e), f"page {p}: {e} (want ENOSPC)"
+            refused += 1
+        p += 1
+    assert refused == refusals, f"the file system never filled: {refused} of {refusals} writes refused"
+    return written
 '
 
 # nbdsh_script SCRIPT [nbdsh options...] — run python SCRIPT with `h` connected to $URI

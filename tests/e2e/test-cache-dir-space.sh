@@ -81,18 +81,7 @@ log "ok: a cache folder with less than 64 MiB free is refused"
 start_agent t1 --server "$srv" --cache device-disk --overflow-dir "$small/agent" --intermediate-buffering on --allow-low-space
 grep -q "less than the 33554432 bytes the cache may use" "$AGENT_LOG" || fail "no warning that the cache may outgrow its folder"
 nbdsh_script "
-import nbd
-P = 4096
-refused = 0
-p = 0
-while refused < 5 and p < (32 << 20) // P:
-    try:
-        h.pwrite(bytes([p % 251 + 1]) * P, p * P)
-    except nbd.Error as e:
-        assert 'ENOSPC' in str(e) or 'No space' in str(e), e
-        refused += 1
-    p += 1
-assert refused == 5, 'the 4 MiB file system never filled'
+write_until_enospc(5)
 "
 sleep 1.5   # the status file is rewritten every second
 "$V" target status t1 --json >"$E2E_TMP/status.json" || fail "target status t1 failed"

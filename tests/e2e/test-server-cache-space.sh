@@ -40,17 +40,7 @@ URI=$(xuri target/s1)
 API=$API nbdsh_script "
 import json, os, re, urllib.request
 import nbd
-P = 4096
-refused = 0
-p = 0
-while refused < 5 and p < (32 << 20) // P:
-    try:
-        h.pwrite(bytes([p % 251 + 1]) * P, p * P)
-    except nbd.Error as e:
-        assert 'ENOSPC' in str(e) or 'No space' in str(e), e
-        refused += 1
-    p += 1
-assert refused == 5, 'the 6 MiB file system never filled'
+write_until_enospc(5)
 api = os.environ['API']
 sessions = json.load(urllib.request.urlopen(api + '/api/v1/sessions', timeout=10))
 s = [s for s in sessions if s.get('target') == 's1']
