@@ -86,20 +86,25 @@ fn open_layer(path: &Path, format: Option<ImageFormat>, depth: usize, hook: Laye
     let dev: Arc<dyn BlockDev> = match format {
         ImageFormat::Raw => Arc::new(FileDev::open(path, FileOptions { read_only: true, ..Default::default() })?),
         ImageFormat::Qcow2 => {
-            let backing = backing_of_with(path, depth, hook)?;
+            let backing = backing_of(path, depth, hook)?;
             Arc::new(Qcow2Image::open(path, OpenOptions { read_only: true, ..Default::default() }, backing)?)
         }
     };
     Ok(hook(path, dev))
 }
 
-/// The backing device named by the qcow2 header of `path`, opened read-only.
-pub(crate) fn backing_of(path: &Path, depth: usize) -> Result<Option<Arc<dyn BlockDev>>> {
-    backing_of_with(path, depth, &|_, dev| dev)
+impl Qcow2Image {
+    /// Opens `path` and, below it, the backing chain its header names (read-only). Here and
+    /// not in image.rs, so that the chain is built on images and never the reverse.
+    pub fn open_with_backing_chain(path: impl AsRef<Path>, options: OpenOptions) -> Result<Self> {
+        let backing = backing_of(path.as_ref(), 0, &|_, dev| dev)?;
+        Self::open(path, options, backing)
+    }
 }
 
-/// [`backing_of`], passing each layer below through `hook`.
-fn backing_of_with(path: &Path, depth: usize, hook: LayerHook<'_>) -> Result<Option<Arc<dyn BlockDev>>> {
+/// The backing device named by the qcow2 header of `path`, each layer opened read-only and
+/// passed through `hook`.
+fn backing_of(path: &Path, depth: usize, hook: LayerHook<'_>) -> Result<Option<Arc<dyn BlockDev>>> {
     match backing_ref(path)? {
         None => Ok(None),
         Some(b) => open_layer(&b.path, b.format, depth + 1, hook).map(Some),

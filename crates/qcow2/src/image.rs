@@ -193,12 +193,6 @@ impl Qcow2Image {
         Ok(image)
     }
 
-    /// Opens `path` and, below it, the backing chain its header names (read-only).
-    pub fn open_with_backing_chain(path: impl AsRef<Path>, options: OpenOptions) -> Result<Self> {
-        let backing = crate::chain::backing_of(path.as_ref(), 0)?;
-        Self::open(path, options, backing)
-    }
-
     /// The parsed header (as it was at open).
     pub fn header(&self) -> &Header {
         &self.header

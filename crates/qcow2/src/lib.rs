@@ -10,7 +10,7 @@
 //!   write.rs     writes, zeroes/trims, flush ordering                   ┘ one BlockDev
 //!   l2cache.rs   bounded LRU of L2 tables
 //!   refcount.rs  refcount table/blocks and the end-of-file allocator
-//!   chain.rs     open_chain (raw or qcow2 backing files), create
+//!   chain.rs     open_chain, open_with_backing_chain (raw or qcow2 backing files), create
 //!   merge.rs     merge_layers: merge a chain's upper layers (or all) into a new image
 //!   rebase.rs    set_backing_file: re-point an image's header (qemu-img rebase -u)
 //!   sanity.rs    sanity: a cheap check of the file against its own size (truncation)

@@ -17,16 +17,7 @@ use crate::select::Selector;
 use crate::store::Store;
 use crate::vdisk::{ImportReport, NewVdisk};
 use crate::vhd::Vhd;
-use crate::vhdx::Vhdx;
-
-/// What a layer defines over its parent at one guest offset.
-#[derive(Debug)]
-pub enum Run<'a> {
-    /// These bytes.
-    Data(&'a [u8]),
-    /// This many bytes of zeros (they hide the parent).
-    Zero(u64),
-}
+use crate::vhdx::{Run, Vhdx};
 
 /// One file of a VHD or VHDX chain, read natively.
 pub trait DifferencingLayer {

@@ -46,20 +46,10 @@ use vdstream_qcow2::{merge_layers, set_backing_file, ImageFormat, MergeOptions};
 use crate::copy::{Progress, ZERO_BLOCK};
 use crate::error::{io, Result, StoreError};
 use crate::fsutil::{self, Holders, LockMode};
-use crate::meta::{Access, Base, DiskAccess, LayerFormat, PendingMerge, VdiskMeta, Version};
+use crate::meta::{Access, Base, DiskAccess, LayerFormat, MergeKind, PendingMerge, VdiskMeta, Version};
 use crate::select::{select, Layer, Selector};
 use crate::store::Store;
 use crate::time::Timestamp;
-
-/// Which merge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MergeKind {
-    /// The versions up to production's into one new version over the same base.
-    Updates,
-    /// The base and the versions up to production's into a new (qcow2) base.
-    Base,
-}
 
 /// The commit steps of a merge (see the table at the top of this module). Tests stop a
 /// merge after one of them to leave the store as a crash there would.

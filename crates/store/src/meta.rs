@@ -150,11 +150,21 @@ pub struct VdiskMeta {
     pub pending_merge: Option<PendingMerge>,
 }
 
+/// Which merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MergeKind {
+    /// The versions up to production's into one new version over the same base.
+    Updates,
+    /// The base and the versions up to production's into a new (qcow2) base.
+    Base,
+}
+
 /// A merge whose new layer is named before anything points at it, so that a crash between
 /// the commit steps can be finished or undone by the next command (merge.rs, `recover`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingMerge {
-    pub kind: crate::merge::MergeKind,
+    pub kind: MergeKind,
     pub automatic: bool,
     /// The versions folded in, bottom first (a base merge folds the base in too).
     pub merged: Vec<u32>,

@@ -31,8 +31,16 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::chain::Run;
 use crate::error::{io, Result, StoreError};
+
+/// What a layer defines over its parent at one guest offset.
+#[derive(Debug)]
+pub enum Run<'a> {
+    /// These bytes.
+    Data(&'a [u8]),
+    /// This many bytes of zeros (they hide the parent).
+    Zero(u64),
+}
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;

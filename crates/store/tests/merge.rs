@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use vdstream_store::merge::{AutoMerge, MergeKind, MergeStep};
+use vdstream_store::merge::{AutoMerge, MergeStep};
+use vdstream_store::meta::MergeKind;
 use vdstream_store::open::chain_files;
 use vdstream_store::time::Timestamp;
 use vdstream_store::vdisk::NewVdisk;

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use vdstream_store::merge::MergeKind;
+use vdstream_store::meta::MergeKind;
 use vdstream_store::vdisk::NewVdisk;
 use vdstream_store::{Access, DiskAccess, Layer, Selector, Store, StoreError};
 

@@ -112,7 +112,7 @@ fn a_damaged_record_is_named_and_can_be_removed() {
 
 #[test]
 fn a_merge_moves_the_records_pinned_to_the_versions_it_folds() {
-    use vdstream_store::merge::MergeKind;
+    use vdstream_store::meta::MergeKind;
     use vdstream_store::Access;
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path());

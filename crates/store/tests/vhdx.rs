@@ -6,7 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
-use vdstream_store::chain::Run;
+use vdstream_store::vhdx::Run;
 use vdstream_store::vhdx::Vhdx;
 
 fn run(cmd: &mut Command) {
