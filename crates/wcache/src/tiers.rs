@@ -3,7 +3,9 @@
 //!
 //! Design notes.
 //!
-//! Page states and the region layout are in [`crate::region_map`]. The rules:
+//! Page states and the region layout are in [`crate::region_map`], which this module calls
+//! with a page's [`PageAddr`] (made once from the guest offset) and is never called back by:
+//! this module decides (RAM budget, I/O, ENOSPC, stats), the map records. The rules:
 //! - A read resolves each page under its region's shard lock: RAM pages and zero pages are
 //!   copied out right there; overflow and absent pages become file reads and vDisk reads,
 //!   coalesced into runs and issued after the lock is dropped. A reader does not take page
@@ -20,16 +22,13 @@
 //!   page locks, so guest writes keep going), snapshots the region's RAM pages (`Arc` clones),
 //!   writes them to the unit as runs of adjacent pages with one `pwritev` each, then drops
 //!   from RAM exactly the pages that did not change meanwhile (a writer that patched one
-//!   copied it on write). The unit is pinned during the I/O so that it cannot be released.
-//!   Handles on RAM pages exist only while their region is pinned (an eviction drops any
-//!   that still alias a RAM page before it unpins), so a writer patches a RAM page of an
-//!   unpinned region in place, and copies on write only while the region is pinned.
-//!   Evicted pages go to a spare pool that writers reuse for pages coming back; the pool is
+//!   copied it on write: [`crate::region_map::Region::page_mut`]). The unit is pinned
+//!   during the I/O so that it cannot be released. Evicted pages go to a spare pool that writers reuse for pages coming back; the pool is
 //!   part of the RAM budget, and the flusher empties it after a quiet second.
 //! - Lock order: page locks → region lock → shard lock → the file's unit table. The flusher
 //!   and writers evicting for room hold no page locks.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use vdstream_blockdev::span::units;
@@ -37,7 +36,7 @@ use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, O
 
 use crate::overflow_file::{OverflowFile, UNIT, UNIT_PAGES};
 use crate::page::{is_zero, read_lower_page, rmw_from_zero, PageLocks, Patch, PAGE, PAGE_U64};
-use crate::region_map::{PageState, RamPage, Region, RegionMap, Shard};
+use crate::region_map::{Eviction, Found, Freed, PageAddr, RamPage, RegionMap, Shard};
 use crate::stats::CacheStats;
 
 /// Page lock stripes.
@@ -101,7 +100,6 @@ pub(crate) struct Tiers {
     pub high: u64,
     pub wake: Wake,
     full: FullReport,
-    unit_gen: AtomicU64,
     /// Page buffers freed by evictions, kept for reuse inside the RAM budget: pages in RAM
     /// plus spares stay within `ram_limit` (see [`Tiers::recycle`]).
     spares: Mutex<Vec<RamPage>>,
@@ -115,22 +113,6 @@ struct ReadIo {
     dev_off: u64,
     pos: usize,
     len: usize,
-}
-
-/// An eviction in flight: the region, its pinned unit, handles on its RAM pages.
-#[derive(Debug)]
-struct Eviction {
-    region: u64,
-    unit: u64,
-    pages: Vec<(usize, crate::region_map::RamPage)>,
-}
-
-/// A run of a block-status answer before the vDisk is asked about absent runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Run {
-    Data,
-    Zero,
-    Absent,
 }
 
 impl Tiers {
@@ -149,7 +131,6 @@ impl Tiers {
             high: u64::MAX,
             wake: Wake::default(),
             full: FullReport::new(full),
-            unit_gen: AtomicU64::new(0),
             spares: Mutex::new(Vec::new()),
         }
     }
@@ -238,6 +219,12 @@ impl Tiers {
         vdstream_blockdev::reclaim::note_freed(pages * PAGE_U64);
     }
 
+    /// Accounts for what zeroing freed.
+    fn freed(&self, freed: Freed) {
+        self.give_ram(freed.ram);
+        self.stats.file_bytes.fetch_sub(freed.file * PAGE_U64, Relaxed);
+    }
+
     /// What a cache over these tiers can do: the same for `device-ram` and `ram-overflow`,
     /// except that the overflow file may block (reads and evictions are disk I/O), while a
     /// RAM-only cache blocks only if its lower device does.
@@ -261,7 +248,7 @@ impl Tiers {
         CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, buf.len() as u64);
         loop {
             let mut ios: Vec<ReadIo> = Vec::new();
-            let mut checks: Vec<(u64, u64)> = Vec::new();
+            let mut checks: Vec<(u64, Option<u64>)> = Vec::new();
             let (mut hits, mut misses) = (0u64, 0u64);
             for rp in units(offset, buf.len() as u64, UNIT) {
                 let sh = self.map.lock(rp.index);
@@ -270,7 +257,6 @@ impl Tiers {
                 for pp in units(offset + rp.pos as u64, rp.len as u64, PAGE_U64) {
                     let slot = (pp.index % UNIT_PAGES as u64) as usize;
                     let pos = rp.pos + pp.pos;
-                    let state = reg.map_or(PageState::Absent, |r| r.state(slot));
                     let mut push = |file_off: Option<u64>| match ios.last_mut() {
                         Some(last)
                             if last.pos + last.len == pos
@@ -281,30 +267,28 @@ impl Tiers {
                         }
                         _ => ios.push(ReadIo { file_off, dev_off: offset + pos as u64, pos, len: pp.len }),
                     };
-                    match state {
-                        PageState::Ram => {
-                            let page = reg.and_then(|r| r.ram_page(slot)).expect("ram state");
+                    match reg.map_or(Found::Absent, |r| r.page(slot)) {
+                        Found::Ram(page) => {
                             buf[pos..pos + pp.len].copy_from_slice(&page[pp.within..pp.within + pp.len]);
                             hits += 1;
                         }
-                        PageState::Zero => {
+                        Found::Zero => {
                             buf[pos..pos + pp.len].fill(0);
                             hits += 1;
                         }
-                        PageState::Overflow => {
-                            let unit = reg.and_then(|r| r.unit).expect("a region with file pages owns a unit");
-                            push(Some(OverflowFile::slot_offset(unit, slot) + pp.within as u64));
+                        Found::Overflow(off) => {
+                            push(Some(off + pp.within as u64));
                             from_file = true;
                             hits += 1;
                         }
-                        PageState::Absent => {
+                        Found::Absent => {
                             push(None);
                             misses += 1;
                         }
                     }
                 }
                 if from_file {
-                    checks.push((rp.index, reg.map_or(0, |r| r.unit_gen)));
+                    checks.push((rp.index, reg.and_then(|r| r.unit_gen())));
                 }
             }
             for io in &ios {
@@ -321,9 +305,7 @@ impl Tiers {
                     }
                 }
             }
-            let unchanged = checks.iter().all(|&(region, gen)| {
-                self.map.lock(region).get(region).is_some_and(|r| r.unit.is_some() && r.unit_gen == gen)
-            });
+            let unchanged = checks.iter().all(|&(region, gen)| self.map.lock(region).get(region).and_then(|r| r.unit_gen()) == gen);
             if unchanged {
                 self.stats.hits.fetch_add(hits, Relaxed);
                 self.stats.misses.fetch_add(misses, Relaxed);
@@ -343,12 +325,12 @@ impl Tiers {
                 log::debug!("{}: eviction for room failed: {e}", self.name);
             }
         }
-        if offset / PAGE_U64 == (offset + len - 1) / PAGE_U64 && self.patch_if_in_ram(offset / PAGE_U64, (offset % PAGE_U64) as usize, buf) {
+        if offset / PAGE_U64 == (offset + len - 1) / PAGE_U64 && self.patch_if_in_ram(offset, buf) {
             return Ok(());
         }
         let _pages = self.locks.lock_bytes(offset, len);
         for pp in units(offset, len, PAGE_U64) {
-            self.write_page(pp.index, pp.within, Patch::Data(&buf[pp.pos..pp.pos + pp.len]), Op::Write, offset, len)?;
+            self.write_page(PageAddr::of(pp.index), pp.within, Patch::Data(&buf[pp.pos..pp.pos + pp.len]), Op::Write, offset, len)?;
         }
         Ok(())
     }
@@ -359,17 +341,11 @@ impl Tiers {
     /// placing a page) starts from a page that is *not* in RAM, and such a page sends this
     /// path to the page lock too; a page in RAM is only ever changed whole under the
     /// shard lock. Returns false, having changed nothing, when the page is not in RAM.
-    fn patch_if_in_ram(&self, index: u64, within: usize, data: &[u8]) -> bool {
-        let region = index / UNIT_PAGES as u64;
-        let slot = (index % UNIT_PAGES as u64) as usize;
-        let mut sh = self.map.lock(region);
-        let Some(reg) = sh.region_if_present(region) else { return false };
-        if reg.state(slot) != PageState::Ram {
-            return false;
-        }
-        let pinned = reg.pins > 0;
-        let page = ram_page_for_write(reg.ram_page_mut(slot).expect("ram state"), pinned);
-        Patch::Data(data).apply(page, within);
+    fn patch_if_in_ram(&self, offset: u64, data: &[u8]) -> bool {
+        let at = PageAddr::of(offset / PAGE_U64);
+        let mut sh = self.map.lock(at.region);
+        let Found::Ram(page) = sh.page_mut(at) else { return false };
+        Patch::Data(data).apply(page, (offset % PAGE_U64) as usize);
         true
     }
 
@@ -382,116 +358,85 @@ impl Tiers {
                 continue;
             }
             for pp in units(offset + rp.pos as u64, rp.len as u64, PAGE_U64) {
+                let at = PageAddr::of(pp.index);
                 if pp.is_whole(PAGE_U64) {
-                    let mut sh = self.map.lock(rp.index);
-                    let slot = (pp.index % UNIT_PAGES as u64) as usize;
-                    self.mark_zero(&mut sh, rp.index, slot);
+                    self.freed(self.map.lock(at.region).mark_zero(at, self.file.as_ref()));
                 } else {
-                    self.write_page(pp.index, pp.within, Patch::Zeros(pp.len), op, offset, len)?;
+                    self.write_page(at, pp.within, Patch::Zeros(pp.len), op, offset, len)?;
                 }
             }
         }
         Ok(())
     }
 
-    /// Applies `patch` at `within` of page `index`; the caller holds the page lock.
-    fn write_page(&self, index: u64, within: usize, patch: Patch<'_>, op: Op, offset: u64, len: u64) -> Result<()> {
-        let region = index / UNIT_PAGES as u64;
-        let slot = (index % UNIT_PAGES as u64) as usize;
+    /// Applies `patch` at `within` of the page at `at`; the caller holds the page lock.
+    fn write_page(&self, at: PageAddr, within: usize, patch: Patch<'_>, op: Op, offset: u64, len: u64) -> Result<()> {
         let zeros = matches!(patch, Patch::Zeros(_));
-        let mut sh = self.map.lock(region);
-        let reg = sh.region_mut(region);
-        let state = reg.state(slot);
-        match state {
-            PageState::Ram => {
-                let pinned = reg.pins > 0;
-                let page = ram_page_for_write(reg.ram_page_mut(slot).expect("ram state"), pinned);
+        let mut sh = self.map.lock(at.region);
+        let found: Found<()> = match sh.page_mut(at) {
+            Found::Ram(page) => {
                 patch.apply(page, within);
                 if zeros && is_zero(page) {
-                    self.mark_zero(&mut sh, region, slot);
+                    self.freed(sh.mark_zero(at, self.file.as_ref()));
                 }
                 return Ok(());
             }
-            PageState::Zero if zeros => return Ok(()),
-            _ => {}
-        }
+            Found::Zero if zeros => return Ok(()),
+            Found::Zero => Found::Zero,
+            Found::Overflow(off) => Found::Overflow(off),
+            Found::Absent => Found::Absent,
+        };
         if self.file.is_none() && !zeros && self.ram_full() {
-            sh.forget_if_empty(region);
             return Err(self.nospace(op, offset, len));
         }
         let mut page = self.spare_page();
         let buf = Arc::get_mut(&mut page).expect("a spare page is unique");
-        match state {
-            PageState::Zero => rmw_from_zero(within, patch, buf),
+        match found {
+            Found::Zero => rmw_from_zero(within, patch, buf),
             _ if patch.covers_page(within) => patch.apply(buf, 0),
-            PageState::Overflow => {
-                let off = OverflowFile::slot_offset(reg.unit.expect("file page has a unit"), slot);
+            _ => {
                 drop(sh);
-                let file = self.file.as_ref().expect("file pages need a file");
-                file.read_at(buf, off).map_err(|e| self.io_err(e, op, offset, len))?;
-                CacheStats::count(&self.stats.overflow_read_ops, &self.stats.overflow_read_bytes, PAGE_U64);
+                if let Found::Overflow(off) = found {
+                    let file = self.file.as_ref().expect("file pages need a file");
+                    file.read_at(buf, off).map_err(|e| self.io_err(e, op, offset, len))?;
+                    CacheStats::count(&self.stats.overflow_read_ops, &self.stats.overflow_read_bytes, PAGE_U64);
+                } else {
+                    read_lower_page(&*self.lower, &self.stats, at.index(), buf)?;
+                }
                 if zeros && is_zero(&buf[within..within + patch.len()]) {
-                    return Ok(());
+                    return Ok(()); // zeros there already: nothing to remember
                 }
                 patch.apply(buf, within);
-                sh = self.map.lock(region);
-            }
-            PageState::Absent | PageState::Ram => {
-                drop(sh);
-                read_lower_page(&*self.lower, &self.stats, index, buf)?;
-                if zeros && is_zero(&buf[within..within + patch.len()]) {
-                    // The vDisk already has zeros there: nothing to remember.
-                    self.map.lock(region).forget_if_empty(region);
-                    return Ok(());
-                }
-                patch.apply(buf, within);
-                sh = self.map.lock(region);
+                sh = self.map.lock(at.region);
             }
         }
         if is_zero(&page[..]) {
-            self.mark_zero(&mut sh, region, slot);
+            self.freed(sh.mark_zero(at, self.file.as_ref()));
             return Ok(());
         }
-        self.place(sh, region, slot, page, op, offset, len)
+        self.place(sh, at, page, op, offset, len)
     }
 
     /// Puts a rebuilt page (not in RAM now) into RAM, or else into the overflow file.
-    #[allow(clippy::too_many_arguments)]
-    fn place(&self, mut sh: MutexGuard<'_, Shard>, region: u64, slot: usize, page: Arc<[u8; PAGE]>, op: Op, offset: u64, len: u64) -> Result<()> {
+    fn place(&self, mut sh: MutexGuard<'_, Shard>, at: PageAddr, page: RamPage, op: Op, offset: u64, len: u64) -> Result<()> {
         if self.take_ram() {
-            sh.region_mut(region).insert_ram(slot, page);
-            sh.note_ram(region);
+            sh.insert_ram(at, page);
             return Ok(());
         }
-        let Some(file) = &self.file else {
-            sh.forget_if_empty(region);
-            return Err(self.nospace(op, offset, len));
-        };
         drop(sh);
-        let _region_lock = self.region_locks.lock(region);
-        let mut sh = self.map.lock(region);
-        let Some(unit) = self.unit_of(sh.region_mut(region), file) else {
-            sh.forget_if_empty(region);
-            return Err(self.nospace(op, offset, len));
-        };
-        sh.region_mut(region).pins += 1;
-        drop(sh);
-        let r = file.write_slot(unit, slot, &page);
-        let mut sh = self.map.lock(region);
-        let reg = sh.region_mut(region);
-        reg.pins -= 1;
+        let Some(file) = &self.file else { return Err(self.nospace(op, offset, len)) };
+        let _region_lock = self.region_locks.lock(at.region);
+        let Ok(unit) = self.map.lock(at.region).pin_unit(at.region, file) else { return Err(self.nospace(op, offset, len)) };
+        let r = file.write_slot(unit, at.slot, &page);
+        if self.map.lock(at.region).unpin(at.region, file, r.is_ok().then_some(at.slot)) {
+            self.stats.file_bytes.fetch_add(PAGE_U64, Relaxed);
+        }
         match r {
             Ok(()) => {
                 CacheStats::count(&self.stats.overflow_write_ops, &self.stats.overflow_write_bytes, PAGE_U64);
-                if reg.set_file(slot) {
-                    self.stats.file_bytes.fetch_add(PAGE_U64, Relaxed);
-                }
-                reg.zero.clear(slot);
                 Ok(())
             }
             Err(e) => {
-                self.maybe_release(reg);
-                sh.forget_if_empty(region);
                 let full = matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT));
                 let mut err = self.io_err(e, op, offset, len);
                 if full {
@@ -510,69 +455,12 @@ impl Tiers {
         }
     }
 
-    /// The region's unit, allocating one if it has none (`None`: the file is at its cap).
-    fn unit_of(&self, reg: &mut Region, file: &OverflowFile) -> Option<u64> {
-        if reg.unit.is_none() {
-            reg.unit = Some(file.alloc_unit()?);
-            reg.unit_gen = self.unit_gen.fetch_add(1, Relaxed) + 1;
-        }
-        reg.unit
-    }
-
-    /// Releases the region's unit if no page and no I/O uses it.
-    fn maybe_release(&self, reg: &mut Region) {
-        if reg.file_count == 0 && reg.pins == 0 {
-            if let (Some(unit), Some(file)) = (reg.unit.take(), &self.file) {
-                file.release_unit(unit);
-            }
-        }
-    }
-
-    /// Makes one page a zero marker, freeing its RAM page and file slot.
-    fn mark_zero(&self, sh: &mut Shard, region: u64, slot: usize) {
-        let reg = sh.region_mut(region);
-        if reg.remove_ram(slot).is_some() {
-            self.give_ram(1);
-        }
-        if reg.clear_file(slot) {
-            self.stats.file_bytes.fetch_sub(PAGE_U64, Relaxed);
-            if let (Some(unit), Some(file)) = (reg.unit, &self.file) {
-                if reg.file_count > 0 || reg.pins > 0 {
-                    if let Err(e) = file.punch(OverflowFile::slot_offset(unit, slot), PAGE_U64) {
-                        log::debug!("{}: punching a freed page failed: {e}", self.name);
-                    }
-                }
-            }
-        }
-        reg.zero.set(slot);
-        self.maybe_release(reg);
-    }
-
     /// Zeroes a whole region (the caller holds its page locks).
     fn zero_region(&self, region: u64) -> Result<()> {
-        let start = region * UNIT;
-        if self.map.lock(region).get(region).is_none() && self.lower_reads_zero(start, UNIT)? {
+        if self.map.lock(region).get(region).is_none() && self.lower_reads_zero(region * UNIT, UNIT)? {
             return Ok(());
         }
-        let mut sh = self.map.lock(region);
-        let reg = sh.region_mut(region);
-        let ram = reg.ram_pages();
-        for (slot, _) in &ram {
-            reg.remove_ram(*slot);
-        }
-        self.give_ram(ram.len() as u64);
-        if reg.file_count > 0 {
-            self.stats.file_bytes.fetch_sub(reg.file_count as u64 * PAGE_U64, Relaxed);
-            reg.file = Default::default();
-            reg.file_count = 0;
-            if let (Some(unit), Some(file), true) = (reg.unit, &self.file, reg.pins > 0) {
-                let _ = file.punch(unit * UNIT, UNIT);
-            }
-        }
-        for slot in 0..UNIT_PAGES {
-            reg.zero.set(slot);
-        }
-        self.maybe_release(reg);
+        self.freed(self.map.lock(region).zero_region(region, self.file.as_ref()));
         Ok(())
     }
 
@@ -598,22 +486,23 @@ impl Tiers {
 
     pub fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
         let end = offset + len.min(STATUS_SCAN);
-        let mut runs: Vec<(Run, u64)> = Vec::new();
-        let mut push = |run: Run, n: u64| match runs.last_mut() {
+        // Runs of `Some(zero)`: the cache holds data or zeros; `None`: the vDisk is asked.
+        let mut runs: Vec<(Option<bool>, u64)> = Vec::new();
+        let mut push = |run: Option<bool>, n: u64| match runs.last_mut() {
             Some((r, l)) if *r == run => *l += n,
             _ => runs.push((run, n)),
         };
         for rp in units(offset, end - offset, UNIT) {
             let sh = self.map.lock(rp.index);
             let Some(reg) = sh.get(rp.index) else {
-                push(Run::Absent, rp.len as u64);
+                push(None, rp.len as u64);
                 continue;
             };
             for pp in units(offset + rp.pos as u64, rp.len as u64, PAGE_U64) {
-                let run = match reg.state((pp.index % UNIT_PAGES as u64) as usize) {
-                    PageState::Ram | PageState::Overflow => Run::Data,
-                    PageState::Zero => Run::Zero,
-                    PageState::Absent => Run::Absent,
+                let run = match reg.page((pp.index % UNIT_PAGES as u64) as usize) {
+                    Found::Ram(_) | Found::Overflow(_) => Some(false),
+                    Found::Zero => Some(true),
+                    Found::Absent => None,
                 };
                 push(run, pp.len as u64);
             }
@@ -621,9 +510,8 @@ impl Tiers {
         let mut pos = offset;
         for (run, n) in runs {
             match run {
-                Run::Data => out.push(Extent { len: n, hole: false, zero: false }),
-                Run::Zero => out.push(Extent { len: n, hole: true, zero: true }),
-                Run::Absent => {
+                Some(zero) => out.push(Extent { len: n, hole: zero, zero }),
+                None => {
                     let first = out.len();
                     self.lower.block_status(pos, n, out)?;
                     let got: u64 = out[first..].iter().map(|e| e.len).sum();
@@ -662,16 +550,8 @@ impl Tiers {
     /// handles on its RAM pages. `None`: nothing in RAM.
     fn evict_begin(&self, region: u64) -> Result<Option<Eviction>> {
         let file = self.file.as_ref().expect("eviction needs a file");
-        let mut sh = self.map.lock(region);
-        let Some(reg) = sh.get_mut(region) else { return Ok(None) };
-        if reg.ram_count == 0 {
-            return Ok(None);
-        }
-        let Some(unit) = self.unit_of(reg, file) else {
-            return Err(Error::new(ErrorKind::NoSpace, Op::Write, region * UNIT, UNIT, self.name.clone(), self.full.message.clone()));
-        };
-        reg.pins += 1;
-        Ok(Some(Eviction { region, unit, pages: reg.ram_pages() }))
+        let ev = self.map.lock(region).begin_eviction(region, file);
+        ev.map_err(|_| Error::new(ErrorKind::NoSpace, Op::Write, region * UNIT, UNIT, self.name.clone(), self.full.message.clone()))
     }
 
     /// Eviction, step 2 (no shard lock): one `pwritev` per run of adjacent pages.
@@ -692,53 +572,24 @@ impl Tiers {
         Ok(())
     }
 
-    /// Eviction, step 3: drop from RAM the pages that did not change since step 1 (now in
-    /// their slots), keep the patched ones, unpin.
+    /// Eviction, step 3: the map drops from RAM the pages that did not change since step 1
+    /// and unpins ([`Shard::finish_eviction`]); their buffers go to the spare pool.
     fn evict_finish(&self, mut ev: Eviction, written: std::io::Result<()>) -> Result<usize> {
         let file = self.file.as_ref().expect("eviction needs a file");
-        let mut sh = self.map.lock(ev.region);
-        let reg = sh.get_mut(ev.region).expect("a pinned region stays");
-        let mut moved = 0;
         if written.is_err() {
             // The pages stay in RAM: drop our handles on them before unpinning, so that an
-            // unpinned region's RAM pages are never shared (see `ram_page_for_write`).
+            // unpinned region's RAM pages are never shared (see `Region::page_mut`).
             ev.pages.clear();
-        } else {
-            for (slot, snap) in &ev.pages {
-                let slot = *slot;
-                match reg.ram_page(slot) {
-                    Some(cur) if Arc::ptr_eq(cur, snap) => {
-                        reg.remove_ram(slot);
-                        moved += 1;
-                        if reg.set_file(slot) {
-                            self.stats.file_bytes.fetch_add(PAGE_U64, Relaxed);
-                        }
-                    }
-                    // Patched meanwhile: stays in RAM; the slot holds an older copy.
-                    Some(_) => {
-                        let newly = reg.set_file(slot);
-                        if newly {
-                            self.stats.file_bytes.fetch_add(PAGE_U64, Relaxed);
-                        }
-                    }
-                    // Zeroed meanwhile: free what was just written.
-                    None if !reg.file.get(slot) => {
-                        let _ = file.punch(OverflowFile::slot_offset(ev.unit, slot), PAGE_U64);
-                    }
-                    None => {}
-                }
-            }
-            self.give_ram(moved as u64);
-            self.stats.evictions.fetch_add(moved as u64, Relaxed);
-            // Every handle left in `ev.pages` is now on a page that left RAM or on an old
-            // copy a writer replaced: none aliases a RAM page any more.
         }
-        reg.pins -= 1;
-        self.maybe_release(reg);
-        drop(sh);
+        let (moved, newly) = self.map.lock(ev.region).finish_eviction(&ev, file);
+        self.give_ram(moved);
+        self.stats.file_bytes.fetch_add(newly * PAGE_U64, Relaxed);
+        self.stats.evictions.fetch_add(moved, Relaxed);
+        // Every handle left in `ev.pages` is now on a page that left RAM or on an old copy a
+        // writer replaced: none aliases a RAM page any more.
         let region = ev.region;
         self.recycle(ev.pages);
-        written.map(|()| moved).map_err(|e| self.io_err(e, Op::Write, region * UNIT, UNIT))
+        written.map(|()| moved as usize).map_err(|e| self.io_err(e, Op::Write, region * UNIT, UNIT))
     }
 }
 
@@ -804,25 +655,6 @@ macro_rules! tiers_cache_impls {
     };
 }
 pub(crate) use tiers_cache_impls;
-
-/// The bytes of a RAM page, for a writer that holds its page lock and its shard lock.
-///
-/// While the page's region is pinned, an eviction may hold a handle on the page and be
-/// writing it out: copy on write (`Arc::make_mut`). While it is not pinned, no handle but
-/// the region's exists (evictions take theirs only while pinned, and drop any that still
-/// alias a RAM page before unpinning), so the page is written in place without the atomic
-/// read-modify-write that `make_mut` costs on a cold cache line.
-fn ram_page_for_write(page: &mut crate::region_map::RamPage, pinned: bool) -> &mut [u8; PAGE] {
-    if pinned {
-        return Arc::make_mut(page);
-    }
-    debug_assert_eq!(Arc::strong_count(page), 1, "an unpinned region's RAM page is shared");
-    // SAFETY: the region is not pinned, so this `Arc` is the only handle on the page (see
-    // above; checked in debug builds); the caller holds `&mut` to it under the shard lock,
-    // so no other reference to the bytes can exist for the returned lifetime. `as_ptr`
-    // points at the `ArcInner`'s data, which the allocation owns mutably.
-    unsafe { &mut *(Arc::as_ptr(page) as *mut [u8; PAGE]) }
-}
 
 #[cfg(test)]
 mod tests {
