@@ -44,7 +44,7 @@ impl Kind {
             Kind::Usage => 2,
             Kind::NotFound => 3,
             Kind::Conflict => 4,
-            Kind::Io => 5,
+            Kind::Io => crate::output::IO_STATUS,
             Kind::Unavailable => 6,
         }
     }

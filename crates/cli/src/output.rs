@@ -60,6 +60,9 @@ static EXIT_ON_CLOSED_STDOUT: AtomicBool = AtomicBool::new(true);
 /// true once anything was written to stdout.
 static WROTE_STDOUT: AtomicBool = AtomicBool::new(false);
 
+/// The exit status when stdout cannot be written (`Kind::Io`: exit.rs builds on this file).
+pub const IO_STATUS: i32 = 5;
+
 /// Whether the command has written to stdout (a --json error object then stays off it:
 /// exit.rs).
 pub fn wrote_stdout() -> bool {
@@ -87,7 +90,7 @@ pub fn write_stdout(args: fmt::Arguments<'_>) {
     }
     if EXIT_ON_CLOSED_STDOUT.load(Ordering::Relaxed) {
         write_stderr(format_args!("vdstream: error: cannot write to stdout: {e}\n"));
-        std::process::exit(crate::exit::Kind::Io.code());
+        std::process::exit(IO_STATUS);
     }
 }
 

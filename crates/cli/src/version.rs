@@ -5,8 +5,7 @@
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
-use vdstream_store::merge::MergeOutcome;
-use vdstream_store::meta::MergeKind;
+use vdstream_store::{merge::MergeOutcome, meta::MergeKind};
 use vdstream_store::version::Reverted;
 use vdstream_store::{documents, Access, Layer, Store, Version};
 

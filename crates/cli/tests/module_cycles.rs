@@ -24,8 +24,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("server", &["readcache", "state"]),
     // p8-http
     ("server", &["http", "http::live", "http::router", "http::store"]),
-    // Found by this test, not in issue 18's list, owner not decided yet.
-    ("cli", &["exit", "output"]),
+    // Found by this test, not in issue 18's list: disk -> space -> persistent -> disk. Breaking
+    // it moves `space::full_log` or `persistent::cache_paths` to a leaf, which edits
+    // persistent.rs (p8-filters' file): left for after that merge.
     ("wcache", &["disk", "persistent", "space"]),
 ];
 
