@@ -145,14 +145,11 @@ pub struct Region {
 impl Region {
     /// The page at `slot` for a reader (under the shard lock).
     pub fn page(&self, slot: usize) -> Found<&[u8; PAGE]> {
-        if let Some(page) = self.ram.as_ref().and_then(|r| r[slot].as_ref()) {
-            Found::Ram(page)
-        } else if self.zero.get(slot) {
-            Found::Zero
-        } else if self.file.get(slot) {
-            Found::Overflow(OverflowFile::slot_offset(self.unit.expect("a region with file pages owns a unit"), slot))
-        } else {
-            Found::Absent
+        match self.ram.as_ref().and_then(|r| r[slot].as_ref()) {
+            Some(page) => Found::Ram(page),
+            None if self.zero.get(slot) => Found::Zero,
+            None if self.file.get(slot) => Found::Overflow(OverflowFile::slot_offset(self.unit.expect("file pages have a unit"), slot)),
+            None => Found::Absent,
         }
     }
 
@@ -228,11 +225,9 @@ impl Region {
         let mut freed = Freed { ram: self.remove_ram(slot).is_some() as u64, file: 0 };
         if self.clear_file(slot) {
             freed.file = 1;
-            if let (Some(unit), Some(file)) = (self.unit, file) {
-                if self.file_count > 0 || self.pins > 0 {
-                    if let Err(e) = file.punch(OverflowFile::slot_offset(unit, slot), PAGE_U64) {
-                        log::debug!("overflow file {}: punching a freed page failed: {e}", file.path().display());
-                    }
+            if let (Some(unit), Some(file), true) = (self.unit, file, self.file_count > 0 || self.pins > 0) {
+                if let Err(e) = file.punch(OverflowFile::slot_offset(unit, slot), PAGE_U64) {
+                    log::debug!("overflow file {}: punching a freed page failed: {e}", file.path().display());
                 }
             }
         }

@@ -249,7 +249,7 @@ impl Tiers {
         loop {
             let mut ios: Vec<ReadIo> = Vec::new();
             let mut checks: Vec<(u64, Option<u64>)> = Vec::new();
-            let (mut hits, mut misses) = (0u64, 0u64);
+            let (mut pages, mut misses) = (0u64, 0u64);
             for rp in units(offset, buf.len() as u64, UNIT) {
                 let sh = self.map.lock(rp.index);
                 let reg = sh.get(rp.index);
@@ -267,19 +267,13 @@ impl Tiers {
                         }
                         _ => ios.push(ReadIo { file_off, dev_off: offset + pos as u64, pos, len: pp.len }),
                     };
+                    pages += 1;
                     match reg.map_or(Found::Absent, |r| r.page(slot)) {
-                        Found::Ram(page) => {
-                            buf[pos..pos + pp.len].copy_from_slice(&page[pp.within..pp.within + pp.len]);
-                            hits += 1;
-                        }
-                        Found::Zero => {
-                            buf[pos..pos + pp.len].fill(0);
-                            hits += 1;
-                        }
+                        Found::Ram(page) => buf[pos..pos + pp.len].copy_from_slice(&page[pp.within..pp.within + pp.len]),
+                        Found::Zero => buf[pos..pos + pp.len].fill(0),
                         Found::Overflow(off) => {
                             push(Some(off + pp.within as u64));
                             from_file = true;
-                            hits += 1;
                         }
                         Found::Absent => {
                             push(None);
@@ -307,7 +301,7 @@ impl Tiers {
             }
             let unchanged = checks.iter().all(|&(region, gen)| self.map.lock(region).get(region).and_then(|r| r.unit_gen()) == gen);
             if unchanged {
-                self.stats.hits.fetch_add(hits, Relaxed);
+                self.stats.hits.fetch_add(pages - misses, Relaxed);
                 self.stats.misses.fetch_add(misses, Relaxed);
                 return Ok(());
             }
