@@ -22,14 +22,11 @@ fn readers(base: &Arc<RemoteBase>, threads: usize, stop: &Arc<AtomicBool>) -> Ve
         .map(|t| {
             let (base, stop) = (base.clone(), stop.clone());
             std::thread::spawn(move || {
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                let mut rng = fastrand::Rng::with_seed(t as u64);
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let len = 512 * (1 + (x % 128) as usize);
-                    let off = (x >> 20) % (SIZE - len as u64);
+                    let len = 512 * rng.usize(1..=128);
+                    let off = rng.u64(..SIZE - len as u64);
                     let mut buf = vec![0u8; len];
                     base.read_at(&mut buf, off).unwrap_or_else(|e| panic!("read at {off}: {e}"));
                     assert!(buf == pattern(off, len), "wrong bytes at {off} length {len}");

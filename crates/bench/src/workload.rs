@@ -116,34 +116,6 @@ impl Workload {
     }
 }
 
-/// splitmix64: a small, fast, seedable generator; good enough to spread offsets.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0), by multiply-shift (no modulo bias worth measuring).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-
-    /// True with probability `pct`%.
-    pub fn percent(&mut self, pct: u32) -> bool {
-        self.below(100) < u64::from(pct)
-    }
-}
-
 /// One operation of the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Op {
@@ -155,7 +127,8 @@ pub struct Op {
 /// The operations of one worker: reads or writes at random or sequential blocks.
 #[derive(Debug, Clone)]
 pub struct OpStream {
-    rng: Rng,
+    /// Seeded: the same seed gives the same stream.
+    rng: fastrand::Rng,
     blocks: u64,
     write_pct: u32,
     random_pct: u32,
@@ -169,7 +142,7 @@ impl OpStream {
     pub fn new(w: &Workload, blocks: u64, worker: u32, seed: u64) -> OpStream {
         let start = blocks * u64::from(worker) / u64::from(w.workers.max(1));
         OpStream {
-            rng: Rng::new(seed ^ (u64::from(worker) + 1).wrapping_mul(0x2545_f491_4f6c_dd1d)),
+            rng: fastrand::Rng::with_seed(seed ^ (u64::from(worker) + 1).wrapping_mul(0x2545_f491_4f6c_dd1d)),
             blocks,
             write_pct: w.write_pct,
             random_pct: w.random_pct,
@@ -178,8 +151,8 @@ impl OpStream {
     }
 
     pub fn next_op(&mut self) -> Op {
-        let write = self.rng.percent(self.write_pct);
-        let block = if self.rng.percent(self.random_pct) { self.rng.below(self.blocks) } else { self.next };
+        let write = self.rng.u32(..100) < self.write_pct;
+        let block = if self.rng.u32(..100) < self.random_pct { self.rng.u64(..self.blocks) } else { self.next };
         self.next = if block + 1 >= self.blocks { 0 } else { block + 1 };
         Op { write, block }
     }
@@ -193,7 +166,7 @@ impl OpStream {
 
     /// A fresh random block (to step past a block another request holds).
     pub fn random_block(&mut self) -> u64 {
-        self.rng.below(self.blocks)
+        self.rng.u64(..self.blocks)
     }
 }
 
@@ -279,11 +252,6 @@ mod tests {
             for _ in 0..100 {
                 prop_assert_eq!(a.next_op(), b.next_op());
             }
-        }
-
-        #[test]
-        fn below_is_below(n in 1u64..u64::MAX, seed: u64) {
-            prop_assert!(super::Rng::new(seed).below(n) < n);
         }
     }
 }

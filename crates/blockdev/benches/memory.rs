@@ -17,17 +17,8 @@ const SIZE: u64 = 1 << 30;
 const BLOCK: usize = 4096;
 const PAGES: u64 = SIZE / BLOCK as u64;
 
-/// xorshift64*: a cheap random page index, so that the generator is not what we measure.
-struct Pages(u64);
-
-impl Pages {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % PAGES
-    }
-}
+/// Random page indices (`fastrand`, cheap, so that the generator is not what we measure).
+type Pages = fastrand::Rng;
 
 /// Runs `iters` operations on each of `threads` threads (each thread builds its operation
 /// with `make(thread)` before the clock matters); returns wall time divided by the thread
@@ -43,7 +34,7 @@ fn timed<F: FnMut(&mut Pages)>(
         for t in 0..threads {
             s.spawn(move || {
                 let mut op = make(t);
-                let mut pages = Pages(0x9E37_79B9_7F4A_7C15 ^ ((t as u64 + 1) * 0x1234_5678));
+                let mut pages = Pages::with_seed(t as u64 + 1);
                 for _ in 0..iters {
                     op(&mut pages);
                 }
@@ -79,7 +70,7 @@ fn bench(c: &mut Criterion) {
                     timed(threads, iters, |t| {
                         let mut part = parts[t].lock().unwrap();
                         move |pages: &mut Pages| {
-                            let at = (pages.next() % (half / BLOCK) as u64) as usize * BLOCK;
+                            let at = pages.u64(..(half / BLOCK) as u64) as usize * BLOCK;
                             if write {
                                 part[at..at + BLOCK].copy_from_slice(black_box(data));
                             } else {
@@ -95,7 +86,7 @@ fn bench(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     timed(threads, iters, |_| {
                         |pages: &mut Pages| {
-                            let at = pages.next() * BLOCK as u64;
+                            let at = pages.u64(..PAGES) * BLOCK as u64;
                             if write {
                                 dev.write_at(black_box(data), at, false).expect("write");
                             } else {

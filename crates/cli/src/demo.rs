@@ -251,12 +251,10 @@ fn ready(scratch: &Shared, name: &str, uri: &str) -> Result<()> {
 fn make_image(path: &Path, size: u64) -> Result<()> {
     let mut f = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     f.set_len(size)?;
-    let mut rng = vdstream_bench::workload::Rng::new(0x6465_6d6f);
+    let mut rng = fastrand::Rng::with_seed(0x6465_6d6f);
     let mut chunk = vec![0u8; 64 << 10];
     for mib in 0..size >> 20 {
-        for word in chunk.chunks_exact_mut(8) {
-            word.copy_from_slice(&rng.next_u64().to_le_bytes());
-        }
+        rng.fill(&mut chunk);
         f.seek(SeekFrom::Start(mib << 20))?;
         f.write_all(&chunk)?;
     }

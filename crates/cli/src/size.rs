@@ -1,54 +1,44 @@
 //! Human sizes on the command line: `64M`, `1G`, `512k`, `1.5T`, `4096` (bytes). Binary
 //! units (K = 1024), because disk sizes are counted that way by qemu-img and nbdkit.
 //!
-//! One exact parser (integers, never floating point: `1.1K` is refused rather than rounded)
-//! for every size flag, and one range check, [`parse_ram`], for every `--ram`
-//! (`serve-image`, `target add|set|attach`, `size`); [`check_ram_fits_here`] adds this
-//! machine's RAM for the commands whose cache lives here (`serve-image`, `target attach`).
+//! One exact parser (the `parse-size` crate: integers, never floating point) for every size
+//! flag; a fraction that is not a whole number of bytes (`1.1K`) is refused rather than
+//! rounded. One range check, [`parse_ram`], for every `--ram` (`serve-image`,
+//! `target add|set|attach`, `size`); [`check_ram_fits_here`] adds this machine's RAM for the
+//! commands whose cache lives here (`serve-image`, `target attach`).
 
+use parse_size::{Config, Error};
 use vdstream_store::targets::{check_ram, check_ram_range};
 use vdstream_wcache::CacheType;
 
-/// Largest size at all: what an `off_t` holds.
-const MAX_SIZE: u128 = i64::MAX as u128;
+/// K, M, G, T, P, E (with or without `B`, `iB`) are powers of 1024.
+const BINARY: Config = Config::new().with_binary();
 
-/// Parses a size such as `64M`, `1G`, `1GiB`, `512k`, `1.5T` or `4096`, exactly.
+/// Parses a size such as `64M`, `1G`, `1GiB`, `512k`, `1.5T` or `4096`, exactly; at most
+/// what an `off_t` holds.
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let hint = "use a number with K, M, G or T (e.g. 64M, 1G)";
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
-        other => return Err(format!("unknown unit {other:?} in size {text:?}: {hint}")),
-    };
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
-    if !(digits(int) || int.is_empty() && digits(frac)) || !(frac.is_empty() || digits(frac)) {
-        return Err(format!("{text:?} is not a size: {hint}"));
+    let dot_first = t.starts_with('.') && t[1..].starts_with(|c: char| c.is_ascii_digit());
+    let t = &if dot_first { format!("0{t}") } else { t.to_owned() }; // `.5K`, as before
+    let out_of_range = || format!("size {text:?} is out of range");
+    let bytes = BINARY.parse_size(t).map_err(|e| match e {
+        Error::PosOverflow => out_of_range(),
+        _ => format!("unknown unit or malformed number in size {text:?}: use a number with K, M, G or T (e.g. 64M, 1G)"),
+    })?;
+    // parse-size rounds a fraction of a byte to the nearest byte. Refuse it instead: N.D<unit>
+    // is whole bytes exactly when ND<unit> (the dot dropped, exact) is 10^decimals times it.
+    let unit_at = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    if let Some(dot) = t[..unit_at].find('.') {
+        let decimals = t[dot + 1..unit_at].bytes().filter(u8::is_ascii_digit).count() as u32;
+        let scaled = BINARY.parse_size(format!("{}{}", &t[..dot], &t[dot + 1..]));
+        if scaled.ok() != 10u64.checked_pow(decimals).and_then(|p| bytes.checked_mul(p)) {
+            return Err(format!("size {text:?} is not a whole number of bytes: use a smaller unit (e.g. 1536K rather than 1.5001M)"));
+        }
     }
-    if frac.len() > 18 {
-        return Err(format!("size {text:?} has more decimals than a byte count needs"));
+    if bytes > i64::MAX as u64 {
+        return Err(out_of_range());
     }
-    let int: u128 = if int.is_empty() { 0 } else { int.parse().map_err(|_| format!("size {text:?} is out of range"))? };
-    let frac_value: u128 = if frac.is_empty() { 0 } else { frac.parse().map_err(|_| format!("size {text:?} is out of range"))? };
-    let scale = 10u128.pow(frac.len() as u32);
-    let unit_bytes = 1u128 << shift;
-    let whole = int.checked_mul(unit_bytes).filter(|v| *v <= MAX_SIZE).ok_or_else(|| format!("size {text:?} is out of range"))?;
-    let part = frac_value * unit_bytes;
-    if part % scale != 0 {
-        return Err(format!("size {text:?} is not a whole number of bytes: use a smaller unit (e.g. 1536K rather than 1.5001M)"));
-    }
-    let bytes = whole + part / scale;
-    if bytes > MAX_SIZE {
-        return Err(format!("size {text:?} is out of range"));
-    }
-    Ok(bytes as u64)
+    Ok(bytes)
 }
 
 /// Parses a `--ram` size and checks its range (0, or 1M to 256G:
@@ -116,7 +106,9 @@ mod tests {
         assert!(parse_size("-1G").is_err());
         assert_eq!(parse_size(".5K").unwrap(), 512);
         assert_eq!(parse_size("1.5T").unwrap(), 3 << 39);
-        for bad in ["", ".", "1..2K", "1.2.3", "1e3", " K"] {
+        assert_eq!(parse_size("1.5e3").unwrap(), 1500, "scientific notation");
+        assert_eq!(parse_size("1_024 KiB").unwrap(), 1 << 20, "digit grouping");
+        for bad in ["", ".", "1..2K", "1.2.3", " K", "1.5e-1"] {
             assert!(parse_size(bad).is_err(), "{bad:?}");
         }
     }
@@ -128,7 +120,10 @@ mod tests {
         assert_eq!(parse_size("0.25k").unwrap(), 256);
         assert!(parse_size("1.1k").unwrap_err().contains("whole number of bytes"));
         assert!(parse_size("0.1").unwrap_err().contains("whole number of bytes"));
-        assert!(parse_size("8E").is_err(), "exa is not a unit");
+        // 2^52 + 1 KiB = 2^62 + 1024 bytes, also beyond an f64.
+        assert_eq!(parse_size("4503599627370497K").unwrap(), (1 << 62) + 1024);
+        assert_eq!(parse_size("7E").unwrap(), 7 << 60);
+        assert!(parse_size("8E").unwrap_err().contains("out of range"), "2^63 is past off_t");
         assert_eq!(parse_size("8191P").unwrap(), 8191 << 50);
         assert!(parse_size("8192P").unwrap_err().contains("out of range"));
         assert!(parse_size("99999999999999999999999").unwrap_err().contains("out of range"));

@@ -370,23 +370,16 @@ fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
     }))
 }
 
-/// `500ms`, `30s`, `5m`, `1h`, or a plain number of seconds.
+/// `500ms`, `30s`, `5m`, `1h`, `1m30s`, or a plain number of seconds (jiff's friendly format).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{text:?}: give a duration such as 500ms, 30s, 5m or 1h"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
-        return Err(format!("{text:?}: give a positive duration"));
+    let plain = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    let parsed: jiff::SignedDuration = if plain { format!("{t}s").parse() } else { t.parse() }
+        .map_err(|_| format!("{text:?}: give a duration such as 500ms, 30s, 5m or 1h"))?;
+    match Duration::try_from(parsed) {
+        Ok(d) if !d.is_zero() && d.as_secs() < 1_000_000_000 => Ok(d),
+        _ => Err(format!("{text:?}: give a positive duration")),
     }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 #[cfg(test)]
@@ -399,6 +392,8 @@ mod tests {
         assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
         for bad in ["", "s", "-1s", "3 days", "0"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }

@@ -67,16 +67,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for w in 0..a.tasks * a.depth {
         let (client, ops, bs) = (client.clone(), ops.clone(), a.bs);
         workers.push(tokio::spawn(async move {
-            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w + 1);
+            let mut rng = fastrand::Rng::with_seed(w + 1);
             let data = vec![0x5au8; bs as usize];
             let mut buf = vec![0u8; bs as usize];
             let mut n = 0u64;
             while Instant::now() < deadline {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let offset = (x % blocks) * u64::from(bs);
-                if x % 100 < read_percent {
+                let offset = rng.u64(..blocks) * u64::from(bs);
+                if rng.u64(..100) < read_percent {
                     buf = client.read_buf(offset, buf).await?;
                 } else {
                     client.write(offset, &data, false).await?;

@@ -99,21 +99,6 @@ impl Drop for ServerProcess {
     }
 }
 
-/// splitmix64: reproducible randomness without a dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 async fn connect(server: &ServerProcess, opts: ConnectOptions) -> Arc<Client> {
     Arc::new(Client::connect(server.address(), opts).await.expect("connect"))
 }
@@ -129,13 +114,13 @@ async fn concurrent_model_roundtrip(client: Arc<Client>, tasks: u64, ops_per_tas
         handles.push(tokio::spawn(async move {
             let base = t * stripe;
             let mut model = vec![0u8; stripe as usize];
-            let mut rng = Rng(t + 1);
+            let mut rng = fastrand::Rng::with_seed(t + 1); // reproducible
             for i in 0..ops_per_task {
-                let len = 1 + rng.below(64 * 1024);
-                let off = rng.below(stripe - len + 1);
+                let len = 1 + rng.u64(..64 * 1024);
+                let off = rng.u64(..=stripe - len);
                 let range = off as usize..(off + len) as usize;
                 if i % 3 != 2 {
-                    let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                    let data: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
                     client.write(base + off, &data, false).await.expect("write");
                     model[range].copy_from_slice(&data);
                 } else {

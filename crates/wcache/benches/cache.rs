@@ -16,7 +16,7 @@ use vdstream_blockdev::BlockDev;
 use vdstream_wcache::WriteCache;
 
 mod common;
-use common::{fill, overflow_cache, resident_1gib, Pages, GIB, MIB, PAGE};
+use common::{fill, overflow_cache, resident_1gib, GIB, MIB, PAGE};
 
 fn ram_resident(c: &mut Criterion) {
     let mut g = c.benchmark_group("ram_resident_4k_random_write");
@@ -25,10 +25,10 @@ fn ram_resident(c: &mut Criterion) {
     let data = [0xA5u8; PAGE as usize];
 
     let mut plain = vec![1u8; GIB as usize]; // touched: no page faults while measuring
-    let mut rng = Pages(0x1234_5678);
+    let mut rng = fastrand::Rng::with_seed(0x1234_5678);
     g.bench_function("memcpy_into_1gib", |b| {
         b.iter(|| {
-            let p = rng.next(pages) * PAGE;
+            let p = rng.u64(..pages) * PAGE;
             plain[p as usize..(p + PAGE) as usize].copy_from_slice(black_box(&data));
         })
     });
@@ -36,9 +36,9 @@ fn ram_resident(c: &mut Criterion) {
 
     let dir = tempfile::tempdir().unwrap();
     let cache = resident_1gib(dir.path());
-    let mut rng = Pages(0x1234_5678);
+    let mut rng = fastrand::Rng::with_seed(0x1234_5678);
     g.bench_function("ram_overflow_1gib", |b| {
-        b.iter(|| cache.write_at(black_box(&data), rng.next(pages) * PAGE, false).unwrap())
+        b.iter(|| cache.write_at(black_box(&data), rng.u64(..pages) * PAGE, false).unwrap())
     });
     let s = cache.stats();
     assert_eq!(s.overflow_write_ops, 0, "the working set must stay in RAM: {s:?}");
@@ -54,9 +54,9 @@ fn overflow_sustained(c: &mut Criterion) {
         let cache = overflow_cache(128 * MIB, 64 * MIB, dir.path());
         fill(&cache, working_set);
         let pages = working_set / PAGE;
-        let mut rng = Pages(0x9876_5432);
+        let mut rng = fastrand::Rng::with_seed(0x9876_5432);
         g.bench_with_input(BenchmarkId::from_parameter(name), &pages, |b, &pages| {
-            b.iter(|| cache.write_at(black_box(&data), rng.next(pages) * PAGE, false).unwrap())
+            b.iter(|| cache.write_at(black_box(&data), rng.u64(..pages) * PAGE, false).unwrap())
         });
         let s = cache.stats();
         eprintln!(

@@ -17,7 +17,7 @@ use vdstream_wcache::WriteCache;
 const PER_ROUND: u64 = 300_000;
 
 mod common;
-use common::{resident_1gib, Pages, GIB, PAGE};
+use common::{resident_1gib, GIB, PAGE};
 
 fn main() {
     let rounds: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(15);
@@ -28,12 +28,12 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let cache = resident_1gib(dir.path());
 
-    let mut rng_plain = Pages(0x1234_5678);
-    let mut rng_cache = Pages(0x1234_5678);
+    let mut rng_plain = fastrand::Rng::with_seed(0x1234_5678);
+    let mut rng_cache = fastrand::Rng::with_seed(0x1234_5678);
     let mut memcpy_burst = || {
         let t = Instant::now();
         for _ in 0..PER_ROUND {
-            let p = (rng_plain.next(pages) * PAGE) as usize;
+            let p = (rng_plain.u64(..pages) * PAGE) as usize;
             plain[p..p + PAGE as usize].copy_from_slice(std::hint::black_box(&data));
         }
         PER_ROUND as f64 / t.elapsed().as_secs_f64()
@@ -41,7 +41,7 @@ fn main() {
     let mut cache_burst = || {
         let t = Instant::now();
         for _ in 0..PER_ROUND {
-            cache.write_at(std::hint::black_box(&data), rng_cache.next(pages) * PAGE, false).unwrap();
+            cache.write_at(std::hint::black_box(&data), rng_cache.u64(..pages) * PAGE, false).unwrap();
         }
         PER_ROUND as f64 / t.elapsed().as_secs_f64()
     };

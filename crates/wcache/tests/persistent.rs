@@ -217,24 +217,11 @@ const CRASH_PAGES: u64 = CRASH_SIZE / PAGE as u64;
 const CRASH_WRITES: u64 = 1_000_000;
 const FLUSH_EVERY: u64 = 8;
 
-/// splitmix64: the child and the parent replay the same sequence from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
-/// Write `i` of round `seed`: the page and its new bytes (`None` = a trim of the page).
-fn crash_op(rng: &mut Rng, seed: u64, i: u64) -> (u64, Option<Vec<u8>>) {
-    let r = rng.next();
-    let page = r % CRASH_PAGES;
-    if (r >> 32) % 10 == 0 {
+/// Write `i` of round `seed`: the page and its new bytes (`None` = a trim of the page). The
+/// child and the parent replay the same sequence: `rng` is `fastrand::Rng::with_seed(seed)`.
+fn crash_op(rng: &mut fastrand::Rng, seed: u64, i: u64) -> (u64, Option<Vec<u8>>) {
+    let page = rng.u64(..CRASH_PAGES);
+    if rng.u8(..10) == 0 {
         return (page, None);
     }
     let tag = (seed << 40) | (i << 12) | page;
@@ -261,7 +248,7 @@ fn crash_child() {
     let cfg = CacheConfig { io_engine: engine, ..config(&dir, "crash target", seed % 2 == 0) };
     let cache = PersistentDiskCache::open(crash_lower(&dir), &cfg, CacheType::DeviceDiskPersistent).unwrap();
     let mut progress = std::fs::OpenOptions::new().create(true).append(true).open(crash_paths(&dir).1).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = fastrand::Rng::with_seed(seed);
     for i in 0..CRASH_WRITES {
         match crash_op(&mut rng, seed, i) {
             (page, Some(data)) => cache.write_at(&data, page * PAGE as u64, false).unwrap(),
@@ -285,7 +272,7 @@ fn crash_test_flushed_writes_survive_kill_9() {
     let (vdisk, progress) = crash_paths(dir.path());
     std::fs::write(&vdisk, pattern_buf(0x77, 0, CRASH_SIZE as usize)).unwrap();
     let mut baseline = pattern_buf(0x77, 0, CRASH_SIZE as usize);
-    let mut delays = Rng(0xC0FFEE);
+    let mut delays = fastrand::Rng::with_seed(0xC0FFEE);
     for round in 1..=4u64 {
         let _ = std::fs::remove_file(&progress);
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -301,7 +288,7 @@ fn crash_test_flushed_writes_survive_kill_9() {
             assert!(child.try_wait().unwrap().is_none(), "the crash child exited early");
             std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(delays.next() % 400));
+        std::thread::sleep(Duration::from_millis(delays.u64(..400)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let acked: u64 = std::fs::read_to_string(&progress).unwrap_or_default().lines().filter_map(|l| l.parse().ok()).next_back().unwrap_or(0);
@@ -309,7 +296,7 @@ fn crash_test_flushed_writes_survive_kill_9() {
         // Every page: its value after the acknowledged writes, or a later write's value.
         let mut expect = baseline.clone();
         let mut later: Vec<Vec<Option<Vec<u8>>>> = vec![Vec::new(); CRASH_PAGES as usize];
-        let mut rng = Rng(round);
+        let mut rng = fastrand::Rng::with_seed(round);
         for i in 0..acked + 2 * FLUSH_EVERY {
             let (page, data) = crash_op(&mut rng, round, i);
             let at = page as usize * PAGE;

@@ -1,5 +1,5 @@
-//! What the write-cache benchmarks share: a deterministic stream of page indices and the
-//! RAM-overflow caches they measure.
+//! What the write-cache benchmarks share: the RAM-overflow caches they measure. (Page
+//! indices come from `fastrand::Rng::with_seed`, a deterministic stream.)
 
 use std::sync::Arc;
 
@@ -10,18 +10,6 @@ use vdstream_wcache::CacheConfig;
 pub const PAGE: u64 = 4096;
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
-
-/// xorshift64*: a cheap, deterministic stream of page indices.
-pub struct Pages(pub u64);
-
-impl Pages {
-    pub fn next(&mut self, pages: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % pages
-    }
-}
 
 /// A `ram-overflow` cache of `size` bytes over a RAM disk, with `ram` of RAM.
 pub fn overflow_cache(size: u64, ram: u64, dir: &std::path::Path) -> RamOverflowCache {
