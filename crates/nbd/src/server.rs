@@ -187,28 +187,25 @@ impl Server {
     }
 }
 
-/// A connected socket in blocking mode. Its clones share one file descriptor (reads and
-/// writes go through `&UnixStream` / `&TcpStream`): a connection costs one descriptor for
-/// its socket, not one per thread that uses it.
-enum BlockingSocket {
-    Unix(Arc<std::os::unix::net::UnixStream>),
-    Tcp(Arc<std::net::TcpStream>),
-}
+/// A connected socket in blocking mode. Its clones share one file descriptor: a connection
+/// costs one descriptor for its socket, not one per thread that uses it.
+#[derive(Clone)]
+struct BlockingSocket(Arc<socket2::Socket>);
 
 /// A socket whose handshake ran on tokio and whose transmission phase runs blocking.
 trait Transport: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {
-    fn into_blocking(self) -> io::Result<BlockingSocket>;
+    fn into_fd(self) -> io::Result<std::os::fd::OwnedFd>;
 }
 
 impl Transport for tokio::net::UnixStream {
-    fn into_blocking(self) -> io::Result<BlockingSocket> {
-        Ok(BlockingSocket::Unix(Arc::new(self.into_std()?)))
+    fn into_fd(self) -> io::Result<std::os::fd::OwnedFd> {
+        Ok(self.into_std()?.into())
     }
 }
 
 impl Transport for tokio::net::TcpStream {
-    fn into_blocking(self) -> io::Result<BlockingSocket> {
-        Ok(BlockingSocket::Tcp(Arc::new(self.into_std()?)))
+    fn into_fd(self) -> io::Result<std::os::fd::OwnedFd> {
+        Ok(self.into_std()?.into())
     }
 }
 
@@ -219,51 +216,23 @@ const HANDSHAKE_READS_ALLOWED: u32 = 4;
 const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl BlockingSocket {
-    fn prepare(&self) -> io::Result<()> {
-        match self {
-            BlockingSocket::Unix(s) => {
-                s.set_nonblocking(false)?;
-                s.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))
-            }
-            BlockingSocket::Tcp(s) => {
-                s.set_nonblocking(false)?;
-                s.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))
-            }
-        }
-    }
-
-    /// Another handle on the same socket (no new descriptor).
-    fn share(&self) -> BlockingSocket {
-        match self {
-            BlockingSocket::Unix(s) => BlockingSocket::Unix(s.clone()),
-            BlockingSocket::Tcp(s) => BlockingSocket::Tcp(s.clone()),
-        }
-    }
-
-    /// Ends the read side: a read blocked on it returns end-of-file.
-    fn shutdown_read(&self) {
-        let _ = match self {
-            BlockingSocket::Unix(s) => s.shutdown(std::net::Shutdown::Read),
-            BlockingSocket::Tcp(s) => s.shutdown(std::net::Shutdown::Read),
-        };
+    fn new(fd: std::os::fd::OwnedFd) -> io::Result<BlockingSocket> {
+        let sock = socket2::Socket::from(fd);
+        sock.set_nonblocking(false)?;
+        sock.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
+        Ok(BlockingSocket(Arc::new(sock)))
     }
 }
 
 impl io::Read for BlockingSocket {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            BlockingSocket::Unix(s) => (&**s).read(buf),
-            BlockingSocket::Tcp(s) => (&**s).read(buf),
-        }
+        (&*self.0).read(buf)
     }
 }
 
 impl io::Write for BlockingSocket {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            BlockingSocket::Unix(s) => (&**s).write(buf),
-            BlockingSocket::Tcp(s) => (&**s).write(buf),
-        }
+        (&*self.0).write(buf)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
@@ -274,9 +243,7 @@ impl io::Write for BlockingSocket {
 /// more workers if the device may sleep). When a drain starts it shuts the socket's read
 /// side, so the threads answer what they read and end.
 async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
-    sock.prepare()?;
-    let waker = sock.share();
-    let writer = sock.share();
+    let (waker, writer) = (sock.clone(), sock.clone());
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
         let _ = done_tx.send(crate::session::run(sock, writer, negotiated, &shared));
@@ -288,7 +255,8 @@ async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Ar
     let result = match finished {
         Some(r) => r,
         None => {
-            waker.shutdown_read();
+            // A read blocked on the socket returns end-of-file.
+            let _ = waker.0.shutdown(std::net::Shutdown::Read);
             done_rx.await
         }
     };
@@ -343,7 +311,7 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
         }
     };
     log::debug!("NBD client {peer} uses export {:?} ({})", negotiated.export_name, negotiated.device.describe());
-    let result = match stream.into_blocking() {
+    let result = match stream.into_fd().and_then(BlockingSocket::new) {
         Ok(sock) => run_on_threads(sock, negotiated, shared.clone(), shutdown).await,
         Err(e) => Err(e.into()),
     };
