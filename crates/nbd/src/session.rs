@@ -215,9 +215,6 @@ enum Step {
     NeedInput,
     /// The output buffer is full, or the budget is spent: write it, then call again.
     OutputFull,
-    /// The next request does not fit in what this pass may hold: a pool worker takes it
-    /// alone, with a budget of its own.
-    OverBudget,
     /// The client sent DISC.
     Disconnect,
     Failed(SessionError),
@@ -310,19 +307,18 @@ impl Exec {
 
 /// One pass of the core: takes complete requests from `input` and executes them, their
 /// replies appended to `out`, until the input runs dry, the output fills, or the requests
-/// taken would hold more than `limit` bytes. The first request of a pass is taken whatever
-/// its size when the pass runs `alone` (it has the connection's whole budget); otherwise
-/// such a request ends the pass with [`Step::OverBudget`].
+/// taken would hold more than `limit` bytes (the first request of a pass is taken whatever
+/// its size: the caller's `limit` covers it, or is the connection's whole budget).
 ///
 /// With `pace`, each request is timed there, and the pass ends after a request slower
 /// than [`FAST_REQUEST_NS`], so that the pool can hand the rest out to its workers.
 #[allow(clippy::too_many_arguments)]
-fn process(input: &mut Input, exec: &mut Exec, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally, limit: usize, alone: bool, pace: Option<&Pace>) -> Step {
+fn process(input: &mut Input, exec: &mut Exec, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally, limit: usize, pace: Option<&Pace>) -> Step {
     let mut held = 0usize;
     let step = loop {
         let Some(cost) = input.next_cost() else { break Step::NeedInput };
-        if held + cost > limit && (held > 0 || !alone) {
-            break if held > 0 { Step::OutputFull } else { Step::OverBudget };
+        if held > 0 && held + cost > limit {
+            break Step::OutputFull;
         }
         if input.needs_room() {
             exec.finish(dev, x, &input.buf, out, tally);
@@ -564,11 +560,11 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
                 }
                 if alone || c.pace.is_fast() {
                     // The replies go out while this worker still holds the read side: it
-                    // is the connection's one runner for the pass, with no hand-off.
-                    let grant = if alone { c.budget.max } else { c.budget.acquire(FLUSH_AT) };
+                    // is the connection's one runner for the pass, with no hand-off. Its
+                    // grant covers the first request (or is the whole budget).
+                    let grant = if alone { c.budget.max } else { c.budget.acquire(FLUSH_AT.max(rs.input.next_cost().unwrap_or(0))) };
                     let pace = (!alone).then_some(&c.pace);
-                    let step = process(&mut rs.input, &mut rs.exec, c.dev, &c.x, &mut out, &mut scratch, &mut rs.tally, grant, alone, pace);
-                    let over = matches!(step, Step::OverBudget);
+                    let step = process(&mut rs.input, &mut rs.exec, c.dev, &c.x, &mut out, &mut scratch, &mut rs.tally, grant, pace);
                     let answered = !out.is_empty();
                     let sent = c.send(&mut out);
                     if !alone {
@@ -578,12 +574,9 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
                         _ if !sent => return rs.stop(Step::Disconnect),
                         Step::NeedInput if !answered => rs.fill(stats),
                         Step::NeedInput | Step::OutputFull => {}
-                        Step::OverBudget => {} // taken alone below
                         stop => return rs.stop(stop),
                     }
-                    if !over {
-                        continue;
-                    }
+                    continue;
                 }
                 let Some(cost) = rs.input.next_cost() else {
                     rs.fill(stats);
