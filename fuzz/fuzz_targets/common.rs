@@ -1,7 +1,9 @@
 #![allow(dead_code)]
-//! Shared fuzz harness: one in-memory export and a runtime, and a function that feeds a
-//! byte stream to a whole server connection over a tokio duplex pipe while draining the
-//! server's replies. Invariant checked: the server never panics and always finishes.
+//! Shared fuzz harness: memory exports (one per executor of the request core) and a
+//! runtime, and a function that feeds a byte stream to a whole server connection over a
+//! real unix socket pair, served exactly as an accepted connection is (handshake on tokio,
+//! then the blocking request core), while draining the server's replies. Invariant
+//! checked: the server never panics and always finishes.
 
 use std::sync::{Arc, OnceLock};
 
@@ -9,9 +11,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vdstream_blockdev::{BlockDev, Caps, Hole, MemoryDev, Result as DevResult, ZeroFlags};
 use vdstream_nbd::{ExportInfo, Exports, OpenError, Server, ServerConfig, ShutdownSignal};
 
-/// A MemoryDev that claims may_block, to drive the concurrent engine.
+/// A MemoryDev that claims may_block, to drive the worker pool (or, with `.1`, prefers
+/// batches, to drive the batched executor).
 #[derive(Debug)]
-pub struct Blocking(pub MemoryDev);
+pub struct Blocking(pub MemoryDev, pub bool);
 impl BlockDev for Blocking {
     fn size(&self) -> u64 { self.0.size() }
     fn caps(&self) -> Caps { Caps { may_block: true, flush: true, fua: true, cache: true, ..self.0.caps() } }
@@ -21,11 +24,13 @@ impl BlockDev for Blocking {
     fn trim(&self, o: u64, l: u64, f: bool) -> DevResult<()> { self.0.trim(o, l, f) }
     fn write_zeroes(&self, o: u64, l: u64, f: ZeroFlags) -> DevResult<()> { self.0.write_zeroes(o, l, f) }
     fn describe(&self) -> String { "fuzz blocking memory".into() }
+    fn prefers_batches(&self) -> bool { self.1 }
 }
 
 pub struct FuzzExports {
     inline: Arc<MemoryDev>,
     blocking: Arc<Blocking>,
+    batched: Arc<Blocking>,
 }
 
 impl Exports for FuzzExports {
@@ -36,6 +41,7 @@ impl Exports for FuzzExports {
         match name {
             "" | "a" => Ok(self.inline.clone()),
             "b" => Ok(self.blocking.clone()),
+            "c" => Ok(self.batched.clone()),
             _ => Err(OpenError::Unknown(name.to_string())),
         }
     }
@@ -52,7 +58,8 @@ pub fn harness() -> &'static Harness {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let exports = Arc::new(FuzzExports {
             inline: Arc::new(MemoryDev::new(1 << 20)),
-            blocking: Arc::new(Blocking(MemoryDev::new(1 << 20))),
+            blocking: Arc::new(Blocking(MemoryDev::new(1 << 20), false)),
+            batched: Arc::new(Blocking(MemoryDev::new(1 << 20), true)),
         });
         let config = ServerConfig { handshake_timeout: std::time::Duration::from_secs(5), ..Default::default() };
         Harness { rt, server: Server::new(exports, config) }
@@ -63,8 +70,12 @@ pub fn harness() -> &'static Harness {
 pub fn run_connection(input: &[u8]) {
     let h = harness();
     h.rt.block_on(async {
-        let (mut client, server_side) = tokio::io::duplex(1 << 16);
-        let serve = h.server.serve_stream(server_side, ShutdownSignal::never());
+        let (client, server_side) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        let pair = [&client, &server_side].map(|s| s.set_nonblocking(true));
+        pair.into_iter().collect::<std::io::Result<()>>().expect("non-blocking socket pair");
+        let mut client = tokio::net::UnixStream::from_std(client).expect("client socket");
+        let server_side = tokio::net::UnixStream::from_std(server_side).expect("server socket");
+        let serve = h.server.serve_unix_stream(server_side, ShutdownSignal::never());
         let drive = async {
             let (mut rd, mut wr) = tokio::io::split(&mut client);
             let write = async {

@@ -1,5 +1,5 @@
 //! Fuzzes the handshake: the pure option payload parsers, then the whole handshake state
-//! machine fed an arbitrary client byte stream over an in-memory pipe.
+//! machine fed an arbitrary client byte stream over a unix socket pair.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

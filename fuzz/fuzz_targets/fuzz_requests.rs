@@ -1,6 +1,7 @@
 //! Fuzzes the transmission phase: request header parsing and validation as pure
-//! functions, then a real session (inline or concurrent engine, simple or structured
-//! replies, chosen by the first byte) over an in-memory pipe with a memory device.
+//! functions, then a real session (the request core with its inline, worker-pool or
+//! batched executor, simple or structured replies, chosen by the first byte) over a unix
+//! socket pair with a memory device.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -25,7 +26,11 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let export = if mode & 1 != 0 { "b" } else { "a" };
+    let export = match mode & 0x11 {
+        0 => "a",
+        0x10 => "c",
+        _ => "b",
+    };
     let mut stream = common::handshake_prefix(export, mode & 2 != 0);
     stream.extend_from_slice(rest);
     common::run_connection(&stream);

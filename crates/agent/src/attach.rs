@@ -448,14 +448,11 @@ fn take_lock(id: &str, path: &Path) -> Result<File, AgentError> {
 /// Refuses a path that is not a socket or that a live process answers on; removes a
 /// stale socket left by a process that died.
 fn check_socket(path: &Path) -> Result<(), AgentError> {
-    use std::os::unix::fs::FileTypeExt;
-    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
-    let in_use = |reason: &str| Err(AgentError::SocketInUse { path: path.to_path_buf(), reason: reason.to_string() });
-    if !meta.file_type().is_socket() {
-        return in_use("exists and is not a socket: choose another --socket path");
-    }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return in_use("a live server (another agent or serve-image?) is listening on it: stop it or choose another --socket path");
-    }
-    std::fs::remove_file(path).map_err(|err| AgentError::Io { what: format!("cannot remove the stale socket {}", path.display()), err })
+    use vdstream_nbd::listen::BindError;
+    let in_use = |reason: &str| AgentError::SocketInUse { path: path.to_path_buf(), reason: reason.to_string() };
+    vdstream_nbd::listen::clear_stale_socket(path).map_err(|e| match e {
+        BindError::NotASocket(_) => in_use("exists and is not a socket: choose another --socket path"),
+        BindError::InUse(_) => in_use("a live server (another agent or serve-image?) is listening on it: stop it or choose another --socket path"),
+        BindError::Stale { source, .. } | BindError::Bind { source, .. } => AgentError::Io { what: format!("cannot remove the stale socket {}", path.display()), err: source },
+    })
 }

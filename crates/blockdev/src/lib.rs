@@ -197,6 +197,9 @@ pub struct BatchOp<'a> {
     pub io: BatchIo<'a>,
     /// Set by `io_batch`.
     pub result: Result<()>,
+    /// Set by `io_batch` for a read, as `read_at_sparse` sets it: parts of the buffer known
+    /// to be unallocated (a device may leave it empty).
+    pub holes: Vec<Hole>,
 }
 
 /// What a [`BatchOp`] does.
@@ -210,12 +213,12 @@ pub enum BatchIo<'a> {
 impl<'a> BatchOp<'a> {
     /// A read of `buf.len()` bytes at `offset`, not run yet.
     pub fn read(buf: &'a mut [u8], offset: u64) -> Self {
-        BatchOp { offset, io: BatchIo::Read(buf), result: Ok(()) }
+        BatchOp { offset, io: BatchIo::Read(buf), result: Ok(()), holes: Vec::new() }
     }
 
     /// A write of `buf` at `offset`, not run yet.
     pub fn write(buf: &'a [u8], offset: u64, fua: bool) -> Self {
-        BatchOp { offset, io: BatchIo::Write(buf, fua), result: Ok(()) }
+        BatchOp { offset, io: BatchIo::Write(buf, fua), result: Ok(()), holes: Vec::new() }
     }
 
     pub fn len(&self) -> usize {
@@ -233,12 +236,12 @@ impl<'a> BatchOp<'a> {
         matches!(self.io, BatchIo::Write(..))
     }
 
-    /// Runs this op on its own with `read_at` or `write_at` of `dev` and sets its result:
+    /// Runs this op on its own with `read_at_sparse` or `write_at` of `dev` and sets its result:
     /// what [`BlockDev::io_batch`] does by default, and what a batching device does with
     /// the ops it does not batch.
     pub fn run_alone<D: BlockDev + ?Sized>(&mut self, dev: &D) {
         self.result = match &mut self.io {
-            BatchIo::Read(buf) => dev.read_at(buf, self.offset),
+            BatchIo::Read(buf) => dev.read_at_sparse(buf, self.offset, &mut self.holes),
             BatchIo::Write(buf, fua) => dev.write_at(buf, self.offset, *fua),
         };
     }

@@ -464,17 +464,13 @@ fn cache_summary(cache: &dyn WriteCache, cfg: &CacheConfig) -> String {
 /// Binds a unix socket, removing a stale socket file left by a process that died, but
 /// refusing to steal a socket some live server still answers on.
 fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            conflict!("{} exists and is not a socket: choose another --socket path", path.display());
-        }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            conflict!("another server is already listening on {}: stop it or choose another --socket path", path.display());
-        }
-        std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    use vdstream_nbd::listen::BindError;
+    match vdstream_nbd::listen::bind_unix(path) {
+        Ok(l) => Ok(l),
+        Err(e @ BindError::NotASocket(_)) => conflict!("{e}: choose another --socket path"),
+        Err(e @ BindError::InUse(_)) => conflict!("{e}: stop it or choose another --socket path"),
+        Err(e) => Err(e.into()),
     }
-    tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on unix socket {}", path.display()))
 }
 
 pub(crate) async fn wait_for_signal() -> Result<()> {

@@ -8,7 +8,7 @@
 use vdstream_blockdev::ErrorKind;
 
 use crate::proto;
-use crate::server::OpenError;
+use crate::state::OpenError;
 
 /// The NBD errno for a device error.
 ///
@@ -78,8 +78,8 @@ mod tests {
         #[derive(Debug, thiserror::Error)]
         #[error("cannot open layer: {0}")]
         struct Wrapped(#[source] std::io::Error);
-        assert!(crate::server::is_out_of_fds(&Wrapped(std::io::Error::from_raw_os_error(libc::EMFILE))));
-        assert!(crate::server::is_out_of_fds(&std::io::Error::from_raw_os_error(libc::ENFILE)));
-        assert!(!crate::server::is_out_of_fds(&Wrapped(std::io::Error::from_raw_os_error(libc::ENOENT))));
+        assert!(crate::state::is_out_of_fds(&Wrapped(std::io::Error::from_raw_os_error(libc::EMFILE))));
+        assert!(crate::state::is_out_of_fds(&std::io::Error::from_raw_os_error(libc::ENFILE)));
+        assert!(!crate::state::is_out_of_fds(&Wrapped(std::io::Error::from_raw_os_error(libc::ENOENT))));
     }
 }

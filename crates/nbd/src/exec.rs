@@ -42,6 +42,23 @@ pub fn reply_error(out: &mut ReplyBuf, x: &ExportParams, handle: u64, errno: u32
     }
 }
 
+/// Appends the answer to a request whose device call panicked: EIO, naming the command.
+/// The caller logs the panic.
+pub fn reply_panicked(out: &mut ReplyBuf, x: &ExportParams, req: &Request) {
+    let what = match req.command {
+        Command::Read { .. } => "read",
+        Command::Write { .. } => "write",
+        Command::Flush => "flush",
+        Command::Trim { .. } => "trim",
+        Command::Cache => "cache",
+        Command::WriteZeroes(_) => "write-zeroes",
+        Command::BlockStatus { .. } => "block-status",
+        Command::Disconnect => "disconnect",
+    };
+    let message = format!("internal error in the block device during a {what} (it panicked); see the server log");
+    reply_error(out, x, req.handle, EIO, &message, None);
+}
+
 /// Runs `req` on `dev` and appends its reply to `out`. `payload` is the WRITE data (empty
 /// otherwise). Returns whether the request succeeded (for counters).
 pub fn execute(dev: &dyn BlockDev, x: &ExportParams, req: &Request, payload: &[u8], out: &mut ReplyBuf, scratch: &mut Scratch) -> bool {
@@ -51,7 +68,7 @@ pub fn execute(dev: &dyn BlockDev, x: &ExportParams, req: &Request, payload: &[u
         Err(_) => {
             log::error!("device {} panicked on {:?}; answered EIO", dev.describe(), req);
             out.truncate(start);
-            reply_error(out, x, req.handle, EIO, "internal error in the block device (it panicked); see the server log", None);
+            reply_panicked(out, x, req);
             false
         }
     }
@@ -61,7 +78,7 @@ fn execute_inner(dev: &dyn BlockDev, x: &ExportParams, req: &Request, payload: &
     debug_assert!(req.offset + req.length as u64 <= x.size || req.command == Command::Flush);
     let (off, len) = (req.offset, req.length as u64);
     let result = match req.command {
-        Command::Read { df } => return read(dev, x, req, df, out, scratch),
+        Command::Read { .. } => return read(dev, x, req, out, scratch),
         Command::BlockStatus { req_one } => return block_status(dev, x, req, req_one, out, scratch),
         Command::Write { fua } => {
             debug_assert_eq!(payload.len() as u64, len);
@@ -76,6 +93,12 @@ fn execute_inner(dev: &dyn BlockDev, x: &ExportParams, req: &Request, payload: &
             return true;
         }
     };
+    reply_status(out, x, req, result)
+}
+
+/// Appends the reply to a request other than READ and BLOCK_STATUS once its device call
+/// returned `result`. Returns whether it succeeded.
+pub fn reply_status(out: &mut ReplyBuf, x: &ExportParams, req: &Request, result: vdstream_blockdev::Result<()>) -> bool {
     match result {
         Ok(()) => {
             out.simple_reply(req.handle, 0);
@@ -83,72 +106,94 @@ fn execute_inner(dev: &dyn BlockDev, x: &ExportParams, req: &Request, payload: &
         }
         Err(e) => {
             let fast = matches!(req.command, Command::WriteZeroes(f) if f.fast_only);
-            reply_error(out, x, req.handle, errno_for(e.kind, fast), &e.to_string(), None);
+            // A READ's error names where it failed, when that is inside the request.
+            let end = req.offset + req.length as u64;
+            let at = matches!(req.command, Command::Read { .. }).then_some(e.offset).filter(|&o| o >= req.offset && o < end);
+            reply_error(out, x, req.handle, errno_for(e.kind, fast), &e.to_string(), at);
             false
         }
     }
 }
 
-fn read(dev: &dyn BlockDev, x: &ExportParams, req: &Request, df: bool, out: &mut ReplyBuf, scratch: &mut Scratch) -> bool {
+const PREFIX: usize = CHUNK_HEADER_LEN + 8;
+
+/// A READ, its data read straight into `out` behind the reply header.
+fn read(dev: &dyn BlockDev, x: &ExportParams, req: &Request, out: &mut ReplyBuf, scratch: &mut Scratch) -> bool {
     let len = req.length as usize;
     let start = out.len();
-    if !x.structured {
-        let r = out.reserve(SIMPLE_REPLY_LEN + len);
-        let buf = out.slice_mut(r);
-        let (head, data) = buf.split_at_mut(SIMPLE_REPLY_LEN);
-        return match dev.read_at(data, req.offset) {
-            Ok(()) => {
-                write_simple_reply(head, req.handle, 0);
-                true
-            }
-            Err(e) => {
-                out.truncate(start);
-                out.simple_reply(req.handle, errno_for(e.kind, false));
-                false
-            }
-        };
-    }
-
-    const PREFIX: usize = CHUNK_HEADER_LEN + 8;
-    let r = out.reserve(PREFIX + len);
-    let buf = out.slice_mut(r);
-    let (head, data) = buf.split_at_mut(PREFIX);
+    let head_len = if x.structured { PREFIX } else { SIMPLE_REPLY_LEN };
+    let r = out.reserve(head_len + len);
+    let (head, data) = out.slice_mut(r).split_at_mut(head_len);
     scratch.holes.clear();
-    if let Err(e) = dev.read_at_sparse(data, req.offset, &mut scratch.holes) {
-        out.truncate(start);
-        let end = req.offset + len as u64;
-        let at = (e.offset >= req.offset && e.offset < end).then_some(e.offset);
-        reply_error(out, x, req.handle, errno_for(e.kind, false), &e.to_string(), at);
-        return false;
-    }
-    // Keep only holes worth a chunk that lie inside the buffer, in order, not overlapping.
-    scratch.holes.retain(|h| h.len >= MIN_HOLE_CHUNK && h.start.checked_add(h.len).is_some_and(|end| end <= len));
-    if df || scratch.holes.is_empty() {
-        write_chunk_header(head, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req.handle, (8 + len) as u32);
-        head[CHUNK_HEADER_LEN..].copy_from_slice(&req.offset.to_be_bytes());
+    let result = if x.structured { dev.read_at_sparse(data, req.offset, &mut scratch.holes) } else { dev.read_at(data, req.offset) };
+    if result.is_err() || !keep_holes(req, len, &mut scratch.holes) {
+        if let Err(e) = result {
+            out.truncate(start);
+            return reply_status(out, x, req, Err(e));
+        }
+        if x.structured {
+            write_chunk_header(head, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req.handle, (8 + len) as u32);
+            head[CHUNK_HEADER_LEN..].copy_from_slice(&req.offset.to_be_bytes());
+        } else {
+            write_simple_reply(head, req.handle, 0);
+        }
         return true;
     }
-
     // Fragment around the holes: move the data aside, then emit data and hole chunks.
     scratch.data.clear();
     scratch.data.extend_from_slice(data);
     out.truncate(start);
-    scratch.holes.sort_unstable_by_key(|h| h.start);
+    fragments(out, req, &scratch.data, &scratch.holes);
+    true
+}
+
+/// Appends the reply to a READ whose data was read elsewhere (the batched engine), with
+/// the device's `result` and the `holes` it reported in `data`.
+pub fn reply_read(out: &mut ReplyBuf, x: &ExportParams, req: &Request, result: vdstream_blockdev::Result<()>, data: &[u8], holes: &mut Vec<Hole>) -> bool {
+    if result.is_err() {
+        return reply_status(out, x, req, result);
+    }
+    if !x.structured {
+        out.simple_reply(req.handle, 0);
+    } else if keep_holes(req, data.len(), holes) {
+        fragments(out, req, data, holes);
+        return true;
+    } else {
+        out.chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req.handle, (PREFIX - CHUNK_HEADER_LEN + data.len()) as u32);
+        out.put_u64(req.offset);
+    }
+    out.put(data);
+    true
+}
+
+/// Keeps only holes worth a chunk that lie inside the buffer, in order; whether any are
+/// left to send (never with DF, which asks for one data chunk).
+fn keep_holes(req: &Request, len: usize, holes: &mut Vec<Hole>) -> bool {
+    if matches!(req.command, Command::Read { df: true }) {
+        return false;
+    }
+    holes.retain(|h| h.len >= MIN_HOLE_CHUNK && h.start.checked_add(h.len).is_some_and(|end| end <= len));
+    holes.sort_unstable_by_key(|h| h.start);
+    !holes.is_empty()
+}
+
+/// Appends a structured READ reply as data and hole chunks, the last one marked DONE.
+fn fragments(out: &mut ReplyBuf, req: &Request, data: &[u8], holes: &[Hole]) {
     let mut pos = 0usize;
-    let mut last_chunk = start;
-    let data_chunk = |out: &mut ReplyBuf, from: usize, to: usize, src: &[u8]| {
+    let mut last_chunk = out.len();
+    let data_chunk = |out: &mut ReplyBuf, from: usize, to: usize| {
         let at = out.len();
         out.chunk_header(0, REPLY_TYPE_OFFSET_DATA, req.handle, (8 + to - from) as u32);
         out.put_u64(req.offset + from as u64);
-        out.put(&src[from..to]);
+        out.put(&data[from..to]);
         at
     };
-    for h in &scratch.holes {
+    for h in holes {
         if h.start < pos {
             continue; // overlaps the previous hole: its bytes are zero in the data anyway
         }
         if h.start > pos {
-            data_chunk(out, pos, h.start, &scratch.data);
+            data_chunk(out, pos, h.start);
         }
         last_chunk = out.len();
         out.chunk_header(0, REPLY_TYPE_OFFSET_HOLE, req.handle, 12);
@@ -156,20 +201,18 @@ fn read(dev: &dyn BlockDev, x: &ExportParams, req: &Request, df: bool, out: &mut
         out.put_u32(h.len as u32);
         pos = h.start + h.len;
     }
-    if pos < len {
-        last_chunk = data_chunk(out, pos, len, &scratch.data);
+    if pos < data.len() {
+        last_chunk = data_chunk(out, pos, data.len());
     }
     // Mark the last chunk as the final one.
     out.slice_mut(last_chunk + 4..last_chunk + 6).copy_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
-    true
 }
 
 fn block_status(dev: &dyn BlockDev, x: &ExportParams, req: &Request, req_one: bool, out: &mut ReplyBuf, scratch: &mut Scratch) -> bool {
     debug_assert!(x.base_allocation);
     scratch.extents.clear();
     if let Err(e) = dev.block_status(req.offset, req.length as u64, &mut scratch.extents) {
-        reply_error(out, x, req.handle, errno_for(e.kind, false), &e.to_string(), None);
-        return false;
+        return reply_status(out, x, req, Err(e));
     }
     // (length, flags) descriptors: clamped to the request (so each fits in u32), merged
     // when consecutive extents have the same flags, at most MAX_EXTENTS of them.

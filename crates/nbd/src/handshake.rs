@@ -19,7 +19,7 @@ use crate::errno::rep_err_for;
 use crate::flags::{block_size, transmission_flags};
 use crate::options::{self, OptionParseError};
 use crate::proto::*;
-use crate::server::{OpenError, OpenPurpose, OpenRequest, OpenedExport, Shared, ShutdownSignal};
+use crate::state::{OpenError, OpenPurpose, OpenRequest, OpenedExport, Shared, ShutdownSignal};
 use crate::validate::ExportParams;
 use crate::wire::{put_option_reply, OptionHeader, OPTION_HEADER_LEN};
 

@@ -2,24 +2,29 @@
 //! client. This crate knows the [`vdstream_blockdev::BlockDev`] trait and nothing of how any
 //! device stores bytes.
 //!
-//! Server side, by protocol phase: [`wire`] (byte layouts), [`options`] (option payload
-//! parsers), [`handshake`] (option haggling), [`flags`] (what is advertised, from `Caps`),
-//! [`validate`] (every request checked once at the edge), `exec` (running a request and
-//! encoding its reply), `session` (the transmission loop), [`errno`] (the one error → wire
-//! code mapping) and [`server`] (the public API, accept loop and drain). Failures a client
-//! can provoke are logged through [`lograte`] (the workspace's one rate limiter, from
-//! vdstream-blockdev).
+//! Server side, by protocol phase: [`listen`] (binding over a stale socket, TCP dead-peer
+//! options), [`wire`] (byte layouts), [`options`] (option payload parsers), [`handshake`]
+//! (option haggling), [`flags`] (what is advertised, from `Caps`), [`validate`] (every
+//! request checked once at the edge), `exec` (running a request and encoding its reply),
+//! `session` (the one request core: parse → validate → execute → reply, with an inline,
+//! batched or worker-pool executor), [`errno`] (the one error → wire code mapping),
+//! [`state`] (the shared server state and public types: a leaf every other server module
+//! may use) and [`server`] (the accept loop and drain). The module-level `use crate::…`
+//! graph is acyclic. Failures a client can provoke are logged through [`lograte`] (the
+//! workspace's one rate limiter, from vdstream-blockdev).
 
 pub mod client;
 pub mod errno;
 mod exec;
 pub mod flags;
 pub mod handshake;
+pub mod listen;
 pub use vdstream_blockdev::lograte;
 pub mod options;
 pub mod proto;
 pub mod server;
 mod session;
+pub mod state;
 pub mod validate;
 pub mod wire;
 

@@ -9,265 +9,25 @@
 //! answered, and [`Server::serve`] returns only when every connection has closed.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::handshake::Negotiated;
 use crate::session::SessionError;
-use vdstream_blockdev::BlockDev;
-
-/// One export as shown to `NBD_OPT_LIST` and `NBD_INFO_DESCRIPTION`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExportInfo {
-    pub name: String,
-    pub description: String,
-}
-
-/// Why an export could not be opened. The message is sent to the client (with
-/// `NBD_OPT_GO`/`NBD_OPT_INFO`), so say what is wrong and what to do.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OpenError {
-    /// No such export (`NBD_REP_ERR_UNKNOWN`).
-    #[error("unknown export: {0}")]
-    Unknown(String),
-    /// Policy forbids this client the export (`NBD_REP_ERR_POLICY`).
-    #[error("refused by policy: {0}")]
-    Policy(String),
-    /// The export exists but cannot be opened now, e.g. a maintenance version that already
-    /// has its one writer (`NBD_REP_ERR_POLICY`).
-    #[error("export busy: {0}")]
-    Busy(String),
-    /// The server is shutting down (`NBD_REP_ERR_SHUTDOWN`).
-    #[error("server shutting down: {0}")]
-    Shutdown(String),
-    /// Opening failed (I/O, corrupt store...) (`NBD_REP_ERR_UNKNOWN`, with this message).
-    #[error("export could not be opened: {0}")]
-    Failed(String),
-    /// The server has no room for this connection now: its connection cap
-    /// ([`ServerConfig::max_connections`]) is reached, or it ran out of file descriptors
-    /// (`EMFILE`/`ENFILE`) opening the export (`NBD_REP_ERR_SHUTDOWN`: "not here, not now",
-    /// so a client with another server moves on, and may come back later).
-    #[error("server full: {0}")]
-    Full(String),
-}
-
-impl OpenError {
-    /// The kind of refusal, one word, for logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            OpenError::Unknown(_) => "unknown export",
-            OpenError::Policy(_) => "policy",
-            OpenError::Busy(_) => "busy",
-            OpenError::Shutdown(_) => "shutting down",
-            OpenError::Failed(_) => "failed",
-            OpenError::Full(_) => "server full",
-        }
-    }
-}
-
-/// Whether `e` (or an error it wraps) is the process or the system running out of file
-/// descriptors: then an open failed for want of room, not for anything about the export.
-pub fn is_out_of_fds(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<io::Error>() {
-            if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
-                return true;
-            }
-        }
-        cur = err.source();
-    }
-    false
-}
-
-/// Why an export is being opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpenPurpose {
-    /// `NBD_OPT_INFO`: the device is dropped right after its size and caps are read.
-    Info,
-    /// `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`: the connection uses the device until it closes.
-    Session,
-}
-
-/// One request to open an export, with what the server knows of the client.
-#[derive(Debug, Clone, Copy)]
-pub struct OpenRequest<'a> {
-    /// The export name the client asked for ("" = the default export).
-    pub name: &'a str,
-    /// `unix` for a unix socket, else the peer's `IP:PORT`.
-    pub peer: &'a str,
-    pub purpose: OpenPurpose,
-}
-
-/// An opened export: the device and the description that goes with it. Returned
-/// together so that an export resolved at connect time (a vDisk's production version)
-/// describes exactly the device the client got.
-#[derive(Debug)]
-pub struct OpenedExport {
-    pub device: Arc<dyn BlockDev>,
-    pub description: Option<String>,
-    /// This connection holds the export alone: another connection to it is refused while
-    /// this one is open (a maintenance version's one writer). `CAN_MULTI_CONN` is then not
-    /// advertised, whatever the device could do, so that clients such as nbdcopy and
-    /// nbdfuse open one connection instead of being refused their second.
-    pub exclusive: bool,
-}
-
-/// The set of exports a server offers.
-pub trait Exports: Send + Sync + 'static {
-    /// The exports shown to `NBD_OPT_LIST`.
-    fn list(&self) -> Vec<ExportInfo>;
-
-    /// Opens export `name` ("" = the default export). Called once per connection at
-    /// `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`, and for each `NBD_OPT_INFO` (whose device is
-    /// dropped right after its size and caps are read). Return the same `Arc` for every
-    /// connection that should share one device.
-    fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError>;
-
-    /// The description sent as `NBD_INFO_DESCRIPTION` for export `name` (clients such as
-    /// the agent compare it across reconnects to know they still read the same vDisk
-    /// version). The default looks `name` up in [`Exports::list`]; an implementation where
-    /// "" is an alias of a listed export should answer for "" too.
-    fn description(&self, name: &str) -> Option<String> {
-        self.list().into_iter().find(|e| e.name == name).map(|e| e.description)
-    }
-
-    /// Opens an export for one connection, knowing its peer and why. The device lives as
-    /// long as the connection uses it (for [`OpenPurpose::Session`], until the connection
-    /// closes), so an implementation can tie per-connection state to it. The default
-    /// calls [`Exports::open`] and [`Exports::description`].
-    fn open_export(&self, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
-        let device = self.open(req.name)?;
-        Ok(OpenedExport { device, description: self.description(req.name), exclusive: false })
-    }
-}
-
-/// Tunables of a server. `Default` gives production values.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// Each handshake read or write must finish within this time, or the connection is
-    /// dropped (a stalled client cannot hold a slot forever).
-    pub handshake_timeout: Duration,
-    /// Payload bytes (read data, write data) one connection may have in flight before
-    /// the server stops reading its requests (backpressure).
-    pub max_in_flight_bytes: usize,
-    /// Size of each connection's request read buffer.
-    pub read_buffer_size: usize,
-    /// Connections beyond this (over all listeners of the server) are answered
-    /// [`OpenError::Full`] to whatever export they ask for, then closed.
-    pub max_connections: usize,
-    /// Worker threads per connection for devices that may sleep (files, caches): how many
-    /// of one connection's requests run at once.
-    pub threads_per_connection: usize,
-    /// TCP connections whose peer stops answering (its machine lost or cut off without
-    /// closing the connection) are dropped after about this long: TCP keepalive probes
-    /// while idle, `TCP_USER_TIMEOUT` while data waits for an acknowledgement. `None`:
-    /// the system's defaults (keepalive off; a dead idle peer is never noticed).
-    pub dead_peer_timeout: Option<Duration>,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            handshake_timeout: Duration::from_secs(30),
-            max_in_flight_bytes: 64 << 20,
-            read_buffer_size: 256 << 10,
-            max_connections: 4096,
-            threads_per_connection: 16,
-            dead_peer_timeout: Some(DEFAULT_DEAD_PEER_TIMEOUT),
-        }
-    }
-}
-
-/// Counters over the life of a server; read them with `load(Ordering::Relaxed)`.
-/// Sessions add to them once per batch of requests, not per request.
-#[derive(Debug, Default)]
-pub struct ServerStats {
-    pub connections_accepted: AtomicU64,
-    pub connections_active: AtomicU64,
-    pub connections_refused: AtomicU64,
-    pub handshakes_failed: AtomicU64,
-    pub requests: AtomicU64,
-    pub request_errors: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    /// Worker threads the threaded engine runs now, over all connections (it starts them
-    /// as requests need them: an idle connection has one).
-    pub workers: AtomicU64,
-}
-
-/// Starts a graceful drain when [`ShutdownTrigger::shutdown`] is called.
-#[derive(Debug)]
-pub struct ShutdownTrigger {
-    tx: watch::Sender<bool>,
-}
-
-impl ShutdownTrigger {
-    /// Starts the drain: stop accepting, stop reading requests, answer those in flight,
-    /// close. Idempotent.
-    pub fn shutdown(&self) {
-        self.tx.send_replace(true);
-    }
-}
-
-/// The receiving side of a shutdown; cheap to clone, one per connection.
-/// Dropping the [`ShutdownTrigger`] without calling `shutdown` never triggers it.
-#[derive(Debug, Clone)]
-pub struct ShutdownSignal {
-    rx: watch::Receiver<bool>,
-}
-
-impl ShutdownSignal {
-    /// A new trigger and its signal.
-    pub fn new() -> (ShutdownTrigger, ShutdownSignal) {
-        let (tx, rx) = watch::channel(false);
-        (ShutdownTrigger { tx }, ShutdownSignal { rx })
-    }
-
-    /// A signal that never fires (for tests, fuzzing and one-off sessions).
-    pub fn never() -> ShutdownSignal {
-        ShutdownSignal::new().1
-    }
-
-    /// Whether shutdown has started.
-    pub fn is_shutdown(&self) -> bool {
-        *self.rx.borrow()
-    }
-
-    /// Completes when shutdown starts (never, if the trigger was dropped unused).
-    pub async fn wait(&mut self) {
-        loop {
-            if *self.rx.borrow_and_update() {
-                return;
-            }
-            if self.rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-    }
-}
+pub use crate::state::{
+    is_out_of_fds, ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport, ServerConfig, ServerStats, ShutdownSignal,
+    ShutdownTrigger, DEFAULT_DEAD_PEER_TIMEOUT,
+};
+use crate::state::Shared;
 
 /// Where a server accepts connections.
 #[derive(Debug)]
 pub enum Listener {
     Unix(tokio::net::UnixListener),
     Tcp(tokio::net::TcpListener),
-}
-
-/// What every connection of a server shares.
-pub(crate) struct Shared {
-    pub exports: Arc<dyn Exports>,
-    pub config: ServerConfig,
-    pub stats: Arc<ServerStats>,
-    /// Refused opens and accept failures go to the log through this.
-    pub log: crate::lograte::LogLimiter,
-    /// Connections being answered "server full" now (see [`Server::refuse`]).
-    pub refusing: std::sync::atomic::AtomicUsize,
 }
 
 /// Most connections answered "server full" at once; more are closed right after accept.
@@ -419,82 +179,34 @@ impl Server {
         });
     }
 
-    /// Serves one already-connected stream (handshake, then transmission) until it closes.
-    /// Used by tests and fuzzing over in-memory streams; `serve` calls the same code.
-    pub async fn serve_stream<S>(&self, stream: S, shutdown: ShutdownSignal)
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        run_connection(InMemory(stream), &self.shared, shutdown, "stream", None).await
+    /// Serves one connected unix socket (handshake, then transmission) until it closes,
+    /// exactly as [`Server::serve`] serves an accepted one. Fuzzing and tests use it with
+    /// one end of a socket pair.
+    pub async fn serve_unix_stream(&self, stream: tokio::net::UnixStream, shutdown: ShutdownSignal) {
+        run_connection(stream, &self.shared, shutdown, "unix", None).await
     }
 }
 
-/// A stream the transmission phase may move onto a blocking socket of its own thread.
-trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
-    /// The blocking socket behind this stream, or the stream back if it has none.
-    fn into_blocking(self) -> Converted<Self>
-    where
-        Self: Sized;
-}
+/// A connected socket in blocking mode. Its clones share one file descriptor: a connection
+/// costs one descriptor for its socket, not one per thread that uses it.
+#[derive(Clone)]
+struct BlockingSocket(Arc<socket2::Socket>);
 
-/// What became of a stream asked for its blocking socket.
-enum Converted<S> {
-    Blocking(BlockingSocket),
-    Async(S),
-    Failed(io::Error),
-}
-
-/// An in-memory stream (tests, fuzzing): always served by the async engines.
-struct InMemory<S>(S);
-
-impl<S: AsyncRead + Unpin> AsyncRead for InMemory<S> {
-    fn poll_read(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for InMemory<S> {
-    fn poll_write(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
-    }
-    fn poll_flush(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().0).poll_flush(cx)
-    }
-    fn poll_shutdown(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
-    }
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Transport for InMemory<S> {
-    fn into_blocking(self) -> Converted<Self> {
-        Converted::Async(self)
-    }
+/// A socket whose handshake ran on tokio and whose transmission phase runs blocking.
+trait Transport: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {
+    fn into_fd(self) -> io::Result<std::os::fd::OwnedFd>;
 }
 
 impl Transport for tokio::net::UnixStream {
-    fn into_blocking(self) -> Converted<Self> {
-        match self.into_std() {
-            Ok(s) => Converted::Blocking(BlockingSocket::Unix(Arc::new(s))),
-            Err(e) => Converted::Failed(e),
-        }
+    fn into_fd(self) -> io::Result<std::os::fd::OwnedFd> {
+        Ok(self.into_std()?.into())
     }
 }
 
 impl Transport for tokio::net::TcpStream {
-    fn into_blocking(self) -> Converted<Self> {
-        match self.into_std() {
-            Ok(s) => Converted::Blocking(BlockingSocket::Tcp(Arc::new(s))),
-            Err(e) => Converted::Failed(e),
-        }
+    fn into_fd(self) -> io::Result<std::os::fd::OwnedFd> {
+        Ok(self.into_std()?.into())
     }
-}
-
-/// A connected socket in blocking mode. Its clones share one file descriptor (reads and
-/// writes go through `&UnixStream` / `&TcpStream`): a connection costs one descriptor for
-/// its socket, not one per thread that uses it.
-enum BlockingSocket {
-    Unix(Arc<std::os::unix::net::UnixStream>),
-    Tcp(Arc<std::net::TcpStream>),
 }
 
 /// The whole handshake may take this many `handshake_timeout`s.
@@ -504,76 +216,37 @@ const HANDSHAKE_READS_ALLOWED: u32 = 4;
 const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl BlockingSocket {
-    fn prepare(&self) -> io::Result<()> {
-        match self {
-            BlockingSocket::Unix(s) => {
-                s.set_nonblocking(false)?;
-                s.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))
-            }
-            BlockingSocket::Tcp(s) => {
-                s.set_nonblocking(false)?;
-                s.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))
-            }
-        }
-    }
-
-    /// Another handle on the same socket (no new descriptor).
-    fn share(&self) -> BlockingSocket {
-        match self {
-            BlockingSocket::Unix(s) => BlockingSocket::Unix(s.clone()),
-            BlockingSocket::Tcp(s) => BlockingSocket::Tcp(s.clone()),
-        }
-    }
-
-    /// Ends the read side: a read blocked on it returns end-of-file.
-    fn shutdown_read(&self) {
-        let _ = match self {
-            BlockingSocket::Unix(s) => s.shutdown(std::net::Shutdown::Read),
-            BlockingSocket::Tcp(s) => s.shutdown(std::net::Shutdown::Read),
-        };
+    fn new(fd: std::os::fd::OwnedFd) -> io::Result<BlockingSocket> {
+        let sock = socket2::Socket::from(fd);
+        sock.set_nonblocking(false)?;
+        sock.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
+        Ok(BlockingSocket(Arc::new(sock)))
     }
 }
 
 impl io::Read for BlockingSocket {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            BlockingSocket::Unix(s) => (&**s).read(buf),
-            BlockingSocket::Tcp(s) => (&**s).read(buf),
-        }
+        (&*self.0).read(buf)
     }
 }
 
 impl io::Write for BlockingSocket {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            BlockingSocket::Unix(s) => (&**s).write(buf),
-            BlockingSocket::Tcp(s) => (&**s).write(buf),
-        }
+        (&*self.0).write(buf)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
 }
 
-/// Runs a blocking engine on threads of its own: the inline engine for devices that never
-/// sleep, the threaded one for devices that may. When a drain starts it shuts the socket's
-/// read side, so the threads answer what they read and end.
+/// Runs the request core ([`crate::session::run`]) on a thread of its own (which starts
+/// more workers if the device may sleep). When a drain starts it shuts the socket's read
+/// side, so the threads answer what they read and end.
 async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
-    sock.prepare()?;
-    let waker = sock.share();
-    let batched = negotiated.device.prefers_batches();
-    let writer = if negotiated.device.caps().may_block && !batched { Some(sock.share()) } else { None };
+    let (waker, writer) = (sock.clone(), sock.clone());
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
-        let result = match writer {
-            None if batched => crate::session::run_batched_blocking(sock, negotiated, &shared),
-            None => crate::session::run_inline_blocking(sock, negotiated, &shared),
-            Some(writer) => {
-                let threads = shared.config.threads_per_connection.max(1);
-                crate::session::run_threaded_blocking(sock, writer, negotiated, &shared, threads)
-            }
-        };
-        let _ = done_tx.send(result);
+        let _ = done_tx.send(crate::session::run(sock, writer, negotiated, &shared));
     })?;
     let finished = tokio::select! {
         r = &mut done_rx => Some(r),
@@ -582,7 +255,8 @@ async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Ar
     let result = match finished {
         Some(r) => r,
         None => {
-            waker.shutdown_read();
+            // A read blocked on the socket returns end-of-file.
+            let _ = waker.0.shutdown(std::net::Shutdown::Read);
             done_rx.await
         }
     };
@@ -592,34 +266,6 @@ async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Ar
 enum Conn {
     Unix(tokio::net::UnixStream),
     Tcp(tokio::net::TcpStream),
-}
-
-/// The default [`ServerConfig::dead_peer_timeout`].
-pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Sets keepalive and `TCP_USER_TIMEOUT` on an accepted TCP connection so that a peer that
-/// stops answering is noticed within about `timeout`: the first probe after `timeout / 2`
-/// of silence, then three probes `timeout / 6` apart (at least a second each).
-pub fn set_dead_peer_timeout(sock: &impl std::os::fd::AsRawFd, timeout: Duration) -> io::Result<()> {
-    let fd = sock.as_raw_fd();
-    let secs = |d: Duration| d.as_secs().clamp(1, i32::MAX as u64) as libc::c_int;
-    let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| -> io::Result<()> {
-        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local; `fd` is
-        // open for the call (borrowed from `sock`).
-        let rc = unsafe {
-            libc::setsockopt(fd, level, name, (&value as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    };
-    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs(timeout / 2))?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs(timeout / 6))?;
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3)?;
-    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, timeout.as_millis().clamp(1000, i32::MAX as u128) as libc::c_int)
 }
 
 async fn accept(listener: &Listener, dead_peer_timeout: Option<Duration>) -> io::Result<(Conn, String)> {
@@ -634,7 +280,7 @@ async fn accept(listener: &Listener, dead_peer_timeout: Option<Duration>) -> io:
                 log::debug!("TCP_NODELAY on {addr}: {e}");
             }
             if let Some(t) = dead_peer_timeout {
-                if let Err(e) = set_dead_peer_timeout(&s, t) {
+                if let Err(e) = crate::listen::set_dead_peer_timeout(&s, t) {
                     log::warn!("cannot set TCP keepalive on the connection from {addr} ({e}); if its machine vanishes, the connection is held until the server stops");
                 }
             }
@@ -665,12 +311,9 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
         }
     };
     log::debug!("NBD client {peer} uses export {:?} ({})", negotiated.export_name, negotiated.device.describe());
-    // Real sockets go blocking, on threads of their own (see session); in-memory streams
-    // stay on the async engines.
-    let result = match stream.into_blocking() {
-        Converted::Blocking(sock) => run_on_threads(sock, negotiated, shared.clone(), shutdown).await,
-        Converted::Async(stream) => crate::session::run(stream, negotiated, shared, shutdown).await,
-        Converted::Failed(e) => Err(e.into()),
+    let result = match stream.into_fd().and_then(BlockingSocket::new) {
+        Ok(sock) => run_on_threads(sock, negotiated, shared.clone(), shutdown).await,
+        Err(e) => Err(e.into()),
     };
     match result {
         Err(SessionError::Io(e)) if e.raw_os_error() == Some(libc::ETIMEDOUT) => log::warn!(
@@ -678,40 +321,5 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
         ),
         Err(e) => log::info!("NBD connection from {peer} ended: {e}"),
         Ok(()) => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn get(sock: &std::net::TcpStream, level: libc::c_int, name: libc::c_int) -> libc::c_int {
-        use std::os::fd::AsRawFd;
-        let mut value: libc::c_int = -1;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into a live local.
-        let rc = unsafe { libc::getsockopt(sock.as_raw_fd(), level, name, (&mut value as *mut libc::c_int).cast(), &mut len) };
-        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
-        value
-    }
-
-    #[test]
-    fn the_dead_peer_timeout_sets_keepalive_and_the_user_timeout() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (sock, _) = listener.accept().unwrap();
-        assert_eq!(get(&sock, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0, "keepalive is off by default");
-        set_dead_peer_timeout(&sock, Duration::from_secs(60)).unwrap();
-        assert_eq!(get(&sock, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
-        // First probe after half the timeout of silence, then three, a sixth apart.
-        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 30);
-        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 10);
-        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 3);
-        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT), 60_000);
-        // Short timeouts keep whole seconds of at least one.
-        set_dead_peer_timeout(&sock, Duration::from_secs(3)).unwrap();
-        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 1);
-        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 1);
-        assert_eq!(get(&sock, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT), 3000);
     }
 }

@@ -183,27 +183,16 @@ pub fn raise_open_files_limit() -> OpenFilesLimit {
 /// Binds a unix socket, replacing a stale socket file left by a process that died, but
 /// refusing one a live server still answers on.
 fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, NbdError> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(NbdError::Listen(format!("{} exists and is not a socket: choose another --socket path", path.display())));
-        }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(NbdError::Bind {
-                addr: format!("the unix socket {}", path.display()),
-                hint: "stop that server or choose another --socket path",
-                source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "another server is already listening on it (address in use)"),
-            });
-        }
-        std::fs::remove_file(path).map_err(|e| NbdError::Listen(format!("cannot remove the stale socket {}: {e}", path.display())))?;
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    tokio::net::UnixListener::bind(path).map_err(|source| NbdError::Bind {
-        addr: format!("the unix socket {}", path.display()),
-        hint: "check the folder's permissions, or choose another --socket path",
-        source,
+    use vdstream_nbd::listen::BindError;
+    let addr = format!("the unix socket {}", path.display());
+    vdstream_nbd::listen::bind_unix(path).map_err(|e| match e {
+        BindError::InUse(_) => NbdError::Bind {
+            addr,
+            hint: "stop that server or choose another --socket path",
+            source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "another server is already listening on it (address in use)"),
+        },
+        BindError::Bind { source, .. } => NbdError::Bind { addr, hint: "check the folder's permissions, or choose another --socket path", source },
+        e => NbdError::Listen(format!("{e}: choose another --socket path")),
     })
 }
 

@@ -37,6 +37,7 @@ impl Exports for TestExports {
             "ro" => Ok(Arc::new(ReadOnly(self.disk.clone()))),
             "slow" => Ok(self.slow.clone()),
             "batched" => Ok(self.batched.clone()),
+            "panics" => Ok(Arc::new(PanicOnWrite(MemoryDev::new(DISK)))),
             "busy" => Err(OpenError::Busy("version v3 is in maintenance by another target".into())),
             _ => Err(OpenError::Unknown(format!("no export named {name:?}"))),
         }
@@ -65,21 +66,34 @@ pub struct SlowDev {
     pub inner: MemoryDev,
     pub active: AtomicUsize,
     pub peak: AtomicUsize,
+    /// Data bytes of the reads and writes running now, and the most there ever were.
+    pub bytes: AtomicUsize,
+    pub peak_bytes: AtomicUsize,
     pub log: Mutex<Vec<u64>>,
 }
 
 impl SlowDev {
     pub fn new() -> SlowDev {
-        SlowDev { inner: MemoryDev::new(DISK), active: AtomicUsize::new(0), peak: AtomicUsize::new(0), log: Mutex::new(Vec::new()) }
+        SlowDev {
+            inner: MemoryDev::new(DISK),
+            active: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+            peak_bytes: AtomicUsize::new(0),
+            log: Mutex::new(Vec::new()),
+        }
     }
-    fn slow<T>(&self, offset: u64, f: impl FnOnce() -> T) -> T {
+    fn slow<T>(&self, offset: u64, len: usize, f: impl FnOnce() -> T) -> T {
         let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
+        let bytes = self.bytes.fetch_add(len, Ordering::SeqCst) + len;
+        self.peak_bytes.fetch_max(bytes, Ordering::SeqCst);
         // Later offsets finish sooner: 0..=70 ms, decreasing with offset.
         let ms = 70u64.saturating_sub((offset / 4096) % 8 * 10);
         std::thread::sleep(Duration::from_millis(ms));
         let r = f();
         self.log.lock().unwrap().push(offset);
+        self.bytes.fetch_sub(len, Ordering::SeqCst);
         self.active.fetch_sub(1, Ordering::SeqCst);
         r
     }
@@ -88,24 +102,25 @@ impl SlowDev {
 impl BlockDev for SlowDev {
     fn size(&self) -> u64 { self.inner.size() }
     fn caps(&self) -> Caps { Caps { may_block: true, ..self.inner.caps() } }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> { self.slow(offset, || self.inner.read_at(buf, offset)) }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> { self.slow(offset, || self.inner.write_at(buf, offset, fua)) }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> { self.slow(offset, buf.len(), || self.inner.read_at(buf, offset)) }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> { self.slow(offset, buf.len(), || self.inner.write_at(buf, offset, fua)) }
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> { self.inner.trim(offset, len, fua) }
     fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> { self.inner.write_zeroes(offset, len, f) }
     fn describe(&self) -> String { "slow memory".into() }
 }
 
 /// A memory device that prefers batches: each `io_batch` call sleeps 5 ms (so requests pile
-/// up behind it) and records its size.
+/// up behind it) and records its size (requests) and its data bytes. It knows its holes.
 #[derive(Debug)]
 pub struct BatchDev {
     pub inner: MemoryDev,
     pub batches: Mutex<Vec<usize>>,
+    pub batch_bytes: Mutex<Vec<usize>>,
 }
 
 impl BatchDev {
     pub fn new() -> BatchDev {
-        BatchDev { inner: MemoryDev::new(DISK), batches: Mutex::new(Vec::new()) }
+        BatchDev { inner: MemoryDev::new(DISK), batches: Mutex::new(Vec::new()), batch_bytes: Mutex::new(Vec::new()) }
     }
 }
 
@@ -116,14 +131,31 @@ impl BlockDev for BatchDev {
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> { self.inner.write_at(buf, offset, fua) }
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> { self.inner.trim(offset, len, fua) }
     fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> { self.inner.write_zeroes(offset, len, f) }
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> { self.inner.read_at_sparse(buf, offset, holes) }
     fn describe(&self) -> String { "batched memory".into() }
     fn io_batch(&self, ops: &mut [vdstream_blockdev::BatchOp<'_>]) {
         self.batches.lock().unwrap().push(ops.len());
+        self.batch_bytes.lock().unwrap().push(ops.iter().map(|op| op.len()).sum());
         std::thread::sleep(Duration::from_millis(5));
         for op in ops {
             op.run_alone(&self.inner);
         }
     }
+    fn prefers_batches(&self) -> bool { true }
+}
+
+/// A device that prefers batches and panics on every write (a bug in a device), reads fine.
+#[derive(Debug)]
+pub struct PanicOnWrite(pub MemoryDev);
+
+impl BlockDev for PanicOnWrite {
+    fn size(&self) -> u64 { self.0.size() }
+    fn caps(&self) -> Caps { Caps { may_block: true, ..self.0.caps() } }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> { self.0.read_at(buf, offset) }
+    fn write_at(&self, _: &[u8], _: u64, _: bool) -> DevResult<()> { panic!("a bug in the device's write path") }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> { self.0.trim(offset, len, fua) }
+    fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> { self.0.write_zeroes(offset, len, f) }
+    fn describe(&self) -> String { "panicking memory".into() }
     fn prefers_batches(&self) -> bool { true }
 }
 

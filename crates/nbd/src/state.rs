@@ -1,0 +1,263 @@
+//! What every part of the server shares, and the types of its public API: the exports a
+//! server offers ([`Exports`], [`OpenError`]...), its tunables ([`ServerConfig`]), its
+//! counters ([`ServerStats`]), the drain signal ([`ShutdownSignal`]) and the per-server
+//! state every connection reads ([`Shared`]).
+//!
+//! A leaf module: it imports nothing else of this crate, so the handshake, the session
+//! engines, the errno mapping and the accept loop all depend on it and never on each
+//! other in a circle.
+
+use std::io;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use vdstream_blockdev::BlockDev;
+
+/// The default [`ServerConfig::dead_peer_timeout`].
+pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(60);
+
+
+/// One export as shown to `NBD_OPT_LIST` and `NBD_INFO_DESCRIPTION`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportInfo {
+    pub name: String,
+    pub description: String,
+}
+
+/// Why an export could not be opened. The message is sent to the client (with
+/// `NBD_OPT_GO`/`NBD_OPT_INFO`), so say what is wrong and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    /// No such export (`NBD_REP_ERR_UNKNOWN`).
+    #[error("unknown export: {0}")]
+    Unknown(String),
+    /// Policy forbids this client the export (`NBD_REP_ERR_POLICY`).
+    #[error("refused by policy: {0}")]
+    Policy(String),
+    /// The export exists but cannot be opened now, e.g. a maintenance version that already
+    /// has its one writer (`NBD_REP_ERR_POLICY`).
+    #[error("export busy: {0}")]
+    Busy(String),
+    /// The server is shutting down (`NBD_REP_ERR_SHUTDOWN`).
+    #[error("server shutting down: {0}")]
+    Shutdown(String),
+    /// Opening failed (I/O, corrupt store...) (`NBD_REP_ERR_UNKNOWN`, with this message).
+    #[error("export could not be opened: {0}")]
+    Failed(String),
+    /// The server has no room for this connection now: its connection cap
+    /// ([`ServerConfig::max_connections`]) is reached, or it ran out of file descriptors
+    /// (`EMFILE`/`ENFILE`) opening the export (`NBD_REP_ERR_SHUTDOWN`: "not here, not now",
+    /// so a client with another server moves on, and may come back later).
+    #[error("server full: {0}")]
+    Full(String),
+}
+
+impl OpenError {
+    /// The kind of refusal, one word, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OpenError::Unknown(_) => "unknown export",
+            OpenError::Policy(_) => "policy",
+            OpenError::Busy(_) => "busy",
+            OpenError::Shutdown(_) => "shutting down",
+            OpenError::Failed(_) => "failed",
+            OpenError::Full(_) => "server full",
+        }
+    }
+}
+
+/// Whether `e` (or an error it wraps) is the process or the system running out of file
+/// descriptors: then an open failed for want of room, not for anything about the export.
+pub fn is_out_of_fds(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Why an export is being opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenPurpose {
+    /// `NBD_OPT_INFO`: the device is dropped right after its size and caps are read.
+    Info,
+    /// `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`: the connection uses the device until it closes.
+    Session,
+}
+
+/// One request to open an export, with what the server knows of the client.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenRequest<'a> {
+    /// The export name the client asked for ("" = the default export).
+    pub name: &'a str,
+    /// `unix` for a unix socket, else the peer's `IP:PORT`.
+    pub peer: &'a str,
+    pub purpose: OpenPurpose,
+}
+
+/// An opened export: the device and the description that goes with it. Returned
+/// together so that an export resolved at connect time (a vDisk's production version)
+/// describes exactly the device the client got.
+#[derive(Debug)]
+pub struct OpenedExport {
+    pub device: Arc<dyn BlockDev>,
+    pub description: Option<String>,
+    /// This connection holds the export alone: another connection to it is refused while
+    /// this one is open (a maintenance version's one writer). `CAN_MULTI_CONN` is then not
+    /// advertised, whatever the device could do, so that clients such as nbdcopy and
+    /// nbdfuse open one connection instead of being refused their second.
+    pub exclusive: bool,
+}
+
+/// The set of exports a server offers.
+pub trait Exports: Send + Sync + 'static {
+    /// The exports shown to `NBD_OPT_LIST`.
+    fn list(&self) -> Vec<ExportInfo>;
+
+    /// Opens export `name` ("" = the default export). Called once per connection at
+    /// `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`, and for each `NBD_OPT_INFO` (whose device is
+    /// dropped right after its size and caps are read). Return the same `Arc` for every
+    /// connection that should share one device.
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError>;
+
+    /// The description sent as `NBD_INFO_DESCRIPTION` for export `name` (clients such as
+    /// the agent compare it across reconnects to know they still read the same vDisk
+    /// version). The default looks `name` up in [`Exports::list`]; an implementation where
+    /// "" is an alias of a listed export should answer for "" too.
+    fn description(&self, name: &str) -> Option<String> {
+        self.list().into_iter().find(|e| e.name == name).map(|e| e.description)
+    }
+
+    /// Opens an export for one connection, knowing its peer and why. The device lives as
+    /// long as the connection uses it (for [`OpenPurpose::Session`], until the connection
+    /// closes), so an implementation can tie per-connection state to it. The default
+    /// calls [`Exports::open`] and [`Exports::description`].
+    fn open_export(&self, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+        let device = self.open(req.name)?;
+        Ok(OpenedExport { device, description: self.description(req.name), exclusive: false })
+    }
+}
+
+/// Tunables of a server. `Default` gives production values.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Each handshake read or write must finish within this time, or the connection is
+    /// dropped (a stalled client cannot hold a slot forever).
+    pub handshake_timeout: Duration,
+    /// Payload bytes (read data, write data) one connection may have in flight before
+    /// the server stops reading its requests (backpressure).
+    pub max_in_flight_bytes: usize,
+    /// Size of each connection's request read buffer.
+    pub read_buffer_size: usize,
+    /// Connections beyond this (over all listeners of the server) are answered
+    /// [`OpenError::Full`] to whatever export they ask for, then closed.
+    pub max_connections: usize,
+    /// Worker threads per connection for devices that may sleep (files, caches): how many
+    /// of one connection's requests run at once.
+    pub threads_per_connection: usize,
+    /// TCP connections whose peer stops answering (its machine lost or cut off without
+    /// closing the connection) are dropped after about this long: TCP keepalive probes
+    /// while idle, `TCP_USER_TIMEOUT` while data waits for an acknowledgement. `None`:
+    /// the system's defaults (keepalive off; a dead idle peer is never noticed).
+    pub dead_peer_timeout: Option<Duration>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            handshake_timeout: Duration::from_secs(30),
+            max_in_flight_bytes: 64 << 20,
+            read_buffer_size: 256 << 10,
+            max_connections: 4096,
+            threads_per_connection: 16,
+            dead_peer_timeout: Some(DEFAULT_DEAD_PEER_TIMEOUT),
+        }
+    }
+}
+
+/// Counters over the life of a server; read them with `load(Ordering::Relaxed)`.
+/// Sessions add to them once per batch of requests, not per request.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub connections_accepted: AtomicU64,
+    pub connections_active: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub handshakes_failed: AtomicU64,
+    pub requests: AtomicU64,
+    pub request_errors: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    /// Threads serving connections now: one per connection, more for a device that may
+    /// sleep (its worker pool starts them as requests need them).
+    pub workers: AtomicU64,
+}
+
+/// Starts a graceful drain when [`ShutdownTrigger::shutdown`] is called.
+#[derive(Debug)]
+pub struct ShutdownTrigger {
+    tx: watch::Sender<bool>,
+}
+
+impl ShutdownTrigger {
+    /// Starts the drain: stop accepting, stop reading requests, answer those in flight,
+    /// close. Idempotent.
+    pub fn shutdown(&self) {
+        self.tx.send_replace(true);
+    }
+}
+
+/// The receiving side of a shutdown; cheap to clone, one per connection.
+/// Dropping the [`ShutdownTrigger`] without calling `shutdown` never triggers it.
+#[derive(Debug, Clone)]
+pub struct ShutdownSignal {
+    rx: watch::Receiver<bool>,
+}
+
+impl ShutdownSignal {
+    /// A new trigger and its signal.
+    pub fn new() -> (ShutdownTrigger, ShutdownSignal) {
+        let (tx, rx) = watch::channel(false);
+        (ShutdownTrigger { tx }, ShutdownSignal { rx })
+    }
+
+    /// A signal that never fires (for tests, fuzzing and one-off sessions).
+    pub fn never() -> ShutdownSignal {
+        ShutdownSignal::new().1
+    }
+
+    /// Whether shutdown has started.
+    pub fn is_shutdown(&self) -> bool {
+        *self.rx.borrow()
+    }
+
+    /// Completes when shutdown starts (never, if the trigger was dropped unused).
+    pub async fn wait(&mut self) {
+        loop {
+            if *self.rx.borrow_and_update() {
+                return;
+            }
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// What every connection of a server shares.
+pub(crate) struct Shared {
+    pub exports: Arc<dyn Exports>,
+    pub config: ServerConfig,
+    pub stats: Arc<ServerStats>,
+    /// Refused opens and accept failures go to the log through this.
+    pub log: vdstream_blockdev::lograte::LogLimiter,
+    /// Connections being answered "server full" now (the server's refusal path).
+    pub refusing: std::sync::atomic::AtomicUsize,
+}
+
