@@ -30,8 +30,10 @@ use std::time::Duration;
 use serde_json::Value;
 use vdstream_http::{Client, ClientError};
 use vdstream_nbd::client::Address;
+use vdstream_contract::server::ServerDoc;
 use vdstream_wcache::CacheType;
 
+pub use crate::endpoint::is_api_url;
 use crate::endpoint::Endpoint;
 use crate::status::Status;
 use crate::AgentError;
@@ -46,54 +48,26 @@ const ATTACH_WAIT: Duration = Duration::from_secs(5);
 /// How long a reconnect waits for them (the guest is waiting too).
 const REPLACE_WAIT: Duration = Duration::from_secs(1);
 
-/// Whether `uri` names a store server's API rather than an NBD server.
-pub fn is_api_url(uri: &str) -> bool {
-    uri.starts_with("http://") || uri.starts_with("https://")
-}
-
-/// `GET /api/v1/server`, what the agent uses of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerDoc {
-    pub name: String,
-    pub nbd_listen: Option<String>,
-    pub nbd_socket: Option<String>,
-    pub sessions: u64,
-    pub draining: bool,
-}
-
-impl ServerDoc {
-    pub fn from_json(v: &Value) -> Result<ServerDoc, String> {
-        let nbd = v.get("nbd").filter(|n| n.is_object()).ok_or("it has no \"nbd\" object")?;
-        let text = |x: &Value| x.as_str().filter(|s| !s.is_empty()).map(str::to_string);
-        Ok(ServerDoc {
-            name: v.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
-            nbd_listen: nbd.get("listen").and_then(text),
-            nbd_socket: nbd.get("socket").and_then(text),
-            sessions: v.get("sessions").and_then(Value::as_u64).ok_or("it has no \"sessions\" count")?,
-            draining: v.get("draining").and_then(Value::as_bool).unwrap_or(false),
-        })
-    }
-
-    /// The server's NBD address, as seen from an agent that reached its API at
-    /// `api_host`: the unix socket when the API is on this machine (loopback) or the
-    /// server has no TCP listener, else TCP, with an unspecified listen address
-    /// (`0.0.0.0`, `[::]`) replaced by `api_host`.
-    pub fn nbd_address(&self, api_host: &str) -> Option<Address> {
-        let local = matches!(api_host, "127.0.0.1" | "localhost" | "::1" | "[::1]");
-        match (&self.nbd_socket, &self.nbd_listen) {
-            (Some(sock), None) => Some(Address::unix(sock)),
-            (Some(sock), Some(_)) if local => Some(Address::unix(sock)),
-            (_, Some(listen)) => {
-                let (host, port) = listen.rsplit_once(':')?;
-                let host = match host {
-                    "0.0.0.0" | "[::]" | "::" | "" => api_host,
-                    h => h,
-                };
-                let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
-                Some(Address::tcp(format!("{host}:{port}")))
-            }
-            (None, None) => None,
+/// A server's NBD address, as seen from an agent that reached its API at `api_host`: the
+/// unix socket when the API is on this machine (loopback) or the server has no TCP
+/// listener, else TCP, with an unspecified listen address (`0.0.0.0`, `[::]`) replaced by
+/// `api_host`.
+pub fn nbd_address(doc: &ServerDoc, api_host: &str) -> Option<Address> {
+    let local = matches!(api_host, "127.0.0.1" | "localhost" | "::1" | "[::1]");
+    let given = |a: &Option<String>| a.clone().filter(|a| !a.is_empty());
+    match (given(&doc.nbd.socket), given(&doc.nbd.listen)) {
+        (Some(sock), None) => Some(Address::unix(sock)),
+        (Some(sock), Some(_)) if local => Some(Address::unix(sock)),
+        (_, Some(listen)) => {
+            let (host, port) = listen.rsplit_once(':')?;
+            let host = match host {
+                "0.0.0.0" | "[::]" | "::" | "" => api_host,
+                h => h,
+            };
+            let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+            Some(Address::tcp(format!("{host}:{port}")))
         }
+        (None, None) => None,
     }
 }
 
@@ -325,7 +299,7 @@ pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved,
     for i in placement_order(&docs) {
         let doc = docs[i].as_ref().expect("placement lists answering servers");
         let url = clients[i].url();
-        let Some(address) = doc.nbd_address(api_host(url)) else {
+        let Some(address) = nbd_address(&doc, api_host(url)) else {
             log::warn!("{url}: server {} serves no NBD (no listen address, no socket); it is left out", doc.name);
             continue;
         };
@@ -357,7 +331,7 @@ fn ask_all(clients: &[Client], within: Duration) -> Vec<Result<ServerDoc, String
     for (i, c) in clients.iter().enumerate() {
         let (c, sender) = (c.clone(), tx.clone());
         let spawned = std::thread::Builder::new().name("vdstream-api".into()).spawn(move || {
-            let doc = c.get("/api/v1/server").map_err(|e| e.to_string()).and_then(|v| ServerDoc::from_json(&v).map_err(|e| format!("its /api/v1/server answer: {e}")));
+            let doc = c.get("/api/v1/server").map_err(|e| e.to_string()).and_then(|v| serde_json::from_value::<ServerDoc>(v).map_err(|e| format!("its /api/v1/server answer: {e}")));
             let _ = sender.send((i, doc));
         });
         if let Err(e) = spawned {
@@ -451,9 +425,10 @@ fn report_now(client: &Client, target: &str, doc: &Value) {
 mod tests {
     use super::*;
     use serde_json::json;
+    use vdstream_contract::server::NbdAddresses;
 
     fn doc(sessions: u64, draining: bool) -> Option<ServerDoc> {
-        Some(ServerDoc { name: "s".into(), nbd_listen: None, nbd_socket: Some("/s".into()), sessions, draining })
+        Some(ServerDoc { nbd: NbdAddresses { listen: None, socket: Some("/s".into()) }, sessions, draining, ..ServerDoc::default() })
     }
 
     #[test]
@@ -469,18 +444,17 @@ mod tests {
     #[test]
     fn server_documents_give_nbd_addresses() {
         let v = json!({"name": "pvs1", "nbd": {"listen": "0.0.0.0:10809", "socket": "/run/s.sock"}, "sessions": 4, "draining": false});
-        let d = ServerDoc::from_json(&v).unwrap();
+        let mut d: ServerDoc = serde_json::from_value(v).unwrap();
         assert_eq!((d.sessions, d.draining), (4, false));
         // On this machine: the socket; from elsewhere: TCP, at the host the API answered on.
-        assert_eq!(d.nbd_address("127.0.0.1"), Some(Address::unix("/run/s.sock")));
-        assert_eq!(d.nbd_address("10.0.0.2"), Some(Address::tcp("10.0.0.2:10809")));
-        let d = ServerDoc { nbd_listen: Some("10.0.0.9:10900".into()), nbd_socket: None, ..d };
-        assert_eq!(d.nbd_address("127.0.0.1"), Some(Address::tcp("10.0.0.9:10900")));
-        let d = ServerDoc { nbd_listen: Some("[::]:10809".into()), ..d };
-        assert_eq!(d.nbd_address("::1"), Some(Address::tcp("[::1]:10809")));
-        let d = ServerDoc { nbd_listen: None, ..d };
-        assert_eq!(d.nbd_address("127.0.0.1"), None);
-        assert!(ServerDoc::from_json(&json!({"name": "x"})).is_err());
+        assert_eq!(nbd_address(&d, "127.0.0.1"), Some(Address::unix("/run/s.sock")));
+        assert_eq!(nbd_address(&d, "10.0.0.2"), Some(Address::tcp("10.0.0.2:10809")));
+        d.nbd = NbdAddresses { listen: Some("10.0.0.9:10900".into()), socket: Some(String::new()) };
+        assert_eq!(nbd_address(&d, "127.0.0.1"), Some(Address::tcp("10.0.0.9:10900")));
+        d.nbd.listen = Some("[::]:10809".into());
+        assert_eq!(nbd_address(&d, "::1"), Some(Address::tcp("[::1]:10809")));
+        d.nbd.listen = None;
+        assert_eq!(nbd_address(&d, "127.0.0.1"), None);
         assert_eq!(api_host("http://127.0.0.1:8480/"), "127.0.0.1");
         assert_eq!(api_host("http://[::1]:8480"), "[::1]");
     }
@@ -504,7 +478,7 @@ mod tests {
         assert!(t.elapsed() < Duration::from_millis(1500), "took {:?}", t.elapsed());
         assert!(answers[0].as_ref().unwrap_err().contains("no answer"), "{:?}", answers[0]);
         let b = answers[1].as_ref().unwrap();
-        assert_eq!((b.sessions, b.draining, b.nbd_socket.as_deref()), (2, true, Some("/b.sock")));
+        assert_eq!((b.sessions, b.draining, b.nbd.socket.as_deref()), (2, true, Some("/b.sock")));
         server.join().unwrap();
         drop(silent);
     }

@@ -6,7 +6,7 @@
 //! nbdkit and qemu-nbd serve one image, usually as ""); with the store server it will be
 //! `vdisk/NAME@V` with V fixed at the first attach, so a reconnect can only reach the same
 //! version, never a newer one. `http://` URLs name a store server's API, not an NBD
-//! server: [`crate::api`] turns them into endpoints (`target/ID`, with a `vdisk/NAME[@V]`
+//! server: the `api` module turns them into endpoints (`target/ID`, with a `vdisk/NAME[@V]`
 //! fallback for the device cache types).
 
 use std::fmt;
@@ -30,10 +30,15 @@ pub struct Endpoint {
     pub fallback: Option<String>,
 }
 
+/// Whether `uri` names a store server's API (`http://…`) rather than an NBD server.
+pub fn is_api_url(uri: &str) -> bool {
+    uri.starts_with("http://") || uri.starts_with("https://")
+}
+
 impl Endpoint {
     /// Parses `nbd://HOST[:PORT]/EXPORT` or `nbd+unix:///EXPORT?socket=PATH`.
     pub fn parse(uri: &str) -> Result<Endpoint, AgentError> {
-        if crate::api::is_api_url(uri) {
+        if is_api_url(uri) {
             return Err(AgentError::MixedServers { uri: uri.to_string() });
         }
         let (address, export) = Address::parse_uri(uri)

@@ -117,7 +117,8 @@ fn target_exports_that_change_version_fall_back_to_the_pinned_one() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("new.sock");
     let (v3, v4) = (filled(3), filled(4));
-    let mut s = NamedServer::start(&sock, &[("target/vm1", &v3, "target/vm1: vdisk/w@3 (production)")]);
+    // Described as the store server describes a device type's target/ID (the contract's grammar).
+    let mut s = NamedServer::start(&sock, &[("target/vm1", &v3, "target/vm1@v3 vdisk/w@3 (ram-overflow cache on the target; read-only)")]);
     let base = RemoteBase::connect(vec![target_endpoint(&sock)], quick(Some(Duration::from_secs(5)))).unwrap();
     assert_eq!(base.identity().export, "target/vm1");
     assert_eq!(first_byte(&base), 3);
@@ -125,7 +126,11 @@ fn target_exports_that_change_version_fall_back_to_the_pinned_one() {
     s.stop();
     let _s = NamedServer::start(
         &sock,
-        &[("target/vm1", &v4, "target/vm1: vdisk/w@4 (production)"), ("vdisk/w", &v4, "vdisk/w@4 (production)"), ("vdisk/w@3", &v3, "vdisk/w@3 (test)")],
+        &[
+            ("target/vm1", &v4, "target/vm1@v4 vdisk/w@4 (ram-overflow cache on the target; read-only)"),
+            ("vdisk/w", &v4, "vdisk/w@4 (production)"),
+            ("vdisk/w@3", &v3, "vdisk/w@3 (test)"),
+        ],
     );
     assert_eq!(first_byte(&base), 3);
 }

@@ -20,9 +20,9 @@ use std::time::Duration;
 
 use vdstream_blockdev::{BlockDev, Caps, Extent, Hole, Result as DevResult, ZeroFlags};
 use vdstream_nbd::server::{ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport};
+use vdstream_contract::{ExportDescription, ExportName};
 use vdstream_store::{Access, DiskAccess, Layer, OpenedLayer, Selector, Store, StoreError};
 
-use crate::names::{canonical_vdisk, shown_name, ExportName};
 use crate::readcache::with_session;
 use crate::state::{unix_ms, Counters, ExportKind, ServerState, Session, SessionGuard, SessionInfo};
 use crate::target::{layer_number, lookup_target, version_selector, TargetCaches, TargetHold, TargetLookupError, TargetOpenError};
@@ -49,13 +49,19 @@ fn out_of_fds_now() -> bool {
     }
 }
 
-/// A version number as export names write it (`base` for 0).
-fn vn(v: u32) -> String {
-    if v == 0 {
-        "base".to_string()
-    } else {
-        v.to_string()
-    }
+/// The export name that pins version `v` of `vdisk` (0: the base): `vdisk/NAME@3`.
+fn vdisk_at(vdisk: &str, v: u32) -> ExportName {
+    ExportName::Vdisk { vdisk: vdisk.to_string(), selector: version_selector(v) }
+}
+
+/// The description of an export (see `vdstream_contract::description`).
+fn describe(export: ExportName, reads: Option<ExportName>, note: impl Into<String>) -> ExportDescription {
+    ExportDescription { export, reads, note: note.into() }
+}
+
+/// `target/ID[@ATTACH]`.
+fn target_name(id: &str, attach: Option<String>) -> ExportName {
+    ExportName::Target { id: id.to_string(), attach, secret: None, journaled: false }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -102,8 +108,7 @@ impl StoreExports {
             return Err(OpenError::Policy(format!(
                 "vDisk {vdisk} has private access: it is written directly by one target and not served by the store server")));
         }
-        let canonical = canonical_vdisk(vdisk, opened.layer);
-        let description = format!("{canonical} ({})", access_word(&opened));
+        let description = describe(vdisk_at(vdisk, layer_number(opened.layer)), None, access_word(&opened)).to_string();
         let info = SessionInfo {
             export: export.to_string(),
             kind: ExportKind::Vdisk,
@@ -135,7 +140,8 @@ impl StoreExports {
         if !opened.writable || opened.access != Some(Access::Maintenance) {
             return Err(OpenError::Failed(format!("the maintenance version of vDisk {vdisk} could not be opened read-write")));
         }
-        let description = format!("maintenance/{vdisk}@{number} (maintenance, read-write, one writer)");
+        let pinned = ExportName::Maintenance { vdisk: vdisk.to_string(), version: Some(number) };
+        let description = describe(pinned, None, "maintenance, read-write, one writer").to_string();
         let info = SessionInfo {
             export: export.to_string(),
             kind: ExportKind::Maintenance,
@@ -215,12 +221,14 @@ impl StoreExports {
             let opened = open_chain(selector).map_err(OpenError::Unknown)?;
             info.version = layer_number(opened.layer);
             let v = info.version;
+            let reads = Some(vdisk_at(&spec.vdisk, v));
             let description = if spec.server_side() {
-                let name = self.targets.current(id).map_or(format!("target/{id}"), |(a, _)| format!("target/{id}@{a}"));
-                format!("{name} vdisk/{}@{} (a {} cache on server {})", spec.vdisk, vn(v), spec.cache, self.state.name)
+                let name = target_name(id, self.targets.current(id).map(|(a, _)| a));
+                describe(name, reads, format!("a {} cache on server {}", spec.cache, self.state.name))
             } else {
-                format!("target/{id}@v{v} vdisk/{}@{} ({} cache on the target; read-only)", spec.vdisk, vn(v), spec.cache)
+                describe(target_name(id, Some(format!("v{v}"))), reads, format!("{} cache on the target; read-only", spec.cache))
             };
+            let description = description.to_string();
             return Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: None, target: None }, description));
         }
         let mut opened = self
@@ -237,17 +245,19 @@ impl StoreExports {
         }
         info.version = opened.version;
         info.cache_limit = Some(opened.limit);
-        let description = format!(
-            "target/{id}@{} vdisk/{}@{} (a {} cache on server {}, read-write, one writer)",
-            opened.attach, spec.vdisk, vn(opened.version), spec.cache, self.state.name
+        let mut description = describe(
+            target_name(id, Some(opened.attach.clone())),
+            Some(vdisk_at(&spec.vdisk, opened.version)),
+            format!("a {} cache on server {}, read-write, one writer", spec.cache, self.state.name),
         );
         let dev: Arc<dyn BlockDev> = opened.cache.clone();
         let (new_attach, secret) = (opened.new_attach, opened.secret);
-        let mut out = self.session(req, info, dev, Held { _chain: None, writer: None, target: Some(opened.hold) }, description);
+        let mut out = self.session(req, info, dev, Held { _chain: None, writer: None, target: Some(opened.hold) }, description.to_string());
         if new_attach && req.purpose == OpenPurpose::Session {
             // The one place the secret leaves the server: to the client that made the attach
             // (after the session's description was logged without it).
-            out.description = out.description.map(|d| d.replacen(' ', &format!("{}{secret} ", vdstream_nbd::client::SECRET_SEPARATOR), 1));
+            description.set_secret(secret);
+            out.description = Some(description.to_string());
         }
         Ok(out)
     }
@@ -301,20 +311,16 @@ impl StoreExports {
                 };
                 out.push(ExportInfo {
                     name: format!("vdisk/{name}"),
-                    description: format!("{} ({access})", canonical_vdisk(&name, layer)),
+                    description: describe(vdisk_at(&name, layer_number(layer)), None, access).to_string(),
                 });
             }
             for v in meta.versions.iter().filter(|v| v.access != Access::Maintenance) {
-                out.push(ExportInfo {
-                    name: canonical_vdisk(&name, Layer::Version(v.number)),
-                    description: format!("{} ({})", canonical_vdisk(&name, Layer::Version(v.number)), v.access.name()),
-                });
+                let export = vdisk_at(&name, v.number);
+                out.push(ExportInfo { name: export.to_string(), description: describe(export, None, v.access.name()).to_string() });
             }
             if let Some(m) = meta.maintenance() {
-                out.push(ExportInfo {
-                    name: format!("maintenance/{name}"),
-                    description: format!("maintenance/{name}@{} (maintenance, read-write, one writer)", m.number),
-                });
+                let export = ExportName::Maintenance { vdisk: name.clone(), version: Some(m.number) };
+                out.push(ExportInfo { name: format!("maintenance/{name}"), description: describe(export, None, "maintenance, read-write, one writer").to_string() });
             }
         }
         out
@@ -338,11 +344,11 @@ impl Exports for StoreExports {
         if self.state.draining.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(OpenError::Shutdown(format!("server {} is shutting down; connect to another server", self.state.name)));
         }
-        let opened = match ExportName::parse(req.name).map_err(OpenError::Unknown)? {
+        let opened = match req.name.parse::<ExportName>().map_err(|e| OpenError::Unknown(e.to_string()))? {
             ExportName::Vdisk { vdisk, selector } => self.open_vdisk(req.name, &vdisk, selector, req),
             ExportName::Maintenance { vdisk, version } => self.open_maintenance(req.name, &vdisk, version, req),
             ExportName::Target { id, attach, secret, journaled } => {
-                self.open_target(shown_name(req.name), &id, attach.as_deref(), secret.as_deref(), journaled, req)
+                self.open_target(vdstream_nbd::shown_export_name(req.name), &id, attach.as_deref(), secret.as_deref(), journaled, req)
             }
         };
         opened.map_err(|e| self.full_if_out_of_fds(e))

@@ -4,8 +4,8 @@
 //! ```text
 //!   config.rs     ServerOptions; the --config TOML file (keys = flag names)
 //!   state.rs      ServerState: sessions, counters, draining; shared by the NBD and HTTP halves
-//!   names.rs      export names: vdisk/NAME[@V], maintenance/NAME, target/ID (parsed at the edge)
-//!   exports.rs    StoreExports: what each export opens, one chain per connection; SessionDev
+//!   exports.rs    StoreExports: what each export name (vdstream_contract::ExportName, parsed at
+//!                 the edge) opens, one chain per connection, and its description; SessionDev
 //!   readcache.rs  the shared read cache in front of the layer files (per file, LRU, single flight)
 //!   target.rs     lookup_target: a target's vDisk, version and cache, from the store
 //!   nbd.rs        NbdService: listeners, serving, drain; the stats file
@@ -20,7 +20,6 @@
 pub mod config;
 pub mod exports;
 pub mod http;
-pub mod names;
 pub mod nbd;
 pub mod readcache;
 pub mod state;

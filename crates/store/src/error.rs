@@ -64,6 +64,16 @@ pub enum StoreError {
 /// Result of store operations.
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// A name or version the workspace's grammar refuses (`vdstream_contract`).
+impl From<vdstream_contract::ContractError> for StoreError {
+    fn from(e: vdstream_contract::ContractError) -> Self {
+        match e {
+            vdstream_contract::ContractError::BadName(m) => StoreError::BadName(m),
+            other => StoreError::BadInput(other.to_string()),
+        }
+    }
+}
+
 impl StoreError {
     /// The OS error behind this one, if any. It is held, not chained as `source()` (its
     /// text is in the message once), so callers that must tell its kind (the server telling

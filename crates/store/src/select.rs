@@ -14,86 +14,11 @@
 //! not move it (see `open.rs`).
 
 use std::fmt;
-use std::str::FromStr;
 
 use crate::error::{Result, StoreError};
+pub use vdstream_contract::Selector;
 use crate::meta::{Access, VdiskMeta};
 use crate::time::Timestamp;
-
-/// What a `NAME@V` reference asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Selector {
-    Number(u32),
-    Base,
-    Production,
-    Test,
-    Maintenance,
-    Latest,
-}
-
-impl FromStr for Selector {
-    type Err = StoreError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "base" => Selector::Base,
-            "production" | "prod" => Selector::Production,
-            "test" => Selector::Test,
-            "maintenance" => Selector::Maintenance,
-            "latest" => Selector::Latest,
-            n => match n.parse::<u32>() {
-                Ok(n) if n > 0 => Selector::Number(n),
-                _ => {
-                    return Err(StoreError::BadInput(format!(
-                        "{s:?} is not a version: use a version number (1, 2, …), base, production, test, maintenance or latest")))
-                }
-            },
-        })
-    }
-}
-
-/// The canonical text of a selector, as `NAME@V` takes it (`prod` prints as `production`).
-impl fmt::Display for Selector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Selector::Number(n) => write!(f, "{n}"),
-            Selector::Base => f.write_str("base"),
-            Selector::Production => f.write_str("production"),
-            Selector::Test => f.write_str("test"),
-            Selector::Maintenance => f.write_str("maintenance"),
-            Selector::Latest => f.write_str("latest"),
-        }
-    }
-}
-
-/// In JSON a selector is its text (`"production"`, `"3"`); a number is taken too.
-impl serde::Serialize for Selector {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Selector {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct Text;
-        impl serde::de::Visitor<'_> for Text {
-            type Value = Selector;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a version: a number, base, production, test, maintenance or latest")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Selector, E> {
-                v.parse().map_err(|e: StoreError| E::custom(e.to_string()))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Selector, E> {
-                self.visit_str(&v.to_string())
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Selector, E> {
-                self.visit_str(&v.to_string())
-            }
-        }
-        d.deserialize_any(Text)
-    }
-}
 
 /// One layer of a vDisk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -204,13 +129,5 @@ mod tests {
         assert_eq!(select(&m, Selector::Latest, NOW).unwrap(), Layer::Base);
         let e = select(&m, Selector::Maintenance, NOW).unwrap_err().to_string();
         assert!(e.contains("version new w"), "{e}");
-    }
-
-    #[test]
-    fn selectors_parse() {
-        assert_eq!("7".parse::<Selector>().unwrap(), Selector::Number(7));
-        assert_eq!("production".parse::<Selector>().unwrap(), Selector::Production);
-        assert!("0".parse::<Selector>().is_err());
-        assert!("newest".parse::<Selector>().unwrap_err().to_string().contains("latest"));
     }
 }

@@ -47,12 +47,6 @@ use std::sync::Arc;
 pub use stats::{CacheStats, StatsSnapshot};
 use vdstream_blockdev::{BlockDev, IoEngineKind, Result};
 
-/// Appended to a `server-persistent` target's export name (`target/ID[@ATTACH]+journal`) by
-/// a client that keeps the writes the server answered until a flush covers them and sends
-/// them again after a server restart (the agent): the server then answers its writes
-/// without making each durable first.
-pub const JOURNAL_MARKER: &str = "+journal";
-
 /// Marks the message of the store server's refusal (`NBD_REP_ERR_UNKNOWN`) of a reconnect
 /// to `target/ID@ATTACH` whose attach it no longer has: the `server` cache died with the
 /// server process that held it, or the `server-persistent` cache now belongs to another

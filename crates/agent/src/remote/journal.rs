@@ -8,7 +8,7 @@
 //! again, in the order they were answered, before any other request uses it. The server
 //! then need not make each write durable before answering it (the store server's
 //! write-through, which cost a sync per write); the agent asks for its export with
-//! [`vdstream_wcache::JOURNAL_MARKER`] so that the server knows.
+//! [`vdstream_contract::name::JOURNAL_MARKER`] so that the server knows.
 //!
 //! Invariants:
 //! - An entry is kept from its answer until a flush *sent after* that answer succeeds

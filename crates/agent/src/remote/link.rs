@@ -30,7 +30,8 @@
 //!   the `server` cache died with its server process), the link is lost for good: that
 //!   request and every later one fail with EIO at once, whatever `retry_for` says.
 //! - **The attach secret.** A store server hands a new attach of a server type a secret, in
-//!   the first word of the reply's description (`target/ID@X#SECRET`). The link keeps it in
+//!   the first word of the reply's description (`target/ID@X#SECRET`, read as a typed
+//!   `vdstream_contract::ExportDescription`, as are the pins). The link keeps it in
 //!   memory only and sends it with every reconnect (`ConnectOptions::secret`); the
 //!   [`Identity`] (and so the status, the API report and the log) never holds it.
 
@@ -39,6 +40,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vdstream_nbd::client::{Client, ClientError, ConnectOptions};
+
+use vdstream_contract::{ExportDescription, ExportName};
 
 use super::journal::Journal;
 use crate::endpoint::Endpoint;
@@ -101,10 +104,17 @@ impl Identity {
     /// description; the secret is returned apart.
     fn of(client: &Client) -> (Identity, Option<String>) {
         let info = client.info();
-        let (description, secret) = match info.description.as_deref().map(split_secret) {
-            Some((d, s)) => (Some(d), s),
-            None => (None, None),
-        };
+        let mut secret = None;
+        let description = info.description.as_ref().map(|d| match d.parse::<ExportDescription>() {
+            Ok(mut typed) => match typed.take_secret() {
+                Some(s) => {
+                    secret = Some(s);
+                    typed.to_string()
+                }
+                None => d.clone(),
+            },
+            Err(_) => d.clone(),
+        });
         (Identity { export: info.export.clone(), size: info.size, description }, secret)
     }
 
@@ -119,53 +129,20 @@ impl Identity {
                 now.size, self.size
             ));
         }
-        match (&self.description, &now.description) {
-            // The store server's descriptions start with the resolved version
-            // (`vdisk/w@3 (test)`): the same version whatever its access is now.
-            (Some(was), Some(is)) if pinned_export(was).is_some() && pinned_export(was) == pinned_export(is) => None,
-            (Some(was), Some(is)) if read_only && vdisk_pin(was).is_some() && vdisk_pin(was) == vdisk_pin(is) => None,
-            (Some(was), Some(is)) if was != is => Some(format!(
-                "the export is now described as {is:?} but was {was:?} at attach: refusing a different vDisk version"
-            )),
-            _ => None,
+        let (Some(was), Some(is)) = (&self.description, &now.description) else { return None };
+        // A store server's description names the version (or attach) it serves, whatever
+        // its access is now (`vdisk/w@3 (test)`); another server's is compared whole.
+        let typed = |d: &str| d.parse::<ExportDescription>().ok();
+        let (w, i) = (typed(was), typed(is));
+        let same = |f: fn(&ExportDescription) -> Option<ExportName>| match (w.as_ref().and_then(f), i.as_ref().and_then(f)) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        };
+        if was == is || same(ExportDescription::pin) || (read_only && same(ExportDescription::vdisk_version)) {
+            return None;
         }
+        Some(format!("the export is now described as {is:?} but was {was:?} at attach: refusing a different vDisk version"))
     }
-}
-
-/// A description without the attach secret that may end its first word
-/// (`target/vm1@a1f#SECRET vdisk/w@3 (…)`), and the secret.
-pub(crate) fn split_secret(description: &str) -> (String, Option<String>) {
-    let sep = vdstream_nbd::client::SECRET_SEPARATOR;
-    let first_end = description.find(char::is_whitespace).unwrap_or(description.len());
-    match description[..first_end].split_once(sep) {
-        Some((name, secret)) if name.starts_with("target/") && !secret.is_empty() => {
-            (format!("{name}{}", &description[first_end..]), Some(secret.to_string()))
-        }
-        _ => (description.to_string(), None),
-    }
-}
-
-/// The export that pins a version, when a description starts with one: the store server
-/// describes `vdisk/w` as `vdisk/w@3 (production)`, and `vdisk/w@3` reaches that version
-/// after production has moved on; it describes `target/vm1` as `target/vm1@ATTACH …`, and
-/// `target/vm1@ATTACH` reaches the same attach (version and server-side cache).
-pub(crate) fn pinned_export(description: &str) -> Option<&str> {
-    let first = description.split_whitespace().next()?;
-    ((first.starts_with("vdisk/") || first.starts_with("target/")) && first.contains('@')).then_some(first)
-}
-
-/// The first `vdisk/NAME@V` word of a description, wherever it is (`target/vm1@v3
-/// vdisk/w@3 (…)`): what a device type's `vdisk/` fallback must read to stay on the version.
-pub(crate) fn vdisk_pin(description: &str) -> Option<&str> {
-    description
-        .split_whitespace()
-        .map(|w| w.trim_matches(|c: char| matches!(c, '"' | '\'' | '(' | ')' | ',' | ';' | ':')))
-        .find(|w| w.starts_with("vdisk/") && w.len() > "vdisk/".len() && w.contains('@') && !w.ends_with('@'))
-}
-
-/// The name a pin stands for: `vdisk/w@3` pins `vdisk/w`, `vdisk/w@test` and `vdisk/w@3`.
-fn pin_name(export: &str) -> &str {
-    export.split('@').next().unwrap_or(export)
 }
 
 /// Chooses the order of the endpoints for a reconnect (a new placement). Called off the
@@ -227,7 +204,7 @@ pub(crate) struct Link {
     /// From the first connect to a store server: `vdisk/NAME@V` and `target/ID@X`, each
     /// asked instead of any export of its name from then on (reconnects keep the version,
     /// and for `target/ID` the attach).
-    pins: Mutex<Vec<String>>,
+    pins: Mutex<Vec<ExportName>>,
     last_reason: Mutex<Vec<Option<String>>>,
     reorder: Option<Arc<dyn Reorder>>,
     pub requests: tokio::sync::Semaphore,
@@ -501,13 +478,24 @@ impl Link {
     }
 
     async fn attempt_export(&self, ep: &Endpoint, asked: &str) -> Result<Client, (String, Failure)> {
-        let mut export = lock(&self.pins).iter().find(|p| pin_name(p) == pin_name(asked)).cloned().unwrap_or_else(|| asked.to_string());
-        if self.journal.is_some() && export.starts_with("target/") {
-            // The store server then answers without making each write durable first.
-            export.push_str(vdstream_wcache::JOURNAL_MARKER);
-        }
-        // Only a reconnect of the attach proves itself: the secret goes with the pinned name.
-        let secret = if export.starts_with("target/") && export.contains('@') { lock(&self.secret).clone() } else { None };
+        // A store server's export: its pin (if any) is asked instead. Another NBD server's
+        // export name is asked as it is.
+        let (export, secret) = match asked.parse::<ExportName>() {
+            Ok(name) => {
+                let mut name = lock(&self.pins).iter().find(|p| p.unpinned() == name.unpinned()).cloned().unwrap_or(name);
+                let mut secret = None;
+                if let ExportName::Target { attach, journaled, .. } = &mut name {
+                    // With a journal, the store server answers without making each write durable first.
+                    *journaled = self.journal.is_some();
+                    // Only a reconnect of the attach proves itself: the secret goes with the pinned name.
+                    if attach.is_some() {
+                        secret = lock(&self.secret).clone();
+                    }
+                }
+                (name.to_string(), secret)
+            }
+            Err(_) => (asked.to_string(), None),
+        };
         let opts = ConnectOptions {
             export,
             secret,
@@ -537,17 +525,18 @@ impl Link {
         let mut identity = lock(&self.identity);
         match &*identity {
             None => {
-                let description = now.description.as_deref().unwrap_or("");
                 if secret.is_some() {
                     *lock(&self.secret) = secret;
                 }
+                let described = now.description.as_deref().and_then(|d| d.parse::<ExportDescription>().ok());
+                let asked_name = asked.parse::<ExportName>().ok();
                 let mut pins = lock(&self.pins);
-                for pin in [pinned_export(description), vdisk_pin(description)].into_iter().flatten() {
-                    if !pins.iter().any(|p| p == pin) {
-                        if pin_name(pin) == pin_name(asked) && pin != asked {
+                for pin in described.iter().flat_map(|d| [d.pin(), d.vdisk_version()]).flatten() {
+                    if !pins.contains(&pin) {
+                        if asked_name.as_ref().is_some_and(|a| a.unpinned() == pin.unpinned() && *a != pin) {
                             log::info!("target {}: {asked} is {pin}; reconnects ask for {pin}", self.opts.target);
                         }
-                        pins.push(pin.to_string());
+                        pins.push(pin);
                     }
                 }
                 *identity = Some(now);
@@ -638,36 +627,12 @@ mod tests {
     }
 
     #[test]
-    fn a_store_server_description_pins_the_version() {
-        assert_eq!(pinned_export("vdisk/w@3 (production)"), Some("vdisk/w@3"));
-        assert_eq!(pinned_export("vdisk/w@base (base)"), Some("vdisk/w@base"));
-        assert_eq!(pinned_export("v3 of vDisk w (/s/w.3.qcow2)"), None);
-        assert_eq!(pinned_export("vdisk/w"), None);
-        assert_eq!(pinned_export("target/vm1@a1f vdisk/w@3 (a server cache on server s)"), Some("target/vm1@a1f"));
-        assert_eq!(pinned_export("target/vm1@v3 vdisk/w@3 (device-disk cache on the target; read-only)"), Some("target/vm1@v3"));
-        assert_eq!(vdisk_pin("target/vm1@v3 vdisk/w@3 (device-disk cache on the target; read-only)"), Some("vdisk/w@3"));
-        assert_eq!(vdisk_pin("target/vm1 reads \"vdisk/w@test\""), Some("vdisk/w@test"));
-        assert_eq!(vdisk_pin("vdisk/@ or vdisk/w@"), None);
-        assert_eq!((pin_name("vdisk/w@3"), pin_name("target/vm1")), ("vdisk/w", "target/vm1"));
-    }
-
-    #[test]
-    fn the_attach_secret_is_taken_out_of_the_description() {
-        let (d, s) = split_secret("target/vm1@a1f#00ff99 vdisk/w@3 (a server cache on server s)");
-        assert_eq!(d, "target/vm1@a1f vdisk/w@3 (a server cache on server s)");
-        assert_eq!(s.as_deref(), Some("00ff99"));
-        assert_eq!(pinned_export(&d), Some("target/vm1@a1f"));
-        // Nothing to take: no secret, or a '#' that is not in a target's first word.
-        for plain in ["target/vm1@a1f vdisk/w@3 (x)", "vdisk/w@3 (production)", "v3 of vDisk w #1", "target/vm1@a1f# x", ""] {
-            assert_eq!(split_secret(plain), (plain.to_string(), None), "{plain:?}");
-        }
-    }
-
-    #[test]
     fn the_same_version_with_another_access_is_the_same_export() {
         assert_eq!(id("vdisk/w@3 (test)").mismatch(&id("vdisk/w@3 (production)"), true), None);
         assert!(id("vdisk/w@3 (production)").mismatch(&id("vdisk/w@4 (production)"), true).is_some());
         assert!(id("raw image a").mismatch(&id("raw image b"), true).is_some());
+        assert_eq!(id("raw image a").mismatch(&id("raw image a"), true), None);
+        assert!(id("vdisk/w (production)").mismatch(&id("vdisk/w (test)"), true).is_some(), "an unpinned name pins nothing");
         // A device type may read its version through target/ID or, on an older server, vdisk/.
         let through_target = id("target/vm1@v3 vdisk/w@3 (device-disk cache on the target; read-only)");
         assert_eq!(through_target.mismatch(&id("vdisk/w@3 (production)"), true), None);

@@ -6,8 +6,9 @@
 //! [`RATE_WINDOW`] to the counters now. A session younger than one sample shows 0.
 //!
 //! Agent reports: `PUT /api/v1/targets/{id}/agent` carries an agent's status document
-//! (`vdstream_agent::Status`, the JSON `vdstream target status --json` prints). The server
-//! reads only a few numbers from it (metrics); the rest is passed on as the agent wrote it.
+//! (`vdstream_contract::status::Status`, the JSON `vdstream target status --json` prints).
+//! A report that does not read as a `Status` is refused (400); `/metrics` reads it as one;
+//! the rest of the API passes it on as the agent wrote it (fields unknown here included).
 //!
 //! What a report may cost, bounded whoever sends it (the API has no authentication yet):
 //! - only targets with a record in the store may report (404 otherwise), so the reports
@@ -24,6 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use vdstream_contract::server::{IoDoc, IoTotals, NbdAddresses, ReadCacheDoc, ServerDoc};
+use vdstream_contract::status::Status;
 
 use super::error::ApiError;
 use super::lock;
@@ -202,43 +205,34 @@ impl Live {
     }
 }
 
-/// `GET /api/v1/server`.
+/// `GET /api/v1/server`: the typed document agents read (`vdstream_contract::server`).
 pub(crate) fn server_doc(state: &ServerState) -> Value {
-    json!({
-        "name": state.name,
-        "store": state.store,
-        "nbd": {"listen": state.nbd_listen, "socket": state.nbd_socket},
-        "sessions": state.registry.len(),
-        "draining": state.draining.load(std::sync::atomic::Ordering::Relaxed),
-        "started_unix_ms": state.started_unix_ms,
-        "version": env!("CARGO_PKG_VERSION"),
-        "read_cache": read_cache_doc(state),
-        "io": io_doc(&state.totals.snapshot()),
-    })
-}
-
-/// The shared read cache: what it holds, and how often it spared the store a read.
-fn read_cache_doc(state: &ServerState) -> Value {
     let c = state.read_cache.snapshot();
     let looked = c.hits + c.misses;
-    json!({
-        "capacity_bytes": c.capacity,
-        "used_bytes": c.used,
-        "hits": c.hits,
-        "misses": c.misses,
-        "shared_loads": c.shared_loads,
-        "evictions": c.evictions,
-        "hit_ratio": (looked > 0).then(|| (c.hits as f64 * 1000.0 / looked as f64).round() / 1000.0),
-    })
-}
-
-/// Guest I/O (what clients asked for) against store I/O (what reached the store's files)
-/// of every session since the server started.
-fn io_doc(t: &crate::state::CountersSnapshot) -> Value {
-    json!({
-        "guest": {"read_ops": t.guest_read_ops, "read_bytes": t.guest_read_bytes, "write_ops": t.guest_write_ops, "write_bytes": t.guest_write_bytes},
-        "store": {"read_ops": t.store_read_ops, "read_bytes": t.store_read_bytes, "write_ops": t.store_write_ops, "write_bytes": t.store_write_bytes},
-    })
+    let t = state.totals.snapshot();
+    let doc = ServerDoc {
+        name: state.name.clone(),
+        store: state.store.display().to_string(),
+        nbd: NbdAddresses { listen: state.nbd_listen.clone(), socket: state.nbd_socket.as_ref().map(|p| p.display().to_string()) },
+        sessions: state.registry.len() as u64,
+        draining: state.draining.load(std::sync::atomic::Ordering::Relaxed),
+        started_unix_ms: state.started_unix_ms,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        read_cache: ReadCacheDoc {
+            capacity_bytes: c.capacity,
+            used_bytes: c.used,
+            hits: c.hits,
+            misses: c.misses,
+            shared_loads: c.shared_loads,
+            evictions: c.evictions,
+            hit_ratio: (looked > 0).then(|| (c.hits as f64 * 1000.0 / looked as f64).round() / 1000.0),
+        },
+        io: IoDoc {
+            guest: IoTotals { read_ops: t.guest_read_ops, read_bytes: t.guest_read_bytes, write_ops: t.guest_write_ops, write_bytes: t.guest_write_bytes },
+            store: IoTotals { read_ops: t.store_read_ops, read_bytes: t.store_read_bytes, write_ops: t.store_write_ops, write_bytes: t.store_write_bytes },
+        },
+    };
+    serde_json::to_value(doc).expect("a server document serializes")
 }
 
 /// Returns freed heap memory to the system (glibc keeps it otherwise, and the RSS stays up).
@@ -308,10 +302,8 @@ pub(crate) fn put_agent(shared: &Shared, call: &Call<'_>) -> Result<Reply, ApiEr
             ))
         }
     }
-    for (field, want) in [("server", "an object"), ("cache", "an object"), ("guest", "an object"), ("storage", "an object")] {
-        if obj.get(field).is_some_and(|v| !v.is_object()) {
-            return Err(ApiError::bad_request(format!("field {field} of the report is not {want}"), "send the document `vdstream target status ID --json` prints"));
-        }
+    if let Err(e) = <Status as serde::Deserialize>::deserialize(&doc) {
+        return Err(ApiError::bad_request(format!("the report is not an agent status: {e}"), "send the document `vdstream target status ID --json` prints"));
     }
     shared.live.put_report(id, doc);
     Ok(Reply::json(200, &json!({"target": id, "accepted": true, "keep_for_secs": REPORT_TTL.as_secs()})))

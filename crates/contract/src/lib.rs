@@ -1,0 +1,41 @@
+//! The contracts between vdstream's components, in one place: what one component writes
+//! and another reads. Nothing here does I/O; every type both writes (`Display`,
+//! `Serialize`) and reads (`FromStr`, `Deserialize`) its own form, so writer and reader
+//! cannot drift apart.
+//!
+//! - [`name`]: vDisk names, version selectors (`NAME@V`) and the export-name grammar
+//!   (`vdisk/NAME[@V]`, `maintenance/NAME[@N]`, `target/ID[@ATTACH][+journal][#SECRET]`).
+//! - [`description`]: the export description a store server sends with an export (what
+//!   `nbdinfo` shows), which the agent reads to pin a version and to learn its secret.
+//! - [`status`]: an agent's status document (its status file, its reports to the API,
+//!   what `/metrics` exports of them).
+//! - [`server`]: the documents of the store server's API that other components read
+//!   (`GET /api/v1/server`).
+//!
+//! Invariant: this crate depends on serde, serde_json and thiserror only, so every other
+//! crate of the workspace may use it.
+
+pub mod description;
+pub mod name;
+pub mod server;
+pub mod status;
+
+pub use description::ExportDescription;
+pub use name::{ExportName, Selector};
+
+/// A text that breaks a contract; the message names the text and says what is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContractError {
+    /// A vDisk name or target id that is not allowed.
+    #[error("{0}")]
+    BadName(String),
+    /// A version selector that is not one (`NAME@V`).
+    #[error("{0}")]
+    BadVersion(String),
+    /// An export name that is not one.
+    #[error("bad export name {text:?}: {why}; {}", name::EXPORT_NAMES_HELP)]
+    BadExportName { text: String, why: String },
+    /// An export description that does not follow [`description`]'s grammar.
+    #[error("export description {text:?} is not a vdstream description: {why}")]
+    BadDescription { text: String, why: String },
+}

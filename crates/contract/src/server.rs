@@ -1,0 +1,110 @@
+//! `GET /api/v1/server`: the store server's document about itself, which the agent reads
+//! to place a target (the least busy server first) and to find its NBD address.
+//!
+//! Invariant: `nbd` and `sessions` are required (an agent cannot place a target without
+//! them); everything else has a default, so a newer or older server still reads.
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /api/v1/server`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerDoc {
+    /// `--name`, how logs and the API call this server.
+    #[serde(default)]
+    pub name: String,
+    /// The store directory.
+    #[serde(default)]
+    pub store: String,
+    pub nbd: NbdAddresses,
+    /// Live NBD sessions.
+    pub sessions: u64,
+    /// Whether the server drains (SIGTERM): no new target should go there.
+    #[serde(default)]
+    pub draining: bool,
+    #[serde(default)]
+    pub started_unix_ms: u64,
+    /// The server's release.
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub read_cache: ReadCacheDoc,
+    /// Guest I/O (what clients asked for) against store I/O (what reached the store's
+    /// files) of every session since the server started.
+    #[serde(default)]
+    pub io: IoDoc,
+}
+
+/// Where the server takes NBD connections (`null` or absent: not there).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NbdAddresses {
+    /// `HOST:PORT` of the TCP listener.
+    pub listen: Option<String>,
+    /// The unix socket's path.
+    pub socket: Option<String>,
+}
+
+/// The shared read cache: what it holds, and how often it spared the store a read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReadCacheDoc {
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub shared_loads: u64,
+    pub evictions: u64,
+    /// hits / (hits + misses), to three places; `null` before the first read.
+    pub hit_ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IoDoc {
+    pub guest: IoTotals,
+    pub store: IoTotals,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IoTotals {
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_agent_needs_nbd_and_sessions() {
+        let d: ServerDoc = serde_json::from_str(r#"{"name": "b", "nbd": {"listen": null, "socket": "/b.sock"}, "sessions": 2, "draining": true}"#).unwrap();
+        assert_eq!((d.nbd.socket.as_deref(), d.sessions, d.draining), (Some("/b.sock"), 2, true));
+        for (doc, field) in [(r#"{"name": "x", "sessions": 1}"#, "nbd"), (r#"{"nbd": {}}"#, "sessions")] {
+            let e = serde_json::from_str::<ServerDoc>(doc).unwrap_err().to_string();
+            assert!(e.contains(&format!("missing field `{field}`")), "{e}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn a_server_document_survives_json(
+            name in "\\PC{0,16}", n in any::<[u64; 12]>(), draining: bool, listen in proptest::option::of("[0-9.:]{1,20}"),
+            socket in proptest::option::of("/[a-z/.]{1,20}"), ratio in proptest::option::of(0u32..=1000),
+        ) {
+            let t = |i: usize| IoTotals { read_ops: n[i], read_bytes: n[i + 1], write_ops: n[i + 2], write_bytes: n[i + 3] };
+            let d = ServerDoc {
+                name, store: "/srv/store".into(), nbd: NbdAddresses { listen, socket }, sessions: n[0], draining,
+                started_unix_ms: n[1], version: "0.1.0".into(),
+                read_cache: ReadCacheDoc { capacity_bytes: n[2], used_bytes: n[3], hits: n[4], misses: n[5], shared_loads: n[6], evictions: n[7],
+                                           hit_ratio: ratio.map(|r| f64::from(r) / 1000.0) },
+                io: IoDoc { guest: t(4), store: t(8) },
+            };
+            let text = serde_json::to_string(&d).unwrap();
+            prop_assert_eq!(serde_json::from_str::<ServerDoc>(&text).unwrap(), d);
+        }
+    }
+}

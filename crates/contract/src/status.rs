@@ -1,0 +1,182 @@
+//! An agent's status document: the agent's status file (`vdstream target status ID
+//! [--json]`), the report it sends to the API (`PUT /api/v1/targets/ID/agent`), and what
+//! the server's `/metrics` exports of it.
+//!
+//! Invariants: every field has a default (`#[serde(default)]`), so a document from an
+//! older or newer agent with fewer or more fields still reads; a field of the wrong type
+//! does not. Rates (`iops`, `bytes_per_sec`) are over the last status interval; counters
+//! only grow during an attach.
+
+use serde::{Deserialize, Serialize};
+
+/// One agent, as `vdstream target status` and the API show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Status {
+    pub target: String,
+    pub pid: u32,
+    /// `running`; `cache lost` (running, but the server lost the target's `server` cache:
+    /// every guest request fails with EIO; see `server.lost`); or `stopped` (written last,
+    /// at a clean exit).
+    pub state: String,
+    pub started_unix_ms: u64,
+    pub updated_unix_ms: u64,
+    /// The local export, for qemu: `nbd+unix:///?socket=SOCKET`.
+    pub socket: String,
+    pub listen: Option<String>,
+    pub vdisk: VdiskStatus,
+    pub server: ServerStatus,
+    pub cache: CacheStatus,
+    /// What the target asked for.
+    pub guest: IoStatus,
+    /// What reached storage: reads of the vDisk over the network, and the overflow or
+    /// cache file (for the `server` types: everything, since every request goes to the server).
+    pub storage: IoStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VdiskStatus {
+    /// The export read (with the store server: `vdisk/NAME@V`, V fixed at attach).
+    pub export: String,
+    pub description: Option<String>,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServerStatus {
+    /// The server in use (or last used).
+    pub endpoint: String,
+    pub connected: bool,
+    /// Every server listed, in the order tried.
+    pub endpoints: Vec<String>,
+    /// Requests re-sent after their connection broke.
+    pub retries: u64,
+    pub reconnects: u64,
+    /// Reconnects that moved to another server.
+    pub failovers: u64,
+    /// Requests failed because no server answered within --retry-for.
+    pub gave_up: u64,
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+    /// Why the target's attach is lost for good, once it is (state `cache lost`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost: Option<String>,
+    /// server-persistent: the journal of answered, unflushed writes (absent without one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalStatus>,
+}
+
+/// The agent's journal of answered writes not yet covered by a flush.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JournalStatus {
+    /// Writes, trims and zeroes kept now, and the bytes they take.
+    pub changes: u64,
+    pub bytes: u64,
+    /// Changes sent again to a new connection, in all.
+    pub replayed: u64,
+    /// Replayed changes the new server refused.
+    pub replay_errors: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CacheStatus {
+    /// The cache type's name.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub ram_bytes: u64,
+    pub ram_limit: u64,
+    pub file_bytes: u64,
+    pub file_limit: u64,
+    /// RAM limit + file limit (the file limit is the vDisk's size without a cap).
+    pub limit_bytes: u64,
+    /// Free bytes on the file system of the overflow or cache file (absent without a file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fs_free_bytes: Option<u64>,
+    /// What the cache can really hold: RAM limit + min(file limit, file in use + free).
+    pub capacity_bytes: u64,
+    /// (RAM + file in use) over `capacity_bytes`, in percent.
+    pub used_percent: f64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub nospace_errors: u64,
+    /// Where the overflow or cache file lives.
+    pub dir: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IoStatus {
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+    /// Operations per second over the last interval.
+    pub iops: f64,
+    pub bytes_per_sec: f64,
+}
+
+impl IoStatus {
+    /// Sets the rates from the previous reading, `secs` ago.
+    pub fn rate_from(&mut self, prev: &IoStatus, secs: f64) {
+        if secs <= 0.0 {
+            return;
+        }
+        let ops = (self.read_ops + self.write_ops).saturating_sub(prev.read_ops + prev.write_ops);
+        let bytes = (self.read_bytes + self.write_bytes).saturating_sub(prev.read_bytes + prev.write_bytes);
+        self.iops = ops as f64 / secs;
+        self.bytes_per_sec = bytes as f64 / secs;
+    }
+}
+
+/// The state of an agent whose server lost the target's cache.
+pub const STATE_LOST: &str = "cache lost";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_partial_report_reads_and_a_wrong_one_does_not() {
+        let s: Status = serde_json::from_str(r#"{"target": "vm1", "server": {"retries": 4, "connected": true}, "cache": {"used_percent": 30.5}}"#).unwrap();
+        assert_eq!((s.target.as_str(), s.server.retries, s.server.connected, s.cache.used_percent), ("vm1", 4, true, 30.5));
+        assert!(serde_json::from_str::<Status>(r#"{"server": 5}"#).unwrap_err().to_string().contains("struct ServerStatus"));
+        assert!(serde_json::from_str::<Status>(r#"{"server": {"retries": "x"}}"#).is_err());
+    }
+
+    fn io() -> impl Strategy<Value = IoStatus> {
+        (any::<[u64; 4]>(), 0u32..1_000_000, 0u32..1_000_000).prop_map(|(n, iops, bps)| IoStatus {
+            read_ops: n[0], read_bytes: n[1], write_ops: n[2], write_bytes: n[3], iops: f64::from(iops) / 8.0, bytes_per_sec: f64::from(bps),
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn a_status_survives_json(
+            target in "[a-z0-9-]{1,12}", pid: u32, n in any::<[u64; 8]>(), guest in io(), storage in io(),
+            lost in proptest::option::of("\\PC{0,20}"), journal in proptest::option::of(any::<[u64; 4]>()), free in proptest::option::of(any::<u64>()),
+        ) {
+            let s = Status {
+                target, pid, state: STATE_LOST.into(), started_unix_ms: n[0], updated_unix_ms: n[1], socket: "/s".into(), listen: None,
+                vdisk: VdiskStatus { export: "vdisk/w@3".into(), description: Some("vdisk/w@3 (production)".into()), size: n[2] },
+                server: ServerStatus {
+                    endpoint: "nbd://a/".into(), connected: true, endpoints: vec!["nbd://a/".into()], retries: n[3], reconnects: n[4],
+                    failovers: n[5], gave_up: n[6], read_ops: n[7], lost,
+                    journal: journal.map(|j| JournalStatus { changes: j[0], bytes: j[1], replayed: j[2], replay_errors: j[3] }),
+                    ..ServerStatus::default()
+                },
+                cache: CacheStatus { kind: "ram-overflow".into(), fs_free_bytes: free, used_percent: 12.5, ..CacheStatus::default() },
+                guest, storage,
+            };
+            let text = serde_json::to_string(&s).unwrap();
+            prop_assert_eq!(serde_json::from_str::<Status>(&text).unwrap(), s);
+        }
+    }
+}
