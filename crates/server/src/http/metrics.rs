@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use serde_json::Value;
 
-use super::Shared;
+use super::shared::Shared;
 use crate::state::CountersSnapshot;
 
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
