@@ -133,7 +133,7 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
     let permits = Arc::new(Semaphore::new(limit));
     let mut warned: Option<Instant> = None;
     loop {
-        if permits.available_permits() == 0 && warned.map_or(true, |t| t.elapsed() > Duration::from_secs(10)) {
+        if permits.available_permits() == 0 && warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
             log::warn!("HTTP API: {limit} connections open, its limit; new connections wait until one closes");
             warned = Some(Instant::now());
         }
