@@ -453,11 +453,12 @@ fn stop_closes_every_connection_and_the_listener() {
     assert!(TcpStream::connect(a.addr).is_err() || a.client.get("/api/v1/server").is_err(), "stop closes the listener");
 }
 
-/// `paths:` of docs/openapi.yaml as (path, method) pairs, read line by line: a path is a
-/// two-space-indented key starting with `/`, a method a four-space-indented HTTP verb.
-fn openapi_routes(path: &Path) -> Vec<(String, String)> {
+/// `paths:` of docs/openapi.yaml as (path, method, statuses) triples, read line by line: a
+/// path is a two-space-indented key starting with `/`, a method a four-space-indented HTTP
+/// verb, a status an eight-space-indented quoted number under the method's `responses:`.
+fn openapi_routes(path: &Path) -> Vec<(String, String, Vec<u16>)> {
     let text = std::fs::read_to_string(path).unwrap();
-    let mut out = Vec::new();
+    let mut out: Vec<(String, String, Vec<u16>)> = Vec::new();
     let mut current: Option<String> = None;
     let mut in_paths = false;
     for line in text.lines() {
@@ -471,10 +472,14 @@ fn openapi_routes(path: &Path) -> Vec<(String, String)> {
         }
         if let Some(p) = line.strip_prefix("  /") {
             current = Some(format!("/{}", p.trim_end().trim_end_matches(':').trim_matches('\'').trim_matches('"')));
-        } else if let (Some(p), Some(m)) = (&current, line.strip_prefix("    ")) {
+        } else if let (Some(p), Some(m)) = (&current, line.strip_prefix("    ").filter(|m| !m.starts_with(' '))) {
             let m = m.trim_end().trim_end_matches(':');
             if ["get", "put", "post", "delete", "patch", "head", "options"].contains(&m) {
-                out.push((p.clone(), m.to_uppercase()));
+                out.push((p.clone(), m.to_uppercase(), Vec::new()));
+            }
+        } else if let Some(status) = line.strip_prefix("        '").and_then(|l| l.get(..3)).and_then(|c| c.parse().ok()) {
+            if let Some(op) = out.last_mut() {
+                op.2.push(status);
             }
         }
     }
@@ -482,15 +487,44 @@ fn openapi_routes(path: &Path) -> Vec<(String, String)> {
     out
 }
 
+/// The error statuses an operation can answer: 400 and 503 on every route (a request
+/// without Host, the handler timeout), 408 and 413 with a body, 404 with a path
+/// parameter, 500 on the store's routes, 409 on the store's changes.
+fn error_statuses(path: &str, method: &str) -> Vec<u16> {
+    let mut s = vec![400, 503];
+    let store = path.starts_with("/api/v1/vdisks") || path.starts_with("/api/v1/targets");
+    let body = method == "POST" || method == "PUT";
+    if body {
+        s.extend([408, 413]);
+    }
+    if path.contains('{') {
+        s.push(404);
+    }
+    if store {
+        s.push(500);
+    }
+    if store && method != "GET" && !path.ends_with("/agent") {
+        s.push(409);
+    }
+    s.sort();
+    s
+}
+
 #[test]
-fn openapi_lists_exactly_the_routes_of_the_router() {
+fn openapi_lists_exactly_the_routes_of_the_router_and_every_error_they_answer() {
     let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.yaml");
-    let documented = openapi_routes(&doc);
+    let ops = openapi_routes(&doc);
+    let documented: Vec<(String, String)> = ops.iter().map(|(p, m, _)| (p.clone(), m.clone())).collect();
     let mut known: Vec<(String, String)> = http::routes().into_iter().map(|(p, m)| (p.to_string(), m.to_string())).collect();
     known.sort();
     let missing: Vec<_> = known.iter().filter(|r| !documented.contains(r)).collect();
     let extra: Vec<_> = documented.iter().filter(|r| !known.contains(r)).collect();
     assert!(missing.is_empty() && extra.is_empty(), "docs/openapi.yaml lacks {missing:?} and lists routes the router does not know: {extra:?}");
+    for (path, method, statuses) in &ops {
+        let lacking: Vec<u16> = error_statuses(path, method).into_iter().filter(|s| !statuses.contains(s)).collect();
+        assert!(lacking.is_empty(), "docs/openapi.yaml: {method} {path} does not describe the answers {lacking:?} the server can give");
+        assert!(statuses.iter().any(|s| (200..300).contains(s)), "{method} {path}: no success answer");
+    }
 }
 
 #[test]
