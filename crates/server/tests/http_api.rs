@@ -556,3 +556,22 @@ fn a_stalled_request_and_an_idle_connection_are_closed_within_the_deadline() {
     let _ = slow.read_to_string(&mut out);
     assert!(out.starts_with("HTTP/1.1 408 "), "{out}");
 }
+
+#[test]
+fn an_oversize_body_is_refused_from_its_content_length_at_once() {
+    let a = api();
+    for (path, len) in [("/api/v1/targets", 1_000_000_000u64), ("/api/v1/targets/vm1/agent", http::MAX_AGENT_REPORT as u64 + 1)] {
+        let method = if path.ends_with("/agent") { "PUT" } else { "POST" };
+        let mut s = TcpStream::connect(a.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // Five bytes of the body, and the connection left open: only the head can say 413.
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n{{\"id\"").unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).unwrap();
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(text.starts_with("HTTP/1.1 413 "), "{method} {path}: {text}");
+        assert!(text.contains("\"what_to_do\""), "the error document: {text}");
+        assert!(started.elapsed() < Duration::from_secs(1), "{method} {path}: 413 after {:?}", started.elapsed());
+    }
+}
