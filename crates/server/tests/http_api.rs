@@ -80,6 +80,10 @@ fn vdisks_and_versions_answer_the_cli_documents() {
     let a = api();
     assert_eq!(a.client.get("/api/v1/vdisks").unwrap(), documents::vdisk_list(&a.store).unwrap());
     assert_eq!(a.client.get("/api/v1/vdisks/win").unwrap(), documents::vdisk_show(&a.store, "win").unwrap());
+    // A trailing slash is the same route; an empty name is refused by the store's rule.
+    assert_eq!(a.client.get("/api/v1/vdisks/").unwrap(), documents::vdisk_list(&a.store).unwrap());
+    let (status, error, _) = api_error(a.client.get("/api/v1/vdisks//versions"));
+    assert!(status == 400 && error.contains("empty"), "{status}: {error}");
 
     let made = a.client.post("/api/v1/vdisks/win/versions", &json!({"note": "May patches"})).unwrap();
     assert_eq!((made["vdisk"].as_str(), made["version"]["number"].as_u64(), made["version"]["access"].as_str()), (Some("win"), Some(1), Some("maintenance")));
