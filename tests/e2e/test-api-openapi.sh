@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# docs/openapi.yaml is valid YAML and a valid description of what the server answers:
+# docs/openapi.yaml is a valid OpenAPI 3 document (openapi-spec-validator) and a valid
+# description of what the server answers:
 # every route's JSON from a running server (the server, the vDisk list with a healthy and
 # a damaged vDisk, a vDisk, its versions, a new version, promote, revert, targets, a target
 # with its agent's report, set, remove, the agent's report itself, the sessions with a live
 # NBD session, an error) validates against the response schema of its route and status
 # (openapi-schema-validator, OpenAPI 3.0), and each item of the vDisk list matches exactly
-# one branch of the list's `oneOf`. scripts/test installs PyYAML and
-# openapi-schema-validator with pip when they are missing.
+# one branch of the list's `oneOf`. scripts/test installs PyYAML, openapi-schema-validator
+# and openapi-spec-validator with pip when they are missing.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/store-lib.sh"
@@ -14,9 +15,15 @@ source "$(dirname "$0")/api-lib.sh"
 require curl
 require_vdstream
 require_python_nbd
-"$PY" -c 'import yaml, openapi_schema_validator' 2>/dev/null ||
-    skip "python modules yaml and openapi_schema_validator are missing (scripts/test installs them with pip)"
+"$PY" -c 'import yaml, openapi_schema_validator, openapi_spec_validator' 2>/dev/null ||
+    skip "python modules yaml, openapi_schema_validator and openapi_spec_validator are missing (scripts/test installs them with pip)"
 e2e_init
+"$PY" - "$REPO_ROOT/docs/openapi.yaml" <<'PY' || fail "docs/openapi.yaml is not a valid OpenAPI 3 document"
+import sys, yaml
+from openapi_spec_validator import validate
+validate(yaml.safe_load(open(sys.argv[1])))
+PY
+log "ok: docs/openapi.yaml is a valid OpenAPI 3 document"
 store_init
 
 vds vdisk create win --size 16M >/dev/null

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use vdstream_http::{Client, ClientError};
+use crate::client::{Client, ClientError};
 use vdstream_nbd::client::Address;
 use vdstream_contract::server::ServerDoc;
 use vdstream_wcache::CacheType;

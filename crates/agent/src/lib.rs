@@ -12,7 +12,7 @@
 //! ```
 //!
 //! Modules: [`api`] (`--server http://`: the target's record, placement on the least
-//! busy store server, status reports), [`endpoint`] (the servers to read from), [`remote`] (the remote base: cap on
+//! busy store server, status reports) over [`client`] (the API's JSON client, on ureq), [`endpoint`] (the servers to read from), [`remote`] (the remote base: cap on
 //! requests in flight, reconnect with backoff, failover, re-send of unanswered requests),
 //! [`attach`] (the stack, the local export, the drain), [`status`] (the figures the agent
 //! publishes and `vdstream target status` shows), [`paths`] (where sockets, status files
@@ -25,6 +25,7 @@
 
 pub mod api;
 pub mod attach;
+pub mod client;
 pub mod endpoint;
 mod error;
 pub mod paths;

@@ -92,7 +92,7 @@ pub struct BenchResult {
 impl BenchResult {
     /// Whether the run is clean: no errors and no verify mismatches.
     pub fn ok(&self) -> bool {
-        self.errors == 0 && self.verify.as_ref().map_or(true, |v| v.mismatches == 0)
+        self.errors == 0 && self.verify.as_ref().is_none_or(|v| v.mismatches == 0)
     }
 
     /// The result as text for a person.

@@ -23,7 +23,7 @@
 use std::fmt;
 
 use vdstream_agent::AgentError;
-use vdstream_http::ClientError;
+use vdstream_agent::client::ClientError;
 use vdstream_store::StoreError;
 
 /// A class of failure, and its exit status.
@@ -241,7 +241,7 @@ mod tests {
         assert_eq!(classify(&nf.context("cannot show w")), Kind::NotFound);
         let refused: anyhow::Error = StoreError::Refused("in use".into()).into();
         assert_eq!(classify(&refused), Kind::Conflict);
-        let conn = ClientError::Connect { url: "http://x".into(), source: std::io::ErrorKind::ConnectionRefused.into() };
+        let conn = ClientError::Connect { url: "http://x".into(), err: std::io::ErrorKind::ConnectionRefused.into() };
         assert_eq!(classify(&anyhow::Error::new(conn)), Kind::Unavailable);
         let api = ClientError::Api { status: 409, error: "busy".into(), what_to_do: String::new() };
         assert_eq!(classify(&anyhow::Error::new(api)), Kind::Conflict);
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_cause_is_said_once() {
-        let e = ClientError::Connect { url: "http://h:1".into(), source: std::io::Error::from_raw_os_error(libc::ECONNREFUSED) };
+        let e = ClientError::Connect { url: "http://h:1".into(), err: std::io::Error::from_raw_os_error(libc::ECONNREFUSED) };
         let m = message(&anyhow::Error::new(e).context("cannot list"));
         assert_eq!(m.matches("os error 111").count(), 1, "{m}");
         assert!(m.starts_with("cannot list: cannot connect to the vdstream server at http://h:1"), "{m}");

@@ -163,7 +163,7 @@ mod tests {
             }
             for sub in cmd.get_subcommands() {
                 let name = format!("{path} {}", sub.get_name());
-                if sub.get_about().or(sub.get_long_about()).map_or(true, |h| h.to_string().trim().is_empty()) {
+                if sub.get_about().or(sub.get_long_about()).is_none_or(|h| h.to_string().trim().is_empty()) {
                     missing.push(format!("{name} (the command itself)"));
                 }
                 walk(sub, &name, missing);

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use vdstream_http::Client;
+use vdstream_agent::client::Client;
 
 /// The `--server` option of the store commands the API serves.
 #[derive(Debug, Clone, Args)]

@@ -189,7 +189,7 @@ pub fn run(args: ServerArgs) -> Result<()> {
         if let Some(uri) = nbd.uris.first() {
             outln!("vdstream: try: nbdinfo --list '{}'", uri.replace("EXPORT", ""));
         }
-        // The API's threads are std threads; it shares `state` with the NBD side.
+        // The API's tasks run on this runtime; it shares `state` with the NBD side.
         let http = match http_listener {
             Some(listener) => {
                 let handle = vdstream_server::http::spawn(listener, state.clone()).context("cannot start the HTTP API")?;
@@ -214,7 +214,7 @@ pub fn run(args: ServerArgs) -> Result<()> {
         let drained = nbd.drain().await;
         // The API answered through the drain ("draining": true); it stops once it is over.
         if let Some(handle) = http {
-            tokio::task::spawn_blocking(move || handle.stop()).await.context("cannot stop the HTTP API")?;
+            handle.stop().await;
         }
         drained?;
         if let Some(task) = stats {

@@ -336,7 +336,7 @@ fn cache_lost(id: &str) -> String {
 
 /// `target status ID --server URL`: the agent's latest report, as the API keeps it.
 fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
-    let client = vdstream_http::Client::new(url)?.with_timeout(Duration::from_secs(10));
+    let client = vdstream_agent::client::Client::new(url)?.with_timeout(Duration::from_secs(10));
     let doc = client.get(&format!("/api/v1/targets/{}", s.id))?;
     let Some(report) = doc.get("agent") else {
         return Err(fail(Kind::Unavailable, format!(

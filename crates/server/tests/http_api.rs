@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use vdstream_http::{Client, ClientError};
-use vdstream_server::http::{self, HttpHandle, ROUTES};
+use vdstream_agent::client::{Client, ClientError};
+use vdstream_server::http::{self, HttpHandle};
 use vdstream_server::state::{unix_ms, Counters, ExportKind, Registry, ServerState, SessionInfo};
 use vdstream_server::ServerOptions;
 use vdstream_store::vdisk::NewVdisk;
@@ -25,6 +25,8 @@ struct Api {
     handle: Option<HttpHandle>,
     addr: SocketAddr,
     client: Client,
+    /// The server's runtime (dropped after the handle: fields drop in order).
+    rt: tokio::runtime::Runtime,
 }
 
 fn api() -> Api {
@@ -43,10 +45,11 @@ fn api() -> Api {
         dead_peer_timeout: None,
         max_connections: None,
     });
-    let handle = http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let handle = rt.block_on(async { http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()) }).unwrap();
     let addr = handle.local_addr();
     let client = Client::new(&format!("http://{addr}")).unwrap().with_timeout(Duration::from_secs(20));
-    Api { _dir: dir, store, state, handle: Some(handle), addr, client }
+    Api { _dir: dir, store, state, handle: Some(handle), addr, client, rt }
 }
 
 fn api_error(r: Result<Value, ClientError>) -> (u16, String, String) {
@@ -77,6 +80,10 @@ fn vdisks_and_versions_answer_the_cli_documents() {
     let a = api();
     assert_eq!(a.client.get("/api/v1/vdisks").unwrap(), documents::vdisk_list(&a.store).unwrap());
     assert_eq!(a.client.get("/api/v1/vdisks/win").unwrap(), documents::vdisk_show(&a.store, "win").unwrap());
+    // A trailing slash is the same route; an empty name is refused by the store's rule.
+    assert_eq!(a.client.get("/api/v1/vdisks/").unwrap(), documents::vdisk_list(&a.store).unwrap());
+    let (status, error, _) = api_error(a.client.get("/api/v1/vdisks//versions"));
+    assert!(status == 400 && error.contains("empty"), "{status}: {error}");
 
     let made = a.client.post("/api/v1/vdisks/win/versions", &json!({"note": "May patches"})).unwrap();
     assert_eq!((made["vdisk"].as_str(), made["version"]["number"].as_u64(), made["version"]["access"].as_str()), (Some("win"), Some(1), Some("maintenance")));
@@ -349,7 +356,7 @@ fn malformed_requests_get_400_class_answers_and_the_server_goes_on() {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     // (An HTTP/1.0 request is answered in HTTP/1.0.)
-    assert!(out.starts_with("HTTP/1.0 405") && out.contains("\r\nAllow: GET\r\n"), "{out}");
+    assert!(out.starts_with("HTTP/1.0 405") && out.contains("\r\nAllow: GET,HEAD\r\n"), "{out}");
     drop(stalled);
 }
 
@@ -439,7 +446,7 @@ fn stop_closes_every_connection_and_the_listener() {
     busy.write_all(b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let started = std::time::Instant::now();
-    a.handle.take().unwrap().stop();
+    a.rt.block_on(a.handle.take().unwrap().stop());
     assert!(started.elapsed() < Duration::from_secs(5), "stop took {:?}", started.elapsed());
     for s in [&held, &busy] {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -450,11 +457,12 @@ fn stop_closes_every_connection_and_the_listener() {
     assert!(TcpStream::connect(a.addr).is_err() || a.client.get("/api/v1/server").is_err(), "stop closes the listener");
 }
 
-/// `paths:` of docs/openapi.yaml as (path, method) pairs, read line by line: a path is a
-/// two-space-indented key starting with `/`, a method a four-space-indented HTTP verb.
-fn openapi_routes(path: &Path) -> Vec<(String, String)> {
+/// `paths:` of docs/openapi.yaml as (path, method, statuses) triples, read line by line: a
+/// path is a two-space-indented key starting with `/`, a method a four-space-indented HTTP
+/// verb, a status an eight-space-indented quoted number under the method's `responses:`.
+fn openapi_routes(path: &Path) -> Vec<(String, String, Vec<u16>)> {
     let text = std::fs::read_to_string(path).unwrap();
-    let mut out = Vec::new();
+    let mut out: Vec<(String, String, Vec<u16>)> = Vec::new();
     let mut current: Option<String> = None;
     let mut in_paths = false;
     for line in text.lines() {
@@ -468,10 +476,14 @@ fn openapi_routes(path: &Path) -> Vec<(String, String)> {
         }
         if let Some(p) = line.strip_prefix("  /") {
             current = Some(format!("/{}", p.trim_end().trim_end_matches(':').trim_matches('\'').trim_matches('"')));
-        } else if let (Some(p), Some(m)) = (&current, line.strip_prefix("    ")) {
+        } else if let (Some(p), Some(m)) = (&current, line.strip_prefix("    ").filter(|m| !m.starts_with(' '))) {
             let m = m.trim_end().trim_end_matches(':');
             if ["get", "put", "post", "delete", "patch", "head", "options"].contains(&m) {
-                out.push((p.clone(), m.to_uppercase()));
+                out.push((p.clone(), m.to_uppercase(), Vec::new()));
+            }
+        } else if let Some(status) = line.strip_prefix("        '").and_then(|l| l.get(..3)).and_then(|c| c.parse().ok()) {
+            if let Some(op) = out.last_mut() {
+                op.2.push(status);
             }
         }
     }
@@ -479,15 +491,44 @@ fn openapi_routes(path: &Path) -> Vec<(String, String)> {
     out
 }
 
+/// The error statuses an operation can answer: 400 and 503 on every route (a request
+/// without Host, the handler timeout), 408 and 413 with a body, 404 with a path
+/// parameter, 500 on the store's routes, 409 on the store's changes.
+fn error_statuses(path: &str, method: &str) -> Vec<u16> {
+    let mut s = vec![400, 503];
+    let store = path.starts_with("/api/v1/vdisks") || path.starts_with("/api/v1/targets");
+    let body = method == "POST" || method == "PUT";
+    if body {
+        s.extend([408, 413]);
+    }
+    if path.contains('{') {
+        s.push(404);
+    }
+    if store {
+        s.push(500);
+    }
+    if store && method != "GET" && !path.ends_with("/agent") {
+        s.push(409);
+    }
+    s.sort();
+    s
+}
+
 #[test]
-fn openapi_lists_exactly_the_routes_of_the_router() {
+fn openapi_lists_exactly_the_routes_of_the_router_and_every_error_they_answer() {
     let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.yaml");
-    let documented = openapi_routes(&doc);
-    let mut known: Vec<(String, String)> = ROUTES.iter().flat_map(|(p, ms, _)| ms.iter().map(move |m| (p.to_string(), m.to_string()))).collect();
+    let ops = openapi_routes(&doc);
+    let documented: Vec<(String, String)> = ops.iter().map(|(p, m, _)| (p.clone(), m.clone())).collect();
+    let mut known: Vec<(String, String)> = http::routes().into_iter().map(|(p, m)| (p.to_string(), m.to_string())).collect();
     known.sort();
     let missing: Vec<_> = known.iter().filter(|r| !documented.contains(r)).collect();
     let extra: Vec<_> = documented.iter().filter(|r| !known.contains(r)).collect();
     assert!(missing.is_empty() && extra.is_empty(), "docs/openapi.yaml lacks {missing:?} and lists routes the router does not know: {extra:?}");
+    for (path, method, statuses) in &ops {
+        let lacking: Vec<u16> = error_statuses(path, method).into_iter().filter(|s| !statuses.contains(s)).collect();
+        assert!(lacking.is_empty(), "docs/openapi.yaml: {method} {path} does not describe the answers {lacking:?} the server can give");
+        assert!(statuses.iter().any(|s| (200..300).contains(s)), "{method} {path}: no success answer");
+    }
 }
 
 #[test]
@@ -518,4 +559,23 @@ fn a_stalled_request_and_an_idle_connection_are_closed_within_the_deadline() {
     let mut out = String::new();
     let _ = slow.read_to_string(&mut out);
     assert!(out.starts_with("HTTP/1.1 408 "), "{out}");
+}
+
+#[test]
+fn an_oversize_body_is_refused_from_its_content_length_at_once() {
+    let a = api();
+    for (path, len) in [("/api/v1/targets", 1_000_000_000u64), ("/api/v1/targets/vm1/agent", http::MAX_AGENT_REPORT as u64 + 1)] {
+        let method = if path.ends_with("/agent") { "PUT" } else { "POST" };
+        let mut s = TcpStream::connect(a.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // Five bytes of the body, and the connection left open: only the head can say 413.
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n{{\"id\"").unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).unwrap();
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(text.starts_with("HTTP/1.1 413 "), "{method} {path}: {text}");
+        assert!(text.contains("\"what_to_do\""), "the error document: {text}");
+        assert!(started.elapsed() < Duration::from_secs(1), "{method} {path}: 413 after {:?}", started.elapsed());
+    }
 }

@@ -77,7 +77,7 @@ pub fn read(path: &Path, vdisk: Option<&str>, limit: Option<usize>) -> Result<Ve
             detail: format!("line {}: {}", i + 1, e.to_string().split(" at line ").next().unwrap_or_default()),
             advice: "the audit trail is append-only: move the damaged line out of the file by hand (keep a copy)".into(),
         })?;
-        if vdisk.map_or(true, |v| v == e.vdisk) {
+        if vdisk.is_none_or(|v| v == e.vdisk) {
             out.push(e);
         }
     }

@@ -49,7 +49,7 @@ impl Layer {
 
 /// Whether production targets see a version of this access and schedule at `now`.
 pub fn released(access: Access, scheduled_at: Option<Timestamp>, now: Timestamp) -> bool {
-    access == Access::Production && scheduled_at.map_or(true, |t| t <= now)
+    access == Access::Production && scheduled_at.is_none_or(|t| t <= now)
 }
 
 /// The layer `sel` picks in `meta` at `now`.

@@ -154,7 +154,7 @@ impl Vhdx {
         let mut header: Option<Vec<u8>> = None;
         for at in [64 * KIB, 128 * KIB] {
             let h = read(at, 4 * KIB, "header")?;
-            if valid(&h, b"head") && header.as_ref().map_or(true, |c| le64(&h, 8) > le64(c, 8)) {
+            if valid(&h, b"head") && header.as_ref().is_none_or(|c| le64(&h, 8) > le64(c, 8)) {
                 header = Some(h);
             }
         }

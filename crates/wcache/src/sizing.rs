@@ -154,7 +154,7 @@ pub fn replay(
     for (i, r) in records.iter().enumerate() {
         // Requests reaching past the end cannot come from the NBD edge; skip them rather
         // than fail on a hand-made trace.
-        if r.offset.checked_add(r.length as u64).map_or(true, |end| end > device_size) {
+        if r.offset.checked_add(r.length as u64).is_none_or(|end| end > device_size) {
             out.other_errors += 1;
             continue;
         }

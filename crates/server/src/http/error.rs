@@ -1,20 +1,30 @@
-//! The API's one error document, `{"error": "...", "what_to_do": "..."}`, and the one
-//! place that maps store and wire errors to HTTP statuses:
+//! The API's one error document, `{"error": "...", "what_to_do": "..."}`; the one place
+//! that maps store errors, extractor rejections and the tower layers' bare answers to it;
+//! and the extractors the handlers take ([`Param`], [`JsonBody`]).
 //!
 //! | status | when |
 //! |---|---|
 //! | 400 | malformed request, path, parameter or JSON body; a bad name, size, version |
 //! | 404 | unknown route, vDisk or target |
 //! | 405 | a known route with another method (with `Allow`) |
-//! | 408, 413 | the body was too slow, or too large |
+//! | 408 | the body did not arrive within `REQUEST_DEADLINE` |
 //! | 409 | a rule of the store refuses the change (in use, exists, wrong state) |
+//! | 413 | the body is over the route's limit (by `Content-Length` before it is read) |
 //! | 500 | anything else: a damaged or missing file, an I/O error |
+//! | 503 | the request took longer than `HANDLER_TIMEOUT` |
 //!
 //! (What hyper refuses before there is a request, a request line or head that does not
 //! parse or is too large, gets hyper's bare 400 or 431 without this document.)
 
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::{header, request::Parts, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use vdstream_store::StoreError;
+
+use super::limits::{HANDLER_TIMEOUT, MAX_AGENT_REPORT, MAX_BODY, REQUEST_DEADLINE};
 
 /// An error answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,11 +43,41 @@ impl ApiError {
         Self::new(400, error, what_to_do)
     }
 
-    pub fn body(&self) -> Vec<u8> {
-        let mut b = serde_json::to_vec(&json!({"error": self.error, "what_to_do": self.what_to_do})).expect("serializes");
-        b.push(b'\n');
-        b
+    /// The document for a bare status a tower layer or axum answered with.
+    fn of_status(status: StatusCode) -> Self {
+        let s = status.as_u16();
+        match s {
+            408 => Self::new(s, "the request body did not arrive in time", format!("send the whole request within {} seconds", REQUEST_DEADLINE.as_secs())),
+            413 => Self::new(s, format!("the request body is over the limit of this route ({MAX_BODY} bytes, {MAX_AGENT_REPORT} for an agent report)"), "send a smaller body"),
+            503 => Self::new(s, format!("the request took longer than {} seconds", HANDLER_TIMEOUT.as_secs()), "see the server's log; the store may be stuck or very busy"),
+            _ => Self::new(s, format!("HTTP status {status}"), "see docs/openapi.yaml for the requests of each route"),
+        }
     }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status >= 500 {
+            log::warn!("HTTP API: answered {}: {}", self.status, self.error);
+        }
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(json!({"error": self.error, "what_to_do": self.what_to_do}))).into_response()
+    }
+}
+
+/// Every answer of 400 and over that is not already the error document becomes it (the
+/// tower layers' 408, 413, 503, axum's 405), keeping its status and `Allow`.
+pub async fn json_errors(resp: Response) -> Response {
+    let json = resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if resp.status().as_u16() < 400 || json {
+        return resp;
+    }
+    let allow = resp.headers().get(header::ALLOW).cloned();
+    let mut out = ApiError::of_status(resp.status()).into_response();
+    if let Some(a) = allow {
+        out.headers_mut().insert(header::ALLOW, a);
+    }
+    out
 }
 
 /// The advice at the end of a store message (`what went wrong: what to do`), if any.
@@ -60,6 +100,58 @@ impl From<StoreError> for ApiError {
             _ => (500, "see the server's log; check the store's files and free space".to_string()),
         };
         ApiError { status, error, what_to_do: what }
+    }
+}
+
+/// Path parameters (percent-decoded UTF-8), 400 when they are not.
+#[derive(Debug)]
+pub struct Param<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Param<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(t)) => Ok(Param(t)),
+            Err(e) => Err(ApiError::bad_request(format!("a path parameter is not valid: {}", e.body_text()), "encode names as UTF-8 and percent-encode reserved bytes (%2F)")),
+        }
+    }
+}
+
+/// A JSON body of type `T`, read within [`REQUEST_DEADLINE`] (408) and the route's limit
+/// (413); an empty body reads as `{}` when `EMPTY_OK`, and is refused otherwise.
+#[derive(Debug)]
+pub struct JsonBody<T, const EMPTY_OK: bool = false>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync, const EMPTY_OK: bool> FromRequest<S> for JsonBody<T, EMPTY_OK> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = match tokio::time::timeout(REQUEST_DEADLINE, Bytes::from_request(req, state)).await {
+            Err(_) => return Err(ApiError::of_status(StatusCode::REQUEST_TIMEOUT)),
+            Ok(Err(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(ApiError::of_status(e.status())),
+            Ok(Err(e)) => return Err(ApiError::bad_request(format!("the request body could not be read: {}", e.body_text()), "send a body of Content-Length bytes (or chunked), whole")),
+            Ok(Ok(b)) => b,
+        };
+        let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::bad_request(format!("the request body is not UTF-8 (byte {})", e.valid_up_to()), "send a JSON document in UTF-8"))?;
+        let text = match (text.trim().is_empty(), EMPTY_OK) {
+            (false, _) => text,
+            (true, true) => "{}",
+            (true, false) => return Err(ApiError::bad_request("this request needs a JSON body", "send a JSON object with Content-Type: application/json")),
+        };
+        serde_json::from_str(text).map(JsonBody).map_err(|e| ApiError::bad_request(format!("the request body is not what this route takes: {e}"), "see docs/openapi.yaml for the fields of this request"))
+    }
+}
+
+/// A request the API refuses although hyper let it through: HTTP/1.1 without `Host`, or a
+/// header value that is not printable ASCII.
+pub fn check_head(parts: &Parts) -> Result<(), ApiError> {
+    if parts.version == axum::http::Version::HTTP_11 && !parts.headers.contains_key(header::HOST) {
+        return Err(ApiError::bad_request("an HTTP/1.1 request needs a Host field", "send Host: with the server's address"));
+    }
+    match parts.headers.iter().find(|(_, v)| HeaderValue::to_str(v).is_err()) {
+        Some((name, _)) => Err(ApiError::bad_request(format!("header {name} is not printable ASCII"), "send header values in printable ASCII")),
+        None => Ok(()),
     }
 }
 

@@ -21,6 +21,7 @@
 //!   memory to the system (glibc's `malloc_trim`), so the server's RSS goes back down.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,9 +30,6 @@ use vdstream_contract::server::{IoDoc, IoTotals, NbdAddresses, ReadCacheDoc, Ser
 use vdstream_contract::status::Status;
 
 use super::error::ApiError;
-use super::lock;
-use super::router::{Call, Reply};
-use super::Shared;
 use crate::state::{unix_ms, CountersSnapshot, ServerState, Session};
 
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -43,6 +41,10 @@ const MAX_REPORTS: usize = 10_000;
 pub const MAX_REPORT_VALUES: usize = 1_000;
 /// Nesting of one report at most.
 pub const MAX_REPORT_DEPTH: usize = 8;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 #[derive(Debug)]
 struct Report {
@@ -257,56 +259,54 @@ fn within_report_limits(v: &Value, depth: usize, count: &mut usize) -> bool {
     }
 }
 
-/// `PUT /api/v1/targets/{id}/agent`: the body is the agent's status document; its
-/// `target` (if present) must be `{id}`, a target with a record in the store.
-pub(crate) fn put_agent(shared: &Shared, call: &Call<'_>) -> Result<Reply, ApiError> {
-    let id = call.params[0].as_str();
-    vdstream_store::names::validate_target_id(id)?;
-    match vdstream_store::Store::open(&shared.state.store).and_then(|s| s.target(id)) {
-        Ok(_) => {}
-        Err(vdstream_store::StoreError::UnknownTarget { .. }) => {
-            shared.state.log.log(
-                log::Level::Warn,
-                module_path!(),
-                "agent report refused",
-                format_args!(
-                    "HTTP API: refused an agent report for target {id:?} from {}: no such target in the store",
-                    call.client.map_or("?".to_string(), |c| c.0.to_string())
-                ),
-            );
-            return Err(ApiError::new(
-                404,
-                format!("target {id:?} has no record in the store of this server, so its reports are refused"),
-                format!("add it first with `vdstream target add {id} --vdisk NAME --cache TYPE` (or POST /api/v1/targets), then start its agent"),
+impl Live {
+    /// `PUT /api/v1/targets/{id}/agent` from `client`: `doc` is the agent's status
+    /// document; its `target` (if present) must be `id`, a target with a record in the
+    /// store. Blocks (reads the store).
+    pub fn accept_report(&self, state: &ServerState, id: &str, client: SocketAddr, doc: Value) -> Result<Value, ApiError> {
+        vdstream_store::names::validate_target_id(id)?;
+        match vdstream_store::Store::open(&state.store).and_then(|s| s.target(id)) {
+            Ok(_) => {}
+            Err(vdstream_store::StoreError::UnknownTarget { .. }) => {
+                state.log.log(
+                    log::Level::Warn,
+                    module_path!(),
+                    "agent report refused",
+                    format_args!("HTTP API: refused an agent report for target {id:?} from {client}: no such target in the store"),
+                );
+                return Err(ApiError::new(
+                    404,
+                    format!("target {id:?} has no record in the store of this server, so its reports are refused"),
+                    format!("add it first with `vdstream target add {id} --vdisk NAME --cache TYPE` (or POST /api/v1/targets), then start its agent"),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let Some(obj) = doc.as_object() else {
+            return Err(ApiError::bad_request("an agent report is a JSON object", "send the document `vdstream target status ID --json` prints"));
+        };
+        if !within_report_limits(&doc, 0, &mut 0) {
+            return Err(ApiError::bad_request(
+                format!("the report has more than {MAX_REPORT_VALUES} JSON values or is nested more than {MAX_REPORT_DEPTH} levels deep"),
+                "send the document `vdstream target status ID --json` prints",
             ));
         }
-        Err(e) => return Err(e.into()),
-    }
-    let doc: Value = call.json(false)?;
-    let Some(obj) = doc.as_object() else {
-        return Err(ApiError::bad_request("an agent report is a JSON object", "send the document `vdstream target status ID --json` prints"));
-    };
-    if !within_report_limits(&doc, 0, &mut 0) {
-        return Err(ApiError::bad_request(
-            format!("the report has more than {MAX_REPORT_VALUES} JSON values or is nested more than {MAX_REPORT_DEPTH} levels deep"),
-            "send the document `vdstream target status ID --json` prints",
-        ));
-    }
-    match obj.get("target") {
-        None => {}
-        Some(Value::String(t)) if t == id => {}
-        Some(other) => {
-            return Err(ApiError::bad_request(
-                format!("the report names target {other} but was sent for target {id:?}"),
-                "send it to /api/v1/targets/{its target}/agent",
-            ))
+        match obj.get("target") {
+            None => {}
+            Some(Value::String(t)) if t == id => {}
+            Some(other) => {
+                return Err(ApiError::bad_request(
+                    format!("the report names target {other} but was sent for target {id:?}"),
+                    "send it to /api/v1/targets/{its target}/agent",
+                ))
+            }
         }
+        if let Err(e) = <Status as serde::Deserialize>::deserialize(&doc) {
+            return Err(ApiError::bad_request(format!("the report is not an agent status: {e}"), "send the document `vdstream target status ID --json` prints"));
+        }
+        self.put_report(id, doc);
+        Ok(json!({"target": id, "accepted": true, "keep_for_secs": REPORT_TTL.as_secs()}))
     }
-    if let Err(e) = <Status as serde::Deserialize>::deserialize(&doc) {
-        return Err(ApiError::bad_request(format!("the report is not an agent status: {e}"), "send the document `vdstream target status ID --json` prints"));
-    }
-    shared.live.put_report(id, doc);
-    Ok(Reply::json(200, &json!({"target": id, "accepted": true, "keep_for_secs": REPORT_TTL.as_secs()})))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use prometheus_client::registry::{Metric, Registry};
 use vdstream_contract::status::Status;
 use vdstream_wcache::space::Capacity;
 
-use super::Shared;
+use super::shared::Shared;
 use crate::state::CountersSnapshot;
 
 pub use prometheus_text::CONTENT_TYPE;

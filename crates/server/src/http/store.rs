@@ -1,19 +1,28 @@
-//! The store's routes: vDisks, versions and target records. Each calls the same function
-//! of `vdstream_store::documents` as the CLI command it mirrors, so the answer is the
-//! document `vdstream … --json` prints; only `GET /targets/{id}` adds `agent`, the
-//! target's latest report, when there is a fresh one.
+//! The store's routes: vDisks, versions and target records, as typed handlers. Each calls
+//! the same function of `vdstream_store::documents` as the CLI command it mirrors, so the
+//! answer is the document `vdstream … --json` prints; only `GET /targets/{id}` adds
+//! `agent`, the target's latest report, when there is a fresh one.
 
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::Value;
 use vdstream_store::{documents, Access, NewTarget, Store, TargetChange};
 
-use super::error::ApiError;
-use super::router::{Call, Reply, Route};
-use super::Shared;
+use super::error::{ApiError, JsonBody, Param};
+use super::shared::{blocking, ClientAddr, Shared};
+
+type S = State<Arc<Shared>>;
+type Client = Extension<ClientAddr>;
+type Answer = Result<Json<Value>, ApiError>;
+type Created = Result<(StatusCode, Json<Value>), ApiError>;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NewVersion {
+pub(crate) struct NewVersion {
     #[serde(default)]
     note: Option<String>,
 }
@@ -27,7 +36,7 @@ enum Stage {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Promotion {
+pub(crate) struct Promotion {
     to: Stage,
     /// RFC 3339 or `+DURATION`, as `version promote --at` takes.
     #[serde(default)]
@@ -36,7 +45,7 @@ struct Promotion {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Revert {
+pub(crate) struct Revert {
     version: u32,
 }
 
@@ -47,52 +56,70 @@ fn version_number(text: &str) -> Result<u32, ApiError> {
 
 fn no_progress(_: u64, _: u64) {}
 
-pub(crate) fn handle(shared: &Shared, route: Route, call: &Call<'_>) -> Result<Reply, ApiError> {
-    let mut store = Store::open(&shared.state.store)?;
-    if let Some(c) = call.client {
-        store = store.with_client(c.0.to_string());
-    }
-    let p = |i: usize| call.params[i].as_str();
-    let ok = |v: Value| Ok(Reply::json(200, &v));
-    let created = |v: Value| Ok(Reply::json(201, &v));
-    match (route, call.method) {
-        (Route::Vdisks, "GET") => ok(documents::vdisk_list(&store)?),
-        (Route::Vdisk, "GET") => ok(documents::vdisk_show(&store, p(0))?),
-        (Route::Versions, "GET") => ok(documents::version_list(&store, p(0))?),
-        (Route::Versions, "POST") => {
-            let b: NewVersion = call.json(true)?;
-            created(documents::version_new(&store, p(0), b.note, &mut no_progress)?)
+/// Runs `f` on the store (opened for this request, its changes audited as `client`'s).
+async fn on_store(s: Arc<Shared>, client: ClientAddr, f: impl FnOnce(&Store, &Shared) -> Result<Value, vdstream_store::StoreError> + Send + 'static) -> Result<Value, ApiError> {
+    blocking(move || {
+        let store = Store::open(&s.state.store)?.with_client(client.0.to_string());
+        Ok(f(&store, &s)?)
+    })
+    .await
+}
+
+pub(crate) async fn vdisk_list(State(s): S, Extension(c): Client) -> Answer {
+    on_store(s, c, |st, _| documents::vdisk_list(st)).await.map(Json)
+}
+
+pub(crate) async fn vdisk_show(State(s): S, Extension(c): Client, Param(name): Param<String>) -> Answer {
+    on_store(s, c, move |st, _| documents::vdisk_show(st, &name)).await.map(Json)
+}
+
+pub(crate) async fn version_list(State(s): S, Extension(c): Client, Param(name): Param<String>) -> Answer {
+    on_store(s, c, move |st, _| documents::version_list(st, &name)).await.map(Json)
+}
+
+pub(crate) async fn version_new(State(s): S, Extension(c): Client, Param(name): Param<String>, JsonBody(b): JsonBody<NewVersion, true>) -> Created {
+    let doc = on_store(s, c, move |st, _| documents::version_new(st, &name, b.note, &mut no_progress)).await?;
+    Ok((StatusCode::CREATED, Json(doc)))
+}
+
+pub(crate) async fn version_promote(State(s): S, Extension(c): Client, Param((name, version)): Param<(String, String)>, JsonBody(b): JsonBody<Promotion>) -> Answer {
+    let n = version_number(&version)?;
+    let to = match b.to {
+        Stage::Test => Access::Test,
+        Stage::Production => Access::Production,
+    };
+    on_store(s, c, move |st, _| documents::version_promote(st, &name, n, to, b.at.as_deref(), &mut no_progress)).await.map(Json)
+}
+
+pub(crate) async fn version_revert(State(s): S, Extension(c): Client, Param(name): Param<String>, JsonBody(b): JsonBody<Revert>) -> Answer {
+    on_store(s, c, move |st, _| documents::version_revert(st, &name, b.version)).await.map(Json)
+}
+
+pub(crate) async fn target_list(State(s): S, Extension(c): Client) -> Answer {
+    on_store(s, c, |st, _| documents::target_list(st)).await.map(Json)
+}
+
+pub(crate) async fn target_add(State(s): S, Extension(c): Client, JsonBody(t): JsonBody<NewTarget>) -> Created {
+    let doc = on_store(s, c, move |st, _| documents::target_add(st, t)).await?;
+    Ok((StatusCode::CREATED, Json(doc)))
+}
+
+pub(crate) async fn target_show(State(s): S, Extension(c): Client, Param(id): Param<String>) -> Answer {
+    on_store(s, c, move |st, shared| {
+        let mut doc = documents::target_show(st, &id)?;
+        if let Some(report) = shared.live.agent_report(&id) {
+            doc["agent"] = report;
         }
-        (Route::Promote, "POST") => {
-            let n = version_number(p(1))?;
-            let b: Promotion = call.json(false)?;
-            let to = match b.to {
-                Stage::Test => Access::Test,
-                Stage::Production => Access::Production,
-            };
-            ok(documents::version_promote(&store, p(0), n, to, b.at.as_deref(), &mut no_progress)?)
-        }
-        (Route::Revert, "POST") => {
-            let b: Revert = call.json(false)?;
-            ok(documents::version_revert(&store, p(0), b.version)?)
-        }
-        (Route::Targets, "GET") => ok(documents::target_list(&store)?),
-        (Route::Targets, "POST") => {
-            let t: NewTarget = call.json(false)?;
-            created(documents::target_add(&store, t)?)
-        }
-        (Route::Target, "GET") => {
-            let mut doc = documents::target_show(&store, p(0))?;
-            if let Some(report) = shared.live.agent_report(p(0)) {
-                doc["agent"] = report;
-            }
-            ok(doc)
-        }
-        (Route::Target, "PUT") => {
-            let c: TargetChange = call.json(false)?;
-            ok(documents::target_set(&store, p(0), c)?)
-        }
-        (Route::Target, "DELETE") => ok(documents::target_remove(&store, p(0))?),
-        (route, method) => Err(ApiError::new(500, format!("route {route:?} has no handler for {method}"), "this is a bug in vdstream; please report it")),
-    }
+        Ok(doc)
+    })
+    .await
+    .map(Json)
+}
+
+pub(crate) async fn target_set(State(s): S, Extension(c): Client, Param(id): Param<String>, JsonBody(ch): JsonBody<TargetChange>) -> Answer {
+    on_store(s, c, move |st, _| documents::target_set(st, &id, ch)).await.map(Json)
+}
+
+pub(crate) async fn target_remove(State(s): S, Extension(c): Client, Param(id): Param<String>) -> Answer {
+    on_store(s, c, move |st, _| documents::target_remove(st, &id)).await.map(Json)
 }

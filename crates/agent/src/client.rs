@@ -1,0 +1,194 @@
+//! The blocking JSON client of vdstream's HTTP API, on `ureq`: the CLI's `--server URL`
+//! and the agent's placement calls and reports use it. A leaf module (it knows nothing of
+//! vDisks or targets), here because the CLI and the server's tests depend on the agent,
+//! and the agent must not depend on the server.
+//!
+//! Invariants: a connect timeout of 5 s and a whole-call timeout ([`Client::with_timeout`],
+//! default 10 minutes: a merge can be long); no connection is kept between calls (the
+//! server closes idle ones); an answer is read up to [`MAX_RESPONSE`] bytes. An error
+//! answer of the API (`{"error", "what_to_do"}`) becomes [`ClientError::Api`], whose text
+//! is the API's message, so a command prints the same words whether it ran on the store
+//! or through a server.
+
+use std::io::ErrorKind;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server URL is not `http://HOST:PORT`.
+    #[error("{0}")]
+    BadUrl(String),
+    /// No connection to the server. (The OS error is in the message, not `source()`,
+    /// so that a chain printed with `{:#}` says it once.)
+    #[error("cannot connect to the vdstream server at {url} ({err}): is `vdstream server --http` running there?")]
+    Connect { url: String, err: std::io::Error },
+    /// The connection broke or timed out during the call.
+    #[error("the call to the vdstream server at {url} failed: {err}")]
+    Io { url: String, err: std::io::Error },
+    /// The server's answer is not HTTP or not JSON.
+    #[error("{url} did not answer like a vdstream server: {detail}")]
+    Protocol { url: String, detail: String },
+    /// The API answered with an error.
+    #[error("{}", api_message(.error, .what_to_do))]
+    Api { status: u16, error: String, what_to_do: String },
+}
+
+fn api_message(error: &str, what_to_do: &str) -> String {
+    if what_to_do.is_empty() || error.contains(what_to_do) {
+        error.to_string()
+    } else {
+        format!("{error}: {what_to_do}")
+    }
+}
+
+/// Largest answer read (a vDisk or session list of a big site fits easily).
+pub const MAX_RESPONSE: u64 = 64 << 20;
+
+/// A server's API, by its base URL.
+#[derive(Debug, Clone)]
+pub struct Client {
+    url: String,
+    timeout: Duration,
+    agent: ureq::Agent,
+}
+
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_connect(Some(Duration::from_secs(5)))
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .max_idle_connections(0)
+        .max_redirects(0)
+        .user_agent(concat!("vdstream/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .into()
+}
+
+impl Client {
+    /// `http://HOST:PORT` (a trailing `/` is allowed; `https` is not: there is no TLS yet).
+    pub fn new(url: &str) -> Result<Client, ClientError> {
+        let bad = |why: &str| ClientError::BadUrl(format!("{url:?} is not a vdstream server URL ({why}): give http://HOST:PORT, e.g. http://127.0.0.1:8480"));
+        let rest = url.strip_prefix("http://").ok_or_else(|| bad(if url.starts_with("https://") { "https is not supported yet" } else { "it does not start with http://" }))?;
+        let hostport = rest.strip_suffix('/').unwrap_or(rest);
+        if hostport.contains('/') || hostport.contains('?') || hostport.contains('@') {
+            return Err(bad("only HOST:PORT may follow http://"));
+        }
+        let (host, port) = hostport.rsplit_once(':').ok_or_else(|| bad("it has no :PORT"))?;
+        port.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| bad("the port is not a number from 1 to 65535"))?;
+        if host.is_empty() || host == "[]" {
+            return Err(bad("the host is empty"));
+        }
+        let timeout = Duration::from_secs(600);
+        Ok(Client { url: format!("http://{hostport}"), timeout, agent: agent(timeout) })
+    }
+
+    /// How long a call may take in all (default 10 minutes: a merge can be long).
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self.agent = agent(t);
+        self
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn error(&self, e: ureq::Error) -> ClientError {
+        let url = self.url.clone();
+        match e {
+            ureq::Error::Io(err) if matches!(err.kind(), ErrorKind::ConnectionRefused | ErrorKind::AddrNotAvailable | ErrorKind::NotFound) => ClientError::Connect { url, err },
+            ureq::Error::Io(err) => ClientError::Io { url, err },
+            ureq::Error::HostNotFound => ClientError::Connect { url, err: std::io::Error::new(ErrorKind::NotFound, "the host name has no address") },
+            ureq::Error::ConnectionFailed => ClientError::Connect { url, err: ErrorKind::ConnectionRefused.into() },
+            ureq::Error::Timeout(ureq::Timeout::Connect | ureq::Timeout::Resolve) => ClientError::Connect { url, err: ErrorKind::TimedOut.into() },
+            ureq::Error::Timeout(_) => ClientError::Io { url, err: std::io::Error::new(ErrorKind::TimedOut, format!("no answer within {:?}", self.timeout)) },
+            other => ClientError::Protocol { url, detail: other.to_string() },
+        }
+    }
+
+    /// One call: `method` on `path` (e.g. `/api/v1/targets`), with a JSON body or none.
+    /// Returns the answer's JSON on a 2xx status.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, ClientError> {
+        let req = ureq::http::Request::builder().method(method).uri(format!("{}{path}", self.url)).header("Accept", "application/json");
+        let sent = match body {
+            Some(b) => {
+                let bytes = serde_json::to_vec(b).expect("JSON values serialize");
+                req.header("Content-Type", "application/json").body(bytes).map(|r| self.agent.run(r))
+            }
+            None => req.body(()).map(|r| self.agent.run(r)),
+        };
+        let mut resp = sent.map_err(|e| ClientError::BadUrl(format!("{method} {}{path} is not a valid request: {e}", self.url)))?.map_err(|e| self.error(e))?;
+        let status = resp.status().as_u16();
+        let bytes = resp.body_mut().with_config().limit(MAX_RESPONSE).read_to_vec().map_err(|e| self.error(e))?;
+        match (status, serde_json::from_slice::<Value>(&bytes)) {
+            (200..=299, Ok(v)) => Ok(v),
+            (200..=299, Err(e)) => Err(ClientError::Protocol { url: self.url.clone(), detail: format!("the answer to {method} {path} is not JSON ({e})") }),
+            (status, Ok(v)) if v.get("error").and_then(Value::as_str).is_some() => Err(ClientError::Api {
+                status,
+                error: v["error"].as_str().unwrap_or_default().to_string(),
+                what_to_do: v.get("what_to_do").and_then(Value::as_str).unwrap_or_default().to_string(),
+            }),
+            (status, _) => Err(ClientError::Protocol {
+                url: self.url.clone(),
+                detail: format!("{method} {path} got status {status} without a vdstream error document: {}", String::from_utf8_lossy(&bytes[..bytes.len().min(200)])),
+            }),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Result<Value, ClientError> {
+        self.call("GET", path, None)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
+        self.call("POST", path, Some(body))
+    }
+
+    pub fn put(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
+        self.call("PUT", path, Some(body))
+    }
+
+    pub fn delete(&self, path: &str) -> Result<Value, ClientError> {
+        self.call("DELETE", path, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_http_host_port() {
+        assert_eq!(Client::new("http://127.0.0.1:8480/").unwrap().url(), "http://127.0.0.1:8480");
+        assert_eq!(Client::new("http://[::1]:80").unwrap().url(), "http://[::1]:80");
+        for (bad, why) in [
+            ("127.0.0.1:8480", "does not start with http://"),
+            ("https://h:1", "https is not supported"),
+            ("http://h", "no :PORT"),
+            ("http://h:0", "port"),
+            ("http://h:1/api", "only HOST:PORT"),
+            ("http://:1", "host is empty"),
+        ] {
+            let e = Client::new(bad).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("http://HOST:PORT"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn api_errors_read_as_their_message() {
+        let e = ClientError::Api { status: 404, error: "no vDisk named \"x\"".into(), what_to_do: "known vDisks: a".into() };
+        assert_eq!(e.to_string(), "no vDisk named \"x\": known vDisks: a");
+        let e = ClientError::Api { status: 409, error: "in use: stop it".into(), what_to_do: "stop it".into() };
+        assert_eq!(e.to_string(), "in use: stop it");
+    }
+
+    #[test]
+    fn a_server_that_is_not_there_is_a_connect_error() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let e = Client::new(&format!("http://127.0.0.1:{port}")).unwrap().get("/api/v1/server").unwrap_err();
+        assert!(matches!(e, ClientError::Connect { .. }), "{e:?}");
+        assert!(e.to_string().starts_with("cannot connect to the vdstream server at http://127.0.0.1:"), "{e}");
+    }
+}
