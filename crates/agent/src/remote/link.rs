@@ -38,6 +38,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use backon::BackoffBuilder;
+
 use vdstream_nbd::client::{Client, ClientError, ConnectOptions};
 
 use super::journal::Journal;
@@ -239,7 +241,6 @@ pub(crate) struct Link {
     secret: Mutex<Option<String>>,
     /// Why the attach is lost for good (see the module docs), once it is.
     lost: Mutex<Option<String>>,
-    seed: AtomicU64,
 }
 
 /// A connection failure that the link cannot hide.
@@ -251,7 +252,6 @@ pub(crate) struct GaveUp {
 impl Link {
     pub fn new(endpoints: Vec<Endpoint>, opts: RemoteOptions) -> Link {
         let n = endpoints.len();
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
         let journal = opts.journal.map(|cap| Arc::new(Journal::new(cap)));
         Link {
             requests: tokio::sync::Semaphore::new(opts.max_requests.max(1)),
@@ -268,7 +268,6 @@ impl Link {
             journal,
             secret: Mutex::new(None),
             lost: Mutex::new(None),
-            seed: AtomicU64::new(seed),
         }
     }
 
@@ -383,7 +382,11 @@ impl Link {
             }
             _ => (0..n).map(|k| (first_index + k) % n).collect(),
         };
-        let mut delay = self.opts.backoff_start;
+        let mut delays = backon::ExponentialBuilder::new()
+            .with_min_delay(self.opts.backoff_start)
+            .with_max_delay(self.opts.backoff_max)
+            .without_max_times()
+            .build();
         let mut index = order[0];
         let mut attempts = 0usize;
         // At attach, a round where every server refused the export is an answer, not an
@@ -467,12 +470,12 @@ impl Link {
                         return Err(GaveUp { message: self.give_up_message(start.elapsed(), false) });
                     }
                 }
-                let mut sleep = self.jitter(delay);
+                // ±25% spreads many agents' retries after a server restart.
+                let mut sleep = delays.next().unwrap_or(self.opts.backoff_max).mul_f64(0.75 + fastrand::f64() / 2.0);
                 if let Some(limit) = self.opts.retry_for {
                     sleep = sleep.min(limit.saturating_sub(start.elapsed()) + Duration::from_millis(1));
                 }
                 tokio::time::sleep(sleep).await;
-                delay = (delay * 2).min(self.opts.backoff_max);
             }
         }
     }
@@ -583,17 +586,6 @@ impl Link {
             self.opts.retry_for.unwrap_or_default(),
             self.give_up_reasons()
         )
-    }
-
-    fn jitter(&self, d: Duration) -> Duration {
-        // xorshift64: spreads many agents' retries after a server restart.
-        let mut x = self.seed.load(Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.seed.store(x, Relaxed);
-        let permille = 750 + (x % 501); // 0.75 .. 1.25
-        d * permille as u32 / 1000
     }
 }
 
