@@ -382,11 +382,7 @@ impl Link {
             }
             _ => (0..n).map(|k| (first_index + k) % n).collect(),
         };
-        let mut delays = backon::ExponentialBuilder::new()
-            .with_min_delay(self.opts.backoff_start)
-            .with_max_delay(self.opts.backoff_max)
-            .without_max_times()
-            .build();
+        let mut delays = backoff(&self.opts);
         let mut index = order[0];
         let mut attempts = 0usize;
         // At attach, a round where every server refused the export is an answer, not an
@@ -470,8 +466,7 @@ impl Link {
                         return Err(GaveUp { message: self.give_up_message(start.elapsed(), false) });
                     }
                 }
-                // ±25% spreads many agents' retries after a server restart.
-                let mut sleep = delays.next().unwrap_or(self.opts.backoff_max).mul_f64(0.75 + fastrand::f64() / 2.0);
+                let mut sleep = delays.next().unwrap_or(self.opts.backoff_max);
                 if let Some(limit) = self.opts.retry_for {
                     sleep = sleep.min(limit.saturating_sub(start.elapsed()) + Duration::from_millis(1));
                 }
@@ -589,6 +584,13 @@ impl Link {
     }
 }
 
+/// The sleeps after each round of failed attempts: `backoff_start` doubling up to
+/// `backoff_max`, each ±25% (so that many agents do not knock at once after a restart).
+fn backoff(opts: &RemoteOptions) -> impl Iterator<Item = Duration> {
+    let exp = backon::ExponentialBuilder::new().with_min_delay(opts.backoff_start).with_max_delay(opts.backoff_max);
+    exp.without_max_times().build().map(|d| d.mul_f64(0.75 + fastrand::f64() / 2.0))
+}
+
 /// Whether a failed connect is the server's answer about the export (unknown, refused by
 /// policy: the same on the next try) rather than about the server now. A server that is
 /// full or shutting down (`NBD_REP_ERR_SHUTDOWN`) has no room now: that is an outage of
@@ -612,6 +614,18 @@ mod tests {
 
     fn id(description: &str) -> Identity {
         Identity { export: "vdisk/w".into(), size: 1 << 20, description: Some(description.into()) }
+    }
+
+    #[test]
+    fn the_backoff_doubles_from_its_start_to_its_cap_with_a_quarter_of_jitter() {
+        let opts = RemoteOptions { backoff_start: Duration::from_millis(50), backoff_max: Duration::from_secs(2), ..Default::default() };
+        let sleeps: Vec<Duration> = backoff(&opts).take(12).collect();
+        for (i, d) in sleeps.iter().enumerate() {
+            let nominal = (Duration::from_millis(50) * (1 << i)).min(Duration::from_secs(2));
+            assert!(*d >= nominal.mul_f64(0.749) && *d <= nominal.mul_f64(1.251), "sleep {i}: {d:?} is not {nominal:?} ±25%");
+        }
+        // Past the cap every nominal sleep is 2 s: the jitter is what tells them apart.
+        assert!(sleeps[6..].iter().any(|d| *d != Duration::from_secs(2)), "not jittered: {sleeps:?}");
     }
 
     #[test]
