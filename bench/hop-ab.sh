@@ -16,7 +16,7 @@
 # One vDisk of --size random data in a fresh store (made by the new build); caches start
 # empty. Prints, per peer, the median total IOPS of each build and new/old; the hop ratios
 # agent/direct (median of the per-round ratios) for each build; and the load average at
-# the start of each round.
+# the start of each round. About 4 minutes a round (15 fio runs of --runtime plus starts).
 #
 # Usage: bench/hop-ab.sh --old-bin PATH [--new-bin PATH] [--size 1g] [--runtime 8]
 #                        [--rounds 2] [--peers ram,direct-device-disk,...] [--out FILE]
