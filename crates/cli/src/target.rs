@@ -261,8 +261,8 @@ fn attach(a: AttachArgs) -> Result<()> {
     );
     outln!("vdstream: status: vdstream target status {} (file {})", c.target, c.status_path.display());
     let socket = c.socket.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
-    runtime.block_on(async {
+    // The agent's one runtime: its remote base's connections run on it already.
+    vdstream_agent::remote::runtime()?.block_on(async {
         let (trigger, shutdown) = ShutdownSignal::new();
         let signals = tokio::spawn(async move {
             if let Err(e) = crate::serve_image::wait_for_signal().await {

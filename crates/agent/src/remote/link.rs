@@ -39,6 +39,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use backon::BackoffBuilder;
+
 use vdstream_nbd::client::{Client, ClientError, ConnectOptions};
 
 use vdstream_contract::{ExportDescription, ExportName};
@@ -216,7 +218,6 @@ pub(crate) struct Link {
     secret: Mutex<Option<String>>,
     /// Why the attach is lost for good (see the module docs), once it is.
     lost: Mutex<Option<String>>,
-    seed: AtomicU64,
 }
 
 /// A connection failure that the link cannot hide.
@@ -228,7 +229,6 @@ pub(crate) struct GaveUp {
 impl Link {
     pub fn new(endpoints: Vec<Endpoint>, opts: RemoteOptions) -> Link {
         let n = endpoints.len();
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
         let journal = opts.journal.map(|cap| Arc::new(Journal::new(cap)));
         Link {
             requests: tokio::sync::Semaphore::new(opts.max_requests.max(1)),
@@ -245,7 +245,6 @@ impl Link {
             journal,
             secret: Mutex::new(None),
             lost: Mutex::new(None),
-            seed: AtomicU64::new(seed),
         }
     }
 
@@ -360,7 +359,7 @@ impl Link {
             }
             _ => (0..n).map(|k| (first_index + k) % n).collect(),
         };
-        let mut delay = self.opts.backoff_start;
+        let mut delays = backoff(&self.opts);
         let mut index = order[0];
         let mut attempts = 0usize;
         // At attach, a round where every server refused the export is an answer, not an
@@ -444,12 +443,11 @@ impl Link {
                         return Err(GaveUp { message: self.give_up_message(start.elapsed(), false) });
                     }
                 }
-                let mut sleep = self.jitter(delay);
+                let mut sleep = delays.next().unwrap_or(self.opts.backoff_max);
                 if let Some(limit) = self.opts.retry_for {
                     sleep = sleep.min(limit.saturating_sub(start.elapsed()) + Duration::from_millis(1));
                 }
                 tokio::time::sleep(sleep).await;
-                delay = (delay * 2).min(self.opts.backoff_max);
             }
         }
     }
@@ -573,17 +571,13 @@ impl Link {
             self.give_up_reasons()
         )
     }
+}
 
-    fn jitter(&self, d: Duration) -> Duration {
-        // xorshift64: spreads many agents' retries after a server restart.
-        let mut x = self.seed.load(Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.seed.store(x, Relaxed);
-        let permille = 750 + (x % 501); // 0.75 .. 1.25
-        d * permille as u32 / 1000
-    }
+/// The sleeps after each round of failed attempts: `backoff_start` doubling up to
+/// `backoff_max`, each ±25% (so that many agents do not knock at once after a restart).
+fn backoff(opts: &RemoteOptions) -> impl Iterator<Item = Duration> {
+    let exp = backon::ExponentialBuilder::new().with_min_delay(opts.backoff_start).with_max_delay(opts.backoff_max);
+    exp.without_max_times().build().map(|d| d.mul_f64(0.75 + fastrand::f64() / 2.0))
 }
 
 /// Whether a failed connect is the server's answer about the export (unknown, refused by
@@ -609,6 +603,18 @@ mod tests {
 
     fn id(description: &str) -> Identity {
         Identity { export: "vdisk/w".into(), size: 1 << 20, description: Some(description.into()) }
+    }
+
+    #[test]
+    fn the_backoff_doubles_from_its_start_to_its_cap_with_a_quarter_of_jitter() {
+        let opts = RemoteOptions { backoff_start: Duration::from_millis(50), backoff_max: Duration::from_secs(2), ..Default::default() };
+        let sleeps: Vec<Duration> = backoff(&opts).take(12).collect();
+        for (i, d) in sleeps.iter().enumerate() {
+            let nominal = (Duration::from_millis(50) * (1 << i)).min(Duration::from_secs(2));
+            assert!(*d >= nominal.mul_f64(0.749) && *d <= nominal.mul_f64(1.251), "sleep {i}: {d:?} is not {nominal:?} ±25%");
+        }
+        // Past the cap every nominal sleep is 2 s: the jitter is what tells them apart.
+        assert!(sleeps[6..].iter().any(|d| *d != Duration::from_secs(2)), "not jittered: {sleeps:?}");
     }
 
     #[test]

@@ -18,15 +18,17 @@
 //!   (a bounce buffer), so callers may ask for any range inside `size()`.
 //! - [`Caps`] come from the first server and stay fixed; a later server that cannot do
 //!   something (say, block status) is answered around (all data), never lied about.
-//! - The sync API runs on the base's own small runtime; it must not be called from a
-//!   current-thread tokio runtime (the NBD server calls it from its session threads).
+//! - The sync API polls its request on the caller's thread; the connections' reader and
+//!   writer tasks run on the agent's one runtime ([`runtime`]), shared by every base. It
+//!   must not be called from a current-thread tokio runtime (the NBD server calls it from
+//!   its session threads).
 
 mod journal;
 mod link;
 
 use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Op, Result, ZeroFlags};
 use vdstream_nbd::client::{Client, ClientError};
@@ -46,21 +48,11 @@ const MAX_RANGE_OP: u64 = 1 << 30;
 #[derive(Debug)]
 pub struct RemoteBase {
     link: Arc<Link>,
-    runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
     caps: Caps,
     size: u64,
     min_block: u64,
     max_block: u64,
-}
-
-impl Drop for RemoteBase {
-    fn drop(&mut self) {
-        // Dropping a runtime may block; doing it in the background is safe in any context.
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
 }
 
 /// One request, owned or borrowed by the caller who waits for it.
@@ -148,13 +140,7 @@ impl RemoteBase {
         if endpoints.is_empty() {
             return Err(AgentError::NoEndpoint);
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("vdstream-remote")
-            .enable_all()
-            .build()
-            .map_err(|err| AgentError::Io { what: "cannot start the remote I/O runtime".into(), err })?;
-        let handle = runtime.handle().clone();
+        let handle = runtime()?;
         let link = Arc::new(Link::new(endpoints, opts).with_reorder(reorder));
         let (client, _) = run(&handle, link.client(None)).map_err(|e| AgentError::NoServer { message: e.message })?;
         let writable = link.opts.writable;
@@ -180,7 +166,7 @@ impl RemoteBase {
         let min_block = u64::from(bs.minimum.max(1));
         let max_block = (u64::from(bs.maximum) / min_block * min_block).max(min_block);
         let size = client.size();
-        Ok(RemoteBase { link, runtime: Some(runtime), handle, caps, size, min_block, max_block })
+        Ok(RemoteBase { link, handle, caps, size, min_block, max_block })
     }
 
     /// What the target attached to (export, size, description).
@@ -409,28 +395,23 @@ impl RemoteBase {
     }
 }
 
-/// Runs every future of `futs` at once; their outputs, in order.
-async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let mut futs: Vec<std::pin::Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
-    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, out) in futs.iter_mut().zip(outs.iter_mut()) {
-            if out.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *out = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outs.into_iter().map(|o| o.expect("every future finished")).collect()
+/// The agent process's one tokio runtime, started on first use and never stopped: every
+/// remote base's connections and the agent's local NBD server run on it.
+pub fn runtime() -> std::result::Result<tokio::runtime::Handle, AgentError> {
+    static SHARED: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    if let Some(rt) = SHARED.get() {
+        return Ok(rt.handle().clone());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("vdstream-io")
+        .enable_all()
+        .build()
+        .map_err(|err| AgentError::Io { what: "cannot start the I/O runtime".into(), err })?;
+    // A racing first caller's runtime is the one kept; dropping ours may not block here.
+    if let Err(rt) = SHARED.set(rt) {
+        rt.shutdown_background();
+    }
+    Ok(SHARED.get().expect("set above").handle().clone())
 }
 
 /// Runs `fut` to completion from sync code on `handle`'s runtime.
@@ -529,7 +510,7 @@ impl BlockDev for RemoteBase {
                 }
             })
             .collect();
-        let results = run(&self.handle, join_all(futs));
+        let results = run(&self.handle, futures_util::future::join_all(futs));
         for (op, r) in ops.iter_mut().zip(results) {
             op.result = r;
         }
