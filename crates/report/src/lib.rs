@@ -2,7 +2,7 @@
 //!
 //! [`bar_chart`] and [`line_chart`] each return one whole, self-contained `<svg>` document
 //! (no scripts, no external fonts or styles) that browsers, Markdown viewers and
-//! `rsvg-convert` render alike. The crate has no dependencies: charts are written by hand.
+//! `rsvg-convert` render alike, drawn by `plotters` on its SVG backend.
 
 pub mod svg;
 
