@@ -299,7 +299,7 @@ pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved,
     for i in placement_order(&docs) {
         let doc = docs[i].as_ref().expect("placement lists answering servers");
         let url = clients[i].url();
-        let Some(address) = nbd_address(&doc, api_host(url)) else {
+        let Some(address) = nbd_address(doc, api_host(url)) else {
             log::warn!("{url}: server {} serves no NBD (no listen address, no socket); it is left out", doc.name);
             continue;
         };

@@ -6,6 +6,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use vdstream_store::{documents, NewTarget, Selector, TargetChange, TargetRecord};
 
@@ -191,7 +192,8 @@ pub fn show(a: ShowArgs) -> Result<()> {
 /// `target show`: the record; from a server also `agent`, the agent's latest report.
 pub fn print_show(o: &StoreOpts, doc: Value) -> Result<()> {
     let r: TargetRecord = serde_json::from_value(doc.clone())?;
-    let agent = doc.get("agent").filter(|a| !a.is_null()).cloned();
+    // The agent's latest report, typed (`vdstream_contract::status::Status`).
+    let agent = doc.get("agent").and_then(|a| vdstream_agent::Status::deserialize(a).ok());
     o.emit(doc, || {
         let mut lines = vec![
             format!("target {}{}", r.id, r.description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default()),
@@ -201,12 +203,8 @@ pub fn print_show(o: &StoreOpts, doc: Value) -> Result<()> {
             format!("  changed:  {} by {} (generation {})", r.updated, r.updated_by, r.generation),
         ];
         if let Some(a) = agent {
-            let n = |p: &str| a.pointer(p).and_then(Value::as_u64).unwrap_or(0);
             lines.push(format!("  agent:    {} on {}, {} retries, {} reconnects, {} failovers; cache {:.1}% used",
-                a.get("state").and_then(Value::as_str).unwrap_or("?"),
-                a.pointer("/server/endpoint").and_then(Value::as_str).unwrap_or("?"),
-                n("/server/retries"), n("/server/reconnects"), n("/server/failovers"),
-                a.pointer("/cache/used_percent").and_then(Value::as_f64).unwrap_or(0.0)));
+                a.state, a.server.endpoint, a.server.retries, a.server.reconnects, a.server.failovers, a.cache.used_percent));
         }
         lines.join("\n")
     });

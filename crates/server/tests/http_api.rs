@@ -200,6 +200,10 @@ fn sessions_show_counters_rates_and_the_agents_report() {
     assert_eq!(api_error(a.client.put("/api/v1/targets/vm1/agent", &json!({"target": "vm1", "x": deep}))).0, 400);
     assert_eq!(api_error(a.client.put("/api/v1/targets/vm1/agent", &json!([1, 2]))).0, 400);
     assert_eq!(api_error(a.client.put("/api/v1/targets/vm1/agent", &json!({"server": 5}))).0, 400);
+    // A report is read as the agent's typed Status: a field of another type is refused.
+    let (status, error, _) = api_error(a.client.put("/api/v1/targets/vm1/agent", &json!({"server": {"retries": "many"}})));
+    assert_eq!(status, 400, "{error}");
+    assert!(error.contains("not an agent status") && error.contains("expected u64"), "{error}");
 
     let list = a.client.get("/api/v1/sessions").unwrap();
     let list = list.as_array().unwrap();

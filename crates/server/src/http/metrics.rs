@@ -46,7 +46,7 @@ impl Scrape {
     }
 
     fn gauge(&mut self, name: &str, help: &str, v: u64) {
-        self.add(name, help, Gauge::<i64>::default()).set(i64::try_from(v).unwrap_or(i64::MAX));
+        self.add(name, help, Gauge::<i64>::default()).set(int(v));
     }
 }
 
@@ -54,9 +54,10 @@ fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-type Counted = (&'static str, &'static str, fn(&CountersSnapshot) -> u64);
+/// A figure of the table's kind: its name, its help and how to read it from `T`.
+type Figure<T, V> = (&'static str, &'static str, fn(&T) -> V);
 
-const SESSION_COUNTERS: [Counted; 8] = [
+const SESSION_COUNTERS: [Figure<CountersSnapshot, u64>; 8] = [
     ("vdstream_session_guest_read_ops_total", "Reads the client asked for.", |c| c.guest_read_ops),
     ("vdstream_session_guest_read_bytes_total", "Bytes the client read.", |c| c.guest_read_bytes),
     ("vdstream_session_guest_write_ops_total", "Writes the client asked for.", |c| c.guest_write_ops),
@@ -68,7 +69,7 @@ const SESSION_COUNTERS: [Counted; 8] = [
 ];
 
 /// Every session's I/O since the server started (closed sessions too).
-const SERVER_COUNTERS: [Counted; 8] = [
+const SERVER_COUNTERS: [Figure<CountersSnapshot, u64>; 8] = [
     ("vdstream_guest_read_ops_total", "Reads clients asked for, every session.", |c| c.guest_read_ops),
     ("vdstream_guest_read_bytes_total", "Bytes clients read, every session.", |c| c.guest_read_bytes),
     ("vdstream_guest_write_ops_total", "Writes clients asked for, every session.", |c| c.guest_write_ops),
@@ -80,20 +81,20 @@ const SERVER_COUNTERS: [Counted; 8] = [
 ];
 
 /// A server-side write cache's capacity, as an agent's status has it (see CacheProbe).
-const CACHE_BYTES: [(&str, &str, fn(&Capacity) -> Option<u64>); 3] = [
+const CACHE_BYTES: [Figure<Capacity, Option<u64>>; 3] = [
     ("vdstream_session_cache_limit_bytes", "The configured limit of the session's server-side write cache (its file's cap, or the vDisk's size).", |c| Some(c.limit)),
     ("vdstream_session_cache_fs_free_bytes", "Free bytes on the file system of the server-side write cache's file.", |c| c.fs_free),
     ("vdstream_session_cache_capacity_bytes", "What the server-side write cache can hold: the least of its limit and its use plus the free space of its file system.", |c| Some(c.capacity)),
 ];
 
-const AGENT_COUNTERS: [(&str, &str, fn(&Status) -> u64); 4] = [
+const AGENT_COUNTERS: [Figure<Status, u64>; 4] = [
     ("vdstream_agent_retries_total", "Requests the agent re-sent after a connection broke.", |s| s.server.retries),
     ("vdstream_agent_reconnects_total", "Reconnects of the agent.", |s| s.server.reconnects),
     ("vdstream_agent_failovers_total", "Reconnects that moved the agent to another server.", |s| s.server.failovers),
     ("vdstream_agent_gave_up_total", "Requests failed after --retry-for ran out.", |s| s.server.gave_up),
 ];
 
-const AGENT_RATIOS: [(&str, &str, fn(&Status) -> f64); 2] = [
+const AGENT_RATIOS: [Figure<Status, f64>; 2] = [
     ("vdstream_agent_cache_used_percent", "The agent's write cache in use, percent of its capacity (its limit, or less when its file system has less room).", |s| s.cache.used_percent),
     ("vdstream_agent_guest_iops", "Guest operations per second at the agent.", |s| s.guest.iops),
 ];
@@ -104,8 +105,7 @@ pub(crate) fn render(shared: &Shared) -> String {
     let mut m = Scrape(Registry::default());
     m.gauge("vdstream_sessions", "Live NBD sessions.", sessions.len() as u64);
     m.gauge("vdstream_server_draining", "1 while the server drains (SIGTERM).", u64::from(state.draining.load(Ordering::Relaxed)));
-    let started = m.add("vdstream_server_start_time_seconds", "When the server started, Unix time.", Gauge::<f64, AtomicU64>::default());
-    started.set(state.started_unix_ms as f64 / 1000.0);
+    m.add("vdstream_server_start_time_seconds", "When the server started, Unix time.", Gauge::<f64, AtomicU64>::default()).set(state.started_unix_ms as f64 / 1000.0);
 
     let totals = state.totals.snapshot();
     for (name, help, get) in SERVER_COUNTERS {
@@ -119,20 +119,12 @@ pub(crate) fn render(shared: &Shared) -> String {
     m.gauge("vdstream_read_cache_used_bytes", "Bytes the shared read cache holds.", rc.used);
     m.gauge("vdstream_read_cache_capacity_bytes", "The shared read cache's size (--read-cache).", rc.capacity);
 
-    let snaps: Vec<_> = sessions
-        .iter()
-        .map(|s| {
-            let i = &s.info;
-            let labels: Labels = vec![
-                ("session", s.id.to_string()),
-                ("target", i.target.clone().unwrap_or_default()),
-                ("export", i.export.clone()),
-                ("vdisk", i.vdisk.clone()),
-                ("version", i.version.to_string()),
-            ];
-            (labels, s.counters.snapshot(), s.cache_figures())
-        })
-        .collect();
+    let snaps: Vec<_> = sessions.iter().map(|s| {
+        let i = &s.info;
+        let target = i.target.clone().unwrap_or_default();
+        let labels: Labels = vec![("session", s.id.to_string()), ("target", target), ("export", i.export.clone()), ("vdisk", i.vdisk.clone()), ("version", i.version.to_string())];
+        (labels, s.counters.snapshot(), s.cache_figures())
+    }).collect();
     for (name, help, get) in SESSION_COUNTERS {
         let f = m.add(name, help, Counters::default());
         for (l, c, _) in &snaps {
@@ -150,11 +142,8 @@ pub(crate) fn render(shared: &Shared) -> String {
         }
     }
     let percent = m.add("vdstream_session_cache_used_percent", "The server-side write cache in use, percent of its capacity.", Ratios::default());
-    let nospace = m.add(
-        "vdstream_session_cache_nospace_errors_total",
-        "Writes the server-side write cache refused for space (its limit, or its file system full: ENOSPC).",
-        Counters::default(),
-    );
+    let nospace_help = "Writes the server-side write cache refused for space (its limit, or its file system full: ENOSPC).";
+    let nospace = m.add("vdstream_session_cache_nospace_errors_total", nospace_help, Counters::default());
     for (l, (cap, stats)) in snaps.iter().filter_map(|(l, _, cache)| Some((l, cache.as_ref()?))) {
         percent.get_or_create(l).set(cap.used_percent());
         nospace.get_or_create(l).inc_by(stats.nospace_errors);
@@ -169,12 +158,8 @@ pub(crate) fn render(shared: &Shared) -> String {
     }
 
     // A report that is not an agent's Status (the API refuses those) has no series.
-    let reports: Vec<(Labels, Status)> = shared
-        .live
-        .agent_reports()
-        .into_iter()
-        .filter_map(|(t, doc)| Some((vec![("target", t)], serde_json::from_value(doc).ok()?)))
-        .collect();
+    let reports: Vec<(Labels, Status)> =
+        shared.live.agent_reports().into_iter().filter_map(|(t, doc)| Some((vec![("target", t)], serde_json::from_value(doc).ok()?))).collect();
     for (name, help, get) in AGENT_COUNTERS {
         let f = m.add(name, help, Counters::default());
         for (l, s) in &reports {
