@@ -151,8 +151,9 @@ pub struct ServerConfig {
     /// Each handshake read or write must finish within this time, or the connection is
     /// dropped (a stalled client cannot hold a slot forever).
     pub handshake_timeout: Duration,
-    /// Payload bytes (read data, write data) one connection may have in flight before
-    /// the server stops reading its requests (backpressure).
+    /// Payload bytes (read data, write data, plus 512 bytes a request) one connection may
+    /// have taken and not yet answered before the server stops reading its requests
+    /// (backpressure), whatever executor serves it; a single larger request runs alone.
     pub max_in_flight_bytes: usize,
     /// Size of each connection's request read buffer.
     pub read_buffer_size: usize,
