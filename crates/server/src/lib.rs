@@ -6,7 +6,7 @@
 //!   state.rs      ServerState: sessions, counters, draining; shared by the NBD and HTTP halves
 //!   names.rs      export names: vdisk/NAME[@V], maintenance/NAME, target/ID (parsed at the edge)
 //!   exports.rs    StoreExports: what each export opens, one chain per connection; SessionDev
-//!   readcache.rs  the shared read cache in front of the layer files (per file, LRU, single flight)
+//!   readcache.rs  the shared read cache in front of the layer files (per file, quick_cache, single flight)
 //!   target.rs     lookup_target: a target's vDisk, version and cache, from the store
 //!   nbd.rs        NbdService: listeners, serving, drain; the stats file
 //!   http/         the JSON HTTP API and /metrics (http::spawn), on the same ServerState
