@@ -463,12 +463,11 @@ impl SessionDev {
     /// Counts a guest read or write of `len` bytes (and a store write, when writes go there).
     fn count(&self, write: bool, len: u64) {
         let Some(s) = &self.session else { return };
-        if !write {
-            s.count(|c| (&c.guest_read_ops, &c.guest_read_bytes), len);
-            return;
+        match write {
+            false => s.count(|c| (&c.guest_read_ops, &c.guest_read_bytes), len),
+            true => s.count(|c| (&c.guest_write_ops, &c.guest_write_bytes), len),
         }
-        s.count(|c| (&c.guest_write_ops, &c.guest_write_bytes), len);
-        if self.held.writer.is_some() {
+        if write && self.held.writer.is_some() {
             s.count(|c| (&c.store_write_ops, &c.store_write_bytes), len);
         }
     }

@@ -83,8 +83,7 @@ struct Block {
     holes: Vec<Hole>,
 }
 
-/// How the cache treats blocks: weighed by their bytes; evictions counted into
-/// [`CacheFigures::evictions`].
+/// Blocks weigh their bytes; evictions are counted into [`CacheFigures::evictions`].
 #[derive(Debug, Clone)]
 struct Policy(Arc<AtomicU64>);
 

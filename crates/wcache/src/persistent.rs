@@ -382,8 +382,7 @@ impl Drop for PersistentDiskCache {
     }
 }
 
-/// The disk cache below does the I/O; this layer adds flush and FUA (both through the
-/// journal). Block status, sparse reads and batching pass through.
+/// The disk cache below does the I/O; this layer adds flush and FUA through the journal.
 impl vdstream_blockdev::Filter for PersistentDiskCache {
     type Inner = DiskCache;
 
@@ -415,8 +414,7 @@ impl vdstream_blockdev::Filter for PersistentDiskCache {
         self.durable_if(flags.fua)
     }
 
-    /// The batch goes to the disk cache without FUA; one flush then makes its FUA writes
-    /// durable (a failed flush fails every write of the batch).
+    /// Without FUA to the disk cache, then one flush for the FUA writes (failed: every write fails).
     fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
         let mut fua = false;
         for op in ops.iter_mut() {
