@@ -546,6 +546,10 @@ impl BlockDev for FileDev {
         }
         let mut extents = Vec::new();
         self.block_status(offset, buf.len() as u64, &mut extents)?;
+        // Past the end of a file cut short under us, "no data" is lost bytes, not a hole.
+        if extents.last().is_some_and(|e| e.hole) && self.file.metadata().map_or(true, |m| m.len() < offset + buf.len() as u64) {
+            return self.read_at(buf, offset);
+        }
         let mut pos = 0usize;
         for e in extents {
             let end = pos + e.len as usize;

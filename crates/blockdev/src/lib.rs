@@ -3,7 +3,9 @@
 //! Every box in the data path is a [`BlockDev`]: the sparse [`MemoryDev`], the raw
 //! [`FileDev`], and (in other crates) every write-cache type, the version chain of a vDisk
 //! and the remote base of an agent. A write cache is a `BlockDev` that wraps a read-only
-//! lower one, so layers stack the way nbdkit filters do.
+//! lower one, so layers stack the way nbdkit filters do. A wrapper that changes only some
+//! requests (counting, tracing, a read cache, a journal's flush) is a [`Filter`]: every
+//! capability it does not override passes to the device below.
 //!
 //! ```text
 //!            BlockDev  (read, write, flush, trim, zero, block status, cache; Caps says which)
@@ -247,33 +249,60 @@ impl<'a> BatchOp<'a> {
     }
 }
 
-macro_rules! forward_blockdev {
-    ($ty:ty) => {
-        impl<T: BlockDev + ?Sized> BlockDev for $ty {
-            fn size(&self) -> u64 { (**self).size() }
-            fn caps(&self) -> Caps { (**self).caps() }
-            fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> { (**self).read_at(buf, offset) }
-            fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
-                (**self).read_at_sparse(buf, offset, holes)
-            }
-            fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> { (**self).write_at(buf, offset, fua) }
-            fn flush(&self) -> Result<()> { (**self).flush() }
-            fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> { (**self).trim(offset, len, fua) }
-            fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-                (**self).write_zeroes(offset, len, flags)
-            }
-            fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-                (**self).block_status(offset, len, out)
-            }
-            fn cache(&self, offset: u64, len: u64) -> Result<()> { (**self).cache(offset, len) }
-            fn describe(&self) -> String { (**self).describe() }
-            fn io_batch(&self, ops: &mut [BatchOp<'_>]) { (**self).io_batch(ops) }
-            fn prefers_batches(&self) -> bool { (**self).prefers_batches() }
-        }
-    };
+/// A device over another (nbdkit's filters): every `Filter` is a [`BlockDev`] whose methods
+/// forward to [`inner`](Filter::inner) unless it overrides them, so a wrapper changes only
+/// what it means to and never drops a capability (batching, sparse reads, block status).
+/// - A filter that changes reads or writes also overrides [`io_batch`](Filter::io_batch).
+/// - In `impl Filter for X`, reach the device below by `self.inner()` (`Arc<T>` is a filter
+///   too, so `self.arc_field.read_at(..)` is ambiguous there).
+/// - A new [`BlockDev`] method gets a forwarding default here and a line in the blanket
+///   impl; the test `every_capability_flows_through_filters` fails until it does.
+pub trait Filter: Send + Sync + std::fmt::Debug {
+    /// The device below.
+    type Inner: BlockDev + ?Sized;
+    fn inner(&self) -> &Self::Inner;
+
+    fn size(&self) -> u64 { self.inner().size() }
+    fn caps(&self) -> Caps { self.inner().caps() }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> { self.inner().read_at(buf, offset) }
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> { self.inner().read_at_sparse(buf, offset, holes) }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> { self.inner().write_at(buf, offset, fua) }
+    fn flush(&self) -> Result<()> { self.inner().flush() }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> { self.inner().trim(offset, len, fua) }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> { self.inner().write_zeroes(offset, len, flags) }
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> { self.inner().block_status(offset, len, out) }
+    fn cache(&self, offset: u64, len: u64) -> Result<()> { self.inner().cache(offset, len) }
+    fn describe(&self) -> String { self.inner().describe() }
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) { self.inner().io_batch(ops) }
+    fn prefers_batches(&self) -> bool { self.inner().prefers_batches() }
 }
-forward_blockdev!(Arc<T>);
-forward_blockdev!(Box<T>);
+
+impl<F: Filter> BlockDev for F {
+    fn size(&self) -> u64 { Filter::size(self) }
+    fn caps(&self) -> Caps { Filter::caps(self) }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> { Filter::read_at(self, buf, offset) }
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> { Filter::read_at_sparse(self, buf, offset, holes) }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> { Filter::write_at(self, buf, offset, fua) }
+    fn flush(&self) -> Result<()> { Filter::flush(self) }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> { Filter::trim(self, offset, len, fua) }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> { Filter::write_zeroes(self, offset, len, flags) }
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> { Filter::block_status(self, offset, len, out) }
+    fn cache(&self, offset: u64, len: u64) -> Result<()> { Filter::cache(self, offset, len) }
+    fn describe(&self) -> String { Filter::describe(self) }
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) { Filter::io_batch(self, ops) }
+    fn prefers_batches(&self) -> bool { Filter::prefers_batches(self) }
+}
+
+/// A shared or boxed device is the device itself.
+impl<T: BlockDev + ?Sized> Filter for Arc<T> {
+    type Inner = T;
+    fn inner(&self) -> &T { self }
+}
+
+impl<T: BlockDev + ?Sized> Filter for Box<T> {
+    type Inner = T;
+    fn inner(&self) -> &T { self }
+}
 
 /// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
 pub fn check_range(size: u64, op: Op, offset: u64, len: u64, device: &dyn Fn() -> String) -> Result<()> {
@@ -287,5 +316,31 @@ pub fn check_range(size: u64, op: Op, offset: u64, len: u64, device: &dyn Fn() -
             device(),
             format!("the range ends past the device size of {size} bytes"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The names of the `fn`s in the block of `src` that starts with `head`.
+    fn fns_of(src: &str, head: &str) -> Vec<String> {
+        let body = &src[src.find(head).unwrap_or_else(|| panic!("no {head:?}"))..];
+        let body = &body[..body.find("\n}\n").expect("the block ends")];
+        let mut names: Vec<String> = body
+            .split("fn ")
+            .skip(1)
+            .map(|rest| rest.split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap().to_string())
+            .filter(|n| n != "inner")
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn every_capability_flows_through_filters() {
+        let src = include_str!("lib.rs");
+        let dev = fns_of(src, "pub trait BlockDev:");
+        assert!(dev.len() >= 13, "found {dev:?}");
+        assert_eq!(fns_of(src, "pub trait Filter:"), dev, "every BlockDev method has a forwarding default in Filter");
+        assert_eq!(fns_of(src, "impl<F: Filter> BlockDev for F"), dev, "and a line in the blanket impl");
     }
 }

@@ -44,7 +44,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::{BatchIo, BatchOp, BlockDev, Caps, Extent, Hole, Result, ZeroFlags};
+use crate::{BatchIo, BatchOp, BlockDev, Hole, Result, ZeroFlags};
 
 /// The first 8 bytes of every trace file.
 pub const MAGIC: &[u8; 8] = b"VDSTRACE";
@@ -344,46 +344,36 @@ impl TraceDev {
     }
 }
 
-impl BlockDev for TraceDev {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn caps(&self) -> Caps {
-        self.inner.caps()
+/// Records, then forwards; everything else (size, caps, block status, batching) passes through.
+impl crate::Filter for TraceDev {
+    type Inner = dyn BlockDev;
+    fn inner(&self) -> &Self::Inner {
+        &*self.inner
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.writer.record(TraceOp::Read, offset, buf.len() as u64, 0);
-        self.inner.read_at(buf, offset)
+        self.inner().read_at(buf, offset)
     }
     fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
         self.writer.record(TraceOp::Read, offset, buf.len() as u64, 0);
-        self.inner.read_at_sparse(buf, offset, holes)
+        self.inner().read_at_sparse(buf, offset, holes)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
         self.writer.record(TraceOp::Write, offset, buf.len() as u64, if fua { FLAG_FUA } else { 0 });
-        self.inner.write_at(buf, offset, fua)
+        self.inner().write_at(buf, offset, fua)
     }
     fn flush(&self) -> Result<()> {
         self.writer.record(TraceOp::Flush, 0, 0, 0);
-        self.inner.flush()
+        self.inner().flush()
     }
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
         self.writer.record(TraceOp::Trim, offset, len, if fua { FLAG_FUA } else { 0 });
-        self.inner.trim(offset, len, fua)
+        self.inner().trim(offset, len, fua)
     }
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         let f = if flags.fua { FLAG_FUA } else { 0 } | if flags.may_trim { FLAG_MAY_TRIM } else { 0 };
         self.writer.record(TraceOp::Zero, offset, len, f);
-        self.inner.write_zeroes(offset, len, flags)
-    }
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-        self.inner.block_status(offset, len, out)
-    }
-    fn cache(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.cache(offset, len)
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
+        self.inner().write_zeroes(offset, len, flags)
     }
     fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
         for op in ops.iter() {
@@ -392,10 +382,7 @@ impl BlockDev for TraceDev {
                 BatchIo::Write(b, fua) => self.writer.record(TraceOp::Write, op.offset, b.len() as u64, if *fua { FLAG_FUA } else { 0 }),
             }
         }
-        self.inner.io_batch(ops)
-    }
-    fn prefers_batches(&self) -> bool {
-        self.inner.prefers_batches()
+        self.inner().io_batch(ops)
     }
 }
 

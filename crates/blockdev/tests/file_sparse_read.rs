@@ -39,3 +39,19 @@ fn large_reads_report_the_holes_of_a_sparse_file() {
         assert!(none.is_empty());
     }
 }
+
+/// A file cut short under an open device: a sparse read past the cut fails with EIO, as a
+/// plain read does, instead of calling the lost bytes a hole.
+#[test]
+fn a_sparse_read_past_the_end_of_a_cut_file_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.img");
+    let f = std::fs::File::create(&path).unwrap();
+    f.write_all_at(&vec![0xcd; 4 << 20], 0).unwrap();
+    let dev = FileDev::open(&path, FileOptions { read_only: true, direct: false }).unwrap();
+    f.set_len(2 << 20).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let e = dev.read_at_sparse(&mut buf, 3 << 20, &mut Vec::new()).unwrap_err();
+    assert_eq!(e.kind, vdstream_blockdev::ErrorKind::Io, "{e}");
+    assert!(dev.read_at(&mut buf, 3 << 20).is_err());
+}

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vdstream_blockdev::{BlockDev, Caps, Extent, Hole, Result as DevResult, ZeroFlags};
+use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Extent, Hole, Result as DevResult, ZeroFlags};
 use vdstream_nbd::server::{ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport};
 use vdstream_contract::{ExportDescription, ExportName};
 use vdstream_store::{Access, DiskAccess, Layer, OpenedLayer, Selector, Store, StoreError};
@@ -439,11 +439,15 @@ impl Drop for SessionDev {
 }
 
 impl SessionDev {
-    fn run<T>(&self, f: impl FnOnce() -> T) -> T {
-        match &self.session {
-            Some(s) => with_session(s.session(), f),
+    /// Runs `f` in the session (store reads charged to it), then charges the cache and logs
+    /// a failure.
+    fn call<T>(&self, op: &str, offset: u64, len: u64, f: impl FnOnce() -> DevResult<T>) -> DevResult<T> {
+        let r = match &self.session {
+            Some(s) => with_session(s.session().clone(), f),
             None => f(),
-        }
+        };
+        self.charge_cache();
+        self.logged(op, offset, len, r)
     }
 
     /// Logs a failure the client is answered with (`EIO`, `ENOSPC`: the server's trouble,
@@ -462,8 +466,16 @@ impl SessionDev {
         r
     }
 
-    fn writes_to_store(&self) -> bool {
-        self.held.writer.is_some()
+    /// Counts a guest read or write of `len` bytes (and a store write, when writes go there).
+    fn count(&self, write: bool, len: u64) {
+        let Some(s) = &self.session else { return };
+        match write {
+            false => s.count(|c| (&c.guest_read_ops, &c.guest_read_bytes), len),
+            true => s.count(|c| (&c.guest_write_ops, &c.guest_write_bytes), len),
+        }
+        if write && self.held.writer.is_some() {
+            s.count(|c| (&c.store_write_ops, &c.store_write_bytes), len);
+        }
     }
 
     /// Whether writes must be durable before they are answered (see `TargetHold::write_through`).
@@ -479,75 +491,147 @@ impl SessionDev {
     }
 }
 
-impl BlockDev for SessionDev {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
+/// Counts, charges and logs; forces FUA under write-through; everything else, batching
+/// included, passes to the device below.
+impl vdstream_blockdev::Filter for SessionDev {
+    type Inner = dyn BlockDev;
 
-    fn caps(&self) -> Caps {
-        self.inner.caps()
+    fn inner(&self) -> &Self::Inner {
+        &*self.inner
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
-        if let Some(s) = &self.session {
-            s.count(|c| (&c.guest_read_ops, &c.guest_read_bytes), buf.len() as u64);
-        }
-        let r = self.run(|| self.inner.read_at(buf, offset));
-        self.charge_cache();
-        self.logged("read", offset, buf.len() as u64, r)
+        self.count(false, buf.len() as u64);
+        self.call("read", offset, buf.len() as u64, || self.inner().read_at(buf, offset))
     }
 
     fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> {
-        if let Some(s) = &self.session {
-            s.count(|c| (&c.guest_read_ops, &c.guest_read_bytes), buf.len() as u64);
-        }
-        let r = self.run(|| self.inner.read_at_sparse(buf, offset, holes));
-        self.charge_cache();
-        self.logged("read", offset, buf.len() as u64, r)
+        self.count(false, buf.len() as u64);
+        self.call("read", offset, buf.len() as u64, || self.inner().read_at_sparse(buf, offset, holes))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> {
-        if let Some(s) = &self.session {
-            s.count(|c| (&c.guest_write_ops, &c.guest_write_bytes), buf.len() as u64);
-            if self.writes_to_store() {
-                s.count(|c| (&c.store_write_ops, &c.store_write_bytes), buf.len() as u64);
-            }
-        }
-        let fua = fua || self.write_through();
-        let r = self.run(|| self.inner.write_at(buf, offset, fua));
-        self.charge_cache();
-        self.logged("write", offset, buf.len() as u64, r)
+        self.count(true, buf.len() as u64);
+        self.call("write", offset, buf.len() as u64, || self.inner().write_at(buf, offset, fua || self.write_through()))
     }
 
     fn flush(&self) -> DevResult<()> {
-        let r = self.inner.flush();
-        self.charge_cache();
-        self.logged("flush", 0, 0, r)
+        self.call("flush", 0, 0, || self.inner().flush())
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        let r = self.inner.trim(offset, len, fua || self.write_through());
-        self.charge_cache();
-        self.logged("trim", offset, len, r)
+        self.call("trim", offset, len, || self.inner().trim(offset, len, fua || self.write_through()))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DevResult<()> {
         let flags = ZeroFlags { fua: flags.fua || self.write_through(), ..flags };
-        let r = self.run(|| self.inner.write_zeroes(offset, len, flags));
-        self.charge_cache();
-        self.logged("write-zeroes", offset, len, r)
+        self.call("write-zeroes", offset, len, || self.inner().write_zeroes(offset, len, flags))
     }
 
     fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> DevResult<()> {
-        self.logged("block-status", offset, len, self.inner.block_status(offset, len, out))
+        self.logged("block-status", offset, len, self.inner().block_status(offset, len, out))
     }
 
     fn cache(&self, offset: u64, len: u64) -> DevResult<()> {
-        self.logged("cache", offset, len, self.inner.cache(offset, len))
+        self.logged("cache", offset, len, self.inner().cache(offset, len))
     }
 
-    fn describe(&self) -> String {
-        self.inner.describe()
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        let write_through = self.write_through();
+        for op in ops.iter_mut() {
+            self.count(op.is_write(), op.len() as u64);
+            if let BatchIo::Write(_, fua) = &mut op.io {
+                *fua |= write_through;
+            }
+        }
+        let _ = self.call("batch", 0, 0, || {
+            self.inner().io_batch(ops);
+            Ok(())
+        });
+        for op in ops.iter_mut() {
+            let r = std::mem::replace(&mut op.result, Ok(()));
+            op.result = self.logged(if op.is_write() { "write" } else { "read" }, op.offset, op.len() as u64, r);
+        }
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Registry;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use vdstream_blockdev::conformance::{self, model};
+    use vdstream_blockdev::MemoryDev;
+
+    /// A memory device whose I/O is "asynchronous underneath": it asks for batches and
+    /// counts the ops that reach it in one.
+    #[derive(Debug)]
+    struct Batching {
+        mem: MemoryDev,
+        batched: AtomicU64,
+    }
+
+    impl vdstream_blockdev::Filter for Batching {
+        type Inner = MemoryDev;
+        fn inner(&self) -> &MemoryDev {
+            &self.mem
+        }
+        fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+            self.batched.fetch_add(ops.len() as u64, Relaxed);
+            for op in ops {
+                op.run_alone(&self.mem);
+            }
+        }
+        fn prefers_batches(&self) -> bool {
+            true
+        }
+    }
+
+    /// A registered session's device over `dev`, and the server's totals it counts into.
+    fn session_dev(dev: Arc<dyn BlockDev>) -> (SessionDev, Arc<Counters>) {
+        let info = SessionInfo {
+            export: "vdisk/w".into(),
+            kind: ExportKind::Vdisk,
+            target: None,
+            peer: "unix".into(),
+            vdisk: "w".into(),
+            version: 1,
+            cache_type: None,
+            cache_limit: None,
+        };
+        let totals = Arc::new(Counters::default());
+        let session = SessionCounting { guard: Registry::new().open(info), totals: totals.clone() };
+        let held = Held { _chain: None, writer: None, target: None };
+        (SessionDev { inner: dev, held, session: Some(session), log: Default::default() }, totals)
+    }
+
+    #[test]
+    fn a_session_device_hands_batches_to_a_device_that_wants_them_and_counts_them() {
+        let below = Arc::new(Batching { mem: MemoryDev::new(1 << 20), batched: AtomicU64::new(0) });
+        let (dev, totals) = session_dev(below.clone());
+        assert!(dev.prefers_batches(), "the batched engine must see through the session's device");
+        let (data, mut back) = (vec![7u8; 8192], vec![0u8; 8192]);
+        dev.io_batch(&mut [BatchOp::write(&data, 4096, false), BatchOp::write(&data, 65536, true)]);
+        let mut reads = [BatchOp::read(&mut back, 4096)];
+        dev.io_batch(&mut reads);
+        assert!(reads[0].result.is_ok());
+        assert!(back == data);
+        assert_eq!(below.batched.load(Relaxed), 3, "every op reached the device below in a batch");
+        let c = totals.snapshot();
+        assert_eq!((c.guest_write_ops, c.guest_write_bytes, c.guest_read_ops, c.guest_read_bytes), (2, 16384, 1, 8192));
+        assert_eq!(dev.session.as_ref().unwrap().session().counters.snapshot().guest_write_ops, 2);
+    }
+
+    #[test]
+    fn a_session_device_conforms() {
+        let make = |size| -> Arc<dyn BlockDev> { Arc::new(session_dev(Arc::new(MemoryDev::new(size))).0) };
+        conformance::run_all("SessionDev(MemoryDev)", &make);
+        model::model_check("SessionDev(MemoryDev)", &make, model::ModelConfig { cases: 32, ..Default::default() });
+        model::model_check_concurrent("SessionDev(MemoryDev)", &make, model::ModelConfig { cases: 16, ..Default::default() });
+        let batching = |size| -> Arc<dyn BlockDev> {
+            Arc::new(session_dev(Arc::new(Batching { mem: MemoryDev::new(size), batched: AtomicU64::new(0) })).0)
+        };
+        conformance::run_all("SessionDev(batching)", &batching);
+        model::model_check("SessionDev(batching)", &batching, model::ModelConfig { cases: 32, ..Default::default() });
+    }
+}

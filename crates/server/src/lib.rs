@@ -6,7 +6,7 @@
 //!   state.rs      ServerState: sessions, counters, draining; shared by the NBD and HTTP halves
 //!   exports.rs    StoreExports: what each export name (vdstream_contract::ExportName, parsed at
 //!                 the edge) opens, one chain per connection, and its description; SessionDev
-//!   readcache.rs  the shared read cache in front of the layer files (per file, LRU, single flight)
+//!   readcache.rs  the shared read cache in front of the layer files (per file, quick_cache, single flight)
 //!   target.rs     lookup_target: a target's vDisk, version and cache, from the store
 //!   nbd.rs        NbdService: listeners, serving, drain; the stats file
 //!   http/         the JSON HTTP API and /metrics (http::spawn), on the same ServerState

@@ -9,49 +9,58 @@
 //! ```
 //!
 //! Every layer of a chain is wrapped, as it is opened, in a [`CachedLayer`] (through the
-//! store's layer hook). A layer's blocks are keyed by the layer file's identity (device,
-//! inode, size, mtime and ctime at open) and the block's offset, so sessions on one version
-//! share blocks, and a newer version, missing in its own file, falls through to the cached
-//! blocks of the layers it shares with older ones.
+//! store's layer hook), a [`Filter`](vdstream_blockdev::Filter) that changes reads only. A
+//! layer's blocks are keyed by the layer file's identity (device, inode, size, mtime and
+//! ctime at open) and the block's offset, so sessions on one version share blocks, and a
+//! newer version, missing in its own file, falls through to the cached blocks of the
+//! layers it shares with older ones. The cache itself is `quick_cache`'s concurrent cache
+//! (CLOCK-Pro eviction, weighted by bytes, single flight through its placeholder guards).
 //!
 //! Invariants:
-//! - The bytes cached for a key are the bytes the layer read for that block; a layer file
-//!   is immutable while any session holds it (shared `flock`; writers take it exclusive),
-//!   and a file changed or replaced between sessions gets another key (its ctime, or inode,
+//! - The bytes cached for a key are the bytes the layer read for that block, with the holes
+//!   it reported (so sparse reads through the cache report them too); a layer file is
+//!   immutable while any session holds it (shared `flock`; writers take it exclusive), and
+//!   a file changed or replaced between sessions gets another key (its ctime, or inode,
 //!   differs), so the cache never returns bytes the layer would not.
-//! - Bytes held stay at or below the capacity (each of [`SHARDS`] shards keeps its share).
-//! - Eviction is least recently used, per shard.
+//! - Bytes held stay at or below the capacity.
 //! - Concurrent readers of one missing block wait for the first one's read (single flight);
-//!   if that read fails, each reads for itself.
+//!   if that read fails, the next waiter reads for itself.
 //! - A block is [`BLOCK`] bytes, aligned, shorter only at the end of a layer.
 //!
 //! Counting: every read that misses the cache is charged to the session running it (a
 //! thread-local set by the session's device) and to the server's totals, as the bytes the
 //! layer supplied from its own file: the bytes it asked of the layer below (itself wrapped,
-//! and so counted there) are subtracted.
+//! and so counted there) are subtracted. Both are [`StoreReads`], so this module needs
+//! nothing of the server's state.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
-use vdstream_blockdev::{BlockDev, Caps, Extent, Result, ZeroFlags};
-
-use crate::state::{Counters, Session};
+use quick_cache::sync::{Cache, GuardResult};
+use vdstream_blockdev::{BatchOp, BlockDev, Hole, Result};
 
 /// Bytes per cached block (the qcow2 cluster size the store writes).
 pub const BLOCK: usize = 64 << 10;
-/// Independent LRU lists, each with its own lock and its share of the capacity.
+/// Independent parts of the cache, each with its own lock and its share of the capacity.
 pub const SHARDS: usize = 16;
+
+/// Where store reads are charged: the server's totals, and the session running the read.
+pub trait StoreReads: Send + Sync {
+    /// One read of `bytes` from the store's files.
+    fn charge(&self, bytes: u64);
+}
 
 /// Server-wide figures of the cache.
 #[derive(Debug, Default)]
 pub struct CacheFigures {
-    pub hits: std::sync::atomic::AtomicU64,
-    pub misses: std::sync::atomic::AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
     /// Misses that waited for another reader's load of the same block.
-    pub shared_loads: std::sync::atomic::AtomicU64,
-    pub evictions: std::sync::atomic::AtomicU64,
+    pub shared_loads: AtomicU64,
+    pub evictions: Arc<AtomicU64>,
 }
 
 /// A snapshot of [`CacheFigures`] and the bytes held.
@@ -67,24 +76,32 @@ pub struct CacheSnapshot {
 
 type Key = (u64, u64); // (file id, block index)
 
-struct Flight {
-    done: Mutex<Option<Option<Arc<[u8]>>>>,
-    cv: Condvar,
+/// One cached block: its bytes and the holes the layer reported in it.
+#[derive(Debug)]
+struct Block {
+    data: Vec<u8>,
+    holes: Vec<Hole>,
 }
 
-enum Slot {
-    Ready { data: Arc<[u8]>, tick: u64 },
-    Loading(Arc<Flight>),
+/// Blocks weigh their bytes; evictions are counted into [`CacheFigures::evictions`].
+#[derive(Debug, Clone)]
+struct Policy(Arc<AtomicU64>);
+
+impl quick_cache::Weighter<Key, Arc<Block>> for Policy {
+    fn weight(&self, _: &Key, block: &Arc<Block>) -> u64 {
+        block.data.len() as u64
+    }
 }
 
-#[derive(Default)]
-struct Shard {
-    map: HashMap<Key, Slot>,
-    /// Ready blocks by last use, oldest first.
-    lru: BTreeMap<u64, Key>,
-    used: u64,
-    tick: u64,
+impl quick_cache::Lifecycle<Key, Arc<Block>> for Policy {
+    type RequestState = ();
+    fn begin_request(&self) {}
+    fn on_evict(&self, _: &mut (), _: Key, _: Arc<Block>) {
+        self.0.fetch_add(1, Relaxed);
+    }
 }
+
+type Blocks = Cache<Key, Arc<Block>, Policy, std::collections::hash_map::RandomState, Policy>;
 
 /// The identity of a layer file at open: changed or replaced files get a new one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -99,11 +116,11 @@ struct FileIdentity {
 /// The cache. `capacity` 0 keeps nothing (every read goes to the files; counting still works).
 pub struct ReadCache {
     capacity: u64,
-    shards: Vec<Mutex<Shard>>,
+    blocks: Blocks,
     files: Mutex<HashMap<FileIdentity, u64>>,
     pub figures: CacheFigures,
-    /// Server-wide guest and store counters (store reads are charged here).
-    totals: Arc<Counters>,
+    /// Server-wide store reads are charged here.
+    totals: Arc<dyn StoreReads>,
 }
 
 impl std::fmt::Debug for ReadCache {
@@ -114,50 +131,45 @@ impl std::fmt::Debug for ReadCache {
 
 thread_local! {
     /// The session whose request this thread runs (set by the session's device).
-    static SESSION: RefCell<Option<Arc<Session>>> = const { RefCell::new(None) };
+    static SESSION: RefCell<Option<Arc<dyn StoreReads>>> = const { RefCell::new(None) };
     /// Bytes asked of wrapped layers below since the innermost miss began.
     static BELOW: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Charges the store reads of everything run inside `f` on this thread to `session`.
-pub fn with_session<T>(session: &Arc<Session>, f: impl FnOnce() -> T) -> T {
-    let prev = SESSION.with(|s| s.replace(Some(session.clone())));
+pub fn with_session<T>(session: Arc<dyn StoreReads>, f: impl FnOnce() -> T) -> T {
+    let prev = SESSION.with(|s| s.replace(Some(session)));
     let out = f();
     SESSION.with(|s| *s.borrow_mut() = prev);
     out
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl ReadCache {
-    pub fn new(capacity: u64, totals: Arc<Counters>) -> Arc<ReadCache> {
-        Arc::new(ReadCache {
-            capacity,
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            files: Mutex::new(HashMap::new()),
-            figures: CacheFigures::default(),
-            totals,
-        })
-    }
-
-    pub fn capacity(&self) -> u64 {
-        self.capacity
+    pub fn new(capacity: u64, totals: Arc<dyn StoreReads>) -> Arc<ReadCache> {
+        let figures = CacheFigures::default();
+        // A multiple of the shard count, so that the shards' shares add up to no more.
+        let options = quick_cache::OptionsBuilder::new()
+            .shards(SHARDS)
+            .weight_capacity(capacity / SHARDS as u64 * SHARDS as u64)
+            .estimated_items_capacity((capacity / BLOCK as u64).max(1) as usize)
+            .build()
+            .expect("every option is set");
+        let policy = Policy(figures.evictions.clone());
+        let blocks = Cache::with_options(options, policy.clone(), Default::default(), policy);
+        Arc::new(ReadCache { capacity, blocks, files: Mutex::new(HashMap::new()), figures, totals })
     }
 
     /// Whether anything is kept: each shard must hold at least one block.
     pub fn enabled(&self) -> bool {
-        self.capacity / SHARDS as u64 >= BLOCK as u64
+        self.blocks.shard_capacity() >= BLOCK as u64
     }
 
     /// Bytes held now.
     pub fn used(&self) -> u64 {
-        self.shards.iter().map(|s| lock(s).used).sum()
+        self.blocks.weight()
     }
 
     pub fn snapshot(&self) -> CacheSnapshot {
-        use std::sync::atomic::Ordering::Relaxed;
         CacheSnapshot {
             capacity: self.capacity,
             used: self.used(),
@@ -185,95 +197,44 @@ impl ReadCache {
             mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
             ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
         };
-        let mut files = lock(&self.files);
+        let mut files = self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let next = files.len() as u64 + 1;
         Some(*files.entry(id).or_insert(next))
     }
 
-    fn shard(&self, key: Key) -> &Mutex<Shard> {
-        // Consecutive blocks of one file land on different shards.
-        let h = key.1.wrapping_add(key.0.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        &self.shards[(h % SHARDS as u64) as usize]
-    }
-
     /// The block `key`, loaded by `load` on a miss (once, however many readers wait).
-    fn get(&self, key: Key, load: impl Fn() -> Result<Arc<[u8]>>) -> Result<Arc<[u8]>> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let shard_cap = self.capacity / SHARDS as u64;
-        if !self.enabled() {
-            self.figures.misses.fetch_add(1, Relaxed);
-            return load();
+    fn get(&self, key: Key, load: impl Fn() -> Result<Block>) -> Result<Arc<Block>> {
+        let f = &self.figures;
+        if let Some(block) = self.blocks.get(&key) {
+            f.hits.fetch_add(1, Relaxed);
+            return Ok(block);
         }
-        let shard = self.shard(key);
-        let flight = {
-            let mut s = lock(shard);
-            s.tick += 1;
-            let tick = s.tick;
-            match s.map.get_mut(&key) {
-                Some(Slot::Ready { data, tick: t }) => {
-                    let data = data.clone();
-                    let old = std::mem::replace(t, tick);
-                    s.lru.remove(&old);
-                    s.lru.insert(tick, key);
-                    self.figures.hits.fetch_add(1, Relaxed);
-                    return Ok(data);
-                }
-                Some(Slot::Loading(f)) => Some(f.clone()),
-                None => {
-                    s.map.insert(key, Slot::Loading(Arc::new(Flight { done: Mutex::new(None), cv: Condvar::new() })));
-                    None
-                }
+        match self.blocks.get_value_or_guard(&key, None) {
+            GuardResult::Value(block) => {
+                // Another reader loaded it while this one waited.
+                f.shared_loads.fetch_add(1, Relaxed);
+                f.hits.fetch_add(1, Relaxed);
+                Ok(block)
             }
-        };
-        if let Some(f) = flight {
-            // Someone else is reading this block: wait for it.
-            let mut done = lock(&f.done);
-            while done.is_none() {
-                done = f.cv.wait(done).unwrap_or_else(std::sync::PoisonError::into_inner);
+            GuardResult::Guard(guard) => {
+                f.misses.fetch_add(1, Relaxed);
+                // A failed load drops the guard: the next waiter loads for itself.
+                let block = Arc::new(load()?);
+                let _ = guard.insert(block.clone());
+                Ok(block)
             }
-            if let Some(Some(data)) = &*done {
-                self.figures.shared_loads.fetch_add(1, Relaxed);
-                self.figures.hits.fetch_add(1, Relaxed);
-                return Ok(data.clone());
-            }
-            drop(done);
-            self.figures.misses.fetch_add(1, Relaxed);
-            return load();
+            GuardResult::Timeout => unreachable!("no timeout was given"),
         }
-        self.figures.misses.fetch_add(1, Relaxed);
-        let loaded = load();
-        let mut s = lock(shard);
-        let Some(Slot::Loading(f)) = s.map.remove(&key) else { unreachable!("only the loader removes a loading slot") };
-        if let Ok(data) = &loaded {
-            s.tick += 1;
-            let tick = s.tick;
-            s.used += data.len() as u64;
-            s.map.insert(key, Slot::Ready { data: data.clone(), tick });
-            s.lru.insert(tick, key);
-            while s.used > shard_cap {
-                let Some((_, old)) = s.lru.pop_first() else { break };
-                if let Some(Slot::Ready { data, .. }) = s.map.remove(&old) {
-                    s.used -= data.len() as u64;
-                    self.figures.evictions.fetch_add(1, Relaxed);
-                }
-            }
-        }
-        drop(s);
-        *lock(&f.done) = Some(loaded.as_ref().ok().cloned());
-        f.cv.notify_all();
-        loaded
     }
 
     fn charge(&self, bytes: u64) {
         if bytes == 0 {
             return;
         }
-        Counters::add(&self.totals.store_read_ops, 1);
-        Counters::add(&self.totals.store_read_bytes, bytes);
+        self.totals.charge(bytes);
         SESSION.with(|s| {
             if let Some(s) = &*s.borrow() {
-                Counters::add(&s.counters.store_read_ops, 1);
-                Counters::add(&s.counters.store_read_bytes, bytes);
+                s.charge(bytes);
             }
         });
     }
@@ -292,32 +253,20 @@ pub struct CachedLayer {
 impl CachedLayer {
     /// Reads `buf.len()` bytes at `offset` from the layer itself, charging what its own
     /// file supplied.
-    fn read_inner(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+    fn read_inner(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
         let outer = BELOW.with(|b| b.replace(0));
-        let r = self.inner.read_at(buf, offset);
+        let r = self.inner.read_at_sparse(buf, offset, holes);
         let below = BELOW.with(|b| b.replace(outer));
         self.cache.charge((buf.len() as u64).saturating_sub(below));
         r
     }
-}
 
-impl BlockDev for CachedLayer {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn caps(&self) -> Caps {
-        self.inner.caps()
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+    /// Fills `buf` from `offset` block by block through the cache, appending its holes.
+    fn read(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
         // Tell the layer above (if it is reading through us) that these bytes came from below.
         BELOW.with(|b| b.set(b.get() + buf.len() as u64));
         let size = self.inner.size();
-        let Some(file) = self.file else { return self.read_inner(buf, offset) };
-        if !self.cache.enabled() {
-            return self.read_inner(buf, offset);
-        }
+        let Some(file) = self.file.filter(|_| self.cache.enabled()) else { return self.read_inner(buf, offset, holes) };
         vdstream_blockdev::check_range(size, vdstream_blockdev::Op::Read, offset, buf.len() as u64, &|| self.inner.describe())?;
         let mut done = 0usize;
         while done < buf.len() {
@@ -326,40 +275,49 @@ impl BlockDev for CachedLayer {
             let start = index * BLOCK as u64;
             let len = (size - start).min(BLOCK as u64) as usize;
             let block = self.cache.get((file, index), || {
-                let mut data = vec![0u8; len];
-                self.read_inner(&mut data, start)?;
-                Ok(Arc::from(data))
+                let mut block = Block { data: vec![0u8; len], holes: Vec::new() };
+                self.read_inner(&mut block.data, start, &mut block.holes)?;
+                Ok(block)
             })?;
             let from = (at - start) as usize;
             let n = (len - from).min(buf.len() - done);
-            buf[done..done + n].copy_from_slice(&block[from..from + n]);
+            buf[done..done + n].copy_from_slice(&block.data[from..from + n]);
+            for h in &block.holes {
+                let (s, e) = (h.start.max(from), (h.start + h.len).min(from + n));
+                if s >= e {
+                    continue;
+                }
+                let start = done + s - from;
+                match holes.last_mut() {
+                    Some(last) if last.start + last.len == start => last.len += e - s,
+                    _ => holes.push(Hole { start, len: e - s }),
+                }
+            }
             done += n;
         }
         Ok(())
     }
+}
 
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
-        self.inner.write_at(buf, offset, fua)
+/// Reads go through the cache; everything else passes to the layer.
+impl vdstream_blockdev::Filter for CachedLayer {
+    type Inner = dyn BlockDev;
+
+    fn inner(&self) -> &Self::Inner {
+        &*self.inner
     }
 
-    fn flush(&self) -> Result<()> {
-        self.inner.flush()
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read(buf, offset, &mut Vec::new())
     }
 
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.inner.trim(offset, len, fua)
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
+        self.read(buf, offset, holes)
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.inner.write_zeroes(offset, len, flags)
-    }
-
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-        self.inner.block_status(offset, len, out)
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe()
+    /// One op at a time through the cache (a layer below that batches would pass it by).
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        ops.iter_mut().for_each(|op| op.run_alone(self));
     }
 }
 
@@ -367,46 +325,49 @@ impl BlockDev for CachedLayer {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use vdstream_blockdev::conformance::{self, check_holes};
     use vdstream_blockdev::MemoryDev;
 
-    /// A device that counts the bytes read from it.
+    /// Store reads charged, as the server's totals count them.
+    #[derive(Debug, Default)]
+    struct Charged(AtomicU64);
+
+    impl StoreReads for Charged {
+        fn charge(&self, bytes: u64) {
+            self.0.fetch_add(bytes, Relaxed);
+        }
+    }
+
+    /// A memory device that counts the bytes read from it.
     #[derive(Debug)]
     struct Counting {
         inner: MemoryDev,
         bytes: AtomicU64,
     }
 
-    impl BlockDev for Counting {
-        fn size(&self) -> u64 {
-            self.inner.size()
+    impl vdstream_blockdev::Filter for Counting {
+        type Inner = MemoryDev;
+        fn inner(&self) -> &MemoryDev {
+            &self.inner
         }
-        fn caps(&self) -> Caps {
-            Caps::default()
+        fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
+            self.bytes.fetch_add(buf.len() as u64, Relaxed);
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            self.inner.read_at_sparse(buf, offset, holes)
         }
         fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
-            std::thread::sleep(std::time::Duration::from_micros(200));
-            self.inner.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
-            self.inner.write_at(buf, offset, fua)
-        }
-        fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-            self.inner.trim(offset, len, fua)
-        }
-        fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-            self.inner.write_zeroes(offset, len, flags)
-        }
-        fn describe(&self) -> String {
-            "counting".into()
+            BlockDev::read_at_sparse(self, buf, offset, &mut Vec::new())
         }
     }
 
+    /// A device of `size` bytes holding a pattern, with a 40 KiB hole every 120 KiB (so
+    /// holes start and end inside blocks).
     fn patterned(size: u64, seed: u8) -> Arc<Counting> {
         let dev = MemoryDev::new(size);
-        let data: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add((i >> 12) as u8)).collect();
-        dev.write_at(&data, 0, false).unwrap();
+        let data: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add((i >> 12) as u8) | 1).collect();
+        for (i, chunk) in data.chunks(40 << 10).enumerate().filter(|(i, _)| i % 3 != 1) {
+            dev.write_at(chunk, (i as u64) * (40 << 10), false).unwrap();
+        }
         Arc::new(Counting { inner: dev, bytes: AtomicU64::new(0) })
     }
 
@@ -414,9 +375,16 @@ mod tests {
         CachedLayer { inner: dev, file: Some(file), cache: cache.clone() }
     }
 
+    /// Which bytes of a `len`-byte buffer `holes` cover.
+    fn covered(len: usize, holes: &[Hole]) -> Vec<bool> {
+        let mut map = vec![false; len];
+        holes.iter().for_each(|h| map[h.start..h.start + h.len].fill(true));
+        map
+    }
+
     #[test]
     fn many_readers_of_one_region_read_the_store_once() {
-        let totals = Arc::new(Counters::default());
+        let totals = Arc::new(Charged::default());
         let cache = ReadCache::new(64 << 20, totals.clone());
         let base = patterned(8 << 20, 1);
         let l = Arc::new(layer(&cache, 1, base.clone()));
@@ -431,39 +399,24 @@ mod tests {
                 });
             }
         });
-        assert_eq!(base.bytes.load(Ordering::Relaxed), 4 << 20, "each block read once");
-        assert_eq!(totals.snapshot().store_read_bytes, 4 << 20);
+        assert_eq!(base.bytes.load(Relaxed), 4 << 20, "each block read once");
+        assert_eq!(totals.0.load(Relaxed), 4 << 20);
+        let s = cache.snapshot();
+        assert_eq!((s.misses, s.hits), (64, 8 * 64 - 64), "{s:?}");
     }
 
     #[test]
     fn a_layer_above_is_charged_only_for_its_own_bytes() {
-        // A "version" that holds nothing itself: every byte comes from the base.
+        /// A "version" that holds nothing itself: every byte comes from the base.
         #[derive(Debug)]
         struct PassThrough(Arc<dyn BlockDev>);
-        impl BlockDev for PassThrough {
-            fn size(&self) -> u64 {
-                self.0.size()
-            }
-            fn caps(&self) -> Caps {
-                Caps::default()
-            }
-            fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-                self.0.read_at(buf, offset)
-            }
-            fn write_at(&self, b: &[u8], o: u64, f: bool) -> Result<()> {
-                self.0.write_at(b, o, f)
-            }
-            fn trim(&self, o: u64, l: u64, f: bool) -> Result<()> {
-                self.0.trim(o, l, f)
-            }
-            fn write_zeroes(&self, o: u64, l: u64, f: ZeroFlags) -> Result<()> {
-                self.0.write_zeroes(o, l, f)
-            }
-            fn describe(&self) -> String {
-                "pass".into()
+        impl vdstream_blockdev::Filter for PassThrough {
+            type Inner = dyn BlockDev;
+            fn inner(&self) -> &Self::Inner {
+                &*self.0
             }
         }
-        let totals = Arc::new(Counters::default());
+        let totals = Arc::new(Charged::default());
         let cache = ReadCache::new(64 << 20, totals.clone());
         let base = patterned(4 << 20, 2);
         let base_layer: Arc<dyn BlockDev> = Arc::new(layer(&cache, 1, base.clone()));
@@ -472,8 +425,40 @@ mod tests {
         let mut buf = vec![0u8; 1 << 20];
         v1.read_at(&mut buf, 0).unwrap();
         v2.read_at(&mut buf, 0).unwrap();
-        assert_eq!(base.bytes.load(Ordering::Relaxed), 1 << 20, "versions sharing a base share its blocks");
-        assert_eq!(totals.snapshot().store_read_bytes, 1 << 20, "the versions supplied nothing of their own");
+        assert_eq!(base.bytes.load(Relaxed), 1 << 20, "versions sharing a base share its blocks");
+        assert_eq!(totals.0.load(Relaxed), 1 << 20, "the versions supplied nothing of their own");
+    }
+
+    #[test]
+    fn sparse_reads_report_the_layers_holes_from_the_cache_too() {
+        let cache = ReadCache::new(64 << 20, Arc::new(Charged::default()));
+        let base = patterned(1 << 20, 3);
+        let l = layer(&cache, 1, base.clone());
+        let (mut want, mut want_holes) = (vec![0u8; 300 << 10], Vec::new());
+        base.inner.read_at_sparse(&mut want, 10_000, &mut want_holes).unwrap();
+        assert!(!want_holes.is_empty());
+        for round in ["miss", "hit"] {
+            let (mut got, mut holes) = (vec![0u8; 300 << 10], Vec::new());
+            l.read_at_sparse(&mut got, 10_000, &mut holes).unwrap();
+            assert!(got == want, "{round}: bytes");
+            assert_eq!(holes, want_holes, "{round}: holes");
+        }
+        assert_eq!(cache.snapshot().hits, 5, "the second read came from the cache");
+    }
+
+    #[test]
+    fn a_cached_layer_passes_the_conformance_suite() {
+        // Small enough that the suite's reads evict.
+        let cache = ReadCache::new(2 << 20, Arc::new(Charged::default()));
+        let dir = tempfile::tempdir().unwrap();
+        let n = AtomicU64::new(0);
+        conformance::run_read_only("CachedLayer(FileDev)", &|content| {
+            let path = dir.path().join(format!("layer{}", n.fetch_add(1, Relaxed)));
+            std::fs::write(&path, content).unwrap();
+            let dev = vdstream_blockdev::FileDev::open(&path, vdstream_blockdev::FileOptions { read_only: true, direct: false }).unwrap();
+            cache.wrap(&path, Arc::new(dev))
+        });
+        assert!(cache.snapshot().hits > 0 && cache.snapshot().evictions > 0, "{:?}", cache.snapshot());
     }
 
     #[derive(Debug, Clone)]
@@ -490,10 +475,12 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Model: the base device itself. Through the cache, every read returns its bytes and
+        /// reports exactly its holes, whatever the capacity.
         #[test]
-        fn the_cache_returns_the_layers_bytes_and_stays_bounded(capacity_blocks in 0u64..64, steps in steps()) {
+        fn the_cache_returns_the_layers_bytes_and_holes_and_stays_bounded(capacity_blocks in 0u64..64, steps in steps()) {
             let capacity = capacity_blocks * BLOCK as u64;
-            let cache = ReadCache::new(capacity, Arc::new(Counters::default()));
+            let cache = ReadCache::new(capacity, Arc::new(Charged::default()));
             // Sizes not a multiple of the block: the last block is short.
             let sizes = [(1 << 20) + 4096 + 17, (1 << 20) + (300 << 10), 2 << 20];
             let devs: Vec<Arc<Counting>> = sizes.iter().enumerate().map(|(i, &s)| patterned(s, i as u8 * 50)).collect();
@@ -502,11 +489,13 @@ mod tests {
                 let size = sizes[file];
                 let offset = offset.min(size - 1);
                 let len = len.min((size - offset) as usize);
-                let mut got = vec![0u8; len];
-                let mut want = vec![0u8; len];
-                layers[file].read_at(&mut got, offset).unwrap();
-                devs[file].inner.read_at(&mut want, offset).unwrap();
+                let (mut got, mut holes) = (vec![0u8; len], Vec::new());
+                let (mut want, mut want_holes) = (vec![0u8; len], Vec::new());
+                layers[file].read_at_sparse(&mut got, offset, &mut holes).unwrap();
+                devs[file].inner.read_at_sparse(&mut want, offset, &mut want_holes).unwrap();
                 prop_assert!(got == want, "file {} offset {} len {}", file, offset, len);
+                prop_assert_eq!(check_holes(&got, &holes, "through the cache"), Ok(()));
+                prop_assert!(covered(len, &holes) == covered(len, &want_holes), "holes {:?} want {:?}", holes, want_holes);
                 prop_assert!(cache.used() <= capacity, "used {} > capacity {}", cache.used(), capacity);
             }
             let mut past = vec![0u8; 10];

@@ -95,6 +95,13 @@ impl Counters {
     }
 }
 
+impl crate::readcache::StoreReads for Counters {
+    fn charge(&self, bytes: u64) {
+        Counters::add(&self.store_read_ops, 1);
+        Counters::add(&self.store_read_bytes, bytes);
+    }
+}
+
 /// One live connection.
 #[derive(Debug)]
 pub struct Session {
@@ -117,6 +124,10 @@ impl Session {
             self.info.cache_limit.map(|l| (vdstream_wcache::space::Capacity::new(0, 0, l, used, None), Default::default()))
         })
     }
+}
+
+impl crate::readcache::StoreReads for Session {
+    fn charge(&self, bytes: u64) { self.counters.charge(bytes) }
 }
 
 /// A server-side write cache as the API measures it: its figures, and where its file

@@ -46,7 +46,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use vdstream_blockdev::{BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
+use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Op, Result, ZeroFlags};
 
 use crate::cachefile::{try_lock_exclusive, CacheFile};
 use crate::disk::{file_stem, DiskCache};
@@ -382,21 +382,16 @@ impl Drop for PersistentDiskCache {
     }
 }
 
-impl BlockDev for PersistentDiskCache {
-    fn size(&self) -> u64 {
-        self.cache.size()
+/// The disk cache below does the I/O; this layer adds flush and FUA through the journal.
+impl vdstream_blockdev::Filter for PersistentDiskCache {
+    type Inner = DiskCache;
+
+    fn inner(&self) -> &DiskCache {
+        &self.cache
     }
 
     fn caps(&self) -> Caps {
         Caps { flush: true, fua: true, ..self.cache.caps() }
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.cache.read_at(buf, offset)
-    }
-
-    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
-        self.cache.read_at_sparse(buf, offset, holes)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
@@ -419,12 +414,20 @@ impl BlockDev for PersistentDiskCache {
         self.durable_if(flags.fua)
     }
 
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-        self.cache.block_status(offset, len, out)
-    }
-
-    fn describe(&self) -> String {
-        self.cache.describe()
+    /// Without FUA to the disk cache, then one flush for the FUA writes (failed: every write fails).
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        let mut fua = false;
+        for op in ops.iter_mut() {
+            if let BatchIo::Write(_, f) = &mut op.io {
+                fua |= std::mem::take(f);
+            }
+        }
+        self.cache.io_batch(ops);
+        if let Err(e) = self.durable_if(fua) {
+            for op in ops.iter_mut().filter(|op| op.is_write() && op.result.is_ok()) {
+                op.result = Err(Error::new(e.kind, Op::Write, op.offset, op.len() as u64, e.device.clone(), e.message.clone()));
+            }
+        }
     }
 }
 

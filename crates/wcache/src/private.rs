@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use vdstream_blockdev::{BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
+use vdstream_blockdev::{BatchOp, BlockDev, Caps, Error, ErrorKind, Hole, Op, Result};
 
 use crate::cachefile::try_lock_exclusive;
 use crate::stats::CacheStats;
@@ -75,63 +75,65 @@ impl PrivateDev {
     }
 }
 
-impl BlockDev for PrivateDev {
-    fn size(&self) -> u64 {
-        self.lower.size()
+/// Counts, and passes everything to the vDisk.
+impl vdstream_blockdev::Filter for PrivateDev {
+    type Inner = dyn BlockDev;
+
+    fn inner(&self) -> &Self::Inner {
+        &*self.lower
     }
 
     fn caps(&self) -> Caps {
-        Caps { read_only: false, ..self.lower.caps() }
+        Caps { read_only: false, ..self.inner().caps() }
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let n = buf.len() as u64;
-        self.lower.read_at(buf, offset)?;
-        CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, n);
-        CacheStats::count(&self.stats.vdisk_read_ops, &self.stats.vdisk_read_bytes, n);
+        self.inner().read_at(buf, offset)?;
+        self.count(false, buf.len() as u64);
         Ok(())
     }
 
     fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
-        let n = buf.len() as u64;
-        self.lower.read_at_sparse(buf, offset, holes)?;
-        CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, n);
-        CacheStats::count(&self.stats.vdisk_read_ops, &self.stats.vdisk_read_bytes, n);
+        self.inner().read_at_sparse(buf, offset, holes)?;
+        self.count(false, buf.len() as u64);
         Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
-        let n = buf.len() as u64;
-        self.lower.write_at(buf, offset, fua)?;
-        CacheStats::count(&self.stats.guest_write_ops, &self.stats.guest_write_bytes, n);
-        CacheStats::count(&self.stats.vdisk_write_ops, &self.stats.vdisk_write_bytes, n);
+        self.inner().write_at(buf, offset, fua)?;
+        self.count(true, buf.len() as u64);
         Ok(())
     }
 
     fn flush(&self) -> Result<()> {
-        self.lower.flush()?;
+        self.inner().flush()?;
         self.stats.storage_flushes.fetch_add(1, Relaxed);
         Ok(())
     }
 
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.lower.trim(offset, len, fua)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.lower.write_zeroes(offset, len, flags)
-    }
-
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-        self.lower.block_status(offset, len, out)
-    }
-
-    fn cache(&self, offset: u64, len: u64) -> Result<()> {
-        self.lower.cache(offset, len)
-    }
-
     fn describe(&self) -> String {
-        format!("{} (private)", self.lower.describe())
+        format!("{} (private)", self.inner().describe())
+    }
+
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        self.inner().io_batch(ops);
+        for op in ops.iter().filter(|op| op.result.is_ok()) {
+            self.count(op.is_write(), op.len() as u64);
+        }
+    }
+}
+
+impl PrivateDev {
+    /// Counts a completed guest read or write as vDisk I/O too.
+    fn count(&self, write: bool, n: u64) {
+        let s = &self.stats;
+        if write {
+            CacheStats::count(&s.guest_write_ops, &s.guest_write_bytes, n);
+            CacheStats::count(&s.vdisk_write_ops, &s.vdisk_write_bytes, n);
+        } else {
+            CacheStats::count(&s.guest_read_ops, &s.guest_read_bytes, n);
+            CacheStats::count(&s.vdisk_read_ops, &s.vdisk_read_bytes, n);
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vdstream_blockdev::conformance::{self, model, pattern_buf};
-use vdstream_blockdev::{BlockDev, ErrorKind, FileDev, FileOptions, IoEngineKind, MemoryDev};
+use vdstream_blockdev::{BatchOp, BlockDev, ErrorKind, FileDev, FileOptions, IoEngineKind, MemoryDev};
 use vdstream_wcache::persistent::{cache_paths, PersistentDiskCache};
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
@@ -88,6 +88,37 @@ fn persistent_types_match_the_model() {
         let cfg = model::ModelConfig { cases: 32, initial_seed: seed, ..Default::default() };
         model::model_check(kind.name(), &make, cfg.clone());
         model::model_check_concurrent(kind.name(), &make, model::ModelConfig { cases: 16, ..cfg });
+    }
+}
+
+/// The persistent cache is a filter over the disk cache: with O_DIRECT it takes batches
+/// (the batched engine), and a FUA write in a batch is durable when the batch returns.
+#[test]
+fn a_persistent_cache_takes_batches_and_makes_their_fua_writes_durable() {
+    let dir = temp_dir();
+    if !direct_works(dir.path()) {
+        return;
+    }
+    let low = lower(1 << 20, Some(0x31));
+    for kind in [CacheType::DeviceDiskPersistent, CacheType::ServerPersistent] {
+        let target = format!("batch {}", kind.name());
+        let cache = PersistentDiskCache::open(low.clone(), &config(dir.path(), &target, false), kind).unwrap();
+        assert!(cache.prefers_batches(), "{}: the O_DIRECT engine must see batches", kind.name());
+        let (a, b) = (vec![0xA1u8; 2 * PAGE], vec![0xB2u8; PAGE]);
+        let mut got = vec![0u8; 3 * PAGE];
+        let mut ops = [BatchOp::write(&a, 0, false), BatchOp::write(&b, 8 * PAGE as u64, true), BatchOp::read(&mut got, 16 * PAGE as u64)];
+        cache.io_batch(&mut ops);
+        assert!(ops.iter().all(|op| op.result.is_ok()));
+        assert!(got == pattern_buf(0x31, 16 * PAGE as u64, 3 * PAGE), "{}: a read of the batch", kind.name());
+        // A crash now: the files as they are, the cache never closed.
+        let image = temp_dir();
+        copy_cache(dir.path(), image.path(), &target);
+        let reopened = PersistentDiskCache::open(low.clone(), &config(image.path(), &target, true), kind).unwrap();
+        let mut page = vec![0u8; PAGE];
+        reopened.read_at(&mut page, 8 * PAGE as u64).unwrap();
+        assert!(page == b, "{}: the FUA write of the batch survives", kind.name());
+        reopened.read_at(&mut page, 0).unwrap();
+        assert!(page == a[..PAGE], "{}: and the write before it, flushed with it", kind.name());
     }
 }
 
