@@ -12,18 +12,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Cycles that other branches of issue 18 are removing at the same time. TEMPORARY: each
-/// entry is (crate, files of the cycle); the test fails when an entry no longer matches any
-/// cycle, so delete the entry when the branch that breaks it is merged.
-const ALLOWED: &[(&str, &[&str])] = &[
-    // p8-filters
-    ("server", &["readcache", "state"]),
-    // Found by this test, not in issue 18's list: disk -> space -> persistent -> disk. Breaking
-    // it moves `space::full_log` or `persistent::cache_paths` to a leaf, which edits
-    // persistent.rs (p8-filters' file): left for after that merge.
-    ("wcache", &["disk", "persistent", "space"]),
-];
-
 /// `text` with comments, string and char literals blanked out (lengths kept).
 fn strip_comments_and_literals(text: &str) -> String {
     let b = text.as_bytes();
@@ -432,25 +420,15 @@ fn one_cycle(g: &BTreeMap<String, BTreeSet<String>>, comp: &BTreeSet<String>) ->
 fn no_module_import_cycles() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut problems = Vec::new();
-    let mut allowed_used = vec![false; ALLOWED.len()];
     for krate in crates(&root) {
         let g = graph(&krate);
         for comp in cycles(&g) {
-            let allowed = ALLOWED.iter().position(|(c, files)| *c == krate.name && comp.iter().all(|f| files.contains(&f.as_str())));
-            match allowed {
-                Some(k) => allowed_used[k] = true,
-                None => problems.push(format!(
-                    "{}: files {} import each other: {}",
-                    krate.name,
-                    comp.iter().cloned().collect::<Vec<_>>().join(", "),
-                    one_cycle(&g, &comp)
-                )),
-            }
-        }
-    }
-    for (k, used) in allowed_used.iter().enumerate() {
-        if !used {
-            problems.push(format!("ALLOWED entry {:?} matches no cycle any more: delete it from {}", ALLOWED[k], file!()));
+            problems.push(format!(
+                "{}: files {} import each other: {}",
+                krate.name,
+                comp.iter().cloned().collect::<Vec<_>>().join(", "),
+                one_cycle(&g, &comp)
+            ));
         }
     }
     assert!(problems.is_empty(), "module import cycles (see the top of this test):\n{}", problems.join("\n"));

@@ -66,6 +66,7 @@ use std::sync::Arc;
 use vdstream_blockdev::ring::{self, FileIo};
 use vdstream_blockdev::{check_range, BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine, IoEngineKind, Op, Result, ZeroFlags};
 
+pub use crate::names::file_stem;
 use crate::cachefile::{is_aligned, with_arena, with_bounce, CacheFile, BOUNCE_BYTES};
 use crate::page::{read_lower_page, PageLocks, PAGE, PAGE_SHIFT, PAGE_U64};
 use crate::pagemap::{ChangedPages, PageMap, PageState};
@@ -85,20 +86,6 @@ fn round_down(x: u64) -> u64 {
 
 fn round_up(x: u64) -> u64 {
     round_down(x + PAGE_U64 - 1)
-}
-
-/// A file-name-safe form of a target id: `[A-Za-z0-9._-]` kept, the rest `_`, plus a hash
-/// of the original so that two ids that sanitize alike still get different files.
-pub fn file_stem(target: &str) -> String {
-    let clean: String = target
-        .chars()
-        .take(64)
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
-        .collect();
-    let clean = clean.trim_start_matches('.');
-    // FNV-1a, stable across builds and platforms.
-    let hash = target.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x1000_0000_01b3));
-    format!("{clean}-{:08x}", hash as u32)
 }
 
 /// A disk write cache; see the module notes.

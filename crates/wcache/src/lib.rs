@@ -27,6 +27,7 @@
 pub mod cachefile;
 pub mod disk;
 pub mod journal;
+mod names;
 pub mod overflow;
 mod overflow_file;
 pub mod page;

@@ -3,7 +3,7 @@
 //! cache; every write acknowledged before a completed FLUSH (or written with FUA) survives
 //! kill -9 and power loss; a crash at any point leaves a consistent cache.
 //!
-//! Files, in `cfg.dir`, named from the sanitized target id (`<stem>` = [`file_stem`]):
+//! Files, in `cfg.dir`, named from the sanitized target id (`<stem>` = [`crate::disk::file_stem`]):
 //!
 //! | file              | holds                                                          |
 //! | ----------------- | -------------------------------------------------------------- |
@@ -49,7 +49,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Op, Result, ZeroFlags};
 
 use crate::cachefile::{try_lock_exclusive, CacheFile};
-use crate::disk::{file_stem, DiskCache};
+pub use crate::names::cache_paths;
+use crate::disk::DiskCache;
 use crate::journal::{Checkpoint, Journal};
 use crate::page::{PAGE_SHIFT, PAGE_U64};
 use crate::pagemap::{PageMap, PageState};
@@ -82,12 +83,6 @@ pub struct PersistentDiskCache {
     checkpoint_after: u64,
     /// Keeps the `flock` on the data file for the life of the cache.
     _lock: std::fs::File,
-}
-
-/// The three file paths of the cache of `target` in `dir`.
-pub fn cache_paths(dir: &Path, target: &str) -> [PathBuf; 3] {
-    let stem = file_stem(target);
-    ["vdcache", "vdmap", "vdjournal"].map(|ext| dir.join(format!("{stem}.{ext}")))
 }
 
 impl PersistentDiskCache {

@@ -151,7 +151,7 @@ pub fn ram_limit(kind: CacheType, ram: u64) -> u64 {
 pub fn check_cache_room(kind: CacheType, cfg: &CacheConfig, rule: DirRule, vdisk_size: u64, allow_low: bool) -> Result<Option<String>, CacheDirError> {
     let Some(may_use) = file_limit(kind, cfg.max_file, vdisk_size) else { return Ok(None) };
     prepare_cache_dir(&cfg.dir, rule)?;
-    let existing = kind.is_persistent() && crate::persistent::cache_paths(&cfg.dir, &cfg.target)[1].exists();
+    let existing = kind.is_persistent() && crate::names::cache_paths(&cfg.dir, &cfg.target)[1].exists();
     check_free_space(&cfg.dir, may_use, allow_low || existing)
 }
 
