@@ -31,6 +31,7 @@ use serde_json::Value;
 use crate::client::{Client, ClientError};
 use vdstream_nbd::client::Address;
 use vdstream_contract::server::ServerDoc;
+use vdstream_contract::target::TargetRecord;
 use vdstream_wcache::CacheType;
 
 pub use crate::endpoint::is_api_url;
@@ -86,38 +87,6 @@ pub fn placement_order(docs: &[Option<ServerDoc>]) -> Vec<usize> {
     live.sort_by_key(|&i| docs[i].as_ref().map_or(u64::MAX, |d| d.sessions));
     live.extend((0..docs.len()).filter(|&i| docs[i].as_ref().is_some_and(|d| d.draining)));
     live
-}
-
-/// A target record (`GET /api/v1/targets/ID`), what the agent uses of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TargetRecord {
-    pub vdisk: String,
-    /// `production`, `test`, `latest`, `base` or a number.
-    pub version: String,
-    pub cache: CacheType,
-    pub ram: Option<u64>,
-    pub overflow_max: Option<u64>,
-}
-
-impl TargetRecord {
-    pub fn from_json(v: &Value) -> Result<TargetRecord, String> {
-        let vdisk = v.get("vdisk").and_then(Value::as_str).ok_or("it has no \"vdisk\"")?.to_string();
-        let version = match v.get("version") {
-            None | Some(Value::Null) => "production".to_string(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Number(n)) => n.to_string(),
-            Some(other) => return Err(format!("its \"version\" is {other}, not a version")),
-        };
-        let cache = v.get("cache").and_then(Value::as_str).ok_or("it has no \"cache\" type")?;
-        let cache: CacheType = cache.parse().map_err(|e| format!("its cache type: {e}"))?;
-        Ok(TargetRecord {
-            vdisk,
-            version,
-            cache,
-            ram: v.get("ram").and_then(Value::as_u64),
-            overflow_max: v.get("overflow_max").and_then(Value::as_u64),
-        })
-    }
 }
 
 /// What the command line says, each `None` when not given.
@@ -198,13 +167,13 @@ pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overr
     // `--vdisk NAME` with the record's name keeps the record's version; another name
     // without @V means production.
     let (vdisk, version) = match (name, version) {
-        (None, _) => (rec.vdisk.clone(), Some(rec.version.clone())),
-        (Some(n), None) if n == rec.vdisk => (n, Some(rec.version.clone())),
+        (None, _) => (rec.vdisk.clone(), Some(rec.version.to_string())),
+        (Some(n), None) if n == rec.vdisk => (n, Some(rec.version.to_string())),
         (Some(n), v) => (n, v),
     };
     let version = version.filter(|v| !matches!(v.as_str(), "production" | "prod"));
     let cache = flags.cache.unwrap_or(rec.cache);
-    let rec_version = Some(rec.version.clone()).filter(|v| !matches!(v.as_str(), "production" | "prod"));
+    let rec_version = Some(rec.version.to_string()).filter(|v| !matches!(v.as_str(), "production" | "prod"));
     let as_recorded = vdisk == rec.vdisk && version == rec_version;
     let source = if *flags == Overrides::default() { "record" } else { "record and flags" };
     let common = |export: String, fallback: Option<String>| Plan {
@@ -278,7 +247,7 @@ pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved,
     for (c, _) in clients.iter().zip(&docs).filter(|(_, d)| d.is_some()) {
         match c.get(&path) {
             Ok(v) => {
-                let r = TargetRecord::from_json(&v).map_err(|e| AgentError::Api { message: format!("{}{path}: the target record is not usable: {e}", c.url()) })?;
+                let r = serde_json::from_value::<TargetRecord>(v).map_err(|e| AgentError::Api { message: format!("{}{path}: the target record is not usable: {e}", c.url()) })?;
                 record = Some((c.url().to_string(), Some(r)));
                 break;
             }
@@ -426,6 +395,7 @@ mod tests {
     use super::*;
     use serde_json::json;
     use vdstream_contract::server::NbdAddresses;
+    use vdstream_contract::Selector;
 
     fn doc(sessions: u64, draining: bool) -> Option<ServerDoc> {
         Some(ServerDoc { nbd: NbdAddresses { listen: None, socket: Some("/s".into()) }, sessions, draining, ..ServerDoc::default() })
@@ -484,16 +454,25 @@ mod tests {
     }
 
     fn rec(cache: CacheType) -> TargetRecord {
-        TargetRecord { vdisk: "win11".into(), version: "production".into(), cache, ram: Some(1 << 30), overflow_max: Some(8 << 30) }
+        record(json!({"vdisk": "win11", "version": "production", "cache": cache, "ram": 1u64 << 30, "overflow_max": 8u64 << 30}))
+    }
+
+    /// A record as the server sends it, with `fields` laid over the ones every record has.
+    fn record(fields: Value) -> TargetRecord {
+        let mut doc = json!({"format": "vdstream-target", "format_version": 1, "id": "vm1", "created": "2025-03-01T22:00:00Z",
+            "created_by": "t", "updated": "2025-03-01T22:00:00Z", "updated_by": "t", "generation": 1});
+        doc.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        serde_json::from_value(doc).unwrap()
     }
 
     #[test]
-    fn records_parse_with_string_or_number_versions() {
-        let r = TargetRecord::from_json(&json!({"vdisk": "w", "version": 3, "cache": "device-disk", "ram": 5})).unwrap();
-        assert_eq!((r.version.as_str(), r.cache, r.ram, r.overflow_max), ("3", CacheType::DeviceDisk, Some(5), None));
-        let r = TargetRecord::from_json(&json!({"vdisk": "w", "version": "test", "cache": "server"})).unwrap();
-        assert_eq!(r.version, "test");
-        assert!(TargetRecord::from_json(&json!({"vdisk": "w", "cache": "floppy"})).is_err());
+    fn records_read_with_string_or_number_versions_and_known_caches_only() {
+        let r = record(json!({"vdisk": "w", "version": 3, "cache": "device-disk", "ram": 5}));
+        assert_eq!((r.version, r.cache, r.ram, r.overflow_max), (Selector::Number(3), CacheType::DeviceDisk, Some(5), None));
+        assert_eq!(record(json!({"vdisk": "w", "version": "test", "cache": "server"})).version, Selector::Test);
+        let mut bad = serde_json::to_value(rec(CacheType::Server)).unwrap();
+        bad["cache"] = json!("floppy");
+        assert!(serde_json::from_value::<TargetRecord>(bad).unwrap_err().to_string().contains("floppy"));
     }
 
     #[test]
@@ -501,7 +480,7 @@ mod tests {
         let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &Overrides::default()).unwrap();
         assert_eq!((p.export.as_str(), p.fallback.as_deref(), p.source), ("target/vm1", Some("vdisk/win11"), "record"));
         assert_eq!((p.cache, p.ram, p.overflow_max, p.version), (CacheType::DeviceDisk, Some(1 << 30), Some(8 << 30), None));
-        let r = TargetRecord { version: "3".into(), ..rec(CacheType::RamOverflow) };
+        let r = TargetRecord { version: Selector::Number(3), ..rec(CacheType::RamOverflow) };
         let p = plan("vm1", "http://a:1", Some(&r), &Overrides::default()).unwrap();
         assert_eq!((p.export.as_str(), p.fallback.as_deref()), ("target/vm1", Some("vdisk/win11@3")));
         // Server types have no fallback: their cache is the server's target/ID.
@@ -520,7 +499,7 @@ mod tests {
         let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &flags).unwrap();
         assert_eq!((p.export.as_str(), p.fallback, p.version.as_deref()), ("vdisk/win11@2", None, Some("2")));
         // The record's name without @V keeps the record's version.
-        let r = TargetRecord { version: "test".into(), ..rec(CacheType::DeviceDisk) };
+        let r = TargetRecord { version: Selector::Test, ..rec(CacheType::DeviceDisk) };
         let p = plan("vm1", "http://a:1", Some(&r), &Overrides { vdisk: Some("win11".into()), ..Overrides::default() }).unwrap();
         assert_eq!((p.export.as_str(), p.fallback.as_deref()), ("target/vm1", Some("vdisk/win11@test")));
         // A device type over a record of a server type: the vDisk, not the server's cache.

@@ -11,15 +11,21 @@
 //!   what `/metrics` exports of them).
 //! - [`server`]: the documents of the store server's API that other components read
 //!   (`GET /api/v1/server`).
+//! - [`target`]: target records and the API bodies that add and change them, with the
+//!   [`cache`] type names and the RFC 3339 [`time`]s they hold.
 //!
-//! Invariant: this crate depends on serde, serde_json and thiserror only, so every other
+//! Invariant: this crate depends on serde, serde_json, thiserror and jiff only, so every other
 //! crate of the workspace may use it.
 
+pub mod cache;
 pub mod description;
 pub mod name;
 pub mod server;
 pub mod status;
+pub mod target;
+pub mod time;
 
+pub use cache::CacheType;
 pub use description::ExportDescription;
 pub use name::{ExportName, Selector};
 

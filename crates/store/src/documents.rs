@@ -63,7 +63,7 @@ pub fn version_new(store: &Store, name: &str, note: Option<String>, progress: Pr
 
 /// `at`: RFC 3339 or `+DURATION`, relative to now.
 pub fn version_promote(store: &Store, name: &str, number: u32, to: Access, at: Option<&str>, progress: Progress<'_>) -> Result<Value> {
-    let at = at.map(|t| Timestamp::parse_at(t, Timestamp::now())).transpose()?;
+    let at = at.map(|t| crate::time::parse_at(t, Timestamp::now())).transpose()?;
     let v = store.promote(name, number, to, at)?;
     Ok(json!({"vdisk": name, "version": v, "auto_merge": auto_merge(store, name, progress)}))
 }

@@ -1,38 +1,21 @@
 //! Times in metadata and on the command line: RFC 3339 in UTC (`2025-03-01T22:00:00Z`),
 //! whole seconds. `--at` also takes an offset (`+01:00`) or a relative `+DURATION`
 //! (`+2h`, `+1d12h`, `+90m`). Parsing, formatting and calendar arithmetic are `jiff`'s;
-//! this module only fixes the format (whole seconds, `Z`) and the messages.
-
-use std::fmt;
-
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+//! this module only fixes the messages. [`Timestamp`] itself is the contract crate's.
 
 use crate::error::{Result, StoreError};
 
-/// Seconds since the Unix epoch, UTC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Timestamp(pub i64);
+pub use vdstream_contract::time::Timestamp;
 
-impl Timestamp {
-    pub fn now() -> Self {
-        Timestamp(jiff::Timestamp::now().as_second())
+/// `--at`: RFC 3339, or `+DURATION` from `now`.
+pub fn parse_at(text: &str, now: Timestamp) -> Result<Timestamp> {
+    if let Some(rel) = text.strip_prefix('+') {
+        return parse_duration(rel).and_then(|secs| now.0.checked_add(secs)).map(Timestamp).ok_or_else(|| {
+            StoreError::BadInput(format!("{text:?} is not a duration: use +N with s, m, h, d or w, e.g. +30m, +2h, +1d12h"))
+        });
     }
-
-    /// Parses RFC 3339 (`YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`); fractions are dropped.
-    pub fn parse_rfc3339(text: &str) -> Option<Self> {
-        text.trim().parse::<jiff::Timestamp>().ok().map(|t| Timestamp(t.as_second()))
-    }
-
-    /// `--at`: RFC 3339, or `+DURATION` from `now`.
-    pub fn parse_at(text: &str, now: Timestamp) -> Result<Self> {
-        if let Some(rel) = text.strip_prefix('+') {
-            return parse_duration(rel).and_then(|secs| now.0.checked_add(secs)).map(Timestamp).ok_or_else(|| {
-                StoreError::BadInput(format!("{text:?} is not a duration: use +N with s, m, h, d or w, e.g. +30m, +2h, +1d12h"))
-            });
-        }
-        Self::parse_rfc3339(text).ok_or_else(|| StoreError::BadInput(format!(
-            "{text:?} is not a time: use RFC 3339 such as 2025-03-01T22:00:00Z (or with an offset, +01:00), or +DURATION such as +2h")))
-    }
+    Timestamp::parse_rfc3339(text).ok_or_else(|| StoreError::BadInput(format!(
+        "{text:?} is not a time: use RFC 3339 such as 2025-03-01T22:00:00Z (or with an offset, +01:00), or +DURATION such as +2h")))
 }
 
 /// Whole seconds in `2h30m`, `90s`, `1d`, `2w` (jiff's friendly format; a day is 24 hours;
@@ -41,28 +24,6 @@ pub fn parse_duration(text: &str) -> Option<i64> {
     let span: jiff::Span = text.parse().ok()?;
     let d = span.to_duration(jiff::SpanRelativeTo::days_are_24_hours()).ok()?;
     (!d.is_negative()).then(|| d.as_secs())
-}
-
-impl fmt::Display for Timestamp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match jiff::Timestamp::from_second(self.0) {
-            Ok(t) => write!(f, "{t}"),
-            Err(_) => write!(f, "@{}", self.0),
-        }
-    }
-}
-
-impl Serialize for Timestamp {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Timestamp {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        Timestamp::parse_rfc3339(&text).ok_or_else(|| serde::de::Error::custom(format!("{text:?} is not an RFC 3339 time")))
-    }
 }
 
 #[cfg(test)]
@@ -85,13 +46,13 @@ mod tests {
     #[test]
     fn relative_times_add_to_now() {
         let now = Timestamp(1000);
-        assert_eq!(Timestamp::parse_at("+2h", now).unwrap(), Timestamp(1000 + 7200));
-        assert_eq!(Timestamp::parse_at("+1d12h", now).unwrap(), Timestamp(1000 + 129600));
-        assert_eq!(Timestamp::parse_at("+2h30m", now).unwrap(), Timestamp(1000 + 9000));
-        assert_eq!(Timestamp::parse_at("+1w", now).unwrap(), Timestamp(1000 + 7 * 86400));
-        assert_eq!(Timestamp::parse_at("+90s", now).unwrap(), Timestamp(1000 + 90));
+        assert_eq!(parse_at("+2h", now).unwrap(), Timestamp(1000 + 7200));
+        assert_eq!(parse_at("+1d12h", now).unwrap(), Timestamp(1000 + 129600));
+        assert_eq!(parse_at("+2h30m", now).unwrap(), Timestamp(1000 + 9000));
+        assert_eq!(parse_at("+1w", now).unwrap(), Timestamp(1000 + 7 * 86400));
+        assert_eq!(parse_at("+90s", now).unwrap(), Timestamp(1000 + 90));
         for bad in ["+", "+2", "+2y", "+1mo", "+-2h", "tomorrow"] {
-            let e = Timestamp::parse_at(bad, now).unwrap_err().to_string();
+            let e = parse_at(bad, now).unwrap_err().to_string();
             assert!(e.contains("+2h"), "{bad}: {e}");
         }
     }

@@ -54,69 +54,7 @@ use vdstream_blockdev::{BlockDev, IoEngineKind, Result};
 /// attach. An agent that every server answers so has lost its cache for good (EIO).
 pub const ATTACH_GONE: &str = "attach gone: ";
 
-/// The cache types, named as PVS names them (see DESIGN.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CacheType {
-    /// Cache file on the server, per target; gone on the next attach.
-    Server,
-    /// Cache file on the server that survives restarts.
-    ServerPersistent,
-    /// Cache file on the target's local disk, 4 KiB granularity; gone on the next attach.
-    DeviceDisk,
-    /// Cache file on the target's local disk that survives restarts.
-    DeviceDiskPersistent,
-    /// RAM only, up to a limit; ENOSPC past it.
-    DeviceRam,
-    /// RAM first, least-recently-used data to an overflow file in 2 MiB units (the default).
-    RamOverflow,
-    /// No cache: writes go to the vDisk itself, one writer at a time.
-    Private,
-}
-
-impl CacheType {
-    pub const ALL: [CacheType; 7] = [
-        CacheType::Server,
-        CacheType::ServerPersistent,
-        CacheType::DeviceDisk,
-        CacheType::DeviceDiskPersistent,
-        CacheType::DeviceRam,
-        CacheType::RamOverflow,
-        CacheType::Private,
-    ];
-
-    /// The name used on the command line, in config files and in the API.
-    pub fn name(self) -> &'static str {
-        match self {
-            CacheType::Server => "server",
-            CacheType::ServerPersistent => "server-persistent",
-            CacheType::DeviceDisk => "device-disk",
-            CacheType::DeviceDiskPersistent => "device-disk-persistent",
-            CacheType::DeviceRam => "device-ram",
-            CacheType::RamOverflow => "ram-overflow",
-            CacheType::Private => "private",
-        }
-    }
-
-    pub fn is_persistent(self) -> bool {
-        matches!(self, CacheType::ServerPersistent | CacheType::DeviceDiskPersistent)
-    }
-}
-
-impl std::fmt::Display for CacheType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for CacheType {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        CacheType::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| {
-            let names: Vec<_> = CacheType::ALL.iter().map(|t| t.name()).collect();
-            format!("unknown cache type {s:?}: choose one of {}", names.join(", "))
-        })
-    }
-}
+pub use vdstream_contract::CacheType;
 
 /// Everything a cache type may need to open. Each type reads the fields it uses.
 #[derive(Debug, Clone)]

@@ -33,9 +33,8 @@ use connection::{Command, Connection, ReadHalf, ReplyKind, WriteHalf};
 use crate::proto;
 
 /// Separates an export name from the credential that follows it on the wire
-/// ([`ConnectOptions::secret`]): `target/vm1@ATTACH#SECRET`. Export names never contain it
-/// otherwise; a server that logs or publishes a name shows only what comes before it.
-pub const SECRET_SEPARATOR: char = '#';
+/// ([`ConnectOptions::secret`]); the export-name grammar is the contract crate's.
+pub use vdstream_contract::name::SECRET_SEPARATOR;
 
 /// How to connect and what to negotiate.
 #[derive(Debug, Clone)]
