@@ -56,7 +56,7 @@ fn strip_comments_and_literals(text: &str) -> String {
                     i += 1;
                     continue;
                 }
-                let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat(b'#').take(hashes)).collect();
+                let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat_n(b'#', hashes)).collect();
                 let start = i + 2 + hashes;
                 let end = b[start..].windows(close.len()).position(|w| w == close.as_slice()).map_or(b.len(), |p| start + p + close.len());
                 blank(&mut out, i, end);

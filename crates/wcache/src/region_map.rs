@@ -358,7 +358,7 @@ impl Shard {
     /// Eviction, step 1: pins the region's unit and takes handles on its RAM pages (`None`:
     /// nothing in RAM).
     pub fn begin_eviction(&mut self, region: u64, file: &OverflowFile) -> Result<Option<Eviction>, NoUnit> {
-        if !self.regions.get(&region).is_some_and(|r| r.ram_count > 0) {
+        if self.regions.get(&region).is_none_or(|r| r.ram_count == 0) {
             return Ok(None);
         }
         let unit = self.pin_unit(region, file)?;
