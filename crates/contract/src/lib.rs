@@ -11,6 +11,8 @@
 //!   what `/metrics` exports of them).
 //! - [`server`]: the documents of the store server's API that other components read
 //!   (`GET /api/v1/server`).
+//! - [`identity`]: who asks (a target, a server, an administrator, anonymous or local) and
+//!   the role URI a certificate names it by.
 //! - [`target`]: target records and the API bodies that add and change them, with the
 //!   [`cache`] type names and the RFC 3339 [`time`]s they hold.
 //!
@@ -19,6 +21,7 @@
 
 pub mod cache;
 pub mod description;
+pub mod identity;
 pub mod name;
 pub mod server;
 pub mod status;
@@ -27,6 +30,7 @@ pub mod time;
 
 pub use cache::CacheType;
 pub use description::ExportDescription;
+pub use identity::Identity;
 pub use name::{ExportName, Selector};
 
 /// A text that breaks a contract; the message names the text and says what is allowed.

@@ -105,6 +105,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut wire = Wire { stream, timeout: shared.config.handshake_timeout, shutdown: shutdown.clone() };
+    // Until TLS exists every client is a one-host client.
+    let client = vdstream_contract::Identity::Local;
 
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
@@ -155,7 +157,7 @@ where
                     reason,
                 };
                 let name = options::parse_export_name(&data).map_err(|e| rejected(e.to_string()))?;
-                let opened = open(shared, refusal, &OpenRequest { name, peer, purpose: OpenPurpose::Session }, "NBD_OPT_EXPORT_NAME");
+                let opened = open(shared, refusal, &OpenRequest { name, peer, client: &client, purpose: OpenPurpose::Session }, "NBD_OPT_EXPORT_NAME");
                 let OpenedExport { device, exclusive, .. } = opened.map_err(|e| rejected(e.to_string()))?;
                 let params = export_params(&*device, structured, &meta, name, exclusive);
                 out.extend_from_slice(&params.size.to_be_bytes());
@@ -196,7 +198,7 @@ where
                 Ok(req) => match open(
                     shared,
                     refusal,
-                    &OpenRequest { name: req.name, peer, purpose: if option == OPT_GO { OpenPurpose::Session } else { OpenPurpose::Info } },
+                    &OpenRequest { name: req.name, peer, client: &client, purpose: if option == OPT_GO { OpenPurpose::Session } else { OpenPurpose::Info } },
                     if option == OPT_GO { "NBD_OPT_GO" } else { "NBD_OPT_INFO" },
                 ) {
                     Err(e) => {

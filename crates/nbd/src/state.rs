@@ -99,6 +99,9 @@ pub struct OpenRequest<'a> {
     pub name: &'a str,
     /// `unix` for a unix socket, else the peer's `IP:PORT`.
     pub peer: &'a str,
+    /// Who the client is: its verified certificate's identity, `Anonymous` when TLS is
+    /// configured and it showed none, `Local` when the server runs without TLS.
+    pub client: &'a vdstream_contract::Identity,
     pub purpose: OpenPurpose,
 }
 

@@ -333,11 +333,11 @@ impl Exports for StoreExports {
     }
 
     fn open(&self, name: &str) -> std::result::Result<Arc<dyn BlockDev>, OpenError> {
-        self.open_export(&OpenRequest { name, peer: "local", purpose: OpenPurpose::Info }).map(|o| o.device)
+        self.open_export(&OpenRequest { name, peer: "local", client: &vdstream_contract::Identity::Local, purpose: OpenPurpose::Info }).map(|o| o.device)
     }
 
     fn description(&self, name: &str) -> Option<String> {
-        self.open_export(&OpenRequest { name, peer: "local", purpose: OpenPurpose::Info }).ok().and_then(|o| o.description)
+        self.open_export(&OpenRequest { name, peer: "local", client: &vdstream_contract::Identity::Local, purpose: OpenPurpose::Info }).ok().and_then(|o| o.description)
     }
 
     fn open_export(&self, req: &OpenRequest<'_>) -> std::result::Result<OpenedExport, OpenError> {

@@ -1,0 +1,1 @@
+//! The identity a verified peer certificate names (owner: the pki work).

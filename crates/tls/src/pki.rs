@@ -1,0 +1,1 @@
+//! The small certificate authority behind `vdstream pki` (owner: the pki work).
