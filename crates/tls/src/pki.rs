@@ -414,6 +414,15 @@ pub struct CrlInfo {
     pub copy: Option<PathBuf>,
 }
 
+/// What [`Ca::prepare`] found: the files to write and the hosts to name.
+#[derive(Debug)]
+struct Prepared {
+    is_server: bool,
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    hosts: Vec<String>,
+}
+
 impl Ca {
     /// Opens the CA of `dir`, waiting for another command that holds it.
     pub fn open(dir: &Path) -> Result<Ca> {
@@ -450,15 +459,18 @@ impl Ca {
         Ok(load(&self.dir)?.certificates)
     }
 
-    /// Issues a certificate for `req.identity` into `req.out` (see the module docs for the
-    /// files). Refuses to replace a certificate or key there unless `req.force`.
-    pub fn issue(&self, req: &IssueRequest) -> Result<Issued> {
+    /// Checks `req` as [`Ca::issue`] would (names, hosts, files in the way) without signing
+    /// or writing anything: `target add --issue-cert` asks before it adds the record.
+    pub fn check(&self, req: &IssueRequest) -> Result<()> {
+        self.prepare(req).map(drop)
+    }
+
+    fn prepare(&self, req: &IssueRequest) -> Result<Prepared> {
         let (role_file, is_server) = match &req.identity {
             Identity::Server(_) => ("server", true),
             Identity::Target(_) | Identity::Admin(_) => ("client", false),
             other => return Err(PkiError::BadInput(format!("{other} has no certificate: issue one for target:ID, server:NAME or admin:NAME"))),
         };
-        let (Some(uri), Some(name)) = (req.identity.role_uri(), req.identity.name()) else { unreachable!("checked above") };
         if !is_server && (!req.dns.is_empty() || !req.ips.is_empty()) {
             return Err(PkiError::BadInput(format!("--dns and --ip name a server's hosts; {} is not a server", req.identity)));
         }
@@ -495,6 +507,15 @@ impl Ca {
                 return Err(PkiError::BadInput("a server certificate needs a host name: give --dns or --ip (or keep the default hosts)".into()));
             }
         }
+        Ok(Prepared { is_server, cert_path, key_path, hosts })
+    }
+
+    /// Issues a certificate for `req.identity` into `req.out` (see the module docs for the
+    /// files). Refuses to replace a certificate or key there unless `req.force`.
+    pub fn issue(&self, req: &IssueRequest) -> Result<Issued> {
+        let Prepared { is_server, cert_path, key_path, hosts } = self.prepare(req)?;
+        let (Some(uri), Some(name)) = (req.identity.role_uri(), req.identity.name()) else { unreachable!("prepare checked the role") };
+        let out = &req.out;
         let now = Timestamp::now();
         let valid_for = req.valid_for.unwrap_or_else(|| default_validity(&req.identity));
         let wanted = plus(now, valid_for);
