@@ -8,14 +8,15 @@
 #   certificate folder in the way status 4, and a refusal writes nothing;
 # - revoke writes a CRL that `openssl crl -text` shows the serial in and that openssl and
 #   nbdkit enforce, while other certificates keep working;
-# - nbdkit --tls=require with the server folder serves nbdinfo with a target folder over
-#   nbds://127.0.0.1 (the certificates work with gnutls on both ends);
+# - nbdkit --tls=require (and qemu-nbd --tls-creds) with the server folder serve nbdinfo
+#   (nbds://127.0.0.1) and qemu-img (tls-creds-x509) with target and admin folders: the
+#   certificates work with gnutls on both ends, and pass qemu's own checks;
 # - `target add ID --issue-cert DIR` adds the record and issues the target's certificate.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
 source "$E2E_DIR/store-lib.sh"
-require openssl nbdkit nbdinfo
+require openssl nbdkit nbdinfo qemu-img qemu-nbd
 require_vdstream
 e2e_init
 store_init
@@ -83,29 +84,37 @@ expect 4 conflict "client-cert.pem already exists.*--force" pki issue target pc-
 assert_eq "certificates on record after the refusals" "$("$V" pki list --json | json_get /dev/stdin 'len(j)')" 4
 
 # --- a gnutls server and client on these certificates ---------------------------------
-NBDKIT_PORT=
-start_nbdkit() {
-    local try port
+PEER_PORT=
+PEER_PID=
+# start_peer nbdkit|qemu-nbd — a gnutls NBD server on 127.0.0.1 with the server folder,
+# requiring TLS and a client certificate from the CA; sets PEER_PID and PEER_PORT.
+start_peer() {
+    local kind=$1 try port cmd
+    truncate -s 1M img
     for try in 1 2 3 4 5; do
         port=$((20000 + RANDOM % 20000))
-        nbdkit -f --tls=require --tls-certificates="$E2E_TMP/srv" --tls-verify-peer \
-            -i 127.0.0.1 -p "$port" memory 1M >nbdkit.log 2>&1 </dev/null &
-        NBDKIT_PID=$!
+        case $kind in
+        nbdkit) cmd=(nbdkit -f --tls=require --tls-certificates="$E2E_TMP/srv" --tls-verify-peer -i 127.0.0.1 -p "$port" memory 1M) ;;
+        qemu-nbd) cmd=(qemu-nbd --object "tls-creds-x509,id=tls0,endpoint=server,dir=$E2E_TMP/srv,verify-peer=on"
+            --tls-creds tls0 -b 127.0.0.1 -p "$port" -f raw --persistent img) ;;
+        esac
+        "${cmd[@]}" >peer.log 2>&1 </dev/null &
+        PEER_PID=$!
         sleep 0.3
-        if kill -0 "$NBDKIT_PID" 2>/dev/null; then
-            track_pid "$NBDKIT_PID"
-            NBDKIT_PORT=$port
+        if kill -0 "$PEER_PID" 2>/dev/null; then
+            track_pid "$PEER_PID"
+            PEER_PORT=$port
             return 0
         fi
-        log "nbdkit could not start on port $port (try $try): $(cat nbdkit.log)"
+        log "$kind could not start on port $port (try $try): $(cat peer.log)"
     done
-    fail "nbdkit did not start"
+    fail "$kind did not start"
 }
-start_nbdkit
+start_peer nbdkit
 size_with() {
     local dir=$1 host=${2:-127.0.0.1} i
     for i in 1 2 3 4 5 6 7 8 9 10; do
-        if out=$(timeout 20 nbdinfo --size "nbds://$host:$NBDKIT_PORT/?tls-certificates=$E2E_TMP/$dir" 2>&1); then
+        if out=$(timeout 20 nbdinfo --size "nbds://$host:$PEER_PORT/?tls-certificates=$E2E_TMP/$dir" 2>&1); then
             echo "$out"
             return 0
         fi
@@ -118,6 +127,12 @@ size_with() {
 }
 assert_eq "nbdinfo with pc-07's certificate, nbds://127.0.0.1" "$(size_with pc-07)" 1048576
 assert_eq "nbdinfo with alice's certificate, nbds://localhost" "$(size_with alice localhost)" 1048576
+# qemu checks more of a certificate than libnbd (key usage, the CA's constraints).
+qemu_size() {
+    timeout 30 qemu-img info --output=json --object "tls-creds-x509,id=tls0,endpoint=client,dir=$E2E_TMP/$1" \
+        --image-opts "driver=nbd,host=127.0.0.1,port=$PEER_PORT,tls-creds=tls0" | json_get /dev/stdin 'j["virtual-size"]'
+}
+assert_eq "qemu-img info with pc-07's certificate (tls-creds-x509)" "$(qemu_size pc-07)" 1048576
 other=$(mktemp -d "$E2E_TMP/other-ca.XXXXXX")
 VDSTREAM_CA=$other/ca "$V" pki init --farm other >/dev/null
 VDSTREAM_CA=$other/ca "$V" pki issue target pc-07 --out "$other/pc-07" >/dev/null
@@ -146,11 +161,16 @@ expect 3 not_found "no certificate with serial 4ABC" pki revoke 4abc
 expect 2 usage "not a certificate serial" pki revoke nonsense
 
 # nbdkit reads ca-crl.pem at start: a restart applies the revocation.
-stop_pid "$NBDKIT_PID" 10
-start_nbdkit
+stop_pid "$PEER_PID" 10
+start_peer nbdkit
 assert_eq "nbdinfo with pc-08's certificate after the revocation" "$(size_with pc-08)" 1048576
 if size_with pc-07 >/dev/null 2>&1; then fail "nbdkit took the revoked certificate of pc-07"; fi
 log "ok: nbdkit refuses the revoked certificate and serves the others"
+stop_pid "$PEER_PID" 10
+# qemu-nbd as the server (qemu's own checks of a server certificate), nbdinfo as the client.
+start_peer qemu-nbd
+assert_eq "qemu-nbd --tls-creds, nbdinfo with pc-08's certificate" "$(size_with pc-08)" 1048576
+stop_pid "$PEER_PID" 10
 
 # A certificate issued from now on comes with the CRL; `pki crl` signs a fresh one.
 "$V" pki issue target pc-10 --out pc-10 >/dev/null

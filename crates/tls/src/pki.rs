@@ -539,7 +539,10 @@ impl Ca {
         p.not_before = to_time(minus(now, BACKDATE));
         p.not_after = to_time(not_after);
         p.is_ca = IsCa::ExplicitNoCa;
-        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        // keyEncipherment means nothing for an ECDSA key, but qemu's tls-creds-x509 refuses a
+        // certificate whose (critical) key usage lacks it: "usage does not permit key
+        // encipherment". gnutls's certtool sets both for TLS certificates too.
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         p.extended_key_usages = if is_server {
             vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth]
         } else {

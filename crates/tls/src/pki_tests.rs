@@ -131,6 +131,13 @@ fn certificates_name_their_identity_and_verify_against_the_ca() {
         assert!(hosts.is_empty());
         assert_eq!(cn, id.name().unwrap());
     }
+    for f in [srv.join("server-cert.pem"), tgt.join("client-cert.pem"), adm.join("client-cert.pem")] {
+        let der = cert_der(&f);
+        let (_, x) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let ku = x.key_usage().unwrap().unwrap().value;
+        // qemu's tls-creds-x509 refuses a certificate without keyEncipherment.
+        assert!(ku.digital_signature() && ku.key_encipherment() && !ku.key_cert_sign(), "{}", f.display());
+    }
 
     // What a vdstream server checks: the client certificates chain to the CA.
     let cv = client_verifier(&ca_dir, false);
