@@ -54,8 +54,9 @@ const LOCK: &str = ".lock";
 const DAY: u64 = 24 * 3600;
 /// The CA's lifetime by default: 10 years (every certificate must be re-issued with it).
 pub const CA_VALIDITY: Duration = Duration::from_secs(3650 * DAY);
-/// How long a CRL says it is current (its `nextUpdate`): 1 year. vdstream's servers do not
-/// refuse a stale CRL; gnutls peers may, so sign a fresh one (`vdstream pki crl`) before.
+/// How long a CRL says it is current (its `nextUpdate`): 1 year. rustls applies a CRL past
+/// it by default (webpki's `ExpirationPolicy::Ignore`); gnutls peers (qemu, nbdkit) may set
+/// a stale one aside, so sign a fresh one (`vdstream pki crl`) before.
 pub const CRL_VALIDITY: Duration = Duration::from_secs(365 * DAY);
 /// Certificates start this long before they are issued, for clocks a little behind.
 const BACKDATE: Duration = Duration::from_secs(300);
