@@ -1,6 +1,6 @@
 //! `vdstream pki init|issue|revoke|crl|list`: the farm's certificate authority. Wiring
 //! only: the CA lives in `vdstream_tls::pki`. Also `target add --issue-cert` (target_record.rs)
-//! issues through [`open_ca`] and [`issue_target`].
+//! issues through [`open_ca`] and [`target_request`].
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
