@@ -6,13 +6,13 @@
 //! | 0      | —             | success (also: stdout closed early, as by `| head -1`)        |
 //! | 1      | `other`       | anything not below                                            |
 //! | 2      | `usage`       | a bad argument, option, name or size (clap's own status too)  |
-//! | 3      | `not_found`   | no such vDisk, version, target, store, status file; API 404   |
+//! | 3      | `not_found`   | no such vDisk, version, target, store, status file, CA; 404   |
 //! | 4      | `conflict`    | refused by the state of things: in use, exists, attached; 409 |
 //! | 5      | `io`          | an I/O error, a damaged or missing file of the store          |
 //! | 6      | `unavailable` | no server answers (connection refused, timeout), agent stopped|
 //!
 //! The kind comes from the first error in the chain whose type says it (outermost first):
-//! the library error types ([`StoreError`], [`ClientError`], [`AgentError`], the
+//! the library error types ([`StoreError`], [`ClientError`], [`AgentError`], [`PkiError`], the
 //! block-device error, `std::io::Error`), or a [`Failure`] the command made itself.
 //! `--json` anywhere on the command line selects the JSON form:
 //! `{"error": {"kind": "not_found", "status": 3, "message": "..."}}`, unless the command
@@ -25,6 +25,7 @@ use std::fmt;
 use vdstream_agent::AgentError;
 use vdstream_agent::client::ClientError;
 use vdstream_store::StoreError;
+use vdstream_tls::pki::PkiError;
 
 /// A class of failure, and its exit status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +71,7 @@ Exit status:
   0 success (also when stdout closes early, as with `| head -1`)
   1 other failure
   2 usage: a bad argument, option, name or size
-  3 not found: no such vDisk, version, target, store or status
+  3 not found: no such vDisk, version, target, store, status or CA
   4 conflict: refused by the current state (in use, already exists, already attached)
   5 I/O: a read or write failed, a store file is damaged or missing
   6 unavailable: no server answers, or the target's agent is not running
@@ -151,6 +152,17 @@ fn of_agent(e: &AgentError) -> Option<Kind> {
     })
 }
 
+fn of_pki(e: &PkiError) -> Kind {
+    match e {
+        PkiError::BadInput(_) => Kind::Usage,
+        PkiError::NoCa { .. } | PkiError::NotIssued(_) => Kind::NotFound,
+        PkiError::Exists { .. } | PkiError::AlreadyRevoked(_) => Kind::Conflict,
+        PkiError::Io { err, .. } => of_io(err),
+        PkiError::Damaged { .. } => Kind::Io,
+        PkiError::Sign { .. } => Kind::Other,
+    }
+}
+
 fn of_io(e: &std::io::Error) -> Kind {
     use std::io::ErrorKind as K;
     match e.kind() {
@@ -173,6 +185,9 @@ pub fn classify(err: &anyhow::Error) -> Kind {
         }
         if let Some(e) = cause.downcast_ref::<ClientError>() {
             return of_client(e);
+        }
+        if let Some(e) = cause.downcast_ref::<PkiError>() {
+            return of_pki(e);
         }
         if let Some(e) = cause.downcast_ref::<AgentError>() {
             if let Some(kind) = of_agent(e) {

@@ -11,6 +11,7 @@ mod bench;
 mod demo;
 #[macro_use]
 mod exit;
+mod pki;
 mod ram_sizing;
 mod remote;
 mod serve_image;
@@ -42,6 +43,7 @@ Examples:
   vdstream size --trace vm1.trace --ram 64M,256M,1G   RAM sizing from a recorded trace (--record-trace)
   vdstream bench 'nbd+unix:///?socket=/tmp/vdstream.sock' --profile vdi
                                                 the VDI profile: IOPS, MiB/s, latency
+  vdstream pki init --farm lab                  a CA; then `pki issue server|target|admin NAME --out DIR`
 
 Logging: set RUST_LOG=debug (or info, warn) for more detail.
 
@@ -62,6 +64,7 @@ enum Command {
     Size(ram_sizing::SizeArgs),
     Demo(demo::DemoArgs),
     Bench(bench::BenchArgs),
+    Pki(pki::PkiArgs),
 }
 
 fn main() {
@@ -100,6 +103,7 @@ fn main() {
         Command::Size(args) => ram_sizing::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Pki(args) => pki::run(args),
     };
     if let Err(err) = result {
         exit::exit_with(&err, json);

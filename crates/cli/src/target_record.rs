@@ -4,7 +4,9 @@
 //! the human text is made from the JSON document, so the same words come out whether the
 //! store or the API answered.
 
-use anyhow::Result;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
 use clap::Args;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -20,13 +22,23 @@ use crate::size::{format_size, parse_ram, parse_size};
 Examples:
   vdstream target add vm1 --vdisk win11 --cache ram-overflow --ram 512M
   vdstream target add lab-07 --vdisk win11 --cache device-disk --version test --description 'lab PC 7'
-  vdstream target add render3 --vdisk ubuntu --cache server")]
+  vdstream target add render3 --vdisk ubuntu --cache server
+  vdstream target add pc-07 --vdisk win11 --cache device-disk --issue-cert ./pc-07-tls
+                                  and its TLS certificate (vdstream pki --help), for its agent")]
 pub struct AddArgs {
     /// The target's id, usually its machine name: letters, digits, '.', '_', '-' (e.g. vm1).
     #[arg(value_name = "ID")]
     pub id: String,
     #[command(flatten)]
     pub fields: Fields,
+    /// Also issue the target's certificate into this folder once the record is added
+    /// (ca-cert.pem, client-cert.pem, client-key.pem: what `vdstream pki issue target ID
+    /// --out DIR` writes); copy the folder to the target for its agent.
+    #[arg(long, value_name = "DIR")]
+    pub issue_cert: Option<PathBuf>,
+    /// The CA folder for --issue-cert. Default: $VDSTREAM_CA, else /var/lib/vdstream/ca.
+    #[arg(long, value_name = "DIR", requires = "issue_cert")]
+    pub ca: Option<PathBuf>,
     #[command(flatten)]
     pub opts: StoreOpts,
     #[command(flatten)]
@@ -137,20 +149,44 @@ impl Fields {
 }
 
 pub fn add(a: AddArgs) -> Result<()> {
+    // The CA and the certificate folder are checked before the record is added, so a
+    // missing CA or a folder in the way leaves nothing behind.
+    let cert = match &a.issue_cert {
+        Some(dir) => {
+            let req = crate::pki::target_request(&a.id, dir)?;
+            let ca = crate::pki::open_ca(a.ca.as_deref())?;
+            ca.check(&req).with_context(|| format!("not adding target {}: its certificate cannot be issued", a.id))?;
+            Some((ca, req))
+        }
+        None => None,
+    };
     let t = a.fields.new_target(a.id)?;
-    let doc = match a.api.client()? {
+    let id = t.id.clone();
+    let mut doc = match a.api.client()? {
         Some(c) => c.post("/api/v1/targets", &json!({
             "id": t.id, "vdisk": t.vdisk, "cache": t.cache, "version": t.version, "ram": t.ram,
             "overflow_max": t.overflow_max, "description": t.description,
         }))?,
         None => documents::target_add(&a.opts.open()?, t)?,
     };
-    print_added(&a.opts, doc)
+    let mut lines = Vec::new();
+    if let Some((ca, req)) = cert {
+        let issued = ca.issue(&req).with_context(|| {
+            format!(
+                "target {id} was added, but its certificate was not issued: issue it with `vdstream pki issue target {id} --out {}`",
+                req.out.display()
+            )
+        })?;
+        lines = crate::pki::issued_lines(&issued);
+        doc["certificate"] = serde_json::to_value(&issued)?;
+    }
+    print_added(&a.opts, doc, lines)
 }
 
-pub fn print_added(o: &StoreOpts, doc: Value) -> Result<()> {
+/// The added record (with `--issue-cert`, `certificate`: what was issued, and `more`: its lines).
+pub fn print_added(o: &StoreOpts, doc: Value, more: Vec<String>) -> Result<()> {
     let r: TargetRecord = serde_json::from_value(doc.clone())?;
-    o.emit(doc, || format!("added target {}: {}", r.id, summary(&r)));
+    o.emit(doc, || std::iter::once(format!("added target {}: {}", r.id, summary(&r))).chain(more).collect::<Vec<_>>().join("\n"));
     Ok(())
 }
 
