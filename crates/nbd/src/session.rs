@@ -54,7 +54,7 @@ const REQUEST_OVERHEAD: usize = 512;
 /// Most reads and writes in one `io_batch` call.
 const MAX_BATCH: usize = 64;
 /// Most batches of one connection in the device at once (batched executor).
-const BATCH_RUNNERS: usize = 2;
+const BATCH_RUNNERS: usize = 4;
 /// Below this mean time per request (ns) a device that may sleep counts as fast: the
 /// worker holding the read side runs a whole pass inline, like a device that never sleeps,
 /// instead of handing one request at a time to the pool.
