@@ -651,13 +651,13 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
 
 /// A batch runner of a connection whose device prefers batches (the first one is the
 /// session thread; more start as batches need them, up to [`BATCH_RUNNERS`]). Holding the
-/// read side, it takes a batch: the reads and writes there are (at most [`MAX_BATCH`], the
-/// first waiting for room in the budget, the rest only while they fit), their WRITE payloads
-/// copied into its own buffer (it waits only while it holds no budget, so it never waits
-/// for itself), ended early by a command other than READ and WRITE, which
-/// joins the batch and runs after it. It then lets go of the read side, so that another
-/// runner reads on, runs the batch with one [`BlockDev::io_batch`] call and writes the
-/// replies. Refused requests are answered as they are taken.
+/// read side, it takes a batch: the complete reads and writes in the input, at most
+/// [`MAX_BATCH`], their WRITE payloads copied into its own buffer. It waits for room in the
+/// budget only while it holds none (so never for itself); later requests join only while
+/// they fit. Another command ends the batch and runs after it. The runner then lets go of
+/// the read side, so that another runner reads on, runs the batch with one
+/// [`BlockDev::io_batch`] call and writes the replies. Refused requests are answered as
+/// they are taken.
 fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope std::thread::Scope<'scope, 'a>, c: &'a Conn<'a, R, W>) {
     let stats = &c.shared.stats;
     let mut exec = Exec::Batched(Batch::default());
