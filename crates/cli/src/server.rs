@@ -98,6 +98,8 @@ pub struct ServerArgs {
     stats_file: Option<PathBuf>,
 
     /// Worker threads per connection: how many of one connection's requests run at once.
+    /// A device that takes batches (an O_DIRECT disk cache) gets up to four batch runners per
+    /// connection; 1 runs one batch at a time.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
 

@@ -9,9 +9,14 @@
 //!   each request runs on the spot, its reply appended to one output buffer (READ data read
 //!   in place), which goes out with one write per pass over the input.
 //! - **batched** (devices that prefer batches, [`BlockDev::prefers_batches`]: a disk cache
-//!   with `O_DIRECT`, the agent's remote base): the reads and writes of a pass go to the
-//!   device in one [`BlockDev::io_batch`] call (io_uring underneath); other commands run
-//!   inline after the reads and writes taken before them.
+//!   with `O_DIRECT`, the agent's remote base): the reads and writes taken together go to
+//!   the device in one [`BlockDev::io_batch`] call (io_uring underneath); another command
+//!   ends the batch and runs after the reads and writes taken before it. Up to
+//!   [`BATCH_RUNNERS`] runners take turns on the read side: the holder takes a batch (its
+//!   WRITE payloads copied out of the input), lets go, and runs it, so the next batch is
+//!   read and submitted while one is in the device (one connection carrying many clients'
+//!   requests, such as the agent's link to the server, keeps its queue full). With one
+//!   runner (`threads_per_connection` 1) a pass runs as one batch straight from the input.
 //! - **worker pool** (devices that may sleep, nbdkit's parallel model): the connection's
 //!   workers take turns holding the read side; the holder takes one request and runs it
 //!   away from the read side, so up to `threads_per_connection` requests run at once and
@@ -48,6 +53,8 @@ const FLUSH_AT: usize = 512 << 10;
 const REQUEST_OVERHEAD: usize = 512;
 /// Most reads and writes in one `io_batch` call.
 const MAX_BATCH: usize = 64;
+/// Most batches of one connection in the device at once (batched executor).
+const BATCH_RUNNERS: usize = 4;
 /// Below this mean time per request (ns) a device that may sleep counts as fast: the
 /// worker holding the read side runs a whole pass inline, like a device that never sleeps,
 /// instead of handing one request at a time to the pool.
@@ -358,7 +365,8 @@ where
 {
     let dev: &dyn BlockDev = &*negotiated.device;
     let batched = dev.prefers_batches();
-    let workers = if dev.caps().may_block && !batched { shared.config.threads_per_connection.max(1) } else { 1 };
+    let threads = shared.config.threads_per_connection.max(1);
+    let workers = if batched { threads.min(BATCH_RUNNERS) } else if dev.caps().may_block { threads } else { 1 };
     let conn = Conn {
         read_side: Mutex::new(ReadSide {
             sock: reader,
@@ -375,6 +383,7 @@ where
         dev,
         x: negotiated.params,
         shared,
+        batched,
     };
     std::thread::scope(|scope| worker(scope, &conn));
     let Conn { read_side, write_side, .. } = conn;
@@ -411,7 +420,21 @@ impl Budget {
         n
     }
 
+    /// Charges `n` bytes if they fit now, without waiting.
+    fn try_acquire(&self, n: usize) -> bool {
+        let n = n.min(self.max);
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let fits = *used + n <= self.max;
+        if fits {
+            *used += n;
+        }
+        fits
+    }
+
     fn release(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
         *self.used.lock().unwrap_or_else(|p| p.into_inner()) -= n;
         self.freed.notify_all();
     }
@@ -455,6 +478,8 @@ struct Conn<'a, R, W> {
     dev: &'a dyn BlockDev,
     x: ExportParams,
     shared: &'a Shared,
+    /// The device prefers batches: several workers are batch runners.
+    batched: bool,
 }
 
 struct ReadSide<R> {
@@ -545,6 +570,9 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
     }
     let _leaving = Leaving(stats);
     let alone = c.crew.max == 1;
+    if c.batched && !alone {
+        return batch_runner(scope, c);
+    }
     let mut payload = Vec::new();
     let mut out = ReplyBuf::with_capacity(64 << 10);
     let mut scratch = Scratch::default();
@@ -610,6 +638,103 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
             stats.request_errors.fetch_add(1, Ordering::Relaxed);
         }
         c.pace.record(started.elapsed());
+        let sent = c.send(&mut out);
+        c.budget.release(charged);
+        if payload.capacity() > 4 << 20 {
+            payload = Vec::new();
+        }
+        if !sent {
+            return;
+        }
+    }
+}
+
+/// A batch runner of a connection whose device prefers batches (the first one is the
+/// session thread; more start as batches need them, up to [`BATCH_RUNNERS`]). Holding the
+/// read side, it takes a batch: the complete reads and writes in the input, at most
+/// [`MAX_BATCH`], their WRITE payloads copied into its own buffer. It waits for room in the
+/// budget only while it holds none (so never for itself); later requests join only while
+/// they fit. Another command ends the batch and runs after it. The runner then lets go of
+/// the read side, so that another runner reads on, runs the batch with one
+/// [`BlockDev::io_batch`] call and writes the replies. Refused requests are answered as
+/// they are taken.
+fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope std::thread::Scope<'scope, 'a>, c: &'a Conn<'a, R, W>) {
+    let stats = &c.shared.stats;
+    let mut exec = Exec::Batched(Batch::default());
+    let mut payload = Vec::new();
+    let mut out = ReplyBuf::with_capacity(64 << 10);
+    let mut scratch = Scratch::default();
+    loop {
+        let (last, charged) = {
+            c.crew.at_door.fetch_add(1, Ordering::AcqRel);
+            let mut guard = c.read_side.lock().unwrap_or_else(|p| p.into_inner());
+            c.crew.at_door.fetch_sub(1, Ordering::AcqRel);
+            let rs = &mut *guard;
+            loop {
+                if rs.done {
+                    return;
+                }
+                payload.clear();
+                let (mut charged, mut taken, mut last) = (0usize, 0usize, None);
+                let need_input = loop {
+                    let Some(cost) = rs.input.next_cost() else { break true };
+                    if charged == 0 {
+                        charged += c.budget.acquire(cost);
+                    } else if taken < MAX_BATCH && c.budget.try_acquire(cost) {
+                        charged += cost.min(c.budget.max);
+                    } else {
+                        break false;
+                    }
+                    match take(&mut rs.input, &c.x, &mut rs.tally, &mut out) {
+                        Took::Run(req, range) => {
+                            let at = payload.len();
+                            payload.extend_from_slice(&rs.input.buf[range]);
+                            taken += 1;
+                            if let (Exec::Batched(b), Command::Read { .. } | Command::Write { .. }) = (&mut exec, req.command) {
+                                b.pending.push((req, at..payload.len()));
+                            } else {
+                                last = Some((req, at..payload.len()));
+                                break false;
+                            }
+                        }
+                        Took::Refused => {}
+                        Took::NeedInput => {
+                            let n = cost.min(c.budget.max);
+                            c.budget.release(n);
+                            charged -= n;
+                            break true;
+                        }
+                        Took::Stop(step) => {
+                            rs.stop(step);
+                            break false;
+                        }
+                    }
+                };
+                if taken > 0 {
+                    break (last, charged);
+                }
+                // Nothing to run: answer the refused requests, then read on.
+                c.budget.release(charged);
+                if !c.send(&mut out) {
+                    return rs.stop(Step::Disconnect);
+                }
+                if need_input && !rs.done {
+                    rs.fill(stats);
+                }
+            }
+        };
+        // This batch runs away from the read side: make sure someone reads on.
+        c.grow(scope);
+        let mut tally = Tally::default();
+        exec.finish(c.dev, &c.x, &payload, &mut out, &mut tally);
+        if let Some((req, range)) = last {
+            if !execute(c.dev, &c.x, &req, &payload[range], &mut out, &mut scratch) {
+                tally.errors += 1;
+            }
+        }
+        if tally.errors > 0 {
+            stats.request_errors.fetch_add(tally.errors, Ordering::Relaxed);
+        }
         let sent = c.send(&mut out);
         c.budget.release(charged);
         if payload.capacity() > 4 << 20 {

@@ -164,7 +164,8 @@ pub struct ServerConfig {
     /// [`OpenError::Full`] to whatever export they ask for, then closed.
     pub max_connections: usize,
     /// Worker threads per connection for devices that may sleep (files, caches): how many
-    /// of one connection's requests run at once.
+    /// of one connection's requests run at once. A device that prefers batches gets at most
+    /// four batch runners (batches in the device while the next is read); 1 keeps one.
     pub threads_per_connection: usize,
     /// TCP connections whose peer stops answering (its machine lost or cut off without
     /// closing the connection) are dropped after about this long: TCP keepalive probes

@@ -1,7 +1,8 @@
 //! The request core keeps its promises on every executor, over real unix sockets: the
-//! in-flight byte budget holds on the worker pool and the batched executor, batched READs
-//! keep their hole chunks, and a device that panics during a WRITE is answered as a failed
-//! write.
+//! in-flight byte budget holds on the worker pool and the batched executor, one
+//! connection's batches run side by side (one at a time with one thread per connection),
+//! batched READs keep their hole chunks, and a device that panics during a WRITE is
+//! answered as a failed write.
 
 mod common;
 
@@ -56,7 +57,55 @@ async fn the_batched_executor_holds_max_in_flight_bytes() {
     pipelined_reads(&mut c, 32).await;
     let batches = h.exports.batched.batch_bytes.lock().unwrap().clone();
     assert!(batches.iter().all(|&b| b <= BUDGET), "a batch went over the {BUDGET}-byte budget: {batches:?}");
+    let peak = h.exports.batched.peak_bytes.load(Ordering::SeqCst);
+    assert!(peak <= BUDGET, "{peak} bytes of batches ran at once, over the {BUDGET}-byte budget");
     assert!(batches.iter().any(|&b| b > READ as usize), "reads that fit in the budget still went down together: {batches:?}");
+}
+
+/// Sends `n` 4 KiB WRITEs (block `i` filled with `i + 1`) and a DISC in one write; checks
+/// that every write is answered once and successfully before the server closes.
+async fn writes_then_disc(c: &mut RawClient, n: u64) {
+    let mut wire = Vec::new();
+    for i in 0..n {
+        let h = RequestHeader { magic: REQUEST_MAGIC, flags: 0, command: CMD_WRITE, handle: i, offset: i * 4096, length: 4096 };
+        wire.extend_from_slice(&h.encode());
+        wire.extend_from_slice(&[i as u8 + 1; 4096]);
+    }
+    let disc = RequestHeader { magic: REQUEST_MAGIC, flags: 0, command: CMD_DISC, handle: n, offset: 0, length: 0 };
+    wire.extend_from_slice(&disc.encode());
+    c.s.write_all(&wire).await.unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        let r = c.reply(0).await;
+        assert_eq!(r.error(), 0, "{r:?}");
+        handles.push(r.handle());
+    }
+    handles.sort();
+    assert_eq!(handles, (0..n).collect::<Vec<_>>(), "every write answered once before the close");
+    assert!(c.closed().await, "DISC closes the connection once its replies are out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connections_batches_run_side_by_side() {
+    let h = start();
+    let (mut c, _, _) = RawClient::open(&h.path, "batched", false).await;
+    let n = 200; // more than one batch, and more than the input buffer holds
+    writes_then_disc(&mut c, n).await;
+    let dev = &h.exports.batched;
+    assert!(dev.peak.load(Ordering::SeqCst) >= 2, "a second batch went to the device while the first was in it");
+    assert_eq!(dev.batches.lock().unwrap().iter().sum::<usize>() as u64, n, "every write went down once");
+    let (mut c, _, _) = RawClient::open(&h.path, "batched", false).await;
+    for i in [0, 63, 64, 150, n - 1] {
+        assert!(c.read(i * 4096, 4096).await.iter().all(|&b| b == i as u8 + 1), "block {i} holds its write");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_thread_per_connection_runs_one_batch_at_a_time() {
+    let h = start_with(ServerConfig { threads_per_connection: 1, ..Default::default() });
+    let (mut c, _, _) = RawClient::open(&h.path, "batched", false).await;
+    writes_then_disc(&mut c, 200).await;
+    assert_eq!(h.exports.batched.peak.load(Ordering::SeqCst), 1, "one batch at a time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

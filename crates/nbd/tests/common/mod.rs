@@ -110,17 +110,22 @@ impl BlockDev for SlowDev {
 }
 
 /// A memory device that prefers batches: each `io_batch` call sleeps 5 ms (so requests pile
-/// up behind it) and records its size (requests) and its data bytes. It knows its holes.
+/// up behind it) and records its size (requests), its data bytes, and the most calls and
+/// data bytes in it at once. It knows its holes.
 #[derive(Debug)]
 pub struct BatchDev {
     pub inner: MemoryDev,
     pub batches: Mutex<Vec<usize>>,
     pub batch_bytes: Mutex<Vec<usize>>,
+    pub in_batch: AtomicUsize,
+    pub peak: AtomicUsize,
+    pub bytes: AtomicUsize,
+    pub peak_bytes: AtomicUsize,
 }
 
 impl BatchDev {
     pub fn new() -> BatchDev {
-        BatchDev { inner: MemoryDev::new(DISK), batches: Mutex::new(Vec::new()), batch_bytes: Mutex::new(Vec::new()) }
+        BatchDev { inner: MemoryDev::new(DISK), batches: Mutex::new(Vec::new()), batch_bytes: Mutex::new(Vec::new()), in_batch: AtomicUsize::new(0), peak: AtomicUsize::new(0), bytes: AtomicUsize::new(0), peak_bytes: AtomicUsize::new(0) }
     }
 }
 
@@ -136,10 +141,17 @@ impl BlockDev for BatchDev {
     fn io_batch(&self, ops: &mut [vdstream_blockdev::BatchOp<'_>]) {
         self.batches.lock().unwrap().push(ops.len());
         self.batch_bytes.lock().unwrap().push(ops.iter().map(|op| op.len()).sum());
+        let now = self.in_batch.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        let bytes: usize = ops.iter().map(|op| op.len()).sum();
+        let now = self.bytes.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.peak_bytes.fetch_max(now, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(5));
         for op in ops {
             op.run_alone(&self.inner);
         }
+        self.bytes.fetch_sub(bytes, Ordering::SeqCst);
+        self.in_batch.fetch_sub(1, Ordering::SeqCst);
     }
     fn prefers_batches(&self) -> bool { true }
 }
