@@ -23,11 +23,13 @@
 //!   (`remote::link`), so a reconnect never moves a running target to another version.
 //! - Reports are best effort: a failed report is logged at debug and never stops the agent.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use url::{Host, Url};
 use crate::client::{Client, ClientError};
 use vdstream_nbd::client::Address;
 use vdstream_contract::server::ServerDoc;
@@ -49,34 +51,27 @@ const ATTACH_WAIT: Duration = Duration::from_secs(5);
 /// How long a reconnect waits for them (the guest is waiting too).
 const REPLACE_WAIT: Duration = Duration::from_secs(1);
 
-/// A server's NBD address, as seen from an agent that reached its API at `api_host`: the
-/// unix socket when the API is on this machine (loopback) or the server has no TCP
-/// listener, else TCP, with an unspecified listen address (`0.0.0.0`, `[::]`) replaced by
-/// `api_host`.
-pub fn nbd_address(doc: &ServerDoc, api_host: &str) -> Option<Address> {
-    let local = matches!(api_host, "127.0.0.1" | "localhost" | "::1" | "[::1]");
+/// A server's NBD address, as seen from an agent that reached its API at `api`: the unix
+/// socket when the API is on this machine (loopback) or the server has no TCP listener,
+/// else TCP, with an unspecified listen address (`0.0.0.0`, `[::]`) replaced by the API's
+/// host.
+pub fn nbd_address(doc: &ServerDoc, api: &Url) -> Option<Address> {
+    let local = match api.host()? {
+        Host::Domain(d) => d == "localhost",
+        Host::Ipv4(ip) => ip.is_loopback(),
+        Host::Ipv6(ip) => ip.is_loopback(),
+    };
     let given = |a: &Option<String>| a.clone().filter(|a| !a.is_empty());
     match (given(&doc.nbd.socket), given(&doc.nbd.listen)) {
         (Some(sock), None) => Some(Address::unix(sock)),
         (Some(sock), Some(_)) if local => Some(Address::unix(sock)),
-        (_, Some(listen)) => {
-            let (host, port) = listen.rsplit_once(':')?;
-            let host = match host {
-                "0.0.0.0" | "[::]" | "::" | "" => api_host,
-                h => h,
-            };
-            let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
-            Some(Address::tcp(format!("{host}:{port}")))
-        }
+        (_, Some(listen)) => match listen.parse::<SocketAddr>() {
+            Ok(at) if at.ip().is_unspecified() => Some(Address::tcp(format!("{}:{}", api.host_str()?, at.port()))),
+            // A given address or host name: as the server says it, if it has a port.
+            _ => Url::parse(&format!("nbd://{listen}")).ok()?.port().map(|_| Address::tcp(listen)),
+        },
         (None, None) => None,
     }
-}
-
-/// The host part of `http://HOST:PORT`.
-fn api_host(url: &str) -> &str {
-    let rest = url.strip_prefix("http://").unwrap_or(url);
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    rest.rsplit_once(':').map_or(rest, |(h, _)| h)
 }
 
 /// Indexes of `docs` in placement order: answering, non-draining servers by fewest
@@ -268,7 +263,7 @@ pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved,
     for i in placement_order(&docs) {
         let doc = docs[i].as_ref().expect("placement lists answering servers");
         let url = clients[i].url();
-        let Some(address) = nbd_address(doc, api_host(url)) else {
+        let Some(address) = Url::parse(url).ok().and_then(|api| nbd_address(doc, &api)) else {
             log::warn!("{url}: server {} serves no NBD (no listen address, no socket); it is left out", doc.name);
             continue;
         };
@@ -416,17 +411,27 @@ mod tests {
         let v = json!({"name": "pvs1", "nbd": {"listen": "0.0.0.0:10809", "socket": "/run/s.sock"}, "sessions": 4, "draining": false});
         let mut d: ServerDoc = serde_json::from_value(v).unwrap();
         assert_eq!((d.sessions, d.draining), (4, false));
+        let at = |api: &str, d: &ServerDoc| nbd_address(d, &Url::parse(api).unwrap());
         // On this machine: the socket; from elsewhere: TCP, at the host the API answered on.
-        assert_eq!(nbd_address(&d, "127.0.0.1"), Some(Address::unix("/run/s.sock")));
-        assert_eq!(nbd_address(&d, "10.0.0.2"), Some(Address::tcp("10.0.0.2:10809")));
+        for local in ["http://127.0.0.1:8480/", "http://localhost:8480", "http://[::1]:8480"] {
+            assert_eq!(at(local, &d), Some(Address::unix("/run/s.sock")), "{local}");
+        }
+        assert_eq!(at("http://10.0.0.2:8480", &d), Some(Address::tcp("10.0.0.2:10809")));
+        assert_eq!(at("http://pvs1.example:8480", &d), Some(Address::tcp("pvs1.example:10809")));
         d.nbd = NbdAddresses { listen: Some("10.0.0.9:10900".into()), socket: Some(String::new()) };
-        assert_eq!(nbd_address(&d, "127.0.0.1"), Some(Address::tcp("10.0.0.9:10900")));
+        assert_eq!(at("http://127.0.0.1:8480", &d), Some(Address::tcp("10.0.0.9:10900")));
         d.nbd.listen = Some("[::]:10809".into());
-        assert_eq!(nbd_address(&d, "::1"), Some(Address::tcp("[::1]:10809")));
+        assert_eq!(at("http://[::1]:8480", &d), Some(Address::tcp("[::1]:10809")));
+        assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::2]:10809")));
+        d.nbd.listen = Some("[fd00::9]:10900".into());
+        assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::9]:10900")));
+        d.nbd.listen = Some("pvs1:10900".into());
+        assert_eq!(at("http://10.0.0.2:8480", &d), Some(Address::tcp("pvs1:10900")));
+        // No port, or nothing at all: no NBD address.
+        d.nbd.listen = Some("pvs1".into());
+        assert_eq!(at("http://10.0.0.2:8480", &d), None);
         d.nbd.listen = None;
-        assert_eq!(nbd_address(&d, "127.0.0.1"), None);
-        assert_eq!(api_host("http://127.0.0.1:8480/"), "127.0.0.1");
-        assert_eq!(api_host("http://[::1]:8480"), "[::1]");
+        assert_eq!(at("http://127.0.0.1:8480", &d), None);
     }
 
     #[test]
