@@ -32,8 +32,10 @@ use serde_json::Value;
 use url::{Host, Url};
 use crate::client::{Client, ClientError};
 use vdstream_nbd::client::Address;
+use vdstream_contract::name::parse_ref;
 use vdstream_contract::server::ServerDoc;
 use vdstream_contract::target::TargetRecord;
+use vdstream_contract::{ExportName, Selector};
 use vdstream_wcache::CacheType;
 
 pub use crate::endpoint::is_api_url;
@@ -99,7 +101,7 @@ pub struct Overrides {
 pub struct Plan {
     pub vdisk: String,
     /// `None`: production, chosen by the server at the first connect.
-    pub version: Option<String>,
+    pub version: Option<Selector>,
     pub cache: CacheType,
     pub ram: Option<u64>,
     pub overflow_max: Option<u64>,
@@ -116,28 +118,26 @@ fn is_server_type(c: CacheType) -> bool {
 }
 
 /// `vdisk/NAME` for production, else `vdisk/NAME@V`.
-fn vdisk_export(vdisk: &str, version: Option<&str>) -> String {
-    match version {
-        None | Some("production") | Some("prod") => format!("vdisk/{vdisk}"),
-        Some(v) => format!("vdisk/{vdisk}@{v}"),
-    }
+fn vdisk_export(vdisk: &str, version: Option<Selector>) -> String {
+    ExportName::Vdisk { vdisk: vdisk.to_string(), selector: version.unwrap_or(Selector::Production) }.to_string()
+}
+
+/// `target/ID`: the target's vDisk as its record says, through a new attach.
+fn target_export(id: &str) -> String {
+    ExportName::Target { id: id.to_string(), attach: None, secret: None, journaled: false }.to_string()
 }
 
 /// Lays the flags over the record (`None`: the target has no record on `server`). See
 /// docs/AGENT.md, "--server http://".
 pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overrides) -> Result<Plan, AgentError> {
+    // `NAME[@V]`; V is `None` without `@V` (the record's version may then hold).
     let (name, version) = match flags.vdisk.as_deref() {
-        Some(v) => match v.split_once('@') {
-            Some((n, ver)) => (Some(n.to_string()), Some(ver.to_string())),
-            None => (Some(v.to_string()), None),
+        Some(v) => match parse_ref(v, Selector::Production) {
+            Ok((n, selector)) => (Some(n), v.contains('@').then_some(selector)),
+            Err(e) => return Err(AgentError::Api { message: format!("--vdisk {v:?}: {e}; give NAME or NAME@VERSION, e.g. win11 or win11@3") }),
         },
         None => (None, None),
     };
-    if let Some(n) = &name {
-        if n.is_empty() || n.contains('/') || version.as_deref() == Some("") {
-            return Err(AgentError::Api { message: format!("--vdisk {:?}: give NAME or NAME@VERSION, e.g. win11 or win11@3", flags.vdisk.as_deref().unwrap_or("")) });
-        }
-    }
     if flags.cache == Some(CacheType::Private) {
         return Err(AgentError::Api {
             message: "--cache private: the store server does not serve private vDisks; attach a private vDisk with `vdstream serve-image --vdisk NAME` and an NBD --server URI".into(),
@@ -156,19 +156,20 @@ pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overr
                 ),
             });
         }
-        let export = vdisk_export(&vdisk, version.as_deref());
+        let export = vdisk_export(&vdisk, version);
+        let version = version.filter(|v| *v != Selector::Production);
         return Ok(Plan { vdisk, version, cache, ram: flags.ram, overflow_max: flags.overflow_max, export, fallback: None, source: "flags" });
     };
     // `--vdisk NAME` with the record's name keeps the record's version; another name
     // without @V means production.
     let (vdisk, version) = match (name, version) {
-        (None, _) => (rec.vdisk.clone(), Some(rec.version.to_string())),
-        (Some(n), None) if n == rec.vdisk => (n, Some(rec.version.to_string())),
+        (None, _) => (rec.vdisk.clone(), Some(rec.version)),
+        (Some(n), None) if n == rec.vdisk => (n, Some(rec.version)),
         (Some(n), v) => (n, v),
     };
-    let version = version.filter(|v| !matches!(v.as_str(), "production" | "prod"));
+    let version = version.filter(|v| *v != Selector::Production);
     let cache = flags.cache.unwrap_or(rec.cache);
-    let rec_version = Some(rec.version.to_string()).filter(|v| !matches!(v.as_str(), "production" | "prod"));
+    let rec_version = Some(rec.version).filter(|v| *v != Selector::Production);
     let as_recorded = vdisk == rec.vdisk && version == rec_version;
     let source = if *flags == Overrides::default() { "record" } else { "record and flags" };
     let common = |export: String, fallback: Option<String>| Plan {
@@ -192,11 +193,11 @@ pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overr
                 ),
             });
         }
-        return Ok(common(format!("target/{id}"), None));
+        return Ok(common(target_export(id), None));
     }
-    let vdisk_exp = vdisk_export(&vdisk, version.as_deref());
+    let vdisk_exp = vdisk_export(&vdisk, version);
     if as_recorded && !is_server_type(rec.cache) {
-        Ok(common(format!("target/{id}"), Some(vdisk_exp)))
+        Ok(common(target_export(id), Some(vdisk_exp)))
     } else {
         // The flags chose another vDisk, version or side of the cache than the record:
         // target/ID would serve the record's, so read the vDisk directly.
@@ -390,7 +391,6 @@ mod tests {
     use super::*;
     use serde_json::json;
     use vdstream_contract::server::NbdAddresses;
-    use vdstream_contract::Selector;
 
     fn doc(sessions: u64, draining: bool) -> Option<ServerDoc> {
         Some(ServerDoc { nbd: NbdAddresses { listen: None, socket: Some("/s".into()) }, sessions, draining, ..ServerDoc::default() })
@@ -502,7 +502,7 @@ mod tests {
         // Another version than the record's: target/ID would serve the record's, so the vDisk is read directly.
         let flags = Overrides { vdisk: Some("win11@2".into()), ..Overrides::default() };
         let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &flags).unwrap();
-        assert_eq!((p.export.as_str(), p.fallback, p.version.as_deref()), ("vdisk/win11@2", None, Some("2")));
+        assert_eq!((p.export.as_str(), p.fallback, p.version), ("vdisk/win11@2", None, Some(Selector::Number(2))));
         // The record's name without @V keeps the record's version.
         let r = TargetRecord { version: Selector::Test, ..rec(CacheType::DeviceDisk) };
         let p = plan("vm1", "http://a:1", Some(&r), &Overrides { vdisk: Some("win11".into()), ..Overrides::default() }).unwrap();
@@ -532,9 +532,15 @@ mod tests {
         assert_eq!((p.export.as_str(), p.fallback, p.cache, p.source), ("vdisk/win11@3", None, CacheType::DeviceDisk, "flags"));
         let p = plan("vm1", "http://a:1", None, &Overrides { vdisk: Some("win11".into()), ..Overrides::default() }).unwrap();
         assert_eq!((p.export.as_str(), p.cache), ("vdisk/win11", CacheType::RamOverflow));
-        for bad in ["", "a/b", "w@"] {
-            assert!(plan("vm1", "u", None, &Overrides { vdisk: Some(bad.into()), ..Overrides::default() }).is_err(), "{bad}");
+        // What the export-name grammar refuses is refused here, saying why and what to give.
+        for (bad, why) in [("", "empty"), ("a/b", "path separator"), ("w@", "not a version"), ("w@x", "not a version"), ("-rf", "'-'"), ("../x", "separator")] {
+            let e = plan("vm1", "u", None, &Overrides { vdisk: Some(bad.into()), ..Overrides::default() }).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--vdisk {bad:?}: ")) && e.contains(why) && e.ends_with("e.g. win11 or win11@3"), "{bad}: {e}");
         }
+        let p = plan("vm1", "u", None, &Overrides { vdisk: Some("w@latest".into()), ..Overrides::default() }).unwrap();
+        assert_eq!((p.export.as_str(), p.version), ("vdisk/w@latest", Some(Selector::Latest)));
+        let p = plan("vm1", "u", None, &Overrides { vdisk: Some("w@prod".into()), ..Overrides::default() }).unwrap();
+        assert_eq!((p.export.as_str(), p.version), ("vdisk/w", None));
         let flags = Overrides { vdisk: Some("w".into()), cache: Some(CacheType::Private), ..Overrides::default() };
         assert!(plan("vm1", "u", None, &flags).unwrap_err().to_string().contains("private"));
     }

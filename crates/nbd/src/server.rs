@@ -249,11 +249,9 @@ async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Ar
     let (waker, writer) = (sock.clone(), sock.clone());
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     let handle = std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
-        let result = crate::session::run(sock, writer, negotiated, &shared);
-        drop(shared);
-        let _ = done_tx.send(result);
+        let _ = done_tx.send(crate::session::run(sock, writer, negotiated, &shared));
     })?;
-    let mut thread = SessionThread { waker, handle: Some(handle) };
+    let mut thread = SessionThread(waker, Some(handle));
     let finished = tokio::select! {
         r = &mut done_rx => Some(r),
         _ = shutdown.wait() => None,
@@ -262,29 +260,24 @@ async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Ar
         Some(r) => r,
         None => {
             // A read blocked on the socket returns end-of-file.
-            let _ = thread.waker.0.shutdown(std::net::Shutdown::Read);
+            let _ = thread.0 .0.shutdown(std::net::Shutdown::Read);
             done_rx.await
         }
     };
     // The thread has sent its result (or panicked): all that is left is its exit.
-    if let Some(handle) = thread.handle.take() {
-        let _ = handle.join();
-    }
+    let _ = thread.1.take().map(std::thread::JoinHandle::join);
     result.unwrap_or_else(|_| Err(SessionError::Io(io::Error::other("the session thread panicked"))))
 }
 
-/// The session thread of a connection whose task has not seen it end yet.
-struct SessionThread {
-    waker: BlockingSocket,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
+/// A connection's socket and its session thread, until joined. Dropped unjoined (the task
+/// was cancelled), it ends the session (reads see end-of-file, writes fail) without
+/// waiting here for a device the thread may be inside.
+struct SessionThread(BlockingSocket, Option<std::thread::JoinHandle<()>>);
 
 impl Drop for SessionThread {
     fn drop(&mut self) {
-        if self.handle.is_some() {
-            // The connection's task was cancelled: end the session (reads see end-of-file,
-            // writes fail), without waiting here for a device the thread may be inside.
-            let _ = self.waker.0.shutdown(std::net::Shutdown::Both);
+        if self.1.is_some() {
+            let _ = self.0 .0.shutdown(std::net::Shutdown::Both);
         }
     }
 }
