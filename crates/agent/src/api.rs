@@ -174,7 +174,7 @@ pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overr
     let source = if *flags == Overrides::default() { "record" } else { "record and flags" };
     let common = |export: String, fallback: Option<String>| Plan {
         vdisk: vdisk.clone(),
-        version: version.clone(),
+        version,
         cache,
         ram: flags.ram.or(rec.ram),
         overflow_max: flags.overflow_max.or(rec.overflow_max),
