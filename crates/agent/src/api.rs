@@ -23,15 +23,19 @@
 //!   (`remote::link`), so a reconnect never moves a running target to another version.
 //! - Reports are best effort: a failed report is logged at debug and never stops the agent.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use url::{Host, Url};
 use crate::client::{Client, ClientError};
 use vdstream_nbd::client::Address;
+use vdstream_contract::name::parse_ref;
 use vdstream_contract::server::ServerDoc;
 use vdstream_contract::target::TargetRecord;
+use vdstream_contract::{ExportName, Selector};
 use vdstream_wcache::CacheType;
 
 pub use crate::endpoint::is_api_url;
@@ -49,34 +53,27 @@ const ATTACH_WAIT: Duration = Duration::from_secs(5);
 /// How long a reconnect waits for them (the guest is waiting too).
 const REPLACE_WAIT: Duration = Duration::from_secs(1);
 
-/// A server's NBD address, as seen from an agent that reached its API at `api_host`: the
-/// unix socket when the API is on this machine (loopback) or the server has no TCP
-/// listener, else TCP, with an unspecified listen address (`0.0.0.0`, `[::]`) replaced by
-/// `api_host`.
-pub fn nbd_address(doc: &ServerDoc, api_host: &str) -> Option<Address> {
-    let local = matches!(api_host, "127.0.0.1" | "localhost" | "::1" | "[::1]");
+/// A server's NBD address, as seen from an agent that reached its API at `api`: the unix
+/// socket when the API is on this machine (loopback) or the server has no TCP listener,
+/// else TCP, with an unspecified listen address (`0.0.0.0`, `[::]`) replaced by the API's
+/// host.
+pub fn nbd_address(doc: &ServerDoc, api: &Url) -> Option<Address> {
+    let local = match api.host()? {
+        Host::Domain(d) => d == "localhost",
+        Host::Ipv4(ip) => ip.is_loopback(),
+        Host::Ipv6(ip) => ip.is_loopback(),
+    };
     let given = |a: &Option<String>| a.clone().filter(|a| !a.is_empty());
     match (given(&doc.nbd.socket), given(&doc.nbd.listen)) {
         (Some(sock), None) => Some(Address::unix(sock)),
         (Some(sock), Some(_)) if local => Some(Address::unix(sock)),
-        (_, Some(listen)) => {
-            let (host, port) = listen.rsplit_once(':')?;
-            let host = match host {
-                "0.0.0.0" | "[::]" | "::" | "" => api_host,
-                h => h,
-            };
-            let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
-            Some(Address::tcp(format!("{host}:{port}")))
-        }
+        (_, Some(listen)) => match listen.parse::<SocketAddr>() {
+            Ok(at) if at.ip().is_unspecified() => Some(Address::tcp(format!("{}:{}", api.host_str()?, at.port()))),
+            // A given address or host name: as the server says it, if it has a port.
+            _ => Url::parse(&format!("nbd://{listen}")).ok()?.port().map(|_| Address::tcp(listen)),
+        },
         (None, None) => None,
     }
-}
-
-/// The host part of `http://HOST:PORT`.
-fn api_host(url: &str) -> &str {
-    let rest = url.strip_prefix("http://").unwrap_or(url);
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    rest.rsplit_once(':').map_or(rest, |(h, _)| h)
 }
 
 /// Indexes of `docs` in placement order: answering, non-draining servers by fewest
@@ -104,7 +101,7 @@ pub struct Overrides {
 pub struct Plan {
     pub vdisk: String,
     /// `None`: production, chosen by the server at the first connect.
-    pub version: Option<String>,
+    pub version: Option<Selector>,
     pub cache: CacheType,
     pub ram: Option<u64>,
     pub overflow_max: Option<u64>,
@@ -121,28 +118,26 @@ fn is_server_type(c: CacheType) -> bool {
 }
 
 /// `vdisk/NAME` for production, else `vdisk/NAME@V`.
-fn vdisk_export(vdisk: &str, version: Option<&str>) -> String {
-    match version {
-        None | Some("production") | Some("prod") => format!("vdisk/{vdisk}"),
-        Some(v) => format!("vdisk/{vdisk}@{v}"),
-    }
+fn vdisk_export(vdisk: &str, version: Option<Selector>) -> String {
+    ExportName::Vdisk { vdisk: vdisk.to_string(), selector: version.unwrap_or(Selector::Production) }.to_string()
+}
+
+/// `target/ID`: the target's vDisk as its record says, through a new attach.
+fn target_export(id: &str) -> String {
+    ExportName::Target { id: id.to_string(), attach: None, secret: None, journaled: false }.to_string()
 }
 
 /// Lays the flags over the record (`None`: the target has no record on `server`). See
 /// docs/AGENT.md, "--server http://".
 pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overrides) -> Result<Plan, AgentError> {
+    // `NAME[@V]`; V is `None` without `@V` (the record's version may then hold).
     let (name, version) = match flags.vdisk.as_deref() {
-        Some(v) => match v.split_once('@') {
-            Some((n, ver)) => (Some(n.to_string()), Some(ver.to_string())),
-            None => (Some(v.to_string()), None),
+        Some(v) => match parse_ref(v, Selector::Production) {
+            Ok((n, selector)) => (Some(n), v.contains('@').then_some(selector)),
+            Err(e) => return Err(AgentError::Api { message: format!("--vdisk {v:?}: {e}; give NAME or NAME@VERSION, e.g. win11 or win11@3") }),
         },
         None => (None, None),
     };
-    if let Some(n) = &name {
-        if n.is_empty() || n.contains('/') || version.as_deref() == Some("") {
-            return Err(AgentError::Api { message: format!("--vdisk {:?}: give NAME or NAME@VERSION, e.g. win11 or win11@3", flags.vdisk.as_deref().unwrap_or("")) });
-        }
-    }
     if flags.cache == Some(CacheType::Private) {
         return Err(AgentError::Api {
             message: "--cache private: the store server does not serve private vDisks; attach a private vDisk with `vdstream serve-image --vdisk NAME` and an NBD --server URI".into(),
@@ -161,24 +156,25 @@ pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overr
                 ),
             });
         }
-        let export = vdisk_export(&vdisk, version.as_deref());
+        let export = vdisk_export(&vdisk, version);
+        let version = version.filter(|v| *v != Selector::Production);
         return Ok(Plan { vdisk, version, cache, ram: flags.ram, overflow_max: flags.overflow_max, export, fallback: None, source: "flags" });
     };
     // `--vdisk NAME` with the record's name keeps the record's version; another name
     // without @V means production.
     let (vdisk, version) = match (name, version) {
-        (None, _) => (rec.vdisk.clone(), Some(rec.version.to_string())),
-        (Some(n), None) if n == rec.vdisk => (n, Some(rec.version.to_string())),
+        (None, _) => (rec.vdisk.clone(), Some(rec.version)),
+        (Some(n), None) if n == rec.vdisk => (n, Some(rec.version)),
         (Some(n), v) => (n, v),
     };
-    let version = version.filter(|v| !matches!(v.as_str(), "production" | "prod"));
+    let version = version.filter(|v| *v != Selector::Production);
     let cache = flags.cache.unwrap_or(rec.cache);
-    let rec_version = Some(rec.version.to_string()).filter(|v| !matches!(v.as_str(), "production" | "prod"));
+    let rec_version = Some(rec.version).filter(|v| *v != Selector::Production);
     let as_recorded = vdisk == rec.vdisk && version == rec_version;
     let source = if *flags == Overrides::default() { "record" } else { "record and flags" };
     let common = |export: String, fallback: Option<String>| Plan {
         vdisk: vdisk.clone(),
-        version: version.clone(),
+        version,
         cache,
         ram: flags.ram.or(rec.ram),
         overflow_max: flags.overflow_max.or(rec.overflow_max),
@@ -197,11 +193,11 @@ pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overr
                 ),
             });
         }
-        return Ok(common(format!("target/{id}"), None));
+        return Ok(common(target_export(id), None));
     }
-    let vdisk_exp = vdisk_export(&vdisk, version.as_deref());
+    let vdisk_exp = vdisk_export(&vdisk, version);
     if as_recorded && !is_server_type(rec.cache) {
-        Ok(common(format!("target/{id}"), Some(vdisk_exp)))
+        Ok(common(target_export(id), Some(vdisk_exp)))
     } else {
         // The flags chose another vDisk, version or side of the cache than the record:
         // target/ID would serve the record's, so read the vDisk directly.
@@ -268,7 +264,7 @@ pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved,
     for i in placement_order(&docs) {
         let doc = docs[i].as_ref().expect("placement lists answering servers");
         let url = clients[i].url();
-        let Some(address) = nbd_address(doc, api_host(url)) else {
+        let Some(address) = Url::parse(url).ok().and_then(|api| nbd_address(doc, &api)) else {
             log::warn!("{url}: server {} serves no NBD (no listen address, no socket); it is left out", doc.name);
             continue;
         };
@@ -395,7 +391,6 @@ mod tests {
     use super::*;
     use serde_json::json;
     use vdstream_contract::server::NbdAddresses;
-    use vdstream_contract::Selector;
 
     fn doc(sessions: u64, draining: bool) -> Option<ServerDoc> {
         Some(ServerDoc { nbd: NbdAddresses { listen: None, socket: Some("/s".into()) }, sessions, draining, ..ServerDoc::default() })
@@ -416,17 +411,27 @@ mod tests {
         let v = json!({"name": "pvs1", "nbd": {"listen": "0.0.0.0:10809", "socket": "/run/s.sock"}, "sessions": 4, "draining": false});
         let mut d: ServerDoc = serde_json::from_value(v).unwrap();
         assert_eq!((d.sessions, d.draining), (4, false));
+        let at = |api: &str, d: &ServerDoc| nbd_address(d, &Url::parse(api).unwrap());
         // On this machine: the socket; from elsewhere: TCP, at the host the API answered on.
-        assert_eq!(nbd_address(&d, "127.0.0.1"), Some(Address::unix("/run/s.sock")));
-        assert_eq!(nbd_address(&d, "10.0.0.2"), Some(Address::tcp("10.0.0.2:10809")));
+        for local in ["http://127.0.0.1:8480/", "http://localhost:8480", "http://[::1]:8480"] {
+            assert_eq!(at(local, &d), Some(Address::unix("/run/s.sock")), "{local}");
+        }
+        assert_eq!(at("http://10.0.0.2:8480", &d), Some(Address::tcp("10.0.0.2:10809")));
+        assert_eq!(at("http://pvs1.example:8480", &d), Some(Address::tcp("pvs1.example:10809")));
         d.nbd = NbdAddresses { listen: Some("10.0.0.9:10900".into()), socket: Some(String::new()) };
-        assert_eq!(nbd_address(&d, "127.0.0.1"), Some(Address::tcp("10.0.0.9:10900")));
+        assert_eq!(at("http://127.0.0.1:8480", &d), Some(Address::tcp("10.0.0.9:10900")));
         d.nbd.listen = Some("[::]:10809".into());
-        assert_eq!(nbd_address(&d, "::1"), Some(Address::tcp("[::1]:10809")));
+        assert_eq!(at("http://[::1]:8480", &d), Some(Address::tcp("[::1]:10809")));
+        assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::2]:10809")));
+        d.nbd.listen = Some("[fd00::9]:10900".into());
+        assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::9]:10900")));
+        d.nbd.listen = Some("pvs1:10900".into());
+        assert_eq!(at("http://10.0.0.2:8480", &d), Some(Address::tcp("pvs1:10900")));
+        // No port, or nothing at all: no NBD address.
+        d.nbd.listen = Some("pvs1".into());
+        assert_eq!(at("http://10.0.0.2:8480", &d), None);
         d.nbd.listen = None;
-        assert_eq!(nbd_address(&d, "127.0.0.1"), None);
-        assert_eq!(api_host("http://127.0.0.1:8480/"), "127.0.0.1");
-        assert_eq!(api_host("http://[::1]:8480"), "[::1]");
+        assert_eq!(at("http://127.0.0.1:8480", &d), None);
     }
 
     #[test]
@@ -497,7 +502,7 @@ mod tests {
         // Another version than the record's: target/ID would serve the record's, so the vDisk is read directly.
         let flags = Overrides { vdisk: Some("win11@2".into()), ..Overrides::default() };
         let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &flags).unwrap();
-        assert_eq!((p.export.as_str(), p.fallback, p.version.as_deref()), ("vdisk/win11@2", None, Some("2")));
+        assert_eq!((p.export.as_str(), p.fallback, p.version), ("vdisk/win11@2", None, Some(Selector::Number(2))));
         // The record's name without @V keeps the record's version.
         let r = TargetRecord { version: Selector::Test, ..rec(CacheType::DeviceDisk) };
         let p = plan("vm1", "http://a:1", Some(&r), &Overrides { vdisk: Some("win11".into()), ..Overrides::default() }).unwrap();
@@ -527,9 +532,15 @@ mod tests {
         assert_eq!((p.export.as_str(), p.fallback, p.cache, p.source), ("vdisk/win11@3", None, CacheType::DeviceDisk, "flags"));
         let p = plan("vm1", "http://a:1", None, &Overrides { vdisk: Some("win11".into()), ..Overrides::default() }).unwrap();
         assert_eq!((p.export.as_str(), p.cache), ("vdisk/win11", CacheType::RamOverflow));
-        for bad in ["", "a/b", "w@"] {
-            assert!(plan("vm1", "u", None, &Overrides { vdisk: Some(bad.into()), ..Overrides::default() }).is_err(), "{bad}");
+        // What the export-name grammar refuses is refused here, saying why and what to give.
+        for (bad, why) in [("", "empty"), ("a/b", "path separator"), ("w@", "not a version"), ("w@x", "not a version"), ("-rf", "'-'"), ("../x", "separator")] {
+            let e = plan("vm1", "u", None, &Overrides { vdisk: Some(bad.into()), ..Overrides::default() }).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--vdisk {bad:?}: ")) && e.contains(why) && e.ends_with("e.g. win11 or win11@3"), "{bad}: {e}");
         }
+        let p = plan("vm1", "u", None, &Overrides { vdisk: Some("w@latest".into()), ..Overrides::default() }).unwrap();
+        assert_eq!((p.export.as_str(), p.version), ("vdisk/w@latest", Some(Selector::Latest)));
+        let p = plan("vm1", "u", None, &Overrides { vdisk: Some("w@prod".into()), ..Overrides::default() }).unwrap();
+        assert_eq!((p.export.as_str(), p.version), ("vdisk/w", None));
         let flags = Overrides { vdisk: Some("w".into()), cache: Some(CacheType::Private), ..Overrides::default() };
         assert!(plan("vm1", "u", None, &flags).unwrap_err().to_string().contains("private"));
     }

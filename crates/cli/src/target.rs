@@ -196,7 +196,7 @@ fn attach(a: AttachArgs) -> Result<()> {
             "vdstream: target {}: vDisk {}{} with a {} cache (from the {}); servers, least busy first:",
             a.id,
             p.vdisk,
-            p.version.as_deref().map(|v| format!("@{v}")).unwrap_or_default(),
+            p.version.map(|v| format!("@{v}")).unwrap_or_default(),
             p.cache,
             p.source
         );

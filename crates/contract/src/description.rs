@@ -40,7 +40,11 @@ impl ExportDescription {
     /// The pinned export, without secret, if the description names one: reconnecting to
     /// it reaches the same bytes (`vdisk/w@3`, `target/vm1@k3x`).
     pub fn pin(&self) -> Option<ExportName> {
-        self.export.is_pinned().then(|| self.export.shown())
+        self.export.is_pinned().then(|| {
+            let mut shown = self.clone();
+            shown.take_secret();
+            shown.export
+        })
     }
 
     /// The vDisk version the export reads: `reads`, or the export itself when it is a

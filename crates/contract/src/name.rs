@@ -185,17 +185,15 @@ pub enum ExportName {
     Target { id: String, attach: Option<String>, secret: Option<String>, journaled: bool },
 }
 
-impl ExportName {
-    /// The same name without its secret: what logs and lists may show.
-    pub fn shown(&self) -> ExportName {
-        match self {
-            ExportName::Target { id, attach, journaled, .. } => {
-                ExportName::Target { id: id.clone(), attach: attach.clone(), secret: None, journaled: *journaled }
-            }
-            other => other.clone(),
-        }
-    }
+/// An export name as logs and published lists may show it: without the credential a client
+/// may append after [`SECRET_SEPARATOR`] (`target/vm1@A#SECRET` → `target/vm1@A`). Any
+/// text, not only this grammar: an NBD server also logs the names clients ask of exports
+/// that are not a store's (serve-image's, or a name that does not parse).
+pub fn shown_export_name(text: &str) -> &str {
+    text.split_once(SECRET_SEPARATOR).map_or(text, |(shown, _)| shown)
+}
 
+impl ExportName {
     /// Whether the name reaches one fixed vDisk version (or attach) whatever the store's
     /// metadata says later: `vdisk/NAME@3`, `vdisk/NAME@base`, `target/ID@ATTACH`.
     pub fn is_pinned(&self) -> bool {
@@ -332,7 +330,11 @@ pub(crate) mod tests {
             assert_eq!(parse(text).unwrap(), want, "{text}");
             assert_eq!(want.to_string(), text);
         }
-        assert_eq!(parse("target/vm-1@k3x+journal#0a9f").unwrap().shown().to_string(), "target/vm-1@k3x+journal");
+        assert_eq!(shown_export_name("target/vm-1@k3x+journal#0a9f"), "target/vm-1@k3x+journal");
+        // Names outside the grammar lose what follows '#' too; without one they are kept.
+        for (text, shown) in [("target/a#00", "target/a"), ("disk#x#y", "disk"), ("", ""), ("plain image", "plain image"), ("#", "")] {
+            assert_eq!(shown_export_name(text), shown, "{text:?}");
+        }
         assert_eq!(parse("vdisk/w@prod").unwrap().to_string(), "vdisk/w");
     }
 
@@ -422,7 +424,15 @@ pub(crate) mod tests {
         #[test]
         fn display_then_parse_gives_the_same_name(name in an_export_name()) {
             prop_assert_eq!(parse(&name.to_string()), Ok(name.clone()));
-            prop_assert!(!name.shown().to_string().contains(SECRET_SEPARATOR));
+            let text = name.to_string();
+            let shown = shown_export_name(&text);
+            prop_assert!(!shown.contains(SECRET_SEPARATOR));
+            if let ExportName::Target { id, attach, secret: Some(_), journaled } = &name {
+                let without = ExportName::Target { id: id.clone(), attach: attach.clone(), secret: None, journaled: *journaled };
+                prop_assert_eq!(parse(shown), Ok(without));
+            } else {
+                prop_assert_eq!(shown, text.as_str());
+            }
         }
 
         #[test]

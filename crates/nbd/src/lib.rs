@@ -28,10 +28,6 @@ pub mod state;
 pub mod validate;
 pub mod wire;
 
-/// An export name as logs and published lists may show it: without the credential that a
-/// client may append after [`client::SECRET_SEPARATOR`] (`target/vm1@A#SECRET`).
-pub fn shown_export_name(name: &str) -> &str {
-    name.split_once(client::SECRET_SEPARATOR).map_or(name, |(n, _)| n)
-}
+pub use vdstream_contract::name::shown_export_name;
 
 pub use server::{ExportInfo, Exports, Listener, OpenError, OpenPurpose, OpenRequest, OpenedExport, Server, ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger};

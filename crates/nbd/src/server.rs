@@ -241,13 +241,17 @@ impl io::Write for BlockingSocket {
 
 /// Runs the request core ([`crate::session::run`]) on a thread of its own (which starts
 /// more workers if the device may sleep). When a drain starts it shuts the socket's read
-/// side, so the threads answer what they read and end.
+/// side, so the threads answer what they read and end. Invariant: no thread outlives its
+/// connection: this returns after the session thread has ended, and if the future is
+/// dropped first (its task cancelled), [`SessionThread`] shuts the socket so the thread
+/// ends at its next read or write instead of serving a connection nobody owns.
 async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
     let (waker, writer) = (sock.clone(), sock.clone());
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
+    let handle = std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
         let _ = done_tx.send(crate::session::run(sock, writer, negotiated, &shared));
     })?;
+    let mut thread = SessionThread(waker, Some(handle));
     let finished = tokio::select! {
         r = &mut done_rx => Some(r),
         _ = shutdown.wait() => None,
@@ -256,11 +260,26 @@ async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Ar
         Some(r) => r,
         None => {
             // A read blocked on the socket returns end-of-file.
-            let _ = waker.0.shutdown(std::net::Shutdown::Read);
+            let _ = thread.0 .0.shutdown(std::net::Shutdown::Read);
             done_rx.await
         }
     };
+    // The thread has sent its result (or panicked): all that is left is its exit.
+    let _ = thread.1.take().map(std::thread::JoinHandle::join);
     result.unwrap_or_else(|_| Err(SessionError::Io(io::Error::other("the session thread panicked"))))
+}
+
+/// A connection's socket and its session thread, until joined. Dropped unjoined (the task
+/// was cancelled), it ends the session (reads see end-of-file, writes fail) without
+/// waiting here for a device the thread may be inside.
+struct SessionThread(BlockingSocket, Option<std::thread::JoinHandle<()>>);
+
+impl Drop for SessionThread {
+    fn drop(&mut self) {
+        if self.1.is_some() {
+            let _ = self.0 .0.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
 
 enum Conn {

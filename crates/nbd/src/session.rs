@@ -37,6 +37,7 @@ use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::thread::ScopedJoinHandle;
 
 use vdstream_blockdev::{BatchOp, BlockDev};
 
@@ -519,19 +520,23 @@ struct WriteSide<W> {
 
 impl<'a, R: io::Read + Send, W: io::Write + Send> Conn<'a, R, W> {
     /// Starts one more worker if no worker is waiting to read the next request and the
-    /// connection has fewer than `max`. A thread the system refuses is not an error: the
-    /// requests wait for the workers there are.
-    fn grow<'scope>(&'a self, scope: &'scope std::thread::Scope<'scope, 'a>) {
+    /// connection has fewer than `max`, and returns it for its starter to join. A thread
+    /// the system refuses is not an error: the requests wait for the workers there are.
+    fn grow<'scope>(&'a self, scope: &'scope std::thread::Scope<'scope, 'a>) -> Option<ScopedJoinHandle<'scope, ()>> {
         let crew = &self.crew;
         if crew.at_door.load(Ordering::Acquire) > 0 {
-            return;
+            return None;
         }
         if crew.spawned.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < crew.max).then_some(n + 1)).is_err() {
-            return;
+            return None;
         }
-        if let Err(e) = std::thread::Builder::new().name("nbd-worker".into()).spawn_scoped(scope, move || worker(scope, self)) {
-            crew.spawned.fetch_sub(1, Ordering::AcqRel);
-            log::debug!("cannot start another worker for a connection ({e}); its requests wait for the ones it has");
+        match std::thread::Builder::new().name("nbd-worker".into()).spawn_scoped(scope, move || worker(scope, self)) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                crew.spawned.fetch_sub(1, Ordering::AcqRel);
+                log::debug!("cannot start another worker for a connection ({e}); its requests wait for the ones it has");
+                None
+            }
         }
     }
 
@@ -569,6 +574,21 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
         }
     }
     let _leaving = Leaving(stats);
+    // The workers this one started, joined when it returns (after its read-side lock is
+    // let go): an explicit join waits for a thread's whole exit, its thread-local
+    // destructors included, where the scope's implicit join does not (rust-lang/rust#116179),
+    // so no thread of a connection outlives [`run`].
+    struct Children<'scope>(Vec<ScopedJoinHandle<'scope, ()>>);
+    impl Drop for Children<'_> {
+        fn drop(&mut self) {
+            // A worker's panic goes on up, as the scope's own join would carry it.
+            let panics: Vec<_> = self.0.drain(..).filter_map(|h| h.join().err()).collect();
+            if let Some(p) = panics.into_iter().next().filter(|_| !std::thread::panicking()) {
+                std::panic::resume_unwind(p);
+            }
+        }
+    }
+    let mut children = Children(Vec::new());
     let alone = c.crew.max == 1;
     if c.batched && !alone {
         return batch_runner(scope, c);
@@ -632,7 +652,7 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
             }
         };
         // This request runs away from the read side: make sure someone reads on.
-        c.grow(scope);
+        children.0.extend(c.grow(scope));
         let started = std::time::Instant::now();
         if !execute(c.dev, &c.x, &req, &payload, &mut out, &mut scratch) {
             stats.request_errors.fetch_add(1, Ordering::Relaxed);

@@ -134,7 +134,8 @@ impl StoreExports {
         if let Some(want) = version {
             if want != number {
                 return Err(OpenError::Unknown(format!(
-                    "version {want} of vDisk {vdisk} is no longer in maintenance (version {number} is): connect to maintenance/{vdisk}")));
+                    "version {want} of vDisk {vdisk} is no longer in maintenance (version {number} is): connect to {}",
+                    ExportName::Maintenance { vdisk: vdisk.to_string(), version: None })));
             }
         }
         if !opened.writable || opened.access != Some(Access::Maintenance) {
@@ -170,8 +171,8 @@ impl StoreExports {
                     Some(holder) if std::time::Instant::now() >= deadline => {
                         return Err(OpenError::Busy(format!(
                             "the maintenance version of vDisk {vdisk} already has its one writer ({holder}, on server {}): \
-                             disconnect it first, or read the version read-only through vdisk/{vdisk}@latest once it is released",
-                            self.state.name)));
+                             disconnect it first, or read the version read-only through {} once it is released",
+                            self.state.name, ExportName::Vdisk { vdisk: vdisk.to_string(), selector: Selector::Latest })));
                     }
                     Some(_) => {}
                 }
@@ -309,10 +310,8 @@ impl StoreExports {
                     Layer::Base => "base",
                     Layer::Version(n) => meta.version(n).map_or("production", |v| v.access.name()),
                 };
-                out.push(ExportInfo {
-                    name: format!("vdisk/{name}"),
-                    description: describe(vdisk_at(&name, layer_number(layer)), None, access).to_string(),
-                });
+                let export = vdisk_at(&name, layer_number(layer));
+                out.push(ExportInfo { name: export.unpinned().to_string(), description: describe(export, None, access).to_string() });
             }
             for v in meta.versions.iter().filter(|v| v.access != Access::Maintenance) {
                 let export = vdisk_at(&name, v.number);
@@ -320,7 +319,7 @@ impl StoreExports {
             }
             if let Some(m) = meta.maintenance() {
                 let export = ExportName::Maintenance { vdisk: name.clone(), version: Some(m.number) };
-                out.push(ExportInfo { name: format!("maintenance/{name}"), description: describe(export, None, "maintenance, read-write, one writer").to_string() });
+                out.push(ExportInfo { name: export.unpinned().to_string(), description: describe(export, None, "maintenance, read-write, one writer").to_string() });
             }
         }
         out

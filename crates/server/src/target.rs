@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use vdstream_blockdev::BlockDev;
+use vdstream_contract::ExportName;
 use vdstream_store::{Layer, OpenedLayer, Selector, Store, StoreError};
 use vdstream_wcache::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
 
@@ -282,9 +283,10 @@ impl TargetCaches {
     /// secret (`presented`: with a wrong one); logged, since it is a hijack or a bug.
     fn fenced(&self, id: &str, attach: &str, presented: bool, peer: &str) -> TargetOpenError {
         let why = if presented { "a wrong secret" } else { "no secret" };
-        log::warn!("target {id}: refused a connection from {peer} to target/{id}@{attach}: it presented {why}; only the agent that made the attach may reconnect to it");
+        let export = ExportName::Target { id: id.to_string(), attach: Some(attach.to_string()), secret: None, journaled: false };
+        log::warn!("target {id}: refused a connection from {peer} to {export}: it presented {why}; only the agent that made the attach may reconnect to it");
         TargetOpenError::Fenced(format!(
-            "target/{id}@{attach} is fenced: only the agent that made this attach may reconnect to it (with the secret it was \
+            "{export} is fenced: only the agent that made this attach may reconnect to it (with the secret it was \
              handed at attach), and this connection presented {why}; attach the target with its agent \
              (vdstream target attach {id} ...)"
         ))
