@@ -104,9 +104,16 @@ pub struct ServeImageArgs {
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
 
-    /// TCP address to listen on, e.g. 127.0.0.1:10809 (the NBD port).
+    /// TCP address to listen on, e.g. 127.0.0.1:10809 (the NBD port). Any address but
+    /// loopback needs TLS, or --insecure.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
+
+    /// Listen on a non-loopback --listen address without TLS: any machine that reaches it
+    /// may read and write the export. Only for a trusted network; refused otherwise (exit
+    /// status 7).
+    #[arg(long)]
+    insecure: bool,
 
     /// Serve FILE through a write cache of this type: the file is only read (except with
     /// `private`), every write lands in the cache. Types: ram-overflow, device-ram,
@@ -239,6 +246,12 @@ impl Exports for SingleExport {
 }
 
 pub fn run(args: ServeImageArgs) -> Result<()> {
+    // Checked first: nothing is opened for a server that will not start. (TLS, once its
+    // flags exist, also allows a non-loopback address.)
+    if let Some(addr) = args.listen.filter(|a| !args.insecure && !vdstream_server::config::is_loopback(a)) {
+        let e = vdstream_server::config::InsecureListen { what: "NBD", addr };
+        return Err(crate::exit::fail(crate::exit::Kind::Insecure, e.to_string()));
+    }
     if args.read_only && args.memory.is_some() {
         usage!("--read-only with --memory would serve a disk of zeros; drop --read-only");
     }

@@ -9,8 +9,10 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use vdstream_server::config::SizeValue;
+use vdstream_server::policy::AnonymousGrant;
 use vdstream_server::{ConfigFile, NbdService, ServerOptions, ServerState, DEFAULT_READ_CACHE};
 
+use crate::exit::{fail, Kind};
 use crate::serve_image::wait_for_signal;
 use crate::size::{format_size, parse_size};
 
@@ -34,6 +36,13 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// ESHUTDOWN (agents then move to their next server). With --http, the JSON API and
 /// Prometheus /metrics run on the same server (they answer through the drain, showing
 /// "draining": true, and stop when it ends).
+///
+/// Without TLS every client may open every export, so the server listens only where no
+/// other machine reaches it (a unix socket, 127.0.0.1, ::1) unless --insecure says the
+/// network is trusted. With TLS, a client's certificate decides what it may open (a
+/// target: its own target/ID and its record's vDisk; maintenance/NAME: an administrator),
+/// and --anonymous what clients without one get. Refusals answer NBD_REP_ERR_POLICY naming
+/// the rule and are recorded in the audit trail (`vdstream audit`).
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment, after_help = "\
 Examples:
@@ -57,14 +66,16 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   name = \"pvs1\"
   stats-file = \"/run/vdstream/server-stats.json\"
   dead-peer-timeout = 60
-  max-connections = 1000")]
+  max-connections = 1000
+  anonymous = \"none\"
+  insecure = false")]
 pub struct ServerArgs {
     /// Store directory. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
     #[arg(long, value_name = "DIR")]
     store: Option<PathBuf>,
 
-    /// TCP address to listen on (use loopback or a trusted network: NBD has no
-    /// authentication here). Default: 127.0.0.1:10809, unless only --socket is given.
+    /// TCP address to listen on. Default: 127.0.0.1:10809, unless only --socket is given.
+    /// Any address but loopback needs TLS, or --insecure.
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
 
@@ -73,8 +84,7 @@ pub struct ServerArgs {
     socket: Option<PathBuf>,
 
     /// Serve the HTTP API (/api/v1/...) and Prometheus /metrics on this TCP address (port 0:
-    /// any free port; the address is printed). No authentication: use loopback or a
-    /// trusted network.
+    /// any free port; the address is printed). Any address but loopback needs --insecure.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
 
@@ -114,6 +124,18 @@ pub struct ServerArgs {
     /// connection is counted at 8 descriptors, 64 kept aside), at most 4096.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: Option<u64>,
+
+    /// What clients without a verified certificate may open when TLS is on: `none` (the
+    /// default), `vdisks` (read-only vdisk/NAME[@V], like an anonymous PVS boot) or `all`
+    /// (everything but maintenance/NAME). Without TLS every client may open everything.
+    #[arg(long, value_name = "none|vdisks|all")]
+    anonymous: Option<AnonymousGrant>,
+
+    /// Listen on a non-loopback address (--listen, --http) without TLS: any machine that
+    /// reaches it may open every export. Only for a trusted network; refused otherwise
+    /// (exit status 7).
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// Merges the flags over the config file.
@@ -155,6 +177,14 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
             Some(0) => return Err(anyhow!("max-connections = 0 in the config file: say at least 1, or leave it out for the default")),
             n => n,
         },
+        anonymous: match (args.anonymous, &file.anonymous) {
+            (Some(g), _) => g,
+            (None, Some(text)) => text.parse().map_err(|e| anyhow!("anonymous in the config file: {e}"))?,
+            (None, None) => AnonymousGrant::None,
+        },
+        // Set by the TLS flags (`--tls on|require`) once they exist.
+        tls_configured: false,
+        insecure: args.insecure || file.insecure.unwrap_or(false),
         dead_peer_timeout: match args.dead_peer_timeout.or(file.dead_peer_timeout) {
             Some(0) => None,
             Some(secs) => Some(Duration::from_secs(secs)),
@@ -165,6 +195,13 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
 
 pub fn run(args: ServerArgs) -> Result<()> {
     let opts = options(&args)?;
+    opts.check_listen().map_err(|e| fail(Kind::Insecure, e.to_string()))?;
+    if opts.insecure && [opts.listen, opts.http].iter().flatten().any(|a| !vdstream_server::config::is_loopback(a)) {
+        log::warn!("listening without TLS on a non-loopback address (--insecure): every client that reaches it may open every export");
+    }
+    if opts.anonymous != AnonymousGrant::None && !opts.tls_configured {
+        log::warn!("--anonymous {} matters only with TLS: without it every client may open every export", opts.anonymous);
+    }
     let state = ServerState::new(&opts);
     // Bound before the NBD side starts, so that a busy port fails the start cleanly.
     let http_listener = match opts.http {
@@ -268,6 +305,14 @@ mod tests {
         std::fs::write(&file, "max-connections = 300\n").unwrap();
         assert_eq!(options(&parse(&["--config", cfg])).unwrap().max_connections, Some(300));
         assert_eq!(options(&parse(&["--config", cfg, "--max-connections", "7"])).unwrap().max_connections, Some(7));
+        std::fs::write(&file, "anonymous = \"vdisks\"\ninsecure = true\n").unwrap();
+        let o = options(&parse(&["--config", cfg])).unwrap();
+        assert_eq!((o.anonymous, o.insecure), (AnonymousGrant::Vdisks, true));
+        let o = options(&parse(&["--config", cfg, "--anonymous", "all"])).unwrap();
+        assert_eq!(o.anonymous, AnonymousGrant::All);
+        let o = options(&parse(&["--store", "/s"])).unwrap();
+        assert_eq!((o.anonymous, o.insecure), (AnonymousGrant::None, false), "nothing for anonymous clients, no plaintext off loopback");
+        assert!(Cli::try_parse_from(["server", "--anonymous", "some"]).is_err());
     }
 
     #[test]

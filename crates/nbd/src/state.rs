@@ -124,6 +124,13 @@ pub trait Exports: Send + Sync + 'static {
     /// The exports shown to `NBD_OPT_LIST`.
     fn list(&self) -> Vec<ExportInfo>;
 
+    /// The exports shown to `NBD_OPT_LIST` from `client`: only those it may open (a client
+    /// must not learn names it is not allowed to reach). The default shows [`Exports::list`].
+    fn list_for(&self, client: &vdstream_contract::Identity) -> Vec<ExportInfo> {
+        let _ = client;
+        self.list()
+    }
+
     /// Opens export `name` ("" = the default export). Called once per connection at
     /// `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`, and for each `NBD_OPT_INFO` (whose device is
     /// dropped right after its size and caps are read). Return the same `Arc` for every

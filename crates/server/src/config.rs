@@ -10,12 +10,16 @@
 //! name = "pvs1"
 //! stats-file = "/run/vdstream/server-stats.json"
 //! max-connections = 1000     # default: from the open-files limit
+//! anonymous = "none"         # none, vdisks or all (with TLS: what clients without a certificate get)
+//! insecure = false           # true: listen on a non-loopback address without TLS
 //! ```
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::policy::AnonymousGrant;
 
 /// Default size of the shared read cache.
 pub const DEFAULT_READ_CACHE: u64 = 256 << 20;
@@ -41,6 +45,46 @@ pub struct ServerOptions {
     /// NBD connections served at once, at most; more are answered "server full"
     /// (`None`: derived from the open-files limit, see `nbd::default_max_connections`).
     pub max_connections: Option<usize>,
+    /// `--anonymous`: what clients without a verified certificate may open when TLS is on
+    /// (without TLS every client is `Local` and may open everything).
+    pub anonymous: AnonymousGrant,
+    /// Whether NBD clients are served over TLS (`--tls on|require`). Until the TLS flags
+    /// exist this is false, and [`ServerOptions::check_listen`] asks for `--insecure` on
+    /// any non-loopback address.
+    pub tls_configured: bool,
+    /// `--insecure`: listen on a non-loopback address without TLS (a trusted network).
+    pub insecure: bool,
+}
+
+/// A server asked to listen in plaintext where other machines can reach it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "refusing to listen for {what} on {addr} without TLS: any machine that reaches it could open every export \
+     (other targets' target/ID, maintenance/NAME); use --tls require --tls-certificates DIR, or --insecure to \
+     accept plaintext on a trusted network (a unix socket, 127.0.0.1 and ::1 need neither)"
+)]
+pub struct InsecureListen {
+    /// `NBD` or `the HTTP API`.
+    pub what: &'static str,
+    pub addr: SocketAddr,
+}
+
+/// Whether only this machine can reach `addr` (127.0.0.0/8, ::1, ::ffff:127.x.y.z).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
+}
+
+impl ServerOptions {
+    /// Refuses a plaintext listener on a non-loopback address unless `insecure` (see
+    /// [`InsecureListen`]). The HTTP API counts as plaintext until it serves TLS.
+    pub fn check_listen(&self) -> Result<(), InsecureListen> {
+        if self.insecure {
+            return Ok(());
+        }
+        let nbd = self.listen.filter(|a| !self.tls_configured && !is_loopback(a)).map(|addr| InsecureListen { what: "NBD", addr });
+        let http = self.http.filter(|a| !is_loopback(a)).map(|addr| InsecureListen { what: "the HTTP API", addr });
+        nbd.or(http).map_or(Ok(()), Err)
+    }
 }
 
 /// A size in the file: `"256M"` or a number of bytes.
@@ -65,6 +109,9 @@ pub struct ConfigFile {
     /// Seconds; 0 turns it off.
     pub dead_peer_timeout: Option<u64>,
     pub max_connections: Option<usize>,
+    /// none, vdisks or all.
+    pub anonymous: Option<String>,
+    pub insecure: Option<bool>,
 }
 
 impl ConfigFile {
@@ -77,7 +124,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, anonymous, insecure", e.message())
         })
     }
 }
@@ -96,6 +143,50 @@ mod tests {
         assert_eq!(ConfigFile::parse("http = \"127.0.0.1:8480\"").unwrap().http.as_deref(), Some("127.0.0.1:8480"));
         assert_eq!(ConfigFile::parse("dead-peer-timeout = 20").unwrap().dead_peer_timeout, Some(20));
         assert_eq!(ConfigFile::parse("max-connections = 200").unwrap().max_connections, Some(200));
+        let c = ConfigFile::parse("anonymous = \"vdisks\"\ninsecure = true").unwrap();
+        assert_eq!((c.anonymous.as_deref(), c.insecure), (Some("vdisks"), Some(true)));
+    }
+
+    fn listening(listen: Option<&str>, http: Option<&str>) -> ServerOptions {
+        ServerOptions {
+            store: PathBuf::from("s"),
+            listen: listen.map(|a| a.parse().unwrap()),
+            socket: None,
+            http: http.map(|a| a.parse().unwrap()),
+            read_cache: 0,
+            name: None,
+            stats_file: None,
+            threads: 1,
+            dead_peer_timeout: None,
+            max_connections: None,
+            anonymous: AnonymousGrant::None,
+            tls_configured: false,
+            insecure: false,
+        }
+    }
+
+    #[test]
+    fn a_plaintext_listener_off_loopback_needs_insecure() {
+        for (listen, http) in [(None, None), (Some("127.0.0.1:10809"), Some("127.0.0.1:0")), (Some("[::1]:10809"), None), (Some("127.3.2.1:1"), None), (Some("[::ffff:127.0.0.1]:1"), None)] {
+            assert_eq!(listening(listen, http).check_listen(), Ok(()), "{listen:?} {http:?}");
+        }
+        for (listen, http, what, addr) in [
+            (Some("0.0.0.0:10809"), None, "NBD", "0.0.0.0:10809"),
+            (Some("10.1.2.3:10809"), Some("127.0.0.1:8480"), "NBD", "10.1.2.3:10809"),
+            (Some("[::]:10809"), None, "NBD", "[::]:10809"),
+            (None, Some("192.168.1.5:8480"), "the HTTP API", "192.168.1.5:8480"),
+        ] {
+            let mut o = listening(listen, http);
+            let e = o.check_listen().unwrap_err();
+            assert_eq!((e.what, e.addr.to_string().as_str()), (what, addr));
+            let text = e.to_string();
+            assert!(text.contains("use --tls require --tls-certificates DIR, or --insecure to accept plaintext on a trusted network"), "{text}");
+            o.insecure = true;
+            assert_eq!(o.check_listen(), Ok(()));
+        }
+        let mut o = listening(Some("0.0.0.0:10809"), None);
+        o.tls_configured = true;
+        assert_eq!(o.check_listen(), Ok(()), "NBD over TLS may listen anywhere");
     }
 
     #[test]

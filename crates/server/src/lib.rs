@@ -4,6 +4,8 @@
 //! ```text
 //!   config.rs     ServerOptions; the --config TOML file (keys = flag names)
 //!   state.rs      ServerState: sessions, counters, draining; shared by the NBD and HTTP halves
+//!   policy.rs     who may open which export (Identity x ExportName -> allow, or the rule that refuses)
+//!   refusal.rs    refused opens in the audit trail, rate-limited
 //!   exports.rs    StoreExports: what each export name (vdstream_contract::ExportName, parsed at
 //!                 the edge) opens, one chain per connection, and its description; SessionDev
 //!   readcache.rs  the shared read cache in front of the layer files (per file, quick_cache, single flight)
@@ -21,7 +23,9 @@ pub mod config;
 pub mod exports;
 pub mod http;
 pub mod nbd;
+pub mod policy;
 pub mod readcache;
+pub mod refusal;
 pub mod state;
 pub mod target;
 

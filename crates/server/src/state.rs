@@ -243,6 +243,8 @@ pub struct ServerState {
     pub max_connections: Option<usize>,
     /// Failures a client can provoke (I/O errors) reach the log through this.
     pub log: Arc<vdstream_nbd::lograte::LogLimiter>,
+    /// `--anonymous`: what clients without a verified certificate may open (TLS on).
+    pub anonymous: crate::policy::AnonymousGrant,
 }
 
 impl ServerState {
@@ -264,6 +266,7 @@ impl ServerState {
             totals,
             max_connections: opts.max_connections,
             log: Arc::new(vdstream_nbd::lograte::LogLimiter::default()),
+            anonymous: opts.anonymous,
         })
     }
 
