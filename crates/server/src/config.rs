@@ -41,6 +41,10 @@ pub struct ServerOptions {
     /// NBD connections served at once, at most; more are answered "server full"
     /// (`None`: derived from the open-files limit, see `nbd::default_max_connections`).
     pub max_connections: Option<usize>,
+    /// Serve the HTTP API over TLS with this certificate directory (`server-cert.pem`,
+    /// `server-key.pem`, `ca-cert.pem` to verify client certificates): the directory of
+    /// `--tls-certificates` when TLS is on. `None`: plain HTTP.
+    pub http_tls: Option<PathBuf>,
 }
 
 /// A size in the file: `"256M"` or a number of bytes.
