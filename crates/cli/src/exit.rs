@@ -124,7 +124,7 @@ fn of_store(e: &StoreError) -> Kind {
 
 fn of_client(e: &ClientError) -> Kind {
     match e {
-        ClientError::BadUrl(_) => Kind::Usage,
+        ClientError::BadUrl(_) | ClientError::Credentials(_) => Kind::Usage,
         ClientError::Connect { .. } | ClientError::Io { .. } => Kind::Unavailable,
         ClientError::Protocol { .. } => Kind::Other,
         ClientError::Api { status, .. } => match status {

@@ -19,6 +19,7 @@ mod server;
 mod size;
 mod target;
 mod target_record;
+mod token;
 mod vdisk;
 mod version;
 
@@ -61,6 +62,7 @@ enum Command {
     Version(version::VersionArgs),
     Audit(audit::AuditArgs),
     Target(target::TargetArgs),
+    Token(token::TokenArgs),
     Size(ram_sizing::SizeArgs),
     Demo(demo::DemoArgs),
     Bench(bench::BenchArgs),
@@ -100,6 +102,7 @@ fn main() {
         Command::Version(args) => version::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Target(args) => target::run(args),
+        Command::Token(args) => token::run(args),
         Command::Size(args) => ram_sizing::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),

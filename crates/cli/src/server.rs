@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
@@ -84,9 +85,17 @@ pub struct ServerArgs {
     socket: Option<PathBuf>,
 
     /// Serve the HTTP API (/api/v1/...) and Prometheus /metrics on this TCP address (port 0:
-    /// any free port; the address is printed). Any address but loopback needs --insecure.
+    /// any free port; the address is printed). Any address but loopback needs --insecure
+    /// (or TLS). Calls need a bearer token (`vdstream token add`) unless the address is
+    /// loopback, without TLS, and no token was ever made.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
+
+    /// Certificate directory (ca-cert.pem, server-cert.pem, server-key.pem, optional
+    /// ca-crl.pem): the HTTP API is served over HTTPS with it, client certificates
+    /// verified against ca-cert.pem.
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
 
     /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file,
     /// dead-peer-timeout, max-connections).
@@ -169,6 +178,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         listen,
         socket,
         http: args.http.or(http_from_file),
+        http_tls: args.tls_certificates.clone(),
         read_cache: args.read_cache.or(read_cache_from_file).unwrap_or(DEFAULT_READ_CACHE),
         name: args.name.clone().or(file.name),
         stats_file: args.stats_file.clone().or(file.stats_file),
@@ -229,8 +239,15 @@ pub fn run(args: ServerArgs) -> Result<()> {
         // The API's tasks run on this runtime; it shares `state` with the NBD side.
         let http = match http_listener {
             Some(listener) => {
-                let handle = vdstream_server::http::spawn(listener, state.clone()).context("cannot start the HTTP API")?;
-                outln!("vdstream: HTTP API on http://{}/api/v1/server, metrics on http://{0}/metrics", handle.local_addr());
+                let tls = match &opts.http_tls {
+                    Some(dir) => Some(Arc::new(
+                        vdstream_tls::files::ServerTls::new(dir, vdstream_tls::files::ClientAuth::Verify).with_context(|| format!("cannot serve the HTTP API over TLS with {}", dir.display()))?,
+                    )),
+                    None => None,
+                };
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let handle = vdstream_server::http::spawn_with(listener, state.clone(), tls).context("cannot start the HTTP API")?;
+                outln!("vdstream: HTTP API on {scheme}://{}/api/v1/server, metrics on {scheme}://{0}/metrics", handle.local_addr());
                 Some(handle)
             }
             None => None,

@@ -54,6 +54,10 @@ pub struct ServerOptions {
     pub tls_configured: bool,
     /// `--insecure`: listen on a non-loopback address without TLS (a trusted network).
     pub insecure: bool,
+    /// Serve the HTTP API over TLS with this certificate directory (`server-cert.pem`,
+    /// `server-key.pem`, `ca-cert.pem` to verify client certificates): the directory of
+    /// `--tls-certificates` when TLS is on. `None`: plain HTTP.
+    pub http_tls: Option<PathBuf>,
 }
 
 /// A server asked to listen in plaintext where other machines can reach it.
@@ -76,13 +80,13 @@ pub fn is_loopback(addr: &SocketAddr) -> bool {
 
 impl ServerOptions {
     /// Refuses a plaintext listener on a non-loopback address unless `insecure` (see
-    /// [`InsecureListen`]). The HTTP API counts as plaintext until it serves TLS.
+    /// [`InsecureListen`]). The HTTP API is plaintext unless it serves TLS (`http_tls`).
     pub fn check_listen(&self) -> Result<(), InsecureListen> {
         if self.insecure {
             return Ok(());
         }
         let nbd = self.listen.filter(|a| !self.tls_configured && !is_loopback(a)).map(|addr| InsecureListen { what: "NBD", addr });
-        let http = self.http.filter(|a| !is_loopback(a)).map(|addr| InsecureListen { what: "the HTTP API", addr });
+        let http = self.http.filter(|a| self.http_tls.is_none() && !is_loopback(a)).map(|addr| InsecureListen { what: "the HTTP API", addr });
         nbd.or(http).map_or(Ok(()), Err)
     }
 }
@@ -162,6 +166,7 @@ mod tests {
             anonymous: AnonymousGrant::None,
             tls_configured: false,
             insecure: false,
+            http_tls: None,
         }
     }
 
@@ -187,6 +192,9 @@ mod tests {
         let mut o = listening(Some("0.0.0.0:10809"), None);
         o.tls_configured = true;
         assert_eq!(o.check_listen(), Ok(()), "NBD over TLS may listen anywhere");
+        let mut o = listening(None, Some("192.168.1.5:8480"));
+        o.http_tls = Some(PathBuf::from("tls"));
+        assert_eq!(o.check_listen(), Ok(()), "the API over HTTPS may listen anywhere");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //!   target.rs     lookup_target: a target's vDisk, version and cache, from the store
 //!   nbd.rs        NbdService: listeners, serving, drain; the stats file
 //!   http/         the JSON HTTP API and /metrics (http::spawn), on the same ServerState
+//!   tokens.rs     the API's bearer tokens: made, listed, revoked; kept hashed in the store
 //! ```
 //!
 //! [`state`] is the live picture both halves share: the NBD side registers a
@@ -28,6 +29,7 @@ pub mod readcache;
 pub mod refusal;
 pub mod state;
 pub mod target;
+pub mod tokens;
 
 pub use config::{ConfigFile, ServerOptions, DEFAULT_READ_CACHE};
 pub use nbd::NbdService;

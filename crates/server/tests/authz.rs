@@ -83,6 +83,7 @@ impl Farm {
             anonymous,
             tls_configured: true,
             insecure: false,
+            http_tls: None,
         });
         let exports = Arc::new(As { inner: StoreExports::new(state).unwrap(), who });
         let server = Arc::new(Server::new(exports, ServerConfig::default()));
