@@ -8,11 +8,14 @@
 # Over HTTPS (--tls-certificates, certificates made here with openssl): curl with
 # --cacert; an agent's target certificate (SAN URI urn:vdstream:target:pc-01) may report
 # status for pc-01 (200) and not for pc-02 (403); a client that stops in the TLS
-# handshake is dropped within the 10 s request deadline.
+# handshake is dropped within the 10 s request deadline. A real agent (`target attach
+# pc-01 --server https://...`) with only its target certificate reads its record and
+# reports its status.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/store-lib.sh"
 source "$(dirname "$0")/api-lib.sh"
+source "$(dirname "$0")/agent-lib.sh"
 require curl
 require openssl
 require_vdstream
@@ -21,7 +24,7 @@ store_init
 
 vds vdisk create win --size 16M >/dev/null
 vds version new win >/dev/null
-vds target add pc-01 --vdisk win --cache server >/dev/null
+vds target add pc-01 --vdisk win --cache device-ram --ram 8M >/dev/null
 vds target add pc-02 --vdisk win --cache server >/dev/null
 start_api
 
@@ -120,6 +123,21 @@ VDSTREAM_TOKEN=$ro "$VDSTREAM_BIN" target show pc-01 --server "$url" --tls-certi
     || fail "the CLI over https with the target's certificate only"
 "$VDSTREAM_BIN" target list --server "$url" --tls-certificates "$pki/agent1" >/dev/null 2>&1 \
     && fail "a target's certificate listed every target"
+
+# A real agent over https with only its target certificate: record read, status reported.
+VDSTREAM_TLS_CERTIFICATES=$pki/agent1 start_agent pc-01 --server "$url"
+ok=
+for ((i = 0; i < 100; i++)); do
+    status --cacert "$pki/ca-cert.pem" -H "Authorization: Bearer $ro" "$url/api/v1/targets/pc-01" >/dev/null
+    if [[ $(json_get "$E2E_TMP/body" 'j.get("agent", {}).get("pid")') == "$AGENT_PID" ]]; then
+        ok=1
+        break
+    fi
+    sleep 0.2
+done
+[[ -n $ok ]] || fail "the agent's report over https did not arrive: $(cat "$E2E_TMP/body"); $(tail -5 "$AGENT_LOG")"
+log "ok: the agent of pc-01 reported over https with its target certificate"
+stop_server "$AGENT_PID" 15 || fail "the agent did not stop cleanly"
 
 # A client that stops in the TLS handshake is dropped within the request deadline (10 s).
 port=${url##*:}

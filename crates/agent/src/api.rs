@@ -72,9 +72,9 @@ pub fn nbd_address(doc: &ServerDoc, api_host: &str) -> Option<Address> {
     }
 }
 
-/// The host part of `http://HOST:PORT`.
+/// The host part of `http(s)://HOST:PORT`.
 fn api_host(url: &str) -> &str {
-    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")).unwrap_or(url);
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     rest.rsplit_once(':').map_or(rest, |(h, _)| h)
 }
@@ -427,6 +427,7 @@ mod tests {
         assert_eq!(nbd_address(&d, "127.0.0.1"), None);
         assert_eq!(api_host("http://127.0.0.1:8480/"), "127.0.0.1");
         assert_eq!(api_host("http://[::1]:8480"), "[::1]");
+        assert_eq!(api_host("https://pvs1:8480/"), "pvs1");
     }
 
     #[test]

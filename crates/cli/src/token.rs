@@ -65,7 +65,11 @@ pub fn run(args: TokenArgs) -> Result<()> {
             let made = Tokens::of_store(store.root()).add(&name, role)?;
             let mut doc = record_json(&made.record);
             doc["token"] = json!(made.token);
-            opts.emit(doc, || format!("{}\ntoken {:?} ({}) made; it is shown only now: keep it in a file only its user can read", made.token, made.record.name, made.record.role));
+            // The token alone on stdout (`> file` keeps just it); the note on stderr.
+            opts.emit(doc, || made.token.clone());
+            if !opts.json {
+                errln!("token {:?} ({}) made; it is shown only now: keep it in a file only its user can read", made.record.name, made.record.role);
+            }
         }
         TokenCommand::List { opts } => {
             let store = opts.open()?;

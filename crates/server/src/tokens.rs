@@ -201,11 +201,13 @@ impl Tokens {
 #[derive(Debug)]
 pub struct TokenFile {
     tokens: Tokens,
-    cached: Mutex<(Option<(u64, u64, i64, i64)>, Arc<Vec<TokenRecord>>)>,
+    cached: Mutex<(Option<Stamp>, Arc<Vec<TokenRecord>>)>,
 }
 
-/// The file's identity and version: inode, size, mtime (s, ns).
-fn stamp(path: &Path) -> Option<(u64, u64, i64, i64)> {
+/// A file's identity and version: inode, size, mtime (s, ns).
+type Stamp = (u64, u64, i64, i64);
+
+fn stamp(path: &Path) -> Option<Stamp> {
     std::fs::metadata(path).ok().map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
 }
 
@@ -231,7 +233,6 @@ impl TokenFile {
                     Vec::new()
                 }
             };
-            // A file that has never existed or is emptied still means "tokens were made".
             *cached = (now, Arc::new(list));
         }
         cached.1.clone()
