@@ -20,6 +20,7 @@ mod size;
 mod target;
 mod target_record;
 mod token;
+mod tls_flags;
 mod vdisk;
 mod version;
 
