@@ -143,7 +143,8 @@ log "ok: alice (admin) opens maintenance/w"
 
 # --- the API: refusals change nothing
 api_call() {   # TOKEN METHOD PATH [JSON] — prints the HTTP status
-    local tok=$1 method=$2 path=$3 body=${4-} args=(-sS --max-time 30 --cacert "$SRV_TLS/ca-cert.pem" -o "$E2E_TMP/api.body" -w '%{http_code}' -X "$method")
+    local tok=$1 method=$2 path=$3 body=${4-} args
+    args=(-sS --max-time 30 --cacert "$SRV_TLS/ca-cert.pem" -o "$E2E_TMP/api.body" -w '%{http_code}' -X "$method")
     [[ -n $tok ]] && args+=(-H "Authorization: Bearer $tok")
     [[ -n $body ]] && args+=(-H 'Content-Type: application/json' --data-binary "$body")
     curl "${args[@]}" "$API$path"
