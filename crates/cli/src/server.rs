@@ -41,12 +41,14 @@ Examples:
   vdstream server --socket /run/vdstream/server.sock --read-cache 1G
   vdstream server --config /etc/vdstream/server.toml --name pvs1
   vdstream server --store /srv/vdstream --http 127.0.0.1:8480     (with the HTTP API)
+  vdstream server --store /srv/vdstream --listen 0.0.0.0:10809 --tls require --tls-certificates /etc/vdstream/tls
 Then:
   nbdinfo --list nbd://127.0.0.1:10809
   qemu-img info nbd://127.0.0.1:10809/vdisk/win11
   vdstream target attach vm1 --server nbd://127.0.0.1:10809/vdisk/win11 --cache ram-overflow
   qemu-io -f raw -c 'write -P 1 0 1M' 'nbd+unix:///maintenance/win11?socket=/run/vdstream/server.sock'
   curl http://127.0.0.1:8480/api/v1/sessions
+  nbdinfo --list 'nbds://pvs1:10809?tls-certificates=/etc/vdstream/tls'      (with TLS)
 
 Config file (TOML, keys = flag names; a flag given on the command line wins):
   store = \"/srv/vdstream\"
@@ -114,6 +116,9 @@ pub struct ServerArgs {
     /// connection is counted at 8 descriptors, 64 kept aside), at most 4096.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: Option<u64>,
+
+    #[command(flatten)]
+    tls: crate::tls_flags::TlsFlags,
 }
 
 /// Merges the flags over the config file.
@@ -160,6 +165,8 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
             Some(secs) => Some(Duration::from_secs(secs)),
             None => Some(vdstream_nbd::server::DEFAULT_DEAD_PEER_TIMEOUT),
         },
+        nbd_tls: args.tls.server()?,
+        nbd_tls_mode: args.tls.tls,
     })
 }
 

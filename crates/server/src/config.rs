@@ -41,6 +41,10 @@ pub struct ServerOptions {
     /// NBD connections served at once, at most; more are answered "server full"
     /// (`None`: derived from the open-files limit, see `nbd::default_max_connections`).
     pub max_connections: Option<usize>,
+    /// NBD over TLS: the certificate directory (`--tls-certificates`), `None` for `--tls off`.
+    pub nbd_tls: Option<std::sync::Arc<vdstream_tls::files::ServerTls>>,
+    /// `--tls on|require` (with `nbd_tls`).
+    pub nbd_tls_mode: vdstream_nbd::TlsMode,
 }
 
 /// A size in the file: `"256M"` or a number of bytes.
