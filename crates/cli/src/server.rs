@@ -51,12 +51,14 @@ Examples:
   vdstream server --socket /run/vdstream/server.sock --read-cache 1G
   vdstream server --config /etc/vdstream/server.toml --name pvs1
   vdstream server --store /srv/vdstream --http 127.0.0.1:8480     (with the HTTP API)
+  vdstream server --store /srv/vdstream --listen 0.0.0.0:10809 --tls require --tls-certificates /etc/vdstream/tls
 Then:
   nbdinfo --list nbd://127.0.0.1:10809
   qemu-img info nbd://127.0.0.1:10809/vdisk/win11
   vdstream target attach vm1 --server nbd://127.0.0.1:10809/vdisk/win11 --cache ram-overflow
   qemu-io -f raw -c 'write -P 1 0 1M' 'nbd+unix:///maintenance/win11?socket=/run/vdstream/server.sock'
   curl http://127.0.0.1:8480/api/v1/sessions
+  nbdinfo --list 'nbds://pvs1:10809?tls-certificates=/etc/vdstream/tls'      (with TLS)
 
 Config file (TOML, keys = flag names; a flag given on the command line wins):
   store = \"/srv/vdstream\"
@@ -90,12 +92,6 @@ pub struct ServerArgs {
     /// loopback, without TLS, and no token was ever made.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
-
-    /// Certificate directory (ca-cert.pem, server-cert.pem, server-key.pem, optional
-    /// ca-crl.pem): the HTTP API is served over HTTPS with it, client certificates
-    /// verified against ca-cert.pem.
-    #[arg(long, value_name = "DIR")]
-    tls_certificates: Option<PathBuf>,
 
     /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file,
     /// dead-peer-timeout, max-connections).
@@ -145,6 +141,9 @@ pub struct ServerArgs {
     /// (exit status 7).
     #[arg(long)]
     insecure: bool,
+
+    #[command(flatten)]
+    tls: crate::tls_flags::TlsFlags,
 }
 
 /// Merges the flags over the config file.
@@ -173,12 +172,15 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
     }
     let store = vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref()));
     vdstream_store::check_location(&store)?;
+    // NBD TLS with --tls on|require; --tls-certificates alone is the API's HTTPS (below).
+    let nbd_tls = if args.tls.tls == vdstream_nbd::TlsMode::Off { None } else { args.tls.server()? };
     Ok(ServerOptions {
         store,
         listen,
         socket,
         http: args.http.or(http_from_file),
-        http_tls: args.tls_certificates.clone(),
+        // --tls-certificates serves the API over HTTPS even with --tls off (NBD plaintext).
+        http_tls: args.tls.tls_certificates.clone(),
         read_cache: args.read_cache.or(read_cache_from_file).unwrap_or(DEFAULT_READ_CACHE),
         name: args.name.clone().or(file.name),
         stats_file: args.stats_file.clone().or(file.stats_file),
@@ -192,14 +194,15 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
             (None, Some(text)) => text.parse().map_err(|e| anyhow!("anonymous in the config file: {e}"))?,
             (None, None) => AnonymousGrant::None,
         },
-        // Set by the TLS flags (`--tls on|require`) once they exist.
-        tls_configured: false,
+        tls_configured: nbd_tls.is_some(),
         insecure: args.insecure || file.insecure.unwrap_or(false),
         dead_peer_timeout: match args.dead_peer_timeout.or(file.dead_peer_timeout) {
             Some(0) => None,
             Some(secs) => Some(Duration::from_secs(secs)),
             None => Some(vdstream_nbd::server::DEFAULT_DEAD_PEER_TIMEOUT),
         },
+        nbd_tls,
+        nbd_tls_mode: args.tls.tls,
     })
 }
 

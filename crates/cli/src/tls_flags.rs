@@ -26,7 +26,8 @@ pub struct TlsFlags {
     /// The certificate directory (the layout of qemu's tls-creds-x509 and nbdkit):
     /// ca-cert.pem, server-cert.pem, server-key.pem, optional ca-crl.pem (revocations,
     /// re-read when it changes). Client certificates are verified against ca-cert.pem; a
-    /// client without one is anonymous.
+    /// client without one is anonymous. `vdstream server` also serves its HTTP API (--http)
+    /// over HTTPS with it, even with --tls off.
     #[arg(long, value_name = "DIR")]
     pub tls_certificates: Option<PathBuf>,
 

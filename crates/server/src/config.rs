@@ -48,9 +48,9 @@ pub struct ServerOptions {
     /// `--anonymous`: what clients without a verified certificate may open when TLS is on
     /// (without TLS every client is `Local` and may open everything).
     pub anonymous: AnonymousGrant,
-    /// Whether NBD clients are served over TLS (`--tls on|require`). Until the TLS flags
-    /// exist this is false, and [`ServerOptions::check_listen`] asks for `--insecure` on
-    /// any non-loopback address.
+    /// Whether NBD clients are served over TLS (`--tls on|require`, i.e. `nbd_tls` is set);
+    /// without it [`ServerOptions::check_listen`] asks for `--insecure` on any non-loopback
+    /// address.
     pub tls_configured: bool,
     /// `--insecure`: listen on a non-loopback address without TLS (a trusted network).
     pub insecure: bool,
@@ -58,6 +58,10 @@ pub struct ServerOptions {
     /// `server-key.pem`, `ca-cert.pem` to verify client certificates): the directory of
     /// `--tls-certificates` when TLS is on. `None`: plain HTTP.
     pub http_tls: Option<PathBuf>,
+    /// NBD over TLS: the certificate directory (`--tls-certificates`), `None` for `--tls off`.
+    pub nbd_tls: Option<std::sync::Arc<vdstream_tls::files::ServerTls>>,
+    /// `--tls on|require` (with `nbd_tls`).
+    pub nbd_tls_mode: vdstream_nbd::TlsMode,
 }
 
 /// A server asked to listen in plaintext where other machines can reach it.
@@ -167,6 +171,8 @@ mod tests {
             tls_configured: false,
             insecure: false,
             http_tls: None,
+            nbd_tls: None,
+            nbd_tls_mode: Default::default(),
         }
     }
 

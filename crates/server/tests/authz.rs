@@ -84,6 +84,8 @@ impl Farm {
             tls_configured: true,
             insecure: false,
             http_tls: None,
+            nbd_tls: None,
+            nbd_tls_mode: Default::default(),
         });
         let exports = Arc::new(As { inner: StoreExports::new(state).unwrap(), who });
         let server = Arc::new(Server::new(exports, ServerConfig::default()));
