@@ -116,13 +116,16 @@ assert_eq "target/A sessions on the server" "$(sessions_of A)" 1
 log "ok: A's agent streams over TLS; its writes read back"
 
 # --- A's certificate asking for target/B and for maintenance/w: refused by policy
+# libnbd shows the server's message (the rule) only in its debug output.
 refused() {   # EXPORT CERTDIR RULE
-    local out
-    if out=$(timeout 20 nbdinfo --size "$(nbds "$1" "$2")" 2>&1); then
+    local out msg
+    if out=$(LIBNBD_DEBUG=1 timeout 20 nbdinfo --size "$(nbds "$1" "$2")" 2>&1); then
         fail "${2##*/} opened $1: $out"
     fi
-    [[ $out == *"$3"* ]] || fail "${2##*/} asking for $1: the refusal does not name rule $3: $out"
-    log "ok: ${2##*/} refused $1: $out"
+    [[ $out == *"server policy prevents"* ]] || fail "${2##*/} asking for $1: not NBD_REP_ERR_POLICY: $out"
+    msg=$(grep -o 'server error message: .*' <<<"$out" | head -n1)
+    [[ $msg == *"rule $3:"* ]] || fail "${2##*/} asking for $1: the refusal does not name rule $3: $out"
+    log "ok: ${2##*/} refused $1: ${msg#server error message: }"
 }
 refused target/B "$A_TLS" target-own-exports
 refused maintenance/w "$A_TLS" maintenance-needs-admin
