@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Without TLS every client may open every export, so a server asked to listen where other
 # machines reach it refuses to start: `vdstream server --listen ADDR` or `--http ADDR` on
-# a non-loopback address, and `serve-image --listen ADDR`, exit with status 7 (insecure)
+# a non-loopback address, `serve-image --listen ADDR` and the agent's `target attach
+# --listen ADDR`, exit with status 7 (insecure)
 # before binding anything, with a message naming the address and what to do (--tls
 # require --tls-certificates DIR, or --insecure). With --insecure the server starts and
 # serves on that address; a unix socket and 127.0.0.1 need neither.
@@ -42,6 +43,8 @@ expect_insecure "server --http 192.0.2.10" "192.0.2.10:8480" \
     "$VDSTREAM_BIN" server --store "$STORE" --socket "$sock" --http 192.0.2.10:8480
 expect_insecure "serve-image --listen 192.0.2.10" "192.0.2.10:10809" \
     "$VDSTREAM_BIN" serve-image --memory 1M --listen 192.0.2.10:10809
+expect_insecure "target attach --listen 192.0.2.10" "192.0.2.10:10810" \
+    "$VDSTREAM_BIN" target attach vm1 --server "nbd+unix:///vdisk/w?socket=$sock" --listen 192.0.2.10:10810
 [[ ! -e $sock ]] || fail "a refused server created its socket $sock"
 
 # The config file's listen counts the same.

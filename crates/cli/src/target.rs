@@ -83,9 +83,16 @@ pub struct AttachArgs {
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
 
-    /// Also serve on TCP, e.g. 127.0.0.1:10810 (loopback is advised: there is no authentication).
+    /// Also serve on TCP, e.g. 127.0.0.1:10810. Any address but loopback needs TLS, or
+    /// --insecure.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
+
+    /// Serve --listen on a non-loopback address without TLS: any machine that reaches it
+    /// may read and write this target's disk. Only for a trusted network; refused
+    /// otherwise (exit status 7).
+    #[arg(long, requires = "listen")]
+    insecure: bool,
 
     /// Write cache type: ram-overflow (default, or the record's with http:// servers),
     /// device-ram, device-disk, device-disk-persistent; server and server-persistent send
@@ -227,6 +234,11 @@ pub fn run(args: TargetArgs) -> Result<()> {
 
 fn attach(a: AttachArgs) -> Result<()> {
     paths::check_target_id(&a.id)?;
+    // Before anything is asked or opened; a local export over TLS (--listen-tls) may listen anywhere.
+    if let Some(addr) = a.listen.filter(|l| a.listen_tls == vdstream_nbd::TlsMode::Off && !a.insecure && !vdstream_server::config::is_loopback(l)) {
+        let e = vdstream_server::config::InsecureListen { what: "NBD", addr };
+        return Err(crate::exit::fail(crate::exit::Kind::Insecure, e.to_string()));
+    }
     let (upstream_tls, listen_tls) = attach_tls(&a)?;
     let mut cfg = if a.servers.iter().any(|s| api::is_api_url(s)) {
         if let Some(nbd) = a.servers.iter().find(|s| !api::is_api_url(s)) {

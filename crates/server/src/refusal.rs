@@ -1,11 +1,11 @@
 //! The audit trail of refused opens: every open the authorization policy refuses
 //! ([`crate::policy`]) becomes a line `nbd.open.refused` in the store's `audit.log`, naming
-//! the client's identity, its peer address, the export (never its attach secret), the NBD
+//! the client's identity, its peer address (`unix` or `IP:PORT`), the export (never its attach secret), the NBD
 //! option and the rule.
 //!
 //! ```json
-//! {"time":"…","user":"vdstream","host":"pvs1","pid":42,"client":"10.0.0.7:51234","action":"nbd.open.refused",
-//!  "vdisk":"win11","details":{"identity":"target:pc-07","export":"target/pc-08","option":"go","rule":"target-own-exports"}}
+//! {"time":"…","user":"vdstream","host":"pvs1","pid":42,"action":"nbd.open.refused","vdisk":"win11",
+//!  "details":{"identity":"target:pc-07","peer":"10.0.0.7:51234","export":"target/pc-08","option":"go","rule":"target-own-exports"}}
 //! ```
 //!
 //! Bounded: a hostile client can provoke refusals at will, so lines pass a token bucket
@@ -71,6 +71,7 @@ impl RefusalAudit {
         };
         let mut details = json!({
             "identity": r.client.to_string(),
+            "peer": r.peer,
             "export": r.export.shown().to_string(),
             "option": match r.purpose { OpenPurpose::Info => "info", OpenPurpose::Session => "go" },
             "rule": r.refusal.rule,
@@ -78,7 +79,7 @@ impl RefusalAudit {
         if suppressed > 0 {
             details["suppressed"] = json!(suppressed);
         }
-        match store.clone().with_client(r.peer).audit_event(REFUSED_ACTION, &vdisk(), details) {
+        match store.audit_event(REFUSED_ACTION, &vdisk(), details) {
             Ok(()) => true,
             Err(e) => {
                 self.log.log(log::Level::Warn, module_path!(), "audit write failed",
@@ -109,8 +110,8 @@ mod tests {
         let lines = audit::read(&store.audit_path(), None, None).unwrap();
         assert_eq!(lines.len(), written);
         let e = &lines[0];
-        assert_eq!((e.action.as_str(), e.client.as_deref()), (REFUSED_ACTION, Some("10.0.0.7:5000")));
-        assert_eq!(e.details, json!({"identity": "target:a", "export": "target/b@k1", "option": "go", "rule": "target-own-exports"}));
+        assert_eq!((e.action.as_str(), e.client.as_deref()), (REFUSED_ACTION, None), "client: an API client only");
+        assert_eq!(e.details, json!({"identity": "target:a", "peer": "10.0.0.7:5000", "export": "target/b@k1", "option": "go", "rule": "target-own-exports"}));
         // Once the bucket refills, the next line says how many were held back.
         std::thread::sleep(std::time::Duration::from_millis(1100));
         assert!(audit_log.record(&store, &r, String::new));

@@ -168,7 +168,7 @@ fn a_target_is_refused_other_targets_and_maintenance_with_the_rule_and_an_audit_
             ("target:a", "target/nobody", "target-own-exports", ""),
         ]
     );
-    assert!(lines.iter().all(|e| e.client.as_deref() == Some("unix") && e.details["option"] == "go"), "{lines:?}");
+    assert!(lines.iter().all(|e| e.details["peer"] == "unix" && e.details["option"] == "go"), "{lines:?}");
 
     // LIST shows only its own vDisk.
     assert_eq!(listed(&sock), ["vdisk/win"]);
