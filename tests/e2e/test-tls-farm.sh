@@ -16,6 +16,8 @@
 # - `pki revoke target:A --crl-out SERVERDIR`: A's next connection is refused, and its open
 #   agent session is closed within the stated bound (5 s checks, see docs/SERVER.md);
 #   alice still gets in.
+# This test makes its own farm's certificates: lib.sh's blanket TLS mode stays off.
+export VDSTREAM_E2E_TLS=0
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
