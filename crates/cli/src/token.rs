@@ -47,6 +47,7 @@ enum TokenCommand {
     },
     /// Revoke a token: the server refuses it from its next request on.
     Revoke {
+        /// The token's name, as `vdstream token list` shows it.
         #[arg(value_name = "NAME")]
         name: String,
         #[command(flatten)]

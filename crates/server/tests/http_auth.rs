@@ -192,6 +192,8 @@ fn each_role_may_do_its_part_and_is_refused_the_rest_with_the_role_it_needs() {
 
     // Admin: everything.
     admin.post(PROMOTE, &json!({"to": "test"})).unwrap();
+    let audit = std::fs::read_to_string(a.store.audit_path()).unwrap();
+    assert!(audit.contains("token:root (admin)") && audit.contains("token:helpdesk (operator)"), "the audit trail names the token: {audit}");
     admin.post("/api/v1/targets", &json!({"id": "pc-03", "vdisk": "win", "cache": "server"})).unwrap();
     assert_eq!(documents::version_list(&a.store, "win").unwrap()["test"], json!({"version": 1}));
 }

@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use vdstream_contract::Identity;
 
 use super::error::ApiError;
-use super::shared::{PeerIdentity, Shared};
+use super::shared::{AuditClient, ClientAddr, PeerIdentity, Shared};
 use crate::tokens::Role;
 
 /// Who made a request.
@@ -134,7 +134,7 @@ pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: 
                 return ApiError::new(403, format!("{caller} may call only GET /api/v1/server, GET /api/v1/targets/{own} and PUT /api/v1/targets/{own}/agent"), "an agent reports status only for its own target; use a token for anything else").into_response();
             }
             let mut req = Request::from_parts(parts, body);
-            req.extensions_mut().insert(caller);
+            mark(&mut req, caller);
             return next.run(req).await;
         }
         Caller::Cert(_) => false,
@@ -144,8 +144,16 @@ pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: 
         return forbidden(&caller, &method, &shown, need);
     }
     let mut req = req;
-    req.extensions_mut().insert(caller);
+    mark(&mut req, caller);
     next.run(req).await
+}
+
+/// Puts the caller and its audit name in the request's extensions.
+fn mark(req: &mut Request, caller: Caller) {
+    let addr = req.extensions().get::<ClientAddr>().map(|c| c.0.to_string()).unwrap_or_default();
+    let audit = if caller == Caller::Local { addr } else { format!("{addr} {caller}") };
+    req.extensions_mut().insert(AuditClient(audit));
+    req.extensions_mut().insert(caller);
 }
 
 #[cfg(test)]

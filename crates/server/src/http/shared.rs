@@ -41,6 +41,12 @@ pub(crate) struct PeerIdentity(pub vdstream_contract::Identity);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ClientAddr(pub SocketAddr);
 
+/// Who made a request, as the audit trail records it: `IP:PORT`, and the caller when it is
+/// not a local user of an open API (`IP:PORT token:NAME (ROLE)`, `IP:PORT target:ID`).
+/// auth.rs puts it in the extensions of every request it lets through.
+#[derive(Debug, Clone)]
+pub(crate) struct AuditClient(pub String);
+
 /// Runs `f` on the blocking pool (the store's functions block on files and locks).
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(ApiError::new(500, format!("the handler failed: {e}"), "this is a bug in vdstream; see the server's log and report it")))
