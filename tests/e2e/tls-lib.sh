@@ -27,6 +27,7 @@ make_ca() {
         || fail "openssl could not make the CA in $dir"
     touch "$dir/index.txt"
     [[ -e $dir/serial ]] || echo 1000 >"$dir/serial"
+    [[ -e $dir/crlnumber ]] || echo 01 >"$dir/crlnumber"
     cat >"$dir/ca.cnf" <<EOF
 [ca]
 default_ca = ca_default
@@ -40,6 +41,10 @@ default_crl_days = 30
 policy = policy_any
 copy_extensions = none
 unique_subject = no
+crlnumber = $dir/crlnumber
+crl_extensions = crl_ext
+[crl_ext]
+authorityKeyIdentifier = keyid:always
 [policy_any]
 commonName = supplied
 EOF

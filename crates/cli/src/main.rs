@@ -71,7 +71,9 @@ enum Command {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+    // rustls's own warnings are about what a peer sent (e.g. qemu's IP address as SNI): a
+    // client could fill the log with them; failed TLS handshakes are logged by the NBD side.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,rustls=error"))
         .format_timestamp_millis()
         .init();
     let json = exit::json_requested();

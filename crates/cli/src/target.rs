@@ -169,9 +169,12 @@ fn parse_tls_mode(s: &str) -> Result<vdstream_nbd::TlsMode, String> {
     s.parse()
 }
 
+/// The local export's TLS: its mode and certificate directory.
+type ListenTls = (vdstream_nbd::TlsMode, std::sync::Arc<vdstream_tls::files::ServerTls>);
+
 /// The upstream TLS configuration and the local listener's: `--tls-certificates`, or the
 /// `?tls-certificates=` of an nbds:// URI, which needs one or the other.
-fn attach_tls(a: &AttachArgs) -> Result<(Option<std::sync::Arc<vdstream_tls::rustls::ClientConfig>>, Option<(vdstream_nbd::TlsMode, std::sync::Arc<vdstream_tls::files::ServerTls>)>)> {
+fn attach_tls(a: &AttachArgs) -> Result<(Option<std::sync::Arc<vdstream_tls::rustls::ClientConfig>>, Option<ListenTls>)> {
     let nbds = a.servers.iter().filter_map(|u| vdstream_nbd::client::Address::parse_uri_tls(u).ok()).find(|p| p.tls);
     let dir = a.tls_certificates.clone().or_else(|| nbds.as_ref().and_then(|p| p.tls_certificates.clone()));
     if nbds.is_some() && dir.is_none() {

@@ -102,7 +102,13 @@ pub fn server_config(dir: &Path, auth: ClientAuth) -> Result<Arc<ServerConfig>, 
                 .allow_unknown_revocation_status()
                 .allow_unauthenticated()
                 .build()
-                .map_err(|e| file_error(&dir.join(CA_CERT), format!("cannot verify clients with it: {e}")))?;
+                .map_err(|e| match e {
+                    rustls::server::VerifierBuilderError::InvalidCrl(e) => file_error(
+                        &dir.join(CA_CRL),
+                        format!("not a usable revocation list ({e:?}): it must be an X.509 v2 CRL signed by ca-cert.pem (`vdstream pki revoke` writes one; with `openssl ca -gencrl`, set crlnumber)"),
+                    ),
+                    e => file_error(&dir.join(CA_CERT), format!("cannot verify clients with it: {e}")),
+                })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
