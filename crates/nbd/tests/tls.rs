@@ -168,3 +168,50 @@ async fn nbds_uri_with_certificates() {
     let e = Client::connect_uri(&format!("nbds+unix:///disk?socket={}", s.sock.display()), ConnectOptions::default()).await.unwrap_err();
     assert!(e.to_string().contains("tls-certificates"), "{e}");
 }
+
+/// Raw bytes before STARTTLS in `require` mode: LIST and INFO get TLS_REQD and the
+/// connection stays usable (ABORT is still acknowledged); EXPORT_NAME, which cannot carry
+/// an error, closes the connection without opening anything.
+#[tokio::test]
+async fn require_before_starttls_raw() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use vdstream_nbd::proto::*;
+    async fn option(s: &mut tokio::net::UnixStream, opt: u32, data: &[u8]) {
+        let mut m = IHAVEOPT.to_be_bytes().to_vec();
+        m.extend_from_slice(&opt.to_be_bytes());
+        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        m.extend_from_slice(data);
+        s.write_all(&m).await.unwrap();
+    }
+    async fn reply(s: &mut tokio::net::UnixStream) -> (u32, u32) {
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).await.unwrap();
+        let mut payload = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+        s.read_exact(&mut payload).await.unwrap();
+        (u32::from_be_bytes(h[8..12].try_into().unwrap()), u32::from_be_bytes(h[12..16].try_into().unwrap()))
+    }
+    async fn greeted(path: &Path) -> tokio::net::UnixStream {
+        let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
+        let mut g = [0u8; 18];
+        s.read_exact(&mut g).await.unwrap();
+        s.write_all(&3u32.to_be_bytes()).await.unwrap();
+        s
+    }
+    let s = serve(TlsMode::Require, true);
+    let mut c = greeted(&s.sock).await;
+    option(&mut c, OPT_LIST, &[]).await;
+    assert_eq!(reply(&mut c).await, (OPT_LIST, REP_ERR_TLS_REQD));
+    let mut info = 4u32.to_be_bytes().to_vec();
+    info.extend_from_slice(b"disk\0\0");
+    option(&mut c, OPT_INFO, &info).await;
+    assert_eq!(reply(&mut c).await, (OPT_INFO, REP_ERR_TLS_REQD));
+    option(&mut c, OPT_ABORT, &[]).await;
+    assert_eq!(reply(&mut c).await, (OPT_ABORT, REP_ACK));
+
+    let mut c = greeted(&s.sock).await;
+    option(&mut c, OPT_EXPORT_NAME, b"disk").await;
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), c.read_to_end(&mut rest)).await.unwrap().unwrap_or(0);
+    assert_eq!(n, 0, "EXPORT_NAME before TLS was answered");
+    assert!(s.exports.clients.lock().unwrap().is_empty(), "an export was opened before TLS");
+}
