@@ -18,6 +18,7 @@ mod server;
 mod size;
 mod target;
 mod target_record;
+mod tls_flags;
 mod vdisk;
 mod version;
 

@@ -50,12 +50,14 @@ Examples:
   vdstream server --socket /run/vdstream/server.sock --read-cache 1G
   vdstream server --config /etc/vdstream/server.toml --name pvs1
   vdstream server --store /srv/vdstream --http 127.0.0.1:8480     (with the HTTP API)
+  vdstream server --store /srv/vdstream --listen 0.0.0.0:10809 --tls require --tls-certificates /etc/vdstream/tls
 Then:
   nbdinfo --list nbd://127.0.0.1:10809
   qemu-img info nbd://127.0.0.1:10809/vdisk/win11
   vdstream target attach vm1 --server nbd://127.0.0.1:10809/vdisk/win11 --cache ram-overflow
   qemu-io -f raw -c 'write -P 1 0 1M' 'nbd+unix:///maintenance/win11?socket=/run/vdstream/server.sock'
   curl http://127.0.0.1:8480/api/v1/sessions
+  nbdinfo --list 'nbds://pvs1:10809?tls-certificates=/etc/vdstream/tls'      (with TLS)
 
 Config file (TOML, keys = flag names; a flag given on the command line wins):
   store = \"/srv/vdstream\"
@@ -136,6 +138,9 @@ pub struct ServerArgs {
     /// (exit status 7).
     #[arg(long)]
     insecure: bool,
+
+    #[command(flatten)]
+    tls: crate::tls_flags::TlsFlags,
 }
 
 /// Merges the flags over the config file.
@@ -182,14 +187,14 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
             (None, Some(text)) => text.parse().map_err(|e| anyhow!("anonymous in the config file: {e}"))?,
             (None, None) => AnonymousGrant::None,
         },
-        // Set by the TLS flags (`--tls on|require`) once they exist.
-        tls_configured: false,
         insecure: args.insecure || file.insecure.unwrap_or(false),
         dead_peer_timeout: match args.dead_peer_timeout.or(file.dead_peer_timeout) {
             Some(0) => None,
             Some(secs) => Some(Duration::from_secs(secs)),
             None => Some(vdstream_nbd::server::DEFAULT_DEAD_PEER_TIMEOUT),
         },
+        nbd_tls: args.tls.server()?,
+        nbd_tls_mode: args.tls.tls,
     })
 }
 
@@ -199,7 +204,7 @@ pub fn run(args: ServerArgs) -> Result<()> {
     if opts.insecure && [opts.listen, opts.http].iter().flatten().any(|a| !vdstream_server::config::is_loopback(a)) {
         log::warn!("listening without TLS on a non-loopback address (--insecure): every client that reaches it may open every export");
     }
-    if opts.anonymous != AnonymousGrant::None && !opts.tls_configured {
+    if opts.anonymous != AnonymousGrant::None && opts.nbd_tls.is_none() {
         log::warn!("--anonymous {} matters only with TLS: without it every client may open every export", opts.anonymous);
     }
     let state = ServerState::new(&opts);

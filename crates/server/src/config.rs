@@ -48,12 +48,12 @@ pub struct ServerOptions {
     /// `--anonymous`: what clients without a verified certificate may open when TLS is on
     /// (without TLS every client is `Local` and may open everything).
     pub anonymous: AnonymousGrant,
-    /// Whether NBD clients are served over TLS (`--tls on|require`). Until the TLS flags
-    /// exist this is false, and [`ServerOptions::check_listen`] asks for `--insecure` on
-    /// any non-loopback address.
-    pub tls_configured: bool,
     /// `--insecure`: listen on a non-loopback address without TLS (a trusted network).
     pub insecure: bool,
+    /// NBD over TLS: the certificate directory (`--tls-certificates`), `None` for `--tls off`.
+    pub nbd_tls: Option<std::sync::Arc<vdstream_tls::files::ServerTls>>,
+    /// `--tls on|require` (with `nbd_tls`).
+    pub nbd_tls_mode: vdstream_nbd::TlsMode,
 }
 
 /// A server asked to listen in plaintext where other machines can reach it.
@@ -76,12 +76,17 @@ pub fn is_loopback(addr: &SocketAddr) -> bool {
 
 impl ServerOptions {
     /// Refuses a plaintext listener on a non-loopback address unless `insecure` (see
-    /// [`InsecureListen`]). The HTTP API counts as plaintext until it serves TLS.
+    /// [`InsecureListen`]): NBD without `--tls on|require`, and the HTTP API, which counts
+    /// as plaintext until it serves TLS.
     pub fn check_listen(&self) -> Result<(), InsecureListen> {
+        self.check_listen_with(self.nbd_tls.is_some())
+    }
+
+    fn check_listen_with(&self, nbd_tls: bool) -> Result<(), InsecureListen> {
         if self.insecure {
             return Ok(());
         }
-        let nbd = self.listen.filter(|a| !self.tls_configured && !is_loopback(a)).map(|addr| InsecureListen { what: "NBD", addr });
+        let nbd = self.listen.filter(|a| !nbd_tls && !is_loopback(a)).map(|addr| InsecureListen { what: "NBD", addr });
         let http = self.http.filter(|a| !is_loopback(a)).map(|addr| InsecureListen { what: "the HTTP API", addr });
         nbd.or(http).map_or(Ok(()), Err)
     }
@@ -160,8 +165,9 @@ mod tests {
             dead_peer_timeout: None,
             max_connections: None,
             anonymous: AnonymousGrant::None,
-            tls_configured: false,
             insecure: false,
+            nbd_tls: None,
+            nbd_tls_mode: Default::default(),
         }
     }
 
@@ -184,9 +190,10 @@ mod tests {
             o.insecure = true;
             assert_eq!(o.check_listen(), Ok(()));
         }
-        let mut o = listening(Some("0.0.0.0:10809"), None);
-        o.tls_configured = true;
-        assert_eq!(o.check_listen(), Ok(()), "NBD over TLS may listen anywhere");
+        let o = listening(Some("0.0.0.0:10809"), None);
+        assert_eq!(o.check_listen_with(true), Ok(()), "NBD over TLS may listen anywhere");
+        let o = listening(Some("0.0.0.0:10809"), Some("10.0.0.1:8480"));
+        assert_eq!(o.check_listen_with(true).unwrap_err().what, "the HTTP API", "the API has no TLS yet");
     }
 
     #[test]

@@ -81,8 +81,9 @@ impl Farm {
             dead_peer_timeout: None,
             max_connections: None,
             anonymous,
-            tls_configured: true,
             insecure: false,
+            nbd_tls: None,
+            nbd_tls_mode: Default::default(),
         });
         let exports = Arc::new(As { inner: StoreExports::new(state).unwrap(), who });
         let server = Arc::new(Server::new(exports, ServerConfig::default()));

@@ -45,8 +45,9 @@ fn api() -> Api {
         dead_peer_timeout: None,
         max_connections: None,
         anonymous: Default::default(),
-        tls_configured: false,
         insecure: false,
+        nbd_tls: None,
+        nbd_tls_mode: Default::default(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let handle = rt.block_on(async { http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()) }).unwrap();
