@@ -258,9 +258,9 @@ impl Exports for SingleExport {
 }
 
 pub fn run(args: ServeImageArgs) -> Result<()> {
-    // Checked first: nothing is opened for a server that will not start. (TLS, once its
-    // flags exist, also allows a non-loopback address.)
-    if let Some(addr) = args.listen.filter(|a| !args.insecure && !vdstream_server::config::is_loopback(a)) {
+    // Checked first: nothing is opened for a server that will not start.
+    let tls = args.tls.tls != vdstream_nbd::TlsMode::Off;
+    if let Some(addr) = args.listen.filter(|a| !tls && !args.insecure && !vdstream_server::config::is_loopback(a)) {
         let e = vdstream_server::config::InsecureListen { what: "NBD", addr };
         return Err(crate::exit::fail(crate::exit::Kind::Insecure, e.to_string()));
     }

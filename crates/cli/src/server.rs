@@ -194,7 +194,6 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
             (None, Some(text)) => text.parse().map_err(|e| anyhow!("anonymous in the config file: {e}"))?,
             (None, None) => AnonymousGrant::None,
         },
-        tls_configured: nbd_tls.is_some(),
         insecure: args.insecure || file.insecure.unwrap_or(false),
         dead_peer_timeout: match args.dead_peer_timeout.or(file.dead_peer_timeout) {
             Some(0) => None,
@@ -212,7 +211,7 @@ pub fn run(args: ServerArgs) -> Result<()> {
     if opts.insecure && [opts.listen, opts.http].iter().flatten().any(|a| !vdstream_server::config::is_loopback(a)) {
         log::warn!("listening without TLS on a non-loopback address (--insecure): every client that reaches it may open every export");
     }
-    if opts.anonymous != AnonymousGrant::None && !opts.tls_configured {
+    if opts.anonymous != AnonymousGrant::None && opts.nbd_tls.is_none() {
         log::warn!("--anonymous {} matters only with TLS: without it every client may open every export", opts.anonymous);
     }
     let state = ServerState::new(&opts);

@@ -325,7 +325,7 @@ where
             }
             OPT_LIST => match options::parse_empty(&data) {
                 Ok(()) => {
-                    for export in shared.exports.list_for(&client) {
+                    for export in shared.exports.list_for(client) {
                         let mut rep = (export.name.len() as u32).to_be_bytes().to_vec();
                         rep.extend_from_slice(export.name.as_bytes());
                         rep.extend_from_slice(export.description.as_bytes());

@@ -48,15 +48,11 @@ pub struct ServerOptions {
     /// `--anonymous`: what clients without a verified certificate may open when TLS is on
     /// (without TLS every client is `Local` and may open everything).
     pub anonymous: AnonymousGrant,
-    /// Whether NBD clients are served over TLS (`--tls on|require`, i.e. `nbd_tls` is set);
-    /// without it [`ServerOptions::check_listen`] asks for `--insecure` on any non-loopback
-    /// address.
-    pub tls_configured: bool,
     /// `--insecure`: listen on a non-loopback address without TLS (a trusted network).
     pub insecure: bool,
     /// Serve the HTTP API over TLS with this certificate directory (`server-cert.pem`,
     /// `server-key.pem`, `ca-cert.pem` to verify client certificates): the directory of
-    /// `--tls-certificates` when TLS is on. `None`: plain HTTP.
+    /// `--tls-certificates`, with or without NBD TLS. `None`: plain HTTP.
     pub http_tls: Option<PathBuf>,
     /// NBD over TLS: the certificate directory (`--tls-certificates`), `None` for `--tls off`.
     pub nbd_tls: Option<std::sync::Arc<vdstream_tls::files::ServerTls>>,
@@ -84,12 +80,17 @@ pub fn is_loopback(addr: &SocketAddr) -> bool {
 
 impl ServerOptions {
     /// Refuses a plaintext listener on a non-loopback address unless `insecure` (see
-    /// [`InsecureListen`]). The HTTP API is plaintext unless it serves TLS (`http_tls`).
+    /// [`InsecureListen`]): NBD without `--tls on|require`, and the HTTP API without HTTPS
+    /// (`http_tls`).
     pub fn check_listen(&self) -> Result<(), InsecureListen> {
+        self.check_listen_with(self.nbd_tls.is_some())
+    }
+
+    fn check_listen_with(&self, nbd_tls: bool) -> Result<(), InsecureListen> {
         if self.insecure {
             return Ok(());
         }
-        let nbd = self.listen.filter(|a| !self.tls_configured && !is_loopback(a)).map(|addr| InsecureListen { what: "NBD", addr });
+        let nbd = self.listen.filter(|a| !nbd_tls && !is_loopback(a)).map(|addr| InsecureListen { what: "NBD", addr });
         let http = self.http.filter(|a| self.http_tls.is_none() && !is_loopback(a)).map(|addr| InsecureListen { what: "the HTTP API", addr });
         nbd.or(http).map_or(Ok(()), Err)
     }
@@ -168,7 +169,6 @@ mod tests {
             dead_peer_timeout: None,
             max_connections: None,
             anonymous: AnonymousGrant::None,
-            tls_configured: false,
             insecure: false,
             http_tls: None,
             nbd_tls: None,
@@ -195,12 +195,12 @@ mod tests {
             o.insecure = true;
             assert_eq!(o.check_listen(), Ok(()));
         }
-        let mut o = listening(Some("0.0.0.0:10809"), None);
-        o.tls_configured = true;
-        assert_eq!(o.check_listen(), Ok(()), "NBD over TLS may listen anywhere");
-        let mut o = listening(None, Some("192.168.1.5:8480"));
+        let o = listening(Some("0.0.0.0:10809"), None);
+        assert_eq!(o.check_listen_with(true), Ok(()), "NBD over TLS may listen anywhere");
+        let mut o = listening(Some("0.0.0.0:10809"), Some("10.0.0.1:8480"));
+        assert_eq!(o.check_listen_with(true).unwrap_err().what, "the HTTP API", "an API without HTTPS off loopback is refused");
         o.http_tls = Some(PathBuf::from("tls"));
-        assert_eq!(o.check_listen(), Ok(()), "the API over HTTPS may listen anywhere");
+        assert_eq!(o.check_listen_with(true), Ok(()), "the API over HTTPS may listen anywhere");
     }
 
     #[test]

@@ -81,7 +81,6 @@ impl Farm {
             dead_peer_timeout: None,
             max_connections: None,
             anonymous,
-            tls_configured: true,
             insecure: false,
             http_tls: None,
             nbd_tls: None,

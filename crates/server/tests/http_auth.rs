@@ -75,7 +75,6 @@ fn api() -> Api {
         dead_peer_timeout: None,
         max_connections: None,
         anonymous: Default::default(),
-        tls_configured: false,
         insecure: false,
         http_tls: None,
         nbd_tls: None,
