@@ -17,6 +17,8 @@ source "$E2E_DIR/tls-lib.sh"
 make_pki "$E2E_TMP/pki"
 head -c 16M /dev/urandom >"$E2E_TMP/golden.img"
 vds vdisk import w "$E2E_TMP/golden.img" >/dev/null
+# The client certificate is target pc-01's: the server lets a target read its record's vDisk.
+vds target add pc-01 --vdisk w --cache device-disk >/dev/null
 port=$(free_port)
 log "starting: vdstream server --store $STORE --listen 127.0.0.1:$port --tls require"
 "$VDSTREAM_BIN" server --store "$STORE" --listen "127.0.0.1:$port" --tls require \

@@ -172,13 +172,18 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
     }
     let store = vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref()));
     vdstream_store::check_location(&store)?;
-    // NBD TLS with --tls on|require; --tls-certificates alone is the API's HTTPS (below).
-    let nbd_tls = if args.tls.tls == vdstream_nbd::TlsMode::Off { None } else { args.tls.server()? };
+    // NBD TLS with --tls on|require. --tls-certificates with --tls off serves only the
+    // API's HTTPS, so it needs --http; without one it is refused as serve-image refuses it.
+    let http = args.http.or(http_from_file);
+    let nbd_tls = match (args.tls.tls, &args.tls.tls_certificates) {
+        (vdstream_nbd::TlsMode::Off, Some(_)) if http.is_some() => None,
+        _ => args.tls.server()?,
+    };
     Ok(ServerOptions {
         store,
         listen,
         socket,
-        http: args.http.or(http_from_file),
+        http,
         // --tls-certificates serves the API over HTTPS even with --tls off (NBD plaintext).
         http_tls: args.tls.tls_certificates.clone(),
         read_cache: args.read_cache.or(read_cache_from_file).unwrap_or(DEFAULT_READ_CACHE),

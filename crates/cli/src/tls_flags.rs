@@ -27,7 +27,7 @@ pub struct TlsFlags {
     /// ca-cert.pem, server-cert.pem, server-key.pem, optional ca-crl.pem (revocations,
     /// re-read when it changes). Client certificates are verified against ca-cert.pem; a
     /// client without one is anonymous. `vdstream server` also serves its HTTP API (--http)
-    /// over HTTPS with it, even with --tls off.
+    /// over HTTPS with it, even with --tls off (then only that).
     #[arg(long, value_name = "DIR")]
     pub tls_certificates: Option<PathBuf>,
 
