@@ -18,6 +18,9 @@ start_agent() {
     agent_env
     AGENT_SOCK=$VDSTREAM_RUN_DIR/$id.sock
     AGENT_LOG=$E2E_TMP/agent-$id.log
+    if [[ ${VDSTREAM_E2E_TLS:-0} == 1 ]]; then
+        set -- "$@" --tls-certificates "$PKI_DIR/client"
+    fi
     log "starting: vdstream target attach $id $*"
     "$VDSTREAM_BIN" target attach "$id" "$@" >"$AGENT_LOG" 2>&1 </dev/null &
     AGENT_PID=$!

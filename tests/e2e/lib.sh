@@ -14,6 +14,10 @@
 #   VDSTREAM_BIN          path of the vdstream binary (default: <repo>/target/release/vdstream)
 #   VDSTREAM_E2E_READY_SECS  how long to wait for a server to accept (default 20)
 #   VDSTREAM_E2E_KEEP     1 = keep the scratch directory for debugging
+#   VDSTREAM_E2E_TLS      1 = servers started by start_server run with --tls require and
+#                         certificates made with openssl in the scratch dir (PKI_DIR);
+#                         agents started by start_agent connect with the client's
+#                         (tls-lib.sh; test-tls-agent-kill.sh runs the kill tests so)
 
 set -euo pipefail
 
@@ -74,6 +78,13 @@ e2e_init() {
     trap e2e_cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
+    if [[ ${VDSTREAM_E2E_TLS:-0} == 1 ]]; then
+        # shellcheck source=tls-lib.sh
+        source "$E2E_DIR/tls-lib.sh"
+        PKI_DIR=$E2E_TMP/pki
+        make_pki "$PKI_DIR"
+        log "TLS on: servers run with --tls require, certificates in $PKI_DIR"
+    fi
 }
 
 # stop_pid PID SECS — SIGTERM, wait up to SECS, then SIGKILL. Never blocks longer.
@@ -127,6 +138,9 @@ server_command() {
     vdstream)
         [[ -x $VDSTREAM_BIN ]] || fail "$VDSTREAM_BIN not found: run 'cargo build --release' first"
         printf '%s\0' "$VDSTREAM_BIN" serve-image --socket "$sock" "$@"
+        if [[ ${VDSTREAM_E2E_TLS:-0} == 1 ]]; then
+            printf '%s\0' --tls require --tls-certificates "$PKI_DIR/server"
+        fi
         ;;
     nbdkit)
         local ro=() name=() plugin=() direct=0
@@ -177,18 +191,24 @@ start_server_on() {
     E2E_PIDS+=("$SERVER_PID")
     E2E_SERVER_PIDS+=("$SERVER_PID")
     E2E_SERVER_LOGS+=("$SERVER_LOG")
-    wait_ready "$SERVER_PID" "nbd+unix:///?socket=$sock"
+    if [[ ${VDSTREAM_E2E_TLS:-0} == 1 ]]; then
+        wait_ready "$SERVER_PID" "nbds+unix:///?socket=$sock&tls-certificates=$PKI_DIR/client"
+    else
+        wait_ready "$SERVER_PID" "nbd+unix:///?socket=$sock"
+    fi
 }
 
 # wait_ready PID URI — poll (bounded) until URI answers a full handshake.
 wait_ready() {
-    local pid=$1 uri=$2 deadline=$((SECONDS + READY_SECS)) rc
+    local pid=$1 uri=$2 deadline=$((SECONDS + READY_SECS)) rc sock
+    sock=${uri##*socket=}
+    sock=${sock%%&*}
     while ((SECONDS < deadline)); do
         if ! kill -0 "$pid" 2>/dev/null; then
             wait "$pid" 2>/dev/null && rc=0 || rc=$?
             fail "server exited (status $rc) before accepting connections"
         fi
-        if [[ -S ${uri##*socket=} ]] && timeout 5 nbdinfo --size "$uri" >/dev/null 2>&1; then
+        if [[ -S $sock ]] && timeout 5 nbdinfo --size "$uri" >/dev/null 2>&1; then
             return 0
         fi
         sleep 0.1

@@ -62,6 +62,9 @@ pub struct AttachConfig {
     pub api: Option<ApiLink>,
     /// Record every request of the local export into this I/O trace file.
     pub record_trace: Option<PathBuf>,
+    /// TLS of the local export's TCP listener (`--listen`); the unix socket stays
+    /// plaintext (a one-host client). `None`: plaintext.
+    pub listen_tls: Option<(vdstream_nbd::TlsMode, Arc<vdstream_tls::files::ServerTls>)>,
 }
 
 /// Bytes of answered, unflushed writes a `server-persistent` target keeps for a replay
@@ -88,6 +91,7 @@ impl AttachConfig {
             status_every: Duration::from_secs(1),
             api: None,
             record_trace: None,
+            listen_tls: None,
         }
     }
 
@@ -211,7 +215,7 @@ impl Agent {
             None => self.dev.clone(),
         };
         let exports = Arc::new(AgentExports { name: self.cfg.target.clone(), description, dev: exported });
-        let server = Arc::new(Server::new(exports, ServerConfig::default()));
+        let server = Arc::new(Server::new(exports.clone(), ServerConfig::default()));
         let std_unix = self.unix.take().expect("serve runs once");
         let unix = tokio::net::UnixListener::from_std(std_unix).map_err(|err| AgentError::Io { what: "cannot serve the socket".into(), err })?;
         let mut tasks = Vec::new();
@@ -224,7 +228,13 @@ impl Agent {
                 what: format!("cannot listen on {addr} (is another server using that port?)"),
                 err,
             })?;
-            let (server, shutdown) = (server.clone(), shutdown.clone());
+            let server = match &self.cfg.listen_tls {
+                Some((mode, tls)) => {
+                    Arc::new(Server::new(exports.clone(), ServerConfig { tls: Some(tls.clone()), tls_mode: *mode, ..ServerConfig::default() }))
+                }
+                None => server.clone(),
+            };
+            let shutdown = shutdown.clone();
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(tcp), shutdown).await }));
         }
         let mut prev = (self.status(None), Instant::now());

@@ -3,6 +3,13 @@
 //! vDisks or targets), here because the CLI and the server's tests depend on the agent,
 //! and the agent must not depend on the server.
 //!
+//! Credentials ([`Credentials`]): a bearer token, sent as `Authorization: Bearer` on every
+//! call, and for `https://` URLs a certificate directory (`ca-cert.pem` verifies the server;
+//! `client-cert.pem` and `client-key.pem`, when present, are shown to it). [`Client::new`]
+//! takes them from the environment: `VDSTREAM_TOKEN`, else the file named by
+//! `VDSTREAM_TOKEN_FILE`; `VDSTREAM_TLS_CERTIFICATES`. A token never appears in an error
+//! or `Debug` text.
+//!
 //! Invariants: a connect timeout of 5 s and a whole-call timeout ([`Client::with_timeout`],
 //! default 10 minutes: a merge can be long); no connection is kept between calls (the
 //! server closes idle ones); an answer is read up to [`MAX_RESPONSE`] bytes. An error
@@ -11,6 +18,8 @@
 //! or through a server.
 
 use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -18,9 +27,12 @@ use serde_json::Value;
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The server URL is not `http://HOST:PORT`.
+    /// The server URL is not `http(s)://HOST:PORT`.
     #[error("{0}")]
     BadUrl(String),
+    /// A token file or certificate directory cannot be used.
+    #[error("{0}")]
+    Credentials(String),
     /// No connection to the server. (The OS error is in the message, not `source()`,
     /// so that a chain printed with `{:#}` says it once.)
     #[error("cannot connect to the vdstream server at {url} ({err}): is `vdstream server --http` running there?")]
@@ -47,48 +59,137 @@ fn api_message(error: &str, what_to_do: &str) -> String {
 /// Largest answer read (a vDisk or session list of a big site fits easily).
 pub const MAX_RESPONSE: u64 = 64 << 20;
 
+/// What a client shows the server: a bearer token and, for https, a certificate directory.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    token: Option<Arc<str>>,
+    tls_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("token", &self.token.as_ref().map(|_| "<hidden>")).field("tls_dir", &self.tls_dir).finish()
+    }
+}
+
+/// Reads a token from `path`: its first line, trimmed.
+pub fn read_token_file(path: &Path) -> Result<String, ClientError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ClientError::Credentials(format!("cannot read the token file {}: {e}", path.display())))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        return Err(ClientError::Credentials(format!("the token file {} is empty: put the token `vdstream token add` printed in it", path.display())));
+    }
+    Ok(token)
+}
+
+impl Credentials {
+    /// `VDSTREAM_TOKEN`, else the file `VDSTREAM_TOKEN_FILE` names; `VDSTREAM_TLS_CERTIFICATES`.
+    pub fn from_env() -> Result<Credentials, ClientError> {
+        let token = match (std::env::var("VDSTREAM_TOKEN").ok().filter(|t| !t.trim().is_empty()), std::env::var_os("VDSTREAM_TOKEN_FILE")) {
+            (Some(t), _) => Some(t.trim().to_string()),
+            (None, Some(f)) if !f.is_empty() => Some(read_token_file(Path::new(&f))?),
+            _ => None,
+        };
+        let tls_dir = std::env::var_os("VDSTREAM_TLS_CERTIFICATES").filter(|d| !d.is_empty()).map(PathBuf::from);
+        Ok(Credentials { token: token.map(Into::into), tls_dir })
+    }
+
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token.map(Into::into);
+        self
+    }
+
+    pub fn with_tls_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.tls_dir = dir;
+        self
+    }
+
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// ureq's TLS settings from the certificate directory.
+    fn tls_config(&self) -> Result<ureq::tls::TlsConfig, ClientError> {
+        use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
+        let dir = self.tls_dir.as_deref().ok_or_else(|| ClientError::Credentials("an https:// server needs a certificate directory with its CA: give --tls-certificates DIR (or VDSTREAM_TLS_CERTIFICATES)".into()))?;
+        let bad = |e: vdstream_tls::TlsError| ClientError::Credentials(e.to_string());
+        let roots: Vec<Certificate<'static>> = vdstream_tls::files::read_certs(&dir.join("ca-cert.pem")).map_err(bad)?.iter().map(|c| Certificate::from_der(c.as_ref()).to_owned()).collect();
+        let (cert_path, key_path) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
+        let client_cert = if cert_path.exists() || key_path.exists() {
+            let chain: Vec<Certificate<'static>> = vdstream_tls::files::read_certs(&cert_path).map_err(bad)?.iter().map(|c| Certificate::from_der(c.as_ref()).to_owned()).collect();
+            let pem = std::fs::read(&key_path).map_err(|e| ClientError::Credentials(format!("cannot read {}: {e}", key_path.display())))?;
+            let key = PrivateKey::from_pem(&pem).map_err(|e| ClientError::Credentials(format!("{}: not a private key in PEM: {e}", key_path.display())))?;
+            Some(ClientCert::new_with_certs(&chain, key))
+        } else {
+            None
+        };
+        Ok(TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .unversioned_rustls_crypto_provider(vdstream_tls::files::provider())
+            .root_certs(RootCerts::new_with_certs(&roots))
+            .client_cert(client_cert)
+            .build())
+    }
+}
+
 /// A server's API, by its base URL.
 #[derive(Debug, Clone)]
 pub struct Client {
     url: String,
     timeout: Duration,
+    credentials: Credentials,
+    tls: Option<ureq::tls::TlsConfig>,
     agent: ureq::Agent,
 }
 
-fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::config_builder()
+fn agent(timeout: Duration, tls: Option<&ureq::tls::TlsConfig>) -> ureq::Agent {
+    let b = ureq::Agent::config_builder()
         .timeout_connect(Some(Duration::from_secs(5)))
         .timeout_global(Some(timeout))
         .http_status_as_error(false)
         .max_idle_connections(0)
         .max_redirects(0)
-        .user_agent(concat!("vdstream/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .into()
+        .user_agent(concat!("vdstream/", env!("CARGO_PKG_VERSION")));
+    match tls {
+        Some(t) => b.tls_config(t.clone()).build().into(),
+        None => b.build().into(),
+    }
 }
 
 impl Client {
-    /// `http://HOST:PORT` (a trailing `/` is allowed; `https` is not: there is no TLS yet).
+    /// `http://HOST:PORT` or `https://HOST:PORT` (a trailing `/` is allowed), with the
+    /// credentials of the environment ([`Credentials::from_env`]).
     pub fn new(url: &str) -> Result<Client, ClientError> {
-        let bad = |why: &str| ClientError::BadUrl(format!("{url:?} is not a vdstream server URL ({why}): give http://HOST:PORT, e.g. http://127.0.0.1:8480"));
-        let rest = url.strip_prefix("http://").ok_or_else(|| bad(if url.starts_with("https://") { "https is not supported yet" } else { "it does not start with http://" }))?;
+        Client::with_credentials(url, Credentials::from_env()?)
+    }
+
+    /// Like [`Client::new`], with these credentials.
+    pub fn with_credentials(url: &str, credentials: Credentials) -> Result<Client, ClientError> {
+        let bad = |why: &str| ClientError::BadUrl(format!("{url:?} is not a vdstream server URL ({why}): give http://HOST:PORT or https://HOST:PORT, e.g. http://127.0.0.1:8480"));
+        let (scheme, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(r), _) => ("http", r),
+            (_, Some(r)) => ("https", r),
+            _ => return Err(bad("it does not start with http:// or https://")),
+        };
         let hostport = rest.strip_suffix('/').unwrap_or(rest);
         if hostport.contains('/') || hostport.contains('?') || hostport.contains('@') {
-            return Err(bad("only HOST:PORT may follow http://"));
+            return Err(bad("only HOST:PORT may follow the scheme"));
         }
         let (host, port) = hostport.rsplit_once(':').ok_or_else(|| bad("it has no :PORT"))?;
         port.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| bad("the port is not a number from 1 to 65535"))?;
         if host.is_empty() || host == "[]" {
             return Err(bad("the host is empty"));
         }
+        let tls = if scheme == "https" { Some(credentials.tls_config()?) } else { None };
         let timeout = Duration::from_secs(600);
-        Ok(Client { url: format!("http://{hostport}"), timeout, agent: agent(timeout) })
+        let agent = agent(timeout, tls.as_ref());
+        Ok(Client { url: format!("{scheme}://{hostport}"), timeout, credentials, tls, agent })
     }
 
     /// How long a call may take in all (default 10 minutes: a merge can be long).
     pub fn with_timeout(mut self, t: Duration) -> Self {
         self.timeout = t;
-        self.agent = agent(t);
+        self.agent = agent(t, self.tls.as_ref());
         self
     }
 
@@ -112,7 +213,10 @@ impl Client {
     /// One call: `method` on `path` (e.g. `/api/v1/targets`), with a JSON body or none.
     /// Returns the answer's JSON on a 2xx status.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, ClientError> {
-        let req = ureq::http::Request::builder().method(method).uri(format!("{}{path}", self.url)).header("Accept", "application/json");
+        let mut req = ureq::http::Request::builder().method(method).uri(format!("{}{path}", self.url)).header("Accept", "application/json");
+        if let Some(t) = &self.credentials.token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
         let sent = match body {
             Some(b) => {
                 let bytes = serde_json::to_vec(b).expect("JSON values serialize");
@@ -165,7 +269,7 @@ mod tests {
         assert_eq!(Client::new("http://[::1]:80").unwrap().url(), "http://[::1]:80");
         for (bad, why) in [
             ("127.0.0.1:8480", "does not start with http://"),
-            ("https://h:1", "https is not supported"),
+            ("ftp://h:1", "does not start with http:// or https://"),
             ("http://h", "no :PORT"),
             ("http://h:0", "port"),
             ("http://h:1/api", "only HOST:PORT"),

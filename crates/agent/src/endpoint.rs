@@ -36,12 +36,14 @@ pub fn is_api_url(uri: &str) -> bool {
 }
 
 impl Endpoint {
-    /// Parses `nbd://HOST[:PORT]/EXPORT` or `nbd+unix:///EXPORT?socket=PATH`.
+    /// Parses `nbd://HOST[:PORT]/EXPORT` or `nbd+unix:///EXPORT?socket=PATH` (or their TLS
+    /// forms `nbds://`, `nbds+unix://`: whether the link uses TLS is the link's setting,
+    /// `RemoteOptions::tls`, which the caller sets for them).
     pub fn parse(uri: &str) -> Result<Endpoint, AgentError> {
         if is_api_url(uri) {
             return Err(AgentError::MixedServers { uri: uri.to_string() });
         }
-        let (address, export) = Address::parse_uri(uri)
+        let vdstream_nbd::client::ParsedUri { address, export, .. } = Address::parse_uri_tls(uri)
             .map_err(|e| AgentError::BadEndpoint { uri: uri.to_string(), reason: e.to_string() })?;
         Ok(Endpoint { uri: uri.to_string(), address, export, fallback: None })
     }

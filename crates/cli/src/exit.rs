@@ -10,6 +10,7 @@
 //! | 4      | `conflict`    | refused by the state of things: in use, exists, attached; 409 |
 //! | 5      | `io`          | an I/O error, a damaged or missing file of the store          |
 //! | 6      | `unavailable` | no server answers (connection refused, timeout), agent stopped|
+//! | 7      | `insecure`    | a server asked to listen off loopback without TLS or --insecure |
 //!
 //! The kind comes from the first error in the chain whose type says it (outermost first):
 //! the library error types ([`StoreError`], [`ClientError`], [`AgentError`], [`PkiError`], the
@@ -36,6 +37,7 @@ pub enum Kind {
     Conflict,
     Io,
     Unavailable,
+    Insecure,
 }
 
 impl Kind {
@@ -47,6 +49,7 @@ impl Kind {
             Kind::Conflict => 4,
             Kind::Io => crate::output::IO_STATUS,
             Kind::Unavailable => 6,
+            Kind::Insecure => 7,
         }
     }
 
@@ -58,6 +61,7 @@ impl Kind {
             Kind::Conflict => "conflict",
             Kind::Io => "io",
             Kind::Unavailable => "unavailable",
+            Kind::Insecure => "insecure",
         }
     }
 }
@@ -75,6 +79,7 @@ Exit status:
   4 conflict: refused by the current state (in use, already exists, already attached)
   5 I/O: a read or write failed, a store file is damaged or missing
   6 unavailable: no server answers, or the target's agent is not running
+  7 insecure: a server asked to listen off loopback without TLS (see --insecure)
 With --json, a failure also prints one JSON object on stdout (unless the command's
 own document is already there):
   {\"error\": {\"kind\": \"not_found\", \"status\": 3, \"message\": \"...\"}}"
@@ -119,7 +124,7 @@ fn of_store(e: &StoreError) -> Kind {
 
 fn of_client(e: &ClientError) -> Kind {
     match e {
-        ClientError::BadUrl(_) => Kind::Usage,
+        ClientError::BadUrl(_) | ClientError::Credentials(_) => Kind::Usage,
         ClientError::Connect { .. } | ClientError::Io { .. } => Kind::Unavailable,
         ClientError::Protocol { .. } => Kind::Other,
         ClientError::Api { status, .. } => match status {
@@ -283,7 +288,7 @@ mod tests {
 
     #[test]
     fn codes_are_distinct_and_documented() {
-        let all = [Kind::Other, Kind::Usage, Kind::NotFound, Kind::Conflict, Kind::Io, Kind::Unavailable];
+        let all = [Kind::Other, Kind::Usage, Kind::NotFound, Kind::Conflict, Kind::Io, Kind::Unavailable, Kind::Insecure];
         let codes: std::collections::BTreeSet<i32> = all.iter().map(|k| k.code()).collect();
         assert_eq!(codes.len(), all.len());
         for k in all {

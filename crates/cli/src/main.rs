@@ -19,6 +19,8 @@ mod server;
 mod size;
 mod target;
 mod target_record;
+mod token;
+mod tls_flags;
 mod vdisk;
 mod version;
 
@@ -61,6 +63,7 @@ enum Command {
     Version(version::VersionArgs),
     Audit(audit::AuditArgs),
     Target(target::TargetArgs),
+    Token(token::TokenArgs),
     Size(ram_sizing::SizeArgs),
     Demo(demo::DemoArgs),
     Bench(bench::BenchArgs),
@@ -68,7 +71,9 @@ enum Command {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+    // rustls's own warnings are about what a peer sent (e.g. qemu's IP address as SNI): a
+    // client could fill the log with them; failed TLS handshakes are logged by the NBD side.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,rustls=error"))
         .format_timestamp_millis()
         .init();
     let json = exit::json_requested();
@@ -100,6 +105,7 @@ fn main() {
         Command::Version(args) => version::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Target(args) => target::run(args),
+        Command::Token(args) => token::run(args),
         Command::Size(args) => ram_sizing::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),

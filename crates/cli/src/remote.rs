@@ -2,22 +2,50 @@
 //! The API answers the document the local command would print (both are built by
 //! `vdstream_store::documents`), so the command prints it the same way.
 
+//!
+//! Credentials: a bearer token from `--token-file FILE`, else VDSTREAM_TOKEN, else the file
+//! VDSTREAM_TOKEN_FILE names (never a flag with the token itself: other users see argv);
+//! for `https://`, the CA (and client certificate) of `--tls-certificates DIR`, else
+//! VDSTREAM_TLS_CERTIFICATES.
+
+use std::path::PathBuf;
+
 use anyhow::Result;
 use clap::Args;
-use vdstream_agent::client::Client;
+use vdstream_agent::client::{read_token_file, Client, Credentials};
 
 /// The `--server` option of the store commands the API serves.
 #[derive(Debug, Clone, Args)]
 pub struct ServerOpt {
-    /// Send the command to a running `vdstream server --http` (http://HOST:PORT) instead of the store.
+    /// Send the command to a running `vdstream server --http` (http://HOST:PORT or
+    /// https://HOST:PORT) instead of the store.
     #[arg(long, value_name = "URL")]
     pub server: Option<String>,
+
+    /// With --server: the API token is the first line of FILE (else $VDSTREAM_TOKEN, else
+    /// the file $VDSTREAM_TOKEN_FILE names).
+    #[arg(long, value_name = "FILE", requires = "server")]
+    pub token_file: Option<PathBuf>,
+
+    /// With an https:// --server: the certificate directory (ca-cert.pem, and
+    /// client-cert.pem and client-key.pem if the client shows one). Default:
+    /// $VDSTREAM_TLS_CERTIFICATES.
+    #[arg(long, value_name = "DIR", requires = "server")]
+    pub tls_certificates: Option<PathBuf>,
 }
 
 impl ServerOpt {
     /// The API client, when `--server` is given.
     pub fn client(&self) -> Result<Option<Client>> {
-        Ok(self.server.as_deref().map(Client::new).transpose()?)
+        let Some(url) = self.server.as_deref() else { return Ok(None) };
+        let mut c = Credentials::from_env()?;
+        if let Some(f) = &self.token_file {
+            c = c.with_token(Some(read_token_file(f)?));
+        }
+        if let Some(d) = &self.tls_certificates {
+            c = c.with_tls_dir(Some(d.clone()));
+        }
+        Ok(Some(Client::with_credentials(url, c)?))
     }
 }
 

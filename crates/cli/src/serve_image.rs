@@ -63,9 +63,13 @@ Examples:
   vdstream serve-image disk.img --read-only --listen 127.0.0.1:10809
   vdstream serve-image store/win11/v3.qcow2 --read-only   (v3 and every version below it)
   vdstream serve-image disk.img --cache ram-overflow --record-trace vm.trace   (then: vdstream size --trace vm.trace)
+  vdstream serve-image disk.img --listen 127.0.0.1:10809 --tls require --tls-certificates /etc/vdstream/tls
 Then:
   nbdinfo --map 'nbd+unix:///?socket=/tmp/vdstream.sock'
-  qemu-system-x86_64 -drive file=nbd+unix:///?socket=/tmp/vdstream.sock,format=raw,if=virtio ...")]
+  qemu-system-x86_64 -drive file=nbd+unix:///?socket=/tmp/vdstream.sock,format=raw,if=virtio ...
+  nbdinfo 'nbds://127.0.0.1:10809/vdstream?tls-certificates=/etc/vdstream/tls'      (with TLS)
+  qemu-img info --object tls-creds-x509,id=tls0,dir=/etc/vdstream/tls,endpoint=client \\
+    --image-opts driver=nbd,host=127.0.0.1,port=10809,export=vdstream,tls-creds=tls0")]
 pub struct ServeImageArgs {
     /// Image file (or block device) to serve: raw, or qcow2 served with its whole backing
     /// chain (see --format). Omit it with --memory or --vdisk.
@@ -104,9 +108,16 @@ pub struct ServeImageArgs {
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
 
-    /// TCP address to listen on, e.g. 127.0.0.1:10809 (the NBD port).
+    /// TCP address to listen on, e.g. 127.0.0.1:10809 (the NBD port). Any address but
+    /// loopback needs TLS, or --insecure.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
+
+    /// Listen on a non-loopback --listen address without TLS: any machine that reaches it
+    /// may read and write the export. Only for a trusted network; refused otherwise (exit
+    /// status 7).
+    #[arg(long)]
+    insecure: bool,
 
     /// Serve FILE through a write cache of this type: the file is only read (except with
     /// `private`), every write lands in the cache. Types: ram-overflow, device-ram,
@@ -166,6 +177,14 @@ pub struct ServeImageArgs {
     /// Export name, besides the default empty name.
     #[arg(long, value_name = "EXPORT", default_value = "vdstream")]
     name: String,
+
+    /// Seconds a client may take over each step of the handshake, the TLS handshake
+    /// included, before it is dropped (a stalled or slow-loris client cannot hold a slot).
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    handshake_timeout: u64,
+
+    #[command(flatten)]
+    tls: crate::tls_flags::TlsFlags,
 }
 
 impl ServeImageArgs {
@@ -240,6 +259,12 @@ impl Exports for SingleExport {
 }
 
 pub fn run(args: ServeImageArgs) -> Result<()> {
+    // Checked first: nothing is opened for a server that will not start.
+    let tls = args.tls.tls != vdstream_nbd::TlsMode::Off;
+    if let Some(addr) = args.listen.filter(|a| !tls && !args.insecure && !vdstream_server::config::is_loopback(a)) {
+        let e = vdstream_server::config::InsecureListen { what: "NBD", addr };
+        return Err(crate::exit::fail(crate::exit::Kind::Insecure, e.to_string()));
+    }
     if args.read_only && args.memory.is_some() {
         usage!("--read-only with --memory would serve a disk of zeros; drop --read-only");
     }
@@ -309,9 +334,21 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
     let one_writer = opened_layer.as_ref().is_some_and(|o| o.writable);
     let exports = Arc::new(SingleExport::new(args.name.clone(), description.clone(), dev, one_writer));
 
+    let tls = args.tls.server()?;
+    let tls_on = tls.is_some();
+    let scheme = if tls_on { "nbds" } else { "nbd" };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
     runtime.block_on(async move {
-        let config = ServerConfig { threads_per_connection: args.threads as usize, ..ServerConfig::default() };
+        let config = ServerConfig {
+            threads_per_connection: args.threads as usize,
+            handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout),
+            tls,
+            tls_mode: args.tls.tls,
+            ..ServerConfig::default()
+        };
+        if config.tls.is_some() {
+            outln!("vdstream: {}", args.tls.describe());
+        }
         let server = Arc::new(Server::new(exports, config));
         let (trigger, shutdown) = ShutdownSignal::new();
         let socket = match (&args.socket, &args.listen) {
@@ -322,18 +359,18 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         if let Some(path) = &socket {
             let listener = bind_unix(path)?;
             outln!(
-                "vdstream: serving {description} ({size} bytes) as export {:?} on nbd+unix:///{}?socket={}",
+                "vdstream: serving {description} ({size} bytes) as export {:?} on {scheme}+unix:///{}?socket={}",
                 args.name,
                 args.name,
                 path.display()
             );
-            outln!("vdstream: try: nbdinfo 'nbd+unix:///?socket={}'", path.display());
+            outln!("vdstream: try: nbdinfo '{scheme}+unix:///?socket={}{}'", path.display(), if tls_on { "&tls-certificates=DIR" } else { "" });
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(listener), shutdown).await }));
         }
         if let Some(addr) = args.listen {
             let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}: is another server using that port?"))?;
-            outln!("vdstream: serving {description} ({size} bytes) as export {:?} on nbd://{addr}/{}", args.name, args.name);
+            outln!("vdstream: serving {description} ({size} bytes) as export {:?} on {scheme}://{addr}/{}", args.name, args.name);
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(listener), shutdown).await }));
         }

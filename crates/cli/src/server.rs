@@ -4,13 +4,16 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use vdstream_server::config::SizeValue;
+use vdstream_server::policy::AnonymousGrant;
 use vdstream_server::{ConfigFile, NbdService, ServerOptions, ServerState, DEFAULT_READ_CACHE};
 
+use crate::exit::{fail, Kind};
 use crate::serve_image::wait_for_signal;
 use crate::size::{format_size, parse_size};
 
@@ -34,6 +37,13 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// ESHUTDOWN (agents then move to their next server). With --http, the JSON API and
 /// Prometheus /metrics run on the same server (they answer through the drain, showing
 /// "draining": true, and stop when it ends).
+///
+/// Without TLS every client may open every export, so the server listens only where no
+/// other machine reaches it (a unix socket, 127.0.0.1, ::1) unless --insecure says the
+/// network is trusted. With TLS, a client's certificate decides what it may open (a
+/// target: its own target/ID and its record's vDisk; maintenance/NAME: an administrator),
+/// and --anonymous what clients without one get. Refusals answer NBD_REP_ERR_POLICY naming
+/// the rule and are recorded in the audit trail (`vdstream audit`).
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment, after_help = "\
 Examples:
@@ -41,12 +51,14 @@ Examples:
   vdstream server --socket /run/vdstream/server.sock --read-cache 1G
   vdstream server --config /etc/vdstream/server.toml --name pvs1
   vdstream server --store /srv/vdstream --http 127.0.0.1:8480     (with the HTTP API)
+  vdstream server --store /srv/vdstream --listen 0.0.0.0:10809 --tls require --tls-certificates /etc/vdstream/tls
 Then:
   nbdinfo --list nbd://127.0.0.1:10809
   qemu-img info nbd://127.0.0.1:10809/vdisk/win11
   vdstream target attach vm1 --server nbd://127.0.0.1:10809/vdisk/win11 --cache ram-overflow
   qemu-io -f raw -c 'write -P 1 0 1M' 'nbd+unix:///maintenance/win11?socket=/run/vdstream/server.sock'
   curl http://127.0.0.1:8480/api/v1/sessions
+  nbdinfo --list 'nbds://pvs1:10809?tls-certificates=/etc/vdstream/tls'      (with TLS)
 
 Config file (TOML, keys = flag names; a flag given on the command line wins):
   store = \"/srv/vdstream\"
@@ -57,14 +69,16 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   name = \"pvs1\"
   stats-file = \"/run/vdstream/server-stats.json\"
   dead-peer-timeout = 60
-  max-connections = 1000")]
+  max-connections = 1000
+  anonymous = \"none\"
+  insecure = false")]
 pub struct ServerArgs {
     /// Store directory. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
     #[arg(long, value_name = "DIR")]
     store: Option<PathBuf>,
 
-    /// TCP address to listen on (use loopback or a trusted network: NBD has no
-    /// authentication here). Default: 127.0.0.1:10809, unless only --socket is given.
+    /// TCP address to listen on. Default: 127.0.0.1:10809, unless only --socket is given.
+    /// Any address but loopback needs TLS, or --insecure.
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
 
@@ -73,8 +87,9 @@ pub struct ServerArgs {
     socket: Option<PathBuf>,
 
     /// Serve the HTTP API (/api/v1/...) and Prometheus /metrics on this TCP address (port 0:
-    /// any free port; the address is printed). No authentication: use loopback or a
-    /// trusted network.
+    /// any free port; the address is printed). Any address but loopback needs --insecure
+    /// (or TLS). Calls need a bearer token (`vdstream token add`) unless the address is
+    /// loopback, without TLS, and no token was ever made.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
 
@@ -116,6 +131,21 @@ pub struct ServerArgs {
     /// connection is counted at 8 descriptors, 64 kept aside), at most 4096.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: Option<u64>,
+
+    /// What clients without a verified certificate may open when TLS is on: `none` (the
+    /// default), `vdisks` (read-only vdisk/NAME[@V], like an anonymous PVS boot) or `all`
+    /// (everything but maintenance/NAME). Without TLS every client may open everything.
+    #[arg(long, value_name = "none|vdisks|all")]
+    anonymous: Option<AnonymousGrant>,
+
+    /// Listen on a non-loopback address (--listen, --http) without TLS: any machine that
+    /// reaches it may open every export. Only for a trusted network; refused otherwise
+    /// (exit status 7).
+    #[arg(long)]
+    insecure: bool,
+
+    #[command(flatten)]
+    tls: crate::tls_flags::TlsFlags,
 }
 
 /// Merges the flags over the config file.
@@ -144,11 +174,20 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
     }
     let store = vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref()));
     vdstream_store::check_location(&store)?;
+    // NBD TLS with --tls on|require. --tls-certificates with --tls off serves only the
+    // API's HTTPS, so it needs --http; without one it is refused as serve-image refuses it.
+    let http = args.http.or(http_from_file);
+    let nbd_tls = match (args.tls.tls, &args.tls.tls_certificates) {
+        (vdstream_nbd::TlsMode::Off, Some(_)) if http.is_some() => None,
+        _ => args.tls.server()?,
+    };
     Ok(ServerOptions {
         store,
         listen,
         socket,
-        http: args.http.or(http_from_file),
+        http,
+        // --tls-certificates serves the API over HTTPS even with --tls off (NBD plaintext).
+        http_tls: args.tls.tls_certificates.clone(),
         read_cache: args.read_cache.or(read_cache_from_file).unwrap_or(DEFAULT_READ_CACHE),
         name: args.name.clone().or(file.name),
         stats_file: args.stats_file.clone().or(file.stats_file),
@@ -157,16 +196,31 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
             Some(0) => return Err(anyhow!("max-connections = 0 in the config file: say at least 1, or leave it out for the default")),
             n => n,
         },
+        anonymous: match (args.anonymous, &file.anonymous) {
+            (Some(g), _) => g,
+            (None, Some(text)) => text.parse().map_err(|e| anyhow!("anonymous in the config file: {e}"))?,
+            (None, None) => AnonymousGrant::None,
+        },
+        insecure: args.insecure || file.insecure.unwrap_or(false),
         dead_peer_timeout: match args.dead_peer_timeout.or(file.dead_peer_timeout) {
             Some(0) => None,
             Some(secs) => Some(Duration::from_secs(secs)),
             None => Some(vdstream_nbd::server::DEFAULT_DEAD_PEER_TIMEOUT),
         },
+        nbd_tls,
+        nbd_tls_mode: args.tls.tls,
     })
 }
 
 pub fn run(args: ServerArgs) -> Result<()> {
     let opts = options(&args)?;
+    opts.check_listen().map_err(|e| fail(Kind::Insecure, e.to_string()))?;
+    if opts.insecure && [opts.listen, opts.http].iter().flatten().any(|a| !vdstream_server::config::is_loopback(a)) {
+        log::warn!("listening without TLS on a non-loopback address (--insecure): every client that reaches it may open every export");
+    }
+    if opts.anonymous != AnonymousGrant::None && opts.nbd_tls.is_none() {
+        log::warn!("--anonymous {} matters only with TLS: without it every client may open every export", opts.anonymous);
+    }
     let state = ServerState::new(&opts);
     // Bound before the NBD side starts, so that a busy port fails the start cleanly.
     let http_listener = match opts.http {
@@ -194,8 +248,15 @@ pub fn run(args: ServerArgs) -> Result<()> {
         // The API's tasks run on this runtime; it shares `state` with the NBD side.
         let http = match http_listener {
             Some(listener) => {
-                let handle = vdstream_server::http::spawn(listener, state.clone()).context("cannot start the HTTP API")?;
-                outln!("vdstream: HTTP API on http://{}/api/v1/server, metrics on http://{0}/metrics", handle.local_addr());
+                let tls = match &opts.http_tls {
+                    Some(dir) => Some(Arc::new(
+                        vdstream_tls::files::ServerTls::new(dir, vdstream_tls::files::ClientAuth::Verify).with_context(|| format!("cannot serve the HTTP API over TLS with {}", dir.display()))?,
+                    )),
+                    None => None,
+                };
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let handle = vdstream_server::http::spawn_with(listener, state.clone(), tls).context("cannot start the HTTP API")?;
+                outln!("vdstream: HTTP API on {scheme}://{}/api/v1/server, metrics on {scheme}://{0}/metrics", handle.local_addr());
                 Some(handle)
             }
             None => None,
@@ -270,6 +331,14 @@ mod tests {
         std::fs::write(&file, "max-connections = 300\n").unwrap();
         assert_eq!(options(&parse(&["--config", cfg])).unwrap().max_connections, Some(300));
         assert_eq!(options(&parse(&["--config", cfg, "--max-connections", "7"])).unwrap().max_connections, Some(7));
+        std::fs::write(&file, "anonymous = \"vdisks\"\ninsecure = true\n").unwrap();
+        let o = options(&parse(&["--config", cfg])).unwrap();
+        assert_eq!((o.anonymous, o.insecure), (AnonymousGrant::Vdisks, true));
+        let o = options(&parse(&["--config", cfg, "--anonymous", "all"])).unwrap();
+        assert_eq!(o.anonymous, AnonymousGrant::All);
+        let o = options(&parse(&["--store", "/s"])).unwrap();
+        assert_eq!((o.anonymous, o.insecure), (AnonymousGrant::None, false), "nothing for anonymous clients, no plaintext off loopback");
+        assert!(Cli::try_parse_from(["server", "--anonymous", "some"]).is_err());
     }
 
     #[test]

@@ -83,9 +83,16 @@ pub struct AttachArgs {
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
 
-    /// Also serve on TCP, e.g. 127.0.0.1:10810 (loopback is advised: there is no authentication).
+    /// Also serve on TCP, e.g. 127.0.0.1:10810. Any address but loopback needs TLS, or
+    /// --insecure.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
+
+    /// Serve --listen on a non-loopback address without TLS: any machine that reaches it
+    /// may read and write this target's disk. Only for a trusted network; refused
+    /// otherwise (exit status 7).
+    #[arg(long, requires = "listen")]
+    insecure: bool,
 
     /// Write cache type: ram-overflow (default, or the record's with http:// servers),
     /// device-ram, device-disk, device-disk-persistent; server and server-persistent send
@@ -141,6 +148,54 @@ pub struct AttachArgs {
     /// write durable before answering it (much slower).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "64M")]
     journal_max: u64,
+
+    /// NBD over TLS to the servers, with the target's credentials in DIR (the layout of
+    /// qemu's tls-creds-x509: ca-cert.pem, client-cert.pem, client-key.pem): every
+    /// connection starts TLS and checks the server's certificate against ca-cert.pem; a
+    /// server without TLS is refused, never used in plaintext. nbds:// URIs ask for TLS
+    /// too (their ?tls-certificates=DIR serves when this flag is not given).
+    /// Example: --server nbd://10.0.0.1:10809/target/vm1 --tls-certificates /etc/vdstream/tls
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+
+    /// TLS of the local export's TCP listener (--listen): off (default), on or require,
+    /// with server-cert.pem and server-key.pem of --tls-certificates; client certificates
+    /// are verified against its ca-cert.pem. The unix socket stays plaintext.
+    #[arg(long, value_name = "off|on|require", default_value = "off", value_parser = parse_tls_mode, requires = "listen")]
+    listen_tls: vdstream_nbd::TlsMode,
+}
+
+fn parse_tls_mode(s: &str) -> Result<vdstream_nbd::TlsMode, String> {
+    s.parse()
+}
+
+/// The local export's TLS: its mode and certificate directory.
+type ListenTls = (vdstream_nbd::TlsMode, std::sync::Arc<vdstream_tls::files::ServerTls>);
+
+/// The upstream TLS configuration and the local listener's: `--tls-certificates`, or the
+/// `?tls-certificates=` of an nbds:// URI, which needs one or the other.
+fn attach_tls(a: &AttachArgs) -> Result<(Option<std::sync::Arc<vdstream_tls::rustls::ClientConfig>>, Option<ListenTls>)> {
+    let nbds = a.servers.iter().filter_map(|u| vdstream_nbd::client::Address::parse_uri_tls(u).ok()).find(|p| p.tls);
+    let dir = a.tls_certificates.clone().or_else(|| nbds.as_ref().and_then(|p| p.tls_certificates.clone()));
+    if nbds.is_some() && dir.is_none() {
+        usage!("an nbds:// server needs the target's certificates: give --tls-certificates DIR (ca-cert.pem, client-cert.pem, client-key.pem)");
+    }
+    let upstream = match &dir {
+        Some(d) => Some(vdstream_tls::files::client_config(d).map_err(|e| anyhow::anyhow!("--tls-certificates: {e}"))?),
+        None => None,
+    };
+    let local = match (a.listen_tls, &dir) {
+        (vdstream_nbd::TlsMode::Off, _) => None,
+        (mode, Some(d)) => Some((
+            mode,
+            std::sync::Arc::new(
+                vdstream_tls::files::ServerTls::new(d, vdstream_tls::files::ClientAuth::Verify)
+                    .map_err(|e| anyhow::anyhow!("--listen-tls {}: {e}", mode.as_str()))?,
+            ),
+        )),
+        (mode, None) => usage!("--listen-tls {} needs --tls-certificates DIR with server-cert.pem and server-key.pem", mode.as_str()),
+    };
+    Ok((upstream, local))
 }
 
 /// Show the figures of a running (or the last) agent of target ID.
@@ -182,6 +237,12 @@ pub fn run(args: TargetArgs) -> Result<()> {
 
 fn attach(a: AttachArgs) -> Result<()> {
     paths::check_target_id(&a.id)?;
+    // Before anything is asked or opened; a local export over TLS (--listen-tls) may listen anywhere.
+    if let Some(addr) = a.listen.filter(|l| a.listen_tls == vdstream_nbd::TlsMode::Off && !a.insecure && !vdstream_server::config::is_loopback(l)) {
+        let e = vdstream_server::config::InsecureListen { what: "NBD", addr };
+        return Err(crate::exit::fail(crate::exit::Kind::Insecure, e.to_string()));
+    }
+    let (upstream_tls, listen_tls) = attach_tls(&a)?;
     let mut cfg = if a.servers.iter().any(|s| api::is_api_url(s)) {
         if let Some(nbd) = a.servers.iter().find(|s| !api::is_api_url(s)) {
             usage!(
@@ -243,6 +304,8 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.remote.max_requests = a.max_requests as usize;
     cfg.remote.journal = (a.journal_max > 0).then_some(a.journal_max);
     cfg.record_trace = a.record_trace;
+    cfg.remote.tls = upstream_tls;
+    cfg.listen_tls = listen_tls;
     let servers = cfg.endpoints.iter().map(|e| e.uri.as_str()).collect::<Vec<_>>().join(", ");
     outln!("vdstream: target {}: connecting to {servers}", a.id);
     let mut agent = Agent::open(cfg).with_context(|| format!("cannot attach target {}", a.id))?;

@@ -5,8 +5,18 @@
 //! longer than [`MAX_OPTION_LEN`] ends the connection before anything is allocated for it;
 //! option payloads are parsed only by the pure functions of [`crate::options`]; an unknown
 //! or unsupported option gets `NBD_REP_ERR_UNSUP` and haggling goes on; the stream is read
-//! exactly (no read-ahead), so nothing of the transmission phase is swallowed here. No TLS:
-//! `NBD_OPT_STARTTLS` is refused with `NBD_REP_ERR_POLICY` (the spec's NOTLS mode).
+//! exactly (no read-ahead), so nothing of the transmission phase is swallowed here.
+//!
+//! TLS (`NBD_OPT_STARTTLS`, [`crate::state::TlsMode`]): without a TLS directory, or with
+//! mode `off`, STARTTLS is refused with `NBD_REP_ERR_POLICY` (the spec's NOTLS mode). With
+//! `on` (SELECTIVETLS) or `require` (FORCEDTLS) STARTTLS is acknowledged, the TLS handshake
+//! runs on the same stream within `handshake_timeout`, and haggling continues over TLS with
+//! no new greeting and nothing remembered from before (structured replies and meta
+//! contexts are negotiated again). In `require` mode every option before STARTTLS except
+//! `NBD_OPT_ABORT` gets `NBD_REP_ERR_TLS_REQD` and the connection stays usable;
+//! `NBD_OPT_EXPORT_NAME` (which cannot carry an error) closes it. A second STARTTLS gets
+//! `NBD_REP_ERR_INVALID`. The client is its verified certificate's identity, else
+//! `Anonymous` (TLS configured) or `Local` (no TLS).
 
 use std::io;
 use std::sync::Arc;
@@ -14,12 +24,13 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use vdstream_blockdev::BlockDev;
+use vdstream_contract::Identity;
 
 use crate::errno::rep_err_for;
 use crate::flags::{block_size, transmission_flags};
 use crate::options::{self, OptionParseError};
 use crate::proto::*;
-use crate::state::{OpenError, OpenPurpose, OpenRequest, OpenedExport, Shared, ShutdownSignal};
+use crate::state::{OpenError, OpenPurpose, OpenRequest, OpenedExport, Shared, ShutdownSignal, TlsMode};
 use crate::validate::ExportParams;
 use crate::wire::{put_option_reply, OptionHeader, OPTION_HEADER_LEN};
 
@@ -32,6 +43,29 @@ pub struct Negotiated {
     pub export_name: String,
     pub device: Arc<dyn BlockDev>,
     pub params: ExportParams,
+}
+
+/// A client's TLS session, handed from the handshake to the transmission phase.
+pub struct TlsPeer {
+    pub conn: rustls::ServerConnection,
+    /// Who the client is (its verified certificate's role, or `Anonymous`).
+    pub identity: Identity,
+    /// Its certificate's serial (to close the session when `ca-crl.pem` revokes it).
+    pub serial: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for TlsPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsPeer").field("identity", &self.identity).finish_non_exhaustive()
+    }
+}
+
+/// What a successful handshake hands the transmission phase.
+#[derive(Debug)]
+pub struct Handshaken {
+    pub negotiated: Negotiated,
+    /// `Some` when the client started TLS.
+    pub tls: Option<TlsPeer>,
 }
 
 /// Why a handshake ended without reaching the transmission phase.
@@ -51,6 +85,10 @@ pub enum HandshakeError {
     ExportRejected { name: String, reason: String },
     #[error("the server is shutting down")]
     Shutdown,
+    #[error("NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS on a server that requires TLS (--tls require); that option cannot return an error, so the connection was closed")]
+    TlsRequired,
+    #[error("TLS handshake failed: {0}")]
+    Tls(io::Error),
 }
 
 struct Wire<'a, S> {
@@ -91,6 +129,37 @@ struct MetaSelection {
     base_allocation: bool,
 }
 
+/// Where a connection stands with TLS, for one round of haggling.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TlsPhase {
+    /// No TLS on this server: STARTTLS is refused.
+    Unavailable,
+    /// TLS offered, not started yet; `required`: nothing else is allowed first.
+    Offered { required: bool },
+    /// TLS is up: a second STARTTLS is invalid.
+    Active,
+}
+
+/// How a round of haggling ended.
+enum Step {
+    /// An export was chosen (`Some`) or the client left (`None`).
+    Done(Option<Negotiated>),
+    /// STARTTLS was acknowledged: the TLS handshake comes next.
+    StartTls,
+}
+
+/// What one round of haggling needs to know about the connection.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    shared: &'a Shared,
+    shutdown: &'a ShutdownSignal,
+    peer: &'a str,
+    refusal: Option<&'a OpenError>,
+    no_zeroes: bool,
+    client: &'a Identity,
+    tls: TlsPhase,
+}
+
 /// Runs the handshake. `Ok(None)`: the client aborted or left politely. `refusal`: the
 /// server has no room for this connection; every export it asks for is refused so.
 /// Every refused open is logged (rate-limited) with the peer, the export and the reason.
@@ -100,13 +169,13 @@ pub(crate) async fn negotiate<S>(
     shutdown: &ShutdownSignal,
     peer: &str,
     refusal: Option<&OpenError>,
-) -> Result<Option<Negotiated>, HandshakeError>
+) -> Result<Option<Handshaken>, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut wire = Wire { stream, timeout: shared.config.handshake_timeout, shutdown: shutdown.clone() };
-    // Until TLS exists every client is a one-host client.
-    let client = vdstream_contract::Identity::Local;
+    let timeout = shared.config.handshake_timeout;
+    let mut wire = Wire { stream: &mut *stream, timeout, shutdown: shutdown.clone() };
+    let server_tls = shared.config.tls_enabled();
 
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
@@ -122,6 +191,74 @@ where
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
 
+    // Without TLS every client is a one-host client; with TLS configured, a client that
+    // shows no verified certificate is anonymous.
+    let plain_client = if server_tls.is_some() { Identity::Anonymous } else { Identity::Local };
+    let tls = match server_tls {
+        None => TlsPhase::Unavailable,
+        Some(_) => TlsPhase::Offered { required: shared.config.tls_mode == TlsMode::Require },
+    };
+    let ctx = Ctx { shared, shutdown, peer, refusal, no_zeroes, client: &plain_client, tls };
+    let config = match haggle(&mut wire, &ctx).await? {
+        Step::Done(n) => return Ok(n.map(|negotiated| Handshaken { negotiated, tls: None })),
+        Step::StartTls => match server_tls {
+            Some(t) => t.current(),
+            None => unreachable!("STARTTLS is acknowledged only with TLS configured"),
+        },
+    };
+
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(&mut *stream);
+    let mut drain = shutdown.clone();
+    let mut tls_stream = tokio::select! {
+        biased;
+        r = tokio::time::timeout(timeout, accept) => match r {
+            Ok(r) => r.map_err(HandshakeError::Tls)?,
+            Err(_) => return Err(HandshakeError::Timeout(timeout)),
+        },
+        _ = drain.wait() => return Err(HandshakeError::Shutdown),
+    };
+    let (identity, serial) = peer_identity(tls_stream.get_ref().1, peer);
+    let mut wire = Wire { stream: &mut tls_stream, timeout, shutdown: shutdown.clone() };
+    let ctx = Ctx { client: &identity, tls: TlsPhase::Active, ..ctx };
+    match haggle(&mut wire, &ctx).await? {
+        Step::Done(Some(negotiated)) => {
+            let (_, conn) = tls_stream.into_inner();
+            Ok(Some(Handshaken { negotiated, tls: Some(TlsPeer { conn, identity, serial }) }))
+        }
+        Step::Done(None) => {
+            let _ = tokio::time::timeout(timeout, tls_stream.shutdown()).await;
+            Ok(None)
+        }
+        Step::StartTls => unreachable!("a second STARTTLS is answered NBD_REP_ERR_INVALID"),
+    }
+}
+
+/// The identity a TLS client's verified certificate names, and its serial. A client with
+/// no certificate, or one naming no vdstream role, is anonymous (the latter is logged).
+fn peer_identity(conn: &rustls::ServerConnection, peer: &str) -> (Identity, Option<Vec<u8>>) {
+    let version = conn.protocol_version().map(|v| format!("{v:?}")).unwrap_or_default();
+    let Some(cert) = conn.peer_certificates().and_then(|c| c.first()) else {
+        log::info!("NBD client {peer}: {version} without a client certificate: anonymous");
+        return (Identity::Anonymous, None);
+    };
+    let serial = vdstream_tls::peer::serial_of(cert).ok();
+    let identity = match vdstream_tls::peer::identity_of(cert) {
+        Ok(id) => id,
+        Err(e) => {
+            log::warn!("NBD client {peer}: its verified certificate names no identity, so it is anonymous: {e}");
+            Identity::Anonymous
+        }
+    };
+    log::info!("NBD client {peer}: {version} as {identity}");
+    (identity, serial)
+}
+
+/// Option haggling until an export is chosen, the client leaves, or STARTTLS is accepted.
+async fn haggle<S>(wire: &mut Wire<'_, S>, ctx: &Ctx<'_>) -> Result<Step, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let Ctx { shared, shutdown, peer, refusal, no_zeroes, client, tls } = *ctx;
     let mut structured = false;
     let mut meta: Option<MetaSelection> = None;
     let mut data = Vec::new();
@@ -150,6 +287,16 @@ where
             return Err(HandshakeError::Shutdown);
         }
 
+        if tls == (TlsPhase::Offered { required: true }) && option != OPT_ABORT && option != OPT_STARTTLS {
+            if option == OPT_EXPORT_NAME {
+                return Err(HandshakeError::TlsRequired);
+            }
+            put_option_reply(&mut out, option, REP_ERR_TLS_REQD,
+                b"this server requires TLS: send NBD_OPT_STARTTLS first (e.g. nbds:// URIs, or qemu's tls-creds)");
+            wire.write_all(&out).await?;
+            continue;
+        }
+
         match option {
             OPT_EXPORT_NAME => {
                 let rejected = |reason: String| HandshakeError::ExportRejected {
@@ -157,7 +304,7 @@ where
                     reason,
                 };
                 let name = options::parse_export_name(&data).map_err(|e| rejected(e.to_string()))?;
-                let opened = open(shared, refusal, &OpenRequest { name, peer, client: &client, purpose: OpenPurpose::Session }, "NBD_OPT_EXPORT_NAME");
+                let opened = open(shared, refusal, &OpenRequest { name, peer, client, purpose: OpenPurpose::Session }, "NBD_OPT_EXPORT_NAME");
                 let OpenedExport { device, exclusive, .. } = opened.map_err(|e| rejected(e.to_string()))?;
                 let params = export_params(&*device, structured, &meta, name, exclusive);
                 out.extend_from_slice(&params.size.to_be_bytes());
@@ -167,18 +314,18 @@ where
                 }
                 let export_name = crate::shown_export_name(name).to_string();
                 wire.write_all(&out).await?;
-                return Ok(Some(Negotiated { export_name, device, params }));
+                return Ok(Step::Done(Some(Negotiated { export_name, device, params })));
             }
             OPT_ABORT => {
                 // The spec asks the server to ignore any data sent with ABORT.
                 put_option_reply(&mut out, option, REP_ACK, &[]);
                 // The client may already have closed; that is fine.
                 let _ = wire.write_all(&out).await;
-                return Ok(None);
+                return Ok(Step::Done(None));
             }
             OPT_LIST => match options::parse_empty(&data) {
                 Ok(()) => {
-                    for export in shared.exports.list() {
+                    for export in shared.exports.list_for(client) {
                         let mut rep = (export.name.len() as u32).to_be_bytes().to_vec();
                         rep.extend_from_slice(export.name.as_bytes());
                         rep.extend_from_slice(export.description.as_bytes());
@@ -188,17 +335,23 @@ where
                 }
                 Err(e) => invalid(&mut out, option, &e),
             },
-            OPT_STARTTLS => match options::parse_empty(&data) {
-                Ok(()) => put_option_reply(&mut out, option, REP_ERR_POLICY,
-                    b"this server does not support TLS; connect without TLS (e.g. over a unix socket or a trusted network)"),
-                Err(e) => invalid(&mut out, option, &e),
+            OPT_STARTTLS => match (options::parse_empty(&data), tls) {
+                (Err(e), _) => invalid(&mut out, option, &e),
+                (Ok(()), TlsPhase::Unavailable) => put_option_reply(&mut out, option, REP_ERR_POLICY,
+                    b"this server does not offer TLS (started without --tls on|require); connect without TLS"),
+                (Ok(()), TlsPhase::Active) => put_option_reply(&mut out, option, REP_ERR_INVALID, b"TLS is already up"),
+                (Ok(()), TlsPhase::Offered { .. }) => {
+                    put_option_reply(&mut out, option, REP_ACK, &[]);
+                    wire.write_all(&out).await?;
+                    return Ok(Step::StartTls);
+                }
             },
             OPT_INFO | OPT_GO => match options::parse_info_request(&data) {
                 Err(e) => invalid(&mut out, option, &e),
                 Ok(req) => match open(
                     shared,
                     refusal,
-                    &OpenRequest { name: req.name, peer, client: &client, purpose: if option == OPT_GO { OpenPurpose::Session } else { OpenPurpose::Info } },
+                    &OpenRequest { name: req.name, peer, client, purpose: if option == OPT_GO { OpenPurpose::Session } else { OpenPurpose::Info } },
                     if option == OPT_GO { "NBD_OPT_GO" } else { "NBD_OPT_INFO" },
                 ) {
                     Err(e) => {
@@ -233,7 +386,7 @@ where
                         if option == OPT_GO {
                             let export_name = crate::shown_export_name(req.name).to_string();
                             wire.write_all(&out).await?;
-                            return Ok(Some(Negotiated { export_name, device, params }));
+                            return Ok(Step::Done(Some(Negotiated { export_name, device, params })));
                         }
                     }
                 },

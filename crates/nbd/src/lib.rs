@@ -9,7 +9,8 @@
 //! `session` (the one request core: parse → validate → execute → reply, with an inline,
 //! batched or worker-pool executor), [`errno`] (the one error → wire code mapping),
 //! [`state`] (the shared server state and public types: a leaf every other server module
-//! may use) and [`server`] (the accept loop and drain). The module-level `use crate::…`
+//! may use) and [`server`] (the accept loop and drain), `tlsio` (the transmission phase over TLS on blocking
+//! threads: a reader and a writer sharing one rustls connection). The module-level `use crate::…`
 //! graph is acyclic. Failures a client can provoke are logged through [`lograte`] (the
 //! workspace's one rate limiter, from vdstream-blockdev).
 
@@ -25,9 +26,10 @@ pub mod proto;
 pub mod server;
 mod session;
 pub mod state;
+mod tlsio;
 pub mod validate;
 pub mod wire;
 
 pub use vdstream_contract::name::shown_export_name;
 
-pub use server::{ExportInfo, Exports, Listener, OpenError, OpenPurpose, OpenRequest, OpenedExport, Server, ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger};
+pub use server::{ExportInfo, Exports, Listener, OpenError, OpenPurpose, OpenRequest, OpenedExport, Server, ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger, TlsMode};

@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use crate::handshake::Negotiated;
+use crate::handshake::{Handshaken, TlsPeer};
 use crate::session::SessionError;
 pub use crate::state::{
     is_out_of_fds, ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport, ServerConfig, ServerStats, ShutdownSignal,
-    ShutdownTrigger, DEFAULT_DEAD_PEER_TIMEOUT,
+    ShutdownTrigger, TlsMode, DEFAULT_DEAD_PEER_TIMEOUT, REVOCATION_CHECK_INTERVAL,
 };
 use crate::state::Shared;
 
@@ -36,7 +36,8 @@ const MAX_REFUSING: usize = 32;
 /// How long a connection answered "server full" may take over its handshake.
 const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// An NBD server (fixed newstyle handshake, no TLS). See the module docs.
+/// An NBD server (fixed newstyle handshake, TLS by `NBD_OPT_STARTTLS` when configured).
+/// See the module docs.
 pub struct Server {
     shared: Arc<Shared>,
 }
@@ -240,21 +241,57 @@ impl io::Write for BlockingSocket {
 }
 
 /// Runs the request core ([`crate::session::run`]) on a thread of its own (which starts
-/// more workers if the device may sleep). When a drain starts it shuts the socket's read
-/// side, so the threads answer what they read and end. Invariant: no thread outlives its
-/// connection: this returns after the session thread has ended, and if the future is
-/// dropped first (its task cancelled), [`SessionThread`] shuts the socket so the thread
-/// ends at its next read or write instead of serving a connection nobody owns.
-async fn run_on_threads(sock: BlockingSocket, negotiated: Negotiated, shared: Arc<Shared>, mut shutdown: ShutdownSignal) -> Result<(), SessionError> {
-    let (waker, writer) = (sock.clone(), sock.clone());
+/// more workers if the device may sleep), over the plain socket or over TLS. When a drain
+/// starts it shuts the socket's read side, so the threads answer what they read and end.
+/// A TLS session whose client certificate `ca-crl.pem` comes to revoke is closed within
+/// [`REVOCATION_CHECK_INTERVAL`]. Invariant: no thread outlives its connection: this
+/// returns after the session thread has ended, and if the future is dropped first (its
+/// task cancelled), [`SessionThread`] shuts the socket so the thread ends at its next read
+/// or write instead of serving a connection nobody owns.
+async fn run_on_threads(sock: BlockingSocket, handshaken: Handshaken, shared: Arc<Shared>, mut shutdown: ShutdownSignal, peer: &str) -> Result<(), SessionError> {
+    let waker = sock.clone();
+    let Handshaken { negotiated, tls } = handshaken;
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
-    let handle = std::thread::Builder::new().name("nbd-session".into()).spawn(move || {
-        let _ = done_tx.send(crate::session::run(sock, writer, negotiated, &shared));
-    })?;
+    let mut revocable = None;
+    let builder = std::thread::Builder::new().name("nbd-session".into());
+    let handle = match tls {
+        None => {
+            let shared = shared.clone();
+            builder.spawn(move || {
+                let writer = sock.clone();
+                let _ = done_tx.send(crate::session::run(sock, writer, negotiated, &shared));
+            })?
+        }
+        Some(TlsPeer { conn, identity, serial }) => {
+            if let (Some(serial), Some(tls)) = (serial, shared.config.tls.clone()) {
+                revocable = Some((tls, serial, identity));
+            }
+            let (reader, writer) = crate::tlsio::split(sock.0, conn);
+            let shared = shared.clone();
+            builder.spawn(move || {
+                let result = crate::session::run(reader, writer.clone(), negotiated, &shared);
+                writer.close();
+                let _ = done_tx.send(result);
+            })?
+        }
+    };
     let mut thread = SessionThread(waker, Some(handle));
-    let finished = tokio::select! {
-        r = &mut done_rx => Some(r),
-        _ = shutdown.wait() => None,
+    let mut check = tokio::time::interval(REVOCATION_CHECK_INTERVAL);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let finished = loop {
+        tokio::select! {
+            r = &mut done_rx => break Some(r),
+            _ = shutdown.wait() => break None,
+            _ = check.tick(), if revocable.is_some() => {
+                if let Some((tls, serial, identity)) = &revocable {
+                    if tls.is_revoked(serial) {
+                        log::warn!("NBD client {peer} ({identity}): its certificate was revoked (ca-crl.pem); closing its session");
+                        let _ = thread.0 .0.shutdown(std::net::Shutdown::Both);
+                        break Some((&mut done_rx).await);
+                    }
+                }
+            }
+        }
     };
     let result = match finished {
         Some(r) => r,
@@ -318,7 +355,7 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
         .await
         .unwrap_or(Err(crate::handshake::HandshakeError::Timeout(whole)))
     {
-        Ok(Some(n)) => n,
+        Ok(Some(h)) => h,
         Ok(None) => {
             log::debug!("NBD client {peer} ended the handshake");
             return;
@@ -329,9 +366,9 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
             return;
         }
     };
-    log::debug!("NBD client {peer} uses export {:?} ({})", negotiated.export_name, negotiated.device.describe());
+    log::debug!("NBD client {peer} uses export {:?} ({})", negotiated.negotiated.export_name, negotiated.negotiated.device.describe());
     let result = match stream.into_fd().and_then(BlockingSocket::new) {
-        Ok(sock) => run_on_threads(sock, negotiated, shared.clone(), shutdown).await,
+        Ok(sock) => run_on_threads(sock, negotiated, shared.clone(), shutdown, peer).await,
         Err(e) => Err(e.into()),
     };
     match result {

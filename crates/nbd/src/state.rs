@@ -124,6 +124,13 @@ pub trait Exports: Send + Sync + 'static {
     /// The exports shown to `NBD_OPT_LIST`.
     fn list(&self) -> Vec<ExportInfo>;
 
+    /// The exports shown to `NBD_OPT_LIST` from `client`: only those it may open (a client
+    /// must not learn names it is not allowed to reach). The default shows [`Exports::list`].
+    fn list_for(&self, client: &vdstream_contract::Identity) -> Vec<ExportInfo> {
+        let _ = client;
+        self.list()
+    }
+
     /// Opens export `name` ("" = the default export). Called once per connection at
     /// `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`, and for each `NBD_OPT_INFO` (whose device is
     /// dropped right after its size and caps are read). Return the same `Arc` for every
@@ -147,6 +154,49 @@ pub trait Exports: Send + Sync + 'static {
         Ok(OpenedExport { device, description: self.description(req.name), exclusive: false })
     }
 }
+
+/// When a server speaks TLS (`NBD_OPT_STARTTLS`); nbdkit's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// No TLS: `NBD_OPT_STARTTLS` is refused (`NBD_REP_ERR_POLICY`); every client is
+    /// [`vdstream_contract::Identity::Local`].
+    #[default]
+    Off,
+    /// TLS for clients that ask (the spec's SELECTIVETLS); plaintext clients are served too,
+    /// as anonymous.
+    On,
+    /// TLS before anything else (the spec's FORCEDTLS): every option but `NBD_OPT_ABORT` and
+    /// `NBD_OPT_STARTTLS` is answered `NBD_REP_ERR_TLS_REQD` until TLS is up.
+    Require,
+}
+
+impl TlsMode {
+    /// `off`, `on` or `require`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        }
+    }
+}
+
+impl std::str::FromStr for TlsMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" | "no" | "false" => Ok(TlsMode::Off),
+            "on" | "yes" | "true" => Ok(TlsMode::On),
+            "require" | "required" => Ok(TlsMode::Require),
+            _ => Err(format!("{s:?} is not a TLS mode: use off, on or require")),
+        }
+    }
+}
+
+/// How often an open TLS session's client certificate is checked against `ca-crl.pem`
+/// (the file is re-read only when it changed): a revoked certificate's session is closed
+/// within this time.
+pub const REVOCATION_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Tunables of a server. `Default` gives production values.
 #[derive(Debug, Clone)]
@@ -172,6 +222,18 @@ pub struct ServerConfig {
     /// while idle, `TCP_USER_TIMEOUT` while data waits for an acknowledgement. `None`:
     /// the system's defaults (keepalive off; a dead idle peer is never noticed).
     pub dead_peer_timeout: Option<Duration>,
+    /// The certificate directory the server's TLS comes from; `None`: no TLS (whatever
+    /// [`ServerConfig::tls_mode`] says, `NBD_OPT_STARTTLS` is refused).
+    pub tls: Option<Arc<vdstream_tls::files::ServerTls>>,
+    /// Whether TLS is offered or required (with [`ServerConfig::tls`]).
+    pub tls_mode: TlsMode,
+}
+
+impl ServerConfig {
+    /// The TLS directory, when TLS is configured and not off.
+    pub fn tls_enabled(&self) -> Option<&Arc<vdstream_tls::files::ServerTls>> {
+        self.tls.as_ref().filter(|_| self.tls_mode != TlsMode::Off)
+    }
 }
 
 impl Default for ServerConfig {
@@ -183,6 +245,8 @@ impl Default for ServerConfig {
             max_connections: 4096,
             threads_per_connection: 16,
             dead_peer_timeout: Some(DEFAULT_DEAD_PEER_TIMEOUT),
+            tls: None,
+            tls_mode: TlsMode::Off,
         }
     }
 }

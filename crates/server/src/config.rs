@@ -10,12 +10,16 @@
 //! name = "pvs1"
 //! stats-file = "/run/vdstream/server-stats.json"
 //! max-connections = 1000     # default: from the open-files limit
+//! anonymous = "none"         # none, vdisks or all (with TLS: what clients without a certificate get)
+//! insecure = false           # true: listen on a non-loopback address without TLS
 //! ```
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::policy::AnonymousGrant;
 
 /// Default size of the shared read cache.
 pub const DEFAULT_READ_CACHE: u64 = 256 << 20;
@@ -41,6 +45,55 @@ pub struct ServerOptions {
     /// NBD connections served at once, at most; more are answered "server full"
     /// (`None`: derived from the open-files limit, see `nbd::default_max_connections`).
     pub max_connections: Option<usize>,
+    /// `--anonymous`: what clients without a verified certificate may open when TLS is on
+    /// (without TLS every client is `Local` and may open everything).
+    pub anonymous: AnonymousGrant,
+    /// `--insecure`: listen on a non-loopback address without TLS (a trusted network).
+    pub insecure: bool,
+    /// Serve the HTTP API over TLS with this certificate directory (`server-cert.pem`,
+    /// `server-key.pem`, `ca-cert.pem` to verify client certificates): the directory of
+    /// `--tls-certificates`, with or without NBD TLS. `None`: plain HTTP.
+    pub http_tls: Option<PathBuf>,
+    /// NBD over TLS: the certificate directory (`--tls-certificates`), `None` for `--tls off`.
+    pub nbd_tls: Option<std::sync::Arc<vdstream_tls::files::ServerTls>>,
+    /// `--tls on|require` (with `nbd_tls`).
+    pub nbd_tls_mode: vdstream_nbd::TlsMode,
+}
+
+/// A server asked to listen in plaintext where other machines can reach it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "refusing to listen for {what} on {addr} without TLS: any machine that reaches it could open every export \
+     (other targets' target/ID, maintenance/NAME); use --tls require --tls-certificates DIR, or --insecure to \
+     accept plaintext on a trusted network (a unix socket, 127.0.0.1 and ::1 need neither)"
+)]
+pub struct InsecureListen {
+    /// `NBD` or `the HTTP API`.
+    pub what: &'static str,
+    pub addr: SocketAddr,
+}
+
+/// Whether only this machine can reach `addr` (127.0.0.0/8, ::1, ::ffff:127.x.y.z).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
+}
+
+impl ServerOptions {
+    /// Refuses a plaintext listener on a non-loopback address unless `insecure` (see
+    /// [`InsecureListen`]): NBD without `--tls on|require`, and the HTTP API without HTTPS
+    /// (`http_tls`).
+    pub fn check_listen(&self) -> Result<(), InsecureListen> {
+        self.check_listen_with(self.nbd_tls.is_some())
+    }
+
+    fn check_listen_with(&self, nbd_tls: bool) -> Result<(), InsecureListen> {
+        if self.insecure {
+            return Ok(());
+        }
+        let nbd = self.listen.filter(|a| !nbd_tls && !is_loopback(a)).map(|addr| InsecureListen { what: "NBD", addr });
+        let http = self.http.filter(|a| self.http_tls.is_none() && !is_loopback(a)).map(|addr| InsecureListen { what: "the HTTP API", addr });
+        nbd.or(http).map_or(Ok(()), Err)
+    }
 }
 
 /// A size in the file: `"256M"` or a number of bytes.
@@ -65,6 +118,9 @@ pub struct ConfigFile {
     /// Seconds; 0 turns it off.
     pub dead_peer_timeout: Option<u64>,
     pub max_connections: Option<usize>,
+    /// none, vdisks or all.
+    pub anonymous: Option<String>,
+    pub insecure: Option<bool>,
 }
 
 impl ConfigFile {
@@ -77,7 +133,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, anonymous, insecure", e.message())
         })
     }
 }
@@ -96,6 +152,55 @@ mod tests {
         assert_eq!(ConfigFile::parse("http = \"127.0.0.1:8480\"").unwrap().http.as_deref(), Some("127.0.0.1:8480"));
         assert_eq!(ConfigFile::parse("dead-peer-timeout = 20").unwrap().dead_peer_timeout, Some(20));
         assert_eq!(ConfigFile::parse("max-connections = 200").unwrap().max_connections, Some(200));
+        let c = ConfigFile::parse("anonymous = \"vdisks\"\ninsecure = true").unwrap();
+        assert_eq!((c.anonymous.as_deref(), c.insecure), (Some("vdisks"), Some(true)));
+    }
+
+    fn listening(listen: Option<&str>, http: Option<&str>) -> ServerOptions {
+        ServerOptions {
+            store: PathBuf::from("s"),
+            listen: listen.map(|a| a.parse().unwrap()),
+            socket: None,
+            http: http.map(|a| a.parse().unwrap()),
+            read_cache: 0,
+            name: None,
+            stats_file: None,
+            threads: 1,
+            dead_peer_timeout: None,
+            max_connections: None,
+            anonymous: AnonymousGrant::None,
+            insecure: false,
+            http_tls: None,
+            nbd_tls: None,
+            nbd_tls_mode: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_plaintext_listener_off_loopback_needs_insecure() {
+        for (listen, http) in [(None, None), (Some("127.0.0.1:10809"), Some("127.0.0.1:0")), (Some("[::1]:10809"), None), (Some("127.3.2.1:1"), None), (Some("[::ffff:127.0.0.1]:1"), None)] {
+            assert_eq!(listening(listen, http).check_listen(), Ok(()), "{listen:?} {http:?}");
+        }
+        for (listen, http, what, addr) in [
+            (Some("0.0.0.0:10809"), None, "NBD", "0.0.0.0:10809"),
+            (Some("10.1.2.3:10809"), Some("127.0.0.1:8480"), "NBD", "10.1.2.3:10809"),
+            (Some("[::]:10809"), None, "NBD", "[::]:10809"),
+            (None, Some("192.168.1.5:8480"), "the HTTP API", "192.168.1.5:8480"),
+        ] {
+            let mut o = listening(listen, http);
+            let e = o.check_listen().unwrap_err();
+            assert_eq!((e.what, e.addr.to_string().as_str()), (what, addr));
+            let text = e.to_string();
+            assert!(text.contains("use --tls require --tls-certificates DIR, or --insecure to accept plaintext on a trusted network"), "{text}");
+            o.insecure = true;
+            assert_eq!(o.check_listen(), Ok(()));
+        }
+        let o = listening(Some("0.0.0.0:10809"), None);
+        assert_eq!(o.check_listen_with(true), Ok(()), "NBD over TLS may listen anywhere");
+        let mut o = listening(Some("0.0.0.0:10809"), Some("10.0.0.1:8480"));
+        assert_eq!(o.check_listen_with(true).unwrap_err().what, "the HTTP API", "an API without HTTPS off loopback is refused");
+        o.http_tls = Some(PathBuf::from("tls"));
+        assert_eq!(o.check_listen_with(true), Ok(()), "the API over HTTPS may listen anywhere");
     }
 
     #[test]

@@ -10,6 +10,12 @@
 //! chain, its registry entry, the maintenance writer slot), releasing them when the
 //! connection drops the device.
 //!
+//! Every open is first put to the authorization policy ([`crate::policy`]) with the
+//! client's identity, before the export is looked up: a refusal answers
+//! `NBD_REP_ERR_POLICY` naming the rule, and is recorded in the audit trail
+//! ([`crate::refusal`]). `NBD_OPT_INFO` is checked as `NBD_OPT_GO`, and `NBD_OPT_LIST`
+//! shows a client only the exports it may open.
+//!
 //! A maintenance version has one writer: the first `maintenance/NAME` connection takes the
 //! vDisk's writer slot (and the store's exclusive lock on the file); a second one is
 //! refused with `NBD_REP_ERR_POLICY`, naming the session that holds it.
@@ -20,10 +26,12 @@ use std::time::Duration;
 
 use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Extent, Hole, Result as DevResult, ZeroFlags};
 use vdstream_nbd::server::{ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport};
-use vdstream_contract::{ExportDescription, ExportName};
+use vdstream_contract::{ExportDescription, ExportName, Identity};
 use vdstream_store::{Access, DiskAccess, Layer, OpenedLayer, Selector, Store, StoreError};
 
+use crate::policy::{self, Refusal};
 use crate::readcache::with_session;
+use crate::refusal::{RefusalAudit, RefusedOpen};
 use crate::state::{unix_ms, Counters, ExportKind, ServerState, Session, SessionGuard, SessionInfo};
 use crate::target::{layer_number, lookup_target, version_selector, TargetCaches, TargetHold, TargetLookupError, TargetOpenError};
 
@@ -39,6 +47,8 @@ pub struct StoreExports {
     writers: Arc<Mutex<HashMap<String, String>>>,
     /// The server-side caches of `target/ID` exports.
     targets: Arc<TargetCaches>,
+    /// Refused opens reach the audit trail through this (bounded).
+    refusals: RefusalAudit,
 }
 
 /// Whether this process cannot open one more file now (`EMFILE`/`ENFILE`).
@@ -98,7 +108,27 @@ impl StoreExports {
     pub fn new(state: Arc<ServerState>) -> vdstream_store::Result<StoreExports> {
         let store = Store::open(state.store.clone())?;
         let targets = Arc::new(TargetCaches::new(store.clone(), state.name.clone()));
-        Ok(StoreExports { state, store, writers: Arc::new(Mutex::new(HashMap::new())), targets })
+        Ok(StoreExports { state, store, writers: Arc::new(Mutex::new(HashMap::new())), targets, refusals: RefusalAudit::default() })
+    }
+
+    /// The vDisk of target `id`'s record, if it has one that can be read.
+    fn record_vdisk(&self, id: &str) -> Option<String> {
+        lookup_target(&self.store, id).ok().map(|spec| spec.vdisk)
+    }
+
+    /// Whether `client` may open `export` (see `policy`); a refusal is audited.
+    fn authorize(&self, req: &OpenRequest<'_>, export: &ExportName) -> Result<(), OpenError> {
+        let refusal: Refusal = match policy::decide(req.client, export, self.state.anonymous, &|id| self.record_vdisk(id)) {
+            Ok(()) => return Ok(()),
+            Err(r) => r,
+        };
+        let vdisk = || match export {
+            ExportName::Vdisk { vdisk, .. } | ExportName::Maintenance { vdisk, .. } => vdisk.clone(),
+            ExportName::Target { id, .. } => self.record_vdisk(id).unwrap_or_default(),
+        };
+        let refused = RefusedOpen { client: req.client, peer: req.peer, export, purpose: req.purpose, refusal: &refusal };
+        self.refusals.record(&self.store, &refused, vdisk);
+        Err(OpenError::Policy(refusal.to_string()))
     }
 
     fn open_vdisk(&self, export: &str, vdisk: &str, selector: Selector, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
@@ -183,7 +213,14 @@ impl StoreExports {
 
     fn open_target(&self, export: &str, id: &str, attach: Option<&str>, secret: Option<&str>, journaled: bool, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
         let spec = match lookup_target(&self.store, id) {
-            Err(TargetLookupError::Unknown(m)) => return Err(OpenError::Unknown(m)),
+            // Only a client that may see every target is told the known ones.
+            Err(TargetLookupError::Unknown(m)) if matches!(req.client, Identity::Local | Identity::Admin(_)) => return Err(OpenError::Unknown(m)),
+            Err(TargetLookupError::Unknown(_)) => {
+                return Err(OpenError::Unknown(format!(
+                    "no target named {id:?} on server {}: an administrator adds it with `vdstream target add {id} --vdisk NAME --cache TYPE`",
+                    self.state.name
+                )))
+            }
             Err(TargetLookupError::Failed(m)) => return Err(OpenError::Failed(m)),
             Ok(spec) => spec,
         };
@@ -295,8 +332,21 @@ impl StoreExports {
     }
 
     /// One line per export for `NBD_OPT_LIST`: every vDisk's production and (when there
-    /// is one) maintenance export, with what they resolve to now.
-    fn list_exports(&self) -> Vec<ExportInfo> {
+    /// is one) maintenance export, with what they resolve to now; only those `client` may
+    /// open.
+    fn list_exports(&self, client: &Identity) -> Vec<ExportInfo> {
+        // A target's record is read once for the whole list.
+        let own = match client {
+            Identity::Target(id) => self.record_vdisk(id),
+            _ => None,
+        };
+        let may_open = |name: &ExportName| policy::decide(client, name, self.state.anonymous, &|_| own.clone()).is_ok();
+        let mut out = self.all_exports();
+        out.retain(|e| e.name.parse::<ExportName>().is_ok_and(|n| may_open(&n)));
+        out
+    }
+
+    fn all_exports(&self) -> Vec<ExportInfo> {
         let now = vdstream_store::Timestamp::now();
         let mut out = Vec::new();
         let Ok(list) = self.store.list() else { return out };
@@ -328,22 +378,28 @@ impl StoreExports {
 
 impl Exports for StoreExports {
     fn list(&self) -> Vec<ExportInfo> {
-        self.list_exports()
+        self.list_exports(&Identity::Local)
+    }
+
+    fn list_for(&self, client: &Identity) -> Vec<ExportInfo> {
+        self.list_exports(client)
     }
 
     fn open(&self, name: &str) -> std::result::Result<Arc<dyn BlockDev>, OpenError> {
-        self.open_export(&OpenRequest { name, peer: "local", client: &vdstream_contract::Identity::Local, purpose: OpenPurpose::Info }).map(|o| o.device)
+        self.open_export(&OpenRequest { name, peer: "local", client: &Identity::Local, purpose: OpenPurpose::Info }).map(|o| o.device)
     }
 
     fn description(&self, name: &str) -> Option<String> {
-        self.open_export(&OpenRequest { name, peer: "local", client: &vdstream_contract::Identity::Local, purpose: OpenPurpose::Info }).ok().and_then(|o| o.description)
+        self.open_export(&OpenRequest { name, peer: "local", client: &Identity::Local, purpose: OpenPurpose::Info }).ok().and_then(|o| o.description)
     }
 
     fn open_export(&self, req: &OpenRequest<'_>) -> std::result::Result<OpenedExport, OpenError> {
         if self.state.draining.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(OpenError::Shutdown(format!("server {} is shutting down; connect to another server", self.state.name)));
         }
-        let opened = match req.name.parse::<ExportName>().map_err(|e| OpenError::Unknown(e.to_string()))? {
+        let export = req.name.parse::<ExportName>().map_err(|e| OpenError::Unknown(e.to_string()))?;
+        self.authorize(req, &export)?;
+        let opened = match export {
             ExportName::Vdisk { vdisk, selector } => self.open_vdisk(req.name, &vdisk, selector, req),
             ExportName::Maintenance { vdisk, version } => self.open_maintenance(req.name, &vdisk, version, req),
             ExportName::Target { id, attach, secret, journaled } => {

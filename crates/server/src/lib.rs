@@ -4,12 +4,15 @@
 //! ```text
 //!   config.rs     ServerOptions; the --config TOML file (keys = flag names)
 //!   state.rs      ServerState: sessions, counters, draining; shared by the NBD and HTTP halves
+//!   policy.rs     who may open which export (Identity x ExportName -> allow, or the rule that refuses)
+//!   refusal.rs    refused opens in the audit trail, rate-limited
 //!   exports.rs    StoreExports: what each export name (vdstream_contract::ExportName, parsed at
 //!                 the edge) opens, one chain per connection, and its description; SessionDev
 //!   readcache.rs  the shared read cache in front of the layer files (per file, quick_cache, single flight)
 //!   target.rs     lookup_target: a target's vDisk, version and cache, from the store
 //!   nbd.rs        NbdService: listeners, serving, drain; the stats file
 //!   http/         the JSON HTTP API and /metrics (http::spawn), on the same ServerState
+//!   tokens.rs     the API's bearer tokens: made, listed, revoked; kept hashed in the store
 //! ```
 //!
 //! [`state`] is the live picture both halves share: the NBD side registers a
@@ -21,9 +24,12 @@ pub mod config;
 pub mod exports;
 pub mod http;
 pub mod nbd;
+pub mod policy;
 pub mod readcache;
+pub mod refusal;
 pub mod state;
 pub mod target;
+pub mod tokens;
 
 pub use config::{ConfigFile, ServerOptions, DEFAULT_READ_CACHE};
 pub use nbd::NbdService;

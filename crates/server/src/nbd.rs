@@ -16,6 +16,15 @@ use vdstream_nbd::server::{Listener, Server, ServerConfig, ShutdownSignal, Shutd
 use crate::exports::StoreExports;
 use crate::state::ServerState;
 
+/// `nbds` when the server speaks TLS, else `nbd` (for the URIs it prints).
+fn scheme(state: &ServerState) -> &'static str {
+    if state.nbd_tls.is_some() && state.nbd_tls_mode != vdstream_nbd::TlsMode::Off {
+        "nbds"
+    } else {
+        "nbd"
+    }
+}
+
 /// Why the NBD side could not start or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NbdError {
@@ -60,6 +69,8 @@ impl NbdService {
             threads_per_connection: threads.max(1),
             dead_peer_timeout: state.dead_peer_timeout,
             max_connections: max_connections.max(1),
+            tls: state.nbd_tls.clone(),
+            tls_mode: state.nbd_tls_mode,
             ..ServerConfig::default()
         };
         let server = Arc::new(Server::new(exports, config));
@@ -71,7 +82,7 @@ impl NbdService {
         if let Some(path) = &state.nbd_socket {
             let listener = bind_unix(path)?;
             socket = Some(SocketFile(path.clone()));
-            uris.push(format!("nbd+unix:///EXPORT?socket={}", path.display()));
+            uris.push(format!("{}+unix:///EXPORT?socket={}", scheme(&state), path.display()));
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(listener), shutdown).await }));
         }
@@ -79,7 +90,7 @@ impl NbdService {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| NbdError::Bind { addr: addr.clone(), hint: "is another server using that port?", source })?;
-            uris.push(format!("nbd://{addr}/EXPORT"));
+            uris.push(format!("{}://{addr}/EXPORT", scheme(&state)));
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(listener), shutdown).await }));
         }

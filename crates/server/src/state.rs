@@ -231,6 +231,9 @@ pub struct ServerState {
     pub nbd_socket: Option<PathBuf>,
     /// `--dead-peer-timeout` (`None`: off).
     pub dead_peer_timeout: Option<std::time::Duration>,
+    /// NBD over TLS (`--tls`, `--tls-certificates`).
+    pub nbd_tls: Option<Arc<vdstream_tls::files::ServerTls>>,
+    pub nbd_tls_mode: vdstream_nbd::TlsMode,
     pub registry: Arc<Registry>,
     /// Set on SIGTERM: no new connections; agents should move elsewhere.
     pub draining: AtomicBool,
@@ -243,6 +246,8 @@ pub struct ServerState {
     pub max_connections: Option<usize>,
     /// Failures a client can provoke (I/O errors) reach the log through this.
     pub log: Arc<vdstream_nbd::lograte::LogLimiter>,
+    /// `--anonymous`: what clients without a verified certificate may open (TLS on).
+    pub anonymous: crate::policy::AnonymousGrant,
 }
 
 impl ServerState {
@@ -257,6 +262,8 @@ impl ServerState {
             nbd_listen: opts.listen.map(|a| a.to_string()),
             nbd_socket: opts.socket.clone(),
             dead_peer_timeout: opts.dead_peer_timeout,
+            nbd_tls: opts.nbd_tls.clone(),
+            nbd_tls_mode: opts.nbd_tls_mode,
             registry: Registry::new(),
             draining: AtomicBool::new(false),
             started_unix_ms: unix_ms(),
@@ -264,6 +271,7 @@ impl ServerState {
             totals,
             max_connections: opts.max_connections,
             log: Arc::new(vdstream_nbd::lograte::LogLimiter::default()),
+            anonymous: opts.anonymous,
         })
     }
 

@@ -44,6 +44,11 @@ fn api() -> Api {
         threads: 1,
         dead_peer_timeout: None,
         max_connections: None,
+        anonymous: Default::default(),
+        insecure: false,
+        http_tls: None,
+        nbd_tls: None,
+        nbd_tls_mode: Default::default(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let handle = rt.block_on(async { http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()) }).unwrap();
@@ -496,10 +501,11 @@ fn openapi_routes(path: &Path) -> Vec<(String, String, Vec<u16>)> {
 }
 
 /// The error statuses an operation can answer: 400 and 503 on every route (a request
-/// without Host, the handler timeout), 408 and 413 with a body, 404 with a path
-/// parameter, 500 on the store's routes, 409 on the store's changes.
+/// without Host, the handler timeout), 401 and 403 on every route (no token, a role too
+/// low), 408 and 413 with a body, 404 with a path parameter, 500 on the store's routes,
+/// 409 on the store's changes.
 fn error_statuses(path: &str, method: &str) -> Vec<u16> {
-    let mut s = vec![400, 503];
+    let mut s = vec![400, 401, 403, 503];
     let store = path.starts_with("/api/v1/vdisks") || path.starts_with("/api/v1/targets");
     let body = method == "POST" || method == "PUT";
     if body {

@@ -287,6 +287,13 @@ impl Store {
         fsutil::write_atomic(&path, &serde_json::to_vec_pretty(meta).expect("serializes"))
     }
 
+    /// Records an event that changes nothing in the store (a refused NBD open) in the audit
+    /// trail, under the exclusive lock like every other line.
+    pub fn audit_event(&self, action: &str, vdisk: &str, details: Value) -> Result<()> {
+        let _l = self.lock(LockMode::Exclusive)?;
+        self.audit(action, vdisk, details)
+    }
+
     /// Appends to the audit trail; the caller holds the exclusive lock.
     pub(crate) fn audit(&self, action: &str, vdisk: &str, details: Value) -> Result<()> {
         audit::append(&self.audit_path(), &AuditEntry::new(&self.actor, action, vdisk, details))

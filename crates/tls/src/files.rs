@@ -102,7 +102,13 @@ pub fn server_config(dir: &Path, auth: ClientAuth) -> Result<Arc<ServerConfig>, 
                 .allow_unknown_revocation_status()
                 .allow_unauthenticated()
                 .build()
-                .map_err(|e| file_error(&dir.join(CA_CERT), format!("cannot verify clients with it: {e}")))?;
+                .map_err(|e| match e {
+                    rustls::server::VerifierBuilderError::InvalidCrl(e) => file_error(
+                        &dir.join(CA_CRL),
+                        format!("not a usable revocation list ({e:?}): it must be an X.509 v2 CRL signed by ca-cert.pem (`vdstream pki revoke` writes one; with `openssl ca -gencrl`, set crlnumber)"),
+                    ),
+                    e => file_error(&dir.join(CA_CERT), format!("cannot verify clients with it: {e}")),
+                })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -147,6 +153,8 @@ pub struct ServerTls {
     dir: PathBuf,
     auth: ClientAuth,
     cached: Mutex<(Vec<Option<SystemTime>>, Arc<ServerConfig>)>,
+    /// `ca-crl.pem`'s modification time and the serials it revoked then.
+    revoked: Mutex<(Option<SystemTime>, Vec<Vec<u8>>)>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -166,7 +174,9 @@ impl ServerTls {
     /// Reads `dir` now, so a bad directory fails at start, not at the first client.
     pub fn new(dir: &Path, auth: ClientAuth) -> Result<ServerTls, TlsError> {
         let config = server_config(dir, auth)?;
-        Ok(ServerTls { dir: dir.to_path_buf(), auth, cached: Mutex::new((stamps(dir), config)) })
+        let tls = ServerTls { dir: dir.to_path_buf(), auth, cached: Mutex::new((stamps(dir), config)), revoked: Mutex::new((None, Vec::new())) };
+        tls.revoked_serials()?;
+        Ok(tls)
     }
 
     pub fn dir(&self) -> &Path {
@@ -205,5 +215,25 @@ impl ServerTls {
             serials.extend(crate::peer::revoked_serials(&crl).map_err(|e| file_error(&self.dir.join(CA_CRL), e))?);
         }
         Ok(serials)
+    }
+
+    /// Whether `ca-crl.pem` revokes the certificate with this serial (big-endian, no
+    /// leading zeros). The file is parsed again only when its modification time changed;
+    /// when it no longer reads, the serials read before stay (and the error is logged).
+    pub fn is_revoked(&self, serial: &[u8]) -> bool {
+        let path = self.dir.join(CA_CRL);
+        let stamp = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        let mut revoked = self.revoked.lock().unwrap_or_else(|p| p.into_inner());
+        if revoked.0 != stamp {
+            match self.revoked_serials() {
+                Ok(serials) => *revoked = (stamp, serials),
+                Err(e) => {
+                    log::error!("TLS: {e}; keeping the revocations read before");
+                    revoked.0 = stamp;
+                }
+            }
+        }
+        let trimmed = &serial[serial.iter().position(|&b| b != 0).unwrap_or(serial.len())..];
+        revoked.1.iter().any(|s| s == trimmed)
     }
 }

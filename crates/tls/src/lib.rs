@@ -12,6 +12,8 @@ pub mod peer;
 pub mod pki;
 
 pub use vdstream_contract::Identity;
+/// The rustls this crate builds its configurations with (so callers name the same types).
+pub use rustls;
 
 /// A TLS setup that cannot be used; the message names the file and what to do.
 #[derive(Debug, thiserror::Error)]

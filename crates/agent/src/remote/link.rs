@@ -74,6 +74,9 @@ pub struct RemoteOptions {
     /// on every new connection before anything else (see `journal.rs`). `None`: the
     /// server must make each one durable before answering.
     pub journal: Option<u64>,
+    /// NBD over TLS to every server (`--tls-certificates DIR`): STARTTLS is required of
+    /// each, the agent shows its target certificate. `None`: plaintext.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Default for RemoteOptions {
@@ -89,6 +92,7 @@ impl Default for RemoteOptions {
             writable: false,
             target: "target".into(),
             journal: None,
+            tls: None,
         }
     }
 }
@@ -499,6 +503,7 @@ impl Link {
             secret,
             connect_timeout: self.opts.connect_timeout,
             request_timeout: self.opts.request_timeout,
+            tls: self.opts.tls.clone(),
             ..ConnectOptions::default()
         };
         let client = Client::connect(ep.address.clone(), opts).await.map_err(|e| {

@@ -3,7 +3,8 @@
 //!
 //! Invariants: a parsed `Address::Tcp` always carries an explicit port (10809 when the URI
 //! omits it); URI export names are percent-decoded; TLS schemes (`nbds`, `nbds+unix`) are
-//! refused rather than silently downgraded.
+//! refused by [`Address::parse_uri`] (whose callers cannot do TLS) rather than silently
+//! downgraded, and parsed by [`Address::parse_uri_tls`], which says that TLS was asked for.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -14,6 +15,17 @@ use super::error::ClientError;
 
 /// The IANA port of NBD.
 pub const DEFAULT_PORT: u16 = 10809;
+
+/// An NBD URI taken apart by [`Address::parse_uri_tls`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedUri {
+    pub address: Address,
+    pub export: String,
+    /// The scheme asks for TLS (`nbds`, `nbds+unix`).
+    pub tls: bool,
+    /// `?tls-certificates=DIR`, when given.
+    pub tls_certificates: Option<PathBuf>,
+}
 
 /// Where to reach an NBD server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +45,38 @@ impl Address {
     /// A TCP address `host:port`.
     pub fn tcp(host_port: impl Into<String>) -> Self {
         Address::Tcp(host_port.into())
+    }
+
+    /// The host to check a TLS server's certificate against: the TCP host (without port
+    /// or brackets), `None` for a unix socket.
+    pub fn host(&self) -> Option<&str> {
+        match self {
+            Address::Unix(_) => None,
+            Address::Tcp(hp) => Some(hp.rsplit_once(':').map_or(hp.as_str(), |(h, _)| h)),
+        }
+    }
+
+    /// Parse an NBD URI, TLS schemes included: `nbds://HOST[:PORT]/EXPORT` and
+    /// `nbds+unix:///EXPORT?socket=PATH` ask for TLS, and `tls-certificates=DIR` in the
+    /// query names the client's certificate directory (as libnbd reads it).
+    pub fn parse_uri_tls(uri: &str) -> Result<ParsedUri, ClientError> {
+        let (tls, plain) = match uri.split_once("://") {
+            Some(("nbds", rest)) => (true, format!("nbd://{rest}")),
+            Some(("nbds+unix", rest)) => (true, format!("nbd+unix://{rest}")),
+            _ => (false, uri.to_string()),
+        };
+        let (address, export) = Address::parse_uri(&plain).map_err(|e| match e {
+            ClientError::Address { reason, .. } => ClientError::Address { input: uri.to_string(), reason },
+            e => e,
+        })?;
+        let tls_certificates = plain
+            .split_once('?')
+            .into_iter()
+            .flat_map(|(_, q)| q.split('&'))
+            .find_map(|kv| kv.strip_prefix("tls-certificates="))
+            .and_then(percent_decode)
+            .map(PathBuf::from);
+        Ok(ParsedUri { address, export, tls, tls_certificates })
     }
 
     /// Parse an NBD URI into the address and the export name it names.
@@ -167,6 +211,19 @@ mod tests {
         assert_eq!(e, "win 10");
         let (_, e) = Address::parse_uri("nbd+unix://?socket=/tmp/x").unwrap();
         assert_eq!(e, "");
+    }
+
+    #[test]
+    fn tls_uris() {
+        let p = Address::parse_uri_tls("nbds://127.0.0.1:10900/golden?tls-certificates=/etc/x%20y").unwrap();
+        assert_eq!((p.address.clone(), p.export.as_str(), p.tls), (Address::Tcp("127.0.0.1:10900".into()), "golden", true));
+        assert_eq!(p.tls_certificates.as_deref(), Some(std::path::Path::new("/etc/x y")));
+        assert_eq!(p.address.host(), Some("127.0.0.1"));
+        let p = Address::parse_uri_tls("nbds+unix:///t?socket=/s&tls-certificates=/d").unwrap();
+        assert_eq!((p.address.clone(), p.tls), (Address::Unix("/s".into()), true));
+        assert_eq!(p.address.host(), None);
+        assert!(!Address::parse_uri_tls("nbd://h/x").unwrap().tls);
+        assert_eq!(Address::tcp("[::1]:99").host(), Some("[::1]"));
     }
 
     #[test]

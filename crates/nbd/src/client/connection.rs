@@ -232,6 +232,11 @@ impl Connection {
                         Err(e) => Err(e),
                     }
                 };
+                // A TLS stream holds records until flushed (a no-op on a plain socket).
+                let res = match res {
+                    Ok(()) => w.flush().await,
+                    e => e,
+                };
                 cancelled.armed = false;
                 if let Err(e) = res {
                     let reason: Arc<str> = format!("writing to the server failed: {e}").into();
@@ -285,6 +290,7 @@ impl Connection {
             Writer::Locked(m) => {
                 if let Some(mut w) = m.lock().await.take() {
                     let _ = w.write_all(&disc).await;
+                    let _ = w.flush().await;
                     let _ = w.shutdown().await;
                 }
             }
@@ -429,7 +435,8 @@ async fn run_writer(conn: Arc<Connection>, mut w: WriteHalf) {
             outbox.wake.notified().await;
             continue;
         }
-        if let Err(e) = w.write_all(&batch).await {
+        // flush: a TLS stream holds records until flushed (a no-op on a plain socket).
+        if let Err(e) = async { w.write_all(&batch).await?; w.flush().await }.await {
             conn.fail(format!("writing to the server failed: {e}").into());
             return;
         }

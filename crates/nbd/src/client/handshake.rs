@@ -68,16 +68,17 @@ struct OptionReply {
     payload: Vec<u8>,
 }
 
-/// Run the handshake on `s` and return what it learned.
-pub(crate) async fn negotiate<S>(s: &mut S, req: &Request<'_>) -> Result<ExportInfo, ClientError>
+fn failer<'a>(req: &'a Request<'_>) -> impl Fn(String) -> ClientError + 'a {
+    move |reason: String| ClientError::Handshake { addr: req.addr.into(), export: req.export.to_string(), reason }
+}
+
+/// The greeting and the client flags; returns whether the zeroes of
+/// `NBD_OPT_EXPORT_NAME`'s reply are left out.
+pub(crate) async fn greet<S>(s: &mut S, req: &Request<'_>) -> Result<bool, ClientError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let fail = |reason: String| ClientError::Handshake {
-        addr: req.addr.into(),
-        export: req.export.to_string(),
-        reason,
-    };
+    let fail = failer(req);
     let io = |what: &str, e: std::io::Error| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             fail(format!("server closed the connection during {what}"))
@@ -107,7 +108,37 @@ where
         cflags |= proto::FLAG_C_NO_ZEROES;
     }
     s.write_all(&cflags.to_be_bytes()).await.map_err(|e| io("sending client flags", e))?;
+    Ok(no_zeroes)
+}
 
+/// `NBD_OPT_STARTTLS`: Ok when the server acknowledged it (the TLS handshake comes next).
+/// A server that refuses it fails the connection: this client was told to use TLS and
+/// never falls back to plaintext.
+pub(crate) async fn starttls<S>(s: &mut S, req: &Request<'_>) -> Result<(), ClientError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let fail = failer(req);
+    let mut opts = Options { s, req, fail: &fail };
+    opts.send(proto::OPT_STARTTLS, &[]).await?;
+    let r = opts.reply(proto::OPT_STARTTLS).await?;
+    match r.kind {
+        proto::REP_ACK => Ok(()),
+        k => Err(fail(format!(
+            "TLS is required by this client (nbds:// or --tls-certificates) but the server refused NBD_OPT_STARTTLS ({}: {}); start the server with --tls on or --tls require, or connect without TLS",
+            option_error_name(k),
+            String::from_utf8_lossy(&r.payload)
+        ))),
+    }
+}
+
+/// Option haggling after the greeting (and after TLS, when used): structured replies,
+/// `base:allocation`, then GO.
+pub(crate) async fn haggle<S>(s: &mut S, req: &Request<'_>, no_zeroes: bool) -> Result<ExportInfo, ClientError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let fail = failer(req);
     let mut opts = Options { s, req, fail: &fail };
 
     let mut structured = false;

@@ -22,7 +22,7 @@ mod handshake;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use address::{Address, DEFAULT_PORT};
+pub use address::{Address, ParsedUri, DEFAULT_PORT};
 pub use connection::WriterMode;
 pub use error::{errno_name, ClientError, Op};
 pub use handshake::{BlockSizes, ExportInfo};
@@ -61,6 +61,11 @@ pub struct ConnectOptions {
     pub check_requests: bool,
     /// How request bytes reach the socket.
     pub writer: WriterMode,
+    /// NBD over TLS: `NBD_OPT_STARTTLS` right after the greeting, then the TLS handshake
+    /// with this configuration (the server's certificate checked against its CA and the
+    /// host dialled, `localhost` for a unix socket). A server that refuses STARTTLS fails
+    /// the connection; there is no plaintext fallback. `None`: no TLS.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ConnectOptions {
@@ -74,6 +79,7 @@ impl Default for ConnectOptions {
             request_timeout: Some(Duration::from_secs(30)),
             check_requests: true,
             writer: WriterMode::default(),
+            tls: None,
         }
     }
 }
@@ -83,6 +89,29 @@ impl ConnectOptions {
     pub fn export(name: impl Into<String>) -> Self {
         ConnectOptions { export: name.into(), ..Default::default() }
     }
+}
+
+/// The handshake over TLS: greeting, STARTTLS, the TLS handshake, then haggling over TLS;
+/// the TLS stream is split for the connection's reader and writer.
+async fn over_tls<S>(
+    mut s: S,
+    req: &handshake::Request<'_>,
+    config: Arc<rustls::ClientConfig>,
+    name: rustls::pki_types::ServerName<'static>,
+) -> Result<(ExportInfo, ReadHalf, WriteHalf), ClientError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let no_zeroes = handshake::greet(&mut s, req).await?;
+    handshake::starttls(&mut s, req).await?;
+    let mut t = tokio_rustls::TlsConnector::from(config).connect(name, s).await.map_err(|e| ClientError::Handshake {
+        addr: req.addr.into(),
+        export: req.export.to_string(),
+        reason: format!("TLS handshake failed: {e}"),
+    })?;
+    let info = handshake::haggle(&mut t, req, no_zeroes).await?;
+    let (r, w) = tokio::io::split(t);
+    Ok((info, Box::new(r), Box::new(w)))
 }
 
 /// Counters of replies received on a connection (for logs, metrics and tests).
@@ -131,14 +160,24 @@ impl Client {
                 structured: opts.structured_replies,
                 base_allocation: opts.base_allocation,
             };
+            if let Some(config) = &opts.tls {
+                let name = vdstream_tls::files::server_name(addr.host())
+                    .map_err(|e| ClientError::Address { input: addr_text.to_string(), reason: e.to_string() })?;
+                return match stream {
+                    Stream::Unix(s) => over_tls(s, &req, config.clone(), name).await,
+                    Stream::Tcp(s) => over_tls(s, &req, config.clone(), name).await,
+                };
+            }
             let (info, r, w): (ExportInfo, ReadHalf, WriteHalf) = match stream {
                 Stream::Unix(mut s) => {
-                    let info = handshake::negotiate(&mut s, &req).await?;
+                    let no_zeroes = handshake::greet(&mut s, &req).await?;
+                    let info = handshake::haggle(&mut s, &req, no_zeroes).await?;
                     let (r, w) = s.into_split();
                     (info, Box::new(r), Box::new(w))
                 }
                 Stream::Tcp(mut s) => {
-                    let info = handshake::negotiate(&mut s, &req).await?;
+                    let no_zeroes = handshake::greet(&mut s, &req).await?;
+                    let info = handshake::haggle(&mut s, &req, no_zeroes).await?;
                     let (r, w) = s.into_split();
                     (info, Box::new(r), Box::new(w))
                 }
@@ -165,11 +204,23 @@ impl Client {
         Ok(Client { conn, info, request_timeout: opts.request_timeout, check_requests: opts.check_requests })
     }
 
-    /// Connect to an NBD URI (`nbd://host:port/export`, `nbd+unix:///export?socket=PATH`);
-    /// the URI's export overrides `opts.export`.
+    /// Connect to an NBD URI (`nbd://host:port/export`, `nbd+unix:///export?socket=PATH`,
+    /// and with TLS `nbds://…` / `nbds+unix://…`, whose `?tls-certificates=DIR` names the
+    /// client's certificate directory unless `opts.tls` is set); the URI's export overrides
+    /// `opts.export`.
     pub async fn connect_uri(uri: &str, opts: ConnectOptions) -> Result<Client, ClientError> {
-        let (addr, export) = Address::parse_uri(uri)?;
-        Client::connect(addr, ConnectOptions { export, ..opts }).await
+        let parsed = Address::parse_uri_tls(uri)?;
+        let mut tls = opts.tls.clone();
+        if parsed.tls && tls.is_none() {
+            let dir = parsed.tls_certificates.as_deref().ok_or_else(|| ClientError::Address {
+                input: uri.to_string(),
+                reason: "an nbds URI needs the client's certificates: add ?tls-certificates=DIR (ca-cert.pem, client-cert.pem, client-key.pem)".into(),
+            })?;
+            tls = Some(
+                vdstream_tls::files::client_config(dir).map_err(|e| ClientError::Address { input: uri.to_string(), reason: e.to_string() })?,
+            );
+        }
+        Client::connect(parsed.address, ConnectOptions { export: parsed.export, tls, ..opts }).await
     }
 
     /// What the handshake learned.

@@ -10,7 +10,8 @@
 //! A report that does not read as a `Status` is refused (400); `/metrics` reads it as one;
 //! the rest of the API passes it on as the agent wrote it (fields unknown here included).
 //!
-//! What a report may cost, bounded whoever sends it (the API has no authentication yet):
+//! What a report may cost, bounded whoever sends it (an operator token or a target's own
+//! certificate; auth.rs checks who before this module sees a report):
 //! - only targets with a record in the store may report (404 otherwise), so the reports
 //!   kept are at most one per target of the store (and never over [`MAX_REPORTS`]);
 //! - a report is at most `MAX_AGENT_REPORT` bytes (413, checked before it is read), at

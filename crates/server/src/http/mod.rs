@@ -6,17 +6,18 @@
 //!
 //! ```text
 //!   accept loop (one task) ── takes a permit of the connection cap, then accepts
-//!     └▶ one task per connection: hyper HTTP/1 (header read timeout, head size limits,
-//!        idle timeout)
-//!          └▶ trailing-slash trim ▶ axum Router (router.rs: the route table, the layers)
+//!     └▶ one task per connection: the TLS handshake (with --tls-certificates; bounded by
+//!        REQUEST_DEADLINE), hyper HTTP/1 (header read timeout, head size limits, idle timeout)
+//!          └▶ trailing-slash trim ▶ axum Router (router.rs: the route table, the layers;
+//!             auth.rs: the caller and the role its route needs, 401/403)
 //!               └▶ typed handlers: store.rs (vDisks, versions, targets, on the blocking
 //!                  pool), live.rs (server, sessions, agent reports), metrics.rs
 //!   sampler (one task): every second, a snapshot of every session's counters (rates over
 //!                       5 s), and expired agent reports swept away
 //! ```
 //!
-//! Module imports run one way: mod → router → {store, metrics} → shared → live → error →
-//! limits.
+//! Module imports run one way: mod → router → {store, metrics, auth} → shared → live →
+//! error → limits (auth → error too).
 //!
 //! Invariants:
 //! - A connection costs a task and a socket, never a thread: a slow or idle client holds
@@ -35,6 +36,7 @@
 //! - [`HttpHandle::stop`] closes the listener and every open connection, and returns once
 //!   the API's tasks are gone.
 
+mod auth;
 mod error;
 mod limits;
 mod live;
@@ -58,7 +60,9 @@ use tower::ServiceExt;
 use tower_http::normalize_path::NormalizePath;
 
 use crate::state::ServerState;
-use shared::{ClientAddr, Shared};
+use crate::tokens::TokenFile;
+use shared::{ClientAddr, PeerIdentity, Shared};
+use vdstream_tls::files::ServerTls;
 
 pub use error::ApiError;
 pub use limits::*;
@@ -73,17 +77,33 @@ pub struct HttpHandle {
     server: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// Serves the API on `listener` until the handle is stopped. Call inside the server's
-/// tokio runtime: the API's tasks are spawned on it.
+/// Serves the API on `listener` until the handle is stopped, without TLS. Call inside the
+/// server's tokio runtime: the API's tasks are spawned on it.
 pub fn spawn(listener: TcpListener, state: Arc<ServerState>) -> std::io::Result<HttpHandle> {
+    spawn_with(listener, state, None)
+}
+
+/// Serves the API on `listener` until the handle is stopped, over TLS when `tls` is given
+/// (the certificate directory of `--tls-certificates`, client certificates verified
+/// against its CA; a new connection takes the directory's configuration as it is then).
+/// Bearer tokens are the store's (`api-tokens.json`). Call inside the server's tokio
+/// runtime: the API's tasks are spawned on it.
+pub fn spawn_with(listener: TcpListener, state: Arc<ServerState>, tls: Option<Arc<ServerTls>>) -> std::io::Result<HttpHandle> {
     let addr = listener.local_addr()?;
+    let tokens = TokenFile::open(&state.store).map_err(std::io::Error::other)?;
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let shared = Arc::new(Shared { state, live: live::Live::default() });
+    let shared = Arc::new(Shared { state, live: live::Live::default(), tokens, loopback: addr.ip().is_loopback(), tls: tls.is_some() });
     let (stop_tx, stop_rx) = watch::channel(false);
     let limit = connection_limit();
-    let server = tokio::spawn(serve(listener, shared, stop_rx, limit));
-    log::info!("HTTP API on http://{addr}/api/v1/server, metrics on http://{addr}/metrics (at most {limit} connections)");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    if shared.open() {
+        log::info!("HTTP API open to local users (loopback, no TLS, no token made); `vdstream token add NAME --role ROLE` to require tokens");
+    } else {
+        log::info!("HTTP API: every request needs a bearer token{}", if tls.is_some() { " or a client certificate" } else { "" });
+    }
+    let server = tokio::spawn(serve(listener, shared, tls, stop_rx, limit));
+    log::info!("HTTP API on {scheme}://{addr}/api/v1/server, metrics on {scheme}://{addr}/metrics (at most {limit} connections)");
     Ok(HttpHandle { addr, stop_tx, server: Some(server) })
 }
 
@@ -113,7 +133,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>, limit: usize) {
+async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, tls: Option<Arc<ServerTls>>, mut stop: watch::Receiver<bool>, limit: usize) {
     let mut tasks = tokio::task::JoinSet::new();
     let s = shared.clone();
     let mut sampler_stop = stop.clone();
@@ -154,7 +174,7 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
             _ = stopped(&mut stop) => break,
         };
         while tasks.try_join_next().is_some() {}
-        tasks.spawn(connection(stream, peer, app.clone(), stop.clone(), permit));
+        tasks.spawn(connection(stream, peer, tls.clone(), app.clone(), stop.clone(), permit));
     }
     drop(listener);
     while tasks.join_next().await.is_some() {}
@@ -243,15 +263,53 @@ impl AsyncWrite for Tracked {
 }
 
 /// Serves one connection until it closes, idles too long, or the API stops. Dropping the
-/// connection closes its socket; `_permit` returns its place under the cap.
-async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, app: Router, mut stop: watch::Receiver<bool>, _permit: tokio::sync::OwnedSemaphorePermit) {
+/// connection closes its socket; `_permit` returns its place under the cap. With TLS, the
+/// handshake must be over within [`REQUEST_DEADLINE`] (a client that stops in it is
+/// dropped then), and a verified client certificate's identity goes with each request.
+async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, tls: Option<Arc<ServerTls>>, app: Router, stop: watch::Receiver<bool>, permit: tokio::sync::OwnedSemaphorePermit) {
     let _ = stream.set_nodelay(true);
     let activity = Arc::new(Activity { origin: Instant::now(), last_ms: AtomicU64::new(0), busy: AtomicUsize::new(0) });
-    let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
+    let tracked = Tracked { inner: stream, activity: activity.clone() };
+    let Some(tls) = tls else {
+        return serve_connection(tracked, peer, None, activity, app, stop, permit).await;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+    let stream = match tokio::time::timeout(REQUEST_DEADLINE, acceptor.accept(tracked)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            log::info!("HTTP API: TLS handshake with {peer} failed: {e}");
+            return;
+        }
+        Err(_) => {
+            log::info!("HTTP API: dropped {peer}: its TLS handshake was not over within {} s", REQUEST_DEADLINE.as_secs());
+            return;
+        }
+    };
+    let identity = match stream.get_ref().1.peer_certificates().and_then(|c| c.first()) {
+        None => None,
+        Some(cert) => match vdstream_tls::peer::identity_of(cert) {
+            Ok(id) => Some(PeerIdentity(id)),
+            Err(e) => {
+                log::info!("HTTP API: the client certificate of {peer} names no vdstream identity ({e}); treated as no certificate");
+                None
+            }
+        },
+    };
+    serve_connection(stream, peer, identity, activity, app, stop, permit).await
+}
+
+async fn serve_connection<I>(io: I, peer: SocketAddr, identity: Option<PeerIdentity>, activity: Arc<Activity>, app: Router, mut stop: watch::Receiver<bool>, _permit: tokio::sync::OwnedSemaphorePermit)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let io = TokioIo::new(io);
     let a = activity.clone();
     let app = NormalizePath::trim_trailing_slash(app);
     let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(ClientAddr(peer));
+        if let Some(id) = &identity {
+            req.extensions_mut().insert(id.clone());
+        }
         let busy = Busy::new(a.clone());
         let app = app.clone();
         async move {

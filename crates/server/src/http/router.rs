@@ -3,7 +3,8 @@
 //! exports so that a test compares it with docs/openapi.yaml both ways.
 //!
 //! Layers, outermost first (each request): the error document for every bare answer of
-//! 400 and over (error.rs), the head checks, at most [`MAX_IN_FLIGHT`] requests in
+//! 400 and over (error.rs), the head checks, the caller and its role (auth.rs: 401/403
+//! before anything else is done), at most [`MAX_IN_FLIGHT`] requests in
 //! handlers (more wait), the body limit ([`MAX_BODY`], by `Content-Length` before
 //! anything is read; [`MAX_AGENT_REPORT`] on the agent route), and [`HANDLER_TIMEOUT`]
 //! (503).
@@ -28,7 +29,7 @@ use tower_http::timeout::TimeoutLayer;
 use super::error::{check_head, json_errors, ApiError, JsonBody, Param};
 use super::limits::{HANDLER_TIMEOUT, MAX_AGENT_REPORT, MAX_BODY, MAX_IN_FLIGHT};
 use super::shared::{blocking, ClientAddr, Shared};
-use super::{live, metrics, store};
+use super::{auth, live, metrics, store};
 
 /// The router being built and the routes added so far.
 struct Table {
@@ -84,6 +85,7 @@ pub(crate) fn app(shared: Arc<Shared>) -> Router {
     let layers = ServiceBuilder::new()
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn(head_checked))
+        .layer(middleware::from_fn_with_state(shared.clone(), auth::authorize))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
         .layer(RequestBodyLimitLayer::new(MAX_BODY))
         .layer(TimeoutLayer::with_status_code(axum::http::StatusCode::SERVICE_UNAVAILABLE, HANDLER_TIMEOUT));

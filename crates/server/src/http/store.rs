@@ -13,10 +13,10 @@ use serde_json::Value;
 use vdstream_store::{documents, Access, NewTarget, Store, TargetChange};
 
 use super::error::{ApiError, JsonBody, Param};
-use super::shared::{blocking, ClientAddr, Shared};
+use super::shared::{blocking, AuditClient, Shared};
 
 type S = State<Arc<Shared>>;
-type Client = Extension<ClientAddr>;
+type Client = Extension<AuditClient>;
 type Answer = Result<Json<Value>, ApiError>;
 type Created = Result<(StatusCode, Json<Value>), ApiError>;
 
@@ -56,10 +56,11 @@ fn version_number(text: &str) -> Result<u32, ApiError> {
 
 fn no_progress(_: u64, _: u64) {}
 
-/// Runs `f` on the store (opened for this request, its changes audited as `client`'s).
-async fn on_store(s: Arc<Shared>, client: ClientAddr, f: impl FnOnce(&Store, &Shared) -> Result<Value, vdstream_store::StoreError> + Send + 'static) -> Result<Value, ApiError> {
+/// Runs `f` on the store (opened for this request, its changes audited as `client`'s:
+/// address and token or certificate).
+async fn on_store(s: Arc<Shared>, client: AuditClient, f: impl FnOnce(&Store, &Shared) -> Result<Value, vdstream_store::StoreError> + Send + 'static) -> Result<Value, ApiError> {
     blocking(move || {
-        let store = Store::open(&s.state.store)?.with_client(client.0.to_string());
+        let store = Store::open(&s.state.store)?.with_client(client.0);
         Ok(f(&store, &s)?)
     })
     .await

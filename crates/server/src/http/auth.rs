@@ -1,0 +1,187 @@
+//! Who may call what: every request is tied to a caller (a bearer token, a verified client
+//! certificate, or a local user of an open API) and checked against the role its route
+//! needs, before any handler runs. docs/SERVER.md has the table for administrators.
+//!
+//! | route | needs |
+//! |---|---|
+//! | every GET (server, vDisks, versions, targets, sessions, `/metrics`) | read-only |
+//! | `POST /targets`, `PUT /targets/{id}`, `DELETE /targets/{id}`, `PUT /targets/{id}/agent` | operator |
+//! | `POST .../versions`, `.../promote`, `.../revert` (and anything else) | admin |
+//!
+//! A target's certificate (`urn:vdstream:target:ID`) may call `GET /api/v1/server`,
+//! `GET /api/v1/targets/ID` and `PUT /api/v1/targets/ID/agent` for its own ID only; an
+//! administrator's certificate acts as admin; other certificates get nothing.
+//!
+//! Open API: when the API listens on loopback without TLS and no token was ever made in
+//! the store (no `api-tokens.json`), every request is a local user's and may do
+//! everything, as before tokens existed. Otherwise a request without a credential is 401.
+//!
+//! Invariants:
+//! - A token is checked by hash in constant time (`tokens::find`); the `Authorization`
+//!   field is read here only and never formatted into a log line or an answer.
+//! - 401 answers carry `WWW-Authenticate: Bearer`; 403 answers name the role needed.
+//! - A refusal happens before the handler, so it changes nothing.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::{header, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use vdstream_contract::Identity;
+
+use super::error::ApiError;
+use super::shared::{AuditClient, ClientAddr, PeerIdentity, Shared};
+use crate::tokens::Role;
+
+/// Who made a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// The API is open (loopback, no TLS, no token ever made).
+    Local,
+    /// A bearer token: its name and role.
+    Token { name: String, role: Role },
+    /// A verified client certificate's identity.
+    Cert(Identity),
+}
+
+impl std::fmt::Display for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Caller::Local => f.write_str("local"),
+            Caller::Token { name, role } => write!(f, "token:{name} ({role})"),
+            Caller::Cert(id) => write!(f, "{id}"),
+        }
+    }
+}
+
+/// The role a route needs, by method and path pattern (`None`: no route matched; reading
+/// that it does not exist needs read-only).
+pub(crate) fn need_of(method: &Method, route: Option<&str>) -> Role {
+    match (method.as_str(), route) {
+        ("GET" | "HEAD", _) | (_, None) => Role::ReadOnly,
+        ("POST", Some("/api/v1/targets")) | ("PUT" | "DELETE", Some("/api/v1/targets/{id}")) | ("PUT", Some("/api/v1/targets/{id}/agent")) => Role::Operator,
+        _ => Role::Admin,
+    }
+}
+
+/// Whether a target's certificate (its `own` id) may make this request.
+fn target_may(own: &str, method: &Method, route: Option<&str>, id: Option<&str>) -> bool {
+    match (method.as_str(), route) {
+        ("GET" | "HEAD", Some("/api/v1/server")) => true,
+        ("GET" | "HEAD", Some("/api/v1/targets/{id}")) | ("PUT", Some("/api/v1/targets/{id}/agent")) => id == Some(own),
+        _ => false,
+    }
+}
+
+fn unauthorized(error: String, invalid: bool) -> Response {
+    let mut r = ApiError::new(401, error, "send `Authorization: Bearer TOKEN` with a token from `vdstream token add NAME --role ROLE` (the CLI and agent read it from VDSTREAM_TOKEN or --token-file)").into_response();
+    let challenge = if invalid { "Bearer realm=\"vdstream\", error=\"invalid_token\"" } else { "Bearer realm=\"vdstream\"" };
+    r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    r
+}
+
+fn forbidden(caller: &Caller, method: &Method, route: &str, need: Role) -> Response {
+    let what = match caller {
+        Caller::Token { name, role } => format!("the token {name:?} has role {role}"),
+        other => format!("the client certificate of {other} does not grant it"),
+    };
+    ApiError::new(403, format!("{what}; {method} {route} needs role {need}"), format!("use a token with role {need} or higher (`vdstream token add NAME --role {need}`)")).into_response()
+}
+
+/// The bearer token of a request: `Ok(None)` without `Authorization`, `Err` when the field
+/// is not `Bearer TOKEN`.
+fn bearer(req: &Request) -> Result<Option<&str>, ()> {
+    let Some(v) = req.headers().get(header::AUTHORIZATION) else { return Ok(None) };
+    let v = v.to_str().map_err(|_| ())?;
+    let (scheme, token) = v.split_once(' ').ok_or(())?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(());
+    }
+    Ok(Some(token))
+}
+
+/// The middleware: finds the caller, checks the route's need, and passes the request on
+/// with the [`Caller`] in its extensions, or answers 401/403.
+pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string());
+    let shown = route.clone().unwrap_or_else(|| req.uri().path().to_string());
+    let need = need_of(&method, route.as_deref());
+    let caller = match bearer(&req) {
+        Err(()) => return unauthorized("the Authorization field is not `Bearer TOKEN`".into(), true),
+        Ok(Some(token)) => match s.tokens.check(token) {
+            Some(t) => Caller::Token { name: t.name, role: t.role },
+            None => return unauthorized("the bearer token is not known or was revoked".into(), true),
+        },
+        Ok(None) => match req.extensions().get::<PeerIdentity>() {
+            Some(PeerIdentity(id @ (Identity::Target(_) | Identity::Admin(_) | Identity::Server(_)))) => Caller::Cert(id.clone()),
+            _ if s.open() => Caller::Local,
+            _ => return unauthorized(format!("{method} {shown} needs a bearer token (role {need})"), false),
+        },
+    };
+    let allowed = match &caller {
+        Caller::Local | Caller::Cert(Identity::Admin(_)) => true,
+        Caller::Token { role, .. } => *role >= need,
+        Caller::Cert(Identity::Target(own)) => {
+            let (mut parts, body) = req.into_parts();
+            let params = RawPathParams::from_request_parts(&mut parts, &()).await.ok();
+            let id = params.as_ref().and_then(|p| p.iter().find(|(k, _)| *k == "id").map(|(_, v)| v.to_string()));
+            let ok = target_may(own, &method, route.as_deref(), id.as_deref());
+            if !ok {
+                log::info!("HTTP API: refused {method} {shown} to {caller}: a target may report and read only its own record");
+                return ApiError::new(403, format!("{caller} may call only GET /api/v1/server, GET /api/v1/targets/{own} and PUT /api/v1/targets/{own}/agent"), "an agent reports status only for its own target; use a token for anything else").into_response();
+            }
+            let mut req = Request::from_parts(parts, body);
+            mark(&mut req, caller);
+            return next.run(req).await;
+        }
+        Caller::Cert(_) => false,
+    };
+    if !allowed {
+        log::info!("HTTP API: refused {method} {shown} to {caller}: needs role {need}");
+        return forbidden(&caller, &method, &shown, need);
+    }
+    let mut req = req;
+    mark(&mut req, caller);
+    next.run(req).await
+}
+
+/// Puts the caller and its audit name in the request's extensions.
+fn mark(req: &mut Request, caller: Caller) {
+    let addr = req.extensions().get::<ClientAddr>().map(|c| c.0.to_string()).unwrap_or_default();
+    let audit = if caller == Caller::Local { addr } else { format!("{addr} {caller}") };
+    req.extensions_mut().insert(AuditClient(audit));
+    req.extensions_mut().insert(caller);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_needs_a_role_and_writes_need_more_than_reads() {
+        for (path, method) in super::super::routes() {
+            let need = need_of(&method, Some(path));
+            match method.as_str() {
+                "GET" => assert_eq!(need, Role::ReadOnly, "{path}"),
+                _ if path.starts_with("/api/v1/targets") => assert_eq!(need, Role::Operator, "{method} {path}"),
+                _ => assert_eq!(need, Role::Admin, "{method} {path}"),
+            }
+        }
+        assert_eq!(need_of(&Method::PATCH, None), Role::ReadOnly);
+    }
+
+    #[test]
+    fn a_target_may_touch_only_its_own_record() {
+        let (get, put, post) = (Method::GET, Method::PUT, Method::POST);
+        assert!(target_may("pc-07", &put, Some("/api/v1/targets/{id}/agent"), Some("pc-07")));
+        assert!(!target_may("pc-07", &put, Some("/api/v1/targets/{id}/agent"), Some("pc-08")));
+        assert!(target_may("pc-07", &get, Some("/api/v1/targets/{id}"), Some("pc-07")));
+        assert!(!target_may("pc-07", &put, Some("/api/v1/targets/{id}"), Some("pc-07")));
+        assert!(target_may("pc-07", &get, Some("/api/v1/server"), None));
+        assert!(!target_may("pc-07", &get, Some("/api/v1/targets"), None));
+        assert!(!target_may("pc-07", &post, Some("/api/v1/vdisks/{name}/versions"), None));
+    }
+}
