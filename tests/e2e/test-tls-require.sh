@@ -144,14 +144,23 @@ log "ok: a client stalled in the TLS handshake is dropped after the handshake ti
 server_alive || fail "server died"
 stop_server || fail "server did not stop cleanly"
 
-# 6. --tls on: plaintext clients are served (anonymous), TLS clients too.
+# 6. --tls on: a plaintext client is anonymous, refused by default (NBD_REP_ERR_POLICY,
+#    saying how to get in) and served with --anonymous all; TLS clients are served.
 start_tls_server --memory 16M --tls on --tls-certificates "$E2E_TMP/pki/server"
-assert_eq "plaintext size with --tls on" "$(run_bounded 20 nbdinfo --size "nbd+unix:///vdstream?socket=$SOCK")" $((16 << 20))
+rc=0
+out=$(LIBNBD_DEBUG=1 run_bounded 20 nbdinfo --size "nbd+unix:///vdstream?socket=$SOCK" 2>&1) || rc=$?
+((rc != 0)) || fail "a plaintext (anonymous) client was served by --tls on without --anonymous all"
+grep -q "without a verified certificate" <<<"$out" || fail "the refusal does not say why: $out"
+log "ok: --tls on refuses an anonymous plaintext client by default"
 assert_eq "TLS size with --tls on" "$(run_bounded 20 nbdinfo --size "$TLS_URI_TCP")" $((16 << 20))
+stop_server || fail "server did not stop cleanly"
+start_tls_server --memory 16M --tls on --tls-certificates "$E2E_TMP/pki/server" --anonymous all
+assert_eq "plaintext size with --tls on --anonymous all" "$(run_bounded 20 nbdinfo --size "nbd+unix:///vdstream?socket=$SOCK")" $((16 << 20))
 stop_server || fail "server did not stop cleanly"
 
 # 7. Flags that do not go together are refused at start, saying what to do.
-for bad in "--tls require" "--tls-certificates $E2E_TMP/pki/server" "--tls on --tls-certificates $E2E_TMP/pki/nowhere"; do
+for bad in "--tls require" "--tls-certificates $E2E_TMP/pki/server" "--tls on --tls-certificates $E2E_TMP/pki/nowhere" \
+    "--tls require --tls-certificates $E2E_TMP/pki/server --tls-verify-peer false"; do
     rc=0
     # shellcheck disable=SC2086
     out=$("$VDSTREAM_BIN" serve-image --memory 1M --socket "$E2E_TMP/bad.sock" $bad 2>&1) || rc=$?

@@ -185,6 +185,14 @@ pub struct ServeImageArgs {
 
     #[command(flatten)]
     tls: crate::tls_flags::TlsFlags,
+
+    /// With TLS on, what a client without a verified certificate may do: `none` (the
+    /// default: refused with NBD_REP_ERR_POLICY, saying to connect with a client
+    /// certificate of the server's CA) or `all` (served like any other: the plaintext
+    /// clients of --tls on, or every client of --tls-verify-peer false). With --tls off
+    /// every client is served, so keep to a unix socket or loopback.
+    #[arg(long, value_name = "none|all", default_value = "none", value_parser = ["none", "all"])]
+    anonymous: String,
 }
 
 impl ServeImageArgs {
@@ -211,13 +219,15 @@ struct SingleExport {
     /// the reference count of `dev` with no connection open; a connection holds a clone
     /// of `dev` for its life, so a higher count means the writer is connected.
     one_writer: Option<std::sync::Mutex<usize>>,
+    /// TLS is on and `--anonymous none`: a client without a verified certificate is refused.
+    refuse_anonymous: bool,
 }
 
 impl SingleExport {
     fn new(name: String, description: String, dev: Arc<dyn BlockDev>, one_writer: bool) -> Self {
         let baseline = Arc::strong_count(&dev) + 1; // + the clone `open` hands out
         let one_writer = one_writer.then(|| std::sync::Mutex::new(baseline));
-        SingleExport { name, description, dev, one_writer }
+        SingleExport { name, description, dev, one_writer, refuse_anonymous: false }
     }
 }
 
@@ -232,6 +242,14 @@ impl Exports for SingleExport {
 
     /// A one-writer export is held by its connection alone, so it offers no multi-conn.
     fn open_export(&self, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+        if self.refuse_anonymous && *req.client == vdstream_contract::Identity::Anonymous {
+            return Err(OpenError::Policy(format!(
+                "{} is not served to clients without a verified certificate: connect over TLS with a client \
+                 certificate of this server's CA (e.g. nbds://HOST:PORT/?tls-certificates=DIR holding client-cert.pem), \
+                 or start serve-image with --anonymous all",
+                self.description
+            )));
+        }
         let device = self.open(req.name)?;
         Ok(OpenedExport { device, description: self.description(req.name), exclusive: self.one_writer.is_some() })
     }
@@ -332,10 +350,16 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
     };
     let size = dev.size();
     let one_writer = opened_layer.as_ref().is_some_and(|o| o.writable);
-    let exports = Arc::new(SingleExport::new(args.name.clone(), description.clone(), dev, one_writer));
-
     let tls = args.tls.server()?;
     let tls_on = tls.is_some();
+    let anonymous_all = args.anonymous == "all";
+    if tls_on && !args.tls.tls_verify_peer && !anonymous_all {
+        anyhow::bail!("--tls-verify-peer false makes every TLS client anonymous, and --anonymous none (the default) refuses anonymous clients: add --anonymous all to serve them");
+    }
+    let mut exports = SingleExport::new(args.name.clone(), description.clone(), dev, one_writer);
+    exports.refuse_anonymous = tls_on && !anonymous_all;
+    let exports = Arc::new(exports);
+
     let scheme = if tls_on { "nbds" } else { "nbd" };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
     runtime.block_on(async move {
