@@ -9,6 +9,12 @@
 #                     verify-peer=on --tls-creds (qemu's TLS: gnutls)
 #   nbdkit-tls        nbdkit --tls=require --tls-certificates=SERVER_DIR --tls-verify-peer file
 #   qemu-nbd, nbdkit  the same without TLS (only when named in --peers)
+#   agent, agent-tls  through an agent (only when named in --peers): `vdstream server
+#                     --listen 127.0.0.1:PORT` on a store holding the image as vDisk
+#                     `golden` (agent-tls: with --tls require), and `vdstream target attach
+#                     bench --server nbd[s]://127.0.0.1:PORT/vdisk/golden --cache device-disk`
+#                     (agent-tls: with the target certificate); fio talks to the agent's unix
+#                     socket, so what TLS costs here is the agent's link to the server
 # fio connects with nbds://127.0.0.1:PORT/ (libnbd: the server's certificate is checked
 # against the CA and its name; the client shows a target certificate). fio's nbd engine
 # does not let a URI name a certificate folder (libnbd refuses local files in URIs there),
@@ -48,13 +54,20 @@ need_cmds fio nbdkit qemu-nbd openssl
 IFS=, read -r -a peer_list <<<"$peers"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-bench-tls.XXXXXX")
-server_pid=
+server_pid='' agent_pid=''
+BENCH_PID_VARS="agent_pid server_pid"
 bench_cleanup_on_exit
 make_tls_dirs "$work/certs"
 sdir=$work/certs/server
 mkdir -p "$work/home/.pki" && ln -s "$work/certs/client" "$work/home/.pki/libnbd"
 echo "making the image: $size of random data" >&2
 head -c "$(numfmt --from=iec "${size^^}")" /dev/urandom >"$work/disk.img"
+
+if [[ ,$peers, == *,agent* ]]; then
+    export VDSTREAM_STORE=$work/store VDSTREAM_RUN_DIR=$work/run VDSTREAM_CACHE_DIR=$work/cache
+    "$VDSTREAM_BIN" vdisk import golden "$work/disk.img" >/dev/null
+    "$VDSTREAM_BIN" target add bench --vdisk golden --cache device-disk >/dev/null
+fi
 
 # free_port — a TCP port on 127.0.0.1 nothing listens on (bounded tries).
 free_port() {
@@ -79,11 +92,29 @@ start_peer() {
     qemu-nbd-tls) cmd=(qemu-nbd -t -e 8 -f raw -b 127.0.0.1 -p "$port" -x '' "${tls[@]}" "$img") ;;
     nbdkit) cmd=(nbdkit -f -i 127.0.0.1 -p "$port" file "$img"); uri="nbd://127.0.0.1:$port/" ;;
     nbdkit-tls) cmd=(nbdkit -f -i 127.0.0.1 -p "$port" --tls=require "--tls-certificates=$sdir" --tls-verify-peer file "$img") ;;
+    agent | agent-tls) start_agent "$name" "$port"; return ;;
     *) echo "unknown peer $name (see --help)" >&2; return 1 ;;
     esac
     "${cmd[@]}" >"$work/$name.server.log" 2>&1 </dev/null &
     server_pid=$!
     wait_tcp_ready "$server_pid" "$port" "$work/$name.server.log" "$name" 20
+}
+
+# start_agent NAME PORT — vdstream server on the store, and the agent in front of it.
+start_agent() {
+    local name=$1 port=$2 scheme=nbd tls=() agent_tls=()
+    if [[ $name == agent-tls ]]; then
+        scheme=nbds tls=(--tls require --tls-certificates "$sdir") agent_tls=(--tls-certificates "$work/certs/client")
+    fi
+    "$VDSTREAM_BIN" server --listen "127.0.0.1:$port" --socket "$work/server.sock" "${tls[@]}" \
+        >"$work/$name.server.log" 2>&1 </dev/null &
+    server_pid=$!
+    wait_tcp_ready "$server_pid" "$port" "$work/$name.server.log" "$name server" 20
+    "$VDSTREAM_BIN" target attach bench --server "$scheme://127.0.0.1:$port/vdisk/golden" --cache device-disk \
+        "${agent_tls[@]}" >"$work/$name.agent.log" 2>&1 </dev/null &
+    agent_pid=$!
+    wait_nbd_ready "$agent_pid" "$work/run/bench.sock" "$work/$name.agent.log" "$name" 60
+    uri="nbd+unix:///?socket=$work/run/bench.sock"
 }
 
 n=${#peer_list[@]}
@@ -96,8 +127,10 @@ for ((r = 0; r < rounds; r++)); do
         HOME=$work/home unshare -U --map-user=1000 --map-group=1000 fio "$JOBFILE" --ioengine=nbd --uri="$uri" --size="$size" --runtime="$runtime" \
             --output-format=json --output="$work/$p.$r.json" >"$work/$p.$r.fio.log" 2>&1 ||
             { cat "$work/$p.$r.fio.log" "$work/$p.server.log" >&2 || true; echo "fio failed against $p" >&2; exit 1; }
+        stop_pid "$agent_pid"
         stop_pid "$server_pid"
-        server_pid=
+        server_pid='' agent_pid=''
+        rm -rf "$work/run" "$work/cache"
         sleep 1
     done
 done
@@ -122,6 +155,9 @@ for p in peers:
 print()
 def per_round(a, b):
     return [runs[a][i] / runs[b][i] for i in range(rounds)]
+if "agent" in med and "agent-tls" in med:
+    rr = per_round("agent-tls", "agent")
+    print(f"- agent-tls / agent: **{statistics.median(rr):.2f}** (per round {', '.join(f'{x:.2f}' for x in rr)}); goal >= 0.85")
 if "vdstream" in med and "vdstream-tls" in med:
     rr = per_round("vdstream-tls", "vdstream")
     print(f"- vdstream-tls / vdstream: **{statistics.median(rr):.2f}** (per round {', '.join(f'{x:.2f}' for x in rr)}); goal >= 0.85")
