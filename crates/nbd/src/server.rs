@@ -362,7 +362,9 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
         }
         Err(e) => {
             shared.stats.handshakes_failed.fetch_add(1, Ordering::Relaxed);
-            log::info!("NBD handshake with {peer} failed: {e}");
+            // A stranger can fail handshakes at will (a storm of foreign certificates):
+            // through the limiter, so the log shows them while rare and a count once they flood.
+            shared.log.log(log::Level::Info, module_path!(), "handshake failed", format_args!("NBD handshake with {peer} failed: {e}"));
             return;
         }
     };
