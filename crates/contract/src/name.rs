@@ -194,6 +194,12 @@ pub fn shown_export_name(text: &str) -> &str {
 }
 
 impl ExportName {
+    /// The name as logs, audit lines and refusals may show it: its text without the
+    /// attach secret ([`shown_export_name`]).
+    pub fn shown(&self) -> String {
+        shown_export_name(&self.to_string()).to_owned()
+    }
+
     /// Whether the name reaches one fixed vDisk version (or attach) whatever the store's
     /// metadata says later: `vdisk/NAME@3`, `vdisk/NAME@base`, `target/ID@ATTACH`.
     pub fn is_pinned(&self) -> bool {
@@ -331,6 +337,7 @@ pub(crate) mod tests {
             assert_eq!(want.to_string(), text);
         }
         assert_eq!(shown_export_name("target/vm-1@k3x+journal#0a9f"), "target/vm-1@k3x+journal");
+        assert_eq!(target(Some("k3x"), Some("0a9f"), true).shown(), "target/vm-1@k3x+journal", "the secret is never shown");
         // Names outside the grammar lose what follows '#' too; without one they are kept.
         for (text, shown) in [("target/a#00", "target/a"), ("disk#x#y", "disk"), ("", ""), ("plain image", "plain image"), ("#", "")] {
             assert_eq!(shown_export_name(text), shown, "{text:?}");

@@ -79,6 +79,30 @@ pub fn is_loopback(addr: &SocketAddr) -> bool {
 }
 
 impl ServerOptions {
+    /// A server of the store at `store` that listens nowhere yet, with the defaults of
+    /// `vdstream server` where it has them (no read cache, one thread per connection,
+    /// no TLS, anonymous clients get nothing): callers set what they need with
+    /// `ServerOptions { field: value, ..ServerOptions::new(store) }`.
+    pub fn new(store: impl Into<PathBuf>) -> ServerOptions {
+        ServerOptions {
+            store: store.into(),
+            listen: None,
+            socket: None,
+            http: None,
+            read_cache: 0,
+            name: None,
+            stats_file: None,
+            threads: 1,
+            dead_peer_timeout: None,
+            max_connections: None,
+            anonymous: AnonymousGrant::None,
+            insecure: false,
+            http_tls: None,
+            nbd_tls: None,
+            nbd_tls_mode: Default::default(),
+        }
+    }
+
     /// Refuses a plaintext listener on a non-loopback address unless `insecure` (see
     /// [`InsecureListen`]): NBD without `--tls on|require`, and the HTTP API without HTTPS
     /// (`http_tls`).
@@ -157,23 +181,7 @@ mod tests {
     }
 
     fn listening(listen: Option<&str>, http: Option<&str>) -> ServerOptions {
-        ServerOptions {
-            store: PathBuf::from("s"),
-            listen: listen.map(|a| a.parse().unwrap()),
-            socket: None,
-            http: http.map(|a| a.parse().unwrap()),
-            read_cache: 0,
-            name: None,
-            stats_file: None,
-            threads: 1,
-            dead_peer_timeout: None,
-            max_connections: None,
-            anonymous: AnonymousGrant::None,
-            insecure: false,
-            http_tls: None,
-            nbd_tls: None,
-            nbd_tls_mode: Default::default(),
-        }
+        ServerOptions { listen: listen.map(|a| a.parse().unwrap()), http: http.map(|a| a.parse().unwrap()), ..ServerOptions::new("s") }
     }
 
     #[test]

@@ -108,7 +108,7 @@ impl fmt::Display for Refusal {
 /// Decides whether `client` may open `export`. `record_vdisk(id)` is the vDisk of target
 /// `id`'s record (`None`: no record); it is asked only for a target's `vdisk/...` open.
 pub fn decide(client: &Identity, export: &ExportName, anonymous: AnonymousGrant, record_vdisk: &dyn Fn(&str) -> Option<String>) -> Result<(), Refusal> {
-    let shown = vdstream_contract::name::shown_export_name(&export.to_string()).to_owned();
+    let shown = export.shown();
     let refuse = |rule: &'static str, message: String| Err(Refusal { rule, message });
     match (client, export) {
         (Identity::Local | Identity::Admin(_), _) => Ok(()),
@@ -269,7 +269,7 @@ mod tests {
                         assert!(RULES.contains(&r.rule));
                         let text = r.to_string();
                         assert!(text.starts_with(&format!("rule {}: ", r.rule)), "{text}");
-                        assert!(text.contains(&vdstream_contract::name::shown_export_name(&export.to_string()).to_owned().to_string()), "the refusal names the export: {text}");
+                        assert!(text.contains(&export.shown()), "the refusal names the export: {text}");
                         assert!(!text.contains('#'), "no secret in a refusal: {text}");
                         if r.rule != ANONYMOUS_NONE && r.rule != ANONYMOUS_VDISKS {
                             assert!(text.contains(&client.to_string()), "the refusal names the client: {text}");

@@ -72,7 +72,7 @@ impl RefusalAudit {
         let mut details = json!({
             "identity": r.client.to_string(),
             "peer": r.peer,
-            "export": vdstream_contract::name::shown_export_name(&r.export.to_string()).to_owned().to_string(),
+            "export": r.export.shown(),
             "option": match r.purpose { OpenPurpose::Info => "info", OpenPurpose::Session => "go" },
             "rule": r.refusal.rule,
         });
@@ -83,7 +83,7 @@ impl RefusalAudit {
             Ok(()) => true,
             Err(e) => {
                 self.log.log(log::Level::Warn, module_path!(), "audit write failed",
-                    format_args!("cannot record a refused open in the audit trail ({} from {}, {}): {e}", r.client, r.peer, vdstream_contract::name::shown_export_name(&r.export.to_string()).to_owned()));
+                    format_args!("cannot record a refused open in the audit trail ({} from {}, {}): {e}", r.client, r.peer, r.export.shown()));
                 false
             }
         }

@@ -69,23 +69,7 @@ impl Farm {
     /// Serves the store to clients that are `who`, on a fresh unix socket.
     fn serve(&self, who: Identity, anonymous: AnonymousGrant) -> PathBuf {
         let socket = self.dir.path().join(format!("{}-{anonymous}.sock", who.to_string().replace(':', "-")));
-        let state = ServerState::new(&ServerOptions {
-            store: self.store.root().to_path_buf(),
-            listen: None,
-            socket: Some(socket.clone()),
-            http: None,
-            read_cache: 0,
-            name: Some("pvs1".into()),
-            stats_file: None,
-            threads: 1,
-            dead_peer_timeout: None,
-            max_connections: None,
-            anonymous,
-            insecure: false,
-            http_tls: None,
-            nbd_tls: None,
-            nbd_tls_mode: Default::default(),
-        });
+        let state = ServerState::new(&ServerOptions { socket: Some(socket.clone()), name: Some("pvs1".into()), anonymous, ..ServerOptions::new(self.store.root()) });
         let exports = Arc::new(As { inner: StoreExports::new(state).unwrap(), who });
         let server = Arc::new(Server::new(exports, ServerConfig::default()));
         let listener = self.rt.block_on(async { tokio::net::UnixListener::bind(&socket) }).unwrap();

@@ -63,23 +63,7 @@ fn api() -> Api {
     let (store, _) = Store::open_or_create(dir.path().join("store")).unwrap();
     store.create_vdisk("win", 8 << 20, NewVdisk::default()).unwrap();
     documents::version_new(&store, "win", None, &mut |_, _| {}).unwrap();
-    let state = ServerState::new(&ServerOptions {
-        store: store.root().to_path_buf(),
-        listen: Some("127.0.0.1:10809".parse().unwrap()),
-        socket: None,
-        http: None,
-        read_cache: 0,
-        name: Some("pvs1".into()),
-        stats_file: None,
-        threads: 1,
-        dead_peer_timeout: None,
-        max_connections: None,
-        anonymous: Default::default(),
-        insecure: false,
-        http_tls: None,
-        nbd_tls: None,
-        nbd_tls_mode: Default::default(),
-    });
+    let state = ServerState::new(&ServerOptions { listen: Some("127.0.0.1:10809".parse().unwrap()), name: Some("pvs1".into()), ..ServerOptions::new(store.root()) });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let handle = rt.block_on(async { http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()) }).unwrap();
     let addr = handle.local_addr();
