@@ -122,25 +122,11 @@ PYEOF
 # tls-creds-x509, nbdkit, libnbd and vdstream read: DIR/server (ca-cert.pem,
 # server-cert.pem, server-key.pem; names localhost and 127.0.0.1) and DIR/client (ca-cert.pem,
 # client-cert.pem, client-key.pem; a target certificate for target id `bench`). ECDSA P-256,
-# made with openssl. Prints nothing.
+# made with openssl by tests/e2e/certs-lib.sh. Prints nothing.
 make_tls_dirs() {
-    local dir=$1
-    mkdir -p "$dir/ca" "$dir/server" "$dir/client"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench-ca \
-        -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
-        -keyout "$dir/ca/ca-key.pem" -out "$dir/ca/ca-cert.pem" 2>/dev/null
-    _tls_issue "$dir" server server "subjectAltName=DNS:localhost,IP:127.0.0.1,URI:urn:vdstream:server:bench" serverAuth,clientAuth
-    _tls_issue "$dir" client client "subjectAltName=URI:urn:vdstream:target:bench" clientAuth
-}
-_tls_issue() {
-    local dir=$1 who=$2 file=$3 san=$4 eku=$5
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=bench-$who" \
-        -keyout "$dir/$who/$file-key.pem" -out "$dir/$who/$file.csr" 2>/dev/null
-    printf '%s\nextendedKeyUsage=%s\nkeyUsage=critical,digitalSignature,keyEncipherment\n' "$san" "$eku" >"$dir/$who/ext.cnf"
-    openssl x509 -req -in "$dir/$who/$file.csr" -CA "$dir/ca/ca-cert.pem" -CAkey "$dir/ca/ca-key.pem" \
-        -CAcreateserial -days 2 -extfile "$dir/$who/ext.cnf" -out "$dir/$who/$file-cert.pem" 2>/dev/null
-    cp "$dir/ca/ca-cert.pem" "$dir/$who/"
-    rm -f "$dir/$who/$file.csr" "$dir/$who/ext.cnf"
+    # shellcheck source=../tests/e2e/certs-lib.sh
+    source "$(dirname "${BASH_SOURCE[0]}")/../tests/e2e/certs-lib.sh"
+    make_pki "$1" bench
 }
 
 # wait_tcp_ready PID PORT LOG NAME SECS — poll (bounded) until PID listens on 127.0.0.1:PORT.
