@@ -540,6 +540,15 @@ impl<'a, R: io::Read + Send, W: io::Write + Send> Conn<'a, R, W> {
         }
     }
 
+    /// Takes the read side, counted "at the door" while it waits, so that [`Conn::grow`]
+    /// starts no worker while one is already waiting to read.
+    fn enter_read_side(&self) -> std::sync::MutexGuard<'_, ReadSide<R>> {
+        self.crew.at_door.fetch_add(1, Ordering::AcqRel);
+        let guard = self.read_side.lock().unwrap_or_else(|p| p.into_inner());
+        self.crew.at_door.fetch_sub(1, Ordering::AcqRel);
+        guard
+    }
+
     /// Writes `out` under the write side's lock and empties it; false once the socket failed.
     fn send(&self, out: &mut ReplyBuf) -> bool {
         if out.is_empty() {
@@ -560,6 +569,22 @@ impl<'a, R: io::Read + Send, W: io::Write + Send> Conn<'a, R, W> {
     }
 }
 
+/// The workers a worker started, joined when it returns (after its read-side lock is let
+/// go): an explicit join waits for a thread's whole exit, its thread-local destructors
+/// included, where the scope's implicit join does not (rust-lang/rust#116179), so no thread
+/// of a connection outlives [`run`].
+struct Children<'scope>(Vec<ScopedJoinHandle<'scope, ()>>);
+
+impl Drop for Children<'_> {
+    fn drop(&mut self) {
+        // A worker's panic goes on up, as the scope's own join would carry it.
+        let panics: Vec<_> = self.0.drain(..).filter_map(|h| h.join().err()).collect();
+        if let Some(p) = panics.into_iter().next().filter(|_| !std::thread::panicking()) {
+            std::panic::resume_unwind(p);
+        }
+    }
+}
+
 /// A worker of a connection (the first one is the session thread). Holding the read side,
 /// it runs whole passes of the core while the device is fast, or is the connection's only
 /// worker; once a pool's requests turn slow (a cache waiting on its disk) it takes one
@@ -574,33 +599,17 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
         }
     }
     let _leaving = Leaving(stats);
-    // The workers this one started, joined when it returns (after its read-side lock is
-    // let go): an explicit join waits for a thread's whole exit, its thread-local
-    // destructors included, where the scope's implicit join does not (rust-lang/rust#116179),
-    // so no thread of a connection outlives [`run`].
-    struct Children<'scope>(Vec<ScopedJoinHandle<'scope, ()>>);
-    impl Drop for Children<'_> {
-        fn drop(&mut self) {
-            // A worker's panic goes on up, as the scope's own join would carry it.
-            let panics: Vec<_> = self.0.drain(..).filter_map(|h| h.join().err()).collect();
-            if let Some(p) = panics.into_iter().next().filter(|_| !std::thread::panicking()) {
-                std::panic::resume_unwind(p);
-            }
-        }
-    }
     let mut children = Children(Vec::new());
     let alone = c.crew.max == 1;
     if c.batched && !alone {
-        return batch_runner(scope, c);
+        return batch_runner(scope, c, &mut children);
     }
     let mut payload = Vec::new();
     let mut out = ReplyBuf::with_capacity(64 << 10);
     let mut scratch = Scratch::default();
     loop {
         let (req, charged) = {
-            c.crew.at_door.fetch_add(1, Ordering::AcqRel);
-            let mut guard = c.read_side.lock().unwrap_or_else(|p| p.into_inner());
-            c.crew.at_door.fetch_sub(1, Ordering::AcqRel);
+            let mut guard = c.enter_read_side();
             let rs = &mut *guard;
             loop {
                 if rs.done {
@@ -678,7 +687,7 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
 /// the read side, so that another runner reads on, runs the batch with one
 /// [`BlockDev::io_batch`] call and writes the replies. Refused requests are answered as
 /// they are taken.
-fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope std::thread::Scope<'scope, 'a>, c: &'a Conn<'a, R, W>) {
+fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope std::thread::Scope<'scope, 'a>, c: &'a Conn<'a, R, W>, children: &mut Children<'scope>) {
     let stats = &c.shared.stats;
     let mut exec = Exec::Batched(Batch::default());
     let mut payload = Vec::new();
@@ -686,9 +695,7 @@ fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'sc
     let mut scratch = Scratch::default();
     loop {
         let (last, charged) = {
-            c.crew.at_door.fetch_add(1, Ordering::AcqRel);
-            let mut guard = c.read_side.lock().unwrap_or_else(|p| p.into_inner());
-            c.crew.at_door.fetch_sub(1, Ordering::AcqRel);
+            let mut guard = c.enter_read_side();
             let rs = &mut *guard;
             loop {
                 if rs.done {
@@ -744,7 +751,7 @@ fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'sc
             }
         };
         // This batch runs away from the read side: make sure someone reads on.
-        c.grow(scope);
+        children.0.extend(c.grow(scope));
         let mut tally = Tally::default();
         exec.finish(c.dev, &c.x, &payload, &mut out, &mut tally);
         if let Some((req, range)) = last {

@@ -41,9 +41,10 @@ async fn no_thread_outlives_its_connection() {
     let exports = Arc::new(TestExports { disk: Arc::new(MemoryDev::new(DISK)), slow: Arc::new(SlowDev::new()), batched: Arc::new(BatchDev::new()) });
     let server = Arc::new(Server::new(exports, ServerConfig { threads_per_connection: 4, ..Default::default() }));
 
-    // To its end: the reads pipelined on "slow" start workers beside the session thread.
-    for round in 0..20 {
-        let export = if round % 2 == 0 { "slow" } else { "disk" };
+    // To its end: the reads pipelined on "slow" start workers beside the session thread,
+    // and on "batched" more batch runners.
+    for round in 0..30 {
+        let export = ["slow", "disk", "batched"][round % 3];
         let (mut c, task) = connect(&server, export).await;
         let mut wire = Vec::new();
         for handle in 0..8u64 {
