@@ -18,15 +18,17 @@ const CIPHERTEXT_BUFFER: usize = 64 << 10;
 /// A socket two threads use at once (`&socket` implements `Read` and `Write`).
 pub(crate) trait SharedSocket: Send + Sync {
     fn read_some(&self, buf: &mut [u8]) -> io::Result<usize>;
-    fn write_some(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Writes from several buffers with one system call (rustls hands over one buffer per
+    /// TLS record: a batch of replies is several records).
+    fn write_some(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize>;
 }
 
 impl SharedSocket for socket2::Socket {
     fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
         (&*self).read(buf)
     }
-    fn write_some(&self, buf: &[u8]) -> io::Result<usize> {
-        (&*self).write(buf)
+    fn write_some(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        (&*self).write_vectored(bufs)
     }
 }
 
@@ -35,16 +37,20 @@ impl SharedSocket for std::os::unix::net::UnixStream {
     fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
         (&*self).read(buf)
     }
-    fn write_some(&self, buf: &[u8]) -> io::Result<usize> {
-        (&*self).write(buf)
+    fn write_some(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        (&*self).write_vectored(bufs)
     }
 }
 
-/// `io::Write` over a shared socket, for `write_tls`.
+/// `io::Write` over a shared socket, for `write_tls`, which writes through
+/// `write_vectored`.
 struct SockWriter<'a, S: SharedSocket>(&'a S);
 impl<S: SharedSocket> Write for SockWriter<'_, S> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write_some(buf)
+        self.0.write_some(&[io::IoSlice::new(buf)])
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.0.write_some(bufs)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
