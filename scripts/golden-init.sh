@@ -27,8 +27,12 @@ secs=$(arg vdstest.secs 20)
 rounds=$(arg vdstest.rounds 3)
 say "BOOTED uptime=$(uptime_s) mode=$mode"
 
+# Who this machine is (a network-booted target gets its name and machine-id from its record)
+# and what its root is: /dev/vda (a VM on a host's agent) or /dev/nbd0 (a network boot).
+say "HOST name=$(hostname) machine_id=$(cat /etc/machine-id 2>/dev/null) root=$(awk '$2 == "/" { print $1 }' /proc/mounts | tail -n1)"
+
 # The root must be writable (a read-only vDisk would show here first).
-if grep -q '^/dev/vda / ext4 rw' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
+if awk '$2 == "/" && $3 == "ext4" && $4 ~ /^rw/ { ok = 1 } END { exit !ok }' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
     say "RW ok"
 else
     failed "root is not writable: $(grep ' / ' /proc/mounts)"
