@@ -110,6 +110,21 @@ workload)
 *) failed "unknown mode vdstest=$mode" ;;
 esac
 
+# The kernel's I/O errors (a failover that leaked an error to the guest shows here).
+say "KERNEL-IO-ERRORS n=$(dmesg | grep -ciE 'i/o error|ext4-fs error|blk_update_request|buffer i/o')"
+# vdstest.dump=DEV: the root, remounted read-only, copied whole to DEV (a spare drive), so
+# the host can e2fsck what this machine's root was (its cache lives in the machine).
+dump=$(arg vdstest.dump "")
+if [ -n "$dump" ]; then
+    root=$(awk '$2 == "/" { print $1 }' /proc/mounts | tail -n1)
+    sync
+    if mount -o remount,ro / && dd if="$root" of="$dump" bs=1M 2>/dev/null && sync; then
+        say "DUMPED $root to $dump"
+    else
+        failed "dumping $root to $dump"
+    fi
+fi
+
 sync
 say "DONE status=$status uptime=$(uptime_s)"
 poweroff -f

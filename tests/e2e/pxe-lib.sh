@@ -12,7 +12,8 @@
 #   start_boot_server [ARGS]  `vdstream server --store $STORE --listen 127.0.0.1:P --http
 #                             127.0.0.1:Q --boot --boot-kernel-args "$PXE_KERNEL_ARGS"
 #                             ARGS...`; waits for its API; sets SERVER_PID, SERVER_LOG,
-#                             BOOT_API (http://127.0.0.1:Q), BOOT_URL (the URL a target
+#                             BOOT_API (http://127.0.0.1:Q), BOOT_NBD (127.0.0.1:P),
+#                             BOOT_URL (the URL a target
 #                             behind qemu's user-mode network uses: http://10.0.2.2:Q)
 #   pxe_start NAME MAC [QEMU_ARGS...]
 #                             a diskless machine (no disk unless QEMU_ARGS add one) whose
@@ -50,6 +51,7 @@ PXE_IPXE_DIR=/usr/lib/ipxe
 # The golden image's console and clock arguments (vm-lib.sh says why), then the test mode.
 PXE_KERNEL_ARGS=${PXE_KERNEL_ARGS:-"console=ttyS0 panic=-1 quiet no_timer_check tsc=unstable vdstest=boot"}
 BOOT_API=
+BOOT_NBD=
 BOOT_URL=
 LAB=
 
@@ -93,6 +95,7 @@ start_boot_server() {
     start_store_server --listen "127.0.0.1:$nbd" --http "127.0.0.1:$http" --boot \
         --boot-kernel-args "$PXE_KERNEL_ARGS" "$@"
     BOOT_API=http://127.0.0.1:$http
+    BOOT_NBD=127.0.0.1:$nbd
     BOOT_URL=http://10.0.2.2:$http
     for ((i = 0; i < READY_SECS * 10; i++)); do
         curl -sf --max-time 2 "$BOOT_API/api/v1/server" >/dev/null && return 0
