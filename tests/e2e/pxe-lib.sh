@@ -15,6 +15,7 @@
 #                             BOOT_API (http://127.0.0.1:Q), BOOT_NBD (127.0.0.1:P),
 #                             BOOT_URL (the URL a target
 #                             behind qemu's user-mode network uses: http://10.0.2.2:Q)
+#   restart_boot_server       start the last boot server again on its ports (after a kill)
 #   pxe_start NAME MAC [QEMU_ARGS...]
 #                             a diskless machine (no disk unless QEMU_ARGS add one) whose
 #                             firmware (qemu's iPXE ROM, -boot n) gets $BOOT_URL/boot/ipxe
@@ -53,6 +54,7 @@ PXE_KERNEL_ARGS=${PXE_KERNEL_ARGS:-"console=ttyS0 panic=-1 quiet no_timer_check 
 BOOT_API=
 BOOT_NBD=
 BOOT_URL=
+BOOT_ARGS=()
 LAB=
 
 pxe_test_init() {
@@ -89,19 +91,41 @@ pxe_keep_logs() {
 }
 
 start_boot_server() {
-    local nbd http i
+    local nbd http
     nbd=$(free_port)
     http=$(free_port)
-    start_store_server --listen "127.0.0.1:$nbd" --http "127.0.0.1:$http" --boot \
-        --boot-kernel-args "$PXE_KERNEL_ARGS" "$@"
+    BOOT_ARGS=(--listen "127.0.0.1:$nbd" --http "127.0.0.1:$http" --boot --boot-kernel-args "$PXE_KERNEL_ARGS" "$@")
     BOOT_API=http://127.0.0.1:$http
     BOOT_NBD=127.0.0.1:$nbd
     BOOT_URL=http://10.0.2.2:$http
+    start_store_server "${BOOT_ARGS[@]}"
+    wait_boot_api
+}
+
+restart_boot_server() {
+    start_store_server "${BOOT_ARGS[@]}"
+    wait_boot_api
+}
+
+wait_boot_api() {
+    local i
     for ((i = 0; i < READY_SECS * 10; i++)); do
         curl -sf --max-time 2 "$BOOT_API/api/v1/server" >/dev/null && return 0
         sleep 0.1
     done
     fail "the boot server's API did not answer on $BOOT_API within ${READY_SECS}s"
+}
+
+# wait_serial NAME REGEX SECS — wait (bounded) until the console of NAME has a line matching
+# REGEX; fails after SECS.
+wait_serial() {
+    local i
+    for ((i = 0; i < $3 * 10; i++)); do
+        serial_has "$1" "$2" && return 0
+        sleep 0.1
+    done
+    tail -n 20 "$E2E_TMP/$1.serial" >&2 2>/dev/null
+    fail "machine $1: no console line matching '$2' within $3 s"
 }
 
 # pxe_qemu_argv NAME MAC NETDEV [QEMU_ARGS...] — the qemu command line (NUL-separated).
