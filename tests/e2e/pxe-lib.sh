@@ -35,7 +35,7 @@
 #   lab_tap NAME              a tap device NAME on br0 (for one qemu)
 #   lab_proxy_dhcp HTTP_URL [--tftp-root DIR]
 #                             dnsmasq in $LAB as proxy DHCP only (port=0: no DNS): a PXE ROM
-#                             is sent to TFTP undionly.kpxe from 10.99.0.1, the iPXE it
+#                             is sent to TFTP undionly.0 from 10.99.0.1, the iPXE it
 #                             loads is sent to HTTP_URL; with --tftp-root, dnsmasq serves
 #                             that TFTP itself (else something else must: vdstream --tftp)
 #   lab_start NAME MAC TAP [QEMU_ARGS...]   a diskless machine on the tap (-boot n)
@@ -198,19 +198,22 @@ lab_tap() {
     ip -n "$LAB" link set "$1" master br0 up
 }
 
-# The proxy DHCP, as docs/BOOT.md gives it to administrators, plus one line for qemu: its
-# ROM is iPXE already, so the usual "user class iPXE gets HTTP" rule would skip TFTP. The
-# ROM's first DHCP request says "PXEClient:Arch:00000:UNDI:002001" (as a vendor PXE ROM
-# does), the undionly.kpxe it chainloads says "PXEClient": that tells the stages apart.
+# The proxy DHCP as docs/BOOT.md gives it to administrators (pxe-service basename
+# "undionly": a BIOS ROM asks for undionly.0, which vdstream's TFTP answers with
+# undionly.kpxe), with one change for qemu: its ROM is iPXE already, so the usual "user
+# class iPXE gets the HTTP URL" rule would skip TFTP. Its first DHCP request says
+# "PXEClient:Arch:00000:UNDI:002001" (as a vendor's PXE ROM does), the undionly.kpxe it
+# chainloads says "PXEClient" only: that tells the two stages apart. (dnsmasq finds the
+# menu item of the later boot-server request, port 4011, by its number alone.)
 lab_proxy_dhcp() {
     local url=$1 tftp=()
     if [[ ${2:-} == --tftp-root ]]; then tftp=(--enable-tftp --tftp-root="$3"); fi
     lab_exec dnsmasq --keep-in-foreground --conf-file=/dev/null --port=0 --interface=br0 --bind-interfaces \
         --dhcp-range=10.99.0.0,proxy --log-dhcp --log-facility="$E2E_TMP/proxy-dhcp.log" --pid-file= \
         --dhcp-vendorclass=set:pxerom,PXEClient:Arch \
-        --pxe-prompt=vdstream,0 \
-        --pxe-service=tag:pxerom,x86PC,"vdstream: iPXE",undionly.kpxe,10.99.0.1 \
-        --pxe-service=tag:!pxerom,x86PC,"vdstream: boot script",$url \
+        --pxe-prompt="vdstream network boot",0 \
+        --pxe-service=tag:pxerom,x86PC,"iPXE (vdstream)",undionly,10.99.0.1 \
+        --pxe-service=tag:!pxerom,x86PC,"vdstream",$url \
         "${tftp[@]}" >"$E2E_TMP/proxy-dhcp.out" 2>&1 </dev/null &
     track_pid $!
 }

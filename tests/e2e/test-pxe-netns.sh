@@ -40,11 +40,11 @@ lab_start lab-pc-07 "$mac" tap1
 wait_vm lab-pc-07 "$VM_PID"
 log "lab-pc-07 PXE-booted in $(vm_secs lab-pc-07) s (qemu start to power-off)"
 s=$E2E_TMP/lab-pc-07.serial
-grep -aq 'tftp://10.99.0.1/undionly.kpxe... ok' "$s" || fail "the PXE ROM did not load undionly.kpxe over TFTP"
+grep -aEq 'tftp://10\.99\.0\.1/undionly\.(0|kpxe)\.\.\. ok' "$s" || fail "the PXE ROM did not load undionly.kpxe over TFTP"
 grep -aq 'using undionly on' "$s" || fail "the chainloaded iPXE did not start"
 grep -aq 'http://10.99.0.1:8480/boot/ipxe... ok' "$s" || fail "iPXE did not fetch the boot script over HTTP"
 grep -aq 'DHCPACK(eth0) 10.99.0.1[0-9][0-9] '"$mac" "$E2E_TMP/dhcp.log" || fail "the site DHCP server gave no lease to $mac"
-grep -aq "PXE(br0) 10.99.0.1[0-9][0-9] $mac undionly.kpxe" "$E2E_TMP/proxy-dhcp.log" || fail "the proxy DHCP did not send the PXE ROM to undionly.kpxe"
+grep -aEq "PXE\(br0\) 10\.99\.0\.1[0-9][0-9] $mac undionly\.(0|kpxe)" "$E2E_TMP/proxy-dhcp.log" || fail "the proxy DHCP did not send the PXE ROM to undionly.kpxe"
 grep -aq "PXE(br0) 10.99.0.1[0-9][0-9] $mac http://10.99.0.1:8480/boot/ipxe" "$E2E_TMP/proxy-dhcp.log" || fail "the proxy DHCP did not send iPXE to /boot/ipxe"
 grep -aq '^VDSTEST HOST name=lab-pc-07 .*root=/dev/nbd0' "$s" || fail "the machine did not come up as lab-pc-07 on /dev/nbd0: $(grep -a 'VDSTEST HOST' "$s")"
 serial_has lab-pc-07 '^VDSTEST WROTE boot mb=1' || fail "the machine did not write"
