@@ -84,11 +84,11 @@ if want boot; then
 fi
 
 if want storm; then
+    PXE_KERNEL_ARGS="$PXE_KERNEL_ARGS vdstest=write vdstest.mb=1"
     start_boot_server
     pxe_boot alone "$(pxe_mac 0x200)"
     one=$(store_reads)
     stop_server "$SERVER_PID" 15 || fail "the server did not stop cleanly"
-    PXE_KERNEL_ARGS="$PXE_KERNEL_ARGS vdstest=write vdstest.mb=1"
     start_boot_server
     start=$SECONDS
     pids=()
