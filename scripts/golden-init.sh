@@ -28,7 +28,7 @@ rounds=$(arg vdstest.rounds 3)
 say "BOOTED uptime=$(uptime_s) mode=$mode"
 
 # The root must be writable (a read-only vDisk would show here first).
-if grep -q '^/dev/vda / ext4 rw' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
+if grep -Eq '^/dev/(vda|nbd0) / ext4 rw' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
     say "RW ok"
 else
     failed "root is not writable: $(grep ' / ' /proc/mounts)"
