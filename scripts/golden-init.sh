@@ -32,7 +32,7 @@ say "BOOTED uptime=$(uptime_s) mode=$mode"
 say "HOST name=$(hostname) machine_id=$(cat /etc/machine-id 2>/dev/null) root=$(awk '$2 == "/" { print $1 }' /proc/mounts | tail -n1)"
 
 # The root must be writable (a read-only vDisk would show here first).
-if awk '$2 == "/" && $3 == "ext4" && $4 ~ /^rw/ { ok = 1 } END { exit !ok }' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
+if grep -Eq '^/dev/(vda|nbd0) / ext4 rw' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
     say "RW ok"
 else
     failed "root is not writable: $(grep ' / ' /proc/mounts)"

@@ -31,7 +31,7 @@ fn rel(path: &str) -> String {
 
 impl<W: Write> Archive<W> {
     pub fn new(w: W) -> Self {
-        Archive { out: GzEncoder::new(w, Compression::best()), dirs: BTreeSet::new(), names: BTreeSet::new(), ino: 1 }
+        Archive { out: GzEncoder::new(w, Compression::default()), dirs: BTreeSet::new(), names: BTreeSet::new(), ino: 1 }
     }
 
     fn entry(&mut self, name: &str, kind: ModeFileType, perm: u32, data: &[u8]) -> std::io::Result<()> {

@@ -24,6 +24,7 @@
 use std::fmt;
 
 use vdstream_agent::AgentError;
+use vdstream_boot::BootError;
 use vdstream_agent::client::ClientError;
 use vdstream_store::StoreError;
 use vdstream_tls::pki::PkiError;
@@ -187,6 +188,15 @@ pub fn classify(err: &anyhow::Error) -> Kind {
         }
         if let Some(e) = cause.downcast_ref::<StoreError>() {
             return of_store(e);
+        }
+        if let Some(e) = cause.downcast_ref::<BootError>() {
+            return match e {
+                BootError::NoKernel { .. } => Kind::NotFound,
+                BootError::Image { .. } => Kind::Io,
+                BootError::Build { .. } => Kind::Other,
+                BootError::Store(e) => of_store(e),
+                BootError::Io { source, .. } => of_io(source),
+            };
         }
         if let Some(e) = cause.downcast_ref::<ClientError>() {
             return of_client(e);
