@@ -58,6 +58,8 @@ pub struct ServerOptions {
     pub nbd_tls: Option<std::sync::Arc<vdstream_tls::files::ServerTls>>,
     /// `--tls on|require` (with `nbd_tls`).
     pub nbd_tls_mode: vdstream_nbd::TlsMode,
+    /// `--boot` and its settings: the boot service on the API's port (`None`: off).
+    pub boot: Option<crate::boot::BootConfig>,
 }
 
 /// A server asked to listen in plaintext where other machines can reach it.
@@ -173,6 +175,7 @@ mod tests {
             http_tls: None,
             nbd_tls: None,
             nbd_tls_mode: Default::default(),
+            boot: None,
         }
     }
 

@@ -79,6 +79,7 @@ fn api() -> Api {
         http_tls: None,
         nbd_tls: None,
         nbd_tls_mode: Default::default(),
+        boot: None,
     });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let handle = rt.block_on(async { http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()) }).unwrap();

@@ -21,6 +21,9 @@ pub(crate) struct Shared {
     pub loopback: bool,
     /// The API serves TLS.
     pub tls: bool,
+    /// Where the API listens (the boot service names the server by it when a request
+    /// has no `Host`).
+    pub local: SocketAddr,
 }
 
 impl Shared {
