@@ -145,6 +145,9 @@ fn of_agent(e: &AgentError) -> Option<Kind> {
         AgentError::NoTargetRecord { .. } | AgentError::NoStatus { .. } => Kind::NotFound,
         AgentError::AlreadyAttached { .. } | AgentError::SocketInUse { .. } => Kind::Conflict,
         AgentError::NoServer { .. } => Kind::Unavailable,
+        AgentError::KernelNbd { message, .. } if message.starts_with("is busy") => Kind::Conflict,
+        AgentError::KernelNbd { message, .. } if message.starts_with("is not an NBD device") || message.starts_with("does not exist") => Kind::Usage,
+        AgentError::KernelNbd { .. } => Kind::Other,
         AgentError::Cache { .. } | AgentError::Trace { .. } => Kind::Io,
         AgentError::CacheDir { reason, .. } => match reason {
             CacheDirError::NoParent { .. } => Kind::NotFound,

@@ -8,6 +8,7 @@
 mod output;
 mod audit;
 mod bench;
+mod daemon;
 mod demo;
 #[macro_use]
 mod exit;
