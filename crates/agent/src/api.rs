@@ -56,7 +56,9 @@ const REPLACE_WAIT: Duration = Duration::from_secs(1);
 /// A server's NBD address, as seen from an agent that reached its API at `api`: the unix
 /// socket when the API is on this machine (loopback) or the server has no TCP listener,
 /// else TCP, with an unspecified listen address (`0.0.0.0`, `[::]`) replaced by the API's
-/// host.
+/// host, and a loopback one too when the API was reached from elsewhere (the listener is
+/// on the API's machine: behind qemu's user-mode network a network-booted target reaches
+/// the host's 127.0.0.1 as 10.0.2.2, and the server's own loopback is not the target's).
 pub fn nbd_address(doc: &ServerDoc, api: &Url) -> Option<Address> {
     let local = match api.host()? {
         Host::Domain(d) => d == "localhost",
@@ -68,7 +70,9 @@ pub fn nbd_address(doc: &ServerDoc, api: &Url) -> Option<Address> {
         (Some(sock), None) => Some(Address::unix(sock)),
         (Some(sock), Some(_)) if local => Some(Address::unix(sock)),
         (_, Some(listen)) => match listen.parse::<SocketAddr>() {
-            Ok(at) if at.ip().is_unspecified() => Some(Address::tcp(format!("{}:{}", api.host_str()?, at.port()))),
+            Ok(at) if at.ip().is_unspecified() || (at.ip().is_loopback() && !local) => {
+                Some(Address::tcp(format!("{}:{}", api.host_str()?, at.port())))
+            }
             // A given address or host name: as the server says it, if it has a port.
             _ => Url::parse(&format!("nbd://{listen}")).ok()?.port().map(|_| Address::tcp(listen)),
         },
@@ -425,6 +429,11 @@ mod tests {
         assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::2]:10809")));
         d.nbd.listen = Some("[fd00::9]:10900".into());
         assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::9]:10900")));
+        // A loopback listener seen through a non-loopback API address: the API's host (the
+        // guest of qemu's user-mode network reaches the host's 127.0.0.1 as 10.0.2.2).
+        d.nbd = NbdAddresses { listen: Some("127.0.0.1:10900".into()), socket: None };
+        assert_eq!(at("http://10.0.2.2:8480", &d), Some(Address::tcp("10.0.2.2:10900")));
+        assert_eq!(at("http://127.0.0.1:8480", &d), Some(Address::tcp("127.0.0.1:10900")));
         d.nbd.listen = Some("pvs1:10900".into());
         assert_eq!(at("http://10.0.0.2:8480", &d), Some(Address::tcp("pvs1:10900")));
         // No port, or nothing at all: no NBD address.
