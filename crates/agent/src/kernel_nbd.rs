@@ -255,7 +255,12 @@ pub fn serve_pair(server: Arc<Server>, dev: Arc<dyn BlockDev>, params: ExportPar
 /// The pid of the process that serves `device` (`/sys/block/NAME/pid`), if it is up.
 pub fn server_pid(device: &Path) -> Option<u32> {
     let name = std::fs::canonicalize(device).ok()?.file_name()?.to_string_lossy().into_owned();
-    std::fs::read_to_string(format!("/sys/block/{name}/pid")).ok()?.trim().parse().ok()
+    let tid: u32 = std::fs::read_to_string(format!("/sys/block/{name}/pid")).ok()?.trim().parse().ok()?;
+    // The kernel names the thread that called NBD_DO_IT: its process is the thread group.
+    let tgid = std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:").and_then(|v| v.trim().parse().ok())));
+    Some(tgid.unwrap_or(tid))
 }
 
 /// The NBD device process `pid` serves, if any (`/sys/block/nbd*/pid`).
@@ -263,12 +268,22 @@ pub fn device_served_by(pid: u32) -> Option<PathBuf> {
     let mut found = None;
     for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("nbd") && std::fs::read_to_string(entry.path().join("pid")).is_ok_and(|p| p.trim() == pid.to_string()) {
+        if name.starts_with("nbd")
+            && std::fs::read_to_string(entry.path().join("pid"))
+                .is_ok_and(|p| p.trim() == pid.to_string() || (!p.trim().is_empty() && Path::new(&format!("/proc/{pid}/task/{}", p.trim())).exists()))
+        {
             found = Some(PathBuf::from("/dev").join(name));
             break;
         }
     }
     found
+}
+
+/// Whether `tid` (from `/sys/block/NAME/pid`) is a thread of this process: the kernel
+/// records the task that called `NBD_DO_IT` (`task_pid_nr(current)`), which is the
+/// "nbd-do-it" thread's id, not the process id.
+fn own_thread(tid: &str) -> bool {
+    !tid.is_empty() && tid.bytes().all(|b| b.is_ascii_digit()) && Path::new(&format!("/proc/self/task/{tid}")).exists()
 }
 
 /// Blocks every signal in the calling thread.
@@ -350,7 +365,7 @@ impl KernelNbd {
             }
             match &sys {
                 Some(dir) if dir.is_dir() => {
-                    if std::fs::read_to_string(dir.join("pid")).is_ok_and(|p| p.trim() == me) {
+                    if std::fs::read_to_string(dir.join("pid")).is_ok_and(|p| p.trim() == me || own_thread(p.trim())) {
                         return Ok(());
                     }
                 }
