@@ -349,7 +349,10 @@ fn attach(a: AttachArgs) -> Result<()> {
         }
         let flags = Overrides { vdisk: a.vdisk.clone(), cache: a.cache, ram: a.ram, overflow_max: a.overflow_max };
         outln!("vdstream: target {}: asking {}", a.id, a.servers.join(", "));
-        let r = api::resolve(&a.id, &a.servers, &flags).with_context(|| format!("cannot attach target {}", a.id))?;
+        // No server answering at all (down at boot time) is waited for, one console line a round.
+        let say = |line: &str| errln!("vdstream: target {}: {line}", a.id);
+        let wait = api::Waiting { retry_for: a.retry_for, say: &say };
+        let r = api::resolve_waiting(&a.id, &a.servers, &flags, Some(&wait)).with_context(|| format!("cannot attach target {}", a.id))?;
         let p = &r.plan;
         outln!(
             "vdstream: target {}: vDisk {}{} with a {} cache (from the {}); servers, least busy first:",
