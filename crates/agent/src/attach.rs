@@ -47,6 +47,9 @@ pub struct AttachConfig {
     pub cache_dir: PathBuf,
     /// Cap on the overflow or cache file.
     pub overflow_max: Option<u64>,
+    /// `--overflow-device`: a raw disk or partition holds ram-overflow's overflow or
+    /// device-disk's page file instead of a file in `cache_dir` (empty at every start).
+    pub overflow_device: Option<PathBuf>,
     /// Start even when the cache folder's file system has less than
     /// [`vdstream_wcache::space::MIN_FREE`] free (`--allow-low-space`).
     pub allow_low_space: bool,
@@ -87,6 +90,7 @@ impl AttachConfig {
             ram: 256 << 20,
             cache_dir: paths::cache_dir(id),
             overflow_max: None,
+            overflow_device: None,
             allow_low_space: false,
             intermediate_buffering: false,
             socket: paths::socket_path(id),
@@ -145,7 +149,16 @@ impl Agent {
         // A folder the user named must have an existing parent (a typo is refused, not
         // created); the default one is created whole. Checked before connecting.
         let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) { DirRule::CreateAll } else { DirRule::ParentMustExist };
-        if !cfg.passes_through() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
+        if let Some(dev) = &cfg.overflow_device {
+            if !matches!(cfg.cache, CacheType::RamOverflow | CacheType::DeviceDisk) {
+                return Err(AgentError::OverflowDevice {
+                    id: cfg.target.clone(),
+                    device: dev.clone(),
+                    reason: format!("the {} cache has no use for it: it takes ram-overflow (its overflow) or device-disk (its page file)", cfg.cache),
+                });
+            }
+        }
+        if !cfg.passes_through() && cfg.overflow_device.is_none() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
             prepare_cache_dir(&cfg.cache_dir, dir_rule).map_err(|source| AgentError::CacheDir { id: cfg.target.clone(), reason: source })?;
         }
         if cfg.cache != CacheType::ServerPersistent {
@@ -167,11 +180,14 @@ impl Agent {
                 dir: cfg.cache_dir.clone(),
                 max_file: cfg.overflow_max,
                 intermediate_buffering: cfg.intermediate_buffering,
+                overflow_device: cfg.overflow_device.clone(),
                 lock_path: None,
                 ..CacheConfig::new(&cfg.target)
             };
             let kind = cfg.cache;
-            match space::check_cache_room(kind, &ccfg, dir_rule, id.size, cfg.allow_low_space) {
+            // A device's room is its size (the cache answers ENOSPC past it); a folder's is checked.
+            let room = if cfg.overflow_device.is_some() { Ok(None) } else { space::check_cache_room(kind, &ccfg, dir_rule, id.size, cfg.allow_low_space) };
+            match room {
                 Ok(None) => {}
                 Ok(Some(warning)) => log::warn!("target {}: {warning}", cfg.target),
                 Err(source) => return Err(AgentError::CacheDir { id: cfg.target.clone(), reason: source }),

@@ -148,6 +148,7 @@ fn of_agent(e: &AgentError) -> Option<Kind> {
         AgentError::KernelNbd { message, .. } if message.starts_with("is busy") => Kind::Conflict,
         AgentError::KernelNbd { message, .. } if message.starts_with("is not an NBD device") || message.starts_with("does not exist") => Kind::Usage,
         AgentError::KernelNbd { .. } => Kind::Other,
+        AgentError::OverflowDevice { .. } => Kind::Usage,
         AgentError::Cache { .. } | AgentError::Trace { .. } => Kind::Io,
         AgentError::CacheDir { reason, .. } => match reason {
             CacheDirError::NoParent { .. } => Kind::NotFound,

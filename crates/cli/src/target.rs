@@ -61,7 +61,14 @@ Two servers of the same image (failover):
 Store servers (`vdstream server --http`): the target's record says what to attach, the least busy server serves it:
   vdstream target add vm1 --vdisk win11 --cache device-disk
   vdstream target attach vm1 --server http://10.0.0.1:8480 --server http://10.0.0.2:8480
-  vdstream target attach lab7 --server http://10.0.0.1:8480 --vdisk win11@test --cache device-ram   (no record)")]
+  vdstream target attach lab7 --server http://10.0.0.1:8480 --vdisk win11@test --cache device-ram   (no record)
+A network-booted target (what its initramfs runs): the disk becomes /dev/nbd0, its cache in RAM spilling to
+a scratch partition; the command returns once /dev/nbd0 serves, and waits (saying so) while no server answers:
+  modprobe nbd
+  vdstream target attach lab7 --server http://10.0.0.1:8480 --server http://10.0.0.2:8480 --vdisk debian12@4 \\
+      --cache ram-overflow --ram 2G --overflow-device /dev/sda2 --kernel-nbd /dev/nbd0 --daemon
+  mount /dev/nbd0 /sysroot
+  vdstream target detach lab7 --kernel-nbd /dev/nbd0     (to stop it; SIGTERM is ignored)")]
 pub struct AttachArgs {
     /// Target id (letters, digits, '.', '_', '-'): names the socket, status and cache files.
     #[arg(value_name = "ID")]
@@ -126,6 +133,14 @@ pub struct AttachArgs {
     /// A folder named here is created only if its parent exists (a typo is refused).
     #[arg(long, value_name = "DIR")]
     overflow_dir: Option<PathBuf>,
+
+    /// A raw local disk or partition (e.g. /dev/sda2) for ram-overflow's overflow or
+    /// device-disk's cache, instead of a file in --overflow-dir: no file system needed, its
+    /// old contents are ignored (the cache starts empty at every attach), its size is the
+    /// cap (ENOSPC past it). Opened exclusively: a mounted partition is refused. device-disk
+    /// needs a device at least as large as the vDisk.
+    #[arg(long, value_name = "DEVICE", conflicts_with = "overflow_dir")]
+    overflow_device: Option<PathBuf>,
 
     /// Start even when the cache folder's file system has less than 64 MiB free (attach
     /// refuses then; with less free space than the cache may use it only warns).
@@ -349,7 +364,10 @@ fn attach(a: AttachArgs) -> Result<()> {
         }
         let flags = Overrides { vdisk: a.vdisk.clone(), cache: a.cache, ram: a.ram, overflow_max: a.overflow_max };
         outln!("vdstream: target {}: asking {}", a.id, a.servers.join(", "));
-        let r = api::resolve(&a.id, &a.servers, &flags).with_context(|| format!("cannot attach target {}", a.id))?;
+        // No server answering at all (down at boot time) is waited for, one console line a round.
+        let say = |line: &str| errln!("vdstream: target {}: {line}", a.id);
+        let wait = api::Waiting { retry_for: a.retry_for, say: &say };
+        let r = api::resolve_waiting(&a.id, &a.servers, &flags, Some(&wait)).with_context(|| format!("cannot attach target {}", a.id))?;
         let p = &r.plan;
         outln!(
             "vdstream: target {}: vDisk {}{} with a {} cache (from the {}); servers, least busy first:",
@@ -391,6 +409,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     if let Some(dir) = a.overflow_dir {
         cfg.cache_dir = dir;
     }
+    cfg.overflow_device = a.overflow_device.clone();
     cfg.allow_low_space = a.allow_low_space;
     cfg.intermediate_buffering = a.intermediate_buffering;
     cfg.serve_socket = a.kernel_nbd.is_none() || a.socket.is_some();
