@@ -154,7 +154,11 @@ pxe_boot() {
     wait_vm "$1" "$VM_PID"
 }
 
-serial_count() { grep -acE "$2" "$E2E_TMP/$1.serial" 2>/dev/null || true; }
+serial_count() {
+    local n
+    n=$(grep -acE "$2" "$E2E_TMP/$1.serial" 2>/dev/null) || true
+    echo "${n:-0}"
+}
 
 # ---------------------------------------------------------------- the namespace lab
 lab_delete() {
