@@ -193,6 +193,17 @@ mod tests {
     }
 
     #[test]
+    fn a_booting_machine_may_read_the_server_and_one_record_only() {
+        assert!(booting_may(&Method::GET, Some("/api/v1/server")));
+        assert!(booting_may(&Method::GET, Some("/api/v1/targets/{id}")));
+        assert!(!booting_may(&Method::PUT, Some("/api/v1/targets/{id}/agent")));
+        assert!(!booting_may(&Method::GET, Some("/api/v1/targets")));
+        assert!(!booting_may(&Method::GET, Some("/api/v1/sessions")));
+        assert!(!booting_may(&Method::DELETE, Some("/api/v1/targets/{id}")));
+        assert!(!booting_may(&Method::GET, None));
+    }
+
+    #[test]
     fn a_target_may_touch_only_its_own_record() {
         let (get, put, post) = (Method::GET, Method::PUT, Method::POST);
         assert!(target_may("pc-07", &put, Some("/api/v1/targets/{id}/agent"), Some("pc-07")));
