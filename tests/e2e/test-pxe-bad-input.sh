@@ -45,6 +45,14 @@ http /boot/vdisk/golden/base/initrd.bak 404 'vmlinuz and initrd.img'
 http /boot/vdisk/nosuch/base/vmlinuz 404 'nosuch'
 http /boot/vdisk/nokernel/base/vmlinuz 404 'kernel'
 http /boot/target/not-a-mac 400 'mac'
+# ... and a good one, whole and by Range: the version's own kernel, byte for byte.
+curl -sS --max-time 60 -D "$E2E_TMP/head" -o "$E2E_TMP/vmlinuz" "$BOOT_API/boot/vdisk/golden/base/vmlinuz" || fail "GET vmlinuz failed"
+cmp -s "$E2E_TMP/vmlinuz" "$GOLDEN/vmlinuz" || fail "the served kernel is not the golden image's /boot/vmlinuz"
+grep -qi "^content-length: $(stat -c %s "$GOLDEN/vmlinuz")" "$E2E_TMP/head" || fail "no right Content-Length: $(cat "$E2E_TMP/head")"
+got=$(curl -sS --max-time 10 -r 1000-1999 -o "$E2E_TMP/part" -w '%{http_code}' "$BOOT_API/boot/vdisk/golden/base/vmlinuz")
+assert_eq "a Range request's status" "$got" 206
+cmp -s "$E2E_TMP/part" <(tail -c +1001 "$GOLDEN/vmlinuz" | head -c 1000) || fail "the Range request got other bytes"
+log "ok: the kernel is served whole (Content-Length) and by Range"
 grep -aq 'asked for vmlinuz of nokernel@base' "$SERVER_LOG" || fail "the server's log does not name the vDisk without a kernel"
 
 # ---- an unknown machine and a target without a kernel, at the same time
