@@ -31,7 +31,8 @@ while read -r lib; do
 done < <(ldd "$VDSTREAM_BIN" | grep -o '/[^ ]*')
 order=$(json_get "$out/build.json" '" ".join(j["modules"])')
 log "modules: $order"
-[[ " $order " == *" virtio "*" virtio_pci "* && " $order " == *" failover "*" net_failover "*" virtio_net "* ]] ||
+spaced=" ${order// /  } " # each name between its own spaces: neighbours do not share one
+[[ $spaced == *" virtio "*" virtio_pci "* && $spaced == *" failover "*" net_failover "*" virtio_net "* ]] ||
     fail "modules not in dependency order: $order"
 
 # A version without a kernel: exit 3 and a message that says so.
