@@ -149,13 +149,21 @@ impl Agent {
         // A folder the user named must have an existing parent (a typo is refused, not
         // created); the default one is created whole. Checked before connecting.
         let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) { DirRule::CreateAll } else { DirRule::ParentMustExist };
-        if let Some(dev) = &cfg.overflow_device {
+        if let Some(dev) = cfg.overflow_device.clone() {
+            let dev = &dev;
             if !matches!(cfg.cache, CacheType::RamOverflow | CacheType::DeviceDisk) {
                 return Err(AgentError::OverflowDevice {
                     id: cfg.target.clone(),
                     device: dev.clone(),
                     reason: format!("the {} cache has no use for it: it takes ram-overflow (its overflow) or device-disk (its page file)", cfg.cache),
                 });
+            }
+            // The device's size caps ram-overflow's overflow (and so shows in the status).
+            let (_, size) = vdstream_wcache::device::open_exclusive(dev, false)
+                .map_err(|e| AgentError::OverflowDevice { id: cfg.target.clone(), device: dev.clone(), reason: e.to_string() })?;
+            if cfg.cache == CacheType::RamOverflow {
+                let units = size / vdstream_wcache::overflow::UNIT * vdstream_wcache::overflow::UNIT;
+                cfg.overflow_max = Some(cfg.overflow_max.map_or(units, |m| m.min(units)));
             }
         }
         if !cfg.passes_through() && cfg.overflow_device.is_none() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
