@@ -355,14 +355,12 @@ impl KernelNbd {
                 self.stop_serving();
                 return Err(err(&self.device, why));
             }
-            match &sys {
-                Some(dir) if dir.is_dir() => {
-                    if std::fs::read_to_string(dir.join("pid")).is_ok_and(|p| p.trim().parse::<u32>().is_ok()) {
-                        return Ok(());
-                    }
-                }
-                _ if started.elapsed() >= Duration::from_millis(500) => return Ok(()),
-                _ => {}
+            let up = match &sys {
+                Some(dir) if dir.is_dir() => dir.join("pid").exists(),
+                _ => started.elapsed() >= Duration::from_millis(500),
+            };
+            if up {
+                return Ok(());
             }
             if started.elapsed() >= START_TIMEOUT {
                 let _ = nbd_ioctl(&self.ctl, NBD_DISCONNECT, 0);
