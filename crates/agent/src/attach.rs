@@ -125,6 +125,8 @@ pub struct Agent {
     unix: Option<std::os::unix::net::UnixListener>,
     /// With `kernel_nbd`: the device, up since [`Agent::open`].
     kernel: Option<KernelNbd>,
+    /// The status file cannot be written (warned once).
+    status_failing: std::sync::atomic::AtomicBool,
     started_ms: u64,
     _lock: File,
 }
@@ -149,13 +151,21 @@ impl Agent {
         // A folder the user named must have an existing parent (a typo is refused, not
         // created); the default one is created whole. Checked before connecting.
         let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) { DirRule::CreateAll } else { DirRule::ParentMustExist };
-        if let Some(dev) = &cfg.overflow_device {
+        if let Some(dev) = cfg.overflow_device.clone() {
+            let dev = &dev;
             if !matches!(cfg.cache, CacheType::RamOverflow | CacheType::DeviceDisk) {
                 return Err(AgentError::OverflowDevice {
                     id: cfg.target.clone(),
                     device: dev.clone(),
                     reason: format!("the {} cache has no use for it: it takes ram-overflow (its overflow) or device-disk (its page file)", cfg.cache),
                 });
+            }
+            // The device's size caps ram-overflow's overflow (and so shows in the status).
+            let (_, size) = vdstream_wcache::device::open_exclusive(dev, false)
+                .map_err(|e| AgentError::OverflowDevice { id: cfg.target.clone(), device: dev.clone(), reason: e.to_string() })?;
+            if cfg.cache == CacheType::RamOverflow {
+                let units = size / vdstream_wcache::overflow::UNIT * vdstream_wcache::overflow::UNIT;
+                cfg.overflow_max = Some(cfg.overflow_max.map_or(units, |m| m.min(units)));
             }
         }
         if !cfg.passes_through() && cfg.overflow_device.is_none() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
@@ -215,7 +225,7 @@ impl Agent {
         } else {
             None
         };
-        let mut agent = Agent { cfg, remote, cache, dev, trace, unix, kernel: None, started_ms: status::now_ms(), _lock: lock };
+        let mut agent = Agent { cfg, remote, cache, dev, trace, unix, kernel: None, status_failing: Default::default(), started_ms: status::now_ms(), _lock: lock };
         if let Some(device) = agent.cfg.kernel_nbd.clone() {
             let server = Arc::new(Server::new(agent.exports(), ServerConfig::default()));
             let k = KernelNbd::start(&device, server, agent.exported());
@@ -358,8 +368,14 @@ impl Agent {
 
     /// Writes the status file and, with the API, reports it to the server in use.
     fn publish(&self, s: &Status) {
-        if let Err(e) = status::write(&self.cfg.status_path, s) {
-            log::warn!("target {}: {e}", self.cfg.target);
+        match status::write(&self.cfg.status_path, s) {
+            // Said once, not every second: after an initramfs's switch_root the run folder
+            // is gone for good, and the console must not fill up with it.
+            Err(e) if !self.status_failing.swap(true, Relaxed) => {
+                log::warn!("target {}: {e} (said once; the agent goes on)", self.cfg.target)
+            }
+            Err(e) => log::debug!("target {}: {e}", self.cfg.target),
+            Ok(()) => self.status_failing.store(false, Relaxed),
         }
         if let Some(api) = &self.cfg.api {
             api.report(self.remote.endpoint_index(), s);

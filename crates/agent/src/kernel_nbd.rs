@@ -252,38 +252,32 @@ pub fn serve_pair(server: Arc<Server>, dev: Arc<dyn BlockDev>, params: ExportPar
     Ok((kernels, serving))
 }
 
-/// The pid of the process that serves `device` (`/sys/block/NAME/pid`), if it is up.
-pub fn server_pid(device: &Path) -> Option<u32> {
-    let name = std::fs::canonicalize(device).ok()?.file_name()?.to_string_lossy().into_owned();
-    let tid: u32 = std::fs::read_to_string(format!("/sys/block/{name}/pid")).ok()?.trim().parse().ok()?;
-    // The kernel names the thread that called NBD_DO_IT: its process is the thread group.
-    let tgid = std::fs::read_to_string(format!("/proc/{tid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:").and_then(|v| v.trim().parse().ok())));
-    Some(tgid.unwrap_or(tid))
+/// The process of thread `tid` (`Tgid:` in /proc/TID/status).
+fn process_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
 }
 
-/// The NBD device process `pid` serves, if any (`/sys/block/nbd*/pid`).
+/// The pid of the process that serves `device`, if it is up. The kernel's
+/// `/sys/block/NAME/pid` names the thread in `NBD_DO_IT`; this is its process.
+pub fn server_pid(device: &Path) -> Option<u32> {
+    let name = std::fs::canonicalize(device).ok()?.file_name()?.to_string_lossy().into_owned();
+    let tid = std::fs::read_to_string(format!("/sys/block/{name}/pid")).ok()?.trim().parse().ok()?;
+    process_of(tid)
+}
+
+/// The NBD device process `pid` serves, if any (`/sys/block/nbd*/pid` names a thread of it).
 pub fn device_served_by(pid: u32) -> Option<PathBuf> {
     let mut found = None;
     for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("nbd")
-            && std::fs::read_to_string(entry.path().join("pid"))
-                .is_ok_and(|p| p.trim() == pid.to_string() || (!p.trim().is_empty() && Path::new(&format!("/proc/{pid}/task/{}", p.trim())).exists()))
-        {
+        let tid = std::fs::read_to_string(entry.path().join("pid")).ok().and_then(|p| p.trim().parse::<u32>().ok());
+        if name.starts_with("nbd") && tid.and_then(process_of) == Some(pid) {
             found = Some(PathBuf::from("/dev").join(name));
             break;
         }
     }
     found
-}
-
-/// Whether `tid` (from `/sys/block/NAME/pid`) is a thread of this process: the kernel
-/// records the task that called `NBD_DO_IT` (`task_pid_nr(current)`), which is the
-/// "nbd-do-it" thread's id, not the process id.
-fn own_thread(tid: &str) -> bool {
-    !tid.is_empty() && tid.bytes().all(|b| b.is_ascii_digit()) && Path::new(&format!("/proc/self/task/{tid}")).exists()
 }
 
 /// Blocks every signal in the calling thread.
@@ -309,8 +303,7 @@ pub struct KernelNbd {
 impl KernelNbd {
     /// Configures `device` for `dev` and starts serving it: the request core on one end of
     /// a socket pair (through `server`), `NBD_DO_IT` with the other. Returns once the kernel
-    /// has the device up (its `/sys/block/NAME/pid` names this process), or with the reason
-    /// it refused.
+    /// has the device up (its `/sys/block/NAME/pid` appeared), or with the reason it refused.
     pub fn start(device: &Path, server: Arc<Server>, dev: Arc<dyn BlockDev>) -> Result<KernelNbd, AgentError> {
         let ctl = Arc::new(open_device(device)?);
         let params = kernel_params(dev.as_ref());
@@ -346,14 +339,13 @@ impl KernelNbd {
         Ok(k)
     }
 
-    /// Waits until the kernel reports the device up: `/sys/block/NAME/pid` holds our pid (a
-    /// system without sysfs: `NBD_DO_IT` still blocking after 500 ms), or `NBD_DO_IT`
-    /// returned (an error).
+    /// Waits until the kernel reports the device up: `/sys/block/NAME/pid` exists (it holds
+    /// the id of the thread in `NBD_DO_IT`; a system without sysfs: `NBD_DO_IT` still
+    /// blocking after 500 ms), or `NBD_DO_IT` returned (an error).
     fn wait_started(&mut self) -> Result<(), AgentError> {
         let name = std::fs::canonicalize(&self.device).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
         let sys = name.map(|n| PathBuf::from(format!("/sys/block/{n}")));
         let started = Instant::now();
-        let me = std::process::id().to_string();
         loop {
             if self.do_it.as_ref().is_some_and(JoinHandle::is_finished) {
                 let why = match self.do_it.take().map(JoinHandle::join) {
@@ -363,14 +355,12 @@ impl KernelNbd {
                 self.stop_serving();
                 return Err(err(&self.device, why));
             }
-            match &sys {
-                Some(dir) if dir.is_dir() => {
-                    if std::fs::read_to_string(dir.join("pid")).is_ok_and(|p| p.trim() == me || own_thread(p.trim())) {
-                        return Ok(());
-                    }
-                }
-                _ if started.elapsed() >= Duration::from_millis(500) => return Ok(()),
-                _ => {}
+            let up = match &sys {
+                Some(dir) if dir.is_dir() => dir.join("pid").exists(),
+                _ => started.elapsed() >= Duration::from_millis(500),
+            };
+            if up {
+                return Ok(());
             }
             if started.elapsed() >= START_TIMEOUT {
                 let _ = nbd_ioctl(&self.ctl, NBD_DISCONNECT, 0);

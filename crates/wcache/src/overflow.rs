@@ -37,7 +37,9 @@ use std::time::Duration;
 
 use vdstream_blockdev::{BlockDev, Error, Op, Result};
 
-use crate::overflow_file::{OverflowFile, UNIT};
+use crate::overflow_file::OverflowFile;
+/// Bytes per unit of the overflow (file or device): its size counts in whole units.
+pub use crate::overflow_file::UNIT;
 use crate::page::PAGE;
 use crate::tiers::{tiers_cache_impls, Tiers};
 use crate::{CacheConfig, CacheType};
