@@ -57,7 +57,7 @@ log "ok: known MACs get their scripts"
 
 refusal=$(curl -sS --max-time 30 "$API_URL/boot/target/52-54-00-00-00-99")
 grep -q "no target record has MAC 52:54:00:00:00:99" <<<"$refusal" || fail "refusal: $refusal"
-grep -q "vdstream target add ID --vdisk NAME --cache ram-overflow --ram 1G --mac 52:54:00:00:00:99" <<<"$refusal" || fail "refusal: $refusal"
+grep -q "vdstream target add ID --mac 52:54:00:00:00:99" <<<"$refusal" || fail "refusal: $refusal"
 grep -q "refused MAC 52:54:00:00:00:99" "$API_LOG" || fail "the log does not name the refused MAC: $(cat "$API_LOG")"
 [[ ! -e $STORE/targets/pxe-001.json ]] || fail "refuse added a record"
 assert_eq "bad MAC" "$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 "$API_URL/boot/target/xx-54-00-00-00-99")" 400
@@ -65,6 +65,8 @@ assert_eq "POST" "$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 -X POST
 body=$(curl -sS --max-time 30 -w '\n%{http_code}' "$API_URL/boot/vdisk/win/base/vmlinuz")
 assert_eq "no kernel: status" "$(tail -n1 <<<"$body")" 404
 grep -q "vDisk win version 0 has no kernel" <<<"$body" || fail "no kernel: $body"
+problem=$(curl -sS --max-time 30 "$API_URL/boot/vdisk/win/base/problem")
+grep -q "^echo vdstream: vDisk win version 0 has no kernel" <<<"$problem" || fail "the problem script does not say it: $problem"
 grep -q "asked for vmlinuz of win@base" "$API_LOG" || fail "the log does not name the missing kernel"
 log "ok: unknown MAC refused and logged, bad input refused, a missing kernel named"
 

@@ -189,7 +189,7 @@ fn an_unknown_mac_is_refused_on_its_console_and_in_the_log() {
     assert_eq!(status, 200, "a script iPXE runs: {s}");
     assert!(s.starts_with("#!ipxe\n"), "{s}");
     assert!(s.contains("echo vdstream: no target record has MAC 52:54:00:aa:bb:01"), "{s}");
-    assert!(s.contains("vdstream target add ID --vdisk NAME --cache ram-overflow --ram 1G --mac 52:54:00:aa:bb:01"), "{s}");
+    assert!(s.contains("echo vdstream:   vdstream target add ID --mac 52:54:00:aa:bb:01\necho vdstream:       --vdisk NAME --cache ram-overflow --ram 1G\n"), "{s}");
     assert!(s.contains("\nsleep 30\nchain --replace --autofree http://10.0.2.2:8480/boot/ipxe\n"), "retries: {s}");
     assert!(b.store.targets().unwrap().is_empty(), "nothing added");
     let logged = captured().0.lock().unwrap().iter().any(|l| l.contains("refused MAC 52:54:00:aa:bb:01") && l.contains("vdstream target add"));
