@@ -86,3 +86,15 @@ if curl -sS --max-time 30 -T "$E2E_TMP/up" "tftp://127.0.0.1:$port/up" 2>/dev/nu
 grep -q 'TFTP: refused .* the path "../secret"' "$API_LOG" || fail "refused TFTP requests are not logged: $(grep TFTP "$API_LOG")"
 server_alive "$API_PID" || fail "the server died"
 log "ok: TFTP serves iPXE read-only, nothing outside its folder"
+
+# Auto-add: a server told to copy a template gives an unknown machine a record of its own.
+stop_pid "$API_PID" 10
+vds target add lab-template --vdisk win --cache ram-overflow --ram 128M --overflow-device /dev/sda2 >/dev/null
+start_api --boot --boot-unknown auto-add --boot-template lab-template --boot-id-prefix lab
+script=$(curl -sS --max-time 30 "$API_URL/boot/target/52-54-00-00-00-77")
+for want in " vdstream.target=lab-001 " " vdstream.hostname=lab-001 " " vdstream.overflow=/dev/sda2 " " vdstream.ram=128M "; do
+    grep -qF -- "$want" <<<"$script" || fail "auto-add: '$want' missing from: $script"
+done
+assert_eq "auto-added record" "$(vds target show lab-001 --json | json_get /dev/stdin '(j["macs"], j["vdisk"], j["cache"])')" "(['52:54:00:00:00:77'], 'win', 'ram-overflow')"
+vds audit --json | json_get /dev/stdin '[e["action"] for e in j]' | grep -q "target.auto-add" || fail "auto-add is not audited"
+log "ok: auto-add makes a record from the template, audited"
