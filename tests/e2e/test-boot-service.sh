@@ -64,11 +64,17 @@ assert_eq "bad MAC" "$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 "$AP
 assert_eq "POST" "$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 -X POST "$API_URL/boot/ipxe")" 405
 body=$(curl -sS --max-time 30 -w '\n%{http_code}' "$API_URL/boot/vdisk/win/base/vmlinuz")
 assert_eq "no kernel: status" "$(tail -n1 <<<"$body")" 404
-grep -q "vDisk win version 0 has no kernel" <<<"$body" || fail "no kernel: $body"
+grep -q "^vDisk win version base" <<<"$body" || fail "no kernel: $body"
 problem=$(curl -sS --max-time 30 "$API_URL/boot/vdisk/win/base/problem")
-grep -q "^echo vdstream: vDisk win version 0 has no kernel" <<<"$problem" || fail "the problem script does not say it: $problem"
+grep -q "^echo vdstream: vDisk win version base" <<<"$problem" || fail "the problem script does not say it: $problem"
 grep -q "asked for vmlinuz of win@base" "$API_LOG" || fail "the log does not name the missing kernel"
-log "ok: unknown MAC refused and logged, bad input refused, a missing kernel named"
+# A boot-file override is served as it is, with its length.
+mkdir -p "$STORE/boot-override/win/base"
+head -c 300000 /dev/urandom >"$STORE/boot-override/win/base/vmlinuz"
+echo initrd >"$STORE/boot-override/win/base/initrd.img"
+curl -sS --max-time 30 -o "$E2E_TMP/vmlinuz" "$API_URL/boot/vdisk/win/base/vmlinuz" || fail "override not served"
+cmp "$STORE/boot-override/win/base/vmlinuz" "$E2E_TMP/vmlinuz" || fail "the kernel came back different"
+log "ok: unknown MAC refused and logged, bad input refused, a missing kernel named, an override served"
 
 # TFTP with a real client.
 curl -sS --max-time 30 -o "$E2E_TMP/got.kpxe" "tftp://127.0.0.1:$port/undionly.kpxe" || fail "TFTP read failed: $(tail -n5 "$API_LOG")"

@@ -238,21 +238,24 @@ fn bad_input_is_refused_and_only_get_is_served() {
 #[test]
 fn a_version_without_a_kernel_is_named_and_its_files_are_served_when_there() {
     let b = server(Some(BootConfig::default()));
+    // The vDisk holds no file system: no kernel (the reason names the vDisk and version).
     let (status, body) = get(b.addr, "/boot/vdisk/win/base/vmlinuz", "h");
     assert_eq!(status, 404, "{body}");
-    assert!(body.contains("vDisk win") && body.contains("has no kernel"), "{body}");
+    assert!(body.starts_with("vDisk win version base"), "{body}");
     let (status, s) = get(b.addr, "/boot/vdisk/win/base/problem", "10.0.2.2:8480");
     assert_eq!(status, 200);
-    assert!(s.starts_with("#!ipxe\n") && s.contains("echo vdstream: vDisk win version 0 has no kernel"), "{s}");
+    assert!(s.starts_with("#!ipxe\n") && s.contains("echo vdstream: vDisk win version base"), "{s}");
     assert!(get(b.addr, "/boot/vdisk/nope/base/vmlinuz", "h").1.contains("no vDisk named \"nope\""));
     assert_eq!(get(b.addr, "/boot/vdisk/win/7/initrd.img", "h").0, 404);
 
-    // STAND-IN layout (boot/files.rs): the files a build put in the boot cache.
-    let dir = b.store.root().join("boot-cache/win/0");
+    // A boot-file override (boot/files.rs): half of one is named, a whole one served.
+    let dir = b.store.root().join("boot-override/win/base");
     std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("initrd.img"), b"initrd bytes").unwrap();
+    let (status, body) = get(b.addr, "/boot/vdisk/win/base/initrd.img", "h");
+    assert!(status == 404 && body.contains("needs both vmlinuz and initrd.img"), "{status} {body}");
     let kernel: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(dir.join("vmlinuz"), &kernel).unwrap();
-    std::fs::write(dir.join("initrd.img"), b"initrd bytes").unwrap();
     let (status, head, body) = raw(b.addr, "GET /boot/vdisk/win/base/vmlinuz HTTP/1.1\r\nHost: h");
     assert_eq!(status, 200, "{head}");
     assert!(head.to_ascii_lowercase().contains("content-length: 100000"), "{head}");
