@@ -34,7 +34,8 @@ pub enum UnknownMac {
     /// A script that prints on the console how to add the machine, then retries; the
     /// server logs the MAC (rate-limited).
     Refuse,
-    /// PVS's auto-add: a new record, a copy of record `template`, id `PREFIX-NNN`.
+    /// PVS's auto-add: a new record, a copy of record `template`, id `PREFIX-NNN` (at most
+    /// [`MAX_AUTO_ADDED`] of them).
     AutoAdd { template: String, prefix: String },
 }
 
@@ -56,6 +57,10 @@ pub struct BootConfig {
     /// Seconds a refused or failed machine waits before it asks again.
     pub retry_secs: u64,
 }
+
+/// Records auto-add makes under one prefix, at most: past it unknown machines are refused
+/// (a flood of forged MACs cannot fill the store).
+pub const MAX_AUTO_ADDED: usize = 1000;
 
 /// Where Debian's `ipxe` package puts its binaries.
 pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";

@@ -148,7 +148,7 @@ async fn target(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Exten
                     return Ok(boot::message_script(&base, &boot::refusal_lines(&mac, &s.state.name), cfg.retry_secs));
                 }
                 UnknownMac::AutoAdd { template, prefix } => {
-                    let r = store.auto_add_target(&mac, template, prefix)?;
+                    let r = store.auto_add_target(&mac, template, prefix, boot::MAX_AUTO_ADDED)?;
                     log::info!("boot: auto-added target {} for MAC {mac} from {peer}, a copy of template {template}", r.id);
                     r
                 }
