@@ -57,16 +57,24 @@ log "ok: known MACs get their scripts"
 
 refusal=$(curl -sS --max-time 30 "$API_URL/boot/target/52-54-00-00-00-99")
 grep -q "no target record has MAC 52:54:00:00:00:99" <<<"$refusal" || fail "refusal: $refusal"
-grep -q "vdstream target add ID --vdisk NAME --cache ram-overflow --ram 1G --mac 52:54:00:00:00:99" <<<"$refusal" || fail "refusal: $refusal"
+grep -q "vdstream target add ID --mac 52:54:00:00:00:99" <<<"$refusal" || fail "refusal: $refusal"
 grep -q "refused MAC 52:54:00:00:00:99" "$API_LOG" || fail "the log does not name the refused MAC: $(cat "$API_LOG")"
 [[ ! -e $STORE/targets/pxe-001.json ]] || fail "refuse added a record"
 assert_eq "bad MAC" "$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 "$API_URL/boot/target/xx-54-00-00-00-99")" 400
 assert_eq "POST" "$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 -X POST "$API_URL/boot/ipxe")" 405
 body=$(curl -sS --max-time 30 -w '\n%{http_code}' "$API_URL/boot/vdisk/win/base/vmlinuz")
 assert_eq "no kernel: status" "$(tail -n1 <<<"$body")" 404
-grep -q "vDisk win version 0 has no kernel" <<<"$body" || fail "no kernel: $body"
+grep -q "^vDisk win version base" <<<"$body" || fail "no kernel: $body"
+problem=$(curl -sS --max-time 30 "$API_URL/boot/vdisk/win/base/problem")
+grep -q "^echo vdstream: vDisk win version base" <<<"$problem" || fail "the problem script does not say it: $problem"
 grep -q "asked for vmlinuz of win@base" "$API_LOG" || fail "the log does not name the missing kernel"
-log "ok: unknown MAC refused and logged, bad input refused, a missing kernel named"
+# A boot-file override is served as it is, with its length.
+mkdir -p "$STORE/boot-override/win/base"
+head -c 300000 /dev/urandom >"$STORE/boot-override/win/base/vmlinuz"
+echo initrd >"$STORE/boot-override/win/base/initrd.img"
+curl -sS --max-time 30 -o "$E2E_TMP/vmlinuz" "$API_URL/boot/vdisk/win/base/vmlinuz" || fail "override not served"
+cmp "$STORE/boot-override/win/base/vmlinuz" "$E2E_TMP/vmlinuz" || fail "the kernel came back different"
+log "ok: unknown MAC refused and logged, bad input refused, a missing kernel named, an override served"
 
 # TFTP with a real client.
 curl -sS --max-time 30 -o "$E2E_TMP/got.kpxe" "tftp://127.0.0.1:$port/undionly.kpxe" || fail "TFTP read failed: $(tail -n5 "$API_LOG")"
@@ -81,6 +89,18 @@ done
 echo x >"$E2E_TMP/up"
 if curl -sS --max-time 30 -T "$E2E_TMP/up" "tftp://127.0.0.1:$port/up" 2>/dev/null; then fail "TFTP took a write"; fi
 [[ ! -e $TFTP_DIR/up ]] || fail "the write landed"
-grep -q "TFTP: refused" "$API_LOG" || fail "refused TFTP requests are not logged"
+grep -q 'TFTP: refused .* the path "../secret"' "$API_LOG" || fail "refused TFTP requests are not logged: $(grep TFTP "$API_LOG")"
 server_alive "$API_PID" || fail "the server died"
 log "ok: TFTP serves iPXE read-only, nothing outside its folder"
+
+# Auto-add: a server told to copy a template gives an unknown machine a record of its own.
+stop_pid "$API_PID" 10
+vds target add lab-template --vdisk win --cache ram-overflow --ram 128M --overflow-device /dev/sda2 >/dev/null
+start_api --boot --boot-unknown auto-add --boot-template lab-template --boot-id-prefix lab
+script=$(curl -sS --max-time 30 "$API_URL/boot/target/52-54-00-00-00-77")
+for want in " vdstream.target=lab-001 " " vdstream.hostname=lab-001 " " vdstream.overflow=/dev/sda2 " " vdstream.ram=128M "; do
+    grep -qF -- "$want" <<<"$script" || fail "auto-add: '$want' missing from: $script"
+done
+assert_eq "auto-added record" "$(vds target show lab-001 --json | json_get /dev/stdin '(j["macs"], j["vdisk"], j["cache"])')" "(['52:54:00:00:00:77'], 'win', 'ram-overflow')"
+vds audit --json | json_get /dev/stdin '[e["action"] for e in j]' | grep -q "target.auto-add" || fail "auto-add is not audited"
+log "ok: auto-add makes a record from the template, audited"

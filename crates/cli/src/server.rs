@@ -79,7 +79,9 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   dead-peer-timeout = 60
   max-connections = 1000
   anonymous = \"none\"
-  insecure = false")]
+  insecure = false
+  boot = true                          (and boot-advertise, boot-server = [...], boot-unknown,
+  tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe)")]
 pub struct ServerArgs {
     /// Store directory. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
     #[arg(long, value_name = "DIR")]
@@ -102,7 +104,7 @@ pub struct ServerArgs {
     http: Option<SocketAddr>,
 
     /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file,
-    /// dead-peer-timeout, max-connections).
+    /// dead-peer-timeout, max-connections, anonymous, insecure, boot and the boot-* keys, tftp).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -201,50 +203,61 @@ pub struct ServerArgs {
     tftp: Option<SocketAddr>,
 }
 
-/// The boot service's settings from the flags (`None` without --boot).
-fn boot_config(args: &ServerArgs, http: Option<SocketAddr>) -> Result<Option<BootConfig>> {
-    if !args.boot {
+/// The boot service's settings from the flags over the config file (`None` without
+/// --boot or `boot = true`).
+fn boot_config(args: &ServerArgs, file: &ConfigFile, http: Option<SocketAddr>) -> Result<Option<BootConfig>> {
+    // (The boot-* flags need --boot on the command line; the file's keys need boot = true.)
+    if !(args.boot || file.boot == Some(true)) {
         return Ok(None);
     }
     if http.is_none() {
         usage!("--boot serves on the HTTP API's port: give --http ADDR too (e.g. --http 0.0.0.0:8480)");
     }
-    if let Some(a) = &args.boot_advertise {
+    let advertise = args.boot_advertise.clone().or_else(|| file.boot_advertise.clone());
+    if let Some(a) = &advertise {
         let bare_v6 = !a.starts_with('[') && a.matches(':').count() > 1;
         if !host_ok(a) || bare_v6 {
             usage!("--boot-advertise {a:?} is not HOST or HOST:PORT (an IPv6 address goes in brackets: [fd00::1]:8480)");
         }
     }
-    for s in &args.boot_servers {
+    let servers = if args.boot_servers.is_empty() { file.boot_server.clone().unwrap_or_default() } else { args.boot_servers.clone() };
+    for s in &servers {
         let rest = s.strip_prefix("http://").or_else(|| s.strip_prefix("https://"));
         if !rest.is_some_and(|r| host_ok(r.trim_end_matches('/'))) {
             usage!("--boot-server {s:?} is not a server's API URL such as http://10.0.0.2:8480");
         }
     }
-    let unknown = match args.boot_unknown.as_deref() {
+    let template = args.boot_template.clone().or_else(|| file.boot_template.clone());
+    let unknown = match args.boot_unknown.as_deref().or(file.boot_unknown.as_deref()) {
         Some("auto-add") => {
-            let Some(template) = args.boot_template.clone() else {
+            let Some(template) = template else {
                 usage!("--boot-unknown auto-add copies a template record: name it with --boot-template ID (e.g. a record made with `vdstream target add lab-template --vdisk NAME --cache ram-overflow`)");
             };
-            let prefix = args.boot_id_prefix.clone().unwrap_or_else(|| "pxe".into());
+            let prefix = args.boot_id_prefix.clone().or_else(|| file.boot_id_prefix.clone()).unwrap_or_else(|| "pxe".into());
             vdstream_store::names::validate_target_id(&format!("{prefix}-001")).map_err(|e| anyhow!("--boot-id-prefix {prefix:?}: {e}"))?;
             UnknownMac::AutoAdd { template, prefix }
         }
-        _ => {
-            if args.boot_template.is_some() {
+        None | Some("refuse") => {
+            if template.is_some() {
                 usage!("--boot-template is for --boot-unknown auto-add");
             }
             UnknownMac::Refuse
         }
+        Some(other) => usage!("boot-unknown = {other:?} in the config file: say \"refuse\" or \"auto-add\""),
+    };
+    let tftp = match (args.tftp, &file.tftp) {
+        (Some(a), _) => Some(a),
+        (None, Some(text)) => Some(text.parse::<SocketAddr>().map_err(|e| anyhow!("tftp = {text:?} in the config file: {e} (say e.g. \"0.0.0.0:69\")"))?),
+        (None, None) => None,
     };
     let defaults = BootConfig::default();
     Ok(Some(BootConfig {
-        advertise: args.boot_advertise.clone(),
-        servers: args.boot_servers.iter().map(|s| s.trim_end_matches('/').to_string()).collect(),
+        advertise,
+        servers: servers.iter().map(|s| s.trim_end_matches('/').to_string()).collect(),
         unknown,
-        kernel_args: args.boot_kernel_args.clone().unwrap_or(defaults.kernel_args),
-        ipxe_dir: args.boot_ipxe.clone().unwrap_or(defaults.ipxe_dir),
-        tftp: args.tftp,
+        kernel_args: args.boot_kernel_args.clone().or_else(|| file.boot_kernel_args.clone()).unwrap_or(defaults.kernel_args),
+        ipxe_dir: args.boot_ipxe.clone().or_else(|| file.boot_ipxe.clone()).unwrap_or(defaults.ipxe_dir),
+        tftp,
         retry_secs: defaults.retry_secs,
     }))
 }
@@ -268,6 +281,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         Some(SizeValue::Text(t)) => Some(parse_size(t).map_err(|e| anyhow!("read-cache in the config file: {e}"))?),
         None => None,
     };
+    let boot = boot_config(args, &file, args.http.or(http_from_file))?;
     let socket = args.socket.clone().or(file.socket);
     let mut listen = args.listen.or(listen_from_file);
     if listen.is_none() && socket.is_none() {
@@ -282,7 +296,6 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         (vdstream_nbd::TlsMode::Off, Some(_)) if http.is_some() => None,
         _ => args.tls.server()?,
     };
-    let boot = boot_config(args, http)?;
     Ok(ServerOptions {
         boot,
         store,
@@ -463,6 +476,31 @@ mod tests {
         let o = options(&parse(&["--store", "/s"])).unwrap();
         assert_eq!((o.anonymous, o.insecure), (AnonymousGrant::None, false), "nothing for anonymous clients, no plaintext off loopback");
         assert!(Cli::try_parse_from(["server", "--anonymous", "some"]).is_err());
+    }
+
+    #[test]
+    fn boot_flags_and_keys_make_the_boot_config() {
+        let o = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0"])).unwrap();
+        assert_eq!(o.boot, None, "off by default");
+        let o = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-advertise", "10.0.2.2", "--boot-server", "http://10.0.0.9:8480/", "--tftp", "127.0.0.1:6969"])).unwrap();
+        let b = o.boot.unwrap();
+        assert_eq!((b.advertise.as_deref(), b.servers, b.unknown, b.tftp), (Some("10.0.2.2"), vec!["http://10.0.0.9:8480".to_string()], UnknownMac::Refuse, Some("127.0.0.1:6969".parse().unwrap())));
+        let e = options(&parse(&["--store", "/s", "--boot"])).unwrap_err().to_string();
+        assert!(e.contains("give --http ADDR"), "{e}");
+        let e = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-unknown", "auto-add"])).unwrap_err().to_string();
+        assert!(e.contains("--boot-template ID"), "{e}");
+        let o = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-unknown", "auto-add", "--boot-template", "tmpl", "--boot-id-prefix", "lab"])).unwrap();
+        assert_eq!(o.boot.unwrap().unknown, UnknownMac::AutoAdd { template: "tmpl".into(), prefix: "lab".into() });
+        for bad in ["a b", "fd00::1", "x/y"] {
+            assert!(options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-advertise", bad])).is_err(), "{bad}");
+        }
+        assert!(options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-server", "10.0.0.9:8480"])).is_err(), "no scheme");
+        assert!(Cli::try_parse_from(["server", "--tftp", "0.0.0.0:69"]).is_err(), "--tftp needs --boot");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.toml");
+        std::fs::write(&file, "http = \"127.0.0.1:0\"\nboot = true\nboot-unknown = \"auto-add\"\nboot-template = \"t\"\ntftp = \"127.0.0.1:69\"\n").unwrap();
+        let b = options(&parse(&["--store", "/s", "--config", file.to_str().unwrap()])).unwrap().boot.unwrap();
+        assert_eq!((b.unknown, b.tftp), (UnknownMac::AutoAdd { template: "t".into(), prefix: "pxe".into() }, Some("127.0.0.1:69".parse().unwrap())));
     }
 
     #[test]

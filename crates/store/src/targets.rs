@@ -324,16 +324,18 @@ impl Store {
         Ok(self.target_ids()?.iter().filter_map(|id| self.load_target(id).ok()).find(|r| r.macs.contains(&mac)))
     }
 
-    /// PVS's auto-add: a new record for an unknown MAC, a copy of record `template`
+    /// PVS's auto-add: a new record for an unknown MAC (at most `limit` records of the
+    /// prefix: past it a flood of unknown or forged MACs cannot fill the store), a copy of record `template`
     /// (vDisk, version, cache, RAM, overflow cap and device) with this MAC, host name its
     /// id, and id `PREFIX-NNN` (the next free number, three digits or more). A MAC that a
     /// record has meanwhile gets that record. Audited as `target.auto-add`.
-    pub fn auto_add_target(&self, mac: &str, template: &str, prefix: &str) -> Result<TargetRecord> {
+    pub fn auto_add_target(&self, mac: &str, template: &str, prefix: &str, limit: usize) -> Result<TargetRecord> {
         let mac = normalize_mac(mac).map_err(|e| StoreError::BadInput(e.to_string()))?;
         validate_target_id(&format!("{prefix}-001"))?;
         let _l = self.lock(LockMode::Exclusive)?;
         let ids = self.target_ids()?;
         let mut next = 1u64;
+        let mut made = 0usize;
         for id in &ids {
             if let Ok(r) = self.load_target(id) {
                 if r.macs.contains(&mac) {
@@ -342,7 +344,12 @@ impl Store {
             }
             if let Some(n) = id.strip_prefix(prefix).and_then(|t| t.strip_prefix('-')).and_then(|n| n.parse::<u64>().ok()) {
                 next = next.max(n + 1);
+                made += 1;
             }
+        }
+        if made >= limit {
+            return Err(StoreError::Refused(format!(
+                "auto-add of MAC {mac} refused: {made} records named {prefix}-NNN exist, the limit; remove the ones not wanted (`vdstream target remove ID`) or add this machine by hand")));
         }
         let t = self.load_target(template).map_err(|e| match e {
             StoreError::UnknownTarget { .. } => StoreError::Refused(format!(

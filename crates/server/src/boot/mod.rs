@@ -34,7 +34,8 @@ pub enum UnknownMac {
     /// A script that prints on the console how to add the machine, then retries; the
     /// server logs the MAC (rate-limited).
     Refuse,
-    /// PVS's auto-add: a new record, a copy of record `template`, id `PREFIX-NNN`.
+    /// PVS's auto-add: a new record, a copy of record `template`, id `PREFIX-NNN` (at most
+    /// [`MAX_AUTO_ADDED`] of them).
     AutoAdd { template: String, prefix: String },
 }
 
@@ -56,6 +57,10 @@ pub struct BootConfig {
     /// Seconds a refused or failed machine waits before it asks again.
     pub retry_secs: u64,
 }
+
+/// Records auto-add makes under one prefix, at most: past it unknown machines are refused
+/// (a flood of forged MACs cannot fill the store).
+pub const MAX_AUTO_ADDED: usize = 1000;
 
 /// Where Debian's `ipxe` package puts its binaries.
 pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
@@ -191,12 +196,35 @@ pub fn target_script(r: &TargetRecord, layer: Layer, cx: &ScriptContext<'_>) -> 
     )
 }
 
-/// A script that prints `lines` on the machine's console, waits `retry_secs` and starts
-/// over at `/boot/ipxe`.
+/// Console columns a message line may take after `vdstream: ` (a PXE console is 80 wide).
+const MESSAGE_WIDTH: usize = 68;
+
+/// `text` cut at spaces into lines of at most [`MESSAGE_WIDTH`] characters (a longer word
+/// stands alone); the leading spaces of `text` start every line.
+fn wrap(text: &str) -> Vec<String> {
+    let indent = &text[..text.len() - text.trim_start().len()];
+    let mut out: Vec<String> = Vec::new();
+    let mut line = String::from(indent);
+    for word in text.split_whitespace() {
+        if line.trim().is_empty() || line.len() + 1 + word.len() <= MESSAGE_WIDTH {
+            if !line.trim().is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        } else {
+            out.push(std::mem::replace(&mut line, format!("{indent}{word}")));
+        }
+    }
+    out.push(line);
+    out
+}
+
+/// A script that prints `lines` on the machine's console (wrapped to fit 80 columns),
+/// waits `retry_secs` and starts over at `/boot/ipxe`.
 pub fn message_script(base: &str, lines: &[String], retry_secs: u64) -> String {
     let mut s = String::from("#!ipxe\n");
-    for l in lines {
-        s.push_str(&format!("echo vdstream: {}\n", ipxe_text(l)));
+    for l in lines.iter().flat_map(|l| wrap(&ipxe_text(l))) {
+        s.push_str(&format!("echo vdstream: {l}\n"));
     }
     s.push_str(&format!("echo vdstream: trying again in {retry_secs} seconds\nsleep {retry_secs}\nchain --replace --autofree {base}/boot/ipxe\n"));
     s
@@ -207,7 +235,8 @@ pub fn refusal_lines(mac: &str, server: &str) -> Vec<String> {
     vec![
         format!("no target record has MAC {mac} (server {server})."),
         "to boot this machine from a vDisk, run on the server:".into(),
-        format!("  vdstream target add ID --vdisk NAME --cache ram-overflow --ram 1G --mac {mac}"),
+        format!("  vdstream target add ID --mac {mac}"),
+        "      --vdisk NAME --cache ram-overflow --ram 1G".into(),
     ]
 }
 
@@ -227,6 +256,19 @@ mod tests {
     }
 
     const EXPECTED_PC07: &str = "b85868ba5e75f7230b74731f21c428d3";
+
+    #[test]
+    fn messages_fit_a_pxe_console() {
+        let long = "vDisk win version 0 has no kernel: no kernel was found for it; install a kernel into the image (for Debian: linux-image-amd64) or set a boot-file override";
+        let s = message_script("http://h:1", &[long.to_string(), "  indented words stay indented".into()], 30);
+        for shown in s.lines().filter_map(|l| l.strip_prefix("echo ")) {
+            assert!(shown.len() < 80, "{shown}");
+        }
+        let echoed: Vec<&str> = s.lines().filter_map(|l| l.strip_prefix("echo vdstream: ")).collect();
+        assert_eq!(echoed[..echoed.len() - 2].join(" "), long, "every word, in order");
+        assert_eq!(echoed[echoed.len() - 2], "  indented words stay indented");
+        assert!(s.ends_with("sleep 30\nchain --replace --autofree http://h:1/boot/ipxe\n"), "{s}");
+    }
 
     #[test]
     fn texts_cannot_add_commands() {

@@ -17,6 +17,8 @@
 //!   store's paths. Auto-add changes the store only when the administrator turned it on.
 //! - At most [`MAX_BOOT_IN_FLIGHT`] requests are in handlers at once (more wait); a
 //!   handler has [`BOOT_TIMEOUT`] (building an initramfs the first time takes a while).
+//!   At most [`MAX_BOOT_TRANSFERS`] file bodies are being sent at once: each holds its
+//!   place until its last byte is written (or its connection drops).
 //! - Failures a machine can provoke (unknown MAC, a version without a kernel) are logged
 //!   rate-limited.
 
@@ -43,6 +45,10 @@ use crate::boot::{self, files, BootConfig, ScriptContext, UnknownMac};
 
 /// Boot requests in handlers at once, at most (the rest wait).
 pub const MAX_BOOT_IN_FLIGHT: usize = 64;
+
+/// Kernels and initrds being sent at once, at most (the next wait for a place): a storm of
+/// machines shares the link in turns rather than all crawling.
+pub const MAX_BOOT_TRANSFERS: usize = 32;
 
 /// The longest a boot handler may take (503 past it): the first request for a version's
 /// files builds its initramfs.
@@ -76,16 +82,25 @@ fn config(s: &Shared) -> &BootConfig {
     s.state.boot.as_ref().expect("boot routes exist only with a boot configuration")
 }
 
+/// A `Host` field that cannot name the server in a script.
+struct BadHost;
+
+impl IntoResponse for BadHost {
+    fn into_response(self) -> Response {
+        text(StatusCode::BAD_REQUEST, "the Host field is not a host name or address with an optional port\n".into())
+    }
+}
+
 /// This server's base URL as the machine reaches it: `--boot-advertise`, else the request's
 /// `Host`, else the address the API listens on.
-fn base(s: &Shared, headers: &HeaderMap) -> Result<String, Response> {
+fn base(s: &Shared, headers: &HeaderMap) -> Result<String, BadHost> {
     let scheme = if s.tls { "https" } else { "http" };
     let host = match (&config(s).advertise, headers.get(header::HOST)) {
         (Some(a), _) => with_port(a, s.local.port()),
         (None, Some(h)) => {
             let h = h.to_str().unwrap_or_default();
             if !boot::host_ok(h) {
-                return Err(text(StatusCode::BAD_REQUEST, "the Host field is not a host name or address with an optional port\n".into()));
+                return Err(BadHost);
             }
             h.to_string()
         }
@@ -106,14 +121,14 @@ pub fn with_port(host: &str, port: u16) -> String {
 async fn first(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     match base(&s, &headers) {
         Ok(base) => script(boot::first_script(&base, &s.state.name)),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
 async fn target(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Extension<ClientAddr>, headers: HeaderMap, Path(mac): Path<String>) -> Response {
     let base = match base(&s, &headers) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let mac = match normalize_mac(&mac) {
         Ok(m) => m,
@@ -133,7 +148,7 @@ async fn target(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Exten
                     return Ok(boot::message_script(&base, &boot::refusal_lines(&mac, &s.state.name), cfg.retry_secs));
                 }
                 UnknownMac::AutoAdd { template, prefix } => {
-                    let r = store.auto_add_target(&mac, template, prefix)?;
+                    let r = store.auto_add_target(&mac, template, prefix, boot::MAX_AUTO_ADDED)?;
                     log::info!("boot: auto-added target {} for MAC {mac} from {peer}, a copy of template {template}", r.id);
                     r
                 }
@@ -196,11 +211,35 @@ async fn file(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Extensi
         }
         (f, Ok(files)) => {
             let path = if f == "vmlinuz" { files.kernel } else { files.initrd };
+            let permit = s.boot_transfers.clone().acquire_owned().await.expect("the semaphore is never closed");
             match ServeFile::new(&path).oneshot(req).await {
-                Ok(r) => r.map(Body::new),
+                Ok(r) => r.map(|b| Body::new(Held { inner: Body::new(b), _permit: permit })),
                 Err(e) => match e {},
             }
         }
+    }
+}
+
+/// A body that holds a transfer place until it is sent or dropped.
+struct Held {
+    inner: Body,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Held {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -96,7 +96,7 @@ pub fn spawn_with(listener: TcpListener, state: Arc<ServerState>, tls: Option<Ar
     let tokens = TokenFile::open(&state.store).map_err(std::io::Error::other)?;
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let shared = Arc::new(Shared { state, live: live::Live::default(), tokens, loopback: addr.ip().is_loopback(), tls: tls.is_some(), local: addr });
+    let shared = Arc::new(Shared { state, live: live::Live::default(), tokens, loopback: addr.ip().is_loopback(), tls: tls.is_some(), local: addr, boot_transfers: Arc::new(Semaphore::new(boot::MAX_BOOT_TRANSFERS)) });
     let (stop_tx, stop_rx) = watch::channel(false);
     let limit = connection_limit();
     let scheme = if tls.is_some() { "https" } else { "http" };

@@ -24,6 +24,9 @@ pub(crate) struct Shared {
     /// Where the API listens (the boot service names the server by it when a request
     /// has no `Host`).
     pub local: SocketAddr,
+    /// Places for the boot service's file transfers (boot.rs: `MAX_BOOT_TRANSFERS`), each
+    /// held until its body is sent.
+    pub boot_transfers: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
