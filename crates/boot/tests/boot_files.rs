@@ -51,6 +51,11 @@ const MODULES: &[(&str, &str, &str)] = &[
 
 /// A root tree: busybox, Debian's usrmerge /lib symlink, two kernels, modules.
 fn tree(dir: &Path, with_kernel: bool, with_dep: bool, busybox: &Path) -> PathBuf {
+    tree_with(dir, with_kernel, with_dep, busybox, "")
+}
+
+/// [`tree`], with `nbd`'s file name ending in `.ko{nbd_suffix}` (a compressed module).
+fn tree_with(dir: &Path, with_kernel: bool, with_dep: bool, busybox: &Path, nbd_suffix: &str) -> PathBuf {
     let root = dir.join("root");
     write(&root.join("bin/busybox"), &std::fs::read(busybox).unwrap());
     std::fs::create_dir_all(root.join("usr/lib")).unwrap();
@@ -62,7 +67,8 @@ fn tree(dir: &Path, with_kernel: bool, with_dep: bool, busybox: &Path) -> PathBu
         write(&root.join("boot/config-6.1.0-10-test"), b"");
         let m = root.join("usr/lib/modules").join(KVER);
         let mut dep = String::new();
-        for (_, rel, deps) in MODULES {
+        for (name, rel, deps) in MODULES {
+            let rel = &if *name == "nbd" { format!("{rel}{nbd_suffix}") } else { rel.to_string() };
             write(&m.join(rel), &ko(deps));
             let files: Vec<&str> = deps.split(',').filter(|d| !d.is_empty())
                 .map(|d| MODULES.iter().find(|x| x.0 == d).unwrap().1).collect();
@@ -263,4 +269,17 @@ fn a_dynamic_busybox_is_refused() {
     let msg = e.to_string();
     assert!(msg.contains("the version's /bin/busybox is not a static executable") || msg.contains("dynamically linked"), "{msg}");
     assert!(msg.contains("dynamically linked") && msg.contains("busybox-static"), "{msg}");
+}
+
+#[test]
+fn a_compressed_module_is_refused_by_name() {
+    let (Some(_), Some(bb)) = (mkfs(), static_exe()) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let root = tree_with(dir.path(), true, true, &bb, ".xz");
+    let img = image(dir.path(), &root, false);
+    let store = Store::open_or_create(dir.path().join("store")).unwrap().0;
+    store.import_vdisk("gold", &img, NewVdisk::default(), &mut |_, _| {}).unwrap();
+    let e = build_initrd(&store, "gold", Selector::Base, &BuildOptions::default(), &dir.path().join("i.img"), None).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("module nbd is compressed (nbd.ko.xz)") && msg.contains("plain .ko"), "{msg}");
 }
