@@ -149,7 +149,7 @@ fn check_initramfs(initrd: &Path, busybox: &Path, extra: &[&str]) {
     assert!(n.contains(&"etc/vdstream/udhcpc.script"));
     assert_eq!(file(&l, "bin/busybox").data, std::fs::read(busybox).unwrap());
     let me = std::env::current_exe().unwrap();
-    assert_eq!(file(&l, "bin/vdstream").data.len() as u64, std::fs::metadata(&me).unwrap().len());
+    assert_eq!(file(&l, "bin/vdstream").data, vdstream_boot::strip_debug(&std::fs::read(&me).unwrap()).unwrap());
     // The binary's libraries and interpreter, as ldd names them.
     let ldd = Command::new("ldd").arg(&me).output().unwrap();
     for line in String::from_utf8_lossy(&ldd.stdout).lines() {
@@ -282,4 +282,21 @@ fn a_compressed_module_is_refused_by_name() {
     let e = build_initrd(&store, "gold", Selector::Base, &BuildOptions::default(), &dir.path().join("i.img"), None).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("module nbd is compressed (nbd.ko.xz)") && msg.contains("plain .ko"), "{msg}");
+}
+
+/// The stripped binary still runs and is smaller (the test binary has debug sections in
+/// the release-test and dev profiles).
+#[test]
+fn strip_debug_keeps_a_runnable_binary() {
+    let me = std::env::current_exe().unwrap();
+    let data = std::fs::read(&me).unwrap();
+    let small = vdstream_boot::strip_debug(&data).unwrap();
+    assert!(small.len() <= data.len());
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("stripped");
+    std::fs::write(&p, &small).unwrap();
+    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = Command::new(&p).arg("--list").output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("strip_debug_keeps_a_runnable_binary"),
+        "the stripped test binary does not run: {}", String::from_utf8_lossy(&out.stderr));
 }
