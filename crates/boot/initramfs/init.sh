@@ -32,7 +32,8 @@ failed() {
     case $on_fail in
     shell)
         say "a shell on the console; leave it (exit) to try the boot again"
-        setsid sh -c 'exec sh </dev/console >/dev/console 2>&1'
+        # In a subshell (not a process-group leader), setsid needs no fork: the wait is real.
+        (exec setsid -c sh </dev/console >/dev/console 2>&1)
         exec /init
         ;;
     halt)

@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | `/init`, `/etc/vdstream/udhcpc.script` | `crates/boot/initramfs/*.sh`, compiled in |
 //! | `/bin/busybox` (static) | the version's `/bin/busybox` or `/usr/bin/busybox` when static, else [`BuildOptions::busybox`], else `busybox` in the host's `PATH`; a dynamic one is refused |
-//! | `/bin/vdstream` and its libraries, the ELF interpreter | [`BuildOptions::vdstream`] (default: the running binary); libraries as `lddtree` finds them on the host, at the same paths |
+//! | `/bin/vdstream` and its libraries, the ELF interpreter | [`BuildOptions::vdstream`] (default: the running binary) without its debug sections; libraries as `lddtree` finds them on the host, at the same paths |
 //! | `/lib/modules/NAME.ko`, `/etc/vdstream/modules` | the version's modules ([`DEFAULT_MODULES`] that exist, plus [`BuildOptions::modules`]) with their dependencies, in load order |
 //!
 //! Invariant: the version's file system is only read; the host's files are only read.
@@ -118,13 +118,33 @@ pub fn vdstream_path(opts: &BuildOptions) -> Result<PathBuf, String> {
     }
 }
 
+/// An ELF executable without its `.debug_*` sections (`strip --strip-debug`): the
+/// target's RAM holds the initramfs, and a release build with debug info is about 7 times
+/// the size of its code.
+pub fn strip_debug(elf: &[u8]) -> Result<Vec<u8>, String> {
+    let mut b = object::build::elf::Builder::read(elf).map_err(|e| format!("reading the ELF file: {e}"))?;
+    for s in b.sections.iter_mut() {
+        if s.name.starts_with(b".debug_") {
+            s.delete = true;
+        }
+    }
+    let mut out = Vec::new();
+    b.write(&mut out).map_err(|e| format!("writing it without debug sections: {e}"))?;
+    Ok(out)
+}
+
 /// The `vdstream` binary, its interpreter and libraries, at their host paths.
 fn vdstream_files(a: &mut Archive<impl std::io::Write>, bin: &Path) -> Result<(), String> {
     let tree = lddtree::DependencyAnalyzer::new(PathBuf::from("/"))
         .analyze(bin)
         .map_err(|e| format!("reading the shared libraries of {}: {e}", bin.display()))?;
     let io = |e: std::io::Error| e.to_string();
-    a.file("/bin/vdstream", 0o755, &read_host(bin)?).map_err(io)?;
+    let data = read_host(bin)?;
+    let small = strip_debug(&data).unwrap_or_else(|e| {
+        log::warn!("boot: keeping the debug sections of {} in the initramfs: {e}", bin.display());
+        data
+    });
+    a.file("/bin/vdstream", 0o755, &small).map_err(io)?;
     let mut files: Vec<(String, PathBuf)> = Vec::new();
     if let Some(i) = &tree.interpreter {
         files.push((i.clone(), PathBuf::from(i)));

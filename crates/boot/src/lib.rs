@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use vdstream_store::{Layer, Selector, Store};
 
-pub use build::{is_static_elf, BuildOptions, DEFAULT_MODULES};
+pub use build::{is_static_elf, strip_debug, BuildOptions, DEFAULT_MODULES};
 
 /// What can go wrong while finding or building a version's boot files.
 #[derive(Debug, thiserror::Error)]

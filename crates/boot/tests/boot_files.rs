@@ -51,6 +51,11 @@ const MODULES: &[(&str, &str, &str)] = &[
 
 /// A root tree: busybox, Debian's usrmerge /lib symlink, two kernels, modules.
 fn tree(dir: &Path, with_kernel: bool, with_dep: bool, busybox: &Path) -> PathBuf {
+    tree_with(dir, with_kernel, with_dep, busybox, "")
+}
+
+/// [`tree`], with `nbd`'s file name ending in `.ko{nbd_suffix}` (a compressed module).
+fn tree_with(dir: &Path, with_kernel: bool, with_dep: bool, busybox: &Path, nbd_suffix: &str) -> PathBuf {
     let root = dir.join("root");
     write(&root.join("bin/busybox"), &std::fs::read(busybox).unwrap());
     std::fs::create_dir_all(root.join("usr/lib")).unwrap();
@@ -62,7 +67,8 @@ fn tree(dir: &Path, with_kernel: bool, with_dep: bool, busybox: &Path) -> PathBu
         write(&root.join("boot/config-6.1.0-10-test"), b"");
         let m = root.join("usr/lib/modules").join(KVER);
         let mut dep = String::new();
-        for (_, rel, deps) in MODULES {
+        for (name, rel, deps) in MODULES {
+            let rel = &if *name == "nbd" { format!("{rel}{nbd_suffix}") } else { rel.to_string() };
             write(&m.join(rel), &ko(deps));
             let files: Vec<&str> = deps.split(',').filter(|d| !d.is_empty())
                 .map(|d| MODULES.iter().find(|x| x.0 == d).unwrap().1).collect();
@@ -143,7 +149,7 @@ fn check_initramfs(initrd: &Path, busybox: &Path, extra: &[&str]) {
     assert!(n.contains(&"etc/vdstream/udhcpc.script"));
     assert_eq!(file(&l, "bin/busybox").data, std::fs::read(busybox).unwrap());
     let me = std::env::current_exe().unwrap();
-    assert_eq!(file(&l, "bin/vdstream").data.len() as u64, std::fs::metadata(&me).unwrap().len());
+    assert_eq!(file(&l, "bin/vdstream").data, vdstream_boot::strip_debug(&std::fs::read(&me).unwrap()).unwrap());
     // The binary's libraries and interpreter, as ldd names them.
     let ldd = Command::new("ldd").arg(&me).output().unwrap();
     for line in String::from_utf8_lossy(&ldd.stdout).lines() {
@@ -263,4 +269,34 @@ fn a_dynamic_busybox_is_refused() {
     let msg = e.to_string();
     assert!(msg.contains("the version's /bin/busybox is not a static executable") || msg.contains("dynamically linked"), "{msg}");
     assert!(msg.contains("dynamically linked") && msg.contains("busybox-static"), "{msg}");
+}
+
+#[test]
+fn a_compressed_module_is_refused_by_name() {
+    let (Some(_), Some(bb)) = (mkfs(), static_exe()) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let root = tree_with(dir.path(), true, true, &bb, ".xz");
+    let img = image(dir.path(), &root, false);
+    let store = Store::open_or_create(dir.path().join("store")).unwrap().0;
+    store.import_vdisk("gold", &img, NewVdisk::default(), &mut |_, _| {}).unwrap();
+    let e = build_initrd(&store, "gold", Selector::Base, &BuildOptions::default(), &dir.path().join("i.img"), None).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("module nbd is compressed (nbd.ko.xz)") && msg.contains("plain .ko"), "{msg}");
+}
+
+/// The stripped binary still runs and is smaller (the test binary has debug sections in
+/// the release-test and dev profiles).
+#[test]
+fn strip_debug_keeps_a_runnable_binary() {
+    let me = std::env::current_exe().unwrap();
+    let data = std::fs::read(&me).unwrap();
+    let small = vdstream_boot::strip_debug(&data).unwrap();
+    assert!(small.len() <= data.len());
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("stripped");
+    std::fs::write(&p, &small).unwrap();
+    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = Command::new(&p).arg("--list").output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("strip_debug_keeps_a_runnable_binary"),
+        "the stripped test binary does not run: {}", String::from_utf8_lossy(&out.stderr));
 }
