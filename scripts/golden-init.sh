@@ -27,8 +27,12 @@ secs=$(arg vdstest.secs 20)
 rounds=$(arg vdstest.rounds 3)
 say "BOOTED uptime=$(uptime_s) mode=$mode"
 
+# Who this machine is (a network-booted target gets its name and machine-id from its record)
+# and what its root is: /dev/vda (a VM on a host's agent) or /dev/nbd0 (a network boot).
+say "HOST name=$(hostname) machine_id=$(cat /etc/machine-id 2>/dev/null) root=$(awk '$2 == "/" { print $1 }' /proc/mounts | tail -n1)"
+
 # The root must be writable (a read-only vDisk would show here first).
-if grep -q '^/dev/vda / ext4 rw' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
+if grep -Eq '^/dev/(vda|nbd0) / ext4 rw' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
     say "RW ok"
 else
     failed "root is not writable: $(grep ' / ' /proc/mounts)"
@@ -105,6 +109,21 @@ workload)
     ;;
 *) failed "unknown mode vdstest=$mode" ;;
 esac
+
+# The kernel's I/O errors (a failover that leaked an error to the guest shows here).
+say "KERNEL-IO-ERRORS n=$(dmesg | grep -ciE 'i/o error|ext4-fs error|blk_update_request|buffer i/o')"
+# vdstest.dump=DEV: the root, remounted read-only, copied whole to DEV (a spare drive), so
+# the host can e2fsck what this machine's root was (its cache lives in the machine).
+dump=$(arg vdstest.dump "")
+if [ -n "$dump" ]; then
+    root=$(awk '$2 == "/" { print $1 }' /proc/mounts | tail -n1)
+    sync
+    if mount -o remount,ro / && dd if="$root" of="$dump" bs=1M 2>/dev/null && sync; then
+        say "DUMPED $root to $dump"
+    else
+        failed "dumping $root to $dump"
+    fi
+fi
 
 sync
 say "DONE status=$status uptime=$(uptime_s)"

@@ -41,6 +41,8 @@ E2E_TMP=
 E2E_PIDS=()          # background processes to stop on exit (servers, clients)
 E2E_SERVER_PIDS=()   # subset: servers (their logs are shown on failure)
 E2E_SERVER_LOGS=()
+E2E_CLEANUP_HOOKS=() # commands run on exit after the processes stopped, before the scratch
+                     # directory goes (network namespaces, logs kept on failure); $1 = exit status
 
 # Servers started by start_server set these:
 SERVER_PID=
@@ -109,6 +111,9 @@ e2e_cleanup() {
     done
     for pid in "${E2E_PIDS[@]}"; do
         wait "$pid" 2>/dev/null
+    done
+    for ((i = 0; i < ${#E2E_CLEANUP_HOOKS[@]}; i++)); do
+        ${E2E_CLEANUP_HOOKS[i]} "$rc"
     done
     if [[ $rc -ne 0 && $rc -ne 77 ]]; then
         for ((i = 0; i < ${#E2E_SERVER_LOGS[@]}; i++)); do

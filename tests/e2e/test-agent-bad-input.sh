@@ -3,7 +3,7 @@
 # non-zero exit within its bound:
 #   no server reachable (--retry-for 2s)      names the server and --retry-for
 #   unknown vDisk (export the server lacks)   fails at once: the server refused the export
-#   an http:// server nobody answers on       names it: no store server answered
+#   an http:// server nobody answers on       waits; with --retry-for names it: no store server answered
 #   NBD URIs and http:// URLs mixed           says to give every --server the same kind
 #   unknown cache type                        lists the valid types
 #   bad target id                             says which characters are allowed
@@ -45,7 +45,9 @@ start_server "$base" --read-only --name golden
 srv_sock=$SOCK srv_pid=$SERVER_PID
 expect_fail 15 "refused the export.*nosuch" \
     "$V" target attach t1 --server "nbd+unix:///vdisk/nosuch@3?socket=$srv_sock"
-expect_fail 15 "no store server answered for target t1.*127.0.0.1:1" "$V" target attach t1 --server http://127.0.0.1:1
+# No store server answering waits (forever by default, a booting target's server may be
+# down; test-agent-boot-wait.sh); --retry-for bounds it.
+expect_fail 15 "no store server answered for target t1.*127.0.0.1:1" "$V" target attach t1 --server http://127.0.0.1:1 --retry-for 2s
 expect_fail 5 "every --server" "$V" target attach t1 --server "nbd+unix:///?socket=$srv_sock" --server http://127.0.0.1:1
 expect_fail 5 "ram-overflow" "$V" target attach t1 --server "nbd+unix:///?socket=$srv_sock" --cache ramdisk
 expect_fail 5 "letters, digits" "$V" target attach 'a/b' --server "nbd+unix:///?socket=$srv_sock"

@@ -48,9 +48,9 @@ record POST /api/v1/vdisks/win/versions '{"note": "n"}'
 record GET /api/v1/vdisks/win/versions
 record POST /api/v1/vdisks/win/versions/1/promote '{"to": "test"}'
 record POST /api/v1/vdisks/win/revert '{"version": 1}'
-record POST /api/v1/targets '{"id": "vm1", "vdisk": "win", "cache": "server", "description": "rack 4"}'
+record POST /api/v1/targets '{"id": "vm1", "vdisk": "win", "cache": "server", "description": "rack 4", "macs": ["52-54-00-12-34-56"], "hostname": "rack4-vm1"}'
 record GET /api/v1/targets
-record PUT /api/v1/targets/vm1 '{"version": "test"}'
+record PUT /api/v1/targets/vm1 '{"version": "test", "add_macs": ["52:54:00:12:34:57"], "overflow_device": "/dev/sda2"}'
 record PUT /api/v1/targets/vm1/agent '{"target": "vm1", "pid": 1, "state": "running", "server": {"endpoint": "nbd://a/", "connected": true, "retries": 1, "reconnects": 0, "failovers": 0, "gave_up": 0}, "cache": {"used_percent": 3.5}}'
 record GET /api/v1/targets/vm1
 record GET /api/v1/vdisks/nope

@@ -41,7 +41,7 @@ ls -A "$STORE/targets" | grep -q tmp && fail "a temporary file was left in $STOR
 
 vds target list --json >"$E2E_TMP/list.json"
 assert_eq "listed ids" "$(json_get "$E2E_TMP/list.json" '[t["id"] for t in j]')" "['vm1', 'vm2']"
-grep -Eq '^vm1 +win +production +ram-overflow +512 MiB +2 GiB +lab PC 1$' <<<"$(vds target list)" || fail "list text: $(vds target list)"
+grep -Eq '^vm1 +win +production +ram-overflow +512 MiB +2 GiB +- +lab PC 1$' <<<"$(vds target list)" || fail "list text: $(vds target list)"
 grep -q "cache:    ram-overflow (RAM 512 MiB, file up to 2 GiB)" <<<"$(vds target show vm1)" || fail "show text: $(vds target show vm1)"
 vds target show vm1 --json >"$E2E_TMP/show.json"
 assert_eq "show --json is the record" "$(json_get "$E2E_TMP/show.json" "j == json.load(open('$STORE/targets/vm1.json'))")" True

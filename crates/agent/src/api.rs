@@ -56,7 +56,9 @@ const REPLACE_WAIT: Duration = Duration::from_secs(1);
 /// A server's NBD address, as seen from an agent that reached its API at `api`: the unix
 /// socket when the API is on this machine (loopback) or the server has no TCP listener,
 /// else TCP, with an unspecified listen address (`0.0.0.0`, `[::]`) replaced by the API's
-/// host.
+/// host, and a loopback one too when the API was reached from elsewhere (the listener is
+/// on the API's machine: behind qemu's user-mode network a network-booted target reaches
+/// the host's 127.0.0.1 as 10.0.2.2, and the server's own loopback is not the target's).
 pub fn nbd_address(doc: &ServerDoc, api: &Url) -> Option<Address> {
     let local = match api.host()? {
         Host::Domain(d) => d == "localhost",
@@ -68,7 +70,9 @@ pub fn nbd_address(doc: &ServerDoc, api: &Url) -> Option<Address> {
         (Some(sock), None) => Some(Address::unix(sock)),
         (Some(sock), Some(_)) if local => Some(Address::unix(sock)),
         (_, Some(listen)) => match listen.parse::<SocketAddr>() {
-            Ok(at) if at.ip().is_unspecified() => Some(Address::tcp(format!("{}:{}", api.host_str()?, at.port()))),
+            Ok(at) if at.ip().is_unspecified() || (at.ip().is_loopback() && !local) => {
+                Some(Address::tcp(format!("{}:{}", api.host_str()?, at.port())))
+            }
             // A given address or host name: as the server says it, if it has a port.
             _ => Url::parse(&format!("nbd://{listen}")).ok()?.port().map(|_| Address::tcp(listen)),
         },
@@ -219,11 +223,52 @@ pub struct Resolved {
 /// Asks the servers at `urls` (every `http://HOST:PORT`) what target `id` is and where it
 /// goes. See the module docs.
 pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved, AgentError> {
+    resolve_waiting(id, urls, flags, None)
+}
+
+/// How [`resolve_waiting`] waits while no store server answers at all (down at boot time).
+#[allow(missing_debug_implementations)]
+pub struct Waiting<'a> {
+    /// Give up after this long (the attach then fails as [`resolve`] does). `None`: never.
+    pub retry_for: Option<Duration>,
+    /// Told one line per round: what it waits for and when it tries again (the console).
+    pub say: &'a dyn Fn(&str),
+}
+
+/// First pause between rounds of [`resolve_waiting`], doubling up to [`WAIT_MAX`], ±25%.
+const WAIT_START: Duration = Duration::from_secs(1);
+const WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// [`resolve`], but while no server answers `GET /api/v1/server` at all, asks again after
+/// a pause (1 s doubling to 5 s, ±25% so that a room of targets booting together does not
+/// knock at once), saying each round what it waits for, until one answers or
+/// `wait.retry_for` runs out. A server that answers (even with an error) ends the wait.
+pub fn resolve_waiting(id: &str, urls: &[String], flags: &Overrides, wait: Option<&Waiting<'_>>) -> Result<Resolved, AgentError> {
     let clients = urls
         .iter()
         .map(|u| Client::new(u).map(|c| c.with_timeout(CALL_TIMEOUT)).map_err(|e| AgentError::BadEndpoint { uri: u.clone(), reason: e.to_string() }))
         .collect::<Result<Vec<_>, _>>()?;
-    let answers = ask_all(&clients, ATTACH_WAIT);
+    let started = std::time::Instant::now();
+    let mut pause = WAIT_START;
+    let answers = loop {
+        let answers = ask_all(&clients, ATTACH_WAIT);
+        let Some(w) = wait.filter(|_| answers.iter().all(Result::is_err)) else { break answers };
+        let left = w.retry_for.map(|limit| limit.saturating_sub(started.elapsed()));
+        if left.is_some_and(|l| l.is_zero()) {
+            break answers;
+        }
+        let jittered = pause.mul_f64(0.75 + fastrand::f64() / 2.0);
+        let sleep = left.map_or(jittered, |l| jittered.min(l));
+        let what: Vec<String> = clients.iter().zip(&answers).map(|(c, a)| format!("{} ({})", c.url(), a.as_ref().err().map_or("", |u| u.brief.as_str()))).collect();
+        (w.say)(&format!(
+            "waiting for store server{} {}; retrying in {:.1} s",
+            if clients.len() > 1 { "s" } else { "" },
+            what.join(", "),
+            sleep.as_secs_f64()
+        ));
+        std::thread::sleep(sleep);
+        pause = (pause * 2).min(WAIT_MAX);
+    };
     let mut failures = Vec::new();
     let docs: Vec<Option<ServerDoc>> = answers
         .into_iter()
@@ -291,20 +336,24 @@ pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved,
 /// `GET /api/v1/server` of every client at once; a server that has not answered within
 /// `within` counts as not answering (its call finishes in the background, bounded by the
 /// client's own timeouts), so a host that swallows packets cannot stall a reconnect.
-fn ask_all(clients: &[Client], within: Duration) -> Vec<Result<ServerDoc, String>> {
+fn ask_all(clients: &[Client], within: Duration) -> Vec<Result<ServerDoc, Unanswered>> {
     let (tx, rx) = std::sync::mpsc::channel();
     for (i, c) in clients.iter().enumerate() {
         let (c, sender) = (c.clone(), tx.clone());
         let spawned = std::thread::Builder::new().name("vdstream-api".into()).spawn(move || {
-            let doc = c.get("/api/v1/server").map_err(|e| e.to_string()).and_then(|v| serde_json::from_value::<ServerDoc>(v).map_err(|e| format!("its /api/v1/server answer: {e}")));
+            let doc = c
+                .get("/api/v1/server")
+                .map_err(|e| Unanswered::from_client(&e))
+                .and_then(|v| serde_json::from_value::<ServerDoc>(v).map_err(|e| Unanswered::new(format!("its /api/v1/server answer: {e}"))));
             let _ = sender.send((i, doc));
         });
         if let Err(e) = spawned {
-            let _ = tx.send((i, Err(format!("cannot start the query: {e}"))));
+            let _ = tx.send((i, Err(Unanswered::new(format!("cannot start the query: {e}")))));
         }
     }
     drop(tx);
-    let mut out: Vec<Result<ServerDoc, String>> = clients.iter().map(|_| Err(format!("no answer within {within:?}"))).collect();
+    let mut out: Vec<Result<ServerDoc, Unanswered>> =
+        clients.iter().map(|_| Err(Unanswered { message: format!("no answer within {within:?}"), brief: "no answer".into() })).collect();
     let deadline = std::time::Instant::now() + within;
     for _ in 0..clients.len() {
         match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
@@ -313,6 +362,38 @@ fn ask_all(clients: &[Client], within: Duration) -> Vec<Result<ServerDoc, String
         }
     }
     out
+}
+
+/// Why a server did not answer `GET /api/v1/server`: the whole message, and a few words
+/// for the console's waiting line ("connection refused").
+#[derive(Debug)]
+struct Unanswered {
+    message: String,
+    brief: String,
+}
+
+impl Unanswered {
+    fn new(message: String) -> Unanswered {
+        Unanswered { brief: message.clone(), message }
+    }
+
+    fn from_client(e: &ClientError) -> Unanswered {
+        let brief = match e {
+            ClientError::Connect { err, .. } | ClientError::Io { err, .. } => match err.kind() {
+                std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
+                std::io::ErrorKind::TimedOut => "timed out".to_string(),
+                _ => err.to_string(),
+            },
+            other => other.to_string(),
+        };
+        Unanswered { message: e.to_string(), brief }
+    }
+}
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// The agent's side of the API once attached: one client per endpoint (same order), for
@@ -425,6 +506,11 @@ mod tests {
         assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::2]:10809")));
         d.nbd.listen = Some("[fd00::9]:10900".into());
         assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::9]:10900")));
+        // A loopback listener seen through a non-loopback API address: the API's host (the
+        // guest of qemu's user-mode network reaches the host's 127.0.0.1 as 10.0.2.2).
+        d.nbd = NbdAddresses { listen: Some("127.0.0.1:10900".into()), socket: None };
+        assert_eq!(at("http://10.0.2.2:8480", &d), Some(Address::tcp("10.0.2.2:10900")));
+        assert_eq!(at("http://127.0.0.1:8480", &d), Some(Address::tcp("127.0.0.1:10900")));
         d.nbd.listen = Some("pvs1:10900".into());
         assert_eq!(at("http://10.0.0.2:8480", &d), Some(Address::tcp("pvs1:10900")));
         // No port, or nothing at all: no NBD address.
@@ -451,7 +537,7 @@ mod tests {
         let t = std::time::Instant::now();
         let answers = ask_all(&clients, Duration::from_millis(500));
         assert!(t.elapsed() < Duration::from_millis(1500), "took {:?}", t.elapsed());
-        assert!(answers[0].as_ref().unwrap_err().contains("no answer"), "{:?}", answers[0]);
+        assert!(answers[0].as_ref().unwrap_err().message.contains("no answer"), "{:?}", answers[0]);
         let b = answers[1].as_ref().unwrap();
         assert_eq!((b.sessions, b.draining, b.nbd.socket.as_deref()), (2, true, Some("/b.sock")));
         server.join().unwrap();

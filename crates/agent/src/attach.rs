@@ -30,6 +30,7 @@ use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
 use crate::api::ApiLink;
 use crate::endpoint::Endpoint;
+use crate::kernel_nbd::KernelNbd;
 use crate::remote::{RemoteBase, RemoteOptions, Reorder};
 use crate::status::{self, CacheStatus, IoStatus, ServerStatus, Status, VdiskStatus};
 use crate::{paths, AgentError};
@@ -46,11 +47,19 @@ pub struct AttachConfig {
     pub cache_dir: PathBuf,
     /// Cap on the overflow or cache file.
     pub overflow_max: Option<u64>,
+    /// `--overflow-device`: a raw disk or partition holds ram-overflow's overflow or
+    /// device-disk's page file instead of a file in `cache_dir` (empty at every start).
+    pub overflow_device: Option<PathBuf>,
     /// Start even when the cache folder's file system has less than
     /// [`vdstream_wcache::space::MIN_FREE`] free (`--allow-low-space`).
     pub allow_low_space: bool,
     pub intermediate_buffering: bool,
     pub socket: PathBuf,
+    /// Serve the unix socket `socket` (false: `--kernel-nbd` alone, no `--socket`).
+    pub serve_socket: bool,
+    /// `--kernel-nbd /dev/nbdN`: present the disk to the kernel's NBD driver there
+    /// ([`crate::kernel_nbd`]); the agent ends when the kernel disconnects it.
+    pub kernel_nbd: Option<PathBuf>,
     pub listen: Option<SocketAddr>,
     pub status_path: PathBuf,
     pub lock_path: PathBuf,
@@ -81,9 +90,12 @@ impl AttachConfig {
             ram: 256 << 20,
             cache_dir: paths::cache_dir(id),
             overflow_max: None,
+            overflow_device: None,
             allow_low_space: false,
             intermediate_buffering: false,
             socket: paths::socket_path(id),
+            serve_socket: true,
+            kernel_nbd: None,
             listen: None,
             status_path: paths::status_path(id),
             lock_path: paths::lock_path(id),
@@ -111,6 +123,10 @@ pub struct Agent {
     /// The recorder on top of `dev`, with `record_trace`.
     trace: Option<Arc<TraceDev>>,
     unix: Option<std::os::unix::net::UnixListener>,
+    /// With `kernel_nbd`: the device, up since [`Agent::open`].
+    kernel: Option<KernelNbd>,
+    /// The status file cannot be written (warned once).
+    status_failing: std::sync::atomic::AtomicBool,
     started_ms: u64,
     _lock: File,
 }
@@ -124,12 +140,35 @@ impl Agent {
             create_private_dir(dir)?;
         }
         let lock = take_lock(&cfg.target, &cfg.lock_path)?;
-        check_socket(&cfg.socket)?;
+        if cfg.serve_socket {
+            check_socket(&cfg.socket)?;
+        }
+        if let Some(dev) = &cfg.kernel_nbd {
+            // Before connecting: a wrong device is refused at once, not after the wait.
+            crate::kernel_nbd::open_device(dev)?;
+        }
         cfg.remote.writable = cfg.passes_through();
         // A folder the user named must have an existing parent (a typo is refused, not
         // created); the default one is created whole. Checked before connecting.
         let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) { DirRule::CreateAll } else { DirRule::ParentMustExist };
-        if !cfg.passes_through() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
+        if let Some(dev) = cfg.overflow_device.clone() {
+            let dev = &dev;
+            if !matches!(cfg.cache, CacheType::RamOverflow | CacheType::DeviceDisk) {
+                return Err(AgentError::OverflowDevice {
+                    id: cfg.target.clone(),
+                    device: dev.clone(),
+                    reason: format!("the {} cache has no use for it: it takes ram-overflow (its overflow) or device-disk (its page file)", cfg.cache),
+                });
+            }
+            // The device's size caps ram-overflow's overflow (and so shows in the status).
+            let (_, size) = vdstream_wcache::device::open_exclusive(dev, false)
+                .map_err(|e| AgentError::OverflowDevice { id: cfg.target.clone(), device: dev.clone(), reason: e.to_string() })?;
+            if cfg.cache == CacheType::RamOverflow {
+                let units = size / vdstream_wcache::overflow::UNIT * vdstream_wcache::overflow::UNIT;
+                cfg.overflow_max = Some(cfg.overflow_max.map_or(units, |m| m.min(units)));
+            }
+        }
+        if !cfg.passes_through() && cfg.overflow_device.is_none() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
             prepare_cache_dir(&cfg.cache_dir, dir_rule).map_err(|source| AgentError::CacheDir { id: cfg.target.clone(), reason: source })?;
         }
         if cfg.cache != CacheType::ServerPersistent {
@@ -151,11 +190,14 @@ impl Agent {
                 dir: cfg.cache_dir.clone(),
                 max_file: cfg.overflow_max,
                 intermediate_buffering: cfg.intermediate_buffering,
+                overflow_device: cfg.overflow_device.clone(),
                 lock_path: None,
                 ..CacheConfig::new(&cfg.target)
             };
             let kind = cfg.cache;
-            match space::check_cache_room(kind, &ccfg, dir_rule, id.size, cfg.allow_low_space) {
+            // A device's room is its size (the cache answers ENOSPC past it); a folder's is checked.
+            let room = if cfg.overflow_device.is_some() { Ok(None) } else { space::check_cache_room(kind, &ccfg, dir_rule, id.size, cfg.allow_low_space) };
+            match room {
                 Ok(None) => {}
                 Ok(Some(warning)) => log::warn!("target {}: {warning}", cfg.target),
                 Err(source) => return Err(AgentError::CacheDir { id: cfg.target.clone(), reason: source }),
@@ -174,11 +216,46 @@ impl Agent {
             None => None,
             Some(path) => Some(Arc::new(TraceDev::create(dev.clone(), path).map_err(|e| AgentError::Trace { id: cfg.target.clone(), message: e.to_string() })?)),
         };
-        check_socket(&cfg.socket)?;
-        let unix = std::os::unix::net::UnixListener::bind(&cfg.socket)
-            .map_err(|e| AgentError::SocketInUse { path: cfg.socket.clone(), reason: format!("cannot listen: {e}") })?;
-        unix.set_nonblocking(true).map_err(|err| AgentError::Io { what: "cannot set up the socket".into(), err })?;
-        Ok(Agent { cfg, remote, cache, dev, trace, unix: Some(unix), started_ms: status::now_ms(), _lock: lock })
+        let unix = if cfg.serve_socket {
+            check_socket(&cfg.socket)?;
+            let unix = std::os::unix::net::UnixListener::bind(&cfg.socket)
+                .map_err(|e| AgentError::SocketInUse { path: cfg.socket.clone(), reason: format!("cannot listen: {e}") })?;
+            unix.set_nonblocking(true).map_err(|err| AgentError::Io { what: "cannot set up the socket".into(), err })?;
+            Some(unix)
+        } else {
+            None
+        };
+        let mut agent = Agent { cfg, remote, cache, dev, trace, unix, kernel: None, status_failing: Default::default(), started_ms: status::now_ms(), _lock: lock };
+        if let Some(device) = agent.cfg.kernel_nbd.clone() {
+            let server = Arc::new(Server::new(agent.exports(), ServerConfig::default()));
+            let k = KernelNbd::start(&device, server, agent.exported());
+            if k.is_err() && agent.cfg.serve_socket {
+                let _ = std::fs::remove_file(&agent.cfg.socket);
+            }
+            agent.kernel = Some(k?);
+            log::info!("target {}: {} is up: the kernel reads and writes this target's disk there", agent.cfg.target, device.display());
+        }
+        Ok(agent)
+    }
+
+    /// What the exports serve: the trace recorder on top, or the device.
+    fn exported(&self) -> Arc<dyn BlockDev> {
+        match &self.trace {
+            Some(t) => t.clone(),
+            None => self.dev.clone(),
+        }
+    }
+
+    /// The local export: "" and the target id.
+    fn exports(&self) -> Arc<AgentExports> {
+        let description = format!(
+            "target {}: vDisk {:?} from {} through a {} write cache",
+            self.cfg.target,
+            self.remote.identity().export,
+            self.remote.endpoint_in_use().0,
+            self.cfg.cache
+        );
+        Arc::new(AgentExports { name: self.cfg.target.clone(), description, dev: self.exported() })
     }
 
     /// The device the local export serves (the cache, or the remote base for the
@@ -202,24 +279,22 @@ impl Agent {
 
     /// Serves the local export until `shutdown` fires, then drains, flushes, removes the
     /// socket and writes the last status. Must run inside a multi-thread tokio runtime.
-    pub async fn serve(&mut self, shutdown: ShutdownSignal) -> Result<(), AgentError> {
-        let description = format!(
-            "target {}: vDisk {:?} from {} through a {} write cache",
-            self.cfg.target,
-            self.remote.identity().export,
-            self.remote.endpoint_in_use().0,
-            self.cfg.cache
-        );
-        let exported: Arc<dyn BlockDev> = match &self.trace {
-            Some(t) => t.clone(),
-            None => self.dev.clone(),
+    pub async fn serve(&mut self, outer: ShutdownSignal) -> Result<(), AgentError> {
+        // The local servers drain when `outer` fires or when the kernel lets go of its device.
+        let (trigger, shutdown) = ShutdownSignal::new();
+        let trigger = Arc::new(trigger);
+        let forward = {
+            let (trigger, mut outer) = (trigger.clone(), outer);
+            tokio::spawn(async move {
+                outer.wait().await;
+                trigger.shutdown();
+            })
         };
-        let exports = Arc::new(AgentExports { name: self.cfg.target.clone(), description, dev: exported });
+        let exports = self.exports();
         let server = Arc::new(Server::new(exports.clone(), ServerConfig::default()));
-        let std_unix = self.unix.take().expect("serve runs once");
-        let unix = tokio::net::UnixListener::from_std(std_unix).map_err(|err| AgentError::Io { what: "cannot serve the socket".into(), err })?;
         let mut tasks = Vec::new();
-        {
+        if let Some(std_unix) = self.unix.take() {
+            let unix = tokio::net::UnixListener::from_std(std_unix).map_err(|err| AgentError::Io { what: "cannot serve the socket".into(), err })?;
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(unix), shutdown).await }));
         }
@@ -247,6 +322,16 @@ impl Agent {
             }
             let now = self.status(Some((&prev.0, prev.1.elapsed())));
             prev = (now, Instant::now());
+            if self.kernel.as_ref().is_some_and(|k| !k.connected()) {
+                log::info!("target {}: the kernel disconnected {}; detaching", self.cfg.target, self.cfg.kernel_nbd.as_deref().unwrap_or(Path::new("")).display());
+                trigger.shutdown();
+                break;
+            }
+        }
+        forward.abort();
+        if let Some(mut k) = self.kernel.take() {
+            // The kernel sends DISC; what it sent before is answered; then the device is cleared.
+            let _ = tokio::task::spawn_blocking(move || k.stop()).await;
         }
         for t in tasks {
             match t.await {
@@ -266,7 +351,9 @@ impl Agent {
                 Err(e) => log::error!("target {}: the trace writer failed: {e}", self.cfg.target),
             }
         }
-        let _ = std::fs::remove_file(&self.cfg.socket);
+        if self.cfg.serve_socket {
+            let _ = std::fs::remove_file(&self.cfg.socket);
+        }
         let mut last = self.status(Some((&prev.0, prev.1.elapsed())));
         last.state = "stopped".into();
         if let Err(e) = status::write(&self.cfg.status_path, &last) {
@@ -281,8 +368,14 @@ impl Agent {
 
     /// Writes the status file and, with the API, reports it to the server in use.
     fn publish(&self, s: &Status) {
-        if let Err(e) = status::write(&self.cfg.status_path, s) {
-            log::warn!("target {}: {e}", self.cfg.target);
+        match status::write(&self.cfg.status_path, s) {
+            // Said once, not every second: after an initramfs's switch_root the run folder
+            // is gone for good, and the console must not fill up with it.
+            Err(e) if !self.status_failing.swap(true, Relaxed) => {
+                log::warn!("target {}: {e} (said once; the agent goes on)", self.cfg.target)
+            }
+            Err(e) => log::debug!("target {}: {e}", self.cfg.target),
+            Ok(()) => self.status_failing.store(false, Relaxed),
         }
         if let Some(api) = &self.cfg.api {
             api.report(self.remote.endpoint_index(), s);
@@ -364,7 +457,7 @@ impl Agent {
             state: if server.lost.is_some() { status::STATE_LOST.into() } else { "running".into() },
             started_unix_ms: self.started_ms,
             updated_unix_ms: status::now_ms(),
-            socket: self.cfg.socket.display().to_string(),
+            socket: if self.cfg.serve_socket { self.cfg.socket.display().to_string() } else { String::new() },
             listen: self.cfg.listen.map(|a| a.to_string()),
             vdisk: VdiskStatus { export: id.export, description: id.description, size: id.size },
             server,

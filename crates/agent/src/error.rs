@@ -58,6 +58,13 @@ pub enum AgentError {
     #[error("no status for target {id} in {path}: is it attached? (start it with `vdstream target attach {id} ...`; set VDSTREAM_RUN_DIR if it runs with another)", path = path.display())]
     NoStatus { id: String, path: PathBuf },
 
+    #[error("target {id}: --overflow-device {device}: {reason}", device = device.display())]
+    OverflowDevice { id: String, device: PathBuf, reason: String },
+
+    /// `--kernel-nbd DEVICE`: the message says what is wrong with it and what to do.
+    #[error("{device} {message}", device = device.display())]
+    KernelNbd { device: PathBuf, message: String },
+
     #[error("{what}: {err}")]
     Io {
         what: String,

@@ -28,6 +28,7 @@ pub mod attach;
 pub mod client;
 pub mod endpoint;
 mod error;
+pub mod kernel_nbd;
 pub mod paths;
 pub mod remote;
 pub mod status;

@@ -85,7 +85,7 @@ pub fn render(s: &Status, alive: bool) -> String {
     let c = &s.cache;
     format!(
         "target {}: {state} (pid {})\n\
-         export:    nbd+unix:///?socket={}{}\n\
+         export:    {}{}\n\
          vDisk:     export {:?}, {} bytes{}\n\
          server:    {} ({}); {} retries, {} reconnects, {} failovers, {} gave up\n\
          servers:   {}\n{}\
@@ -94,7 +94,7 @@ pub fn render(s: &Status, alive: bool) -> String {
          storage:   {}\n",
         s.target,
         s.pid,
-        s.socket,
+        if s.socket.is_empty() { "no socket (a kernel NBD device, --kernel-nbd)".to_string() } else { format!("nbd+unix:///?socket={}", s.socket) },
         s.listen.as_ref().map(|l| format!(" and nbd://{l}/")).unwrap_or_default(),
         s.vdisk.export,
         s.vdisk.size,

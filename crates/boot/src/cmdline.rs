@@ -12,3 +12,7 @@
 //! | `vdstream.overflow=DEV` | a local disk or partition for the cache's overflow, e.g. `/dev/sda2`; treated as empty at every boot |
 //! | `vdstream.hostname=NAME` | the target's host name (personality) |
 //! | `vdstream.machine_id=HEX` | the target's machine-id, 32 hex digits, derived from its id |
+//! | `vdstream.on_fail=WHAT` | what `/init` does after a failure it printed (`vdstream-init: FAILED: ...`): `reboot` (default, after 10 s: boot again from the network), `shell` (a busybox shell on the console; leaving it retries) or `halt` |
+//!
+//! `/init` writes the personality (`/etc/hostname`, `/etc/machine-id`) into the mounted
+//! root, so into the target's write cache: the vDisk is never written.

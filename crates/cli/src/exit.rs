@@ -24,6 +24,7 @@
 use std::fmt;
 
 use vdstream_agent::AgentError;
+use vdstream_boot::BootError;
 use vdstream_agent::client::ClientError;
 use vdstream_store::StoreError;
 use vdstream_tls::pki::PkiError;
@@ -144,6 +145,10 @@ fn of_agent(e: &AgentError) -> Option<Kind> {
         AgentError::NoTargetRecord { .. } | AgentError::NoStatus { .. } => Kind::NotFound,
         AgentError::AlreadyAttached { .. } | AgentError::SocketInUse { .. } => Kind::Conflict,
         AgentError::NoServer { .. } => Kind::Unavailable,
+        AgentError::KernelNbd { message, .. } if message.starts_with("is busy") => Kind::Conflict,
+        AgentError::KernelNbd { message, .. } if message.starts_with("is not an NBD device") || message.starts_with("does not exist") => Kind::Usage,
+        AgentError::KernelNbd { .. } => Kind::Other,
+        AgentError::OverflowDevice { .. } => Kind::Usage,
         AgentError::Cache { .. } | AgentError::Trace { .. } => Kind::Io,
         AgentError::CacheDir { reason, .. } => match reason {
             CacheDirError::NoParent { .. } => Kind::NotFound,
@@ -187,6 +192,15 @@ pub fn classify(err: &anyhow::Error) -> Kind {
         }
         if let Some(e) = cause.downcast_ref::<StoreError>() {
             return of_store(e);
+        }
+        if let Some(e) = cause.downcast_ref::<BootError>() {
+            return match e {
+                BootError::NoKernel { .. } => Kind::NotFound,
+                BootError::Image { .. } => Kind::Io,
+                BootError::Build { .. } => Kind::Other,
+                BootError::Store(e) => of_store(e),
+                BootError::Io { source, .. } => of_io(source),
+            };
         }
         if let Some(e) = cause.downcast_ref::<ClientError>() {
             return of_client(e);

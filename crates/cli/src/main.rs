@@ -8,9 +8,11 @@
 mod output;
 mod audit;
 mod bench;
+mod daemon;
 mod demo;
 #[macro_use]
 mod exit;
+mod initrd;
 mod pki;
 mod ram_sizing;
 mod remote;
@@ -46,6 +48,8 @@ Examples:
   vdstream bench 'nbd+unix:///?socket=/tmp/vdstream.sock' --profile vdi
                                                 the VDI profile: IOPS, MiB/s, latency
   vdstream pki init --farm lab                  a CA; then `pki issue server|target|admin NAME --out DIR`
+  vdstream initrd build --vdisk golden --out initrd.img --kernel-out vmlinuz
+                                                network boot: the version's kernel and an initramfs
 
 Logging: set RUST_LOG=debug (or info, warn) for more detail.
 
@@ -68,6 +72,7 @@ enum Command {
     Demo(demo::DemoArgs),
     Bench(bench::BenchArgs),
     Pki(pki::PkiArgs),
+    Initrd(initrd::InitrdArgs),
 }
 
 fn main() {
@@ -110,6 +115,7 @@ fn main() {
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Pki(args) => pki::run(args),
+        Command::Initrd(args) => initrd::run(args),
     };
     if let Err(err) = result {
         exit::exit_with(&err, json);

@@ -326,6 +326,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
                 intermediate_buffering: args.intermediate_buffering,
                 io_engine: args.io_engine,
                 zero_fill: args.zero_fill,
+                overflow_device: None,
                 lock_path: args.file.clone().or_else(|| opened_layer.as_ref().map(|o| o.path.clone())),
             };
             let rule = if args.overflow_dir.is_some() { DirRule::ParentMustExist } else { DirRule::CreateAll };

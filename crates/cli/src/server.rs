@@ -11,6 +11,7 @@ use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use vdstream_server::config::SizeValue;
 use vdstream_server::policy::AnonymousGrant;
+use vdstream_server::boot::{host_ok, BootConfig, UnknownMac};
 use vdstream_server::{ConfigFile, NbdService, ServerOptions, ServerState, DEFAULT_READ_CACHE};
 
 use crate::exit::{fail, Kind};
@@ -44,6 +45,11 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// target: its own target/ID and its record's vDisk; maintenance/NAME: an administrator),
 /// and --anonymous what clients without one get. Refusals answer NBD_REP_ERR_POLICY naming
 /// the rule and are recorded in the audit trail (`vdstream audit`).
+///
+/// With --boot (off by default) the API's port also serves the network boot of diskless
+/// targets (docs/BOOT.md): GET /boot/ipxe, /boot/target/MAC, /boot/vdisk/NAME/V/vmlinuz and
+/// initrd.img. These routes need no token (a PXE ROM has none), take only GET, and hand out
+/// only boot scripts and boot files; --tftp adds TFTP for legacy PXE ROMs (iPXE binaries).
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment, after_help = "\
 Examples:
@@ -52,6 +58,8 @@ Examples:
   vdstream server --config /etc/vdstream/server.toml --name pvs1
   vdstream server --store /srv/vdstream --http 127.0.0.1:8480     (with the HTTP API)
   vdstream server --store /srv/vdstream --listen 0.0.0.0:10809 --tls require --tls-certificates /etc/vdstream/tls
+  vdstream server --listen 0.0.0.0:10809 --http 0.0.0.0:8480 --insecure --boot --tftp 0.0.0.0:69
+                                                               (network boot, docs/BOOT.md)
 Then:
   nbdinfo --list nbd://127.0.0.1:10809
   qemu-img info nbd://127.0.0.1:10809/vdisk/win11
@@ -71,7 +79,9 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   dead-peer-timeout = 60
   max-connections = 1000
   anonymous = \"none\"
-  insecure = false")]
+  insecure = false
+  boot = true                          (and boot-advertise, boot-server = [...], boot-unknown,
+  tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe)")]
 pub struct ServerArgs {
     /// Store directory. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
     #[arg(long, value_name = "DIR")]
@@ -94,7 +104,7 @@ pub struct ServerArgs {
     http: Option<SocketAddr>,
 
     /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file,
-    /// dead-peer-timeout, max-connections).
+    /// dead-peer-timeout, max-connections, anonymous, insecure, boot and the boot-* keys, tftp).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -146,6 +156,110 @@ pub struct ServerArgs {
 
     #[command(flatten)]
     tls: crate::tls_flags::TlsFlags,
+
+    /// Serve the network boot of targets on the HTTP API's port (needs --http): iPXE scripts
+    /// chosen by MAC (target records' --mac), each version's kernel and initrd. Off by
+    /// default. These routes are unauthenticated and read-only (see docs/BOOT.md).
+    #[arg(long)]
+    boot: bool,
+
+    /// How targets reach this server, named in their scripts and kernel command line (e.g.
+    /// 10.0.2.2 behind qemu's user network, or a DNS name); the API's port when none is
+    /// given. Default: the Host the target's request named.
+    #[arg(long, value_name = "HOST[:PORT]", requires = "boot")]
+    boot_advertise: Option<String>,
+
+    /// Another server of the store (its API URL, http://HOST:PORT) that booted targets
+    /// fail over to, after this one (repeatable).
+    #[arg(long = "boot-server", value_name = "URL", requires = "boot")]
+    boot_servers: Vec<String>,
+
+    /// What a machine whose MAC no record has gets: `refuse` (the default: its console says
+    /// how to add it, it retries; the log names the MAC) or `auto-add` (a new record, a copy
+    /// of --boot-template, id PREFIX-NNN; audited).
+    #[arg(long, value_name = "refuse|auto-add", value_parser = ["refuse", "auto-add"], requires = "boot")]
+    boot_unknown: Option<String>,
+
+    /// The target record that auto-added records copy (vDisk, version, cache, RAM, overflow).
+    #[arg(long, value_name = "ID", requires = "boot")]
+    boot_template: Option<String>,
+
+    /// The id prefix of auto-added records (PREFIX-001, PREFIX-002, …). Default: pxe.
+    #[arg(long, value_name = "PREFIX", requires = "boot")]
+    boot_id_prefix: Option<String>,
+
+    /// Kernel arguments before the vdstream.* ones. Default: "console=tty0 console=ttyS0".
+    #[arg(long, value_name = "TEXT", requires = "boot")]
+    boot_kernel_args: Option<String>,
+
+    /// The folder of iPXE binaries that --tftp serves. Default: /usr/lib/ipxe (Debian's
+    /// ipxe package: undionly.kpxe, ipxe.efi, …).
+    #[arg(long, value_name = "DIR", requires = "boot")]
+    boot_ipxe: Option<PathBuf>,
+
+    /// Serve the iPXE binaries over TFTP (read-only) on this UDP address, for PXE ROMs
+    /// (e.g. 0.0.0.0:69).
+    #[arg(long, value_name = "ADDR", requires = "boot")]
+    tftp: Option<SocketAddr>,
+}
+
+/// The boot service's settings from the flags over the config file (`None` without
+/// --boot or `boot = true`).
+fn boot_config(args: &ServerArgs, file: &ConfigFile, http: Option<SocketAddr>) -> Result<Option<BootConfig>> {
+    // (The boot-* flags need --boot on the command line; the file's keys need boot = true.)
+    if !(args.boot || file.boot == Some(true)) {
+        return Ok(None);
+    }
+    if http.is_none() {
+        usage!("--boot serves on the HTTP API's port: give --http ADDR too (e.g. --http 0.0.0.0:8480)");
+    }
+    let advertise = args.boot_advertise.clone().or_else(|| file.boot_advertise.clone());
+    if let Some(a) = &advertise {
+        let bare_v6 = !a.starts_with('[') && a.matches(':').count() > 1;
+        if !host_ok(a) || bare_v6 {
+            usage!("--boot-advertise {a:?} is not HOST or HOST:PORT (an IPv6 address goes in brackets: [fd00::1]:8480)");
+        }
+    }
+    let servers = if args.boot_servers.is_empty() { file.boot_server.clone().unwrap_or_default() } else { args.boot_servers.clone() };
+    for s in &servers {
+        let rest = s.strip_prefix("http://").or_else(|| s.strip_prefix("https://"));
+        if !rest.is_some_and(|r| host_ok(r.trim_end_matches('/'))) {
+            usage!("--boot-server {s:?} is not a server's API URL such as http://10.0.0.2:8480");
+        }
+    }
+    let template = args.boot_template.clone().or_else(|| file.boot_template.clone());
+    let unknown = match args.boot_unknown.as_deref().or(file.boot_unknown.as_deref()) {
+        Some("auto-add") => {
+            let Some(template) = template else {
+                usage!("--boot-unknown auto-add copies a template record: name it with --boot-template ID (e.g. a record made with `vdstream target add lab-template --vdisk NAME --cache ram-overflow`)");
+            };
+            let prefix = args.boot_id_prefix.clone().or_else(|| file.boot_id_prefix.clone()).unwrap_or_else(|| "pxe".into());
+            vdstream_store::names::validate_target_id(&format!("{prefix}-001")).map_err(|e| anyhow!("--boot-id-prefix {prefix:?}: {e}"))?;
+            UnknownMac::AutoAdd { template, prefix }
+        }
+        None | Some("refuse") => {
+            if template.is_some() {
+                usage!("--boot-template is for --boot-unknown auto-add");
+            }
+            UnknownMac::Refuse
+        }
+        Some(other) => usage!("boot-unknown = {other:?} in the config file: say \"refuse\" or \"auto-add\""),
+    };
+    let tftp = match (args.tftp, &file.tftp) {
+        (Some(a), _) => Some(a),
+        (None, Some(text)) => Some(text.parse::<SocketAddr>().map_err(|e| anyhow!("tftp = {text:?} in the config file: {e} (say e.g. \"0.0.0.0:69\")"))?),
+        (None, None) => None,
+    };
+    let defaults = BootConfig::default();
+    Ok(Some(BootConfig {
+        advertise,
+        servers: servers.iter().map(|s| s.trim_end_matches('/').to_string()).collect(),
+        unknown,
+        kernel_args: args.boot_kernel_args.clone().or_else(|| file.boot_kernel_args.clone()).unwrap_or(defaults.kernel_args),
+        ipxe_dir: args.boot_ipxe.clone().or_else(|| file.boot_ipxe.clone()).unwrap_or(defaults.ipxe_dir),
+        tftp,
+        retry_secs: defaults.retry_secs,
+    }))
 }
 
 /// Merges the flags over the config file.
@@ -167,6 +281,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         Some(SizeValue::Text(t)) => Some(parse_size(t).map_err(|e| anyhow!("read-cache in the config file: {e}"))?),
         None => None,
     };
+    let boot = boot_config(args, &file, args.http.or(http_from_file))?;
     let socket = args.socket.clone().or(file.socket);
     let mut listen = args.listen.or(listen_from_file);
     if listen.is_none() && socket.is_none() {
@@ -182,6 +297,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         _ => args.tls.server()?,
     };
     Ok(ServerOptions {
+        boot,
         store,
         listen,
         socket,
@@ -261,6 +377,24 @@ pub fn run(args: ServerArgs) -> Result<()> {
             }
             None => None,
         };
+        if let Some(b) = &opts.boot {
+            if let Some(h) = &http {
+                let scheme = if opts.http_tls.is_some() { "https" } else { "http" };
+                let host = b.advertise.clone().unwrap_or_else(|| h.local_addr().to_string());
+                outln!("vdstream: boot service on {scheme}://{host}/boot/ipxe (unknown MACs: {})", match &b.unknown {
+                    UnknownMac::Refuse => "refused".to_string(),
+                    UnknownMac::AutoAdd { template, prefix } => format!("auto-added as {prefix}-NNN from {template}"),
+                });
+            }
+        }
+        let tftp = match opts.boot.as_ref().and_then(|b| b.tftp.map(|a| (a, b.ipxe_dir.clone()))) {
+            Some((addr, dir)) => {
+                let t = vdstream_server::boot::tftp::bind(addr, &dir).await.map_err(|e| anyhow!(e))?;
+                outln!("vdstream: TFTP on {} serving the iPXE binaries of {}", t.addr, dir.display());
+                Some(tokio::spawn(t.serve()))
+            }
+            None => None,
+        };
         let stats = opts.stats_file.clone().map(|path| {
             let state = state.clone();
             tokio::spawn(async move {
@@ -281,6 +415,9 @@ pub fn run(args: ServerArgs) -> Result<()> {
         }
         drained?;
         if let Some(task) = stats {
+            task.abort();
+        }
+        if let Some(task) = tftp {
             task.abort();
         }
         if let Some(path) = &opts.stats_file {
@@ -339,6 +476,31 @@ mod tests {
         let o = options(&parse(&["--store", "/s"])).unwrap();
         assert_eq!((o.anonymous, o.insecure), (AnonymousGrant::None, false), "nothing for anonymous clients, no plaintext off loopback");
         assert!(Cli::try_parse_from(["server", "--anonymous", "some"]).is_err());
+    }
+
+    #[test]
+    fn boot_flags_and_keys_make_the_boot_config() {
+        let o = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0"])).unwrap();
+        assert_eq!(o.boot, None, "off by default");
+        let o = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-advertise", "10.0.2.2", "--boot-server", "http://10.0.0.9:8480/", "--tftp", "127.0.0.1:6969"])).unwrap();
+        let b = o.boot.unwrap();
+        assert_eq!((b.advertise.as_deref(), b.servers, b.unknown, b.tftp), (Some("10.0.2.2"), vec!["http://10.0.0.9:8480".to_string()], UnknownMac::Refuse, Some("127.0.0.1:6969".parse().unwrap())));
+        let e = options(&parse(&["--store", "/s", "--boot"])).unwrap_err().to_string();
+        assert!(e.contains("give --http ADDR"), "{e}");
+        let e = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-unknown", "auto-add"])).unwrap_err().to_string();
+        assert!(e.contains("--boot-template ID"), "{e}");
+        let o = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-unknown", "auto-add", "--boot-template", "tmpl", "--boot-id-prefix", "lab"])).unwrap();
+        assert_eq!(o.boot.unwrap().unknown, UnknownMac::AutoAdd { template: "tmpl".into(), prefix: "lab".into() });
+        for bad in ["a b", "fd00::1", "x/y"] {
+            assert!(options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-advertise", bad])).is_err(), "{bad}");
+        }
+        assert!(options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-server", "10.0.0.9:8480"])).is_err(), "no scheme");
+        assert!(Cli::try_parse_from(["server", "--tftp", "0.0.0.0:69"]).is_err(), "--tftp needs --boot");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.toml");
+        std::fs::write(&file, "http = \"127.0.0.1:0\"\nboot = true\nboot-unknown = \"auto-add\"\nboot-template = \"t\"\ntftp = \"127.0.0.1:69\"\n").unwrap();
+        let b = options(&parse(&["--store", "/s", "--config", file.to_str().unwrap()])).unwrap().boot.unwrap();
+        assert_eq!((b.unknown, b.tftp), (UnknownMac::AutoAdd { template: "t".into(), prefix: "pxe".into() }, Some("127.0.0.1:69".parse().unwrap())));
     }
 
     #[test]

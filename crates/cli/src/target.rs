@@ -31,6 +31,7 @@ enum TargetCommand {
     Set(target_record::SetArgs),
     Remove(target_record::RemoveArgs),
     Attach(AttachArgs),
+    Detach(DetachArgs),
     Status(StatusArgs),
 }
 
@@ -60,7 +61,14 @@ Two servers of the same image (failover):
 Store servers (`vdstream server --http`): the target's record says what to attach, the least busy server serves it:
   vdstream target add vm1 --vdisk win11 --cache device-disk
   vdstream target attach vm1 --server http://10.0.0.1:8480 --server http://10.0.0.2:8480
-  vdstream target attach lab7 --server http://10.0.0.1:8480 --vdisk win11@test --cache device-ram   (no record)")]
+  vdstream target attach lab7 --server http://10.0.0.1:8480 --vdisk win11@test --cache device-ram   (no record)
+A network-booted target (what its initramfs runs): the disk becomes /dev/nbd0, its cache in RAM spilling to
+a scratch partition; the command returns once /dev/nbd0 serves, and waits (saying so) while no server answers:
+  modprobe nbd
+  vdstream target attach lab7 --server http://10.0.0.1:8480 --server http://10.0.0.2:8480 --vdisk debian12@4 \\
+      --cache ram-overflow --ram 2G --overflow-device /dev/sda2 --kernel-nbd /dev/nbd0 --daemon
+  mount /dev/nbd0 /sysroot
+  vdstream target detach lab7 --kernel-nbd /dev/nbd0     (to stop it; SIGTERM is ignored)")]
 pub struct AttachArgs {
     /// Target id (letters, digits, '.', '_', '-'): names the socket, status and cache files.
     #[arg(value_name = "ID")]
@@ -82,6 +90,22 @@ pub struct AttachArgs {
     /// $XDG_RUNTIME_DIR/vdstream, /run/vdstream (root) or /tmp/vdstream-UID.
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+
+    /// Present the disk to the Linux kernel as this NBD block device (e.g. /dev/nbd0, after
+    /// `modprobe nbd`) instead of the unix socket (give --socket as well to keep it): a
+    /// network-booted target mounts it as its root. No nbd-client is needed; the agent
+    /// configures the device itself (root only). The agent runs until the device is
+    /// disconnected (`vdstream target detach ID`, or SIGINT/SIGTERM in the foreground).
+    #[arg(long, value_name = "DEVICE")]
+    kernel_nbd: Option<PathBuf>,
+
+    /// With --kernel-nbd: run in the background as the root disk's backend. The command
+    /// exits 0 once the device is connected and serving (non-zero, with the reason, if it
+    /// cannot be); the agent goes on as `@vdstream` (spared by systemd's shutdown), with
+    /// oom_score_adj -1000, ignoring SIGTERM, SIGINT and SIGHUP: stop it with `vdstream
+    /// target detach ID`.
+    #[arg(long, requires = "kernel_nbd")]
+    daemon: bool,
 
     /// Also serve on TCP, e.g. 127.0.0.1:10810. Any address but loopback needs TLS, or
     /// --insecure.
@@ -109,6 +133,14 @@ pub struct AttachArgs {
     /// A folder named here is created only if its parent exists (a typo is refused).
     #[arg(long, value_name = "DIR")]
     overflow_dir: Option<PathBuf>,
+
+    /// A raw local disk or partition (e.g. /dev/sda2) for ram-overflow's overflow or
+    /// device-disk's cache, instead of a file in --overflow-dir: no file system needed, its
+    /// old contents are ignored (the cache starts empty at every attach), its size is the
+    /// cap (ENOSPC past it). Opened exclusively: a mounted partition is refused. device-disk
+    /// needs a device at least as large as the vDisk.
+    #[arg(long, value_name = "DEVICE", conflicts_with = "overflow_dir")]
+    overflow_device: Option<PathBuf>,
 
     /// Start even when the cache folder's file system has less than 64 MiB free (attach
     /// refuses then; with less free space than the cache may use it only warns).
@@ -198,6 +230,73 @@ fn attach_tls(a: &AttachArgs) -> Result<(Option<std::sync::Arc<vdstream_tls::rus
     Ok((upstream, local))
 }
 
+/// Stop the agent of target ID: its kernel NBD device is disconnected (the kernel sends
+/// its last requests, the agent answers them, flushes and exits), or, without one, the
+/// agent gets SIGTERM. Waits until the agent has exited.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  vdstream target detach vm1
+  vdstream target detach lab7 --kernel-nbd /dev/nbd0     (after switch_root, where the agent's run folder is out of sight)")]
+pub struct DetachArgs {
+    /// The target's id, as given to `target attach`.
+    #[arg(value_name = "ID")]
+    id: String,
+
+    /// The kernel NBD device the agent serves (default: the one the agent's pid serves,
+    /// found in /sys/block/nbd*/pid).
+    #[arg(long, value_name = "DEVICE")]
+    kernel_nbd: Option<PathBuf>,
+
+    /// How long to wait for the agent to exit.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
+    timeout: Duration,
+}
+
+fn detach(d: DetachArgs) -> Result<()> {
+    use vdstream_agent::kernel_nbd;
+    paths::check_target_id(&d.id)?;
+    // The pid in the target's lock file, if that agent still runs.
+    let locked = std::fs::read_to_string(paths::lock_path(&d.id)).ok().and_then(|t| t.trim().parse::<u32>().ok()).filter(|p| status::pid_alive(*p));
+    let device = d.kernel_nbd.clone().or_else(|| locked.and_then(kernel_nbd::device_served_by));
+    let pid = match &device {
+        Some(dev) => {
+            let pid = kernel_nbd::server_pid(dev).or(locked);
+            kernel_nbd::disconnect(dev)?;
+            outln!("vdstream: target {}: {} disconnected; the agent answers what the kernel sent, flushes and exits", d.id, dev.display());
+            pid
+        }
+        None => {
+            let Some(pid) = locked else {
+                return Err(fail(Kind::Unavailable, format!(
+                    "target {} has no running agent here (no live pid in {}): nothing to detach; for an agent that backs a kernel NBD device, give --kernel-nbd /dev/nbdN",
+                    d.id,
+                    paths::lock_path(&d.id).display()
+                )));
+            };
+            // SAFETY: kill with a pid read from the target's lock file and a valid signal.
+            if unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) } != 0 {
+                return Err(anyhow::Error::new(std::io::Error::last_os_error()).context(format!("cannot signal the agent of target {} (pid {pid})", d.id)));
+            }
+            outln!("vdstream: target {}: SIGTERM sent to its agent (pid {pid})", d.id);
+            Some(pid)
+        }
+    };
+    let Some(pid) = pid else { return Ok(()) };
+    let started = std::time::Instant::now();
+    while status::pid_alive(pid) {
+        if started.elapsed() >= d.timeout {
+            return Err(fail(Kind::Unavailable, format!(
+                "target {}: its agent (pid {pid}) still runs after {:?}: it may be waiting for a server to take its last flush (see `vdstream target status {}`)",
+                d.id, d.timeout, d.id
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    outln!("vdstream: target {}: detached", d.id);
+    Ok(())
+}
+
 /// Show the figures of a running (or the last) agent of target ID.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -231,12 +330,26 @@ pub fn run(args: TargetArgs) -> Result<()> {
         TargetCommand::Set(a) => target_record::set(a),
         TargetCommand::Remove(a) => target_record::remove(a),
         TargetCommand::Attach(a) => attach(a),
+        TargetCommand::Detach(d) => detach(d),
         TargetCommand::Status(s) => show_status(s),
     }
 }
 
 fn attach(a: AttachArgs) -> Result<()> {
     paths::check_target_id(&a.id)?;
+    // --daemon: the command starts the daemon and waits for it (daemon.rs); the daemon
+    // itself runs the attach below, told so by the environment.
+    let ready = match (a.daemon, a.daemon.then(crate::daemon::ready_fd).flatten()) {
+        (true, None) => return crate::daemon::start(&a.id),
+        (true, Some(fd)) => {
+            crate::daemon::become_daemon(&a.id);
+            Some(fd)
+        }
+        (false, _) => None,
+    };
+    if a.kernel_nbd.is_some() {
+        crate::daemon::io_flusher(&a.id);
+    }
     // Before anything is asked or opened; a local export over TLS (--listen-tls) may listen anywhere.
     if let Some(addr) = a.listen.filter(|l| a.listen_tls == vdstream_nbd::TlsMode::Off && !a.insecure && !vdstream_server::config::is_loopback(l)) {
         let e = vdstream_server::config::InsecureListen { what: "NBD", addr };
@@ -251,7 +364,10 @@ fn attach(a: AttachArgs) -> Result<()> {
         }
         let flags = Overrides { vdisk: a.vdisk.clone(), cache: a.cache, ram: a.ram, overflow_max: a.overflow_max };
         outln!("vdstream: target {}: asking {}", a.id, a.servers.join(", "));
-        let r = api::resolve(&a.id, &a.servers, &flags).with_context(|| format!("cannot attach target {}", a.id))?;
+        // No server answering at all (down at boot time) is waited for, one console line a round.
+        let say = |line: &str| errln!("vdstream: target {}: {line}", a.id);
+        let wait = api::Waiting { retry_for: a.retry_for, say: &say };
+        let r = api::resolve_waiting(&a.id, &a.servers, &flags, Some(&wait)).with_context(|| format!("cannot attach target {}", a.id))?;
         let p = &r.plan;
         outln!(
             "vdstream: target {}: vDisk {}{} with a {} cache (from the {}); servers, least busy first:",
@@ -293,11 +409,14 @@ fn attach(a: AttachArgs) -> Result<()> {
     if let Some(dir) = a.overflow_dir {
         cfg.cache_dir = dir;
     }
+    cfg.overflow_device = a.overflow_device.clone();
     cfg.allow_low_space = a.allow_low_space;
     cfg.intermediate_buffering = a.intermediate_buffering;
+    cfg.serve_socket = a.kernel_nbd.is_none() || a.socket.is_some();
     if let Some(sock) = a.socket {
         cfg.socket = sock;
     }
+    cfg.kernel_nbd = a.kernel_nbd.clone();
     cfg.listen = a.listen;
     cfg.remote.retry_for = a.retry_for;
     cfg.remote.request_timeout = Some(a.request_timeout);
@@ -311,22 +430,40 @@ fn attach(a: AttachArgs) -> Result<()> {
     let mut agent = Agent::open(cfg).with_context(|| format!("cannot attach target {}", a.id))?;
     let id = agent.remote().identity();
     let c = agent.config();
+    let mut served = Vec::new();
+    if let Some(dev) = &c.kernel_nbd {
+        served.push(format!("the kernel NBD device {}", dev.display()));
+    }
+    if c.serve_socket {
+        served.push(format!("nbd+unix:///?socket={}", c.socket.display()));
+    }
+    if let Some(l) = c.listen {
+        served.push(format!("nbd://{l}/"));
+    }
     outln!(
-        "vdstream: target {}: vDisk export {:?} ({} bytes{}) from {}, {} write cache; serving nbd+unix:///?socket={}{}",
+        "vdstream: target {}: vDisk export {:?} ({} bytes{}) from {}, {} write cache; serving {}",
         c.target,
         id.export,
         id.size,
         id.description.as_ref().map(|d| format!(", {d}")).unwrap_or_default(),
         agent.remote().endpoint_in_use().0,
         c.cache,
-        c.socket.display(),
-        c.listen.map(|l| format!(" and nbd://{l}/")).unwrap_or_default()
+        served.join(" and ")
     );
     outln!("vdstream: status: vdstream target status {} (file {})", c.target, c.status_path.display());
-    let socket = c.socket.clone();
+    let socket = c.serve_socket.then(|| c.socket.clone());
+    if let Some(fd) = ready {
+        crate::daemon::report_ready(fd);
+    }
     // The agent's one runtime: its remote base's connections run on it already.
     vdstream_agent::remote::runtime()?.block_on(async {
         let (trigger, shutdown) = ShutdownSignal::new();
+        if a.daemon {
+            // No signal stops the daemon: the kernel disconnecting its device does.
+            let served = agent.serve(shutdown).await;
+            drop(trigger);
+            return served;
+        }
         let signals = tokio::spawn(async move {
             if let Err(e) = crate::serve_image::wait_for_signal().await {
                 log::error!("{e:#}");
@@ -341,7 +478,9 @@ fn attach(a: AttachArgs) -> Result<()> {
                     "a second signal: leaving now, without waiting for the requests in flight and the last flush; \
                      what the server answered since the guest's last flush may not be durable"
                 );
-                let _ = std::fs::remove_file(&socket);
+                if let Some(socket) = &socket {
+                    let _ = std::fs::remove_file(socket);
+                }
                 std::process::exit(1);
             }
         });

@@ -23,6 +23,8 @@ Examples:
   vdstream target add vm1 --vdisk win11 --cache ram-overflow --ram 512M
   vdstream target add lab-07 --vdisk win11 --cache device-disk --version test --description 'lab PC 7'
   vdstream target add render3 --vdisk ubuntu --cache server
+  vdstream target add lab-pc-07 --vdisk debian --cache ram-overflow --ram 1G --mac 52:54:00:12:34:56
+                                  network-booted (vdstream server --boot) by its MAC
   vdstream target add pc-07 --vdisk win11 --cache device-disk --issue-cert ./pc-07-tls
                                   and its TLS certificate (vdstream pki --help), for its agent")]
 pub struct AddArgs {
@@ -68,6 +70,19 @@ pub struct Fields {
     /// Free text, e.g. where the machine is (empty with `set`: none).
     #[arg(long, value_name = "TEXT")]
     pub description: Option<String>,
+    /// A MAC address of the target's network card, by which `vdstream server --boot`
+    /// finds its record when it PXE-boots (repeatable; `-` separators taken; with `set`:
+    /// added). One MAC belongs to one target.
+    #[arg(long = "mac", value_name = "MAC")]
+    pub macs: Vec<String>,
+    /// Host name a network-booted target takes (default: its id; empty with `set`: none).
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Option<String>,
+    /// A local disk or partition of a network-booted target for its cache's overflow,
+    /// e.g. /dev/sda2: formatted on first use, treated as empty at every boot (empty with
+    /// `set`: none).
+    #[arg(long, value_name = "DEV")]
+    pub overflow_device: Option<String>,
 }
 
 /// Show one target record.
@@ -96,13 +111,17 @@ pub struct ListArgs {
 #[command(after_help = "\
 Examples:
   vdstream target set vm1 --version test           boot what test targets boot, from its next attach
-  vdstream target set vm1 --cache device-disk      RAM size dropped: device-disk has none")]
+  vdstream target set vm1 --cache device-disk      RAM size dropped: device-disk has none
+  vdstream target set lab-pc-07 --mac 52:54:00:12:34:57 --remove-mac 52:54:00:12:34:56   a new network card")]
 pub struct SetArgs {
     /// The target's id, as `target list` shows it (e.g. vm1).
     #[arg(value_name = "ID")]
     pub id: String,
     #[command(flatten)]
     pub fields: Fields,
+    /// Take this MAC address off the record (repeatable).
+    #[arg(long = "remove-mac", value_name = "MAC")]
+    pub remove_macs: Vec<String>,
     #[command(flatten)]
     pub opts: StoreOpts,
     #[command(flatten)]
@@ -131,12 +150,23 @@ impl Fields {
         let (Some(vdisk), Some(cache)) = (self.vdisk, self.cache) else {
             usage!("a new target needs --vdisk NAME and --cache TYPE");
         };
-        Ok(NewTarget { id, vdisk, cache, version: selector(self.version)?, ram: self.ram, overflow_max: self.overflow_max, description: self.description })
+        Ok(NewTarget {
+            id,
+            vdisk,
+            cache,
+            version: selector(self.version)?,
+            ram: self.ram,
+            overflow_max: self.overflow_max,
+            description: self.description,
+            macs: self.macs,
+            hostname: self.hostname.filter(|h| !h.is_empty()),
+            overflow_device: self.overflow_device.filter(|d| !d.is_empty()),
+        })
     }
 
     /// The body of `target set` (the API's PUT /api/v1/targets/ID). An empty
-    /// `--description` clears it.
-    pub fn change(self) -> Result<TargetChange> {
+    /// `--description` (`--hostname`, `--overflow-device`) clears it.
+    pub fn change(self, remove_macs: Vec<String>) -> Result<TargetChange> {
         Ok(TargetChange {
             vdisk: self.vdisk,
             cache: self.cache,
@@ -144,6 +174,10 @@ impl Fields {
             ram: self.ram.map(Some),
             overflow_max: self.overflow_max.map(Some),
             description: self.description.map(|d| Some(d).filter(|d| !d.is_empty())),
+            add_macs: self.macs,
+            remove_macs,
+            hostname: self.hostname.map(|d| Some(d).filter(|d| !d.is_empty())),
+            overflow_device: self.overflow_device.map(|d| Some(d).filter(|d| !d.is_empty())),
         })
     }
 }
@@ -166,6 +200,7 @@ pub fn add(a: AddArgs) -> Result<()> {
         Some(c) => c.post("/api/v1/targets", &json!({
             "id": t.id, "vdisk": t.vdisk, "cache": t.cache, "version": t.version, "ram": t.ram,
             "overflow_max": t.overflow_max, "description": t.description,
+            "macs": t.macs, "hostname": t.hostname, "overflow_device": t.overflow_device,
         }))?,
         None => documents::target_add(&a.opts.open()?, t)?,
     };
@@ -205,11 +240,17 @@ pub fn print_list(o: &StoreOpts, doc: Value) -> Result<()> {
         if list.is_empty() {
             return "no targets; add one with `vdstream target add ID --vdisk NAME --cache TYPE`".into();
         }
-        let mut lines = vec![format!("{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {}", "ID", "VDISK", "VERSION", "CACHE", "RAM", "OVERFLOW-MAX", "DESCRIPTION")];
+        let mut lines = vec![format!("{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {:<17}  {}", "ID", "VDISK", "VERSION", "CACHE", "RAM", "OVERFLOW-MAX", "MAC", "DESCRIPTION")];
         for r in &list {
-            lines.push(format!("{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {}", r.id, r.vdisk, r.version.to_string(), r.cache.name(),
+            let macs = match r.macs.len() {
+                0 => "-".to_string(),
+                1 => r.macs[0].clone(),
+                n => format!("{} +{}", r.macs[0], n - 1),
+            };
+            lines.push(format!("{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {:<17}  {}", r.id, r.vdisk, r.version.to_string(), r.cache.name(),
                 r.ram.map(format_size).unwrap_or_else(|| "-".into()),
                 r.overflow_max.map(format_size).unwrap_or_else(|| "-".into()),
+                macs,
                 r.description.as_deref().unwrap_or("")));
         }
         lines.join("\n")
@@ -235,9 +276,16 @@ pub fn print_show(o: &StoreOpts, doc: Value) -> Result<()> {
             format!("target {}{}", r.id, r.description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default()),
             format!("  boots:    vDisk {} ({})", r.vdisk, describe_version(r.version)),
             format!("  cache:    {}", cache_words(&r)),
+            format!("  macs:     {}", if r.macs.is_empty() { "none (not network-booted by MAC)".to_string() } else { r.macs.join(", ") }),
+            format!("  hostname: {}", r.hostname.as_deref().unwrap_or(&r.id)),
+        ];
+        if let Some(d) = &r.overflow_device {
+            lines.push(format!("  overflow: {d} (the target's own disk)"));
+        }
+        lines.extend([
             format!("  created:  {} by {}", r.created, r.created_by),
             format!("  changed:  {} by {} (generation {})", r.updated, r.updated_by, r.generation),
-        ];
+        ]);
         if let Some(a) = agent {
             lines.push(format!("  agent:    {} on {}, {} retries, {} reconnects, {} failovers; cache {:.1}% used",
                 a.state, a.server.endpoint, a.server.retries, a.server.reconnects, a.server.failovers, a.cache.used_percent));
@@ -248,9 +296,9 @@ pub fn print_show(o: &StoreOpts, doc: Value) -> Result<()> {
 }
 
 pub fn set(a: SetArgs) -> Result<()> {
-    let change = a.fields.change()?;
+    let change = a.fields.change(a.remove_macs)?;
     if change.is_empty() {
-        usage!("nothing to set: give --vdisk, --cache, --version, --ram, --overflow-max or --description");
+        usage!("nothing to set: give --vdisk, --cache, --version, --ram, --overflow-max, --description, --mac, --remove-mac, --hostname or --overflow-device");
     }
     let doc = match a.api.client()? {
         Some(c) => c.put(&format!("/api/v1/targets/{}", seg(&a.id)), &change_json(&change))?,
@@ -301,6 +349,18 @@ fn change_json(c: &TargetChange) -> Value {
     if let Some(v) = &c.description {
         doc["description"] = json!(v);
     }
+    if !c.add_macs.is_empty() {
+        doc["add_macs"] = json!(c.add_macs);
+    }
+    if !c.remove_macs.is_empty() {
+        doc["remove_macs"] = json!(c.remove_macs);
+    }
+    if let Some(v) = &c.hostname {
+        doc["hostname"] = json!(v);
+    }
+    if let Some(v) = &c.overflow_device {
+        doc["overflow_device"] = json!(v);
+    }
     doc
 }
 
@@ -326,5 +386,6 @@ fn cache_words(r: &TargetRecord) -> String {
 }
 
 fn summary(r: &TargetRecord) -> String {
-    format!("vDisk {} ({}), {} write cache", r.vdisk, describe_version(r.version), cache_words(r))
+    let macs = if r.macs.is_empty() { String::new() } else { format!(", MAC {}", r.macs.join(", ")) };
+    format!("vDisk {} ({}), {} write cache{macs}", r.vdisk, describe_version(r.version), cache_words(r))
 }

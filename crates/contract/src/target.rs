@@ -2,6 +2,11 @@
 //! boots, which version of it, and its write cache; and the API bodies that add and change
 //! one. The store writes and checks them (`vdstream_store::targets`); the server serves
 //! them, and the agent and the CLI read them with these types.
+//!
+//! A record may name the MAC addresses of the target's network cards (`macs`): the boot
+//! service (`vdstream server --boot`) finds the record of a PXE-booting machine by them.
+//! A MAC is kept in one form, [`normalize_mac`]'s (`52:54:00:12:34:56`), and belongs to
+//! one record at most. Records written before MACs existed load with none.
 
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +32,17 @@ pub struct TargetRecord {
     pub overflow_max: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// MAC addresses of its network cards, normalised ([`normalize_mac`]), sorted; each
+    /// unique across the store's records. Absent in older records: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub macs: Vec<String>,
+    /// Host name a network-booted target takes (`vdstream.hostname=`); absent: its id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// A local disk or partition of a network-booted target for its cache's overflow
+    /// (`vdstream.overflow=`, e.g. `/dev/sda2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflow_device: Option<String>,
     pub created: Timestamp,
     pub created_by: String,
     pub updated: Timestamp,
@@ -51,6 +67,13 @@ pub struct NewTarget {
     pub overflow_max: Option<u64>,
     #[serde(default)]
     pub description: Option<String>,
+    /// MAC addresses (any of the forms [`normalize_mac`] takes).
+    #[serde(default)]
+    pub macs: Vec<String>,
+    #[serde(default)]
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub overflow_device: Option<String>,
 }
 
 /// `target set`: what to change; an absent field stays. For `ram`, `overflow_max` and
@@ -70,6 +93,16 @@ pub struct TargetChange {
     pub overflow_max: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
     pub description: Option<Option<String>>,
+    /// MACs to add to the record (`--mac`).
+    #[serde(default)]
+    pub add_macs: Vec<String>,
+    /// MACs to take off the record (`--remove-mac`).
+    #[serde(default)]
+    pub remove_macs: Vec<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub hostname: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    pub overflow_device: Option<Option<String>>,
 }
 
 impl TargetChange {
@@ -81,4 +114,59 @@ impl TargetChange {
 /// A field that is present (even as `null`) becomes `Some(value)`.
 fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
+}
+
+/// A MAC address that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a MAC address: give six two-digit hex bytes separated by ':' or '-', e.g. 52:54:00:12:34:56")]
+pub struct BadMac {
+    pub text: String,
+}
+
+/// A MAC address in the one form records keep: six lowercase two-digit hex bytes joined
+/// by `:`. Takes `:` or `-` separators (iPXE's `${net0/mac:hexhyp}` gives `-`) and either
+/// case; refuses anything else, and the broadcast and all-zero addresses.
+pub fn normalize_mac(text: &str) -> Result<String, BadMac> {
+    let bad = || BadMac { text: text.chars().take(64).collect() };
+    let t = text.trim();
+    let sep = if t.contains('-') { '-' } else { ':' };
+    let parts: Vec<&str> = t.split(sep).collect();
+    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return Err(bad());
+    }
+    let mac = parts.join(":").to_ascii_lowercase();
+    if mac == "00:00:00:00:00:00" || mac == "ff:ff:ff:ff:ff:ff" {
+        return Err(bad());
+    }
+    Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_take_one_form() {
+        for t in ["52:54:00:12:34:56", "52-54-00-12-34-56", "52:54:00:12:34:5A".to_lowercase().as_str(), " 52:54:00:12:34:56 "] {
+            assert!(normalize_mac(t).unwrap().starts_with("52:54:00:12:34:5"), "{t}");
+        }
+        assert_eq!(normalize_mac("52-54-00-AB-CD-EF").unwrap(), "52:54:00:ab:cd:ef");
+        for t in ["", "52:54:00:12:34", "52:54:00:12:34:56:78", "52:54:00:12:34:5g", "5254.0012.3456", "52:54-00:12:34:56", "525:4:00:12:34:56", "00:00:00:00:00:00", "FF:FF:FF:FF:FF:FF"] {
+            let e = normalize_mac(t).unwrap_err().to_string();
+            assert!(e.contains("is not a MAC address") && e.contains("52:54:00:12:34:56"), "{t}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_record_without_macs_loads_and_writes_none() {
+        let old = r#"{"format":"vdstream-target","format_version":1,"id":"vm1","vdisk":"win","version":"production","cache":"ram-overflow",
+            "created":"2026-01-01T00:00:00Z","created_by":"a","updated":"2026-01-01T00:00:00Z","updated_by":"a","generation":1}"#;
+        let r: TargetRecord = serde_json::from_str(old).unwrap();
+        assert!(r.macs.is_empty() && r.hostname.is_none() && r.overflow_device.is_none());
+        let back = serde_json::to_value(&r).unwrap();
+        assert!(back.get("macs").is_none() && back.get("hostname").is_none(), "{back}");
+        let mut r = r;
+        r.macs = vec!["52:54:00:12:34:56".into()];
+        assert_eq!(serde_json::to_value(&r).unwrap()["macs"], serde_json::json!(["52:54:00:12:34:56"]));
+    }
 }

@@ -186,6 +186,26 @@ impl Server {
     pub async fn serve_unix_stream(&self, stream: tokio::net::UnixStream, shutdown: ShutdownSignal) {
         run_connection(stream, &self.shared, shutdown, "unix", None).await
     }
+
+    /// Serves the transmission phase of a connection whose handshake happened elsewhere, on
+    /// the calling thread (and the workers it starts), until the peer sends DISC or closes
+    /// the stream. The Linux kernel's NBD driver is such a peer: its socket is configured by
+    /// ioctl (size, `params.flags`), and it speaks simple replies and fixed request headers
+    /// only, so `params.structured` and `params.base_allocation` must be false for it.
+    /// Requests are validated against `params` exactly as after a handshake that sent
+    /// those flags; the request core is the one [`Server::serve`] runs.
+    pub fn serve_negotiated(&self, sock: std::os::fd::OwnedFd, export_name: &str, device: Arc<dyn vdstream_blockdev::BlockDev>, params: crate::validate::ExportParams) -> io::Result<()> {
+        let sock = BlockingSocket::new(sock)?;
+        self.shared.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+        self.shared.stats.connections_active.fetch_add(1, Ordering::Relaxed);
+        let _guard = ActiveGuard(self.shared.stats.clone());
+        let negotiated = crate::handshake::Negotiated { export_name: export_name.to_string(), device, params };
+        match crate::session::run(sock.clone(), sock, negotiated, &self.shared) {
+            Ok(()) => Ok(()),
+            Err(SessionError::Io(e)) => Err(e),
+            Err(e @ SessionError::Protocol(_)) => Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+        }
+    }
 }
 
 /// A connected socket in blocking mode. Its clones share one file descriptor: a connection

@@ -12,6 +12,12 @@
 //! max-connections = 1000     # default: from the open-files limit
 //! anonymous = "none"         # none, vdisks or all (with TLS: what clients without a certificate get)
 //! insecure = false           # true: listen on a non-loopback address without TLS
+//! boot = true                # the boot service (docs/BOOT.md), and its settings:
+//! boot-advertise = "192.168.1.10"
+//! boot-server = ["http://192.168.1.11:8480"]
+//! boot-unknown = "refuse"    # or "auto-add" with boot-template = "ID", boot-id-prefix = "lab"
+//! boot-ipxe = "/usr/lib/ipxe"
+//! tftp = "0.0.0.0:69"
 //! ```
 
 use std::net::SocketAddr;
@@ -58,6 +64,8 @@ pub struct ServerOptions {
     pub nbd_tls: Option<std::sync::Arc<vdstream_tls::files::ServerTls>>,
     /// `--tls on|require` (with `nbd_tls`).
     pub nbd_tls_mode: vdstream_nbd::TlsMode,
+    /// `--boot` and its settings: the boot service on the API's port (`None`: off).
+    pub boot: Option<crate::boot::BootConfig>,
 }
 
 /// A server asked to listen in plaintext where other machines can reach it.
@@ -100,6 +108,7 @@ impl ServerOptions {
             http_tls: None,
             nbd_tls: None,
             nbd_tls_mode: Default::default(),
+            boot: None,
         }
     }
 
@@ -145,6 +154,17 @@ pub struct ConfigFile {
     /// none, vdisks or all.
     pub anonymous: Option<String>,
     pub insecure: Option<bool>,
+    /// The boot service (keys as the flags: boot, boot-advertise, boot-server (a list),
+    /// boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp).
+    pub boot: Option<bool>,
+    pub boot_advertise: Option<String>,
+    pub boot_server: Option<Vec<String>>,
+    pub boot_unknown: Option<String>,
+    pub boot_template: Option<String>,
+    pub boot_id_prefix: Option<String>,
+    pub boot_kernel_args: Option<String>,
+    pub boot_ipxe: Option<PathBuf>,
+    pub tftp: Option<String>,
 }
 
 impl ConfigFile {
@@ -157,7 +177,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, anonymous, insecure", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, anonymous, insecure, boot, boot-advertise, boot-server, boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp", e.message())
         })
     }
 }
@@ -176,6 +196,8 @@ mod tests {
         assert_eq!(ConfigFile::parse("http = \"127.0.0.1:8480\"").unwrap().http.as_deref(), Some("127.0.0.1:8480"));
         assert_eq!(ConfigFile::parse("dead-peer-timeout = 20").unwrap().dead_peer_timeout, Some(20));
         assert_eq!(ConfigFile::parse("max-connections = 200").unwrap().max_connections, Some(200));
+        let c = ConfigFile::parse("boot = true\nboot-server = [\"http://a:1\"]\ntftp = \"0.0.0.0:69\"\nboot-unknown = \"auto-add\"").unwrap();
+        assert_eq!((c.boot, c.boot_server.as_deref(), c.tftp.as_deref(), c.boot_unknown.as_deref()), (Some(true), Some(&["http://a:1".to_string()][..]), Some("0.0.0.0:69"), Some("auto-add")));
         let c = ConfigFile::parse("anonymous = \"vdisks\"\ninsecure = true").unwrap();
         assert_eq!((c.anonymous.as_deref(), c.insecure), (Some("vdisks"), Some(true)));
     }

@@ -13,6 +13,8 @@
 //!   nbd.rs        NbdService: listeners, serving, drain; the stats file
 //!   http/         the JSON HTTP API and /metrics (http::spawn), on the same ServerState
 //!   tokens.rs     the API's bearer tokens: made, listed, revoked; kept hashed in the store
+//!   boot/         the boot service (--boot): iPXE scripts and kernel command lines, a version's
+//!                 boot files (files.rs), TFTP for PXE ROMs (tftp.rs); served by http/boot.rs
 //! ```
 //!
 //! [`state`] is the live picture both halves share: the NBD side registers a
@@ -20,6 +22,7 @@
 //! Starting a server: `let state = ServerState::new(&opts);` then
 //! `NbdService::start(state.clone(), threads)` (and the HTTP API on the same `state`).
 
+pub mod boot;
 pub mod config;
 pub mod exports;
 pub mod http;

@@ -248,6 +248,8 @@ pub struct ServerState {
     pub log: Arc<vdstream_nbd::lograte::LogLimiter>,
     /// `--anonymous`: what clients without a verified certificate may open (TLS on).
     pub anonymous: crate::policy::AnonymousGrant,
+    /// `--boot`: the boot service's settings (`None`: no boot routes).
+    pub boot: Option<crate::boot::BootConfig>,
 }
 
 impl ServerState {
@@ -271,6 +273,7 @@ impl ServerState {
             totals,
             max_connections: opts.max_connections,
             log: Arc::new(vdstream_nbd::lograte::LogLimiter::default()),
+            boot: opts.boot.clone(),
             anonymous: opts.anonymous,
         })
     }

@@ -58,7 +58,7 @@ fn farm() -> Farm {
     store.create_vdisk("win", 4 << 20, NewVdisk::default()).unwrap();
     store.create_vdisk("lin", 4 << 20, NewVdisk::default()).unwrap();
     for (id, vdisk) in [("a", "win"), ("b", "lin")] {
-        let t = NewTarget { id: id.into(), vdisk: vdisk.into(), cache: "device-disk".into(), version: None, ram: None, overflow_max: None, description: None };
+        let t = NewTarget { id: id.into(), vdisk: vdisk.into(), cache: "device-disk".into(), version: None, ram: None, overflow_max: None, description: None, macs: vec![], hostname: None, overflow_device: None };
         store.add_target(t).unwrap();
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();

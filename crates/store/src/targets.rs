@@ -16,6 +16,9 @@
 //!   only for the RAM types, an overflow cap only for types with a cache file, a version
 //!   selector other than `maintenance`, and the vDisk of standard access.
 //! - The id follows the vDisk name rules (names.rs), so it is one safe file name.
+//! - A MAC address is kept normalised (`vdstream_contract::target::normalize_mac`) and
+//!   belongs to one record at most: adding one that another record has is refused,
+//!   naming that record (checked under the same exclusive lock as the write).
 //!
 //! Why not `private` or `maintenance`: a target record describes a machine that reads a
 //! shared vDisk through its own write cache. `private` writes to the vDisk itself and
@@ -36,7 +39,7 @@ use crate::select::{select, Layer, Selector};
 use crate::store::Store;
 use crate::time::Timestamp;
 
-pub use vdstream_contract::target::{NewTarget, TargetChange, TargetRecord};
+pub use vdstream_contract::target::{normalize_mac, BadMac, NewTarget, TargetChange, TargetRecord};
 
 /// `format` of a target record.
 pub const TARGET_FORMAT: &str = "vdstream-target";
@@ -123,6 +126,35 @@ fn check_fields(cache: CacheType, version: Selector, ram: Option<u64>, overflow_
     if let Some(d) = description {
         if d.len() > 1024 || d.chars().any(char::is_control) {
             return Err(StoreError::BadInput("a target description is at most 1024 bytes of text without control characters (no newlines)".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Normalises a list of MACs (sorted, without repeats); the error names the bad one.
+fn normalized_macs<'a>(macs: impl IntoIterator<Item = &'a String>) -> Result<Vec<String>> {
+    let mut out = macs.into_iter().map(|m| normalize_mac(m).map_err(|e| StoreError::BadInput(e.to_string()))).collect::<Result<Vec<_>>>()?;
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Checks the fields a network-booted target uses: its host name (RFC 1123: labels of
+/// letters, digits and '-', at most 63 bytes each, 253 in all) and its overflow device (an
+/// absolute path under /dev/ of letters, digits and `/_-.:+`: it goes on a kernel command
+/// line and into an iPXE script, where `$` or a space would mean something).
+fn check_boot_fields(hostname: Option<&str>, overflow_device: Option<&str>) -> Result<()> {
+    if let Some(h) = hostname {
+        let label_ok = |l: &str| !l.is_empty() && l.len() <= 63 && !l.starts_with('-') && !l.ends_with('-') && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if h.len() > 253 || !h.split('.').all(label_ok) {
+            return Err(StoreError::BadInput(format!(
+                "host name {h:?} is not valid: use letters, digits and '-' (not first or last), dot-separated labels of at most 63 characters, e.g. lab-pc-07")));
+        }
+    }
+    if let Some(d) = overflow_device {
+        if !d.starts_with("/dev/") || d.len() > 200 || d.contains("..") || !d.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_-.:+".contains(&b)) {
+            return Err(StoreError::BadInput(format!(
+                "overflow device {d:?} is not valid: give the target's local disk or partition as a path under /dev/ of letters, digits and /_-.:+, e.g. /dev/sda2 or /dev/disk/by-id/ata-X-part2")));
         }
     }
     Ok(())
@@ -266,6 +298,90 @@ impl Store {
         moved
     }
 
+    /// Refuses MACs that another record than `id` has; the caller holds the lock.
+    fn check_macs_free(&self, id: &str, macs: &[String]) -> Result<()> {
+        if macs.is_empty() {
+            return Ok(());
+        }
+        for other in self.target_ids()? {
+            if other == id {
+                continue;
+            }
+            // A record that does not load is skipped here; the server refuses it anyway.
+            let Ok(r) = self.load_target(&other) else { continue };
+            if let Some(m) = macs.iter().find(|m| r.macs.contains(m)) {
+                return Err(StoreError::Refused(format!(
+                    "MAC {m} belongs to target {other} already: take it off there first (`vdstream target set {other} --remove-mac {m}`)")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The record that has MAC `mac` (any form [`normalize_mac`] takes), if one has.
+    pub fn target_by_mac(&self, mac: &str) -> Result<Option<TargetRecord>> {
+        let mac = normalize_mac(mac).map_err(|e| StoreError::BadInput(e.to_string()))?;
+        let _l = self.lock(LockMode::Shared)?;
+        Ok(self.target_ids()?.iter().filter_map(|id| self.load_target(id).ok()).find(|r| r.macs.contains(&mac)))
+    }
+
+    /// PVS's auto-add: a new record for an unknown MAC (at most `limit` records of the
+    /// prefix: past it a flood of unknown or forged MACs cannot fill the store), a copy of record `template`
+    /// (vDisk, version, cache, RAM, overflow cap and device) with this MAC, host name its
+    /// id, and id `PREFIX-NNN` (the next free number, three digits or more). A MAC that a
+    /// record has meanwhile gets that record. Audited as `target.auto-add`.
+    pub fn auto_add_target(&self, mac: &str, template: &str, prefix: &str, limit: usize) -> Result<TargetRecord> {
+        let mac = normalize_mac(mac).map_err(|e| StoreError::BadInput(e.to_string()))?;
+        validate_target_id(&format!("{prefix}-001"))?;
+        let _l = self.lock(LockMode::Exclusive)?;
+        let ids = self.target_ids()?;
+        let mut next = 1u64;
+        let mut made = 0usize;
+        for id in &ids {
+            if let Ok(r) = self.load_target(id) {
+                if r.macs.contains(&mac) {
+                    return Ok(r);
+                }
+            }
+            if let Some(n) = id.strip_prefix(prefix).and_then(|t| t.strip_prefix('-')).and_then(|n| n.parse::<u64>().ok()) {
+                next = next.max(n + 1);
+                made += 1;
+            }
+        }
+        if made >= limit {
+            return Err(StoreError::Refused(format!(
+                "auto-add of MAC {mac} refused: {made} records named {prefix}-NNN exist, the limit; remove the ones not wanted (`vdstream target remove ID`) or add this machine by hand")));
+        }
+        let t = self.load_target(template).map_err(|e| match e {
+            StoreError::UnknownTarget { .. } => StoreError::Refused(format!(
+                "the auto-add template {template} is not a target record: add it (`vdstream target add {template} --vdisk NAME --cache TYPE`) or name another with --boot-template")),
+            e => e,
+        })?;
+        let now = Timestamp::now();
+        let r = TargetRecord {
+            format: TARGET_FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            id: format!("{prefix}-{next:03}"),
+            vdisk: t.vdisk,
+            version: t.version,
+            cache: t.cache,
+            ram: t.ram,
+            overflow_max: t.overflow_max,
+            description: Some(format!("auto-added for MAC {mac} from template {template}")),
+            macs: vec![mac.clone()],
+            hostname: None,
+            overflow_device: t.overflow_device,
+            created: now,
+            created_by: self.actor().who(),
+            updated: now,
+            updated_by: self.actor().who(),
+            generation: 1,
+        };
+        self.check_vdisk(&r.vdisk, r.version)?;
+        self.write_target(&r)?;
+        self.audit("target.auto-add", &r.vdisk, json!({"target": r.id, "mac": mac, "template": template, "version": r.version, "cache": r.cache.name()}))?;
+        Ok(r)
+    }
+
     /// `target add`.
     pub fn add_target(&self, t: NewTarget) -> Result<TargetRecord> {
         validate_target_id(&t.id)?;
@@ -273,12 +389,15 @@ impl Store {
         let version = t.version.unwrap_or(Selector::Production);
         let description = t.description.filter(|d| !d.is_empty());
         check_fields(cache, version, t.ram, t.overflow_max, description.as_deref())?;
+        let macs = normalized_macs(&t.macs)?;
+        check_boot_fields(t.hostname.as_deref(), t.overflow_device.as_deref())?;
         let _l = self.lock(LockMode::Exclusive)?;
         if self.target_path(&t.id).exists() {
             return Err(StoreError::Refused(format!(
                 "target {} already exists in {}: change it with `vdstream target set {} …`, or remove it first", t.id, self.root().display(), t.id)));
         }
         self.check_vdisk(&t.vdisk, version)?;
+        self.check_macs_free(&t.id, &macs)?;
         let now = Timestamp::now();
         let r = TargetRecord {
             format: TARGET_FORMAT.into(),
@@ -290,6 +409,9 @@ impl Store {
             ram: t.ram,
             overflow_max: t.overflow_max,
             description,
+            macs,
+            hostname: t.hostname,
+            overflow_device: t.overflow_device,
             created: now,
             created_by: self.actor().who(),
             updated: now,
@@ -299,6 +421,7 @@ impl Store {
         self.write_target(&r)?;
         self.audit("target.add", &r.vdisk, json!({
             "target": r.id, "version": r.version, "cache": r.cache.name(), "ram": r.ram, "overflow_max": r.overflow_max, "description": r.description,
+            "macs": r.macs, "hostname": r.hostname, "overflow_device": r.overflow_device,
         }))?;
         Ok(r)
     }
@@ -309,8 +432,10 @@ impl Store {
         validate_target_id(id)?;
         if change.is_empty() {
             return Err(StoreError::BadInput(format!(
-                "nothing to change for target {id}: give --vdisk, --cache, --version, --ram, --overflow-max or --description")));
+                "nothing to change for target {id}: give --vdisk, --cache, --version, --ram, --overflow-max, --description, --mac, --remove-mac, --hostname or --overflow-device")));
         }
+        let add_macs = normalized_macs(&change.add_macs)?;
+        let remove_macs = normalized_macs(&change.remove_macs)?;
         let new_cache = change.cache.as_deref().map(target_cache_type).transpose()?;
         let _l = self.lock(LockMode::Exclusive)?;
         let before = self.load_target(id)?;
@@ -339,7 +464,22 @@ impl Store {
         if let Some(d) = change.description {
             r.description = d.filter(|d| !d.is_empty());
         }
+        if let Some(m) = remove_macs.iter().find(|m| !r.macs.contains(m)) {
+            return Err(StoreError::BadInput(format!("target {id} has no MAC {m} to remove: its MACs are {}", if r.macs.is_empty() { "none".to_string() } else { r.macs.join(", ") })));
+        }
+        r.macs.retain(|m| !remove_macs.contains(m));
+        r.macs.extend(add_macs.iter().cloned());
+        r.macs.sort();
+        r.macs.dedup();
+        if let Some(h) = change.hostname {
+            r.hostname = h.filter(|h| !h.is_empty());
+        }
+        if let Some(d) = change.overflow_device {
+            r.overflow_device = d.filter(|d| !d.is_empty());
+        }
         check_fields(r.cache, r.version, r.ram, r.overflow_max, r.description.as_deref())?;
+        check_boot_fields(r.hostname.as_deref(), r.overflow_device.as_deref())?;
+        self.check_macs_free(id, &add_macs)?;
         if r.vdisk != before.vdisk || r.version != before.version {
             self.check_vdisk(&r.vdisk, r.version)?;
         }
@@ -355,6 +495,9 @@ impl Store {
         note("ram", json!(before.ram), json!(r.ram));
         note("overflow_max", json!(before.overflow_max), json!(r.overflow_max));
         note("description", json!(before.description), json!(r.description));
+        note("macs", json!(before.macs), json!(r.macs));
+        note("hostname", json!(before.hostname), json!(r.hostname));
+        note("overflow_device", json!(before.overflow_device), json!(r.overflow_device));
         if r != before {
             r.updated = Timestamp::now();
             r.updated_by = self.actor().who();

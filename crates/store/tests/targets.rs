@@ -18,7 +18,7 @@ fn store(dir: &Path) -> Store {
 }
 
 fn new(id: &str, vdisk: &str, cache: &str) -> NewTarget {
-    NewTarget { id: id.into(), vdisk: vdisk.into(), cache: cache.into(), version: None, ram: None, overflow_max: None, description: None }
+    NewTarget { id: id.into(), vdisk: vdisk.into(), cache: cache.into(), version: None, ram: None, overflow_max: None, description: None, macs: vec![], hostname: None, overflow_device: None }
 }
 
 #[test]
@@ -133,4 +133,78 @@ fn a_merge_moves_the_records_pinned_to_the_versions_it_folds() {
     assert_eq!(s.target("vm3").unwrap().version, Selector::Number(3), "a version above the merge keeps its number");
     let audit = vdstream_store::audit::read(&s.audit_path(), Some("win"), None).unwrap();
     assert_eq!(audit.last().unwrap().details["targets_moved"], serde_json::json!(["vm1"]));
+}
+
+#[test]
+fn macs_are_normalised_unique_and_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let r = s.add_target(NewTarget { macs: vec!["52-54-00-AB-CD-01".into(), "52:54:00:ab:cd:02".into(), "52:54:00:AB:CD:01".into()], ..new("pc1", "win", "ram-overflow") }).unwrap();
+    assert_eq!(r.macs, vec!["52:54:00:ab:cd:01", "52:54:00:ab:cd:02"], "lowercase, ':', sorted, no repeats");
+    assert_eq!(s.target("pc1").unwrap().macs, r.macs, "kept in the file");
+
+    // Another record may not take a MAC pc1 has, in any spelling; the error names pc1.
+    let e = s.add_target(NewTarget { macs: vec!["52-54-00-ab-cd-02".into()], ..new("pc2", "win", "ram-overflow") }).unwrap_err();
+    assert!(matches!(e, StoreError::Refused(_)) && e.to_string().contains("belongs to target pc1"), "{e}");
+    assert!(s.target("pc2").is_err(), "nothing written");
+    let e = s.add_target(NewTarget { macs: vec!["52:54:00:zz:00:01".into()], ..new("pc2", "win", "ram-overflow") }).unwrap_err();
+    assert!(matches!(e, StoreError::BadInput(_)) && e.to_string().contains("\"52:54:00:zz:00:01\" is not a MAC address"), "{e}");
+
+    s.add_target(new("pc2", "win", "ram-overflow")).unwrap();
+    let e = s.set_target("pc2", TargetChange { add_macs: vec!["52:54:00:AB:CD:01".into()], ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("belongs to target pc1"), "{e}");
+    // pc1 gives it up, then pc2 may have it.
+    let r1 = s.set_target("pc1", TargetChange { remove_macs: vec!["52-54-00-ab-cd-01".into()], ..Default::default() }).unwrap();
+    assert_eq!(r1.macs, vec!["52:54:00:ab:cd:02"]);
+    let e = s.set_target("pc1", TargetChange { remove_macs: vec!["52:54:00:00:00:09".into()], ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("has no MAC 52:54:00:00:00:09"), "{e}");
+    let r2 = s.set_target("pc2", TargetChange { add_macs: vec!["52:54:00:AB:CD:01".into()], hostname: Some(Some("lab-02".into())), ..Default::default() }).unwrap();
+    assert_eq!((r2.macs.clone(), r2.hostname.as_deref()), (vec!["52:54:00:ab:cd:01".to_string()], Some("lab-02")));
+    // A record changing its own MACs does not collide with itself.
+    s.set_target("pc2", TargetChange { add_macs: vec!["52:54:00:ab:cd:01".into()], ..Default::default() }).unwrap();
+
+    assert_eq!(s.target_by_mac("52-54-00-AB-CD-01").unwrap().unwrap().id, "pc2");
+    assert_eq!(s.target_by_mac("52:54:00:ab:cd:02").unwrap().unwrap().id, "pc1");
+    assert!(s.target_by_mac("52:54:00:ab:cd:03").unwrap().is_none());
+    assert!(s.target_by_mac("nonsense").is_err());
+
+    let e = s.set_target("pc2", TargetChange { hostname: Some(Some("bad_name".into())), ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("host name \"bad_name\" is not valid"), "{e}");
+    let e = s.set_target("pc2", TargetChange { overflow_device: Some(Some("sda2".into())), ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("under /dev/"), "{e}");
+    let r = s.set_target("pc2", TargetChange { overflow_device: Some(Some("/dev/sda2".into())), ..Default::default() }).unwrap();
+    assert_eq!(r.overflow_device.as_deref(), Some("/dev/sda2"));
+}
+
+#[test]
+fn an_old_record_without_macs_still_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    std::fs::create_dir_all(s.targets_dir()).unwrap();
+    std::fs::write(s.targets_dir().join("old.json"), r#"{"format":"vdstream-target","format_version":1,"id":"old","vdisk":"win","version":"production","cache":"device-disk",
+        "created":"2026-01-01T00:00:00Z","created_by":"a","updated":"2026-01-01T00:00:00Z","updated_by":"a","generation":3}"#).unwrap();
+    let r = s.target("old").unwrap();
+    assert!(r.macs.is_empty() && r.generation == 3);
+    assert!(s.target_by_mac("52:54:00:00:00:01").unwrap().is_none());
+    let r = s.set_target("old", TargetChange { add_macs: vec!["52:54:00:00:00:01".into()], ..Default::default() }).unwrap();
+    assert_eq!(r.macs, vec!["52:54:00:00:00:01"]);
+}
+
+#[test]
+fn auto_add_copies_the_template_under_the_next_free_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    s.add_target(NewTarget { ram: Some(256 * MIB), overflow_device: Some("/dev/sda2".into()), ..new("tmpl", "win", "ram-overflow") }).unwrap();
+    let a = s.auto_add_target("52-54-00-00-00-0A", "tmpl", "lab", 2).unwrap();
+    assert_eq!((a.id.as_str(), a.vdisk.as_str(), a.cache, a.ram, a.overflow_device.as_deref()), ("lab-001", "win", CacheType::RamOverflow, Some(256 * MIB), Some("/dev/sda2")));
+    assert_eq!(a.macs, vec!["52:54:00:00:00:0a"]);
+    assert_eq!(s.auto_add_target("52:54:00:00:00:0a", "tmpl", "lab", 2).unwrap().id, "lab-001", "the same MAC: the same record");
+    assert_eq!(s.auto_add_target("52:54:00:00:00:0b", "tmpl", "lab", 2).unwrap().id, "lab-002");
+    let e = s.auto_add_target("52:54:00:00:00:0c", "tmpl", "lab", 2).unwrap_err();
+    assert!(e.to_string().contains("2 records named lab-NNN exist, the limit"), "{e}");
+    assert_eq!(s.auto_add_target("52:54:00:00:00:0b", "tmpl", "lab", 2).unwrap().id, "lab-002", "a known MAC still gets its record");
+    let e = s.auto_add_target("52:54:00:00:00:0c", "nope", "other", 2).unwrap_err();
+    assert!(e.to_string().contains("template nope is not a target record"), "{e}");
+    let audit = std::fs::read_to_string(s.audit_path()).unwrap();
+    assert_eq!(audit.matches("target.auto-add").count(), 2, "{audit}");
 }

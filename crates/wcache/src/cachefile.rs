@@ -177,6 +177,31 @@ impl CacheFile {
         Ok(CacheFile { engine: engine(), ..cf })
     }
 
+    /// The page file on a raw disk or partition (`--overflow-device`, see `device`): opened
+    /// exclusively, never resized; it must hold `pages` pages (the identity layout keeps
+    /// page i at offset i × 4 KiB). Its old contents are never read: the cache starts empty.
+    pub fn open_device(device: &Path, pages: u64, direct: bool, engine: impl FnOnce() -> IoEngine) -> Result<CacheFile> {
+        let name = device.display().to_string();
+        let (file, size) = crate::device::open_exclusive(device, direct).map_err(|e| Error::from_io(e, Op::Open, 0, 0, name.clone()))?;
+        let len = pages * PAGE_U64;
+        if size < len {
+            return Err(Error {
+                kind: ErrorKind::NoSpace,
+                message: format!(
+                    "{name} holds {size} bytes, and a device-disk cache keeps every page of the vDisk at its own offset: it needs {len} bytes; \
+                     use ram-overflow (its overflow takes a device of any size), or a larger device"
+                ),
+                ..Error::from_io(io::ErrorKind::StorageFull.into(), Op::Open, 0, len, name.clone())
+            });
+        }
+        let cf = CacheFile { engine: IoEngine::Sync, file, path: device.to_path_buf(), direct, punch_works: AtomicBool::new(true) };
+        // Probe hole punching (discard or zeroing on a device) on the first page: the cache
+        // is empty, so no data is touched.
+        let punch = fallocate(&cf.file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, PAGE_U64);
+        cf.punch_works.store(punch.is_ok(), Ordering::Relaxed);
+        Ok(CacheFile { engine: engine(), ..cf })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -128,6 +128,11 @@ impl DiskCache {
     /// file's name) instead of from `cfg.io_engine`.
     pub fn open_with_engine(lower: Arc<dyn BlockDev>, cfg: &CacheConfig, kind: CacheType, engine: impl FnOnce(&str) -> IoEngine) -> Result<Self> {
         let pages = lower.size().div_ceil(PAGE_U64);
+        if let Some(device) = &cfg.overflow_device {
+            let file = CacheFile::open_device(device, pages, !cfg.intermediate_buffering, || engine(&device.display().to_string()))
+                .map_err(|e| Error { message: format!("cannot use {} as the {kind} cache of target {}: {}", device.display(), cfg.target, e.message), ..e })?;
+            return Ok(DiskCache::with_file(lower, file, cfg, kind, false));
+        }
         let name = format!(
             ".vdstream-{kind}-{}-{}-{}.cache",
             file_stem(&cfg.target),

@@ -25,6 +25,7 @@
 //! - Non-persistent types start empty on every open, so a fresh attach is a clean boot.
 
 pub mod cachefile;
+pub mod device;
 pub mod disk;
 pub mod journal;
 mod names;
@@ -78,6 +79,10 @@ pub struct CacheConfig {
     /// is preallocated anyway), and spares every guest write ext4's unwritten-extent
     /// conversion (0.69× → 0.99× of the raw disk, docs/BENCHMARKS.md).
     pub zero_fill: bool,
+    /// `ram-overflow` and `device-disk`: a raw disk or partition (`--overflow-device`) holds
+    /// the overflow or the page file instead of a new file in `dir`; treated as empty at
+    /// every start (see `device`).
+    pub overflow_device: Option<PathBuf>,
     /// `private`: the file to lock exclusively so that a second writer is refused (the
     /// vDisk's own file).
     pub lock_path: Option<PathBuf>,
@@ -94,6 +99,7 @@ impl CacheConfig {
             intermediate_buffering: false,
             io_engine: IoEngineKind::default(),
             zero_fill: true,
+            overflow_device: None,
             lock_path: None,
         }
     }

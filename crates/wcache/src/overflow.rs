@@ -37,7 +37,9 @@ use std::time::Duration;
 
 use vdstream_blockdev::{BlockDev, Error, Op, Result};
 
-use crate::overflow_file::{OverflowFile, UNIT};
+use crate::overflow_file::OverflowFile;
+/// Bytes per unit of the overflow (file or device): its size counts in whole units.
+pub use crate::overflow_file::UNIT;
 use crate::page::PAGE;
 use crate::tiers::{tiers_cache_impls, Tiers};
 use crate::{CacheConfig, CacheType};
@@ -60,23 +62,44 @@ impl RamOverflowCache {
     /// `cfg.dir` capped at `cfg.max_file` bytes.
     pub fn open(lower: Arc<dyn BlockDev>, cfg: &CacheConfig) -> Result<Self> {
         let name = format!("ram-overflow cache of {} over {}", cfg.target, lower.describe());
-        let max_bytes = cfg.max_file.unwrap_or_else(|| lower.size().div_ceil(UNIT) * UNIT);
-        let file = OverflowFile::create(&cfg.dir, &cfg.target, max_bytes / UNIT).map_err(|e| {
-            let mut err = Error::from_io(e, Op::Open, 0, 0, name.clone());
-            err.message = format!(
-                "cannot create the overflow file in {}: {}: check that the folder exists, is writable and is on a local disk",
-                cfg.dir.display(),
-                err.message
-            );
-            err
-        })?;
-        let full = format!(
-            "the write cache of target {} is full: {} bytes of RAM and an overflow file of {} bytes in {} are in use: raise --overflow-max (or --ram), or free space in the guest (fstrim)",
-            cfg.target,
-            cfg.ram,
-            max_bytes / UNIT * UNIT,
-            cfg.dir.display()
-        );
+        let mut max_bytes = cfg.max_file.unwrap_or_else(|| lower.size().div_ceil(UNIT) * UNIT);
+        let (file, full) = match &cfg.overflow_device {
+            Some(device) => {
+                let (file, size) = OverflowFile::on_device(device, max_bytes / UNIT).map_err(|e| {
+                    let mut err = Error::from_io(e, Op::Open, 0, 0, name.clone());
+                    err.message = format!("cannot use the overflow device: {}", err.message);
+                    err
+                })?;
+                max_bytes = max_bytes.min(size / UNIT * UNIT);
+                let full = format!(
+                    "the write cache of target {} is full: {} bytes of RAM and {} bytes of the overflow device {} are in use: give a larger device (or --ram), or free space in the guest (fstrim)",
+                    cfg.target,
+                    cfg.ram,
+                    max_bytes,
+                    device.display()
+                );
+                (file, full)
+            }
+            None => {
+                let file = OverflowFile::create(&cfg.dir, &cfg.target, max_bytes / UNIT).map_err(|e| {
+                    let mut err = Error::from_io(e, Op::Open, 0, 0, name.clone());
+                    err.message = format!(
+                        "cannot create the overflow file in {}: {}: check that the folder exists, is writable and is on a local disk",
+                        cfg.dir.display(),
+                        err.message
+                    );
+                    err
+                })?;
+                let full = format!(
+                    "the write cache of target {} is full: {} bytes of RAM and an overflow file of {} bytes in {} are in use: raise --overflow-max (or --ram), or free space in the guest (fstrim)",
+                    cfg.target,
+                    cfg.ram,
+                    max_bytes / UNIT * UNIT,
+                    cfg.dir.display()
+                );
+                (file, full)
+            }
+        };
         let mut tiers = Tiers::new(lower, name, cfg.ram, Some(file), full);
         let low = tiers.ram_limit / 100 * LOW_WATERMARK_PERCENT / PAGE as u64 * PAGE as u64;
         if tiers.ram_limit > 0 {

@@ -86,6 +86,15 @@ impl OverflowFile {
         Ok(OverflowFile { file, path, max_units, units: Mutex::new(UnitTable::default()) })
     }
 
+    /// The overflow on a raw disk or partition (`--overflow-device`): opened exclusively,
+    /// empty at every start (no slot is read before it is written), capped at `max_units`
+    /// and at what the device holds. Returns it and the device's size in bytes.
+    pub fn on_device(device: &Path, max_units: u64) -> io::Result<(Self, u64)> {
+        let (file, size) = crate::device::open_exclusive(device, false)?;
+        let max_units = max_units.min(size / UNIT);
+        Ok((OverflowFile { file, path: device.to_path_buf(), max_units, units: Mutex::new(UnitTable::default()) }, size))
+    }
+
     /// Where the file was created, for messages.
     pub fn path(&self) -> &Path {
         &self.path

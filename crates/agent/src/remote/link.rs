@@ -451,6 +451,12 @@ impl Link {
                 if let Some(limit) = self.opts.retry_for {
                     sleep = sleep.min(limit.saturating_sub(start.elapsed()) + Duration::from_millis(1));
                 }
+                if first_connect {
+                    // At attach (at boot), one line a round on the console: what it waits for.
+                    let why = lock(&self.last_reason).clone();
+                    let what: Vec<String> = self.endpoints.iter().zip(why).map(|(ep, w)| format!("{ep} ({})", w.unwrap_or_default())).collect();
+                    log::warn!("target {}: waiting for a server: {}; retrying in {:.1} s", self.opts.target, what.join(", "), sleep.as_secs_f64());
+                }
                 tokio::time::sleep(sleep).await;
             }
         }

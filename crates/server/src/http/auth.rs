@@ -12,6 +12,10 @@
 //! `GET /api/v1/targets/ID` and `PUT /api/v1/targets/ID/agent` for its own ID only; an
 //! administrator's certificate acts as admin; other certificates get nothing.
 //!
+//! With the boot service (`--boot`), a caller without a credential may `GET /api/v1/server`
+//! and `GET /api/v1/targets/ID` (see [`booting_may`]): a PXE-booted target's agent has no
+//! credential, and needs them to attach.
+//!
 //! Open API: when the API listens on loopback without TLS and no token was ever made in
 //! the store (no `api-tokens.json`), every request is a local user's and may do
 //! everything, as before tokens existed. Otherwise a request without a credential is 401.
@@ -43,6 +47,10 @@ pub(crate) enum Caller {
     Token { name: String, role: Role },
     /// A verified client certificate's identity.
     Cert(Identity),
+    /// No credential, on a server with the boot service: a network-booted target's agent
+    /// (a PXE-booted machine has no token and no certificate in this release). It may
+    /// call only what [`booting_may`] lets it.
+    Booting,
 }
 
 impl std::fmt::Display for Caller {
@@ -51,6 +59,7 @@ impl std::fmt::Display for Caller {
             Caller::Local => f.write_str("local"),
             Caller::Token { name, role } => write!(f, "token:{name} ({role})"),
             Caller::Cert(id) => write!(f, "{id}"),
+            Caller::Booting => f.write_str("a network-booted machine (no credential)"),
         }
     }
 }
@@ -63,6 +72,15 @@ pub(crate) fn need_of(method: &Method, route: Option<&str>) -> Role {
         ("POST", Some("/api/v1/targets")) | ("PUT" | "DELETE", Some("/api/v1/targets/{id}")) | ("PUT", Some("/api/v1/targets/{id}/agent")) => Role::Operator,
         _ => Role::Admin,
     }
+}
+
+/// Whether a caller without a credential may make this request on a server with the boot
+/// service (`--boot`): what the agent inside a network-booted target needs to attach, no
+/// more: the server's document (placement, NBD address) and one target's record by id
+/// (whose contents the target's boot script and kernel command line, served to anyone who
+/// names its MAC, carry anyway). Reports and every other call still need a credential.
+fn booting_may(method: &Method, route: Option<&str>) -> bool {
+    matches!((method.as_str(), route), ("GET" | "HEAD", Some("/api/v1/server" | "/api/v1/targets/{id}")))
 }
 
 /// Whether a target's certificate (its `own` id) may make this request.
@@ -118,11 +136,12 @@ pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: 
         Ok(None) => match req.extensions().get::<PeerIdentity>() {
             Some(PeerIdentity(id @ (Identity::Target(_) | Identity::Admin(_) | Identity::Server(_)))) => Caller::Cert(id.clone()),
             _ if s.open() => Caller::Local,
+            _ if s.state.boot.is_some() && booting_may(&method, route.as_deref()) => Caller::Booting,
             _ => return unauthorized(format!("{method} {shown} needs a bearer token (role {need})"), false),
         },
     };
     let allowed = match &caller {
-        Caller::Local | Caller::Cert(Identity::Admin(_)) => true,
+        Caller::Local | Caller::Cert(Identity::Admin(_)) | Caller::Booting => true,
         Caller::Token { role, .. } => *role >= need,
         Caller::Cert(Identity::Target(own)) => {
             let (mut parts, body) = req.into_parts();
@@ -171,6 +190,17 @@ mod tests {
             }
         }
         assert_eq!(need_of(&Method::PATCH, None), Role::ReadOnly);
+    }
+
+    #[test]
+    fn a_booting_machine_may_read_the_server_and_one_record_only() {
+        assert!(booting_may(&Method::GET, Some("/api/v1/server")));
+        assert!(booting_may(&Method::GET, Some("/api/v1/targets/{id}")));
+        assert!(!booting_may(&Method::PUT, Some("/api/v1/targets/{id}/agent")));
+        assert!(!booting_may(&Method::GET, Some("/api/v1/targets")));
+        assert!(!booting_may(&Method::GET, Some("/api/v1/sessions")));
+        assert!(!booting_may(&Method::DELETE, Some("/api/v1/targets/{id}")));
+        assert!(!booting_may(&Method::GET, None));
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!   accept loop (one task) ── takes a permit of the connection cap, then accepts
 //!     └▶ one task per connection: the TLS handshake (with --tls-certificates; bounded by
 //!        REQUEST_DEADLINE), hyper HTTP/1 (header read timeout, head size limits, idle timeout)
-//!          └▶ trailing-slash trim ▶ axum Router (router.rs: the route table, the layers;
+//!          └▶ trailing-slash trim ▶ [with --boot: boot.rs's /boot/... routes, no auth]
+//!             ▶ axum Router (router.rs: the route table, the layers;
 //!             auth.rs: the caller and the role its route needs, 401/403)
 //!               └▶ typed handlers: store.rs (vDisks, versions, targets, on the blocking
 //!                  pool), live.rs (server, sessions, agent reports), metrics.rs
@@ -16,8 +17,8 @@
 //!                       5 s), and expired agent reports swept away
 //! ```
 //!
-//! Module imports run one way: mod → router → {store, metrics, auth} → shared → live →
-//! error → limits (auth → error too).
+//! Module imports run one way: mod → router → {store, metrics, auth, boot} → shared → live →
+//! error → limits (auth → error too; boot → crate::boot).
 //!
 //! Invariants:
 //! - A connection costs a task and a socket, never a thread: a slow or idle client holds
@@ -37,6 +38,7 @@
 //!   the API's tasks are gone.
 
 mod auth;
+mod boot;
 mod error;
 mod limits;
 mod live;
@@ -90,10 +92,11 @@ pub fn spawn(listener: TcpListener, state: Arc<ServerState>) -> std::io::Result<
 /// runtime: the API's tasks are spawned on it.
 pub fn spawn_with(listener: TcpListener, state: Arc<ServerState>, tls: Option<Arc<ServerTls>>) -> std::io::Result<HttpHandle> {
     let addr = listener.local_addr()?;
+    let state_boot = state.boot.is_some();
     let tokens = TokenFile::open(&state.store).map_err(std::io::Error::other)?;
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let shared = Arc::new(Shared { state, live: live::Live::default(), tokens, loopback: addr.ip().is_loopback(), tls: tls.is_some() });
+    let shared = Arc::new(Shared { state, live: live::Live::default(), tokens, loopback: addr.ip().is_loopback(), tls: tls.is_some(), local: addr, boot_transfers: Arc::new(Semaphore::new(boot::MAX_BOOT_TRANSFERS)) });
     let (stop_tx, stop_rx) = watch::channel(false);
     let limit = connection_limit();
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -104,6 +107,9 @@ pub fn spawn_with(listener: TcpListener, state: Arc<ServerState>, tls: Option<Ar
     }
     let server = tokio::spawn(serve(listener, shared, tls, stop_rx, limit));
     log::info!("HTTP API on {scheme}://{addr}/api/v1/server, metrics on {scheme}://{addr}/metrics (at most {limit} connections)");
+    if state_boot {
+        log::info!("boot service on {scheme}://{addr}/boot/ipxe (unauthenticated, read-only: boot scripts and boot files)");
+    }
     Ok(HttpHandle { addr, stop_tx, server: Some(server) })
 }
 

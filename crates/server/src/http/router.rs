@@ -29,7 +29,7 @@ use tower_http::timeout::TimeoutLayer;
 use super::error::{check_head, json_errors, ApiError, JsonBody, Param};
 use super::limits::{HANDLER_TIMEOUT, MAX_AGENT_REPORT, MAX_BODY, MAX_IN_FLIGHT};
 use super::shared::{blocking, ClientAddr, Shared};
-use super::{auth, live, metrics, store};
+use super::{auth, boot, live, metrics, store};
 
 /// The router being built and the routes added so far.
 struct Table {
@@ -80,8 +80,15 @@ pub fn routes() -> Vec<(&'static str, Method)> {
     table().routes
 }
 
-/// The API: the routes, the fallbacks and the layers, on `shared`.
+/// The API: the routes, the fallbacks and the layers, on `shared`; with a boot
+/// configuration, the boot routes (boot.rs) in front of it, outside its layers.
 pub(crate) fn app(shared: Arc<Shared>) -> Router {
+    let boot = shared.state.boot.is_some();
+    let api = api(shared.clone());
+    if boot { boot::router(shared, api) } else { api }
+}
+
+fn api(shared: Arc<Shared>) -> Router {
     let layers = ServiceBuilder::new()
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn(head_checked))

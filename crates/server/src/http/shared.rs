@@ -21,6 +21,12 @@ pub(crate) struct Shared {
     pub loopback: bool,
     /// The API serves TLS.
     pub tls: bool,
+    /// Where the API listens (the boot service names the server by it when a request
+    /// has no `Host`).
+    pub local: SocketAddr,
+    /// Places for the boot service's file transfers (boot.rs: `MAX_BOOT_TRANSFERS`), each
+    /// held until its body is sent.
+    pub boot_transfers: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {

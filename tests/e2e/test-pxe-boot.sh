@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# A diskless machine boots the golden image from the network, as a lab PC does: qemu's
+# iPXE ROM (Debian's ipxe-qemu) gets `vdstream server --boot`'s /boot/ipxe from qemu's
+# user-mode DHCP, chains to its own script by MAC, loads the kernel and the initramfs the
+# server built from the vDisk version's own /boot and /lib/modules, the initramfs attaches
+# the vDisk to /dev/nbd0 with the write cache in the machine's RAM (ram-overflow) and
+# switch_roots to the golden image's test init, which writes a file with sync. Then:
+#   - it reboots clean: the second boot of the same machine does not see the first boot's
+#     file (the cache lived in the machine's RAM);
+#   - a second machine with another MAC, booting at the same time, gets its own hostname
+#     and machine-id from its record;
+#   - the vDisk still holds the golden image's bytes (qemu-img compare over NBD).
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+# shellcheck source=store-lib.sh
+source "$E2E_DIR/store-lib.sh"
+# shellcheck source=server-lib.sh
+source "$E2E_DIR/server-lib.sh"
+# shellcheck source=vm-lib.sh
+source "$E2E_DIR/vm-lib.sh"
+# shellcheck source=pxe-lib.sh
+source "$E2E_DIR/pxe-lib.sh"
+require qemu-img
+pxe_test_init golden
+
+mac1=$(pxe_mac 1) mac2=$(pxe_mac 2)
+vds target add pc1 --vdisk golden --cache ram-overflow --ram 64M --mac "$mac1" --hostname lab-pc-1 >/dev/null
+vds target add pc2 --vdisk golden --cache ram-overflow --ram 64M --mac "$mac2" >/dev/null
+PXE_KERNEL_ARGS="$PXE_KERNEL_ARGS vdstest=write vdstest.mb=4"
+start_boot_server
+
+host_line() { grep -aom1 'VDSTEST HOST .*' "$E2E_TMP/$1.serial" | tr -d '\r'; }
+
+start=$SECONDS
+pxe_boot pc1-first "$mac1"
+log "pc1 booted from the network in $(vm_secs pc1-first) s (qemu start to power-off; init at uptime $(booted_uptime pc1-first) s)"
+serial_has pc1-first '^VDSTEST WROTE boot mb=4' || fail "pc1 did not write its file"
+serial_has pc1-first '^VDSTEST SEES ' && fail "pc1's first boot saw files of an earlier boot"
+line=$(host_line pc1-first)
+[[ $line =~ name=lab-pc-1\ machine_id=([0-9a-f]{32})\ root=/dev/nbd0 ]] ||
+    fail "pc1: want hostname lab-pc-1, a machine-id and /dev/nbd0 as root, got: $line"
+id1=${BASH_REMATCH[1]}
+log "ok: pc1: $line"
+serial_has pc1-first 'vdstream-init: attaching' || fail "the initramfs's /init did not attach the vDisk"
+
+# The same machine again, and a second machine, at the same time.
+pxe_start pc1-again "$mac1"
+pid_again=$VM_PID
+pxe_start pc2 "$mac2"
+pid2=$VM_PID
+wait_vm pc1-again "$pid_again"
+wait_vm pc2 "$pid2"
+serial_has pc1-again '^VDSTEST SEES ' && fail "pc1's second boot saw the first boot's file: its RAM cache was not new"
+serial_has pc1-again '^VDSTEST WROTE boot mb=4' || fail "pc1's second boot did not write its file"
+log "ok: pc1 rebooted clean (no file of the first boot)"
+line=$(host_line pc2)
+[[ $line =~ name=pc2\ machine_id=([0-9a-f]{32})\ root=/dev/nbd0 ]] ||
+    fail "pc2: want hostname pc2 (its id), a machine-id and /dev/nbd0 as root, got: $line"
+[[ ${BASH_REMATCH[1]} != "$id1" ]] || fail "pc1 and pc2 got the same machine-id $id1"
+[[ $(host_line pc1-again) == *"machine_id=$id1 "* ]] || fail "pc1's machine-id changed between boots: $(host_line pc1-again)"
+log "ok: pc2: $line"
+log "three network boots in $((SECONDS - start)) s"
+
+# Every write stayed in the machines: the vDisk still serves the golden image.
+qemu-img compare -q -f raw -F raw "$GOLDEN/golden.img" "nbd://$BOOT_NBD/vdisk/golden" ||
+    fail "the vDisk no longer serves the golden image's bytes"
+log "ok: the vDisk is unchanged"
+rc=0
+stop_server "$SERVER_PID" 15 || rc=$?
+assert_eq "server exit status" "$rc" 0
