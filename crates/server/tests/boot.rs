@@ -228,7 +228,14 @@ fn a_version_without_a_kernel_is_named_and_its_files_are_served_when_there() {
     let (status, s) = get(b.addr, "/boot/vdisk/win/base/problem", "10.0.2.2:8480");
     assert_eq!(status, 200);
     assert!(s.starts_with("#!ipxe\n") && s.contains("echo vdstream: vDisk win version base"), "{s}");
-    assert!(get(b.addr, "/boot/vdisk/nope/base/vmlinuz", "h").1.contains("no vDisk named \"nope\""));
+    // What a machine without credentials is told never shows the store's folder or the
+    // names of other vDisks (the log has the whole reason).
+    let root = b.store.root().display().to_string();
+    for path in ["/boot/vdisk/nope/base/vmlinuz", "/boot/vdisk/nope/base/problem"] {
+        let (status, body) = get(b.addr, path, "h");
+        assert!(body.contains("no vDisk named") && body.contains("nope"), "{status} {body}");
+        assert!(!body.contains(&root) && !body.contains("win"), "{path} shows the store to anyone: {body}");
+    }
     assert_eq!(get(b.addr, "/boot/vdisk/win/7/initrd.img", "h").0, 404);
 
     // A boot-file override (boot/files.rs): half of one is named, a whole one served.
@@ -237,6 +244,7 @@ fn a_version_without_a_kernel_is_named_and_its_files_are_served_when_there() {
     std::fs::write(dir.join("initrd.img"), b"initrd bytes").unwrap();
     let (status, body) = get(b.addr, "/boot/vdisk/win/base/initrd.img", "h");
     assert!(status == 404 && body.contains("needs both vmlinuz and initrd.img"), "{status} {body}");
+    assert!(!body.contains(&root), "the override's folder is the administrator's to know: {body}");
     let kernel: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(dir.join("vmlinuz"), &kernel).unwrap();
     let (status, head, body) = raw(b.addr, "GET /boot/vdisk/win/base/vmlinuz HTTP/1.1\r\nHost: h");

@@ -41,11 +41,9 @@ pub fn boot_files(store: &Store, vdisk: &str, layer: Layer) -> Result<BootFiles,
         (true, true) => return Ok(BootFiles { kernel, initrd, kernel_version: String::new(), version: number }),
         (false, false) => {}
         _ => {
-            return Err(BootError::Image {
-                vdisk: vdisk.into(),
-                version: shown,
-                why: format!("its boot-file override {} needs both vmlinuz and initrd.img: add the missing one, or remove the folder", dir.display()),
-            })
+            // Named inside the store: this text reaches machines without credentials.
+            let why = format!("its boot-file override (STORE/boot-override/{vdisk}/{shown}) needs both vmlinuz and initrd.img: add the missing one, or remove the folder");
+            return Err(BootError::Image { vdisk: vdisk.into(), version: shown, why });
         }
     }
     built(store, vdisk, number, shown)

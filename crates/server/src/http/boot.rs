@@ -163,7 +163,7 @@ async fn target(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Exten
         Ok(Ok(body)) => script(body),
         Ok(Err(e)) => {
             s.state.log.log(log::Level::Warn, module_path!(), "boot-failed", format_args!("boot: cannot make the script of a machine at {peer}: {e}"));
-            script(boot::message_script(&base_or_local(&s, &headers), &[format!("the server cannot boot this machine: {e}")], config(&s).retry_secs))
+            script(boot::message_script(&base_or_local(&s, &headers), &[format!("the server cannot boot this machine: {}", public_store_text(&e))], config(&s).retry_secs))
         }
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("the boot handler failed: {e}\n")),
     }
@@ -180,6 +180,26 @@ fn status_of(e: &BootError) -> StatusCode {
         BootError::NoKernel { .. } | BootError::Image { .. } | BootError::Store(StoreError::UnknownVdisk { .. } | StoreError::UnknownVersion { .. }) => StatusCode::NOT_FOUND,
         BootError::Store(StoreError::BadName(_) | StoreError::BadInput(_)) => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// What a machine without credentials is told of a store error: the reason, but never the
+/// store's folder or the names of other vDisks and targets (an unknown name's error lists
+/// them); the server's log has the whole error.
+fn public_store_text(e: &StoreError) -> String {
+    match e {
+        StoreError::UnknownVdisk { name, .. } => format!("no vDisk named {name:?} on this server: check the target's record (vdstream target show ID)"),
+        StoreError::UnknownVersion { .. } | StoreError::BadName(_) | StoreError::BadInput(_) => e.to_string(),
+        _ => "the server could not read its store; its log says why".to_string(),
+    }
+}
+
+/// [`public_store_text`] for a boot-file error.
+fn public_text(e: &BootError) -> String {
+    match e {
+        BootError::Store(e) => public_store_text(e),
+        BootError::NoKernel { .. } | BootError::Image { .. } => e.to_string(),
+        _ => "the server could not prepare the boot files; its log says why".to_string(),
     }
 }
 
@@ -204,10 +224,10 @@ async fn file(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Extensi
     let headers = req.headers().clone();
     match (file.as_str(), found) {
         ("problem", Ok(_)) => script(boot::message_script(&base_or_local(&s, &headers), &[format!("the kernel and initrd of {name}@{version} are there now; the last try may have been cut off")], 5)),
-        ("problem", Err(e)) => script(boot::message_script(&base_or_local(&s, &headers), &[e.to_string()], config(&s).retry_secs)),
+        ("problem", Err(e)) => script(boot::message_script(&base_or_local(&s, &headers), &[public_text(&e)], config(&s).retry_secs)),
         (_, Err(e)) => {
             s.state.log.log(log::Level::Warn, module_path!(), "boot-files", format_args!("boot: {peer} asked for {file} of {name}@{version}: {e}"));
-            text(status_of(&e), format!("{e}\n"))
+            text(status_of(&e), format!("{}\n", public_text(&e)))
         }
         (f, Ok(files)) => {
             let path = if f == "vmlinuz" { files.kernel } else { files.initrd };
