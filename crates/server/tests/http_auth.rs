@@ -5,7 +5,6 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -17,27 +16,11 @@ use vdstream_server::ServerOptions;
 use vdstream_store::vdisk::NewVdisk;
 use vdstream_store::{documents, Store};
 
-/// Every log line of this test process, at every level (the server's included).
-struct Capture(Mutex<Vec<String>>);
+mod common;
 
-impl log::Log for Capture {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        self.0.lock().unwrap().push(format!("{} {}: {}", r.level(), r.target(), r.args()));
-    }
-    fn flush(&self) {}
-}
-
-fn captured() -> &'static Capture {
-    static LOG: OnceLock<&'static Capture> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let c: &'static Capture = Box::leak(Box::new(Capture(Mutex::new(Vec::new()))));
-        log::set_logger(c).unwrap();
-        log::set_max_level(log::LevelFilter::Trace);
-        c
-    })
+/// Every log line of this test process (the server's included).
+fn captured() -> &'static common::Capture {
+    common::captured(log::LevelFilter::Trace)
 }
 
 struct Api {
