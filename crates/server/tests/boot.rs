@@ -252,6 +252,31 @@ fn the_boot_routes_need_no_token_but_the_api_still_does() {
 }
 
 #[test]
+fn a_machine_without_credentials_reads_only_network_booted_records_and_never_the_store() {
+    let b = server(Some(BootConfig::default()));
+    Tokens::of_store(b.store.root()).add("ops", Role::Admin).unwrap();
+    b.store.add_target(new_target("pc1", &["52:54:00:12:34:56"])).unwrap();
+    b.store.add_target(new_target("vm-on-a-host", &[])).unwrap();
+    let root = b.store.root().display().to_string();
+    // Its own record, as its agent reads it: no authorship, no report.
+    let (status, body) = get(b.addr, "/api/v1/targets/pc1", "h");
+    assert_eq!(status, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["vdisk"], "win");
+    assert_eq!(doc["created_by"], "", "{body}");
+    // Records without a MAC, and ids that do not exist: the same bare 404, naming neither
+    // the store's folder nor the ids there are.
+    for id in ["vm-on-a-host", "nosuch"] {
+        let (status, body) = get(b.addr, &format!("/api/v1/targets/{id}"), "h");
+        assert_eq!(status, 404, "{id}: {body}");
+        assert!(!body.contains(&root) && !body.contains("pc1") && !body.contains("known"), "{id}: {body}");
+    }
+    let (status, body) = get(b.addr, "/api/v1/server", "h");
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains(&root), "the server document shows the store to anyone: {body}");
+}
+
+#[test]
 fn without_boot_there_are_no_boot_routes() {
     let b = server(None);
     b.store.add_target(new_target("pc1", &["52:54:00:12:34:56"])).unwrap();

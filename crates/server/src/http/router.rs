@@ -116,8 +116,14 @@ async fn not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::new(405, format!("{method} is not allowed on {}", uri.path()), "use a method the Allow field of this answer names")
 }
 
-async fn server(State(s): State<Arc<Shared>>) -> Json<Value> {
-    Json(live::server_doc(&s.state))
+async fn server(State(s): State<Arc<Shared>>, caller: Option<Extension<auth::Caller>>) -> Json<Value> {
+    let mut doc = live::server_doc(&s.state);
+    if caller.is_some_and(|Extension(c)| c == auth::Caller::Booting) {
+        // A machine without credentials learns where to connect, not where the store is.
+        doc["store"] = Value::String(String::new());
+        doc["nbd"]["socket"] = Value::Null;
+    }
+    Json(doc)
 }
 
 async fn sessions(State(s): State<Arc<Shared>>) -> Json<Value> {

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use vdstream_store::{documents, Access, NewTarget, Store, TargetChange};
 
+use super::auth::Caller;
 use super::error::{ApiError, JsonBody, Param};
 use super::shared::{blocking, AuditClient, Shared};
 
@@ -105,7 +106,10 @@ pub(crate) async fn target_add(State(s): S, Extension(c): Client, JsonBody(t): J
     Ok((StatusCode::CREATED, Json(doc)))
 }
 
-pub(crate) async fn target_show(State(s): S, Extension(c): Client, Param(id): Param<String>) -> Answer {
+pub(crate) async fn target_show(State(s): S, Extension(c): Client, caller: Option<Extension<Caller>>, Param(id): Param<String>) -> Answer {
+    if caller.is_some_and(|Extension(c)| c == Caller::Booting) {
+        return booting_target_show(s, c, id).await;
+    }
     on_store(s, c, move |st, shared| {
         let mut doc = documents::target_show(st, &id)?;
         if let Some(report) = shared.live.agent_report(&id) {
@@ -115,6 +119,24 @@ pub(crate) async fn target_show(State(s): S, Extension(c): Client, Param(id): Pa
     })
     .await
     .map(Json)
+}
+
+/// `GET /targets/{id}` for a machine without credentials (a network-booted target's agent,
+/// see `auth::booting_may`): only a record that names MACs (a network-booted target's),
+/// without its agent's report or who made and changed it; any other id is a bare 404,
+/// which names neither the store nor the ids there are.
+async fn booting_target_show(s: Arc<Shared>, c: AuditClient, id: String) -> Answer {
+    let shown = id.clone();
+    let found = on_store(s, c, move |st, _| {
+        Ok(st.target(&id).ok().filter(|r| !r.macs.is_empty()).map_or(Value::Null, |mut r| {
+            r.description = None;
+            r.created_by = String::new();
+            r.updated_by = String::new();
+            serde_json::json!(r)
+        }))
+    })
+    .await?;
+    Some(found).filter(|v| !v.is_null()).map(Json).ok_or_else(|| ApiError::new(404, format!("no network-booted target {shown:?}"), "a machine that boots from the network needs a target record with its MAC (vdstream target add ID --mac MAC)"))
 }
 
 pub(crate) async fn target_set(State(s): S, Extension(c): Client, Param(id): Param<String>, JsonBody(ch): JsonBody<TargetChange>) -> Answer {
