@@ -116,11 +116,32 @@ pub fn host_ok(host: &str) -> bool {
     !host.is_empty() && host.len() <= 255 && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
 }
 
-/// Text that an iPXE script may print: printable ASCII without `$` (setting expansion),
-/// `|`, `&` (command chaining) and quotes; anything else becomes a space. At most 400
-/// characters.
+/// Characters an iPXE script line must not carry: `$` and braces (setting expansion), `|`
+/// and `&` (command chaining), quotes and backslashes.
+const IPXE_SPECIAL: &str = "$|&\"'\\{}";
+
+/// `text` as an iPXE script line may carry it: printable ASCII without [`IPXE_SPECIAL`];
+/// anything else becomes a space. Never cut.
+fn ipxe_chars(text: &str) -> String {
+    text.chars().map(|c| if c.is_ascii_graphic() && !IPXE_SPECIAL.contains(c) || c == ' ' { c } else { ' ' }).collect()
+}
+
+/// Text that an iPXE script may print ([`ipxe_chars`]), at most 400 characters.
 pub fn ipxe_text(text: &str) -> String {
-    text.chars().take(400).map(|c| if c.is_ascii_graphic() && !"$|&\"'\\{}".contains(c) || c == ' ' { c } else { ' ' }).collect()
+    ipxe_chars(&text.chars().take(400).collect::<String>())
+}
+
+/// The longest kernel command line (x86's `COMMAND_LINE_SIZE`, bytes with the final NUL).
+pub const KERNEL_CMDLINE_MAX: usize = 2048;
+
+/// A value of the record that goes into the kernel command line as one parameter's value:
+/// one word of characters an iPXE line carries as they are (a space would start another
+/// parameter, as `init=/bin/sh`; a record file edited by hand is not checked otherwise).
+fn one_word(r: &TargetRecord, what: &str, v: &str) -> Result<(), String> {
+    if v.is_empty() || v.chars().any(|c| !c.is_ascii_graphic() || IPXE_SPECIAL.contains(c)) {
+        return Err(format!("target {}'s record has a {what} the kernel command line cannot carry ({:?}): correct it with vdstream target set {} --{what} VALUE", ipxe_chars(&r.id), ipxe_chars(v), ipxe_chars(&r.id)));
+    }
+    Ok(())
 }
 
 /// What a target's script needs besides its record.
@@ -133,8 +154,19 @@ pub struct ScriptContext<'a> {
     pub mac: &'a str,
 }
 
-/// The kernel command line of target `r` booting `layer` of its vDisk.
-pub fn cmdline(r: &TargetRecord, layer: Layer, cx: &ScriptContext<'_>) -> String {
+/// The kernel command line of target `r` booting `layer` of its vDisk, whole or not at all:
+/// `Err` says why (a record value that is not one word, or a line longer than the
+/// kernel takes), for the machine's console. Never cut: a cut parameter could name
+/// another disk as the overflow device.
+pub fn cmdline(r: &TargetRecord, layer: Layer, cx: &ScriptContext<'_>) -> Result<String, String> {
+    one_word(r, "id", &r.id)?;
+    one_word(r, "vdisk", &r.vdisk)?;
+    if let Some(h) = &r.hostname {
+        one_word(r, "hostname", h)?;
+    }
+    if let Some(d) = &r.overflow_device {
+        one_word(r, "overflow-device", d)?;
+    }
     let mut args: Vec<String> = Vec::new();
     if !cx.config.kernel_args.is_empty() {
         args.push(cx.config.kernel_args.clone());
@@ -158,7 +190,14 @@ pub fn cmdline(r: &TargetRecord, layer: Layer, cx: &ScriptContext<'_>) -> String
     }
     args.push(format!("vdstream.hostname={}", r.hostname.as_deref().unwrap_or(&r.id)));
     args.push(format!("vdstream.machine_id={}", machine_id(&r.id)));
-    ipxe_text(&args.join(" ")).replace("  ", " ")
+    let line = ipxe_chars(&args.join(" ")).replace("  ", " ");
+    if line.len() >= KERNEL_CMDLINE_MAX {
+        return Err(format!(
+            "the kernel command line of target {} would be {} characters, more than the kernel takes ({}): shorten --boot-kernel-args or the --boot-server list",
+            ipxe_chars(&r.id), line.len(), KERNEL_CMDLINE_MAX - 1
+        ));
+    }
+    Ok(line)
 }
 
 /// `GET /boot/ipxe`: the first script, which asks for the machine's own by its MAC.
@@ -178,6 +217,13 @@ pub fn file_url(base: &str, vdisk: &str, layer: Layer, file: &str) -> String {
 /// initrd, boot; when a fetch fails, the server says why ([`problem_script`]).
 pub fn target_script(r: &TargetRecord, layer: Layer, cx: &ScriptContext<'_>) -> String {
     let (base, v) = (cx.base, version_text(layer));
+    let cmdline = match cmdline(r, layer, cx) {
+        Ok(line) => line,
+        Err(why) => {
+            log::warn!("boot: cannot boot target {} (MAC {}): {why}", r.id, cx.mac);
+            return message_script(base, &[why], cx.config.retry_secs);
+        }
+    };
     format!(
         "#!ipxe\n# vdstream: target {id}, MAC {mac}, vDisk {vdisk}@{v}\n\
          echo vdstream: target {id} boots vDisk {vdisk}@{v} ({cache})\n\
@@ -192,7 +238,7 @@ pub fn target_script(r: &TargetRecord, layer: Layer, cx: &ScriptContext<'_>) -> 
         cache = r.cache.name(),
         kernel = file_url(base, &r.vdisk, layer, "vmlinuz"),
         initrd = file_url(base, &r.vdisk, layer, "initrd.img"),
-        cmdline = cmdline(r, layer, cx),
+        cmdline = cmdline,
     )
 }
 
@@ -268,6 +314,44 @@ mod tests {
         assert_eq!(echoed[..echoed.len() - 2].join(" "), long, "every word, in order");
         assert_eq!(echoed[echoed.len() - 2], "  indented words stay indented");
         assert!(s.ends_with("sleep 30\nchain --replace --autofree http://h:1/boot/ipxe\n"), "{s}");
+    }
+
+    fn record(hostname: Option<&str>, overflow: Option<&str>) -> TargetRecord {
+        let mut doc = serde_json::json!({
+            "format": "vdstream-target", "format_version": 1, "id": "pc1", "vdisk": "lab", "version": "production",
+            "cache": "ram-overflow", "macs": ["52:54:00:12:34:56"], "created": "2026-11-25T00:00:00Z", "created_by": "a",
+            "updated": "2026-11-25T00:00:00Z", "updated_by": "a", "generation": 1
+        });
+        if let Some(h) = hostname {
+            doc["hostname"] = h.into();
+        }
+        if let Some(d) = overflow {
+            doc["overflow_device"] = d.into();
+        }
+        serde_json::from_value(doc).unwrap()
+    }
+
+    #[test]
+    fn the_kernel_command_line_is_whole_or_refused() {
+        let cfg = BootConfig::default();
+        let cx = ScriptContext { base: "http://10.0.2.2:8480", config: &cfg, mac: "52:54:00:12:34:56" };
+        // A long overflow device path is carried whole (a cut one could name another disk).
+        let dev = "/dev/disk/by-id/ata-SAMSUNG_MZ7LN256HAJQ-000H1_S3TWNX0K123456-part12";
+        let line = cmdline(&record(Some("lab-pc-01"), Some(dev)), Layer::Version(3), &cx).unwrap();
+        assert!(line.contains(&format!("vdstream.overflow={dev} ")), "{line}");
+        assert!(line.contains("vdstream.hostname=lab-pc-01 vdstream.machine_id="), "{line}");
+        // More than the kernel takes: refused, not cut.
+        let servers: Vec<String> = (0..40).map(|i| format!("http://boot-server-number-{i}.lab.example:8480")).collect();
+        let many = BootConfig { servers, ..BootConfig::default() };
+        let e = cmdline(&record(None, Some(dev)), Layer::Base, &ScriptContext { config: &many, ..cx.clone() }).unwrap_err();
+        assert!(e.contains("more than the kernel takes"), "{e}");
+        let script = target_script(&record(None, None), Layer::Base, &ScriptContext { config: &many, ..cx.clone() });
+        assert!(!script.lines().any(|l| l.starts_with("kernel ")) && script.contains("echo vdstream:"), "{script}");
+        // A record edited by hand cannot add kernel parameters.
+        for (h, d) in [(Some("x init=/bin/sh"), None), (None, Some("/dev/sda2 init=/bin/sh")), (Some(""), None)] {
+            let e = cmdline(&record(h, d), Layer::Base, &cx).unwrap_err();
+            assert!(e.contains("cannot carry"), "{e}");
+        }
     }
 
     #[test]
