@@ -86,7 +86,10 @@ pub fn start(id: &str) -> Result<()> {
 
 /// In the daemon child, before any thread starts: signals, OOM score, memory lock.
 pub fn become_daemon(id: &str) {
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+    // Every catchable signal whose default would end the process: the root disk's backend
+    // must not die of a stray `kill -USR1` or a terminal's QUIT (SIGKILL and SIGSTOP cannot
+    // be ignored; SIGPIPE is ignored by Rust already).
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM, libc::SIGVTALRM, libc::SIGPROF, libc::SIGIO, libc::SIGPWR, libc::SIGXCPU, libc::SIGXFSZ, libc::SIGSTKFLT] {
         // SAFETY: SIG_IGN is a valid disposition for these signals; no handler runs.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
