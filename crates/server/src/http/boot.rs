@@ -231,7 +231,15 @@ async fn file(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Extensi
         }
         (f, Ok(files)) => {
             let path = if f == "vmlinuz" { files.kernel } else { files.initrd };
-            let permit = s.boot_transfers.clone().acquire_owned().await.expect("the semaphore is never closed");
+            // No waiting for a place while holding a handler: slow readers holding every
+            // place must not stall the scripts of other machines. iPXE's script goes on to
+            // the problem script, which retries.
+            let Ok(permit) = s.boot_transfers.clone().try_acquire_owned() else {
+                s.state.log.log(log::Level::Warn, module_path!(), "boot-busy", format_args!("boot: {peer} asked for {file} of {name}@{version} while every transfer place was taken; answered 503"));
+                let mut r = text(StatusCode::SERVICE_UNAVAILABLE, "every transfer place of the boot service is taken; try again in a few seconds\n".into());
+                r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("5"));
+                return r;
+            };
             match ServeFile::new(&path).oneshot(req).await {
                 Ok(r) => r.map(|b| Body::new(Held { inner: Body::new(b), _permit: permit })),
                 Err(e) => match e {},
