@@ -13,6 +13,7 @@ mod demo;
 #[macro_use]
 mod exit;
 mod initrd;
+mod penalty_flags;
 mod pki;
 mod ram_sizing;
 mod remote;

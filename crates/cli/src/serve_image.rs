@@ -186,6 +186,9 @@ pub struct ServeImageArgs {
     #[command(flatten)]
     tls: crate::tls_flags::TlsFlags,
 
+    #[command(flatten)]
+    penalty: crate::penalty_flags::PenaltyFlags,
+
     /// With TLS on, what a client without a verified certificate may do: `none` (the
     /// default: refused with NBD_REP_ERR_POLICY, saying to connect with a client
     /// certificate of the server's CA) or `all` (served like any other: the plaintext
@@ -369,10 +372,14 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout),
             tls,
             tls_mode: args.tls.tls,
+            penalty: args.penalty.config(None, None)?,
             ..ServerConfig::default()
         };
         if config.tls.is_some() {
             outln!("vdstream: {}", args.tls.describe());
+        }
+        if args.listen.is_some() {
+            log::info!("NBD: {} (--handshake-penalty)", config.penalty.describe());
         }
         let server = Arc::new(Server::new(exports, config));
         let (trigger, shutdown) = ShutdownSignal::new();

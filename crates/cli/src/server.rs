@@ -157,6 +157,9 @@ pub struct ServerArgs {
     #[command(flatten)]
     tls: crate::tls_flags::TlsFlags,
 
+    #[command(flatten)]
+    penalty: crate::penalty_flags::PenaltyFlags,
+
     /// Serve the network boot of targets on the HTTP API's port (needs --http): iPXE scripts
     /// chosen by MAC (target records' --mac), each version's kernel and initrd. Off by
     /// default. These routes are unauthenticated and read-only (see docs/BOOT.md).
@@ -325,6 +328,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         },
         nbd_tls,
         nbd_tls_mode: args.tls.tls,
+        handshake_penalty: args.penalty.config(file.handshake_penalty, file.handshake_penalty_exempt.as_deref())?,
     })
 }
 

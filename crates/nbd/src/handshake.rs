@@ -91,6 +91,19 @@ pub enum HandshakeError {
     Tls(io::Error),
 }
 
+impl HandshakeError {
+    /// Whether this failure counts against the client's address ([`crate::penalty`]): a
+    /// refused TLS handshake (foreign CA, expired or revoked certificate), a stall, bytes
+    /// that are not NBD. A client that merely closes early (a port probe, a health check),
+    /// a drain, or an export name that cannot be served does not.
+    pub fn counts_against_source(&self) -> bool {
+        matches!(
+            self,
+            HandshakeError::Tls(_) | HandshakeError::Timeout(_) | HandshakeError::ClientFlags(_) | HandshakeError::BadMagic(_) | HandshakeError::OptionTooLong { .. }
+        )
+    }
+}
+
 struct Wire<'a, S> {
     stream: &'a mut S,
     timeout: Duration,

@@ -69,10 +69,11 @@ impl Server {
         Server {
             shared: Arc::new(Shared {
                 exports,
-                config,
                 stats: Arc::new(ServerStats::default()),
                 log: crate::lograte::LogLimiter::default(),
                 refusing: std::sync::atomic::AtomicUsize::new(0),
+                penalties: crate::penalty::Penalties::new(config.penalty.clone()),
+                config,
             }),
         }
     }
@@ -101,10 +102,18 @@ impl Server {
                 a = accept(&listener, self.shared.config.dead_peer_timeout) => a,
             };
             match accepted {
-                Ok((conn, peer)) => {
+                Ok((conn, peer, source)) => {
                     accept_errors = 0;
                     let stats = &self.shared.stats;
                     stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+                    if let Some(left) = source.and_then(|ip| self.shared.penalties.penalized(ip, std::time::Instant::now())) {
+                        // Closed before any handshake work is done for it.
+                        stats.connections_penalized.fetch_add(1, Ordering::Relaxed);
+                        self.shared.log.log(log::Level::Info, module_path!(), "penalized source",
+                            format_args!("NBD client {peer}: connection closed at accept: its address failed too many handshakes, {}s of its penalty left (--handshake-penalty)", left.as_secs().max(1)));
+                        drop(conn);
+                        continue;
+                    }
                     let active = stats.connections_active.load(Ordering::Relaxed) as usize;
                     if active >= self.shared.config.max_connections {
                         stats.connections_refused.fetch_add(1, Ordering::Relaxed);
@@ -121,9 +130,12 @@ impl Server {
                     let signal = shutdown.clone();
                     sessions.spawn(async move {
                         let _guard = guard;
-                        match conn {
+                        let failed = match conn {
                             Conn::Unix(s) => run_connection(s, &shared, signal, &peer, None).await,
                             Conn::Tcp(s) => run_connection(s, &shared, signal, &peer, None).await,
+                        };
+                        if let (HandshakeOutcome::Failed, Some(ip)) = (failed, source) {
+                            penalize(&shared, ip, &peer);
                         }
                     });
                 }
@@ -176,7 +188,7 @@ impl Server {
             match conn {
                 Conn::Unix(s) => run_connection(s, &shared, signal, &peer, Some(why)).await,
                 Conn::Tcp(s) => run_connection(s, &shared, signal, &peer, Some(why)).await,
-            }
+            };
         });
     }
 
@@ -184,7 +196,7 @@ impl Server {
     /// exactly as [`Server::serve`] serves an accepted one. Fuzzing and tests use it with
     /// one end of a socket pair.
     pub async fn serve_unix_stream(&self, stream: tokio::net::UnixStream, shutdown: ShutdownSignal) {
-        run_connection(stream, &self.shared, shutdown, "unix", None).await
+        run_connection(stream, &self.shared, shutdown, "unix", None).await;
     }
 
     /// Serves the transmission phase of a connection whose handshake happened elsewhere, on
@@ -344,11 +356,13 @@ enum Conn {
     Tcp(tokio::net::TcpStream),
 }
 
-async fn accept(listener: &Listener, dead_peer_timeout: Option<Duration>) -> io::Result<(Conn, String)> {
+/// Accepts one connection: the connection, how the log names its peer, and its source
+/// address (TCP only: unix-socket clients are local and never penalized).
+async fn accept(listener: &Listener, dead_peer_timeout: Option<Duration>) -> io::Result<(Conn, String, Option<std::net::IpAddr>)> {
     match listener {
         Listener::Unix(l) => {
             let (s, _) = l.accept().await?;
-            Ok((Conn::Unix(s), "unix".to_string()))
+            Ok((Conn::Unix(s), "unix".to_string(), None))
         }
         Listener::Tcp(l) => {
             let (s, addr) = l.accept().await?;
@@ -360,14 +374,38 @@ async fn accept(listener: &Listener, dead_peer_timeout: Option<Duration>) -> io:
                     log::warn!("cannot set TCP keepalive on the connection from {addr} ({e}); if its machine vanishes, the connection is held until the server stops");
                 }
             }
-            Ok((Conn::Tcp(s), addr.to_string()))
+            Ok((Conn::Tcp(s), addr.to_string(), Some(addr.ip())))
         }
     }
 }
 
-/// One connection, start to end. Never returns an error: failures are logged here.
+/// How a connection's handshake ended, for [`crate::penalty`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HandshakeOutcome {
+    /// It negotiated an export, the client ended it (politely or not), or it failed for a
+    /// reason that does not count against the client's address.
+    Done,
+    /// It failed in a way that counts against the client's address: a refused
+    /// certificate, a stall past the timeout, bytes that are not NBD.
+    Failed,
+}
+
+/// Counts a failed handshake against its source; a source that starts a penalty is named
+/// in the log (through the limiter: a crowd of sources cannot flood it).
+fn penalize(shared: &Shared, ip: std::net::IpAddr, peer: &str) {
+    if let crate::penalty::Failure::Penalized { penalty, strike } = shared.penalties.failed(ip, std::time::Instant::now()) {
+        let c = shared.penalties.config();
+        shared.log.log(log::Level::Warn, module_path!(), "source penalized", format_args!(
+            "NBD clients from {ip} (last {peer}): {} failed handshakes within {}s; their new connections are closed at accept for {}s (penalty {strike}; --handshake-penalty, --handshake-penalty-exempt)",
+            c.max_failures, c.window.as_secs(), penalty.as_secs()
+        ));
+    }
+}
+
+/// One connection, start to end. Failures are logged here; the result says whether the
+/// handshake failed (a source's failures can penalize it).
 /// `refusal`: the server has no room for it; every export it asks for is refused so.
-async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutdown: ShutdownSignal, peer: &str, refusal: Option<OpenError>) {
+async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutdown: ShutdownSignal, peer: &str, refusal: Option<OpenError>) -> HandshakeOutcome {
     // Each handshake read is bounded by handshake_timeout; the whole handshake by a few of
     // them, so a client dribbling a byte at a time cannot hold a slot either.
     let whole = if refusal.is_some() { REFUSAL_TIMEOUT } else { shared.config.handshake_timeout * HANDSHAKE_READS_ALLOWED };
@@ -378,14 +416,14 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
         Ok(Some(h)) => h,
         Ok(None) => {
             log::debug!("NBD client {peer} ended the handshake");
-            return;
+            return HandshakeOutcome::Done;
         }
         Err(e) => {
             shared.stats.handshakes_failed.fetch_add(1, Ordering::Relaxed);
             // A stranger can fail handshakes at will (a storm of foreign certificates):
             // through the limiter, so the log shows them while rare and a count once they flood.
             shared.log.log(log::Level::Info, module_path!(), "handshake failed", format_args!("NBD handshake with {peer} failed: {e}"));
-            return;
+            return if e.counts_against_source() { HandshakeOutcome::Failed } else { HandshakeOutcome::Done };
         }
     };
     log::debug!("NBD client {peer} uses export {:?} ({})", negotiated.negotiated.export_name, negotiated.negotiated.device.describe());
@@ -400,4 +438,5 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
         Err(e) => log::info!("NBD connection from {peer} ended: {e}"),
         Ok(()) => {}
     }
+    HandshakeOutcome::Done
 }

@@ -227,6 +227,9 @@ pub struct ServerConfig {
     pub tls: Option<Arc<vdstream_tls::files::ServerTls>>,
     /// Whether TLS is offered or required (with [`ServerConfig::tls`]).
     pub tls_mode: TlsMode,
+    /// When a TCP source that keeps failing handshakes has its new connections closed at
+    /// accept ([`crate::penalty`]).
+    pub penalty: crate::penalty::PenaltyConfig,
 }
 
 impl ServerConfig {
@@ -247,6 +250,7 @@ impl Default for ServerConfig {
             dead_peer_timeout: Some(DEFAULT_DEAD_PEER_TIMEOUT),
             tls: None,
             tls_mode: TlsMode::Off,
+            penalty: crate::penalty::PenaltyConfig::default(),
         }
     }
 }
@@ -259,6 +263,9 @@ pub struct ServerStats {
     pub connections_active: AtomicU64,
     pub connections_refused: AtomicU64,
     pub handshakes_failed: AtomicU64,
+    /// TCP connections closed at accept because their source is penalized for failed
+    /// handshakes ([`crate::penalty`]).
+    pub connections_penalized: AtomicU64,
     pub requests: AtomicU64,
     pub request_errors: AtomicU64,
     pub bytes_read: AtomicU64,
@@ -328,5 +335,7 @@ pub(crate) struct Shared {
     pub log: vdstream_blockdev::lograte::LogLimiter,
     /// Connections being answered "server full" now (the server's refusal path).
     pub refusing: std::sync::atomic::AtomicUsize,
+    /// Failed handshakes per TCP source, and the sources closed at accept for them.
+    pub penalties: crate::penalty::Penalties,
 }
 

@@ -12,6 +12,8 @@
 //! max-connections = 1000     # default: from the open-files limit
 //! anonymous = "none"         # none, vdisks or all (with TLS: what clients without a certificate get)
 //! insecure = false           # true: listen on a non-loopback address without TLS
+//! handshake-penalty = 10     # failed NBD handshakes a minute before an address is closed at accept (0: off)
+//! handshake-penalty-exempt = "127.0.0.1,::1"   # addresses or networks never penalized, or "none"
 //! boot = true                # the boot service (docs/BOOT.md), and its settings:
 //! boot-advertise = "192.168.1.10"
 //! boot-server = ["http://192.168.1.11:8480"]
@@ -66,6 +68,9 @@ pub struct ServerOptions {
     pub nbd_tls_mode: vdstream_nbd::TlsMode,
     /// `--boot` and its settings: the boot service on the API's port (`None`: off).
     pub boot: Option<crate::boot::BootConfig>,
+    /// `--handshake-penalty`, `--handshake-penalty-exempt`: TCP client addresses that keep
+    /// failing NBD handshakes are closed at accept for a while.
+    pub handshake_penalty: vdstream_nbd::penalty::PenaltyConfig,
 }
 
 /// A server asked to listen in plaintext where other machines can reach it.
@@ -109,6 +114,7 @@ impl ServerOptions {
             nbd_tls: None,
             nbd_tls_mode: Default::default(),
             boot: None,
+            handshake_penalty: Default::default(),
         }
     }
 
@@ -154,6 +160,10 @@ pub struct ConfigFile {
     /// none, vdisks or all.
     pub anonymous: Option<String>,
     pub insecure: Option<bool>,
+    /// Failed NBD handshakes a minute before an address is closed at accept (0: off).
+    pub handshake_penalty: Option<u32>,
+    /// Addresses or networks never penalized, comma-separated, or "none".
+    pub handshake_penalty_exempt: Option<String>,
     /// The boot service (keys as the flags: boot, boot-advertise, boot-server (a list),
     /// boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp).
     pub boot: Option<bool>,
@@ -177,7 +187,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, anonymous, insecure, boot, boot-advertise, boot-server, boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, anonymous, insecure, handshake-penalty, handshake-penalty-exempt, boot, boot-advertise, boot-server, boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp", e.message())
         })
     }
 }
@@ -196,6 +206,8 @@ mod tests {
         assert_eq!(ConfigFile::parse("http = \"127.0.0.1:8480\"").unwrap().http.as_deref(), Some("127.0.0.1:8480"));
         assert_eq!(ConfigFile::parse("dead-peer-timeout = 20").unwrap().dead_peer_timeout, Some(20));
         assert_eq!(ConfigFile::parse("max-connections = 200").unwrap().max_connections, Some(200));
+        let c = ConfigFile::parse("handshake-penalty = 0\nhandshake-penalty-exempt = \"10.0.0.0/8\"").unwrap();
+        assert_eq!((c.handshake_penalty, c.handshake_penalty_exempt.as_deref()), (Some(0), Some("10.0.0.0/8")));
         let c = ConfigFile::parse("boot = true\nboot-server = [\"http://a:1\"]\ntftp = \"0.0.0.0:69\"\nboot-unknown = \"auto-add\"").unwrap();
         assert_eq!((c.boot, c.boot_server.as_deref(), c.tftp.as_deref(), c.boot_unknown.as_deref()), (Some(true), Some(&["http://a:1".to_string()][..]), Some("0.0.0.0:69"), Some("auto-add")));
         let c = ConfigFile::parse("anonymous = \"vdisks\"\ninsecure = true").unwrap();

@@ -71,8 +71,12 @@ impl NbdService {
             max_connections: max_connections.max(1),
             tls: state.nbd_tls.clone(),
             tls_mode: state.nbd_tls_mode,
+            penalty: state.handshake_penalty.clone(),
             ..ServerConfig::default()
         };
+        if state.nbd_listen.is_some() {
+            log::info!("NBD: {} (--handshake-penalty)", config.penalty.describe());
+        }
         let server = Arc::new(Server::new(exports, config));
         let (trigger, shutdown) = ShutdownSignal::new();
         let mut tasks = Vec::new();

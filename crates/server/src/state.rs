@@ -250,6 +250,8 @@ pub struct ServerState {
     pub anonymous: crate::policy::AnonymousGrant,
     /// `--boot`: the boot service's settings (`None`: no boot routes).
     pub boot: Option<crate::boot::BootConfig>,
+    /// `--handshake-penalty`: when the NBD listeners close a failing address at accept.
+    pub handshake_penalty: vdstream_nbd::penalty::PenaltyConfig,
 }
 
 impl ServerState {
@@ -275,6 +277,7 @@ impl ServerState {
             log: Arc::new(vdstream_nbd::lograte::LogLimiter::default()),
             boot: opts.boot.clone(),
             anonymous: opts.anonymous,
+            handshake_penalty: opts.handshake_penalty.clone(),
         })
     }
 

@@ -185,10 +185,15 @@ pub fn start() -> Harness {
     start_with(ServerConfig::default())
 }
 
+/// The test exports, each device new.
+pub fn test_exports() -> Arc<TestExports> {
+    Arc::new(TestExports { disk: Arc::new(MemoryDev::new(DISK)), slow: Arc::new(SlowDev::new()), batched: Arc::new(BatchDev::new()) })
+}
+
 pub fn start_with(config: ServerConfig) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nbd.sock");
-    let exports = Arc::new(TestExports { disk: Arc::new(MemoryDev::new(DISK)), slow: Arc::new(SlowDev::new()), batched: Arc::new(BatchDev::new()) });
+    let exports = test_exports();
     let server = Server::new(exports.clone(), config);
     let stats = server.stats();
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
