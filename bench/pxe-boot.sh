@@ -12,11 +12,20 @@
 #   storm   one machine boots alone from a fresh server, then --targets machines at once
 #           from another fresh server: store reads (GET /api/v1/server) for one machine,
 #           for the storm, and per booted machine.
+#   fio     the VDI profile (shared/bench/vdi.fio) inside the guest, on a 64 MiB file of
+#           its root (libaio, O_DIRECT, --fio-secs seconds), --fio-rounds times each,
+#           alternately: (a) the diskless PXE machine, its ram-overflow cache (--ram 128M)
+#           in its own RAM and its agent on its own (emulated) CPU; (b) the same guest on
+#           the VM path, a ram-overflow --ram 128M agent on the host. Guest-visible IOPS,
+#           medians and their ratio. Under TCG the guest's emulated CPU runs fio, its
+#           kernel and (PXE) the agent: the figure measures the emulator as much as the
+#           data path.
 #
-# Not measured: the VDI fio profile inside a PXE-booted machine. The golden image is
-# busybox only (no fio in it); bench/boot-storm.sh measures the guest workload instead.
+# Every section boots a golden image that also carries fio (make-golden-image --fio, in
+# target/golden-image-fio; the host's fio and its libraries are copied in).
 #
-# Usage: bench/pxe-boot.sh [--boots 3] [--targets 8] [--only boot|storm]
+# Usage: bench/pxe-boot.sh [--boots 3] [--targets 8] [--fio-rounds 3] [--fio-secs 30]
+#                          [--only boot|storm|fio]
 # Environment: VDSTREAM_BIN, VDSTREAM_VM_ACCEL (tcg|kvm; default: probed), TMPDIR.
 # Under TCG the guest's own CPU (the emulator) dominates every figure: read the ratio.
 set -euo pipefail
@@ -24,13 +33,15 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-boots=3 targets=8 only=
+boots=3 targets=8 fio_rounds=3 fio_secs=30 only=
 args_given="$*"
 while (($#)); do
     case $1 in
     --boots) boots=$2; shift ;;
     --targets) targets=$2; shift ;;
     --only) only=$2; shift ;;
+    --fio-rounds) fio_rounds=$2; shift ;;
+    --fio-secs) fio_secs=$2; shift ;;
     -h | --help) bench_help ;;
     *) bench_bad_arg "$1" ;;
     esac
@@ -50,6 +61,9 @@ source "$E2E_DIR/vm-lib.sh"
 # shellcheck source=../tests/e2e/pxe-lib.sh
 source "$E2E_DIR/pxe-lib.sh"
 VM_SECS=${VDSTREAM_VM_SECS:-600}
+need_jobfile
+GOLDEN=$REPO_ROOT/target/golden-image-fio
+GOLDEN_FIO=$JOBFILE
 pxe_test_init golden
 echo "# bench/pxe-boot.sh $args_given"
 echo "# $(date -u +%FT%TZ), $(nproc) cores, -accel $(vm_accel), load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -106,5 +120,34 @@ if want storm; then
     awk -v one="$one" -v s="$storm" -v n="$targets" 'BEGIN {
         printf "store reads: one machine alone %d KiB; %d at once %d KiB = %.2fx one machine, %.0f KiB (%.2f of one machine) per booted machine\n",
             one / 1024, n, s / 1024, s / one, s / n / 1024, s / n / one }'
+    stop_server "$SERVER_PID" 15 || fail "the server did not stop cleanly"
+fi
+
+if want fio; then
+    # fio_iops NAME — the guest's `VDSTEST FIO iops=N` figure.
+    fio_iops() {
+        sed -n 's/.*VDSTEST FIO iops=\([0-9]*\).*/\1/p' "$E2E_TMP/$1.serial" | tail -n1 | grep . ||
+            fail "machine $1 printed no FIO line (console: $E2E_TMP/$1.serial)"
+    }
+    fio_args="vdstest=fio vdstest.secs=$fio_secs vdstest.fio_size=64m"
+    vds target add fio-pxe --vdisk golden --cache ram-overflow --ram 128M --mac "$(pxe_mac 0x2ff)" >/dev/null
+    PXE_KERNEL_ARGS="$PXE_KERNEL_ARGS $fio_args"
+    start_boot_server
+    : >"$E2E_TMP/fio-pxe.iops"
+    : >"$E2E_TMP/fio-host.iops"
+    for ((r = 1; r <= fio_rounds; r++)); do
+        pxe_boot "fio-pxe$r" "$(pxe_mac 0x2ff)"
+        fio_iops "fio-pxe$r" >>"$E2E_TMP/fio-pxe.iops"
+        start_agent "fio-host$r" --server "$(xuri vdisk/golden)" --cache ram-overflow --ram 128M
+        boot_vm "fio-host$r" "$URI" "$fio_args"
+        fio_iops "fio-host$r" >>"$E2E_TMP/fio-host.iops"
+        stop_server "$AGENT_PID" 15 || fail "agent fio-host$r did not stop cleanly"
+    done
+    p=$(median "$E2E_TMP/fio-pxe.iops") a=$(median "$E2E_TMP/fio-host.iops")
+    echo
+    echo "## fio: the VDI profile inside the guest ($fio_secs s, 64 MiB file, libaio, O_DIRECT), $fio_rounds rounds each"
+    echo "diskless PXE (cache and agent in the machine, ram-overflow 128M): $(paste -sd' ' "$E2E_TMP/fio-pxe.iops") IOPS (median $p)"
+    echo "agent on the host (ram-overflow 128M, agent socket):             $(paste -sd' ' "$E2E_TMP/fio-host.iops") IOPS (median $a)"
+    awk -v p="$p" -v a="$a" 'BEGIN { printf "PXE / agent on the host: %.2fx the guest-visible IOPS\n", p / a }'
     stop_server "$SERVER_PID" 15 || fail "the server did not stop cleanly"
 fi

@@ -99,6 +99,24 @@ loop)
         sleep 0.5
     done
     ;;
+fio)
+    # The VDI profile (job.fio: an image made with make-golden-image --fio) on a file of the
+    # root file system, as an application in the guest sees its disk: libaio, O_DIRECT.
+    job=/usr/share/vdstest/job.fio
+    if [ ! -x /usr/bin/fio ] || [ ! -f "$job" ]; then
+        failed "no fio in this image (scripts/make-golden-image --fio JOBFILE)"
+    else
+        out=$(fio "$job" --filename=/var/tmp/vdstest.fio --size="$(arg vdstest.fio_size 64m)" --runtime="$secs" \
+            --ioengine=libaio --direct=1 --output-format=terse --terse-version=3 2>&1)
+        line=$(echo "$out" | grep '^3;' | tail -n1)
+        if [ -n "$line" ]; then
+            echo "$line" | awk -F';' '{ printf "VDSTEST FIO iops=%d read_iops=%d write_iops=%d\n", $8 + $49, $8, $49 }'
+        else
+            failed "fio: $(echo "$out" | tail -n3 | tr '\n' ' ')"
+        fi
+        rm -f /var/tmp/vdstest.fio
+    fi
+    ;;
 workload)
     workload "$rounds"
     if [ "$(arg vdstest.fstrim 0)" = 1 ]; then

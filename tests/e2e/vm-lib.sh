@@ -32,6 +32,9 @@
 # bounded by `timeout`.
 
 GOLDEN=$REPO_ROOT/target/golden-image
+# GOLDEN_FIO=JOBFILE (set after sourcing, with another GOLDEN): the image also carries fio
+# and JOBFILE (make-golden-image --fio), for vdstest=fio; bench/pxe-boot.sh uses it.
+GOLDEN_FIO=
 VM_SECS=${VDSTREAM_VM_SECS:-120}
 VM_PID=
 
@@ -56,13 +59,15 @@ require_vm() {
 
 golden_image() {
     local stamp want
-    want=$(cat "$REPO_ROOT/scripts/make-golden-image" "$REPO_ROOT/scripts/golden-init.sh" | cksum)
+    local args=()
+    [[ -z $GOLDEN_FIO ]] || args=(--fio "$GOLDEN_FIO")
+    want=$(cat "$REPO_ROOT/scripts/make-golden-image" "$REPO_ROOT/scripts/golden-init.sh" ${GOLDEN_FIO:+"$GOLDEN_FIO"} | cksum)
     stamp=$GOLDEN/.stamp
     if [[ -f $stamp && $(cat "$stamp") == "$want" && -f $GOLDEN/golden.img ]]; then
         return 0
     fi
     log "building the golden image into $GOLDEN"
-    if ! "$REPO_ROOT/scripts/make-golden-image" "$GOLDEN" >"$E2E_TMP/golden.log" 2>&1; then
+    if ! "$REPO_ROOT/scripts/make-golden-image" "$GOLDEN" "${args[@]}" >"$E2E_TMP/golden.log" 2>&1; then
         cat "$E2E_TMP/golden.log" >&2
         # No package lists or no network: a machine that cannot build it skips.
         if grep -q 'apt-get download\|apt-cache knows no\|is needed' "$E2E_TMP/golden.log"; then
