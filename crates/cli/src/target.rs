@@ -173,6 +173,13 @@ pub struct AttachArgs {
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     max_requests: u32,
 
+    /// server and server-persistent on a store server: NBD connections this attach opens to
+    /// the server that holds its cache, all joining that one cache (the requests are spread
+    /// over them; one connection's requests are served by one session of the server). A
+    /// server that offers fewer gets fewer; the device types read over one connection.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
+    server_connections: u32,
+
     /// server-persistent: the agent keeps the writes the server answered until a flush
     /// covers them, and sends them again to a restarted (or another) server before anything
     /// else, so the server answers writes without syncing each one. Past this many bytes
@@ -421,6 +428,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.remote.retry_for = a.retry_for;
     cfg.remote.request_timeout = Some(a.request_timeout);
     cfg.remote.max_requests = a.max_requests as usize;
+    cfg.remote.connections = a.server_connections as usize;
     cfg.remote.journal = (a.journal_max > 0).then_some(a.journal_max);
     cfg.record_trace = a.record_trace;
     cfg.remote.tls = upstream_tls;

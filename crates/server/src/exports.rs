@@ -291,6 +291,12 @@ impl StoreExports {
         let dev: Arc<dyn BlockDev> = opened.cache.clone();
         let (new_attach, secret) = (opened.new_attach, opened.secret);
         let mut out = self.session(req, info, dev, Held { _chain: None, writer: None, target: Some(opened.hold) }, description.to_string());
+        if !new_attach {
+            // A connection that proved the attach (its name and secret) joins its cache: the
+            // agent that made it may hold several, and a flush on any covers them all, so
+            // multi-conn is offered to it (a client without the secret never gets here).
+            out.exclusive = false;
+        }
         if new_attach && req.purpose == OpenPurpose::Session {
             // The one place the secret leaves the server: to the client that made the attach
             // (after the session's description was logged without it).

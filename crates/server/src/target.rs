@@ -132,6 +132,9 @@ struct LiveCache {
     /// Connections using it, and who the first of them is (for refusals).
     holders: usize,
     holder: String,
+    /// The cache's figures when last charged to a session, shared by every connection of
+    /// the attach (an agent may hold several), so that each I/O is charged once.
+    seen: Arc<Mutex<StatsSnapshot>>,
     /// The chain below the cache (its files stay locked while the cache is open).
     _chain: Arc<OpenedLayer>,
     /// `server-persistent`: the `flock`ed `.vdattach`.
@@ -310,7 +313,7 @@ impl TargetCaches {
                 id: id.to_string(),
                 cache: c.cache.clone(),
                 write_through: c.kind == CacheType::ServerPersistent,
-                seen: Mutex::new(c.cache.stats()),
+                seen: c.seen.clone(),
             },
         }
     }
@@ -328,7 +331,8 @@ impl TargetCaches {
             let attach = new_attach_name();
             let secret = new_secret().map_err(TargetOpenError::Failed)?;
             log::info!("target {id}: new attach {attach}: vDisk {}@{version} through a fresh server cache", spec.vdisk);
-            return Ok(LiveCache { attach, secret, version, kind: CacheType::Server, cache, limit, probe, holders: 0, holder: String::new(), _chain: Arc::new(chain), _attach_lock: None });
+            let seen = Arc::new(Mutex::new(cache.stats()));
+            return Ok(LiveCache { attach, secret, version, kind: CacheType::Server, cache, limit, probe, holders: 0, holder: String::new(), seen, _chain: Arc::new(chain), _attach_lock: None });
         }
         // server-persistent: the attach file says which attach and version the cache on disk is.
         let stem = vdstream_wcache::disk::file_stem(id);
@@ -421,6 +425,7 @@ impl TargetCaches {
             attach: record.attach,
             version,
             kind: CacheType::ServerPersistent,
+            seen: Arc::new(Mutex::new(cache.stats())),
             cache,
             limit,
             probe,
@@ -465,8 +470,8 @@ pub struct TargetHold {
     id: String,
     cache: Arc<dyn WriteCache>,
     write_through: bool,
-    /// The cache's figures when last charged.
-    seen: Mutex<StatsSnapshot>,
+    /// The cache's figures when last charged (shared by the attach's connections).
+    seen: Arc<Mutex<StatsSnapshot>>,
 }
 
 impl TargetHold {

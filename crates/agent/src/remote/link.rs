@@ -1,13 +1,15 @@
-//! The agent's link to its servers: one live NBD connection at a time, replaced when it
-//! breaks, by the same server or the next one listed.
+//! The agent's link to its servers: one live set of NBD connections at a time (one
+//! connection, or for a store server's `server`-type attach up to `connections` of them,
+//! all to one server), replaced whole when one of them breaks, by the same server or the
+//! next one listed.
 //!
-//! State table of the link (`current.client`, `current.down_since`):
+//! State table of the link (`current.clients`, `current.down_since`):
 //!
-//! | client      | down_since | meaning                                                  |
+//! | clients     | down_since | meaning                                                  |
 //! | ----------- | ---------- | -------------------------------------------------------- |
-//! | live        | None       | connected; requests go straight to it                    |
-//! | broken/None | Some(t)    | outage since t; the first request in reconnects, the rest wait on `reconnecting` |
-//! | None        | None       | before the first connect                                 |
+//! | all live    | None       | connected; requests go straight to them, round-robin     |
+//! | broken/none | Some(t)    | outage since t; the first request in reconnects, the rest wait on `reconnecting` |
+//! | none        | None       | before the first connect                                 |
 //!
 //! Invariants:
 //! - Only one task reconnects at a time (`reconnecting`); a request that saw generation g
@@ -34,6 +36,14 @@
 //!   `vdstream_contract::ExportDescription`, as are the pins). The link keeps it in
 //!   memory only and sends it with every reconnect (`ConnectOptions::secret`); the
 //!   [`Identity`] (and so the status, the API report and the log) never holds it.
+//! - **Several connections.** A writable link (the `server` types) with an attach secret
+//!   opens `connections - 1` more connections to the same server after the first (and
+//!   after the journal's replay on it), each naming the pinned attach with its secret, so
+//!   they join the one server-side cache (which then offers multi-conn: a flush on any of
+//!   them covers what all of them answered). They share one generation: one of them
+//!   breaking replaces the whole set, so the journal's rules stay those of one connection.
+//!   An extra that cannot be had (a full server, one that offers no multi-conn) is left
+//!   out, and the set works with fewer.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -77,6 +87,9 @@ pub struct RemoteOptions {
     /// NBD over TLS to every server (`--tls-certificates DIR`): STARTTLS is required of
     /// each, the agent shows its target certificate. `None`: plaintext.
     pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// Connections to the server for a writable attach with a secret (the `server` types on
+    /// a store server), at most; see the module docs. Read-only links use one.
+    pub connections: usize,
 }
 
 impl Default for RemoteOptions {
@@ -93,6 +106,7 @@ impl Default for RemoteOptions {
             target: "target".into(),
             journal: None,
             tls: None,
+            connections: 4,
         }
     }
 }
@@ -191,7 +205,9 @@ pub struct LinkCounters {
 
 #[derive(Debug, Default)]
 struct Current {
-    client: Option<Arc<Client>>,
+    /// The live set (empty: none); requests take them in turn (`next`).
+    clients: Vec<Arc<Client>>,
+    next: usize,
     generation: u64,
     index: usize,
     down_since: Option<Instant>,
@@ -271,7 +287,7 @@ impl Link {
     /// The endpoint in use (or last used), and whether it is connected now.
     pub fn endpoint_in_use(&self) -> (&Endpoint, bool) {
         let cur = lock(&self.current);
-        let live = cur.client.as_ref().is_some_and(|c| c.closed_reason().is_none());
+        let live = !cur.clients.is_empty() && cur.clients.iter().all(|c| c.closed_reason().is_none());
         (&self.endpoints[cur.index], live)
     }
 
@@ -309,8 +325,8 @@ impl Link {
     /// answers ESHUTDOWN while it drains).
     pub fn broken(&self, g: u64, reason: String) {
         let mut cur = lock(&self.current);
-        if cur.generation == g && cur.client.is_some() {
-            cur.client = None;
+        if cur.generation == g && !cur.clients.is_empty() {
+            cur.clients.clear();
             cur.reason = Some(reason);
             cur.down_since.get_or_insert_with(Instant::now);
         }
@@ -318,16 +334,21 @@ impl Link {
 
     fn usable(&self, failed: Option<u64>) -> Option<(Arc<Client>, u64)> {
         let mut cur = lock(&self.current);
+        if cur.clients.is_empty() {
+            return None;
+        }
         let gen = cur.generation;
-        let closed = match &cur.client {
-            Some(c) if failed != Some(gen) => match c.closed_reason() {
-                None => return Some((c.clone(), gen)),
-                Some(r) => r,
-            },
-            Some(c) => c.closed_reason().unwrap_or_else(|| "a request on it failed".into()),
-            None => return None,
+        let closed = cur.clients.iter().find_map(|c| c.closed_reason());
+        let closed = match closed {
+            None if failed != Some(gen) => {
+                let k = cur.next % cur.clients.len();
+                cur.next = cur.next.wrapping_add(1);
+                return Some((cur.clients[k].clone(), gen));
+            }
+            None => "a request on it failed".to_string(),
+            Some(r) => r,
         };
-        cur.client = None;
+        cur.clients.clear();
         cur.reason = Some(closed);
         cur.down_since.get_or_insert_with(Instant::now);
         None
@@ -390,9 +411,12 @@ impl Link {
             match attempt {
                 Ok(client) => {
                     let client = Arc::new(client);
+                    let mut clients = vec![client.clone()];
+                    clients.extend(self.extra_connections(ep).await);
                     let mut cur = lock(&self.current);
                     cur.generation += 1;
-                    cur.client = Some(client.clone());
+                    cur.clients = clients;
+                    cur.next = 0;
                     cur.index = index;
                     cur.down_since = None;
                     cur.reason = None;
@@ -460,6 +484,37 @@ impl Link {
                 tokio::time::sleep(sleep).await;
             }
         }
+    }
+
+    /// The connections after the first to `ep` (see "Several connections" in the module
+    /// docs): none for a read-only link, one without an attach secret, or `connections` 1.
+    /// Opened at once; one that fails or offers no multi-conn is left out (logged once).
+    async fn extra_connections(&self, ep: &Endpoint) -> Vec<Arc<Client>> {
+        let want = self.opts.connections.saturating_sub(1);
+        if want == 0 || !self.opts.writable || lock(&self.secret).is_none() {
+            return Vec::new();
+        }
+        // The endpoint's own export (pinned to the attach, with its secret), never its fallback.
+        let tries = (0..want).map(|_| self.attempt_export(ep, &ep.export));
+        let mut extras = Vec::with_capacity(want);
+        let mut why = None;
+        for attempt in futures_util::future::join_all(tries).await {
+            match attempt {
+                Ok(c) if c.can_multi_conn() => extras.push(Arc::new(c)),
+                Ok(_) => why = Some(format!("{ep} does not offer multi-conn on {:?}", self.identity().map(|i| i.export).unwrap_or_default())),
+                Err((e, _)) => why = Some(e),
+            }
+        }
+        if let Some(why) = why {
+            log::warn!(
+                "target {}: {} of {} connections to {ep} ({why}); carrying on with {}",
+                self.opts.target,
+                extras.len() + 1,
+                want + 1,
+                extras.len() + 1
+            );
+        }
+        extras
     }
 
     /// One connect + handshake + identity check, of the endpoint's export and, if the

@@ -154,10 +154,10 @@ impl RemoteBase {
             fast_zero: !read_only && client.can_fast_zero(),
             cache: false,
             block_status: client.can_block_status(),
-            // Every connection to this device shares the link's one server connection
-            // (at a time), so a flush covers every write any of them completed, whether or
-            // not the server offers multi-conn on its export (a server-side cache's export
-            // takes one connection, and so does not).
+            // Every connection to this device shares the link's one set of server
+            // connections (at a time, all to one server), so a flush covers every write any
+            // of them completed: with one connection whatever the server offers, with
+            // several because each extra one was checked to offer multi-conn.
             multi_conn: true,
             may_block: true,
             preferred_block: client.block_sizes().preferred.max(512),
