@@ -16,7 +16,9 @@
 # One vDisk of --size random data in a fresh store (made by the new build); caches start
 # empty. Prints, per peer, the median total IOPS of each build and new/old; the hop ratios
 # agent/direct (median of the per-round ratios) for each build; and the load average at
-# the start of each round. About 4 minutes a round (15 fio runs of --runtime plus starts).
+# the start of each round; and where the CPU went: CPU milliseconds per thousand guest I/Os
+# of fio, the agent and the server (medians; fio's from its own report, the others' from
+# /proc over the fio run). About 4 minutes a round (15 fio runs of --runtime plus starts).
 #
 # Usage: bench/hop-ab.sh --old-bin PATH [--new-bin PATH] [--size 1g] [--runtime 8]
 #                        [--rounds 2] [--peers ram,direct-device-disk,...] [--out FILE]
@@ -77,6 +79,15 @@ for c in server server-persistent; do
     "$new_bin" target add "hop-$c" --vdisk golden --cache "$c" >/dev/null
 done
 
+# cpu_secs PID — user + system CPU seconds PID has used so far (0 without a PID).
+cpu_secs() {
+    if [[ -n $1 && -r /proc/$1/stat ]]; then
+        awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"
+    else
+        echo 0
+    fi
+}
+
 # run_peer PEER BUILD ROUND — start the peer with BUILD's binary (old, new, or nbdkit),
 # run fio against it, stop it.
 run_peer() {
@@ -115,9 +126,14 @@ run_peer() {
         wait_nbd_ready "$agent_pid" "$work/run/$id.sock" "$work/$name.agent.log" agent 60
         uri="nbd+unix:///?socket=$work/run/$id.sock" ;;
     esac
-    fio "$JOBFILE" --ioengine=nbd --uri="$uri" --size="$size" --runtime="$runtime" \
-        --output-format=json --output="$work/$name.json" >"$work/$name.fio.log" 2>&1 ||
-        { cat "$work/$name.fio.log" >&2; echo "fio failed against $peer ($build)" >&2; exit 1; }
+    local cpu0 cpu1
+    cpu0="$(cpu_secs "$server_pid") $(cpu_secs "$agent_pid")"
+    local TIMEFORMAT='%U %S' fio_rc=0
+    { time fio "$JOBFILE" --ioengine=nbd --uri="$uri" --size="$size" --runtime="$runtime" \
+        --output-format=json --output="$work/$name.json" >"$work/$name.fio.log" 2>&1 || fio_rc=$?; } 2>"$work/$name.fiocpu"
+    ((fio_rc == 0)) || { cat "$work/$name.fio.log" >&2; echo "fio failed against $peer ($build)" >&2; exit 1; }
+    cpu1="$(cpu_secs "$server_pid") $(cpu_secs "$agent_pid")"
+    echo "$cpu0 $cpu1" >"$work/$name.cpu"
     stop_pid "$agent_pid"; agent_pid=
     stop_pid "$server_pid"; server_pid=
     rm -rf "$work/cache" "$work/run" "$work/store/cache" "$sock"
@@ -182,6 +198,23 @@ if lines:
     print("| hop: agent / direct | build | median of per-round ratios | per round |")
     print("| --- | --- | ---: | --- |")
     print("\n".join(lines))
+def cpu_per_kio(p, b, i):
+    text = open(f"{work}/{p}.{b}.{i}.json").read()
+    j = json.loads(text[text.index("{"):])
+    job = j["jobs"][0]
+    ios = job["read"]["total_ios"] + job["write"]["total_ios"]
+    fio_cpu = sum(map(float, open(f"{work}/{p}.{b}.{i}.fiocpu").read().split()))
+    s0, a0, s1, a1 = map(float, open(f"{work}/{p}.{b}.{i}.cpu").read().split())
+    k = max(ios, 1) / 1000
+    return fio_cpu / k * 1000, (a1 - a0) / k * 1000, (s1 - s0) / k * 1000
+print()
+print("| peer | build | CPU ms per 1000 guest I/Os: fio | agent | server |")
+print("| --- | --- | ---: | ---: | ---: |")
+for p in peers:
+    for b in ("old", "new"):
+        rows = [cpu_per_kio(p, b, i) for i in range(rounds)]
+        f, a, s = (statistics.median(r[k] for r in rows) for k in range(3))
+        print(f"| {p} | {b} | {f:.1f} | {a:.1f} | {s:.1f} |")
 PYEOF
 )
 report=$(

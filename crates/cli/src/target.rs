@@ -177,7 +177,9 @@ pub struct AttachArgs {
     /// the server that holds its cache, all joining that one cache (the requests are spread
     /// over them; one connection's requests are served by one session of the server). A
     /// server that offers fewer gets fewer; the device types read over one connection.
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
+    /// More than 1 costs more CPU per request on agent and server alike (measured on two
+    /// cores, docs/BENCHMARKS.md); try it where the server has cores to spare.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     server_connections: u32,
 
     /// server-persistent: the agent keeps the writes the server answered until a flush

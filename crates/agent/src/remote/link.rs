@@ -106,7 +106,7 @@ impl Default for RemoteOptions {
             target: "target".into(),
             journal: None,
             tls: None,
-            connections: 4,
+            connections: 1,
         }
     }
 }
