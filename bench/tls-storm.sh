@@ -4,15 +4,19 @@
 # same TLS server. The server is `vdstream serve-image --memory 1G --listen 127.0.0.1:PORT
 # --tls require --tls-certificates SERVER_DIR`; the good client is fio's nbd engine under the
 # VDI profile (shared/bench/vdi.fio) with a certificate of the right CA; the crowd is
-# --parallel threads of a Python client that each, --attempts times in all, connect, ask
-# NBD_OPT_STARTTLS, and offer a foreign certificate (the server must refuse every one).
+# --parallel threads of a Python client that each, --attempts times in all, connect from
+# 127.0.0.2 (another address than the good client's 127.0.0.1, as another machine would),
+# ask NBD_OPT_STARTTLS, and offer a foreign certificate (the server must refuse every one).
+# The server runs with its default handshake penalties (--handshake-penalty 10: after 10
+# refused handshakes within a minute an address's connections are closed at accept);
+# --no-penalty runs it with --handshake-penalty 0, to see what they save.
 # Each round runs fio alone, then fio during the storm (the storm starts a second before
 # fio and is stopped when fio ends, or ends when its attempts are spent). Prints IOPS
 # alone, IOPS during the storm, their ratio (goal >= 0.8), and the storm's tally: attempts
 # made, refused, accepted (must be 0).
 #
 # Usage: bench/tls-storm.sh [--size 1g] [--runtime 15] [--rounds 2] [--attempts 10000]
-#                           [--parallel 8] [--out FILE]
+#                           [--parallel 8] [--no-penalty] [--out FILE]
 # Environment: SHARED, VDSTREAM_BIN, TMPDIR.
 set -euo pipefail
 
@@ -20,7 +24,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
 
-size=1g runtime=15 rounds=2 attempts=10000 parallel=8 out=''
+size=1g runtime=15 rounds=2 attempts=10000 parallel=8 out='' penalty_args=()
 args_given="$*"
 while (($#)); do
     case $1 in
@@ -29,6 +33,7 @@ while (($#)); do
     --rounds) rounds=$2; shift ;;
     --attempts) attempts=$2; shift ;;
     --parallel) parallel=$2; shift ;;
+    --no-penalty) penalty_args=(--handshake-penalty 0) ;;
     --out) out=$2; shift ;;
     -h | --help) bench_help ;;
     *) bench_bad_arg "$1" ;;
@@ -51,7 +56,7 @@ mkdir -p "$work/home/.pki" && ln -s "$work/certs/client" "$work/home/.pki/libnbd
 
 port=$((20000 + RANDOM % 30000))
 "$VDSTREAM_BIN" serve-image --memory 1G --listen "127.0.0.1:$port" --tls require \
-    --tls-certificates "$work/certs/server" >"$work/server.log" 2>&1 </dev/null &
+    --tls-certificates "$work/certs/server" "${penalty_args[@]}" >"$work/server.log" 2>&1 </dev/null &
 server_pid=$!
 wait_tcp_ready "$server_pid" "$port" "$work/server.log" vdstream 20
 
@@ -63,9 +68,14 @@ run_fio() {
         { cat "$work/$1.log" "$work/server.log" >&2; echo "fio failed ($1)" >&2; exit 1; }
 }
 
+# cpu_secs PID — user + system CPU seconds PID has used so far.
+cpu_secs() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f\n", ($14 + $15) / hz }' "/proc/$1/stat"; }
+
 for ((r = 0; r < rounds; r++)); do
     echo "round $((r + 1))/$rounds: fio alone" >&2
+    c0=$(cpu_secs "$server_pid")
     run_fio "alone.$r"
+    c1=$(cpu_secs "$server_pid")
     echo "round $((r + 1))/$rounds: fio during $attempts foreign-certificate attempts" >&2
     "$PY" - "$port" "$work/foreign/client" "$work/certs/client/ca-cert.pem" "$attempts" "$parallel" \
         >"$work/tally.$r.json" 2>"$work/tally.$r.log" <<'PYEOF' &
@@ -74,7 +84,7 @@ port, cdir, ca, attempts, parallel = int(sys.argv[1]), sys.argv[2], sys.argv[3],
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 ctx.load_verify_locations(ca)              # the server is genuine ...
 ctx.load_cert_chain(f"{cdir}/client-cert.pem", f"{cdir}/client-key.pem")   # ... our certificate is not
-lock, tally = threading.Lock(), {"attempts": 0, "refused": 0, "accepted": 0, "other": 0}
+lock, tally = threading.Lock(), {"attempts": 0, "refused": 0, "closed": 0, "accepted": 0, "other": 0}
 IHAVEOPT = 0x49484156454F5054
 
 def exact(s, n):
@@ -87,8 +97,11 @@ def exact(s, n):
     return b
 
 def attempt():
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        exact(s, 18)
+    with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0)) as s:
+        try:
+            exact(s, 18)
+        except (EOFError, ConnectionResetError):
+            return "closed"                                   # closed at accept: no greeting
         s.sendall(struct.pack(">I", 3) + struct.pack(">QII", IHAVEOPT, 5, 0))
         exact(s, 20)
         try:
@@ -113,6 +126,8 @@ def run():
         with lock:
             tally[outcome] += 1
 
+import time
+started = time.monotonic()
 threads = [threading.Thread(target=run, daemon=True) for _ in range(parallel)]
 for t in threads:
     t.start()
@@ -121,12 +136,19 @@ try:
         t.join()
 except KeyboardInterrupt:   # fio finished first: report what was done
     pass
+import resource
 with lock:
+    tally["secs"] = round(time.monotonic() - started, 1)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    tally["cpu"] = round(ru.ru_utime + ru.ru_stime, 1)
     print(json.dumps(tally))
 PYEOF
     storm_pid=$!
     sleep 1
+    c2=$(cpu_secs "$server_pid")
     run_fio "storm.$r"
+    c3=$(cpu_secs "$server_pid")
+    echo "{\"alone\": $(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }'), \"storm\": $(awk -v a="$c2" -v b="$c3" 'BEGIN { print b - a }')}" >"$work/server-cpu.$r.json"
     if kill -0 "$storm_pid" 2>/dev/null; then
         echo "(the storm outlasted fio; stopping it)" >&2
         kill -INT "$storm_pid" 2>/dev/null || true
@@ -144,8 +166,8 @@ def total(path):
     if job["error"]:
         sys.exit(f"fio reported error {job['error']} in {path}")
     return job["read"]["iops"] + job["write"]["iops"]
-print("| round | IOPS alone | IOPS during the storm | ratio | storm: attempts, refused, accepted, other |")
-print("| --- | ---: | ---: | ---: | --- |")
+print("| round | IOPS alone | IOPS during the storm | ratio | storm: attempts, refused by TLS, closed at accept, accepted, other | storm's seconds | storm client's CPU s | server CPU s: fio alone, during the storm |")
+print("| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |")
 ratios = []
 for r in range(rounds):
     a, s = total(f"{work}/alone.{r}.json"), total(f"{work}/storm.{r}.json")
@@ -153,7 +175,8 @@ for r in range(rounds):
     t = json.load(open(f"{work}/tally.{r}.json"))
     if t["accepted"]:
         sys.exit(f"round {r + 1}: the server let {t['accepted']} foreign certificates in")
-    print(f"| {r + 1} | {a:.0f} | {s:.0f} | {s / a:.2f} | {t['attempts']}, {t['refused']}, {t['accepted']}, {t['other']} |")
+    cpu = json.load(open(f"{work}/server-cpu.{r}.json"))
+    print(f"| {r + 1} | {a:.0f} | {s:.0f} | {s / a:.2f} | {t['attempts']}, {t['refused']}, {t['closed']}, {t['accepted']}, {t['other']} | {t['secs']} | {t['cpu']} | {cpu['alone']:.1f}, {cpu['storm']:.1f} |")
 print()
 print(f"- IOPS during the storm / alone: **{statistics.median(ratios):.2f}** (median); goal >= 0.8")
 PYEOF
