@@ -69,6 +69,17 @@ echo "# bench/pxe-boot.sh $args_given"
 echo "# $(date -u +%FT%TZ), $(nproc) cores, -accel $(vm_accel), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 want() { [[ -z $only || $only == "$1" ]]; }
 median() { sort -n "$1" | awk '{ v[NR] = $1 } END { printf "%.1f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# report_pair TITLE LABEL_A FILE_A LABEL_B FILE_B WHAT UNIT — a section: both peers' values
+# (one a line in FILE_A, FILE_B) with their medians, and the ratio of the medians, A / B.
+report_pair() {
+    local a b
+    a=$(median "$3") b=$(median "$5")
+    echo
+    echo "## $1"
+    echo "$2: $(paste -sd' ' "$3") (median $a$7)"
+    echo "$4: $(paste -sd' ' "$5") (median $b$7)"
+    awk -v a="$a" -v b="$b" -v w="$6" 'BEGIN { printf "PXE / agent on the host: %.2fx the %s\n", a / b, w }'
+}
 store_reads() { curl -sS --max-time 10 "$BOOT_API/api/v1/server" | json_get /dev/stdin 'j["io"]["store"]["read_bytes"]'; }
 
 for ((i = 0; i <= targets; i++)); do
@@ -88,12 +99,9 @@ if want boot; then
         vm_secs "host$b" >>"$E2E_TMP/agent.secs"; echo >>"$E2E_TMP/agent.secs"
         stop_server "$AGENT_PID" 15 || fail "agent host$b did not stop cleanly"
     done
-    p=$(median "$E2E_TMP/pxe.secs") a=$(median "$E2E_TMP/agent.secs")
-    echo
-    echo "## boot: one machine, $boots boots each (wall seconds, qemu start to power-off)"
-    echo "diskless PXE (iPXE ROM, HTTP, agent in the machine): $(paste -sd' ' "$E2E_TMP/pxe.secs") (median $p s)"
-    echo "agent on the host (qemu -kernel, agent socket):      $(paste -sd' ' "$E2E_TMP/agent.secs") (median $a s)"
-    awk -v p="$p" -v a="$a" 'BEGIN { printf "PXE / agent on the host: %.2fx the boot time\n", p / a }'
+    report_pair "boot: one machine, $boots boots each (wall seconds, qemu start to power-off)" \
+        "diskless PXE (iPXE ROM, HTTP, agent in the machine)" "$E2E_TMP/pxe.secs" \
+        "agent on the host (qemu -kernel, agent socket)     " "$E2E_TMP/agent.secs" "boot time" " s"
     stop_server "$SERVER_PID" 15 || fail "the server did not stop cleanly"
 fi
 
@@ -143,11 +151,8 @@ if want fio; then
         fio_iops "fio-host$r" >>"$E2E_TMP/fio-host.iops"
         stop_server "$AGENT_PID" 15 || fail "agent fio-host$r did not stop cleanly"
     done
-    p=$(median "$E2E_TMP/fio-pxe.iops") a=$(median "$E2E_TMP/fio-host.iops")
-    echo
-    echo "## fio: the VDI profile inside the guest ($fio_secs s, 64 MiB file, libaio, O_DIRECT), $fio_rounds rounds each"
-    echo "diskless PXE (cache and agent in the machine, ram-overflow 128M): $(paste -sd' ' "$E2E_TMP/fio-pxe.iops") IOPS (median $p)"
-    echo "agent on the host (ram-overflow 128M, agent socket):             $(paste -sd' ' "$E2E_TMP/fio-host.iops") IOPS (median $a)"
-    awk -v p="$p" -v a="$a" 'BEGIN { printf "PXE / agent on the host: %.2fx the guest-visible IOPS\n", p / a }'
+    report_pair "fio: the VDI profile inside the guest ($fio_secs s, 64 MiB file, libaio, O_DIRECT), $fio_rounds rounds each, IOPS" \
+        "diskless PXE (cache and agent in the machine, ram-overflow 128M)" "$E2E_TMP/fio-pxe.iops" \
+        "agent on the host (ram-overflow 128M, agent socket)            " "$E2E_TMP/fio-host.iops" "guest-visible IOPS" ""
     stop_server "$SERVER_PID" 15 || fail "the server did not stop cleanly"
 fi

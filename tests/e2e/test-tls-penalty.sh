@@ -22,24 +22,17 @@ issue "$E2E_TMP/pki/other" "$E2E_TMP/pki/stranger" client "URI:urn:vdstream:targ
 # over STARTTLS; prints how they ended, one word each: refused (the TLS handshake was
 # refused), closed (closed at accept: no greeting) or served.
 attempts() {
-    "$PY" - "$PORT" "$1" "$2" "$E2E_TMP/pki/ca/ca-cert.pem" "$E2E_TMP/pki/stranger" <<'PYEOF'
+    PYTHONPATH=$E2E_DIR "$PY" - "$PORT" "$1" "$2" "$E2E_TMP/pki/ca/ca-cert.pem" "$E2E_TMP/pki/stranger" <<'PYEOF'
 import socket, ssl, struct, sys
+from rawnbd import Disconnected, recv_exact
 port, source, n, ca, certs = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 ctx = ssl.create_default_context(cafile=ca)
 ctx.load_cert_chain(f"{certs}/client-cert.pem", f"{certs}/client-key.pem")
-def recv_exact(s, n):
-    b = b""
-    while len(b) < n:
-        c = s.recv(n - len(b))
-        if not c:
-            raise EOFError
-        b += c
-    return b
 for _ in range(n):
     with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as s:
         try:
             recv_exact(s, 18)
-        except (EOFError, ConnectionResetError):
+        except (Disconnected, ConnectionResetError):
             print("closed"); continue
         s.sendall(struct.pack(">I", 3) + struct.pack(">QII", 0x49484156454F5054, 5, 0))
         recv_exact(s, 20)
@@ -48,7 +41,7 @@ for _ in range(n):
             t.sendall(struct.pack(">QII", 0x49484156454F5054, 2, 0))   # ABORT
             recv_exact(t, 20)
             print("served")
-        except (ssl.SSLError, EOFError, ConnectionResetError, BrokenPipeError):
+        except (ssl.SSLError, Disconnected, ConnectionResetError, BrokenPipeError):
             print("refused")
 PYEOF
 }
