@@ -487,7 +487,8 @@ impl Link {
     }
 
     /// The connections after the first to `ep` (see "Several connections" in the module
-    /// docs): none for a read-only link, one without an attach secret, or `connections` 1.
+    /// docs): none for a read-only link, for a link without an attach secret, or with
+    /// `connections` 1.
     /// Opened at once; one that fails or offers no multi-conn is left out (logged once).
     async fn extra_connections(&self, ep: &Endpoint) -> Vec<Arc<Client>> {
         let want = self.opts.connections.saturating_sub(1);
