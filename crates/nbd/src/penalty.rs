@@ -130,12 +130,9 @@ pub struct Penalties {
 /// The key a source address is counted under: an IPv4 address (also when mapped into
 /// IPv6), or the /64 of an IPv6 address (one host commonly has a whole /64).
 fn source_key(addr: IpAddr) -> IpAddr {
-    match addr {
-        IpAddr::V4(_) => addr,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
-        },
+    match addr.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        v4 => v4,
     }
 }
 
@@ -149,10 +146,7 @@ impl Penalties {
     }
 
     fn exempt(&self, addr: IpAddr) -> bool {
-        let plain = match addr {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
-            IpAddr::V4(_) => addr,
-        };
+        let plain = addr.to_canonical();
         self.config.max_failures == 0 || self.config.exempt.iter().any(|net| net.contains(&plain) || net.contains(&addr))
     }
 

@@ -5,13 +5,15 @@
 //! in the store's audit trail, and `NBD_OPT_LIST` (read by nbdinfo) shows only what the
 //! identity may open.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
 use vdstream_contract::Identity;
 use vdstream_nbd::client::{Client, ClientError, ConnectOptions};
-use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, OpenRequest, OpenedExport, Server, ServerConfig, ShutdownSignal};
+use vdstream_nbd::server::{ExportInfo, Exports, OpenError, OpenRequest, OpenedExport};
 use vdstream_nbd::proto;
 use vdstream_blockdev::BlockDev;
 use vdstream_server::exports::StoreExports;
@@ -70,12 +72,7 @@ impl Farm {
     fn serve(&self, who: Identity, anonymous: AnonymousGrant) -> PathBuf {
         let socket = self.dir.path().join(format!("{}-{anonymous}.sock", who.to_string().replace(':', "-")));
         let state = ServerState::new(&ServerOptions { socket: Some(socket.clone()), name: Some("pvs1".into()), anonymous, ..ServerOptions::new(self.store.root()) });
-        let exports = Arc::new(As { inner: StoreExports::new(state).unwrap(), who });
-        let server = Arc::new(Server::new(exports, ServerConfig::default()));
-        let listener = self.rt.block_on(async { tokio::net::UnixListener::bind(&socket) }).unwrap();
-        let (trigger, shutdown): (_, ShutdownSignal) = ShutdownSignal::new();
-        std::mem::forget(trigger); // serves until the runtime is dropped
-        self.rt.spawn(async move { server.serve(Listener::Unix(listener), shutdown).await });
+        common::serve_exports(&self.rt, Arc::new(As { inner: StoreExports::new(state).unwrap(), who }), &socket);
         socket
     }
 

@@ -5,13 +5,14 @@
 //! another; and the cache's store I/O is charged once to the server's totals, however many
 //! connections hold the cache (each used to charge from its own snapshot).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use vdstream_contract::{ExportDescription, ExportName};
 use vdstream_nbd::client::{Client, ConnectOptions};
-use vdstream_nbd::server::{Listener, Server, ServerConfig, ShutdownSignal};
 use vdstream_server::exports::StoreExports;
 use vdstream_server::{ServerOptions, ServerState};
 use vdstream_store::vdisk::NewVdisk;
@@ -34,11 +35,7 @@ fn farm() -> Farm {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let socket = dir.path().join("server.sock");
     let state = ServerState::new(&ServerOptions { socket: Some(socket.clone()), name: Some("pvs1".into()), ..ServerOptions::new(store.root()) });
-    let server = Arc::new(Server::new(Arc::new(StoreExports::new(state.clone()).unwrap()), ServerConfig::default()));
-    let listener = rt.block_on(async { tokio::net::UnixListener::bind(&socket) }).unwrap();
-    let (trigger, shutdown) = ShutdownSignal::new();
-    std::mem::forget(trigger); // serves until the runtime is dropped
-    rt.spawn(async move { server.serve(Listener::Unix(listener), shutdown).await });
+    common::serve_exports(&rt, Arc::new(StoreExports::new(state.clone()).unwrap()), &socket);
     Farm { _dir: dir, socket, state, rt }
 }
 

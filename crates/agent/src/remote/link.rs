@@ -507,13 +507,7 @@ impl Link {
             }
         }
         if let Some(why) = why {
-            log::warn!(
-                "target {}: {} of {} connections to {ep} ({why}); carrying on with {}",
-                self.opts.target,
-                extras.len() + 1,
-                want + 1,
-                extras.len() + 1
-            );
+            log::warn!("target {}: carrying on with {} of {} connections to {ep} ({why})", self.opts.target, extras.len() + 1, want + 1);
         }
         extras
     }

@@ -1,7 +1,20 @@
 //! What several server test binaries share: a logger that keeps every line of the test
-//! process (the server's included), for tests that look at what was, or was not, logged.
+//! process (the server's included), for tests that look at what was, or was not, logged;
+//! and an NBD server of some exports on a unix socket. Each test binary uses some of it.
+#![allow(dead_code)]
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use vdstream_nbd::server::{Exports, Listener, Server, ServerConfig, ShutdownSignal};
+
+/// Serves `exports` on a new unix socket at `socket`, on `rt`, until the runtime is dropped.
+pub fn serve_exports(rt: &tokio::runtime::Runtime, exports: Arc<dyn Exports>, socket: &std::path::Path) {
+    let server = Arc::new(Server::new(exports, ServerConfig::default()));
+    let listener = rt.block_on(async { tokio::net::UnixListener::bind(socket) }).unwrap();
+    let (trigger, shutdown) = ShutdownSignal::new();
+    std::mem::forget(trigger); // serves until the runtime is dropped
+    rt.spawn(async move { server.serve(Listener::Unix(listener), shutdown).await });
+}
 
 /// Every log line of this test process, at `level` and above, as `LEVEL target: text`.
 pub struct Capture(pub Mutex<Vec<String>>);
