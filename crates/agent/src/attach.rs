@@ -227,7 +227,7 @@ impl Agent {
         };
         let mut agent = Agent { cfg, remote, cache, dev, trace, unix, kernel: None, status_failing: Default::default(), started_ms: status::now_ms(), _lock: lock };
         if let Some(device) = agent.cfg.kernel_nbd.clone() {
-            let server = Arc::new(Server::new(agent.exports(), ServerConfig::default()));
+            let server = Arc::new(Server::new(agent.exports(), local_export_config()));
             let k = KernelNbd::start(&device, server, agent.exported());
             if k.is_err() && agent.cfg.serve_socket {
                 let _ = std::fs::remove_file(&agent.cfg.socket);
@@ -291,7 +291,7 @@ impl Agent {
             })
         };
         let exports = self.exports();
-        let server = Arc::new(Server::new(exports.clone(), ServerConfig::default()));
+        let server = Arc::new(Server::new(exports.clone(), local_export_config()));
         let mut tasks = Vec::new();
         if let Some(std_unix) = self.unix.take() {
             let unix = tokio::net::UnixListener::from_std(std_unix).map_err(|err| AgentError::Io { what: "cannot serve the socket".into(), err })?;
@@ -305,7 +305,7 @@ impl Agent {
             })?;
             let server = match &self.cfg.listen_tls {
                 Some((mode, tls)) => {
-                    Arc::new(Server::new(exports.clone(), ServerConfig { tls: Some(tls.clone()), tls_mode: *mode, ..ServerConfig::default() }))
+                    Arc::new(Server::new(exports.clone(), ServerConfig { tls: Some(tls.clone()), tls_mode: *mode, ..local_export_config() }))
                 }
                 None => server.clone(),
             };
@@ -518,6 +518,16 @@ impl Exports for AgentExports {
     fn description(&self, name: &str) -> Option<String> {
         (name.is_empty() || name == self.name).then(|| self.description.clone())
     }
+}
+
+/// How the agent serves its local export (socket, kernel NBD device): a connection there is
+/// one guest's (or one kernel queue's) requests, so a device that prefers batches (the
+/// `server` types' remote base, device-disk with O_DIRECT) gets one batch runner per
+/// connection, which takes everything queued in one pass. Four runners cost the agent
+/// about a third more CPU a request on two cores, in hand-offs between them, for no more
+/// IOPS (bench/hop-ab.sh; docs/BENCHMARKS.md, "The server hop is CPU").
+fn local_export_config() -> ServerConfig {
+    ServerConfig { batch_runners: 1, ..ServerConfig::default() }
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), AgentError> {

@@ -12,11 +12,12 @@
 //!   with `O_DIRECT`, the agent's remote base): the reads and writes taken together go to
 //!   the device in one [`BlockDev::io_batch`] call (io_uring underneath); another command
 //!   ends the batch and runs after the reads and writes taken before it. Up to
-//!   [`BATCH_RUNNERS`] runners take turns on the read side: the holder takes a batch (its
-//!   WRITE payloads copied out of the input), lets go, and runs it, so the next batch is
-//!   read and submitted while one is in the device (one connection carrying many clients'
-//!   requests, such as the agent's link to the server, keeps its queue full). With one
-//!   runner (`threads_per_connection` 1) a pass runs as one batch straight from the input.
+//!   `batch_runners` (of [`crate::ServerConfig`]) runners take turns on the read side: the
+//!   holder takes a batch (its WRITE payloads copied out of the input), lets go, and runs
+//!   it, so the next batch is read and submitted while one is in the device (one
+//!   connection carrying many clients' requests, such as the agent's link to the server,
+//!   keeps its queue full). With one runner a pass runs as one batch straight from the
+//!   input (the agent's local export, where a connection is one guest's queue).
 //! - **worker pool** (devices that may sleep, nbdkit's parallel model): the connection's
 //!   workers take turns holding the read side; the holder takes one request and runs it
 //!   away from the read side, so up to `threads_per_connection` requests run at once and
@@ -54,8 +55,6 @@ const FLUSH_AT: usize = 512 << 10;
 const REQUEST_OVERHEAD: usize = 512;
 /// Most reads and writes in one `io_batch` call.
 const MAX_BATCH: usize = 64;
-/// Most batches of one connection in the device at once (batched executor).
-const BATCH_RUNNERS: usize = 4;
 /// Below this mean time per request (ns) a device that may sleep counts as fast: the
 /// worker holding the read side runs a whole pass inline, like a device that never sleeps,
 /// instead of handing one request at a time to the pool.
@@ -367,7 +366,7 @@ where
     let dev: &dyn BlockDev = &*negotiated.device;
     let batched = dev.prefers_batches();
     let threads = shared.config.threads_per_connection.max(1);
-    let workers = if batched { threads.min(BATCH_RUNNERS) } else if dev.caps().may_block { threads } else { 1 };
+    let workers = if batched { threads.min(shared.config.batch_runners.max(1)) } else if dev.caps().may_block { threads } else { 1 };
     let conn = Conn {
         read_side: Mutex::new(ReadSide {
             sock: reader,
@@ -679,14 +678,14 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
 }
 
 /// A batch runner of a connection whose device prefers batches (the first one is the
-/// session thread; more start as batches need them, up to [`BATCH_RUNNERS`]). Holding the
-/// read side, it takes a batch: the complete reads and writes in the input, at most
-/// [`MAX_BATCH`], their WRITE payloads copied into its own buffer. It waits for room in the
-/// budget only while it holds none (so never for itself); later requests join only while
-/// they fit. Another command ends the batch and runs after it. The runner then lets go of
-/// the read side, so that another runner reads on, runs the batch with one
-/// [`BlockDev::io_batch`] call and writes the replies. Refused requests are answered as
-/// they are taken.
+/// session thread; more start as batches need them, up to `batch_runners` of
+/// [`crate::ServerConfig`]). Holding the read side, it takes a batch: the complete reads
+/// and writes in the input, at most [`MAX_BATCH`], their WRITE payloads copied into its own
+/// buffer. It waits for room in the budget only while it holds none (so never for itself);
+/// later requests join only while they fit. Another command ends the batch and runs after
+/// it. The runner then lets go of the read side, so that another runner reads on, runs the
+/// batch with one [`BlockDev::io_batch`] call and writes the replies. Refused requests are
+/// answered as they are taken.
 fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope std::thread::Scope<'scope, 'a>, c: &'a Conn<'a, R, W>, children: &mut Children<'scope>) {
     let stats = &c.shared.stats;
     let mut exec = Exec::Batched(Batch::default());

@@ -214,9 +214,15 @@ pub struct ServerConfig {
     /// [`OpenError::Full`] to whatever export they ask for, then closed.
     pub max_connections: usize,
     /// Worker threads per connection for devices that may sleep (files, caches): how many
-    /// of one connection's requests run at once. A device that prefers batches gets at most
-    /// four batch runners (batches in the device while the next is read); 1 keeps one.
+    /// of one connection's requests run at once. 1 also keeps one batch runner.
     pub threads_per_connection: usize,
+    /// Most batch runners of one connection to a device that prefers batches (batches in
+    /// the device while the next is read; at most `threads_per_connection`). Several pay
+    /// where one connection carries many clients' requests (an agent's link to the
+    /// server); where a connection is one client's queue (a guest at the agent's local
+    /// export) one runner takes all it has queued in one pass, with less CPU and no
+    /// hand-offs between runners (docs/BENCHMARKS.md, "The server hop is CPU").
+    pub batch_runners: usize,
     /// TCP connections whose peer stops answering (its machine lost or cut off without
     /// closing the connection) are dropped after about this long: TCP keepalive probes
     /// while idle, `TCP_USER_TIMEOUT` while data waits for an acknowledgement. `None`:
@@ -247,6 +253,7 @@ impl Default for ServerConfig {
             read_buffer_size: 256 << 10,
             max_connections: 4096,
             threads_per_connection: 16,
+            batch_runners: 4,
             dead_peer_timeout: Some(DEFAULT_DEAD_PEER_TIMEOUT),
             tls: None,
             tls_mode: TlsMode::Off,

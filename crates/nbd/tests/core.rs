@@ -155,3 +155,24 @@ async fn a_panic_during_a_write_is_answered_as_a_failed_write() {
     c.send(CMD_READ, CMD_FLAG_DF, 2, 0, 4096, &[]).await;
     assert_eq!(c.chunks().await[0].error(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_runner_keeps_the_worker_pool() {
+    // The agent's local export: one batch runner a connection, whatever the workers.
+    let h = start_with(ServerConfig { batch_runners: 1, threads_per_connection: 4, ..Default::default() });
+    let (mut c, _, _) = RawClient::open(&h.path, "batched", false).await;
+    writes_then_disc(&mut c, 200).await;
+    assert_eq!(h.exports.batched.peak.load(Ordering::SeqCst), 1, "one batch at a time");
+    assert_eq!(h.exports.batched.batches.lock().unwrap().iter().sum::<usize>(), 200, "every write went down once");
+    // A device that sleeps without batches still gets its workers.
+    let (mut c, _, _) = RawClient::open(&h.path, "slow", false).await;
+    let mut wire = Vec::new();
+    for i in 0..8u64 {
+        wire.extend_from_slice(&RequestHeader { magic: REQUEST_MAGIC, flags: 0, command: CMD_READ, handle: i, offset: i * 4096, length: 4096 }.encode());
+    }
+    c.s.write_all(&wire).await.unwrap();
+    for _ in 0..8 {
+        assert_eq!(c.reply(4096).await.error(), 0);
+    }
+    assert!(h.exports.slow.peak.load(Ordering::SeqCst) > 1, "the slow device's reads ran side by side");
+}
