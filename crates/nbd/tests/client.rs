@@ -189,6 +189,53 @@ async fn concurrent_writes_read_back_like_the_model_nbdkit() {
     }
 }
 
+/// The agent's way: threads outside the runtime each `block_on` a corked batch of writes,
+/// whose requests they send themselves. Writes of up to 4 MiB fill the socket, so part of
+/// a batch is left to the writer task while other threads send theirs: every byte must
+/// still arrive whole and in its request.
+#[test]
+fn corked_batches_from_several_threads_read_back_like_the_model() {
+    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let client = rt.block_on(connect(&server, ConnectOptions::default()));
+    let stripe = client.size() / 4;
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (client, handle) = (client.clone(), rt.handle().clone());
+            std::thread::spawn(move || {
+                let mut model = vec![0u8; stripe as usize];
+                let mut rng = fastrand::Rng::with_seed(t + 7);
+                for _ in 0..6 {
+                    // One batch: a few ranges of this thread's stripe that do not overlap.
+                    let mut writes = Vec::new();
+                    let slot = stripe / 4;
+                    for k in 0..4 {
+                        let len = 1 + rng.u64(..(4 * MIB).min(slot));
+                        let off = k * slot + rng.u64(..=slot - len);
+                        let data: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+                        model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                        writes.push((t * stripe + off, data));
+                    }
+                    let batch = futures_util::future::join_all(writes.iter().map(|(off, data)| client.write(*off, data, false)));
+                    for r in handle.block_on(vdstream_nbd::client::corked(batch)) {
+                        r.expect("write");
+                    }
+                }
+                model
+            })
+        })
+        .collect();
+    let models: Vec<Vec<u8>> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+    for (t, model) in models.iter().enumerate() {
+        for (i, want) in model.chunks(MIB as usize).enumerate() {
+            let off = t as u64 * stripe + i as u64 * MIB;
+            let got = rt.block_on(client.read(off, want.len() as u32)).expect("read back");
+            assert!(got == want, "thread {t}: MiB {i} differs from the model");
+        }
+    }
+    rt.block_on(client.disconnect()).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_read_back_like_the_model_qemu_nbd() {
     for format in ["raw", "qcow2"] {

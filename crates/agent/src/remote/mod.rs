@@ -510,7 +510,8 @@ impl BlockDev for RemoteBase {
                 }
             })
             .collect();
-        let results = run(&self.handle, futures_util::future::join_all(futs));
+        // Corked: the batch's requests go out in one write from this thread.
+        let results = run(&self.handle, vdstream_nbd::client::corked(futures_util::future::join_all(futs)));
         for (op, r) in ops.iter_mut().zip(results) {
             op.result = r;
         }

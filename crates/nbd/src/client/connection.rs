@@ -13,10 +13,21 @@
 //!   middle of its write fails the connection instead.
 //! - The reader never allocates from a wire length: data lands in the buffer the request
 //!   brought, after checking the chunk against the request's offset and length.
+//! - On a plain socket in [`WriterMode::Coalescing`], the thread that queued requests
+//!   writes them itself when nobody else is writing and the socket takes them at once
+//!   (a non-blocking send), so a request costs no hand-off to the writer task; what the
+//!   socket does not take at once stays queued, first, for the writer task. One writer at
+//!   a time ([`OutboxState::writing`]), so request bytes never interleave. Inside
+//!   [`corked`], requests are only queued, and go out together when its poll returns.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{oneshot, Notify};
@@ -80,17 +91,24 @@ struct InFlightTable {
 #[derive(Debug, Default)]
 struct OutboxState {
     buf: Vec<u8>,
+    /// The writer task or a requesting thread is writing to the socket: only it may.
+    writing: bool,
+    /// A second buffer, swapped with `buf` by the thread that writes.
+    spare: Vec<u8>,
     /// Send what is queued, shut the write side down, stop.
     finish: bool,
     /// Stop now.
     abort: bool,
 }
 
-/// Request bytes waiting for the writer task.
+/// Request bytes waiting for the writer task (or a requesting thread) to send them.
 #[derive(Debug, Default)]
 struct Outbox {
     state: Mutex<OutboxState>,
     wake: Notify,
+    /// The socket itself, for requesting threads' non-blocking sends; `None` under TLS,
+    /// whose records only the writer task's stream can make.
+    direct: Option<OwnedFd>,
 }
 
 enum Writer {
@@ -140,9 +158,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Connection {
     /// Start the reader (and, in coalescing mode, writer) task on an established stream.
-    pub(crate) fn start(addr: Arc<str>, r: ReadHalf, w: WriteHalf, mode: WriterMode) -> Arc<Self> {
+    /// `direct` is a plain socket's descriptor (a duplicate), for requesting threads' own sends.
+    pub(crate) fn start(addr: Arc<str>, r: ReadHalf, w: WriteHalf, mode: WriterMode, direct: Option<OwnedFd>) -> Arc<Self> {
         let (writer, w) = match mode {
-            WriterMode::Coalescing => (Writer::Coalescing(Outbox::default()), Some(w)),
+            WriterMode::Coalescing => (Writer::Coalescing(Outbox { direct, ..Outbox::default() }), Some(w)),
             WriterMode::Locked => (Writer::Locked(tokio::sync::Mutex::new(Some(w))), None),
         };
         let conn = Arc::new(Connection {
@@ -173,7 +192,7 @@ impl Connection {
 
     /// Register a request and put it on the wire. Returns the receiver of its reply.
     pub(crate) async fn submit(
-        &self,
+        self: &Arc<Self>,
         cmd: Command,
         kind: ReplyKind,
         payload: &[u8],
@@ -203,7 +222,7 @@ impl Connection {
         Ok(rx)
     }
 
-    async fn send(&self, cookie: u64, cmd: Command, payload: &[u8]) -> Result<(), ClientError> {
+    async fn send(self: &Arc<Self>, cookie: u64, cmd: Command, payload: &[u8]) -> Result<(), ClientError> {
         let header = encode_request(cookie, cmd);
         match &self.writer {
             Writer::Coalescing(outbox) => {
@@ -212,7 +231,11 @@ impl Connection {
                     st.buf.extend_from_slice(&header);
                     st.buf.extend_from_slice(payload);
                 }
-                outbox.wake.notify_one();
+                if outbox.direct.is_none() {
+                    outbox.wake.notify_one();
+                } else if !CORK.with(|c| c.borrow_mut().as_mut().map(|held| hold(held, self)).is_some()) {
+                    self.send_queued(outbox);
+                }
                 Ok(())
             }
             Writer::Locked(m) => {
@@ -247,6 +270,57 @@ impl Connection {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// Sends what is queued from this thread, if nobody else is writing and the socket
+    /// takes it without blocking; what it does not take is left, first in the queue, to
+    /// the writer task.
+    fn send_queued(&self, outbox: &Outbox) {
+        let Some(fd) = &outbox.direct else { return };
+        let mut out = {
+            let mut st = lock(&outbox.state);
+            if st.writing || st.buf.is_empty() || st.abort || st.finish {
+                return;
+            }
+            st.writing = true;
+            let spare = std::mem::take(&mut st.spare);
+            std::mem::replace(&mut st.buf, spare)
+        };
+        let sock = socket2::SockRef::from(fd);
+        let mut sent = 0;
+        let failed = loop {
+            if sent == out.len() {
+                break None;
+            }
+            match sock.send_with_flags(&out[sent..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        let more = {
+            let mut st = lock(&outbox.state);
+            st.writing = false;
+            if sent < out.len() {
+                // The rest goes first, before what was queued meanwhile.
+                out.drain(..sent);
+                out.extend_from_slice(&st.buf);
+                st.buf.clear();
+                st.spare = std::mem::replace(&mut st.buf, out);
+            } else {
+                out.clear();
+                if out.capacity() <= 8 * 1024 * 1024 {
+                    st.spare = out;
+                }
+            }
+            !st.buf.is_empty() || st.finish
+        };
+        if let Some(e) = failed {
+            self.fail(format!("writing to the server failed: {e}").into());
+        } else if more {
+            outbox.wake.notify_one();
         }
     }
 
@@ -327,6 +401,10 @@ impl Connection {
         if let Writer::Coalescing(outbox) = &self.writer {
             lock(&outbox.state).abort = true;
             outbox.wake.notify_one();
+            // The duplicate would keep the socket open after the tasks' halves are gone.
+            if let Some(fd) = &outbox.direct {
+                let _ = socket2::SockRef::from(fd).shutdown(std::net::Shutdown::Both);
+            }
         }
         for t in lock(&self.tasks).drain(..) {
             t.abort();
@@ -419,14 +497,22 @@ async fn run_writer(conn: Arc<Connection>, mut w: WriteHalf) {
     let Writer::Coalescing(outbox) = &conn.writer else { return };
     let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
     loop {
-        let finish = {
+        let (finish, busy) = {
             let mut st = lock(&outbox.state);
             if st.abort {
                 return;
             }
-            std::mem::swap(&mut st.buf, &mut batch);
-            st.finish
+            // A requesting thread is sending: it wakes this task for what it leaves.
+            if !st.writing {
+                std::mem::swap(&mut st.buf, &mut batch);
+                st.writing = !batch.is_empty();
+            }
+            (st.finish, st.writing && batch.is_empty())
         };
+        if busy {
+            outbox.wake.notified().await;
+            continue;
+        }
         if batch.is_empty() {
             if finish {
                 let _ = w.shutdown().await;
@@ -440,10 +526,55 @@ async fn run_writer(conn: Arc<Connection>, mut w: WriteHalf) {
             conn.fail(format!("writing to the server failed: {e}").into());
             return;
         }
+        lock(&outbox.state).writing = false;
         batch.clear();
         if batch.capacity() > 8 * 1024 * 1024 {
             batch.shrink_to(1024 * 1024);
         }
+    }
+}
+
+thread_local! {
+    /// Inside [`corked`] on this thread: the connections with requests queued and not sent.
+    static CORK: RefCell<Option<Vec<Arc<Connection>>>> = const { RefCell::new(None) };
+}
+
+fn hold(held: &mut Vec<Arc<Connection>>, conn: &Arc<Connection>) {
+    if !held.iter().any(|c| Arc::ptr_eq(c, conn)) {
+        held.push(conn.clone());
+    }
+}
+
+/// `fut`, with the requests that each of its polls makes queued and sent together when the
+/// poll returns: a batch of requests from one thread goes out in one write.
+pub fn corked<F: Future>(fut: F) -> Corked<F> {
+    Corked { fut: Box::pin(fut) }
+}
+
+/// See [`corked`].
+pub struct Corked<F> {
+    fut: Pin<Box<F>>,
+}
+
+impl<F> std::fmt::Debug for Corked<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Corked").finish_non_exhaustive()
+    }
+}
+
+impl<F: Future> Future for Corked<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let outer = CORK.with(|c| c.borrow_mut().replace(Vec::new()));
+        let res = self.fut.as_mut().poll(cx);
+        let held = CORK.with(|c| std::mem::replace(&mut *c.borrow_mut(), outer)).unwrap_or_default();
+        for conn in held {
+            if let Writer::Coalescing(outbox) = &conn.writer {
+                conn.send_queued(outbox);
+            }
+        }
+        res
     }
 }
 

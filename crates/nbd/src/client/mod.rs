@@ -19,11 +19,12 @@ mod connection;
 mod error;
 mod handshake;
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use address::{Address, ParsedUri, DEFAULT_PORT};
-pub use connection::WriterMode;
+pub use connection::{corked, Corked, WriterMode};
 pub use error::{errno_name, ClientError, Op};
 pub use handshake::{BlockSizes, ExportInfo};
 
@@ -98,7 +99,7 @@ async fn over_tls<S>(
     req: &handshake::Request<'_>,
     config: Arc<rustls::ClientConfig>,
     name: rustls::pki_types::ServerName<'static>,
-) -> Result<(ExportInfo, ReadHalf, WriteHalf), ClientError>
+) -> Result<(ExportInfo, ReadHalf, WriteHalf, Option<std::os::fd::OwnedFd>), ClientError>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -111,7 +112,7 @@ where
     })?;
     let info = handshake::haggle(&mut t, req, no_zeroes).await?;
     let (r, w) = tokio::io::split(t);
-    Ok((info, Box::new(r), Box::new(w)))
+    Ok((info, Box::new(r), Box::new(w), None))
 }
 
 /// Counters of replies received on a connection (for logs, metrics and tests).
@@ -168,23 +169,26 @@ impl Client {
                     Stream::Tcp(s) => over_tls(s, &req, config.clone(), name).await,
                 };
             }
-            let (info, r, w): (ExportInfo, ReadHalf, WriteHalf) = match stream {
+            // A duplicate of a plain socket lets requesting threads send themselves.
+            let (info, r, w, direct): (ExportInfo, ReadHalf, WriteHalf, _) = match stream {
                 Stream::Unix(mut s) => {
                     let no_zeroes = handshake::greet(&mut s, &req).await?;
                     let info = handshake::haggle(&mut s, &req, no_zeroes).await?;
+                    let direct = s.as_fd().try_clone_to_owned().ok();
                     let (r, w) = s.into_split();
-                    (info, Box::new(r), Box::new(w))
+                    (info, Box::new(r), Box::new(w), direct)
                 }
                 Stream::Tcp(mut s) => {
                     let no_zeroes = handshake::greet(&mut s, &req).await?;
                     let info = handshake::haggle(&mut s, &req, no_zeroes).await?;
+                    let direct = s.as_fd().try_clone_to_owned().ok();
                     let (r, w) = s.into_split();
-                    (info, Box::new(r), Box::new(w))
+                    (info, Box::new(r), Box::new(w), direct)
                 }
             };
-            Ok::<_, ClientError>((info, r, w))
+            Ok::<_, ClientError>((info, r, w, direct))
         };
-        let (info, r, w) = tokio::time::timeout(opts.connect_timeout, setup).await.map_err(|_| {
+        let (info, r, w, direct) = tokio::time::timeout(opts.connect_timeout, setup).await.map_err(|_| {
             ClientError::ConnectTimeout {
                 addr: addr_text.clone(),
                 export: opts.export.clone(),
@@ -200,7 +204,7 @@ impl Client {
             info.base_allocation,
             info.block_sizes
         );
-        let conn = Connection::start(addr_text, r, w, opts.writer);
+        let conn = Connection::start(addr_text, r, w, opts.writer, direct);
         Ok(Client { conn, info, request_timeout: opts.request_timeout, check_requests: opts.check_requests })
     }
 
