@@ -13,6 +13,7 @@ mod demo;
 #[macro_use]
 mod exit;
 mod initrd;
+mod manual;
 mod penalty_flags;
 mod pki;
 mod ram_sizing;
@@ -74,6 +75,10 @@ enum Command {
     Bench(bench::BenchArgs),
     Pki(pki::PkiArgs),
     Initrd(initrd::InitrdArgs),
+    /// Print the shell completion script for bash, zsh, fish, elvish or powershell
+    Completions(manual::CompletionsArgs),
+    /// Write the man pages, one per command (vdstream.1, vdstream-server.1, ...), into a folder
+    Man(manual::ManArgs),
 }
 
 fn main() {
@@ -117,6 +122,8 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Pki(args) => pki::run(args),
         Command::Initrd(args) => initrd::run(args),
+        Command::Completions(args) => manual::completions(args, <Cli as clap::CommandFactory>::command()),
+        Command::Man(args) => manual::man(args, <Cli as clap::CommandFactory>::command()),
     };
     if let Err(err) = result {
         exit::exit_with(&err, json);
