@@ -13,6 +13,7 @@ mod demo;
 #[macro_use]
 mod exit;
 mod initrd;
+mod logging;
 mod manual;
 mod penalty_flags;
 mod pki;
@@ -53,7 +54,7 @@ Examples:
   vdstream initrd build --vdisk golden --out initrd.img --kernel-out vmlinuz
                                                 network boot: the version's kernel and an initramfs
 
-Logging: set RUST_LOG=debug (or info, warn) for more detail.
+Logging: set RUST_LOG=debug (or info, warn) for more detail, VDSTREAM_LOG_FORMAT=json for JSON lines.
 
 ", exit_status_help!()))]
 struct Cli {
@@ -82,11 +83,7 @@ enum Command {
 }
 
 fn main() {
-    // rustls's own warnings are about what a peer sent (e.g. qemu's IP address as SNI): a
-    // client could fill the log with them; failed TLS handshakes are logged by the NBD side.
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,rustls=error"))
-        .format_timestamp_millis()
-        .init();
+    logging::init();
     let json = exit::json_requested();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
