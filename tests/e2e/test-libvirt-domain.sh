@@ -38,7 +38,7 @@ sed "s|/run/vdstream/vm1.sock|$AGENT_SOCK|" "$examples/vm1-agent-socket.xml" >"$
 sock=$(defined_source "$E2E_TMP/vm1.xml" 'string(//disk[@type="network"]/source/host/@socket)')
 [[ $sock == "$AGENT_SOCK" ]] || fail "libvirt keeps the socket '$sock', want $AGENT_SOCK"
 qemu-io -f raw -c 'write -P 0x7e 2M 128k' "nbd+unix:///?socket=$sock" >/dev/null || fail "writing the domain's disk failed"
-qemu-io -f raw -c 'read -P 0x7e 2M 128k' "nbd+unix:///?socket=$sock" | grep -q "read 131072/131072" || fail "the domain's disk did not read back its write"
+grep -q "read 131072/131072" <<<"$(qemu-io -f raw -c 'read -P 0x7e 2M 128k' "nbd+unix:///?socket=$sock")" || fail "the domain's disk did not read back its write"
 cmp -n $((2 << 20)) "$E2E_TMP/base.img" <(nbdcopy "nbd+unix:///?socket=$sock" - 2>/dev/null) || fail "the domain's disk does not show the vDisk before the write"
 log "ok: the socket example's disk is the agent's, and reads back a write"
 

@@ -37,29 +37,29 @@ E2E_CLEANUP_HOOKS+=(purge_all)
 log "building the package"
 packaging/build-deb --no-build >"$E2E_TMP/build.log" 2>&1 || { tail -20 "$E2E_TMP/build.log" >&2; fail "packaging/build-deb failed"; }
 deb=$(ls target/debian/vdstream_*.deb)
-dpkg-deb -I "$deb" | grep -q "Depends:.*adduser" || fail "the package does not depend on adduser, which its postinst uses"
+grep -q "Depends:.*adduser" <<<"$(dpkg-deb -I "$deb")" || fail "the package does not depend on adduser, which its postinst uses"
 
 log "installing $deb"
 DEBIAN_FRONTEND=noninteractive apt-get install -y -q "./$deb" >"$E2E_TMP/apt.log" 2>&1 || { tail -20 "$E2E_TMP/apt.log" >&2; fail "apt-get install ./$deb failed"; }
-dpkg -s vdstream | grep -q "^Status: install ok installed" || fail "dpkg does not list vdstream as installed"
+grep -q "^Status: install ok installed" <<<"$(dpkg -s vdstream)" || fail "dpkg does not list vdstream as installed"
 for f in /usr/bin/vdstream /lib/systemd/system/vdstream-server.service /lib/systemd/system/vdstream-agent@.service \
     /etc/vdstream/server.toml /usr/share/bash-completion/completions/vdstream /usr/share/man/man1/vdstream-server.1.gz; do
     [[ -e $f ]] || fail "the package did not install $f"
 done
 grep -qx "/etc/vdstream/server.toml" /var/lib/dpkg/info/vdstream.conffiles || fail "/etc/vdstream/server.toml is not a conffile (an upgrade would overwrite the administrator's edits)"
-/usr/bin/vdstream --version | grep -q "^vdstream " || fail "/usr/bin/vdstream --version: $(/usr/bin/vdstream --version)"
+grep -q "^vdstream " <<<"$(/usr/bin/vdstream --version)" || fail "/usr/bin/vdstream --version: $(/usr/bin/vdstream --version)"
 
 # The user and the store.
-getent passwd vdstream | grep -q ":/var/lib/vdstream:" || fail "no system user vdstream with home /var/lib/vdstream: $(getent passwd vdstream)"
+grep -q ":/var/lib/vdstream:" <<<"$(getent passwd vdstream)" || fail "no system user vdstream with home /var/lib/vdstream: $(getent passwd vdstream)"
 [[ $(stat -c %G /etc/vdstream/server.toml) == vdstream ]] || fail "/etc/vdstream/server.toml is not readable by the group vdstream"
 [[ $(stat -c %U /var/lib/vdstream/store/store.json) == vdstream ]] || fail "the store is not the user vdstream's"
-VDSTREAM_STORE=/var/lib/vdstream/store /usr/bin/vdstream vdisk list --json | grep -q '"demo"' || fail "the new store has no demo vDisk"
+grep -q '"demo"' <<<"$(VDSTREAM_STORE=/var/lib/vdstream/store /usr/bin/vdstream vdisk list --json)" || fail "the new store has no demo vDisk"
 
 # Man pages and completions.
 if command -v man >/dev/null; then
     man -w vdstream-target-attach >/dev/null 2>&1 || fail "man does not find vdstream-target-attach"
 fi
-zcat /usr/share/man/man1/vdstream-server.1.gz | grep -q "Serve every vDisk of the store" || fail "vdstream-server(1) does not describe the server"
+grep -q "Serve every vDisk of the store" <<<"$(zcat /usr/share/man/man1/vdstream-server.1.gz)" || fail "vdstream-server(1) does not describe the server"
 got=$(bash -c 'source /usr/share/bash-completion/completions/vdstream
     COMP_WORDS=(vdstream ser); COMP_CWORD=1; COMP_LINE="vdstream ser"; COMP_POINT=${#COMP_LINE}
     _vdstream vdstream ser vdstream; echo "${COMPREPLY[*]}"')
@@ -133,7 +133,7 @@ run_unit vdstream-agent@.service /etc/vdstream/agent/t1.env "$E2E_TMP/agent.log"
 agent_pid=$UNIT_PID
 wait_served 'nbd+unix:///?socket=/run/vdstream/t1.sock'
 qemu-io -f raw -c 'write -P 0x5a 1M 64k' 'nbd+unix:///?socket=/run/vdstream/t1.sock' >/dev/null || fail "writing through t1's socket failed"
-qemu-io -f raw -c 'read -P 0x5a 1M 64k' 'nbd+unix:///?socket=/run/vdstream/t1.sock' | grep -q "read 65536/65536" || fail "t1 did not read back its write"
+grep -q "read 65536/65536" <<<"$(qemu-io -f raw -c 'read -P 0x5a 1M 64k' 'nbd+unix:///?socket=/run/vdstream/t1.sock')" || fail "t1 did not read back its write"
 log "ok: the agent unit attaches t1 and its socket reads back a write"
 
 stop_pid "$agent_pid" 15
