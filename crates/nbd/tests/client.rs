@@ -2,6 +2,7 @@
 //! qemu-nbd (raw and qcow2 images), each started on a unix socket in a temporary directory
 //! and killed when the test ends. Every wait is bounded.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -234,6 +235,30 @@ fn corked_batches_from_several_threads_read_back_like_the_model() {
         }
     }
     rt.block_on(client.disconnect()).unwrap();
+}
+
+/// A caller that catches a panic from inside `corked` keeps its thread: the requests the
+/// thread makes afterwards go out, and so does the one queued before the panic.
+#[test]
+fn a_panic_inside_corked_leaves_the_thread_uncorked() {
+    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let client = rt.block_on(connect(&server, ConnectOptions::default()));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(vdstream_nbd::client::corked(async {
+            let mut write = std::pin::pin!(client.write(0, &[7u8; 512], false));
+            // Queue the write (one poll), then a bug.
+            std::future::poll_fn(|cx| {
+                let _ = write.as_mut().poll(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
+            panic!("a bug after queuing a request");
+        }))
+    }));
+    assert!(panicked.is_err());
+    let read = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), client.read(0, 512)).await });
+    assert_eq!(read.expect("a read after the panic got no reply: the thread stayed corked").expect("read"), vec![7u8; 512]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -566,15 +566,21 @@ impl<F: Future> Future for Corked<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let outer = CORK.with(|c| c.borrow_mut().replace(Vec::new()));
-        let res = self.fut.as_mut().poll(cx);
-        let held = CORK.with(|c| std::mem::replace(&mut *c.borrow_mut(), outer)).unwrap_or_default();
-        for conn in held {
-            if let Writer::Coalescing(outbox) = &conn.writer {
-                conn.send_queued(outbox);
+        // Uncorks when the poll returns, and when it panics (a caller that catches the
+        // panic keeps this thread: its later requests must not stay held).
+        struct Uncork(Option<Vec<Arc<Connection>>>);
+        impl Drop for Uncork {
+            fn drop(&mut self) {
+                let held = CORK.with(|c| std::mem::replace(&mut *c.borrow_mut(), self.0.take())).unwrap_or_default();
+                for conn in held {
+                    if let Writer::Coalescing(outbox) = &conn.writer {
+                        conn.send_queued(outbox);
+                    }
+                }
             }
         }
-        res
+        let _uncork = Uncork(CORK.with(|c| c.borrow_mut().replace(Vec::new())));
+        self.fut.as_mut().poll(cx)
     }
 }
 
