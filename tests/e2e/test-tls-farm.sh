@@ -72,7 +72,9 @@ for attempt in 1 2 3; do
     PORT=$(free_port)
     SERVER_LOG=$E2E_TMP/server-$attempt.log
     log "starting: vdstream server --listen 127.0.0.1:$PORT --http 127.0.0.1:0 --tls require --tls-certificates $SRV_TLS"
-    vd server --store "$STORE" --listen "127.0.0.1:$PORT" --http 127.0.0.1:0 \
+    # The binary itself, not the vd function: `vd … &` would put a subshell between, and
+    # stopping $! would leave the server running after the test.
+    "$VDSTREAM_BIN" server --store "$STORE" --listen "127.0.0.1:$PORT" --http 127.0.0.1:0 \
         --tls require --tls-certificates "$SRV_TLS" --stats-file "$STATS" >"$SERVER_LOG" 2>&1 </dev/null &
     SERVER_PID=$!
     E2E_PIDS+=("$SERVER_PID") E2E_SERVER_PIDS+=("$SERVER_PID") E2E_SERVER_LOGS+=("$SERVER_LOG")
