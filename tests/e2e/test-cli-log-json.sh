@@ -22,11 +22,9 @@ run_server() {
     env "$@" "$VDSTREAM_BIN" server --store "$STORE" --socket "$sock" 2>"$logf" >/dev/null </dev/null &
     pid=$!
     track_pid "$pid"
-    for ((i = 0; i < 100; i++)); do [[ -S $sock ]] && break; sleep 0.1; done
-    nbdinfo --size "nbd+unix:///vdisk/w?socket=$sock" >/dev/null || fail "the server does not serve vdisk/w"
+    wait_ready "$pid" "nbd+unix:///vdisk/w?socket=$sock"
     ! nbdinfo "nbd+unix:///vdisk/nosuch?socket=$sock" >/dev/null 2>&1 || fail "vdisk/nosuch was served"
-    stop_pid "$pid" 10
-    wait "$pid" 2>/dev/null || true
+    stop_server "$pid" 10 || true
     rm -f "$sock"
 }
 

@@ -104,21 +104,10 @@ run_unit() {
     E2E_SERVER_LOGS+=("$logf")
 }
 
-# wait_served URI — until nbdinfo reaches URI (30 s), while the unit's process lives.
-wait_served() {
-    local i
-    for ((i = 0; i < 300; i++)); do
-        nbdinfo --size "$1" >/dev/null 2>&1 && return 0
-        kill -0 "$UNIT_PID" 2>/dev/null || fail "the unit's command exited before serving $1"
-        sleep 0.1
-    done
-    fail "nothing serves $1 after 30 s"
-}
-
 log "running vdstream-server.service's ExecStart as user vdstream"
 run_unit vdstream-server.service "" "$E2E_TMP/server.log"
 server_pid=$UNIT_PID
-wait_served 'nbd+unix:///vdisk/demo?socket=/run/vdstream/server.sock'
+wait_ready "$server_pid" 'nbd+unix:///vdisk/demo?socket=/run/vdstream/server.sock'
 size=$(nbdinfo --size 'nbd+unix:///vdisk/demo?socket=/run/vdstream/server.sock') || fail "the unit's socket does not serve vdisk/demo"
 [[ $size == 1073741824 ]] || fail "vdisk/demo is $size bytes, want 1 GiB"
 size=$(nbdinfo --size nbd://127.0.0.1:10809/vdisk/demo) || fail "127.0.0.1:10809 does not serve vdisk/demo"
@@ -131,15 +120,14 @@ grep -v '^VDSTREAM_ATTACH_ARGS=' /usr/share/doc/vdstream/agent.env.example >/etc
 echo 'VDSTREAM_ATTACH_ARGS="--cache ram-overflow --ram 64M"' >>/etc/vdstream/agent/t1.env
 run_unit vdstream-agent@.service /etc/vdstream/agent/t1.env "$E2E_TMP/agent.log" t1
 agent_pid=$UNIT_PID
-wait_served 'nbd+unix:///?socket=/run/vdstream/t1.sock'
+wait_ready "$agent_pid" 'nbd+unix:///?socket=/run/vdstream/t1.sock'
 qemu-io -f raw -c 'write -P 0x5a 1M 64k' 'nbd+unix:///?socket=/run/vdstream/t1.sock' >/dev/null || fail "writing through t1's socket failed"
 grep -q "read 65536/65536" <<<"$(qemu-io -f raw -c 'read -P 0x5a 1M 64k' 'nbd+unix:///?socket=/run/vdstream/t1.sock')" || fail "t1 did not read back its write"
 log "ok: the agent unit attaches t1 and its socket reads back a write"
 
 stop_pid "$agent_pid" 15
 rc=0
-kill -TERM "$server_pid"
-wait "$server_pid" || rc=$?
+stop_server "$server_pid" 30 || rc=$?
 ((rc == 0)) || { cat "$E2E_TMP/server.log" >&2; fail "the server exited with status $rc on SIGTERM, want 0 (a drain)"; }
 log "ok: SIGTERM drains the server, status 0"
 

@@ -523,9 +523,10 @@ impl Exports for AgentExports {
 /// How the agent serves its local export (socket, kernel NBD device): a connection there is
 /// one guest's (or one kernel queue's) requests, so a device that prefers batches (the
 /// `server` types' remote base, device-disk with O_DIRECT) gets one batch runner per
-/// connection, which takes everything queued in one pass. Four runners cost the agent
-/// about a third more CPU a request on two cores, in hand-offs between them, for no more
-/// IOPS (bench/hop-ab.sh; docs/BENCHMARKS.md, "The server hop is CPU").
+/// connection, which takes everything queued in one pass. Four runners cost the agent two
+/// thirds more CPU a request on two cores (15.9 against 9.6 ms per thousand I/Os), in
+/// hand-offs between them, for fewer IOPS (bench/hop-ab.sh; docs/BENCHMARKS.md, "The server
+/// hop: one batch runner per local connection").
 fn local_export_config() -> ServerConfig {
     ServerConfig { batch_runners: 1, ..ServerConfig::default() }
 }

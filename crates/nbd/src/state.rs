@@ -221,7 +221,8 @@ pub struct ServerConfig {
     /// where one connection carries many clients' requests (an agent's link to the
     /// server); where a connection is one client's queue (a guest at the agent's local
     /// export) one runner takes all it has queued in one pass, with less CPU and no
-    /// hand-offs between runners (docs/BENCHMARKS.md, "The server hop is CPU").
+    /// hand-offs between runners (docs/BENCHMARKS.md, "The server hop: one batch runner
+    /// per local connection").
     pub batch_runners: usize,
     /// TCP connections whose peer stops answering (its machine lost or cut off without
     /// closing the connection) are dropped after about this long: TCP keepalive probes
