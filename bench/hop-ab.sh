@@ -13,6 +13,10 @@
 #                       target attach --server nbd+unix:///target/T --cache server
 #   direct-server-persistent, agent-server-persistent   the same with server-persistent
 #   nbdkit-memory       nbdkit memory 1G (once per round: the RAM disk's reference)
+#   nbdkit-proxy        nbdkit's nbd plugin in front of nbdkit memory 1G: a peer's hop
+#   qemu-nbd-proxy      qemu-nbd (its NBD client as the image) in front of nbdkit memory 1G
+#                       The two proxies run once per round (no build of ours in them); their
+#                       hop is proxy / nbdkit-memory, and the proxy's CPU is in the agent column.
 # One vDisk of --size random data in a fresh store (made by the new build); caches start
 # empty. Prints, per peer, the median total IOPS of each build and new/old; the hop ratios
 # agent/direct (median of the per-round ratios) for each build; and the load average at
@@ -35,6 +39,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/bench/lib.sh"
 
 ALL=ram,direct-device-disk,agent-device-disk,direct-server,agent-server,direct-server-persistent,agent-server-persistent
+PROXIES=nbdkit-proxy,qemu-nbd-proxy
 old_bin=${VDSTREAM_OLD_BIN:-} new_bin=$VDSTREAM_BIN size=1g runtime=8 rounds=2 peers_arg=$ALL out=''
 args_given="$*"
 while (($#)); do
@@ -60,9 +65,14 @@ done
 old_bin=$(realpath "$old_bin") new_bin=$(realpath "$new_bin")
 IFS=, read -r -a peers <<<"$peers_arg"
 for p in "${peers[@]}"; do
-    [[ ,$ALL, == *",$p,"* ]] || { echo "hop-ab.sh: --peers takes some of $ALL, not $p" >&2; exit 2; }
+    [[ ,$ALL,$PROXIES, == *",$p,"* ]] || { echo "hop-ab.sh: --peers takes some of $ALL,$PROXIES, not $p" >&2; exit 2; }
+done
+ours=() proxies=()
+for p in "${peers[@]}"; do
+    if [[ ,$PROXIES, == *",$p,"* ]]; then proxies+=("$p"); else ours+=("$p"); fi
 done
 need_cmds fio nbdkit nbdinfo numfmt
+((${#proxies[@]} == 0)) || need_cmds qemu-nbd
 size_bytes=$(numfmt --from=iec "${size^^}")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-hop-ab.XXXXXX")
@@ -102,6 +112,21 @@ run_peer() {
         server_pid=$!
         wait_nbd_ready "$server_pid" "$sock" "$work/$name.server.log" nbdkit 60
         uri="nbd+unix:///?socket=$sock" ;;
+    nbdkit-proxy | qemu-nbd-proxy)
+        # The base (nbdkit memory) is the "server", the proxy the "agent".
+        nbdkit -f -U "$work/base.sock" memory "$size" >"$work/$name.server.log" 2>&1 </dev/null &
+        server_pid=$!
+        wait_nbd_ready "$server_pid" "$work/base.sock" "$work/$name.server.log" nbdkit 60
+        if [[ $peer == nbdkit-proxy ]]; then
+            nbdkit -f -U "$sock" nbd socket="$work/base.sock" >"$work/$name.agent.log" 2>&1 </dev/null &
+        else
+            # -t: stay after nbdinfo's probe; -e 8: fio's four jobs are four connections.
+            qemu-nbd -f raw -t -e 8 -k "$sock" "nbd+unix:///?socket=$work/base.sock" \
+                >"$work/$name.agent.log" 2>&1 </dev/null &
+        fi
+        agent_pid=$!
+        wait_nbd_ready "$agent_pid" "$sock" "$work/$name.agent.log" "$peer" 60
+        uri="nbd+unix:///?socket=$sock" ;;
     ram)
         "$bin" serve-image --memory "$size" --socket "$sock" >"$work/$name.server.log" 2>&1 </dev/null &
         server_pid=$!
@@ -136,20 +161,25 @@ run_peer() {
     echo "$cpu0 $cpu1" >"$work/$name.cpu"
     stop_pid "$agent_pid"; agent_pid=
     stop_pid "$server_pid"; server_pid=
-    rm -rf "$work/cache" "$work/run" "$work/store/cache" "$sock"
+    rm -rf "$work/cache" "$work/run" "$work/store/cache" "$sock" "$work/base.sock"
     sleep 1
 }
 
 loads=()
 for ((r = 0; r < rounds; r++)); do
-    order=("${peers[@]:r % ${#peers[@]}}" "${peers[@]:0:r % ${#peers[@]}}")
+    order=()
+    ((${#ours[@]} == 0)) || order=("${ours[@]:r % ${#ours[@]}}" "${ours[@]:0:r % ${#ours[@]}}")
     builds=(old new)
     ((r % 2)) && builds=(new old)
     loads+=("$(cut -d' ' -f1-3 /proc/loadavg)")
-    if [[ ,$peers_arg, == *,ram,* ]]; then
+    if [[ ,$peers_arg, == *,ram,* ]] || ((${#proxies[@]})); then
         echo "round $((r + 1))/$rounds: nbdkit-memory" >&2
         run_peer nbdkit-memory nbdkit "$r"
     fi
+    for p in "${proxies[@]}"; do
+        echo "round $((r + 1))/$rounds: $p" >&2
+        run_peer "$p" peer "$r"
+    done
     for p in "${order[@]}"; do
         for b in "${builds[@]}"; do
             echo "round $((r + 1))/$rounds: $p ($b)" >&2
@@ -158,9 +188,10 @@ for ((r = 0; r < rounds; r++)); do
     done
 done
 
-table=$("$PY" - "$work" "$rounds" "${peers[@]}" <<'PYEOF'
+table=$("$PY" - "$work" "$rounds" "${#proxies[@]}" "${proxies[@]}" "${ours[@]}" <<'PYEOF'
 import json, os, statistics, sys
-work, rounds, peers = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+work, rounds, nprox = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+proxies, peers = sys.argv[4:4 + nprox], sys.argv[4 + nprox:]
 def iops(p, b, i):
     text = open(f"{work}/{p}.{b}.{i}.json").read()
     job = json.loads(text[text.index("{"):])["jobs"][0]
@@ -170,14 +201,26 @@ res = {}
 for p in peers:
     for b in ("old", "new"):
         res[p, b] = [iops(p, b, i) for i in range(rounds)]
-if "ram" in peers:
+if "ram" in peers or proxies:
     res["nbdkit-memory", "nbdkit"] = [iops("nbdkit-memory", "nbdkit", i) for i in range(rounds)]
+for p in proxies:
+    res[p, "peer"] = [iops(p, "peer", i) for i in range(rounds)]
 med = {k: statistics.median(v) for k, v in res.items()}
-print("| peer | old: total IOPS (median) | new: total IOPS (median) | new / old | old per round | new per round |")
-print("| --- | ---: | ---: | ---: | --- | --- |")
+if peers:
+    print("| peer | old: total IOPS (median) | new: total IOPS (median) | new / old | old per round | new per round |")
+    print("| --- | ---: | ---: | ---: | --- | --- |")
 for p in peers:
     o, n = med[p, "old"], med[p, "new"]
     print(f"| {p} | {o:.0f} | {n:.0f} | **{n / o:.2f}** | {', '.join(f'{x:.0f}' for x in res[p, 'old'])} | {', '.join(f'{x:.0f}' for x in res[p, 'new'])} |")
+if proxies:
+    print()
+    m = med["nbdkit-memory", "nbdkit"]
+    print("| a peer's hop | total IOPS (median) | per round | hop: proxy / nbdkit-memory, median of per-round ratios | per round |")
+    print("| --- | ---: | --- | ---: | --- |")
+    print(f"| nbdkit-memory | {m:.0f} | {', '.join(f'{x:.0f}' for x in res['nbdkit-memory', 'nbdkit'])} | | |")
+    for p in proxies:
+        per = [a / x for a, x in zip(res[p, "peer"], res["nbdkit-memory", "nbdkit"])]
+        print(f"| {p} | {med[p, 'peer']:.0f} | {', '.join(f'{x:.0f}' for x in res[p, 'peer'])} | **{statistics.median(per):.2f}** | {', '.join(f'{x:.2f}' for x in per)} |")
 if "ram" in peers:
     m = med["nbdkit-memory", "nbdkit"]
     print(f"| nbdkit-memory | {m:.0f} | | | {', '.join(f'{x:.0f}' for x in res['nbdkit-memory', 'nbdkit'])} | |")
@@ -210,8 +253,10 @@ def cpu_per_kio(p, b, i):
 print()
 print("| peer | build | CPU ms per 1000 guest I/Os: fio | agent | server |")
 print("| --- | --- | ---: | ---: | ---: |")
-for p in peers:
-    for b in ("old", "new"):
+cpu_rows = [(p, b) for p in peers for b in ("old", "new")]
+if proxies:
+    cpu_rows = [("nbdkit-memory", "nbdkit")] + [(p, "peer") for p in proxies] + cpu_rows
+for p, b in cpu_rows:
         rows = [cpu_per_kio(p, b, i) for i in range(rounds)]
         f, a, s = (statistics.median(r[k] for r in rows) for k in range(3))
         print(f"| {p} | {b} | {f:.1f} | {a:.1f} | {s:.1f} |")
