@@ -3,7 +3,8 @@
 # description of what the server answers:
 # every route's JSON from a running server (the server, the vDisk list with a healthy and
 # a damaged vDisk, a vDisk, its versions, a new version, promote, revert, targets, a target
-# with its agent's report, set, remove, the agent's report itself, the sessions with a live
+# with its agent's report, set, remove, the agent's report itself, merge, the audit trail,
+# an event of the live stream (a FarmEvent), the sessions with a live
 # NBD session, an error) validates against the response schema of its route and status
 # (openapi-schema-validator, OpenAPI 3.0), and each item of the vDisk list matches exactly
 # one branch of the list's `oneOf`. scripts/test installs PyYAML, openapi-schema-validator
@@ -54,6 +55,15 @@ record PUT /api/v1/targets/vm1 '{"version": "test", "add_macs": ["52:54:00:12:34
 record PUT /api/v1/targets/vm1/agent '{"target": "vm1", "pid": 1, "state": "running", "server": {"endpoint": "nbd://a/", "connected": true, "retries": 1, "reconnects": 0, "failovers": 0, "gave_up": 0}, "cache": {"used_percent": 3.5}}'
 record GET /api/v1/targets/vm1
 record GET /api/v1/vdisks/nope
+record POST /api/v1/vdisks/win/merge '{}'
+record POST /api/v1/vdisks/win/merge '{"base": 1}'
+record GET '/api/v1/audit?vdisk=win&limit=3'
+record GET '/api/v1/audit?limit=0'
+# One event of the live stream: its data is a FarmEvent (the target vm1 with its report).
+curl -sN --max-time 3 "$API_URL/api/v1/events" >"$E2E_TMP/events" || true
+grep -m1 '^data: ' "$E2E_TMP/events" | sed 's/^data: //' >"$E2E_TMP/farm-event"
+[[ -s $E2E_TMP/farm-event ]] || fail "GET /api/v1/events sent no event within 3 s: $(head -c 300 "$E2E_TMP/events")"
+echo "EVENT /api/v1/events 200 $E2E_TMP/farm-event" >>"$E2E_TMP/answers"
 # The sessions, while an NBD client holds one open.
 "$PY" - "$API_NBD_SOCK" "$API_URL" "$E2E_TMP/sessions" <<'PY' || fail "cannot read the sessions while connected"
 import nbd, sys, urllib.request
@@ -85,6 +95,7 @@ def validator(schema):
     return OAS30Validator(dict(schema, components=components))
 
 def route_of(path):
+    path = path.split("?", 1)[0]
     for pattern in spec["paths"]:
         rx = "^" + re.sub(r"\{[^}]+\}", "[^/]+", pattern) + "$"
         if re.match(rx, path):
@@ -95,6 +106,17 @@ failed = 0
 for line in open(sys.argv[2]):
     method, path, status, file = line.split()
     doc = json.load(open(file))
+    if method == "EVENT":
+        errors = list(validator(components["schemas"]["FarmEvent"]).iter_errors(doc))
+        for e in errors:
+            print(f"FAIL an event of {path}: {e.message[:300]} at {list(e.absolute_path)}", file=sys.stderr)
+        if not errors and not any(t.get("agent", {}).get("pid") == 1 for t in doc["targets"]):
+            print(f"FAIL the event of {path} does not carry vm1's report: {doc['targets']}", file=sys.stderr)
+            errors = [1]
+        failed += bool(errors)
+        if not errors:
+            print(f"ok: an event of {path} matches FarmEvent", file=sys.stderr)
+        continue
     op = spec["paths"][route_of(path)][method.lower()]
     resp = resolve(op["responses"].get(status))
     if resp is None:

@@ -24,11 +24,9 @@ pub struct AuditArgs {
 
 pub fn run(args: AuditArgs) -> Result<()> {
     let store = args.opts.open()?;
-    if let Some(n) = &args.name {
-        vdstream_store::names::validate_name(n)?;
-    }
-    let entries = audit::read(&store.audit_path(), args.name.as_deref(), args.limit)?;
-    args.opts.emit(serde_json::to_value(&entries)?, || {
+    let doc = vdstream_store::documents::audit(&store, args.name.as_deref(), args.limit)?;
+    let entries: Vec<audit::AuditEntry> = serde_json::from_value(doc.clone())?;
+    args.opts.emit(doc, || {
         entries
             .iter()
             .map(|e| {

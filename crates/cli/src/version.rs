@@ -169,9 +169,10 @@ pub fn run(args: VersionArgs) -> Result<()> {
             let store = o.open()?;
             let kind = if base { MergeKind::Base } else { MergeKind::Updates };
             let bar = o.bar(&format!("merging {name}"));
-            let out = store.merge(&name, kind, false, &mut |d, t| bar.update(d, t))?;
+            let doc = documents::version_merge(&store, &name, kind, &mut |d, t| bar.update(d, t))?;
             drop(bar);
-            o.emit(json!({"vdisk": name, "merge": out}), || describe_merge(&name, &out));
+            let out: MergeOutcome = serde_json::from_value(doc["merge"].clone())?;
+            o.emit(doc, || describe_merge(&name, &out));
         }
     }
     Ok(())

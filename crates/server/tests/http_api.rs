@@ -573,3 +573,156 @@ fn an_oversize_body_is_refused_from_its_content_length_at_once() {
         assert!(started.elapsed() < Duration::from_secs(1), "{method} {path}: 413 after {:?}", started.elapsed());
     }
 }
+
+/// Reads `GET /api/v1/events` until `n` events have come (bounded by the socket's read
+/// timeout); returns each event's data as JSON.
+fn farm_events(addr: SocketAddr, n: usize) -> Vec<Value> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n").unwrap();
+    let mut text = String::new();
+    let mut buf = [0u8; 65536];
+    // Chunked transfer: each event is one chunk, which ends "\n\n\r\n".
+    while text.matches("event: farm\n").count() < n || text.matches("\n\n\r\n").count() < n {
+        let k = s.read(&mut buf).expect("the event stream stalled");
+        assert!(k > 0, "the event stream ended: {text}");
+        text.push_str(&String::from_utf8_lossy(&buf[..k]));
+    }
+    let head = &text[..text.find("\r\n\r\n").unwrap()];
+    assert!(head.starts_with("HTTP/1.1 200") && head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect()
+}
+
+#[test]
+fn the_event_stream_sends_the_farm_every_second_with_reports_and_store_changes() {
+    let a = api();
+    a.client.post("/api/v1/targets", &json!({"id": "vm1", "vdisk": "win", "cache": "server"})).unwrap();
+    let st = vdstream_agent::Status { target: "vm1".into(), pid: 99, state: "running".into(), ..Default::default() };
+    a.client.put("/api/v1/targets/vm1/agent", &json!(st)).unwrap();
+    let g = session(&a.state.registry, "vm1");
+    let t0 = std::time::Instant::now();
+    let events = farm_events(a.addr, 3);
+    assert!(t0.elapsed() >= Duration::from_millis(1500), "three events came within {:?}: not one a second", t0.elapsed());
+    let e = &events[0];
+    assert_eq!(e["server"]["name"], "pvs1:4242");
+    assert_eq!(e["targets"][0]["id"], "vm1");
+    assert_eq!(e["targets"][0]["agent"]["pid"], 99);
+    assert_eq!(e["sessions"][0]["id"].as_u64(), Some(g.session.id));
+    let changes = e["store_changes"].as_u64().unwrap();
+    assert!(changes > 0, "{e}");
+    assert!(events[2]["at_unix_ms"].as_u64() > e["at_unix_ms"].as_u64());
+    // A change of the store moves store_changes.
+    a.client.post("/api/v1/targets", &json!({"id": "vm2", "vdisk": "win", "cache": "server"})).unwrap();
+    let later = farm_events(a.addr, 1);
+    assert!(later[0]["store_changes"].as_u64().unwrap() > changes);
+    assert_eq!(later[0]["targets"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn event_streams_are_bounded() {
+    let a = api();
+    let mut open = Vec::new();
+    for _ in 0..http::MAX_EVENT_STREAMS {
+        let mut s = TcpStream::connect(a.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        open.push(s);
+    }
+    let (status, error, what) = api_error(a.client.get("/api/v1/events"));
+    assert_eq!(status, 503, "{error}");
+    assert!(error.contains("event streams are open") && what.contains("close"), "{error}: {what}");
+    // A closed stream gives its place back.
+    drop(open.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = TcpStream::connect(a.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).unwrap();
+        if &buf == b"HTTP/1.1 200" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the place of a closed stream did not come back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_target_in_use_is_not_removed() {
+    let a = api();
+    a.client.post("/api/v1/targets", &json!({"id": "vm1", "vdisk": "win", "cache": "server"})).unwrap();
+    // A session serves it.
+    let g = session(&a.state.registry, "vm1");
+    let (status, error, what) = api_error(a.client.delete("/api/v1/targets/vm1"));
+    assert_eq!(status, 409, "{error}");
+    assert!(error.contains("in use") && error.contains("nothing was removed") && what.contains("stop its agent"), "{error}: {what}");
+    drop(g);
+    // Its agent reports it running (an agent of a vDisk export has no session of the target).
+    let mut st = vdstream_agent::Status { target: "vm1".into(), pid: 5, state: "running".into(), ..Default::default() };
+    a.client.put("/api/v1/targets/vm1/agent", &json!(st)).unwrap();
+    let (status, error, _) = api_error(a.client.delete("/api/v1/targets/vm1"));
+    assert_eq!(status, 409, "{error}");
+    assert!(error.contains("pid 5") && error.contains("running"), "{error}");
+    assert_eq!(a.client.get("/api/v1/targets/vm1").unwrap()["id"], "vm1");
+    // Once it has stopped, the record goes.
+    st.state = "stopped".into();
+    a.client.put("/api/v1/targets/vm1/agent", &json!(st)).unwrap();
+    assert_eq!(a.client.delete("/api/v1/targets/vm1").unwrap()["removed"], "vm1");
+}
+
+#[test]
+fn merge_and_audit_answer_the_cli_documents() {
+    let a = api();
+    for _ in 0..2 {
+        let v = a.client.post("/api/v1/vdisks/win/versions", &json!({})).unwrap();
+        let n = v["version"]["number"].as_u64().unwrap();
+        a.client.post(&format!("/api/v1/vdisks/win/versions/{n}/promote"), &json!({"to": "production"})).unwrap();
+    }
+    let m = a.client.post("/api/v1/vdisks/win/merge", &json!({})).unwrap();
+    assert_eq!((m["vdisk"].as_str(), m["merge"]["kind"].as_str()), (Some("win"), Some("updates")));
+    assert_eq!(m["merge"]["merged"], json!([1, 2]));
+    let (status, error, _) = api_error(a.client.post("/api/v1/vdisks/win/merge", &json!({"base": "yes"})));
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(api_error(a.client.post("/api/v1/vdisks/nope/merge", &json!({}))).0, 404);
+
+    let all = a.client.get("/api/v1/audit").unwrap();
+    assert_eq!(all, documents::audit(&a.store, None, Some(100)).unwrap());
+    let actions: Vec<&str> = all.as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(actions.last(), Some(&"version.merge"), "{actions:?}");
+    assert!(all.as_array().unwrap().last().unwrap()["client"].as_str().unwrap().starts_with("127.0.0.1:"));
+    let two = a.client.get("/api/v1/audit?vdisk=win&limit=2").unwrap();
+    assert_eq!(two.as_array().unwrap().len(), 2);
+    assert_eq!(two[1]["action"], "version.merge");
+    assert_eq!(a.client.get("/api/v1/audit?vdisk=other").unwrap(), json!([]));
+    for bad in ["/api/v1/audit?limit=0", "/api/v1/audit?limit=1001", "/api/v1/audit?limit=x", "/api/v1/audit?colour=red", "/api/v1/audit?vdisk=a%2Fb"] {
+        assert_eq!(api_error(a.client.get(bad)).0, 400, "{bad}");
+    }
+}
+
+#[test]
+fn the_console_is_served_without_a_credential_with_a_strict_policy() {
+    let a = api();
+    let raw = |path: &str| {
+        let mut s = TcpStream::connect(a.addr).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let root = raw("/");
+    assert!(root.starts_with("HTTP/1.1 303") && root.contains("\r\nLocation: /console\r\n"), "{root}");
+    let page = raw("/console");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("Content-Type: text/html") && page.contains("Content-Security-Policy: default-src 'none'; script-src 'self'"), "{page}");
+    assert!(page.contains("<script src=\"/console/app.js\" defer></script>"), "{page}");
+    assert!(!page.contains("<script>") && !page.contains(" style=\""), "inline script or style would break the page's CSP");
+    let js = raw("/console/app.js");
+    assert!(js.starts_with("HTTP/1.1 200") && js.contains("Content-Type: text/javascript") && js.contains("/api/v1/events"), "{}", &js[..200]);
+    assert!(!js.contains("innerHTML"), "the page puts the API's text in as text only");
+    assert!(raw("/console/app.css").contains("Content-Type: text/css"));
+    assert!(raw("/console/nope").starts_with("HTTP/1.1 404"));
+}

@@ -11,6 +11,8 @@
 //! | `version new`                   | `{vdisk, version, auto_merge}`                                |
 //! | `version promote`               | `{vdisk, version, auto_merge}`                                |
 //! | `version revert`                | `{vdisk, version, result}`                                    |
+//! | `version merge`                 | `{vdisk, merge}` (a `MergeOutcome`)                           |
+//! | `audit`                         | `[AuditEntry]`, oldest first                                  |
 //! | `target add\|show\|set`         | `TargetRecord`                                                |
 //! | `target list`                   | `[TargetRecord]`                                              |
 //! | `target remove`                 | `{removed, target}`                                           |
@@ -23,7 +25,7 @@ use serde_json::{json, Value};
 use crate::copy::Progress;
 use crate::error::Result;
 use crate::merge::AutoMerge;
-use crate::meta::Access;
+use crate::meta::{Access, MergeKind};
 use crate::select::{select, Selector};
 use crate::store::Store;
 use crate::targets::{NewTarget, TargetChange};
@@ -71,6 +73,20 @@ pub fn version_promote(store: &Store, name: &str, number: u32, to: Access, at: O
 pub fn version_revert(store: &Store, name: &str, number: u32) -> Result<Value> {
     let r = store.revert(name, number)?;
     Ok(json!({"vdisk": name, "version": number, "result": r}))
+}
+
+/// `version merge NAME [--base]`.
+pub fn version_merge(store: &Store, name: &str, kind: MergeKind, progress: Progress<'_>) -> Result<Value> {
+    let out = store.merge(name, kind, false, progress)?;
+    Ok(json!({"vdisk": name, "merge": out}))
+}
+
+/// `audit [NAME] [--limit N]`: the entries about `vdisk` (all when `None`), the last `limit`.
+pub fn audit(store: &Store, vdisk: Option<&str>, limit: Option<usize>) -> Result<Value> {
+    if let Some(n) = vdisk {
+        crate::names::validate_name(n)?;
+    }
+    Ok(json!(crate::audit::read(&store.audit_path(), vdisk, limit)?))
 }
 
 /// After a change: the automatic merge when `max_versions` is exceeded (see the module doc).

@@ -156,6 +156,7 @@ async fn target(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Exten
         };
         let layer = select(&store.load(&record.vdisk)?, record.version, Timestamp::now())?;
         log::info!("boot: MAC {mac} from {peer} is target {}, booting vDisk {}@{}", record.id, record.vdisk, boot::version_text(layer));
+        s.live.note_boot(&record.id, &format!("{mac} from {peer}: script for {}@{}", record.vdisk, boot::version_text(layer)));
         Ok::<_, StoreError>(boot::target_script(&record, layer, &ScriptContext { base: &base, config: cfg, mac: &mac }))
     })
     .await;

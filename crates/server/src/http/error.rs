@@ -118,6 +118,22 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Param<T
     }
 }
 
+/// Query parameters, 400 when they do not read as `T` (an unknown one included, where `T`
+/// denies unknown fields).
+#[derive(Debug)]
+pub struct QueryArgs<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for QueryArgs<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(t)) => Ok(QueryArgs(t)),
+            Err(e) => Err(ApiError::bad_request(format!("the query is not valid: {}", e.body_text()), "see docs/openapi.yaml for the parameters of this route")),
+        }
+    }
+}
+
 /// A JSON body of type `T`, read within [`REQUEST_DEADLINE`] (408) and the route's limit
 /// (413); an empty body reads as `{}` when `EMPTY_OK`, and is refused otherwise.
 #[derive(Debug)]

@@ -30,3 +30,6 @@ pub fn connection_limit() -> usize {
     let soft = usize::try_from(soft).unwrap_or(usize::MAX);
     (soft / 4).clamp(64, 16_384)
 }
+
+/// Event streams (`GET /api/v1/events`, events.rs) open at most; 503 past it.
+pub const MAX_EVENT_STREAMS: usize = 64;

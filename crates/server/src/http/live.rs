@@ -27,10 +27,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tokio::sync::{watch, Semaphore};
 use vdstream_contract::server::{IoDoc, IoTotals, NbdAddresses, ReadCacheDoc, ServerDoc};
 use vdstream_contract::status::Status;
 
 use super::error::ApiError;
+use super::limits::MAX_EVENT_STREAMS;
 use crate::state::{unix_ms, CountersSnapshot, ServerState, Session};
 
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -60,12 +62,37 @@ impl Report {
     }
 }
 
-/// Agent reports and counter samples.
+/// Agent reports, counter samples, and the event streams' latest document (events.rs).
 #[derive(Debug, Default)]
 pub(crate) struct Live {
     reports: Mutex<BTreeMap<String, Report>>,
     samples: Mutex<HashMap<u64, VecDeque<(Instant, CountersSnapshot)>>>,
+    /// The last boot script served to each network-booted target: when (Unix ms), and what.
+    boots: Mutex<BTreeMap<String, (u64, String)>>,
+    pub events: Events,
 }
+
+
+/// The latest farm document and the places for streams.
+#[derive(Debug)]
+pub(crate) struct Events {
+    pub latest: watch::Sender<Option<Arc<str>>>,
+    pub places: Arc<Semaphore>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events { latest: watch::Sender::new(None), places: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)) }
+    }
+}
+
+impl Events {
+    /// Whether any stream is open (the sampler builds documents only then).
+    pub fn watched(&self) -> bool {
+        self.latest.receiver_count() > 0
+    }
+}
+
 
 /// Operations and bytes per second.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -154,6 +181,23 @@ impl Live {
             }
         }
         reports.insert(target.to_string(), Report { at: Instant::now(), json });
+    }
+
+    /// Notes that the boot service sent `target` its boot script (`what`: MAC, peer,
+    /// vDisk). At most [`MAX_REPORTS`] targets are kept, the oldest dropped first.
+    pub fn note_boot(&self, target: &str, what: &str) {
+        let mut boots = lock(&self.boots);
+        if boots.len() >= MAX_REPORTS && !boots.contains_key(target) {
+            if let Some(oldest) = boots.iter().min_by_key(|(_, (at, _))| *at).map(|(t, _)| t.clone()) {
+                boots.remove(&oldest);
+            }
+        }
+        boots.insert(target.to_string(), (unix_ms(), what.to_string()));
+    }
+
+    /// The last boot script served to `target`: `{"at_unix_ms", "what"}`.
+    pub fn last_boot(&self, target: &str) -> Option<Value> {
+        lock(&self.boots).get(target).map(|(at, what)| json!({"at_unix_ms": at, "what": what}))
     }
 
     /// `GET /api/v1/sessions`.

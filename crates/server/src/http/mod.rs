@@ -14,10 +14,13 @@
 //!               └▶ typed handlers: store.rs (vDisks, versions, targets, on the blocking
 //!                  pool), live.rs (server, sessions, agent reports), metrics.rs
 //!   sampler (one task): every second, a snapshot of every session's counters (rates over
-//!                       5 s), and expired agent reports swept away
+//!                       5 s), expired agent reports swept away, and (while an event
+//!                       stream is open) the farm document for events.rs's streams
+//!   GET / and /console: the console's page and assets (console.rs), outside the API's
+//!                       layers: static files, no data, so no credential
 //! ```
 //!
-//! Module imports run one way: mod → router → {store, metrics, auth, boot} → shared → live →
+//! Module imports run one way: mod → router → {store, metrics, auth, boot, events, console} → shared → live →
 //! error → limits (auth → error too; boot → crate::boot).
 //!
 //! Invariants:
@@ -39,7 +42,9 @@
 
 mod auth;
 mod boot;
+mod console;
 mod error;
+mod events;
 mod limits;
 mod live;
 mod metrics;
@@ -150,6 +155,7 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, tls: Opti
                 _ = tick.tick() => {
                     s.live.sample(&s.state.registry.sessions());
                     s.live.sweep_reports();
+                    events::tick(&s).await;
                 }
                 _ = stopped(&mut sampler_stop) => break,
             }

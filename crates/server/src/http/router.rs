@@ -29,7 +29,7 @@ use tower_http::timeout::TimeoutLayer;
 use super::error::{check_head, json_errors, ApiError, JsonBody, Param};
 use super::limits::{HANDLER_TIMEOUT, MAX_AGENT_REPORT, MAX_BODY, MAX_IN_FLIGHT};
 use super::shared::{blocking, ClientAddr, Shared};
-use super::{auth, boot, live, metrics, store};
+use super::{auth, boot, console, events, live, metrics, store};
 
 /// The router being built and the routes added so far.
 struct Table {
@@ -65,6 +65,8 @@ fn table() -> Table {
         .at(Method::POST, "/api/v1/vdisks/{name}/versions", store::version_new)
         .at(Method::POST, "/api/v1/vdisks/{name}/versions/{version}/promote", store::version_promote)
         .at(Method::POST, "/api/v1/vdisks/{name}/revert", store::version_revert)
+        .at(Method::POST, "/api/v1/vdisks/{name}/merge", store::version_merge)
+        .at(Method::GET, "/api/v1/audit", store::audit_list)
         .at(Method::GET, "/api/v1/targets", store::target_list)
         .at(Method::POST, "/api/v1/targets", store::target_add)
         .at(Method::GET, "/api/v1/targets/{id}", store::target_show)
@@ -72,6 +74,7 @@ fn table() -> Table {
         .at(Method::DELETE, "/api/v1/targets/{id}", store::target_remove)
         .at_limited(Method::PUT, "/api/v1/targets/{id}/agent", agent_report, MAX_AGENT_REPORT)
         .at(Method::GET, "/api/v1/sessions", sessions)
+        .at(Method::GET, "/api/v1/events", events::stream)
         .at(Method::GET, "/metrics", metrics_text)
 }
 
@@ -81,11 +84,12 @@ pub fn routes() -> Vec<(&'static str, Method)> {
 }
 
 /// The API: the routes, the fallbacks and the layers, on `shared`; with a boot
-/// configuration, the boot routes (boot.rs) in front of it, outside its layers.
+/// configuration, the boot routes (boot.rs) in front of it, outside its layers; and the
+/// console's page (console.rs) in front of both.
 pub(crate) fn app(shared: Arc<Shared>) -> Router {
     let boot = shared.state.boot.is_some();
     let api = api(shared.clone());
-    if boot { boot::router(shared, api) } else { api }
+    console::router(if boot { boot::router(shared, api) } else { api })
 }
 
 fn api(shared: Arc<Shared>) -> Router {

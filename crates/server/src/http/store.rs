@@ -1,7 +1,9 @@
 //! The store's routes: vDisks, versions and target records, as typed handlers. Each calls
 //! the same function of `vdstream_store::documents` as the CLI command it mirrors, so the
 //! answer is the document `vdstream … --json` prints; only `GET /targets/{id}` adds
-//! `agent`, the target's latest report, when there is a fresh one.
+//! `agent`, the target's latest report, when there is a fresh one, and `DELETE
+//! /targets/{id}` refuses a target in use (a session here, or an agent that reports it
+//! attached).
 
 use std::sync::Arc;
 
@@ -10,10 +12,11 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::Value;
+use vdstream_store::meta::MergeKind;
 use vdstream_store::{documents, Access, NewTarget, Store, TargetChange};
 
 use super::auth::Caller;
-use super::error::{ApiError, JsonBody, Param};
+use super::error::{ApiError, JsonBody, Param, QueryArgs};
 use super::shared::{blocking, AuditClient, Shared};
 
 type S = State<Arc<Shared>>;
@@ -48,6 +51,26 @@ pub(crate) struct Promotion {
 #[serde(deny_unknown_fields)]
 pub(crate) struct Revert {
     version: u32,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Merge {
+    /// Merge the base too (`version merge --base`).
+    #[serde(default)]
+    base: bool,
+}
+
+/// The most audit entries one answer holds.
+pub const MAX_AUDIT_ENTRIES: usize = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AuditQuery {
+    #[serde(default)]
+    vdisk: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
 }
 
 fn version_number(text: &str) -> Result<u32, ApiError> {
@@ -97,6 +120,21 @@ pub(crate) async fn version_revert(State(s): S, Extension(c): Client, Param(name
     on_store(s, c, move |st, _| documents::version_revert(st, &name, b.version)).await.map(Json)
 }
 
+pub(crate) async fn version_merge(State(s): S, Extension(c): Client, Param(name): Param<String>, JsonBody(b): JsonBody<Merge, true>) -> Answer {
+    let kind = if b.base { MergeKind::Base } else { MergeKind::Updates };
+    on_store(s, c, move |st, _| documents::version_merge(st, &name, kind, &mut no_progress)).await.map(Json)
+}
+
+/// `GET /audit?vdisk=NAME&limit=N`: the last N entries (100 by default, at most
+/// [`MAX_AUDIT_ENTRIES`]), oldest first.
+pub(crate) async fn audit_list(State(s): S, Extension(c): Client, QueryArgs(q): QueryArgs<AuditQuery>) -> Answer {
+    let limit = q.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_AUDIT_ENTRIES {
+        return Err(ApiError::bad_request(format!("limit={limit} is out of range"), format!("ask for 1 to {MAX_AUDIT_ENTRIES} entries")));
+    }
+    on_store(s, c, move |st, _| documents::audit(st, q.vdisk.as_deref(), Some(limit))).await.map(Json)
+}
+
 pub(crate) async fn target_list(State(s): S, Extension(c): Client) -> Answer {
     on_store(s, c, |st, _| documents::target_list(st)).await.map(Json)
 }
@@ -144,5 +182,24 @@ pub(crate) async fn target_set(State(s): S, Extension(c): Client, Param(id): Par
 }
 
 pub(crate) async fn target_remove(State(s): S, Extension(c): Client, Param(id): Param<String>) -> Answer {
+    if let Some(why) = in_use(&s, &id) {
+        log::info!("HTTP API: refused to remove target {id:?} for {}: {why}", c.0);
+        return Err(ApiError::new(
+            409,
+            format!("target {id:?} is in use: {why}; nothing was removed"),
+            format!("stop its agent (or the machine) first; once it has reported `stopped` or its report is older than {} s, remove it again", super::live::REPORT_TTL.as_secs()),
+        ));
+    }
     on_store(s, c, move |st, _| documents::target_remove(st, &id)).await.map(Json)
+}
+
+/// Why target `id` is in use, if it is: an NBD session of this server serves it, or its
+/// agent's fresh report says it is attached (any state but `stopped`).
+fn in_use(s: &Shared, id: &str) -> Option<String> {
+    if let Some(session) = s.state.registry.sessions().iter().find(|x| x.info.target.as_deref() == Some(id)) {
+        return Some(format!("session {} from {} serves it", session.id, session.info.peer));
+    }
+    let report = s.live.agent_report(id)?;
+    let state = report.get("state").and_then(Value::as_str).unwrap_or("unknown");
+    (state != "stopped").then(|| format!("its agent (pid {}) reports it {state}", report.get("pid").and_then(Value::as_u64).unwrap_or(0)))
 }
