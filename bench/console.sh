@@ -44,7 +44,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/vdstream-console.XXXXXX")
 server_pid='' reporter_pid='' streams_pids=''
 BENCH_PID_VARS="reporter_pid server_pid"
 bench_cleanup_on_exit
-trap 'for p in $streams_pids; do kill "$p" 2>/dev/null || true; done; _bench_cleanup' EXIT
+trap 'r=$?; for p in $streams_pids; do kill "$p" 2>/dev/null || true; done; (exit "$r"); _bench_cleanup' EXIT
 export VDSTREAM_STORE=$work/store
 
 "$VDSTREAM_BIN" vdisk create golden --size 64M >/dev/null
@@ -121,7 +121,8 @@ out = []
 with sync_playwright() as p:
     b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
     for _ in range(loads):
-        ctx = b.new_context(viewport={"width": 1366, "height": 860})
+        # bypass_csp: the page's CSP forbids eval, which Playwright's polling uses.
+        ctx = b.new_context(viewport={"width": 1366, "height": 860}, bypass_csp=True)
         page = ctx.new_page()
         page.goto(url + "/console")
         page.wait_for_function(f"document.querySelectorAll('#targets tbody tr').length === {n} && document.querySelector('#live').textContent === 'live'", timeout=60000, polling=10)
