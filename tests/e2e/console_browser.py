@@ -142,6 +142,22 @@ with sync_playwright() as p:
     say(f"version 2 scheduled for production at {v[2]['scheduled_at']}; version 1 serves until then")
     page.screenshot(path=f"{shots}/laptop-vdisks.png", full_page=True)
 
+    # A merge the store refuses (production boots version 1, with nothing below it to
+    # merge) shows its reason and changes nothing; a revert takes version 2 back to test.
+    before = versions()
+    card.locator("button", has_text="Merge").click()
+    confirm(page, ["golden", "one version on the base"])
+    expect(page.locator("#confirm-error")).to_contain_text("nothing below it to merge", timeout=10000)
+    page.click("#confirm-cancel")
+    assert versions() == before, f"a refused merge changed the store: {before} -> {versions()}"
+    card.locator("button", has_text="Revert").click()
+    page.select_option('#confirm select[name="version"]', "2")
+    confirm(page, ["Version 2 of golden", "steps back from production"])
+    expect(card.locator('.layer[data-layer="2"] .access')).to_have_text("test", timeout=10000)
+    v = versions()
+    assert v[2]["access"] == "test" and v[1]["access"] == "production", (v[1], v[2])
+    say("a refused merge showed its reason and changed nothing; version 2 reverted to test on the page")
+
     # 5. A target removed on the page is gone from the API.
     page.click("button[data-tab=targets]")
     page.locator('tr[data-target="pc-02"] button', has_text="Remove").click()
