@@ -726,3 +726,40 @@ fn the_console_is_served_without_a_credential_with_a_strict_policy() {
     assert!(raw("/console/app.css").contains("Content-Type: text/css"));
     assert!(raw("/console/nope").starts_with("HTTP/1.1 404"));
 }
+
+/// Sends one request with `headers`; returns its status.
+fn status_of(addr: SocketAddr, method: &str, path: &str, headers: &str, body: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out[9..12].parse().unwrap()
+}
+
+#[test]
+fn another_site_cannot_make_a_browser_change_the_farm() {
+    let a = api();
+    let host = format!("Host: {}\r\n", a.addr);
+    let versions = || documents::version_list(&a.store, "win").unwrap()["versions"].as_array().unwrap().len();
+    // A page of another site POSTs a "simple" request (no preflight): refused, nothing made.
+    let evil = format!("{host}Origin: http://evil.example\r\nContent-Type: text/plain\r\n");
+    assert_eq!(status_of(a.addr, "POST", "/api/v1/vdisks/win/versions", &evil, ""), 403);
+    assert_eq!(status_of(a.addr, "POST", "/api/v1/targets", &evil, r#"{"id": "x", "vdisk": "win", "cache": "server"}"#), 403);
+    assert_eq!(versions(), 0);
+    assert_eq!(api_error(a.client.get("/api/v1/targets/x")).0, 404);
+    let null = format!("{host}Origin: null\r\n");
+    assert_eq!(status_of(a.addr, "POST", "/api/v1/vdisks/win/versions", &null, ""), 403);
+    // Reading is not a change; the page of this server (its own origin) may change.
+    assert_eq!(status_of(a.addr, "GET", "/api/v1/vdisks", &evil, ""), 200);
+    let own = format!("{host}Origin: http://{}\r\n", a.addr);
+    assert_eq!(status_of(a.addr, "POST", "/api/v1/vdisks/win/versions", &own, ""), 201);
+    assert_eq!(versions(), 1);
+    // The open API answers only under a loopback name (DNS rebinding).
+    let rebound = "Host: evil.example:8480\r\nSec-Fetch-Site: same-origin\r\n";
+    assert_eq!(status_of(a.addr, "GET", "/api/v1/vdisks", rebound, ""), 403);
+    let rebound_post = "Host: evil.example:8480\r\nOrigin: http://evil.example:8480\r\n";
+    assert_eq!(status_of(a.addr, "POST", "/api/v1/vdisks/win/versions", rebound_post, ""), 403);
+    assert_eq!(versions(), 1);
+    let local = format!("Host: localhost:{}\r\nSec-Fetch-Site: same-origin\r\n", a.addr.port());
+    assert_eq!(status_of(a.addr, "GET", "/api/v1/vdisks", &local, ""), 200);
+}

@@ -25,6 +25,10 @@
 //!   field is read here only and never formatted into a log line or an answer.
 //! - 401 answers carry `WWW-Authenticate: Bearer`; 403 answers name the role needed.
 //! - A refusal happens before the handler, so it changes nothing.
+//! - A browser cannot be made to act for its user by another site: a request that would
+//!   change something and carries an `Origin` other than this server is refused (403), and
+//!   an open API answers a browser only when it names the API by a loopback address or
+//!   `localhost` (no DNS rebinding). Tokens travel in `Authorization`, never in cookies.
 
 use std::sync::Arc;
 
@@ -120,9 +124,47 @@ fn bearer(req: &Request) -> Result<Option<&str>, ()> {
     Ok(Some(token))
 }
 
+/// Whether `host` (a Host field: NAME, NAME:PORT, [V6]:PORT) names this machine's loopback.
+fn loopback_name(host: &str) -> bool {
+    let name = match host.rsplit_once(':') {
+        Some((n, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && (!n.contains(':') || n.ends_with(']')) => n,
+        _ => host,
+    };
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// What a browser must not do, whatever its credential: change the farm from a page of
+/// another site (an `Origin` that is not this server), and, on an open API, reach it under
+/// a name that is not loopback (a site whose name was re-pointed at 127.0.0.1: DNS
+/// rebinding). The CLI and agents send no `Origin` and no `Sec-Fetch-*`.
+fn browser_refusal(s: &Shared, req: &Request) -> Option<ApiError> {
+    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok());
+    // Browsers send Origin or Sec-Fetch-* (Fetch Metadata); tools name hosts as they like.
+    let browser = req.headers().contains_key(header::ORIGIN) || req.headers().keys().any(|k| k.as_str().starts_with("sec-fetch-"));
+    if let Some(host) = host.filter(|h| browser && s.open() && !loopback_name(h)) {
+        return Some(ApiError::new(
+            403,
+            format!("this API is open to local users only, and the request names it {host:?}, not a loopback address"),
+            "call it as http://127.0.0.1:PORT or http://localhost:PORT, or make a token (`vdstream token add NAME --role ROLE`) to open it beyond loopback",
+        ));
+    }
+    let changes = !matches!(req.method().as_str(), "GET" | "HEAD");
+    let origin = req.headers().get(header::ORIGIN).map(|v| v.to_str().unwrap_or("?"))?;
+    let authority = origin.split_once("://").map_or("", |(_, a)| a);
+    (changes && !host.is_some_and(|h| authority.eq_ignore_ascii_case(h))).then(|| {
+        ApiError::new(403, format!("a page of {origin} may not change this server's farm"), "use the console this server serves (/console), the CLI or a script")
+    })
+}
+
 /// The middleware: finds the caller, checks the route's need, and passes the request on
 /// with the [`Caller`] in its extensions, or answers 401/403.
 pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    if let Some(e) = browser_refusal(&s, &req) {
+        let from = req.extensions().get::<ClientAddr>().map(|c| c.0.to_string()).unwrap_or_default();
+        log::info!("HTTP API: refused {} {} from {from}: {}", req.method(), req.uri().path(), e.error);
+        return e.into_response();
+    }
     let method = req.method().clone();
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string());
     let shown = route.clone().unwrap_or_else(|| req.uri().path().to_string());
@@ -190,6 +232,16 @@ mod tests {
             }
         }
         assert_eq!(need_of(&Method::PATCH, None), Role::ReadOnly);
+    }
+
+    #[test]
+    fn loopback_names_are_told_from_others() {
+        for ok in ["127.0.0.1", "127.0.0.1:8480", "localhost", "LOCALHOST:80", "[::1]:8480", "::1", "127.8.9.10:1"] {
+            assert!(loopback_name(ok), "{ok}");
+        }
+        for no in ["evil.example", "evil.example:8480", "10.0.0.1:8480", "127.0.0.1.evil.example", "[::2]:80", "localhost.evil:80", ""] {
+            assert!(!loopback_name(no), "{no}");
+        }
     }
 
     #[test]
