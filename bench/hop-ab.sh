@@ -223,7 +223,8 @@ if proxies:
         print(f"| {p} | {med[p, 'peer']:.0f} | {', '.join(f'{x:.0f}' for x in res[p, 'peer'])} | **{statistics.median(per):.2f}** | {', '.join(f'{x:.2f}' for x in per)} |")
 if "ram" in peers:
     m = med["nbdkit-memory", "nbdkit"]
-    print(f"| nbdkit-memory | {m:.0f} | | | {', '.join(f'{x:.0f}' for x in res['nbdkit-memory', 'nbdkit'])} | |")
+    if not proxies:  # (with proxies, the peers' table above has its row)
+        print(f"| nbdkit-memory | {m:.0f} | | | {', '.join(f'{x:.0f}' for x in res['nbdkit-memory', 'nbdkit'])} | |")
     print()
     print(f"RAM disk / nbdkit-memory (medians): old {med['ram', 'old'] / m:.2f}, new {med['ram', 'new'] / m:.2f}.")
 print()

@@ -69,7 +69,8 @@ def iops_of(page, target):
 
 with sync_playwright() as p:
     browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
-    page = browser.new_page(viewport={"width": 1366, "height": 860})
+    # UTC: the scheduled release typed below is read as the browser's local time.
+    page = browser.new_page(viewport={"width": 1366, "height": 860}, timezone_id="UTC")
     watch(page)
 
     # 1. The page loads; the API needs a token, so it asks for one.

@@ -104,12 +104,12 @@ def send(raw, half_close=True):
 
 cases = [
     ("garbage", b"\x00\x01GARBAGE\r\n\r\n", 400, False),
-    ("bad Content-Length", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n", 400, False),
-    ("oversized head", b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 40000 + b"\r\n\r\n", 431, False),
-    ("invalid UTF-8 body", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n\xff\xfe\xfd", 400, True),
-    ("truncated body", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}", 400, True),
-    ("body too large", b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n", 413, True),
-    ("agent report too large", b"PUT /api/v1/targets/vm1/agent HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n", 413, True),
+    ("bad Content-Length", b"POST /api/v1/targets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1x\r\n\r\n", 400, False),
+    ("oversized head", b"GET /api/v1/server HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + b"a" * 40000 + b"\r\n\r\n", 431, False),
+    ("invalid UTF-8 body", b"POST /api/v1/targets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\n\r\n\xff\xfe\xfd", 400, True),
+    ("truncated body", b"POST /api/v1/targets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{}", 400, True),
+    ("body too large", b"POST /api/v1/targets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99999999\r\n\r\n", 413, True),
+    ("agent report too large", b"PUT /api/v1/targets/vm1/agent HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 70000\r\n\r\n", 413, True),
 ]
 for what, raw, want, is_json in cases:
     out = send(raw)
@@ -129,7 +129,7 @@ for what, raw, want, is_json in cases:
 # A stalled client does not block the others.
 stalled = socket.create_connection(addr, timeout=20)
 stalled.sendall(b"GET /api/v1/serv")
-out = send(b"GET /api/v1/server HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+out = send(b"GET /api/v1/server HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
 assert out.startswith(b"HTTP/1.1 200 "), out[:200]
 stalled.close()
 PY

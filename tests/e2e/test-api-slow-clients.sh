@@ -45,7 +45,7 @@ def answer_of(s, budget):
 def timed_get(path):
     t0 = time.monotonic()
     s = socket.create_connection(addr, timeout=1)
-    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
     status, _, _ = answer_of(s, 1)
     s.close()
     return status, time.monotonic() - t0
@@ -54,7 +54,7 @@ def timed_get(path):
 loris = []
 for i in range(200):
     s = socket.create_connection(addr, timeout=5)
-    s.sendall(b"GET /api/v1/vdisks HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    s.sendall(b"GET /api/v1/vdisks HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
     loris.append(s)
 stop = threading.Event()
 def trickle():
@@ -84,7 +84,7 @@ finally:
 
 # 413 from Content-Length alone: the body is never sent, the connection stays open.
 s = socket.create_connection(addr, timeout=5)
-s.sendall(b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n{\"id\"")
+s.sendall(b"POST /api/v1/targets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n{\"id\"")
 status, body, took = answer_of(s, 5)
 s.close()
 assert status == 413 and took < 1.0, f"an announced 1 GB body: status {status} after {took:.2f} s"
@@ -94,7 +94,7 @@ print(f"ok: 413 after {took:.3f} s from Content-Length alone: {doc['error']}", f
 
 # 408 for a body that trickles (a byte a second, never whole) within the deadline.
 s = socket.create_connection(addr, timeout=5)
-s.sendall(b"POST /api/v1/targets HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+s.sendall(b"POST /api/v1/targets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
 t0 = time.monotonic()
 status = None
 for _ in range(20):

@@ -192,10 +192,10 @@ fn bad_input_is_refused_and_only_get_is_served() {
     }
     let (status, body) = get(b.addr, "/boot/ipxe", "evil${x}");
     assert_eq!(status, 400, "a Host that could add to the script: {body}");
-    for head in ["POST /boot/ipxe HTTP/1.1\r\nHost: h\r\nContent-Length: 0", "DELETE /boot/target/52:54:00:12:34:56 HTTP/1.1\r\nHost: h"] {
+    for head in ["POST /boot/ipxe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0", "DELETE /boot/target/52:54:00:12:34:56 HTTP/1.1\r\nHost: h"] {
         assert_eq!(raw(b.addr, head).0, 405, "{head}");
     }
-    let (status, _, _) = raw(b.addr, "GET /boot/ipxe HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello");
+    let (status, _, _) = raw(b.addr, "GET /boot/ipxe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\nhello");
     assert_eq!(status, 413, "no bodies");
     assert_eq!(get(b.addr, "/boot/vdisk/win/x/vmlinuz", "h").0, 400);
     assert_eq!(get(b.addr, "/boot/vdisk/win/base/passwd", "h").0, 404);
@@ -235,7 +235,7 @@ fn a_version_without_a_kernel_is_named_and_its_files_are_served_when_there() {
     assert_eq!(status, 200, "{head}");
     assert!(head.to_ascii_lowercase().contains("content-length: 100000"), "{head}");
     assert_eq!(body, kernel);
-    let (status, head, body) = raw(b.addr, "GET /boot/vdisk/win/base/vmlinuz HTTP/1.1\r\nHost: h\r\nRange: bytes=1000-1999");
+    let (status, head, body) = raw(b.addr, "GET /boot/vdisk/win/base/vmlinuz HTTP/1.1\r\nHost: 127.0.0.1\r\nRange: bytes=1000-1999");
     assert_eq!(status, 206, "{head}");
     assert_eq!(body, &kernel[1000..2000]);
     assert_eq!(raw(b.addr, "GET /boot/vdisk/win/base/initrd.img HTTP/1.1\r\nHost: h").2, b"initrd bytes");
@@ -281,7 +281,7 @@ fn without_boot_there_are_no_boot_routes() {
     let b = server(None);
     b.store.add_target(new_target("pc1", &["52:54:00:12:34:56"])).unwrap();
     for path in ["/boot/ipxe", "/boot/target/52:54:00:12:34:56", "/boot/vdisk/win/base/vmlinuz"] {
-        let (status, body) = get(b.addr, path, "h");
+        let (status, body) = get(b.addr, path, "127.0.0.1");
         assert_eq!(status, 404, "{path}: {body}");
         assert!(body.contains("no API route"), "{body}");
     }

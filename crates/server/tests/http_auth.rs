@@ -105,15 +105,15 @@ fn the_api_on_loopback_is_open_until_a_token_is_made_then_every_call_needs_one()
     assert_eq!(a.state(), before, "refused calls change nothing");
 
     // The answer: 401 with WWW-Authenticate: Bearer and the JSON error document.
-    let (head, body) = a.raw("POST /api/v1/vdisks/win/versions/1/promote HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"to\":\"test\"}");
+    let (head, body) = a.raw("POST /api/v1/vdisks/win/versions/1/promote HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"to\":\"test\"}");
     assert!(head.starts_with("HTTP/1.1 401"), "{head}");
     assert!(head.to_ascii_lowercase().contains("\r\nwww-authenticate: bearer realm=\"vdstream\""), "{head}");
     let doc: Value = serde_json::from_str(&body).unwrap();
     assert!(doc["error"].is_string() && doc["what_to_do"].is_string(), "{doc}");
-    let (head, _) = a.raw("GET /api/v1/server HTTP/1.1\r\nHost: x\r\nAuthorization: Basic YTpi\r\nConnection: close\r\n\r\n");
+    let (head, _) = a.raw("GET /api/v1/server HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic YTpi\r\nConnection: close\r\n\r\n");
     assert!(head.starts_with("HTTP/1.1 401") && head.contains("invalid_token"), "{head}");
     // The bearer scheme is case-insensitive.
-    let (head, _) = a.raw(&format!("GET /api/v1/server HTTP/1.1\r\nHost: x\r\nAuthorization: bearer {admin}\r\nConnection: close\r\n\r\n"));
+    let (head, _) = a.raw(&format!("GET /api/v1/server HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: bearer {admin}\r\nConnection: close\r\n\r\n"));
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(a.state(), before);
 
@@ -197,9 +197,9 @@ fn no_token_is_ever_written_to_the_server_log() {
         let _ = c.put("/api/v1/targets/x/agent", &json!({"bad": true}));
     }
     // A malformed Authorization field and a head too large, which hyper refuses itself.
-    let _ = a.raw(&format!("GET /api/v1/server HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {good} extra\r\nConnection: close\r\n\r\n"));
+    let _ = a.raw(&format!("GET /api/v1/server HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {good} extra\r\nConnection: close\r\n\r\n"));
     let mut s = TcpStream::connect(a.addr).unwrap();
-    let _ = s.write_all(format!("GET /api/v1/server HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {good}\r\nX-Pad: {}\r\n\r\n", "a".repeat(20 << 10)).as_bytes());
+    let _ = s.write_all(format!("GET /api/v1/server HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {good}\r\nX-Pad: {}\r\n\r\n", "a".repeat(20 << 10)).as_bytes());
     let _ = s.read_to_end(&mut Vec::new());
     let lines = captured().0.lock().unwrap();
     assert!(lines.iter().any(|l| l.contains("refused") || l.contains("HTTP API")), "the capture works: {lines:?}");

@@ -27,8 +27,9 @@
 //! - A refusal happens before the handler, so it changes nothing.
 //! - A browser cannot be made to act for its user by another site: a request that would
 //!   change something and carries an `Origin` other than this server is refused (403), and
-//!   an open API answers a browser only when it names the API by a loopback address or
-//!   `localhost` (no DNS rebinding). Tokens travel in `Authorization`, never in cookies.
+//!   an open API answers only requests that name it by an address or `localhost`, never
+//!   by another DNS name (no DNS rebinding). Tokens travel in `Authorization`, never in
+//!   cookies.
 
 use std::sync::Arc;
 
@@ -124,29 +125,43 @@ fn bearer(req: &Request) -> Result<Option<&str>, ()> {
     Ok(Some(token))
 }
 
-/// Whether `host` (a Host field: NAME, NAME:PORT, [V6]:PORT) names this machine's loopback.
-fn loopback_name(host: &str) -> bool {
+/// The name or address of a Host field (NAME, NAME:PORT, [V6]:PORT, V6), without the port.
+fn host_name(host: &str) -> &str {
     let name = match host.rsplit_once(':') {
         Some((n, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && (!n.contains(':') || n.ends_with(']')) => n,
         _ => host,
     };
-    let name = name.trim_start_matches('[').trim_end_matches(']');
+    name.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Whether `host` (a Host field) names this machine's loopback.
+#[cfg(test)]
+fn loopback_name(host: &str) -> bool {
+    let name = host_name(host);
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether `host` (a Host field) is a DNS name other than `localhost`: what a page that
+/// re-pointed its own name at 127.0.0.1 sends (an address, loopback or not, cannot be
+/// re-pointed; a forwarded port, such as qemu's 10.0.2.2, arrives under one).
+fn foreign_name(host: &str) -> bool {
+    let name = host_name(host);
+    !name.eq_ignore_ascii_case("localhost") && name.parse::<std::net::IpAddr>().is_err()
 }
 
 /// What a browser must not do, whatever its credential: change the farm from a page of
 /// another site (an `Origin` that is not this server), and, on an open API, reach it under
-/// a name that is not loopback (a site whose name was re-pointed at 127.0.0.1: DNS
-/// rebinding). The CLI and agents send no `Origin` and no `Sec-Fetch-*`.
+/// a DNS name other than `localhost` (a site whose name was re-pointed at 127.0.0.1: DNS
+/// rebinding). The CLI and agents send no `Origin`, and name the server as told.
 fn browser_refusal(s: &Shared, req: &Request) -> Option<ApiError> {
     let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok());
-    // Browsers send Origin or Sec-Fetch-* (Fetch Metadata); tools name hosts as they like.
-    let browser = req.headers().contains_key(header::ORIGIN) || req.headers().keys().any(|k| k.as_str().starts_with("sec-fetch-"));
-    if let Some(host) = host.filter(|h| browser && s.open() && !loopback_name(h)) {
+    // A same-origin GET of a rebound page carries neither Origin nor Sec-Fetch-*: every
+    // request is checked, not only those that look like a browser's.
+    if let Some(host) = host.filter(|h| s.open() && foreign_name(h)) {
         return Some(ApiError::new(
             403,
-            format!("this API is open to local users only, and the request names it {host:?}, not a loopback address"),
-            "call it as http://127.0.0.1:PORT or http://localhost:PORT, or make a token (`vdstream token add NAME --role ROLE`) to open it beyond loopback",
+            format!("this API is open to local users only, and the request names it {host:?}, a name other than localhost"),
+            "call it as http://127.0.0.1:PORT or http://localhost:PORT (or by an address), or make a token (`vdstream token add NAME --role ROLE`) to open it beyond loopback",
         ));
     }
     let changes = !matches!(req.method().as_str(), "GET" | "HEAD");
@@ -237,10 +252,17 @@ mod tests {
     #[test]
     fn loopback_names_are_told_from_others() {
         for ok in ["127.0.0.1", "127.0.0.1:8480", "localhost", "LOCALHOST:80", "[::1]:8480", "::1", "127.8.9.10:1"] {
-            assert!(loopback_name(ok), "{ok}");
+            assert!(loopback_name(ok) && !foreign_name(ok), "{ok}");
         }
         for no in ["evil.example", "evil.example:8480", "10.0.0.1:8480", "127.0.0.1.evil.example", "[::2]:80", "localhost.evil:80", ""] {
             assert!(!loopback_name(no), "{no}");
+        }
+        // Addresses are never foreign names (a forwarded port arrives under one); names are.
+        for addr in ["10.0.2.2:8480", "[fe80::1]:80", "192.168.1.5"] {
+            assert!(!foreign_name(addr), "{addr}");
+        }
+        for name in ["evil.example:8480", "127.0.0.1.evil.example", "localhost.evil", "pvs1"] {
+            assert!(foreign_name(name), "{name}");
         }
     }
 

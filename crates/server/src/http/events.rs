@@ -10,7 +10,8 @@
 //! ```
 //!
 //! `store_changes` grows whenever the store changes (it is the audit trail's length in
-//! bytes): a client re-reads vDisks and versions when it moves.
+//! bytes): a client re-reads vDisks and versions when it moves. `targets_error` is null,
+//! or why the target records could not be read (`targets` is then empty).
 //!
 //! Cost: the document is built once a [`SAMPLE_EVERY`](super::live::SAMPLE_EVERY) tick,
 //! on the blocking pool, and only while a stream is open; every stream sends the same
@@ -37,7 +38,12 @@ fn farm(s: &Shared) -> Result<Value, ApiError> {
     let store = Store::open(&s.state.store)?;
     let reports: std::collections::HashMap<String, Value> = s.live.agent_reports().into_iter().collect();
     let mut targets = Vec::new();
-    for t in store.targets()? {
+    // A store whose records cannot be read still streams everything else, and says why.
+    let (records, targets_error) = match store.targets() {
+        Ok(r) => (r, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    for t in records {
         let mut doc = json!(t);
         if let Some(r) = reports.get(&t.id) {
             doc["agent"] = r.clone();
@@ -54,6 +60,7 @@ fn farm(s: &Shared) -> Result<Value, ApiError> {
         "sessions": s.live.sessions_doc(&s.state),
         "targets": targets,
         "store_changes": store_changes,
+        "targets_error": targets_error,
     }))
 }
 

@@ -146,6 +146,7 @@ function showInfo(text) {
 // ---- the token ----
 
 let tokenWaiters = [];
+let tokenPromise = null; // one promise for every wait until the next change
 
 function askToken(why) {
   const d = $('#login');
@@ -161,10 +162,11 @@ function setToken(t) {
   if (state.abort) state.abort.abort();
   const w = tokenWaiters;
   tokenWaiters = [];
+  tokenPromise = null;
   w.forEach((f) => f());
 }
 
-const tokenChanged = () => new Promise((r) => tokenWaiters.push(r));
+const tokenChanged = () => tokenPromise || (tokenPromise = new Promise((r) => tokenWaiters.push(r)));
 
 // ---- live updates: GET /api/v1/events (server-sent events, read with fetch so that the
 // token can go in the Authorization field) ----
@@ -207,7 +209,7 @@ async function follow() {
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
-        buf += value;
+        buf += value.replace(/\r\n?/g, '\n');
         let i;
         while ((i = buf.indexOf('\n\n')) >= 0) {
           const chunk = buf.slice(0, i);
@@ -294,6 +296,7 @@ function figures(t, sessions) {
 
 function onFarm(doc) {
   state.farm = doc;
+  if (doc.targets_error) showError(new ApiError(500, doc.targets_error, 'see the server\'s log; `vdstream target list` names the damaged record'), 'reading the targets');
   const sessions = sessionsByTarget(doc);
   const seen = new Set();
   for (const t of doc.targets || []) {
@@ -323,9 +326,13 @@ async function loadStore() {
     const list = await api('GET', '/api/v1/vdisks');
     const infos = await Promise.all(list.map((v) => (v.error ? v : api('GET', `/api/v1/vdisks/${encodeURIComponent(v.name)}`).catch((e) => ({ name: v.name, error: e.message })))));
     state.vdisks = infos;
-    state.audit = await api('GET', '/api/v1/audit?limit=200');
     renderVdisks();
-    renderAudit();
+    try {
+      state.audit = await api('GET', '/api/v1/audit?limit=200');
+      renderAudit();
+    } catch (e) {
+      if (e.status !== 401) showError(e, 'reading the audit trail');
+    }
   } catch (e) {
     if (e.status !== 401) showError(e, 'reading the store');
   } finally {
@@ -484,7 +491,7 @@ function renderSessions() {
     el('td', { text: s.export }),
     el('td', { class: 'sub2', text: s.peer }),
     el('td', { text: s.target || '–' }),
-    el('td', { text: `${s.vdisk} @ ${s.version}` }),
+    el('td', { text: `${s.vdisk} @ ${s.version === 0 ? 'base' : `v${s.version}`}` }),
     el('td', { text: (s.cache && s.cache.type) || '–' }),
     el('td', { class: 'num', text: rate(s.guest && s.guest.iops) }),
     el('td', { class: 'num', text: rate(s.store && s.store.iops) }),
@@ -705,7 +712,12 @@ function targetFields(t) {
     description: el('input', { type: 'text', name: 'description', value: (t && t.description) || '' }),
     macs: el('input', { type: 'text', name: 'macs', value: t ? (t.macs || []).join(' ') : '', placeholder: 'MAC addresses for network boot (optional)' }),
   };
-  if (t) { f.vdisk.value = t.vdisk; f.cache.value = t.cache; } else if (names.length) f.vdisk.value = names[0];
+  if (t) {
+    // The record's own vDisk stays a choice even when the list has not loaded it.
+    if (!names.includes(t.vdisk)) f.vdisk.append(el('option', { value: t.vdisk, text: t.vdisk }));
+    f.vdisk.value = t.vdisk;
+    f.cache.value = t.cache;
+  } else if (names.length) f.vdisk.value = names[0];
   return f;
 }
 
@@ -741,9 +753,9 @@ function editTarget(id) {
   const f = targetFields(t);
   const change = () => {
     const c = {};
-    if (f.vdisk.value !== t.vdisk) c.vdisk = f.vdisk.value;
+    if (f.vdisk.value && f.vdisk.value !== t.vdisk) c.vdisk = f.vdisk.value;
     if (f.cache.value !== t.cache) c.cache = f.cache.value;
-    if (String(selector(f.version.value)) !== String(t.version)) c.version = selector(f.version.value);
+    if (f.version.value.trim() && String(selector(f.version.value)) !== String(t.version)) c.version = selector(f.version.value);
     const desc = f.description.value.trim();
     if (desc !== (t.description || '')) c.description = desc || null;
     const macs = f.macs.value.trim().split(/[\s,]+/).filter(Boolean).map((m) => m.toLowerCase().replace(/-/g, ':'));
