@@ -60,8 +60,74 @@ pub fn append(path: &Path, entry: &AuditEntry) -> Result<()> {
 }
 
 /// Reads the entries about `vdisk` (all when `None`), oldest first, at most the last
-/// `limit`. A line that does not parse is an error naming its number.
+/// `limit`. A line that does not parse is an error naming its number (counted from the
+/// end when only the last `limit` were read).
 pub fn read(path: &Path, vdisk: Option<&str>, limit: Option<usize>) -> Result<Vec<AuditEntry>> {
+    match limit {
+        Some(n) => read_last(path, vdisk, n),
+        None => read_all(path, vdisk),
+    }
+}
+
+fn corrupt(path: &Path, which: String, e: &serde_json::Error) -> StoreError {
+    StoreError::Corrupt {
+        path: path.to_path_buf(),
+        detail: format!("{which}: {}", e.to_string().split(" at line ").next().unwrap_or_default()),
+        advice: "the audit trail is append-only: move the damaged line out of the file by hand (keep a copy)".into(),
+    }
+}
+
+/// The first block read from the end by [`read_last`]; each further one is four times larger.
+const TAIL_BLOCK: u64 = 64 << 10;
+
+/// The last `n` entries about `vdisk`, reading the file from its end in growing blocks: the
+/// cost follows `n` (and how rare the vDisk's entries are), not the trail's length.
+fn read_last(path: &Path, vdisk: Option<&str>, n: usize) -> Result<Vec<AuditEntry>> {
+    use std::io::{Read, Seek, SeekFrom};
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io("open", path)(e)),
+    };
+    let len = f.metadata().map_err(io("stat", path))?.len();
+    let mut block = TAIL_BLOCK;
+    loop {
+        let start = len.saturating_sub(block);
+        f.seek(SeekFrom::Start(start)).map_err(io("seek in", path))?;
+        let mut bytes = Vec::with_capacity((len - start) as usize);
+        Read::by_ref(&mut f).take(len - start).read_to_end(&mut bytes).map_err(io("read", path))?;
+        // Past a cut, the first line is partial: whole lines start after its newline.
+        let whole = if start == 0 { &bytes[..] } else { bytes.iter().position(|b| *b == b'\n').map_or(&bytes[..0], |i| &bytes[i + 1..]) };
+        let text = std::str::from_utf8(whole).map_err(|e| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!("not UTF-8 near byte {}", len - whole.len() as u64 + e.valid_up_to() as u64),
+            advice: "the audit trail is append-only: move the damaged line out of the file by hand (keep a copy)".into(),
+        })?;
+        let mut out = Vec::new();
+        for (k, line) in text.lines().rev().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let e: AuditEntry = serde_json::from_str(line).map_err(|e| corrupt(path, format!("line {} from the end", k + 1), &e))?;
+            if vdisk.is_none_or(|v| v == e.vdisk) {
+                out.push(e);
+                if out.len() == n {
+                    break;
+                }
+            }
+        }
+        if out.len() == n || start == 0 {
+            out.reverse();
+            return Ok(out);
+        }
+        block = block.saturating_mul(4);
+    }
+}
+
+fn read_all(path: &Path, vdisk: Option<&str>) -> Result<Vec<AuditEntry>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
@@ -72,18 +138,10 @@ pub fn read(path: &Path, vdisk: Option<&str>, limit: Option<usize>) -> Result<Ve
         if line.trim().is_empty() {
             continue;
         }
-        let e: AuditEntry = serde_json::from_str(line).map_err(|e| StoreError::Corrupt {
-            path: path.to_path_buf(),
-            detail: format!("line {}: {}", i + 1, e.to_string().split(" at line ").next().unwrap_or_default()),
-            advice: "the audit trail is append-only: move the damaged line out of the file by hand (keep a copy)".into(),
-        })?;
+        let e: AuditEntry = serde_json::from_str(line).map_err(|e| corrupt(path, format!("line {}", i + 1), &e))?;
         if vdisk.is_none_or(|v| v == e.vdisk) {
             out.push(e);
         }
-    }
-    if let Some(n) = limit {
-        let skip = out.len().saturating_sub(n);
-        out.drain(..skip);
     }
     Ok(out)
 }
@@ -106,5 +164,41 @@ mod tests {
         std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b"{oops\n").unwrap();
         let e = read(&p, None, None).unwrap_err().to_string();
         assert!(e.contains("audit.log is corrupt (line 5"), "{e}");
+        let e = read(&p, None, Some(2)).unwrap_err().to_string();
+        assert!(e.contains("audit.log is corrupt (line 1 from the end"), "{e}");
+    }
+
+    /// The last N read from the end match the model (the whole trail, filtered, its last
+    /// N), for trails many blocks long, rare and common vDisks, notes with multi-byte
+    /// characters across block cuts, and N from 0 to past the trail.
+    #[test]
+    fn the_last_entries_read_from_the_end_match_reading_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("audit.log");
+        let a = Actor::current();
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut f = std::fs::File::create(&p).unwrap();
+        for i in 0..6000 {
+            let v = match next() % 100 { 0 => "rare", 1..=40 => "a", _ => "b" };
+            let note = "é→".repeat((next() % 200) as usize);
+            let mut line = serde_json::to_vec(&AuditEntry::new(&a, "vdisk.set", v, serde_json::json!({"i": i, "note": note}))).unwrap();
+            line.push(b'\n');
+            f.write_all(&line).unwrap();
+        }
+        drop(f);
+        assert!(std::fs::metadata(&p).unwrap().len() > 16 * TAIL_BLOCK, "the trail spans many blocks");
+        for vdisk in [None, Some("a"), Some("b"), Some("rare"), Some("none")] {
+            let all = read_all(&p, vdisk).unwrap();
+            for n in [0, 1, 2, 7, 100, 1000, all.len(), all.len() + 5] {
+                let want = &all[all.len().saturating_sub(n)..];
+                assert_eq!(read(&p, vdisk, Some(n)).unwrap(), want, "{vdisk:?} last {n}");
+            }
+        }
     }
 }

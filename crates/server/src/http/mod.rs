@@ -150,15 +150,25 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, tls: Opti
     let mut sampler_stop = stop.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(live::SAMPLE_EVERY);
+        // The farm document for the event streams is built beside the sampler, so a slow
+        // store delays neither the rate samples nor the sweep; a tick whose last build is
+        // still running skips one.
+        let mut farm: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
                     s.live.sample(&s.state.registry.sessions());
                     s.live.sweep_reports();
-                    events::tick(&s).await;
+                    if farm.as_ref().is_none_or(|h| h.is_finished()) {
+                        let s = s.clone();
+                        farm = Some(tokio::spawn(async move { events::tick(&s).await }));
+                    }
                 }
                 _ = stopped(&mut sampler_stop) => break,
             }
+        }
+        if let Some(f) = farm {
+            let _ = f.await;
         }
     });
     let app = router::app(shared);
