@@ -27,6 +27,7 @@ pub mod engine;
 pub mod error;
 pub mod file;
 pub mod flock;
+pub mod layerfile;
 pub mod lograte;
 pub mod memory;
 pub mod reclaim;

@@ -22,6 +22,7 @@ mod remote;
 mod serve_image;
 mod server;
 mod size;
+mod store_cmd;
 mod target;
 mod target_record;
 mod token;
@@ -69,6 +70,7 @@ enum Command {
     Vdisk(vdisk::VdiskArgs),
     Version(version::VersionArgs),
     Audit(audit::AuditArgs),
+    Store(store_cmd::StoreArgs),
     Target(target::TargetArgs),
     Token(token::TokenArgs),
     Size(ram_sizing::SizeArgs),
@@ -112,6 +114,7 @@ fn main() {
         Command::Vdisk(args) => vdisk::run(args),
         Command::Version(args) => version::run(args),
         Command::Audit(args) => audit::run(args),
+        Command::Store(args) => store_cmd::run(args),
         Command::Target(args) => target::run(args),
         Command::Token(args) => token::run(args),
         Command::Size(args) => ram_sizing::run(args),

@@ -83,9 +83,28 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   boot = true                          (and boot-advertise, boot-server = [...], boot-unknown,
   tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe)")]
 pub struct ServerArgs {
-    /// Store directory. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
-    #[arg(long, value_name = "DIR")]
+    /// Store directory, or s3://BUCKET/PREFIX: a store in S3-compatible object storage
+    /// (filled by `vdstream store copy`), reached through AWS_ENDPOINT_URL, AWS_REGION,
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and served read-only: its metadata is
+    /// read every 2 s, its layers chunk by chunk through --object-cache.
+    /// Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
+    #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
     store: Option<PathBuf>,
+
+    /// With an s3:// store: the folder for its metadata and the SSD tier of the chunk
+    /// cache (emptied at start: a server holds nothing another needs). Default:
+    /// /var/cache/vdstream/objects.
+    #[arg(long, value_name = "DIR")]
+    object_cache: Option<PathBuf>,
+
+    /// With an s3:// store: RAM for 1 MiB chunks of layers. Default: 1G.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    object_cache_ram: Option<u64>,
+
+    /// With an s3:// store: SSD bytes for chunks (in --object-cache); 0 keeps only RAM.
+    /// Default: 16G.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    object_cache_disk: Option<u64>,
 
     /// TCP address to listen on. Default: 127.0.0.1:10809, unless only --socket is given.
     /// Any address but loopback needs TLS, or --insecure.
@@ -291,6 +310,10 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         listen = Some(DEFAULT_LISTEN.parse().expect("a socket address"));
     }
     let store = vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref()));
+    let store = match store.to_str().and_then(vdstream_objstore::S3Location::parse) {
+        Some(location) => object_store_mirror(args, location.map_err(crate::store_cmd::objstore_error)?)?,
+        None => store,
+    };
     vdstream_store::check_location(&store)?;
     // NBD TLS with --tls on|require. --tls-certificates with --tls off serves only the
     // API's HTTPS, so it needs --http; without one it is refused as serve-image refuses it.
@@ -515,4 +538,25 @@ mod tests {
         let e = options(&parse(&["--config", file.to_str().unwrap()])).unwrap_err().to_string();
         assert!(e.contains("s.toml") && e.contains("read-cache"), "{e}");
     }
+}
+
+/// Opens a store in object storage: its metadata mirrored into --object-cache, its layers
+/// read through the chunk cache. Returns the mirror folder, which the server opens as its
+/// store.
+fn object_store_mirror(args: &ServerArgs, location: vdstream_objstore::S3Location) -> Result<PathBuf> {
+    use vdstream_objstore::{layer::CacheConfig, mirror};
+    let base = args.object_cache.clone().unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects"));
+    let dir = mirror::default_dir(&base, &location);
+    let config = vdstream_objstore::S3Config::from_env().map_err(crate::store_cmd::objstore_error)?;
+    let bucket = vdstream_objstore::Bucket::open(location, &config).map_err(crate::store_cmd::objstore_error)?;
+    let cache = CacheConfig {
+        ram_bytes: args.object_cache_ram.unwrap_or(1 << 30),
+        disk_dir: dir.join("chunks"),
+        disk_bytes: args.object_cache_disk.unwrap_or(16 << 30),
+        readahead: 4,
+    };
+    let m = mirror::Mirror::open(bucket, &dir, &cache, Duration::from_secs(2)).map_err(crate::store_cmd::objstore_error)?;
+    log::info!("serving {} from its mirror {} (chunk cache: {} RAM, {} SSD)", m.bucket.location, dir.display(),
+        crate::size::format_size(cache.ram_bytes), crate::size::format_size(cache.disk_bytes));
+    Ok(dir)
 }

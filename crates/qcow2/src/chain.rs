@@ -10,13 +10,12 @@
 //! header (with the backing format extension) in cluster 0, refcount table in cluster 1,
 //! one refcount block in cluster 2, the L1 table after it; those clusters count 1.
 
-use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use vdstream_blockdev::{BlockDev, Error, ErrorKind, FileDev, FileOptions, Op, Result};
+use vdstream_blockdev::layerfile::{self, LayerFile};
+use vdstream_blockdev::{BlockDev, Error, ErrorKind, Op, Result};
 
 use crate::header::{push_extension, Header, EXT_BACKING_FORMAT, EXT_END, MAGIC, MAX_BACKING_NAME, MAX_CLUSTER_BITS, MIN_CLUSTER_BITS};
 use crate::image::{file_error, OpenOptions, Qcow2Image};
@@ -52,9 +51,13 @@ impl ImageFormat {
     /// Probes `path`: qcow2 if it starts with the qcow2 magic, raw otherwise.
     pub fn probe(path: &Path) -> Result<Self> {
         let mut magic = [0u8; 4];
-        let mut f = File::open(path).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
-        let n = f.read(&mut magic).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
-        Ok(if n == 4 && u32::from_be_bytes(magic) == MAGIC { ImageFormat::Qcow2 } else { ImageFormat::Raw })
+        let io_err = |e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
+        let f = LayerFile::open(path, false).map_err(io_err)?;
+        if f.len().map_err(io_err)? < 4 {
+            return Ok(ImageFormat::Raw);
+        }
+        f.read_exact_at(&mut magic, 0).map_err(io_err)?;
+        Ok(if u32::from_be_bytes(magic) == MAGIC { ImageFormat::Qcow2 } else { ImageFormat::Raw })
     }
 }
 
@@ -84,7 +87,7 @@ fn open_layer(path: &Path, format: Option<ImageFormat>, depth: usize, hook: Laye
         None => ImageFormat::probe(path)?,
     };
     let dev: Arc<dyn BlockDev> = match format {
-        ImageFormat::Raw => Arc::new(FileDev::open(path, FileOptions { read_only: true, ..Default::default() })?),
+        ImageFormat::Raw => layerfile::open_raw(path)?,
         ImageFormat::Qcow2 => {
             let backing = backing_of(path, depth, hook)?;
             Arc::new(Qcow2Image::open(path, OpenOptions { read_only: true, ..Default::default() }, backing)?)
@@ -122,8 +125,8 @@ pub(crate) struct BackingRef {
 
 /// Reads and validates the header of the qcow2 image at `path`.
 pub(crate) fn read_header(path: &Path) -> Result<Header> {
-    let f = File::open(path).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
-    let len = f.metadata().map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?.len();
+    let f = LayerFile::open(path, false).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
+    let len = f.len().map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
     let mut first = vec![0u8; len.min(crate::header::HEADER_READ_LEN as u64) as usize];
     f.read_exact_at(&mut first, 0).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
     Header::parse(&first, len).map_err(|e| file_error(ErrorKind::Invalid, Op::Open, 0, path, format!("{e}; check the image with `qemu-img check`")))
@@ -135,7 +138,7 @@ pub(crate) fn backing_ref(path: &Path) -> Result<Option<BackingRef>> {
     let Some(name) = header.backing_file else { return Ok(None) };
     let resolved = resolve_backing(path, &name);
     let format = header.backing_format.as_deref().map(|n| ImageFormat::from_name(n, path)).transpose()?;
-    if !resolved.exists() {
+    if !layerfile::exists(&resolved) {
         return Err(file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
             "backing file {name:?} (resolved to {}) does not exist: restore it or rebase the image with `qemu-img rebase`", resolved.display())));
     }
@@ -179,7 +182,7 @@ pub(crate) fn open_layers(top: &Path) -> Result<Vec<Layer>> {
         let below = layers.last().map(|l| l.dev.clone());
         let layer = match format {
             ImageFormat::Raw => {
-                let dev: Arc<dyn BlockDev> = Arc::new(FileDev::open(&path, FileOptions { read_only: true, ..Default::default() })?);
+                let dev = layerfile::open_raw(&path)?;
                 Layer { path, format, dev, qcow2: None }
             }
             ImageFormat::Qcow2 => {

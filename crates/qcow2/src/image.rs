@@ -22,10 +22,10 @@
 //!   is in place).
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use vdstream_blockdev::layerfile::LayerFile;
 use vdstream_blockdev::flock::{try_lock, LockMode, LOCK_PATIENCE};
 use vdstream_blockdev::span::units;
 use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
@@ -107,7 +107,7 @@ pub(crate) struct Meta {
 #[derive(Debug)]
 pub struct Qcow2Image {
     pub(crate) path: PathBuf,
-    pub(crate) file: File,
+    pub(crate) file: LayerFile,
     pub(crate) header: Header,
     pub(crate) read_only: bool,
     pub(crate) backing: Option<Arc<dyn BlockDev>>,
@@ -126,9 +126,11 @@ impl Qcow2Image {
     pub fn open(path: impl AsRef<Path>, options: OpenOptions, backing: Option<Arc<dyn BlockDev>>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let io_err = |e: std::io::Error| Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
-        let file = std::fs::OpenOptions::new().read(true).write(!options.read_only).open(&path).map_err(io_err)?;
-        lock_file(&file, !options.read_only, &path)?;
-        let file_len = file.metadata().map_err(io_err)?.len();
+        let file = LayerFile::open(&path, !options.read_only).map_err(io_err)?;
+        if let LayerFile::Local(f) = &file {
+            lock_file(f, !options.read_only, &path)?;
+        }
+        let file_len = file.len().map_err(io_err)?;
         let mut first = vec![0u8; (file_len.min(HEADER_READ_LEN as u64)) as usize];
         file.read_exact_at(&mut first, 0).map_err(io_err)?;
         let header = Header::parse(&first, file_len).map_err(|e| {
@@ -373,7 +375,7 @@ impl Qcow2Image {
 
     /// Inflates one compressed cluster.
     pub(crate) fn inflate(&self, host: u64, len: u64, guest: u64) -> Result<Vec<u8>> {
-        let file_len = self.file.metadata().map_err(|e| self.io(e, Op::Read, guest, 0))?.len();
+        let file_len = self.file.len().map_err(|e| self.io(e, Op::Read, guest, 0))?;
         let len = len.min(file_len.saturating_sub(host)).min(2 * self.cs() + 512);
         let mut input = vec![0u8; len as usize];
         self.file.read_exact_at(&mut input, host).map_err(|e| self.io(e, Op::Read, guest, len))?;

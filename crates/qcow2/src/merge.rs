@@ -358,9 +358,10 @@ impl Writer<'_> {
     /// Asks the kernel to start writing dst's dirty pages now, so that the disk works
     /// while the copy goes on and the final fsync has little left to wait for.
     fn start_writeback(&self) {
-        // SAFETY: sync_file_range takes the descriptor `out.file` keeps open and integers;
+        let Ok(file) = self.out.file.local() else { return };
+        // SAFETY: sync_file_range takes the descriptor `file` keeps open and integers;
         // it touches no memory of ours.
-        let rc = unsafe { libc::sync_file_range(self.out.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+        let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
         if rc != 0 {
             log::debug!("{}: sync_file_range: {}", self.out.path.display(), std::io::Error::last_os_error());
         }

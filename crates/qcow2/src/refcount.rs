@@ -21,8 +21,8 @@
 //! entries, mirroring the on-disk table.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
+
+use vdstream_blockdev::layerfile::LayerFile;
 
 use crate::header::MAX_REFTABLE_BYTES;
 
@@ -67,7 +67,7 @@ pub struct Refcounts {
 
 impl Refcounts {
     /// Loads the refcount table (bounds were checked by the header parser).
-    pub fn load(file: &File, cluster_bits: u32, table_offset: u64, table_clusters: u32, file_len: u64) -> Result<Self> {
+    pub fn load(file: &LayerFile, cluster_bits: u32, table_offset: u64, table_clusters: u32, file_len: u64) -> Result<Self> {
         let bytes = (table_clusters as usize) << cluster_bits;
         let mut raw = vec![0u8; bytes];
         file.read_exact_at(&mut raw, table_offset)?;
@@ -99,7 +99,7 @@ impl Refcounts {
         (self.table_offset, self.table_clusters)
     }
 
-    fn load_block(&mut self, file: &File, off: u64) -> Result<()> {
+    fn load_block(&mut self, file: &LayerFile, off: u64) -> Result<()> {
         if self.blocks.contains_key(&off) {
             return Ok(());
         }
@@ -120,7 +120,7 @@ impl Refcounts {
     }
 
     /// The count of host cluster `idx` (0 when no block covers it).
-    pub fn get(&mut self, file: &File, idx: u64) -> Result<u16> {
+    pub fn get(&mut self, file: &LayerFile, idx: u64) -> Result<u16> {
         let rti = (idx / self.per_block()) as usize;
         let Some(&entry) = self.table.get(rti) else { return Ok(0) };
         let off = entry & RT_OFFSET_MASK;
@@ -132,7 +132,7 @@ impl Refcounts {
     }
 
     /// Adds `delta` (+1 or -1) to the count of host cluster `idx`; returns the new count.
-    fn add(&mut self, file: &File, idx: u64, delta: i32) -> Result<u16> {
+    fn add(&mut self, file: &LayerFile, idx: u64, delta: i32) -> Result<u16> {
         let off = self.ensure_block(file, idx, delta > 0)?;
         let i = (idx % self.per_block()) as usize;
         let block = self.blocks.get_mut(&off).expect("ensured");
@@ -150,7 +150,7 @@ impl Refcounts {
 
     /// The offset of the block covering cluster `idx`, creating it (and growing the table)
     /// when `create`.
-    fn ensure_block(&mut self, file: &File, idx: u64, create: bool) -> Result<u64> {
+    fn ensure_block(&mut self, file: &LayerFile, idx: u64, create: bool) -> Result<u64> {
         let rti = (idx / self.per_block()) as usize;
         if rti >= self.table.len() {
             if !create {
@@ -176,7 +176,7 @@ impl Refcounts {
     }
 
     /// Grows the table to at least `min_entries` entries, into new clusters at the end.
-    fn grow(&mut self, file: &File, min_entries: usize) -> Result<()> {
+    fn grow(&mut self, file: &LayerFile, min_entries: usize) -> Result<()> {
         let per_cluster = (self.cs() / 8) as usize;
         let entries = min_entries.max(self.table.len() * 2).div_ceil(per_cluster) * per_cluster;
         let clusters = (entries / per_cluster) as u64;
@@ -200,7 +200,7 @@ impl Refcounts {
 
     /// Allocates `n` contiguous free clusters at the end of the file, counts them, and
     /// returns the offset of the first.
-    pub fn alloc(&mut self, file: &File, n: u64) -> Result<u64> {
+    pub fn alloc(&mut self, file: &LayerFile, n: u64) -> Result<u64> {
         'search: loop {
             let off = self.next_free;
             for c in 0..n {
@@ -219,7 +219,7 @@ impl Refcounts {
 
     /// Drops one reference to every cluster touching `[offset, offset+len)`; returns the
     /// clusters whose count fell to zero.
-    pub fn free(&mut self, file: &File, offset: u64, len: u64) -> Result<Vec<u64>> {
+    pub fn free(&mut self, file: &LayerFile, offset: u64, len: u64) -> Result<Vec<u64>> {
         let mut freed = Vec::new();
         if len == 0 {
             return Ok(freed);
@@ -236,7 +236,7 @@ impl Refcounts {
 
     /// Writes every dirty block, then the table if it changed. Returns whether anything
     /// was written. The caller syncs.
-    pub fn write_dirty(&mut self, file: &File) -> std::io::Result<bool> {
+    pub fn write_dirty(&mut self, file: &LayerFile) -> std::io::Result<bool> {
         let mut wrote = false;
         let mut offs: Vec<u64> = self.blocks.iter().filter(|(_, b)| b.dirty).map(|(&o, _)| o).collect();
         offs.sort_unstable();

@@ -24,7 +24,6 @@
 //! leaked clusters (counted, unreferenced), which `qemu-img check` reports as leaks, not
 //! errors.
 
-use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 
 use vdstream_blockdev::span::units;
@@ -150,9 +149,10 @@ impl Qcow2Image {
 
     /// Gives a freed cluster's space back to the file system (best effort).
     fn punch(&self, host: u64) {
-        // SAFETY: fallocate takes the descriptor `self.file` keeps open and integers only.
+        let Ok(file) = self.file.local() else { return };
+        // SAFETY: fallocate takes the descriptor `file` keeps open and integers only.
         let rc = unsafe {
-            libc::fallocate(self.file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, host as i64, self.cs() as i64)
+            libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, host as i64, self.cs() as i64)
         };
         if rc != 0 {
             log::debug!("{}: punching freed cluster at {host}: {}", self.name(), std::io::Error::last_os_error());

@@ -82,7 +82,7 @@ impl Store {
         let top_path = self.file_path(name, &files.last().expect("base").0);
         for (f, _) in &files {
             let p = self.file_path(name, f);
-            if !p.exists() {
+            if !vdstream_blockdev::layerfile::exists(&p) {
                 return Err(StoreError::MissingFile {
                     path: p,
                     advice: format!(
@@ -100,6 +100,9 @@ impl Store {
         let mut held = Vec::new();
         for (f, _) in below {
             let p = self.file_path(name, f);
+            if !p.exists() {
+                continue; // a sealed layer in object storage: nobody deletes it under us
+            }
             match fsutil::hold_shared(&p)? {
                 Some(h) => held.push(h),
                 None => {

@@ -29,6 +29,10 @@ use crate::meta::{self, StoreMeta, VdiskMeta, FORMAT_VERSION, STORE_FORMAT};
 use crate::names::validate_name;
 use crate::time::Timestamp;
 
+/// The file that marks a folder as a server's mirror of a store in object storage: its
+/// metadata comes from there, so changes made in it are refused.
+pub const MIRROR_MARKER: &str = "mirror.json";
+
 /// Where the store is when neither `--store` nor `$VDSTREAM_STORE` says.
 pub const DEFAULT_STORE: &str = "/var/lib/vdstream/store";
 
@@ -85,7 +89,7 @@ pub fn check_location(root: &Path) -> Result<()> {
             && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
         if is_scheme {
             return Err(StoreError::BadInput(format!(
-                "store {text:?}: vdstream does not serve {scheme}:// stores; a store is {STORE_SCHEMES} (--store DIR or VDSTREAM_STORE)")));
+                "store {text:?}: this command works on {STORE_SCHEMES} (--store DIR or VDSTREAM_STORE); an s3:// store is served by `vdstream server --store s3://BUCKET/PREFIX` and filled by `vdstream store copy`")));
         }
     }
     Ok(())
@@ -196,6 +200,12 @@ impl Store {
 
     /// Takes the store lock, waiting for it.
     pub fn lock(&self, mode: LockMode) -> Result<StoreLock> {
+        if mode == LockMode::Exclusive && self.root.join(MIRROR_MARKER).exists() {
+            return Err(StoreError::Refused(format!(
+                "{} is a server's mirror of a store in object storage (see its {MIRROR_MARKER}): the mirror serves, it is not changed; \
+                 make changes in a local store and copy it up with `vdstream store copy`",
+                self.root.display())));
+        }
         let p = self.root.join(".lock");
         let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(io("open the store lock", &p))?;
         fsutil::lock_wait(&f, mode).map_err(io("lock", &p))?;

@@ -1,0 +1,398 @@
+//! `vdstream store copy`: a whole store from a folder to object storage, or back.
+//!
+//! Order makes every step safe to interrupt: the layers of a vDisk go first (object, then
+//! its index), then its `vdisk.json`, then the targets and the audit trail, and
+//! `store.json` last. A reader of the destination never finds metadata that names a layer
+//! not yet there. Run again, the copy skips what is already whole:
+//! - up: a layer whose index in the bucket equals the one computed from the file;
+//! - down: a layer file whose chunks already match the index; a half-downloaded layer
+//!   (`FILE.part`) keeps the chunks that match, and only the rest is fetched.
+//!
+//! Zero chunks are never sent (see layer.rs), so a sparse raw base costs what it holds.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use object_store::path::Path as ObjPath;
+use object_store::{MultipartUpload, ObjectStoreExt, PutPayload};
+use serde::Serialize;
+
+use crate::client::{Bucket, S3Location};
+use crate::error::{local, Error, Result};
+use crate::layer::{IndexBuilder, LayerIndex, CHUNK};
+use crate::mirror::{is_metadata, write_atomic};
+
+/// One side of a copy.
+#[derive(Debug, Clone)]
+pub enum Side {
+    Dir(PathBuf),
+    S3(S3Location),
+}
+
+impl Side {
+    pub fn parse(text: &str) -> Result<Self> {
+        match S3Location::parse(text) {
+            Some(l) => Ok(Side::S3(l?)),
+            None => Ok(Side::Dir(vdstream_store::store_dir(Some(Path::new(text))))),
+        }
+    }
+}
+
+/// What a copy did.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct CopyReport {
+    pub from: String,
+    pub to: String,
+    pub vdisks: usize,
+    pub layers: usize,
+    /// Layers already whole at the destination.
+    pub layers_skipped: usize,
+    /// Bytes of the layers (their files' lengths).
+    pub layer_bytes: u64,
+    /// Bytes sent or fetched for layers (zero chunks and skipped layers cost nothing).
+    pub bytes_moved: u64,
+    pub metadata_files: usize,
+}
+
+/// Part size of the multipart upload: 16 chunks, so Garage's 1 MiB blocks line up with ours.
+const PART: usize = 16 * CHUNK as usize;
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// The layer files `vdisk.json` names (base and versions), parsed loosely so that a copy
+/// moves any store format this build reads.
+fn layer_files(vdisk_json: &[u8], what: &str) -> Result<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_slice(vdisk_json).map_err(|e| Error::Corrupt(format!("{what}: not JSON ({e})")))?;
+    let mut out = Vec::new();
+    if let Some(f) = v.pointer("/base/file").and_then(|f| f.as_str()) {
+        out.push(f.to_string());
+    }
+    for ver in v.get("versions").and_then(|v| v.as_array()).into_iter().flatten() {
+        if let Some(f) = ver.get("file").and_then(|f| f.as_str()) {
+            out.push(f.to_string());
+        }
+    }
+    for f in &out {
+        if f.contains('/') || f.starts_with('.') || f.is_empty() {
+            return Err(Error::Corrupt(format!("{what}: layer file name {f:?} is not a plain file name")));
+        }
+    }
+    Ok(out)
+}
+
+/// Copies `from` to `to` (one side a folder, the other `s3://`), calling `progress` with
+/// (layer bytes done, layer bytes in all).
+pub fn copy(from: &Side, to: &Side, bucket: impl FnOnce(&S3Location) -> Result<Bucket>, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
+    match (from, to) {
+        (Side::Dir(d), Side::S3(l)) => {
+            let b = bucket(l)?;
+            upload(d, &b, progress)
+        }
+        (Side::S3(l), Side::Dir(d)) => {
+            let b = bucket(l)?;
+            download(&b, d, progress)
+        }
+        _ => Err(Error::BadInput("one side of a store copy is a folder and the other s3://BUCKET/PREFIX".into())),
+    }
+}
+
+fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
+    let store = vdstream_store::Store::open(dir).map_err(|e| Error::NotFound(e.to_string()))?;
+    // Shared lock: no change of metadata while we read it (targets keep serving).
+    let _lock = store.lock(vdstream_blockdev::flock::LockMode::Shared).map_err(|e| Error::Io(e.to_string()))?;
+    let mut report = CopyReport { from: dir.display().to_string(), to: bucket.location.to_string(), ..Default::default() };
+    let names = store.names().map_err(|e| Error::Io(e.to_string()))?;
+    let mut plan: Vec<(String, Vec<u8>, Vec<(String, PathBuf)>)> = Vec::new();
+    for name in &names {
+        let json_path = dir.join("vdisks").join(name).join("vdisk.json");
+        let json = std::fs::read(&json_path).map_err(local("read", &json_path))?;
+        let files = layer_files(&json, &json_path.display().to_string())?;
+        let files = files.into_iter().map(|f| (format!("vdisks/{name}/{f}"), dir.join("vdisks").join(name).join(&f))).collect();
+        plan.push((name.clone(), json, files));
+    }
+    let total: u64 = plan.iter().flat_map(|(_, _, f)| f).map(|(_, p)| p.metadata().map(|m| m.len()).unwrap_or(0)).sum();
+    let mut done = 0;
+    progress(0, total);
+    for (name, json, files) in &plan {
+        for (rel, path) in files {
+            let moved = upload_layer(bucket, rel, path, &mut |n| {
+                done += n;
+                progress(done, total);
+            })?;
+            report.layers += 1;
+            report.layer_bytes += path.metadata().map(|m| m.len()).unwrap_or(0);
+            match moved {
+                Some(n) => report.bytes_moved += n,
+                None => report.layers_skipped += 1,
+            }
+        }
+        bucket.put(&format!("vdisks/{name}/vdisk.json"), Bytes::from(json.clone()))?;
+        report.vdisks += 1;
+        report.metadata_files += 1;
+    }
+    let mut rest: Vec<PathBuf> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir.join("targets")) {
+        rest.extend(rd.flatten().map(|e| e.path()));
+    }
+    rest.push(dir.join("audit.log"));
+    rest.push(dir.join("store.json"));
+    for p in rest {
+        let rel = p.strip_prefix(dir).expect("inside").to_string_lossy().replace('\\', "/");
+        if !is_metadata(&rel) || !p.is_file() {
+            continue;
+        }
+        let data = std::fs::read(&p).map_err(local("read", &p))?;
+        bucket.put(&rel, Bytes::from(data))?;
+        report.metadata_files += 1;
+    }
+    // Metadata of vDisks and targets the source no longer has.
+    for (rel, _, _) in bucket.list("")? {
+        if is_metadata(&rel) && !dir.join(&rel).exists() {
+            bucket.delete(&rel)?;
+        }
+    }
+    Ok(report)
+}
+
+/// Reads `path` chunk by chunk, calling `each(index, bytes)`.
+fn for_chunks(path: &Path, mut each: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<u64> {
+    let f = File::open(path).map_err(local("open", path))?;
+    let len = f.metadata().map_err(local("stat", path))?.len();
+    let mut buf = vec![0u8; CHUNK as usize];
+    for i in 0..len.div_ceil(CHUNK) {
+        let n = (len - i * CHUNK).min(CHUNK) as usize;
+        f.read_exact_at(&mut buf[..n], i * CHUNK).map_err(local("read", path))?;
+        each(i, &buf[..n])?;
+    }
+    Ok(len)
+}
+
+/// Uploads one layer unless the bucket already has it whole; returns the bytes sent
+/// (`None`: skipped).
+fn upload_layer(bucket: &Bucket, rel: &str, path: &Path, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
+    let len = path.metadata().map_err(local("stat", path))?.len();
+    let mut b = IndexBuilder::new(len);
+    for_chunks(path, |_, c| {
+        b.push(c);
+        Ok(())
+    })?;
+    let index = b.finish();
+    let idx_rel = format!("{rel}.idx");
+    if let Some(raw) = bucket.get(&idx_rel)? {
+        if LayerIndex::parse(&raw, &bucket.what(&idx_rel)).ok().as_ref() == Some(&index) {
+            advance(len);
+            return Ok(None);
+        }
+    }
+    // The index goes away first: an object without its index is never read.
+    bucket.delete(&idx_rel)?;
+    let store = bucket.store();
+    let key = ObjPath::from(bucket.location.key(rel));
+    let what = bucket.what(rel);
+    let mut upload: Box<dyn MultipartUpload> = {
+        let (store, key, what) = (store.clone(), key.clone(), what.clone());
+        bucket.block(async move { store.put_multipart(&key).await.map_err(|e| Error::from_store(e, &what)) })?
+    };
+    let mut part: Vec<u8> = Vec::with_capacity(PART);
+    let mut inflight: Vec<tokio::task::JoinHandle<object_store::Result<()>>> = Vec::new();
+    let mut sent = 0u64;
+    let flush =
+        |part: &mut Vec<u8>, inflight: &mut Vec<tokio::task::JoinHandle<object_store::Result<()>>>, upload: &mut Box<dyn MultipartUpload>| -> Result<()> {
+            if part.is_empty() {
+                return Ok(());
+            }
+            let fut = upload.put_part(PutPayload::from(std::mem::take(part)));
+            inflight.push(bucket.runtime().spawn(fut));
+            while inflight.len() >= PARTS_IN_FLIGHT {
+                let h = inflight.remove(0);
+                bucket.block(h).map_err(|e| Error::Io(format!("{what}: {e}")))?.map_err(|e| Error::from_store(e, &what))?;
+            }
+            Ok(())
+        };
+    let result = for_chunks(path, |i, c| {
+        if index.chunks[i as usize].is_some() {
+            part.extend_from_slice(c);
+            sent += c.len() as u64;
+            if part.len() >= PART {
+                flush(&mut part, &mut inflight, &mut upload)?;
+            }
+        }
+        advance(c.len() as u64);
+        Ok(())
+    })
+    .and_then(|_| {
+        flush(&mut part, &mut inflight, &mut upload)?;
+        for h in inflight.drain(..) {
+            bucket.block(h).map_err(|e| Error::Io(format!("{what}: {e}")))?.map_err(|e| Error::from_store(e, &what))?;
+        }
+        Ok(())
+    });
+    match result {
+        Ok(()) if sent == 0 => {
+            // Every chunk is zeros: an empty object (a multipart upload needs a part).
+            bucket.block(async move { upload.abort().await }).ok();
+            bucket.put(rel, Bytes::new())?;
+        }
+        Ok(()) => bucket.block(async move { upload.complete().await }).map(|_| ()).map_err(|e| Error::from_store(e, &what))?,
+        Err(e) => {
+            bucket.block(async move { upload.abort().await }).ok();
+            return Err(e);
+        }
+    }
+    bucket.put(&idx_rel, Bytes::from(serde_json::to_vec(&index).expect("index")))?;
+    Ok(Some(sent))
+}
+
+fn download(bucket: &Bucket, dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
+    let Some(store_json) = bucket.get("store.json")? else {
+        return Err(Error::NotFound(format!("{} holds no vdstream store (no store.json)", bucket.location)));
+    };
+    if dir.join(crate::mirror::MIRROR_MARKER).exists() {
+        return Err(Error::BadInput(format!("{} is a server's mirror; copy into a folder of its own", dir.display())));
+    }
+    let mut report = CopyReport { from: bucket.location.to_string(), to: dir.display().to_string(), ..Default::default() };
+    let listed = bucket.list("")?;
+    let mut plan: Vec<(String, Bytes, Vec<(String, LayerIndex)>)> = Vec::new();
+    for (rel, _, _) in &listed {
+        let Some(name) = rel.strip_prefix("vdisks/").and_then(|r| r.strip_suffix("/vdisk.json")) else {
+            continue;
+        };
+        if !is_metadata(rel) {
+            continue;
+        }
+        let json = bucket.get(rel)?.ok_or_else(|| Error::NotFound(format!("{} went away during the copy", bucket.what(rel))))?;
+        let mut layers = Vec::new();
+        for f in layer_files(&json, &bucket.what(rel))? {
+            let lrel = format!("vdisks/{name}/{f}");
+            let idx_rel = format!("{lrel}.idx");
+            let raw = bucket
+                .get(&idx_rel)?
+                .ok_or_else(|| Error::NotFound(format!("{}: the layer {f} of vDisk {name} has no index; copy the store up again", bucket.what(&idx_rel))))?;
+            layers.push((lrel, LayerIndex::parse(&raw, &bucket.what(&idx_rel))?));
+        }
+        plan.push((name.to_string(), json, layers));
+    }
+    let total: u64 = plan.iter().flat_map(|(_, _, l)| l).map(|(_, i)| i.len).sum();
+    let mut done = 0;
+    progress(0, total);
+    for (name, json, layers) in &plan {
+        for (lrel, index) in layers {
+            let moved = download_layer(bucket, lrel, index, &dir.join(lrel), &mut |n| {
+                done += n;
+                progress(done, total);
+            })?;
+            report.layers += 1;
+            report.layer_bytes += index.len;
+            match moved {
+                Some(n) => report.bytes_moved += n,
+                None => report.layers_skipped += 1,
+            }
+        }
+        write_atomic(&dir.join("vdisks").join(name).join("vdisk.json"), json)?;
+        report.vdisks += 1;
+        report.metadata_files += 1;
+    }
+    for (rel, _, _) in &listed {
+        if is_metadata(rel) && !rel.starts_with("vdisks/") && rel != "store.json" {
+            if let Some(data) = bucket.get(rel)? {
+                write_atomic(&dir.join(rel), &data)?;
+                report.metadata_files += 1;
+            }
+        }
+    }
+    write_atomic(&dir.join("store.json"), &store_json)?;
+    report.metadata_files += 1;
+    Ok(report)
+}
+
+/// Checks which chunks of the local `path` already match `index`.
+fn matching_chunks(path: &Path, index: &LayerIndex) -> Vec<bool> {
+    let mut ok = vec![false; index.chunks.len()];
+    let Ok(f) = File::open(path) else { return ok };
+    let mut buf = vec![0u8; CHUNK as usize];
+    let flen = f.metadata().map(|m| m.len()).unwrap_or(0);
+    for (i, want) in index.chunks.iter().enumerate() {
+        let n = index.chunk_len(i as u64) as usize;
+        let at = i as u64 * CHUNK;
+        if at + n as u64 > flen || f.read_exact_at(&mut buf[..n], at).is_err() {
+            continue;
+        }
+        let zero = buf[..n].iter().all(|&b| b == 0);
+        ok[i] = match want {
+            None => zero,
+            Some(c) => !zero && crc32c::crc32c(&buf[..n]) == *c,
+        };
+    }
+    ok
+}
+
+fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
+    if path.metadata().is_ok_and(|m| m.len() == index.len) && matching_chunks(path, index).iter().all(|&b| b) {
+        advance(index.len);
+        return Ok(None);
+    }
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(local("create", d))?;
+    }
+    let part = path.with_file_name(format!("{}.part", path.file_name().and_then(|n| n.to_str()).unwrap_or("layer")));
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&part).map_err(local("open", &part))?;
+    f.set_len(index.len).map_err(local("size", &part))?;
+    // What a half-done copy left (a new file's holes match the zero chunks already).
+    let have = matching_chunks(&part, index);
+    let places = index.places();
+    let mut fetched = 0;
+    let zeros = vec![0u8; CHUNK as usize];
+    for (i, want) in index.chunks.iter().enumerate() {
+        let n = index.chunk_len(i as u64);
+        let at = i as u64 * CHUNK;
+        if !have[i] {
+            match (want, places[i]) {
+                (Some(c), Some(place)) => {
+                    let mut got = None;
+                    for _ in 0..2 {
+                        let b = bucket.get_range(rel, place, place + n)?;
+                        if b.len() as u64 == n && crc32c::crc32c(&b) == *c {
+                            got = Some(b);
+                            break;
+                        }
+                        log::error!("{}: chunk {i} fails its checksum; fetching it again", bucket.what(rel));
+                    }
+                    let b = got.ok_or_else(|| {
+                        Error::Corrupt(format!(
+                            "{}: chunk {i} fails its CRC-32C twice: the object is damaged in the store; nothing of it was kept in {}",
+                            bucket.what(rel),
+                            path.display()
+                        ))
+                    })?;
+                    f.write_all_at(&b, at).map_err(local("write", &part))?;
+                    fetched += n;
+                }
+                _ => {
+                    // Zeros where an interrupted copy of other bytes left data.
+                    f.write_all_at(&zeros[..n as usize], at).map_err(local("write", &part))?;
+                }
+            }
+        }
+        advance(n);
+    }
+    f.sync_all().map_err(local("sync", &part))?;
+    std::fs::rename(&part, path).map_err(local("rename into place", path))?;
+    Ok(Some(fetched))
+}
+
+/// Opens the bucket for a copy with the process's settings.
+pub fn open_bucket(location: &S3Location) -> Result<Bucket> {
+    Bucket::open(location.clone(), &crate::client::S3Config::from_env()?)
+}
+
+/// For tests: the layer's index as the copy computes it.
+pub fn index_of_file(path: &Path) -> Result<LayerIndex> {
+    let len = path.metadata().map_err(local("stat", path))?.len();
+    let mut b = IndexBuilder::new(len);
+    for_chunks(path, |_, c| {
+        b.push(c);
+        Ok(())
+    })?;
+    Ok(b.finish())
+}

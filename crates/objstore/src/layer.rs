@@ -1,0 +1,420 @@
+//! A layer in object storage: one object of its non-zero 1 MiB chunks, packed in order,
+//! and an index object beside it.
+//!
+//! ```text
+//! PREFIX/vdisks/NAME/FILE        the layer's chunks that are not all zeros, in order
+//! PREFIX/vdisks/NAME/FILE.idx    {"format":"vdstream-layer/1","len":…,"chunk":1048576,
+//!                                 "chunks":[crc32c | null, …]}   null: all zeros, not stored
+//! ```
+//!
+//! Chunk `i` of the layer is bytes `i*chunk .. min(len, (i+1)*chunk)`; its place in the
+//! object is the number of stored chunks before it, times `chunk`. A raw base of 64 GiB
+//! with 3 GiB written is a 3 GiB object. A qcow2 layer is stored as its file is, so a
+//! downloaded layer is again the file `qemu-img` reads.
+//!
+//! Every chunk read from the store is checked against its CRC-32C before it is served or
+//! cached; a chunk that fails twice is an I/O error naming the object, never data.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::client::Bucket;
+use crate::error::{Error, Result};
+
+/// The unit of storage, checksums, caching and read-ahead: Garage's block size, so that a
+/// chunk is one block on the store's disks.
+pub const CHUNK: u64 = 1 << 20;
+
+pub const INDEX_FORMAT: &str = "vdstream-layer/1";
+
+/// The index of a layer object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerIndex {
+    pub format: String,
+    pub len: u64,
+    pub chunk: u64,
+    /// Per chunk: the CRC-32C of its bytes, or `None` for a chunk of zeros (not stored).
+    pub chunks: Vec<Option<u32>>,
+}
+
+impl LayerIndex {
+    /// The index of `data` laid out in chunks (tests and small layers).
+    pub fn of(data: &[u8]) -> (Self, Vec<u8>) {
+        let mut b = IndexBuilder::new(data.len() as u64);
+        let mut packed = Vec::new();
+        for c in data.chunks(CHUNK as usize) {
+            if b.push(c) {
+                packed.extend_from_slice(c);
+            }
+        }
+        (b.finish(), packed)
+    }
+
+    /// Parses and checks an index read from `what`.
+    pub fn parse(raw: &[u8], what: &str) -> Result<Self> {
+        let idx: LayerIndex = serde_json::from_slice(raw).map_err(|e| Error::Corrupt(format!("{what}: not a layer index ({e}); copy the store again")))?;
+        let want = idx.len.div_ceil(idx.chunk.max(1));
+        if idx.format != INDEX_FORMAT || idx.chunk != CHUNK || idx.chunks.len() as u64 != want {
+            return Err(Error::Corrupt(format!(
+                "{what}: index of format {:?}, chunk {}, {} chunks for {} bytes does not fit ({INDEX_FORMAT}, chunk {CHUNK}, {want} chunks); copy the store again",
+                idx.format, idx.chunk, idx.chunks.len(), idx.len)));
+        }
+        Ok(idx)
+    }
+
+    /// Bytes of chunk `i` in the layer.
+    pub fn chunk_len(&self, i: u64) -> u64 {
+        (self.len - i * self.chunk).min(self.chunk)
+    }
+
+    /// Bytes stored in the object (the non-zero chunks).
+    pub fn stored_bytes(&self) -> u64 {
+        (0..self.chunks.len() as u64).filter(|&i| self.chunks[i as usize].is_some()).map(|i| self.chunk_len(i)).sum()
+    }
+
+    /// Where each stored chunk starts in the object (`None` for zero chunks).
+    pub fn places(&self) -> Vec<Option<u64>> {
+        let mut at = 0;
+        self.chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                c.map(|_| {
+                    let here = at;
+                    at += self.chunk_len(i as u64);
+                    here
+                })
+            })
+            .collect()
+    }
+}
+
+/// Builds an index chunk by chunk.
+#[derive(Debug)]
+pub struct IndexBuilder {
+    len: u64,
+    chunks: Vec<Option<u32>>,
+}
+
+impl IndexBuilder {
+    pub fn new(len: u64) -> Self {
+        IndexBuilder { len, chunks: Vec::with_capacity(len.div_ceil(CHUNK) as usize) }
+    }
+
+    /// Adds the next chunk; true when it is stored (not all zeros).
+    pub fn push(&mut self, chunk: &[u8]) -> bool {
+        if chunk.iter().all(|&b| b == 0) {
+            self.chunks.push(None);
+            false
+        } else {
+            self.chunks.push(Some(crc32c::crc32c(chunk)));
+            true
+        }
+    }
+
+    pub fn finish(self) -> LayerIndex {
+        LayerIndex { format: INDEX_FORMAT.into(), len: self.len, chunk: CHUNK, chunks: self.chunks }
+    }
+}
+
+/// What the cache and the fetches did, for metrics and the figures.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub gets: AtomicU64,
+    pub get_bytes: AtomicU64,
+    pub ram_hits: AtomicU64,
+    pub disk_hits: AtomicU64,
+    pub corrupt: AtomicU64,
+    pub failed: AtomicU64,
+    pub readahead: AtomicU64,
+}
+
+impl CacheStats {
+    pub fn snapshot(&self) -> serde_json::Value {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "gets": g(&self.gets), "get_bytes": g(&self.get_bytes), "ram_hits": g(&self.ram_hits),
+            "disk_hits": g(&self.disk_hits), "corrupt": g(&self.corrupt), "failed": g(&self.failed),
+            "readahead": g(&self.readahead),
+        })
+    }
+}
+
+type Key = (u32, u64);
+
+#[derive(Clone)]
+struct DiskEvict {
+    dir: PathBuf,
+}
+
+impl quick_cache::Lifecycle<Key, ()> for DiskEvict {
+    type RequestState = ();
+    fn begin_request(&self) {}
+    fn on_evict(&self, _: &mut (), key: Key, _: ()) {
+        let _ = std::fs::remove_file(disk_path(&self.dir, key));
+    }
+}
+
+#[derive(Clone)]
+struct ByLen;
+
+impl quick_cache::Weighter<Key, Bytes> for ByLen {
+    fn weight(&self, _: &Key, v: &Bytes) -> u64 {
+        v.len().max(1) as u64
+    }
+}
+
+#[derive(Clone)]
+struct ChunkWeight;
+
+impl quick_cache::Weighter<Key, ()> for ChunkWeight {
+    fn weight(&self, _: &Key, _: &()) -> u64 {
+        CHUNK
+    }
+}
+
+fn disk_path(dir: &Path, (layer, chunk): Key) -> PathBuf {
+    dir.join(format!("{layer:08x}")).join(format!("{chunk:010x}"))
+}
+
+/// Sizes of the cache a server keeps in front of the object store.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub ram_bytes: u64,
+    /// The SSD tier: a folder (emptied at start) and its cap; 0 turns it off.
+    pub disk_dir: PathBuf,
+    pub disk_bytes: u64,
+    /// Chunks fetched ahead of a miss, in the same layer.
+    pub readahead: u64,
+}
+
+/// The chunk cache: RAM, then the SSD folder, then one GET per chunk, with concurrent
+/// misses of one chunk waiting on the first one's GET (single flight).
+pub struct ChunkCache {
+    ram: quick_cache::sync::Cache<Key, Bytes, ByLen>,
+    disk: Option<(PathBuf, quick_cache::sync::Cache<Key, (), ChunkWeight, quick_cache::DefaultHashBuilder, DiskEvict>)>,
+    readahead: u64,
+    pub stats: CacheStats,
+    layers: Mutex<Vec<String>>,
+    inflight_ahead: AtomicU64,
+}
+
+impl std::fmt::Debug for ChunkCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ChunkCache({} B in RAM)", self.ram.weight())
+    }
+}
+
+impl ChunkCache {
+    pub fn new(config: &CacheConfig) -> Result<Arc<Self>> {
+        let items = (config.ram_bytes / CHUNK).max(16) as usize;
+        let ram = quick_cache::sync::Cache::with_weighter(items, config.ram_bytes.max(CHUNK), ByLen);
+        let disk = if config.disk_bytes >= CHUNK {
+            let dir = config.disk_dir.clone();
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(crate::error::local("empty the chunk cache folder", &dir))?;
+            }
+            std::fs::create_dir_all(&dir).map_err(crate::error::local("create the chunk cache folder", &dir))?;
+            let n = (config.disk_bytes / CHUNK) as usize;
+            let cache = quick_cache::sync::Cache::with(n.max(16), config.disk_bytes, ChunkWeight, Default::default(), DiskEvict { dir: dir.clone() });
+            Some((dir, cache))
+        } else {
+            None
+        };
+        Ok(Arc::new(ChunkCache {
+            ram,
+            disk,
+            readahead: config.readahead,
+            stats: CacheStats::default(),
+            layers: Mutex::new(Vec::new()),
+            inflight_ahead: AtomicU64::new(0),
+        }))
+    }
+
+    fn layer_id(&self, key: &str) -> u32 {
+        let mut l = self.layers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = l.iter().position(|k| k == key) {
+            return i as u32;
+        }
+        l.push(key.to_string());
+        (l.len() - 1) as u32
+    }
+
+    /// Bytes of RAM the cache holds now.
+    pub fn ram_bytes(&self) -> u64 {
+        self.ram.weight()
+    }
+}
+
+/// A layer object opened for reading through the cache.
+pub struct ObjectLayer {
+    bucket: Arc<Bucket>,
+    rel: String,
+    index: LayerIndex,
+    places: Vec<Option<u64>>,
+    id: u32,
+    cache: Arc<ChunkCache>,
+    /// Itself, for read-ahead tasks started from `&self` reads.
+    me: Weak<ObjectLayer>,
+}
+
+impl std::fmt::Debug for ObjectLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.bucket.what(&self.rel))
+    }
+}
+
+impl ObjectLayer {
+    /// Opens the layer at `rel` (its index is `rel.idx`); `None` when the store has no
+    /// index there.
+    pub fn open(bucket: Arc<Bucket>, rel: &str, cache: Arc<ChunkCache>) -> Result<Option<Arc<Self>>> {
+        let idx_rel = format!("{rel}.idx");
+        let Some(raw) = bucket.get(&idx_rel)? else {
+            return Ok(None);
+        };
+        let index = LayerIndex::parse(&raw, &bucket.what(&idx_rel))?;
+        let places = index.places();
+        let id = cache.layer_id(&bucket.what(rel));
+        Ok(Some(Arc::new_cyclic(|me| ObjectLayer { bucket, rel: rel.to_string(), index, places, id, cache, me: me.clone() })))
+    }
+
+    pub fn index(&self) -> &LayerIndex {
+        &self.index
+    }
+
+    /// Chunk `i`, from the cache or the store, checked.
+    pub fn chunk(self: &Arc<Self>, i: u64) -> Result<Bytes> {
+        let Some(place) = self.places[i as usize] else {
+            return Ok(Bytes::new()); // zeros: the caller fills
+        };
+        let key = (self.id, i);
+        let cache = &self.cache;
+        if let Some(b) = cache.ram.get(&key) {
+            cache.stats.ram_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(b);
+        }
+        let mut fetched = false;
+        let out = cache.ram.get_or_insert_with(&key, || {
+            if let Some(b) = self.from_disk(key, i) {
+                cache.stats.disk_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(b);
+            }
+            fetched = true;
+            let b = self.fetch(i, place)?;
+            self.to_disk(key, &b);
+            Ok(b)
+        });
+        if fetched && out.is_ok() {
+            self.read_ahead(i);
+        }
+        out
+    }
+
+    fn fetch(&self, i: u64, place: u64) -> Result<Bytes> {
+        let len = self.index.chunk_len(i);
+        let want = self.index.chunks[i as usize].expect("stored chunk");
+        let stats = &self.cache.stats;
+        for attempt in 0..2 {
+            stats.gets.fetch_add(1, Ordering::Relaxed);
+            let b = self.bucket.get_range(&self.rel, place, place + len).inspect_err(|e| {
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+                log::error!("{e}");
+            })?;
+            stats.get_bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+            if b.len() as u64 == len && crc32c::crc32c(&b) == want {
+                return Ok(b);
+            }
+            stats.corrupt.fetch_add(1, Ordering::Relaxed);
+            log::error!("{}: chunk {i} (bytes {place}..{}) fails its checksum (attempt {}); not served", self.bucket.what(&self.rel), place + len, attempt + 1);
+        }
+        Err(Error::Corrupt(format!(
+            "{}: chunk {i} fails its CRC-32C twice: the object is damaged in the store; restore it with `vdstream store copy` from a good copy",
+            self.bucket.what(&self.rel)
+        )))
+    }
+
+    fn from_disk(&self, key: Key, i: u64) -> Option<Bytes> {
+        let (dir, index) = self.cache.disk.as_ref()?;
+        index.get(&key)?;
+        let data = std::fs::read(disk_path(dir, key)).ok()?;
+        // The SSD is ours, but a chunk that does not match is fetched again.
+        (data.len() as u64 == self.index.chunk_len(i) && Some(crc32c::crc32c(&data)) == self.index.chunks[i as usize]).then(|| Bytes::from(data))
+    }
+
+    fn to_disk(&self, key: Key, data: &Bytes) {
+        let Some((dir, index)) = self.cache.disk.as_ref() else {
+            return;
+        };
+        let p = disk_path(dir, key);
+        let tmp = p.with_extension("tmp");
+        let ok = p.parent().is_some_and(|d| std::fs::create_dir_all(d).is_ok()) && std::fs::write(&tmp, data).is_ok() && std::fs::rename(&tmp, &p).is_ok();
+        if ok {
+            index.insert(key, ());
+        } else {
+            log::warn!("cannot keep chunk {} of {} in the SSD cache {}", key.1, self.rel, dir.display());
+        }
+    }
+
+    /// Fetches the next chunks of this layer in the background, one flight each.
+    fn read_ahead(self: &Arc<Self>, i: u64) {
+        let n = self.cache.readahead;
+        let max_inflight = 8;
+        for j in i + 1..(i + 1 + n).min(self.places.len() as u64) {
+            if self.places[j as usize].is_none() || self.cache.ram.get(&(self.id, j)).is_some() {
+                continue;
+            }
+            if self.cache.inflight_ahead.fetch_add(1, Ordering::Relaxed) >= max_inflight {
+                self.cache.inflight_ahead.fetch_sub(1, Ordering::Relaxed);
+                return;
+            }
+            let me = self.clone();
+            self.bucket.runtime().spawn_blocking(move || {
+                let key = (me.id, j);
+                let place = me.places[j as usize].expect("stored");
+                let _ = me.cache.ram.get_or_insert_with(&key, || {
+                    if let Some(b) = me.from_disk(key, j) {
+                        return Ok(b);
+                    }
+                    me.cache.stats.readahead.fetch_add(1, Ordering::Relaxed);
+                    let b = me.fetch(j, place)?;
+                    me.to_disk(key, &b);
+                    Ok::<_, Error>(b)
+                });
+                me.cache.inflight_ahead.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+    }
+}
+
+impl vdstream_blockdev::layerfile::RemoteFile for ObjectLayer {
+    fn len(&self) -> u64 {
+        self.index.len
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.index.len)
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("{self:?}: read past its end ({} bytes)", self.index.len)))?;
+        let me = self.me.upgrade().expect("an ObjectLayer lives in its Arc");
+        let mut at = offset;
+        while at < end {
+            let i = at / CHUNK;
+            let in_chunk = (at - i * CHUNK) as usize;
+            let n = ((end - at) as usize).min(CHUNK as usize - in_chunk);
+            let dst = &mut buf[(at - offset) as usize..][..n];
+            let data = me.chunk(i).map_err(Error::into_io)?;
+            if data.is_empty() {
+                dst.fill(0);
+            } else {
+                dst.copy_from_slice(&data[in_chunk..in_chunk + n]);
+            }
+            at += n as u64;
+        }
+        Ok(())
+    }
+}

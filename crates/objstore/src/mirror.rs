@@ -1,0 +1,186 @@
+//! A server's local face of a store in object storage.
+//!
+//! The server keeps the store's small metadata objects (`store.json`, `vdisks/*/vdisk.json`,
+//! `targets/*.json`, `audit.log`) in a local folder, the mirror, and opens the store there
+//! as it opens any store folder. The layers are not copied: the mirror registers itself
+//! as the remote root of its `vdisks/` folder, so a layer file that is not there is read
+//! from its object through the chunk cache. Nothing in the mirror is the truth; a server
+//! started on an empty folder serves at once, and one that is removed loses nothing.
+//!
+//! The metadata is read again every few seconds (one LIST, then a GET for each object
+//! whose ETag changed), so a version promoted in the bucket reaches every server.
+//! Changes to the metadata through a mirror are refused (the store sees `mirror.json`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::client::{Bucket, S3Location};
+use crate::error::{local, Error, Result};
+use crate::layer::{CacheConfig, ChunkCache, ObjectLayer};
+
+/// The marker a mirror folder carries (the store refuses changes where it is).
+pub const MIRROR_MARKER: &str = vdstream_store::MIRROR_MARKER;
+
+/// Whether `rel` (a path inside the store) is one of the metadata objects a mirror keeps.
+pub fn is_metadata(rel: &str) -> bool {
+    let parts: Vec<&str> = rel.split('/').collect();
+    match parts.as_slice() {
+        ["store.json"] | ["audit.log"] => true,
+        ["targets", f] => f.ends_with(".json") && !f.starts_with('.'),
+        ["vdisks", name, "vdisk.json"] => !name.starts_with('.'),
+        _ => false,
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(local("create", d))?;
+    }
+    let tmp = path.with_file_name(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("f"), std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(local("write", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(local("rename into place", path))
+}
+
+/// The chunk cache's counters, written into the mirror folder every refresh (GETs, bytes
+/// fetched, RAM and SSD hits, checksum failures).
+pub const STATS_FILE: &str = "object-stats.json";
+
+pub struct Mirror {
+    pub bucket: Arc<Bucket>,
+    pub dir: PathBuf,
+    vdisks: PathBuf,
+    pub cache: Arc<ChunkCache>,
+    layers: Mutex<HashMap<PathBuf, Arc<ObjectLayer>>>,
+    etags: Mutex<HashMap<String, Option<String>>>,
+}
+
+impl std::fmt::Debug for Mirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "mirror of {:?} in {}", self.bucket, self.dir.display())
+    }
+}
+
+impl Mirror {
+    /// Opens the store at `bucket` into the folder `dir` (created), fills it with the
+    /// metadata, registers it as the remote root of its layers, and reads the metadata
+    /// again every `refresh`.
+    pub fn open(bucket: Bucket, dir: &Path, cache: &CacheConfig, refresh: Duration) -> Result<Arc<Self>> {
+        let bucket = Arc::new(bucket);
+        if bucket.get("store.json")?.is_none() {
+            return Err(Error::NotFound(format!(
+                "{} holds no vdstream store (no store.json): copy one there with `vdstream store copy --from DIR --to {}`",
+                bucket.location, bucket.location
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(local("create the mirror folder", dir))?;
+        let marker =
+            serde_json::json!({"source": bucket.location.to_string(), "note": "a local mirror of a store in object storage; its metadata is read from there"});
+        write_atomic(&dir.join(MIRROR_MARKER), marker.to_string().as_bytes())?;
+        let mirror = Arc::new(Mirror {
+            cache: ChunkCache::new(cache)?,
+            bucket,
+            dir: dir.to_path_buf(),
+            vdisks: dir.join("vdisks"),
+            layers: Mutex::new(HashMap::new()),
+            etags: Mutex::new(HashMap::new()),
+        });
+        mirror.sync()?;
+        vdstream_blockdev::layerfile::register(Arc::new(Root(mirror.clone())));
+        let weak = Arc::downgrade(&mirror);
+        std::thread::Builder::new()
+            .name("vds-s3-meta".into())
+            .spawn(move || loop {
+                std::thread::sleep(refresh);
+                let Some(m) = weak.upgrade() else { return };
+                if let Err(e) = m.sync() {
+                    log::warn!("{}: cannot read the store's metadata again: {e}; serving what was read before", m.bucket.location);
+                }
+                let stats = serde_json::json!({"source": m.bucket.location.to_string(), "ram_bytes": m.cache.ram_bytes(), "chunks": m.cache.stats.snapshot()});
+                let _ = write_atomic(&m.dir.join(STATS_FILE), stats.to_string().as_bytes());
+            })
+            .map_err(|e| Error::Io(format!("cannot start the metadata thread: {e}")))?;
+        Ok(mirror)
+    }
+
+    /// Reads the metadata objects whose ETag changed, and removes what the bucket no
+    /// longer has. Returns how many files changed.
+    pub fn sync(&self) -> Result<usize> {
+        let listed: Vec<(String, u64, Option<String>)> = self.bucket.list("")?.into_iter().filter(|(rel, _, _)| is_metadata(rel)).collect();
+        let mut etags = self.etags.lock().unwrap_or_else(|e| e.into_inner());
+        let mut changed = 0;
+        for (rel, _, etag) in &listed {
+            if etag.is_some() && etags.get(rel) == Some(etag) {
+                continue;
+            }
+            let Some(data) = self.bucket.get(rel)? else {
+                continue;
+            };
+            write_atomic(&self.dir.join(rel), &data)?;
+            etags.insert(rel.clone(), etag.clone());
+            changed += 1;
+        }
+        let gone: Vec<String> = etags.keys().filter(|k| !listed.iter().any(|(r, _, _)| r == *k)).cloned().collect();
+        for rel in gone {
+            let _ = std::fs::remove_file(self.dir.join(&rel));
+            etags.remove(&rel);
+            changed += 1;
+        }
+        if changed > 0 {
+            log::info!("{}: {changed} metadata file(s) read into {}", self.bucket.location, self.dir.display());
+        }
+        Ok(changed)
+    }
+}
+
+struct Root(Arc<Mirror>);
+
+impl vdstream_blockdev::layerfile::RemoteRoot for Root {
+    fn dir(&self) -> &Path {
+        &self.0.vdisks
+    }
+
+    fn open(&self, relative: &Path) -> Option<std::io::Result<Arc<dyn vdstream_blockdev::layerfile::RemoteFile>>> {
+        let m = &self.0;
+        if let Some(l) = m.layers.lock().unwrap_or_else(|e| e.into_inner()).get(relative) {
+            return Some(Ok(l.clone()));
+        }
+        let rel = format!("vdisks/{}", relative.to_str()?);
+        match ObjectLayer::open(m.bucket.clone(), &rel, m.cache.clone()) {
+            Ok(Some(l)) => {
+                m.layers.lock().unwrap_or_else(|e| e.into_inner()).insert(relative.to_path_buf(), l.clone());
+                Some(Ok(l))
+            }
+            Ok(None) => None,
+            Err(e) => Some(Err(e.into_io())),
+        }
+    }
+}
+
+/// Where a server keeps the mirror of `location` when no folder is given.
+pub fn default_dir(base: &Path, location: &S3Location) -> PathBuf {
+    let mut d = base.join(&location.bucket);
+    if !location.prefix.is_empty() {
+        d = d.join(&location.prefix);
+    }
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_metadata_objects_are_mirrored() {
+        for yes in ["store.json", "audit.log", "targets/pc-01.json", "vdisks/golden/vdisk.json"] {
+            assert!(is_metadata(yes), "{yes}");
+        }
+        for no in
+            ["vdisks/golden/golden.base.raw", "vdisks/golden/golden.1.qcow2.idx", "targets/.x.json", "cache/pc-01.cache", "vdisks/.tmp/vdisk.json", "other"]
+        {
+            assert!(!is_metadata(no), "{no}");
+        }
+    }
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# A store on a real 3-node Garage cluster (replication factor 3):
+# - `vdstream store copy` moves a store with a base and two versions up to s3://, and a
+#   second run sends nothing; back down, every layer file is byte-identical and
+#   `qemu-img compare` finds the chain the same;
+# - `vdstream server --store s3://…` serves each version, and what qemu-img reads from it
+#   equals what a server on the local folder serves; promotes made in the bucket reach it
+#   without a restart; its metadata cannot be changed through it;
+# - one Garage node SIGKILLed mid-read: every read still succeeds and matches;
+# - bad input: wrong credentials (exit 2, "refused the credentials"), a missing bucket
+#   (exit 3), an object damaged in place (a chunk failing its CRC-32C is an I/O error
+#   for the guest and a line in the server's log, never data; the other chunks serve).
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+# shellcheck source=store-lib.sh
+source "$E2E_DIR/store-lib.sh"
+# shellcheck source=server-lib.sh
+source "$E2E_DIR/server-lib.sh"
+# shellcheck source=garage-lib.sh
+source "$E2E_DIR/garage-lib.sh"
+require qemu-img nbdinfo
+require_vdstream
+e2e_init
+store_init
+garage_start
+S3=s3://vdstream-test/farm
+
+# A 48 MiB vDisk: 40 MiB random, 8 MiB of zeros at the end (never sent), two versions.
+head -c $((40 << 20)) /dev/urandom >"$E2E_TMP/g.img"
+truncate -s 48M "$E2E_TMP/g.img"
+vds vdisk import golden "$E2E_TMP/g.img" >/dev/null
+v1=$(new_patched_version golden production 1M 256k 0x11)
+v2=$(new_patched_version golden test 5M 64k 0x22)
+log "local store: golden base, v$v1 production, v$v2 test"
+
+up=$("$VDSTREAM_BIN" store copy --from "$STORE" --to "$S3" --json)
+layers=$(json_get /dev/stdin 'j["layers"]' <<<"$up")
+moved=$(json_get /dev/stdin 'j["bytes_moved"]' <<<"$up")
+assert_eq "layers copied up" "$layers" 3
+# The 8 MiB of zeros and nothing else is left out of the base.
+base_bytes=$(stat -c %s "$STORE/vdisks/golden/golden.base.raw")
+[[ $moved -lt $((base_bytes)) && $moved -gt $((40 << 20)) ]] || fail "bytes sent $moved: expected the 40 MiB of data plus the versions, not the zeros ($base_bytes in the base file)"
+again=$("$VDSTREAM_BIN" store copy --from "$STORE" --to "$S3" --json)
+assert_eq "layers skipped on a second copy" "$(json_get /dev/stdin 'j["layers_skipped"]' <<<"$again")" 3
+assert_eq "bytes sent on a second copy" "$(json_get /dev/stdin 'j["bytes_moved"]' <<<"$again")" 0
+
+# Down again: byte-identical layers, and the same chain.
+"$VDSTREAM_BIN" store copy --from "$S3" --to "$E2E_TMP/back" --json >/dev/null
+for f in "$STORE"/vdisks/golden/golden.*; do
+    cmp "$f" "$E2E_TMP/back/vdisks/golden/$(basename "$f")" || fail "$(basename "$f") differs after the round trip"
+done
+top=$(ls "$STORE"/vdisks/golden/golden.$v2.qcow2)
+qemu-img compare -q "$top" "$E2E_TMP/back/vdisks/golden/golden.$v2.qcow2" || fail "qemu-img compare: the copied chain differs"
+"$VDSTREAM_BIN" version list golden --store "$E2E_TMP/back" >/dev/null || fail "the copied-down store does not open"
+
+# The local server and the S3 server serve the same bytes.
+start_store_server
+local_sock=$SOCK
+STORE_SAVED=$STORE
+STORE=$S3 start_store_server --object-cache "$E2E_TMP/objcache" --object-cache-ram 16M --object-cache-disk 32M
+s3_sock=$SOCK; s3_pid=$SERVER_PID; s3_log=$SERVER_LOG
+STORE=$STORE_SAVED
+for exp in "vdisk/golden" "vdisk/golden@$v1" "vdisk/golden@$v2" "vdisk/golden@base"; do
+    qemu-img convert -f raw -O raw "$(xuri "$exp" "$local_sock")" "$E2E_TMP/local.raw"
+    qemu-img convert -f raw -O raw "$(xuri "$exp" "$s3_sock")" "$E2E_TMP/s3.raw"
+    cmp "$E2E_TMP/local.raw" "$E2E_TMP/s3.raw" || fail "$exp: the S3 server's bytes differ from the local store's"
+done
+log "four exports read the same from the S3 store and the local one"
+
+# Changes through the mirror are refused; a promote copied up reaches the server.
+out=$("$VDSTREAM_BIN" version promote golden "$v2" --to production --store "$E2E_TMP/objcache/vdstream-test/farm" 2>&1) && fail "a promote in the mirror was taken"
+grep -q "mirror of a store in object storage" <<<"$out" || fail "the refusal does not say why: $out"
+vds version promote golden "$v2" --to production >/dev/null
+"$VDSTREAM_BIN" store copy --from "$STORE" --to "$S3" >/dev/null
+qemu-img convert -f raw -O raw "$(xuri vdisk/golden "$local_sock")" "$E2E_TMP/local.raw"
+deadline=$((SECONDS + 15))
+until qemu-img convert -f raw -O raw "$(xuri vdisk/golden "$s3_sock")" "$E2E_TMP/s3.raw" && cmp -s "$E2E_TMP/local.raw" "$E2E_TMP/s3.raw"; do
+    ((SECONDS < deadline)) || fail "the promote made in the bucket did not reach the S3 server in 15 s"
+    sleep 0.5
+done
+log "a promote copied up was served within $((SECONDS - deadline + 15)) s"
+
+# One Garage node killed while a fresh server reads everything cold.
+STORE=$S3 start_store_server --object-cache "$E2E_TMP/objcache2" --object-cache-ram 8M --object-cache-disk 0
+cold_sock=$SOCK
+STORE=$STORE_SAVED
+( qemu-img convert -f raw -O raw "$(xuri "vdisk/golden@$v1" "$cold_sock")" "$E2E_TMP/cold.raw" ) &
+reader=$!
+sleep 0.3
+garage_kill 3
+wait "$reader" || fail "a read failed while one Garage node was down"
+qemu-img convert -f raw -O raw "$(xuri "vdisk/golden@$v1" "$local_sock")" "$E2E_TMP/local.raw"
+cmp "$E2E_TMP/local.raw" "$E2E_TMP/cold.raw" || fail "bytes read with a Garage node down differ"
+log "reads with one of three Garage nodes killed: whole and equal"
+
+# Wrong credentials, missing bucket.
+rc=0; out=$(AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY/0/1} "$VDSTREAM_BIN" store copy --from "$S3" --to "$E2E_TMP/x" 2>&1) || rc=$?
+assert_eq "exit status with a wrong secret" "$rc" 2
+grep -q "refused the credentials" <<<"$out" || fail "wrong secret: $out"
+rc=0; out=$("$VDSTREAM_BIN" store copy --from "$STORE" --to s3://no-such-bucket/x 2>&1) || rc=$?
+assert_eq "exit status with a missing bucket" "$rc" 3
+grep -q "does not exist" <<<"$out" || fail "missing bucket: $out"
+rc=0; AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY/0/1} "$VDSTREAM_BIN" server --store "$S3" --socket "$E2E_TMP/bad.sock" \
+    --object-cache "$E2E_TMP/objcache3" >"$E2E_TMP/bad.log" 2>&1 || rc=$?
+assert_eq "server exit status with a wrong secret" "$rc" 2
+grep -q "refused the credentials" "$E2E_TMP/bad.log" || fail "server with a wrong secret: $(cat "$E2E_TMP/bad.log")"
+
+# An object damaged in place: one byte of the base's chunk 20 flipped, the index kept.
+obj=vdisks/golden/golden.base.raw
+"$PY" - "$E2E_TMP/flip" "$STORE/$obj" <<'PYEOF'
+import sys
+data = bytearray(open(sys.argv[2], "rb").read()[: 40 << 20])   # the stored (non-zero) chunks
+data[(20 << 20) + 5] ^= 0xff
+open(sys.argv[1], "wb").write(data)
+PYEOF
+"$PY" - "$E2E_TMP/flip" "$obj" <<'PYEOF'
+# PUT the damaged bytes over the object, signed like any client (SigV4 by botocore-free code).
+import datetime, hashlib, hmac, os, sys, urllib.request
+body = open(sys.argv[1], "rb").read()
+key = "farm/" + sys.argv[2]
+ep = os.environ["AWS_ENDPOINT_URL"]; host = ep.split("//")[1]
+now = datetime.datetime.now(datetime.timezone.utc)
+amz, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+ph = hashlib.sha256(body).hexdigest()
+path = "/vdstream-test/" + key
+creq = f"PUT\n{path}\n\nhost:{host}\nx-amz-content-sha256:{ph}\nx-amz-date:{amz}\n\nhost;x-amz-content-sha256;x-amz-date\n{ph}"
+scope = f"{day}/garage/s3/aws4_request"
+sts = f"AWS4-HMAC-SHA256\n{amz}\n{scope}\n" + hashlib.sha256(creq.encode()).hexdigest()
+k = ("AWS4" + os.environ["AWS_SECRET_ACCESS_KEY"]).encode()
+for part in (day, "garage", "s3", "aws4_request"):
+    k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+sig = hmac.new(k, sts.encode(), hashlib.sha256).hexdigest()
+auth = f"AWS4-HMAC-SHA256 Credential={os.environ['AWS_ACCESS_KEY_ID']}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={sig}"
+req = urllib.request.Request(ep + path, data=body, method="PUT", headers={"x-amz-date": amz, "x-amz-content-sha256": ph, "Authorization": auth})
+urllib.request.urlopen(req).read()
+PYEOF
+STORE=$S3 start_store_server --object-cache "$E2E_TMP/objcache4" --object-cache-ram 8M --object-cache-disk 0
+bad_sock=$SOCK; bad_log=$SERVER_LOG
+STORE=$STORE_SAVED
+# The damaged chunk's guest range fails; the export's other chunks serve.
+rc=0; qemu-io -f raw -r -c "read 20M 4k" "$(xuri vdisk/golden@base "$bad_sock")" >"$E2E_TMP/bad.err" 2>&1 || rc=$?
+grep -qi "input/output error" "$E2E_TMP/bad.err" || fail "a read of the damaged chunk did not get EIO (status $rc): $(cat "$E2E_TMP/bad.err")"
+qemu-io -f raw -r -c "read -P 0 44M 1M" "$(xuri vdisk/golden@base "$bad_sock")" >/dev/null || fail "a read of a zero chunk failed beside the damaged one"
+qemu-io -f raw -r -c "read 0 1M" -c "read 21M 1M" "$(xuri vdisk/golden@base "$bad_sock")" >/dev/null || fail "reads of good chunks failed beside the damaged one"
+grep -q "fails its checksum" "$bad_log" || fail "the server's log does not name the damaged chunk"
+grep -q "golden.base.raw: chunk 20" "$bad_log" || fail "the server's log does not name the damaged object and chunk"
+log "a damaged chunk: EIO to the guest, named in the log, never served"
+echo "PASS"
