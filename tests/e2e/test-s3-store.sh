@@ -44,8 +44,17 @@ again=$("$VDSTREAM_BIN" store copy --from "$STORE" --to "$S3" --json)
 assert_eq "layers skipped on a second copy" "$(json_get /dev/stdin 'j["layers_skipped"]' <<<"$again")" 3
 assert_eq "bytes sent on a second copy" "$(json_get /dev/stdin 'j["bytes_moved"]' <<<"$again")" 0
 
-# Down again: byte-identical layers, and the same chain.
-"$VDSTREAM_BIN" store copy --from "$S3" --to "$E2E_TMP/back" --json >/dev/null
+# Down again, resuming a copy that stopped halfway through the base (its first 20 MiB
+# are in place as golden.base.raw.part): only the rest is fetched.
+mkdir -p "$E2E_TMP/back/vdisks/golden"
+head -c $((20 << 20)) "$STORE/vdisks/golden/golden.base.raw" >"$E2E_TMP/back/vdisks/golden/golden.base.raw.part"
+down=$("$VDSTREAM_BIN" store copy --from "$S3" --to "$E2E_TMP/back" --json)
+fetched=$(json_get /dev/stdin 'j["bytes_moved"]' <<<"$down")
+versions=$(($(stat -c %s "$STORE/vdisks/golden/golden.$v1.qcow2") + $(stat -c %s "$STORE/vdisks/golden/golden.$v2.qcow2")))
+((fetched >= (20 << 20) && fetched <= (20 << 20) + versions)) ||
+    fail "the resumed copy fetched $fetched bytes: want the base's last 20 MiB of data plus at most the versions ($versions)"
+log "a resumed copy fetched $fetched bytes (the base's missing 20 MiB and the versions)"
+# Byte-identical layers, and the same chain.
 for f in "$STORE"/vdisks/golden/golden.*; do
     cmp "$f" "$E2E_TMP/back/vdisks/golden/$(basename "$f")" || fail "$(basename "$f") differs after the round trip"
 done

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Where the store is, and how errors read:
-# - `--store s3://bucket/prefix` (and VDSTREAM_STORE=s3://…) is refused, naming the
-#   locations vdstream serves, and creates nothing (no folder `s3:` in the working
-#   directory); `file:///PATH` is the folder PATH;
+# - `--store s3://bucket/prefix` (and VDSTREAM_STORE=s3://…) is refused by every command
+#   but `server` and `store copy`, naming what the command works on and what serves an
+#   s3:// store, and creates nothing (no folder `s3:` in the working directory); `server`
+#   without credentials says which variables to set, and creates nothing either;
+#   `file:///PATH` is the folder PATH;
 # - an OS error is said once: "No such file or directory" does not repeat itself.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -20,7 +22,7 @@ refused() {
     local what=$1 rc=0; shift
     "$@" >"$E2E_TMP/out" 2>"$E2E_TMP/err" || rc=$?
     ((rc != 0)) || fail "$what: the command succeeded: $*"
-    grep -q 'does not serve s3:// stores; a store is a local folder, given as a path (/srv/vdstream) or as file:///srv/vdstream' "$E2E_TMP/err" ||
+    grep -q "${WANT:-this command works on a local folder, given as a path (/srv/vdstream) or as file:///srv/vdstream .*an s3:// store is served by \`vdstream server --store s3://BUCKET/PREFIX\` and filled by \`vdstream store copy\`}" "$E2E_TMP/err" ||
         fail "$what: the error does not name the schemes served: $(cat "$E2E_TMP/err")"
     [[ -z $(ls -A "$work") ]] || fail "$what: something was created in the working directory: $(ls -A "$work")"
     log "ok: $what refused (exit $rc): $(cat "$E2E_TMP/err")"
@@ -31,7 +33,9 @@ refused "--store s3:// on list" "$VDSTREAM_BIN" vdisk list --store s3://bucket/p
 refused "--store s3:// on target list" "$VDSTREAM_BIN" target list --store s3://bucket/prefix
 refused "VDSTREAM_STORE=s3:// on import" env VDSTREAM_STORE=s3://bucket/prefix "$VDSTREAM_BIN" vdisk import w /etc/hostname
 refused "--store s3:// on serve-image" "$VDSTREAM_BIN" serve-image --vdisk w --store s3://bucket/prefix --socket "$E2E_TMP/s.sock"
-refused "--store s3:// on server" timeout 10 "$VDSTREAM_BIN" server --store s3://bucket/prefix --socket "$E2E_TMP/s.sock"
+WANT="s3://bucket/prefix: no credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" \
+    refused "--store s3:// on server without credentials" env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY \
+    timeout 10 "$VDSTREAM_BIN" server --store s3://bucket/prefix --socket "$E2E_TMP/s.sock" --object-cache "$work/objects"
 
 # file:///PATH is the folder PATH.
 "$VDSTREAM_BIN" vdisk create w --size 1M --store "file://$STORE" >/dev/null

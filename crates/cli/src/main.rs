@@ -46,6 +46,9 @@ Examples:
   vdstream version new win11                    a maintenance version to update it
   vdstream serve-image --vdisk win11            serve what production targets boot
   vdstream server --socket /run/vds.sock        serve the whole store: vdisk/NAME[@V], maintenance/NAME
+  vdstream store copy --from /var/lib/vdstream/store --to s3://farm/site-a
+                                                the store into S3-compatible object storage (Garage, MinIO, AWS)
+  vdstream server --store s3://farm/site-a      serve it from there (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)
   vdstream target attach vm1 --server 'nbd+unix:///?socket=/tmp/vdstream.sock'
                                                 a target's agent: local cache, socket for qemu
   vdstream size --trace vm1.trace --ram 64M,256M,1G   RAM sizing from a recorded trace (--record-trace)

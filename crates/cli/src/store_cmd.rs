@@ -40,8 +40,10 @@ struct CopyArgs {
     #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
     to: String,
 
-    #[command(flatten)]
-    opts: StoreOpts,
+    /// Print one JSON document on stdout (what was copied and skipped, bytes moved)
+    /// instead of a line; errors too (see `vdstream --help`, "Exit status").
+    #[arg(long)]
+    json: bool,
 }
 
 fn kind(e: &vdstream_objstore::Error) -> Kind {
@@ -69,11 +71,12 @@ fn copy(a: CopyArgs) -> Result<()> {
     use vdstream_objstore::copy::{self, Side};
     let from = Side::parse(&a.from).map_err(objstore_error)?;
     let to = Side::parse(&a.to).map_err(objstore_error)?;
-    let bar = a.opts.bar("copying layers");
+    let opts = StoreOpts { store: None, json: a.json };
+    let bar = opts.bar("copying layers");
     let report = copy::copy(&from, &to, copy::open_bucket, &mut |d, t| bar.update(d, t)).map_err(objstore_error)?;
     drop(bar);
     let doc = serde_json::to_value(&report)?;
-    a.opts.emit(doc, || {
+    opts.emit(doc, || {
         format!(
             "copied {} vDisk(s), {} layer(s) ({} skipped as already whole), {} metadata file(s) from {} to {}: {} of layers, {} moved",
             report.vdisks,

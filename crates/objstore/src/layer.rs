@@ -418,3 +418,60 @@ impl vdstream_blockdev::layerfile::RemoteFile for ObjectLayer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A layer of `chunks` chunks (the last one `tail` bytes short), each chunk zeros or a
+    /// pattern, as the model.
+    fn layer(kinds: &[u8], tail: u64) -> Vec<u8> {
+        let mut data = Vec::new();
+        for (i, k) in kinds.iter().enumerate() {
+            let fill = if *k % 3 == 0 { 0 } else { (i as u8).wrapping_mul(31).wrapping_add(*k) | 1 };
+            data.extend(std::iter::repeat_n(fill, CHUNK as usize));
+        }
+        let keep = (data.len() as u64).saturating_sub(tail.min(CHUNK - 1));
+        data.truncate(keep as usize);
+        data
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Every chunk of the layer is found where the index says, or is zeros and not stored;
+        /// the object is exactly the stored chunks; the index survives its JSON.
+        #[test]
+        fn packed_object_and_index_give_back_the_layer(kinds in proptest::collection::vec(any::<u8>(), 1..12), tail in 0u64..CHUNK) {
+            let data = layer(&kinds, tail);
+            let (index, packed) = LayerIndex::of(&data);
+            prop_assert_eq!(index.len, data.len() as u64);
+            prop_assert_eq!(index.stored_bytes(), packed.len() as u64);
+            let places = index.places();
+            for (i, want) in data.chunks(CHUNK as usize).enumerate() {
+                match (index.chunks[i], places[i]) {
+                    (None, None) => prop_assert!(want.iter().all(|&b| b == 0)),
+                    (Some(crc), Some(at)) => {
+                        let got = &packed[at as usize..][..want.len()];
+                        prop_assert_eq!(got, want);
+                        prop_assert_eq!(crc32c::crc32c(got), crc);
+                    }
+                    other => prop_assert!(false, "chunk {} has {:?}", i, other),
+                }
+            }
+            let raw = serde_json::to_vec(&index).unwrap();
+            prop_assert_eq!(LayerIndex::parse(&raw, "t").unwrap(), index);
+        }
+    }
+
+    #[test]
+    fn an_index_that_does_not_fit_its_length_is_refused() {
+        let (mut index, _) = LayerIndex::of(&vec![1u8; 3 * CHUNK as usize]);
+        index.chunks.pop();
+        let err = LayerIndex::parse(&serde_json::to_vec(&index).unwrap(), "s3://b/x.idx").unwrap_err();
+        assert!(matches!(err, Error::Corrupt(_)) && err.to_string().contains("s3://b/x.idx"), "{err}");
+        let err = LayerIndex::parse(b"{\"format\":1}", "s3://b/y.idx").unwrap_err();
+        assert!(err.to_string().contains("not a layer index"), "{err}");
+    }
+}
