@@ -102,6 +102,43 @@ qemu-img convert -f raw -O raw "$(xuri "vdisk/golden@$v1" "$local_sock")" "$E2E_
 cmp "$E2E_TMP/local.raw" "$E2E_TMP/cold.raw" || fail "bytes read with a Garage node down differ"
 log "reads with one of three Garage nodes killed: whole and equal"
 
+# The store goes away mid-read (every Garage node stopped): a read of a chunk not in the
+# cache gets EIO after the stated timeout (VDSTREAM_S3_TIMEOUT=4), not before and not
+# never; when the store comes back, the same read succeeds.
+VDSTREAM_S3_TIMEOUT=4 STORE=$S3 start_store_server --object-cache "$E2E_TMP/objcache5" --object-cache-ram 8M --object-cache-disk 0
+away_sock=$SOCK
+STORE=$STORE_SAVED
+# One NBD connection, open before the store goes away (opening an export reads its
+# layers' indexes, so a connection made while the store is away is refused at once).
+"$PY" - "$(xuri vdisk/golden@base "$away_sock")" "${GARAGE_PIDS[@]}" >"$E2E_TMP/away.out" 2>&1 <<'PYEOF' || fail "store away: $(cat "$E2E_TMP/away.out")"
+import os, signal, sys, time
+import nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pread(4096, 0)                      # chunk 0 (and its read-ahead) now cached
+pids = [int(p) for p in sys.argv[2:]]
+for p in pids:
+    try: os.kill(p, signal.SIGSTOP)
+    except ProcessLookupError: pass   # node 3 was killed above
+t0 = time.monotonic()
+try:
+    h.pread(4096, 30 << 20)           # chunk 30: not cached
+    err = None
+except nbd.Error as e:
+    err = e
+waited = time.monotonic() - t0
+for p in pids:
+    try: os.kill(p, signal.SIGCONT)
+    except ProcessLookupError: pass
+assert err is not None, "a read of an uncached chunk succeeded with the store stopped"
+assert err.errnum == 5, f"want EIO, got {err}"
+assert 3.5 <= waited <= 30, f"EIO after {waited:.1f} s; the stated timeout is 4 s"
+h.pread(4096, 30 << 20)               # the store is back: the same read succeeds
+print(f"{waited:.1f}")
+PYEOF
+waited=$(tail -n1 "$E2E_TMP/away.out")
+log "store away: EIO after ${waited}s (timeout 4 s); the same read succeeds once it is back"
+
 # Wrong credentials, missing bucket.
 rc=0; out=$(AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY/0/1} "$VDSTREAM_BIN" store copy --from "$S3" --to "$E2E_TMP/x" 2>&1) || rc=$?
 assert_eq "exit status with a wrong secret" "$rc" 2
