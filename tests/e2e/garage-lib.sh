@@ -81,7 +81,11 @@ EOF
         ((SECONDS < deadline)) || fail "the garage cluster did not become healthy"
         sleep 0.2
     done
-    garage_cli 1 bucket create vdstream-test >/dev/null
+    # The layout takes a moment to reach every node: retry the first write until it does.
+    until garage_cli 1 bucket create vdstream-test >/dev/null 2>"$E2E_TMP/garage-bucket.err"; do
+        ((SECONDS < deadline)) || fail "garage: bucket create failed: $(cat "$E2E_TMP/garage-bucket.err")"
+        sleep 0.3
+    done
     garage_cli 1 key import --yes -n vdstream "$GARAGE_KEY_ID" "$GARAGE_SECRET" >/dev/null
     garage_cli 1 bucket allow --read --write --owner vdstream-test --key "$GARAGE_KEY_ID" >/dev/null
     export AWS_ENDPOINT_URL="http://127.0.0.1:${ports[1]}" AWS_REGION=garage

@@ -123,7 +123,9 @@ pub struct ServerArgs {
     http: Option<SocketAddr>,
 
     /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file,
-    /// dead-peer-timeout, max-connections, anonymous, insecure, boot and the boot-* keys, tftp).
+    /// dead-peer-timeout, max-connections, anonymous, insecure, boot and the boot-* keys, tftp,
+    /// object-cache, object-cache-ram, object-cache-disk, and for an s3:// store s3-endpoint,
+    /// s3-region, s3-access-key-id, s3-secret-access-key, which the AWS variables override).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -304,14 +306,14 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         None => None,
     };
     let boot = boot_config(args, &file, args.http.or(http_from_file))?;
-    let socket = args.socket.clone().or(file.socket);
+    let socket = args.socket.clone().or(file.socket.clone());
     let mut listen = args.listen.or(listen_from_file);
     if listen.is_none() && socket.is_none() {
         listen = Some(DEFAULT_LISTEN.parse().expect("a socket address"));
     }
     let store = vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref()));
     let store = match store.to_str().and_then(vdstream_objstore::S3Location::parse) {
-        Some(location) => object_store_mirror(args, location.map_err(crate::store_cmd::objstore_error)?)?,
+        Some(location) => object_store_mirror(args, &file, location.map_err(crate::store_cmd::objstore_error)?)?,
         None => store,
     };
     vdstream_store::check_location(&store)?;
@@ -543,17 +545,37 @@ mod tests {
 /// Opens a store in object storage: its metadata mirrored into --object-cache, its layers
 /// read through the chunk cache. Returns the mirror folder, which the server opens as its
 /// store.
-fn object_store_mirror(args: &ServerArgs, location: vdstream_objstore::S3Location) -> Result<PathBuf> {
+fn object_store_mirror(args: &ServerArgs, file: &ConfigFile, location: vdstream_objstore::S3Location) -> Result<PathBuf> {
     use vdstream_objstore::{layer::CacheConfig, mirror};
-    let base = args.object_cache.clone().unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects"));
+    let size = |key: &str, v: &Option<SizeValue>| -> Result<Option<u64>> {
+        match v {
+            Some(SizeValue::Bytes(n)) => Ok(Some(*n)),
+            Some(SizeValue::Text(t)) => Ok(Some(parse_size(t).map_err(|e| anyhow!("{key} in the config file: {e}"))?)),
+            None => Ok(None),
+        }
+    };
+    let base = args.object_cache.clone().or(file.object_cache.clone()).unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects"));
     let dir = mirror::default_dir(&base, &location);
-    let config = vdstream_objstore::S3Config::from_env().map_err(crate::store_cmd::objstore_error)?;
+    let mut config = vdstream_objstore::S3Config::from_env().map_err(crate::store_cmd::objstore_error)?;
+    // The AWS variables win over the file, as they do for the AWS CLI.
+    let env_set = |n: &str| std::env::var_os(n).is_some_and(|v| !v.is_empty());
+    if !env_set("AWS_ENDPOINT_URL") && !env_set("AWS_ENDPOINT_URL_S3") {
+        config.endpoint = config.endpoint.or(file.s3_endpoint.clone());
+    }
+    if !env_set("AWS_REGION") && !env_set("AWS_DEFAULT_REGION") {
+        if let Some(r) = &file.s3_region {
+            config.region = r.clone();
+        }
+    }
+    config.access_key_id = config.access_key_id.or(file.s3_access_key_id.clone());
+    config.secret_access_key = config.secret_access_key.or(file.s3_secret_access_key.clone());
     let bucket = vdstream_objstore::Bucket::open(location, &config).map_err(crate::store_cmd::objstore_error)?;
     let cache = CacheConfig {
-        ram_bytes: args.object_cache_ram.unwrap_or(1 << 30),
+        ram_bytes: args.object_cache_ram.or(size("object-cache-ram", &file.object_cache_ram)?).unwrap_or(1 << 30),
         disk_dir: dir.join("chunks"),
-        disk_bytes: args.object_cache_disk.unwrap_or(16 << 30),
+        disk_bytes: args.object_cache_disk.or(size("object-cache-disk", &file.object_cache_disk)?).unwrap_or(16 << 30),
         readahead: 4,
+        wait: config.timeout + Duration::from_secs(1),
     };
     let m = mirror::Mirror::open(bucket, &dir, &cache, Duration::from_secs(2)).map_err(crate::store_cmd::objstore_error)?;
     log::info!("serving {} from its mirror {} (chunk cache: {} RAM, {} SSD)", m.bucket.location, dir.display(),

@@ -19,6 +19,9 @@ use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, Pu
 
 use crate::error::{Error, Result};
 
+/// The largest metadata object read whole (`vdisk.json`, a target record, the audit trail).
+pub const MAX_METADATA: u64 = 256 << 20;
+
 /// `s3://BUCKET/PREFIX`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct S3Location {
@@ -180,9 +183,14 @@ impl Bucket {
         ObjPath::from(self.location.key(rel))
     }
 
-    /// Runs `fut` on the bucket's runtime and waits for it, from any thread (a runtime
-    /// worker included: the wait is on a channel, not a nested runtime).
+    /// Runs `fut` on the bucket's runtime and waits for it on a channel. Callers are
+    /// threads outside that runtime (session threads, the CLI's, `spawn_blocking` tasks):
+    /// from one of its own workers the task could sit in that worker's queue while it waits.
     pub fn block<T: Send + 'static>(&self, fut: impl std::future::Future<Output = T> + Send + 'static) -> T {
+        debug_assert!(
+            tokio::runtime::Handle::try_current().map_or(true, |h| h.id() != self.rt.handle().id()),
+            "Bucket::block called from a worker of the bucket's own runtime"
+        );
         let (tx, rx) = mpsc::sync_channel(1);
         self.rt.spawn(async move {
             let _ = tx.send(fut.await);
@@ -198,12 +206,34 @@ impl Bucket {
         &self.rt
     }
 
-    /// The whole object at `rel`; `None` when there is none.
+    /// The whole object at `rel` (metadata: at most [`MAX_METADATA`] bytes); `None` when
+    /// there is none.
     pub fn get(&self, rel: &str) -> Result<Option<Bytes>> {
+        self.get_capped(rel, MAX_METADATA)
+    }
+
+    /// The whole object at `rel` when it is at most `max` bytes; `None` when there is none.
+    /// A larger one is refused before it is read (a hostile or broken store cannot make us
+    /// hold it in memory).
+    pub fn get_capped(&self, rel: &str, max: u64) -> Result<Option<Bytes>> {
         let (store, path, what) = (self.store.clone(), self.path(rel), self.what(rel));
         self.block(async move {
             match store.get(&path).await {
+                Ok(r) if r.meta.size > max => Err(Error::Corrupt(format!(
+                    "{what}: {} bytes, more than the {max} this object may have; copy the store again", r.meta.size))),
                 Ok(r) => r.bytes().await.map(Some).map_err(|e| Error::from_store(e, &what)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(Error::from_store(e, &what)),
+            }
+        })
+    }
+
+    /// The size of the object at `rel`; `None` when there is none.
+    pub fn size(&self, rel: &str) -> Result<Option<u64>> {
+        let (store, path, what) = (self.store.clone(), self.path(rel), self.what(rel));
+        self.block(async move {
+            match store.head(&path).await {
+                Ok(m) => Ok(Some(m.size)),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(Error::from_store(e, &what)),
             }

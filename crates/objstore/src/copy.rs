@@ -56,8 +56,6 @@ pub struct CopyReport {
     pub metadata_files: usize,
 }
 
-/// Part size of the multipart upload: 16 chunks, so Garage's 1 MiB blocks line up with ours.
-const PART: usize = 16 * CHUNK as usize;
 const PARTS_IN_FLIGHT: usize = 4;
 
 /// The layer files `vdisk.json` names (base and versions), parsed loosely so that a copy
@@ -97,31 +95,65 @@ pub fn copy(from: &Side, to: &Side, bucket: impl FnOnce(&S3Location) -> Result<B
     }
 }
 
+/// One layer file to send, opened and held (a shared `flock`, as the store's readers
+/// take: the store deletes no file a lock is on) while the store's lock was held.
+struct Held {
+    rel: String,
+    path: PathBuf,
+    file: File,
+    len: u64,
+}
+
 fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
     let store = vdstream_store::Store::open(dir).map_err(|e| Error::NotFound(e.to_string()))?;
-    // Shared lock: no change of metadata while we read it (targets keep serving).
-    let _lock = store.lock(vdstream_blockdev::flock::LockMode::Shared).map_err(|e| Error::Io(e.to_string()))?;
     let mut report = CopyReport { from: dir.display().to_string(), to: bucket.location.to_string(), ..Default::default() };
-    let names = store.names().map_err(|e| Error::Io(e.to_string()))?;
-    let mut plan: Vec<(String, Vec<u8>, Vec<(String, PathBuf)>)> = Vec::new();
-    for name in &names {
-        let json_path = dir.join("vdisks").join(name).join("vdisk.json");
-        let json = std::fs::read(&json_path).map_err(local("read", &json_path))?;
-        let files = layer_files(&json, &json_path.display().to_string())?;
-        let files = files.into_iter().map(|f| (format!("vdisks/{name}/{f}"), dir.join("vdisks").join(name).join(&f))).collect();
-        plan.push((name.clone(), json, files));
-    }
-    let total: u64 = plan.iter().flat_map(|(_, _, f)| f).map(|(_, p)| p.metadata().map(|m| m.len()).unwrap_or(0)).sum();
+    // Under the store's shared lock: the metadata as it is now, and every layer it names
+    // opened and held. Then the lock goes, so that the store's own changes (and a server
+    // of it) do not wait for an upload that may take hours.
+    let (plan, rest) = {
+        let _lock = store.lock(vdstream_blockdev::flock::LockMode::Shared).map_err(|e| Error::Io(e.to_string()))?;
+        let names = store.names().map_err(|e| Error::Io(e.to_string()))?;
+        let mut plan: Vec<(String, Vec<u8>, Vec<Held>)> = Vec::new();
+        for name in &names {
+            let json_path = dir.join("vdisks").join(name).join("vdisk.json");
+            let json = std::fs::read(&json_path).map_err(local("read", &json_path))?;
+            let mut held = Vec::new();
+            for f in layer_files(&json, &json_path.display().to_string())? {
+                let path = dir.join("vdisks").join(name).join(&f);
+                let file = vdstream_store::fsutil::hold_shared(&path).map_err(|e| Error::Io(e.to_string()))?.ok_or_else(|| {
+                    Error::BadInput(format!(
+                        "{} is open for writing (a maintenance target of vDisk {name}): stop it, or promote the version, then copy again",
+                        path.display()))
+                })?;
+                let len = file.metadata().map_err(local("stat", &path))?.len();
+                held.push(Held { rel: format!("vdisks/{name}/{f}"), path, file, len });
+            }
+            plan.push((name.clone(), json, held));
+        }
+        let mut rest: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("targets")).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        paths.sort();
+        paths.push(dir.join("audit.log"));
+        paths.push(dir.join("store.json"));
+        for p in paths {
+            let rel = p.strip_prefix(dir).expect("inside").to_string_lossy().replace('\\', "/");
+            if is_metadata(&rel) && p.is_file() {
+                rest.push((rel, std::fs::read(&p).map_err(local("read", &p))?));
+            }
+        }
+        (plan, rest)
+    };
+    let total: u64 = plan.iter().flat_map(|(_, _, h)| h).map(|h| h.len).sum();
     let mut done = 0;
     progress(0, total);
-    for (name, json, files) in &plan {
-        for (rel, path) in files {
-            let moved = upload_layer(bucket, rel, path, &mut |n| {
+    for (name, json, held) in &plan {
+        for h in held {
+            let moved = upload_layer(bucket, h, &mut |n| {
                 done += n;
                 progress(done, total);
             })?;
             report.layers += 1;
-            report.layer_bytes += path.metadata().map(|m| m.len()).unwrap_or(0);
+            report.layer_bytes += h.len;
             match moved {
                 Some(n) => report.bytes_moved += n,
                 None => report.layers_skipped += 1,
@@ -131,18 +163,7 @@ fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Re
         report.vdisks += 1;
         report.metadata_files += 1;
     }
-    let mut rest: Vec<PathBuf> = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir.join("targets")) {
-        rest.extend(rd.flatten().map(|e| e.path()));
-    }
-    rest.push(dir.join("audit.log"));
-    rest.push(dir.join("store.json"));
-    for p in rest {
-        let rel = p.strip_prefix(dir).expect("inside").to_string_lossy().replace('\\', "/");
-        if !is_metadata(&rel) || !p.is_file() {
-            continue;
-        }
-        let data = std::fs::read(&p).map_err(local("read", &p))?;
+    for (rel, data) in rest {
         bucket.put(&rel, Bytes::from(data))?;
         report.metadata_files += 1;
     }
@@ -155,91 +176,131 @@ fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Re
     Ok(report)
 }
 
-/// Reads `path` chunk by chunk, calling `each(index, bytes)`.
-fn for_chunks(path: &Path, mut each: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<u64> {
-    let f = File::open(path).map_err(local("open", path))?;
-    let len = f.metadata().map_err(local("stat", path))?.len();
+/// Reads `len` bytes of `file` chunk by chunk, calling `each(index, bytes)`.
+fn for_chunks(file: &File, len: u64, path: &Path, mut each: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
     let mut buf = vec![0u8; CHUNK as usize];
     for i in 0..len.div_ceil(CHUNK) {
         let n = (len - i * CHUNK).min(CHUNK) as usize;
-        f.read_exact_at(&mut buf[..n], i * CHUNK).map_err(local("read", path))?;
+        file.read_exact_at(&mut buf[..n], i * CHUNK).map_err(local("read", path))?;
         each(i, &buf[..n])?;
     }
-    Ok(len)
+    Ok(())
 }
 
-/// Uploads one layer unless the bucket already has it whole; returns the bytes sent
-/// (`None`: skipped).
-fn upload_layer(bucket: &Bucket, rel: &str, path: &Path, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
-    let len = path.metadata().map_err(local("stat", path))?.len();
-    let mut b = IndexBuilder::new(len);
-    for_chunks(path, |_, c| {
+/// Multipart part size: 16 chunks, more for layers whose data would need over 9,000
+/// parts (S3 allows 10,000).
+fn part_size(stored: u64) -> usize {
+    let per_part = stored.div_ceil(9_000).div_ceil(CHUNK) * CHUNK;
+    per_part.max(16 * CHUNK) as usize
+}
+
+type PartTask = tokio::task::JoinHandle<object_store::Result<()>>;
+
+/// Uploads one layer unless the bucket already has it whole (its index equals the file's
+/// and the object it names has the stored size); returns the bytes sent (`None`:
+/// skipped). The data goes to a new object (`FILE.TOKEN`), and the index naming it is
+/// written last: no reader ever sees an index without its object, or an object change
+/// under an index.
+fn upload_layer(bucket: &Bucket, h: &Held, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
+    let file_name = h.rel.rsplit('/').next().expect("a file name");
+    let idx_rel = format!("{}.idx", h.rel);
+    let mut b = IndexBuilder::new(String::new(), h.len);
+    for_chunks(&h.file, h.len, &h.path, |_, c| {
         b.push(c);
         Ok(())
     })?;
-    let index = b.finish();
-    let idx_rel = format!("{rel}.idx");
-    if let Some(raw) = bucket.get(&idx_rel)? {
-        if LayerIndex::parse(&raw, &bucket.what(&idx_rel)).ok().as_ref() == Some(&index) {
-            advance(len);
-            return Ok(None);
+    let mut index = b.finish();
+    if let Some(raw) = bucket.get_capped(&idx_rel, crate::layer::MAX_INDEX)? {
+        if let Ok(old) = LayerIndex::parse(&raw, &bucket.what(&idx_rel)) {
+            let dir = h.rel.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+            let object = format!("{dir}/{}", old.object);
+            if old.len == index.len && old.chunks == index.chunks && bucket.size(&object)? == Some(old.stored_bytes()) {
+                advance(h.len);
+                return Ok(None);
+            }
         }
     }
-    // The index goes away first: an object without its index is never read.
-    bucket.delete(&idx_rel)?;
-    let store = bucket.store();
-    let key = ObjPath::from(bucket.location.key(rel));
-    let what = bucket.what(rel);
-    let mut upload: Box<dyn MultipartUpload> = {
-        let (store, key, what) = (store.clone(), key.clone(), what.clone());
-        bucket.block(async move { store.put_multipart(&key).await.map_err(|e| Error::from_store(e, &what)) })?
-    };
-    let mut part: Vec<u8> = Vec::with_capacity(PART);
-    let mut inflight: Vec<tokio::task::JoinHandle<object_store::Result<()>>> = Vec::new();
-    let mut sent = 0u64;
-    let flush =
-        |part: &mut Vec<u8>, inflight: &mut Vec<tokio::task::JoinHandle<object_store::Result<()>>>, upload: &mut Box<dyn MultipartUpload>| -> Result<()> {
-            if part.is_empty() {
-                return Ok(());
+    index.object = format!("{file_name}.{:016x}", fastrand::u64(..));
+    let dir = h.rel.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+    let object_rel = format!("{dir}/{}", index.object);
+    let what = bucket.what(&object_rel);
+    let key = ObjPath::from(bucket.location.key(&object_rel));
+    let stored = index.stored_bytes();
+    let sent = if stored == 0 {
+        // Every chunk is zeros: an empty object (a multipart upload needs a part).
+        bucket.put(&object_rel, Bytes::new())?;
+        advance(h.len);
+        0
+    } else {
+        let store = bucket.store();
+        let mut upload: Box<dyn MultipartUpload> = {
+            let (store, key, what) = (store.clone(), key.clone(), what.clone());
+            bucket.block(async move { store.put_multipart(&key).await.map_err(|e| Error::from_store(e, &what)) })?
+        };
+        let part_len = part_size(stored);
+        let mut part: Vec<u8> = Vec::with_capacity(part_len);
+        let mut inflight: Vec<PartTask> = Vec::new();
+        let mut sent = 0u64;
+        let wait_one = |t: PartTask| -> Result<()> {
+            bucket.block(t).map_err(|e| Error::Io(format!("{what}: {e}")))?.map_err(|e| Error::from_store(e, &what))
+        };
+        let send = |part: &mut Vec<u8>, inflight: &mut Vec<PartTask>, upload: &mut Box<dyn MultipartUpload>| -> Result<()> {
+            if !part.is_empty() {
+                inflight.push(bucket.runtime().spawn(upload.put_part(PutPayload::from(std::mem::take(part)))));
             }
-            let fut = upload.put_part(PutPayload::from(std::mem::take(part)));
-            inflight.push(bucket.runtime().spawn(fut));
             while inflight.len() >= PARTS_IN_FLIGHT {
-                let h = inflight.remove(0);
-                bucket.block(h).map_err(|e| Error::Io(format!("{what}: {e}")))?.map_err(|e| Error::from_store(e, &what))?;
+                wait_one(inflight.remove(0))?;
             }
             Ok(())
         };
-    let result = for_chunks(path, |i, c| {
-        if index.chunks[i as usize].is_some() {
-            part.extend_from_slice(c);
-            sent += c.len() as u64;
-            if part.len() >= PART {
-                flush(&mut part, &mut inflight, &mut upload)?;
+        let result = for_chunks(&h.file, h.len, &h.path, |i, c| {
+            if let Some(crc) = index.chunks[i as usize] {
+                // Read again as it is sent: a file written meanwhile is refused, never sent
+                // against an index that no longer describes it.
+                if crc32c::crc32c(c) != crc {
+                    return Err(Error::BadInput(format!(
+                        "{} changed while it was copied (chunk {i}): something writes it; stop that writer and copy again",
+                        h.path.display())));
+                }
+                part.extend_from_slice(c);
+                sent += c.len() as u64;
+                if part.len() >= part_len {
+                    send(&mut part, &mut inflight, &mut upload)?;
+                }
+            } else if c.iter().any(|&b| b != 0) {
+                return Err(Error::BadInput(format!("{} changed while it was copied (chunk {i}); copy again", h.path.display())));
             }
-        }
-        advance(c.len() as u64);
-        Ok(())
-    })
-    .and_then(|_| {
-        flush(&mut part, &mut inflight, &mut upload)?;
-        for h in inflight.drain(..) {
-            bucket.block(h).map_err(|e| Error::Io(format!("{what}: {e}")))?.map_err(|e| Error::from_store(e, &what))?;
-        }
-        Ok(())
-    });
-    match result {
-        Ok(()) if sent == 0 => {
-            // Every chunk is zeros: an empty object (a multipart upload needs a part).
-            bucket.block(async move { upload.abort().await }).ok();
-            bucket.put(rel, Bytes::new())?;
-        }
-        Ok(()) => bucket.block(async move { upload.complete().await }).map(|_| ()).map_err(|e| Error::from_store(e, &what))?,
-        Err(e) => {
-            bucket.block(async move { upload.abort().await }).ok();
+            advance(c.len() as u64);
+            Ok(())
+        })
+        .and_then(|()| {
+            send(&mut part, &mut inflight, &mut upload)?;
+            for t in inflight.drain(..) {
+                wait_one(t)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            // Parts still in flight finish (or fail) before the upload is abandoned.
+            for t in inflight.drain(..) {
+                let _ = bucket.block(t);
+            }
+            let _ = bucket.block(async move { upload.abort().await });
             return Err(e);
         }
-    }
+        let (what2, mut upload) = (what.clone(), upload);
+        let completed = bucket.block(async move {
+            match upload.complete().await {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    let _ = upload.abort().await;
+                    Err(e)
+                }
+            }
+        });
+        completed.map_err(|e| Error::from_store(e, &what2))?;
+        sent
+    };
     bucket.put(&idx_rel, Bytes::from(serde_json::to_vec(&index).expect("index")))?;
     Ok(Some(sent))
 }
@@ -328,6 +389,10 @@ fn matching_chunks(path: &Path, index: &LayerIndex) -> Vec<bool> {
 }
 
 fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
+    let object_rel = match rel.rsplit_once('/') {
+        Some((dir, _)) => format!("{dir}/{}", index.object),
+        None => index.object.clone(),
+    };
     if path.metadata().is_ok_and(|m| m.len() == index.len) && matching_chunks(path, index).iter().all(|&b| b) {
         advance(index.len);
         return Ok(None);
@@ -351,17 +416,17 @@ fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, a
                 (Some(c), Some(place)) => {
                     let mut got = None;
                     for _ in 0..2 {
-                        let b = bucket.get_range(rel, place, place + n)?;
+                        let b = bucket.get_range(&object_rel, place, place + n)?;
                         if b.len() as u64 == n && crc32c::crc32c(&b) == *c {
                             got = Some(b);
                             break;
                         }
-                        log::error!("{}: chunk {i} fails its checksum; fetching it again", bucket.what(rel));
+                        log::error!("{}: chunk {i} fails its checksum; fetching it again", bucket.what(&object_rel));
                     }
                     let b = got.ok_or_else(|| {
                         Error::Corrupt(format!(
                             "{}: chunk {i} fails its CRC-32C twice: the object is damaged in the store; nothing of it was kept in {}",
-                            bucket.what(rel),
+                            bucket.what(&object_rel),
                             path.display()
                         ))
                     })?;
@@ -378,21 +443,11 @@ fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, a
     }
     f.sync_all().map_err(local("sync", &part))?;
     std::fs::rename(&part, path).map_err(local("rename into place", path))?;
+    crate::mirror::sync_dir(path)?;
     Ok(Some(fetched))
 }
 
 /// Opens the bucket for a copy with the process's settings.
 pub fn open_bucket(location: &S3Location) -> Result<Bucket> {
     Bucket::open(location.clone(), &crate::client::S3Config::from_env()?)
-}
-
-/// For tests: the layer's index as the copy computes it.
-pub fn index_of_file(path: &Path) -> Result<LayerIndex> {
-    let len = path.metadata().map_err(local("stat", path))?.len();
-    let mut b = IndexBuilder::new(len);
-    for_chunks(path, |_, c| {
-        b.push(c);
-        Ok(())
-    })?;
-    Ok(b.finish())
 }

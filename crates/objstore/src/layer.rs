@@ -2,10 +2,16 @@
 //! and an index object beside it.
 //!
 //! ```text
-//! PREFIX/vdisks/NAME/FILE        the layer's chunks that are not all zeros, in order
-//! PREFIX/vdisks/NAME/FILE.idx    {"format":"vdstream-layer/1","len":…,"chunk":1048576,
-//!                                 "chunks":[crc32c | null, …]}   null: all zeros, not stored
+//! PREFIX/vdisks/NAME/FILE.idx        {"format":"vdstream-layer/1","object":"FILE.TOKEN",
+//!                                     "len":…,"chunk":1048576,"chunks":[crc32c | null, …]}
+//!                                     null: all zeros, not stored
+//! PREFIX/vdisks/NAME/FILE.TOKEN      the layer's chunks that are not all zeros, in order
 //! ```
+//!
+//! The data object is never written twice: each upload of a layer gets a new TOKEN, and
+//! the index, written after the object is complete, names it. A server that opened the
+//! layer before a new upload keeps reading the object its index named, and the chunk
+//! cache keys chunks by that object, so an old chunk is never taken for a new one.
 //!
 //! Chunk `i` of the layer is bytes `i*chunk .. min(len, (i+1)*chunk)`; its place in the
 //! object is the number of stored chunks before it, times `chunk`. A raw base of 64 GiB
@@ -31,10 +37,15 @@ pub const CHUNK: u64 = 1 << 20;
 
 pub const INDEX_FORMAT: &str = "vdstream-layer/1";
 
+/// The largest index read (a 64 MiB index describes a layer of about 6 TiB).
+pub const MAX_INDEX: u64 = 64 << 20;
+
 /// The index of a layer object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerIndex {
     pub format: String,
+    /// The data object's file name, beside the index (`FILE.TOKEN`).
+    pub object: String,
     pub len: u64,
     pub chunk: u64,
     /// Per chunk: the CRC-32C of its bytes, or `None` for a chunk of zeros (not stored).
@@ -44,7 +55,7 @@ pub struct LayerIndex {
 impl LayerIndex {
     /// The index of `data` laid out in chunks (tests and small layers).
     pub fn of(data: &[u8]) -> (Self, Vec<u8>) {
-        let mut b = IndexBuilder::new(data.len() as u64);
+        let mut b = IndexBuilder::new("layer.0".into(), data.len() as u64);
         let mut packed = Vec::new();
         for c in data.chunks(CHUNK as usize) {
             if b.push(c) {
@@ -58,6 +69,10 @@ impl LayerIndex {
     pub fn parse(raw: &[u8], what: &str) -> Result<Self> {
         let idx: LayerIndex = serde_json::from_slice(raw).map_err(|e| Error::Corrupt(format!("{what}: not a layer index ({e}); copy the store again")))?;
         let want = idx.len.div_ceil(idx.chunk.max(1));
+        let plain = !idx.object.is_empty() && !idx.object.contains('/') && !idx.object.starts_with('.');
+        if !plain {
+            return Err(Error::Corrupt(format!("{what}: the index names the object {:?}, which is not a plain file name; copy the store again", idx.object)));
+        }
         if idx.format != INDEX_FORMAT || idx.chunk != CHUNK || idx.chunks.len() as u64 != want {
             return Err(Error::Corrupt(format!(
                 "{what}: index of format {:?}, chunk {}, {} chunks for {} bytes does not fit ({INDEX_FORMAT}, chunk {CHUNK}, {want} chunks); copy the store again",
@@ -96,13 +111,15 @@ impl LayerIndex {
 /// Builds an index chunk by chunk.
 #[derive(Debug)]
 pub struct IndexBuilder {
+    object: String,
     len: u64,
     chunks: Vec<Option<u32>>,
 }
 
 impl IndexBuilder {
-    pub fn new(len: u64) -> Self {
-        IndexBuilder { len, chunks: Vec::with_capacity(len.div_ceil(CHUNK) as usize) }
+    /// For a layer of `len` bytes stored as the object `object`.
+    pub fn new(object: String, len: u64) -> Self {
+        IndexBuilder { object, len, chunks: Vec::with_capacity(len.div_ceil(CHUNK) as usize) }
     }
 
     /// Adds the next chunk; true when it is stored (not all zeros).
@@ -117,7 +134,7 @@ impl IndexBuilder {
     }
 
     pub fn finish(self) -> LayerIndex {
-        LayerIndex { format: INDEX_FORMAT.into(), len: self.len, chunk: CHUNK, chunks: self.chunks }
+        LayerIndex { format: INDEX_FORMAT.into(), object: self.object, len: self.len, chunk: CHUNK, chunks: self.chunks }
     }
 }
 
@@ -131,6 +148,8 @@ pub struct CacheStats {
     pub corrupt: AtomicU64,
     pub failed: AtomicU64,
     pub readahead: AtomicU64,
+    /// Reads that found their chunk loaded by another reader's GET while they waited.
+    pub shared_waits: AtomicU64,
 }
 
 impl CacheStats {
@@ -139,7 +158,7 @@ impl CacheStats {
         serde_json::json!({
             "gets": g(&self.gets), "get_bytes": g(&self.get_bytes), "ram_hits": g(&self.ram_hits),
             "disk_hits": g(&self.disk_hits), "corrupt": g(&self.corrupt), "failed": g(&self.failed),
-            "readahead": g(&self.readahead),
+            "readahead": g(&self.readahead), "shared_waits": g(&self.shared_waits),
         })
     }
 }
@@ -190,6 +209,9 @@ pub struct CacheConfig {
     pub disk_bytes: u64,
     /// Chunks fetched ahead of a miss, in the same layer.
     pub readahead: u64,
+    /// How long a read waits for another reader's GET of the same chunk before it gets
+    /// EIO (the object store's request timeout, so a waiter is bounded like a loader).
+    pub wait: std::time::Duration,
 }
 
 /// The chunk cache: RAM, then the SSD folder, then one GET per chunk, with concurrent
@@ -198,6 +220,7 @@ pub struct ChunkCache {
     ram: quick_cache::sync::Cache<Key, Bytes, ByLen>,
     disk: Option<(PathBuf, quick_cache::sync::Cache<Key, (), ChunkWeight, quick_cache::DefaultHashBuilder, DiskEvict>)>,
     readahead: u64,
+    wait: std::time::Duration,
     pub stats: CacheStats,
     layers: Mutex<Vec<String>>,
     inflight_ahead: AtomicU64,
@@ -229,6 +252,7 @@ impl ChunkCache {
             ram,
             disk,
             readahead: config.readahead,
+            wait: config.wait,
             stats: CacheStats::default(),
             layers: Mutex::new(Vec::new()),
             inflight_ahead: AtomicU64::new(0),
@@ -273,12 +297,16 @@ impl ObjectLayer {
     /// index there.
     pub fn open(bucket: Arc<Bucket>, rel: &str, cache: Arc<ChunkCache>) -> Result<Option<Arc<Self>>> {
         let idx_rel = format!("{rel}.idx");
-        let Some(raw) = bucket.get(&idx_rel)? else {
-            return Ok(None);
-        };
+        let Some(raw) = bucket.get_capped(&idx_rel, MAX_INDEX)? else { return Ok(None) };
         let index = LayerIndex::parse(&raw, &bucket.what(&idx_rel))?;
         let places = index.places();
-        let id = cache.layer_id(&bucket.what(rel));
+        // The data object the index names, beside it.
+        let rel = match rel.rsplit_once('/') {
+            Some((dir, _)) => format!("{dir}/{}", index.object),
+            None => index.object.clone(),
+        };
+        let id = cache.layer_id(&bucket.what(&rel));
+        let rel = rel.as_str();
         Ok(Some(Arc::new_cyclic(|me| ObjectLayer { bucket, rel: rel.to_string(), index, places, id, cache, me: me.clone() })))
     }
 
@@ -297,21 +325,32 @@ impl ObjectLayer {
             cache.stats.ram_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(b);
         }
-        let mut fetched = false;
-        let out = cache.ram.get_or_insert_with(&key, || {
-            if let Some(b) = self.from_disk(key, i) {
-                cache.stats.disk_hits.fetch_add(1, Ordering::Relaxed);
+        // Single flight: the first reader of a missing chunk loads it; the others wait,
+        // at most `wait` (a loader that fails hands the slot to one waiter, which then
+        // loads it itself: every reader is bounded by about twice the store's timeout).
+        let guard = match cache.ram.get_value_or_guard(&key, Some(cache.wait)) {
+            quick_cache::sync::GuardResult::Value(b) => {
+                cache.stats.shared_waits.fetch_add(1, Ordering::Relaxed);
                 return Ok(b);
             }
-            fetched = true;
-            let b = self.fetch(i, place)?;
-            self.to_disk(key, &b);
-            Ok(b)
-        });
-        if fetched && out.is_ok() {
-            self.read_ahead(i);
+            quick_cache::sync::GuardResult::Timeout => {
+                cache.stats.failed.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::Io(format!(
+                    "{}: chunk {i}: another read of it did not finish within {:?}; the object store is slow or away",
+                    self.bucket.what(&self.rel), cache.wait)));
+            }
+            quick_cache::sync::GuardResult::Guard(g) => g,
+        };
+        if let Some(b) = self.from_disk(key, i) {
+            cache.stats.disk_hits.fetch_add(1, Ordering::Relaxed);
+            let _ = guard.insert(b.clone());
+            return Ok(b);
         }
-        out
+        let b = self.fetch(i, place)?; // an error drops the guard: a waiter takes over
+        self.to_disk(key, &b);
+        let _ = guard.insert(b.clone());
+        self.read_ahead(i);
+        Ok(b)
     }
 
     fn fetch(&self, i: u64, place: u64) -> Result<Bytes> {
@@ -332,7 +371,7 @@ impl ObjectLayer {
             log::error!("{}: chunk {i} (bytes {place}..{}) fails its checksum (attempt {}); not served", self.bucket.what(&self.rel), place + len, attempt + 1);
         }
         Err(Error::Corrupt(format!(
-            "{}: chunk {i} fails its CRC-32C twice: the object is damaged in the store; restore it with `vdstream store copy` from a good copy",
+            "{}: chunk {i} fails its CRC-32C twice: the object is damaged in the store; delete its .idx from the bucket and run `vdstream store copy` again from a good copy of the store",
             self.bucket.what(&self.rel)
         )))
     }
@@ -373,18 +412,30 @@ impl ObjectLayer {
             }
             let me = self.clone();
             self.bucket.runtime().spawn_blocking(move || {
+                // Counted down however the task ends.
+                struct Done<'a>(&'a AtomicU64);
+                impl Drop for Done<'_> {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+                let _done = Done(&me.cache.inflight_ahead);
                 let key = (me.id, j);
                 let place = me.places[j as usize].expect("stored");
-                let _ = me.cache.ram.get_or_insert_with(&key, || {
-                    if let Some(b) = me.from_disk(key, j) {
-                        return Ok(b);
+                // A chunk another reader is loading, or has loaded, is left to it.
+                let quick_cache::sync::GuardResult::Guard(guard) = me.cache.ram.get_value_or_guard(&key, Some(std::time::Duration::ZERO)) else {
+                    return;
+                };
+                let b = match me.from_disk(key, j) {
+                    Some(b) => b,
+                    None => {
+                        me.cache.stats.readahead.fetch_add(1, Ordering::Relaxed);
+                        let Ok(b) = me.fetch(j, place) else { return };
+                        me.to_disk(key, &b);
+                        b
                     }
-                    me.cache.stats.readahead.fetch_add(1, Ordering::Relaxed);
-                    let b = me.fetch(j, place)?;
-                    me.to_disk(key, &b);
-                    Ok::<_, Error>(b)
-                });
-                me.cache.inflight_ahead.fetch_sub(1, Ordering::Relaxed);
+                };
+                let _ = guard.insert(b);
             });
         }
     }

@@ -28,8 +28,8 @@ pub fn is_metadata(rel: &str) -> bool {
     let parts: Vec<&str> = rel.split('/').collect();
     match parts.as_slice() {
         ["store.json"] | ["audit.log"] => true,
-        ["targets", f] => f.ends_with(".json") && !f.starts_with('.'),
-        ["vdisks", name, "vdisk.json"] => !name.starts_with('.'),
+        ["targets", f] => f.strip_suffix(".json").is_some_and(|id| vdstream_store::names::validate_name(id).is_ok()),
+        ["vdisks", name, "vdisk.json"] => vdstream_store::names::validate_name(name).is_ok(),
         _ => false,
     }
 }
@@ -40,8 +40,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         std::fs::create_dir_all(d).map_err(local("create", d))?;
     }
     let tmp = path.with_file_name(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("f"), std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(local("write", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(local("rename into place", path))
+    let mut f = std::fs::File::create(&tmp).map_err(local("create", &tmp))?;
+    std::io::Write::write_all(&mut f, bytes).map_err(local("write", &tmp))?;
+    f.sync_all().map_err(local("sync", &tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(local("rename into place", path))?;
+    sync_dir(path)
+}
+
+/// Syncs the folder `path` is in, so that a rename into it survives a power loss.
+pub fn sync_dir(path: &Path) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(local("sync the folder", dir))
 }
 
 /// The chunk cache's counters, written into the mirror folder every refresh (GETs, bytes
@@ -55,6 +65,8 @@ pub struct Mirror {
     pub cache: Arc<ChunkCache>,
     layers: Mutex<HashMap<PathBuf, Arc<ObjectLayer>>>,
     etags: Mutex<HashMap<String, Option<String>>>,
+    /// ETags of the layers' indexes ("NAME/FILE" → ETag), to notice a layer copied again.
+    idx_etags: Mutex<HashMap<String, Option<String>>>,
 }
 
 impl std::fmt::Debug for Mirror {
@@ -76,6 +88,17 @@ impl Mirror {
             )));
         }
         std::fs::create_dir_all(dir).map_err(local("create the mirror folder", dir))?;
+        // Metadata left by an earlier run may name what the bucket no longer has: the
+        // mirror starts from the bucket alone.
+        for stale in ["vdisks", "targets"] {
+            let p = dir.join(stale);
+            if p.exists() {
+                std::fs::remove_dir_all(&p).map_err(local("empty", &p))?;
+            }
+        }
+        for stale in ["store.json", "audit.log"] {
+            let _ = std::fs::remove_file(dir.join(stale));
+        }
         let marker =
             serde_json::json!({"source": bucket.location.to_string(), "note": "a local mirror of a store in object storage; its metadata is read from there"});
         write_atomic(&dir.join(MIRROR_MARKER), marker.to_string().as_bytes())?;
@@ -86,6 +109,7 @@ impl Mirror {
             vdisks: dir.join("vdisks"),
             layers: Mutex::new(HashMap::new()),
             etags: Mutex::new(HashMap::new()),
+            idx_etags: Mutex::new(HashMap::new()),
         });
         mirror.sync()?;
         vdstream_blockdev::layerfile::register(Arc::new(Root(mirror.clone())));
@@ -108,7 +132,24 @@ impl Mirror {
     /// Reads the metadata objects whose ETag changed, and removes what the bucket no
     /// longer has. Returns how many files changed.
     pub fn sync(&self) -> Result<usize> {
-        let listed: Vec<(String, u64, Option<String>)> = self.bucket.list("")?.into_iter().filter(|(rel, _, _)| is_metadata(rel)).collect();
+        let all = self.bucket.list("")?;
+        // A layer whose index changed (copied up again) is opened anew by the next export
+        // that opens it; exports already open keep the object their index named.
+        {
+            let mut idx = self.idx_etags.lock().unwrap_or_else(|e| e.into_inner());
+            let mut layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
+            let now: HashMap<String, Option<String>> = all
+                .iter()
+                .filter_map(|(rel, _, etag)| Some((rel.strip_prefix("vdisks/")?.strip_suffix(".idx")?.to_string(), etag.clone())))
+                .collect();
+            for (layer, etag) in idx.iter() {
+                if now.get(layer) != Some(etag) {
+                    layers.remove(Path::new(layer));
+                }
+            }
+            *idx = now;
+        }
+        let listed: Vec<(String, u64, Option<String>)> = all.into_iter().filter(|(rel, _, _)| is_metadata(rel)).collect();
         let mut etags = self.etags.lock().unwrap_or_else(|e| e.into_inner());
         let mut changed = 0;
         for (rel, _, etag) in &listed {
@@ -124,7 +165,12 @@ impl Mirror {
         }
         let gone: Vec<String> = etags.keys().filter(|k| !listed.iter().any(|(r, _, _)| r == *k)).cloned().collect();
         for rel in gone {
-            let _ = std::fs::remove_file(self.dir.join(&rel));
+            let path = self.dir.join(&rel);
+            let _ = std::fs::remove_file(&path);
+            if rel.ends_with("/vdisk.json") {
+                // The vDisk's folder holds nothing else in a mirror (its layers are remote).
+                let _ = path.parent().map(std::fs::remove_dir);
+            }
             etags.remove(&rel);
             changed += 1;
         }

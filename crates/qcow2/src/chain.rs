@@ -136,6 +136,13 @@ pub(crate) fn read_header(path: &Path) -> Result<Header> {
 pub(crate) fn backing_ref(path: &Path) -> Result<Option<BackingRef>> {
     let header = read_header(path)?;
     let Some(name) = header.backing_file else { return Ok(None) };
+    // A layer in object storage names its backing file beside it, by file name: a name
+    // with a folder in it would let whoever writes the bucket make a server open (and
+    // serve) any file of its machine.
+    if (name.contains('/') || name.starts_with('.')) && layerfile::remote(path).is_some() {
+        return Err(file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
+            "backing file {name:?} of a layer in object storage is not a file name beside it; the store's layers name their backing file by name only: copy the store again")));
+    }
     let resolved = resolve_backing(path, &name);
     let format = header.backing_format.as_deref().map(|n| ImageFormat::from_name(n, path)).transpose()?;
     if !layerfile::exists(&resolved) {

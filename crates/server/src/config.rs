@@ -175,6 +175,16 @@ pub struct ConfigFile {
     pub boot_kernel_args: Option<String>,
     pub boot_ipxe: Option<PathBuf>,
     pub tftp: Option<String>,
+    /// A store on object storage (store = "s3://…"): the chunk cache's folder and sizes,
+    /// and how to reach the store when the AWS variables do not say (they win, as with the
+    /// AWS CLI).
+    pub object_cache: Option<PathBuf>,
+    pub object_cache_ram: Option<SizeValue>,
+    pub object_cache_disk: Option<SizeValue>,
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    pub s3_access_key_id: Option<String>,
+    pub s3_secret_access_key: Option<String>,
 }
 
 impl ConfigFile {
@@ -187,7 +197,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, anonymous, insecure, handshake-penalty, handshake-penalty-exempt, boot, boot-advertise, boot-server, boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, anonymous, insecure, handshake-penalty, handshake-penalty-exempt, boot, boot-advertise, boot-server, boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp, object-cache, object-cache-ram, object-cache-disk, s3-endpoint, s3-region, s3-access-key-id, s3-secret-access-key", e.message())
         })
     }
 }
