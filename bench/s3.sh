@@ -127,7 +127,7 @@ done
 
 echo "cold boot storm: $targets targets read the whole vDisk through one fresh s3 server" >&2
 rm -rf "$work/objcache"
-serve "$S3" "$work/srv.sock" --object-cache "$work/objcache" --object-cache-ram 1G --object-cache-disk 0
+serve "$S3" "$work/srv.sock" --read-cache "$read_cache" --object-cache "$work/objcache" --object-cache-ram 1G --object-cache-disk 0
 for ((i = 0; i < targets; i++)); do
     VDSTREAM_RUN_DIR=$work/run "$VDSTREAM_BIN" target attach "t$i" --server "nbd+unix:///vdisk/golden?socket=$work/srv.sock" \
         --cache ram-overflow --ram 64M >"$work/t$i.log" 2>&1 </dev/null &
@@ -200,9 +200,9 @@ stored = copy0["bytes_moved"]
 t0, t1 = map(float, open(f"{work}/storm.time").read().split())
 out += ["", f"Cold boot storm: {targets} targets (agents, `ram-overflow`) each read the whole vDisk at once through one fresh s3 server "
         f"({t1 - t0:.1f} s): guests read {targets * size / MiB:,.0f} MiB.", "",
-        "| GETs | bytes fetched | the chain stores | fetched / stored | GETs per MiB stored | RAM hits | read-ahead GETs | checksum failures |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {st['gets']:,} | {st['get_bytes'] / MiB:,.1f} MiB | {stored / MiB:,.1f} MiB | **{st['get_bytes'] / stored:.3f}×** | {st['gets'] / (stored / MiB):.3f} | {st['ram_hits']:,} | {st['readahead']:,} | {st['corrupt']} |"]
+        "| GETs | bytes fetched | the chain stores | fetched / stored | GETs per MiB stored | reads that waited on another's GET | RAM hits | read-ahead GETs | checksum failures |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {st['gets']:,} | {st['get_bytes'] / MiB:,.1f} MiB | {stored / MiB:,.1f} MiB | **{st['get_bytes'] / stored:.3f}×** | {st['gets'] / (stored / MiB):.3f} | {st['shared_waits']:,} | {st['ram_hits']:,} | {st['readahead']:,} | {st['corrupt']} |"]
 out += ["", "New versions copied up (each: promote, then `vdstream store copy`):", "",
         "| writes | bytes written | layers sent | bytes sent | sent / written |", "|---|---:|---:|---:|---:|"]
 for kind, label in (("64k", "64 KiB, aligned"), ("4k", "4 KiB, one per 64 KiB cluster")):

@@ -138,19 +138,8 @@ impl crate::BlockDev for RemoteDev {
     }
 
     fn caps(&self) -> crate::Caps {
-        crate::Caps {
-            read_only: true,
-            flush: true,
-            fua: false,
-            trim: false,
-            zeroes: false,
-            fast_zero: false,
-            cache: false,
-            block_status: false,
-            multi_conn: true,
-            may_block: true,
-            preferred_block: 4096,
-        }
+        // Read-only, blocking on the network; flush is a no-op that clients expect.
+        crate::Caps { flush: true, ..Default::default() }
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> crate::Result<()> {
