@@ -37,8 +37,15 @@ cp "$IPXE" "$TFTP_DIR/undionly.kpxe"
 echo "not for TFTP" >"$TFTP_DIR/sub/hidden"
 echo "secret" >"$E2E_TMP/secret"
 start_api --boot --tftp 127.0.0.1:0 --boot-ipxe "$TFTP_DIR"
-port=$(grep -Eo 'TFTP on 127\.0\.0\.1:[0-9]+' "$API_LOG" | head -n1 | cut -d: -f2)
-[[ -n $port ]] || fail "the server did not say where TFTP listens: $(cat "$API_LOG")"
+# The TFTP line comes after the API's (start_api waits for that one): wait for it too,
+# bounded. (A grep that found nothing yet used to end the test silently under set -e.)
+port=
+for _ in $(seq 100); do
+    port=$(grep -Eo 'TFTP on 127\.0\.0\.1:[0-9]+' "$API_LOG" | head -n1 | cut -d: -f2 || true)
+    [[ -n $port ]] && break
+    sleep 0.1
+done
+[[ -n $port ]] || fail "the server did not say where TFTP listens within 10 s: $(cat "$API_LOG")"
 
 # As iPXE behind qemu's user network asks: Host 10.0.2.2.
 first=$(curl -sS --max-time 30 -H 'Host: 10.0.2.2:8480' "$API_URL/boot/ipxe")
