@@ -212,17 +212,14 @@ fn upload_layer(bucket: &Bucket, h: &Held, advance: &mut dyn FnMut(u64)) -> Resu
     let mut index = b.finish();
     if let Some(raw) = bucket.get_capped(&idx_rel, crate::layer::MAX_INDEX)? {
         if let Ok(old) = LayerIndex::parse(&raw, &bucket.what(&idx_rel)) {
-            let dir = h.rel.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
-            let object = format!("{dir}/{}", old.object);
-            if old.len == index.len && old.chunks == index.chunks && bucket.size(&object)? == Some(old.stored_bytes()) {
+            if old.len == index.len && old.chunks == index.chunks && bucket.size(&old.object_rel(&h.rel))? == Some(old.stored_bytes()) {
                 advance(h.len);
                 return Ok(None);
             }
         }
     }
     index.object = format!("{file_name}.{:016x}", fastrand::u64(..));
-    let dir = h.rel.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
-    let object_rel = format!("{dir}/{}", index.object);
+    let object_rel = index.object_rel(&h.rel);
     let what = bucket.what(&object_rel);
     let key = ObjPath::from(bucket.location.key(&object_rel));
     let stored = index.stored_bytes();
@@ -389,10 +386,7 @@ fn matching_chunks(path: &Path, index: &LayerIndex) -> Vec<bool> {
 }
 
 fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
-    let object_rel = match rel.rsplit_once('/') {
-        Some((dir, _)) => format!("{dir}/{}", index.object),
-        None => index.object.clone(),
-    };
+    let object_rel = index.object_rel(rel);
     if path.metadata().is_ok_and(|m| m.len() == index.len) && matching_chunks(path, index).iter().all(|&b| b) {
         advance(index.len);
         return Ok(None);
@@ -408,32 +402,19 @@ fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, a
     let places = index.places();
     let mut fetched = 0;
     let zeros = vec![0u8; CHUNK as usize];
-    for (i, want) in index.chunks.iter().enumerate() {
+    for i in 0..index.chunks.len() {
         let n = index.chunk_len(i as u64);
         let at = i as u64 * CHUNK;
         if !have[i] {
-            match (want, places[i]) {
-                (Some(c), Some(place)) => {
-                    let mut got = None;
-                    for _ in 0..2 {
-                        let b = bucket.get_range(&object_rel, place, place + n)?;
-                        if b.len() as u64 == n && crc32c::crc32c(&b) == *c {
-                            got = Some(b);
-                            break;
-                        }
-                        log::error!("{}: chunk {i} fails its checksum; fetching it again", bucket.what(&object_rel));
-                    }
-                    let b = got.ok_or_else(|| {
-                        Error::Corrupt(format!(
-                            "{}: chunk {i} fails its CRC-32C twice: the object is damaged in the store; nothing of it was kept in {}",
-                            bucket.what(&object_rel),
-                            path.display()
-                        ))
-                    })?;
+            match places[i] {
+                Some(place) => {
+                    // A chunk that fails its checksum twice stops the copy; the layer
+                    // stays in FILE.part, never renamed into place.
+                    let b = index.fetch_checked(bucket, &object_rel, i as u64, place, |_| {})?;
                     f.write_all_at(&b, at).map_err(local("write", &part))?;
                     fetched += n;
                 }
-                _ => {
+                None => {
                     // Zeros where an interrupted copy of other bytes left data.
                     f.write_all_at(&zeros[..n as usize], at).map_err(local("write", &part))?;
                 }
@@ -443,7 +424,7 @@ fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, a
     }
     f.sync_all().map_err(local("sync", &part))?;
     std::fs::rename(&part, path).map_err(local("rename into place", path))?;
-    crate::mirror::sync_dir(path)?;
+    vdstream_store::fsutil::sync_dir(path.parent().unwrap_or(Path::new("."))).map_err(|e| Error::Io(e.to_string()))?;
     Ok(Some(fetched))
 }
 

@@ -81,6 +81,38 @@ impl LayerIndex {
         Ok(idx)
     }
 
+    /// The store path of the data object this index names, beside the layer `layer_rel`
+    /// (`vdisks/NAME/FILE` gives `vdisks/NAME/FILE.TOKEN`).
+    pub fn object_rel(&self, layer_rel: &str) -> String {
+        match layer_rel.rsplit_once('/') {
+            Some((dir, _)) => format!("{dir}/{}", self.object),
+            None => self.object.clone(),
+        }
+    }
+
+    /// Chunk `i` (at `place` in the object, see [`LayerIndex::places`]) from the data
+    /// object at `object_rel`, checked against its CRC-32C and
+    /// fetched once more when it does not match; a chunk that fails twice is an error
+    /// naming the object, never data. `on_get` sees what every GET gave (for counters and
+    /// logs). `i` must be a stored chunk.
+    pub fn fetch_checked(&self, bucket: &Bucket, object_rel: &str, i: u64, place: u64, mut on_get: impl FnMut(Got<'_>)) -> Result<Bytes> {
+        let len = self.chunk_len(i);
+        let want = self.chunks[i as usize].expect("stored chunk");
+        for attempt in 0..2 {
+            let b = bucket.get_range(object_rel, place, place + len).inspect_err(|e| on_get(Got::Failed(e)))?;
+            if b.len() as u64 == len && crc32c::crc32c(&b) == want {
+                on_get(Got::Good(len));
+                return Ok(b);
+            }
+            on_get(Got::Bad(b.len() as u64));
+            log::error!("{}: chunk {i} (bytes {place}..{}) fails its checksum (attempt {}); not served", bucket.what(object_rel), place + len, attempt + 1);
+        }
+        Err(Error::Corrupt(format!(
+            "{}: chunk {i} fails its CRC-32C twice: the object is damaged in the store; delete its .idx from the bucket and run `vdstream store copy` again from a good copy of the store",
+            bucket.what(object_rel)
+        )))
+    }
+
     /// Bytes of chunk `i` in the layer.
     pub fn chunk_len(&self, i: u64) -> u64 {
         (self.len - i * self.chunk).min(self.chunk)
@@ -106,6 +138,17 @@ impl LayerIndex {
             })
             .collect()
     }
+}
+
+/// What one GET of a chunk gave (see [`LayerIndex::fetch_checked`]).
+#[derive(Debug)]
+pub enum Got<'a> {
+    /// These many bytes, matching the index.
+    Good(u64),
+    /// These many bytes, failing the chunk's checksum or length.
+    Bad(u64),
+    /// No answer, or an error.
+    Failed(&'a Error),
 }
 
 /// Builds an index chunk by chunk.
@@ -300,11 +343,7 @@ impl ObjectLayer {
         let Some(raw) = bucket.get_capped(&idx_rel, MAX_INDEX)? else { return Ok(None) };
         let index = LayerIndex::parse(&raw, &bucket.what(&idx_rel))?;
         let places = index.places();
-        // The data object the index names, beside it.
-        let rel = match rel.rsplit_once('/') {
-            Some((dir, _)) => format!("{dir}/{}", index.object),
-            None => index.object.clone(),
-        };
+        let rel = index.object_rel(rel);
         let id = cache.layer_id(&bucket.what(&rel));
         let rel = rel.as_str();
         Ok(Some(Arc::new_cyclic(|me| ObjectLayer { bucket, rel: rel.to_string(), index, places, id, cache, me: me.clone() })))
@@ -354,26 +393,23 @@ impl ObjectLayer {
     }
 
     fn fetch(&self, i: u64, place: u64) -> Result<Bytes> {
-        let len = self.index.chunk_len(i);
-        let want = self.index.chunks[i as usize].expect("stored chunk");
         let stats = &self.cache.stats;
-        for attempt in 0..2 {
+        self.index.fetch_checked(&self.bucket, &self.rel, i, place, |got| {
             stats.gets.fetch_add(1, Ordering::Relaxed);
-            let b = self.bucket.get_range(&self.rel, place, place + len).inspect_err(|e| {
-                stats.failed.fetch_add(1, Ordering::Relaxed);
-                log::error!("{e}");
-            })?;
-            stats.get_bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
-            if b.len() as u64 == len && crc32c::crc32c(&b) == want {
-                return Ok(b);
+            match got {
+                Got::Good(n) => {
+                    stats.get_bytes.fetch_add(n, Ordering::Relaxed);
+                }
+                Got::Bad(n) => {
+                    stats.get_bytes.fetch_add(n, Ordering::Relaxed);
+                    stats.corrupt.fetch_add(1, Ordering::Relaxed);
+                }
+                Got::Failed(e) => {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    log::error!("{e}");
+                }
             }
-            stats.corrupt.fetch_add(1, Ordering::Relaxed);
-            log::error!("{}: chunk {i} (bytes {place}..{}) fails its checksum (attempt {}); not served", self.bucket.what(&self.rel), place + len, attempt + 1);
-        }
-        Err(Error::Corrupt(format!(
-            "{}: chunk {i} fails its CRC-32C twice: the object is damaged in the store; delete its .idx from the bucket and run `vdstream store copy` again from a good copy of the store",
-            self.bucket.what(&self.rel)
-        )))
+        })
     }
 
     fn from_disk(&self, key: Key, i: u64) -> Option<Bytes> {

@@ -34,24 +34,13 @@ pub fn is_metadata(rel: &str) -> bool {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename.
+/// Writes `bytes` to `path` atomically and durably (the store's own `write_atomic`),
+/// creating its folder first.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d).map_err(local("create", d))?;
     }
-    let tmp = path.with_file_name(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("f"), std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(local("create", &tmp))?;
-    std::io::Write::write_all(&mut f, bytes).map_err(local("write", &tmp))?;
-    f.sync_all().map_err(local("sync", &tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(local("rename into place", path))?;
-    sync_dir(path)
-}
-
-/// Syncs the folder `path` is in, so that a rename into it survives a power loss.
-pub fn sync_dir(path: &Path) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(local("sync the folder", dir))
+    vdstream_store::fsutil::write_atomic(path, bytes).map_err(|e| Error::Io(e.to_string()))
 }
 
 /// The chunk cache's counters, written into the mirror folder every refresh (GETs, bytes
