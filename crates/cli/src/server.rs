@@ -300,11 +300,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| anyhow!("http = {text:?} in the config file: {e} (say e.g. \"127.0.0.1:8480\")"))?),
         None => None,
     };
-    let read_cache_from_file = match &file.read_cache {
-        Some(SizeValue::Bytes(n)) => Some(*n),
-        Some(SizeValue::Text(t)) => Some(parse_size(t).map_err(|e| anyhow!("read-cache in the config file: {e}"))?),
-        None => None,
-    };
+    let read_cache_from_file = file_size("read-cache", &file.read_cache)?;
     let boot = boot_config(args, &file, args.http.or(http_from_file))?;
     let socket = args.socket.clone().or(file.socket.clone());
     let mut listen = args.listen.or(listen_from_file);
@@ -542,18 +538,21 @@ mod tests {
     }
 }
 
+/// A size from the config file (a number of bytes, or a text like "256M"); the error
+/// names the key.
+fn file_size(key: &str, value: &Option<SizeValue>) -> Result<Option<u64>> {
+    match value {
+        Some(SizeValue::Bytes(n)) => Ok(Some(*n)),
+        Some(SizeValue::Text(t)) => Ok(Some(parse_size(t).map_err(|e| anyhow!("{key} in the config file: {e}"))?)),
+        None => Ok(None),
+    }
+}
+
 /// Opens a store in object storage: its metadata mirrored into --object-cache, its layers
 /// read through the chunk cache. Returns the mirror folder, which the server opens as its
 /// store.
 fn object_store_mirror(args: &ServerArgs, file: &ConfigFile, location: vdstream_objstore::S3Location) -> Result<PathBuf> {
     use vdstream_objstore::{layer::CacheConfig, mirror};
-    let size = |key: &str, v: &Option<SizeValue>| -> Result<Option<u64>> {
-        match v {
-            Some(SizeValue::Bytes(n)) => Ok(Some(*n)),
-            Some(SizeValue::Text(t)) => Ok(Some(parse_size(t).map_err(|e| anyhow!("{key} in the config file: {e}"))?)),
-            None => Ok(None),
-        }
-    };
     let base = args.object_cache.clone().or(file.object_cache.clone()).unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects"));
     let dir = mirror::default_dir(&base, &location);
     let mut config = vdstream_objstore::S3Config::from_env().map_err(crate::store_cmd::objstore_error)?;
@@ -571,9 +570,9 @@ fn object_store_mirror(args: &ServerArgs, file: &ConfigFile, location: vdstream_
     config.secret_access_key = config.secret_access_key.or(file.s3_secret_access_key.clone());
     let bucket = vdstream_objstore::Bucket::open(location, &config).map_err(crate::store_cmd::objstore_error)?;
     let cache = CacheConfig {
-        ram_bytes: args.object_cache_ram.or(size("object-cache-ram", &file.object_cache_ram)?).unwrap_or(1 << 30),
+        ram_bytes: args.object_cache_ram.or(file_size("object-cache-ram", &file.object_cache_ram)?).unwrap_or(1 << 30),
         disk_dir: dir.join("chunks"),
-        disk_bytes: args.object_cache_disk.or(size("object-cache-disk", &file.object_cache_disk)?).unwrap_or(16 << 30),
+        disk_bytes: args.object_cache_disk.or(file_size("object-cache-disk", &file.object_cache_disk)?).unwrap_or(16 << 30),
         readahead: 4,
         wait: config.timeout + Duration::from_secs(1),
     };
