@@ -7,7 +7,7 @@
 //! | 1      | `other`       | anything not below                                            |
 //! | 2      | `usage`       | a bad argument, option, name or size (clap's own status too)  |
 //! | 3      | `not_found`   | no such vDisk, version, target, store, status file, CA; 404   |
-//! | 4      | `conflict`    | refused by the state of things: in use, exists, attached; 409 |
+//! | 4      | `conflict`    | refused by the state of things: in use, exists, attached, changed meanwhile; 409, 412 |
 //! | 5      | `io`          | an I/O error, a damaged or missing file of the store          |
 //! | 6      | `unavailable` | no server answers (connection refused, timeout), agent stopped|
 //! | 7      | `insecure`    | a server asked to listen off loopback without TLS or --insecure |
@@ -117,7 +117,7 @@ fn of_store(e: &StoreError) -> Kind {
     match e {
         StoreError::BadName(_) | StoreError::BadInput(_) => Kind::Usage,
         StoreError::NoStore { .. } | StoreError::UnknownVdisk { .. } | StoreError::UnknownVersion { .. } | StoreError::UnknownTarget { .. } => Kind::NotFound,
-        StoreError::Refused(_) => Kind::Conflict,
+        StoreError::Refused(_) | StoreError::Changed { .. } => Kind::Conflict,
         StoreError::Corrupt { .. } | StoreError::MissingFile { .. } | StoreError::Io { .. } | StoreError::Image(_) => Kind::Io,
         _ => Kind::Other,
     }
@@ -131,7 +131,7 @@ fn of_client(e: &ClientError) -> Kind {
         ClientError::Api { status, .. } => match status {
             400 | 405 | 413 | 422 => Kind::Usage,
             404 => Kind::NotFound,
-            409 => Kind::Conflict,
+            409 | 412 => Kind::Conflict,
             502..=504 => Kind::Unavailable,
             _ => Kind::Other,
         },

@@ -765,3 +765,44 @@ fn another_site_cannot_make_a_browser_change_the_farm() {
     let local = format!("Host: localhost:{}\r\nSec-Fetch-Site: same-origin\r\n", a.addr.port());
     assert_eq!(status_of(a.addr, "GET", "/api/v1/vdisks", &local, ""), 200);
 }
+
+/// A vDisk's GET carries its generation as the ETag; a change sent with `If-Match` of an
+/// older one is 412 with the error document, and changes nothing; with the current one
+/// it is made; a malformed `If-Match` is 400.
+#[test]
+fn a_change_decided_on_an_old_reading_is_412() {
+    let a = api();
+    a.client.post("/api/v1/vdisks/win/versions", &json!({})).unwrap();
+    let head = |path: &str| -> String {
+        let mut s = TcpStream::connect(a.addr).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out.lines().find_map(|l| l.split_once(": ").filter(|(k, _)| k.eq_ignore_ascii_case("etag")).map(|(_, v)| v.to_string())).unwrap_or_else(|| panic!("no ETag in {out}"))
+    };
+    let g = a.store.get("win").unwrap().generation;
+    assert_eq!(head("/api/v1/vdisks/win/versions"), format!("\"{g}\""));
+    assert_eq!(head("/api/v1/vdisks/win"), format!("\"{g}\""));
+    let promote = |if_match: &str| {
+        let body = r#"{"to":"test"}"#;
+        raw_answer(
+            a.addr,
+            format!(
+                "POST /api/v1/vdisks/win/versions/1/promote HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nIf-Match: {if_match}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    let (status, body) = promote(&format!("\"{}\"", g - 1));
+    assert_eq!(status, 412, "{body}");
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert!(doc["error"].as_str().unwrap().contains(&format!("changed since generation {}", g - 1)), "{doc}");
+    assert!(doc["what_to_do"].as_str().unwrap().contains("If-Match"), "{doc}");
+    assert_eq!(a.store.get("win").unwrap().generation, g, "nothing changed");
+    assert_eq!(promote("not-a-generation").0, 400);
+    let (status, body) = promote(&format!("\"{g}\""));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(a.store.get("win").unwrap().version(1).unwrap().access, vdstream_store::Access::Test);
+}

@@ -55,6 +55,7 @@ pub fn version_list(store: &Store, name: &str) -> Result<Value> {
         "maintenance": m.maintenance().map(|v| v.number),
         "override": m.override_version,
         "next_version": m.next_version,
+        "generation": m.generation,
     }))
 }
 
@@ -90,8 +91,10 @@ pub fn audit(store: &Store, vdisk: Option<&str>, limit: Option<usize>) -> Result
 }
 
 /// After a change: the automatic merge when `max_versions` is exceeded (see the module doc).
+/// The change itself was checked against the expected generation (if any); the merge
+/// that follows it is its consequence, not a second decision, so it expects nothing.
 pub fn auto_merge(store: &Store, name: &str, progress: Progress<'_>) -> Value {
-    match store.auto_merge(name, progress) {
+    match store.clone().expecting(None).auto_merge(name, progress) {
         Err(e) => json!({"error": e.to_string()}),
         Ok(None) => Value::Null,
         Ok(Some(AutoMerge::Merged(out))) => json!(out),

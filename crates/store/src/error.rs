@@ -42,6 +42,11 @@ pub enum StoreError {
     #[error("{0}")]
     Refused(String),
 
+    /// The change was made against generation `expected` of the vDisk's metadata
+    /// (`--expect-generation`, the API's `If-Match`), and another change came first.
+    #[error("vDisk {vdisk} changed since generation {expected} was read (it is at generation {now}); nothing was changed: read it again (`vdstream version list {vdisk}`) and decide again")]
+    Changed { vdisk: String, expected: u64, now: u64 },
+
     /// An operating-system error on a file of the store. The OS error is part of the
     /// message and deliberately not also the error's `source()`: `{:#}` (anyhow) prints
     /// the chain, and the reason must appear once.

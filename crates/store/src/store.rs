@@ -89,7 +89,7 @@ pub fn check_location(root: &Path) -> Result<()> {
             && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
         if is_scheme {
             return Err(StoreError::BadInput(format!(
-                "store {text:?}: this command works on {STORE_SCHEMES} (--store DIR or VDSTREAM_STORE); an s3:// store is served by `vdstream server --store s3://BUCKET/PREFIX` and filled by `vdstream store copy`")));
+                "store {text:?}: this command works on {STORE_SCHEMES} (--store DIR or VDSTREAM_STORE); an s3:// store is served by `vdstream server --store s3://BUCKET/PREFIX`, changed by the one started with --metadata-writer (and by the commands on its host), and filled by `vdstream store copy`")));
         }
     }
     Ok(())
@@ -110,6 +110,9 @@ pub fn server_cache_dir(root: &Path) -> std::io::Result<PathBuf> {
 pub struct Store {
     root: PathBuf,
     actor: Actor,
+    /// The generation of the vDisk's metadata a change was decided on (see
+    /// [`Store::expecting`]).
+    expect: Option<u64>,
 }
 
 /// A held store lock; released on drop.
@@ -128,7 +131,7 @@ impl Store {
             return Err(StoreError::NoStore { dir: root });
         }
         meta::load_store(&marker)?;
-        Ok(Store { root, actor: Actor::current() })
+        Ok(Store { root, actor: Actor::current(), expect: None })
     }
 
     /// Opens the store, creating it when there is none; `true` when it was created.
@@ -139,7 +142,7 @@ impl Store {
             return Ok((Self::open(root)?, false));
         }
         std::fs::create_dir_all(root.join("vdisks")).map_err(io("create the store folder", &root))?;
-        let store = Store { root: root.clone(), actor: Actor::current() };
+        let store = Store { root: root.clone(), actor: Actor::current(), expect: None };
         let _lock = store.lock(LockMode::Exclusive)?;
         let marker = root.join("store.json");
         if marker.exists() {
@@ -191,6 +194,14 @@ impl Store {
     /// address of an API client, `ip:port`).
     pub fn with_client(mut self, client: impl Into<String>) -> Self {
         self.actor.client = Some(client.into());
+        self
+    }
+
+    /// The same store, whose changes to a vDisk are refused ([`StoreError::Changed`]) unless
+    /// its metadata is still at `generation` when the change takes the lock: two admins (or
+    /// two servers) deciding on what they read cannot both act, one gets a conflict.
+    pub fn expecting(mut self, generation: Option<u64>) -> Self {
+        self.expect = generation;
         self
     }
 
@@ -264,6 +275,9 @@ impl Store {
     /// a crash (`pending_merge`) is finished or undone first (merge.rs, `recover`).
     pub(crate) fn load_for_change(&self, name: &str) -> Result<VdiskMeta> {
         let mut meta = self.load(name)?;
+        if let Some(expected) = self.expect.filter(|g| *g != meta.generation) {
+            return Err(StoreError::Changed { vdisk: name.to_string(), expected, now: meta.generation });
+        }
         if meta.pending_merge.is_some() {
             self.recover(&mut meta)?;
         }

@@ -275,3 +275,40 @@ fn concurrent_updates_from_two_processes() {
         assert!(s.file_path("two", &v.file).exists());
     }
 }
+
+/// Two changes decided on the same reading of a vDisk (`--expect-generation`, `If-Match`):
+/// from threads at once, exactly one is made and the other is refused with the generation
+/// it expected and the one it found; nothing of the loser is in the metadata or the
+/// audit trail; a change that expects nothing is made whatever the generation.
+#[test]
+fn changes_decided_on_the_same_generation_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    s.create_vdisk("w", 4 * MIB, NewVdisk::default()).unwrap();
+    let v = s.new_version("w", None).unwrap().number;
+    let g = s.get("w").unwrap().generation;
+    let audit_before = vdstream_store::audit::read(&s.audit_path(), Some("w"), None).unwrap().len();
+    let (a, b) = (s.clone().expecting(Some(g)), s.clone().expecting(Some(g)));
+    let promote = std::thread::spawn(move || a.promote("w", v, Access::Test, None).map(|_| ()));
+    let revert = std::thread::spawn(move || b.revert("w", v).map(|_| ()));
+    let results = [promote.join().unwrap(), revert.join().unwrap()];
+    let won: Vec<bool> = results.iter().map(|r| r.is_ok()).collect();
+    assert_eq!(won.iter().filter(|w| **w).count(), 1, "exactly one wins: {results:?}");
+    let loser = results.into_iter().find_map(|r| r.err()).unwrap();
+    match &loser {
+        StoreError::Changed { vdisk, expected, now } => assert_eq!((vdisk.as_str(), *expected, *now), ("w", g, g + 1)),
+        other => panic!("the loser must get a conflict, got {other:?}"),
+    }
+    assert!(loser.to_string().contains("changed since generation"), "{loser}");
+    let m = s.get("w").unwrap();
+    assert_eq!(m.generation, g + 1);
+    if won[0] {
+        assert_eq!(m.version(v).unwrap().access, Access::Test);
+    } else {
+        assert!(m.version(v).is_none(), "the revert discarded it");
+    }
+    assert_eq!(vdstream_store::audit::read(&s.audit_path(), Some("w"), None).unwrap().len(), audit_before + 1, "one change audited");
+    // Expecting the current generation works; expecting nothing works.
+    s.clone().expecting(Some(g + 1)).set_override("w", None).unwrap();
+    s.set_override("w", None).unwrap();
+}

@@ -95,6 +95,7 @@ impl From<StoreError> for ApiError {
             StoreError::UnknownTarget { known, .. } => (404, known.clone()),
             StoreError::UnknownVersion { have, .. } => (404, format!("its versions are: {have}")),
             StoreError::Refused(m) => (409, advice_of(m)),
+            StoreError::Changed { vdisk, .. } => (412, format!("read the vDisk again (GET /api/v1/vdisks/{vdisk}/versions, its ETag) and send the change with that If-Match, if it still makes sense")),
             StoreError::Corrupt { advice, .. } | StoreError::MissingFile { advice, .. } => (500, advice.clone()),
             StoreError::NoStore { .. } => (500, "create a vDisk first with `vdstream vdisk create`".to_string()),
             _ => (500, "see the server's log; check the store's files and free space".to_string()),
@@ -115,6 +116,28 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Param<T
             Ok(Path(t)) => Ok(Param(t)),
             Err(e) => Err(ApiError::bad_request(format!("a path parameter is not valid: {}", e.body_text()), "encode names as UTF-8 and percent-encode reserved bytes (%2F)")),
         }
+    }
+}
+
+/// `If-Match: "G"` on a change of a vDisk: the generation of its metadata the change was
+/// decided on (the ETag its GET answered). `None` without the field or with `*`; 400 when
+/// it is not one quoted generation.
+#[derive(Debug)]
+pub struct IfMatch(pub Option<u64>);
+
+impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let Some(v) = parts.headers.get(header::IF_MATCH) else { return Ok(IfMatch(None)) };
+        let text = v.to_str().unwrap_or("").trim();
+        if text == "*" {
+            return Ok(IfMatch(None));
+        }
+        let inner = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(text);
+        inner.parse::<u64>().map(|g| IfMatch(Some(g))).map_err(|_| {
+            ApiError::bad_request(format!("If-Match {text:?} is not one generation of the vDisk"), "send the ETag the vDisk's GET answered, e.g. If-Match: \"7\"")
+        })
     }
 }
 

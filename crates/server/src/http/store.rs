@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::Value;
@@ -16,7 +17,7 @@ use vdstream_store::meta::MergeKind;
 use vdstream_store::{documents, Access, NewTarget, Store, TargetChange};
 
 use super::auth::Caller;
-use super::error::{ApiError, JsonBody, Param, QueryArgs};
+use super::error::{ApiError, IfMatch, JsonBody, Param, QueryArgs};
 use super::shared::{blocking, AuditClient, Shared};
 
 type S = State<Arc<Shared>>;
@@ -83,46 +84,76 @@ fn no_progress(_: u64, _: u64) {}
 /// Runs `f` on the store (opened for this request, its changes audited as `client`'s:
 /// address and token or certificate).
 async fn on_store(s: Arc<Shared>, client: AuditClient, f: impl FnOnce(&Store, &Shared) -> Result<Value, vdstream_store::StoreError> + Send + 'static) -> Result<Value, ApiError> {
+    on_store_expecting(s, client, None, f).await
+}
+
+/// [`on_store`] for a change of a vDisk decided on generation `expect` of its metadata
+/// (`If-Match`): refused with 412 when another change came first.
+async fn on_store_expecting(
+    s: Arc<Shared>,
+    client: AuditClient,
+    expect: Option<u64>,
+    f: impl FnOnce(&Store, &Shared) -> Result<Value, vdstream_store::StoreError> + Send + 'static,
+) -> Result<Value, ApiError> {
     blocking(move || {
-        let store = Store::open(&s.state.store)?.with_client(client.0);
+        let store = Store::open(&s.state.store)?.with_client(client.0).expecting(expect);
         Ok(f(&store, &s)?)
     })
     .await
+}
+
+/// A vDisk's document with its generation as the ETag (what `If-Match` sends back).
+fn tagged(doc: Value, generation: Option<u64>) -> Response {
+    let mut r = Json(doc).into_response();
+    if let Some(g) = generation.and_then(|g| HeaderValue::from_str(&format!("\"{g}\"")).ok()) {
+        r.headers_mut().insert(header::ETAG, g);
+    }
+    r
 }
 
 pub(crate) async fn vdisk_list(State(s): S, Extension(c): Client) -> Answer {
     on_store(s, c, |st, _| documents::vdisk_list(st)).await.map(Json)
 }
 
-pub(crate) async fn vdisk_show(State(s): S, Extension(c): Client, Param(name): Param<String>) -> Answer {
-    on_store(s, c, move |st, _| documents::vdisk_show(st, &name)).await.map(Json)
+pub(crate) async fn vdisk_show(State(s): S, Extension(c): Client, Param(name): Param<String>) -> Result<Response, ApiError> {
+    let doc = on_store(s, c, move |st, _| documents::vdisk_show(st, &name)).await?;
+    let g = doc.pointer("/meta/generation").and_then(Value::as_u64);
+    Ok(tagged(doc, g))
 }
 
-pub(crate) async fn version_list(State(s): S, Extension(c): Client, Param(name): Param<String>) -> Answer {
-    on_store(s, c, move |st, _| documents::version_list(st, &name)).await.map(Json)
+pub(crate) async fn version_list(State(s): S, Extension(c): Client, Param(name): Param<String>) -> Result<Response, ApiError> {
+    let doc = on_store(s, c, move |st, _| documents::version_list(st, &name)).await?;
+    let g = doc.get("generation").and_then(Value::as_u64);
+    Ok(tagged(doc, g))
 }
 
-pub(crate) async fn version_new(State(s): S, Extension(c): Client, Param(name): Param<String>, JsonBody(b): JsonBody<NewVersion, true>) -> Created {
-    let doc = on_store(s, c, move |st, _| documents::version_new(st, &name, b.note, &mut no_progress)).await?;
+pub(crate) async fn version_new(State(s): S, Extension(c): Client, IfMatch(g): IfMatch, Param(name): Param<String>, JsonBody(b): JsonBody<NewVersion, true>) -> Created {
+    let doc = on_store_expecting(s, c, g, move |st, _| documents::version_new(st, &name, b.note, &mut no_progress)).await?;
     Ok((StatusCode::CREATED, Json(doc)))
 }
 
-pub(crate) async fn version_promote(State(s): S, Extension(c): Client, Param((name, version)): Param<(String, String)>, JsonBody(b): JsonBody<Promotion>) -> Answer {
+pub(crate) async fn version_promote(
+    State(s): S,
+    Extension(c): Client,
+    IfMatch(g): IfMatch,
+    Param((name, version)): Param<(String, String)>,
+    JsonBody(b): JsonBody<Promotion>,
+) -> Answer {
     let n = version_number(&version)?;
     let to = match b.to {
         Stage::Test => Access::Test,
         Stage::Production => Access::Production,
     };
-    on_store(s, c, move |st, _| documents::version_promote(st, &name, n, to, b.at.as_deref(), &mut no_progress)).await.map(Json)
+    on_store_expecting(s, c, g, move |st, _| documents::version_promote(st, &name, n, to, b.at.as_deref(), &mut no_progress)).await.map(Json)
 }
 
-pub(crate) async fn version_revert(State(s): S, Extension(c): Client, Param(name): Param<String>, JsonBody(b): JsonBody<Revert>) -> Answer {
-    on_store(s, c, move |st, _| documents::version_revert(st, &name, b.version)).await.map(Json)
+pub(crate) async fn version_revert(State(s): S, Extension(c): Client, IfMatch(g): IfMatch, Param(name): Param<String>, JsonBody(b): JsonBody<Revert>) -> Answer {
+    on_store_expecting(s, c, g, move |st, _| documents::version_revert(st, &name, b.version)).await.map(Json)
 }
 
-pub(crate) async fn version_merge(State(s): S, Extension(c): Client, Param(name): Param<String>, JsonBody(b): JsonBody<Merge, true>) -> Answer {
+pub(crate) async fn version_merge(State(s): S, Extension(c): Client, IfMatch(g): IfMatch, Param(name): Param<String>, JsonBody(b): JsonBody<Merge, true>) -> Answer {
     let kind = if b.base { MergeKind::Base } else { MergeKind::Updates };
-    on_store(s, c, move |st, _| documents::version_merge(st, &name, kind, &mut no_progress)).await.map(Json)
+    on_store_expecting(s, c, g, move |st, _| documents::version_merge(st, &name, kind, &mut no_progress)).await.map(Json)
 }
 
 /// `GET /audit?vdisk=NAME&limit=N`: the last N entries (100 by default, at most
