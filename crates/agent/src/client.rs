@@ -132,10 +132,21 @@ impl Credentials {
     }
 }
 
+/// An answer passed through as it came ([`Client::relay`]).
+#[derive(Debug)]
+pub struct Relayed {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub etag: Option<String>,
+    pub body: Vec<u8>,
+}
+
 /// A server's API, by its base URL.
 #[derive(Debug, Clone)]
 pub struct Client {
     url: String,
+    /// `If-Match` sent with every call ([`Client::if_match`]).
+    if_match: Option<String>,
     timeout: Duration,
     credentials: Credentials,
     tls: Option<ureq::tls::TlsConfig>,
@@ -183,13 +194,20 @@ impl Client {
         let tls = if scheme == "https" { Some(credentials.tls_config()?) } else { None };
         let timeout = Duration::from_secs(600);
         let agent = agent(timeout, tls.as_ref());
-        Ok(Client { url: format!("{scheme}://{hostport}"), timeout, credentials, tls, agent })
+        Ok(Client { url: format!("{scheme}://{hostport}"), if_match: None, timeout, credentials, tls, agent })
     }
 
     /// How long a call may take in all (default 10 minutes: a merge can be long).
     pub fn with_timeout(mut self, t: Duration) -> Self {
         self.timeout = t;
         self.agent = agent(t, self.tls.as_ref());
+        self
+    }
+
+    /// Sends `If-Match: "G"` with each call: a change is made only if the vDisk's metadata
+    /// is still at generation `G` (else 412).
+    pub fn if_match(mut self, generation: Option<u64>) -> Self {
+        self.if_match = generation.map(|g| format!("\"{g}\""));
         self
     }
 
@@ -217,6 +235,9 @@ impl Client {
         if let Some(t) = &self.credentials.token {
             req = req.header("Authorization", format!("Bearer {t}"));
         }
+        if let Some(g) = &self.if_match {
+            req = req.header("If-Match", g);
+        }
         let sent = match body {
             Some(b) => {
                 let bytes = serde_json::to_vec(b).expect("JSON values serialize");
@@ -240,6 +261,25 @@ impl Client {
                 detail: format!("{method} {path} got status {status} without a vdstream error document: {}", String::from_utf8_lossy(&bytes[..bytes.len().min(200)])),
             }),
         }
+    }
+
+    /// One call passed through as it is (a mirror sends a change to the store's metadata
+    /// writer): `headers` as given (no token of this client's), the answer's status,
+    /// `Content-Type`, `ETag` and body whatever they are.
+    pub fn relay(&self, method: &str, path: &str, headers: &[(String, String)], body: Vec<u8>) -> Result<Relayed, ClientError> {
+        let mut req = ureq::http::Request::builder().method(method).uri(format!("{}{path}", self.url));
+        for (k, v) in headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let mut resp = req
+            .body(body)
+            .map(|r| self.agent.run(r))
+            .map_err(|e| ClientError::BadUrl(format!("{method} {}{path} is not a valid request: {e}", self.url)))?
+            .map_err(|e| self.error(e))?;
+        let header = |h: &str| resp.headers().get(h).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let (ct, etag) = (header("content-type"), header("etag"));
+        let bytes = resp.body_mut().with_config().limit(MAX_RESPONSE).read_to_vec().map_err(|e| self.error(e))?;
+        Ok(Relayed { status: resp.status().as_u16(), content_type: ct, etag, body: bytes })
     }
 
     pub fn get(&self, path: &str) -> Result<Value, ClientError> {

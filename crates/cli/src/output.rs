@@ -99,11 +99,47 @@ pub fn write_stderr(args: fmt::Arguments<'_>) {
     let _ = std::io::stderr().lock().write_fmt(args);
 }
 
+/// Where a command on `--store s3://BUCKET/PREFIX` works: the store's metadata writer
+/// (`PREFIX/writer.json`) changes it. On the writer's host the command opens the writer's
+/// folder, a whole store, as it opens any store folder (its changes are published within
+/// about a second); elsewhere the commands the API serves are sent to the writer's URL.
+#[derive(Debug, Clone)]
+pub enum S3Store {
+    Local(PathBuf),
+    Remote { url: String, host: String, location: String },
+}
+
+/// Reads `writer.json` of the s3:// store `text` (once per process).
+fn s3_store(text: &str) -> Option<Result<S3Store, (crate::exit::Kind, String)>> {
+    use vdstream_objstore::writer::{hostname, WriterRecord};
+    static RESOLVED: std::sync::OnceLock<Result<S3Store, (crate::exit::Kind, String)>> = std::sync::OnceLock::new();
+    let location = vdstream_objstore::S3Location::parse(text)?;
+    let err = |e: vdstream_objstore::Error| (crate::store_cmd::kind(&e), e.to_string());
+    Some(
+        RESOLVED
+            .get_or_init(|| {
+                let location = location.map_err(err)?;
+                let bucket = vdstream_objstore::copy::open_bucket(&location).map_err(err)?;
+                let rec = WriterRecord::read(&bucket).map_err(err)?.ok_or_else(|| {
+                    (crate::exit::Kind::NotFound, format!("{location} has no metadata writer, so nothing can change it now: start one with \
+                             `vdstream server --store {location} --metadata-writer --http ADDR` (or make changes in a local store and `vdstream store copy` it up)"))
+                })?;
+                if rec.host == hostname() && rec.folder.join("store.json").exists() {
+                    return Ok(S3Store::Local(rec.folder));
+                }
+                Ok(S3Store::Remote { url: rec.url, host: rec.host, location: location.to_string() })
+            })
+            .clone(),
+    )
+}
+
 /// Options every store command takes.
 #[derive(Debug, Clone, Args)]
 pub struct StoreOpts {
-    /// Store directory. Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
-    #[arg(long, value_name = "DIR", global = true)]
+    /// Store directory, or s3://BUCKET/PREFIX (a store in object storage: on its metadata
+    /// writer's host the writer's folder, elsewhere the writer's API for the commands that
+    /// take --server). Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
+    #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX", global = true)]
     pub store: Option<PathBuf>,
 
     /// Print one JSON document on stdout instead of human lines (errors too: see
@@ -114,11 +150,38 @@ pub struct StoreOpts {
 
 impl StoreOpts {
     pub fn dir(&self) -> PathBuf {
-        store_dir(self.store.as_deref())
+        let dir = store_dir(self.store.as_deref());
+        match dir.to_str().and_then(s3_store) {
+            Some(Ok(S3Store::Local(folder))) => folder,
+            _ => dir,
+        }
+    }
+
+    /// For an s3:// store: where commands go (see [`S3Store`]); an error when the bucket or
+    /// its writer cannot be read.
+    pub fn s3(&self) -> Result<Option<S3Store>> {
+        let dir = store_dir(self.store.as_deref());
+        match dir.to_str().and_then(s3_store) {
+            None => Ok(None),
+            Some(Ok(w)) => Ok(Some(w)),
+            Some(Err((kind, e))) => Err(crate::exit::fail(kind, e)),
+        }
+    }
+
+    /// Refuses an s3:// store whose metadata writer is on another host: the command works
+    /// on the store's files, which are there.
+    fn local_files(&self) -> Result<()> {
+        if let Some(S3Store::Remote { url, host, location }) = self.s3()? {
+            return Err(crate::exit::fail(crate::exit::Kind::Usage, format!(
+                "{location} is changed by its metadata writer at {url} on {host}: this command works on the store's files, so run it on {host} \
+                 (there --store {location} opens the writer's folder), or send it with --server {url} where the command takes --server")));
+        }
+        Ok(())
     }
 
     /// Opens the existing store.
     pub fn open(&self) -> Result<Store> {
+        self.local_files()?;
         Ok(Store::open(self.dir())?)
     }
 
@@ -127,6 +190,7 @@ impl StoreOpts {
     /// created is removed again, with the folders created for it, as long as it holds no
     /// vDisk: a failed command leaves nothing behind.
     pub fn in_new_or_existing_store<T>(&self, f: impl FnOnce(&Store) -> Result<T>) -> Result<(Store, bool, T)> {
+        self.local_files()?;
         let dir = self.dir();
         let created_from = vdstream_store::first_missing_dir(&dir);
         let (store, created) = match Store::open_or_create(&dir) {

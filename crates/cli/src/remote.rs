@@ -49,6 +49,20 @@ impl ServerOpt {
     }
 }
 
+impl ServerOpt {
+    /// The API client: `--server`, else for a store in object storage whose metadata
+    /// writer is on another host, the writer's API (see `output::S3Store`).
+    pub fn client_for(&self, o: &crate::output::StoreOpts) -> Result<Option<Client>> {
+        if self.server.is_some() {
+            return self.client();
+        }
+        match o.s3()? {
+            Some(crate::output::S3Store::Remote { url, .. }) => ServerOpt { server: Some(url), ..self.clone() }.client(),
+            _ => Ok(None),
+        }
+    }
+}
+
 /// Percent-encodes one path segment (names are checked by the server, as by the store).
 pub fn seg(s: &str) -> String {
     let mut out = String::new();

@@ -97,6 +97,21 @@ pub struct ServerArgs {
     #[arg(long, value_name = "DIR")]
     object_cache: Option<PathBuf>,
 
+    /// With an s3:// store: this server is the store's metadata writer, the one server
+    /// that changes it. Its --object-cache folder becomes a whole store (layers it did not
+    /// make are read from the bucket), every change is made there (the API, or any
+    /// `vdstream` command on this host with --store s3://…), and what changed is copied to
+    /// the bucket within about a second, layers before the metadata naming them. The other
+    /// servers send their API's changes here. Needs --http on a fixed port (or
+    /// --advertise-url); refused while another writer of the store is alive.
+    #[arg(long)]
+    metadata_writer: bool,
+
+    /// With --metadata-writer: the URL other servers and commands reach this server's API
+    /// at (e.g. https://pvs1.example:8480). Default: from --http.
+    #[arg(long, value_name = "URL", requires = "metadata_writer")]
+    advertise_url: Option<String>,
+
     /// With an s3:// store: RAM for 1 MiB chunks of layers. Default: 1G.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     object_cache_ram: Option<u64>,
@@ -308,14 +323,15 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         listen = Some(DEFAULT_LISTEN.parse().expect("a socket address"));
     }
     let store = vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref()));
-    let store = match store.to_str().and_then(vdstream_objstore::S3Location::parse) {
-        Some(location) => object_store_mirror(args, &file, location.map_err(crate::store_cmd::objstore_error)?)?,
-        None => store,
+    let http = args.http.or(http_from_file);
+    let (store, forward) = match store.to_str().and_then(vdstream_objstore::S3Location::parse) {
+        Some(location) => object_store_mirror(args, &file, location.map_err(crate::store_cmd::objstore_error)?, http)?,
+        None if args.metadata_writer => return Err(anyhow!("--metadata-writer is for a store in object storage (--store s3://BUCKET/PREFIX); a store folder has its own lock")),
+        None => (store, None),
     };
     vdstream_store::check_location(&store)?;
     // NBD TLS with --tls on|require. --tls-certificates with --tls off serves only the
     // API's HTTPS, so it needs --http; without one it is refused as serve-image refuses it.
-    let http = args.http.or(http_from_file);
     let nbd_tls = match (args.tls.tls, &args.tls.tls_certificates) {
         (vdstream_nbd::TlsMode::Off, Some(_)) if http.is_some() => None,
         _ => args.tls.server()?,
@@ -350,6 +366,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         nbd_tls,
         nbd_tls_mode: args.tls.tls,
         handshake_penalty: args.penalty.config(file.handshake_penalty, file.handshake_penalty_exempt.as_deref())?,
+        forward,
     })
 }
 
@@ -549,9 +566,15 @@ fn file_size(key: &str, value: &Option<SizeValue>) -> Result<Option<u64>> {
 }
 
 /// Opens a store in object storage: its metadata mirrored into --object-cache, its layers
-/// read through the chunk cache. Returns the mirror folder, which the server opens as its
-/// store.
-fn object_store_mirror(args: &ServerArgs, file: &ConfigFile, location: vdstream_objstore::S3Location) -> Result<PathBuf> {
+/// read through the chunk cache. Returns the folder the server opens as its store, and for
+/// a mirror where its API's changes go (the store's metadata writer). With
+/// --metadata-writer the folder is the writable store whose changes are published.
+fn object_store_mirror(
+    args: &ServerArgs,
+    file: &ConfigFile,
+    location: vdstream_objstore::S3Location,
+    http: Option<SocketAddr>,
+) -> Result<(PathBuf, Option<vdstream_server::http::forward::Forwarder>)> {
     use vdstream_objstore::{layer::CacheConfig, mirror};
     let base = args.object_cache.clone().or(file.object_cache.clone()).unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects"));
     let dir = mirror::default_dir(&base, &location);
@@ -576,8 +599,49 @@ fn object_store_mirror(args: &ServerArgs, file: &ConfigFile, location: vdstream_
         readahead: 4,
         wait: config.timeout + Duration::from_secs(1),
     };
+    let sizes = format!("chunk cache: {} RAM, {} SSD", crate::size::format_size(cache.ram_bytes), crate::size::format_size(cache.disk_bytes));
+    if args.metadata_writer {
+        let url = match (&args.advertise_url, http) {
+            (Some(u), _) => u.trim_end_matches('/').to_string(),
+            (None, Some(a)) if a.port() != 0 && !a.ip().is_unspecified() => {
+                format!("{}://{a}", if args.tls.tls_certificates.is_some() { "https" } else { "http" })
+            }
+            (None, Some(_)) => return Err(anyhow!("--metadata-writer with --http on port 0 or an unspecified address: give --advertise-url URL, the address others reach this server's API at")),
+            (None, None) => return Err(anyhow!("--metadata-writer takes the store's changes through the HTTP API: give --http ADDR")),
+        };
+        let w = vdstream_objstore::writer::Writer::start(bucket, &dir, &cache, &url).map_err(crate::store_cmd::objstore_error)?;
+        log::info!("serving {} as its metadata writer from {} ({sizes}); changes go to {url}", w.mirror.bucket.location, dir.display());
+        // The publisher thread holds the writer weakly; the process keeps it.
+        let _ = WRITER.set(w);
+        return Ok((dir, None));
+    }
     let m = mirror::Mirror::open(bucket, &dir, &cache, Duration::from_secs(2)).map_err(crate::store_cmd::objstore_error)?;
-    log::info!("serving {} from its mirror {} (chunk cache: {} RAM, {} SSD)", m.bucket.location, dir.display(),
-        crate::size::format_size(cache.ram_bytes), crate::size::format_size(cache.disk_bytes));
-    Ok(dir)
+    log::info!("serving {} from its mirror {} ({sizes}); changes go to its metadata writer", m.bucket.location, dir.display());
+    let forward = ToWriter { dir: dir.clone(), location: m.bucket.location.to_string(), tls: args.tls.tls_certificates.clone() };
+    Ok((dir, Some(vdstream_server::http::forward::Forwarder(std::sync::Arc::new(forward)))))
+}
+
+static WRITER: std::sync::OnceLock<std::sync::Arc<vdstream_objstore::writer::Writer>> = std::sync::OnceLock::new();
+
+/// A mirror's way to its store's metadata writer: the URL in the mirror's copy of
+/// `writer.json` (read again every 2 s, so a new writer is found), with this server's
+/// certificate directory for an https:// writer.
+struct ToWriter {
+    dir: PathBuf,
+    location: String,
+    tls: Option<PathBuf>,
+}
+
+impl vdstream_server::http::forward::Forward for ToWriter {
+    fn forward(&self, req: vdstream_server::http::forward::ForwardRequest) -> std::result::Result<vdstream_server::http::forward::ForwardAnswer, String> {
+        use vdstream_objstore::writer::WriterRecord;
+        let rec = WriterRecord::read_local(&self.dir).ok_or_else(|| format!("no server is the metadata writer of {}, so it takes no changes now", self.location))?;
+        if !rec.alive() {
+            return Err(format!("the metadata writer of {} (at {} on {}) has not been heard from for {} s", self.location, rec.url, rec.host, rec.age()));
+        }
+        let creds = vdstream_agent::client::Credentials::default().with_tls_dir(self.tls.clone());
+        let client = vdstream_agent::client::Client::with_credentials(&rec.url, creds).map_err(|e| e.to_string())?;
+        let r = client.relay(&req.method, &req.path, &req.headers, req.body).map_err(|e| e.to_string())?;
+        Ok(vdstream_server::http::forward::ForwardAnswer { status: r.status, content_type: r.content_type, etag: r.etag, body: r.body, writer: rec.url })
+    }
 }

@@ -46,13 +46,14 @@ struct CopyArgs {
     json: bool,
 }
 
-fn kind(e: &vdstream_objstore::Error) -> Kind {
+pub(crate) fn kind(e: &vdstream_objstore::Error) -> Kind {
     use vdstream_objstore::Error as E;
     match e {
         E::BadInput(_) => Kind::Usage,
         E::NotFound(_) => Kind::NotFound,
         E::Auth(_) => Kind::Usage,
         E::Corrupt(_) => Kind::Io,
+        E::Conflict(_) => Kind::Conflict,
         E::Io(_) => Kind::Unavailable,
     }
 }

@@ -196,7 +196,7 @@ pub fn add(a: AddArgs) -> Result<()> {
     };
     let t = a.fields.new_target(a.id)?;
     let id = t.id.clone();
-    let mut doc = match a.api.client()? {
+    let mut doc = match a.api.client_for(&a.opts)? {
         Some(c) => c.post("/api/v1/targets", &json!({
             "id": t.id, "vdisk": t.vdisk, "cache": t.cache, "version": t.version, "ram": t.ram,
             "overflow_max": t.overflow_max, "description": t.description,
@@ -227,7 +227,7 @@ pub fn print_added(o: &StoreOpts, doc: Value, more: Vec<String>) -> Result<()> {
 
 pub fn list(a: ListArgs) -> Result<()> {
     let o = &a.opts;
-    let doc = match a.api.client()? {
+    let doc = match a.api.client_for(&a.opts)? {
         Some(c) => c.get("/api/v1/targets")?,
         None => documents::target_list(&o.open()?)?,
     };
@@ -259,7 +259,7 @@ pub fn print_list(o: &StoreOpts, doc: Value) -> Result<()> {
 }
 
 pub fn show(a: ShowArgs) -> Result<()> {
-    let doc = match a.api.client()? {
+    let doc = match a.api.client_for(&a.opts)? {
         Some(c) => c.get(&format!("/api/v1/targets/{}", seg(&a.id)))?,
         None => documents::target_show(&a.opts.open()?, &a.id)?,
     };
@@ -300,7 +300,7 @@ pub fn set(a: SetArgs) -> Result<()> {
     if change.is_empty() {
         usage!("nothing to set: give --vdisk, --cache, --version, --ram, --overflow-max, --description, --mac, --remove-mac, --hostname or --overflow-device");
     }
-    let doc = match a.api.client()? {
+    let doc = match a.api.client_for(&a.opts)? {
         Some(c) => c.put(&format!("/api/v1/targets/{}", seg(&a.id)), &change_json(&change))?,
         None => documents::target_set(&a.opts.open()?, &a.id, change)?,
     };
@@ -314,7 +314,7 @@ pub fn print_set(o: &StoreOpts, doc: Value) -> Result<()> {
 }
 
 pub fn remove(a: RemoveArgs) -> Result<()> {
-    let doc = match a.api.client()? {
+    let doc = match a.api.client_for(&a.opts)? {
         Some(c) => c.delete(&format!("/api/v1/targets/{}", seg(&a.id)))?,
         None => documents::target_remove(&a.opts.open()?, &a.id)?,
     };

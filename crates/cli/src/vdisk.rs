@@ -191,7 +191,7 @@ pub fn run(args: VdiskArgs) -> Result<()> {
             });
         }
         VdiskCommand::List { api } => {
-            let (doc, place) = match api.client()? {
+            let (doc, place) = match api.client_for(o)? {
                 Some(c) => (c.get("/api/v1/vdisks")?, c.url().to_string()),
                 None => {
                     let store = o.open()?;
@@ -201,7 +201,7 @@ pub fn run(args: VdiskArgs) -> Result<()> {
             print_list(o, doc, &place)?;
         }
         VdiskCommand::Info { name, api } => {
-            let doc = match api.client()? {
+            let doc = match api.client_for(o)? {
                 Some(c) => c.get(&format!("/api/v1/vdisks/{}", seg(&name)))?,
                 None => documents::vdisk_show(&o.open()?, &name)?,
             };

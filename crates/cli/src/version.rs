@@ -54,6 +54,12 @@ enum VersionCommand {
         /// What this version is for (kept in the metadata).
         #[arg(long)]
         note: Option<String>,
+        /// Make the change only if the vDisk's metadata is still at generation G (the
+        /// `generation` that `version list --json` showed, the API's ETag); else exit 4
+        /// and change nothing. Two admins (or scripts) acting on what they read cannot
+        /// both win.
+        #[arg(long, value_name = "G")]
+        expect_generation: Option<u64>,
         #[command(flatten)]
         api: ServerOpt,
     },
@@ -70,6 +76,12 @@ enum VersionCommand {
         /// Release to production from this time: RFC 3339 (2025-03-01T22:00:00Z) or +DURATION (+2h).
         #[arg(long, value_name = "TIME")]
         at: Option<String>,
+        /// Make the change only if the vDisk's metadata is still at generation G (the
+        /// `generation` that `version list --json` showed, the API's ETag); else exit 4
+        /// and change nothing. Two admins (or scripts) acting on what they read cannot
+        /// both win.
+        #[arg(long, value_name = "G")]
+        expect_generation: Option<u64>,
         #[command(flatten)]
         api: ServerOpt,
     },
@@ -79,6 +91,12 @@ enum VersionCommand {
         name: String,
         /// The version's number, as `version list` shows it (e.g. 3).
         version: u32,
+        /// Make the change only if the vDisk's metadata is still at generation G (the
+        /// `generation` that `version list --json` showed, the API's ETag); else exit 4
+        /// and change nothing. Two admins (or scripts) acting on what they read cannot
+        /// both win.
+        #[arg(long, value_name = "G")]
+        expect_generation: Option<u64>,
         #[command(flatten)]
         api: ServerOpt,
     },
@@ -102,6 +120,14 @@ enum VersionCommand {
         /// versions below it); without it, the versions merge into one version on the base.
         #[arg(long)]
         base: bool,
+        /// Make the change only if the vDisk's metadata is still at generation G (the
+        /// `generation` that `version list --json` showed, the API's ETag); else exit 4
+        /// and change nothing. Two admins (or scripts) acting on what they read cannot
+        /// both win.
+        #[arg(long, value_name = "G")]
+        expect_generation: Option<u64>,
+        #[command(flatten)]
+        api: ServerOpt,
     },
 }
 
@@ -109,18 +135,18 @@ pub fn run(args: VersionArgs) -> Result<()> {
     let o = &args.opts;
     match args.command {
         VersionCommand::List { name, api } => {
-            let doc = match api.client()? {
+            let doc = match api.client_for(o)? {
                 Some(c) => c.get(&format!("/api/v1/vdisks/{}/versions", seg(&name)))?,
                 None => documents::version_list(&o.open()?, &name)?,
             };
             print_list(o, doc)?;
         }
-        VersionCommand::New { name, note, api } => {
-            let doc = match api.client()? {
-                Some(c) => c.post(&format!("/api/v1/vdisks/{}/versions", seg(&name)), &json!({"note": note}))?,
+        VersionCommand::New { name, note, expect_generation: g, api } => {
+            let doc = match api.client_for(o)? {
+                Some(c) => c.if_match(g).post(&format!("/api/v1/vdisks/{}/versions", seg(&name)), &json!({"note": note}))?,
                 None => {
                     let bar = o.bar(&format!("merging {name} (over --max-versions)"));
-                    documents::version_new(&o.open()?, &name, note, &mut |d, t| bar.update(d, t))?
+                    documents::version_new(&o.open()?.expecting(g), &name, note, &mut |d, t| bar.update(d, t))?
                 }
             };
             let v: Version = serde_json::from_value(doc["version"].clone())?;
@@ -129,13 +155,13 @@ pub fn run(args: VersionArgs) -> Result<()> {
                 format!("created version {} of {name} in maintenance ({}); serve it to the maintenance target with `vdstream serve-image --vdisk {name}@maintenance`{said}", v.number, v.file)
             });
         }
-        VersionCommand::Promote { name, version, to, at, api } => {
+        VersionCommand::Promote { name, version, to, at, expect_generation: g, api } => {
             let to = match to { Stage::Test => Access::Test, Stage::Production => Access::Production };
-            let doc = match api.client()? {
-                Some(c) => c.post(&format!("/api/v1/vdisks/{}/versions/{version}/promote", seg(&name)), &json!({"to": to, "at": at}))?,
+            let doc = match api.client_for(o)? {
+                Some(c) => c.if_match(g).post(&format!("/api/v1/vdisks/{}/versions/{version}/promote", seg(&name)), &json!({"to": to, "at": at}))?,
                 None => {
                     let bar = o.bar(&format!("merging {name} (over --max-versions)"));
-                    documents::version_promote(&o.open()?, &name, version, to, at.as_deref(), &mut |d, t| bar.update(d, t))?
+                    documents::version_promote(&o.open()?.expecting(g), &name, version, to, at.as_deref(), &mut |d, t| bar.update(d, t))?
                 }
             };
             let v: Version = serde_json::from_value(doc["version"].clone())?;
@@ -145,10 +171,10 @@ pub fn run(args: VersionArgs) -> Result<()> {
                     v.access.name(), v.scheduled_at.map(|t| format!(" from {t}")).unwrap_or_default())
             });
         }
-        VersionCommand::Revert { name, version, api } => {
-            let doc = match api.client()? {
-                Some(c) => c.post(&format!("/api/v1/vdisks/{}/revert", seg(&name)), &json!({"version": version}))?,
-                None => documents::version_revert(&o.open()?, &name, version)?,
+        VersionCommand::Revert { name, version, expect_generation: g, api } => {
+            let doc = match api.client_for(o)? {
+                Some(c) => c.if_match(g).post(&format!("/api/v1/vdisks/{}/revert", seg(&name)), &json!({"version": version}))?,
+                None => documents::version_revert(&o.open()?.expecting(g), &name, version)?,
             };
             let r: Reverted = serde_json::from_value(doc["result"].clone())?;
             o.emit(doc, || match r {
@@ -165,12 +191,16 @@ pub fn run(args: VersionArgs) -> Result<()> {
                 None => format!("override of {name} cleared: production targets boot the newest production version"),
             });
         }
-        VersionCommand::Merge { name, base } => {
-            let store = o.open()?;
+        VersionCommand::Merge { name, base, expect_generation: g, api } => {
             let kind = if base { MergeKind::Base } else { MergeKind::Updates };
-            let bar = o.bar(&format!("merging {name}"));
-            let doc = documents::version_merge(&store, &name, kind, &mut |d, t| bar.update(d, t))?;
-            drop(bar);
+            let doc = match api.client_for(o)? {
+                Some(c) => c.if_match(g).post(&format!("/api/v1/vdisks/{}/merge", seg(&name)), &json!({"base": base}))?,
+                None => {
+                    let store = o.open()?.expecting(g);
+                    let bar = o.bar(&format!("merging {name}"));
+                    documents::version_merge(&store, &name, kind, &mut |d, t| bar.update(d, t))?
+                }
+            };
             let out: MergeOutcome = serde_json::from_value(doc["merge"].clone())?;
             o.emit(doc, || describe_merge(&name, &out));
         }

@@ -60,7 +60,7 @@ const PARTS_IN_FLIGHT: usize = 4;
 
 /// The layer files `vdisk.json` names (base and versions), parsed loosely so that a copy
 /// moves any store format this build reads.
-fn layer_files(vdisk_json: &[u8], what: &str) -> Result<Vec<String>> {
+pub(crate) fn layer_files(vdisk_json: &[u8], what: &str) -> Result<Vec<String>> {
     let v: serde_json::Value = serde_json::from_slice(vdisk_json).map_err(|e| Error::Corrupt(format!("{what}: not JSON ({e})")))?;
     let mut out = Vec::new();
     if let Some(f) = v.pointer("/base/file").and_then(|f| f.as_str()) {
@@ -97,11 +97,11 @@ pub fn copy(from: &Side, to: &Side, bucket: impl FnOnce(&S3Location) -> Result<B
 
 /// One layer file to send, opened and held (a shared `flock`, as the store's readers
 /// take: the store deletes no file a lock is on) while the store's lock was held.
-struct Held {
-    rel: String,
-    path: PathBuf,
-    file: File,
-    len: u64,
+pub(crate) struct Held {
+    pub(crate) rel: String,
+    pub(crate) path: PathBuf,
+    pub(crate) file: File,
+    pub(crate) len: u64,
 }
 
 fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
@@ -201,7 +201,7 @@ type PartTask = tokio::task::JoinHandle<object_store::Result<()>>;
 /// skipped). The data goes to a new object (`FILE.TOKEN`), and the index naming it is
 /// written last: no reader ever sees an index without its object, or an object change
 /// under an index.
-fn upload_layer(bucket: &Bucket, h: &Held, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
+pub(crate) fn upload_layer(bucket: &Bucket, h: &Held, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
     let file_name = h.rel.rsplit('/').next().expect("a file name");
     let idx_rel = format!("{}.idx", h.rel);
     let mut b = IndexBuilder::new(String::new(), h.len);
@@ -326,7 +326,7 @@ fn download(bucket: &Bucket, dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> 
             let idx_rel = format!("{lrel}.idx");
             let raw = bucket
                 .get(&idx_rel)?
-                .ok_or_else(|| Error::NotFound(format!("{}: the layer {f} of vDisk {name} has no index; copy the store up again", bucket.what(&idx_rel))))?;
+                .ok_or_else(|| Error::NotFound(format!("{}: the layer {f} of vDisk {name} has no index: if it is a maintenance version, it stays on the store's metadata writer while a target writes it (stop that target, or promote the version, and copy again); else copy the store up again", bucket.what(&idx_rel))))?;
             layers.push((lrel, LayerIndex::parse(&raw, &bucket.what(&idx_rel))?));
         }
         plan.push((name.to_string(), json, layers));

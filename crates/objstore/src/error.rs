@@ -12,6 +12,9 @@ pub enum Error {
     /// No such bucket or object.
     #[error("{0}")]
     NotFound(String),
+    /// Another party holds what this needs (the metadata writer role).
+    #[error("{0}")]
+    Conflict(String),
     /// An object failed its checksum, or its index does not fit it.
     #[error("{0}")]
     Corrupt(String),

@@ -7,12 +7,14 @@
 //! - [`mirror`]: a server's local folder of the store's metadata, and the remote root
 //!   that reads its layers from the bucket.
 //! - [`copy`]: `vdstream store copy` between a folder and a bucket, resumable.
+//! - [`writer`]: the one server that changes a store in object storage, and publishes.
 
 pub mod client;
 pub mod copy;
 pub mod error;
 pub mod layer;
 pub mod mirror;
+pub mod writer;
 
 pub use client::{Bucket, S3Config, S3Location};
 pub use error::{Error, Result};

@@ -69,39 +69,13 @@ impl Mirror {
     /// metadata, registers it as the remote root of its layers, and reads the metadata
     /// again every `refresh`.
     pub fn open(bucket: Bucket, dir: &Path, cache: &CacheConfig, refresh: Duration) -> Result<Arc<Self>> {
-        let bucket = Arc::new(bucket);
-        if bucket.get("store.json")?.is_none() {
-            return Err(Error::NotFound(format!(
-                "{} holds no vdstream store (no store.json): copy one there with `vdstream store copy --from DIR --to {}`",
-                bucket.location, bucket.location
-            )));
-        }
-        std::fs::create_dir_all(dir).map_err(local("create the mirror folder", dir))?;
-        // Metadata left by an earlier run may name what the bucket no longer has: the
-        // mirror starts from the bucket alone.
-        for stale in ["vdisks", "targets"] {
-            let p = dir.join(stale);
-            if p.exists() {
-                std::fs::remove_dir_all(&p).map_err(local("empty", &p))?;
-            }
-        }
-        for stale in ["store.json", "audit.log"] {
-            let _ = std::fs::remove_file(dir.join(stale));
-        }
+        let mirror = Self::build(bucket, dir, cache, true)?;
+        mirror.start_fresh()?;
         let marker =
-            serde_json::json!({"source": bucket.location.to_string(), "note": "a local mirror of a store in object storage; its metadata is read from there"});
+            serde_json::json!({"source": mirror.bucket.location.to_string(), "note": "a local mirror of a store in object storage; its metadata is read from there"});
         write_atomic(&dir.join(MIRROR_MARKER), marker.to_string().as_bytes())?;
-        let mirror = Arc::new(Mirror {
-            cache: ChunkCache::new(cache)?,
-            bucket,
-            dir: dir.to_path_buf(),
-            vdisks: dir.join("vdisks"),
-            layers: Mutex::new(HashMap::new()),
-            etags: Mutex::new(HashMap::new()),
-            idx_etags: Mutex::new(HashMap::new()),
-        });
         mirror.sync()?;
-        vdstream_blockdev::layerfile::register(Arc::new(Root(mirror.clone())));
+        mirror.register();
         let weak = Arc::downgrade(&mirror);
         std::thread::Builder::new()
             .name("vds-s3-meta".into())
@@ -111,11 +85,59 @@ impl Mirror {
                 if let Err(e) = m.sync() {
                     log::warn!("{}: cannot read the store's metadata again: {e}; serving what was read before", m.bucket.location);
                 }
-                let stats = serde_json::json!({"source": m.bucket.location.to_string(), "ram_bytes": m.cache.ram_bytes(), "chunks": m.cache.stats.snapshot()});
-                let _ = write_atomic(&m.dir.join(STATS_FILE), stats.to_string().as_bytes());
+                m.write_stats();
             })
             .map_err(|e| Error::Io(format!("cannot start the metadata thread: {e}")))?;
         Ok(mirror)
+    }
+
+    /// The mirror of the store at `bucket` in `dir` (created), with nothing read yet;
+    /// `existing`: refused where the bucket holds no store.
+    pub(crate) fn build(bucket: Bucket, dir: &Path, cache: &CacheConfig, existing: bool) -> Result<Arc<Self>> {
+        let bucket = Arc::new(bucket);
+        if existing && bucket.get("store.json")?.is_none() {
+            return Err(Error::NotFound(format!(
+                "{} holds no vdstream store (no store.json): copy one there with `vdstream store copy --from DIR --to {}`",
+                bucket.location, bucket.location
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(local("create the mirror folder", dir))?;
+        Ok(Arc::new(Mirror {
+            cache: ChunkCache::new(cache)?,
+            bucket,
+            dir: dir.to_path_buf(),
+            vdisks: dir.join("vdisks"),
+            layers: Mutex::new(HashMap::new()),
+            etags: Mutex::new(HashMap::new()),
+            idx_etags: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Empties the folder of the metadata (and layer files) an earlier run left: they may
+    /// name what the bucket no longer has, so the mirror starts from the bucket alone.
+    pub(crate) fn start_fresh(&self) -> Result<()> {
+        for stale in ["vdisks", "targets"] {
+            let p = self.dir.join(stale);
+            if p.exists() {
+                std::fs::remove_dir_all(&p).map_err(local("empty", &p))?;
+            }
+        }
+        for stale in ["store.json", "audit.log", crate::writer::WRITER_OBJECT] {
+            let _ = std::fs::remove_file(self.dir.join(stale));
+        }
+        Ok(())
+    }
+
+    /// Makes this mirror the remote root of its `vdisks/` folder (layers with no local
+    /// file are read from the bucket).
+    pub(crate) fn register(self: &Arc<Self>) {
+        vdstream_blockdev::layerfile::register(Arc::new(Root(self.clone())));
+    }
+
+    /// Writes the chunk cache's counters into the folder ([`STATS_FILE`]).
+    pub(crate) fn write_stats(&self) {
+        let stats = serde_json::json!({"source": self.bucket.location.to_string(), "ram_bytes": self.cache.ram_bytes(), "chunks": self.cache.stats.snapshot()});
+        let _ = write_atomic(&self.dir.join(STATS_FILE), stats.to_string().as_bytes());
     }
 
     /// Reads the metadata objects whose ETag changed, and removes what the bucket no
@@ -138,7 +160,9 @@ impl Mirror {
             }
             *idx = now;
         }
-        let listed: Vec<(String, u64, Option<String>)> = all.into_iter().filter(|(rel, _, _)| is_metadata(rel)).collect();
+        // The metadata, and who writes it (`writer.json`: where this server sends changes).
+        let listed: Vec<(String, u64, Option<String>)> =
+            all.into_iter().filter(|(rel, _, _)| is_metadata(rel) || rel == crate::writer::WRITER_OBJECT).collect();
         let mut etags = self.etags.lock().unwrap_or_else(|e| e.into_inner());
         let mut changed = 0;
         for (rel, _, etag) in &listed {

@@ -71,6 +71,9 @@ pub struct ServerOptions {
     /// `--handshake-penalty`, `--handshake-penalty-exempt`: TCP client addresses that keep
     /// failing NBD handshakes are closed at accept for a while.
     pub handshake_penalty: vdstream_nbd::penalty::PenaltyConfig,
+    /// A mirror of a store in object storage: where the API's changes go (its metadata
+    /// writer); `None`: this server changes its own store.
+    pub forward: Option<crate::http::forward::Forwarder>,
 }
 
 /// A server asked to listen in plaintext where other machines can reach it.
@@ -115,6 +118,7 @@ impl ServerOptions {
             nbd_tls_mode: Default::default(),
             boot: None,
             handshake_penalty: Default::default(),
+            forward: None,
         }
     }
 

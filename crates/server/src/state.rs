@@ -252,6 +252,8 @@ pub struct ServerState {
     pub boot: Option<crate::boot::BootConfig>,
     /// `--handshake-penalty`: when the NBD listeners close a failing address at accept.
     pub handshake_penalty: vdstream_nbd::penalty::PenaltyConfig,
+    /// The API's changes go to the store's metadata writer (a mirror of object storage).
+    pub forward: Option<crate::http::forward::Forwarder>,
 }
 
 impl ServerState {
@@ -278,6 +280,7 @@ impl ServerState {
             boot: opts.boot.clone(),
             anonymous: opts.anonymous,
             handshake_penalty: opts.handshake_penalty.clone(),
+            forward: opts.forward.clone(),
         })
     }
 

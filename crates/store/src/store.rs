@@ -214,7 +214,8 @@ impl Store {
         if mode == LockMode::Exclusive && self.root.join(MIRROR_MARKER).exists() {
             return Err(StoreError::Refused(format!(
                 "{} is a server's mirror of a store in object storage (see its {MIRROR_MARKER}): the mirror serves, it is not changed; \
-                 make changes in a local store and copy it up with `vdstream store copy`",
+                 changes go to the store's metadata writer (its API, which this server's API forwards to, or any command given \
+                 --store s3://BUCKET/PREFIX on the writer's host)",
                 self.root.display())));
         }
         let p = self.root.join(".lock");

@@ -45,6 +45,7 @@ mod boot;
 mod console;
 mod error;
 mod events;
+pub mod forward;
 mod limits;
 mod live;
 mod metrics;

@@ -4,7 +4,8 @@
 //!
 //! Layers, outermost first (each request): the error document for every bare answer of
 //! 400 and over (error.rs), the head checks, the caller and its role (auth.rs: 401/403
-//! before anything else is done), at most [`MAX_IN_FLIGHT`] requests in
+//! before anything else is done), on a mirror of a store in object storage the changes
+//! sent to its metadata writer (forward.rs), at most [`MAX_IN_FLIGHT`] requests in
 //! handlers (more wait), the body limit ([`MAX_BODY`], by `Content-Length` before
 //! anything is read; [`MAX_AGENT_REPORT`] on the agent route), and [`HANDLER_TIMEOUT`]
 //! (503).
@@ -29,7 +30,7 @@ use tower_http::timeout::TimeoutLayer;
 use super::error::{check_head, json_errors, ApiError, JsonBody, Param};
 use super::limits::{HANDLER_TIMEOUT, MAX_AGENT_REPORT, MAX_BODY, MAX_IN_FLIGHT};
 use super::shared::{blocking, ClientAddr, Shared};
-use super::{auth, boot, console, events, live, metrics, store};
+use super::{auth, boot, console, events, forward, live, metrics, store};
 
 /// The router being built and the routes added so far.
 struct Table {
@@ -97,6 +98,7 @@ fn api(shared: Arc<Shared>) -> Router {
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn(head_checked))
         .layer(middleware::from_fn_with_state(shared.clone(), auth::authorize))
+        .layer(middleware::from_fn_with_state(shared.clone(), forward::changes_to_writer))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
         .layer(RequestBodyLimitLayer::new(MAX_BODY))
         .layer(TimeoutLayer::with_status_code(axum::http::StatusCode::SERVICE_UNAVAILABLE, HANDLER_TIMEOUT));

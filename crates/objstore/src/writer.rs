@@ -1,0 +1,354 @@
+//! The metadata writer of a store in object storage: the one server that changes it.
+//!
+//! Garage 2.5.0 does not honour conditional PUTs (`If-None-Match: *` over an object
+//! answered 200 and overwrote it), and its K2V API has no compare-and-swap, so two servers
+//! cannot safely take turns writing the bucket's metadata. Instead one server is started
+//! with `--metadata-writer`: its folder is a whole, writable store (the layers it has not
+//! made itself are read from the bucket, as in a mirror), every change is made there under
+//! the store's lock, exactly as in a local store, and a publisher copies what changed to the
+//! bucket about once a second. The other servers are mirrors: they read the metadata and
+//! send changes to the writer's API (the URL in `PREFIX/writer.json`). The lock that orders
+//! changes is therefore one `flock` on one machine, and a change decided on an old reading
+//! (`If-Match` on the vDisk's generation) is refused there.
+//!
+//! Publishing keeps the store's order: a vDisk's new layers (object, then index) first,
+//! then its `vdisk.json`, so that no server ever reads metadata naming a layer that is not
+//! there yet. A maintenance version that a target is writing stays in the writer's folder
+//! (its `vdisk.json` is published; its layer goes up once nothing writes it).
+//!
+//! `writer.json` names the writer and its heartbeat (every [`HEARTBEAT`]). A second
+//! `--metadata-writer` is refused while the heartbeat is younger than [`STALE`]; a writer
+//! that finds another's id there (a second writer started by hand after a stall) stops
+//! publishing and refuses further changes. That check narrows the window but is not a lock
+//! (Garage cannot give one): the role is configuration, one writer per store, like a
+//! database primary.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::client::Bucket;
+use crate::copy::{layer_files, upload_layer, Held};
+use crate::error::{local, Error, Result};
+use crate::layer::CacheConfig;
+use crate::mirror::{is_metadata, write_atomic, Mirror, MIRROR_MARKER};
+
+/// The object (beside `store.json`) that names the store's metadata writer.
+pub const WRITER_OBJECT: &str = "writer.json";
+/// The file in the writer's folder that holds its id (so that a restarted writer knows
+/// its folder is still the truth).
+const LOCAL_ID: &str = "writer-id";
+/// How often the writer renews `writer.json`.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// A heartbeat older than this is a writer that stopped; another may take the role.
+pub const STALE: Duration = Duration::from_secs(30);
+/// How often the writer looks for changes to publish.
+pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+
+/// `PREFIX/writer.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WriterRecord {
+    pub id: String,
+    /// The writer's API, where changes go (`http://HOST:PORT` or `https://…`).
+    pub url: String,
+    /// The writer's host name and folder: a CLI on that host opens the folder itself.
+    pub host: String,
+    pub folder: PathBuf,
+    pub pid: u32,
+    /// Seconds since the epoch.
+    pub since: u64,
+    pub heartbeat: u64,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// This machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+}
+
+impl WriterRecord {
+    /// The record in the bucket, if there is one (a damaged one is no record, with a warning).
+    pub fn read(bucket: &Bucket) -> Result<Option<WriterRecord>> {
+        let Some(raw) = bucket.get_capped(WRITER_OBJECT, 64 << 10)? else { return Ok(None) };
+        match serde_json::from_slice(&raw) {
+            Ok(r) => Ok(Some(r)),
+            Err(e) => {
+                log::warn!("{}: not a writer record ({e}); treated as none", bucket.what(WRITER_OBJECT));
+                Ok(None)
+            }
+        }
+    }
+
+    /// The record in a mirror's folder (read there by its metadata thread).
+    pub fn read_local(dir: &Path) -> Option<WriterRecord> {
+        serde_json::from_slice(&std::fs::read(dir.join(WRITER_OBJECT)).ok()?).ok()
+    }
+
+    /// Seconds since the last heartbeat.
+    pub fn age(&self) -> u64 {
+        now_secs().saturating_sub(self.heartbeat)
+    }
+
+    pub fn alive(&self) -> bool {
+        self.age() < STALE.as_secs()
+    }
+}
+
+/// A layer file as the publisher saw it: (length, mtime in ns).
+type Stamp = (u64, i128);
+
+/// What the publisher already sent: layer files by [`Stamp`], metadata by hash.
+#[derive(Default)]
+struct Published {
+    layers: HashMap<String, Stamp>,
+    meta: HashMap<String, u64>,
+}
+
+pub struct Writer {
+    pub mirror: Arc<Mirror>,
+    record: Mutex<WriterRecord>,
+    published: Mutex<Published>,
+    fenced: AtomicBool,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "metadata writer of {:?}", self.mirror)
+    }
+}
+
+fn hash(bytes: &[u8]) -> u64 {
+    crc32c::crc32c(bytes) as u64 | ((bytes.len() as u64) << 32)
+}
+
+fn mtime_of(m: &std::fs::Metadata) -> i128 {
+    use std::os::unix::fs::MetadataExt;
+    m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128
+}
+
+impl Writer {
+    /// Takes the writer role of the store at `bucket` (an empty store is made where there
+    /// is none), with `dir` as its folder and `url` as its API; refuses while another
+    /// writer's heartbeat is fresh. The folder keeps what
+    /// it holds when this folder was the last writer (its changes may not all be published
+    /// yet); else it starts from the bucket.
+    pub fn start(bucket: Bucket, dir: &Path, cache: &CacheConfig, url: &str) -> Result<Arc<Writer>> {
+        let mirror = Mirror::build(bucket, dir, cache, false)?;
+        let bucket = &mirror.bucket;
+        let mine = std::fs::read_to_string(dir.join(LOCAL_ID)).ok().map(|s| s.trim().to_string());
+        let theirs = WriterRecord::read(bucket)?;
+        if let Some(r) = theirs.as_ref().filter(|r| Some(&r.id) != mine.as_ref() && r.alive()) {
+            return Err(Error::Conflict(format!(
+                "{} has a metadata writer already: the server at {} on {} (pid {}, heartbeat {} s ago); one server writes a store's metadata: \
+                 stop that one first (its role is free {} s after its last heartbeat), or start this server without --metadata-writer",
+                bucket.location,
+                r.url,
+                r.host,
+                r.pid,
+                r.age(),
+                STALE.as_secs()
+            )));
+        }
+        let resume = mine.is_some() && theirs.as_ref().map(|r| &r.id) == mine.as_ref() && dir.join("store.json").exists();
+        let _ = std::fs::remove_file(dir.join(MIRROR_MARKER));
+        if resume {
+            log::info!("{}: {} was its metadata writer before; what it holds is published again", bucket.location, dir.display());
+        } else {
+            mirror.start_fresh()?;
+            mirror.sync()?;
+            if !dir.join("store.json").exists() {
+                // An empty bucket (or prefix): the writer makes the store there.
+                vdstream_store::Store::open_or_create(dir).map_err(|e| Error::Io(e.to_string()))?;
+                log::info!("{}: no store there yet; made an empty one", bucket.location);
+            }
+        }
+        let id = match (&mine, resume) {
+            (Some(id), true) => id.clone(),
+            _ => format!("{:016x}", fastrand::u64(..)),
+        };
+        write_atomic(&dir.join(LOCAL_ID), id.as_bytes())?;
+        let now = now_secs();
+        let record = WriterRecord {
+            id,
+            url: url.to_string(),
+            host: hostname(),
+            folder: std::fs::canonicalize(dir).map_err(local("resolve", dir))?,
+            pid: std::process::id(),
+            since: now,
+            heartbeat: now,
+        };
+        bucket.put(WRITER_OBJECT, Bytes::from(serde_json::to_vec_pretty(&record).expect("record")))?;
+        // The metadata the bucket has counts as published (a fresh start read it from
+        // there); what differs locally goes up in the first round.
+        let mut published = Published::default();
+        for (rel, _, _) in bucket.list("")? {
+            if is_metadata(&rel) {
+                published.meta.insert(rel.clone(), u64::MAX);
+            }
+        }
+        let w = Arc::new(Writer { mirror: mirror.clone(), record: Mutex::new(record), published: Mutex::new(published), fenced: AtomicBool::new(false) });
+        mirror.register();
+        w.publish()?;
+        let weak = Arc::downgrade(&w);
+        std::thread::Builder::new()
+            .name("vds-s3-writer".into())
+            .spawn(move || {
+                let mut last_beat = std::time::Instant::now();
+                loop {
+                    std::thread::sleep(PUBLISH_EVERY);
+                    let Some(w) = weak.upgrade() else { return };
+                    if w.fenced.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    if last_beat.elapsed() >= HEARTBEAT {
+                        last_beat = std::time::Instant::now();
+                        if let Err(e) = w.heartbeat() {
+                            log::warn!("{}: cannot renew {WRITER_OBJECT}: {e}", w.mirror.bucket.location);
+                        }
+                    }
+                    if w.fenced.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    if let Err(e) = w.publish() {
+                        log::warn!("{}: cannot publish the store's changes yet: {e}; trying again", w.mirror.bucket.location);
+                    }
+                    w.mirror.write_stats();
+                }
+            })
+            .map_err(|e| Error::Io(format!("cannot start the publisher thread: {e}")))?;
+        Ok(w)
+    }
+
+    pub fn record(&self) -> WriterRecord {
+        self.record.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Renews `writer.json`; if another writer's id is there, stops publishing and makes
+    /// the folder refuse changes (a mirror's marker), so that two writers never both publish.
+    fn heartbeat(&self) -> Result<()> {
+        let bucket = &self.mirror.bucket;
+        let mut rec = self.record.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(other) = WriterRecord::read(bucket)?.filter(|r| r.id != rec.id) {
+            self.fenced.store(true, Ordering::Relaxed);
+            let marker = serde_json::json!({"source": bucket.location.to_string(),
+                "note": format!("this server lost the metadata writer role to the server at {} on {}", other.url, other.host)});
+            write_atomic(&self.mirror.dir.join(MIRROR_MARKER), marker.to_string().as_bytes())?;
+            log::error!(
+                "{}: another server took the metadata writer role ({} on {}, pid {}): this server publishes nothing more and refuses changes; \
+                 restart it without --metadata-writer (changes made here since the last publish are in {})",
+                bucket.location,
+                other.url,
+                other.host,
+                other.pid,
+                self.mirror.dir.display()
+            );
+            return Ok(());
+        }
+        rec.heartbeat = now_secs();
+        bucket.put(WRITER_OBJECT, Bytes::from(serde_json::to_vec_pretty(&*rec).expect("record")))
+    }
+
+    /// Sends what changed in the folder since the last round: each vDisk's new or changed
+    /// layers, then its `vdisk.json`; then the targets, the audit trail and `store.json`;
+    /// then removes the metadata of what was deleted. Returns how many objects were sent or
+    /// removed. A vDisk whose layer could not be sent keeps its old `vdisk.json` in the
+    /// bucket until the next round.
+    pub fn publish(&self) -> Result<usize> {
+        let dir = &self.mirror.dir;
+        let bucket = &self.mirror.bucket;
+        let store = vdstream_store::Store::open(dir).map_err(|e| Error::Io(e.to_string()))?;
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        // The plan, under the store's shared lock: no change is half made while it is read,
+        // and every layer to send is held (the store deletes no file a lock is on).
+        let (plan, rest) = {
+            let _lock = store.lock(vdstream_blockdev::flock::LockMode::Shared).map_err(|e| Error::Io(e.to_string()))?;
+            let mut plan: Vec<(String, Vec<u8>, Vec<(Held, Stamp)>)> = Vec::new();
+            for name in store.names().map_err(|e| Error::Io(e.to_string()))? {
+                let json_path = dir.join("vdisks").join(&name).join("vdisk.json");
+                let json = std::fs::read(&json_path).map_err(local("read", &json_path))?;
+                let mut held = Vec::new();
+                for f in layer_files(&json, &json_path.display().to_string())? {
+                    let rel = format!("vdisks/{name}/{f}");
+                    let path = dir.join(&rel);
+                    let Ok(meta) = std::fs::metadata(&path) else { continue }; // in the bucket already
+                    let stamp = (meta.len(), mtime_of(&meta));
+                    if published.layers.get(&rel) == Some(&stamp) {
+                        continue;
+                    }
+                    // None: a maintenance target writes it; it goes up once it is let go.
+                    if let Some(file) = vdstream_store::fsutil::hold_shared(&path).map_err(|e| Error::Io(e.to_string()))? {
+                        held.push((Held { rel, path, file, len: stamp.0 }, stamp));
+                    }
+                }
+                plan.push((format!("vdisks/{name}/vdisk.json"), json, held));
+            }
+            let mut rest: Vec<(String, Vec<u8>)> = Vec::new();
+            let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("targets")).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+            paths.sort();
+            paths.push(dir.join("audit.log"));
+            paths.push(dir.join("store.json"));
+            for p in paths {
+                let rel = p.strip_prefix(dir).expect("inside").to_string_lossy().into_owned();
+                if is_metadata(&rel) && p.is_file() {
+                    rest.push((rel, std::fs::read(&p).map_err(local("read", &p))?));
+                }
+            }
+            (plan, rest)
+        };
+        let mut sent = 0;
+        let mut present: HashSet<String> = HashSet::new();
+        let mut first_error = None;
+        'vdisks: for (rel, json, held) in plan {
+            present.insert(rel.clone());
+            for (h, stamp) in held {
+                match upload_layer(bucket, &h, &mut |_| {}) {
+                    Ok(moved) => {
+                        if let Some(n) = moved {
+                            log::info!("{}: published layer {} ({} bytes sent)", bucket.location, h.rel, n);
+                            sent += 1;
+                        }
+                        published.layers.insert(h.rel.clone(), stamp);
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        continue 'vdisks;
+                    }
+                }
+            }
+            sent += self.put_if_changed(&mut published, &rel, json)?;
+        }
+        for (rel, data) in rest {
+            present.insert(rel.clone());
+            sent += self.put_if_changed(&mut published, &rel, data)?;
+        }
+        let gone: Vec<String> = published.meta.keys().filter(|k| !present.contains(*k)).cloned().collect();
+        for rel in gone {
+            bucket.delete(&rel)?;
+            published.meta.remove(&rel);
+            log::info!("{}: removed {rel} (deleted in the store)", bucket.location);
+            sent += 1;
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(sent),
+        }
+    }
+
+    fn put_if_changed(&self, published: &mut Published, rel: &str, data: Vec<u8>) -> Result<usize> {
+        let h = hash(&data);
+        if published.meta.get(rel) == Some(&h) {
+            return Ok(0);
+        }
+        self.mirror.bucket.put(rel, Bytes::from(data))?;
+        published.meta.insert(rel.to_string(), h);
+        Ok(1)
+    }
+}

@@ -1,0 +1,104 @@
+//! A mirror of a store in object storage sends the API's changes to the store's metadata
+//! writer (see `vdstream_objstore::writer`): every request that is not GET or HEAD under
+//! `/api/v1/`, except an agent's report (this server's own live state), after this server
+//! has authorized it. The writer decides (its store lock orders every change; `If-Match`
+//! is checked there) and its answer is relayed as it came, status and document; the
+//! mirror's metadata catches up within a few seconds.
+//!
+//! The caller's `Authorization`, `Content-Type`, `If-Match` and `Accept` go along (the
+//! servers of one store share their API tokens); the writer's audit trail names this
+//! server's address as the client.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::limits::MAX_BODY;
+use super::shared::{blocking, Shared};
+
+/// A change to send to the writer.
+#[derive(Debug, Clone)]
+pub struct ForwardRequest {
+    pub method: String,
+    /// Path and query (`/api/v1/vdisks/golden/revert`).
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// The writer's answer.
+#[derive(Debug, Clone)]
+pub struct ForwardAnswer {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub etag: Option<String>,
+    pub body: Vec<u8>,
+    /// The writer's URL, for the log.
+    pub writer: String,
+}
+
+/// Sends a change to the store's metadata writer (blocking; run off the runtime). An
+/// `Err` says why it could not be sent (no writer named, writer unreachable).
+pub trait Forward: Send + Sync {
+    fn forward(&self, req: ForwardRequest) -> Result<ForwardAnswer, String>;
+}
+
+/// The server's forwarder (`None`: this server changes its own store).
+#[derive(Clone)]
+pub struct Forwarder(pub Arc<dyn Forward>);
+
+impl std::fmt::Debug for Forwarder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Forwarder")
+    }
+}
+
+const SENT_ALONG: [header::HeaderName; 4] = [header::AUTHORIZATION, header::CONTENT_TYPE, header::IF_MATCH, header::ACCEPT];
+
+/// The middleware (inside authorization): forwards a change when this server has a forwarder.
+pub(crate) async fn changes_to_writer(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let Some(Forwarder(f)) = s.state.forward.clone() else { return next.run(req).await };
+    let path = req.uri().path().to_string();
+    if matches!(*req.method(), Method::GET | Method::HEAD) || !path.starts_with("/api/v1/") || path.ends_with("/agent") {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => b.to_vec(),
+        Err(_) => return ApiError::new(413, "the request body is too large", format!("send at most {MAX_BODY} bytes")).into_response(),
+    };
+    let headers =
+        SENT_ALONG.iter().filter_map(|h| parts.headers.get(h).and_then(|v| v.to_str().ok()).map(|v| (h.as_str().to_string(), v.to_string()))).collect();
+    let fr =
+        ForwardRequest { method: parts.method.to_string(), path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or(path.clone()), headers, body };
+    let (method, shown) = (fr.method.clone(), path.clone());
+    match blocking(move || {
+        f.forward(fr).map_err(|e| {
+            ApiError::new(503, e, "start the store's metadata writer (`vdstream server --store s3://… --metadata-writer`), or send the change to it directly")
+        })
+    })
+    .await
+    {
+        Ok(a) => {
+            log::info!("HTTP API: {method} {shown} sent to the metadata writer {}: {}", a.writer, a.status);
+            let mut r = Response::new(Body::from(a.body));
+            *r.status_mut() = StatusCode::from_u16(a.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            if let Some(ct) = a.content_type.and_then(|c| c.parse().ok()) {
+                r.headers_mut().insert(header::CONTENT_TYPE, ct);
+            }
+            if let Some(e) = a.etag.and_then(|c| c.parse().ok()) {
+                r.headers_mut().insert(header::ETAG, e);
+            }
+            r
+        }
+        Err(e) => {
+            log::warn!("HTTP API: {method} {shown} could not be sent to the metadata writer: {}", e.error);
+            e.into_response()
+        }
+    }
+}
