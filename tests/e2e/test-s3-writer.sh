@@ -144,6 +144,9 @@ log "from another host: the API's commands go to the writer; the others name its
 other() { unshare --uts sh -c 'hostname vds-elsewhere && exec "$@"' sh "$@"; }
 other "$VDSTREAM_BIN" version list g --store "$S3" --json >"$E2E_TMP/remote-list.json" || fail "version list from another host failed"
 assert_eq "generation read from another host" "$(json_get "$E2E_TMP/remote-list.json" 'j["generation"]')" $((g3 + 1))
+other "$VDSTREAM_BIN" audit g --store "$S3" --json >"$E2E_TMP/remote-audit.json" || fail "audit from another host failed"
+assert_eq "promotes of g in the audit trail read from another host" \
+    "$(json_get "$E2E_TMP/remote-audit.json" 'sum(1 for e in j if e["action"] == "version.promote")')" 3
 set +e
 other "$VDSTREAM_BIN" vdisk import h "$E2E_TMP/src.img" --store "$S3" >"$E2E_TMP/remote-import.txt" 2>&1
 rc=$?

@@ -1,10 +1,12 @@
-//! `vdstream audit [NAME]`: the store's audit trail, who changed what and when.
+//! `vdstream audit [NAME]`: the store's audit trail, who changed what and when (from the
+//! store, or from a server's API with `--server URL`, at most the last 1000 entries).
 
 use anyhow::Result;
 use clap::Args;
 use vdstream_store::audit;
 
 use crate::output::StoreOpts;
+use crate::remote::{seg, ServerOpt};
 
 /// Show who changed what and when in the store (oldest first).
 #[derive(Debug, Args)]
@@ -20,11 +22,23 @@ pub struct AuditArgs {
 
     #[command(flatten)]
     opts: StoreOpts,
+
+    #[command(flatten)]
+    api: ServerOpt,
 }
 
 pub fn run(args: AuditArgs) -> Result<()> {
-    let store = args.opts.open()?;
-    let doc = vdstream_store::documents::audit(&store, args.name.as_deref(), args.limit)?;
+    let doc = match args.api.client_for(&args.opts)? {
+        Some(c) => {
+            // The API answers at most 1000 entries (100 unless asked).
+            let mut q = vec![format!("limit={}", args.limit.unwrap_or(1000).clamp(1, 1000))];
+            if let Some(n) = &args.name {
+                q.push(format!("vdisk={}", seg(n)));
+            }
+            c.get(&format!("/api/v1/audit?{}", q.join("&")))?
+        }
+        None => vdstream_store::documents::audit(&args.opts.open()?, args.name.as_deref(), args.limit)?,
+    };
     let entries: Vec<audit::AuditEntry> = serde_json::from_value(doc.clone())?;
     args.opts.emit(doc, || {
         entries

@@ -83,10 +83,11 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   boot = true                          (and boot-advertise, boot-server = [...], boot-unknown,
   tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe)")]
 pub struct ServerArgs {
-    /// Store directory, or s3://BUCKET/PREFIX: a store in S3-compatible object storage
-    /// (filled by `vdstream store copy`), reached through AWS_ENDPOINT_URL, AWS_REGION,
-    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and served read-only: its metadata is
-    /// read every 2 s, its layers chunk by chunk through --object-cache.
+    /// Store directory, or s3://BUCKET/PREFIX: a store in S3-compatible object storage,
+    /// reached through AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY. Served as a mirror: its metadata read every 2 s, its layers
+    /// chunk by chunk through --object-cache, changes sent to its metadata writer (see
+    /// --metadata-writer).
     /// Default: $VDSTREAM_STORE, else /var/lib/vdstream/store.
     #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
     store: Option<PathBuf>,
