@@ -473,6 +473,19 @@ pub fn run(args: ServerArgs) -> Result<()> {
 }
 
 #[cfg(test)]
+mod writer_url_tests {
+    #[test]
+    fn only_loopback_http_is_plain() {
+        for yes in ["http://127.0.0.1:8480", "http://127.3.4.5:1", "http://[::1]:8480", "http://localhost:8480"] {
+            assert!(super::loopback_http(yes), "{yes}");
+        }
+        for no in ["http://10.0.0.1:8480", "https://127.0.0.1:8480", "http://127.0.0.1.evil.example:80", "http://[::2]:1", "ftp://127.0.0.1:1"] {
+            assert!(!super::loopback_http(no), "{no}");
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
@@ -618,7 +631,12 @@ fn object_store_mirror(
     }
     let m = mirror::Mirror::open(bucket, &dir, &cache, Duration::from_secs(2)).map_err(crate::store_cmd::objstore_error)?;
     log::info!("serving {} from its mirror {} ({sizes}); changes go to its metadata writer", m.bucket.location, dir.display());
-    let forward = ToWriter { dir: dir.clone(), location: m.bucket.location.to_string(), tls: args.tls.tls_certificates.clone() };
+    let forward = ToWriter {
+        dir: dir.clone(),
+        location: m.bucket.location.to_string(),
+        tls: args.tls.tls_certificates.clone(),
+        insecure: args.insecure || file.insecure.unwrap_or(false),
+    };
     Ok((dir, Some(vdstream_server::http::forward::Forwarder(std::sync::Arc::new(forward)))))
 }
 
@@ -627,10 +645,23 @@ static WRITER: std::sync::OnceLock<std::sync::Arc<vdstream_objstore::writer::Wri
 /// A mirror's way to its store's metadata writer: the URL in the mirror's copy of
 /// `writer.json` (read again every 2 s, so a new writer is found), with this server's
 /// certificate directory for an https:// writer.
+///
+/// A change carries its caller's token, and `writer.json` is only as trusted as the
+/// bucket's keys, so a change goes only where the token is safe: an https:// writer (its
+/// certificate checked against the farm's CA), or plain http on loopback, or anywhere
+/// with --insecure (a trusted network, as for this server's own listeners).
 struct ToWriter {
     dir: PathBuf,
     location: String,
     tls: Option<PathBuf>,
+    insecure: bool,
+}
+
+/// Whether `url` is `http://` to a loopback address (127.0.0.0/8, [::1], localhost).
+fn loopback_http(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else { return false };
+    let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
+    host == "localhost" || host.trim_matches(|c| c == '[' || c == ']').parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 impl vdstream_server::http::forward::Forward for ToWriter {
@@ -639,6 +670,12 @@ impl vdstream_server::http::forward::Forward for ToWriter {
         let rec = WriterRecord::read_local(&self.dir).ok_or_else(|| format!("no server is the metadata writer of {}, so it takes no changes now", self.location))?;
         if !rec.alive() {
             return Err(format!("the metadata writer of {} (at {} on {}) has not been heard from for {} s", self.location, rec.url, rec.host, rec.age()));
+        }
+        if !rec.url.starts_with("https://") && !loopback_http(&rec.url) && !self.insecure {
+            return Err(format!(
+                "the metadata writer of {} is at {}, plain http on the network: a change carries its caller's token, so it is not sent there; \
+                 serve the writer's API over TLS (--tls-certificates), or start this server with --insecure on a trusted network",
+                self.location, rec.url));
         }
         let creds = vdstream_agent::client::Credentials::default().with_tls_dir(self.tls.clone());
         let client = vdstream_agent::client::Client::with_credentials(&rec.url, creds).map_err(|e| e.to_string())?;
