@@ -96,6 +96,11 @@ qemu-img compare "$E2E_TMP/s3.qcow2" "$E2E_TMP/local.qcow2" >/dev/null || fail "
 nbdcopy "$(xuri vdisk/g "$sock_b")" "$E2E_TMP/mirror.raw" || fail "reading vdisk/g from the mirror failed"
 qemu-img compare -f raw "$E2E_TMP/mirror.raw" "$E2E_TMP/local.qcow2" >/dev/null || fail "the mirror serves other bytes than the local store"
 log "ok: export from s3:// = export from the local folder = what the mirror serves"
+gets=$(curl -sf "$B/metrics" | awk '/^vdstream_object_gets_total /{print $2}')
+fetched=$(curl -sf "$B/metrics" | awk '/^vdstream_object_get_bytes_total /{print $2}')
+corrupt=$(curl -sf "$B/metrics" | awk '/^vdstream_object_corrupt_total /{print $2}')
+((gets > 0 && fetched >= gets)) || fail "the mirror's /metrics shows no chunk GETs after serving g (gets=$gets bytes=$fetched)"
+assert_eq "chunks failing their checksum in the mirror's /metrics" "$corrupt" 0
 
 log "two servers racing to promote on the same generation"
 v3=$(s3 version new g --json | json_get /dev/stdin 'j["version"]["number"]')

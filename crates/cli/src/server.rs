@@ -325,10 +325,10 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
     }
     let store = vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref()));
     let http = args.http.or(http_from_file);
-    let (store, forward) = match store.to_str().and_then(vdstream_objstore::S3Location::parse) {
+    let (store, forward, extra_counters) = match store.to_str().and_then(vdstream_objstore::S3Location::parse) {
         Some(location) => object_store_mirror(args, &file, location.map_err(crate::store_cmd::objstore_error)?, http)?,
         None if args.metadata_writer => return Err(anyhow!("--metadata-writer is for a store in object storage (--store s3://BUCKET/PREFIX); a store folder has its own lock")),
-        None => (store, None),
+        None => (store, None, None),
     };
     vdstream_store::check_location(&store)?;
     // NBD TLS with --tls on|require. --tls-certificates with --tls off serves only the
@@ -368,6 +368,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         nbd_tls_mode: args.tls.tls,
         handshake_penalty: args.penalty.config(file.handshake_penalty, file.handshake_penalty_exempt.as_deref())?,
         forward,
+        extra_counters,
     })
 }
 
@@ -588,7 +589,7 @@ fn object_store_mirror(
     file: &ConfigFile,
     location: vdstream_objstore::S3Location,
     http: Option<SocketAddr>,
-) -> Result<(PathBuf, Option<vdstream_server::http::forward::Forwarder>)> {
+) -> Result<(PathBuf, Option<vdstream_server::http::forward::Forwarder>, Option<vdstream_server::config::ExtraCounters>)> {
     use vdstream_objstore::{layer::CacheConfig, mirror};
     let base = args.object_cache.clone().or(file.object_cache.clone()).unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects"));
     let dir = mirror::default_dir(&base, &location);
@@ -625,9 +626,10 @@ fn object_store_mirror(
         };
         let w = vdstream_objstore::writer::Writer::start(bucket, &dir, &cache, &url).map_err(crate::store_cmd::objstore_error)?;
         log::info!("serving {} as its metadata writer from {} ({sizes}); changes go to {url}", w.mirror.bucket.location, dir.display());
+        let counters = chunk_counters(w.mirror.cache.clone());
         // The publisher thread holds the writer weakly; the process keeps it.
         let _ = WRITER.set(w);
-        return Ok((dir, None));
+        return Ok((dir, None, Some(counters)));
     }
     let m = mirror::Mirror::open(bucket, &dir, &cache, Duration::from_secs(2)).map_err(crate::store_cmd::objstore_error)?;
     log::info!("serving {} from its mirror {} ({sizes}); changes go to its metadata writer", m.bucket.location, dir.display());
@@ -637,7 +639,12 @@ fn object_store_mirror(
         tls: args.tls.tls_certificates.clone(),
         insecure: args.insecure || file.insecure.unwrap_or(false),
     };
-    Ok((dir, Some(vdstream_server::http::forward::Forwarder(std::sync::Arc::new(forward)))))
+    Ok((dir, Some(vdstream_server::http::forward::Forwarder(std::sync::Arc::new(forward))), Some(chunk_counters(m.cache.clone()))))
+}
+
+/// The chunk cache's counters for /metrics.
+fn chunk_counters(cache: std::sync::Arc<vdstream_objstore::layer::ChunkCache>) -> vdstream_server::config::ExtraCounters {
+    vdstream_server::config::ExtraCounters(std::sync::Arc::new(move || cache.stats.counters()))
 }
 
 static WRITER: std::sync::OnceLock<std::sync::Arc<vdstream_objstore::writer::Writer>> = std::sync::OnceLock::new();

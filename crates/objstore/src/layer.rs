@@ -196,6 +196,21 @@ pub struct CacheStats {
 }
 
 impl CacheStats {
+    /// The counters for /metrics: (name, help, value).
+    pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("vdstream_object_gets_total", "Chunks fetched from the object store (range GETs).", g(&self.gets)),
+            ("vdstream_object_get_bytes_total", "Bytes fetched from the object store.", g(&self.get_bytes)),
+            ("vdstream_object_ram_hits_total", "Chunk reads the RAM tier of the chunk cache answered.", g(&self.ram_hits)),
+            ("vdstream_object_disk_hits_total", "Chunk reads the SSD tier of the chunk cache answered.", g(&self.disk_hits)),
+            ("vdstream_object_shared_waits_total", "Chunk reads that waited for another reader's GET of the same chunk.", g(&self.shared_waits)),
+            ("vdstream_object_readahead_total", "Chunks fetched ahead of the reads.", g(&self.readahead)),
+            ("vdstream_object_corrupt_total", "Chunks refused for failing their CRC-32C (never served).", g(&self.corrupt)),
+            ("vdstream_object_failed_total", "Chunk fetches that failed (timeout, store unreachable).", g(&self.failed)),
+        ]
+    }
+
     pub fn snapshot(&self) -> serde_json::Value {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         serde_json::json!({

@@ -174,7 +174,8 @@ impl Mirror {
             };
             write_atomic(&self.dir.join(rel), &data)?;
             etags.insert(rel.clone(), etag.clone());
-            changed += 1;
+            // (The writer's heartbeat renews writer.json every few seconds: not news.)
+            changed += usize::from(rel != crate::writer::WRITER_OBJECT);
         }
         let gone: Vec<String> = etags.keys().filter(|k| !listed.iter().any(|(r, _, _)| r == *k)).cloned().collect();
         for rel in gone {

@@ -74,6 +74,19 @@ pub struct ServerOptions {
     /// A mirror of a store in object storage: where the API's changes go (its metadata
     /// writer); `None`: this server changes its own store.
     pub forward: Option<crate::http::forward::Forwarder>,
+    /// Counters of the store's backend for /metrics (a store in object storage: its chunk
+    /// cache's GETs, hits, checksum failures).
+    pub extra_counters: Option<ExtraCounters>,
+}
+
+/// Counters /metrics reads at each scrape: (name ending in `_total`, help, value).
+#[derive(Clone)]
+pub struct ExtraCounters(pub std::sync::Arc<dyn Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync>);
+
+impl std::fmt::Debug for ExtraCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExtraCounters")
+    }
 }
 
 /// A server asked to listen in plaintext where other machines can reach it.
@@ -119,6 +132,7 @@ impl ServerOptions {
             boot: None,
             handshake_penalty: Default::default(),
             forward: None,
+            extra_counters: None,
         }
     }
 

@@ -254,6 +254,8 @@ pub struct ServerState {
     pub handshake_penalty: vdstream_nbd::penalty::PenaltyConfig,
     /// The API's changes go to the store's metadata writer (a mirror of object storage).
     pub forward: Option<crate::http::forward::Forwarder>,
+    /// Counters of the store's backend for /metrics.
+    pub extra_counters: Option<crate::config::ExtraCounters>,
 }
 
 impl ServerState {
@@ -281,6 +283,7 @@ impl ServerState {
             anonymous: opts.anonymous,
             handshake_penalty: opts.handshake_penalty.clone(),
             forward: opts.forward.clone(),
+            extra_counters: opts.extra_counters.clone(),
         })
     }
 

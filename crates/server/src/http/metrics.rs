@@ -119,6 +119,12 @@ pub(crate) fn render(shared: &Shared) -> String {
     m.gauge("vdstream_read_cache_used_bytes", "Bytes the shared read cache holds.", rc.used);
     m.gauge("vdstream_read_cache_capacity_bytes", "The shared read cache's size (--read-cache).", rc.capacity);
 
+    if let Some(extra) = &state.extra_counters {
+        for (name, help, v) in (extra.0)() {
+            m.counter(name, help, v);
+        }
+    }
+
     let snaps: Vec<_> = sessions.iter().map(|s| {
         let i = &s.info;
         let target = i.target.clone().unwrap_or_default();
