@@ -34,6 +34,12 @@ pub fn is_metadata(rel: &str) -> bool {
     }
 }
 
+/// The store's API tokens (SHA-256 hashes only; `vdstream_server::tokens::TOKEN_FILE`): the
+/// metadata writer publishes them and mirrors read them, so that one token works on every
+/// server of the store (a mirror's API forwards its caller's token to the writer). Not
+/// moved by `store copy`: a copied store is another farm.
+pub const TOKENS: &str = "api-tokens.json";
+
 /// Writes `bytes` to `path` atomically and durably (the store's own `write_atomic`),
 /// creating its folder first.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -162,7 +168,7 @@ impl Mirror {
         }
         // The metadata, and who writes it (`writer.json`: where this server sends changes).
         let listed: Vec<(String, u64, Option<String>)> =
-            all.into_iter().filter(|(rel, _, _)| is_metadata(rel) || rel == crate::writer::WRITER_OBJECT).collect();
+            all.into_iter().filter(|(rel, _, _)| is_metadata(rel) || rel == crate::writer::WRITER_OBJECT || rel == TOKENS).collect();
         let mut etags = self.etags.lock().unwrap_or_else(|e| e.into_inner());
         let mut changed = 0;
         for (rel, _, etag) in &listed {
@@ -173,6 +179,11 @@ impl Mirror {
                 continue;
             };
             write_atomic(&self.dir.join(rel), &data)?;
+            if rel == TOKENS {
+                use std::os::unix::fs::PermissionsExt;
+                let p = self.dir.join(rel);
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).map_err(local("restrict", &p))?;
+            }
             etags.insert(rel.clone(), etag.clone());
             // (The writer's heartbeat renews writer.json every few seconds: not news.)
             changed += usize::from(rel != crate::writer::WRITER_OBJECT);

@@ -36,7 +36,7 @@ use crate::client::Bucket;
 use crate::copy::{layer_files, upload_layer, Held};
 use crate::error::{local, Error, Result};
 use crate::layer::CacheConfig;
-use crate::mirror::{is_metadata, write_atomic, Mirror, MIRROR_MARKER};
+use crate::mirror::{is_metadata, write_atomic, Mirror, MIRROR_MARKER, TOKENS};
 
 /// The object (beside `store.json`) that names the store's metadata writer.
 pub const WRITER_OBJECT: &str = "writer.json";
@@ -190,7 +190,7 @@ impl Writer {
         // there); what differs locally goes up in the first round.
         let mut published = Published::default();
         for (rel, _, _) in bucket.list("")? {
-            if is_metadata(&rel) {
+            if is_metadata(&rel) || rel == TOKENS {
                 published.meta.insert(rel.clone(), u64::MAX);
             }
         }
@@ -257,7 +257,8 @@ impl Writer {
     }
 
     /// Sends what changed in the folder since the last round: each vDisk's new or changed
-    /// layers, then its `vdisk.json`; then the targets, the audit trail and `store.json`;
+    /// layers, then its `vdisk.json`; then the targets, the audit trail, the API tokens
+    /// (hashes) and `store.json`;
     /// then removes the metadata of what was deleted. Returns how many objects were sent or
     /// removed. A vDisk whose layer could not be sent keeps its old `vdisk.json` in the
     /// bucket until the next round.
@@ -294,10 +295,11 @@ impl Writer {
             let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("targets")).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
             paths.sort();
             paths.push(dir.join("audit.log"));
+            paths.push(dir.join(TOKENS));
             paths.push(dir.join("store.json"));
             for p in paths {
                 let rel = p.strip_prefix(dir).expect("inside").to_string_lossy().into_owned();
-                if is_metadata(&rel) && p.is_file() {
+                if (is_metadata(&rel) || rel == TOKENS) && p.is_file() {
                     rest.push((rel, std::fs::read(&p).map_err(local("read", &p))?));
                 }
             }
