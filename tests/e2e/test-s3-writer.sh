@@ -15,6 +15,9 @@
 #   host named;
 # - with the writer stopped, a change sent to the mirror is 503 naming the writer, and
 #   nothing changes; the writer restarted on its folder resumes;
+# - a copy into a bucket whose writer is alive is refused (exit 4); a store copied into
+#   a new prefix gets a writer that fetches its layers, and a version made, written,
+#   promoted and merged there exports the same as on the local folder;
 # - a token made on the writer's host reaches the mirror (its API closes), and a change
 #   sent to the mirror with it is made by the writer and audited under the token's name.
 # shellcheck source=lib.sh
@@ -33,8 +36,8 @@ garage_start
 S3=s3://vdstream-test/farm
 LOCAL=$STORE
 
-read -r port_a port_b <<<"$("$PY" -c 'import socket
-s=[socket.socket() for _ in range(2)]
+read -r port_a port_b port_c <<<"$("$PY" -c 'import socket
+s=[socket.socket() for _ in range(3)]
 [x.bind(("127.0.0.1",0)) for x in s]
 print(*[x.getsockname()[1] for x in s])')"
 A=http://127.0.0.1:$port_a
@@ -191,4 +194,33 @@ until VDSTREAM_TOKEN=$tok "$VDSTREAM_BIN" audit g --server "$B" --json | grep -q
     ((SECONDS < deadline)) || fail "the audit trail does not name the token of the forwarded change 20 s later"
     sleep 0.5
 done
+
+log "a store copy into a bucket with a live writer is refused"
+set +e
+"$VDSTREAM_BIN" store copy --from "$LOCAL" --to "$S3" >"$E2E_TMP/copy-live.txt" 2>&1
+rc=$?
+set -e
+assert_eq "exit status of a copy into a store with a live writer" "$rc" 4
+grep -q "has a live metadata writer" "$E2E_TMP/copy-live.txt" || fail "the refusal does not say why: $(cat "$E2E_TMP/copy-live.txt")"
+
+log "a store copied up: its writer fetches the layers, and versions and merges work there"
+C=s3://vdstream-test/copied
+"$VDSTREAM_BIN" store copy --from "$LOCAL" --to "$C" >/dev/null
+STORE=$C
+start_store_server --metadata-writer --http "127.0.0.1:$port_c" --object-cache "$E2E_TMP/cache-w2" --object-cache-ram 32M --object-cache-disk 0
+sock_c=$SOCK
+STORE=$LOCAL
+grep -q "fetched [0-9]* layer(s)" "$SERVER_LOG" || fail "the writer of a copied store did not fetch its layers"
+vc=$("$VDSTREAM_BIN" version new g --store "$C" --json | json_get /dev/stdin 'j["version"]["number"]')
+qemu-io -f raw -c "write -P 0x61 3M 128k" "$(xuri maintenance/g "$sock_c")" >/dev/null || fail "writing maintenance/g of the copied store failed"
+"$VDSTREAM_BIN" version promote g "$vc" --to production --store "$C" >/dev/null
+"$VDSTREAM_BIN" version merge g --store "$C" >/dev/null
+vl=$(loc version new g --json | json_get /dev/stdin 'j["version"]["number"]')
+store_qemu_io g -c "write -P 0x61 3M 128k"
+loc version promote g "$vl" --to production >/dev/null
+loc version merge g >/dev/null
+"$VDSTREAM_BIN" vdisk export g@production "$E2E_TMP/c.qcow2" --format qcow2 --store "$C" >/dev/null
+loc vdisk export g@production "$E2E_TMP/l2.qcow2" --format qcow2 >/dev/null
+qemu-img compare "$E2E_TMP/c.qcow2" "$E2E_TMP/l2.qcow2" >/dev/null || fail "the copied store's export differs from the local store's after the same steps"
+log "ok: the copied store's writer made, promoted and merged a version like the local folder"
 echo "PASS"

@@ -64,6 +64,8 @@ pub const MAX_RESPONSE: u64 = 64 << 20;
 pub struct Credentials {
     token: Option<Arc<str>>,
     tls_dir: Option<PathBuf>,
+    /// Show no client certificate even when the directory has one.
+    no_client_cert: bool,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -91,7 +93,13 @@ impl Credentials {
             _ => None,
         };
         let tls_dir = std::env::var_os("VDSTREAM_TLS_CERTIFICATES").filter(|d| !d.is_empty()).map(PathBuf::from);
-        Ok(Credentials { token: token.map(Into::into), tls_dir })
+        Ok(Credentials { token: token.map(Into::into), tls_dir, no_client_cert: false })
+    }
+
+    /// Only the CA of `dir` (to verify the server); no client certificate is shown, so
+    /// that a relayed call acts as its own caller, never as this process's identity.
+    pub fn ca_only(dir: Option<PathBuf>) -> Self {
+        Credentials { token: None, tls_dir: dir, no_client_cert: true }
     }
 
     pub fn with_token(mut self, token: Option<String>) -> Self {
@@ -115,7 +123,7 @@ impl Credentials {
         let bad = |e: vdstream_tls::TlsError| ClientError::Credentials(e.to_string());
         let roots: Vec<Certificate<'static>> = vdstream_tls::files::read_certs(&dir.join("ca-cert.pem")).map_err(bad)?.iter().map(|c| Certificate::from_der(c.as_ref()).to_owned()).collect();
         let (cert_path, key_path) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
-        let client_cert = if cert_path.exists() || key_path.exists() {
+        let client_cert = if !self.no_client_cert && (cert_path.exists() || key_path.exists()) {
             let chain: Vec<Certificate<'static>> = vdstream_tls::files::read_certs(&cert_path).map_err(bad)?.iter().map(|c| Certificate::from_der(c.as_ref()).to_owned()).collect();
             let pem = std::fs::read(&key_path).map_err(|e| ClientError::Credentials(format!("cannot read {}: {e}", key_path.display())))?;
             let key = PrivateKey::from_pem(&pem).map_err(|e| ClientError::Credentials(format!("{}: not a private key in PEM: {e}", key_path.display())))?;

@@ -124,7 +124,13 @@ fn s3_store(text: &str) -> Option<Result<S3Store, (crate::exit::Kind, String)>> 
                     (crate::exit::Kind::NotFound, format!("{location} has no metadata writer, so nothing can change it now: start one with \
                              `vdstream server --store {location} --metadata-writer --http ADDR` (or make changes in a local store and `vdstream store copy` it up)"))
                 })?;
-                if rec.host == hostname() && rec.folder.join("store.json").exists() {
+                // The writer's folder, when it is on this host: the same id in the folder
+                // (a host name alone may repeat, and the bucket names the folder).
+                let ours = std::fs::read_to_string(rec.folder.join("writer-id")).is_ok_and(|id| id.trim() == rec.id);
+                if rec.host == hostname() && ours && rec.folder.join("store.json").exists() {
+                    if !rec.alive() {
+                        log::warn!("the metadata writer of {location} has not renewed {} for {} s: changes made in its folder are published once it runs", vdstream_objstore::writer::WRITER_OBJECT, rec.age());
+                    }
                     return Ok(S3Store::Local(rec.folder));
                 }
                 Ok(S3Store::Remote { url: rec.url, host: rec.host, location: location.to_string() })

@@ -22,15 +22,16 @@ pub struct ServerOpt {
     #[arg(long, value_name = "URL")]
     pub server: Option<String>,
 
-    /// With --server: the API token is the first line of FILE (else $VDSTREAM_TOKEN, else
-    /// the file $VDSTREAM_TOKEN_FILE names).
-    #[arg(long, value_name = "FILE", requires = "server")]
+    /// With --server (or an s3:// --store whose metadata writer is on another host): the
+    /// API token is the first line of FILE (else $VDSTREAM_TOKEN, else the file
+    /// $VDSTREAM_TOKEN_FILE names).
+    #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 
-    /// With an https:// --server: the certificate directory (ca-cert.pem, and
+    /// With an https:// server: the certificate directory (ca-cert.pem, and
     /// client-cert.pem and client-key.pem if the client shows one). Default:
     /// $VDSTREAM_TLS_CERTIFICATES.
-    #[arg(long, value_name = "DIR", requires = "server")]
+    #[arg(long, value_name = "DIR")]
     pub tls_certificates: Option<PathBuf>,
 }
 
@@ -57,10 +58,26 @@ impl ServerOpt {
             return self.client();
         }
         match o.s3()? {
-            Some(crate::output::S3Store::Remote { url, .. }) => ServerOpt { server: Some(url), ..self.clone() }.client(),
+            Some(crate::output::S3Store::Remote { url, location, .. }) => {
+                // The URL comes from the bucket: the token goes only where it is safe.
+                if !url.starts_with("https://") && !loopback_http(&url) {
+                    return Err(crate::exit::fail(crate::exit::Kind::Usage, format!(
+                        "the metadata writer of {location} is at {url}, plain http on the network: this command's token is not sent there; \
+                         serve the writer's API over TLS, or give --server URL yourself to send it anyway")));
+                }
+                ServerOpt { server: Some(url), ..self.clone() }.client()
+            }
             _ => Ok(None),
         }
     }
+}
+
+/// Whether `url` is `http://` to a loopback address (127.0.0.0/8, [::1], localhost): a
+/// plaintext API where a token cannot be overheard.
+pub fn loopback_http(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else { return false };
+    let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
+    host == "localhost" || host.trim_matches(|c| c == '[' || c == ']').parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Percent-encodes one path segment (names are checked by the server, as by the store).

@@ -478,10 +478,10 @@ mod writer_url_tests {
     #[test]
     fn only_loopback_http_is_plain() {
         for yes in ["http://127.0.0.1:8480", "http://127.3.4.5:1", "http://[::1]:8480", "http://localhost:8480"] {
-            assert!(super::loopback_http(yes), "{yes}");
+            assert!(crate::remote::loopback_http(yes), "{yes}");
         }
         for no in ["http://10.0.0.1:8480", "https://127.0.0.1:8480", "http://127.0.0.1.evil.example:80", "http://[::2]:1", "ftp://127.0.0.1:1"] {
-            assert!(!super::loopback_http(no), "{no}");
+            assert!(!crate::remote::loopback_http(no), "{no}");
         }
     }
 }
@@ -647,6 +647,8 @@ fn chunk_counters(cache: std::sync::Arc<vdstream_objstore::layer::ChunkCache>) -
     vdstream_server::config::ExtraCounters(std::sync::Arc::new(move || cache.stats.counters()))
 }
 
+use vdstream_server::http::forward::ForwardError;
+
 static WRITER: std::sync::OnceLock<std::sync::Arc<vdstream_objstore::writer::Writer>> = std::sync::OnceLock::new();
 
 /// A mirror's way to its store's metadata writer: the URL in the mirror's copy of
@@ -664,29 +666,24 @@ struct ToWriter {
     insecure: bool,
 }
 
-/// Whether `url` is `http://` to a loopback address (127.0.0.0/8, [::1], localhost).
-fn loopback_http(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else { return false };
-    let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
-    host == "localhost" || host.trim_matches(|c| c == '[' || c == ']').parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
 
 impl vdstream_server::http::forward::Forward for ToWriter {
-    fn forward(&self, req: vdstream_server::http::forward::ForwardRequest) -> std::result::Result<vdstream_server::http::forward::ForwardAnswer, String> {
+    fn forward(&self, req: vdstream_server::http::forward::ForwardRequest) -> std::result::Result<vdstream_server::http::forward::ForwardAnswer, ForwardError> {
         use vdstream_objstore::writer::WriterRecord;
-        let rec = WriterRecord::read_local(&self.dir).ok_or_else(|| format!("no server is the metadata writer of {}, so it takes no changes now", self.location))?;
-        if !rec.alive() {
-            return Err(format!("the metadata writer of {} (at {} on {}) has not been heard from for {} s", self.location, rec.url, rec.host, rec.age()));
-        }
-        if !rec.url.starts_with("https://") && !loopback_http(&rec.url) && !self.insecure {
-            return Err(format!(
+        let rec = WriterRecord::read_local(&self.dir)
+            .ok_or_else(|| ForwardError::NotSent(format!("no server is the metadata writer of {}, so it takes no changes now", self.location)))?;
+        if !rec.url.starts_with("https://") && !crate::remote::loopback_http(&rec.url) && !self.insecure {
+            return Err(ForwardError::NotSent(format!(
                 "the metadata writer of {} is at {}, plain http on the network: a change carries its caller's token, so it is not sent there; \
                  serve the writer's API over TLS (--tls-certificates), or start this server with --insecure on a trusted network",
-                self.location, rec.url));
+                self.location, rec.url)));
         }
-        let creds = vdstream_agent::client::Credentials::default().with_tls_dir(self.tls.clone());
-        let client = vdstream_agent::client::Client::with_credentials(&rec.url, creds).map_err(|e| e.to_string())?;
-        let r = client.relay(&req.method, &req.path, &req.headers, req.body).map_err(|e| e.to_string())?;
+        let creds = vdstream_agent::client::Credentials::ca_only(self.tls.clone());
+        let client = vdstream_agent::client::Client::with_credentials(&rec.url, creds).map_err(|e| ForwardError::NotSent(e.to_string()))?;
+        let r = client.relay(&req.method, &req.path, &req.headers, req.body).map_err(|e| match e {
+            vdstream_agent::client::ClientError::Connect { .. } => ForwardError::NotSent(e.to_string()),
+            other => ForwardError::Unknown(other.to_string()),
+        })?;
         Ok(vdstream_server::http::forward::ForwardAnswer { status: r.status, content_type: r.content_type, etag: r.etag, body: r.body, writer: rec.url })
     }
 }

@@ -105,6 +105,12 @@ pub(crate) struct Held {
 }
 
 fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
+    if let Some(w) = crate::writer::WriterRecord::read(bucket)?.filter(|w| w.alive()) {
+        return Err(Error::Conflict(format!(
+            "{} has a live metadata writer (the server at {} on {}): a copy into it would be overwritten by, or undo, the writer's changes; \
+             make changes through the writer, or stop it first",
+            bucket.location, w.url, w.host)));
+    }
     let store = vdstream_store::Store::open(dir).map_err(|e| Error::NotFound(e.to_string()))?;
     let mut report = CopyReport { from: dir.display().to_string(), to: bucket.location.to_string(), ..Default::default() };
     // Under the store's shared lock: the metadata as it is now, and every layer it names
@@ -385,7 +391,7 @@ fn matching_chunks(path: &Path, index: &LayerIndex) -> Vec<bool> {
     ok
 }
 
-fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
+pub(crate) fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
     let object_rel = index.object_rel(rel);
     if path.metadata().is_ok_and(|m| m.len() == index.len) && matching_chunks(path, index).iter().all(|&b| b) {
         advance(index.len);

@@ -75,6 +75,12 @@ impl Mirror {
     /// metadata, registers it as the remote root of its layers, and reads the metadata
     /// again every `refresh`.
     pub fn open(bucket: Bucket, dir: &Path, cache: &CacheConfig, refresh: Duration) -> Result<Arc<Self>> {
+        if dir.join(crate::writer::LOCAL_ID).exists() {
+            return Err(Error::Conflict(format!(
+                "{} is a metadata writer's folder (it may hold changes not yet in the bucket): give this server another --object-cache, \
+                 or start it with --metadata-writer again",
+                dir.display())));
+        }
         let mirror = Self::build(bucket, dir, cache, true)?;
         mirror.start_fresh()?;
         let marker =

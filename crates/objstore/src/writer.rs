@@ -33,7 +33,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::client::Bucket;
-use crate::copy::{layer_files, upload_layer, Held};
+use crate::copy::{download_layer, layer_files, upload_layer, Held};
 use crate::error::{local, Error, Result};
 use crate::layer::CacheConfig;
 use crate::mirror::{is_metadata, write_atomic, Mirror, MIRROR_MARKER, TOKENS};
@@ -42,7 +42,7 @@ use crate::mirror::{is_metadata, write_atomic, Mirror, MIRROR_MARKER, TOKENS};
 pub const WRITER_OBJECT: &str = "writer.json";
 /// The file in the writer's folder that holds its id (so that a restarted writer knows
 /// its folder is still the truth).
-const LOCAL_ID: &str = "writer-id";
+pub(crate) const LOCAL_ID: &str = "writer-id";
 /// How often the writer renews `writer.json`.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// A heartbeat older than this is a writer that stopped; another may take the role.
@@ -110,6 +110,94 @@ type Stamp = (u64, i128);
 struct Published {
     layers: HashMap<String, Stamp>,
     meta: HashMap<String, u64>,
+    /// Each published vDisk's incarnation (its `created`).
+    created: HashMap<String, String>,
+}
+
+/// A vDisk's incarnation: `created` of its `vdisk.json` (a vDisk deleted and made again
+/// under its name has a new one, and reuses its layer file names).
+fn incarnation(vdisk_json: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(vdisk_json).ok().and_then(|v| v.get("created").map(|c| c.to_string())).unwrap_or_default()
+}
+
+/// Refuses to resume a folder when the bucket holds a newer generation of a vDisk than
+/// the folder does: the store was changed without this writer (`store copy`, another
+/// writer), and publishing the folder would undo that.
+fn refuse_if_bucket_ahead(bucket: &Bucket, dir: &Path) -> Result<()> {
+    for (rel, _, _) in bucket.list("vdisks/")? {
+        let Some(name) = rel.strip_prefix("vdisks/").and_then(|r| r.strip_suffix("/vdisk.json")) else { continue };
+        let gen = |raw: &[u8]| serde_json::from_slice::<serde_json::Value>(raw).ok().and_then(|v| v.get("generation").and_then(|g| g.as_u64())).unwrap_or(0);
+        let Some(theirs) = bucket.get_capped(&rel, 64 << 20)? else { continue };
+        let ours = std::fs::read(dir.join(&rel)).map(|r| gen(&r)).unwrap_or(0);
+        if gen(&theirs) > ours {
+            return Err(Error::Conflict(format!(
+                "{}: vDisk {name} is at generation {} there but {} in this writer's folder {}: the store was changed without this writer \
+                 (a store copy, or another writer); move the folder aside (its unpublished changes stay in it) and start again to begin from the bucket",
+                bucket.location,
+                gen(&theirs),
+                ours,
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Moves what an earlier writer left in `dir` (metadata, layers) into `dir/stale-TIME/`:
+/// it may hold changes that never reached the bucket, so it is kept, not deleted.
+fn set_aside(dir: &Path) -> Result<()> {
+    let aside = dir.join(format!("stale-{}", now_secs()));
+    let mut moved = Vec::new();
+    for name in ["vdisks", "targets", "store.json", "audit.log", TOKENS] {
+        let p = dir.join(name);
+        if p.exists() {
+            std::fs::create_dir_all(&aside).map_err(local("create", &aside))?;
+            std::fs::rename(&p, aside.join(name)).map_err(local("move aside", &p))?;
+            moved.push(name);
+        }
+    }
+    if !moved.is_empty() {
+        log::warn!("{}: a writer's folder from before ({}) set aside into {}", dir.display(), moved.join(", "), aside.display());
+    }
+    Ok(())
+}
+
+/// Fetches every layer the folder's metadata names that is not there whole (resumable,
+/// as `store copy` down), so that the writer's folder is a whole store; a layer missing
+/// from the bucket (a maintenance version an earlier writer never published) is logged.
+fn fetch_layers(bucket: &Bucket, dir: &Path, published: &mut Published) -> Result<()> {
+    let store = vdstream_store::Store::open(dir).map_err(|e| Error::Io(e.to_string()))?;
+    let (mut layers, mut bytes) = (0, 0);
+    for name in store.names().map_err(|e| Error::Io(e.to_string()))? {
+        let json_path = dir.join("vdisks").join(&name).join("vdisk.json");
+        let json = std::fs::read(&json_path).map_err(local("read", &json_path))?;
+        for f in layer_files(&json, &json_path.display().to_string())? {
+            let rel = format!("vdisks/{name}/{f}");
+            let path = dir.join(&rel);
+            if path.exists() {
+                continue;
+            }
+            let Some(raw) = bucket.get_capped(&format!("{rel}.idx"), crate::layer::MAX_INDEX)? else {
+                log::warn!(
+                    "{}: layer {rel} is in neither the bucket nor {}: an earlier writer's unpublished maintenance version?",
+                    bucket.location,
+                    dir.display()
+                );
+                continue;
+            };
+            let index = crate::layer::LayerIndex::parse(&raw, &bucket.what(&format!("{rel}.idx")))?;
+            if let Some(n) = download_layer(bucket, &rel, &index, &path, &mut |_| {})? {
+                bytes += n;
+            }
+            layers += 1;
+            let m = std::fs::metadata(&path).map_err(local("stat", &path))?;
+            published.layers.insert(rel, (m.len(), mtime_of(&m)));
+        }
+    }
+    if layers > 0 {
+        log::info!("{}: fetched {layers} layer(s) ({bytes} bytes) into the writer's folder {}", bucket.location, dir.display());
+    }
+    Ok(())
 }
 
 pub struct Writer {
@@ -117,6 +205,10 @@ pub struct Writer {
     record: Mutex<WriterRecord>,
     published: Mutex<Published>,
     fenced: AtomicBool,
+    /// When a heartbeat last got through.
+    last_beat: Mutex<std::time::Instant>,
+    /// The folder's lock (one writer process per folder).
+    _lock: std::fs::File,
 }
 
 impl std::fmt::Debug for Writer {
@@ -137,31 +229,56 @@ fn mtime_of(m: &std::fs::Metadata) -> i128 {
 impl Writer {
     /// Takes the writer role of the store at `bucket` (an empty store is made where there
     /// is none), with `dir` as its folder and `url` as its API; refuses while another
-    /// writer's heartbeat is fresh. The folder keeps what
-    /// it holds when this folder was the last writer (its changes may not all be published
-    /// yet); else it starts from the bucket.
+    /// writer is alive. The folder keeps what it holds when it was the last writer (its
+    /// changes may not all be published yet), unless the bucket moved on without it;
+    /// else it starts from the bucket and fetches every layer, so that it is a whole store
+    /// on which every command works as on a local folder.
     pub fn start(bucket: Bucket, dir: &Path, cache: &CacheConfig, url: &str) -> Result<Arc<Writer>> {
+        std::fs::create_dir_all(dir).map_err(local("create the writer's folder", dir))?;
+        // One process per writer folder, for the life of the process.
+        let lock_path = dir.join(".writer.lock");
+        let lock = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock_path).map_err(local("open", &lock_path))?;
+        if !vdstream_store::fsutil::try_lock(&lock, vdstream_blockdev::flock::LockMode::Exclusive).map_err(local("lock", &lock_path))? {
+            return Err(Error::Conflict(format!(
+                "{} is the folder of a metadata writer that runs on this host: give this server another --object-cache",
+                dir.display()
+            )));
+        }
         let mirror = Mirror::build(bucket, dir, cache, false)?;
         let bucket = &mirror.bucket;
         let mine = std::fs::read_to_string(dir.join(LOCAL_ID)).ok().map(|s| s.trim().to_string());
         let theirs = WriterRecord::read(bucket)?;
-        if let Some(r) = theirs.as_ref().filter(|r| Some(&r.id) != mine.as_ref() && r.alive()) {
-            return Err(Error::Conflict(format!(
-                "{} has a metadata writer already: the server at {} on {} (pid {}, heartbeat {} s ago); one server writes a store's metadata: \
-                 stop that one first (its role is free {} s after its last heartbeat), or start this server without --metadata-writer",
-                bucket.location,
-                r.url,
-                r.host,
-                r.pid,
-                r.age(),
-                STALE.as_secs()
-            )));
+        if let Some(r) = theirs.as_ref().filter(|r| Some(&r.id) != mine.as_ref()) {
+            let refuse = |r: &WriterRecord, how: String| {
+                Error::Conflict(format!(
+                    "{} has a metadata writer already: the server at {} on {} (pid {}, {how}); one server writes a store's metadata: \
+                     stop that one first (its role is free {} s after its last heartbeat), or start this server without --metadata-writer",
+                    bucket.location,
+                    r.url,
+                    r.host,
+                    r.pid,
+                    STALE.as_secs()
+                ))
+            };
+            if r.alive() {
+                return Err(refuse(r, format!("heartbeat {} s ago", r.age())));
+            }
+            // Its clock may run behind ours: a record that still changes is a live writer.
+            std::thread::sleep(HEARTBEAT * 2 + Duration::from_secs(1));
+            if let Some(again) = WriterRecord::read(bucket)?.filter(|a| a != r) {
+                return Err(refuse(&again, "its heartbeat still renews".into()));
+            }
         }
         let resume = mine.is_some() && theirs.as_ref().map(|r| &r.id) == mine.as_ref() && dir.join("store.json").exists();
-        let _ = std::fs::remove_file(dir.join(MIRROR_MARKER));
         if resume {
+            refuse_if_bucket_ahead(bucket, dir)?;
+            let _ = std::fs::remove_file(dir.join(MIRROR_MARKER));
             log::info!("{}: {} was its metadata writer before; what it holds is published again", bucket.location, dir.display());
         } else {
+            if mine.is_some() {
+                set_aside(dir)?;
+            }
+            let _ = std::fs::remove_file(dir.join(MIRROR_MARKER));
             mirror.start_fresh()?;
             mirror.sync()?;
             if !dir.join("store.json").exists() {
@@ -170,6 +287,8 @@ impl Writer {
                 log::info!("{}: no store there yet; made an empty one", bucket.location);
             }
         }
+        let mut published = Published::default();
+        fetch_layers(bucket, dir, &mut published)?;
         let id = match (&mine, resume) {
             (Some(id), true) => id.clone(),
             _ => format!("{:016x}", fastrand::u64(..)),
@@ -187,40 +306,73 @@ impl Writer {
         };
         bucket.put(WRITER_OBJECT, Bytes::from(serde_json::to_vec_pretty(&record).expect("record")))?;
         // The metadata the bucket has counts as published (a fresh start read it from
-        // there); what differs locally goes up in the first round.
-        let mut published = Published::default();
+        // there); what differs locally goes up in the first round. Each vDisk's
+        // incarnation (its `created`) is noted, to tell a vDisk made again under its name.
         for (rel, _, _) in bucket.list("")? {
             if is_metadata(&rel) || rel == TOKENS {
                 published.meta.insert(rel.clone(), u64::MAX);
             }
+            if let Some(name) = rel.strip_prefix("vdisks/").and_then(|r| r.strip_suffix("/vdisk.json")) {
+                if let Some(raw) = bucket.get_capped(&rel, 64 << 20)? {
+                    published.created.insert(name.to_string(), incarnation(&raw));
+                }
+            }
         }
-        let w = Arc::new(Writer { mirror: mirror.clone(), record: Mutex::new(record), published: Mutex::new(published), fenced: AtomicBool::new(false) });
+        let w = Arc::new(Writer {
+            mirror: mirror.clone(),
+            record: Mutex::new(record),
+            published: Mutex::new(published),
+            fenced: AtomicBool::new(false),
+            last_beat: Mutex::new(std::time::Instant::now()),
+            _lock: lock,
+        });
         mirror.register();
-        w.publish()?;
         let weak = Arc::downgrade(&w);
         std::thread::Builder::new()
-            .name("vds-s3-writer".into())
+            .name("vds-s3-heartbeat".into())
+            .spawn(move || loop {
+                std::thread::sleep(HEARTBEAT);
+                let Some(w) = weak.upgrade() else { return };
+                if w.fenced.load(Ordering::Relaxed) {
+                    return;
+                }
+                match w.heartbeat() {
+                    Ok(()) => *w.last_beat.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now(),
+                    Err(e) => log::warn!("{}: cannot renew {WRITER_OBJECT}: {e}", w.mirror.bucket.location),
+                }
+            })
+            .map_err(|e| Error::Io(format!("cannot start the heartbeat thread: {e}")))?;
+        let weak = Arc::downgrade(&w);
+        std::thread::Builder::new()
+            .name("vds-s3-publish".into())
             .spawn(move || {
-                let mut last_beat = std::time::Instant::now();
+                let mut waiting = false;
                 loop {
-                    std::thread::sleep(PUBLISH_EVERY);
                     let Some(w) = weak.upgrade() else { return };
                     if w.fenced.load(Ordering::Relaxed) {
-                        continue;
+                        return;
                     }
-                    if last_beat.elapsed() >= HEARTBEAT {
-                        last_beat = std::time::Instant::now();
-                        if let Err(e) = w.heartbeat() {
-                            log::warn!("{}: cannot renew {WRITER_OBJECT}: {e}", w.mirror.bucket.location);
+                    // Another writer may take the role once this one's heartbeat is STALE
+                    // old: publishing stops well before that, until a heartbeat gets through.
+                    let silent = w.last_beat.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+                    if silent > STALE - HEARTBEAT * 2 {
+                        if !waiting {
+                            log::error!(
+                                "{}: no heartbeat got through for {} s: publishing waits until one does (changes are kept here)",
+                                w.mirror.bucket.location,
+                                silent.as_secs()
+                            );
                         }
+                        waiting = true;
+                    } else {
+                        waiting = false;
+                        if let Err(e) = w.publish() {
+                            log::warn!("{}: cannot publish the store's changes yet: {e}; trying again", w.mirror.bucket.location);
+                        }
+                        w.mirror.write_stats();
                     }
-                    if w.fenced.load(Ordering::Relaxed) {
-                        continue;
-                    }
-                    if let Err(e) = w.publish() {
-                        log::warn!("{}: cannot publish the store's changes yet: {e}; trying again", w.mirror.bucket.location);
-                    }
-                    w.mirror.write_stats();
+                    drop(w);
+                    std::thread::sleep(PUBLISH_EVERY);
                 }
             })
             .map_err(|e| Error::Io(format!("cannot start the publisher thread: {e}")))?;
@@ -243,7 +395,7 @@ impl Writer {
             write_atomic(&self.mirror.dir.join(MIRROR_MARKER), marker.to_string().as_bytes())?;
             log::error!(
                 "{}: another server took the metadata writer role ({} on {}, pid {}): this server publishes nothing more and refuses changes; \
-                 restart it without --metadata-writer (changes made here since the last publish are in {})",
+                 its folder {} keeps what it had not published (a writer started on it again sets that aside)",
                 bucket.location,
                 other.url,
                 other.host,
@@ -310,6 +462,16 @@ impl Writer {
         let mut first_error = None;
         'vdisks: for (rel, json, held) in plan {
             present.insert(rel.clone());
+            // A vDisk made again under its name reuses its layer file names: its old
+            // metadata goes first, so that no server pairs it with the new layers.
+            let name = rel.trim_start_matches("vdisks/").trim_end_matches("/vdisk.json").to_string();
+            let now = incarnation(&json);
+            if published.created.get(&name).is_some_and(|c| *c != now) {
+                bucket.delete(&rel)?;
+                published.meta.remove(&rel);
+                published.created.remove(&name);
+                log::info!("{}: vDisk {name} was made again; its old metadata is removed before its new layers go up", bucket.location);
+            }
             for (h, stamp) in held {
                 match upload_layer(bucket, &h, &mut |_| {}) {
                     Ok(moved) => {
@@ -326,6 +488,7 @@ impl Writer {
                 }
             }
             sent += self.put_if_changed(&mut published, &rel, json)?;
+            published.created.insert(name, now);
         }
         for (rel, data) in rest {
             present.insert(rel.clone());
@@ -335,6 +498,9 @@ impl Writer {
         for rel in gone {
             bucket.delete(&rel)?;
             published.meta.remove(&rel);
+            if let Some(name) = rel.strip_prefix("vdisks/").and_then(|r| r.strip_suffix("/vdisk.json")) {
+                published.created.remove(name);
+            }
             log::info!("{}: removed {rel} (deleted in the store)", bucket.location);
             sent += 1;
         }

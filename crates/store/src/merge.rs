@@ -303,7 +303,9 @@ impl Store {
         // no temporary file behind.
         let report = merge_layers(&top, stop_at, &tmp, &MergeOptions::default(), progress).inspect_err(|_| drop_tmp())?;
         let _l = self.lock(LockMode::Exclusive).inspect_err(|_| drop_tmp())?;
-        let mut m = self.load_for_change(name).inspect_err(|_| drop_tmp())?;
+        // The expected generation was checked when the merge began; from there the
+        // generation must not have moved at all.
+        let mut m = self.clone().expecting(None).load_for_change(name).inspect_err(|_| drop_tmp())?;
         if m.generation != meta.generation {
             drop_tmp();
             return Err(StoreError::Refused(format!(

@@ -17,6 +17,7 @@ use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::auth::Caller;
 use super::error::ApiError;
 use super::limits::MAX_BODY;
 use super::shared::{blocking, Shared};
@@ -42,10 +43,19 @@ pub struct ForwardAnswer {
     pub writer: String,
 }
 
-/// Sends a change to the store's metadata writer (blocking; run off the runtime). An
-/// `Err` says why it could not be sent (no writer named, writer unreachable).
+/// Why a change has no answer from the writer.
+#[derive(Debug, Clone)]
+pub enum ForwardError {
+    /// It was not sent (no writer named, not reachable, not a safe URL): nothing changed.
+    NotSent(String),
+    /// It was sent and the answer was lost (timeout, broken connection): the writer may
+    /// have made it.
+    Unknown(String),
+}
+
+/// Sends a change to the store's metadata writer (blocking; run off the runtime).
 pub trait Forward: Send + Sync {
-    fn forward(&self, req: ForwardRequest) -> Result<ForwardAnswer, String>;
+    fn forward(&self, req: ForwardRequest) -> Result<ForwardAnswer, ForwardError>;
 }
 
 /// The server's forwarder (`None`: this server changes its own store).
@@ -60,12 +70,28 @@ impl std::fmt::Debug for Forwarder {
 
 const SENT_ALONG: [header::HeaderName; 4] = [header::AUTHORIZATION, header::CONTENT_TYPE, header::IF_MATCH, header::ACCEPT];
 
-/// The middleware (inside authorization): forwards a change when this server has a forwarder.
+/// Whether `path` is an agent's report (`/api/v1/targets/{id}/agent`), which stays here.
+fn agent_report(path: &str) -> bool {
+    path.strip_prefix("/api/v1/targets/").and_then(|r| r.strip_suffix("/agent")).is_some_and(|id| !id.is_empty() && !id.contains('/'))
+}
+
+/// The middleware (inside authorization and the API's limits): forwards a change when
+/// this server has a forwarder.
 pub(crate) async fn changes_to_writer(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let Some(Forwarder(f)) = s.state.forward.clone() else { return next.run(req).await };
     let path = req.uri().path().to_string();
-    if matches!(*req.method(), Method::GET | Method::HEAD) || !path.starts_with("/api/v1/") || path.ends_with("/agent") {
+    if matches!(*req.method(), Method::GET | Method::HEAD) || !path.starts_with("/api/v1/") || agent_report(&path) {
         return next.run(req).await;
+    }
+    // A token travels with the change; a certificate's identity cannot (the writer sees
+    // this server's connection, not the caller's certificate).
+    if matches!(req.extensions().get::<Caller>(), Some(Caller::Cert(_))) {
+        return ApiError::new(
+            403,
+            "this server is a mirror of a store in object storage: a change made by certificate identity cannot be forwarded to its metadata writer",
+            "send the change to the metadata writer's API directly, or use an API token (`vdstream token add`)",
+        )
+        .into_response();
     }
     let (parts, body) = req.into_parts();
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
@@ -77,13 +103,22 @@ pub(crate) async fn changes_to_writer(State(s): State<Arc<Shared>>, req: Request
     let fr =
         ForwardRequest { method: parts.method.to_string(), path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or(path.clone()), headers, body };
     let (method, shown) = (fr.method.clone(), path.clone());
-    match blocking(move || {
-        f.forward(fr).map_err(|e| {
-            ApiError::new(503, e, "start the store's metadata writer (`vdstream server --store s3://… --metadata-writer`), or send the change to it directly")
+    let sent = blocking(move || {
+        f.forward(fr).map_err(|e| match e {
+            ForwardError::NotSent(m) => ApiError::new(
+                503,
+                m,
+                "start the store's metadata writer (`vdstream server --store s3://… --metadata-writer`) or let it be reached; nothing was changed",
+            ),
+            ForwardError::Unknown(m) => ApiError::new(
+                504,
+                format!("the change was sent to the metadata writer, but its answer was lost ({m})"),
+                "it may have been made: read the vDisk (or target) again before you send it once more",
+            ),
         })
     })
-    .await
-    {
+    .await;
+    match sent {
         Ok(a) => {
             log::info!("HTTP API: {method} {shown} sent to the metadata writer {}: {}", a.writer, a.status);
             let mut r = Response::new(Body::from(a.body));
@@ -99,6 +134,17 @@ pub(crate) async fn changes_to_writer(State(s): State<Arc<Shared>>, req: Request
         Err(e) => {
             log::warn!("HTTP API: {method} {shown} could not be sent to the metadata writer: {}", e.error);
             e.into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_agents_reports_stay() {
+        assert!(super::agent_report("/api/v1/targets/pc-01/agent"));
+        for no in ["/api/v1/targets/agent", "/api/v1/targets//agent", "/api/v1/targets/a/b/agent", "/api/v1/vdisks/agent"] {
+            assert!(!super::agent_report(no), "{no}");
         }
     }
 }

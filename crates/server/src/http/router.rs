@@ -4,11 +4,12 @@
 //!
 //! Layers, outermost first (each request): the error document for every bare answer of
 //! 400 and over (error.rs), the head checks, the caller and its role (auth.rs: 401/403
-//! before anything else is done), on a mirror of a store in object storage the changes
-//! sent to its metadata writer (forward.rs), at most [`MAX_IN_FLIGHT`] requests in
+//! before anything else is done), at most [`MAX_IN_FLIGHT`] requests in
 //! handlers (more wait), the body limit ([`MAX_BODY`], by `Content-Length` before
 //! anything is read; [`MAX_AGENT_REPORT`] on the agent route), and [`HANDLER_TIMEOUT`]
-//! (503).
+//! (503). On a mirror of a store in object storage the changes go to its metadata writer
+//! (forward.rs) inside the concurrency limit, with their own body cap and the relay's
+//! timeout (as long as the handlers').
 //! A path no route matches is 404, one matched with another method 405 with `Allow`;
 //! a trailing `/` is ignored (the connection task strips it before routing).
 
@@ -98,8 +99,8 @@ fn api(shared: Arc<Shared>) -> Router {
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn(head_checked))
         .layer(middleware::from_fn_with_state(shared.clone(), auth::authorize))
-        .layer(middleware::from_fn_with_state(shared.clone(), forward::changes_to_writer))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
+        .layer(middleware::from_fn_with_state(shared.clone(), forward::changes_to_writer))
         .layer(RequestBodyLimitLayer::new(MAX_BODY))
         .layer(TimeoutLayer::with_status_code(axum::http::StatusCode::SERVICE_UNAVAILABLE, HANDLER_TIMEOUT));
     table().router.fallback(not_found).method_not_allowed_fallback(not_allowed).layer(layers).with_state(shared)
