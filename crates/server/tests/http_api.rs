@@ -806,3 +806,87 @@ fn a_change_decided_on_an_old_reading_is_412() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(a.store.get("win").unwrap().version(1).unwrap().access, vdstream_store::Access::Test);
 }
+
+/// What a fake metadata writer saw, and what it answers.
+struct FakeWriter {
+    seen: std::sync::Mutex<Vec<vdstream_server::http::forward::ForwardRequest>>,
+    answer: std::sync::Mutex<Result<vdstream_server::http::forward::ForwardAnswer, vdstream_server::http::forward::ForwardError>>,
+}
+
+impl vdstream_server::http::forward::Forward for FakeWriter {
+    fn forward(&self, req: vdstream_server::http::forward::ForwardRequest) -> Result<vdstream_server::http::forward::ForwardAnswer, vdstream_server::http::forward::ForwardError> {
+        self.seen.lock().unwrap().push(req);
+        self.answer.lock().unwrap().clone()
+    }
+}
+
+/// A mirror of a store in object storage: the API's changes go to the writer after this
+/// server authorized them (no token: 401, nothing sent; a read-only token: 403), with the
+/// caller's token, body and If-Match; the writer's status, document and ETag come back as
+/// they were; reads and agents' reports stay here; a change that could not be sent is
+/// 503, one whose answer was lost 504.
+#[test]
+fn a_mirror_sends_changes_to_the_writer_after_authorizing_them() {
+    use vdstream_server::http::forward::{ForwardAnswer, ForwardError, Forwarder};
+    use vdstream_server::tokens::{Role, Tokens};
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open_or_create(dir.path().join("store")).unwrap();
+    store.create_vdisk("win", 8 << 20, NewVdisk::default()).unwrap();
+    let admin = Tokens::of_store(store.root()).add("ops", Role::Admin).unwrap().token;
+    let reader = Tokens::of_store(store.root()).add("viewer", Role::ReadOnly).unwrap().token;
+    let fake = Arc::new(FakeWriter {
+        seen: Default::default(),
+        answer: std::sync::Mutex::new(Ok(ForwardAnswer {
+            status: 201,
+            content_type: Some("application/json".into()),
+            etag: Some("\"9\"".into()),
+            body: br#"{"from":"the writer"}"#.to_vec(),
+            writer: "http://127.0.0.1:1".into(),
+        })),
+    });
+    let state = ServerState::new(&ServerOptions { forward: Some(Forwarder(fake.clone())), ..ServerOptions::new(store.root()) });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let handle = rt.block_on(async { http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()) }).unwrap();
+    let addr = handle.local_addr();
+    let post = |token: Option<&str>, path: &str, extra: &str| {
+        let body = r#"{"note":"x"}"#;
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        raw_answer(
+            addr,
+            format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}{extra}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+                .as_bytes(),
+        )
+        .unwrap()
+    };
+    assert_eq!(post(None, "/api/v1/vdisks/win/versions", "").0, 401);
+    assert_eq!(post(Some(&reader), "/api/v1/vdisks/win/versions", "").0, 403);
+    assert!(fake.seen.lock().unwrap().is_empty(), "nothing unauthorized reaches the writer");
+
+    let (status, body) = post(Some(&admin), "/api/v1/vdisks/win/versions", "If-Match: \"4\"\r\n");
+    assert_eq!((status, body.as_str()), (201, r#"{"from":"the writer"}"#));
+    {
+        let seen = fake.seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        let r = &seen[0];
+        assert_eq!((r.method.as_str(), r.path.as_str(), r.body.as_slice()), ("POST", "/api/v1/vdisks/win/versions", br#"{"note":"x"}"#.as_slice()));
+        let h = |k: &str| r.headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(h("authorization"), Some(format!("Bearer {admin}")));
+        assert_eq!(h("if-match").as_deref(), Some("\"4\""));
+    }
+    assert!(store.get("win").unwrap().versions.is_empty(), "the mirror changed nothing itself");
+
+    // Reads stay here.
+    let c = Client::with_credentials(&format!("http://{addr}"), vdstream_agent::client::Credentials::default().with_token(Some(admin.clone()))).unwrap();
+    assert_eq!(c.get("/api/v1/vdisks/win/versions").unwrap()["vdisk"], "win");
+    assert_eq!(fake.seen.lock().unwrap().len(), 1);
+
+    *fake.answer.lock().unwrap() = Err(ForwardError::NotSent("no server is the metadata writer".into()));
+    let (status, body) = post(Some(&admin), "/api/v1/vdisks/win/revert", "");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no server is the metadata writer") && body.contains("nothing was changed"), "{body}");
+    *fake.answer.lock().unwrap() = Err(ForwardError::Unknown("timed out".into()));
+    let (status, body) = post(Some(&admin), "/api/v1/vdisks/win/merge", "");
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("may have been made"), "{body}");
+    drop(handle);
+}
