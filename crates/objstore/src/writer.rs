@@ -13,8 +13,8 @@
 //!
 //! Publishing keeps the store's order: a vDisk's new layers (object, then index) first,
 //! then its `vdisk.json`, so that no server ever reads metadata naming a layer that is not
-//! there yet. A maintenance version that a target is writing stays in the writer's folder
-//! (its `vdisk.json` is published; its layer goes up once nothing writes it).
+//! there yet. A maintenance version stays in the writer's folder until it is promoted (its
+//! `vdisk.json` is published; its layer is not).
 //!
 //! `writer.json` names the writer and its heartbeat (every [`HEARTBEAT`]). A second
 //! `--metadata-writer` is refused while the heartbeat is younger than [`STALE`]; a writer
@@ -112,6 +112,12 @@ struct Published {
     meta: HashMap<String, u64>,
     /// Each published vDisk's incarnation (its `created`).
     created: HashMap<String, String>,
+}
+
+/// The file of the vDisk's version in maintenance, if one is.
+fn maintenance_file(vdisk_json: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(vdisk_json).ok()?;
+    v.get("versions")?.as_array()?.iter().find(|x| x.get("access").and_then(|a| a.as_str()) == Some("maintenance"))?.get("file")?.as_str().map(str::to_string)
 }
 
 /// A vDisk's incarnation: `created` of its `vdisk.json` (a vDisk deleted and made again
@@ -428,7 +434,14 @@ impl Writer {
                 let json_path = dir.join("vdisks").join(&name).join("vdisk.json");
                 let json = std::fs::read(&json_path).map_err(local("read", &json_path))?;
                 let mut held = Vec::new();
+                // The maintenance version stays here until it is promoted: uploading it
+                // would hold its file (a shared lock) and so refuse its target's reconnect
+                // (a rebooting maintenance VM) for as long as the upload runs.
+                let maintenance = maintenance_file(&json);
                 for f in layer_files(&json, &json_path.display().to_string())? {
+                    if maintenance.as_deref() == Some(f.as_str()) {
+                        continue;
+                    }
                     let rel = format!("vdisks/{name}/{f}");
                     let path = dir.join(&rel);
                     let Ok(meta) = std::fs::metadata(&path) else { continue }; // in the bucket already
@@ -436,7 +449,7 @@ impl Writer {
                     if published.layers.get(&rel) == Some(&stamp) {
                         continue;
                     }
-                    // None: a maintenance target writes it; it goes up once it is let go.
+                    // None: something writes it (never a sealed layer); the next round sees.
                     if let Some(file) = vdstream_store::fsutil::hold_shared(&path).map_err(|e| Error::Io(e.to_string()))? {
                         held.push((Held { rel, path, file, len: stamp.0 }, stamp));
                     }
@@ -518,5 +531,17 @@ impl Writer {
         self.mirror.bucket.put(rel, Bytes::from(data))?;
         published.meta.insert(rel.to_string(), h);
         Ok(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_maintenance_file_and_the_incarnation_are_read_from_vdisk_json() {
+        let j = br#"{"created":"2026-11-27T21:00:00Z","versions":[{"number":1,"file":"g.1.qcow2","access":"production"},{"number":2,"file":"g.2.qcow2","access":"maintenance"}]}"#;
+        assert_eq!(super::maintenance_file(j).as_deref(), Some("g.2.qcow2"));
+        assert_eq!(super::maintenance_file(br#"{"versions":[{"file":"g.1.qcow2","access":"test"}]}"#), None);
+        assert_eq!(super::incarnation(j), "\"2026-11-27T21:00:00Z\"");
+        assert_ne!(super::incarnation(j), super::incarnation(br#"{"created":"2026-11-27T22:00:00Z"}"#));
     }
 }
