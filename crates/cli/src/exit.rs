@@ -162,6 +162,18 @@ fn of_agent(e: &AgentError) -> Option<Kind> {
     })
 }
 
+/// An error of a store in object storage.
+pub fn of_objstore(e: &vdstream_objstore::Error) -> Kind {
+    use vdstream_objstore::Error as E;
+    match e {
+        E::BadInput(_) | E::Auth(_) => Kind::Usage,
+        E::NotFound(_) => Kind::NotFound,
+        E::Corrupt(_) => Kind::Io,
+        E::Conflict(_) => Kind::Conflict,
+        E::Io(_) => Kind::Unavailable,
+    }
+}
+
 fn of_pki(e: &PkiError) -> Kind {
     match e {
         PkiError::BadInput(_) => Kind::Usage,
@@ -204,6 +216,9 @@ pub fn classify(err: &anyhow::Error) -> Kind {
         }
         if let Some(e) = cause.downcast_ref::<ClientError>() {
             return of_client(e);
+        }
+        if let Some(e) = cause.downcast_ref::<vdstream_objstore::Error>() {
+            return of_objstore(e);
         }
         if let Some(e) = cause.downcast_ref::<PkiError>() {
             return of_pki(e);

@@ -110,18 +110,18 @@ pub enum S3Store {
 }
 
 /// Reads `writer.json` of the s3:// store `text` (once per process).
-fn s3_store(text: &str) -> Option<Result<S3Store, (crate::exit::Kind, String)>> {
+/// (Its errors are `vdstream_objstore::Error`s, which the exit status classifies.)
+fn s3_store(text: &str) -> Option<Result<S3Store, vdstream_objstore::Error>> {
     use vdstream_objstore::writer::{hostname, WriterRecord};
-    static RESOLVED: std::sync::OnceLock<Result<S3Store, (crate::exit::Kind, String)>> = std::sync::OnceLock::new();
+    static RESOLVED: std::sync::OnceLock<Result<S3Store, vdstream_objstore::Error>> = std::sync::OnceLock::new();
     let location = vdstream_objstore::S3Location::parse(text)?;
-    let err = |e: vdstream_objstore::Error| (crate::store_cmd::kind(&e), e.to_string());
     Some(
         RESOLVED
             .get_or_init(|| {
-                let location = location.map_err(err)?;
-                let bucket = vdstream_objstore::copy::open_bucket(&location).map_err(err)?;
-                let rec = WriterRecord::read(&bucket).map_err(err)?.ok_or_else(|| {
-                    (crate::exit::Kind::NotFound, format!("{location} has no metadata writer, so nothing can change it now: start one with \
+                let location = location?;
+                let bucket = vdstream_objstore::copy::open_bucket(&location)?;
+                let rec = WriterRecord::read(&bucket)?.ok_or_else(|| {
+                    vdstream_objstore::Error::NotFound(format!("{location} has no metadata writer, so nothing can change it now: start one with \
                              `vdstream server --store {location} --metadata-writer --http ADDR` (or make changes in a local store and `vdstream store copy` it up)"))
                 })?;
                 // The writer's folder, when it is on this host: the same id in the folder
@@ -170,7 +170,7 @@ impl StoreOpts {
         match dir.to_str().and_then(s3_store) {
             None => Ok(None),
             Some(Ok(w)) => Ok(Some(w)),
-            Some(Err((kind, e))) => Err(crate::exit::fail(kind, e)),
+            Some(Err(e)) => Err(e.clone().into()),
         }
     }
 
@@ -178,9 +178,10 @@ impl StoreOpts {
     /// on the store's files, which are there.
     fn local_files(&self) -> Result<()> {
         if let Some(S3Store::Remote { url, host, location }) = self.s3()? {
-            return Err(crate::exit::fail(crate::exit::Kind::Usage, format!(
+            return Err(vdstream_objstore::Error::BadInput(format!(
                 "{location} is changed by its metadata writer at {url} on {host}: this command works on the store's files, so run it on {host} \
-                 (there --store {location} opens the writer's folder), or send it with --server {url} where the command takes --server")));
+                 (there --store {location} opens the writer's folder), or send it with --server {url} where the command takes --server"))
+            .into());
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
-use crate::exit::{fail, Kind};
+use crate::exit::fail;
 use crate::output::StoreOpts;
 
 /// Move a whole store between a folder and S3-compatible object storage.
@@ -46,20 +46,9 @@ struct CopyArgs {
     json: bool,
 }
 
-pub(crate) fn kind(e: &vdstream_objstore::Error) -> Kind {
-    use vdstream_objstore::Error as E;
-    match e {
-        E::BadInput(_) => Kind::Usage,
-        E::NotFound(_) => Kind::NotFound,
-        E::Auth(_) => Kind::Usage,
-        E::Corrupt(_) => Kind::Io,
-        E::Conflict(_) => Kind::Conflict,
-        E::Io(_) => Kind::Unavailable,
-    }
-}
 
 pub fn objstore_error(e: vdstream_objstore::Error) -> anyhow::Error {
-    fail(kind(&e), e.to_string())
+    fail(crate::exit::of_objstore(&e), e.to_string())
 }
 
 pub fn run(args: StoreArgs) -> Result<()> {

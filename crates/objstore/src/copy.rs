@@ -105,7 +105,7 @@ pub(crate) struct Held {
 }
 
 fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
-    if let Some(w) = crate::writer::WriterRecord::read(bucket)?.filter(|w| w.alive()) {
+    if let Some(w) = crate::record::WriterRecord::read(bucket)?.filter(|w| w.alive()) {
         return Err(Error::Conflict(format!(
             "{} has a live metadata writer (the server at {} on {}): a copy into it would be overwritten by, or undo, the writer's changes; \
              make changes through the writer, or stop it first",

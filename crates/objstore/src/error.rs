@@ -1,7 +1,7 @@
 //! Errors of the object-store backend, each naming the object and what to do.
 
 /// What went wrong, by what the caller should do about it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// A bad location or setting.
     #[error("{0}")]

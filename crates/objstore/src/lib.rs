@@ -7,6 +7,7 @@
 //! - [`mirror`]: a server's local folder of the store's metadata, and the remote root
 //!   that reads its layers from the bucket.
 //! - [`copy`]: `vdstream store copy` between a folder and a bucket, resumable.
+//! - [`record`]: `writer.json`, who the metadata writer is.
 //! - [`writer`]: the one server that changes a store in object storage, and publishes.
 
 pub mod client;
@@ -14,6 +15,7 @@ pub mod copy;
 pub mod error;
 pub mod layer;
 pub mod mirror;
+pub mod record;
 pub mod writer;
 
 pub use client::{Bucket, S3Config, S3Location};

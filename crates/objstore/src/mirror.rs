@@ -75,7 +75,7 @@ impl Mirror {
     /// metadata, registers it as the remote root of its layers, and reads the metadata
     /// again every `refresh`.
     pub fn open(bucket: Bucket, dir: &Path, cache: &CacheConfig, refresh: Duration) -> Result<Arc<Self>> {
-        if dir.join(crate::writer::LOCAL_ID).exists() {
+        if dir.join(crate::record::LOCAL_ID).exists() {
             return Err(Error::Conflict(format!(
                 "{} is a metadata writer's folder (it may hold changes not yet in the bucket): give this server another --object-cache, \
                  or start it with --metadata-writer again",
@@ -134,7 +134,7 @@ impl Mirror {
                 std::fs::remove_dir_all(&p).map_err(local("empty", &p))?;
             }
         }
-        for stale in ["store.json", "audit.log", crate::writer::WRITER_OBJECT] {
+        for stale in ["store.json", "audit.log", crate::record::WRITER_OBJECT] {
             let _ = std::fs::remove_file(self.dir.join(stale));
         }
         Ok(())
@@ -174,7 +174,7 @@ impl Mirror {
         }
         // The metadata, and who writes it (`writer.json`: where this server sends changes).
         let listed: Vec<(String, u64, Option<String>)> =
-            all.into_iter().filter(|(rel, _, _)| is_metadata(rel) || rel == crate::writer::WRITER_OBJECT || rel == TOKENS).collect();
+            all.into_iter().filter(|(rel, _, _)| is_metadata(rel) || rel == crate::record::WRITER_OBJECT || rel == TOKENS).collect();
         let mut etags = self.etags.lock().unwrap_or_else(|e| e.into_inner());
         let mut changed = 0;
         for (rel, _, etag) in &listed {
@@ -192,7 +192,7 @@ impl Mirror {
             }
             etags.insert(rel.clone(), etag.clone());
             // (The writer's heartbeat renews writer.json every few seconds: not news.)
-            changed += usize::from(rel != crate::writer::WRITER_OBJECT);
+            changed += usize::from(rel != crate::record::WRITER_OBJECT);
         }
         let gone: Vec<String> = etags.keys().filter(|k| !listed.iter().any(|(r, _, _)| r == *k)).cloned().collect();
         for rel in gone {

@@ -73,7 +73,7 @@ pub struct ServerOptions {
     pub handshake_penalty: vdstream_nbd::penalty::PenaltyConfig,
     /// A mirror of a store in object storage: where the API's changes go (its metadata
     /// writer); `None`: this server changes its own store.
-    pub forward: Option<crate::http::forward::Forwarder>,
+    pub forward: Option<crate::forwarding::Forwarder>,
     /// Counters of the store's backend for /metrics (a store in object storage: its chunk
     /// cache's GETs, hits, checksum failures).
     pub extra_counters: Option<ExtraCounters>,

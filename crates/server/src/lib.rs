@@ -25,6 +25,7 @@
 pub mod boot;
 pub mod config;
 pub mod exports;
+pub mod forwarding;
 pub mod http;
 pub mod nbd;
 pub mod policy;

@@ -253,7 +253,7 @@ pub struct ServerState {
     /// `--handshake-penalty`: when the NBD listeners close a failing address at accept.
     pub handshake_penalty: vdstream_nbd::penalty::PenaltyConfig,
     /// The API's changes go to the store's metadata writer (a mirror of object storage).
-    pub forward: Option<crate::http::forward::Forwarder>,
+    pub forward: Option<crate::forwarding::Forwarder>,
     /// Counters of the store's backend for /metrics.
     pub extra_counters: Option<crate::config::ExtraCounters>,
 }
