@@ -61,6 +61,11 @@ pub struct AttachConfig {
     /// ([`crate::kernel_nbd`]); the agent ends when the kernel disconnects it.
     pub kernel_nbd: Option<PathBuf>,
     pub listen: Option<SocketAddr>,
+    /// `--vhost-user PATH`: also (or only, without `serve_socket`) offer the disk as a
+    /// vhost-user-blk backend on this unix socket, for a VM on this host.
+    pub vhost_user: Option<PathBuf>,
+    /// Queues, threads and block size of the vhost-user-blk device.
+    pub vhost: vdstream_vhost::Options,
     pub status_path: PathBuf,
     pub lock_path: PathBuf,
     pub remote: RemoteOptions,
@@ -97,6 +102,8 @@ impl AttachConfig {
             serve_socket: true,
             kernel_nbd: None,
             listen: None,
+            vhost_user: None,
+            vhost: vdstream_vhost::Options { serial: id.chars().take(20).collect(), ..vdstream_vhost::Options::default() },
             status_path: paths::status_path(id),
             lock_path: paths::lock_path(id),
             remote: RemoteOptions { target: id.to_string(), journal: Some(DEFAULT_JOURNAL_MAX), ..RemoteOptions::default() },
@@ -123,6 +130,9 @@ pub struct Agent {
     /// The recorder on top of `dev`, with `record_trace`.
     trace: Option<Arc<TraceDev>>,
     unix: Option<std::os::unix::net::UnixListener>,
+    /// With `vhost_user`: its socket, bound at open, served from `serve`.
+    vhost_listener: Option<std::os::unix::net::UnixListener>,
+    vhost: Option<vdstream_vhost::VhostServer>,
     /// With `kernel_nbd`: the device, up since [`Agent::open`].
     kernel: Option<KernelNbd>,
     /// The status file cannot be written (warned once).
@@ -142,6 +152,12 @@ impl Agent {
         let lock = take_lock(&cfg.target, &cfg.lock_path)?;
         if cfg.serve_socket {
             check_socket(&cfg.socket)?;
+        }
+        if let Some(path) = &cfg.vhost_user {
+            if cfg.serve_socket && path == &cfg.socket {
+                return Err(AgentError::SocketInUse { path: path.clone(), reason: "is also the NBD socket: give --vhost-user and --socket different paths".into() });
+            }
+            check_socket(path)?;
         }
         if let Some(dev) = &cfg.kernel_nbd {
             // Before connecting: a wrong device is refused at once, not after the wait.
@@ -225,7 +241,24 @@ impl Agent {
         } else {
             None
         };
-        let mut agent = Agent { cfg, remote, cache, dev, trace, unix, kernel: None, status_failing: Default::default(), started_ms: status::now_ms(), _lock: lock };
+        let vhost_listener = match &cfg.vhost_user {
+            None => None,
+            Some(path) => {
+                check_socket(path)?;
+                let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
+                    if unix.is_some() {
+                        let _ = std::fs::remove_file(&cfg.socket);
+                    }
+                    AgentError::SocketInUse { path: path.clone(), reason: format!("cannot listen: {e}") }
+                })?;
+                Some(l)
+            }
+        };
+        if cfg.vhost_user.is_some() {
+            // The block size a guest sees is the vDisk's smallest I/O (512 unless its server says more).
+            cfg.vhost.logical_block = remote.min_block().clamp(512, 65536) as u32;
+        }
+        let mut agent = Agent { cfg, remote, cache, dev, trace, unix, vhost_listener, vhost: None, kernel: None, status_failing: Default::default(), started_ms: status::now_ms(), _lock: lock };
         if let Some(device) = agent.cfg.kernel_nbd.clone() {
             let server = Arc::new(Server::new(agent.exports(), local_export_config()));
             let k = KernelNbd::start(&device, server, agent.exported());
@@ -312,6 +345,18 @@ impl Agent {
             let shutdown = shutdown.clone();
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(tcp), shutdown).await }));
         }
+        if let (Some(listener), Some(path)) = (self.vhost_listener.take(), self.cfg.vhost_user.clone()) {
+            let server = vdstream_vhost::VhostServer::start(listener, &path, self.exported(), self.cfg.vhost.clone(), &self.cfg.target)
+                .map_err(|err| AgentError::Io { what: format!("cannot serve vhost-user-blk on {}", path.display()), err })?;
+            log::info!(
+                "target {}: vhost-user-blk on {} ({} queues): attach a VM with -chardev socket,id=c0,path={} -device vhost-user-blk-pci,chardev=c0 (and shared guest memory)",
+                self.cfg.target,
+                path.display(),
+                self.cfg.vhost.queues,
+                path.display()
+            );
+            self.vhost = Some(server);
+        }
         let mut prev = (self.status(None), Instant::now());
         let mut wait = shutdown.clone();
         loop {
@@ -332,6 +377,17 @@ impl Agent {
         if let Some(mut k) = self.kernel.take() {
             // The kernel sends DISC; what it sent before is answered; then the device is cleared.
             let _ = tokio::task::spawn_blocking(move || k.stop()).await;
+        }
+        if let Some(mut v) = self.vhost.take() {
+            // The frontend is let go; the requests its queues hold are answered first.
+            let figures = tokio::task::spawn_blocking(move || {
+                v.stop();
+                v.figures()
+            })
+            .await;
+            if let Ok(f) = figures {
+                log::info!("target {}: vhost-user-blk stopped after {} frontends, {} requests ({} failed, {} malformed)", self.cfg.target, f.connections, f.requests, f.errors, f.malformed);
+            }
         }
         for t in tasks {
             match t.await {
@@ -459,6 +515,18 @@ impl Agent {
             updated_unix_ms: status::now_ms(),
             socket: if self.cfg.serve_socket { self.cfg.socket.display().to_string() } else { String::new() },
             listen: self.cfg.listen.map(|a| a.to_string()),
+            vhost_user: self.cfg.vhost_user.as_ref().map(|p| {
+                let f = self.vhost.as_ref().map(|v| v.figures()).unwrap_or_default();
+                status::VhostUserStatus {
+                    socket: p.display().to_string(),
+                    queues: self.cfg.vhost.queues,
+                    connected: f.connected,
+                    connections: f.connections,
+                    requests: f.requests,
+                    errors: f.errors,
+                    malformed: f.malformed,
+                }
+            }),
             vdisk: VdiskStatus { export: id.export, description: id.description, size: id.size },
             server,
             cache,

@@ -53,6 +53,10 @@ Examples:
   vdstream serve-image golden.img --read-only --socket /run/golden.sock
   vdstream target attach vm1 --server 'nbd+unix:///?socket=/run/golden.sock' --cache ram-overflow --ram 512M
   qemu-system-x86_64 -drive file=nbd+unix:///?socket=$XDG_RUNTIME_DIR/vdstream/vm1.sock,format=raw,if=virtio ...
+A VM on this host through shared memory (vhost-user-blk; the fast path for a local VM):
+  vdstream target attach vm1 --server http://10.0.0.1:8480 --vhost-user /run/vdstream/vm1.vhost --vhost-queues 4
+  qemu-system-x86_64 -m 4G -smp 4 -object memory-backend-memfd,id=mem,size=4G,share=on -numa node,memdev=mem \\
+      -chardev socket,id=c0,path=/run/vdstream/vm1.vhost,reconnect-ms=1000 -device vhost-user-blk-pci,chardev=c0,num-queues=4 ...
   vdstream target status vm1
 Record the target's I/O for RAM sizing (vdstream size --help):
   vdstream target attach vm1 --server nbd://10.0.0.1:10809/ --record-trace vm1.trace
@@ -106,6 +110,21 @@ pub struct AttachArgs {
     /// target detach ID`.
     #[arg(long, requires = "kernel_nbd")]
     daemon: bool,
+
+    /// Offer the disk as a vhost-user-blk backend on this unix socket, for a VM on this
+    /// host: the guest's virtqueues are served from shared memory, with no socket hop per
+    /// request (no NBD socket is served then, unless --socket is given too). qemu attaches
+    /// with shared guest memory and a vhost-user-blk-pci device:
+    /// `-object memory-backend-memfd,id=mem,size=RAM,share=on -numa node,memdev=mem
+    /// -chardev socket,id=c0,path=PATH,reconnect-ms=1000 -device vhost-user-blk-pci,chardev=c0,num-queues=N`.
+    /// A VM that reboots or a qemu that restarts connects again; the cache stays.
+    #[arg(long, value_name = "PATH")]
+    vhost_user: Option<PathBuf>,
+
+    /// With --vhost-user: queues offered, 1-64; qemu's num-queues (by default its vCPU
+    /// count) must not exceed it. Each queue is served by one of min(queues, CPUs) threads.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64), requires = "vhost_user")]
+    vhost_queues: u16,
 
     /// Also serve on TCP, e.g. 127.0.0.1:10810. Any address but loopback needs TLS, or
     /// --insecure.
@@ -421,7 +440,10 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.overflow_device = a.overflow_device.clone();
     cfg.allow_low_space = a.allow_low_space;
     cfg.intermediate_buffering = a.intermediate_buffering;
-    cfg.serve_socket = a.kernel_nbd.is_none() || a.socket.is_some();
+    cfg.serve_socket = (a.kernel_nbd.is_none() && a.vhost_user.is_none()) || a.socket.is_some();
+    cfg.vhost_user = a.vhost_user.clone();
+    cfg.vhost.queues = a.vhost_queues;
+    cfg.vhost.threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(64) as u16).min(a.vhost_queues);
     if let Some(sock) = a.socket {
         cfg.socket = sock;
     }
@@ -450,6 +472,9 @@ fn attach(a: AttachArgs) -> Result<()> {
     if let Some(l) = c.listen {
         served.push(format!("nbd://{l}/"));
     }
+    if let Some(p) = &c.vhost_user {
+        served.push(format!("vhost-user-blk on {} ({} queues)", p.display(), c.vhost.queues));
+    }
     outln!(
         "vdstream: target {}: vDisk export {:?} ({} bytes{}) from {}, {} write cache; serving {}",
         c.target,
@@ -461,7 +486,7 @@ fn attach(a: AttachArgs) -> Result<()> {
         served.join(" and ")
     );
     outln!("vdstream: status: vdstream target status {} (file {})", c.target, c.status_path.display());
-    let socket = c.serve_socket.then(|| c.socket.clone());
+    let sockets: Vec<PathBuf> = c.serve_socket.then(|| c.socket.clone()).into_iter().chain(c.vhost_user.clone()).collect();
     if let Some(fd) = ready {
         crate::daemon::report_ready(fd);
     }
@@ -488,7 +513,7 @@ fn attach(a: AttachArgs) -> Result<()> {
                     "a second signal: leaving now, without waiting for the requests in flight and the last flush; \
                      what the server answered since the guest's last flush may not be durable"
                 );
-                if let Some(socket) = &socket {
+                for socket in &sockets {
                     let _ = std::fs::remove_file(socket);
                 }
                 std::process::exit(1);

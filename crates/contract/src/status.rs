@@ -24,6 +24,9 @@ pub struct Status {
     /// The local export, for qemu: `nbd+unix:///?socket=SOCKET`.
     pub socket: String,
     pub listen: Option<String>,
+    /// The vhost-user-blk socket (`--vhost-user`), for a VM on this host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vhost_user: Option<VhostUserStatus>,
     pub vdisk: VdiskStatus,
     pub server: ServerStatus,
     pub cache: CacheStatus,
@@ -32,6 +35,25 @@ pub struct Status {
     /// What reached storage: reads of the vDisk over the network, and the overflow or
     /// cache file (for the `server` types: everything, since every request goes to the server).
     pub storage: IoStatus,
+}
+
+/// The vhost-user-blk backend of an agent: its socket and what its frontends asked.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VhostUserStatus {
+    pub socket: String,
+    /// Queues offered (a frontend may use fewer).
+    pub queues: u16,
+    /// A frontend (qemu) is connected now.
+    pub connected: bool,
+    /// Frontends that connected since the attach (a VM's reboots and restarts).
+    pub connections: u64,
+    pub requests: u64,
+    /// Requests that failed on the device (answered IOERR).
+    pub errors: u64,
+    /// Requests the frontend got wrong: malformed descriptor chains, ranges past the end
+    /// or not aligned to the block size (answered IOERR, or given back unanswered).
+    pub malformed: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

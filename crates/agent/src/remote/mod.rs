@@ -169,6 +169,11 @@ impl RemoteBase {
         Ok(RemoteBase { link, handle, caps, size, min_block, max_block })
     }
 
+    /// The server's minimum block: requests not aligned to it cost a read-modify-write.
+    pub fn min_block(&self) -> u64 {
+        self.min_block
+    }
+
     /// What the target attached to (export, size, description).
     pub fn identity(&self) -> Identity {
         self.link.identity().expect("set at connect")
