@@ -26,6 +26,20 @@
 #                              N agents and N guests booting at once (see the function)
 #   vm_secs NAME               wall-clock seconds from qemu's start to the guest's power-off
 #   booted_uptime NAME         the guest's uptime when its /sbin/init started
+#   start_vm_vhost NAME SOCKET APPEND [QUEUES]
+#                              as start_vm, the disk a vhost-user-blk device on the unix
+#                              socket SOCKET (an agent's --vhost-user, or qemu-storage-daemon)
+#                              with QUEUES queues (default 1; >1 gives the guest 2 vCPUs so
+#                              that the queues are used); guest RAM is a shared memfd, the
+#                              chardev reconnects every second; sets VM_PID
+#   boot_vm_vhost NAME SOCKET APPEND [QUEUES] [SECS]  start_vm_vhost + wait_vm
+#   vm_chardev_reconnect       the chardev's reconnect option this qemu knows:
+#                              reconnect-ms=1000 (qemu >= 9.2; 10.2 dropped reconnect=),
+#                              else reconnect=1
+#   start_qsd_vhost IMG SOCKET [QUEUES]
+#                              qemu-storage-daemon exporting the raw IMG writable (discard
+#                              passed down) as vhost-user-blk on SOCKET: a stand-in backend;
+#                              waits (bounded) for the socket; sets QSD_PID
 #
 # Guests: -m 192M, one vCPU, no network, the disk with discard=unmap (fstrim reaches the
 # write cache as NBD TRIM), -no-reboot (a kernel panic ends qemu), every run
@@ -211,4 +225,59 @@ fsck_served() {
     qemu-img convert -f raw -O raw "$uri" "$img" || fail "reading $uri for e2fsck failed"
     e2fsck -fn "$img" >"$E2E_TMP/fsck.log" 2>&1 || { cat "$E2E_TMP/fsck.log" >&2; fail "e2fsck -fn found errors in the disk $uri serves"; }
     rm -f "$img"
+}
+
+vm_chardev_reconnect() {
+    local maj=0 min=0
+    read -r maj min < <(qemu-system-x86_64 --version | sed -n '1s/.* version \([0-9]*\)\.\([0-9]*\).*/\1 \2/p') || true
+    if ((maj > 9 || (maj == 9 && min >= 2))); then echo reconnect-ms=1000; else echo reconnect=1; fi
+}
+
+# qemu_vhost_argv ACCEL LOG APPEND SOCKET QUEUES — as qemu_argv, the disk a vhost-user-blk
+# device: the backend maps the guest's RAM, so that RAM is a shared memfd (NUMA node 0).
+qemu_vhost_argv() {
+    local accel=$1 serial=$2 append=$3 sock=$4 queues=$5 smp=1
+    if ((queues > 1)); then smp=2; fi
+    printf '%s\0' qemu-system-x86_64 -accel "$accel" -m 192M -smp "$smp" -nographic -no-reboot \
+        -nic none -monitor none -serial "file:$serial" \
+        -kernel "$GOLDEN/vmlinuz" -initrd "$GOLDEN/initrd.img" \
+        -append "$(cat "$GOLDEN/cmdline") $append" \
+        -object memory-backend-memfd,id=mem,size=192M,share=on -numa node,memdev=mem \
+        -chardev "socket,id=c0,path=$sock,$(vm_chardev_reconnect)" \
+        -device "vhost-user-blk-pci,chardev=c0,num-queues=$queues"
+}
+
+start_vm_vhost() {
+    local name=$1 sock=$2 append=$3 queues=${4:-1} accel argv=()
+    accel=$(vm_accel)
+    mapfile -d '' argv < <(qemu_vhost_argv "$accel" "$E2E_TMP/$name.serial" "$append" "$sock" "$queues")
+    date +%s.%N >"$E2E_TMP/$name.started"
+    timeout --kill-after=5 "$VM_SECS" "${argv[@]}" >"$E2E_TMP/$name.qemu.log" 2>&1 </dev/null &
+    VM_PID=$!
+    track_pid "$VM_PID"
+    log "guest $name booting (pid $VM_PID, $accel, vhost-user-blk $sock, $queues queues): $append"
+}
+
+boot_vm_vhost() {
+    start_vm_vhost "$1" "$2" "$3" "${4:-1}"
+    wait_vm "$1" "$VM_PID" "${5:-$VM_SECS}"
+}
+
+QSD_PID=
+start_qsd_vhost() {
+    local img=$1 sock=$2 queues=${3:-1} i
+    require qemu-storage-daemon
+    qemu-storage-daemon \
+        --blockdev "driver=file,node-name=file0,filename=$img,discard=unmap,cache.direct=off" \
+        --blockdev "driver=raw,node-name=disk0,file=file0,discard=unmap" \
+        --export "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,addr.path=$sock,writable=on,num-queues=$queues" \
+        >"$E2E_TMP/qsd.log" 2>&1 </dev/null &
+    QSD_PID=$!
+    track_pid "$QSD_PID"
+    for ((i = 0; i < 100; i++)); do
+        [[ -S $sock ]] && return 0
+        kill -0 "$QSD_PID" 2>/dev/null || { cat "$E2E_TMP/qsd.log" >&2; fail "qemu-storage-daemon exited"; }
+        sleep 0.1
+    done
+    fail "qemu-storage-daemon did not listen on $sock within 10 s"
 }

@@ -349,11 +349,13 @@ impl Agent {
             let server = vdstream_vhost::VhostServer::start(listener, &path, self.exported(), self.cfg.vhost.clone(), &self.cfg.target)
                 .map_err(|err| AgentError::Io { what: format!("cannot serve vhost-user-blk on {}", path.display()), err })?;
             log::info!(
-                "target {}: vhost-user-blk on {} ({} queues): attach a VM with -chardev socket,id=c0,path={} -device vhost-user-blk-pci,chardev=c0 (and shared guest memory)",
+                "target {}: vhost-user-blk on {} ({} queues): attach a VM with -object memory-backend-memfd,id=mem,size=RAM,share=on -numa node,memdev=mem \
+                 -chardev socket,id=c0,path={},reconnect-ms=1000 -device vhost-user-blk-pci,chardev=c0,num-queues={}",
                 self.cfg.target,
                 path.display(),
                 self.cfg.vhost.queues,
-                path.display()
+                path.display(),
+                self.cfg.vhost.queues
             );
             self.vhost = Some(server);
         }

@@ -126,6 +126,12 @@ pub struct AttachArgs {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64), requires = "vhost_user")]
     vhost_queues: u16,
 
+    /// With --vhost-user: threads serving the queues, queue i on thread i mod N. Default:
+    /// one a queue, up to the number of CPUs (measured against one thread for all queues in
+    /// docs/BENCHMARKS.md, "vhost-user-blk").
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64), requires = "vhost_user")]
+    vhost_threads: Option<u16>,
+
     /// Also serve on TCP, e.g. 127.0.0.1:10810. Any address but loopback needs TLS, or
     /// --insecure.
     #[arg(long, value_name = "ADDR")]
@@ -443,7 +449,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.serve_socket = (a.kernel_nbd.is_none() && a.vhost_user.is_none()) || a.socket.is_some();
     cfg.vhost_user = a.vhost_user.clone();
     cfg.vhost.queues = a.vhost_queues;
-    cfg.vhost.threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(64) as u16).min(a.vhost_queues);
+    cfg.vhost.threads = a.vhost_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(64) as u16)).min(a.vhost_queues);
     if let Some(sock) = a.socket {
         cfg.socket = sock;
     }

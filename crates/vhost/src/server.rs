@@ -142,13 +142,14 @@ fn accept_loop(mut listener: Listener, path: &Path, dev: Arc<dyn BlockDev>, opts
         }
         *shared.conn.lock().expect("connection lock") = daemon.shutdown_handle();
         if shared.stop.load(Ordering::SeqCst) {
+            // The connection is stop's own wake-up (or came as it stopped): not a frontend.
             daemon.request_shutdown();
+            let _ = daemon.wait();
+            break;
         }
         let n = shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
         shared.connected.store(true, Ordering::Relaxed);
-        if !shared.stop.load(Ordering::SeqCst) {
-            log::info!("{name}: vhost-user-blk on {}: frontend {n} connected", path.display());
-        }
+        log::info!("{name}: vhost-user-blk on {}: frontend {n} connected", path.display());
         let ended = daemon.wait();
         *shared.conn.lock().expect("connection lock") = None;
         shared.connected.store(false, Ordering::Relaxed);
@@ -156,8 +157,11 @@ fn accept_loop(mut listener: Listener, path: &Path, dev: Arc<dyn BlockDev>, opts
         drop(daemon);
         match ended {
             _ if shared.stop.load(Ordering::SeqCst) => break,
-            Ok(()) => log::info!("{name}: vhost-user-blk on {}: frontend {n} disconnected", path.display()),
-            Err(e) => log::info!("{name}: vhost-user-blk on {}: frontend {n} disconnected: {e}", path.display()),
+            // A frontend that closes its socket (qemu exits, a guest powers off) ends this way.
+            Ok(()) | Err(vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage)) => {
+                log::info!("{name}: vhost-user-blk on {}: frontend {n} disconnected", path.display())
+            }
+            Err(e) => log::warn!("{name}: vhost-user-blk on {}: frontend {n} disconnected: {e}", path.display()),
         }
     }
 }

@@ -133,6 +133,7 @@ fn a_frontend_that_reconnects_finds_the_disk_as_it_left_it() {
     assert_eq!(figures.connections, 3);
     assert!(!figures.connected);
     server.stop();
+    assert_eq!(server.figures().connections, 3, "stop's own wake-up is not counted as a frontend");
 }
 
 #[test]
