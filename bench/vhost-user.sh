@@ -121,8 +121,8 @@ work, rounds, peers = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def load(p, tag):
     return json.load(open(f"{work}/{p}.{tag}.json"))
 iops = {p: [load(p, f"vdi{r}")["total"]["iops"] for r in range(rounds)] for p in peers}
-lat = {p: [load(p, f"qd1{r}")["total"]["latency_us"]["mean"] for r in range(rounds)] for p in peers}
-p50 = {p: [load(p, f"qd1{r}")["total"]["latency_us"]["p50"] for r in range(rounds)] for p in peers}
+lat = {p: [load(p, f"qd1{r}")["total"]["latency"]["mean_us"] for r in range(rounds)] for p in peers}
+p50 = {p: [load(p, f"qd1{r}")["total"]["latency"]["p50_us"] for r in range(rounds)] for p in peers}
 med = {p: statistics.median(v) for p, v in iops.items()}
 print("| peer | VDI IOPS (median) | per round | QD1 mean latency µs (median) | QD1 p50 µs |")
 print("|---|---|---|---|---|")

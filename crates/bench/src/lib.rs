@@ -5,21 +5,30 @@
 //!
 //! Pieces: [`workload`] (the settings, the VDI preset and each worker's stream of offsets),
 //! [`pattern`] (the `--verify` stamps and the ledger of acknowledged writes),
-//! [`histogram`] (latency percentiles), [`run`] (the workers and the sampler) and
-//! [`result`] (what a run measured, as JSON and text) and [`compare`] (the write-cache
-//! comparison table of `vdstream demo`) and [`report`] (Markdown with SVG charts).
+//! [`histogram`] (latency percentiles), [`measure`] (what every runner shares: counters,
+//! ledger, sampler, result), the runners [`run`](mod@run) (NBD), [`vhost_user`] (a vhost-user-blk
+//! backend, through libblkio's Rust core) and [`device`] (a [`vdstream_blockdev::BlockDev`]
+//! in this process, no transport), [`result`] (what a run measured, as JSON and text),
+//! [`compare`] (the write-cache comparison table of `vdstream demo`) and [`report`]
+//! (Markdown with SVG charts).
 
 pub mod compare;
+pub mod device;
 pub mod histogram;
+pub mod measure;
 pub mod pattern;
 pub mod report;
 pub mod result;
 pub mod run;
+pub mod vhost_user;
 pub mod workload;
 
 pub use result::{BenchResult, Interval, OpFigures, VerifyFigures};
 pub use compare::{Comparison, Row};
-pub use run::{run, wait_ready, Progress, RunOptions};
+pub use device::run_device;
+pub use measure::{Progress, RunOptions};
+pub use run::{run, wait_ready};
+pub use vhost_user::run_vhost_user;
 pub use workload::{Profile, Workload, WorkloadError};
 
 use vdstream_nbd::client::ClientError;
@@ -38,4 +47,9 @@ pub enum BenchError {
     Runtime(std::io::Error),
     #[error("a request task failed: {0}")]
     Task(String),
+    /// A vhost-user backend that could not be reached or used; `cause` is libblkio's.
+    #[error("cannot benchmark {uri}: {cause} ({hint})")]
+    VhostUser { uri: String, cause: String, hint: String },
+    #[error("cannot start the benchmark's threads: {0}")]
+    Threads(std::io::Error),
 }
