@@ -103,7 +103,7 @@ impl AttachConfig {
             kernel_nbd: None,
             listen: None,
             vhost_user: None,
-            vhost: vdstream_vhost::Options { serial: id.chars().take(20).collect(), ..vdstream_vhost::Options::default() },
+            vhost: vdstream_vhost::Options { serial: serial_of(id), ..vdstream_vhost::Options::default() },
             status_path: paths::status_path(id),
             lock_path: paths::lock_path(id),
             remote: RemoteOptions { target: id.to_string(), journal: Some(DEFAULT_JOURNAL_MAX), ..RemoteOptions::default() },
@@ -251,6 +251,10 @@ impl Agent {
                     }
                     AgentError::SocketInUse { path: path.clone(), reason: format!("cannot listen: {e}") }
                 })?;
+                // Whoever connects reads and writes this disk, as the VM: the owner only.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                    .map_err(|err| AgentError::Io { what: format!("cannot make {} private", path.display()), err })?;
                 Some(l)
             }
         };
@@ -313,6 +317,20 @@ impl Agent {
     /// Serves the local export until `shutdown` fires, then drains, flushes, removes the
     /// socket and writes the last status. Must run inside a multi-thread tokio runtime.
     pub async fn serve(&mut self, outer: ShutdownSignal) -> Result<(), AgentError> {
+        if let (Some(listener), Some(path)) = (self.vhost_listener.take(), self.cfg.vhost_user.clone()) {
+            let server = vdstream_vhost::VhostServer::start(listener, &path, self.exported(), self.cfg.vhost.clone(), &self.cfg.target)
+                .map_err(|err| AgentError::Io { what: format!("cannot serve vhost-user-blk on {}", path.display()), err })?;
+            log::info!(
+                "target {}: vhost-user-blk on {} ({} queues): attach a VM with -object memory-backend-memfd,id=mem,size=RAM,share=on -numa node,memdev=mem \
+                 -chardev socket,id=c0,path={},reconnect-ms=1000 -device vhost-user-blk-pci,chardev=c0,num-queues={}",
+                self.cfg.target,
+                path.display(),
+                self.cfg.vhost.queues,
+                path.display(),
+                self.cfg.vhost.queues
+            );
+            self.vhost = Some(server);
+        }
         // The local servers drain when `outer` fires or when the kernel lets go of its device.
         let (trigger, shutdown) = ShutdownSignal::new();
         let trigger = Arc::new(trigger);
@@ -344,20 +362,6 @@ impl Agent {
             };
             let shutdown = shutdown.clone();
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(tcp), shutdown).await }));
-        }
-        if let (Some(listener), Some(path)) = (self.vhost_listener.take(), self.cfg.vhost_user.clone()) {
-            let server = vdstream_vhost::VhostServer::start(listener, &path, self.exported(), self.cfg.vhost.clone(), &self.cfg.target)
-                .map_err(|err| AgentError::Io { what: format!("cannot serve vhost-user-blk on {}", path.display()), err })?;
-            log::info!(
-                "target {}: vhost-user-blk on {} ({} queues): attach a VM with -object memory-backend-memfd,id=mem,size=RAM,share=on -numa node,memdev=mem \
-                 -chardev socket,id=c0,path={},reconnect-ms=1000 -device vhost-user-blk-pci,chardev=c0,num-queues={}",
-                self.cfg.target,
-                path.display(),
-                self.cfg.vhost.queues,
-                path.display(),
-                self.cfg.vhost.queues
-            );
-            self.vhost = Some(server);
         }
         let mut prev = (self.status(None), Instant::now());
         let mut wait = shutdown.clone();
@@ -599,6 +603,16 @@ impl Exports for AgentExports {
 /// hop: one batch runner per local connection").
 fn local_export_config() -> ServerConfig {
     ServerConfig { batch_runners: 1, ..ServerConfig::default() }
+}
+
+/// The disk's serial number a guest reads: the target id, cut to virtio's 20 bytes on a
+/// character boundary.
+fn serial_of(id: &str) -> String {
+    let mut end = id.len().min(20);
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    id[..end].to_string()
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), AgentError> {

@@ -67,6 +67,8 @@ pub struct Executor<'a> {
     pub log: &'a LogLimiter,
     /// Names the device in log lines (the target id).
     pub name: &'a str,
+    /// Writes are durable when they complete (FUA): the frontend did not take FLUSH.
+    pub write_through: bool,
     pub buf: &'a mut Vec<u8>,
 }
 
@@ -245,7 +247,7 @@ impl Executor<'_> {
             self.buf.resize(n.max(self.buf.len()), 0);
             let piece = &mut self.buf[..n];
             reader.read_exact(piece).map_err(|e| malformed(format!("its data buffers: {e}")))?;
-            self.dev.write_at(piece, offset + done, false).map_err(|e| io_fail("write", &e))?;
+            self.dev.write_at(piece, offset + done, self.write_through).map_err(|e| io_fail("write", &e))?;
             done += n as u64;
         }
         Ok(())
@@ -279,10 +281,10 @@ impl Executor<'_> {
         for (offset, len, unmap) in segs {
             if discard {
                 self.stats.discard_ops.fetch_add(1, Relaxed);
-                self.dev.trim(offset, len, false).map_err(|e| io_fail("discard", &e))?;
+                self.dev.trim(offset, len, self.write_through).map_err(|e| io_fail("discard", &e))?;
             } else {
                 self.stats.zero_ops.fetch_add(1, Relaxed);
-                let flags = ZeroFlags { may_trim: unmap && self.geom.zeroes_may_unmap, ..ZeroFlags::default() };
+                let flags = ZeroFlags { may_trim: unmap && self.geom.zeroes_may_unmap, fua: self.write_through, ..ZeroFlags::default() };
                 self.dev.write_zeroes(offset, len, flags).map_err(|e| io_fail("write-zeroes", &e))?;
             }
         }

@@ -35,7 +35,7 @@ impl Frontend {
         Frontend { b, queues: out.queues, region }
     }
 
-    fn buf(&self) -> &mut [u8] {
+    fn buf(&mut self) -> &mut [u8] {
         // SAFETY: the region is 4 MiB of memory mapped for the life of `b`, used by one test
         // thread at a time between requests.
         unsafe { std::slice::from_raw_parts_mut(self.region.addr as *mut u8, self.region.len) }

@@ -44,20 +44,25 @@ struct Guest {
 
 impl Guest {
     fn connect(path: &std::path::Path) -> Guest {
-        let mut fe = Frontend::connect(path, 1).unwrap();
+        Guest::try_connect(path, MIB).expect("a well-formed memory table is taken")
+    }
+
+    /// A frontend whose memory regions (1 MiB each) are backed by memfds of `file_len` bytes.
+    fn try_connect(path: &std::path::Path, file_len: u64) -> Result<Guest, vhost::Error> {
+        let mut fe = Frontend::connect(path, 1)?;
         fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        let features = fe.get_features().unwrap();
-        fe.set_owner().unwrap();
-        fe.set_features(features).unwrap();
-        let proto = fe.get_protocol_features().unwrap();
-        fe.set_protocol_features(proto).unwrap();
+        let features = fe.get_features()?;
+        fe.set_owner()?;
+        fe.set_features(features)?;
+        let proto = fe.get_protocol_features()?;
+        fe.set_protocol_features(proto)?;
         let mem = GuestMemoryMmap::<()>::from_ranges_with_files(&[
-            (GuestAddress(0), MIB as usize, Some(FileOffset::new(memfd(MIB), 0))),
-            (GuestAddress(HIGH), MIB as usize, Some(FileOffset::new(memfd(MIB), 0))),
+            (GuestAddress(0), MIB as usize, Some(FileOffset::new(memfd(file_len), 0))),
+            (GuestAddress(HIGH), MIB as usize, Some(FileOffset::new(memfd(file_len), 0))),
         ])
         .unwrap();
         let regions: Vec<VhostUserMemoryRegionInfo> = mem.iter().map(|r| VhostUserMemoryRegionInfo::from_guest_region(r).unwrap()).collect();
-        fe.set_mem_table(&regions).unwrap();
+        fe.set_mem_table(&regions)?;
         let mut ring = SplitRing::at(0, 16);
         ring.init(&mem);
         let host = |a: GuestAddress| mem.get_host_address(a).unwrap() as u64;
@@ -78,7 +83,7 @@ impl Guest {
         fe.set_vring_kick(0, &kick).unwrap();
         fe.set_vring_call(0, &call).unwrap();
         fe.set_vring_enable(0, true).unwrap();
-        Guest { mem, ring, kick, _frontend: fe }
+        Ok(Guest { mem, ring, kick, _frontend: fe })
     }
 
     /// Kicks and waits (at most 5 s) until the device has given back `n` chains in all.
@@ -183,5 +188,86 @@ fn malformed_chains_over_the_socket_fail_alone() {
     assert_eq!(f.malformed, 9, "{f:?}");
     assert_eq!(f.requests, 10, "{f:?}");
     drop(g);
+    server.stop();
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn a_queue_whose_available_index_runs_ahead_stops_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.vhost");
+    let mut server = VhostServer::start(UnixListener::bind(&path).unwrap(), &path, Arc::new(MemoryDev::new(4 * MIB)), Options::default(), "ahead").unwrap();
+    let g = Guest::connect(&path);
+    // avail.idx 100 ahead on a queue of 16: no chain can be taken; the backend must not spin.
+    g.mem.write_obj(100u16, GuestAddress(g.ring.avail.0 + 2)).unwrap();
+    g.kick.write(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.figures().malformed == 0 {
+        assert!(Instant::now() < deadline, "the runaway index was never noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(g.ring.used_idx(&g.mem), 0);
+    drop(g);
+    // The next frontend is served.
+    let mut g = Guest::connect(&path);
+    g.mem.write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(DATA)).unwrap();
+    g.ring.add_chain(
+        &g.mem,
+        &[Seg { addr: DATA, len: 16, write: false }, Seg { addr: DATA + 0x1000, len: 512, write: true }, Seg { addr: DATA + 0x100, len: 1, write: true }],
+    );
+    g.kick_and_wait(1);
+    assert_eq!(g.mem.read_obj::<u8>(GuestAddress(DATA + 0x100)).unwrap(), VIRTIO_BLK_S_OK as u8);
+    let started = Instant::now();
+    server.stop();
+    assert!(started.elapsed() < Duration::from_secs(5), "stop took {:?}", started.elapsed());
+}
+
+#[test]
+fn a_memory_file_shorter_than_its_region_is_refused_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.vhost");
+    let mut server = VhostServer::start(UnixListener::bind(&path).unwrap(), &path, Arc::new(MemoryDev::new(4 * MIB)), Options::default(), "short").unwrap();
+    // Touching the missing half of such a mapping raises SIGBUS: the backend refuses it.
+    assert!(Guest::try_connect(&path, MIB / 2).is_err(), "a memory table over short files is refused");
+    let mut g = Guest::connect(&path);
+    g.mem.write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(DATA)).unwrap();
+    g.ring.add_chain(
+        &g.mem,
+        &[Seg { addr: DATA, len: 16, write: false }, Seg { addr: DATA + 0x1000, len: 512, write: true }, Seg { addr: DATA + 0x100, len: 1, write: true }],
+    );
+    g.kick_and_wait(1);
+    assert_eq!(g.mem.read_obj::<u8>(GuestAddress(DATA + 0x100)).unwrap(), VIRTIO_BLK_S_OK as u8);
+    drop(g);
+    server.stop();
+}
+
+#[test]
+fn connections_do_not_leak_file_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.vhost");
+    let opts = Options { queues: 4, threads: 4, ..Options::default() };
+    let mut server = VhostServer::start(UnixListener::bind(&path).unwrap(), &path, Arc::new(MemoryDev::new(4 * MIB)), opts, "fds").unwrap();
+    let cycle = || {
+        let g = Guest::connect(&path);
+        let n = server.figures().connections;
+        drop(g);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.figures().connected || server.figures().connections == n - 1 {
+            assert!(Instant::now() < deadline, "the disconnect was not noticed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The accept thread makes the next device once the last is dropped.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    cycle();
+    let before = open_fds();
+    for _ in 0..20 {
+        cycle();
+    }
+    let after = open_fds();
+    assert!(after <= before + 2, "{before} fds open after one connection, {after} after 20 more");
     server.stop();
 }

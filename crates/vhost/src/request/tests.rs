@@ -30,6 +30,7 @@ struct Rig {
     stats: Stats,
     log: LogLimiter,
     buf: Vec<u8>,
+    write_through: bool,
 }
 
 impl Rig {
@@ -39,7 +40,7 @@ impl Rig {
         ring.init(&mem);
         let queue = ring.queue();
         let geom = Geometry::of(&*dev, &opts);
-        Rig { mem, ring, queue, dev, geom, stats: Stats::default(), log: LogLimiter::default(), buf: Vec::new() }
+        Rig { mem, ring, queue, dev, geom, stats: Stats::default(), log: LogLimiter::default(), buf: Vec::new(), write_through: false }
     }
 
     fn memory(size: u64) -> Rig {
@@ -49,7 +50,15 @@ impl Rig {
     /// Serves what is available; returns each chain's head and outcome.
     fn serve(&mut self) -> Vec<(u16, Outcome)> {
         let mut out = Vec::new();
-        let mut exec = Executor { dev: &*self.dev, geom: &self.geom, stats: &self.stats, log: &self.log, name: "test", buf: &mut self.buf };
+        let mut exec = Executor {
+            dev: &*self.dev,
+            geom: &self.geom,
+            stats: &self.stats,
+            log: &self.log,
+            name: "test",
+            write_through: self.write_through,
+            buf: &mut self.buf,
+        };
         while let Some(chain) = self.queue.pop_descriptor_chain(&self.mem) {
             let head = chain.head_index();
             let o = exec.execute(&self.mem, chain);
@@ -397,4 +406,31 @@ proptest! {
         let mut b = vec![0u8; 512];
         prop_assert_eq!(rig.request(VIRTIO_BLK_T_IN, 0, &mut b), OK);
     }
+}
+
+/// Without FLUSH acknowledged, a completed write must be stable: it is sent as FUA.
+#[test]
+fn writes_are_fua_until_the_frontend_takes_flush() {
+    #[derive(Debug)]
+    struct CountFua(MemoryDev, std::sync::atomic::AtomicU64);
+    impl vdstream_blockdev::Filter for CountFua {
+        type Inner = MemoryDev;
+        fn inner(&self) -> &MemoryDev {
+            &self.0
+        }
+        fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> vdstream_blockdev::Result<()> {
+            if fua {
+                self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            self.0.write_at(buf, offset, fua)
+        }
+    }
+    let dev = Arc::new(CountFua(MemoryDev::new(1 << 20), Default::default()));
+    let mut rig = Rig::new(dev.clone(), Options::default());
+    let mut b = vec![3u8; 4096];
+    assert_eq!(rig.request(VIRTIO_BLK_T_OUT, 0, &mut b), OK);
+    assert_eq!(dev.1.load(std::sync::atomic::Ordering::Relaxed), 0, "with FLUSH taken, writes are not FUA");
+    rig.write_through = true;
+    assert_eq!(rig.request(VIRTIO_BLK_T_OUT, 0, &mut b), OK);
+    assert_eq!(dev.1.load(std::sync::atomic::Ordering::Relaxed), 1, "without FLUSH, the write is FUA");
 }
