@@ -113,10 +113,22 @@ impl Backend {
             }
             state.disable_notification().map_err(std::io::Error::other)?;
             let popped = self.batch(&mut state, &mem, usize::from(size), buf)?;
+            if popped == 0 && ahead > 0 {
+                // Chains were there and none could be taken (the ring itself is outside the
+                // frontend's memory): as above.
+                self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                self.log.log(
+                    log::Level::Warn,
+                    "vdstream::vhost",
+                    "vhost-queue",
+                    format_args!("{}: {ahead} chains are available and none can be read: the queue is stopped until the frontend reconnects", self.name),
+                );
+                return Ok(());
+            }
             if popped == usize::from(size) {
                 continue;
             }
-            if !state.enable_notification().map_err(std::io::Error::other)? || popped == 0 {
+            if !state.enable_notification().map_err(std::io::Error::other)? {
                 return Ok(());
             }
         }

@@ -93,8 +93,8 @@ impl Executor<'_> {
     {
         self.stats.requests.fetch_add(1, Relaxed);
         let head = chain.head_index();
-        let descs: Vec<Descriptor> = chain.clone().take(MAX_DESCRIPTORS + 1).collect();
-        let status_addr = match status_address(&descs) {
+        let shape = Shape::of(chain.clone());
+        let status_addr = match status_address(&shape) {
             Ok(a) => a,
             Err(why) => {
                 self.stats.malformed.fetch_add(1, Relaxed);
@@ -108,7 +108,7 @@ impl Executor<'_> {
             }
         };
         let mut malformed_counted = false;
-        let (status, data_len) = match self.run(mem, chain, &descs) {
+        let (status, data_len) = match self.run(mem, chain, &shape) {
             Ok(n) => (VIRTIO_BLK_S_OK as u8, n),
             Err(f) => {
                 malformed_counted = f.malformed;
@@ -142,16 +142,15 @@ impl Executor<'_> {
     }
 
     /// The request itself; returns the bytes written into the chain's data buffers.
-    fn run<T>(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<T>, descs: &[Descriptor]) -> Result<u32, Fail>
+    fn run<T>(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<T>, shape: &Shape) -> Result<u32, Fail>
     where
         T: std::ops::Deref + Clone,
         T::Target: GuestMemory + Sized,
     {
-        if descs.len() > MAX_DESCRIPTORS {
+        if shape.count > MAX_DESCRIPTORS {
             return Err(malformed(format!("more than {MAX_DESCRIPTORS} descriptors")));
         }
-        let first_writable = descs.iter().position(|d| d.is_write_only()).unwrap_or(descs.len());
-        if descs[first_writable..].iter().any(|d| !d.is_write_only()) {
+        if shape.readable_after_writable {
             return Err(malformed("a device-readable descriptor follows a device-writable one"));
         }
         let mut reader: Reader<'_> = Reader::new(mem, chain.clone()).map_err(|e| malformed(format!("its readable buffers: {e}")))?;
@@ -298,8 +297,33 @@ fn io_fail(what: &str, e: &vdstream_blockdev::Error) -> Fail {
 
 /// Where the status byte is: the last byte of the last descriptor, which must be
 /// device-writable and not empty.
-fn status_address(descs: &[Descriptor]) -> Result<GuestAddress, &'static str> {
-    let last = descs.last().ok_or("no descriptors")?;
+/// What a walk of the chain saw, without keeping its descriptors.
+struct Shape {
+    count: usize,
+    readable_after_writable: bool,
+    last: Option<Descriptor>,
+}
+
+impl Shape {
+    fn of<T>(chain: DescriptorChain<T>) -> Shape
+    where
+        T: std::ops::Deref,
+        T::Target: GuestMemory + Sized,
+    {
+        let mut shape = Shape { count: 0, readable_after_writable: false, last: None };
+        let mut writable_seen = false;
+        for d in chain.take(MAX_DESCRIPTORS + 1) {
+            shape.count += 1;
+            writable_seen |= d.is_write_only();
+            shape.readable_after_writable |= writable_seen && !d.is_write_only();
+            shape.last = Some(d);
+        }
+        shape
+    }
+}
+
+fn status_address(shape: &Shape) -> Result<GuestAddress, &'static str> {
+    let last = shape.last.as_ref().ok_or("no descriptors")?;
     if last.has_next() {
         // virtio-queue ends a chain quietly on a loop, a next index past the queue, a bad
         // indirect table or more than 4 GiB: its real end, and so its status, is unknown.
