@@ -61,6 +61,9 @@ pub struct AttachConfig {
     /// ([`crate::kernel_nbd`]); the agent ends when the kernel disconnects it.
     pub kernel_nbd: Option<PathBuf>,
     pub listen: Option<SocketAddr>,
+    /// `--read-only`: the guest reads the vDisk and cannot write (a shared data disk); no
+    /// write cache is opened, and a read-only export is enough for every cache type.
+    pub read_only: bool,
     /// `--vhost-user PATH`: also (or only, without `serve_socket`) offer the disk as a
     /// vhost-user-blk backend on this unix socket, for a VM on this host.
     pub vhost_user: Option<PathBuf>,
@@ -102,6 +105,7 @@ impl AttachConfig {
             serve_socket: true,
             kernel_nbd: None,
             listen: None,
+            read_only: false,
             vhost_user: None,
             vhost: vdstream_vhost::Options { serial: serial_of(id), ..vdstream_vhost::Options::default() },
             status_path: paths::status_path(id),
@@ -117,6 +121,11 @@ impl AttachConfig {
     /// The types whose writes go to the server rather than a local cache.
     pub fn passes_through(&self) -> bool {
         matches!(self.cache, CacheType::Server | CacheType::ServerPersistent | CacheType::Private)
+    }
+
+    /// No write cache: the types that pass through, and a read-only attach.
+    fn cacheless(&self) -> bool {
+        self.read_only || self.passes_through()
     }
 }
 
@@ -163,7 +172,7 @@ impl Agent {
             // Before connecting: a wrong device is refused at once, not after the wait.
             crate::kernel_nbd::open_device(dev)?;
         }
-        cfg.remote.writable = cfg.passes_through();
+        cfg.remote.writable = cfg.passes_through() && !cfg.read_only;
         // A folder the user named must have an existing parent (a typo is refused, not
         // created); the default one is created whole. Checked before connecting.
         let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) { DirRule::CreateAll } else { DirRule::ParentMustExist };
@@ -184,10 +193,10 @@ impl Agent {
                 cfg.overflow_max = Some(cfg.overflow_max.map_or(units, |m| m.min(units)));
             }
         }
-        if !cfg.passes_through() && cfg.overflow_device.is_none() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
+        if !cfg.cacheless() && cfg.overflow_device.is_none() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
             prepare_cache_dir(&cfg.cache_dir, dir_rule).map_err(|source| AgentError::CacheDir { id: cfg.target.clone(), reason: source })?;
         }
-        if cfg.cache != CacheType::ServerPersistent {
+        if cfg.cache != CacheType::ServerPersistent || cfg.read_only {
             // Only a cache that outlives its server can take a replay: a `server` cache dies
             // with it (the reconnect is refused), the others do not write to the server.
             cfg.remote.journal = None;
@@ -197,7 +206,9 @@ impl Agent {
         let id = remote.identity();
         let (ep, _) = remote.endpoint_in_use();
         log::info!("target {}: reading export {:?} ({} bytes) from {ep}", cfg.target, id.export, id.size);
-        let (cache, dev): (Option<Arc<dyn WriteCache>>, Arc<dyn BlockDev>) = if cfg.passes_through() {
+        let (cache, dev): (Option<Arc<dyn WriteCache>>, Arc<dyn BlockDev>) = if cfg.read_only {
+            (None, Arc::new(vdstream_blockdev::ReadOnly(remote.clone())))
+        } else if cfg.passes_through() {
             (None, remote.clone())
         } else {
             let ccfg = CacheConfig {

@@ -30,6 +30,7 @@ pub mod flock;
 pub mod layerfile;
 pub mod lograte;
 pub mod memory;
+pub mod readonly;
 pub mod reclaim;
 pub mod ring;
 pub mod span;
@@ -45,6 +46,7 @@ pub use engine::{IoEngine, IoEngineKind};
 pub use error::{Error, ErrorKind, Op, Result};
 pub use file::{FileDev, FileOptions};
 pub use memory::MemoryDev;
+pub use readonly::ReadOnly;
 pub use trace::{TraceDev, TraceError, TraceOp, TraceReader, TraceRecord};
 
 /// What a device can do. The NBD server turns this into transmission flags.

@@ -149,6 +149,13 @@ pub struct AttachArgs {
     #[arg(long, value_name = "TYPE")]
     cache: Option<CacheType>,
 
+    /// Offer the vDisk read-only: the guest reads it and cannot write (a data disk many
+    /// targets share). No write cache is kept, so --cache does not apply; the local NBD
+    /// export and the vhost-user-blk device say read-only, and a read-only server export is
+    /// enough.
+    #[arg(long, conflicts_with = "cache")]
+    read_only: bool,
+
     /// RAM for device-ram and ram-overflow (e.g. 512M): 0 (ram-overflow only: straight to
     /// the file) or 1M to 256G, and no more than this machine has. Default: 256M, or the record's.
     #[arg(long, value_name = "SIZE", value_parser = parse_ram)]
@@ -448,6 +455,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.intermediate_buffering = a.intermediate_buffering;
     cfg.serve_socket = (a.kernel_nbd.is_none() && a.vhost_user.is_none()) || a.socket.is_some();
     cfg.vhost_user = a.vhost_user.clone();
+    cfg.read_only = a.read_only;
     cfg.vhost.queues = a.vhost_queues;
     cfg.vhost.threads = a.vhost_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(64) as u16)).min(a.vhost_queues);
     if let Some(sock) = a.socket {
@@ -482,13 +490,13 @@ fn attach(a: AttachArgs) -> Result<()> {
         served.push(format!("vhost-user-blk on {} ({} queues)", p.display(), c.vhost.queues));
     }
     outln!(
-        "vdstream: target {}: vDisk export {:?} ({} bytes{}) from {}, {} write cache; serving {}",
+        "vdstream: target {}: vDisk export {:?} ({} bytes{}) from {}, {}; serving {}",
         c.target,
         id.export,
         id.size,
         id.description.as_ref().map(|d| format!(", {d}")).unwrap_or_default(),
         agent.remote().endpoint_in_use().0,
-        c.cache,
+        if c.read_only { "read-only (no write cache)".to_string() } else { format!("{} write cache", c.cache) },
         served.join(" and ")
     );
     outln!("vdstream: status: vdstream target status {} (file {})", c.target, c.status_path.display());

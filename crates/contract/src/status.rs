@@ -184,9 +184,13 @@ mod tests {
         fn a_status_survives_json(
             target in "[a-z0-9-]{1,12}", pid: u32, n in any::<[u64; 8]>(), guest in io(), storage in io(),
             lost in proptest::option::of("\\PC{0,20}"), journal in proptest::option::of(any::<[u64; 4]>()), free in proptest::option::of(any::<u64>()),
+            vhost in proptest::option::of((any::<[u64; 4]>(), any::<u16>(), any::<bool>())),
         ) {
             let s = Status {
                 target, pid, state: STATE_LOST.into(), started_unix_ms: n[0], updated_unix_ms: n[1], socket: "/s".into(), listen: None,
+                vhost_user: vhost.map(|(v, queues, connected)| VhostUserStatus {
+                    socket: "/v".into(), queues, connected, connections: v[0], requests: v[1], errors: v[2], malformed: v[3],
+                }),
                 vdisk: VdiskStatus { export: "vdisk/w@3".into(), description: Some("vdisk/w@3 (production)".into()), size: n[2] },
                 server: ServerStatus {
                     endpoint: "nbd://a/".into(), connected: true, endpoints: vec!["nbd://a/".into()], retries: n[3], reconnects: n[4],
