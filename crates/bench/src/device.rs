@@ -62,17 +62,7 @@ pub fn run_device(dev: Arc<dyn BlockDev>, workload: &Workload, opts: &RunOptions
             }
         }
         let series = measure::sample(&shared, workload, opts, start, progress);
-        let mut figures = TaskFigures::default();
-        let mut panicked = None;
-        for h in handles {
-            match h.join() {
-                Ok(f) => figures.merge(&f),
-                Err(p) => panicked = Some(measure::panic_message(&*p)),
-            }
-        }
-        if let Some(p) = panicked {
-            return Err(BenchError::Task(p));
-        }
+        let figures = measure::join_workers(handles)?;
         Ok((figures, series, start.elapsed().as_secs_f64()))
     })?;
     let ran = Workload { queue_depth: threads, ..workload.clone() };
@@ -118,7 +108,7 @@ fn request_loop(dev: &dyn BlockDev, stream: &Mutex<OpStream>, shared: &Shared) -
 mod tests {
     use std::time::Duration;
 
-    use vdstream_blockdev::{Caps, MemoryDev, ZeroFlags};
+    use vdstream_blockdev::{Filter, MemoryDev, ReadOnly};
 
     use super::*;
 
@@ -132,29 +122,15 @@ mod tests {
     #[derive(Debug)]
     struct FlipsReads(MemoryDev);
 
-    impl BlockDev for FlipsReads {
-        fn size(&self) -> u64 {
-            self.0.size()
-        }
-        fn caps(&self) -> Caps {
-            self.0.caps()
+    impl Filter for FlipsReads {
+        type Inner = MemoryDev;
+        fn inner(&self) -> &MemoryDev {
+            &self.0
         }
         fn read_at(&self, buf: &mut [u8], offset: u64) -> vdstream_blockdev::Result<()> {
             self.0.read_at(buf, offset)?;
             buf[104] ^= 0x40;
             Ok(())
-        }
-        fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> vdstream_blockdev::Result<()> {
-            self.0.write_at(buf, offset, fua)
-        }
-        fn trim(&self, offset: u64, len: u64, fua: bool) -> vdstream_blockdev::Result<()> {
-            self.0.trim(offset, len, fua)
-        }
-        fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> vdstream_blockdev::Result<()> {
-            self.0.write_zeroes(offset, len, flags)
-        }
-        fn describe(&self) -> String {
-            "flips reads".into()
         }
     }
 
@@ -192,46 +168,27 @@ mod tests {
     fn device_errors_are_counted_and_the_run_goes_on() {
         // A read-only device refuses writes up front; with reads only it runs.
         #[derive(Debug)]
-        struct ReadOnly(MemoryDev);
-        impl BlockDev for ReadOnly {
-            fn size(&self) -> u64 {
-                self.0.size()
-            }
-            fn caps(&self) -> Caps {
-                Caps { read_only: true, ..self.0.caps() }
+        struct FailsBlock0(MemoryDev);
+        impl Filter for FailsBlock0 {
+            type Inner = MemoryDev;
+            fn inner(&self) -> &MemoryDev {
+                &self.0
             }
             fn read_at(&self, buf: &mut [u8], offset: u64) -> vdstream_blockdev::Result<()> {
                 if offset == 0 {
-                    return Err(vdstream_blockdev::Error::new(
-                        vdstream_blockdev::ErrorKind::Io,
-                        vdstream_blockdev::Op::Read,
-                        offset,
-                        buf.len() as u64,
-                        "ro",
-                        "test error",
-                    ));
+                    let (kind, op) = (vdstream_blockdev::ErrorKind::Io, vdstream_blockdev::Op::Read);
+                    return Err(vdstream_blockdev::Error::new(kind, op, offset, buf.len() as u64, "ro", "test error"));
                 }
                 self.0.read_at(buf, offset)
             }
-            fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> vdstream_blockdev::Result<()> {
-                self.0.write_at(buf, offset, fua)
-            }
-            fn trim(&self, offset: u64, len: u64, fua: bool) -> vdstream_blockdev::Result<()> {
-                self.0.trim(offset, len, fua)
-            }
-            fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> vdstream_blockdev::Result<()> {
-                self.0.write_zeroes(offset, len, flags)
-            }
-            fn describe(&self) -> String {
-                "ro".into()
-            }
         }
+        let ro = || Arc::new(ReadOnly(Arc::new(FailsBlock0(MemoryDev::new(1 << 20)))));
         let (w, opts) = short(Workload { workers: 1, write_pct: 20, verify: false, ..Workload::default() });
-        let e = run_device(Arc::new(ReadOnly(MemoryDev::new(1 << 20))), &w, &opts, &mut |_| {}).unwrap_err();
+        let e = run_device(ro(), &w, &opts, &mut |_| {}).unwrap_err();
         assert!(matches!(e, BenchError::ReadOnly { .. }), "{e}");
         // Sequential reads of 256 blocks from block 0: every pass reads block 0 once.
         let w = Workload { write_pct: 0, random_pct: 0, working_set: Some(1 << 20), ..w };
-        let r = run_device(Arc::new(ReadOnly(MemoryDev::new(1 << 20))), &w, &opts, &mut |_| {}).unwrap();
+        let r = run_device(ro(), &w, &opts, &mut |_| {}).unwrap();
         assert!(r.errors > 0 && r.read.ops > r.errors * 100, "{}", r.render());
         assert!(r.error_messages[0].contains("at offset 0 on ro: test error"), "{:?}", r.error_messages);
     }

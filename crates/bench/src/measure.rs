@@ -20,6 +20,7 @@ use crate::histogram::Histogram;
 use crate::pattern::{self, Ledger, Mismatch};
 use crate::result::{round1, BenchResult, Interval, OpFigures, VerifyFigures};
 use crate::workload::{OpStream, Workload};
+use crate::BenchError;
 
 /// How a run is carried out, beyond the workload.
 #[derive(Debug, Clone)]
@@ -334,6 +335,23 @@ pub(crate) fn finish(shared: &Shared, f: Finished<'_>) -> BenchResult {
         error_messages,
         verify,
         series: f.series,
+    }
+}
+
+/// Joins the worker threads of a run and merges what they measured; a worker that
+/// panicked makes the run an error.
+pub(crate) fn join_workers(handles: Vec<std::thread::ScopedJoinHandle<'_, TaskFigures>>) -> Result<TaskFigures, BenchError> {
+    let mut figures = TaskFigures::default();
+    let mut panicked = None;
+    for h in handles {
+        match h.join() {
+            Ok(f) => figures.merge(&f),
+            Err(p) => panicked = Some(panic_message(&*p)),
+        }
+    }
+    match panicked {
+        Some(p) => Err(BenchError::Task(p)),
+        None => Ok(figures),
     }
 }
 

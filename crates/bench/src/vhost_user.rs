@@ -180,17 +180,7 @@ pub fn run_vhost_user(uri: &str, workload: &Workload, opts: &RunOptions, progres
             }
         }
         let series = measure::sample(&shared, workload, opts, start, progress);
-        let mut figures = TaskFigures::default();
-        let mut panicked = None;
-        for h in handles {
-            match h.join() {
-                Ok(f) => figures.merge(&f),
-                Err(p) => panicked = Some(measure::panic_message(&*p)),
-            }
-        }
-        if let Some(p) = panicked {
-            return Err(BenchError::Task(p));
-        }
+        let figures = measure::join_workers(handles)?;
         Ok((figures, series, start.elapsed().as_secs_f64()))
     })?;
     // The queues go before the instance that owns the buffers (it frees them last).
