@@ -251,7 +251,7 @@ pub fn print_list(o: &StoreOpts, doc: Value) -> Result<()> {
                 r.ram.map(format_size).unwrap_or_else(|| "-".into()),
                 r.overflow_max.map(format_size).unwrap_or_else(|| "-".into()),
                 macs,
-                r.description.as_deref().unwrap_or("")));
+                vdstream_store::names::printable(r.description.as_deref().unwrap_or(""))));
         }
         lines.join("\n")
     });
@@ -273,7 +273,7 @@ pub fn print_show(o: &StoreOpts, doc: Value) -> Result<()> {
     let agent = doc.get("agent").and_then(|a| vdstream_agent::Status::deserialize(a).ok());
     o.emit(doc, || {
         let mut lines = vec![
-            format!("target {}{}", r.id, r.description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default()),
+            format!("target {}{}", r.id, r.description.as_ref().map(|d| format!(" ({})", vdstream_store::names::printable(d))).unwrap_or_default()),
             format!("  boots:    vDisk {} ({})", r.vdisk, describe_version(r.version)),
             format!("  cache:    {}", cache_words(&r)),
             format!("  macs:     {}", if r.macs.is_empty() { "none (not network-booted by MAC)".to_string() } else { r.macs.join(", ") }),

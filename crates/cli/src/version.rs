@@ -227,7 +227,7 @@ fn print_list(o: &StoreOpts, doc: serde_json::Value) -> Result<()> {
                 Some(t) => format!("{} from {t}", v.access.name()),
                 None => v.access.name().to_string(),
             };
-            lines.push(format!("  {:<8} {:<12} {:<22} {:<20} {}", v.number, access, v.created.to_string(), v.created_by, v.note.as_deref().unwrap_or("")));
+            lines.push(format!("  {:<8} {:<12} {:<22} {:<20} {}", v.number, access, v.created.to_string(), v.created_by, vdstream_store::names::printable(v.note.as_deref().unwrap_or(""))));
         }
         lines.join("\n")
     });

@@ -57,6 +57,34 @@ pub fn validate_target_id(id: &str) -> Result<(), ContractError> {
     check_name("target id", id)
 }
 
+/// Longest text for people that a record keeps (a target's description, a version's note).
+pub const MAX_TEXT_LEN: usize = 1024;
+
+/// Checks text for people that a record keeps and commands print (a target's description,
+/// a version's note): at most [`MAX_TEXT_LEN`] bytes on one line, with no control
+/// character, so that printing it cannot rewrite a terminal (ANSI or OSC escapes) or fake
+/// a line of output. `what` names the field in the error.
+pub fn validate_text(what: &str, text: &str) -> Result<(), ContractError> {
+    if text.len() > MAX_TEXT_LEN {
+        return Err(ContractError::BadName(format!("{what} is {} bytes; it is at most {MAX_TEXT_LEN} bytes of text on one line", text.len())));
+    }
+    if let Some(c) = text.chars().find(|c| c.is_control()) {
+        return Err(ContractError::BadName(format!(
+            "{what} holds the control character {c:?}; it is at most {MAX_TEXT_LEN} bytes of text on one line, without control characters (no newlines or terminal escapes)")));
+    }
+    Ok(())
+}
+
+/// Text from a record as it is safe to print on a terminal: control characters (a record
+/// written before [`validate_text`] held, or by hand) shown escaped.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect::<String>().into()
+    } else {
+        text.into()
+    }
+}
+
 fn check_name(kind: &str, name: &str) -> Result<(), ContractError> {
     let bad = |what: String| Err(ContractError::BadName(format!("invalid {kind} {name:?}: {what}; a name is {ALLOWED}")));
     if name.is_empty() {
@@ -310,6 +338,20 @@ pub(crate) mod tests {
 
     fn parse(s: &str) -> Result<ExportName, ContractError> {
         s.parse()
+    }
+
+    #[test]
+    fn text_for_people_is_one_bounded_line_without_escapes() {
+        assert!(validate_text("a note", "patched KB5034441 — ok").is_ok());
+        assert!(validate_text("a note", &"x".repeat(MAX_TEXT_LEN)).is_ok());
+        let e = validate_text("a note", &"x".repeat(100 * 1024)).unwrap_err().to_string();
+        assert!(e.contains("a note is 102400 bytes") && e.contains("at most 1024"), "{e}");
+        for bad in ["two\nlines", "bell\u{7}", "\u{1b}]0;owned\u{7}", "\u{1b}[2J", "nul\0", "c1\u{9b}31m"] {
+            let e = validate_text("a note", bad).unwrap_err().to_string();
+            assert!(e.contains("control character"), "{bad:?}: {e}");
+        }
+        assert_eq!(printable("plain"), "plain");
+        assert_eq!(printable("a\u{1b}[2Jb\nc"), "a\\u{1b}[2Jb\\nc");
     }
 
     #[test]

@@ -124,9 +124,7 @@ fn check_fields(cache: CacheType, version: Selector, ram: Option<u64>, overflow_
         return Err(StoreError::BadInput("--overflow-max 0 would refuse every write that reaches the file: give a size such as 10G, or leave it out".into()));
     }
     if let Some(d) = description {
-        if d.len() > 1024 || d.chars().any(char::is_control) {
-            return Err(StoreError::BadInput("a target description is at most 1024 bytes of text without control characters (no newlines)".into()));
-        }
+        crate::names::validate_text("a target description", d)?;
     }
     Ok(())
 }

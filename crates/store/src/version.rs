@@ -47,6 +47,9 @@ impl Store {
     /// The file is written under a temporary name and renamed into place; when anything
     /// fails (a full file system while writing it or the metadata), nothing is left behind.
     pub fn new_version(&self, name: &str, note: Option<String>) -> Result<Version> {
+        if let Some(n) = &note {
+            crate::names::validate_text("a version note", n)?;
+        }
         let made = std::cell::Cell::new(None);
         let result = self.new_version_in(name, note, &made);
         if result.is_err() {
