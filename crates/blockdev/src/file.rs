@@ -249,14 +249,16 @@ impl FileDev {
             err.message.push_str(hint);
             err
         };
+        // No link is followed (crate::storefile): a caller with a path an administrator
+        // typed resolves it first.
         let mut oo = OpenOptions::new();
-        oo.read(true).write(!options.read_only);
+        oo.read(true).write(!options.read_only).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
         let mut file = {
             let mut o = oo.clone();
             if options.direct {
-                o.custom_flags(libc::O_DIRECT);
+                o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_DIRECT);
             }
-            o.open(&path).map_err(open_err)?
+            o.open(&path).map_err(|e| crate::storefile::explain(e, &path)).map_err(open_err)?
         };
         let meta = file.metadata().map_err(open_err)?;
         let is_block_device = meta.file_type().is_block_device();
@@ -316,12 +318,13 @@ impl FileDev {
     pub fn create(path: impl AsRef<Path>, size: u64) -> Result<Self> {
         let path = path.as_ref();
         let err = |e| Error::from_io(e, Op::Open, 0, size, path.display().to_string());
-        let file = OpenOptions::new()
+        let file = crate::storefile::options(crate::storefile::PRIVATE)
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
             .open(path)
+            .map_err(|e| crate::storefile::explain(e, path))
             .map_err(err)?;
         file.set_len(size).map_err(err)?;
         drop(file);

@@ -78,7 +78,7 @@ impl LayerFile {
                 Err(io::Error::new(io::ErrorKind::ReadOnlyFilesystem, format!("{} is a sealed layer in object storage and cannot be written", path.display())))
             }
             Some(r) => r.map(LayerFile::Remote),
-            None => std::fs::OpenOptions::new().read(true).write(write).open(path).map(LayerFile::Local),
+            None => crate::storefile::options(crate::storefile::SHARED_READ).read(true).write(write).open(path).map_err(|e| crate::storefile::explain(e, path)).map(LayerFile::Local),
         }
     }
 

@@ -34,6 +34,7 @@ pub mod readonly;
 pub mod reclaim;
 pub mod ring;
 pub mod span;
+pub mod storefile;
 pub mod trace;
 pub mod uring;
 

@@ -299,7 +299,7 @@ impl ChunkCache {
             if dir.exists() {
                 std::fs::remove_dir_all(&dir).map_err(crate::error::local("empty the chunk cache folder", &dir))?;
             }
-            std::fs::create_dir_all(&dir).map_err(crate::error::local("create the chunk cache folder", &dir))?;
+            vdstream_blockdev::storefile::create_dir_all(&dir).map_err(crate::error::local("create the chunk cache folder", &dir))?;
             let n = (config.disk_bytes / CHUNK) as usize;
             let cache = quick_cache::sync::Cache::with(n.max(16), config.disk_bytes, ChunkWeight, Default::default(), DiskEvict { dir: dir.clone() });
             Some((dir, cache))
@@ -441,7 +441,16 @@ impl ObjectLayer {
         };
         let p = disk_path(dir, key);
         let tmp = p.with_extension("tmp");
-        let ok = p.parent().is_some_and(|d| std::fs::create_dir_all(d).is_ok()) && std::fs::write(&tmp, data).is_ok() && std::fs::rename(&tmp, &p).is_ok();
+        // A leftover (or a link in its place) goes first; the chunk file is made, never
+        // written through an existing name.
+        let _ = std::fs::remove_file(&tmp);
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            vdstream_blockdev::storefile::create_dir_all(p.parent().unwrap_or(dir))?;
+            vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::SHARED_READ).write(true).create_new(true).open(&tmp)?.write_all(data)?;
+            std::fs::rename(&tmp, &p)
+        };
+        let ok = write().is_ok();
         if ok {
             index.insert(key, ());
         } else {

@@ -41,12 +41,13 @@ pub fn is_metadata(rel: &str) -> bool {
 pub const TOKENS: &str = "api-tokens.json";
 
 /// Writes `bytes` to `path` atomically and durably (the store's own `write_atomic`),
-/// creating its folder first.
+/// creating its folder first; the token file owner-only, as the store keeps it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).map_err(local("create", d))?;
+        vdstream_blockdev::storefile::create_dir_all(d).map_err(local("create", d))?;
     }
-    vdstream_store::fsutil::write_atomic(path, bytes).map_err(|e| Error::Io(e.to_string()))
+    let mode = if path.file_name().is_some_and(|n| n == TOKENS) { vdstream_store::fsutil::PRIVATE } else { vdstream_store::fsutil::SHARED_READ };
+    vdstream_store::fsutil::write_atomic_mode(path, bytes, mode).map_err(|e| Error::Io(e.to_string()))
 }
 
 /// The chunk cache's counters, written into the mirror folder every refresh (GETs, bytes
@@ -113,7 +114,7 @@ impl Mirror {
                 bucket.location, bucket.location
             )));
         }
-        std::fs::create_dir_all(dir).map_err(local("create the mirror folder", dir))?;
+        vdstream_blockdev::storefile::create_dir_all(dir).map_err(local("create the mirror folder", dir))?;
         Ok(Arc::new(Mirror {
             cache: ChunkCache::new(cache)?,
             bucket,

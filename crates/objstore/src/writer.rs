@@ -98,7 +98,7 @@ fn set_aside(dir: &Path) -> Result<()> {
     for name in ["vdisks", "targets", "store.json", "audit.log", TOKENS] {
         let p = dir.join(name);
         if p.exists() {
-            std::fs::create_dir_all(&aside).map_err(local("create", &aside))?;
+            vdstream_blockdev::storefile::create_dir_all(&aside).map_err(local("create", &aside))?;
             std::fs::rename(&p, aside.join(name)).map_err(local("move aside", &p))?;
             moved.push(name);
         }
@@ -181,10 +181,17 @@ impl Writer {
     /// else it starts from the bucket and fetches every layer, so that it is a whole store
     /// on which every command works as on a local folder.
     pub fn start(bucket: Bucket, dir: &Path, cache: &CacheConfig, url: &str) -> Result<Arc<Writer>> {
-        std::fs::create_dir_all(dir).map_err(local("create the writer's folder", dir))?;
+        vdstream_blockdev::storefile::create_dir_all(dir).map_err(local("create the writer's folder", dir))?;
         // One process per writer folder, for the life of the process.
         let lock_path = dir.join(".writer.lock");
-        let lock = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock_path).map_err(local("open", &lock_path))?;
+        let lock = vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::SHARED_READ)
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| vdstream_blockdev::storefile::explain(e, &lock_path))
+            .map_err(local("open", &lock_path))?;
         if !vdstream_store::fsutil::try_lock(&lock, vdstream_blockdev::flock::LockMode::Exclusive).map_err(local("lock", &lock_path))? {
             return Err(Error::Conflict(format!(
                 "{} is the folder of a metadata writer that runs on this host: give this server another --object-cache",

@@ -338,11 +338,18 @@ impl TargetCaches {
         let stem = vdstream_wcache::disk::file_stem(id);
         let attach_path = dir.join(format!("{stem}.vdattach"));
         let fail = |what: String| TargetOpenError::Failed(format!("{}: {what}", attach_path.display()));
-        // It holds the attach's secret: readable by this server's user only.
+        // It holds the attach's secret: readable by this server's user only, and never
+        // written through a link planted in its place.
         let mut file = {
-            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-            let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&attach_path).map_err(|e| fail(e.to_string()))?;
-            f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| fail(e.to_string()))?;
+            use vdstream_blockdev::storefile;
+            let f = storefile::options(storefile::PRIVATE)
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&attach_path)
+                .map_err(|e| fail(storefile::explain(e, &attach_path).to_string()))?;
+            storefile::tighten(&f, storefile::PRIVATE).map_err(|e| fail(e.to_string()))?;
             f
         };
         if !vdstream_wcache::cachefile::try_lock_exclusive(&file).map_err(|e| fail(e.to_string()))? {

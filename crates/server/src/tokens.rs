@@ -136,7 +136,11 @@ impl Tokens {
     }
 
     fn read(&self) -> Result<Stored, TokenError> {
-        match std::fs::read(&self.path) {
+        let read = vdstream_blockdev::storefile::open_read(&self.path).and_then(|mut f| {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
+        });
+        match read {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| file_error(&self.path, format!("is not a token file ({e}); restore it from a backup, or move it away and make new tokens"))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Stored::default()),
             Err(e) => Err(file_error(&self.path, format!("cannot read it: {e}"))),
@@ -146,15 +150,21 @@ impl Tokens {
     /// Runs `f` on the stored list under an exclusive lock and writes the result atomically.
     fn change<T>(&self, f: impl FnOnce(&mut Stored) -> Result<T, TokenError>) -> Result<T, TokenError> {
         let lock_path = self.path.with_extension("lock");
-        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| file_error(&lock_path, format!("cannot open it: {e}; is the store directory writable?")))?;
+        let lock = vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::PRIVATE)
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| vdstream_blockdev::storefile::explain(e, &lock_path))
+            .map_err(|e| file_error(&lock_path, format!("cannot open it: {e}; is the store directory writable?")))?;
         vdstream_store::fsutil::lock_wait(&lock, vdstream_store::fsutil::LockMode::Exclusive).map_err(|e| file_error(&lock_path, format!("cannot lock it: {e}")))?;
         let mut stored = self.read()?;
         let out = f(&mut stored)?;
         let mut bytes = serde_json::to_vec_pretty(&stored).expect("the token list serializes");
         bytes.push(b'\n');
-        vdstream_store::fsutil::write_atomic(&self.path, &bytes).map_err(|e| file_error(&self.path, e))?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o600)).map_err(|e| file_error(&self.path, format!("cannot make it private: {e}")))?;
+        // Owner-only from its creation (the hashes are not the tokens, but a list of them
+        // is nobody else's business).
+        vdstream_store::fsutil::write_atomic_mode(&self.path, &bytes, vdstream_store::fsutil::PRIVATE).map_err(|e| file_error(&self.path, e))?;
         Ok(out)
     }
 

@@ -54,7 +54,12 @@ impl AuditEntry {
 pub fn append(path: &Path, entry: &AuditEntry) -> Result<()> {
     let mut line = serde_json::to_vec(entry).expect("audit entries serialize");
     line.push(b'\n');
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io("open", path))?;
+    let mut f = vdstream_blockdev::storefile::options(crate::fsutil::SHARED_READ)
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| vdstream_blockdev::storefile::explain(e, path))
+        .map_err(io("open", path))?;
     f.write_all(&line).map_err(io("append to", path))?;
     f.sync_data().map_err(io("fsync", path))
 }
@@ -87,7 +92,7 @@ fn read_last(path: &Path, vdisk: Option<&str>, n: usize) -> Result<Vec<AuditEntr
     if n == 0 {
         return Ok(Vec::new());
     }
-    let mut f = match std::fs::File::open(path) {
+    let mut f = match vdstream_blockdev::storefile::open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io("open", path)(e)),

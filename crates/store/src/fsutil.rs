@@ -1,6 +1,11 @@
 //! File-system primitives of the store: atomic replacement of a file, `flock` locks, who
 //! holds a lock (from `/proc/locks`), and who is acting (user, host, pid).
 //!
+//! Every store file is opened here or through [`vdstream_blockdev::storefile`]: without
+//! following a symbolic link (one is refused, by name), and created with an owner-only
+//! mode whatever the umask ([`SHARED_READ`] for metadata and layers, [`PRIVATE`] for
+//! secrets and a target's writes, [`FOLDER`] for folders).
+//!
 //! Atomic write: the bytes go to a temporary file in the same folder, which is fsynced,
 //! renamed over the target, and the folder is fsynced, so a reader (or a crash) sees the
 //! old file or the new one, never a mix.
@@ -13,14 +18,25 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{io, Result};
+pub use vdstream_blockdev::storefile::{FOLDER, PRIVATE, SHARED_READ};
+use vdstream_blockdev::storefile;
 
-/// Writes `bytes` to `path` atomically (tmp, fsync, rename, fsync folder).
+/// Writes `bytes` to `path` atomically (tmp, fsync, rename, fsync folder), the file
+/// readable by the owner's group ([`SHARED_READ`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_mode(path, bytes, SHARED_READ)
+}
+
+/// [`write_atomic`] with the file's mode (the umask can only take bits away).
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    // A leftover of a crash, or a link planted in its place, goes first (unlink does not
+    // follow a link); the new file is then made, never opened through a name.
+    let _ = std::fs::remove_file(&tmp);
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).map_err(io("create", &tmp))?;
+        let mut f = storefile::options(mode).write(true).create_new(true).open(&tmp).map_err(|e| storefile::explain(e, &tmp)).map_err(io("create", &tmp))?;
         f.write_all(bytes).map_err(io("write", &tmp))?;
         f.sync_all().map_err(io("fsync", &tmp))?;
         std::fs::rename(&tmp, path).map_err(io("rename into place", path))?;
@@ -35,6 +51,34 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// fsyncs a folder, so renames and creations in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io("fsync folder", dir))
+}
+
+/// Opens a store file read-only, without following a link.
+pub fn open_read(path: &Path) -> Result<File> {
+    storefile::open_read(path).map_err(io("open", path))
+}
+
+/// Copies store file `src` to a new file `dst` (which must not exist) with the same
+/// permission bits, neither path followed if it is a link; fsyncs the copy.
+pub fn copy_file(src: &Path, dst: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut from = open_read(src)?;
+    let mode = from.metadata().map_err(io("stat", src))?.permissions().mode() & 0o777;
+    let mut to = storefile::options(mode & SHARED_READ).write(true).create_new(true).open(dst).map_err(|e| storefile::explain(e, dst)).map_err(io("create", dst))?;
+    std::io::copy(&mut from, &mut to).map_err(io("copy into", dst))?;
+    to.sync_all().map_err(io("fsync", dst))
+}
+
+/// Takes away the permission bits store file `path` has beyond `mode` (a file another
+/// program made, such as qemu-img's output, with the umask's mode).
+pub fn restrict(path: &Path, mode: u32) -> Result<()> {
+    let f = open_read(path)?;
+    storefile::tighten(&f, mode).map(|_| ()).map_err(io("set the mode of", path))
+}
+
+/// Creates a store folder and its missing parents ([`FOLDER`] mode), refusing a link.
+pub fn create_dir_all(dir: &Path) -> Result<()> {
+    storefile::create_dir_all(dir).map_err(io("create the folder", dir))
 }
 
 pub use vdstream_blockdev::flock::{lock_wait, LockMode};
@@ -56,14 +100,14 @@ pub fn take_lock(file: &File, mode: LockMode) -> std::io::Result<bool> {
 /// Opens `path` and takes a shared lock on it, so that the store does not delete it while
 /// this process uses it. `Ok(None)` when a writer holds it exclusively.
 pub fn hold_shared(path: &Path) -> Result<Option<File>> {
-    let f = File::open(path).map_err(io("open", path))?;
+    let f = open_read(path)?;
     Ok(if take_lock(&f, LockMode::Shared).map_err(io("lock", path))? { Some(f) } else { None })
 }
 
 /// Whether some process holds a lock on `path` (tried without waiting, released at once).
 /// Call it only under the store's exclusive lock, where no opener of store files runs.
 pub fn in_use(path: &Path) -> Result<bool> {
-    let f = match File::open(path) {
+    let f = match storefile::open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(io("open", path)(e)),
@@ -84,7 +128,7 @@ pub enum Holders {
 /// Who holds `path` (tried without waiting, released at once). Call it only under the
 /// store's exclusive lock, where no opener of store files runs.
 pub fn holders_of(path: &Path) -> Result<Holders> {
-    let f = match File::open(path) {
+    let f = match storefile::open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Holders::Nobody),
         Err(e) => return Err(io("open", path)(e)),

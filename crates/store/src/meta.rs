@@ -271,7 +271,10 @@ impl VdiskMeta {
 /// Reads and parses a JSON metadata file; a missing or unparsable file is an error naming
 /// it (with line and column) and saying what to do.
 pub fn load_json<T: for<'de> Deserialize<'de>>(path: &Path, advice: &str) -> Result<T> {
-    let bytes = match std::fs::read(path) {
+    let bytes = match vdstream_blockdev::storefile::open_read(path).and_then(|mut f| {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut b).map(|_| b)
+    }) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(StoreError::MissingFile { path: path.to_path_buf(), advice: advice.to_string() })

@@ -101,7 +101,7 @@ pub fn check_location(root: &Path) -> Result<()> {
 pub fn server_cache_dir(root: &Path) -> std::io::Result<PathBuf> {
     check_location(root).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     let dir = root.join("cache");
-    std::fs::create_dir_all(&dir).map_err(|e| std::io::Error::new(e.kind(), format!("cannot create the store's cache folder {}: {e}", dir.display())))?;
+    vdstream_blockdev::storefile::create_dir_all(&dir).map_err(|e| std::io::Error::new(e.kind(), format!("cannot create the store's cache folder {}: {e}", dir.display())))?;
     Ok(dir)
 }
 
@@ -141,7 +141,7 @@ impl Store {
         if root.join("store.json").exists() {
             return Ok((Self::open(root)?, false));
         }
-        std::fs::create_dir_all(root.join("vdisks")).map_err(io("create the store folder", &root))?;
+        fsutil::create_dir_all(&root.join("vdisks"))?;
         let store = Store { root: root.clone(), actor: Actor::current(), expect: None };
         let _lock = store.lock(LockMode::Exclusive)?;
         let marker = root.join("store.json");
@@ -219,7 +219,14 @@ impl Store {
                 self.root.display())));
         }
         let p = self.root.join(".lock");
-        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(io("open the store lock", &p))?;
+        let f = vdstream_blockdev::storefile::options(fsutil::SHARED_READ)
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&p)
+            .map_err(|e| vdstream_blockdev::storefile::explain(e, &p))
+            .map_err(io("open the store lock", &p))?;
         fsutil::lock_wait(&f, mode).map_err(io("lock", &p))?;
         Ok(StoreLock { _file: f })
     }
@@ -260,6 +267,8 @@ impl Store {
     /// Loads `vdisk.json` of `name`; the caller holds the lock.
     pub fn load(&self, name: &str) -> Result<VdiskMeta> {
         validate_name(name)?;
+        // A vDisk's folder replaced by a link would lead every file below it elsewhere.
+        vdstream_blockdev::storefile::refuse_symlinked_dir(&self.vdisk_dir(name)).map_err(io("open the vDisk folder", &self.vdisk_dir(name)))?;
         if !self.vdisk_dir(name).is_dir() {
             let names = self.names()?;
             let known = if names.is_empty() {

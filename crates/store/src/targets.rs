@@ -251,7 +251,7 @@ impl Store {
 
     fn write_target(&self, r: &TargetRecord) -> Result<()> {
         let dir = self.targets_dir();
-        std::fs::create_dir_all(&dir).map_err(io("create the targets folder", &dir))?;
+        fsutil::create_dir_all(&dir)?;
         fsutil::write_atomic(&self.target_path(&r.id), &serde_json::to_vec_pretty(r).expect("serializes"))
     }
 

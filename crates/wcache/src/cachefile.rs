@@ -26,14 +26,14 @@
 //! Invariants: every I/O here is whole pages inside the file; every error names the file.
 
 use std::cell::RefCell;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use vdstream_blockdev::{Error, ErrorKind, IoEngine, IoEngineKind, Op, Result};
+use vdstream_blockdev::{storefile, Error, ErrorKind, IoEngine, IoEngineKind, Op, Result};
 
 use crate::page::{PAGE, PAGE_U64};
 
@@ -134,7 +134,8 @@ impl CacheFile {
         engine: impl FnOnce() -> IoEngine,
     ) -> Result<CacheFile> {
         let name = path.display().to_string();
-        let mut oo = OpenOptions::new();
+        // A target's writes: owner-only, and never through a link (vdstream_blockdev::storefile).
+        let mut oo = storefile::options(storefile::PRIVATE);
         oo.read(true).write(true);
         if exclusive {
             oo.create_new(true);
@@ -142,7 +143,7 @@ impl CacheFile {
             oo.create(create);
         }
         if direct {
-            oo.custom_flags(libc::O_DIRECT);
+            oo.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_DIRECT);
         }
         let refuse_direct = |e: io::Error| Error {
             kind: ErrorKind::NotSupported,
@@ -153,7 +154,7 @@ impl CacheFile {
             ),
             ..Error::from_io(e, Op::Open, 0, 0, name.clone())
         };
-        let file = oo.open(path).map_err(|e| match e.raw_os_error() {
+        let file = oo.open(path).map_err(|e| storefile::explain(e, path)).map_err(|e| match e.raw_os_error() {
             Some(libc::EINVAL) if direct => refuse_direct(e),
             _ => {
                 let mut err = Error::from_io(e, Op::Open, 0, 0, name.clone());
@@ -161,6 +162,7 @@ impl CacheFile {
                 err
             }
         })?;
+        storefile::tighten_logged(&file, storefile::PRIVATE, path);
         let len = pages * PAGE_U64;
         let cur = file.metadata().map_err(|e| Error::from_io(e, Op::Open, 0, 0, name.clone()))?.len();
         if cur != len {

@@ -25,10 +25,12 @@
 //! ENOSPC goes to the writes that did not fit, not to every flush after them. A reset (after
 //! a checkpoint) frees the old blocks and reserves again at once.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use vdstream_blockdev::storefile;
 
 use crate::pagemap::PageState;
 
@@ -145,8 +147,10 @@ impl Checkpoint {
     /// is not left fuller, and the old checkpoint stays.
     pub fn store(&self, path: &Path) -> io::Result<()> {
         let tmp = tmp_path(path);
+        // A leftover (or a link in its place) goes first; the new file is made, owner-only.
+        let _ = std::fs::remove_file(&tmp);
         let written = (|| {
-            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            let mut f = storefile::options(storefile::PRIVATE).write(true).create_new(true).open(&tmp).map_err(|e| storefile::explain(e, &tmp))?;
             f.write_all(&self.encode())?;
             f.sync_all()
         })();
@@ -219,7 +223,8 @@ pub struct Journal {
 impl Journal {
     /// Creates (or empties) the journal at `path`, durably.
     pub fn create(path: &Path) -> io::Result<Journal> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let file = storefile::options(storefile::PRIVATE).read(true).write(true).create(true).truncate(true).open(path).map_err(|e| storefile::explain(e, path))?;
+        storefile::tighten_logged(&file, storefile::PRIVATE, path);
         let mut header = Vec::with_capacity(JOURNAL_HEADER as usize);
         header.extend_from_slice(JOURNAL_MAGIC);
         header.extend_from_slice(&VERSION.to_le_bytes());
@@ -234,8 +239,11 @@ impl Journal {
     /// a map of `pages` pages. `Ok(None)` when there is no journal; `Err` with a message
     /// when the file is not a journal at all.
     pub fn open(path: &Path, after_seq: u64, pages: u64) -> io::Result<Option<(Journal, Replay)>> {
-        let mut file = match OpenOptions::new().read(true).write(true).open(path) {
-            Ok(f) => f,
+        let mut file = match storefile::options(storefile::PRIVATE).read(true).write(true).open(path).map_err(|e| storefile::explain(e, path)) {
+            Ok(f) => {
+                storefile::tighten_logged(&f, storefile::PRIVATE, path);
+                f
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };

@@ -79,7 +79,7 @@ impl OverflowFile {
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(&path)?;
         // Unlinked at once: the file lives as long as the descriptor, and a crash leaves nothing.
         std::fs::remove_file(&path)?;
