@@ -77,8 +77,10 @@ pub struct ServeImageArgs {
     file: Option<PathBuf>,
 
     /// Format of FILE: `auto` (qcow2 when it starts with the qcow2 magic, else raw), `raw`
-    /// or `qcow2`. Give `raw` for a raw image that clients may write: a guest that writes a
-    /// qcow2 header into it must not make the next start read its "backing files".
+    /// or `qcow2`. A probed qcow2 that names a backing file is refused: say `--format
+    /// qcow2` for a chain you made (a guest that wrote a qcow2 header into a raw image must
+    /// not make the next start read the "backing files" it named). Give `raw` for a raw
+    /// image that clients may write.
     #[arg(long, value_name = "auto|raw|qcow2", default_value = "auto", value_parser = parse_format)]
     format: FormatChoice,
     /// Serve a vDisk of the store: NAME (what production targets get) or NAME@V (V: a
@@ -427,11 +429,13 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
 }
 
 /// Opens FILE as raw or as qcow2 with its backing chain (read-only layers below the top).
-fn open_image(path: &Path, format: FormatChoice, read_only: bool, direct: bool) -> Result<(Arc<dyn BlockDev>, String)> {
+fn open_image(named: &Path, format: FormatChoice, read_only: bool, direct: bool) -> Result<(Arc<dyn BlockDev>, String)> {
+    let resolved = vdstream_blockdev::storefile::resolve_named(named).with_context(|| format!("cannot serve {}", named.display()))?;
+    let path = resolved.as_path();
     let qcow2 = match format {
         FormatChoice::Raw => false,
         FormatChoice::Qcow2 => true,
-        FormatChoice::Auto => ImageFormat::probe(path).with_context(|| format!("cannot serve {}", path.display()))? == ImageFormat::Qcow2,
+        FormatChoice::Auto => vdstream_qcow2::probe_named(path).with_context(|| format!("cannot serve {}", named.display()))? == ImageFormat::Qcow2,
     };
     if !qcow2 {
         let dev = FileDev::open(path, FileOptions { read_only, direct }).with_context(|| format!("cannot serve {}", path.display()))?;

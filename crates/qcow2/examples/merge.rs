@@ -28,7 +28,14 @@ fn main() -> ExitCode {
         }
     };
     let opts = MergeOptions { cluster_bits };
-    match merge_layers(Path::new(&args[0]), stop, Path::new(&args[2]), &opts, &mut |_, _| {}) {
+    let chain = match vdstream_qcow2::chain_of(Path::new(&args[0])) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot open {}: {e}", args[0]);
+            return ExitCode::FAILURE;
+        }
+    };
+    match merge_layers(&chain, stop, Path::new(&args[2]), &opts, &mut |_, _| {}) {
         Ok(r) => {
             println!(
                 "bytes_read={} bytes_written={} clusters_written={} zero_clusters={} zero_data_dropped={} seconds={:.3}",

@@ -74,6 +74,17 @@ pub(crate) enum Mapping {
     Compressed { host: u64, len: u64, sectors: u64 },
 }
 
+/// What an image holds itself over a guest range ([`Qcow2Image::own_extents`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// Its own data.
+    Data,
+    /// Zeros it records (they hide the backing file).
+    Zero,
+    /// Nothing: the backing file's bytes show through.
+    Backing,
+}
+
 /// One piece of a request with a single source.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Run {
@@ -198,6 +209,25 @@ impl Qcow2Image {
     /// The parsed header (as it was at open).
     pub fn header(&self) -> &Header {
         &self.header
+    }
+
+    /// What this image holds itself over `[offset, offset+len)`, without asking its
+    /// backing file: `(guest offset, length, what)` in guest order, neighbours of one kind
+    /// merged. Compressed clusters count as data.
+    pub fn own_extents(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, Holding)>> {
+        let mut out: Vec<(u64, u64, Holding)> = Vec::new();
+        for r in self.runs(offset, len, Op::BlockStatus)? {
+            let what = match r.kind {
+                RunKind::Data(_) | RunKind::Compressed { .. } => Holding::Data,
+                RunKind::Zero => Holding::Zero,
+                RunKind::Backing => Holding::Backing,
+            };
+            match out.last_mut() {
+                Some(last) if last.2 == what => last.1 += r.len as u64,
+                _ => out.push((offset + r.pos as u64, r.len as u64, what)),
+            }
+        }
+        Ok(out)
     }
 
     pub(crate) fn cs(&self) -> u64 {

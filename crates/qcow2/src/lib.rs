@@ -10,7 +10,7 @@
 //!   write.rs     writes, zeroes/trims, flush ordering                   ┘ one BlockDev
 //!   l2cache.rs   bounded LRU of L2 tables
 //!   refcount.rs  refcount table/blocks and the end-of-file allocator
-//!   chain.rs     open_chain, open_with_backing_chain (raw or qcow2 backing files), create
+//!   chain.rs     open_recorded (a chain the store records), open_chain (a file named), create
 //!   merge.rs     merge_layers: merge a chain's upper layers (or all) into a new image
 //!   rebase.rs    set_backing_file: re-point an image's header (qemu-img rebase -u)
 //!   sanity.rs    sanity: a cheap check of the file against its own size (truncation)
@@ -34,9 +34,9 @@ mod refcount;
 mod sanity;
 mod write;
 
-pub use chain::{create, open_chain, open_chain_with, resolve_backing, ImageFormat, LayerHook};
+pub use chain::{chain_of, check_backing, create, open_chain, open_recorded, probe_named, open_recorded_with, resolve_backing, ImageFormat, LayerHook, LayerSpec};
 pub use header::{with_backing, Header, HeaderError};
-pub use image::{OpenOptions, Qcow2Image, DEFAULT_L2_CACHE_BYTES};
+pub use image::{Holding, OpenOptions, Qcow2Image, DEFAULT_L2_CACHE_BYTES};
 pub use merge::{merge_layers, MergeOptions, MergeReport, CHUNK_BYTES};
 pub use rebase::set_backing_file;
 pub use sanity::{check_sane, sanity, Sanity};

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use vdstream_blockdev::{BlockDev, Error, ErrorKind, Extent, Op, Result, ZeroFlags};
 
-use crate::chain::{open_layers, Layer};
+use crate::chain::{open_layers, Layer, LayerSpec};
 use crate::header::{MAX_CLUSTER_BITS, MIN_CLUSTER_BITS};
 use crate::image::{file_error, OpenOptions, Qcow2Image, RunKind};
 use crate::ImageFormat;
@@ -77,9 +77,10 @@ pub struct MergeReport {
     pub duration: Duration,
 }
 
-/// Writes a new qcow2 v3 image at `dst` whose guest content equals the chain at `top`.
+/// Writes a new qcow2 v3 image at `dst` whose guest content equals `chain` (bottom first,
+/// opened as [`crate::open_recorded`] opens it; its last layer is `top`).
 ///
-/// With `stop_at = Some(p)` (`p` a layer of `top`'s chain below `top`) the new image's
+/// With `stop_at = Some(p)` (`p` a layer of the chain below `top`) the new image's
 /// backing file is `p` (its file name when `p` is in `dst`'s directory, else its absolute
 /// path; with the backing format extension) and it holds only what the layers from `top`
 /// down to (not including) `p` hold. With `None` it is standalone. `progress(done, total)`
@@ -87,9 +88,10 @@ pub struct MergeReport {
 ///
 /// `dst` must not exist. On `Ok` it is complete and fsynced (file and directory entry),
 /// ready to be renamed into place; on `Err` it has been removed.
-pub fn merge_layers(top: &Path, stop_at: Option<&Path>, dst: &Path, opts: &MergeOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<MergeReport> {
+pub fn merge_layers(chain: &[LayerSpec], stop_at: Option<&Path>, dst: &Path, opts: &MergeOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<MergeReport> {
     let started = Instant::now();
-    let layers = open_layers(top)?;
+    let layers = open_layers(chain)?;
+    let top = &layers[0].path;
     let upper_count = match stop_at {
         None => layers.len(),
         Some(p) => stop_index(&layers, top, p)?,

@@ -42,6 +42,11 @@ fn chain_of(top: &Path) -> Vec<PathBuf> {
     v.as_array().unwrap().iter().map(|e| PathBuf::from(e["filename"].as_str().unwrap())).collect()
 }
 
+/// The chain of `top` as vdstream opens a file it is given (bottom first).
+fn chain_specs(top: &Path) -> Vec<vdstream_qcow2::LayerSpec> {
+    vdstream_qcow2::chain_of(top).unwrap()
+}
+
 /// Guest ranges (start, len) that `image` itself holds as data (qemu-img map, depth 0).
 fn own_data(image: &Path) -> Vec<(u64, u64)> {
     let v: serde_json::Value = serde_json::from_str(&qemu_img(&["map", "--output=json", s(image)])).unwrap();
@@ -75,7 +80,7 @@ fn merge_and_check(top: &Path, stop: Option<usize>, opts: &MergeOptions, tag: &s
     let stop_path = stop.map(|i| chain[i].clone());
     let mut calls = 0u64;
     let mut last = (0, 0);
-    let report = merge_layers(top, stop_path.as_deref(), &dst, opts, &mut |d, t| {
+    let report = merge_layers(&chain_specs(top), stop_path.as_deref(), &dst, opts, &mut |d, t| {
         assert!(d >= last.0 && d <= t, "progress went backwards or past the total: {d}/{t} after {last:?}");
         last = (d, t);
         calls += 1;
@@ -269,15 +274,15 @@ fn refusals_name_the_problem() {
     let other = dir.path().join("other.qcow2");
     qemu_img(&["create", "-q", "-f", "qcow2", s(&other), "1M"]);
     let dst = dir.path().join("dst.qcow2");
-    let e = merge_layers(&v1, Some(&other), &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap_err();
+    let e = merge_layers(&chain_specs(&v1), Some(&other), &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("not in its backing chain"), "{e}");
-    let e = merge_layers(&v1, Some(&v1), &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap_err();
+    let e = merge_layers(&chain_specs(&v1), Some(&v1), &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("nothing to merge"), "{e}");
-    let e = merge_layers(&v1, None, &dst, &MergeOptions { cluster_bits: Some(22) }, &mut |_, _| {}).unwrap_err();
+    let e = merge_layers(&chain_specs(&v1), None, &dst, &MergeOptions { cluster_bits: Some(22) }, &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("cluster_bits"), "{e}");
     assert!(!dst.exists());
     std::fs::write(&dst, b"x").unwrap();
-    let e = merge_layers(&v1, None, &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap_err();
+    let e = merge_layers(&chain_specs(&v1), None, &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("dst.qcow2"), "{e}");
     assert_eq!(std::fs::read(&dst).unwrap(), b"x", "an existing dst is left alone");
 }
@@ -292,7 +297,7 @@ fn dst_in_another_folder_names_its_backing_by_absolute_path() {
     io(&v1, "qcow2", &["write -P 0x22 1M 64k".into()]);
     std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
     let dst = dir.path().join("elsewhere/merged.qcow2");
-    merge_layers(&v1, Some(&base), &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap();
+    merge_layers(&chain_specs(&v1), Some(&base), &dst, &MergeOptions::default(), &mut |_, _| {}).unwrap();
     let v: serde_json::Value = serde_json::from_str(&qemu_img(&["info", "--output=json", s(&dst)])).unwrap();
     assert_eq!(v["backing-filename"].as_str(), Some(s(&base)), "{v}");
     qemu_img(&["compare", "-q", s(&v1), s(&dst)]);
@@ -310,7 +315,7 @@ fn a_read_error_mid_merge_fails_cleanly() {
     std::fs::OpenOptions::new().write(true).open(&v1).unwrap().set_len(len - 65536).unwrap();
     let dst = dir.path().join("dst.qcow2");
     let mut last = 0;
-    let e = merge_layers(&v1, Some(&base), &dst, &MergeOptions::default(), &mut |d, _| last = d).unwrap_err();
+    let e = merge_layers(&chain_specs(&v1), Some(&base), &dst, &MergeOptions::default(), &mut |d, _| last = d).unwrap_err();
     assert!(e.to_string().contains("v1.qcow2") && e.to_string().contains("qemu-img check"), "{e}");
     assert!(last >= 40 << 20, "chunks before the bad one were written ({last})");
     assert!(!dst.exists(), "a failed merge leaves no dst behind");
@@ -387,7 +392,7 @@ proptest! {
         let chain = chain_of(&top);
         let stop_path = (stop > 0).then(|| chain[stop].clone());
         let dst = dir.path().join("dst.qcow2");
-        merge_layers(&top, stop_path.as_deref(), &dst, &MergeOptions { cluster_bits: Some(cluster_bits) }, &mut |_, _| {}).unwrap();
+        merge_layers(&chain_specs(&top), stop_path.as_deref(), &dst, &MergeOptions { cluster_bits: Some(cluster_bits) }, &mut |_, _| {}).unwrap();
         assert_same(&qemu_raw(&dst), &want, "dst against qemu's flattened top");
         assert_clean(&dst);
     }

@@ -1,14 +1,23 @@
-//! Importing a PVS chain: a base VHD or VHDX with differencing children (VHD of disk type
-//! 4, or AVHDX), which qemu cannot read, as a vDisk whose versions are the children.
-//! `vhd.rs` and `vhdx.rs` read the files; both implement [`DifferencingLayer`], so the
-//! import loop is one: each child, checked to name the file before it as its parent
-//! (VHD: unique id; VHDX: `parent_linkage` against the parent's DataWriteGuid) before
-//! anything is made, becomes one version over the previous layer holding exactly what the
-//! child defines (its sectors, and zeros where it says zero), released to production.
+//! Importing a chain of images as a vDisk whose versions are the children: a PVS chain (a
+//! base VHD or VHDX with differencing children, VHD of disk type 4 or AVHDX, which qemu
+//! cannot read), or a qcow2 chain (a raw or qcow2 base with qcow2 children). `vhd.rs`,
+//! `vhdx.rs` and the qcow2 crate read the files; each implements [`DifferencingLayer`], so
+//! the import loop is one: each child, checked to name the file before it as its parent
+//! (VHD: unique id; VHDX: `parent_linkage` against the parent's DataWriteGuid; qcow2: the
+//! backing file its header names is the file given before it) before anything is made,
+//! becomes one version over the previous layer holding exactly what the child defines
+//! (its sectors, and zeros where it says zero), released to production.
+//!
+//! Only the files the command names are opened: a child's parent is compared with the
+//! file before it, never opened by the name the child gives.
 //!
 //! Invariant: any failure after the base was imported deletes the whole new vDisk.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use vdstream_blockdev::{BlockDev, MemoryDev};
+use vdstream_qcow2::{Holding, OpenOptions, Qcow2Image};
 
 use crate::copy::Progress;
 use crate::error::{io, Result, StoreError};
@@ -82,16 +91,138 @@ impl DifferencingLayer for Vhdx {
     }
 }
 
-/// Opens a VHD or VHDX file (told apart by the VHDX file type identifier).
-pub fn open_layer_file(path: &Path) -> Result<Box<dyn DifferencingLayer>> {
-    use std::io::Read;
-    let mut sig = [0u8; 8];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut sig)).map_err(io("read", path))?;
-    if n == 8 && &sig == b"vhdxfile" {
-        Ok(Box::new(Vhdx::open(path)?))
-    } else {
-        Ok(Box::new(Vhd::open(path)?))
+/// A file's identity for parent checks: its device and inode (`None` when it cannot be
+/// stat'ed, which then matches nothing).
+fn file_identity(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| format!("{}:{}", m.dev(), m.ino()))
+}
+
+/// A qcow2 file of a chain: a base with no backing file, or a child whose header names
+/// its parent.
+struct Qcow2Layer {
+    img: Qcow2Image,
+    identity: String,
+    parent: Option<String>,
+}
+
+impl Qcow2Layer {
+    fn open(path: &Path) -> Result<Self> {
+        let header = vdstream_qcow2::Header::parse(&head_bytes(path)?, std::fs::metadata(path).map_err(io("stat", path))?.len()).map_err(|e| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!("a damaged or unsupported qcow2 image: {e}"),
+            advice: "nothing was imported; check it with `qemu-img check -f qcow2 FILE`".into(),
+        })?;
+        // The parent is compared, never opened: a child reads zeros where it holds nothing.
+        let parent = header.backing_file.as_deref().map(|name| file_identity(&vdstream_qcow2::resolve_backing(path, name)).unwrap_or_default());
+        let below: Option<Arc<dyn BlockDev>> = parent.as_ref().map(|_| Arc::new(MemoryDev::new(header.size)) as Arc<dyn BlockDev>);
+        let img = Qcow2Image::open(path, OpenOptions { read_only: true, ..Default::default() }, below)?;
+        Ok(Qcow2Layer { img, identity: file_identity(path).unwrap_or_default(), parent })
     }
+}
+
+fn head_bytes(path: &Path) -> Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).map_err(io("open", path))?;
+    let len = f.metadata().map_err(io("stat", path))?.len();
+    let mut first = vec![0u8; len.min(vdstream_qcow2::header::HEADER_READ_LEN as u64) as usize];
+    f.read_exact_at(&mut first, 0).map_err(io("read", path))?;
+    Ok(first)
+}
+
+impl DifferencingLayer for Qcow2Layer {
+    fn kind(&self) -> &'static str {
+        "qcow2"
+    }
+    fn size(&self) -> u64 {
+        self.img.size()
+    }
+    fn is_differencing(&self) -> bool {
+        self.parent.is_some()
+    }
+    fn identity(&self) -> String {
+        self.identity.clone()
+    }
+    fn parent_identity(&self) -> Option<String> {
+        self.parent.clone()
+    }
+    fn for_each_run(&self, f: &mut dyn FnMut(u64, Run<'_>) -> Result<()>) -> Result<()> {
+        const WINDOW: u64 = 4 << 20;
+        let size = self.img.size();
+        let mut buf = Vec::new();
+        let mut at = 0;
+        while at < size {
+            let n = WINDOW.min(size - at);
+            for (off, len, what) in self.img.own_extents(at, n)? {
+                match what {
+                    Holding::Data => {
+                        buf.resize(len as usize, 0);
+                        self.img.read_at(&mut buf, off)?;
+                        f(off, Run::Data(&buf))?;
+                    }
+                    Holding::Zero => f(off, Run::Zero(len))?,
+                    Holding::Backing => {}
+                }
+            }
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+/// A raw base of a qcow2 chain: nothing to apply, only an identity to check the first
+/// child against.
+struct RawBase {
+    size: u64,
+    identity: String,
+}
+
+impl DifferencingLayer for RawBase {
+    fn kind(&self) -> &'static str {
+        "qcow2"
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn is_differencing(&self) -> bool {
+        false
+    }
+    fn identity(&self) -> String {
+        self.identity.clone()
+    }
+    fn parent_identity(&self) -> Option<String> {
+        None
+    }
+    fn for_each_run(&self, _f: &mut dyn FnMut(u64, Run<'_>) -> Result<()>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Opens a file of a chain by its format (read off its magic): VHD, VHDX, qcow2, or a
+/// raw base. The kinds that chain together report one [`DifferencingLayer::kind`].
+pub fn open_layer_file(path: &Path) -> Result<Box<dyn DifferencingLayer>> {
+    let path = &std::fs::canonicalize(path).map_err(io("open", path))?;
+    match crate::source::detect(path)? {
+        "vhdx" => Ok(Box::new(Vhdx::open(path)?)),
+        "vpc" => Ok(Box::new(Vhd::open(path)?)),
+        "qcow2" => Ok(Box::new(Qcow2Layer::open(path)?)),
+        "raw" => Ok(Box::new(RawBase { size: std::fs::metadata(path).map_err(io("stat", path))?.len(), identity: file_identity(path).unwrap_or_default() })),
+        other => Err(StoreError::BadInput(format!(
+            "{} is a {other} image: --version takes chains of VHD (.vhd), VHDX (.vhdx/.avhdx) or qcow2 files", path.display()))),
+    }
+}
+
+/// A version's note for a child imported from `path`: its file name, escaped where it
+/// holds control characters and cut to fit a note.
+fn import_note(path: &Path) -> String {
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let mut note = format!("imported from {}", crate::names::printable(&name));
+    let mut end = note.len().min(crate::names::MAX_TEXT_LEN);
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note
 }
 
 impl Store {
@@ -117,7 +248,11 @@ impl Store {
                     c.display(), if k.is_differencing() { "differencing " } else { "" }, k.kind())));
             }
             if k.parent_identity().as_deref() != Some(parent_id.as_str()) {
-                let what = if kind == "VHD" { "its parent's unique id" } else { "its parent_linkage (the parent's DataWriteGuid)" };
+                let what = match kind {
+                    "VHD" => "its parent's unique id",
+                    "VHDX" => "its parent_linkage (the parent's DataWriteGuid)",
+                    _ => "the backing file its header names",
+                };
                 return Err(StoreError::Refused(format!(
                     "{} is not a child of {}: {what} does not match; give the children in chain order, each after its parent",
                     c.display(), if kids.is_empty() { src.display().to_string() } else { children[kids.len() - 1].display().to_string() })));
@@ -132,7 +267,7 @@ impl Store {
         let mut versions = Vec::new();
         let applied = (|| {
             for (k, path) in kids.iter().zip(children) {
-                let v = self.new_version(name, Some(format!("imported from {}", path.display())))?;
+                let v = self.new_version(name, Some(import_note(path)))?;
                 let opened = self.open_layer(name, Selector::Maintenance, true)?;
                 k.for_each_run(&mut |off, run| {
                     match run {

@@ -27,6 +27,7 @@ use crate::fsutil;
 use crate::meta::{LayerFormat, VdiskMeta};
 use crate::open::chain_files;
 use crate::select::{Layer, Selector};
+use crate::source::Source;
 use crate::store::Store;
 
 fn qemu_img() -> Command {
@@ -89,10 +90,10 @@ pub(crate) fn first_lines(text: &str) -> String {
     seen.join("; ")
 }
 
-/// Runs `qemu-img check --output=json -f FORMAT PATH` (with `-U` so that it never waits
-/// for or takes qemu's image locks).
-pub fn qemu_check(path: &Path, format: &str) -> Result<QemuCheck> {
-    let out = qemu_img().args(["check", "-U", "--output=json", "-f", format]).arg(path).output().map_err(tool_missing)?;
+/// Runs `qemu-img check --output=json SPEC` (with `-U` so that it never waits for or takes
+/// qemu's image locks); `spec` is a `json:` spec naming every file qemu-img may open.
+pub fn qemu_check(spec: &str) -> Result<QemuCheck> {
+    let out = qemu_img().args(["check", "-U", "--output=json"]).arg(spec).output().map_err(tool_missing)?;
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     let messages = String::from_utf8_lossy(&out.stderr).trim().to_string();
     let verdict = match out.status.code() {
@@ -105,10 +106,11 @@ pub fn qemu_check(path: &Path, format: &str) -> Result<QemuCheck> {
     Ok(QemuCheck { verdict, report, messages })
 }
 
-/// Data extents of `path` (as `qemu-img map` reports them) that lie past its end.
-fn map_problems(path: &Path, format: &str) -> Result<Vec<String>> {
+/// Data extents of `src` (as `qemu-img map` reports them) that lie past its end.
+fn map_problems(src: &Source) -> Result<Vec<String>> {
+    let path = &src.path;
     let len = std::fs::metadata(path).map_err(crate::error::io("stat", path))?.len();
-    let out = qemu_img().args(["map", "-U", "--output=json", "-f", format]).arg(path).output().map_err(tool_missing)?;
+    let out = qemu_img().args(["map", "-U", "--output=json"]).arg(src.qemu_spec()).output().map_err(tool_missing)?;
     if !out.status.success() {
         return Ok(vec![format!("qemu-img map cannot read it: {}", first_lines(&String::from_utf8_lossy(&out.stderr)))]);
     }
@@ -129,7 +131,8 @@ fn map_problems(path: &Path, format: &str) -> Result<Vec<String>> {
 
 /// Checks an image before it is imported (see the module doc): `Ok` with warnings
 /// (leaked clusters), or a `Corrupt` error naming the file and the problem.
-pub fn check_source(src: &Path, format: &str) -> Result<Vec<String>> {
+pub fn check_source(source: &Source) -> Result<Vec<String>> {
+    let (src, format) = (source.path.as_path(), source.format);
     if format == "raw" {
         return Ok(vec![]); // any length is a valid raw image
     }
@@ -138,7 +141,7 @@ pub fn check_source(src: &Path, format: &str) -> Result<Vec<String>> {
     if format == "qcow2" {
         problems.extend(vdstream_qcow2::sanity(src)?.problems);
     }
-    let qc = qemu_check(src, format)?;
+    let qc = qemu_check(&source.qemu_spec())?;
     if let Some(p) = qc.problem() {
         problems.push(p);
     }
@@ -146,7 +149,7 @@ pub fn check_source(src: &Path, format: &str) -> Result<Vec<String>> {
         warnings.push(format!("qemu-img check found {} leaked cluster(s) in {} (wasted space, no data at risk)", qc.report["leaks"].as_u64().unwrap_or(0), src.display()));
     }
     if problems.is_empty() && format != "qcow2" {
-        problems.extend(map_problems(src, format)?);
+        problems.extend(map_problems(source)?);
     }
     if problems.is_empty() {
         return Ok(warnings);
@@ -255,7 +258,8 @@ impl Store {
                 None => {}
             }
             if format == LayerFormat::Qcow2 && path.exists() {
-                let qc = qemu_check(&path, "qcow2")?;
+                // The layer alone (backing off): qemu-img opens no file its header names.
+                let qc = qemu_check(&crate::source::chain_spec(&[vdstream_qcow2::LayerSpec::new(&path, vdstream_qcow2::ImageFormat::Qcow2)]))?;
                 if let Some(p) = qc.problem() {
                     lc.problems.push(p);
                 }

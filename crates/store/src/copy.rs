@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use vdstream_blockdev::BlockDev;
 
 use crate::error::{io, Result, StoreError};
+use crate::source::Source;
 
 /// Progress callback: bytes done, bytes in all.
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
@@ -73,7 +74,12 @@ fn data_ranges(f: &File, len: u64) -> Vec<(u64, u64)> {
 pub fn copy_raw_sparse(src: &Path, dst: &Path, progress: Progress<'_>) -> Result<u64> {
     let input = File::open(src).map_err(io("open", src))?;
     let len = input.metadata().map_err(io("stat", src))?.len();
-    let out = std::fs::OpenOptions::new().write(true).create_new(true).open(dst).map_err(io("create", dst))?;
+    let out = vdstream_blockdev::storefile::options(crate::fsutil::SHARED_READ)
+        .write(true)
+        .create_new(true)
+        .open(dst)
+        .map_err(|e| vdstream_blockdev::storefile::explain(e, dst))
+        .map_err(io("create", dst))?;
     out.set_len(len).map_err(io("size", dst))?;
     let mut buf = vec![0u8; CHUNK];
     let mut written = 0;
@@ -137,7 +143,7 @@ pub fn export_raw(dev: &dyn BlockDev, dst: &Path, overwrite: bool, progress: Pro
     Ok(written)
 }
 
-/// What `qemu-img info` says about a file.
+/// What `qemu-img info` says about an image.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageInfo {
     pub format: String,
@@ -152,39 +158,23 @@ fn tool_missing(e: std::io::Error) -> StoreError {
     StoreError::Tool(format!("cannot run qemu-img ({e}): install it (Debian: apt-get install qemu-utils)"))
 }
 
-/// `qemu-img info --output=json FILE`.
-pub fn qemu_info(path: &Path) -> Result<ImageInfo> {
-    qemu_info_if_installed(path)?.ok_or_else(|| tool_missing(std::io::Error::from(std::io::ErrorKind::NotFound)))
-}
-
-/// [`qemu_info`], or `Ok(None)` when qemu-img cannot be run at all. A file qemu-img
-/// cannot open is an error, never `None`: a damaged image must not pass for raw.
-pub fn qemu_info_if_installed(path: &Path) -> Result<Option<ImageInfo>> {
-    qemu_info_as(path, None)
-}
-
-/// [`qemu_info_if_installed`], with the format given (`-f FORMAT`) instead of probed.
-pub fn qemu_info_as(path: &Path, format: Option<&str>) -> Result<Option<ImageInfo>> {
-    let mut cmd = qemu_img();
-    cmd.args(["info", "--output=json"]);
-    if let Some(f) = format {
-        cmd.args(["-f", f]);
-    }
-    let out = match cmd.arg(path).output() {
+/// `qemu-img info --output=json SPEC` of an image from outside, opened only as `src` says
+/// ([`Source::qemu_spec`]), its report checked ([`Source::check_info`]). `Ok(None)` when
+/// qemu-img cannot be run at all.
+pub fn qemu_info(src: &Source) -> Result<Option<ImageInfo>> {
+    let out = match qemu_img().args(["info", "--output=json"]).arg(src.qemu_spec()).output() {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(tool_missing(e)),
     };
     if !out.status.success() {
         return Err(StoreError::Tool(format!(
-            "qemu-img info {} failed: {}", path.display(), crate::check::first_lines(&String::from_utf8_lossy(&out.stderr)))));
+            "qemu-img info {} (as {}) failed: {}", src.path.display(), src.format, crate::check::first_lines(&String::from_utf8_lossy(&out.stderr)))));
     }
     let j: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| StoreError::Tool(format!("qemu-img info {} printed something that is not JSON: {e}", path.display())))?;
-    Ok(Some(ImageInfo {
-        format: j["format"].as_str().unwrap_or("").to_string(),
-        virtual_size: j["virtual-size"].as_u64().unwrap_or(0),
-    }))
+        .map_err(|e| StoreError::Tool(format!("qemu-img info {} printed something that is not JSON: {e}", src.path.display())))?;
+    src.check_info(&j)?;
+    Ok(Some(ImageInfo { format: src.format.to_string(), virtual_size: j["virtual-size"].as_u64().unwrap_or(0) }))
 }
 
 /// Parses one `(NN.NN/100%)` progress report of `qemu-img -p` into a fraction.
@@ -195,14 +185,16 @@ pub fn parse_qemu_progress(text: &str) -> Option<f64> {
     (0.0..=100.0).contains(&v).then_some(v / 100.0)
 }
 
-/// Runs `qemu-img convert -p -f FMT -O OUT_FMT SRC DST`, reporting progress against `total`.
-pub fn qemu_convert(src: &Path, src_format: &str, dst: &Path, dst_format: &str, total: u64, progress: Progress<'_>) -> Result<()> {
+/// Runs `qemu-img convert -p -O OUT_FMT SPEC DST`, reporting progress against `total`.
+/// `spec` is a `json:` spec that names every file qemu-img may open ([`Source::qemu_spec`],
+/// [`crate::source::chain_spec`]); `what` names the source in messages.
+pub fn qemu_convert(spec: &str, what: &Path, dst: &Path, dst_format: &str, total: u64, progress: Progress<'_>) -> Result<()> {
     let mut cmd = qemu_img();
-    cmd.args(["convert", "-p", "-f", src_format, "-O", dst_format]);
+    cmd.args(["convert", "-p", "-O", dst_format]);
     if dst_format == "qcow2" {
         cmd.args(["-o", "cluster_size=65536"]);
     }
-    let mut child = cmd.arg(src).arg(dst).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(tool_missing)?;
+    let mut child = cmd.arg(spec).arg(dst).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(tool_missing)?;
     let mut stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
     let err_reader = std::thread::spawn(move || {
@@ -233,7 +225,7 @@ pub fn qemu_convert(src: &Path, src_format: &str, dst: &Path, dst_format: &str, 
     if !status.success() {
         let _ = std::fs::remove_file(dst);
         return Err(StoreError::Tool(format!(
-            "qemu-img convert {} to {} failed ({status}): {}", src.display(), dst.display(), errors.trim())));
+            "qemu-img convert {} to {} failed ({status}): {}", what.display(), dst.display(), errors.trim())));
     }
     progress(total, total);
     Ok(())

@@ -8,10 +8,12 @@
 //!   time.rs     RFC 3339 times and +DURATION
 //!   meta.rs     vdisk.json / store.json schema, loading, invariants
 //!   select.rs   which layer production, test and maintenance targets get (pure)
-//!   fsutil.rs   atomic writes, flock, lock holders, who is acting
+//!   fsutil.rs   atomic writes, flock, lock holders, who is acting; store files opened
+//!               without following links, with owner-only modes
 //!   audit.rs    audit.log, JSON lines
 //!   store.rs    Store: the directory, its lock, metadata transactions, retired files
-//!   open.rs     opening a layer and its chain for a target (holding its files)
+//!   open.rs     opening a layer and its chain for a target (holding its files), each
+//!               layer in the format its record names, never probed
 //!   vdisk.rs    create, import, set, info, export, delete
 //!   version.rs  new, promote, revert, override
 //!   merge.rs    merge, merge --base, automatic merges, compact
@@ -20,6 +22,8 @@
 //!   chain.rs    PVS chains (VHD or VHDX base + differencing children) imported as versions
 //!   vhd.rs      differencing VHD children (qemu cannot read them)
 //!   vhdx.rs     VHDX and differencing AVHDX children (qemu refuses them)
+//!   source.rs   an image from outside: its format from its magic, refused if it names
+//!               another file; the json: specs qemu-img opens images through
 //!   copy.rs     sparse raw copies, qemu-img for other formats, progress
 //!   check.rs    checks of an import's source and of a vDisk's layers (vdisk check, info)
 //! ```
@@ -38,6 +42,7 @@ pub mod meta;
 pub mod names;
 pub mod open;
 pub mod select;
+pub mod source;
 pub mod store;
 pub mod targets;
 pub mod time;

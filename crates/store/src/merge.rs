@@ -156,8 +156,8 @@ fn plan(meta: &VdiskMeta, kind: MergeKind, now: Timestamp) -> Result<Plan> {
 }
 
 /// The backing file name in the header of the qcow2 image at `path` (file name only).
-fn backing_of(path: &Path) -> Result<Option<String>> {
-    let f = std::fs::File::open(path).map_err(io("open", path))?;
+pub(crate) fn backing_of(path: &Path) -> Result<Option<String>> {
+    let f = fsutil::open_read(path)?;
     let len = f.metadata().map_err(io("stat", path))?.len();
     let mut buf = vec![0u8; len.min(vdstream_qcow2::header::HEADER_READ_LEN as u64) as usize];
     f.read_exact_at(&mut buf, 0).map_err(io("read", path))?;
@@ -253,8 +253,7 @@ impl Store {
             Holders::Readers => {
                 let tmp = fsutil::temp_beside(&path);
                 let _ = std::fs::remove_file(&tmp);
-                let done = std::fs::copy(&path, &tmp)
-                    .map_err(io("copy", &path))
+                let done = fsutil::copy_file(&path, &tmp)
                     .and_then(|_| Ok(set_backing_file(&tmp, to)?)) // fsyncs the copy
                     .and_then(|()| std::fs::rename(&tmp, &path).map_err(io("move into place", &path)));
                 if done.is_err() {
@@ -301,7 +300,9 @@ impl Store {
         };
         // A failure before the commit (a full file system, a lock or metadata error) leaves
         // no temporary file behind.
-        let report = merge_layers(&top, stop_at, &tmp, &MergeOptions::default(), progress).inspect_err(|_| drop_tmp())?;
+        let chain = self.chain_specs(&meta, Layer::Version(k.number))?;
+        debug_assert_eq!(chain.last().map(|l| l.path.as_path()), Some(top.as_path()));
+        let report = merge_layers(&chain, stop_at, &tmp, &MergeOptions::default(), progress).inspect_err(|_| drop_tmp())?;
         let _l = self.lock(LockMode::Exclusive).inspect_err(|_| drop_tmp())?;
         // The expected generation was checked when the merge began; from there the
         // generation must not have moved at all.
@@ -475,7 +476,7 @@ impl Store {
                     let drop_tmp = || {
                         let _ = std::fs::remove_file(&tmp);
                     };
-                    merge_layers(&path, stop.as_deref(), &tmp, &MergeOptions::default(), &mut sub).inspect_err(|_| drop_tmp())?;
+                    merge_layers(&self.chain_specs(&meta, layer)?, stop.as_deref(), &tmp, &MergeOptions::default(), &mut sub).inspect_err(|_| drop_tmp())?;
                     let _l = self.lock(LockMode::Exclusive).inspect_err(|_| drop_tmp())?;
                     let now = self.load_for_change(name).inspect_err(|_| drop_tmp())?;
                     let exists = match layer {
@@ -506,7 +507,7 @@ impl Store {
 
 /// Punches holes where 64 KiB blocks of a raw file read as zeros (content unchanged).
 fn punch_zeros(path: &Path, progress: Progress<'_>) -> Result<()> {
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(io("open", path))?;
+    let f = vdstream_blockdev::storefile::options(fsutil::SHARED_READ).read(true).write(true).open(path).map_err(|e| vdstream_blockdev::storefile::explain(e, path)).map_err(io("open", path))?;
     let len = f.metadata().map_err(io("stat", path))?.len();
     let mut buf = vec![0u8; ZERO_BLOCK];
     let mut off = 0;

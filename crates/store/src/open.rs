@@ -17,11 +17,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use vdstream_blockdev::{BlockDev, FileDev, FileOptions};
-use vdstream_qcow2::{LayerHook, OpenOptions, Qcow2Image};
+use vdstream_qcow2::{LayerHook, LayerSpec, OpenOptions, Qcow2Image};
 
 use crate::error::{io, Result, StoreError};
 use crate::fsutil::{self, LockMode};
-use crate::meta::{Access, DiskAccess, LayerFormat, VdiskMeta};
+use crate::meta::{Access, DiskAccess, LayerFormat, MergeKind, VdiskMeta};
 use crate::select::{select, Layer, Selector};
 use crate::store::Store;
 use crate::time::Timestamp;
@@ -58,6 +58,37 @@ pub fn chain_files(meta: &VdiskMeta, layer: Layer) -> Vec<(String, LayerFormat)>
 }
 
 impl Store {
+    /// The files of `layer`'s chain as the qcow2 crate opens them: each path with the
+    /// format its record names, base first ([`Store::reader_chain`]).
+    pub(crate) fn chain_specs(&self, meta: &VdiskMeta, layer: Layer) -> Result<Vec<LayerSpec>> {
+        Ok(self.reader_chain(meta, layer)?.into_iter().map(|(f, fmt)| LayerSpec::new(self.file_path(&meta.name, &f), fmt.image_format())).collect())
+    }
+
+    /// The files of `layer`'s chain (base first, with formats) as a reader opens them now:
+    /// what the metadata lists, except while a merge cut short by a crash is pending and
+    /// the version above the merged ones already backs onto the merge's new file (merge.rs,
+    /// step "re-pointed"). Then that version and those above it read through the new file,
+    /// which the metadata names in `pending_merge`, and the merged layers below it are
+    /// left out. Either way every file is one the metadata names.
+    pub(crate) fn reader_chain(&self, meta: &VdiskMeta, layer: Layer) -> Result<Vec<(String, LayerFormat)>> {
+        let files = chain_files(meta, layer);
+        let Some(p) = &meta.pending_merge else { return Ok(files) };
+        let Some(above) = p.above.and_then(|a| meta.version(a)) else { return Ok(files) };
+        let Some(at) = files.iter().position(|(f, _)| *f == above.file) else { return Ok(files) };
+        if crate::merge::backing_of(&self.file_path(&meta.name, &above.file))?.as_deref() != Some(p.file.as_str()) {
+            return Ok(files);
+        }
+        let merged = |f: &String| meta.versions.iter().any(|v| v.file == *f && p.merged.contains(&v.number));
+        let first_merged = match p.kind {
+            MergeKind::Base => 0,
+            MergeKind::Updates => files.iter().position(|(f, _)| merged(f)).unwrap_or(at),
+        };
+        let mut out = files[..first_merged].to_vec();
+        out.push((p.file.clone(), LayerFormat::Qcow2));
+        out.extend_from_slice(&files[at..]);
+        Ok(out)
+    }
+
     /// Opens the layer `sel` picks in vDisk `name`. With `write_maintenance`, a maintenance
     /// version (and a private vDisk) is opened read-write; everything else is read-only.
     pub fn open_layer(&self, name: &str, sel: Selector, write_maintenance: bool) -> Result<OpenedLayer> {
@@ -78,7 +109,7 @@ impl Store {
             return self.open_private(meta, write_maintenance);
         }
         let layer = select(&meta, sel, Timestamp::now())?;
-        let files = chain_files(&meta, layer);
+        let files = self.reader_chain(&meta, layer)?;
         let top_path = self.file_path(name, &files.last().expect("base").0);
         for (f, _) in &files {
             let p = self.file_path(name, f);
@@ -113,15 +144,19 @@ impl Store {
             }
         }
         let format = files.last().expect("base").1;
+        // Every layer in the format its record names, each over the layer recorded below
+        // it; nothing a header names is opened (vdstream_qcow2::open_recorded).
+        let specs: Vec<LayerSpec> = files.iter().map(|(f, fmt)| LayerSpec::new(self.file_path(name, f), fmt.image_format())).collect();
         let dev: Arc<dyn BlockDev> = if writable {
-            let parent = self.file_path(name, &files[files.len() - 2].0);
-            let backing = vdstream_qcow2::open_chain_with(&parent, hook)?;
+            let (top, below) = specs.split_last().expect("a maintenance version has a layer below");
+            let backing = vdstream_qcow2::open_recorded_with(below, hook)?;
+            vdstream_qcow2::check_backing(&top.path, below.last())?;
             match Qcow2Image::open(&top_path, OpenOptions { read_only: false, ..Default::default() }, Some(backing)) {
                 Ok(img) => Arc::new(img),
                 Err(e) => return Err(writer_refused(e, &top_path, &format!("{layer} of vDisk {name} is in maintenance and"))),
             }
         } else {
-            vdstream_qcow2::open_chain_with(&top_path, hook)?
+            vdstream_qcow2::open_recorded_with(&specs, hook)?
         };
         Ok(OpenedLayer { dev, vdisk: name.into(), layer, access, writable, path: top_path, format, meta, _held: held })
     }
@@ -136,7 +171,7 @@ impl Store {
         let what = format!("vDisk {name} has private access (one writer, no cache) and");
         let dev: Arc<dyn BlockDev> = match (meta.base.format, writable) {
             (LayerFormat::Raw, true) => {
-                let f = File::open(&path).map_err(io("open", &path))?;
+                let f = fsutil::open_read(&path)?;
                 if !fsutil::take_lock(&f, LockMode::Exclusive).map_err(io("lock", &path))? {
                     return Err(StoreError::Refused(format!("{what} is already open ({}): stop that target first", fsutil::describe_holders(&path))));
                 }
@@ -152,7 +187,7 @@ impl Store {
                     Some(h) => held.push(h),
                     None => return Err(StoreError::Refused(format!("{what} is open read-write ({}): stop that target first", fsutil::describe_holders(&path)))),
                 }
-                vdstream_qcow2::open_chain(&path)?
+                vdstream_qcow2::open_recorded(&[LayerSpec::new(&path, meta.base.format.image_format())])?
             }
         };
         Ok(OpenedLayer { dev, vdisk: name, layer: Layer::Base, access: None, writable, path, format: meta.base.format, meta, _held: held })

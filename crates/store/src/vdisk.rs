@@ -17,6 +17,7 @@ use crate::fsutil::{self, LockMode};
 use crate::meta::{Base, DiskAccess, LayerFormat, VdiskMeta, DEFAULT_MAX_VERSIONS, FORMAT_VERSION, VDISK_FORMAT};
 use crate::names::validate_name;
 use crate::open::chain_files;
+use crate::source;
 use crate::select::{select, Layer, Selector};
 use crate::store::Store;
 use crate::time::Timestamp;
@@ -144,7 +145,7 @@ impl Store {
         self.refuse_existing(name)?;
         let staging = self.staging_dir(name);
         let _ = std::fs::remove_dir_all(&staging);
-        std::fs::create_dir_all(&staging).map_err(io("create", &staging))?;
+        fsutil::create_dir_all(&staging)?;
         Ok(staging)
     }
 
@@ -166,58 +167,37 @@ impl Store {
         result
     }
 
-    /// `vdisk import NAME FILE`: raw is copied natively (sparse); qcow2, vhdx, vpc, vmdk and vdi
-    /// are checked (check.rs; a damaged source is refused before anything is made) and
-    /// go through `qemu-img convert` into a qcow2 base.
+    /// `vdisk import NAME FILE`: raw is copied natively (sparse); qcow2, vhdx, vpc, vmdk and
+    /// vdi are checked (check.rs; a damaged source is refused before anything is made) and
+    /// go through `qemu-img convert` into a qcow2 base. The format is read off the file's
+    /// magic, and a file whose metadata names any other file is refused, before qemu-img
+    /// opens it (source.rs).
     pub fn import_vdisk(&self, name: &str, src: &Path, opts: NewVdisk, progress: Progress<'_>) -> Result<(VdiskMeta, ImportReport)> {
         check_max_versions(opts.max_versions)?;
         validate_name(name)?;
-        if !src.is_file() {
-            return Err(StoreError::BadInput(format!("{} is not a file: give the path of a disk image to import", src.display())));
-        }
-        refuse_differencing(src)?;
-        let info = match copy::qemu_info_if_installed(src)? {
-            Some(i) => i,
-            // Without qemu-img only raw can be imported; the probe tells raw from qcow2.
-            None => match vdstream_qcow2::ImageFormat::probe(src)? {
-                vdstream_qcow2::ImageFormat::Raw => copy::ImageInfo {
-                    format: "raw".into(),
-                    virtual_size: std::fs::metadata(src).map_err(io("stat", src))?.len(),
-                },
-                vdstream_qcow2::ImageFormat::Qcow2 => return Err(StoreError::Tool(format!(
-                    "{} is a qcow2 image, which vdstream imports through qemu-img: install it (Debian: apt-get install qemu-utils)", src.display()))),
-            },
-        };
-        // A fixed VHD has its footer only at the end, so qemu's probe takes it for raw
-        // (and the guest would get the footer as one more sector): look for it.
-        let info = if info.format == "raw" && has_vhd_footer(src) {
-            copy::qemu_info_as(src, Some("vpc"))?.unwrap_or(info)
+        let source = source::inspect(src)?;
+        let info = if source.format == "raw" {
+            copy::ImageInfo { format: "raw".into(), virtual_size: std::fs::metadata(&source.path).map_err(io("stat", src))?.len() }
         } else {
-            info
+            copy::qemu_info(&source)?.ok_or_else(|| StoreError::Tool(format!(
+                "{} is a {} image, which vdstream imports through qemu-img: install it (Debian: apt-get install qemu-utils)", src.display(), source.format)))?
         };
-        let method = if info.format == "raw" {
-            "native"
-        } else if CONVERTED_FORMATS.contains(&info.format.as_str()) {
-            "qemu-img convert"
-        } else {
-            return Err(StoreError::BadInput(format!(
-                "{} is a {:?} image: vdstream imports raw, {}", src.display(), info.format,
-                CONVERTED_FORMATS.map(|f| if f == "vpc" { "vpc (VHD)" } else { f }).join(", "))));
-        };
+        let method = if info.format == "raw" { "native" } else { "qemu-img convert" };
         check_size(info.virtual_size).map_err(|_| StoreError::BadInput(format!(
             "{} is {} bytes, not a multiple of 512: pad it first (truncate -s %512 FILE)", src.display(), info.virtual_size)))?;
         self.refuse_existing(name)?;
         // Before anything is made: a damaged source is refused (check.rs).
-        let warnings = check::check_source(src, &info.format)?;
+        let warnings = check::check_source(&source)?;
         let staging = self.stage(name)?;
         let result = (|| {
             let (file, format) = if method == "native" {
                 let file = format!("{name}.base.raw");
-                copy::copy_raw_sparse(src, &staging.join(&file), progress)?;
+                copy::copy_raw_sparse(&source.path, &staging.join(&file), progress)?;
                 (file, LayerFormat::Raw)
             } else {
                 let file = format!("{name}.base.qcow2");
-                copy::qemu_convert(src, &info.format, &staging.join(&file), "qcow2", info.virtual_size, progress)?;
+                copy::qemu_convert(&source.qemu_spec(), src, &staging.join(&file), "qcow2", info.virtual_size, progress)?;
+                fsutil::restrict(&staging.join(&file), fsutil::SHARED_READ)?;
                 (file, LayerFormat::Qcow2)
             };
             let report = ImportReport { source_format: info.format.clone(), size: info.virtual_size, base_file: file.clone(), method, warnings: warnings.clone() };
@@ -303,8 +283,10 @@ impl Store {
                 if dst.exists() && !overwrite {
                     return Err(StoreError::Refused(format!("{} already exists: choose another file or pass --force to overwrite it", dst.display())));
                 }
-                // The chain stays locked (opened) while qemu-img reads it.
-                copy::qemu_convert(&opened.path, opened.format.name(), dst, "qcow2", opened.meta.size, progress)?;
+                // The chain stays locked (opened) while qemu-img reads it, through a spec
+                // that names each recorded layer and its format.
+                let chain = self.chain_specs(&opened.meta, opened.layer)?;
+                copy::qemu_convert(&crate::source::chain_spec(&chain), &opened.path, dst, "qcow2", opened.meta.size, progress)?;
             }
         }
         Ok(opened.layer)
@@ -340,64 +322,4 @@ impl Store {
         self.audit("vdisk.delete", name, json!({"files": files}))?;
         Ok(files)
     }
-}
-
-/// Refuses a differencing VHD or VHDX (an AVHDX): qemu cannot create them, and it reads a
-/// differencing VHD as if it had no parent (only the child's own blocks, zeros
-/// elsewhere), so converting one would import the wrong bytes. VHD disk type 4 in the
-/// footer (a copy sits at offset 0 of dynamic and differencing files); for VHDX, qemu
-/// refuses files with a parent itself, and this names the reason first.
-fn refuse_differencing(src: &Path) -> Result<()> {
-    use std::io::Read;
-    let mut head = [0u8; 512];
-    let n = std::fs::File::open(src).and_then(|mut f| f.read(&mut head)).map_err(io("read", src))?;
-    let advice = "qemu (which vdstream converts with) cannot read differencing images: import the chain with its base, \
-        `vdstream vdisk import NAME BASE.vhd --version CHILD.vhd ...` (VHD) or \
-        `vdstream vdisk import NAME BASE.vhdx --version CHILD.avhdx ...` (VHDX), children in chain order, \
-        or merge the chain into its base first (Hyper-V: Merge-VHD; PVS: merge the versions into a new base)";
-    if n >= 64 && &head[..8] == b"conectix" && u32::from_be_bytes(head[60..64].try_into().expect("4")) == 4 {
-        return Err(StoreError::Refused(format!("{} is a differencing VHD (a child of another VHD): {advice}", src.display())));
-    }
-    let avhdx = src.extension().is_some_and(|e| e.eq_ignore_ascii_case("avhdx"));
-    if n >= 8 && &head[..8] == b"vhdxfile" && (avhdx || vhdx_has_parent(src)) {
-        return Err(StoreError::Refused(format!("{} is a differencing VHDX (AVHDX, a child of another VHDX): {advice}", src.display())));
-    }
-    Ok(())
-}
-
-/// Whether the last 512 bytes of `src` are a VHD footer (cookie "conectix").
-fn has_vhd_footer(src: &Path) -> bool {
-    use std::os::unix::fs::FileExt;
-    let Ok(f) = std::fs::File::open(src) else { return false };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut cookie = [0u8; 8];
-    len >= 1024 && f.read_exact_at(&mut cookie, len - 512).is_ok() && &cookie == b"conectix"
-}
-
-/// Whether a VHDX file's metadata says it has a parent (the HasParent bit of its File
-/// Parameters item). Layout (MS-VHDX 2.2, 2.3): region table at 192 KiB, entries of 32
-/// bytes (GUID, file offset, length) after a 16-byte header; the metadata region starts
-/// with a 32-byte header ("metadata", entry count at 10) and 32-byte entries (item GUID,
-/// offset within the region at 16); File Parameters' flags word has HasParent as bit 1.
-fn vhdx_has_parent(src: &Path) -> bool {
-    use std::os::unix::fs::FileExt;
-    const METADATA_REGION: [u8; 16] = [0x06, 0xa2, 0x7c, 0x8b, 0x90, 0x47, 0x9a, 0x4b, 0xb8, 0xfe, 0x57, 0x5f, 0x05, 0x0f, 0x88, 0x6e];
-    const FILE_PARAMETERS: [u8; 16] = [0x37, 0x67, 0xa1, 0xca, 0x36, 0xfa, 0x43, 0x4d, 0xb3, 0xb6, 0x33, 0xf0, 0xaa, 0x44, 0xe7, 0x6b];
-    let Ok(f) = std::fs::File::open(src) else { return false };
-    let mut rt = vec![0u8; 64 << 10];
-    if f.read_exact_at(&mut rt, 192 << 10).is_err() || &rt[..4] != b"regi" {
-        return false;
-    }
-    let count = (u32::from_le_bytes(rt[8..12].try_into().expect("4")) as usize).min(2047);
-    let Some(meta_off) = (0..count).map(|i| &rt[16 + 32 * i..48 + 32 * i]).find(|e| e[..16] == METADATA_REGION)
-        .map(|e| u64::from_le_bytes(e[16..24].try_into().expect("8"))) else { return false };
-    let mut mt = vec![0u8; 64 << 10];
-    if f.read_exact_at(&mut mt, meta_off).is_err() || &mt[..8] != b"metadata" {
-        return false;
-    }
-    let entries = (u16::from_le_bytes(mt[10..12].try_into().expect("2")) as usize).min(2047);
-    let Some(item_off) = (0..entries).map(|i| &mt[32 + 32 * i..64 + 32 * i]).find(|e| e[..16] == FILE_PARAMETERS)
-        .map(|e| u32::from_le_bytes(e[16..20].try_into().expect("4")) as u64) else { return false };
-    let mut fp = [0u8; 8];
-    f.read_exact_at(&mut fp, meta_off + item_off).is_ok() && u32::from_le_bytes(fp[4..8].try_into().expect("4")) & 2 != 0
 }
