@@ -185,6 +185,13 @@ pub struct ServeImageArgs {
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     handshake_timeout: u64,
 
+    /// Memory the requests of all connections together may hold (READ data waiting to be
+    /// sent, WRITE payloads), e.g. 128M; at least 64M. When it is reached, the connections
+    /// holding the most are not read until memory comes back, while clients with a few
+    /// small requests in flight are still served. Default: 128M.
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    max_request_memory: Option<u64>,
+
     #[command(flatten)]
     tls: crate::tls_flags::TlsFlags,
 
@@ -372,6 +379,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         let config = ServerConfig {
             threads_per_connection: args.threads as usize,
             handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout),
+            max_request_memory: crate::server::request_memory(args.max_request_memory)?,
             tls,
             tls_mode: args.tls.tls,
             penalty: args.penalty.config(None, None)?,

@@ -139,7 +139,7 @@ pub struct ServerArgs {
     http: Option<SocketAddr>,
 
     /// TOML file with any of these settings (keys: store, listen, socket, http, read-cache, name, stats-file,
-    /// dead-peer-timeout, max-connections, anonymous, insecure, boot and the boot-* keys, tftp,
+    /// dead-peer-timeout, max-connections, max-request-memory, anonymous, insecure, boot and the boot-* keys, tftp,
     /// object-cache, object-cache-ram, object-cache-disk, and for an s3:// store s3-endpoint,
     /// s3-region, s3-access-key-id, s3-secret-access-key, which the AWS variables override).
     #[arg(long, value_name = "FILE")]
@@ -178,6 +178,14 @@ pub struct ServerArgs {
     /// connection is counted at 8 descriptors, 64 kept aside), at most 4096.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: Option<u64>,
+
+    /// Memory the requests of all NBD connections together may hold (READ data waiting to
+    /// be sent, WRITE payloads), e.g. 128M, 1G; at least 64M. When it is reached, the
+    /// connections holding the most are not read until memory comes back (a client that
+    /// sends large READs and never reads the replies holds only its share), while clients
+    /// with a few small requests in flight are still served. Default: 128M.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    max_request_memory: Option<u64>,
 
     /// What clients without a verified certificate may open when TLS is on: `none` (the
     /// default), `vdisks` (read-only vdisk/NAME[@V], like an anonymous PVS boot) or `all`
@@ -349,6 +357,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         name: args.name.clone().or(file.name),
         stats_file: args.stats_file.clone().or(file.stats_file),
         threads: args.threads as usize,
+        max_request_memory: request_memory(args.max_request_memory.or(file_size("max-request-memory", &file.max_request_memory)?))?,
         max_connections: match args.max_connections.map(|n| n as usize).or(file.max_connections) {
             Some(0) => return Err(anyhow!("max-connections = 0 in the config file: say at least 1, or leave it out for the default")),
             n => n,
@@ -567,6 +576,16 @@ mod tests {
         std::fs::write(&file, "read_cache = 5\n").unwrap();
         let e = options(&parse(&["--config", file.to_str().unwrap()])).unwrap_err().to_string();
         assert!(e.contains("s.toml") && e.contains("read-cache"), "{e}");
+    }
+}
+
+/// `--max-request-memory` (or the config file's), checked: at least the pool's minimum.
+pub(crate) fn request_memory(size: Option<u64>) -> Result<usize> {
+    let min = vdstream_nbd::memory::MIN_LIMIT as u64;
+    match size {
+        None => Ok(vdstream_nbd::server::DEFAULT_MAX_REQUEST_MEMORY),
+        Some(n) if n < min => Err(anyhow!("--max-request-memory {} is below {}: the largest NBD request (32 MiB) must fit with room to spare", format_size(n), format_size(min))),
+        Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
     }
 }
 

@@ -9,7 +9,7 @@
 //! `session` (the one request core: parse → validate → execute → reply, with an inline,
 //! batched or worker-pool executor), [`errno`] (the one error → wire code mapping),
 //! [`state`] (the shared server state and public types: a leaf every other server module
-//! may use) and [`server`] (the accept loop and drain), [`penalty`] (closing at accept the sources that keep failing handshakes), `tlsio` (the transmission phase over TLS on blocking
+//! may use) and [`server`] (the accept loop and drain), [`penalty`] (closing at accept the sources that keep failing handshakes), [`memory`] (the bound on request memory across all connections), `tlsio` (the transmission phase over TLS on blocking
 //! threads: a reader and a writer sharing one rustls connection). The module-level `use crate::…`
 //! graph is acyclic. Failures a client can provoke are logged through [`lograte`] (the
 //! workspace's one rate limiter, from vdstream-blockdev).
@@ -20,6 +20,7 @@ mod exec;
 pub mod flags;
 pub mod handshake;
 pub mod listen;
+pub mod memory;
 pub use vdstream_blockdev::lograte;
 pub mod options;
 pub mod penalty;

@@ -19,7 +19,7 @@ use crate::handshake::{Handshaken, TlsPeer};
 use crate::session::SessionError;
 pub use crate::state::{
     is_out_of_fds, ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport, ServerConfig, ServerStats, ShutdownSignal,
-    ShutdownTrigger, TlsMode, DEFAULT_DEAD_PEER_TIMEOUT, REVOCATION_CHECK_INTERVAL,
+    ShutdownTrigger, TlsMode, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_MAX_REQUEST_MEMORY, REVOCATION_CHECK_INTERVAL,
 };
 use crate::state::Shared;
 
@@ -73,6 +73,7 @@ impl Server {
                 log: crate::lograte::LogLimiter::default(),
                 refusing: std::sync::atomic::AtomicUsize::new(0),
                 penalties: crate::penalty::Penalties::new(config.penalty.clone()),
+                memory: Arc::new(crate::memory::MemoryPool::new(config.max_request_memory)),
                 config,
             }),
         }
@@ -81,6 +82,11 @@ impl Server {
     /// The server's counters.
     pub fn stats(&self) -> Arc<ServerStats> {
         self.shared.stats.clone()
+    }
+
+    /// The memory its connections' requests hold ([`crate::memory`]).
+    pub fn request_memory(&self) -> Arc<crate::memory::MemoryPool> {
+        self.shared.memory.clone()
     }
 
     /// Accepts connections on `listener` until `shutdown` fires, then drains: returns once

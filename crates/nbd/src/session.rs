@@ -44,6 +44,7 @@ use vdstream_blockdev::{BatchOp, BlockDev};
 
 use crate::exec::{execute, reply_error, reply_panicked, reply_read, reply_status, Scratch};
 use crate::handshake::Negotiated;
+use crate::memory::MemoryPool;
 use crate::proto::*;
 use crate::state::{ServerStats, Shared};
 use crate::validate::{validate, Command, ExportParams, Rejection, Request};
@@ -75,6 +76,9 @@ struct Input {
     start: usize,
     end: usize,
     default_size: usize,
+    /// What growing `buf` past `default_size` for a large WRITE charged to the server's
+    /// memory pool (given back when it shrinks again, or when the session ends).
+    grown: usize,
 }
 
 /// One complete request: its header and where its payload sits in the input buffer.
@@ -86,7 +90,7 @@ struct Frame {
 impl Input {
     fn new(size: usize) -> Input {
         let size = size.max(64 << 10);
-        Input { buf: vec![0; size], start: 0, end: 0, default_size: size }
+        Input { buf: vec![0; size], start: 0, end: 0, default_size: size, grown: 0 }
     }
 
     /// The next complete request, if the buffer holds one. Checks magic and payload size
@@ -103,11 +107,7 @@ impl Input {
         }
         let total = REQUEST_HEADER_LEN + payload_len as usize;
         if avail.len() < total {
-            if self.buf.len() < total {
-                // A large WRITE: make room for all of it (bounded by MAX_PAYLOAD above).
-                self.compact();
-                self.buf.resize(total, 0);
-            }
+            // A WRITE larger than the buffer gets room in `fill`, charged first.
             return Ok(None);
         }
         let payload_start = self.start + REQUEST_HEADER_LEN;
@@ -122,6 +122,14 @@ impl Input {
         let h = RequestHeader::parse(&self.buf[self.start..self.end])?;
         let data = if h.command == CMD_READ { h.length } else { h.payload_len() };
         Some(REQUEST_OVERHEAD + data.min(MAX_PAYLOAD) as usize)
+    }
+
+    /// The whole size (header and payload) of the next request, once its header is in and
+    /// valid.
+    fn next_total(&self) -> Option<usize> {
+        RequestHeader::parse(&self.buf[self.start..self.end])
+            .filter(|h| h.magic == REQUEST_MAGIC && h.payload_len() <= MAX_PAYLOAD)
+            .map(|h| REQUEST_HEADER_LEN + h.payload_len() as usize)
     }
 
     /// Whether the next request is larger than the buffer, so that taking it would move the
@@ -139,16 +147,24 @@ impl Input {
         }
     }
 
-    /// Reads more bytes; 0 means EOF.
-    fn fill<R: io::Read>(&mut self, r: &mut R) -> io::Result<usize> {
+    /// Reads more bytes; 0 means EOF. A WRITE larger than the buffer (its header validated:
+    /// at most `MAX_PAYLOAD`) makes it grow to hold the whole request, the growth charged to
+    /// `budget`'s memory pool first (waiting there when the server holds too much).
+    fn fill<R: io::Read>(&mut self, r: &mut R, budget: &Budget) -> io::Result<usize> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
             if self.buf.len() > self.default_size {
                 self.buf = vec![0; self.default_size];
+                budget.pool.release(std::mem::take(&mut self.grown));
             }
         } else if self.end == self.buf.len() {
             self.compact();
+        }
+        if let Some(total) = self.next_total().filter(|&t| t > self.buf.len()) {
+            self.compact();
+            self.grown += budget.pool.acquire(budget.held(), total - self.buf.len());
+            self.buf.resize(total, 0);
         }
         let n = r.read(&mut self.buf[self.end..])?;
         self.end += n;
@@ -313,20 +329,28 @@ impl Exec {
 }
 
 /// One pass of the core: takes complete requests from `input` and executes them, their
-/// replies appended to `out`, until the input runs dry, the output fills, or the requests
-/// taken would hold more than `limit` bytes (the first request of a pass is taken whatever
-/// its size: the caller's `limit` covers it, or is the connection's whole budget).
+/// replies appended to `out`, until the input runs dry, the output fills, or the next
+/// request does not fit in `budget` now (the first request of a pass waits until it fits:
+/// in the connection's budget, then in the server's memory pool). Returns how the pass
+/// ended and what it charged to `budget`, which the caller gives back once the replies
+/// are written.
 ///
 /// With `pace`, each request is timed there, and the pass ends after a request slower
 /// than [`FAST_REQUEST_NS`], so that the pool can hand the rest out to its workers.
 #[allow(clippy::too_many_arguments)]
-fn process(input: &mut Input, exec: &mut Exec, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally, limit: usize, pace: Option<&Pace>) -> Step {
+fn process(input: &mut Input, exec: &mut Exec, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally, budget: &Budget, pace: Option<&Pace>) -> (Step, usize) {
     let mut held = 0usize;
     let step = loop {
         let Some(cost) = input.next_cost() else { break Step::NeedInput };
-        if held > 0 && held + cost > limit {
-            break Step::OutputFull;
-        }
+        let charge = if held == 0 {
+            budget.acquire(cost)
+        } else {
+            match budget.try_acquire(cost) {
+                Some(n) => n,
+                None => break Step::OutputFull,
+            }
+        };
+        held += charge;
         if input.needs_room() {
             exec.finish(dev, x, &input.buf, out, tally);
         }
@@ -334,10 +358,14 @@ fn process(input: &mut Input, exec: &mut Exec, dev: &dyn BlockDev, x: &ExportPar
         match take(input, x, tally, out) {
             Took::Run(req, payload) => exec.submit(dev, x, req, payload, &input.buf, out, scratch, tally),
             Took::Refused => {}
-            Took::NeedInput => break Step::NeedInput,
+            Took::NeedInput => {
+                // Its payload is still on its way: charged again when it is taken.
+                budget.release(charge);
+                held -= charge;
+                break Step::NeedInput;
+            }
             Took::Stop(step) => break step,
         }
-        held += cost;
         if exec.is_full() {
             exec.finish(dev, x, &input.buf, out, tally);
         }
@@ -352,7 +380,7 @@ fn process(input: &mut Input, exec: &mut Exec, dev: &dyn BlockDev, x: &ExportPar
     };
     // Whatever ends the pass, the reads and writes taken so far are answered first.
     exec.finish(dev, x, &input.buf, out, tally);
-    step
+    (step, held)
 }
 
 /// Runs the transmission phase on a blocking socket (`reader` and `writer` are handles on
@@ -377,7 +405,7 @@ where
             tally: Tally::default(),
         }),
         write_side: Mutex::new(WriteSide { sock: writer, failed: None }),
-        budget: Budget::new(shared.config.max_in_flight_bytes),
+        budget: Budget::new(shared.config.max_in_flight_bytes, &shared.memory),
         pace: Pace::default(),
         crew: Crew { max: workers, spawned: AtomicUsize::new(1), at_door: AtomicUsize::new(0) },
         dev,
@@ -389,6 +417,7 @@ where
     let Conn { read_side, write_side, .. } = conn;
     let mut rs = read_side.into_inner().unwrap_or_else(|p| p.into_inner());
     rs.tally.publish(&shared.stats);
+    shared.memory.release(std::mem::take(&mut rs.input.grown));
     match write_side.into_inner().unwrap_or_else(|p| p.into_inner()).failed {
         Some(e) => Err(e.into()),
         None => rs.result,
@@ -396,39 +425,51 @@ where
 }
 
 /// Bytes of requests taken and not yet answered on the socket, over all of a
-/// connection's workers; a taker waits until its request fits.
-struct Budget {
+/// connection's workers; a taker waits until its request fits, in this connection's
+/// budget and then in the server's [`MemoryPool`] (where connections that hold more wait
+/// first).
+struct Budget<'a> {
     max: usize,
     used: Mutex<usize>,
     freed: Condvar,
+    pool: &'a MemoryPool,
 }
 
-impl Budget {
-    fn new(max: usize) -> Budget {
-        Budget { max: max.max(REQUEST_OVERHEAD), used: Mutex::new(0), freed: Condvar::new() }
+impl<'a> Budget<'a> {
+    fn new(max: usize, pool: &'a MemoryPool) -> Budget<'a> {
+        Budget { max: max.max(REQUEST_OVERHEAD), used: Mutex::new(0), freed: Condvar::new(), pool }
+    }
+
+    /// What the connection holds now.
+    fn held(&self) -> usize {
+        *self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Waits until `n` more bytes fit (a request over the whole budget waits until it is
     /// alone); returns what was charged.
     fn acquire(&self, n: usize) -> usize {
         let n = n.min(self.max);
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        while *used + n > self.max {
-            used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
-        }
-        *used += n;
-        n
+        let held = {
+            let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+            while *used + n > self.max {
+                used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
+            }
+            *used += n;
+            *used - n
+        };
+        self.pool.acquire(held, n)
     }
 
-    /// Charges `n` bytes if they fit now, without waiting.
-    fn try_acquire(&self, n: usize) -> bool {
+    /// Charges `n` bytes if they fit now, without waiting; the charge, or `None`.
+    fn try_acquire(&self, n: usize) -> Option<usize> {
         let n = n.min(self.max);
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        let fits = *used + n <= self.max;
-        if fits {
-            *used += n;
+        if *used + n > self.max {
+            return None;
         }
-        fits
+        let charged = self.pool.try_acquire(*used, n)?;
+        *used += charged;
+        Some(charged)
     }
 
     fn release(&self, n: usize) {
@@ -437,6 +478,7 @@ impl Budget {
         }
         *self.used.lock().unwrap_or_else(|p| p.into_inner()) -= n;
         self.freed.notify_all();
+        self.pool.release(n);
     }
 }
 
@@ -472,7 +514,7 @@ impl Pace {
 struct Conn<'a, R, W> {
     read_side: Mutex<ReadSide<R>>,
     write_side: Mutex<WriteSide<W>>,
-    budget: Budget,
+    budget: Budget<'a>,
     pace: Pace,
     crew: Crew,
     dev: &'a dyn BlockDev,
@@ -494,9 +536,9 @@ struct ReadSide<R> {
 
 impl<R: io::Read> ReadSide<R> {
     /// Reads more input; at end of file or on an error, no further request is taken.
-    fn fill(&mut self, stats: &ServerStats) {
+    fn fill(&mut self, stats: &ServerStats, budget: &Budget) {
         self.tally.publish(stats);
-        match self.input.fill(&mut self.sock) {
+        match self.input.fill(&mut self.sock, budget) {
             Ok(0) => self.done = true,
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -616,26 +658,22 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
                 }
                 if alone || c.pace.is_fast() {
                     // The replies go out while this worker still holds the read side: it
-                    // is the connection's one runner for the pass, with no hand-off. Its
-                    // grant covers the first request (or is the whole budget).
-                    let grant = if alone { c.budget.max } else { c.budget.acquire(FLUSH_AT.max(rs.input.next_cost().unwrap_or(0))) };
+                    // is the connection's one runner for the pass, with no hand-off.
                     let pace = (!alone).then_some(&c.pace);
-                    let step = process(&mut rs.input, &mut rs.exec, c.dev, &c.x, &mut out, &mut scratch, &mut rs.tally, grant, pace);
+                    let (step, charged) = process(&mut rs.input, &mut rs.exec, c.dev, &c.x, &mut out, &mut scratch, &mut rs.tally, &c.budget, pace);
                     let answered = !out.is_empty();
                     let sent = c.send(&mut out);
-                    if !alone {
-                        c.budget.release(grant);
-                    }
+                    c.budget.release(charged);
                     match step {
                         _ if !sent => return rs.stop(Step::Disconnect),
-                        Step::NeedInput if !answered => rs.fill(stats),
+                        Step::NeedInput if !answered => rs.fill(stats, &c.budget),
                         Step::NeedInput | Step::OutputFull => {}
                         stop => return rs.stop(stop),
                     }
                     continue;
                 }
                 let Some(cost) = rs.input.next_cost() else {
-                    rs.fill(stats);
+                    rs.fill(stats, &c.budget);
                     continue;
                 };
                 let charged = c.budget.acquire(cost);
@@ -651,7 +689,7 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
                             return rs.stop(Step::Disconnect);
                         }
                         match took {
-                            Took::NeedInput => rs.fill(stats),
+                            Took::NeedInput => rs.fill(stats, &c.budget),
                             Took::Stop(stop) => return rs.stop(stop),
                             _ => {}
                         }
@@ -706,8 +744,8 @@ fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'sc
                     let Some(cost) = rs.input.next_cost() else { break true };
                     if charged == 0 {
                         charged += c.budget.acquire(cost);
-                    } else if taken < MAX_BATCH && c.budget.try_acquire(cost) {
-                        charged += cost.min(c.budget.max);
+                    } else if let Some(n) = (taken < MAX_BATCH).then(|| c.budget.try_acquire(cost)).flatten() {
+                        charged += n;
                     } else {
                         break false;
                     }
@@ -745,7 +783,7 @@ fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'sc
                     return rs.stop(Step::Disconnect);
                 }
                 if need_input && !rs.done {
-                    rs.fill(stats);
+                    rs.fill(stats, &c.budget);
                 }
             }
         };

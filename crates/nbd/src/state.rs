@@ -15,6 +15,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use vdstream_blockdev::BlockDev;
 
+/// The default [`ServerConfig::max_request_memory`].
+pub const DEFAULT_MAX_REQUEST_MEMORY: usize = 128 << 20;
+
 /// The default [`ServerConfig::dead_peer_timeout`].
 pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -210,6 +213,10 @@ pub struct ServerConfig {
     pub max_in_flight_bytes: usize,
     /// Size of each connection's request read buffer.
     pub read_buffer_size: usize,
+    /// Bytes the requests of all connections together may hold (READ data waiting to be
+    /// sent, WRITE payloads, read buffers grown for large WRITEs); past it the connections
+    /// that hold the most stop being read ([`crate::memory`]). At least 64 MiB.
+    pub max_request_memory: usize,
     /// Connections beyond this (over all listeners of the server) are answered
     /// [`OpenError::Full`] to whatever export they ask for, then closed.
     pub max_connections: usize,
@@ -252,6 +259,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(30),
             max_in_flight_bytes: 64 << 20,
             read_buffer_size: 256 << 10,
+            max_request_memory: DEFAULT_MAX_REQUEST_MEMORY,
             max_connections: 4096,
             threads_per_connection: 16,
             batch_runners: 4,
@@ -345,5 +353,8 @@ pub(crate) struct Shared {
     pub refusing: std::sync::atomic::AtomicUsize,
     /// Failed handshakes per TCP source, and the sources closed at accept for them.
     pub penalties: crate::penalty::Penalties,
+    /// The memory every connection's requests hold, bounded together
+    /// ([`ServerConfig::max_request_memory`]).
+    pub memory: Arc<crate::memory::MemoryPool>,
 }
 

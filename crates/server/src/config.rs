@@ -53,6 +53,9 @@ pub struct ServerOptions {
     /// NBD connections served at once, at most; more are answered "server full"
     /// (`None`: derived from the open-files limit, see `nbd::default_max_connections`).
     pub max_connections: Option<usize>,
+    /// Bytes the requests of every NBD connection together may hold
+    /// (`vdstream_nbd::ServerConfig::max_request_memory`).
+    pub max_request_memory: usize,
     /// `--anonymous`: what clients without a verified certificate may open when TLS is on
     /// (without TLS every client is `Local` and may open everything).
     pub anonymous: AnonymousGrant,
@@ -124,6 +127,7 @@ impl ServerOptions {
             threads: 1,
             dead_peer_timeout: None,
             max_connections: None,
+            max_request_memory: vdstream_nbd::server::DEFAULT_MAX_REQUEST_MEMORY,
             anonymous: AnonymousGrant::None,
             insecure: false,
             http_tls: None,
@@ -175,6 +179,7 @@ pub struct ConfigFile {
     /// Seconds; 0 turns it off.
     pub dead_peer_timeout: Option<u64>,
     pub max_connections: Option<usize>,
+    pub max_request_memory: Option<SizeValue>,
     /// none, vdisks or all.
     pub anonymous: Option<String>,
     pub insecure: Option<bool>,
@@ -215,7 +220,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, anonymous, insecure, handshake-penalty, handshake-penalty-exempt, boot, boot-advertise, boot-server, boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp, object-cache, object-cache-ram, object-cache-disk, s3-endpoint, s3-region, s3-access-key-id, s3-secret-access-key", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, max-request-memory, anonymous, insecure, handshake-penalty, handshake-penalty-exempt, boot, boot-advertise, boot-server, boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp, object-cache, object-cache-ram, object-cache-disk, s3-endpoint, s3-region, s3-access-key-id, s3-secret-access-key", e.message())
         })
     }
 }

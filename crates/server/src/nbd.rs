@@ -69,6 +69,7 @@ impl NbdService {
             threads_per_connection: threads.max(1),
             dead_peer_timeout: state.dead_peer_timeout,
             max_connections: max_connections.max(1),
+            max_request_memory: state.max_request_memory,
             tls: state.nbd_tls.clone(),
             tls_mode: state.nbd_tls_mode,
             penalty: state.handshake_penalty.clone(),
@@ -78,6 +79,8 @@ impl NbdService {
             log::info!("NBD: {} (--handshake-penalty)", config.penalty.describe());
         }
         let server = Arc::new(Server::new(exports, config));
+        let _ = state.nbd_memory.set(server.request_memory());
+        log::info!("NBD requests may hold {} MiB together (--max-request-memory)", server.request_memory().limit() >> 20);
         let (trigger, shutdown) = ShutdownSignal::new();
         let mut tasks = Vec::new();
         let mut uris = Vec::new();

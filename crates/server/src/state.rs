@@ -244,6 +244,10 @@ pub struct ServerState {
     pub read_cache: Arc<crate::readcache::ReadCache>,
     /// `--max-connections` (`None`: derived from the open-files limit at start).
     pub max_connections: Option<usize>,
+    /// `--max-request-memory`.
+    pub max_request_memory: usize,
+    /// The NBD listeners' request memory, once they started (for /metrics).
+    pub nbd_memory: std::sync::OnceLock<Arc<vdstream_nbd::memory::MemoryPool>>,
     /// Failures a client can provoke (I/O errors) reach the log through this.
     pub log: Arc<vdstream_nbd::lograte::LogLimiter>,
     /// `--anonymous`: what clients without a verified certificate may open (TLS on).
@@ -278,6 +282,8 @@ impl ServerState {
             read_cache: crate::readcache::ReadCache::new(opts.read_cache, totals.clone()),
             totals,
             max_connections: opts.max_connections,
+            max_request_memory: opts.max_request_memory,
+            nbd_memory: std::sync::OnceLock::new(),
             log: Arc::new(vdstream_nbd::lograte::LogLimiter::default()),
             boot: opts.boot.clone(),
             anonymous: opts.anonymous,

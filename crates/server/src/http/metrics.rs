@@ -105,6 +105,12 @@ pub(crate) fn render(shared: &Shared) -> String {
     let mut m = Scrape(Registry::default());
     m.gauge("vdstream_sessions", "Live NBD sessions.", sessions.len() as u64);
     m.gauge("vdstream_server_draining", "1 while the server drains (SIGTERM).", u64::from(state.draining.load(Ordering::Relaxed)));
+    if let Some(pool) = state.nbd_memory.get() {
+        m.gauge("vdstream_nbd_request_memory_bytes", "Bytes the NBD connections' requests hold now (READ data not yet sent, WRITE payloads).", pool.used() as u64);
+        m.gauge("vdstream_nbd_request_memory_limit_bytes", "The bound on them (--max-request-memory).", pool.limit() as u64);
+        m.gauge("vdstream_nbd_request_memory_peak_bytes", "The most they held at once since the server started.", pool.peak.load(Ordering::Relaxed));
+        m.counter("vdstream_nbd_request_memory_waits_total", "Requests that waited for memory before they were read (a connection holding more than its share while the bound was reached).", pool.waits.load(Ordering::Relaxed));
+    }
     m.add("vdstream_server_start_time_seconds", "When the server started, Unix time.", Gauge::<f64, AtomicU64>::default()).set(state.started_unix_ms as f64 / 1000.0);
 
     let totals = state.totals.snapshot();
