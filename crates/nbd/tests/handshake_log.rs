@@ -61,15 +61,18 @@ async fn a_flood_of_failed_handshakes_is_logged_at_a_bounded_rate_and_counted_in
     assert!(logged >= 1, "the first failures are logged");
     assert!(logged < ATTEMPTS / 2, "{logged} of {ATTEMPTS} failed handshakes were logged one line each");
 
-    // After a pause the next failure is logged again, preceded by the count held back.
+    // After a pause the next failure is logged again, preceded by the count held back. (A
+    // flood slowed by a busy machine may already have had such lines while it lasted, as
+    // the limiter refilled: only the one after the pause is counted here.)
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let before = lines.suppressed.load(Ordering::Relaxed);
     let mut c = RawClient::connect(&h.path).await;
     c.greet(FLAG_C_FIXED_NEWSTYLE).await;
     c.s.write_all(&[0xde; 16]).await.unwrap();
     assert!(c.closed().await);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while lines.suppressed.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < deadline {
+    while lines.suppressed.load(Ordering::Relaxed) == before && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert_eq!(lines.suppressed.load(Ordering::Relaxed), 1, "one line says how many were held back");
+    assert_eq!(lines.suppressed.load(Ordering::Relaxed), before + 1, "one line says how many were held back");
 }
