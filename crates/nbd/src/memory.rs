@@ -39,12 +39,22 @@ pub const SMALL_HOLDER: usize = 4 << 20;
 /// The smallest pool: the largest request (32 MiB of data) fits below its reserve.
 pub const MIN_LIMIT: usize = 64 << 20;
 
+/// What the pool's lock guards.
+#[derive(Debug, Default)]
+struct State {
+    used: usize,
+    /// `(held, n)` of each charge waiting: a release wakes the waiters only when one of
+    /// them would now be admitted (a flood's threads are not woken by every small request
+    /// a normal client completes).
+    waiting: Vec<(usize, usize)>,
+}
+
 /// The server-wide bound on request memory. See the module doc.
 #[derive(Debug)]
 pub struct MemoryPool {
     limit: usize,
     reserve: usize,
-    used: Mutex<usize>,
+    state: Mutex<State>,
     freed: Condvar,
     /// Charges that had to wait for memory (a flood, or a pool too small for the load).
     pub waits: AtomicU64,
@@ -61,7 +71,7 @@ impl MemoryPool {
         MemoryPool {
             limit,
             reserve: limit / 8,
-            used: Mutex::new(0),
+            state: Mutex::new(State::default()),
             freed: Condvar::new(),
             waits: AtomicU64::new(0),
             peak: AtomicU64::new(0),
@@ -76,7 +86,11 @@ impl MemoryPool {
 
     /// Bytes charged now.
     pub fn used(&self) -> usize {
-        *self.used.lock().unwrap_or_else(|p| p.into_inner())
+        self.lock().used
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn admits(&self, used: usize, held: usize, n: usize) -> bool {
@@ -85,34 +99,37 @@ impl MemoryPool {
         used == 0 || used + n <= self.limit - self.reserve || (used + n <= self.limit && held + n <= SMALL_HOLDER)
     }
 
-    fn charge(&self, used: &mut usize, n: usize) {
-        *used += n;
-        self.peak.fetch_max(*used as u64, Ordering::Relaxed);
+    fn charge(&self, state: &mut State, n: usize) {
+        state.used += n;
+        self.peak.fetch_max(state.used as u64, Ordering::Relaxed);
     }
 
     /// Charges `n` bytes for a connection that holds `held` now, waiting until they are
     /// admitted; returns what was charged (give exactly that back to [`MemoryPool::release`]).
     pub fn acquire(&self, held: usize, n: usize) -> usize {
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.admits(*used, held, n) {
+        let mut state = self.lock();
+        if !self.admits(state.used, held, n) {
             self.waits.fetch_add(1, Ordering::Relaxed);
             self.log.log(log::Level::Warn, module_path!(), "request memory full", format_args!(
                 "NBD request memory is full ({} of {} MiB held, --max-request-memory): a connection holding {} KiB waits before its next request is read; \
                  clients that do not read their replies keep theirs until the reply write times out",
-                *used >> 20, self.limit >> 20, held >> 10));
-            while !self.admits(*used, held, n) {
-                used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
+                state.used >> 20, self.limit >> 20, held >> 10));
+            state.waiting.push((held, n));
+            while !self.admits(state.used, held, n) {
+                state = self.freed.wait(state).unwrap_or_else(|p| p.into_inner());
             }
+            let at = state.waiting.iter().position(|&w| w == (held, n)).expect("registered above");
+            state.waiting.swap_remove(at);
         }
-        self.charge(&mut used, n);
+        self.charge(&mut state, n);
         n
     }
 
     /// Charges `n` bytes if they are admitted now; the charge, or `None`.
     pub fn try_acquire(&self, held: usize, n: usize) -> Option<usize> {
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        self.admits(*used, held, n).then(|| {
-            self.charge(&mut used, n);
+        let mut state = self.lock();
+        self.admits(state.used, held, n).then(|| {
+            self.charge(&mut state, n);
             n
         })
     }
@@ -122,11 +139,14 @@ impl MemoryPool {
         if n == 0 {
             return;
         }
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        debug_assert!(*used >= n, "released {n} bytes of request memory with {used} held", used = *used);
-        *used = used.saturating_sub(n);
-        drop(used);
-        self.freed.notify_all();
+        let mut state = self.lock();
+        debug_assert!(state.used >= n, "released {n} bytes of request memory with {} held", state.used);
+        state.used = state.used.saturating_sub(n);
+        let wake = state.waiting.iter().any(|&(held, want)| self.admits(state.used, held, want));
+        drop(state);
+        if wake {
+            self.freed.notify_all();
+        }
     }
 }
 
