@@ -642,14 +642,7 @@ fn create_private_dir(dir: &Path) -> Result<(), AgentError> {
 fn take_lock(id: &str, path: &Path) -> Result<File, AgentError> {
     use vdstream_blockdev::flock::{try_lock, LockMode, LOCK_PATIENCE};
     let io = |err| AgentError::Io { what: format!("cannot use the lock file {}", path.display()), err };
-    let mut f = vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::SHARED_READ)
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| vdstream_blockdev::storefile::explain(e, path))
-        .map_err(io)?;
+    let mut f = vdstream_blockdev::storefile::open_rw(path, vdstream_blockdev::storefile::SHARED_READ).map_err(io)?;
     if !try_lock(&f, LockMode::Exclusive, LOCK_PATIENCE).map_err(io)? {
         let mut pid = String::new();
         let _ = f.read_to_string(&mut pid);

@@ -22,14 +22,8 @@ pub fn write(path: &Path, status: &Status) -> Result<(), AgentError> {
     let io = |what: &str, err| AgentError::Io { what: format!("{what} {}", path.display()), err };
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_vec_pretty(status).expect("a status always serializes");
-    // Made afresh (a leftover, or a link in its place, is removed first), never written
-    // through a name that already exists.
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::SHARED_READ)
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(|e| io("cannot write the status file", vdstream_blockdev::storefile::explain(e, &tmp)))?;
+    // Made afresh, never written through a name that already exists.
+    let mut f = vdstream_blockdev::storefile::create_fresh(&tmp, vdstream_blockdev::storefile::SHARED_READ).map_err(|e| io("cannot write the status file", e))?;
     std::io::Write::write_all(&mut f, &text).map_err(|e| io("cannot write the status file", e))?;
     std::fs::rename(&tmp, path).map_err(|e| io("cannot replace the status file", e))
 }

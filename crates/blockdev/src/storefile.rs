@@ -41,6 +41,31 @@ pub fn open_read(path: &Path) -> io::Result<File> {
     options(PRIVATE).read(true).open(path).map_err(|e| explain(e, path))
 }
 
+/// Opens `path` read-write without following a link, creating it with `mode` when it is
+/// missing and keeping its bytes when it is there (a lock file, a record read then
+/// rewritten).
+pub fn open_rw(path: &Path, mode: u32) -> io::Result<File> {
+    options(mode).read(true).write(true).create(true).truncate(false).open(path).map_err(|e| explain(e, path))
+}
+
+/// Opens an existing `path` read-write without following a link.
+pub fn open_existing_rw(path: &Path) -> io::Result<File> {
+    options(PRIVATE).read(true).write(true).open(path).map_err(|e| explain(e, path))
+}
+
+/// Makes a new file at `path` with `mode` for writing; an error if anything is there.
+pub fn create_new(path: &Path, mode: u32) -> io::Result<File> {
+    options(mode).write(true).create_new(true).open(path).map_err(|e| explain(e, path))
+}
+
+/// [`create_new`] after removing whatever sits at `path` (a temporary file a crash left,
+/// or a link planted in its place: unlink does not follow it), so that a temporary file is
+/// always made, never opened through an existing name.
+pub fn create_fresh(path: &Path, mode: u32) -> io::Result<File> {
+    let _ = std::fs::remove_file(path);
+    create_new(path, mode)
+}
+
 /// Turns the error of an open that met a symbolic link (`ELOOP` under `O_NOFOLLOW`) into
 /// one that says so and what to do; any other error is returned as it is.
 pub fn explain(e: io::Error, path: &Path) -> io::Error {

@@ -401,14 +401,7 @@ pub(crate) fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, pat
         vdstream_blockdev::storefile::create_dir_all(d).map_err(local("create", d))?;
     }
     let part = path.with_file_name(format!("{}.part", path.file_name().and_then(|n| n.to_str()).unwrap_or("layer")));
-    let f = vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::SHARED_READ)
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&part)
-        .map_err(|e| vdstream_blockdev::storefile::explain(e, &part))
-        .map_err(local("open", &part))?;
+    let f = vdstream_blockdev::storefile::open_rw(&part, vdstream_blockdev::storefile::SHARED_READ).map_err(local("open", &part))?;
     f.set_len(index.len).map_err(local("size", &part))?;
     // What a half-done copy left (a new file's holes match the zero chunks already).
     let have = matching_chunks(&part, index);

@@ -441,13 +441,11 @@ impl ObjectLayer {
         };
         let p = disk_path(dir, key);
         let tmp = p.with_extension("tmp");
-        // A leftover (or a link in its place) goes first; the chunk file is made, never
-        // written through an existing name.
-        let _ = std::fs::remove_file(&tmp);
+        // The chunk file is made afresh, never written through an existing name.
         let write = || -> std::io::Result<()> {
             use std::io::Write;
             vdstream_blockdev::storefile::create_dir_all(p.parent().unwrap_or(dir))?;
-            vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::SHARED_READ).write(true).create_new(true).open(&tmp)?.write_all(data)?;
+            vdstream_blockdev::storefile::create_fresh(&tmp, vdstream_blockdev::storefile::SHARED_READ)?.write_all(data)?;
             std::fs::rename(&tmp, &p)
         };
         let ok = write().is_ok();

@@ -184,14 +184,7 @@ impl Writer {
         vdstream_blockdev::storefile::create_dir_all(dir).map_err(local("create the writer's folder", dir))?;
         // One process per writer folder, for the life of the process.
         let lock_path = dir.join(".writer.lock");
-        let lock = vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::SHARED_READ)
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(|e| vdstream_blockdev::storefile::explain(e, &lock_path))
-            .map_err(local("open", &lock_path))?;
+        let lock = vdstream_blockdev::storefile::open_rw(&lock_path, vdstream_blockdev::storefile::SHARED_READ).map_err(local("open", &lock_path))?;
         if !vdstream_store::fsutil::try_lock(&lock, vdstream_blockdev::flock::LockMode::Exclusive).map_err(local("lock", &lock_path))? {
             return Err(Error::Conflict(format!(
                 "{} is the folder of a metadata writer that runs on this host: give this server another --object-cache",

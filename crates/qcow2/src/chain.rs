@@ -375,7 +375,7 @@ pub fn create(path: impl AsRef<Path>, size: u64, backing: Option<(&str, ImageFor
     }
     let io = |e: std::io::Error| Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
     // A new layer: made, never opened through an existing name; the owner's group may read it.
-    let file = storefile::options(storefile::SHARED_READ).write(true).create_new(true).open(path).map_err(|e| storefile::explain(e, path)).map_err(io)?;
+    let file = storefile::create_new(path, storefile::SHARED_READ).map_err(io)?;
     // A failed write (a full file system) must not leave a half-made image behind.
     file.write_all_at(&image, 0).and_then(|()| file.sync_all()).map_err(|e| {
         let _ = std::fs::remove_file(path);

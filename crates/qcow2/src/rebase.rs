@@ -25,12 +25,7 @@ use crate::ImageFormat;
 /// name is resolved against `path`'s directory when the image is opened.
 pub fn set_backing_file(path: &Path, backing: Option<(&str, ImageFormat)>) -> Result<()> {
     let io = |e: std::io::Error| Error::from_io(e, Op::Write, 0, 0, path.display().to_string());
-    let file = vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::SHARED_READ)
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| vdstream_blockdev::storefile::explain(e, path))
-        .map_err(io)?;
+    let file = vdstream_blockdev::storefile::open_existing_rw(path).map_err(io)?;
     lock_file(&file, true, path)?;
     let len = file.metadata().map_err(io)?.len();
     let mut first = vec![0u8; len.min(HEADER_READ_LEN as u64) as usize];

@@ -342,13 +342,7 @@ impl TargetCaches {
         // written through a link planted in its place.
         let mut file = {
             use vdstream_blockdev::storefile;
-            let f = storefile::options(storefile::PRIVATE)
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&attach_path)
-                .map_err(|e| fail(storefile::explain(e, &attach_path).to_string()))?;
+            let f = storefile::open_rw(&attach_path, storefile::PRIVATE).map_err(|e| fail(e.to_string()))?;
             storefile::tighten(&f, storefile::PRIVATE).map_err(|e| fail(e.to_string()))?;
             f
         };

@@ -150,12 +150,7 @@ impl Tokens {
     /// Runs `f` on the stored list under an exclusive lock and writes the result atomically.
     fn change<T>(&self, f: impl FnOnce(&mut Stored) -> Result<T, TokenError>) -> Result<T, TokenError> {
         let lock_path = self.path.with_extension("lock");
-        let lock = vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::PRIVATE)
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| vdstream_blockdev::storefile::explain(e, &lock_path))
+        let lock = vdstream_blockdev::storefile::open_rw(&lock_path, vdstream_blockdev::storefile::PRIVATE)
             .map_err(|e| file_error(&lock_path, format!("cannot open it: {e}; is the store directory writable?")))?;
         vdstream_store::fsutil::lock_wait(&lock, vdstream_store::fsutil::LockMode::Exclusive).map_err(|e| file_error(&lock_path, format!("cannot lock it: {e}")))?;
         let mut stored = self.read()?;

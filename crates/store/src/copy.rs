@@ -74,12 +74,7 @@ fn data_ranges(f: &File, len: u64) -> Vec<(u64, u64)> {
 pub fn copy_raw_sparse(src: &Path, dst: &Path, progress: Progress<'_>) -> Result<u64> {
     let input = File::open(src).map_err(io("open", src))?;
     let len = input.metadata().map_err(io("stat", src))?.len();
-    let out = vdstream_blockdev::storefile::options(crate::fsutil::SHARED_READ)
-        .write(true)
-        .create_new(true)
-        .open(dst)
-        .map_err(|e| vdstream_blockdev::storefile::explain(e, dst))
-        .map_err(io("create", dst))?;
+    let out = vdstream_blockdev::storefile::create_new(dst, crate::fsutil::SHARED_READ).map_err(io("create", dst))?;
     out.set_len(len).map_err(io("size", dst))?;
     let mut buf = vec![0u8; CHUNK];
     let mut written = 0;

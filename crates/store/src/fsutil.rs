@@ -32,11 +32,9 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    // A leftover of a crash, or a link planted in its place, goes first (unlink does not
-    // follow a link); the new file is then made, never opened through a name.
-    let _ = std::fs::remove_file(&tmp);
     let result = (|| {
-        let mut f = storefile::options(mode).write(true).create_new(true).open(&tmp).map_err(|e| storefile::explain(e, &tmp)).map_err(io("create", &tmp))?;
+        // Made afresh: a leftover of a crash, or a link planted in its place, goes first.
+        let mut f = storefile::create_fresh(&tmp, mode).map_err(io("create", &tmp))?;
         f.write_all(bytes).map_err(io("write", &tmp))?;
         f.sync_all().map_err(io("fsync", &tmp))?;
         std::fs::rename(&tmp, path).map_err(io("rename into place", path))?;
@@ -64,7 +62,7 @@ pub fn copy_file(src: &Path, dst: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mut from = open_read(src)?;
     let mode = from.metadata().map_err(io("stat", src))?.permissions().mode() & 0o777;
-    let mut to = storefile::options(mode & SHARED_READ).write(true).create_new(true).open(dst).map_err(|e| storefile::explain(e, dst)).map_err(io("create", dst))?;
+    let mut to = storefile::create_new(dst, mode & SHARED_READ).map_err(io("create", dst))?;
     std::io::copy(&mut from, &mut to).map_err(io("copy into", dst))?;
     to.sync_all().map_err(io("fsync", dst))
 }

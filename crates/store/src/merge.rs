@@ -507,7 +507,7 @@ impl Store {
 
 /// Punches holes where 64 KiB blocks of a raw file read as zeros (content unchanged).
 fn punch_zeros(path: &Path, progress: Progress<'_>) -> Result<()> {
-    let f = vdstream_blockdev::storefile::options(fsutil::SHARED_READ).read(true).write(true).open(path).map_err(|e| vdstream_blockdev::storefile::explain(e, path)).map_err(io("open", path))?;
+    let f = vdstream_blockdev::storefile::open_existing_rw(path).map_err(io("open", path))?;
     let len = f.metadata().map_err(io("stat", path))?.len();
     let mut buf = vec![0u8; ZERO_BLOCK];
     let mut off = 0;

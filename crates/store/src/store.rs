@@ -219,14 +219,7 @@ impl Store {
                 self.root.display())));
         }
         let p = self.root.join(".lock");
-        let f = vdstream_blockdev::storefile::options(fsutil::SHARED_READ)
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&p)
-            .map_err(|e| vdstream_blockdev::storefile::explain(e, &p))
-            .map_err(io("open the store lock", &p))?;
+        let f = vdstream_blockdev::storefile::open_rw(&p, fsutil::SHARED_READ).map_err(io("open the store lock", &p))?;
         fsutil::lock_wait(&f, mode).map_err(io("lock", &p))?;
         Ok(StoreLock { _file: f })
     }

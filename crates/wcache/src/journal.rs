@@ -147,10 +147,9 @@ impl Checkpoint {
     /// is not left fuller, and the old checkpoint stays.
     pub fn store(&self, path: &Path) -> io::Result<()> {
         let tmp = tmp_path(path);
-        // A leftover (or a link in its place) goes first; the new file is made, owner-only.
-        let _ = std::fs::remove_file(&tmp);
         let written = (|| {
-            let mut f = storefile::options(storefile::PRIVATE).write(true).create_new(true).open(&tmp).map_err(|e| storefile::explain(e, &tmp))?;
+            // Made afresh and owner-only: a leftover, or a link in its place, goes first.
+            let mut f = storefile::create_fresh(&tmp, storefile::PRIVATE)?;
             f.write_all(&self.encode())?;
             f.sync_all()
         })();
@@ -239,7 +238,7 @@ impl Journal {
     /// a map of `pages` pages. `Ok(None)` when there is no journal; `Err` with a message
     /// when the file is not a journal at all.
     pub fn open(path: &Path, after_seq: u64, pages: u64) -> io::Result<Option<(Journal, Replay)>> {
-        let mut file = match storefile::options(storefile::PRIVATE).read(true).write(true).open(path).map_err(|e| storefile::explain(e, path)) {
+        let mut file = match storefile::open_existing_rw(path) {
             Ok(f) => {
                 storefile::tighten_logged(&f, storefile::PRIVATE, path);
                 f

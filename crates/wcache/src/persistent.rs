@@ -103,13 +103,7 @@ impl PersistentDiskCache {
             err.message = format!("cache of target {} in {dir}: {}", cfg.target, err.message);
             err
         };
-        let lock = vdstream_blockdev::storefile::options(vdstream_blockdev::storefile::PRIVATE)
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&data_path)
-            .map_err(|e| io_err(&data_path, vdstream_blockdev::storefile::explain(e, &data_path)))?;
+        let lock = vdstream_blockdev::storefile::open_rw(&data_path, vdstream_blockdev::storefile::PRIVATE).map_err(|e| io_err(&data_path, e))?;
         if !try_lock_exclusive(&lock).map_err(|e| io_err(&data_path, e))? {
             return Err(Error::new(
                 ErrorKind::Invalid,
