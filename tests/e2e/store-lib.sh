@@ -6,6 +6,8 @@
 #                            write a qemu-io pattern through a served maintenance version
 #   new_patched_version NAME TO OFF LEN PATTERN
 #                            version new + store_write + promote --to TO; prints the number
+#   host_secret MIB          a host file an attacker wants, $E2E_TMP/secret, with the unique
+#                            text $marker in every 4 KiB of MIB MiB (sets secret, marker)
 
 STORE=
 store_init() {
@@ -79,4 +81,12 @@ for i, f in enumerate(chain):
     got = [os.path.basename(x["filename"]) for x in reversed(info)]
     assert got == chain[: i + 1], (f, got, chain[: i + 1])
 PY
+}
+
+host_secret() {
+    marker="HOST-SECRET-$$-$RANDOM$RANDOM"
+    secret=$E2E_TMP/secret
+    "$PY" -c "import sys; m=sys.argv[1].encode(); open(sys.argv[2],'wb').write((m + bytes(4096 - len(m))) * 256 * int(sys.argv[3]))" \
+        "$marker" "$secret" "$1"
+    chmod 600 "$secret"
 }

@@ -39,7 +39,7 @@ expect_error "unknown version" "has no version 7" vds version promote w 7 --to t
 expect_error "bad version ref" "not a version" vds vdisk export w@newest "$E2E_TMP/x.raw"
 echo "not an image" >"$E2E_TMP/text.txt"
 qemu-img create -q -f qed "$E2E_TMP/old.qed" 1M 2>/dev/null && \
-    expect_error "unsupported format" "vdstream imports raw, qcow2, vhdx, vpc \(VHD\), vmdk, vdi" vds vdisk import q "$E2E_TMP/old.qed"
+    expect_error "unsupported format" "is a qed image: vdstream imports raw, qcow2, vhdx, vpc \(VHD\), vmdk and vdi" vds vdisk import q "$E2E_TMP/old.qed"
 expect_error "import of a folder" "is not a file" vds vdisk import q "$E2E_TMP"
 v=$(vds version new w --json | json_get /dev/stdin 'j["version"]["number"]')
 expect_error "bad --at" "not a time.*RFC 3339" vds version promote w "$v" --to production --at tomorrow

@@ -14,11 +14,7 @@ require_vdstream
 e2e_init
 store_init
 
-# The host file an attacker wants: a marker in every 4 KiB of 1 MiB.
-marker="HOST-SECRET-$$-$RANDOM$RANDOM"
-secret=$E2E_TMP/secret
-"$PY" -c "import sys; m=sys.argv[1].encode(); open(sys.argv[2],'wb').write((m + bytes(4096 - len(m))) * 256)" "$marker" "$secret"
-chmod 600 "$secret"
+host_secret 1
 
 # A TCP listener standing for the nbd:// server an image names: it records any connection.
 hits=$E2E_TMP/nbd-hits

@@ -15,9 +15,7 @@ is_vdstream || skip "the store is vdstream's"
 e2e_init
 store_init
 
-marker="HOST-SECRET-$$-$RANDOM$RANDOM"
-secret=$E2E_TMP/secret
-"$PY" -c "import sys; m=sys.argv[1].encode(); open(sys.argv[2],'wb').write((m + bytes(4096 - len(m))) * 256)" "$marker" "$secret"
+host_secret 1
 
 # A raw vDisk of 8 MiB, private: its one machine writes the base itself.
 make_sparse_image "$E2E_TMP/base.raw" 8

@@ -16,9 +16,7 @@ is_vdstream || skip "the store is vdstream's"
 e2e_init
 store_init
 
-marker="HOST-SECRET-$$-$RANDOM$RANDOM"
-secret=$E2E_TMP/secret
-"$PY" -c "import sys; m=sys.argv[1].encode(); open(sys.argv[2],'wb').write((m + bytes(4096 - len(m))) * 1024)" "$marker" "$secret"
+host_secret 4
 
 golden_vdisk w 4
 vds target add p1 --vdisk w --cache server-persistent >/dev/null
