@@ -5,7 +5,7 @@
 //! | `/init`, `/etc/vdstream/udhcpc.script` | `crates/boot/initramfs/*.sh`, compiled in |
 //! | `/bin/busybox` (static) | the version's `/bin/busybox` or `/usr/bin/busybox` when static, else [`BuildOptions::busybox`], else `busybox` in the host's `PATH`; a dynamic one is refused |
 //! | `/bin/vdstream` and its libraries, the ELF interpreter | [`BuildOptions::vdstream`] (default: the running binary) without its debug sections; libraries as `lddtree` finds them on the host, at the same paths |
-//! | `/lib/modules/NAME.ko`, `/etc/vdstream/modules` | the version's modules ([`DEFAULT_MODULES`] that exist, plus [`BuildOptions::modules`]) with their dependencies, in load order |
+//! | `/lib/modules/NAME.ko`, `/etc/vdstream/modules` | the version's modules ([`DEFAULT_MODULES`] that exist, plus [`BuildOptions::modules`]) with their dependencies, soft dependencies and the modules their aliases name, in load order (the `modules` module); a line `NAME optional` is one of several modules that answer an alias |
 //!
 //! Invariant: the version's file system is only read; the host's files are only read.
 
@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use ext4_view::Ext4;
 
 use crate::cpio::Archive;
-use crate::kernel::{self, Kernel, Module, ModuleIndex};
+use crate::kernel::Kernel;
+use crate::modules::{Module, ModuleIndex};
 
 /// The modules every initramfs loads when the version's kernel has them as modules: the
 /// NBD driver, virtio and common physical NICs and disk controllers (for the overflow
@@ -188,7 +189,7 @@ pub fn build_initramfs(fs: &Ext4, kernel: &Kernel, opts: &BuildOptions, out: imp
     let dir = kernel.modules_dir.as_deref().ok_or_else(|| format!("no /lib/modules/{} for kernel {}", kernel.version, kernel.version))?;
     let ix = ModuleIndex::load(fs, dir)?;
     let mut wanted: Vec<String> = DEFAULT_MODULES.iter().filter(|m| ix.has(m)).map(|m| m.to_string()).collect();
-    wanted.extend(opts.modules.iter().map(|m| kernel::normalize(m)));
+    wanted.extend(opts.modules.iter().cloned());
     if !ix.has("nbd") {
         return Err(format!("kernel {} has no nbd driver (neither {dir}/.../nbd.ko nor built in): the target cannot mount its vDisk", kernel.version));
     }
@@ -211,7 +212,7 @@ pub fn build_initramfs(fs: &Ext4, kernel: &Kernel, opts: &BuildOptions, out: imp
     for m in &order {
         a.file(&format!("/lib/modules/{}.ko", m.name), 0o644, &module_bytes(fs, m)?).map_err(io)?;
         list.push_str(&m.name);
-        list.push('\n');
+        list.push_str(if m.optional { " optional\n" } else { "\n" });
     }
     a.file("/etc/vdstream/modules", 0o644, list.as_bytes()).map_err(io)?;
     let entries = a.entries();

@@ -15,9 +15,10 @@
 //! Built files are cached per version (see [`boot_files`] and the `cache` module).
 //!
 //! Modules (each uses only those above it): `cmdline` (the contract), `image` (ext4 of a
-//! version), `kernel` (kernel and module lookup), `cpio` (the archive), `cache` (the boot
-//! cache's files and lock), `build` (what goes into the initramfs), and this file, which
-//! ties them to the store.
+//! version), `kernel` (the kernel and its modules directory), `modules` (the modules to
+//! load, in order: dependencies, soft dependencies and aliases, as modprobe resolves them),
+//! `cpio` (the archive), `cache` (the boot cache's files and lock), `build` (what goes into
+//! the initramfs), and this file, which ties them to the store.
 
 mod build;
 mod cache;
@@ -25,6 +26,7 @@ pub mod cmdline;
 pub mod cpio;
 mod image;
 pub mod kernel;
+pub mod modules;
 
 use std::path::{Path, PathBuf};
 

@@ -300,3 +300,39 @@ fn strip_debug_keeps_a_runnable_binary() {
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("strip_debug_keeps_a_runnable_binary"),
         "the stripped test binary does not run: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// ext4 as a module that asks for `crypto-crc32c` (its softdep), which two modules answer
+/// by alias, read from the image's ext4 without depmod's files: both drivers go into the
+/// initramfs before ext4, each as an optional line of /etc/vdstream/modules.
+#[test]
+fn soft_dependencies_and_the_modules_of_their_alias_go_in() {
+    let (Some(_), Some(bb)) = (mkfs(), static_exe()) else {
+        eprintln!("skipped: no mkfs.ext4 or no static executable");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = tree(dir.path(), true, false, &bb);
+    let m = root.join("usr/lib/modules").join(KVER);
+    let fake = |fields: &str| format!("\x7fELF fake module\0license=GPL\0{fields}\0").into_bytes();
+    write(&m.join("kernel/fs/ext4/ext4.ko"), &fake("softdep=pre: crypto-crc32c\0depends=jbd2"));
+    write(&m.join("kernel/fs/jbd2/jbd2.ko"), &fake("softdep=pre: crypto-crc32c\0depends="));
+    write(&m.join("kernel/crypto/crc32c_generic.ko"), &fake("alias=crypto-crc32c\0alias=crc32c\0depends="));
+    write(&m.join("kernel/arch/x86/crypto/crc32c-intel.ko"), &fake("alias=crypto-crc32c\0alias=crc32c\0depends="));
+    write(&m.join("modules.builtin"), b"kernel/net/packet/af_packet.ko\n");
+    let img = image(dir.path(), &root, false);
+    let store = Store::open_or_create(dir.path().join("store")).unwrap().0;
+    store.import_vdisk("gold", &img, NewVdisk::default(), &mut |_, _| {}).unwrap();
+    let ird = dir.path().join("initrd.img");
+    let r = build_initrd(&store, "gold", Selector::Base, &BuildOptions::default(), &ird, None).unwrap();
+    let l = list(&std::fs::read(&ird).unwrap()).unwrap();
+    let lines = String::from_utf8(file(&l, "etc/vdstream/modules").data.clone()).unwrap();
+    let lines: Vec<&str> = lines.lines().collect();
+    let pos = |want: &str| lines.iter().position(|x| *x == want).unwrap_or_else(|| panic!("no line {want:?} in {lines:?}"));
+    for crc in ["crc32c_generic optional", "crc32c_intel optional"] {
+        assert!(pos(crc) < pos("jbd2") && pos("jbd2") < pos("ext4"), "{lines:?}");
+        let name = crc.split(' ').next().unwrap();
+        assert!(names(&l).contains(&format!("lib/modules/{name}.ko").as_str()), "{name}.ko is not in the initramfs");
+        assert!(r.modules.iter().any(|x| x == name), "{:?}", r.modules);
+    }
+    assert_eq!(lines.len(), MODULES.len() - 1 + 4, "{lines:?}");
+}
