@@ -77,7 +77,11 @@ pub fn find_kernel(fs: &Ext4) -> Result<Kernel, String> {
         Ok(names) => names
             .into_iter()
             .filter_map(|n| n.strip_prefix("vmlinuz-").map(str::to_string))
-            .filter(|v| fs.metadata(format!("/boot/vmlinuz-{v}").as_str()).map(|m| m.file_type().is_regular_file()).unwrap_or(false))
+            .filter(|v| {
+                fs.metadata(format!("/boot/vmlinuz-{v}").as_str())
+                    .map(|m| m.file_type().is_regular_file())
+                    .unwrap_or(false)
+            })
             .collect(),
         Err(Ext4Error::NotFound) => Vec::new(),
         Err(e) => return Err(format!("reading /boot: {e}")),
@@ -88,8 +92,16 @@ pub fn find_kernel(fs: &Ext4) -> Result<Kernel, String> {
         for link in ["/vmlinuz", "/boot/vmlinuz"] {
             if let Ok(real) = fs.canonicalize(link) {
                 let real = real.to_str().unwrap_or_default().to_string();
-                if let Some(v) = real.rsplit('/').next().and_then(|n| n.strip_prefix("vmlinuz-")) {
-                    if fs.metadata(real.as_str()).map(|m| m.file_type().is_regular_file()).unwrap_or(false) {
+                if let Some(v) = real
+                    .rsplit('/')
+                    .next()
+                    .and_then(|n| n.strip_prefix("vmlinuz-"))
+                {
+                    if fs
+                        .metadata(real.as_str())
+                        .map(|m| m.file_type().is_regular_file())
+                        .unwrap_or(false)
+                    {
                         kvers.push(v.to_string());
                         path = Some(real.clone());
                         break;
@@ -107,7 +119,11 @@ pub fn find_kernel(fs: &Ext4) -> Result<Kernel, String> {
         .iter()
         .map(|d| format!("{d}/{version}"))
         .find(|d| is_dir(fs, d));
-    Ok(Kernel { version, path, modules_dir })
+    Ok(Kernel {
+        version,
+        path,
+        modules_dir,
+    })
 }
 
 #[cfg(test)]
@@ -116,9 +132,24 @@ mod tests {
 
     #[test]
     fn versions_sort_as_sort_v_does() {
-        let mut v = vec!["6.10.0-1-amd64", "6.1.0-56-cloud-amd64", "6.1.0-9-cloud-amd64", "5.10.0-30-amd64", "6.1.0-56-amd64"];
+        let mut v = vec![
+            "6.10.0-1-amd64",
+            "6.1.0-56-cloud-amd64",
+            "6.1.0-9-cloud-amd64",
+            "5.10.0-30-amd64",
+            "6.1.0-56-amd64",
+        ];
         v.sort_by(|a, b| version_cmp(a, b));
-        assert_eq!(v, ["5.10.0-30-amd64", "6.1.0-9-cloud-amd64", "6.1.0-56-amd64", "6.1.0-56-cloud-amd64", "6.10.0-1-amd64"]);
+        assert_eq!(
+            v,
+            [
+                "5.10.0-30-amd64",
+                "6.1.0-9-cloud-amd64",
+                "6.1.0-56-amd64",
+                "6.1.0-56-cloud-amd64",
+                "6.10.0-1-amd64"
+            ]
+        );
         assert_eq!(version_cmp("1.02", "1.2"), Ordering::Less); // equal numbers: the byte order decides, as a total order must
         assert_eq!(version_cmp("", "1"), Ordering::Less);
     }
