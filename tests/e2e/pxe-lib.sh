@@ -7,6 +7,10 @@
 #   require_pxe               qemu-system-x86_64, qemu's iPXE ROM (Debian: ipxe-qemu) and
 #                             the golden image (vm-lib.sh: it carries /boot/vmlinuz-KVER and
 #                             /lib/modules/KVER, so the boot service reads its kernel)
+#   require_pxe_tools         the same without the golden image
+#   stock_image               the stock-layout image (scripts/make-stock-image: Debian's
+#                             generic kernel with its full module tree, ext4 with the default
+#                             features); sets STOCK_IMG, STOCK_KVER, STOCK_MODULES
 #   pxe_mac N                 the fixed MAC of machine N: 52:54:00:5e:NN:NN (hex of N)
 #   free_port                 a TCP port nothing listens on (127.0.0.1)
 #   start_boot_server [ARGS]  `vdstream server --store $STORE --listen 127.0.0.1:P --http
@@ -67,10 +71,32 @@ pxe_test_init() {
 }
 
 require_pxe() {
+    require_pxe_tools
+    golden_image
+}
+
+require_pxe_tools() {
     require qemu-system-x86_64 curl
     [[ -f $PXE_ROM_DIR/efi-virtio.rom || -f $PXE_ROM_DIR/pxe-virtio.rom ]] ||
         skip "qemu's iPXE ROM is not installed (Debian: apt-get install ipxe-qemu)"
-    golden_image
+}
+
+# stock_image — the stock-layout image of scripts/make-stock-image (Debian's generic kernel
+# package with its full module tree, ext4 with mkfs.ext4's default features), built once
+# into its cache; sets STOCK_IMG, STOCK_KVER and STOCK_MODULES (its module tree, as installed).
+stock_image() {
+    require depmod mkfs.ext4 dumpe2fs
+    if ! STOCK_IMG=$("$REPO_ROOT/scripts/make-stock-image" 2>"$E2E_TMP/stock-image.log" | tail -n1); then
+        cat "$E2E_TMP/stock-image.log" >&2
+        # No package lists or no network: a machine that cannot build it skips.
+        if grep -q 'apt-get download\|apt-cache knows no' "$E2E_TMP/stock-image.log"; then
+            skip "cannot build the stock-layout image: $(tail -n1 "$E2E_TMP/stock-image.log")"
+        fi
+        fail "scripts/make-stock-image failed"
+    fi
+    [[ -f $STOCK_IMG ]] || fail "scripts/make-stock-image named no image: $STOCK_IMG"
+    STOCK_KVER=$(cat "$(dirname "$STOCK_IMG")/kver")
+    STOCK_MODULES=$(dirname "$STOCK_IMG")/installed/usr/lib/modules/$STOCK_KVER
 }
 
 pxe_mac() { printf '52:54:00:5e:%02x:%02x' $(($1 >> 8)) $(($1 & 255)); }

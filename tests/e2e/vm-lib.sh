@@ -9,9 +9,10 @@
 #   vm_store NAME              import the golden image into $STORE as vDisk NAME
 #   golden_image               build (once per change of its scripts) the golden image into
 #                              $GOLDEN (target/golden-image): vmlinuz, initrd.img, golden.img
-#   vm_accel                   kvm where a short probe boot under KVM finishes, else tcg
-#                              (VDSTREAM_VM_ACCEL=tcg|kvm decides instead); the answer is
-#                              kept in $GOLDEN/accel
+#   vm_accel                   kvm where a short probe boot of the golden image under KVM
+#                              finishes, else tcg (VDSTREAM_VM_ACCEL=tcg|kvm decides
+#                              instead); the answer is kept in $GOLDEN/accel (no golden
+#                              image built: tcg, not kept)
 #   start_vm NAME URI APPEND   boot a guest in the background from the NBD export URI
 #                              (nbd+unix:///EXPORT?socket=PATH: an agent's socket, or the
 #                              server's maintenance/NAME), kernel command line += APPEND (vdstest=MODE ...);
@@ -107,6 +108,9 @@ vm_accel() {
     if [[ -n $accel ]]; then echo "$accel"; return; fi
     if [[ -f $GOLDEN/accel ]]; then cat "$GOLDEN/accel"; return; fi
     accel=tcg
+    # The probe boots the golden image: a test without it runs with tcg, and the answer is
+    # not kept (it was not probed).
+    if [[ ! -f $GOLDEN/golden.img ]]; then echo "$accel"; return; fi
     if [[ -r /dev/kvm && -w /dev/kvm ]]; then
         # KVM can be there and still not run a guest (nested virtualisation): boot a
         # throw-away copy of the image for at most 15 s.

@@ -1,7 +1,8 @@
 #!/bin/busybox sh
 # /init of a vdstream network-boot initramfs (built by crates/boot: `vdstream initrd build`
 # or the boot service of `vdstream server`). It runs under busybox sh in the target:
-#   mount /proc /sys /dev /run; insmod the modules of /etc/vdstream/modules in order;
+#   mount /proc /sys /dev /run; insmod the modules of /etc/vdstream/modules in order (the
+#   builder put there everything modprobe would load: soft dependencies, alias modules);
 #   read the vdstream.* parameters of /proc/cmdline (crates/boot/src/cmdline.rs);
 #   bring up every ethernet link with udhcpc (bounded rounds);
 #   `vdstream target attach ... --kernel-nbd /dev/nbd0 --daemon` (the agent serves the
@@ -52,9 +53,13 @@ failed() {
 }
 
 say "vdstream network boot: kernel $(uname -r)"
-while read -r m; do
+# One module a line, in load order; "NAME optional": one of several modules that answer an
+# alias (crc32c_intel and crc32c_generic), which may refuse a machine it is not for
+# ("No such device": a CPU without SSE4.2) while another one serves.
+while read -r m how; do
     [ -n "$m" ] || continue
     insmod "/lib/modules/$m.ko" 2>/tmp/insmod.err || grep -q 'File exists' /tmp/insmod.err ||
+        { [ "$how" = optional ] && grep -q 'No such device' /tmp/insmod.err; } ||
         say "warning: insmod $m: $(cat /tmp/insmod.err)"
 done </etc/vdstream/modules
 

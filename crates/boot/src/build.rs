@@ -5,7 +5,7 @@
 //! | `/init`, `/etc/vdstream/udhcpc.script` | `crates/boot/initramfs/*.sh`, compiled in |
 //! | `/bin/busybox` (static) | the version's `/bin/busybox` or `/usr/bin/busybox` when static, else [`BuildOptions::busybox`], else `busybox` in the host's `PATH`; a dynamic one is refused |
 //! | `/bin/vdstream` and its libraries, the ELF interpreter | [`BuildOptions::vdstream`] (default: the running binary) without its debug sections; libraries as `lddtree` finds them on the host, at the same paths |
-//! | `/lib/modules/NAME.ko`, `/etc/vdstream/modules` | the version's modules ([`DEFAULT_MODULES`] that exist, plus [`BuildOptions::modules`]) with their dependencies, in load order |
+//! | `/lib/modules/NAME.ko`, `/etc/vdstream/modules` | the version's modules ([`DEFAULT_MODULES`] that exist, plus [`BuildOptions::modules`]) with their dependencies, soft dependencies and the modules their aliases name, in load order (the `modules` module); a line `NAME optional` is one of several modules that answer an alias |
 //!
 //! Invariant: the version's file system is only read; the host's files are only read.
 
@@ -14,14 +14,31 @@ use std::path::{Path, PathBuf};
 use ext4_view::Ext4;
 
 use crate::cpio::Archive;
-use crate::kernel::{self, Kernel, Module, ModuleIndex};
+use crate::kernel::Kernel;
+use crate::modules::{Module, ModuleIndex};
 
 /// The modules every initramfs loads when the version's kernel has them as modules: the
 /// NBD driver, virtio and common physical NICs and disk controllers (for the overflow
 /// disk), ext4 (for the root).
 pub const DEFAULT_MODULES: &[&str] = &[
-    "nbd", "virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi", "e1000", "e1000e", "igb", "igc", "r8169", "tg3", "bnx2",
-    "ixgbe", "ahci", "sd_mod", "nvme", "af_packet", "ext4",
+    "nbd",
+    "virtio_pci",
+    "virtio_net",
+    "virtio_blk",
+    "virtio_scsi",
+    "e1000",
+    "e1000e",
+    "igb",
+    "igc",
+    "r8169",
+    "tg3",
+    "bnx2",
+    "ixgbe",
+    "ahci",
+    "sd_mod",
+    "nvme",
+    "af_packet",
+    "ext4",
 ];
 
 const INIT: &str = include_str!("../initramfs/init.sh");
@@ -74,7 +91,11 @@ fn read_host(p: &Path) -> Result<Vec<u8>, String> {
 }
 
 fn host_busybox() -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join("busybox")).find(|f| f.is_file()))
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("busybox"))
+            .find(|f| f.is_file())
+    })
 }
 
 /// The busybox to put in, and where it came from.
@@ -114,7 +135,9 @@ fn busybox(fs: &Ext4, opts: &BuildOptions) -> Result<(Vec<u8>, String), String> 
 pub fn vdstream_path(opts: &BuildOptions) -> Result<PathBuf, String> {
     match &opts.vdstream {
         Some(p) => Ok(p.clone()),
-        None => std::env::current_exe().map_err(|e| format!("finding the running vdstream binary: {e}")),
+        None => {
+            std::env::current_exe().map_err(|e| format!("finding the running vdstream binary: {e}"))
+        }
     }
 }
 
@@ -122,14 +145,16 @@ pub fn vdstream_path(opts: &BuildOptions) -> Result<PathBuf, String> {
 /// target's RAM holds the initramfs, and a release build with debug info is about 7 times
 /// the size of its code.
 pub fn strip_debug(elf: &[u8]) -> Result<Vec<u8>, String> {
-    let mut b = object::build::elf::Builder::read(elf).map_err(|e| format!("reading the ELF file: {e}"))?;
+    let mut b =
+        object::build::elf::Builder::read(elf).map_err(|e| format!("reading the ELF file: {e}"))?;
     for s in b.sections.iter_mut() {
         if s.name.starts_with(b".debug_") {
             s.delete = true;
         }
     }
     let mut out = Vec::new();
-    b.write(&mut out).map_err(|e| format!("writing it without debug sections: {e}"))?;
+    b.write(&mut out)
+        .map_err(|e| format!("writing it without debug sections: {e}"))?;
     Ok(out)
 }
 
@@ -141,7 +166,10 @@ fn vdstream_files(a: &mut Archive<impl std::io::Write>, bin: &Path) -> Result<()
     let io = |e: std::io::Error| e.to_string();
     let data = read_host(bin)?;
     let small = strip_debug(&data).unwrap_or_else(|e| {
-        log::warn!("boot: keeping the debug sections of {} in the initramfs: {e}", bin.display());
+        log::warn!(
+            "boot: keeping the debug sections of {} in the initramfs: {e}",
+            bin.display()
+        );
         data
     });
     a.file("/bin/vdstream", 0o755, &small).map_err(io)?;
@@ -151,14 +179,21 @@ fn vdstream_files(a: &mut Archive<impl std::io::Write>, bin: &Path) -> Result<()
     }
     for (name, lib) in &tree.libraries {
         if !lib.found() {
-            return Err(format!("{} needs {name}, which is not on this host", bin.display()));
+            return Err(format!(
+                "{} needs {name}, which is not on this host",
+                bin.display()
+            ));
         }
-        files.push((lib.path.display().to_string(), lib.realpath.clone().unwrap_or_else(|| lib.path.clone())));
+        files.push((
+            lib.path.display().to_string(),
+            lib.realpath.clone().unwrap_or_else(|| lib.path.clone()),
+        ));
     }
     files.sort();
     for (at, from) in files {
         if !a.contains(&at) {
-            let real = std::fs::canonicalize(&from).map_err(|e| format!("{}: {e}", from.display()))?;
+            let real =
+                std::fs::canonicalize(&from).map_err(|e| format!("{}: {e}", from.display()))?;
             a.file(&at, 0o755, &read_host(&real)?).map_err(io)?;
         }
     }
@@ -168,13 +203,16 @@ fn vdstream_files(a: &mut Archive<impl std::io::Write>, bin: &Path) -> Result<()
 /// The module contents, uncompressed (`.ko` as is, `.ko.gz` inflated); `.ko.xz` and
 /// `.ko.zst` are refused with a message.
 fn module_bytes(fs: &Ext4, m: &Module) -> Result<Vec<u8>, String> {
-    let b = fs.read(m.path.as_str()).map_err(|e| format!("reading {}: {e}", m.path))?;
+    let b = fs
+        .read(m.path.as_str())
+        .map_err(|e| format!("reading {}: {e}", m.path))?;
     if m.path.ends_with(".ko") {
         return Ok(b);
     }
     if m.path.ends_with(".ko.gz") {
         let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&b[..]), &mut out).map_err(|e| format!("inflating {}: {e}", m.path))?;
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&b[..]), &mut out)
+            .map_err(|e| format!("inflating {}: {e}", m.path))?;
         return Ok(out);
     }
     Err(format!(
@@ -183,12 +221,26 @@ fn module_bytes(fs: &Ext4, m: &Module) -> Result<Vec<u8>, String> {
 }
 
 /// Writes the initramfs of the version whose file system is `fs` into `out`.
-pub fn build_initramfs(fs: &Ext4, kernel: &Kernel, opts: &BuildOptions, out: impl std::io::Write) -> Result<Built, String> {
+pub fn build_initramfs(
+    fs: &Ext4,
+    kernel: &Kernel,
+    opts: &BuildOptions,
+    out: impl std::io::Write,
+) -> Result<Built, String> {
     let io = |e: std::io::Error| e.to_string();
-    let dir = kernel.modules_dir.as_deref().ok_or_else(|| format!("no /lib/modules/{} for kernel {}", kernel.version, kernel.version))?;
+    let dir = kernel.modules_dir.as_deref().ok_or_else(|| {
+        format!(
+            "no /lib/modules/{} for kernel {}",
+            kernel.version, kernel.version
+        )
+    })?;
     let ix = ModuleIndex::load(fs, dir)?;
-    let mut wanted: Vec<String> = DEFAULT_MODULES.iter().filter(|m| ix.has(m)).map(|m| m.to_string()).collect();
-    wanted.extend(opts.modules.iter().map(|m| kernel::normalize(m)));
+    let mut wanted: Vec<String> = DEFAULT_MODULES
+        .iter()
+        .filter(|m| ix.has(m))
+        .map(|m| m.to_string())
+        .collect();
+    wanted.extend(opts.modules.iter().cloned());
     if !ix.has("nbd") {
         return Err(format!("kernel {} has no nbd driver (neither {dir}/.../nbd.ko nor built in): the target cannot mount its vDisk", kernel.version));
     }
@@ -197,24 +249,49 @@ pub fn build_initramfs(fs: &Ext4, kernel: &Kernel, opts: &BuildOptions, out: imp
     let bin = vdstream_path(opts)?;
 
     let mut a = Archive::new(out);
-    for d in ["/dev", "/proc", "/sys", "/run", "/tmp", "/newroot", "/etc", "/lib/modules", "/sbin", "/usr/bin", "/usr/sbin"] {
+    for d in [
+        "/dev",
+        "/proc",
+        "/sys",
+        "/run",
+        "/tmp",
+        "/newroot",
+        "/etc",
+        "/lib/modules",
+        "/sbin",
+        "/usr/bin",
+        "/usr/sbin",
+    ] {
         a.dir(d).map_err(io)?;
     }
     a.file("/init", 0o755, INIT.as_bytes()).map_err(io)?;
-    a.file("/etc/vdstream/udhcpc.script", 0o755, UDHCPC.as_bytes()).map_err(io)?;
-    a.file("/etc/nsswitch.conf", 0o644, b"hosts: files dns\n").map_err(io)?;
-    a.file("/etc/hosts", 0o644, b"127.0.0.1 localhost\n").map_err(io)?;
+    a.file("/etc/vdstream/udhcpc.script", 0o755, UDHCPC.as_bytes())
+        .map_err(io)?;
+    a.file("/etc/nsswitch.conf", 0o644, b"hosts: files dns\n")
+        .map_err(io)?;
+    a.file("/etc/hosts", 0o644, b"127.0.0.1 localhost\n")
+        .map_err(io)?;
     a.file("/bin/busybox", 0o755, &bb).map_err(io)?;
     a.symlink("/bin/sh", "busybox").map_err(io)?;
     vdstream_files(&mut a, &bin)?;
     let mut list = String::new();
     for m in &order {
-        a.file(&format!("/lib/modules/{}.ko", m.name), 0o644, &module_bytes(fs, m)?).map_err(io)?;
+        a.file(
+            &format!("/lib/modules/{}.ko", m.name),
+            0o644,
+            &module_bytes(fs, m)?,
+        )
+        .map_err(io)?;
         list.push_str(&m.name);
-        list.push('\n');
+        list.push_str(if m.optional { " optional\n" } else { "\n" });
     }
-    a.file("/etc/vdstream/modules", 0o644, list.as_bytes()).map_err(io)?;
+    a.file("/etc/vdstream/modules", 0o644, list.as_bytes())
+        .map_err(io)?;
     let entries = a.entries();
     a.finish().map_err(io)?;
-    Ok(Built { modules: order.into_iter().map(|m| m.name).collect(), busybox: bb_from, entries })
+    Ok(Built {
+        modules: order.into_iter().map(|m| m.name).collect(),
+        busybox: bb_from,
+        entries,
+    })
 }

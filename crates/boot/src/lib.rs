@@ -15,9 +15,10 @@
 //! Built files are cached per version (see [`boot_files`] and the `cache` module).
 //!
 //! Modules (each uses only those above it): `cmdline` (the contract), `image` (ext4 of a
-//! version), `kernel` (kernel and module lookup), `cpio` (the archive), `cache` (the boot
-//! cache's files and lock), `build` (what goes into the initramfs), and this file, which
-//! ties them to the store.
+//! version), `kernel` (the kernel and its modules directory), `modules` (the modules to
+//! load, in order: dependencies, soft dependencies and aliases, as modprobe resolves them),
+//! `cpio` (the archive), `cache` (the boot cache's files and lock), `build` (what goes into
+//! the initramfs), and this file, which ties them to the store.
 
 mod build;
 mod cache;
@@ -25,6 +26,7 @@ pub mod cmdline;
 pub mod cpio;
 mod image;
 pub mod kernel;
+pub mod modules;
 
 use std::path::{Path, PathBuf};
 
@@ -38,17 +40,32 @@ pub use build::{is_static_elf, strip_debug, BuildOptions, DEFAULT_MODULES};
 pub enum BootError {
     /// The version's file system has no `/boot/vmlinuz-*` (or no modules for it).
     #[error("vDisk {vdisk} version {version} has no kernel: {why}; install a kernel into the image (for Debian: linux-image-amd64) or set a boot-file override")]
-    NoKernel { vdisk: String, version: String, why: String },
+    NoKernel {
+        vdisk: String,
+        version: String,
+        why: String,
+    },
     /// The version's file system could not be read as ext4.
     #[error("vDisk {vdisk} version {version}: {why}")]
-    Image { vdisk: String, version: String, why: String },
+    Image {
+        vdisk: String,
+        version: String,
+        why: String,
+    },
     /// The initramfs could not be built (no static busybox, a missing module, ...).
     #[error("cannot build the initramfs of vDisk {vdisk} version {version}: {why}")]
-    Build { vdisk: String, version: String, why: String },
+    Build {
+        vdisk: String,
+        version: String,
+        why: String,
+    },
     #[error(transparent)]
     Store(#[from] vdstream_store::StoreError),
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 /// A version's kernel and initramfs, built once and kept in the store's boot cache.
@@ -97,45 +114,94 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BootError {
 }
 
 /// Writes `data` to `path` through a temporary file and a rename.
-fn write_atomic(path: &Path, write: impl FnOnce(&mut std::fs::File) -> Result<(), BootError>) -> Result<(), BootError> {
-    let tmp = path.with_file_name(format!(".{}.tmp-{}", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(), std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(io_err(format!("creating {}", tmp.display())))?;
-    let r = write(&mut f).and_then(|_| f.sync_all().map_err(io_err(format!("writing {}", tmp.display()))));
+fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut std::fs::File) -> Result<(), BootError>,
+) -> Result<(), BootError> {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let mut f =
+        std::fs::File::create(&tmp).map_err(io_err(format!("creating {}", tmp.display())))?;
+    let r = write(&mut f).and_then(|_| {
+        f.sync_all()
+            .map_err(io_err(format!("writing {}", tmp.display())))
+    });
     if let Err(e) = r {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    std::fs::rename(&tmp, path).map_err(io_err(format!("renaming {} to {}", tmp.display(), path.display())))
+    std::fs::rename(&tmp, path).map_err(io_err(format!(
+        "renaming {} to {}",
+        tmp.display(),
+        path.display()
+    )))
 }
 
 /// Opens the layer `sel` picks in `vdisk`, reads its kernel, writes the kernel to
 /// `kernel_out` (when given) and the initramfs to `initrd_out`.
-fn build_files(store: &Store, vdisk: &str, sel: Selector, opts: &BuildOptions, initrd_out: &Path, kernel_out: Option<&Path>) -> Result<InitrdReport, BootError> {
+fn build_files(
+    store: &Store,
+    vdisk: &str,
+    sel: Selector,
+    opts: &BuildOptions,
+    initrd_out: &Path,
+    kernel_out: Option<&Path>,
+) -> Result<InitrdReport, BootError> {
     let opened = store.open_layer(vdisk, sel, false)?;
     let tag = opened.layer.tag();
     let version = layer_number(opened.layer);
-    let fs = image::open_fs(opened.dev.clone())
-        .map_err(|why| BootError::Image { vdisk: vdisk.into(), version: tag.clone(), why })?;
-    let k = kernel::find_kernel(&fs).map_err(|why| BootError::NoKernel { vdisk: vdisk.into(), version: tag.clone(), why })?;
+    let fs = image::open_fs(opened.dev.clone()).map_err(|why| BootError::Image {
+        vdisk: vdisk.into(),
+        version: tag.clone(),
+        why,
+    })?;
+    let k = kernel::find_kernel(&fs).map_err(|why| BootError::NoKernel {
+        vdisk: vdisk.into(),
+        version: tag.clone(),
+        why,
+    })?;
     if k.modules_dir.is_none() {
         return Err(BootError::NoKernel {
             vdisk: vdisk.into(),
             version: tag,
-            why: format!("its kernel {} has no modules (no /lib/modules/{} nor /usr/lib/modules/{})", k.path, k.version, k.version),
+            why: format!(
+                "its kernel {} has no modules (no /lib/modules/{} nor /usr/lib/modules/{})",
+                k.path, k.version, k.version
+            ),
         });
     }
-    let kernel_bytes = fs.read(k.path.as_str()).map_err(|e| BootError::Image { vdisk: vdisk.into(), version: tag.clone(), why: format!("reading {}: {e}", k.path) })?;
+    let kernel_bytes = fs.read(k.path.as_str()).map_err(|e| BootError::Image {
+        vdisk: vdisk.into(),
+        version: tag.clone(),
+        why: format!("reading {}: {e}", k.path),
+    })?;
     let mut built = None;
     write_atomic(initrd_out, |f| {
         let w = std::io::BufWriter::new(f);
-        built = Some(build::build_initramfs(&fs, &k, opts, w).map_err(|why| BootError::Build { vdisk: vdisk.into(), version: tag.clone(), why })?);
+        built = Some(
+            build::build_initramfs(&fs, &k, opts, w).map_err(|why| BootError::Build {
+                vdisk: vdisk.into(),
+                version: tag.clone(),
+                why,
+            })?,
+        );
         Ok(())
     })?;
     let built = built.expect("built");
     if let Some(ko) = kernel_out {
-        write_atomic(ko, |f| std::io::Write::write_all(f, &kernel_bytes).map_err(io_err(format!("writing {}", ko.display()))))?;
+        write_atomic(ko, |f| {
+            std::io::Write::write_all(f, &kernel_bytes)
+                .map_err(io_err(format!("writing {}", ko.display())))
+        })?;
     }
-    let initrd_bytes = std::fs::metadata(initrd_out).map_err(io_err(format!("reading {}", initrd_out.display())))?.len();
+    let initrd_bytes = std::fs::metadata(initrd_out)
+        .map_err(io_err(format!("reading {}", initrd_out.display())))?
+        .len();
     log::info!("boot: vDisk {vdisk} {}: kernel {} ({} bytes), initramfs {} ({initrd_bytes} bytes, modules: {}, busybox {})",
         opened.layer, k.version, kernel_bytes.len(), initrd_out.display(), built.modules.join(" "), built.busybox);
     Ok(InitrdReport {
@@ -154,7 +220,14 @@ fn build_files(store: &Store, vdisk: &str, sel: Selector, opts: &BuildOptions, i
 /// Builds the initramfs of the layer `sel` picks in `vdisk` into `initrd_out`, and copies
 /// its kernel to `kernel_out` when given (`vdstream initrd build`). No cache: every call
 /// builds. Both files are replaced atomically.
-pub fn build_initrd(store: &Store, vdisk: &str, sel: Selector, opts: &BuildOptions, initrd_out: &Path, kernel_out: Option<&Path>) -> Result<InitrdReport, BootError> {
+pub fn build_initrd(
+    store: &Store,
+    vdisk: &str,
+    sel: Selector,
+    opts: &BuildOptions,
+    initrd_out: &Path,
+    kernel_out: Option<&Path>,
+) -> Result<InitrdReport, BootError> {
     build_files(store, vdisk, sel, opts, initrd_out, kernel_out)
 }
 
@@ -167,11 +240,20 @@ pub fn cache_root(store: &Store) -> PathBuf {
 /// cache, built first when missing or out of date (see the `cache` module). Concurrent
 /// callers (threads or processes) for the same version build it once: the first builds
 /// under the version's lock, the others wait for it and take its files.
-pub fn boot_files(store: &Store, vdisk: &str, version: u64, opts: &BuildOptions) -> Result<BootFiles, BootError> {
+pub fn boot_files(
+    store: &Store,
+    vdisk: &str,
+    version: u64,
+    opts: &BuildOptions,
+) -> Result<BootFiles, BootError> {
     let sel = if version == 0 {
         Selector::Base
     } else {
-        Selector::Number(u32::try_from(version).map_err(|_| BootError::Image { vdisk: vdisk.into(), version: version.to_string(), why: "no such version".into() })?)
+        Selector::Number(u32::try_from(version).map_err(|_| BootError::Image {
+            vdisk: vdisk.into(),
+            version: version.to_string(),
+            why: "no such version".into(),
+        })?)
     };
     let (key, tag) = {
         // The layer's top file identifies its content (a maintenance version's changes).
@@ -179,7 +261,11 @@ pub fn boot_files(store: &Store, vdisk: &str, version: u64, opts: &BuildOptions)
         let mut h = Sha256::new();
         h.update(b"vdstream-boot cache 1\0");
         cache::hash_file_id(&mut h, &opened.path);
-        let bin = build::vdstream_path(opts).map_err(|why| BootError::Build { vdisk: vdisk.into(), version: opened.layer.tag(), why })?;
+        let bin = build::vdstream_path(opts).map_err(|why| BootError::Build {
+            vdisk: vdisk.into(),
+            version: opened.layer.tag(),
+            why,
+        })?;
         cache::hash_file_id(&mut h, &bin);
         if let Some(b) = &opts.busybox {
             cache::hash_file_id(&mut h, b);
@@ -197,22 +283,49 @@ pub fn boot_files(store: &Store, vdisk: &str, version: u64, opts: &BuildOptions)
     };
     let vdir = cache_root(store).join(vdisk).join(&tag);
     let dir = vdir.join(&key);
-    let files = |kver: String| BootFiles { kernel: dir.join(cache::KERNEL), initrd: dir.join(cache::INITRD), kernel_version: kver, version };
-    let read_kver = || std::fs::read_to_string(dir.join(cache::KVER)).map(|s| s.trim().to_string()).map_err(io_err(format!("reading {}", dir.join(cache::KVER).display())));
+    let files = |kver: String| BootFiles {
+        kernel: dir.join(cache::KERNEL),
+        initrd: dir.join(cache::INITRD),
+        kernel_version: kver,
+        version,
+    };
+    let read_kver = || {
+        std::fs::read_to_string(dir.join(cache::KVER))
+            .map(|s| s.trim().to_string())
+            .map_err(io_err(format!(
+                "reading {}",
+                dir.join(cache::KVER).display()
+            )))
+    };
     if cache::complete(&dir) {
         return Ok(files(read_kver()?));
     }
     std::fs::create_dir_all(&vdir).map_err(io_err(format!("creating {}", vdir.display())))?;
-    let _lock = cache::Lock::exclusive(&vdir.join(".lock")).map_err(io_err(format!("locking {}", vdir.join(".lock").display())))?;
+    let _lock = cache::Lock::exclusive(&vdir.join(".lock"))
+        .map_err(io_err(format!("locking {}", vdir.join(".lock").display())))?;
     if cache::complete(&dir) {
         return Ok(files(read_kver()?)); // another caller built it while this one waited
     }
     let tmp = cache::temp_dir(&vdir, &key);
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io_err(format!("creating {}", tmp.display())))?;
-    let r = build_files(store, vdisk, sel, opts, &tmp.join(cache::INITRD), Some(&tmp.join(cache::KERNEL))).and_then(|rep| {
-        std::fs::write(tmp.join(cache::KVER), format!("{}\n", rep.kernel_version)).map_err(io_err(format!("writing {}", tmp.join(cache::KVER).display())))?;
-        std::fs::rename(&tmp, &dir).map_err(io_err(format!("renaming {} to {}", tmp.display(), dir.display())))?;
+    let r = build_files(
+        store,
+        vdisk,
+        sel,
+        opts,
+        &tmp.join(cache::INITRD),
+        Some(&tmp.join(cache::KERNEL)),
+    )
+    .and_then(|rep| {
+        std::fs::write(tmp.join(cache::KVER), format!("{}\n", rep.kernel_version)).map_err(
+            io_err(format!("writing {}", tmp.join(cache::KVER).display())),
+        )?;
+        std::fs::rename(&tmp, &dir).map_err(io_err(format!(
+            "renaming {} to {}",
+            tmp.display(),
+            dir.display()
+        )))?;
         Ok(rep)
     });
     match r {
