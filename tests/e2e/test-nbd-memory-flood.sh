@@ -20,6 +20,7 @@ errors=$(json_get "$E2E_TMP/flood.json" 'j["normal_errors"]')
 ((growth < 256 << 20)) || fail "the server grew by $((growth >> 20)) MiB under the flood (bound: 256 MiB)"
 assert_eq "errors of the normal client during the flood" "$errors" 0
 ((reads >= 50)) || fail "the normal client completed only $reads reads in 8 s of flood"
+assert_eq "the server died under the flood" "$(json_get "$E2E_TMP/flood.json" 'j["server_died"]')" False
 server_alive || fail "the server died under the flood"
 grep -q "request memory is full" "$SERVER_LOG" || fail "the server's log does not say its request memory filled: $(tail -n 5 "$SERVER_LOG")"
 log "ok: grew $((growth >> 20)) MiB; the normal client read $reads times"

@@ -16,7 +16,7 @@
 //! Invariants: a KEY directory is complete when it exists (it is built under a temporary
 //! name and renamed into place while the lock is held); readers never take the lock.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -60,7 +60,7 @@ pub struct Lock {
 impl Lock {
     /// Waits for the exclusive lock on `path` (created if missing).
     pub fn exclusive(path: &Path) -> std::io::Result<Lock> {
-        let f = OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+        let f = vdstream_blockdev::storefile::open_rw(path, vdstream_blockdev::storefile::SHARED_READ)?;
         loop {
             // SAFETY: flock on a file descriptor this function owns for the call's length.
             let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };

@@ -126,7 +126,8 @@ fn write_atomic(
         std::process::id()
     ));
     let mut f =
-        std::fs::File::create(&tmp).map_err(io_err(format!("creating {}", tmp.display())))?;
+        vdstream_blockdev::storefile::create_fresh(&tmp, vdstream_blockdev::storefile::SHARED_READ)
+            .map_err(io_err(format!("creating {}", tmp.display())))?;
     let r = write(&mut f).and_then(|_| {
         f.sync_all()
             .map_err(io_err(format!("writing {}", tmp.display())))
@@ -300,7 +301,8 @@ pub fn boot_files(
     if cache::complete(&dir) {
         return Ok(files(read_kver()?));
     }
-    std::fs::create_dir_all(&vdir).map_err(io_err(format!("creating {}", vdir.display())))?;
+    vdstream_blockdev::storefile::create_dir_all(&vdir)
+        .map_err(io_err(format!("creating {}", vdir.display())))?;
     let _lock = cache::Lock::exclusive(&vdir.join(".lock"))
         .map_err(io_err(format!("locking {}", vdir.join(".lock").display())))?;
     if cache::complete(&dir) {
@@ -308,7 +310,8 @@ pub fn boot_files(
     }
     let tmp = cache::temp_dir(&vdir, &key);
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(io_err(format!("creating {}", tmp.display())))?;
+    vdstream_blockdev::storefile::create_dir_all(&tmp)
+        .map_err(io_err(format!("creating {}", tmp.display())))?;
     let r = build_files(
         store,
         vdisk,
@@ -318,9 +321,12 @@ pub fn boot_files(
         Some(&tmp.join(cache::KERNEL)),
     )
     .and_then(|rep| {
-        std::fs::write(tmp.join(cache::KVER), format!("{}\n", rep.kernel_version)).map_err(
-            io_err(format!("writing {}", tmp.join(cache::KVER).display())),
-        )?;
+        let kver = tmp.join(cache::KVER);
+        vdstream_blockdev::storefile::create_new(&kver, vdstream_blockdev::storefile::SHARED_READ)
+            .and_then(|mut f| {
+                std::io::Write::write_all(&mut f, format!("{}\n", rep.kernel_version).as_bytes())
+            })
+            .map_err(io_err(format!("writing {}", kver.display())))?;
         std::fs::rename(&tmp, &dir).map_err(io_err(format!(
             "renaming {} to {}",
             tmp.display(),
