@@ -35,7 +35,8 @@ impl PenaltyFlags {
             config.max_failures = n;
         }
         if let Some(list) = self.handshake_penalty_exempt.as_deref().or(file_exempt) {
-            config.exempt = parse_exempt(list).map_err(|e| anyhow!("--handshake-penalty-exempt: {e}"))?;
+            config.exempt =
+                parse_exempt(list).map_err(|e| anyhow!("--handshake-penalty-exempt: {e}"))?;
         }
         Ok(config)
     }
@@ -50,12 +51,25 @@ mod tests {
         let none = PenaltyFlags::default();
         assert_eq!(none.config(None, None).unwrap(), PenaltyConfig::default());
         assert_eq!(none.config(Some(3), Some("none")).unwrap().max_failures, 3);
-        assert!(none.config(Some(3), Some("none")).unwrap().exempt.is_empty());
-        let flags = PenaltyFlags { handshake_penalty: Some(0), handshake_penalty_exempt: Some("10.0.0.0/8".into()) };
+        assert!(none
+            .config(Some(3), Some("none"))
+            .unwrap()
+            .exempt
+            .is_empty());
+        let flags = PenaltyFlags {
+            handshake_penalty: Some(0),
+            handshake_penalty_exempt: Some("10.0.0.0/8".into()),
+        };
         let c = flags.config(Some(3), Some("none")).unwrap();
         assert_eq!((c.max_failures, c.exempt.len()), (0, 1));
-        let bad = PenaltyFlags { handshake_penalty: None, handshake_penalty_exempt: Some("lab-net".into()) };
+        let bad = PenaltyFlags {
+            handshake_penalty: None,
+            handshake_penalty_exempt: Some("lab-net".into()),
+        };
         let e = bad.config(None, None).unwrap_err().to_string();
-        assert!(e.contains("--handshake-penalty-exempt") && e.contains("lab-net"), "{e}");
+        assert!(
+            e.contains("--handshake-penalty-exempt") && e.contains("lab-net"),
+            "{e}"
+        );
     }
 }

@@ -89,7 +89,12 @@ pub fn run(args: TokenArgs) -> Result<()> {
         TokenCommand::Revoke { name, opts } => {
             let store = opts.open()?;
             let t = Tokens::of_store(store.root()).revoke(&name)?;
-            opts.emit(record_json(&t), || format!("token {:?} revoked; the server refuses it from its next request on", t.name));
+            opts.emit(record_json(&t), || {
+                format!(
+                    "token {:?} revoked; the server refuses it from its next request on",
+                    t.name
+                )
+            });
         }
     }
     Ok(())

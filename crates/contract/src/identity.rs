@@ -61,7 +61,8 @@ impl Identity {
 
     /// The SAN URI a certificate for this identity carries; `None` for `Local`/`Anonymous`.
     pub fn role_uri(&self) -> Option<String> {
-        self.name().map(|n| format!("{ROLE_URI_PREFIX}{}:{n}", self.role()))
+        self.name()
+            .map(|n| format!("{ROLE_URI_PREFIX}{}:{n}", self.role()))
     }
 
     /// Builds an identity from a role word and a name, checking the name's grammar.
@@ -79,10 +80,14 @@ impl Identity {
     /// Reads a SAN URI written by [`Identity::role_uri`].
     pub fn from_role_uri(uri: &str) -> Result<Identity, ContractError> {
         let rest = uri.strip_prefix(ROLE_URI_PREFIX).ok_or_else(|| {
-            ContractError::BadName(format!("{uri:?} is not a vdstream role URI (they start with {ROLE_URI_PREFIX})"))
+            ContractError::BadName(format!(
+                "{uri:?} is not a vdstream role URI (they start with {ROLE_URI_PREFIX})"
+            ))
         })?;
         let (role, name) = rest.split_once(':').ok_or_else(|| {
-            ContractError::BadName(format!("role URI {uri:?} has no name: it is {ROLE_URI_PREFIX}ROLE:NAME"))
+            ContractError::BadName(format!(
+                "role URI {uri:?} has no name: it is {ROLE_URI_PREFIX}ROLE:NAME"
+            ))
         })?;
         Identity::new(role, name)
     }
@@ -104,7 +109,11 @@ mod tests {
 
     #[test]
     fn role_uris_round_trip() {
-        for id in [Identity::Target("pc-07".into()), Identity::Server("store-a".into()), Identity::Admin("alice".into())] {
+        for id in [
+            Identity::Target("pc-07".into()),
+            Identity::Server("store-a".into()),
+            Identity::Admin("alice".into()),
+        ] {
             let uri = id.role_uri().unwrap();
             assert!(uri.starts_with(ROLE_URI_PREFIX));
             assert_eq!(Identity::from_role_uri(&uri).unwrap(), id);

@@ -18,7 +18,6 @@ use vdstream_blockdev::BlockDev;
 /// The default [`ServerConfig::dead_peer_timeout`].
 pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(60);
 
-
 /// One export as shown to `NBD_OPT_LIST` and `NBD_INFO_DESCRIPTION`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportInfo {
@@ -142,7 +141,10 @@ pub trait Exports: Send + Sync + 'static {
     /// version). The default looks `name` up in [`Exports::list`]; an implementation where
     /// "" is an alias of a listed export should answer for "" too.
     fn description(&self, name: &str) -> Option<String> {
-        self.list().into_iter().find(|e| e.name == name).map(|e| e.description)
+        self.list()
+            .into_iter()
+            .find(|e| e.name == name)
+            .map(|e| e.description)
     }
 
     /// Opens an export for one connection, knowing its peer and why. The device lives as
@@ -151,7 +153,11 @@ pub trait Exports: Send + Sync + 'static {
     /// calls [`Exports::open`] and [`Exports::description`].
     fn open_export(&self, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
         let device = self.open(req.name)?;
-        Ok(OpenedExport { device, description: self.description(req.name), exclusive: false })
+        Ok(OpenedExport {
+            device,
+            description: self.description(req.name),
+            exclusive: false,
+        })
     }
 }
 
@@ -346,4 +352,3 @@ pub(crate) struct Shared {
     /// Failed handshakes per TCP source, and the sources closed at accept for them.
     pub penalties: crate::penalty::Penalties,
 }
-

@@ -107,7 +107,12 @@ impl fmt::Display for Refusal {
 
 /// Decides whether `client` may open `export`. `record_vdisk(id)` is the vDisk of target
 /// `id`'s record (`None`: no record); it is asked only for a target's `vdisk/...` open.
-pub fn decide(client: &Identity, export: &ExportName, anonymous: AnonymousGrant, record_vdisk: &dyn Fn(&str) -> Option<String>) -> Result<(), Refusal> {
+pub fn decide(
+    client: &Identity,
+    export: &ExportName,
+    anonymous: AnonymousGrant,
+    record_vdisk: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), Refusal> {
     let shown = export.shown();
     let refuse = |rule: &'static str, message: String| Err(Refusal { rule, message });
     match (client, export) {
@@ -225,7 +230,11 @@ mod tests {
 
     /// The table of the module docs, written out independently of `decide`: the rule that
     /// refuses, or `None` for allowed.
-    fn expected(client: &Identity, export: &ExportName, grant: AnonymousGrant) -> Option<&'static str> {
+    fn expected(
+        client: &Identity,
+        export: &ExportName,
+        grant: AnonymousGrant,
+    ) -> Option<&'static str> {
         let maintenance = matches!(export, ExportName::Maintenance { .. });
         let (target_of, vdisk_of) = match export {
             ExportName::Target { id, .. } => (Some(id.as_str()), None),
@@ -246,7 +255,13 @@ mod tests {
                     Some(TARGET_OWN_EXPORTS)
                 }
             }
-            Identity::Server(_) => if vdisk_of.is_some() { None } else { Some(SERVER_READS_VDISKS) },
+            Identity::Server(_) => {
+                if vdisk_of.is_some() {
+                    None
+                } else {
+                    Some(SERVER_READS_VDISKS)
+                }
+            }
             Identity::Anonymous => match grant {
                 AnonymousGrant::None => Some(ANONYMOUS_NONE),
                 AnonymousGrant::Vdisks if vdisk_of.is_some() => None,
@@ -259,20 +274,34 @@ mod tests {
     #[test]
     fn every_identity_and_every_export_kind_gets_the_table_s_answer() {
         let mut checked = 0;
-        for grant in [AnonymousGrant::None, AnonymousGrant::Vdisks, AnonymousGrant::All] {
+        for grant in [
+            AnonymousGrant::None,
+            AnonymousGrant::Vdisks,
+            AnonymousGrant::All,
+        ] {
             for client in identities() {
                 for export in exports() {
                     let got = decide(&client, &export, grant, &records);
                     let want = expected(&client, &export, grant);
-                    assert_eq!(got.as_ref().err().map(|r| r.rule), want, "{client} opening {export} (--anonymous {grant}): {got:?}");
+                    assert_eq!(
+                        got.as_ref().err().map(|r| r.rule),
+                        want,
+                        "{client} opening {export} (--anonymous {grant}): {got:?}"
+                    );
                     if let Err(r) = got {
                         assert!(RULES.contains(&r.rule));
                         let text = r.to_string();
                         assert!(text.starts_with(&format!("rule {}: ", r.rule)), "{text}");
-                        assert!(text.contains(&export.shown()), "the refusal names the export: {text}");
+                        assert!(
+                            text.contains(&export.shown()),
+                            "the refusal names the export: {text}"
+                        );
                         assert!(!text.contains('#'), "no secret in a refusal: {text}");
                         if r.rule != ANONYMOUS_NONE && r.rule != ANONYMOUS_VDISKS {
-                            assert!(text.contains(&client.to_string()), "the refusal names the client: {text}");
+                            assert!(
+                                text.contains(&client.to_string()),
+                                "the refusal names the client: {text}"
+                            );
                         }
                     }
                     checked += 1;
@@ -286,28 +315,73 @@ mod tests {
     fn the_issue_s_cases_read_well() {
         let a = Identity::Target("pc-07".into());
         let rec = |id: &str| (id == "pc-07").then(|| "win11".to_string());
-        let e = decide(&a, &"target/pc-08".parse().unwrap(), AnonymousGrant::All, &rec).unwrap_err();
+        let e = decide(
+            &a,
+            &"target/pc-08".parse().unwrap(),
+            AnonymousGrant::All,
+            &rec,
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "rule target-own-exports: target:pc-07 may open only target/pc-07 and vdisk/win11[@V] (its record); \
              refused target/pc-08: connect with that target's own certificate"
         );
-        let e = decide(&a, &"maintenance/win11".parse().unwrap(), AnonymousGrant::All, &rec).unwrap_err();
-        assert!(e.to_string().starts_with("rule maintenance-needs-admin: target:pc-07 may not open maintenance/win11"), "{e}");
-        let e = decide(&Identity::Anonymous, &"maintenance/win11".parse().unwrap(), AnonymousGrant::All, &rec).unwrap_err();
-        assert_eq!(e.rule, MAINTENANCE_NEEDS_ADMIN, "--anonymous all still excludes maintenance");
+        let e = decide(
+            &a,
+            &"maintenance/win11".parse().unwrap(),
+            AnonymousGrant::All,
+            &rec,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "rule maintenance-needs-admin: target:pc-07 may not open maintenance/win11"
+            ),
+            "{e}"
+        );
+        let e = decide(
+            &Identity::Anonymous,
+            &"maintenance/win11".parse().unwrap(),
+            AnonymousGrant::All,
+            &rec,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.rule, MAINTENANCE_NEEDS_ADMIN,
+            "--anonymous all still excludes maintenance"
+        );
         // The record is asked only when it decides something.
         let never = |_: &str| -> Option<String> { panic!("no record needed") };
-        decide(&a, &"target/pc-07@k1#00".parse().unwrap(), AnonymousGrant::None, &never).unwrap();
-        decide(&Identity::Server("s".into()), &"vdisk/x@2".parse().unwrap(), AnonymousGrant::None, &never).unwrap();
+        decide(
+            &a,
+            &"target/pc-07@k1#00".parse().unwrap(),
+            AnonymousGrant::None,
+            &never,
+        )
+        .unwrap();
+        decide(
+            &Identity::Server("s".into()),
+            &"vdisk/x@2".parse().unwrap(),
+            AnonymousGrant::None,
+            &never,
+        )
+        .unwrap();
     }
 
     #[test]
     fn grants_parse_and_print() {
-        for g in [AnonymousGrant::None, AnonymousGrant::Vdisks, AnonymousGrant::All] {
+        for g in [
+            AnonymousGrant::None,
+            AnonymousGrant::Vdisks,
+            AnonymousGrant::All,
+        ] {
             assert_eq!(g.to_string().parse::<AnonymousGrant>(), Ok(g));
         }
         assert_eq!(AnonymousGrant::default(), AnonymousGrant::None);
-        assert!("some".parse::<AnonymousGrant>().unwrap_err().contains("none, vdisks or all"));
+        assert!("some"
+            .parse::<AnonymousGrant>()
+            .unwrap_err()
+            .contains("none, vdisks or all"));
     }
 }

@@ -44,24 +44,51 @@ fn api() -> Api {
     captured();
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = Store::open_or_create(dir.path().join("store")).unwrap();
-    store.create_vdisk("win", 8 << 20, NewVdisk::default()).unwrap();
+    store
+        .create_vdisk("win", 8 << 20, NewVdisk::default())
+        .unwrap();
     documents::version_new(&store, "win", None, &mut |_, _| {}).unwrap();
-    let state = ServerState::new(&ServerOptions { listen: Some("127.0.0.1:10809".parse().unwrap()), name: Some("pvs1".into()), ..ServerOptions::new(store.root()) });
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let handle = rt.block_on(async { http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()) }).unwrap();
+    let state = ServerState::new(&ServerOptions {
+        listen: Some("127.0.0.1:10809".parse().unwrap()),
+        name: Some("pvs1".into()),
+        ..ServerOptions::new(store.root())
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = rt
+        .block_on(async { http::spawn(TcpListener::bind("127.0.0.1:0").unwrap(), state.clone()) })
+        .unwrap();
     let addr = handle.local_addr();
     let tokens = Tokens::of_store(store.root());
-    Api { _dir: dir, store, tokens, handle: Some(handle), addr, rt }
+    Api {
+        _dir: dir,
+        store,
+        tokens,
+        handle: Some(handle),
+        addr,
+        rt,
+    }
 }
 
 impl Api {
     fn client(&self, token: Option<&str>) -> Client {
-        Client::with_credentials(&format!("http://{}", self.addr), Credentials::default().with_token(token.map(str::to_string))).unwrap().with_timeout(Duration::from_secs(20))
+        Client::with_credentials(
+            &format!("http://{}", self.addr),
+            Credentials::default().with_token(token.map(str::to_string)),
+        )
+        .unwrap()
+        .with_timeout(Duration::from_secs(20))
     }
 
     /// The stage of version 1 of `win`, and the target ids: what a refused call must not change.
     fn state(&self) -> (Value, Value) {
-        (documents::version_list(&self.store, "win").unwrap()["versions"].clone(), documents::target_list(&self.store).unwrap())
+        (
+            documents::version_list(&self.store, "win").unwrap()["versions"].clone(),
+            documents::target_list(&self.store).unwrap(),
+        )
     }
 
     /// A raw request: the status line and head of the answer, and its body.
@@ -78,7 +105,11 @@ impl Api {
 
 fn refused(r: Result<Value, ClientError>) -> (u16, String, String) {
     match r {
-        Err(ClientError::Api { status, error, what_to_do }) => (status, error, what_to_do),
+        Err(ClientError::Api {
+            status,
+            error,
+            what_to_do,
+        }) => (status, error, what_to_do),
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
@@ -91,13 +122,21 @@ fn the_api_on_loopback_is_open_until_a_token_is_made_then_every_call_needs_one()
     let anyone = a.client(None);
     // Open: one-host use and the existing tests and demo stay as they were.
     anyone.get("/api/v1/server").unwrap();
-    anyone.post("/api/v1/targets", &json!({"id": "pc-01", "vdisk": "win", "cache": "server"})).unwrap();
+    anyone
+        .post(
+            "/api/v1/targets",
+            &json!({"id": "pc-01", "vdisk": "win", "cache": "server"}),
+        )
+        .unwrap();
 
     let admin = a.tokens.add("admin-1", Role::Admin).unwrap().token;
     let before = a.state();
     let (status, error, what) = refused(anyone.get("/api/v1/server"));
     assert_eq!(status, 401);
-    assert!(error.contains("needs a bearer token") && what.contains("vdstream token add"), "{error}: {what}");
+    assert!(
+        error.contains("needs a bearer token") && what.contains("vdstream token add"),
+        "{error}: {what}"
+    );
     let (status, _, _) = refused(anyone.post(PROMOTE, &json!({"to": "test"})));
     assert_eq!(status, 401);
     assert_eq!(refused(anyone.delete("/api/v1/targets/pc-01")).0, 401);
@@ -107,18 +146,33 @@ fn the_api_on_loopback_is_open_until_a_token_is_made_then_every_call_needs_one()
     // The answer: 401 with WWW-Authenticate: Bearer and the JSON error document.
     let (head, body) = a.raw("POST /api/v1/vdisks/win/versions/1/promote HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"to\":\"test\"}");
     assert!(head.starts_with("HTTP/1.1 401"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("\r\nwww-authenticate: bearer realm=\"vdstream\""), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\nwww-authenticate: bearer realm=\"vdstream\""),
+        "{head}"
+    );
     let doc: Value = serde_json::from_str(&body).unwrap();
-    assert!(doc["error"].is_string() && doc["what_to_do"].is_string(), "{doc}");
+    assert!(
+        doc["error"].is_string() && doc["what_to_do"].is_string(),
+        "{doc}"
+    );
     let (head, _) = a.raw("GET /api/v1/server HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic YTpi\r\nConnection: close\r\n\r\n");
-    assert!(head.starts_with("HTTP/1.1 401") && head.contains("invalid_token"), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.1 401") && head.contains("invalid_token"),
+        "{head}"
+    );
     // The bearer scheme is case-insensitive.
     let (head, _) = a.raw(&format!("GET /api/v1/server HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: bearer {admin}\r\nConnection: close\r\n\r\n"));
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(a.state(), before);
 
-    a.client(Some(&admin)).post(PROMOTE, &json!({"to": "test"})).unwrap();
-    assert_eq!(documents::version_list(&a.store, "win").unwrap()["test"], json!({"version": 1}));
+    a.client(Some(&admin))
+        .post(PROMOTE, &json!({"to": "test"}))
+        .unwrap();
+    assert_eq!(
+        documents::version_list(&a.store, "win").unwrap()["test"],
+        json!({"version": 1})
+    );
 }
 
 #[test]
@@ -127,12 +181,26 @@ fn each_role_may_do_its_part_and_is_refused_the_rest_with_the_role_it_needs() {
     let ro = a.tokens.add("dash", Role::ReadOnly).unwrap().token;
     let op = a.tokens.add("helpdesk", Role::Operator).unwrap().token;
     let admin = a.tokens.add("root", Role::Admin).unwrap().token;
-    let (ro, op, admin) = (a.client(Some(&ro)), a.client(Some(&op)), a.client(Some(&admin)));
+    let (ro, op, admin) = (
+        a.client(Some(&ro)),
+        a.client(Some(&op)),
+        a.client(Some(&admin)),
+    );
 
     // Read-only: every GET; nothing else.
-    for path in ["/api/v1/server", "/api/v1/vdisks", "/api/v1/vdisks/win/versions", "/api/v1/targets", "/api/v1/sessions", "/metrics"] {
+    for path in [
+        "/api/v1/server",
+        "/api/v1/vdisks",
+        "/api/v1/vdisks/win/versions",
+        "/api/v1/targets",
+        "/api/v1/sessions",
+        "/metrics",
+    ] {
         if path == "/metrics" {
-            assert!(!matches!(ro.get(path), Err(ClientError::Api { .. })), "{path}");
+            assert!(
+                !matches!(ro.get(path), Err(ClientError::Api { .. })),
+                "{path}"
+            );
         } else {
             ro.get(path).unwrap();
         }
@@ -140,28 +208,63 @@ fn each_role_may_do_its_part_and_is_refused_the_rest_with_the_role_it_needs() {
     let before = a.state();
     let (status, error, what) = refused(ro.post(PROMOTE, &json!({"to": "test"})));
     assert_eq!(status, 403);
-    assert!(error.contains("\"dash\" has role read-only") && error.contains("needs role admin"), "{error}");
+    assert!(
+        error.contains("\"dash\" has role read-only") && error.contains("needs role admin"),
+        "{error}"
+    );
     assert!(what.contains("--role admin"), "{what}");
-    assert_eq!(refused(ro.post("/api/v1/targets", &json!({"id": "pc-02", "vdisk": "win", "cache": "server"}))).0, 403);
+    assert_eq!(
+        refused(ro.post(
+            "/api/v1/targets",
+            &json!({"id": "pc-02", "vdisk": "win", "cache": "server"})
+        ))
+        .0,
+        403
+    );
     assert_eq!(a.state(), before, "a read-only token changed nothing");
 
     // Operator: target records, not versions.
-    op.post("/api/v1/targets", &json!({"id": "pc-02", "vdisk": "win", "cache": "server"})).unwrap();
-    op.put("/api/v1/targets/pc-02", &json!({"description": "lab"})).unwrap();
+    op.post(
+        "/api/v1/targets",
+        &json!({"id": "pc-02", "vdisk": "win", "cache": "server"}),
+    )
+    .unwrap();
+    op.put("/api/v1/targets/pc-02", &json!({"description": "lab"}))
+        .unwrap();
     let before = a.state();
     let (status, error, _) = refused(op.post(PROMOTE, &json!({"to": "test"})));
-    assert!(status == 403 && error.contains("needs role admin"), "{status}: {error}");
-    assert_eq!(refused(op.post("/api/v1/vdisks/win/versions", &json!({}))).0, 403);
-    assert_eq!(refused(op.post("/api/v1/vdisks/win/revert", &json!({"version": 1}))).0, 403);
+    assert!(
+        status == 403 && error.contains("needs role admin"),
+        "{status}: {error}"
+    );
+    assert_eq!(
+        refused(op.post("/api/v1/vdisks/win/versions", &json!({}))).0,
+        403
+    );
+    assert_eq!(
+        refused(op.post("/api/v1/vdisks/win/revert", &json!({"version": 1}))).0,
+        403
+    );
     assert_eq!(a.state(), before);
     op.delete("/api/v1/targets/pc-02").unwrap();
 
     // Admin: everything.
     admin.post(PROMOTE, &json!({"to": "test"})).unwrap();
     let audit = std::fs::read_to_string(a.store.audit_path()).unwrap();
-    assert!(audit.contains("token:root (admin)") && audit.contains("token:helpdesk (operator)"), "the audit trail names the token: {audit}");
-    admin.post("/api/v1/targets", &json!({"id": "pc-03", "vdisk": "win", "cache": "server"})).unwrap();
-    assert_eq!(documents::version_list(&a.store, "win").unwrap()["test"], json!({"version": 1}));
+    assert!(
+        audit.contains("token:root (admin)") && audit.contains("token:helpdesk (operator)"),
+        "the audit trail names the token: {audit}"
+    );
+    admin
+        .post(
+            "/api/v1/targets",
+            &json!({"id": "pc-03", "vdisk": "win", "cache": "server"}),
+        )
+        .unwrap();
+    assert_eq!(
+        documents::version_list(&a.store, "win").unwrap()["test"],
+        json!({"version": 1})
+    );
 }
 
 #[test]
@@ -169,7 +272,11 @@ fn a_revoked_token_is_refused_on_its_next_call_and_changes_nothing() {
     let a = api();
     let t = a.tokens.add("laptop", Role::Admin).unwrap().token;
     let c = a.client(Some(&t));
-    c.post("/api/v1/targets", &json!({"id": "pc-01", "vdisk": "win", "cache": "server"})).unwrap();
+    c.post(
+        "/api/v1/targets",
+        &json!({"id": "pc-01", "vdisk": "win", "cache": "server"}),
+    )
+    .unwrap();
     a.tokens.revoke("laptop").unwrap();
     let before = a.state();
     let (status, error, _) = refused(c.post(PROMOTE, &json!({"to": "test"})));
@@ -179,7 +286,14 @@ fn a_revoked_token_is_refused_on_its_next_call_and_changes_nothing() {
     assert_eq!(refused(c.get("/api/v1/server")).0, 401);
     assert_eq!(a.state(), before);
     // A wrong token of the right shape: the same answer.
-    assert_eq!(refused(a.client(Some(&format!("{}x", &t[..t.len() - 1]))).get("/api/v1/server")).0, 401);
+    assert_eq!(
+        refused(
+            a.client(Some(&format!("{}x", &t[..t.len() - 1])))
+                .get("/api/v1/server")
+        )
+        .0,
+        401
+    );
 }
 
 #[test]
@@ -202,9 +316,17 @@ fn no_token_is_ever_written_to_the_server_log() {
     let _ = s.write_all(format!("GET /api/v1/server HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {good}\r\nX-Pad: {}\r\n\r\n", "a".repeat(20 << 10)).as_bytes());
     let _ = s.read_to_end(&mut Vec::new());
     let lines = captured().0.lock().unwrap();
-    assert!(lines.iter().any(|l| l.contains("refused") || l.contains("HTTP API")), "the capture works: {lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("refused") || l.contains("HTTP API")),
+        "the capture works: {lines:?}"
+    );
     for t in [&good, &revoked, &unknown.to_string()] {
         let secret = &t[5..];
-        assert!(!lines.iter().any(|l| l.contains(secret)), "a token is in the log: {lines:?}");
+        assert!(
+            !lines.iter().any(|l| l.contains(secret)),
+            "a token is in the log: {lines:?}"
+        );
     }
 }

@@ -50,8 +50,12 @@ pub fn serial_of(cert: &CertificateDer<'_>) -> Result<Vec<u8>, TlsError> {
 
 /// The serials a revocation list revokes (big-endian, without leading zeros).
 pub fn revoked_serials(crl: &CertificateRevocationListDer<'_>) -> Result<Vec<Vec<u8>>, String> {
-    let (_, crl) = CertificateRevocationList::from_der(crl.as_ref()).map_err(|e| format!("not a revocation list: {e}"))?;
-    Ok(crl.iter_revoked_certificates().map(|r| trim(r.raw_serial())).collect())
+    let (_, crl) = CertificateRevocationList::from_der(crl.as_ref())
+        .map_err(|e| format!("not a revocation list: {e}"))?;
+    Ok(crl
+        .iter_revoked_certificates()
+        .map(|r| trim(r.raw_serial()))
+        .collect())
 }
 
 fn trim(serial: &[u8]) -> Vec<u8> {

@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, IsCa, Issuer, KeyIdMethod, KeyPair,
-    KeyUsagePurpose, RevokedCertParams, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, IsCa, Issuer,
+    KeyIdMethod, KeyPair, KeyUsagePurpose, RevokedCertParams, SanType, SerialNumber,
 };
 use rustls::{ClientConnection, ServerConnection};
 use vdstream_tls::files::{self, ClientAuth, ServerTls};
@@ -25,7 +25,10 @@ fn ca(name: &str) -> Ca {
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let pem = params.self_signed(&key).unwrap().pem();
-    Ca { issuer: Issuer::new(params, key), pem }
+    Ca {
+        issuer: Issuer::new(params, key),
+        pem,
+    }
 }
 
 /// Writes `NAME-cert.pem` and `NAME-key.pem` into `dir`, signed by `ca`.
@@ -41,11 +44,20 @@ fn issue(ca: &Ca, dir: &Path, file: &str, sans: Vec<SanType>, serial: u8) {
 }
 
 fn server_sans() -> Vec<SanType> {
-    vec![SanType::DnsName("localhost".try_into().unwrap()), SanType::IpAddress([127, 0, 0, 1].into())]
+    vec![
+        SanType::DnsName("localhost".try_into().unwrap()),
+        SanType::IpAddress([127, 0, 0, 1].into()),
+    ]
 }
 
 fn target_sans(id: &str) -> Vec<SanType> {
-    vec![SanType::URI(Identity::Target(id.into()).role_uri().unwrap().try_into().unwrap())]
+    vec![SanType::URI(
+        Identity::Target(id.into())
+            .role_uri()
+            .unwrap()
+            .try_into()
+            .unwrap(),
+    )]
 }
 
 /// A server directory and a client directory, both trusting `ca`.
@@ -64,7 +76,11 @@ fn dirs(ca: &Ca, client: Option<(Vec<SanType>, u8)>) -> (tempfile::TempDir, temp
 /// Runs a handshake in memory; returns the server side or the first error.
 fn handshake(server: &ServerTls, client_dir: &Path) -> Result<ServerConnection, rustls::Error> {
     let mut s = ServerConnection::new(server.current()).unwrap();
-    let mut c = ClientConnection::new(files::client_config(client_dir).unwrap(), files::server_name(None).unwrap()).unwrap();
+    let mut c = ClientConnection::new(
+        files::client_config(client_dir).unwrap(),
+        files::server_name(None).unwrap(),
+    )
+    .unwrap();
     for _ in 0..20 {
         let mut buf = Vec::new();
         while c.wants_write() {
@@ -86,7 +102,8 @@ fn handshake(server: &ServerTls, client_dir: &Path) -> Result<ServerConnection, 
 }
 
 fn client_identity(s: &ServerConnection) -> Option<Identity> {
-    s.peer_certificates().map(|certs| peer::identity_of(&certs[0]).unwrap())
+    s.peer_certificates()
+        .map(|certs| peer::identity_of(&certs[0]).unwrap())
 }
 
 #[test]
@@ -96,7 +113,10 @@ fn a_target_certificate_names_its_target() {
     let server = ServerTls::new(sd.path(), ClientAuth::Verify).unwrap();
     let s = handshake(&server, cd.path()).unwrap();
     assert_eq!(client_identity(&s), Some(Identity::Target("pc-07".into())));
-    assert_eq!(peer::serial_of(&s.peer_certificates().unwrap()[0]).unwrap(), vec![7]);
+    assert_eq!(
+        peer::serial_of(&s.peer_certificates().unwrap()[0]).unwrap(),
+        vec![7]
+    );
 }
 
 #[test]
@@ -117,7 +137,10 @@ fn a_client_certificate_from_another_ca_is_refused() {
     std::fs::write(cd.path().join(files::CA_CERT), &ours.pem).unwrap();
     let server = ServerTls::new(sd.path(), ClientAuth::Verify).unwrap();
     let err = handshake(&server, cd.path()).unwrap_err();
-    assert!(matches!(err, rustls::Error::InvalidCertificate(_)), "{err:?}");
+    assert!(
+        matches!(err, rustls::Error::InvalidCertificate(_)),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -127,7 +150,10 @@ fn a_server_of_another_ca_is_refused_by_the_client() {
     let (_, cd) = dirs(&ours, None);
     let server = ServerTls::new(sd.path(), ClientAuth::Verify).unwrap();
     let err = handshake(&server, cd.path()).unwrap_err();
-    assert!(matches!(err, rustls::Error::InvalidCertificate(_)), "{err:?}");
+    assert!(
+        matches!(err, rustls::Error::InvalidCertificate(_)),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -156,22 +182,38 @@ fn a_revocation_list_takes_effect_on_the_next_connection() {
     std::fs::write(sd.path().join(files::CA_CRL), crl.pem().unwrap()).unwrap();
     assert_eq!(server.revoked_serials().unwrap(), vec![vec![9]]);
     let err = handshake(&server, cd.path()).unwrap_err();
-    assert!(matches!(err, rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked)), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked)
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
 fn a_certificate_without_a_role_names_no_identity() {
     let ca = ca("farm");
-    let (sd, cd) = dirs(&ca, Some((vec![SanType::DnsName("pc-07.example".try_into().unwrap())], 3)));
+    let (sd, cd) = dirs(
+        &ca,
+        Some((
+            vec![SanType::DnsName("pc-07.example".try_into().unwrap())],
+            3,
+        )),
+    );
     let server = ServerTls::new(sd.path(), ClientAuth::Verify).unwrap();
     let s = handshake(&server, cd.path()).unwrap();
-    let err = peer::identity_of(&s.peer_certificates().unwrap()[0]).unwrap_err().to_string();
+    let err = peer::identity_of(&s.peer_certificates().unwrap()[0])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("names no vdstream role"), "{err}");
 }
 
 #[test]
 fn a_missing_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let err = ServerTls::new(dir.path(), ClientAuth::Verify).unwrap_err().to_string();
+    let err = ServerTls::new(dir.path(), ClientAuth::Verify)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("ca-cert.pem"), "{err}");
 }

@@ -38,7 +38,9 @@ pub struct IpxeFiles {
 
 /// The file name a request may read, if it is one plain name.
 pub fn plain_name(path: &Path) -> Option<&std::ffi::OsStr> {
-    let mut parts = path.components().filter(|c| !matches!(c, Component::RootDir | Component::CurDir));
+    let mut parts = path
+        .components()
+        .filter(|c| !matches!(c, Component::RootDir | Component::CurDir));
     match (parts.next(), parts.next()) {
         (Some(Component::Normal(name)), None) => Some(name),
         _ => None,
@@ -47,7 +49,10 @@ pub fn plain_name(path: &Path) -> Option<&std::ffi::OsStr> {
 
 impl std::fmt::Debug for IpxeFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpxeFiles").field("dir", &self.dir).field("running", &self.running).finish_non_exhaustive()
+        f.debug_struct("IpxeFiles")
+            .field("dir", &self.dir)
+            .field("running", &self.running)
+            .finish_non_exhaustive()
     }
 }
 
@@ -72,7 +77,9 @@ pub struct Counted<R> {
 
 impl<R> std::fmt::Debug for Counted<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Counted").field("running", &self.running).finish_non_exhaustive()
+        f.debug_struct("Counted")
+            .field("running", &self.running)
+            .finish_non_exhaustive()
     }
 }
 
@@ -83,7 +90,11 @@ impl<R> Drop for Counted<R> {
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -92,33 +103,78 @@ impl Handler for IpxeFiles {
     type Reader = Counted<<DirHandler as Handler>::Reader>;
     type Writer = <DirHandler as Handler>::Writer;
 
-    async fn read_req_open(&mut self, client: &SocketAddr, path: &Path) -> Result<(Self::Reader, Option<u64>), packet::Error> {
+    async fn read_req_open(
+        &mut self,
+        client: &SocketAddr,
+        path: &Path,
+    ) -> Result<(Self::Reader, Option<u64>), packet::Error> {
         let Some(name) = plain_name(path) else {
-            self.log.log(log::Level::Warn, module_path!(), "tftp-refused", format_args!("TFTP: refused {client} the path {:?}: only the file names of {} are served", path, self.dir.display()));
+            self.log.log(
+                log::Level::Warn,
+                module_path!(),
+                "tftp-refused",
+                format_args!(
+                    "TFTP: refused {client} the path {:?}: only the file names of {} are served",
+                    path,
+                    self.dir.display()
+                ),
+            );
             return Err(packet::Error::PermissionDenied);
         };
         if self.running.fetch_add(1, Ordering::AcqRel) >= MAX_TRANSFERS {
             self.running.fetch_sub(1, Ordering::AcqRel);
-            self.log.log(log::Level::Warn, module_path!(), "tftp-busy", format_args!("TFTP: refused {client} {name:?}: {MAX_TRANSFERS} transfers running, its limit"));
-            return Err(packet::Error::Msg(format!("server busy ({MAX_TRANSFERS} transfers); try again")));
+            self.log.log(
+                log::Level::Warn,
+                module_path!(),
+                "tftp-busy",
+                format_args!(
+                    "TFTP: refused {client} {name:?}: {MAX_TRANSFERS} transfers running, its limit"
+                ),
+            );
+            return Err(packet::Error::Msg(format!(
+                "server busy ({MAX_TRANSFERS} transfers); try again"
+            )));
         }
         let running = self.running.clone();
         let name = dnsmasq_name(&self.dir, name);
         match self.inner.read_req_open(client, Path::new(&name)).await {
             Ok((r, len)) => {
-                log::info!("TFTP: sending {} to {client}", self.dir.join(name).display());
+                log::info!(
+                    "TFTP: sending {} to {client}",
+                    self.dir.join(name).display()
+                );
                 Ok((Counted { inner: r, running }, len))
             }
             Err(e) => {
                 running.fetch_sub(1, Ordering::AcqRel);
-                self.log.log(log::Level::Warn, module_path!(), "tftp-missing", format_args!("TFTP: {client} asked for {name:?}, not in {}: {e:?}", self.dir.display()));
+                self.log.log(
+                    log::Level::Warn,
+                    module_path!(),
+                    "tftp-missing",
+                    format_args!(
+                        "TFTP: {client} asked for {name:?}, not in {}: {e:?}",
+                        self.dir.display()
+                    ),
+                );
                 Err(e)
             }
         }
     }
 
-    async fn write_req_open(&mut self, client: &SocketAddr, path: &Path, _size: Option<u64>) -> Result<Self::Writer, packet::Error> {
-        self.log.log(log::Level::Warn, module_path!(), "tftp-write", format_args!("TFTP: refused {client} a write of {path:?}: this server only hands out iPXE"));
+    async fn write_req_open(
+        &mut self,
+        client: &SocketAddr,
+        path: &Path,
+        _size: Option<u64>,
+    ) -> Result<Self::Writer, packet::Error> {
+        self.log.log(
+            log::Level::Warn,
+            module_path!(),
+            "tftp-write",
+            format_args!(
+                "TFTP: refused {client} a write of {path:?}: this server only hands out iPXE"
+            ),
+        );
         Err(packet::Error::IllegalOperation)
     }
 }
@@ -134,8 +190,17 @@ pub async fn bind(addr: SocketAddr, dir: &Path) -> Result<Tftp, String> {
     let inner = DirHandler::new(dir, DirHandlerMode::ReadOnly).map_err(|e| {
         format!("cannot serve iPXE over TFTP from {}: {e}; install Debian's ipxe package (apt-get install ipxe) or give a folder with --boot-ipxe DIR", dir.display())
     })?;
-    let handler = IpxeFiles { dir: dir.to_path_buf(), inner, running: Arc::new(AtomicUsize::new(0)), log: Arc::new(LogLimiter::default()) };
-    let socket = std::net::UdpSocket::bind(addr).map_err(|e| format!("cannot listen for TFTP on {addr}: {e} (port 69 needs root or CAP_NET_BIND_SERVICE)"))?;
+    let handler = IpxeFiles {
+        dir: dir.to_path_buf(),
+        inner,
+        running: Arc::new(AtomicUsize::new(0)),
+        log: Arc::new(LogLimiter::default()),
+    };
+    let socket = std::net::UdpSocket::bind(addr).map_err(|e| {
+        format!(
+            "cannot listen for TFTP on {addr}: {e} (port 69 needs root or CAP_NET_BIND_SERVICE)"
+        )
+    })?;
     let addr = socket.local_addr().map_err(|e| e.to_string())?;
     let server = TftpServerBuilder::with_handler(handler)
         .std_socket(socket)
@@ -148,7 +213,9 @@ pub async fn bind(addr: SocketAddr, dir: &Path) -> Result<Tftp, String> {
 
 impl std::fmt::Debug for Tftp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tftp").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("Tftp")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -170,7 +237,17 @@ mod tests {
         for ok in ["undionly.kpxe", "/undionly.kpxe", "./ipxe.efi"] {
             assert!(plain_name(Path::new(ok)).is_some(), "{ok}");
         }
-        for bad in ["../etc/passwd", "/../x", "a/b", "/etc/passwd", "", "/", "..", "sub/../x", "./../x"] {
+        for bad in [
+            "../etc/passwd",
+            "/../x",
+            "a/b",
+            "/etc/passwd",
+            "",
+            "/",
+            "..",
+            "sub/../x",
+            "./../x",
+        ] {
             assert!(plain_name(Path::new(bad)).is_none(), "{bad}");
         }
     }

@@ -74,7 +74,9 @@ impl std::fmt::Display for Caller {
 pub(crate) fn need_of(method: &Method, route: Option<&str>) -> Role {
     match (method.as_str(), route) {
         ("GET" | "HEAD", _) | (_, None) => Role::ReadOnly,
-        ("POST", Some("/api/v1/targets")) | ("PUT" | "DELETE", Some("/api/v1/targets/{id}")) | ("PUT", Some("/api/v1/targets/{id}/agent")) => Role::Operator,
+        ("POST", Some("/api/v1/targets"))
+        | ("PUT" | "DELETE", Some("/api/v1/targets/{id}"))
+        | ("PUT", Some("/api/v1/targets/{id}/agent")) => Role::Operator,
         _ => Role::Admin,
     }
 }
@@ -85,22 +87,36 @@ pub(crate) fn need_of(method: &Method, route: Option<&str>) -> Role {
 /// (whose contents the target's boot script and kernel command line, served to anyone who
 /// names its MAC, carry anyway). Reports and every other call still need a credential.
 fn booting_may(method: &Method, route: Option<&str>) -> bool {
-    matches!((method.as_str(), route), ("GET" | "HEAD", Some("/api/v1/server" | "/api/v1/targets/{id}")))
+    matches!(
+        (method.as_str(), route),
+        (
+            "GET" | "HEAD",
+            Some("/api/v1/server" | "/api/v1/targets/{id}")
+        )
+    )
 }
 
 /// Whether a target's certificate (its `own` id) may make this request.
 fn target_may(own: &str, method: &Method, route: Option<&str>, id: Option<&str>) -> bool {
     match (method.as_str(), route) {
         ("GET" | "HEAD", Some("/api/v1/server")) => true,
-        ("GET" | "HEAD", Some("/api/v1/targets/{id}")) | ("PUT", Some("/api/v1/targets/{id}/agent")) => id == Some(own),
+        ("GET" | "HEAD", Some("/api/v1/targets/{id}"))
+        | ("PUT", Some("/api/v1/targets/{id}/agent")) => id == Some(own),
         _ => false,
     }
 }
 
 fn unauthorized(error: String, invalid: bool) -> Response {
     let mut r = ApiError::new(401, error, "send `Authorization: Bearer TOKEN` with a token from `vdstream token add NAME --role ROLE` (the CLI and agent read it from VDSTREAM_TOKEN or --token-file)").into_response();
-    let challenge = if invalid { "Bearer realm=\"vdstream\", error=\"invalid_token\"" } else { "Bearer realm=\"vdstream\"" };
-    r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    let challenge = if invalid {
+        "Bearer realm=\"vdstream\", error=\"invalid_token\""
+    } else {
+        "Bearer realm=\"vdstream\""
+    };
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
     r
 }
 
@@ -109,13 +125,20 @@ fn forbidden(caller: &Caller, method: &Method, route: &str, need: Role) -> Respo
         Caller::Token { name, role } => format!("the token {name:?} has role {role}"),
         other => format!("the client certificate of {other} does not grant it"),
     };
-    ApiError::new(403, format!("{what}; {method} {route} needs role {need}"), format!("use a token with role {need} or higher (`vdstream token add NAME --role {need}`)")).into_response()
+    ApiError::new(
+        403,
+        format!("{what}; {method} {route} needs role {need}"),
+        format!("use a token with role {need} or higher (`vdstream token add NAME --role {need}`)"),
+    )
+    .into_response()
 }
 
 /// The bearer token of a request: `Ok(None)` without `Authorization`, `Err` when the field
 /// is not `Bearer TOKEN`.
 fn bearer(req: &Request) -> Result<Option<&str>, ()> {
-    let Some(v) = req.headers().get(header::AUTHORIZATION) else { return Ok(None) };
+    let Some(v) = req.headers().get(header::AUTHORIZATION) else {
+        return Ok(None);
+    };
     let v = v.to_str().map_err(|_| ())?;
     let (scheme, token) = v.split_once(' ').ok_or(())?;
     let token = token.trim();
@@ -128,7 +151,13 @@ fn bearer(req: &Request) -> Result<Option<&str>, ()> {
 /// The name or address of a Host field (NAME, NAME:PORT, [V6]:PORT, V6), without the port.
 fn host_name(host: &str) -> &str {
     let name = match host.rsplit_once(':') {
-        Some((n, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && (!n.contains(':') || n.ends_with(']')) => n,
+        Some((n, port))
+            if !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && (!n.contains(':') || n.ends_with(']')) =>
+        {
+            n
+        }
         _ => host,
     };
     name.trim_start_matches('[').trim_end_matches(']')
@@ -138,7 +167,10 @@ fn host_name(host: &str) -> &str {
 #[cfg(test)]
 fn loopback_name(host: &str) -> bool {
     let name = host_name(host);
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Whether `host` (a Host field) is a DNS name other than `localhost`: what a page that
@@ -154,7 +186,10 @@ fn foreign_name(host: &str) -> bool {
 /// a DNS name other than `localhost` (a site whose name was re-pointed at 127.0.0.1: DNS
 /// rebinding). The CLI and agents send no `Origin`, and name the server as told.
 fn browser_refusal(s: &Shared, req: &Request) -> Option<ApiError> {
-    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok());
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
     // A same-origin GET of a rebound page carries neither Origin nor Sec-Fetch-*: every
     // request is checked, not only those that look like a browser's.
     if let Some(host) = host.filter(|h| s.open() && foreign_name(h)) {
@@ -165,10 +200,17 @@ fn browser_refusal(s: &Shared, req: &Request) -> Option<ApiError> {
         ));
     }
     let changes = !matches!(req.method().as_str(), "GET" | "HEAD");
-    let origin = req.headers().get(header::ORIGIN).map(|v| v.to_str().unwrap_or("?"))?;
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .map(|v| v.to_str().unwrap_or("?"))?;
     let authority = origin.split_once("://").map_or("", |(_, a)| a);
     (changes && !host.is_some_and(|h| authority.eq_ignore_ascii_case(h))).then(|| {
-        ApiError::new(403, format!("a page of {origin} may not change this server's farm"), "use the console this server serves (/console), the CLI or a script")
+        ApiError::new(
+            403,
+            format!("a page of {origin} may not change this server's farm"),
+            "use the console this server serves (/console), the CLI or a script",
+        )
     })
 }
 
@@ -176,25 +218,55 @@ fn browser_refusal(s: &Shared, req: &Request) -> Option<ApiError> {
 /// with the [`Caller`] in its extensions, or answers 401/403.
 pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     if let Some(e) = browser_refusal(&s, &req) {
-        let from = req.extensions().get::<ClientAddr>().map(|c| c.0.to_string()).unwrap_or_default();
-        log::info!("HTTP API: refused {} {} from {from}: {}", req.method(), req.uri().path(), e.error);
+        let from = req
+            .extensions()
+            .get::<ClientAddr>()
+            .map(|c| c.0.to_string())
+            .unwrap_or_default();
+        log::info!(
+            "HTTP API: refused {} {} from {from}: {}",
+            req.method(),
+            req.uri().path(),
+            e.error
+        );
         return e.into_response();
     }
     let method = req.method().clone();
-    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string());
-    let shown = route.clone().unwrap_or_else(|| req.uri().path().to_string());
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string());
+    let shown = route
+        .clone()
+        .unwrap_or_else(|| req.uri().path().to_string());
     let need = need_of(&method, route.as_deref());
     let caller = match bearer(&req) {
-        Err(()) => return unauthorized("the Authorization field is not `Bearer TOKEN`".into(), true),
+        Err(()) => {
+            return unauthorized("the Authorization field is not `Bearer TOKEN`".into(), true)
+        }
         Ok(Some(token)) => match s.tokens.check(token) {
-            Some(t) => Caller::Token { name: t.name, role: t.role },
-            None => return unauthorized("the bearer token is not known or was revoked".into(), true),
+            Some(t) => Caller::Token {
+                name: t.name,
+                role: t.role,
+            },
+            None => {
+                return unauthorized("the bearer token is not known or was revoked".into(), true)
+            }
         },
         Ok(None) => match req.extensions().get::<PeerIdentity>() {
-            Some(PeerIdentity(id @ (Identity::Target(_) | Identity::Admin(_) | Identity::Server(_)))) => Caller::Cert(id.clone()),
+            Some(PeerIdentity(
+                id @ (Identity::Target(_) | Identity::Admin(_) | Identity::Server(_)),
+            )) => Caller::Cert(id.clone()),
             _ if s.open() => Caller::Local,
-            _ if s.state.boot.is_some() && booting_may(&method, route.as_deref()) => Caller::Booting,
-            _ => return unauthorized(format!("{method} {shown} needs a bearer token (role {need})"), false),
+            _ if s.state.boot.is_some() && booting_may(&method, route.as_deref()) => {
+                Caller::Booting
+            }
+            _ => {
+                return unauthorized(
+                    format!("{method} {shown} needs a bearer token (role {need})"),
+                    false,
+                )
+            }
         },
     };
     let allowed = match &caller {
@@ -202,8 +274,14 @@ pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: 
         Caller::Token { role, .. } => *role >= need,
         Caller::Cert(Identity::Target(own)) => {
             let (mut parts, body) = req.into_parts();
-            let params = RawPathParams::from_request_parts(&mut parts, &()).await.ok();
-            let id = params.as_ref().and_then(|p| p.iter().find(|(k, _)| *k == "id").map(|(_, v)| v.to_string()));
+            let params = RawPathParams::from_request_parts(&mut parts, &())
+                .await
+                .ok();
+            let id = params.as_ref().and_then(|p| {
+                p.iter()
+                    .find(|(k, _)| *k == "id")
+                    .map(|(_, v)| v.to_string())
+            });
             let ok = target_may(own, &method, route.as_deref(), id.as_deref());
             if !ok {
                 log::info!("HTTP API: refused {method} {shown} to {caller}: a target may report and read only its own record");
@@ -226,8 +304,16 @@ pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: 
 
 /// Puts the caller and its audit name in the request's extensions.
 fn mark(req: &mut Request, caller: Caller) {
-    let addr = req.extensions().get::<ClientAddr>().map(|c| c.0.to_string()).unwrap_or_default();
-    let audit = if caller == Caller::Local { addr } else { format!("{addr} {caller}") };
+    let addr = req
+        .extensions()
+        .get::<ClientAddr>()
+        .map(|c| c.0.to_string())
+        .unwrap_or_default();
+    let audit = if caller == Caller::Local {
+        addr
+    } else {
+        format!("{addr} {caller}")
+    };
     req.extensions_mut().insert(AuditClient(audit));
     req.extensions_mut().insert(caller);
 }
@@ -242,7 +328,9 @@ mod tests {
             let need = need_of(&method, Some(path));
             match method.as_str() {
                 "GET" => assert_eq!(need, Role::ReadOnly, "{path}"),
-                _ if path.starts_with("/api/v1/targets") => assert_eq!(need, Role::Operator, "{method} {path}"),
+                _ if path.starts_with("/api/v1/targets") => {
+                    assert_eq!(need, Role::Operator, "{method} {path}")
+                }
                 _ => assert_eq!(need, Role::Admin, "{method} {path}"),
             }
         }
@@ -251,17 +339,38 @@ mod tests {
 
     #[test]
     fn loopback_names_are_told_from_others() {
-        for ok in ["127.0.0.1", "127.0.0.1:8480", "localhost", "LOCALHOST:80", "[::1]:8480", "::1", "127.8.9.10:1"] {
+        for ok in [
+            "127.0.0.1",
+            "127.0.0.1:8480",
+            "localhost",
+            "LOCALHOST:80",
+            "[::1]:8480",
+            "::1",
+            "127.8.9.10:1",
+        ] {
             assert!(loopback_name(ok) && !foreign_name(ok), "{ok}");
         }
-        for no in ["evil.example", "evil.example:8480", "10.0.0.1:8480", "127.0.0.1.evil.example", "[::2]:80", "localhost.evil:80", ""] {
+        for no in [
+            "evil.example",
+            "evil.example:8480",
+            "10.0.0.1:8480",
+            "127.0.0.1.evil.example",
+            "[::2]:80",
+            "localhost.evil:80",
+            "",
+        ] {
             assert!(!loopback_name(no), "{no}");
         }
         // Addresses are never foreign names (a forwarded port arrives under one); names are.
         for addr in ["10.0.2.2:8480", "[fe80::1]:80", "192.168.1.5"] {
             assert!(!foreign_name(addr), "{addr}");
         }
-        for name in ["evil.example:8480", "127.0.0.1.evil.example", "localhost.evil", "pvs1"] {
+        for name in [
+            "evil.example:8480",
+            "127.0.0.1.evil.example",
+            "localhost.evil",
+            "pvs1",
+        ] {
             assert!(foreign_name(name), "{name}");
         }
     }
@@ -270,7 +379,10 @@ mod tests {
     fn a_booting_machine_may_read_the_server_and_one_record_only() {
         assert!(booting_may(&Method::GET, Some("/api/v1/server")));
         assert!(booting_may(&Method::GET, Some("/api/v1/targets/{id}")));
-        assert!(!booting_may(&Method::PUT, Some("/api/v1/targets/{id}/agent")));
+        assert!(!booting_may(
+            &Method::PUT,
+            Some("/api/v1/targets/{id}/agent")
+        ));
         assert!(!booting_may(&Method::GET, Some("/api/v1/targets")));
         assert!(!booting_may(&Method::GET, Some("/api/v1/sessions")));
         assert!(!booting_may(&Method::DELETE, Some("/api/v1/targets/{id}")));
@@ -280,12 +392,37 @@ mod tests {
     #[test]
     fn a_target_may_touch_only_its_own_record() {
         let (get, put, post) = (Method::GET, Method::PUT, Method::POST);
-        assert!(target_may("pc-07", &put, Some("/api/v1/targets/{id}/agent"), Some("pc-07")));
-        assert!(!target_may("pc-07", &put, Some("/api/v1/targets/{id}/agent"), Some("pc-08")));
-        assert!(target_may("pc-07", &get, Some("/api/v1/targets/{id}"), Some("pc-07")));
-        assert!(!target_may("pc-07", &put, Some("/api/v1/targets/{id}"), Some("pc-07")));
+        assert!(target_may(
+            "pc-07",
+            &put,
+            Some("/api/v1/targets/{id}/agent"),
+            Some("pc-07")
+        ));
+        assert!(!target_may(
+            "pc-07",
+            &put,
+            Some("/api/v1/targets/{id}/agent"),
+            Some("pc-08")
+        ));
+        assert!(target_may(
+            "pc-07",
+            &get,
+            Some("/api/v1/targets/{id}"),
+            Some("pc-07")
+        ));
+        assert!(!target_may(
+            "pc-07",
+            &put,
+            Some("/api/v1/targets/{id}"),
+            Some("pc-07")
+        ));
         assert!(target_may("pc-07", &get, Some("/api/v1/server"), None));
         assert!(!target_may("pc-07", &get, Some("/api/v1/targets"), None));
-        assert!(!target_may("pc-07", &post, Some("/api/v1/vdisks/{name}/versions"), None));
+        assert!(!target_may(
+            "pc-07",
+            &post,
+            Some("/api/v1/vdisks/{name}/versions"),
+            None
+        ));
     }
 }

@@ -36,7 +36,8 @@ use crate::state::unix_ms;
 /// Builds the farm document (blocks: reads the store).
 fn farm(s: &Shared) -> Result<Value, ApiError> {
     let store = Store::open(&s.state.store)?;
-    let reports: std::collections::HashMap<String, Value> = s.live.agent_reports().into_iter().collect();
+    let reports: std::collections::HashMap<String, Value> =
+        s.live.agent_reports().into_iter().collect();
     let mut targets = Vec::new();
     // A store whose records cannot be read still streams everything else, and says why.
     let (records, targets_error) = match store.targets() {
@@ -66,7 +67,9 @@ fn farm(s: &Shared) -> Result<Value, ApiError> {
 
 async fn farm_text(s: &Arc<Shared>) -> Result<Arc<str>, ApiError> {
     let s = s.clone();
-    blocking(move || farm(&s)).await.map(|doc| Arc::from(doc.to_string()))
+    blocking(move || farm(&s))
+        .await
+        .map(|doc| Arc::from(doc.to_string()))
 }
 
 /// One sampler tick: a new document for the open streams, if there are any.
@@ -78,14 +81,23 @@ pub(crate) async fn tick(s: &Arc<Shared>) {
         Ok(text) => {
             s.live.events.latest.send_replace(Some(text));
         }
-        Err(e) => log::warn!("HTTP API: the event streams' farm document failed: {}", e.error),
+        Err(e) => log::warn!(
+            "HTTP API: the event streams' farm document failed: {}",
+            e.error
+        ),
     }
 }
 
 /// What a stream holds: the document to send first, the latest's receiver, its place.
-type StreamState = (Option<Arc<str>>, watch::Receiver<Option<Arc<str>>>, OwnedSemaphorePermit);
+type StreamState = (
+    Option<Arc<str>>,
+    watch::Receiver<Option<Arc<str>>>,
+    OwnedSemaphorePermit,
+);
 
-pub(crate) async fn stream(State(s): State<Arc<Shared>>) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+pub(crate) async fn stream(
+    State(s): State<Arc<Shared>>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let place = s.live.events.places.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
             503,
@@ -106,7 +118,10 @@ pub(crate) async fn stream(State(s): State<Arc<Shared>>) -> Result<Sse<impl Stre
                 }
             },
         };
-        Some((Ok(Event::default().event("farm").data(&*text)), (None, rx, place)))
+        Some((
+            Ok(Event::default().event("farm").data(&*text)),
+            (None, rx, place),
+        ))
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }

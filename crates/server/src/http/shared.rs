@@ -54,6 +54,14 @@ pub(crate) struct ClientAddr(pub SocketAddr);
 pub(crate) struct AuditClient(pub String);
 
 /// Runs `f` on the blocking pool (the store's functions block on files and locks).
-pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(ApiError::new(500, format!("the handler failed: {e}"), "this is a bug in vdstream; see the server's log and report it")))
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            500,
+            format!("the handler failed: {e}"),
+            "this is a bug in vdstream; see the server's log and report it",
+        ))
+    })
 }
