@@ -132,7 +132,7 @@ pub struct Penalties {
 
 /// The key a source address is counted under: an IPv4 address (also when mapped into
 /// IPv6), or the /64 of an IPv6 address (one host commonly has a whole /64).
-fn source_key(addr: IpAddr) -> IpAddr {
+pub fn source_key(addr: IpAddr) -> IpAddr {
     match addr.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
         v4 => v4,
