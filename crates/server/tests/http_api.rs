@@ -1065,37 +1065,42 @@ fn the_event_stream_sends_the_farm_every_second_with_reports_and_store_changes()
     assert_eq!(later[0]["targets"].as_array().unwrap().len(), 2);
 }
 
+/// Opens `GET /api/v1/events` with `auth` (extra head lines) and reads its status line:
+/// the stream (open while the socket is) and its status.
+fn open_events(addr: SocketAddr, auth: &str) -> (TcpStream, u16) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /api/v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n"
+    )
+    .unwrap();
+    let mut buf = [0u8; 12];
+    s.read_exact(&mut buf).unwrap();
+    let status = std::str::from_utf8(&buf[9..12]).unwrap().parse().unwrap();
+    (s, status)
+}
+
 #[test]
-fn event_streams_are_bounded() {
+fn event_streams_are_bounded_per_caller() {
     let a = api();
+    // The local users of an open API are one caller: they hold their share, no more.
     let mut open = Vec::new();
-    for _ in 0..http::MAX_EVENT_STREAMS {
-        let mut s = TcpStream::connect(a.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-        let mut buf = [0u8; 12];
-        s.read_exact(&mut buf).unwrap();
-        assert_eq!(&buf, b"HTTP/1.1 200");
+    for _ in 0..http::MAX_EVENT_STREAMS_PER_CALLER {
+        let (s, status) = open_events(a.addr, "");
+        assert_eq!(status, 200);
         open.push(s);
     }
     let (status, error, what) = api_error(a.client.get("/api/v1/events"));
-    assert_eq!(status, 503, "{error}");
+    assert_eq!(status, 429, "{error}");
     assert!(
-        error.contains("event streams are open") && what.contains("close"),
+        error.contains("the local users of this open API holds") && what.contains("close"),
         "{error}: {what}"
     );
     // A closed stream gives its place back.
     drop(open.pop());
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut s = TcpStream::connect(a.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-        let mut buf = [0u8; 12];
-        s.read_exact(&mut buf).unwrap();
-        if &buf == b"HTTP/1.1 200" {
-            break;
-        }
+    while open_events(a.addr, "").1 != 200 {
         assert!(
             std::time::Instant::now() < deadline,
             "the place of a closed stream did not come back"

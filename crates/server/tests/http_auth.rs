@@ -330,3 +330,78 @@ fn no_token_is_ever_written_to_the_server_log() {
         );
     }
 }
+
+/// Opens `GET /api/v1/events` with `token` and reads its status line: the stream (open
+/// while the socket is) and its status.
+fn open_events(addr: SocketAddr, token: &str) -> (TcpStream, u16) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /api/v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = [0u8; 12];
+    s.read_exact(&mut buf).unwrap();
+    (
+        s,
+        std::str::from_utf8(&buf[9..12]).unwrap().parse().unwrap(),
+    )
+}
+
+#[test]
+fn one_token_cannot_hold_every_event_stream() {
+    let a = api();
+    let ro = a.tokens.add("dash", Role::ReadOnly).unwrap().token;
+    let admin = a.tokens.add("root", Role::Admin).unwrap().token;
+    // The read-only token asks for every stream the server keeps: it gets its share.
+    let mut held = Vec::new();
+    for _ in 0..http::MAX_EVENT_STREAMS {
+        let (s, status) = open_events(a.addr, &ro);
+        assert!(status == 200 || status == 429, "{status}");
+        if status == 200 {
+            held.push(s);
+        }
+    }
+    assert_eq!(
+        held.len(),
+        http::MAX_EVENT_STREAMS_PER_CALLER,
+        "one token's streams"
+    );
+    let (status, error, what) = refused(a.client(Some(&ro)).get("/api/v1/events"));
+    assert_eq!(status, 429);
+    assert!(
+        error.contains("the token \"dash\" holds") && what.contains("close one of its streams"),
+        "{error}: {what}"
+    );
+    // The administrator's console still gets its stream.
+    let (_console, status) = open_events(a.addr, &admin);
+    assert_eq!(
+        status, 200,
+        "the admin's stream while a read-only token holds what it may"
+    );
+}
+
+#[test]
+fn the_server_keeps_its_event_streams_for_all_callers_together() {
+    let a = api();
+    let per = http::MAX_EVENT_STREAMS_PER_CALLER;
+    let callers = http::MAX_EVENT_STREAMS / per;
+    let mut held = Vec::new();
+    for i in 0..callers {
+        let t = a
+            .tokens
+            .add(&format!("dash-{i}"), Role::ReadOnly)
+            .unwrap()
+            .token;
+        for _ in 0..per {
+            let (s, status) = open_events(a.addr, &t);
+            assert_eq!(status, 200);
+            held.push(s);
+        }
+    }
+    let late = a.tokens.add("late", Role::ReadOnly).unwrap().token;
+    let (status, error, _) = refused(a.client(Some(&late)).get("/api/v1/events"));
+    assert_eq!(status, 503, "{error}");
+    assert!(error.contains("event streams are open"), "{error}");
+}

@@ -69,6 +69,19 @@ impl std::fmt::Display for Caller {
     }
 }
 
+impl Caller {
+    /// Who holds an event stream, as a 429 names it: one token, one certificate, the local
+    /// users of an open API, or the network-booted machines.
+    pub(crate) fn holder(&self) -> String {
+        match self {
+            Caller::Local => "the local users of this open API".into(),
+            Caller::Token { name, .. } => format!("the token {name:?}"),
+            Caller::Cert(id) => format!("the client certificate of {id}"),
+            Caller::Booting => "the machines without a credential".into(),
+        }
+    }
+}
+
 /// The role a route needs, by method and path pattern (`None`: no route matched; reading
 /// that it does not exist needs read-only).
 pub(crate) fn need_of(method: &Method, route: Option<&str>) -> Role {

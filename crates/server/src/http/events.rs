@@ -16,20 +16,25 @@
 //! Cost: the document is built once a [`SAMPLE_EVERY`](super::live::SAMPLE_EVERY) tick,
 //! on the blocking pool, and only while a stream is open; every stream sends the same
 //! text. A new stream gets a document at once. At most [`MAX_EVENT_STREAMS`] streams are
-//! open at a time (503 past it); a stream ends when its client goes or the API stops.
+//! open at a time (503 past it), and at most [`MAX_EVENT_STREAMS_PER_CALLER`] for one
+//! caller (one token, one client certificate; 429 past it), so one credential cannot take
+//! every place; a stream ends when its client goes or the API stops.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Extension;
 use futures_lite::Stream;
 use serde_json::{json, Value};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use vdstream_store::Store;
 
+use super::auth::Caller;
 use super::error::ApiError;
-use super::limits::MAX_EVENT_STREAMS;
+use super::limits::{MAX_EVENT_STREAMS, MAX_EVENT_STREAMS_PER_CALLER};
+use super::live::Share;
 use super::shared::{blocking, Shared};
 use crate::state::unix_ms;
 
@@ -88,16 +93,27 @@ pub(crate) async fn tick(s: &Arc<Shared>) {
     }
 }
 
-/// What a stream holds: the document to send first, the latest's receiver, its place.
+/// What a stream holds: the document to send first, the latest's receiver, its place and
+/// its caller's share.
 type StreamState = (
     Option<Arc<str>>,
     watch::Receiver<Option<Arc<str>>>,
-    OwnedSemaphorePermit,
+    (OwnedSemaphorePermit, Share),
 );
 
 pub(crate) async fn stream(
     State(s): State<Arc<Shared>>,
+    caller: Option<Extension<Caller>>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    // auth.rs marks every request it lets through; a stream without a caller would be a bug.
+    let holder = caller.map_or_else(|| "this caller".to_string(), |Extension(c)| c.holder());
+    let share = s.live.events.share(&holder).ok_or_else(|| {
+        ApiError::new(
+            429,
+            format!("{holder} holds {MAX_EVENT_STREAMS_PER_CALLER} event streams, the most one caller may (the server keeps {MAX_EVENT_STREAMS} for all callers)"),
+            "close one of its streams (a console tab) first, or poll GET /api/v1/targets and /api/v1/sessions instead",
+        )
+    })?;
     let place = s.live.events.places.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
             503,
@@ -107,7 +123,7 @@ pub(crate) async fn stream(
     })?;
     let rx = s.live.events.latest.subscribe();
     let first = farm_text(&s).await?;
-    let state: StreamState = (Some(first), rx, place);
+    let state: StreamState = (Some(first), rx, (place, share));
     let events = futures_lite::stream::unfold(state, |(first, mut rx, place)| async move {
         let text = match first {
             Some(t) => t,

@@ -40,3 +40,7 @@ pub fn connection_limit() -> usize {
 
 /// Event streams (`GET /api/v1/events`, events.rs) open at most; 503 past it.
 pub const MAX_EVENT_STREAMS: usize = 64;
+/// Event streams one caller (a token, a client certificate, the local users of an open
+/// API) may hold at once; 429 past it. The rest are kept for the others: one read-only
+/// token cannot take the administrator's console's place.
+pub const MAX_EVENT_STREAMS_PER_CALLER: usize = 8;

@@ -32,7 +32,7 @@ use vdstream_contract::server::{IoDoc, IoTotals, NbdAddresses, ReadCacheDoc, Ser
 use vdstream_contract::status::Status;
 
 use super::error::ApiError;
-use super::limits::MAX_EVENT_STREAMS;
+use super::limits::{MAX_EVENT_STREAMS, MAX_EVENT_STREAMS_PER_CALLER};
 use crate::state::{unix_ms, CountersSnapshot, ServerState, Session};
 
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -72,11 +72,14 @@ pub(crate) struct Live {
     pub events: Events,
 }
 
-/// The latest farm document and the places for streams.
+/// The latest farm document, the places for streams, and how many each caller holds.
 #[derive(Debug)]
 pub(crate) struct Events {
     pub latest: watch::Sender<Option<Arc<str>>>,
     pub places: Arc<Semaphore>,
+    /// Streams open per caller (as `Caller::holder` names it); only callers holding one
+    /// are remembered.
+    held: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl Default for Events {
@@ -84,6 +87,26 @@ impl Default for Events {
         Events {
             latest: watch::Sender::new(None),
             places: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)),
+            held: Arc::default(),
+        }
+    }
+}
+
+/// One of a caller's [`MAX_EVENT_STREAMS_PER_CALLER`] streams, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Share {
+    held: Arc<Mutex<HashMap<String, usize>>>,
+    holder: String,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut held = lock(&self.held);
+        if let Some(n) = held.get_mut(&self.holder) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.holder);
+            }
         }
     }
 }
@@ -92,6 +115,20 @@ impl Events {
     /// Whether any stream is open (the sampler builds documents only then).
     pub fn watched(&self) -> bool {
         self.latest.receiver_count() > 0
+    }
+
+    /// A stream for `holder`, unless it holds [`MAX_EVENT_STREAMS_PER_CALLER`] already.
+    pub fn share(&self, holder: &str) -> Option<Share> {
+        let mut held = lock(&self.held);
+        let n = held.entry(holder.to_string()).or_insert(0);
+        if *n >= MAX_EVENT_STREAMS_PER_CALLER {
+            return None;
+        }
+        *n += 1;
+        Some(Share {
+            held: self.held.clone(),
+            holder: holder.to_string(),
+        })
     }
 }
 

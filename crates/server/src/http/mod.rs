@@ -21,7 +21,7 @@
 //! ```
 //!
 //! Module imports run one way: mod → router → {store, metrics, auth, boot, events, console} → shared → live →
-//! error → limits (auth → error too; boot → crate::boot).
+//! error → limits (auth → error too; events → auth; boot → crate::boot).
 //!
 //! Invariants:
 //! - A connection costs a task and a socket, never a thread: a slow or idle client holds
