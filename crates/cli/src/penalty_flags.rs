@@ -15,6 +15,8 @@ pub struct PenaltyFlags {
     /// them, for 30 s, doubling each time it happens again, up to 10 minutes (as OpenSSH's
     /// PerSourcePenalties). An IPv6 client counts by its /64; a client that merely closes
     /// early (a health check) is not counted; connections already open are not touched.
+    /// `vdstream server`'s HTTP API counts failed authentications (wrong or revoked
+    /// tokens) by the same rules, and answers a penalized address 429.
     /// 0 turns penalties off. Default: 10.
     #[arg(long, value_name = "N")]
     pub handshake_penalty: Option<u32>,

@@ -850,11 +850,11 @@ fn openapi_routes(path: &Path) -> Vec<(String, String, Vec<u16>)> {
 }
 
 /// The error statuses an operation can answer: 400 and 503 on every route (a request
-/// without Host, the handler timeout), 401 and 403 on every route (no token, a role too
-/// low), 408 and 413 with a body, 404 with a path parameter, 500 on the store's routes,
-/// 409 on the store's changes.
+/// without Host, the handler timeout), 401, 403 and 429 on every route (no token, a role
+/// too low, an address penalized for failed authentications), 408 and 413 with a body,
+/// 404 with a path parameter, 500 on the store's routes, 409 on the store's changes.
 fn error_statuses(path: &str, method: &str) -> Vec<u16> {
-    let mut s = vec![400, 401, 403, 503];
+    let mut s = vec![400, 401, 403, 429, 503];
     let store = path.starts_with("/api/v1/vdisks") || path.starts_with("/api/v1/targets");
     let body = method == "POST" || method == "PUT";
     if body {

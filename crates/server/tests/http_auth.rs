@@ -405,3 +405,83 @@ fn the_server_keeps_its_event_streams_for_all_callers_together() {
     assert_eq!(status, 503, "{error}");
     assert!(error.contains("event streams are open"), "{error}");
 }
+
+/// `GET path` with `token`, from the local address `src` (any of 127/8 on Linux): the
+/// status and the whole answer.
+fn get_from(addr: SocketAddr, src: &str, path: &str, token: &str) -> (u16, String) {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&SocketAddr::new(src.parse().unwrap(), 0).into())
+        .unwrap();
+    sock.connect_timeout(&addr.into(), Duration::from_secs(5))
+        .unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    (out[9..12].parse().unwrap(), out)
+}
+
+#[test]
+fn token_guessing_is_logged_counted_and_slowed() {
+    let a = api();
+    let admin = a.tokens.add("root", Role::Admin).unwrap().token;
+    // 127.0.0.1 is the host itself, exempt from penalties (as from the NBD ones): the
+    // guesses come from 127.0.0.3.
+    let statuses: Vec<u16> = (0..12)
+        .map(|i| {
+            get_from(
+                a.addr,
+                "127.0.0.3",
+                "/api/v1/server",
+                &format!("vdst_guess{i:02}AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+            )
+            .0
+        })
+        .collect();
+    assert_eq!(statuses[..10], [401; 10], "{statuses:?}");
+    assert_eq!(
+        statuses[10..],
+        [429; 2],
+        "the address is slowed after 10 failures: {statuses:?}"
+    );
+    let (status, answer) = get_from(a.addr, "127.0.0.3", "/api/v1/server", &admin);
+    assert_eq!(
+        status, 429,
+        "a penalized address is refused whatever it sends"
+    );
+    assert!(
+        answer.to_ascii_lowercase().contains("\r\nretry-after: "),
+        "{answer}"
+    );
+    assert_eq!(
+        get_from(a.addr, "127.0.0.1", "/api/v1/server", &admin).0,
+        200,
+        "the host itself is exempt"
+    );
+    let lines: Vec<String> = captured()
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("failed authentication from 127.0.0.3"))
+        .cloned()
+        .collect();
+    assert!(
+        !lines.is_empty() && lines.len() <= 5,
+        "logged with the address, rate-limited: {lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("vdst_guess")),
+        "no token in the log: {lines:?}"
+    );
+    let (_, metrics) = get_from(a.addr, "127.0.0.1", "/metrics", &admin);
+    assert!(
+        metrics.contains("\nvdstream_api_auth_failures_total 10\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\nvdstream_api_auth_penalized_total 3\n"),
+        "{metrics}"
+    );
+}

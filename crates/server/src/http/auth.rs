@@ -20,6 +20,11 @@
 //! the store (no `api-tokens.json`), every request is a local user's and may do
 //! everything, as before tokens existed. Otherwise a request without a credential is 401.
 //!
+//! Failed authentications (a wrong or revoked token, a malformed `Authorization` field) are
+//! logged with the address, counted, and penalized per address (failures.rs): an address
+//! under penalty is answered 429 before its credential is read. Agent reports refused here
+//! are counted for `/metrics` and logged with what the agent needs.
+//!
 //! Invariants:
 //! - A token is checked by hash in constant time (`tokens::find`); the `Authorization`
 //!   field is read here only and never formatted into a log line or an answer.
@@ -120,7 +125,7 @@ fn target_may(own: &str, method: &Method, route: Option<&str>, id: Option<&str>)
 }
 
 fn unauthorized(error: String, invalid: bool) -> Response {
-    let mut r = ApiError::new(401, error, "send `Authorization: Bearer TOKEN` with a token from `vdstream token add NAME --role ROLE` (the CLI and agent read it from VDSTREAM_TOKEN or --token-file)").into_response();
+    let mut r = ApiError::new(401, error, "send `Authorization: Bearer TOKEN` with a token from `vdstream token add NAME --role ROLE` (the CLI reads it from VDSTREAM_TOKEN or --token-file, an agent from VDSTREAM_TOKEN or VDSTREAM_TOKEN_FILE)").into_response();
     let challenge = if invalid {
         "Bearer realm=\"vdstream\", error=\"invalid_token\""
     } else {
@@ -227,23 +232,76 @@ fn browser_refusal(s: &Shared, req: &Request) -> Option<ApiError> {
     })
 }
 
-/// The middleware: finds the caller, checks the route's need, and passes the request on
-/// with the [`Caller`] in its extensions, or answers 401/403.
+/// The middleware: refuses an address under penalty for failed authentications (429),
+/// finds the caller, checks the route's need, and passes the request on with the
+/// [`Caller`] in its extensions, or answers 401/403. A refused agent report is counted.
 pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    if let Some(e) = browser_refusal(&s, &req) {
-        let from = req
-            .extensions()
-            .get::<ClientAddr>()
-            .map(|c| c.0.to_string())
-            .unwrap_or_default();
+    let client = req.extensions().get::<ClientAddr>().map(|c| c.0);
+    if let Some(left) = client.and_then(|c| s.failures.penalized(c)) {
+        return too_many_failures(left);
+    }
+    let report = (req.method() == Method::PUT)
+        .then(|| {
+            req.uri()
+                .path()
+                .strip_prefix("/api/v1/targets/")
+                .and_then(|p| p.strip_suffix("/agent"))
+                .map(str::to_string)
+        })
+        .flatten()
+        .filter(|_| {
+            req.extensions()
+                .get::<MatchedPath>()
+                .is_some_and(|m| m.as_str() == "/api/v1/targets/{id}/agent")
+        });
+    match check(&s, req, client).await {
+        Ok(req) => next.run(req).await,
+        Err(refusal) => {
+            let status = refusal.status().as_u16();
+            if let (Some(id), Some(c), 401 | 403) = (report, client, status) {
+                s.failures.report_refused(&id, c, status);
+            }
+            refusal
+        }
+    }
+}
+
+/// The answer to an address under penalty: 429 with `Retry-After`.
+fn too_many_failures(left: std::time::Duration) -> Response {
+    let secs = left.as_secs().max(1);
+    let mut r = ApiError::new(
+        429,
+        format!("too many failed authentications from this address: it is refused for {secs} more seconds"),
+        "use a valid token (`vdstream token list` names them; `vdstream token add NAME --role ROLE` makes one), then retry after the time Retry-After gives",
+    )
+    .into_response();
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    r
+}
+
+/// Finds the caller and checks the route's need: the request with its [`Caller`] marked,
+/// or the refusal (401/403). A wrong credential counts against `client`'s address.
+async fn check(
+    s: &Shared,
+    req: Request,
+    client: Option<std::net::SocketAddr>,
+) -> Result<Request, Response> {
+    if let Some(e) = browser_refusal(s, &req) {
+        let from = client.map(|c| c.to_string()).unwrap_or_default();
         log::info!(
             "HTTP API: refused {} {} from {from}: {}",
             req.method(),
             req.uri().path(),
             e.error
         );
-        return e.into_response();
+        return Err(e.into_response());
     }
+    let failed = |why: &str| {
+        if let Some(c) = client {
+            s.failures.failed(c, why);
+        }
+    };
     let method = req.method().clone();
     let route = req
         .extensions()
@@ -255,7 +313,11 @@ pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: 
     let need = need_of(&method, route.as_deref());
     let caller = match bearer(&req) {
         Err(()) => {
-            return unauthorized("the Authorization field is not `Bearer TOKEN`".into(), true)
+            failed("the Authorization field is not `Bearer TOKEN`");
+            return Err(unauthorized(
+                "the Authorization field is not `Bearer TOKEN`".into(),
+                true,
+            ));
         }
         Ok(Some(token)) => match s.tokens.check(token) {
             Some(t) => Caller::Token {
@@ -263,7 +325,13 @@ pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: 
                 role: t.role,
             },
             None => {
-                return unauthorized("the bearer token is not known or was revoked".into(), true)
+                failed(&format!(
+                    "{method} {shown} with a bearer token that is not known or was revoked"
+                ));
+                return Err(unauthorized(
+                    "the bearer token is not known or was revoked".into(),
+                    true,
+                ));
             }
         },
         Ok(None) => match req.extensions().get::<PeerIdentity>() {
@@ -275,10 +343,10 @@ pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: 
                 Caller::Booting
             }
             _ => {
-                return unauthorized(
+                return Err(unauthorized(
                     format!("{method} {shown} needs a bearer token (role {need})"),
                     false,
-                )
+                ))
             }
         },
     };
@@ -298,21 +366,21 @@ pub(crate) async fn authorize(State(s): State<Arc<Shared>>, req: Request, next: 
             let ok = target_may(own, &method, route.as_deref(), id.as_deref());
             if !ok {
                 log::info!("HTTP API: refused {method} {shown} to {caller}: a target may report and read only its own record");
-                return ApiError::new(403, format!("{caller} may call only GET /api/v1/server, GET /api/v1/targets/{own} and PUT /api/v1/targets/{own}/agent"), "an agent reports status only for its own target; use a token for anything else").into_response();
+                return Err(ApiError::new(403, format!("{caller} may call only GET /api/v1/server, GET /api/v1/targets/{own} and PUT /api/v1/targets/{own}/agent"), "an agent reports status only for its own target; use a token for anything else").into_response());
             }
             let mut req = Request::from_parts(parts, body);
             mark(&mut req, caller);
-            return next.run(req).await;
+            return Ok(req);
         }
         Caller::Cert(_) => false,
     };
     if !allowed {
         log::info!("HTTP API: refused {method} {shown} to {caller}: needs role {need}");
-        return forbidden(&caller, &method, &shown, need);
+        return Err(forbidden(&caller, &method, &shown, need));
     }
     let mut req = req;
     mark(&mut req, caller);
-    next.run(req).await
+    Ok(req)
 }
 
 /// Puts the caller and its audit name in the request's extensions.

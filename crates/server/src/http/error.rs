@@ -10,7 +10,7 @@
 //! | 408 | the body did not arrive within `REQUEST_DEADLINE` |
 //! | 409 | a rule of the store refuses the change (in use, exists, wrong state) |
 //! | 413 | the body is over the route's limit (by `Content-Length` before it is read) |
-//! | 429 | the caller holds its share of the event streams (events.rs) |
+//! | 429 | the client's address is penalized for failed authentications (failures.rs), or its caller holds its share of the event streams |
 //! | 500 | anything else: a damaged or missing file, an I/O error |
 //! | 503 | the request took longer than `HANDLER_TIMEOUT` |
 //!

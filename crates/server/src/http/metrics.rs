@@ -241,6 +241,15 @@ pub(crate) fn render(shared: &Shared) -> String {
         rc.capacity,
     );
 
+    let auth = shared.failures.counts();
+    m.counter("vdstream_api_auth_failures_total", "API requests with a wrong credential: a bearer token not known or revoked, or an Authorization field that is not Bearer TOKEN.", auth.failures);
+    m.counter("vdstream_api_auth_penalized_total", "API requests refused (429) because their address failed too many authentications (--handshake-penalty).", auth.penalized);
+    m.counter(
+        "vdstream_api_agent_reports_refused_total",
+        "Agent status reports the API refused for want of a credential (401) or of one that may report for the target (403).",
+        auth.reports_refused,
+    );
+
     if let Some(extra) = &state.extra_counters {
         for (name, help, v) in (extra.0)() {
             m.counter(name, help, v);

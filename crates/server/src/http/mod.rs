@@ -20,8 +20,8 @@
 //!                       layers: static files, no data, so no credential
 //! ```
 //!
-//! Module imports run one way: mod → router → {store, metrics, auth, boot, events, console} → shared → live →
-//! error → limits (auth → error too; events → auth; boot → crate::boot).
+//! Module imports run one way: mod → router → {store, metrics, auth, boot, events, console} → shared → {live,
+//! failures} → error → limits (auth → error too; events → auth; boot → crate::boot).
 //!
 //! Invariants:
 //! - A connection costs a task and a socket, never a thread: a slow or idle client holds
@@ -45,6 +45,7 @@ mod boot;
 mod console;
 mod error;
 mod events;
+mod failures;
 pub mod forward;
 mod limits;
 mod live;
@@ -106,10 +107,12 @@ pub fn spawn_with(
     let tokens = TokenFile::open(&state.store).map_err(std::io::Error::other)?;
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    let failures = failures::AuthFailures::new(state.handshake_penalty.clone());
     let shared = Arc::new(Shared {
         state,
         live: live::Live::default(),
         tokens,
+        failures,
         loopback: addr.ip().is_loopback(),
         tls: tls.is_some(),
         local: addr,

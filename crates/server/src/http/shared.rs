@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::error::ApiError;
+use super::failures::AuthFailures;
 use super::live::Live;
 use crate::state::ServerState;
 use crate::tokens::TokenFile;
@@ -17,6 +18,8 @@ pub(crate) struct Shared {
     pub live: Live,
     /// The store's API tokens (re-read when the file changes).
     pub tokens: TokenFile,
+    /// Failed authentications: logged, counted, and penalized per address.
+    pub failures: AuthFailures,
     /// The API listens on a loopback address.
     pub loopback: bool,
     /// The API serves TLS.
