@@ -21,7 +21,10 @@
 //!   the target; device types fall back to `vdisk/NAME[@V]` on a server that does not
 //!   know `target/ID`. Either way the link pins the version at the first connect
 //!   (`remote::link`), so a reconnect never moves a running target to another version.
-//! - Reports are best effort: a failed report is logged at debug and never stops the agent.
+//! - Reports are best effort: a failed report is logged at debug and never stops the agent,
+//!   except a report the API refuses for its credential (401, 403), which means every
+//!   later one is refused too: that is logged at WARN once, with what to do, and again only
+//!   after a report got through.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -509,6 +512,8 @@ pub struct ApiLink {
     target: String,
     apis: Vec<Client>,
     reporting: Arc<AtomicBool>,
+    /// A refused report was logged at WARN and none got through since.
+    refused_told: Arc<AtomicBool>,
 }
 
 impl ApiLink {
@@ -517,6 +522,7 @@ impl ApiLink {
             target: target.to_string(),
             apis,
             reporting: Arc::new(AtomicBool::new(false)),
+            refused_told: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -540,11 +546,15 @@ impl ApiLink {
             return;
         }
         let doc = serde_json::to_value(status).expect("a status always serializes");
-        let (flag, target) = (self.reporting.clone(), self.target.clone());
+        let (flag, told, target) = (
+            self.reporting.clone(),
+            self.refused_told.clone(),
+            self.target.clone(),
+        );
         let spawned = std::thread::Builder::new()
             .name("vdstream-report".into())
             .spawn(move || {
-                report_now(&client, &target, &doc);
+                report_now(&client, &target, &doc, &told);
                 flag.store(false, Relaxed);
             });
         if let Err(e) = spawned {
@@ -560,6 +570,7 @@ impl ApiLink {
                 client,
                 &self.target,
                 &serde_json::to_value(status).expect("a status always serializes"),
+                &self.refused_told,
             );
         }
     }
@@ -587,10 +598,35 @@ impl crate::remote::Reorder for ApiLink {
     }
 }
 
-fn report_now(client: &Client, target: &str, doc: &Value) {
-    if let Err(e) = client.put(&format!("/api/v1/targets/{target}/agent"), doc) {
-        log::debug!("target {target}: report to {} failed: {e}", client.url());
+/// Sends one report. A refusal for the credential is told at WARN once (`told`), until a
+/// report gets through again; other failures at debug (the next report retries).
+fn report_now(client: &Client, target: &str, doc: &Value, told: &AtomicBool) {
+    match client.put(&format!("/api/v1/targets/{target}/agent"), doc) {
+        Ok(_) => told.store(false, Relaxed),
+        Err(
+            e @ ClientError::Api {
+                status: 401 | 403, ..
+            },
+        ) if !told.swap(true, Relaxed) => {
+            log::warn!("target {target}: {}", refused_report(client.url(), &e));
+        }
+        Err(e) => log::debug!("target {target}: report to {} failed: {e}", client.url()),
     }
+}
+
+/// What a report refused for its credential means, and what to do (logged once).
+fn refused_report(url: &str, e: &ClientError) -> String {
+    let status = match e {
+        ClientError::Api { status, .. } => *status,
+        _ => 0,
+    };
+    format!(
+        "the API at {url} refused its status report ({status}: {e}); the console shows the target offline until reports get through. \
+         The API needs a credential once a token was made in the store: give this agent a token of role operator in a file \
+         (`vdstream token add NAME --role operator > FILE`, then VDSTREAM_TOKEN_FILE=FILE in the agent's environment) or, \
+         with https, its target certificate (VDSTREAM_TLS_CERTIFICATES=DIR). The agent keeps running and reporting; \
+         this is logged once"
+    )
 }
 
 #[cfg(test)]

@@ -33,6 +33,15 @@ pub const TOKEN_FILE: &str = "api-tokens.json";
 /// What every token starts with (so a leaked one is recognisable by secret scanners).
 pub const TOKEN_PREFIX: &str = "vdst_";
 
+/// What `vdstream token add` tells the administrator besides the token: from now on the
+/// API needs a credential from every client, agents included, whose reports are refused
+/// (and their targets shown offline) until they have one.
+pub const AGENTS_NEED_A_CREDENTIAL: &str = "agents that report to this store's servers (`vdstream target attach ID --server http://...`) \
+need a credential from now on, or their status reports are refused (401) and the console shows their targets offline: \
+give each a token of role operator in a file only its user reads (`vdstream token add agents --role operator > FILE`, \
+then VDSTREAM_TOKEN_FILE=FILE in the agent's environment) or, over https, its target's certificate \
+(VDSTREAM_TLS_CERTIFICATES=DIR, from `vdstream pki issue target ID` or `target add ID --issue-cert DIR`)";
+
 /// What a token may do. Ordered: each role may do all that the ones before it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
