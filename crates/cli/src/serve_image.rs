@@ -204,6 +204,15 @@ pub struct ServeImageArgs {
     /// every client is served, so keep to a unix socket or loopback.
     #[arg(long, value_name = "none|all", default_value = "none", value_parser = ["none", "all"])]
     anonymous: String,
+
+    /// With TLS on, serve only clients whose verified certificate carries NAME: its
+    /// subject's common name (CN=NAME) or a DNS, URI or e-mail subject alternative name.
+    /// Repeatable (any one of them will do). Without it, any certificate the CA signed is
+    /// served, as by nbdkit and qemu-nbd (this is qemu-nbd's --tls-authz). Others are
+    /// refused with NBD_REP_ERR_POLICY naming the certificate. Clients without a
+    /// certificate are --anonymous's. Example: --tls-allow-name t1 --tls-allow-name backup.lab
+    #[arg(long, value_name = "NAME")]
+    tls_allow_name: Vec<String>,
 }
 
 impl ServeImageArgs {
@@ -408,6 +417,17 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
     if tls_on && !args.tls.tls_verify_peer && !anonymous_all {
         anyhow::bail!("--tls-verify-peer false makes every TLS client anonymous, and --anonymous none (the default) refuses anonymous clients: add --anonymous all to serve them");
     }
+    let verifies_certificates = tls_on && args.tls.tls_verify_peer;
+    if !verifies_certificates && !args.tls_allow_name.is_empty() {
+        usage!("--tls-allow-name narrows the client certificates TLS verifies: it needs --tls on|require with --tls-certificates DIR (and --tls-verify-peer true)");
+    }
+    if let Some(bad) = args
+        .tls_allow_name
+        .iter()
+        .find(|n| n.is_empty() || n.chars().any(|c| c.is_control()))
+    {
+        usage!("--tls-allow-name {bad:?}: give a certificate's common name or subject alternative name, e.g. --tls-allow-name t1");
+    }
     let mut exports = SingleExport::new(args.name.clone(), description.clone(), dev, one_writer);
     exports.refuse_anonymous = tls_on && !anonymous_all;
     let exports = Arc::new(exports);
@@ -424,10 +444,14 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             tls,
             tls_mode: args.tls.tls,
             penalty: args.penalty.config(None, None)?,
+            tls_allow_names: args.tls_allow_name.clone(),
             ..ServerConfig::default()
         };
         if config.tls.is_some() {
             outln!("vdstream: {}", args.tls.describe());
+            if !config.tls_allow_names.is_empty() {
+                outln!("vdstream: client certificates served: those naming {} (--tls-allow-name)", config.tls_allow_names.join(", "));
+            }
         }
         if args.listen.is_some() {
             log::info!("NBD: {} (--handshake-penalty)", config.penalty.describe());

@@ -15,8 +15,12 @@
 //! contexts are negotiated again). In `require` mode every option before STARTTLS except
 //! `NBD_OPT_ABORT` gets `NBD_REP_ERR_TLS_REQD` and the connection stays usable;
 //! `NBD_OPT_EXPORT_NAME` (which cannot carry an error) closes it. A second STARTTLS gets
-//! `NBD_REP_ERR_INVALID`. The client is its verified certificate's identity, else
-//! `Anonymous` (TLS configured) or `Local` (no TLS).
+//! `NBD_REP_ERR_INVALID`. The client is its verified certificate's identity (its role
+//! URI's, else [`Identity::Verified`] by its common name), else `Anonymous` (TLS
+//! configured, no certificate) or `Local` (no TLS). A certificate that fails verification
+//! fails the TLS handshake (counted against the source by the penalties); it is never
+//! taken for no certificate. With `tls_allow_names`, a certificate that carries none of
+//! them is refused every export with `NBD_REP_ERR_POLICY`, naming it.
 
 use std::io;
 use std::sync::Arc;
@@ -180,6 +184,8 @@ struct Ctx<'a> {
     refusal: Option<&'a OpenError>,
     no_zeroes: bool,
     client: &'a Identity,
+    /// The names of the client's verified certificate (`None`: it showed none).
+    cert_names: Option<&'a [String]>,
     tls: TlsPhase,
 }
 
@@ -238,6 +244,7 @@ where
         refusal,
         no_zeroes,
         client: &plain_client,
+        cert_names: None,
         tls,
     };
     let config = match haggle(&mut wire, &ctx).await? {
@@ -263,7 +270,11 @@ where
         },
         _ = drain.wait() => return Err(HandshakeError::Shutdown),
     };
-    let (identity, serial) = peer_identity(tls_stream.get_ref().1, peer);
+    let PeerCert {
+        identity,
+        serial,
+        names,
+    } = peer_identity(tls_stream.get_ref().1, peer);
     let mut wire = Wire {
         stream: &mut tls_stream,
         timeout,
@@ -271,6 +282,7 @@ where
     };
     let ctx = Ctx {
         client: &identity,
+        cert_names: names.as_deref(),
         tls: TlsPhase::Active,
         ..ctx
     };
@@ -294,27 +306,72 @@ where
     }
 }
 
-/// The identity a TLS client's verified certificate names, and its serial. A client with
-/// no certificate, or one naming no vdstream role, is anonymous (the latter is logged).
-fn peer_identity(conn: &rustls::ServerConnection, peer: &str) -> (Identity, Option<Vec<u8>>) {
+/// What a TLS client's verified certificate says.
+struct PeerCert {
+    identity: Identity,
+    serial: Option<Vec<u8>>,
+    /// `None`: no certificate.
+    names: Option<Vec<String>>,
+}
+
+/// The identity a TLS client's verified certificate names (its role URI's, else its
+/// common name's), its serial and its names. A client with no certificate is anonymous.
+fn peer_identity(conn: &rustls::ServerConnection, peer: &str) -> PeerCert {
     let version = conn
         .protocol_version()
         .map(|v| format!("{v:?}"))
         .unwrap_or_default();
     let Some(cert) = conn.peer_certificates().and_then(|c| c.first()) else {
         log::info!("NBD client {peer}: {version} without a client certificate: anonymous");
-        return (Identity::Anonymous, None);
+        return PeerCert {
+            identity: Identity::Anonymous,
+            serial: None,
+            names: None,
+        };
     };
     let serial = vdstream_tls::peer::serial_of(cert).ok();
-    let identity = match vdstream_tls::peer::identity_of(cert) {
-        Ok(id) => id,
-        Err(e) => {
-            log::warn!("NBD client {peer}: its verified certificate names no identity, so it is anonymous: {e}");
-            Identity::Anonymous
-        }
-    };
+    let (identity, why) = vdstream_tls::peer::holder_of(cert);
+    if let Some(e) = why {
+        log::info!("NBD client {peer}: its verified certificate names no vdstream role, so it is {identity}: {e}");
+    }
+    let names = vdstream_tls::peer::names_of(cert).unwrap_or_default();
     log::info!("NBD client {peer}: {version} as {identity}");
-    (identity, serial)
+    PeerCert {
+        identity,
+        serial,
+        names: Some(names),
+    }
+}
+
+/// Whether `names` (a verified certificate's) include one of `allowed` (`--tls-allow-name`);
+/// an empty `allowed` allows every certificate.
+fn allowed_by_name(allowed: &[String], names: &[String]) -> bool {
+    allowed.is_empty() || names.iter().any(|n| allowed.contains(n))
+}
+
+/// The refusal of a certificate that `--tls-allow-name` does not name.
+fn not_allowed(client: &Identity, allowed: &[String], names: &[String]) -> OpenError {
+    // A certificate's names are the client's text: printable ASCII only, cut, quoted.
+    let shown = |n: &String| {
+        format!(
+            "{:?}",
+            n.chars()
+                .take(64)
+                .map(|c| if c == ' ' || c.is_ascii_graphic() {
+                    c
+                } else {
+                    '?'
+                })
+                .collect::<String>()
+        )
+    };
+    let list = |v: &[String]| v.iter().map(shown).collect::<Vec<_>>().join(", ");
+    OpenError::Policy(format!(
+        "the client certificate of {client} (its names: {}) is not one this server serves (--tls-allow-name {}): \
+         connect with a certificate issued to one of those names, or add one of its names to --tls-allow-name",
+        if names.is_empty() { "none".to_string() } else { list(names) },
+        list(allowed)
+    ))
 }
 
 /// Option haggling until an export is chosen, the client leaves, or STARTTLS is accepted.
@@ -329,8 +386,14 @@ where
         refusal,
         no_zeroes,
         client,
+        cert_names,
         tls,
     } = *ctx;
+    // A certificate `--tls-allow-name` does not name is refused whatever it asks for.
+    let name_refusal = cert_names
+        .filter(|n| !allowed_by_name(&shared.config.tls_allow_names, n))
+        .map(|n| not_allowed(client, &shared.config.tls_allow_names, n));
+    let refusal = refusal.or(name_refusal.as_ref());
     let mut structured = false;
     let mut meta: Option<MetaSelection> = None;
     let mut data = Vec::new();

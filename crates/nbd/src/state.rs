@@ -243,6 +243,12 @@ pub struct ServerConfig {
     /// When a TCP source that keeps failing handshakes has its new connections closed at
     /// accept ([`crate::penalty`]).
     pub penalty: crate::penalty::PenaltyConfig,
+    /// Client certificates this server serves, by name (`serve-image --tls-allow-name`, as
+    /// qemu-nbd's `--tls-authz`): when not empty, a client whose verified certificate
+    /// carries none of these names (subject common name, DNS, URI or e-mail subject
+    /// alternative name) is refused every export with `NBD_REP_ERR_POLICY`. Clients
+    /// without a certificate are left to the export's policy (`--anonymous`).
+    pub tls_allow_names: Vec<String>,
 }
 
 impl ServerConfig {
@@ -265,6 +271,7 @@ impl Default for ServerConfig {
             tls: None,
             tls_mode: TlsMode::Off,
             penalty: crate::penalty::PenaltyConfig::default(),
+            tls_allow_names: Vec::new(),
         }
     }
 }

@@ -87,6 +87,11 @@ struct Setup {
 }
 
 fn serve(mode: TlsMode, tls: bool) -> Setup {
+    serve_allowing(mode, tls, Vec::new())
+}
+
+/// [`serve`] with `tls_allow_names`.
+fn serve_allowing(mode: TlsMode, tls: bool, tls_allow_names: Vec<String>) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     make_pki(dir.path());
     let exports = Arc::new(Recording {
@@ -97,6 +102,7 @@ fn serve(mode: TlsMode, tls: bool) -> Setup {
         tls: tls.then(|| Arc::new(ServerTls::new(dir.path(), ClientAuth::Verify).unwrap())),
         tls_mode: mode,
         threads_per_connection: 4,
+        tls_allow_names,
         ..ServerConfig::default()
     };
     let server = Server::new(exports.clone(), config);
@@ -184,6 +190,44 @@ async fn concurrent_io_over_tls_matches_a_reference() {
         );
     }
     client.disconnect().await.unwrap();
+}
+
+/// `tls_allow_names` lets in a certificate that carries one of the names (its common name
+/// here), and refuses one that carries none with a policy refusal that names it and the
+/// flag, before any export is opened.
+#[tokio::test]
+async fn allowed_names_narrow_the_certificates_served() {
+    let s = serve_allowing(TlsMode::Require, true, vec!["client".into()]);
+    let c = Client::connect(Address::unix(&s.sock), tls_opts(s.dir.path()))
+        .await
+        .unwrap();
+    c.disconnect().await.unwrap();
+    assert_eq!(
+        s.exports.clients.lock().unwrap().as_slice(),
+        &[Identity::Target("pc-07".into())]
+    );
+    let s = serve_allowing(
+        TlsMode::Require,
+        true,
+        vec!["t1".into(), "backup.lab".into()],
+    );
+    let e = Client::connect(Address::unix(&s.sock), tls_opts(s.dir.path()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("forbidden by server policy")
+            && e.contains("client certificate of target:pc-07"),
+        "{e}"
+    );
+    assert!(
+        e.contains("--tls-allow-name") && e.contains("t1") && e.contains("backup.lab"),
+        "{e}"
+    );
+    assert!(
+        s.exports.clients.lock().unwrap().is_empty(),
+        "an export was opened for a certificate not allowed"
+    );
 }
 
 /// A plaintext client to a `require` server is told TLS is required, by name.

@@ -10,6 +10,7 @@
 //! | `target:ID`       | `target/ID` (any attach, `+journal`, `#SECRET`), and `vdisk/NAME[@V]` of its record's vDisk, any version |
 //! | `server:NAME`     | `vdisk/NAME[@V]` of every vDisk, read-only (a store server copying versions) |
 //! | `anonymous`       | what `--anonymous` grants: `none` (nothing), `vdisks` (every `vdisk/NAME[@V]`), `all` (everything but `maintenance/NAME`) |
+//! | `certificate:CN`  | as `anonymous`: a certificate the CA signed that names no vdstream role is no identity in the farm |
 //!
 //! `maintenance/NAME` needs `admin` (or `local`) whatever else is granted. A target may
 //! read any version of its record's vDisk, not only the one its record selects: an agent
@@ -159,24 +160,33 @@ pub fn decide(
             SERVER_READS_VDISKS,
             format!("{client} may open only vdisk/NAME[@V] (read-only); refused {shown}: a target's export takes that target's certificate"),
         ),
-        (Identity::Anonymous, _) => match anonymous {
-            AnonymousGrant::All => Ok(()),
-            AnonymousGrant::Vdisks if matches!(export, ExportName::Vdisk { .. }) => Ok(()),
-            AnonymousGrant::Vdisks => refuse(
-                ANONYMOUS_VDISKS,
-                format!(
-                    "anonymous clients may open only vdisk/NAME[@V] on this server (--anonymous vdisks); refused {shown}: \
-                     connect with a certificate (tls-certificates=DIR with client-cert.pem) that allows it"
+        (Identity::Anonymous | Identity::Verified(_), _) => {
+            // A certificate without a role is anonymous here; the refusal says why.
+            let who = match client {
+                Identity::Verified(_) => format!(
+                    "{client} names no vdstream role (no urn:vdstream:ROLE:NAME URI), so it is anonymous here, and "
                 ),
-            ),
-            AnonymousGrant::None => refuse(
-                ANONYMOUS_NONE,
-                format!(
-                    "anonymous clients may open nothing on this server (--anonymous none); refused {shown}: connect with a \
-                     certificate signed by the server's CA (tls-certificates=DIR with client-cert.pem)"
+                _ => String::new(),
+            };
+            match anonymous {
+                AnonymousGrant::All => Ok(()),
+                AnonymousGrant::Vdisks if matches!(export, ExportName::Vdisk { .. }) => Ok(()),
+                AnonymousGrant::Vdisks => refuse(
+                    ANONYMOUS_VDISKS,
+                    format!(
+                        "{who}anonymous clients may open only vdisk/NAME[@V] on this server (--anonymous vdisks); refused {shown}: \
+                         connect with a certificate of a vdstream role (`vdstream pki issue`, tls-certificates=DIR with client-cert.pem) that allows it"
+                    ),
                 ),
-            ),
-        },
+                AnonymousGrant::None => refuse(
+                    ANONYMOUS_NONE,
+                    format!(
+                        "{who}anonymous clients may open nothing on this server (--anonymous none); refused {shown}: connect with a \
+                         certificate of a vdstream role signed by the server's CA (`vdstream pki issue`, tls-certificates=DIR with client-cert.pem)"
+                    ),
+                ),
+            }
+        }
     }
 }
 
@@ -216,6 +226,7 @@ mod tests {
             Identity::Target("c".into()),
             Identity::Server("s1".into()),
             Identity::Admin("alice".into()),
+            Identity::verified("t1"),
         ]
     }
 
@@ -262,7 +273,7 @@ mod tests {
                     Some(SERVER_READS_VDISKS)
                 }
             }
-            Identity::Anonymous => match grant {
+            Identity::Anonymous | Identity::Verified(_) => match grant {
                 AnonymousGrant::None => Some(ANONYMOUS_NONE),
                 AnonymousGrant::Vdisks if vdisk_of.is_some() => None,
                 AnonymousGrant::Vdisks => Some(ANONYMOUS_VDISKS),
@@ -308,7 +319,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, 3 * 7 * 14);
+        assert_eq!(checked, 3 * 8 * 14);
     }
 
     #[test]

@@ -6,9 +6,12 @@
 //! own), and optionally `ca-crl.pem` (certificates the CA revoked).
 //!
 //! Invariants: a server verifies client certificates against `ca-cert.pem` (and
-//! `ca-crl.pem` when present) unless verification is turned off; a client without a
-//! certificate, or with verification off, is anonymous, never refused by TLS itself (what
-//! an anonymous client may do is the server's policy). [`ServerTls::current`] re-reads the
+//! `ca-crl.pem` when present) unless verification is turned off; a certificate that fails
+//! (another CA's, expired, revoked) fails the TLS handshake, and the server's certificate
+//! request names no CA, so that clients show whatever certificate they have rather than
+//! hold back one of another CA; a client without a certificate, or with verification off,
+//! is anonymous, never refused by TLS itself (what an anonymous client may do is the
+//! server's policy). [`ServerTls::current`] re-reads the
 //! directory when a file in it changed, so a new CRL takes effect on the next connection.
 //! Every error names the file and what to do.
 
@@ -107,7 +110,11 @@ pub fn server_config(dir: &Path, auth: ClientAuth) -> Result<Arc<ServerConfig>, 
             builder.with_client_cert_verifier(WebPkiClientVerifier::no_client_auth())
         }
         ClientAuth::Verify => {
+            // No CA names in the certificate request: with them, a gnutls client (libnbd,
+            // qemu) keeps a certificate another CA signed to itself and goes on without
+            // one, as anonymous; without them it shows it, and is refused here.
             let verifier = WebPkiClientVerifier::builder_with_provider(roots(dir)?, provider())
+                .clear_root_hint_subjects()
                 .with_crls(read_crls(dir)?)
                 .only_check_end_entity_revocation()
                 .allow_unknown_revocation_status()
