@@ -12,6 +12,10 @@
 #     subjectAltName (e.g. "URI:urn:vdstream:target:pc-01" or "DNS:localhost,IP:127.0.0.1").
 #     Extra arguments (e.g. -startdate 20200101000000Z -enddate 20200201000000Z) go to
 #     `openssl ca`.
+# issue_cn CA_DIR OUT_DIR CN [openssl ca date options...]
+#     a client certificate as qemu's and nbdkit's documentation
+#     make one: subject CN=CN, extendedKeyUsage clientAuth, signed by CA_DIR, no vdstream
+#     role URI (no subjectAltName at all); into OUT_DIR with ca-cert.pem.
 # make_pki DIR [TARGET]            DIR/ca, DIR/server (localhost and 127.0.0.1, + CA),
 #     DIR/client (a target certificate urn:vdstream:target:TARGET, default pc-01, + CA).
 
@@ -71,6 +75,21 @@ issue() {
         -in "$out/$role.csr" -out "$out/$role-cert.pem" -extfile "$out/$role.ext" -extensions ext "$@" 2>"$out/$role.log" \
         || certs_fail "openssl ca could not sign $out/$role-cert.pem: $(cat "$out/$role.log")"
     rm -f "$out/$role.csr"
+}
+
+issue_cn() {
+    local ca=$1 out=$2 cn=$3
+    shift 3
+    mkdir -p "$out"
+    cp "$ca/ca-cert.pem" "$out/ca-cert.pem"
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+        -keyout "$out/client-key.pem" -out "$out/client.csr" -subj "/CN=$cn" 2>/dev/null \
+        || certs_fail "openssl could not make a key for $out"
+    printf '[ext]\nbasicConstraints = CA:FALSE\nkeyUsage = digitalSignature\nextendedKeyUsage = clientAuth\n' >"$out/client.ext"
+    openssl ca -batch -notext -config "$ca/ca.cnf" -cert "$ca/ca-cert.pem" -keyfile "$ca/ca-key.pem" \
+        -in "$out/client.csr" -out "$out/client-cert.pem" -extfile "$out/client.ext" -extensions ext "$@" 2>"$out/client.log" \
+        || certs_fail "openssl ca could not sign $out/client-cert.pem: $(cat "$out/client.log")"
+    rm -f "$out/client.csr"
 }
 
 make_pki() {

@@ -2,11 +2,12 @@
 # An attach of a `server`-type target is fenced: its name (target/ID@ATTACH), which the
 # export's description, the agent's status and the API publish, is no credential. While
 # the agent holds the attach, nbdsh naming it (alone, or with a wrong secret) is refused,
-# cannot write, and the server logs the refusal with the client. After the server is
-# SIGKILLed and restarted under a server-persistent target, the agent reconnects with the
-# secret it was handed at attach and reads its own writes, and the name alone is still
-# refused. The secret shows up in no status, log, API answer or metric. Last, a target
-# attached anew (under a new name) while its agent was away leaves that agent EIO, not a wait.
+# cannot write, and the server logs the refusal with the client; NBD_OPT_INFO on the name
+# gets the same refusal (no size, no flags). After the server is SIGKILLed and restarted
+# under a server-persistent target, the agent reconnects with the secret it was handed at
+# attach and reads its own writes, and the name alone is still refused. The secret shows
+# up in no status, log, API answer or metric. Last, a target attached anew (under a new
+# name) while its agent was away leaves that agent EIO, not a wait.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
@@ -77,6 +78,26 @@ for name in "$name_s1" "$name_p1" "$name_s1#0123456789abcdef0123456789abcdef"; d
     [[ $r == refused:* && $r == *"is fenced"* ]] || fail "nbdsh with $name while the agent holds it: $r"
     log "ok: $name refused while held: $r"
 done
+# NBD_OPT_INFO (nbdsh in option mode) on the published name gets the refusal GO gets: no
+# size, no flags.
+for name in "$name_s1" "$name_p1"; do
+    r=$(HIJACK_NAME=$name HIJACK_SOCK=$srv timeout 30 nbdsh -c '
+import os
+h.set_opt_mode(True)
+h.connect_unix(os.environ["HIJACK_SOCK"])
+h.set_export_name(os.environ["HIJACK_NAME"])
+try:
+    h.opt_info()
+    print("answered: size", h.get_size())
+except nbd.Error as e:
+    print("refused:", e)
+h.opt_abort()
+' 2>&1 || true)
+    [[ $r == refused:* ]] || fail "NBD_OPT_INFO on $name while the agent holds it: $r"
+    log "ok: NBD_OPT_INFO on $name refused: $r"
+done
+grep -q "open refused (policy): client .*\"$name_s1\" (NBD_OPT_INFO): .*is fenced" "$SERVER_LOG" \
+    || fail "the server did not log the refused INFO: $(grep -i 'NBD_OPT_INFO' "$SERVER_LOG" | tail -n 3)"
 grep -q "target s1: refused a connection from .* to $name_s1: it presented no secret" "$SERVER_LOG" \
     || fail "the server did not log the refusal of $name_s1: $(grep -i refused "$SERVER_LOG")"
 grep -q "target s1: refused a connection from .* to $name_s1: it presented a wrong secret" "$SERVER_LOG" \

@@ -21,21 +21,24 @@
 //!   the target; device types fall back to `vdisk/NAME[@V]` on a server that does not
 //!   know `target/ID`. Either way the link pins the version at the first connect
 //!   (`remote::link`), so a reconnect never moves a running target to another version.
-//! - Reports are best effort: a failed report is logged at debug and never stops the agent.
+//! - Reports are best effort: a failed report is logged at debug and never stops the agent,
+//!   except a report the API refuses for its credential (401, 403), which means every
+//!   later one is refused too: that is logged at WARN once, with what to do, and again only
+//!   after a report got through.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::client::{Client, ClientError};
 use serde_json::Value;
 use url::{Host, Url};
-use crate::client::{Client, ClientError};
-use vdstream_nbd::client::Address;
 use vdstream_contract::name::parse_ref;
 use vdstream_contract::server::ServerDoc;
 use vdstream_contract::target::TargetRecord;
 use vdstream_contract::{ExportName, Selector};
+use vdstream_nbd::client::Address;
 use vdstream_wcache::CacheType;
 
 pub use crate::endpoint::is_api_url;
@@ -74,7 +77,10 @@ pub fn nbd_address(doc: &ServerDoc, api: &Url) -> Option<Address> {
                 Some(Address::tcp(format!("{}:{}", api.host_str()?, at.port())))
             }
             // A given address or host name: as the server says it, if it has a port.
-            _ => Url::parse(&format!("nbd://{listen}")).ok()?.port().map(|_| Address::tcp(listen)),
+            _ => Url::parse(&format!("nbd://{listen}"))
+                .ok()?
+                .port()
+                .map(|_| Address::tcp(listen)),
         },
         (None, None) => None,
     }
@@ -84,7 +90,9 @@ pub fn nbd_address(doc: &ServerDoc, api: &Url) -> Option<Address> {
 /// sessions (ties keep the listed order), then draining ones (listed order). Servers
 /// that did not answer (`None`) are left out.
 pub fn placement_order(docs: &[Option<ServerDoc>]) -> Vec<usize> {
-    let mut live: Vec<usize> = (0..docs.len()).filter(|&i| docs[i].as_ref().is_some_and(|d| !d.draining)).collect();
+    let mut live: Vec<usize> = (0..docs.len())
+        .filter(|&i| docs[i].as_ref().is_some_and(|d| !d.draining))
+        .collect();
     live.sort_by_key(|&i| docs[i].as_ref().map_or(u64::MAX, |d| d.sessions));
     live.extend((0..docs.len()).filter(|&i| docs[i].as_ref().is_some_and(|d| d.draining)));
     live
@@ -123,22 +131,43 @@ fn is_server_type(c: CacheType) -> bool {
 
 /// `vdisk/NAME` for production, else `vdisk/NAME@V`.
 fn vdisk_export(vdisk: &str, version: Option<Selector>) -> String {
-    ExportName::Vdisk { vdisk: vdisk.to_string(), selector: version.unwrap_or(Selector::Production) }.to_string()
+    ExportName::Vdisk {
+        vdisk: vdisk.to_string(),
+        selector: version.unwrap_or(Selector::Production),
+    }
+    .to_string()
 }
 
 /// `target/ID`: the target's vDisk as its record says, through a new attach.
 fn target_export(id: &str) -> String {
-    ExportName::Target { id: id.to_string(), attach: None, secret: None, journaled: false }.to_string()
+    ExportName::Target {
+        id: id.to_string(),
+        attach: None,
+        secret: None,
+        journaled: false,
+    }
+    .to_string()
 }
 
 /// Lays the flags over the record (`None`: the target has no record on `server`). See
 /// docs/AGENT.md, "--server http://".
-pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overrides) -> Result<Plan, AgentError> {
+pub fn plan(
+    id: &str,
+    server: &str,
+    record: Option<&TargetRecord>,
+    flags: &Overrides,
+) -> Result<Plan, AgentError> {
     // `NAME[@V]`; V is `None` without `@V` (the record's version may then hold).
     let (name, version) = match flags.vdisk.as_deref() {
         Some(v) => match parse_ref(v, Selector::Production) {
             Ok((n, selector)) => (Some(n), v.contains('@').then_some(selector)),
-            Err(e) => return Err(AgentError::Api { message: format!("--vdisk {v:?}: {e}; give NAME or NAME@VERSION, e.g. win11 or win11@3") }),
+            Err(e) => {
+                return Err(AgentError::Api {
+                    message: format!(
+                        "--vdisk {v:?}: {e}; give NAME or NAME@VERSION, e.g. win11 or win11@3"
+                    ),
+                })
+            }
         },
         None => (None, None),
     };
@@ -149,7 +178,10 @@ pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overr
     }
     let Some(rec) = record else {
         let Some(vdisk) = name else {
-            return Err(AgentError::NoTargetRecord { id: id.to_string(), server: server.to_string() });
+            return Err(AgentError::NoTargetRecord {
+                id: id.to_string(),
+                server: server.to_string(),
+            });
         };
         let cache = flags.cache.unwrap_or(CacheType::RamOverflow);
         if is_server_type(cache) {
@@ -162,7 +194,16 @@ pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overr
         }
         let export = vdisk_export(&vdisk, version);
         let version = version.filter(|v| *v != Selector::Production);
-        return Ok(Plan { vdisk, version, cache, ram: flags.ram, overflow_max: flags.overflow_max, export, fallback: None, source: "flags" });
+        return Ok(Plan {
+            vdisk,
+            version,
+            cache,
+            ram: flags.ram,
+            overflow_max: flags.overflow_max,
+            export,
+            fallback: None,
+            source: "flags",
+        });
     };
     // `--vdisk NAME` with the record's name keeps the record's version; another name
     // without @V means production.
@@ -175,7 +216,11 @@ pub fn plan(id: &str, server: &str, record: Option<&TargetRecord>, flags: &Overr
     let cache = flags.cache.unwrap_or(rec.cache);
     let rec_version = Some(rec.version).filter(|v| *v != Selector::Production);
     let as_recorded = vdisk == rec.vdisk && version == rec_version;
-    let source = if *flags == Overrides::default() { "record" } else { "record and flags" };
+    let source = if *flags == Overrides::default() {
+        "record"
+    } else {
+        "record and flags"
+    };
     let common = |export: String, fallback: Option<String>| Plan {
         vdisk: vdisk.clone(),
         version,
@@ -243,23 +288,49 @@ const WAIT_MAX: Duration = Duration::from_secs(5);
 /// a pause (1 s doubling to 5 s, ±25% so that a room of targets booting together does not
 /// knock at once), saying each round what it waits for, until one answers or
 /// `wait.retry_for` runs out. A server that answers (even with an error) ends the wait.
-pub fn resolve_waiting(id: &str, urls: &[String], flags: &Overrides, wait: Option<&Waiting<'_>>) -> Result<Resolved, AgentError> {
+pub fn resolve_waiting(
+    id: &str,
+    urls: &[String],
+    flags: &Overrides,
+    wait: Option<&Waiting<'_>>,
+) -> Result<Resolved, AgentError> {
     let clients = urls
         .iter()
-        .map(|u| Client::new(u).map(|c| c.with_timeout(CALL_TIMEOUT)).map_err(|e| AgentError::BadEndpoint { uri: u.clone(), reason: e.to_string() }))
+        .map(|u| {
+            Client::new(u)
+                .map(|c| c.with_timeout(CALL_TIMEOUT))
+                .map_err(|e| AgentError::BadEndpoint {
+                    uri: u.clone(),
+                    reason: e.to_string(),
+                })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let started = std::time::Instant::now();
     let mut pause = WAIT_START;
     let answers = loop {
         let answers = ask_all(&clients, ATTACH_WAIT);
-        let Some(w) = wait.filter(|_| answers.iter().all(Result::is_err)) else { break answers };
-        let left = w.retry_for.map(|limit| limit.saturating_sub(started.elapsed()));
+        let Some(w) = wait.filter(|_| answers.iter().all(Result::is_err)) else {
+            break answers;
+        };
+        let left = w
+            .retry_for
+            .map(|limit| limit.saturating_sub(started.elapsed()));
         if left.is_some_and(|l| l.is_zero()) {
             break answers;
         }
         let jittered = pause.mul_f64(0.75 + fastrand::f64() / 2.0);
         let sleep = left.map_or(jittered, |l| jittered.min(l));
-        let what: Vec<String> = clients.iter().zip(&answers).map(|(c, a)| format!("{} ({})", c.url(), a.as_ref().err().map_or("", |u| u.brief.as_str()))).collect();
+        let what: Vec<String> = clients
+            .iter()
+            .zip(&answers)
+            .map(|(c, a)| {
+                format!(
+                    "{} ({})",
+                    c.url(),
+                    a.as_ref().err().map_or("", |u| u.brief.as_str())
+                )
+            })
+            .collect();
         (w.say)(&format!(
             "waiting for store server{} {}; retrying in {:.1} s",
             if clients.len() > 1 { "s" } else { "" },
@@ -288,7 +359,9 @@ pub fn resolve_waiting(id: &str, urls: &[String], flags: &Overrides, wait: Optio
     for (c, _) in clients.iter().zip(&docs).filter(|(_, d)| d.is_some()) {
         match c.get(&path) {
             Ok(v) => {
-                let r = serde_json::from_value::<TargetRecord>(v).map_err(|e| AgentError::Api { message: format!("{}{path}: the target record is not usable: {e}", c.url()) })?;
+                let r = serde_json::from_value::<TargetRecord>(v).map_err(|e| AgentError::Api {
+                    message: format!("{}{path}: the target record is not usable: {e}", c.url()),
+                })?;
                 record = Some((c.url().to_string(), Some(r)));
                 break;
             }
@@ -310,7 +383,10 @@ pub fn resolve_waiting(id: &str, urls: &[String], flags: &Overrides, wait: Optio
         let doc = docs[i].as_ref().expect("placement lists answering servers");
         let url = clients[i].url();
         let Some(address) = Url::parse(url).ok().and_then(|api| nbd_address(doc, &api)) else {
-            log::warn!("{url}: server {} serves no NBD (no listen address, no socket); it is left out", doc.name);
+            log::warn!(
+                "{url}: server {} serves no NBD (no listen address, no socket); it is left out",
+                doc.name
+            );
             continue;
         };
         let mut ep = Endpoint::at(address, &plan.export);
@@ -327,10 +403,22 @@ pub fn resolve_waiting(id: &str, urls: &[String], flags: &Overrides, wait: Optio
     }
     if endpoints.is_empty() {
         return Err(AgentError::NoServer {
-            message: format!("no store server can take target {id}: {}", if failures.is_empty() { "none serves NBD".to_string() } else { failures.join("; ") }),
+            message: format!(
+                "no store server can take target {id}: {}",
+                if failures.is_empty() {
+                    "none serves NBD".to_string()
+                } else {
+                    failures.join("; ")
+                }
+            ),
         });
     }
-    Ok(Resolved { plan, endpoints, link: ApiLink::new(id, apis), servers })
+    Ok(Resolved {
+        plan,
+        endpoints,
+        link: ApiLink::new(id, apis),
+        servers,
+    })
 }
 
 /// `GET /api/v1/server` of every client at once; a server that has not answered within
@@ -340,20 +428,35 @@ fn ask_all(clients: &[Client], within: Duration) -> Vec<Result<ServerDoc, Unansw
     let (tx, rx) = std::sync::mpsc::channel();
     for (i, c) in clients.iter().enumerate() {
         let (c, sender) = (c.clone(), tx.clone());
-        let spawned = std::thread::Builder::new().name("vdstream-api".into()).spawn(move || {
-            let doc = c
-                .get("/api/v1/server")
-                .map_err(|e| Unanswered::from_client(&e))
-                .and_then(|v| serde_json::from_value::<ServerDoc>(v).map_err(|e| Unanswered::new(format!("its /api/v1/server answer: {e}"))));
-            let _ = sender.send((i, doc));
-        });
+        let spawned = std::thread::Builder::new()
+            .name("vdstream-api".into())
+            .spawn(move || {
+                let doc = c
+                    .get("/api/v1/server")
+                    .map_err(|e| Unanswered::from_client(&e))
+                    .and_then(|v| {
+                        serde_json::from_value::<ServerDoc>(v)
+                            .map_err(|e| Unanswered::new(format!("its /api/v1/server answer: {e}")))
+                    });
+                let _ = sender.send((i, doc));
+            });
         if let Err(e) = spawned {
-            let _ = tx.send((i, Err(Unanswered::new(format!("cannot start the query: {e}")))));
+            let _ = tx.send((
+                i,
+                Err(Unanswered::new(format!("cannot start the query: {e}"))),
+            ));
         }
     }
     drop(tx);
-    let mut out: Vec<Result<ServerDoc, Unanswered>> =
-        clients.iter().map(|_| Err(Unanswered { message: format!("no answer within {within:?}"), brief: "no answer".into() })).collect();
+    let mut out: Vec<Result<ServerDoc, Unanswered>> = clients
+        .iter()
+        .map(|_| {
+            Err(Unanswered {
+                message: format!("no answer within {within:?}"),
+                brief: "no answer".into(),
+            })
+        })
+        .collect();
     let deadline = std::time::Instant::now() + within;
     for _ in 0..clients.len() {
         match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
@@ -374,7 +477,10 @@ struct Unanswered {
 
 impl Unanswered {
     fn new(message: String) -> Unanswered {
-        Unanswered { brief: message.clone(), message }
+        Unanswered {
+            brief: message.clone(),
+            message,
+        }
     }
 
     fn from_client(e: &ClientError) -> Unanswered {
@@ -386,7 +492,10 @@ impl Unanswered {
             },
             other => other.to_string(),
         };
-        Unanswered { message: e.to_string(), brief }
+        Unanswered {
+            message: e.to_string(),
+            brief,
+        }
     }
 }
 
@@ -403,11 +512,18 @@ pub struct ApiLink {
     target: String,
     apis: Vec<Client>,
     reporting: Arc<AtomicBool>,
+    /// A refused report was logged at WARN and none got through since.
+    refused_told: Arc<AtomicBool>,
 }
 
 impl ApiLink {
     pub fn new(target: &str, apis: Vec<Client>) -> ApiLink {
-        ApiLink { target: target.to_string(), apis, reporting: Arc::new(AtomicBool::new(false)) }
+        ApiLink {
+            target: target.to_string(),
+            apis,
+            reporting: Arc::new(AtomicBool::new(false)),
+            refused_told: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     /// The API URL of endpoint `index`.
@@ -418,17 +534,29 @@ impl ApiLink {
     /// Sends `status` to the API of endpoint `index` in the background, unless the last
     /// report is still under way (a slow server never piles reports up).
     pub fn report(&self, index: usize, status: &Status) {
-        let Some(client) = self.apis.get(index).cloned() else { return };
+        let Some(client) = self.apis.get(index).cloned() else {
+            return;
+        };
         if self.reporting.swap(true, Relaxed) {
-            log::debug!("target {}: the last report to {} is still under way; skipping one", self.target, client.url());
+            log::debug!(
+                "target {}: the last report to {} is still under way; skipping one",
+                self.target,
+                client.url()
+            );
             return;
         }
         let doc = serde_json::to_value(status).expect("a status always serializes");
-        let (flag, target) = (self.reporting.clone(), self.target.clone());
-        let spawned = std::thread::Builder::new().name("vdstream-report".into()).spawn(move || {
-            report_now(&client, &target, &doc);
-            flag.store(false, Relaxed);
-        });
+        let (flag, told, target) = (
+            self.reporting.clone(),
+            self.refused_told.clone(),
+            self.target.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("vdstream-report".into())
+            .spawn(move || {
+                report_now(&client, &target, &doc, &told);
+                flag.store(false, Relaxed);
+            });
         if let Err(e) = spawned {
             self.reporting.store(false, Relaxed);
             log::debug!("target {}: cannot start a report: {e}", self.target);
@@ -438,7 +566,12 @@ impl ApiLink {
     /// Sends `status` now and waits (the last report, at exit).
     pub fn report_blocking(&self, index: usize, status: &Status) {
         if let Some(client) = self.apis.get(index) {
-            report_now(client, &self.target, &serde_json::to_value(status).expect("a status always serializes"));
+            report_now(
+                client,
+                &self.target,
+                &serde_json::to_value(status).expect("a status always serializes"),
+                &self.refused_told,
+            );
         }
     }
 
@@ -450,7 +583,11 @@ impl ApiLink {
         let docs: Vec<Option<ServerDoc>> = answers.into_iter().map(Result::ok).collect();
         let mut order = placement_order(&docs);
         let n = self.apis.len();
-        order.extend((1..=n).map(|k| (failed + k) % n).filter(|i| docs[*i].is_none()));
+        order.extend(
+            (1..=n)
+                .map(|k| (failed + k) % n)
+                .filter(|i| docs[*i].is_none()),
+        );
         order
     }
 }
@@ -461,10 +598,35 @@ impl crate::remote::Reorder for ApiLink {
     }
 }
 
-fn report_now(client: &Client, target: &str, doc: &Value) {
-    if let Err(e) = client.put(&format!("/api/v1/targets/{target}/agent"), doc) {
-        log::debug!("target {target}: report to {} failed: {e}", client.url());
+/// Sends one report. A refusal for the credential is told at WARN once (`told`), until a
+/// report gets through again; other failures at debug (the next report retries).
+fn report_now(client: &Client, target: &str, doc: &Value, told: &AtomicBool) {
+    match client.put(&format!("/api/v1/targets/{target}/agent"), doc) {
+        Ok(_) => told.store(false, Relaxed),
+        Err(
+            e @ ClientError::Api {
+                status: 401 | 403, ..
+            },
+        ) if !told.swap(true, Relaxed) => {
+            log::warn!("target {target}: {}", refused_report(client.url(), &e));
+        }
+        Err(e) => log::debug!("target {target}: report to {} failed: {e}", client.url()),
     }
+}
+
+/// What a report refused for its credential means, and what to do (logged once).
+fn refused_report(url: &str, e: &ClientError) -> String {
+    let status = match e {
+        ClientError::Api { status, .. } => *status,
+        _ => 0,
+    };
+    format!(
+        "the API at {url} refused its status report ({status}: {e}); the console shows the target offline until reports get through. \
+         The API needs a credential once a token was made in the store: give this agent a token of role operator in a file \
+         (`vdstream token add NAME --role operator > FILE`, then VDSTREAM_TOKEN_FILE=FILE in the agent's environment) or, \
+         with https, its target certificate (VDSTREAM_TLS_CERTIFICATES=DIR). The agent keeps running and reporting; \
+         this is logged once"
+    )
 }
 
 #[cfg(test)]
@@ -474,16 +636,30 @@ mod tests {
     use vdstream_contract::server::NbdAddresses;
 
     fn doc(sessions: u64, draining: bool) -> Option<ServerDoc> {
-        Some(ServerDoc { nbd: NbdAddresses { listen: None, socket: Some("/s".into()) }, sessions, draining, ..ServerDoc::default() })
+        Some(ServerDoc {
+            nbd: NbdAddresses {
+                listen: None,
+                socket: Some("/s".into()),
+            },
+            sessions,
+            draining,
+            ..ServerDoc::default()
+        })
     }
 
     #[test]
     fn placement_prefers_the_least_busy_and_puts_draining_last() {
-        assert_eq!(placement_order(&[doc(3, false), doc(1, false), doc(2, false)]), vec![1, 2, 0]);
+        assert_eq!(
+            placement_order(&[doc(3, false), doc(1, false), doc(2, false)]),
+            vec![1, 2, 0]
+        );
         // Ties keep the order listed.
         assert_eq!(placement_order(&[doc(1, false), doc(1, false)]), vec![0, 1]);
         // A draining server is never first, however idle; one that did not answer is left out.
-        assert_eq!(placement_order(&[doc(0, true), None, doc(5, false)]), vec![2, 0]);
+        assert_eq!(
+            placement_order(&[doc(0, true), None, doc(5, false)]),
+            vec![2, 0]
+        );
         assert_eq!(placement_order(&[None, None]), Vec::<usize>::new());
     }
 
@@ -494,25 +670,62 @@ mod tests {
         assert_eq!((d.sessions, d.draining), (4, false));
         let at = |api: &str, d: &ServerDoc| nbd_address(d, &Url::parse(api).unwrap());
         // On this machine: the socket; from elsewhere: TCP, at the host the API answered on.
-        for local in ["http://127.0.0.1:8480/", "http://localhost:8480", "http://[::1]:8480"] {
+        for local in [
+            "http://127.0.0.1:8480/",
+            "http://localhost:8480",
+            "http://[::1]:8480",
+        ] {
             assert_eq!(at(local, &d), Some(Address::unix("/run/s.sock")), "{local}");
         }
-        assert_eq!(at("http://10.0.0.2:8480", &d), Some(Address::tcp("10.0.0.2:10809")));
-        assert_eq!(at("http://pvs1.example:8480", &d), Some(Address::tcp("pvs1.example:10809")));
-        d.nbd = NbdAddresses { listen: Some("10.0.0.9:10900".into()), socket: Some(String::new()) };
-        assert_eq!(at("http://127.0.0.1:8480", &d), Some(Address::tcp("10.0.0.9:10900")));
+        assert_eq!(
+            at("http://10.0.0.2:8480", &d),
+            Some(Address::tcp("10.0.0.2:10809"))
+        );
+        assert_eq!(
+            at("http://pvs1.example:8480", &d),
+            Some(Address::tcp("pvs1.example:10809"))
+        );
+        d.nbd = NbdAddresses {
+            listen: Some("10.0.0.9:10900".into()),
+            socket: Some(String::new()),
+        };
+        assert_eq!(
+            at("http://127.0.0.1:8480", &d),
+            Some(Address::tcp("10.0.0.9:10900"))
+        );
         d.nbd.listen = Some("[::]:10809".into());
-        assert_eq!(at("http://[::1]:8480", &d), Some(Address::tcp("[::1]:10809")));
-        assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::2]:10809")));
+        assert_eq!(
+            at("http://[::1]:8480", &d),
+            Some(Address::tcp("[::1]:10809"))
+        );
+        assert_eq!(
+            at("http://[fd00::2]:8480", &d),
+            Some(Address::tcp("[fd00::2]:10809"))
+        );
         d.nbd.listen = Some("[fd00::9]:10900".into());
-        assert_eq!(at("http://[fd00::2]:8480", &d), Some(Address::tcp("[fd00::9]:10900")));
+        assert_eq!(
+            at("http://[fd00::2]:8480", &d),
+            Some(Address::tcp("[fd00::9]:10900"))
+        );
         // A loopback listener seen through a non-loopback API address: the API's host (the
         // guest of qemu's user-mode network reaches the host's 127.0.0.1 as 10.0.2.2).
-        d.nbd = NbdAddresses { listen: Some("127.0.0.1:10900".into()), socket: None };
-        assert_eq!(at("http://10.0.2.2:8480", &d), Some(Address::tcp("10.0.2.2:10900")));
-        assert_eq!(at("http://127.0.0.1:8480", &d), Some(Address::tcp("127.0.0.1:10900")));
+        d.nbd = NbdAddresses {
+            listen: Some("127.0.0.1:10900".into()),
+            socket: None,
+        };
+        assert_eq!(
+            at("http://10.0.2.2:8480", &d),
+            Some(Address::tcp("10.0.2.2:10900"))
+        );
+        assert_eq!(
+            at("http://127.0.0.1:8480", &d),
+            Some(Address::tcp("127.0.0.1:10900"))
+        );
         d.nbd.listen = Some("pvs1:10900".into());
-        assert_eq!(at("http://10.0.0.2:8480", &d), Some(Address::tcp("pvs1:10900")));
+        assert_eq!(
+            at("http://10.0.0.2:8480", &d),
+            Some(Address::tcp("pvs1:10900"))
+        );
         // No port, or nothing at all: no NBD address.
         d.nbd.listen = Some("pvs1".into());
         assert_eq!(at("http://10.0.0.2:8480", &d), None);
@@ -526,7 +739,10 @@ mod tests {
         let answering = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = |l: &std::net::TcpListener| format!("http://{}", l.local_addr().unwrap());
-        let clients = vec![Client::new(&url(&silent)).unwrap(), Client::new(&url(&answering)).unwrap()];
+        let clients = vec![
+            Client::new(&url(&silent)).unwrap(),
+            Client::new(&url(&answering)).unwrap(),
+        ];
         let server = std::thread::spawn(move || {
             let (mut s, _) = answering.accept().unwrap();
             let mut buf = [0u8; 4096];
@@ -536,98 +752,293 @@ mod tests {
         });
         let t = std::time::Instant::now();
         let answers = ask_all(&clients, Duration::from_millis(500));
-        assert!(t.elapsed() < Duration::from_millis(1500), "took {:?}", t.elapsed());
-        assert!(answers[0].as_ref().unwrap_err().message.contains("no answer"), "{:?}", answers[0]);
+        assert!(
+            t.elapsed() < Duration::from_millis(1500),
+            "took {:?}",
+            t.elapsed()
+        );
+        assert!(
+            answers[0]
+                .as_ref()
+                .unwrap_err()
+                .message
+                .contains("no answer"),
+            "{:?}",
+            answers[0]
+        );
         let b = answers[1].as_ref().unwrap();
-        assert_eq!((b.sessions, b.draining, b.nbd.socket.as_deref()), (2, true, Some("/b.sock")));
+        assert_eq!(
+            (b.sessions, b.draining, b.nbd.socket.as_deref()),
+            (2, true, Some("/b.sock"))
+        );
         server.join().unwrap();
         drop(silent);
     }
 
     fn rec(cache: CacheType) -> TargetRecord {
-        record(json!({"vdisk": "win11", "version": "production", "cache": cache, "ram": 1u64 << 30, "overflow_max": 8u64 << 30}))
+        record(
+            json!({"vdisk": "win11", "version": "production", "cache": cache, "ram": 1u64 << 30, "overflow_max": 8u64 << 30}),
+        )
     }
 
     /// A record as the server sends it, with `fields` laid over the ones every record has.
     fn record(fields: Value) -> TargetRecord {
         let mut doc = json!({"format": "vdstream-target", "format_version": 1, "id": "vm1", "created": "2025-03-01T22:00:00Z",
             "created_by": "t", "updated": "2025-03-01T22:00:00Z", "updated_by": "t", "generation": 1});
-        doc.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        doc.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
         serde_json::from_value(doc).unwrap()
     }
 
     #[test]
     fn records_read_with_string_or_number_versions_and_known_caches_only() {
         let r = record(json!({"vdisk": "w", "version": 3, "cache": "device-disk", "ram": 5}));
-        assert_eq!((r.version, r.cache, r.ram, r.overflow_max), (Selector::Number(3), CacheType::DeviceDisk, Some(5), None));
-        assert_eq!(record(json!({"vdisk": "w", "version": "test", "cache": "server"})).version, Selector::Test);
+        assert_eq!(
+            (r.version, r.cache, r.ram, r.overflow_max),
+            (Selector::Number(3), CacheType::DeviceDisk, Some(5), None)
+        );
+        assert_eq!(
+            record(json!({"vdisk": "w", "version": "test", "cache": "server"})).version,
+            Selector::Test
+        );
         let mut bad = serde_json::to_value(rec(CacheType::Server)).unwrap();
         bad["cache"] = json!("floppy");
-        assert!(serde_json::from_value::<TargetRecord>(bad).unwrap_err().to_string().contains("floppy"));
+        assert!(serde_json::from_value::<TargetRecord>(bad)
+            .unwrap_err()
+            .to_string()
+            .contains("floppy"));
     }
 
     #[test]
     fn the_record_alone_reads_target_id_with_a_vdisk_fallback() {
-        let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &Overrides::default()).unwrap();
-        assert_eq!((p.export.as_str(), p.fallback.as_deref(), p.source), ("target/vm1", Some("vdisk/win11"), "record"));
-        assert_eq!((p.cache, p.ram, p.overflow_max, p.version), (CacheType::DeviceDisk, Some(1 << 30), Some(8 << 30), None));
-        let r = TargetRecord { version: Selector::Number(3), ..rec(CacheType::RamOverflow) };
+        let p = plan(
+            "vm1",
+            "http://a:1",
+            Some(&rec(CacheType::DeviceDisk)),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (p.export.as_str(), p.fallback.as_deref(), p.source),
+            ("target/vm1", Some("vdisk/win11"), "record")
+        );
+        assert_eq!(
+            (p.cache, p.ram, p.overflow_max, p.version),
+            (CacheType::DeviceDisk, Some(1 << 30), Some(8 << 30), None)
+        );
+        let r = TargetRecord {
+            version: Selector::Number(3),
+            ..rec(CacheType::RamOverflow)
+        };
         let p = plan("vm1", "http://a:1", Some(&r), &Overrides::default()).unwrap();
-        assert_eq!((p.export.as_str(), p.fallback.as_deref()), ("target/vm1", Some("vdisk/win11@3")));
+        assert_eq!(
+            (p.export.as_str(), p.fallback.as_deref()),
+            ("target/vm1", Some("vdisk/win11@3"))
+        );
         // Server types have no fallback: their cache is the server's target/ID.
-        let p = plan("vm1", "http://a:1", Some(&rec(CacheType::Server)), &Overrides::default()).unwrap();
+        let p = plan(
+            "vm1",
+            "http://a:1",
+            Some(&rec(CacheType::Server)),
+            &Overrides::default(),
+        )
+        .unwrap();
         assert_eq!((p.export.as_str(), p.fallback), ("target/vm1", None));
     }
 
     #[test]
     fn flags_win_over_the_record() {
-        let flags = Overrides { cache: Some(CacheType::DeviceRam), ram: Some(64 << 20), ..Overrides::default() };
-        let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &flags).unwrap();
-        assert_eq!((p.cache, p.ram, p.overflow_max, p.source), (CacheType::DeviceRam, Some(64 << 20), Some(8 << 30), "record and flags"));
+        let flags = Overrides {
+            cache: Some(CacheType::DeviceRam),
+            ram: Some(64 << 20),
+            ..Overrides::default()
+        };
+        let p = plan(
+            "vm1",
+            "http://a:1",
+            Some(&rec(CacheType::DeviceDisk)),
+            &flags,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.cache, p.ram, p.overflow_max, p.source),
+            (
+                CacheType::DeviceRam,
+                Some(64 << 20),
+                Some(8 << 30),
+                "record and flags"
+            )
+        );
         assert_eq!(p.export, "target/vm1");
         // Another version than the record's: target/ID would serve the record's, so the vDisk is read directly.
-        let flags = Overrides { vdisk: Some("win11@2".into()), ..Overrides::default() };
-        let p = plan("vm1", "http://a:1", Some(&rec(CacheType::DeviceDisk)), &flags).unwrap();
-        assert_eq!((p.export.as_str(), p.fallback, p.version), ("vdisk/win11@2", None, Some(Selector::Number(2))));
+        let flags = Overrides {
+            vdisk: Some("win11@2".into()),
+            ..Overrides::default()
+        };
+        let p = plan(
+            "vm1",
+            "http://a:1",
+            Some(&rec(CacheType::DeviceDisk)),
+            &flags,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.export.as_str(), p.fallback, p.version),
+            ("vdisk/win11@2", None, Some(Selector::Number(2)))
+        );
         // The record's name without @V keeps the record's version.
-        let r = TargetRecord { version: Selector::Test, ..rec(CacheType::DeviceDisk) };
-        let p = plan("vm1", "http://a:1", Some(&r), &Overrides { vdisk: Some("win11".into()), ..Overrides::default() }).unwrap();
-        assert_eq!((p.export.as_str(), p.fallback.as_deref()), ("target/vm1", Some("vdisk/win11@test")));
+        let r = TargetRecord {
+            version: Selector::Test,
+            ..rec(CacheType::DeviceDisk)
+        };
+        let p = plan(
+            "vm1",
+            "http://a:1",
+            Some(&r),
+            &Overrides {
+                vdisk: Some("win11".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (p.export.as_str(), p.fallback.as_deref()),
+            ("target/vm1", Some("vdisk/win11@test"))
+        );
         // A device type over a record of a server type: the vDisk, not the server's cache.
-        let flags = Overrides { cache: Some(CacheType::DeviceDisk), ..Overrides::default() };
+        let flags = Overrides {
+            cache: Some(CacheType::DeviceDisk),
+            ..Overrides::default()
+        };
         let p = plan("vm1", "http://a:1", Some(&rec(CacheType::Server)), &flags).unwrap();
         assert_eq!(p.export, "vdisk/win11");
     }
 
     #[test]
     fn a_server_side_cache_follows_its_record() {
-        let flags = Overrides { cache: Some(CacheType::ServerPersistent), ..Overrides::default() };
-        let e = plan("vm1", "http://a:1", Some(&rec(CacheType::Server)), &flags).unwrap_err().to_string();
+        let flags = Overrides {
+            cache: Some(CacheType::ServerPersistent),
+            ..Overrides::default()
+        };
+        let e = plan("vm1", "http://a:1", Some(&rec(CacheType::Server)), &flags)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("vdstream target set vm1"), "{e}");
-        let flags = Overrides { cache: Some(CacheType::Server), ..Overrides::default() };
-        let e = plan("vm1", "http://a:1", None, &Overrides { vdisk: Some("w".into()), ..flags }).unwrap_err().to_string();
-        assert!(e.contains("vdstream target add vm1 --vdisk w --cache server"), "{e}");
+        let flags = Overrides {
+            cache: Some(CacheType::Server),
+            ..Overrides::default()
+        };
+        let e = plan(
+            "vm1",
+            "http://a:1",
+            None,
+            &Overrides {
+                vdisk: Some("w".into()),
+                ..flags
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("vdstream target add vm1 --vdisk w --cache server"),
+            "{e}"
+        );
     }
 
     #[test]
     fn without_a_record_the_flags_must_name_the_vdisk() {
-        let e = plan("vm1", "http://a:1", None, &Overrides::default()).unwrap_err().to_string();
-        assert!(e.contains("vm1") && e.contains("vdstream target add vm1") && e.contains("--vdisk"), "{e}");
-        let flags = Overrides { vdisk: Some("win11@3".into()), cache: Some(CacheType::DeviceDisk), ..Overrides::default() };
+        let e = plan("vm1", "http://a:1", None, &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("vm1") && e.contains("vdstream target add vm1") && e.contains("--vdisk"),
+            "{e}"
+        );
+        let flags = Overrides {
+            vdisk: Some("win11@3".into()),
+            cache: Some(CacheType::DeviceDisk),
+            ..Overrides::default()
+        };
         let p = plan("vm1", "http://a:1", None, &flags).unwrap();
-        assert_eq!((p.export.as_str(), p.fallback, p.cache, p.source), ("vdisk/win11@3", None, CacheType::DeviceDisk, "flags"));
-        let p = plan("vm1", "http://a:1", None, &Overrides { vdisk: Some("win11".into()), ..Overrides::default() }).unwrap();
-        assert_eq!((p.export.as_str(), p.cache), ("vdisk/win11", CacheType::RamOverflow));
+        assert_eq!(
+            (p.export.as_str(), p.fallback, p.cache, p.source),
+            ("vdisk/win11@3", None, CacheType::DeviceDisk, "flags")
+        );
+        let p = plan(
+            "vm1",
+            "http://a:1",
+            None,
+            &Overrides {
+                vdisk: Some("win11".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (p.export.as_str(), p.cache),
+            ("vdisk/win11", CacheType::RamOverflow)
+        );
         // What the export-name grammar refuses is refused here, saying why and what to give.
-        for (bad, why) in [("", "empty"), ("a/b", "path separator"), ("w@", "not a version"), ("w@x", "not a version"), ("-rf", "'-'"), ("../x", "separator")] {
-            let e = plan("vm1", "u", None, &Overrides { vdisk: Some(bad.into()), ..Overrides::default() }).unwrap_err().to_string();
-            assert!(e.starts_with(&format!("--vdisk {bad:?}: ")) && e.contains(why) && e.ends_with("e.g. win11 or win11@3"), "{bad}: {e}");
+        for (bad, why) in [
+            ("", "empty"),
+            ("a/b", "path separator"),
+            ("w@", "not a version"),
+            ("w@x", "not a version"),
+            ("-rf", "'-'"),
+            ("../x", "separator"),
+        ] {
+            let e = plan(
+                "vm1",
+                "u",
+                None,
+                &Overrides {
+                    vdisk: Some(bad.into()),
+                    ..Overrides::default()
+                },
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.starts_with(&format!("--vdisk {bad:?}: "))
+                    && e.contains(why)
+                    && e.ends_with("e.g. win11 or win11@3"),
+                "{bad}: {e}"
+            );
         }
-        let p = plan("vm1", "u", None, &Overrides { vdisk: Some("w@latest".into()), ..Overrides::default() }).unwrap();
-        assert_eq!((p.export.as_str(), p.version), ("vdisk/w@latest", Some(Selector::Latest)));
-        let p = plan("vm1", "u", None, &Overrides { vdisk: Some("w@prod".into()), ..Overrides::default() }).unwrap();
+        let p = plan(
+            "vm1",
+            "u",
+            None,
+            &Overrides {
+                vdisk: Some("w@latest".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (p.export.as_str(), p.version),
+            ("vdisk/w@latest", Some(Selector::Latest))
+        );
+        let p = plan(
+            "vm1",
+            "u",
+            None,
+            &Overrides {
+                vdisk: Some("w@prod".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
         assert_eq!((p.export.as_str(), p.version), ("vdisk/w", None));
-        let flags = Overrides { vdisk: Some("w".into()), cache: Some(CacheType::Private), ..Overrides::default() };
-        assert!(plan("vm1", "u", None, &flags).unwrap_err().to_string().contains("private"));
+        let flags = Overrides {
+            vdisk: Some("w".into()),
+            cache: Some(CacheType::Private),
+            ..Overrides::default()
+        };
+        assert!(plan("vm1", "u", None, &flags)
+            .unwrap_err()
+            .to_string()
+            .contains("private"));
     }
 }

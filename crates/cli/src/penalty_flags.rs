@@ -15,6 +15,8 @@ pub struct PenaltyFlags {
     /// them, for 30 s, doubling each time it happens again, up to 10 minutes (as OpenSSH's
     /// PerSourcePenalties). An IPv6 client counts by its /64; a client that merely closes
     /// early (a health check) is not counted; connections already open are not touched.
+    /// `vdstream server`'s HTTP API counts failed authentications (wrong or revoked
+    /// tokens) by the same rules, and answers a penalized address 429.
     /// 0 turns penalties off. Default: 10.
     #[arg(long, value_name = "N")]
     pub handshake_penalty: Option<u32>,
@@ -35,7 +37,8 @@ impl PenaltyFlags {
             config.max_failures = n;
         }
         if let Some(list) = self.handshake_penalty_exempt.as_deref().or(file_exempt) {
-            config.exempt = parse_exempt(list).map_err(|e| anyhow!("--handshake-penalty-exempt: {e}"))?;
+            config.exempt =
+                parse_exempt(list).map_err(|e| anyhow!("--handshake-penalty-exempt: {e}"))?;
         }
         Ok(config)
     }
@@ -50,12 +53,25 @@ mod tests {
         let none = PenaltyFlags::default();
         assert_eq!(none.config(None, None).unwrap(), PenaltyConfig::default());
         assert_eq!(none.config(Some(3), Some("none")).unwrap().max_failures, 3);
-        assert!(none.config(Some(3), Some("none")).unwrap().exempt.is_empty());
-        let flags = PenaltyFlags { handshake_penalty: Some(0), handshake_penalty_exempt: Some("10.0.0.0/8".into()) };
+        assert!(none
+            .config(Some(3), Some("none"))
+            .unwrap()
+            .exempt
+            .is_empty());
+        let flags = PenaltyFlags {
+            handshake_penalty: Some(0),
+            handshake_penalty_exempt: Some("10.0.0.0/8".into()),
+        };
         let c = flags.config(Some(3), Some("none")).unwrap();
         assert_eq!((c.max_failures, c.exempt.len()), (0, 1));
-        let bad = PenaltyFlags { handshake_penalty: None, handshake_penalty_exempt: Some("lab-net".into()) };
+        let bad = PenaltyFlags {
+            handshake_penalty: None,
+            handshake_penalty_exempt: Some("lab-net".into()),
+        };
         let e = bad.config(None, None).unwrap_err().to_string();
-        assert!(e.contains("--handshake-penalty-exempt") && e.contains("lab-net"), "{e}");
+        assert!(
+            e.contains("--handshake-penalty-exempt") && e.contains("lab-net"),
+            "{e}"
+        );
     }
 }

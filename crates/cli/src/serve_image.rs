@@ -12,7 +12,10 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use vdstream_blockdev::{BlockDev, FileDev, FileOptions, MemoryDev};
-use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, OpenRequest, OpenedExport, Server, ServerConfig, ShutdownSignal};
+use vdstream_nbd::server::{
+    ExportInfo, Exports, Listener, OpenError, OpenRequest, OpenedExport, Server, ServerConfig,
+    ShutdownSignal,
+};
 use vdstream_qcow2::{open_chain, ImageFormat, OpenOptions, Qcow2Image};
 
 use vdstream_wcache::space::{self, Capacity, DirRule};
@@ -156,7 +159,12 @@ pub struct ServeImageArgs {
     /// by the threads; falls back to `sync` where the kernel refuses io_uring). With O_DIRECT
     /// the whole-page reads and writes of a connection go to the file as one batch through
     /// the connection's own io_uring either way.
-    #[arg(long, value_name = "sync|io_uring", default_value = "sync", requires = "cache")]
+    #[arg(
+        long,
+        value_name = "sync|io_uring",
+        default_value = "sync",
+        requires = "cache"
+    )]
     io_engine: vdstream_blockdev::IoEngineKind,
 
     /// Disk cache types with O_DIRECT: write zeros over each 2 MiB chunk of the cache file
@@ -205,6 +213,15 @@ pub struct ServeImageArgs {
     /// every client is served, so keep to a unix socket or loopback.
     #[arg(long, value_name = "none|all", default_value = "none", value_parser = ["none", "all"])]
     anonymous: String,
+
+    /// With TLS on, serve only clients whose verified certificate carries NAME: its
+    /// subject's common name (CN=NAME) or a DNS, URI or e-mail subject alternative name.
+    /// Repeatable (any one of them will do). Without it, any certificate the CA signed is
+    /// served, as by nbdkit and qemu-nbd (this is qemu-nbd's --tls-authz). Others are
+    /// refused with NBD_REP_ERR_POLICY naming the certificate. Clients without a
+    /// certificate are --anonymous's. Example: --tls-allow-name t1 --tls-allow-name backup.lab
+    #[arg(long, value_name = "NAME")]
+    tls_allow_name: Vec<String>,
 }
 
 impl ServeImageArgs {
@@ -239,13 +256,22 @@ impl SingleExport {
     fn new(name: String, description: String, dev: Arc<dyn BlockDev>, one_writer: bool) -> Self {
         let baseline = Arc::strong_count(&dev) + 1; // + the clone `open` hands out
         let one_writer = one_writer.then(|| std::sync::Mutex::new(baseline));
-        SingleExport { name, description, dev, one_writer, refuse_anonymous: false }
+        SingleExport {
+            name,
+            description,
+            dev,
+            one_writer,
+            refuse_anonymous: false,
+        }
     }
 }
 
 impl Exports for SingleExport {
     fn list(&self) -> Vec<ExportInfo> {
-        vec![ExportInfo { name: self.name.clone(), description: self.description.clone() }]
+        vec![ExportInfo {
+            name: self.name.clone(),
+            description: self.description.clone(),
+        }]
     }
 
     fn description(&self, name: &str) -> Option<String> {
@@ -263,12 +289,18 @@ impl Exports for SingleExport {
             )));
         }
         let device = self.open(req.name)?;
-        Ok(OpenedExport { device, description: self.description(req.name), exclusive: self.one_writer.is_some() })
+        Ok(OpenedExport {
+            device,
+            description: self.description(req.name),
+            exclusive: self.one_writer.is_some(),
+        })
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
         if name.is_empty() || name == self.name {
-            let Some(baseline) = &self.one_writer else { return Ok(self.dev.clone()) };
+            let Some(baseline) = &self.one_writer else {
+                return Ok(self.dev.clone());
+            };
             let baseline = baseline.lock().unwrap_or_else(|p| p.into_inner());
             // A writer that just disconnected may take a moment to let go of the device.
             for _ in 0..50 {
@@ -291,9 +323,15 @@ impl Exports for SingleExport {
 pub fn run(args: ServeImageArgs) -> Result<()> {
     // Checked first: nothing is opened for a server that will not start.
     let tls = args.tls.tls != vdstream_nbd::TlsMode::Off;
-    if let Some(addr) = args.listen.filter(|a| !tls && !args.insecure && !vdstream_server::config::is_loopback(a)) {
+    if let Some(addr) = args
+        .listen
+        .filter(|a| !tls && !args.insecure && !vdstream_server::config::is_loopback(a))
+    {
         let e = vdstream_server::config::InsecureListen { what: "NBD", addr };
-        return Err(crate::exit::fail(crate::exit::Kind::Insecure, e.to_string()));
+        return Err(crate::exit::fail(
+            crate::exit::Kind::Insecure,
+            e.to_string(),
+        ));
     }
     if args.read_only && args.memory.is_some() {
         usage!("--read-only with --memory would serve a disk of zeros; drop --read-only");
@@ -302,7 +340,12 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
     let (dev, description): (Arc<dyn BlockDev>, String) = match (&args.file, args.memory) {
         _ if args.vdisk.is_some() => {
             let opened = open_vdisk(&args)?;
-            let d = format!("{} of vDisk {} ({})", opened.layer, opened.vdisk, opened.path.display());
+            let d = format!(
+                "{} of vDisk {} ({})",
+                opened.layer,
+                opened.vdisk,
+                opened.path.display()
+            );
             let dev = opened.dev.clone();
             opened_layer = Some(opened);
             (dev, d)
@@ -311,7 +354,10 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             if size == 0 {
                 usage!("--memory must be larger than 0 (e.g. --memory 1G)");
             }
-            (Arc::new(MemoryDev::new(size)), format!("RAM disk of {}", format_size(size)))
+            (
+                Arc::new(MemoryDev::new(size)),
+                format!("RAM disk of {}", format_size(size)),
+            )
         }
         (Some(path), None) => {
             // Under a cache the image is the read-only vDisk; only `private` writes to it.
@@ -339,13 +385,23 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
                 io_engine: args.io_engine,
                 zero_fill: args.zero_fill,
                 overflow_device: None,
-                lock_path: args.file.clone().or_else(|| opened_layer.as_ref().map(|o| o.path.clone())),
+                lock_path: args
+                    .file
+                    .clone()
+                    .or_else(|| opened_layer.as_ref().map(|o| o.path.clone())),
             };
-            let rule = if args.overflow_dir.is_some() { DirRule::ParentMustExist } else { DirRule::CreateAll };
-            if let Some(warning) = space::check_cache_room(kind, &cfg, rule, dev.size(), args.allow_low_space)? {
+            let rule = if args.overflow_dir.is_some() {
+                DirRule::ParentMustExist
+            } else {
+                DirRule::CreateAll
+            };
+            if let Some(warning) =
+                space::check_cache_room(kind, &cfg, rule, dev.size(), args.allow_low_space)?
+            {
                 log::warn!("{warning}");
             }
-            let cache = vdstream_wcache::open(kind, dev, &cfg).with_context(|| format!("cannot open the {kind} write cache"))?;
+            let cache = vdstream_wcache::open(kind, dev, &cfg)
+                .with_context(|| format!("cannot open the {kind} write cache"))?;
             cache_in_use = Some((cache.clone(), cfg));
             let dev: Arc<dyn BlockDev> = cache;
             (dev, format!("{description} through a {kind} write cache"))
@@ -354,7 +410,8 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
     let trace = match &args.record_trace {
         None => None,
         Some(path) => Some(Arc::new(
-            vdstream_blockdev::TraceDev::create(dev.clone(), path).with_context(|| "cannot record the I/O trace (--record-trace)")?,
+            vdstream_blockdev::TraceDev::create(dev.clone(), path)
+                .with_context(|| "cannot record the I/O trace (--record-trace)")?,
         )),
     };
     let dev: Arc<dyn BlockDev> = match &trace {
@@ -369,12 +426,26 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
     if tls_on && !args.tls.tls_verify_peer && !anonymous_all {
         anyhow::bail!("--tls-verify-peer false makes every TLS client anonymous, and --anonymous none (the default) refuses anonymous clients: add --anonymous all to serve them");
     }
+    let verifies_certificates = tls_on && args.tls.tls_verify_peer;
+    if !verifies_certificates && !args.tls_allow_name.is_empty() {
+        usage!("--tls-allow-name narrows the client certificates TLS verifies: it needs --tls on|require with --tls-certificates DIR (and --tls-verify-peer true)");
+    }
+    if let Some(bad) = args
+        .tls_allow_name
+        .iter()
+        .find(|n| n.is_empty() || n.chars().any(|c| c.is_control()))
+    {
+        usage!("--tls-allow-name {bad:?}: give a certificate's common name or subject alternative name, e.g. --tls-allow-name t1");
+    }
     let mut exports = SingleExport::new(args.name.clone(), description.clone(), dev, one_writer);
     exports.refuse_anonymous = tls_on && !anonymous_all;
     let exports = Arc::new(exports);
 
     let scheme = if tls_on { "nbds" } else { "nbd" };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the I/O runtime")?;
     runtime.block_on(async move {
         let config = ServerConfig {
             threads_per_connection: args.threads as usize,
@@ -383,10 +454,14 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             tls,
             tls_mode: args.tls.tls,
             penalty: args.penalty.config(None, None)?,
+            tls_allow_names: args.tls_allow_name.clone(),
             ..ServerConfig::default()
         };
         if config.tls.is_some() {
             outln!("vdstream: {}", args.tls.describe());
+            if !config.tls_allow_names.is_empty() {
+                outln!("vdstream: client certificates served: those naming {} (--tls-allow-name)", config.tls_allow_names.join(", "));
+            }
         }
         if args.listen.is_some() {
             log::info!("NBD: {} (--handshake-penalty)", config.penalty.describe());
@@ -437,16 +512,27 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
 }
 
 /// Opens FILE as raw or as qcow2 with its backing chain (read-only layers below the top).
-fn open_image(named: &Path, format: FormatChoice, read_only: bool, direct: bool) -> Result<(Arc<dyn BlockDev>, String)> {
-    let resolved = vdstream_blockdev::storefile::resolve_named(named).with_context(|| format!("cannot serve {}", named.display()))?;
+fn open_image(
+    named: &Path,
+    format: FormatChoice,
+    read_only: bool,
+    direct: bool,
+) -> Result<(Arc<dyn BlockDev>, String)> {
+    let resolved = vdstream_blockdev::storefile::resolve_named(named)
+        .with_context(|| format!("cannot serve {}", named.display()))?;
     let path = resolved.as_path();
     let qcow2 = match format {
         FormatChoice::Raw => false,
         FormatChoice::Qcow2 => true,
-        FormatChoice::Auto => vdstream_qcow2::probe_named(path).with_context(|| format!("cannot serve {}", named.display()))? == ImageFormat::Qcow2,
+        FormatChoice::Auto => {
+            vdstream_qcow2::probe_named(path)
+                .with_context(|| format!("cannot serve {}", named.display()))?
+                == ImageFormat::Qcow2
+        }
     };
     if !qcow2 {
-        let dev = FileDev::open(path, FileOptions { read_only, direct }).with_context(|| format!("cannot serve {}", path.display()))?;
+        let dev = FileDev::open(path, FileOptions { read_only, direct })
+            .with_context(|| format!("cannot serve {}", path.display()))?;
         return Ok((Arc::new(dev), format!("raw image {}", path.display())));
     }
     if direct {
@@ -455,10 +541,19 @@ fn open_image(named: &Path, format: FormatChoice, read_only: bool, direct: bool)
     let dev: Arc<dyn BlockDev> = if read_only {
         open_chain(path).with_context(|| format!("cannot serve {}", path.display()))?
     } else {
-        let options = OpenOptions { read_only: false, ..Default::default() };
-        Arc::new(Qcow2Image::open_with_backing_chain(path, options).with_context(|| format!("cannot serve {}", path.display()))?)
+        let options = OpenOptions {
+            read_only: false,
+            ..Default::default()
+        };
+        Arc::new(
+            Qcow2Image::open_with_backing_chain(path, options)
+                .with_context(|| format!("cannot serve {}", path.display()))?,
+        )
     };
-    Ok((dev, format!("qcow2 image {} with its backing chain", path.display())))
+    Ok((
+        dev,
+        format!("qcow2 image {} with its backing chain", path.display()),
+    ))
 }
 
 /// Opens the layer `--vdisk NAME[@V]` picks and says which one it is.
@@ -470,7 +565,9 @@ fn cache_dir(args: &ServeImageArgs, kind: CacheType) -> Result<PathBuf> {
         return Ok(dir.clone());
     }
     if args.vdisk.is_some() && matches!(kind, CacheType::Server | CacheType::ServerPersistent) {
-        return Ok(vdstream_store::server_cache_dir(&vdstream_store::store_dir(args.store.as_deref()))?);
+        return Ok(vdstream_store::server_cache_dir(
+            &vdstream_store::store_dir(args.store.as_deref()),
+        )?);
     }
     Ok(std::env::temp_dir())
 }
@@ -484,8 +581,15 @@ fn open_vdisk(args: &ServeImageArgs) -> Result<vdstream_store::OpenedLayer> {
     let opened = store.open_layer(&name, sel, writable)?;
     let private = opened.meta.access == DiskAccess::Private;
     if args.cache.is_some() && (private || opened.access == Some(Access::Maintenance)) {
-        usage!("{} of vDisk {name} is written directly by one target ({}); drop --cache",
-            opened.layer, if private { "private access" } else { "maintenance version" });
+        usage!(
+            "{} of vDisk {name} is written directly by one target ({}); drop --cache",
+            opened.layer,
+            if private {
+                "private access"
+            } else {
+                "maintenance version"
+            }
+        );
     }
     if args.cache == Some(CacheType::Private) {
         usage!("vDisk {name} has standard access: its layers are read-only to targets; use another --cache type, \
@@ -500,16 +604,26 @@ fn open_vdisk(args: &ServeImageArgs) -> Result<vdstream_store::OpenedLayer> {
         "vdstream: vDisk {name}: {} ({access}) chosen for {reference:?}, file {}, {}",
         opened.layer,
         opened.path.display(),
-        if opened.writable { "read-write (one writer)" } else { "read-only" }
+        if opened.writable {
+            "read-write (one writer)"
+        } else {
+            "read-only"
+        }
     );
     Ok(opened)
 }
 
 /// Says where the I/O trace went and how many requests it holds, once it is written out.
-pub(crate) fn report_trace(trace: Option<(PathBuf, Result<u64, vdstream_blockdev::TraceError>)>) -> Result<()> {
+pub(crate) fn report_trace(
+    trace: Option<(PathBuf, Result<u64, vdstream_blockdev::TraceError>)>,
+) -> Result<()> {
     if let Some((path, written)) = trace {
         let n = written.context("the I/O trace is incomplete")?;
-        outln!("vdstream: recorded {n} requests in {} (replay: vdstream size --trace {})", path.display(), path.display());
+        outln!(
+            "vdstream: recorded {n} requests in {} (replay: vdstream size --trace {})",
+            path.display(),
+            path.display()
+        );
     }
     Ok(())
 }
@@ -519,7 +633,14 @@ pub(crate) fn report_trace(trace: Option<(PathBuf, Result<u64, vdstream_blockdev
 /// less room).
 fn cache_summary(cache: &dyn WriteCache, cfg: &CacheConfig) -> String {
     let s = cache.stats();
-    let cap = Capacity::of(cache.cache_type(), cfg.ram, cfg.max_file, &cfg.dir, cache.size(), &s);
+    let cap = Capacity::of(
+        cache.cache_type(),
+        cfg.ram,
+        cfg.max_file,
+        &cfg.dir,
+        cache.size(),
+        &s,
+    );
     format!(
         "{} cache: guest {} reads and {} writes; storage {} reads and {} writes \
          ({} vDisk reads, {} overflow-file writes, {} cache-file writes); {} evictions; \
@@ -573,14 +694,20 @@ mod tests {
     #[test]
     fn cache_summary_counts_guest_and_storage_io() {
         let base: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(1 << 20));
-        let cfg = CacheConfig { ram: 64 << 10, ..CacheConfig::new("t1") };
+        let cfg = CacheConfig {
+            ram: 64 << 10,
+            ..CacheConfig::new("t1")
+        };
         let cache = vdstream_wcache::open(CacheType::DeviceRam, base, &cfg).unwrap();
         cache.write_at(&[7u8; 4096], 0, false).unwrap();
         cache.write_at(&[8u8; 4096], 4096, false).unwrap();
         let mut buf = [0u8; 4096];
         cache.read_at(&mut buf, 8192).unwrap();
         let line = cache_summary(&*cache, &cfg);
-        assert!(line.starts_with("device-ram cache: guest 1 reads and 2 writes"), "{line}");
+        assert!(
+            line.starts_with("device-ram cache: guest 1 reads and 2 writes"),
+            "{line}"
+        );
         assert!(line.contains("1 vDisk reads"), "{line}");
         assert!(line.contains("RAM in use 8 KiB"), "{line}");
         // Against its 64 KiB of RAM, not the 1 MiB vDisk.

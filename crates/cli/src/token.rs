@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use serde_json::json;
-use vdstream_server::tokens::{Role, TokenRecord, Tokens};
+use vdstream_server::tokens::{Role, TokenRecord, Tokens, AGENTS_NEED_A_CREDENTIAL};
 
 use crate::output::StoreOpts;
 
@@ -21,7 +21,8 @@ use crate::output::StoreOpts;
 Clients send it as `Authorization: Bearer TOKEN`; vdstream's own commands (`--server URL`)
 and agents read it from VDSTREAM_TOKEN or a file (--token-file, VDSTREAM_TOKEN_FILE), not
 from the command line, where other users could see it. Once a token exists, the API
-requires one on every call, even on loopback.")]
+requires one on every call, even on loopback: agents too (give them an operator token
+in VDSTREAM_TOKEN_FILE, or their target certificate over https).")]
 pub struct TokenArgs {
     #[command(subcommand)]
     command: TokenCommand,
@@ -66,10 +67,12 @@ pub fn run(args: TokenArgs) -> Result<()> {
             let made = Tokens::of_store(store.root()).add(&name, role)?;
             let mut doc = record_json(&made.record);
             doc["token"] = json!(made.token);
-            // The token alone on stdout (`> file` keeps just it); the note on stderr.
+            doc["note"] = json!(AGENTS_NEED_A_CREDENTIAL);
+            // The token alone on stdout (`> file` keeps just it); the notes on stderr.
             opts.emit(doc, || made.token.clone());
             if !opts.json {
                 errln!("token {:?} ({}) made; it is shown only now: keep it in a file only its user can read", made.record.name, made.record.role);
+                errln!("note: {AGENTS_NEED_A_CREDENTIAL}");
             }
         }
         TokenCommand::List { opts } => {
@@ -89,7 +92,12 @@ pub fn run(args: TokenArgs) -> Result<()> {
         TokenCommand::Revoke { name, opts } => {
             let store = opts.open()?;
             let t = Tokens::of_store(store.root()).revoke(&name)?;
-            opts.emit(record_json(&t), || format!("token {:?} revoked; the server refuses it from its next request on", t.name));
+            opts.emit(record_json(&t), || {
+                format!(
+                    "token {:?} revoked; the server refuses it from its next request on",
+                    t.name
+                )
+            });
         }
     }
     Ok(())

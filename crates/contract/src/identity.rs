@@ -36,11 +36,16 @@ pub enum Identity {
     Server(String),
     /// An administrator, by name: the maintenance role.
     Admin(String),
+    /// A client whose certificate the CA signed but that names no vdstream role (no role
+    /// URI, as the certificates qemu's and nbdkit's documentation make): its subject's
+    /// common name, as [`Identity::verified`] cleans it. `serve-image` serves it, as
+    /// nbdkit and qemu-nbd do; the farm's `server` gives it what `--anonymous` grants.
+    Verified(String),
 }
 
 impl Identity {
     /// The role word in a role URI and in [`Display`](fmt::Display) (`target`, `server`,
-    /// `admin`), or `local` / `anonymous`.
+    /// `admin`), or `local` / `anonymous` / `certificate`.
     pub fn role(&self) -> &'static str {
         match self {
             Identity::Local => "local",
@@ -48,20 +53,49 @@ impl Identity {
             Identity::Target(_) => "target",
             Identity::Server(_) => "server",
             Identity::Admin(_) => "admin",
+            Identity::Verified(_) => "certificate",
         }
     }
 
-    /// The name within the role (target id, server or administrator name).
+    /// The name within the role (target id, server or administrator name), or the common
+    /// name of a [`Identity::Verified`] certificate.
     pub fn name(&self) -> Option<&str> {
         match self {
             Identity::Local | Identity::Anonymous => None,
-            Identity::Target(n) | Identity::Server(n) | Identity::Admin(n) => Some(n),
+            Identity::Target(n)
+            | Identity::Server(n)
+            | Identity::Admin(n)
+            | Identity::Verified(n) => Some(n),
         }
     }
 
-    /// The SAN URI a certificate for this identity carries; `None` for `Local`/`Anonymous`.
+    /// The SAN URI a certificate for this identity carries; `None` for `Local`,
+    /// `Anonymous` and `Verified` (a certificate without one).
     pub fn role_uri(&self) -> Option<String> {
-        self.name().map(|n| format!("{ROLE_URI_PREFIX}{}:{n}", self.role()))
+        match self {
+            Identity::Local | Identity::Anonymous | Identity::Verified(_) => None,
+            _ => self
+                .name()
+                .map(|n| format!("{ROLE_URI_PREFIX}{}:{n}", self.role())),
+        }
+    }
+
+    /// The identity of a verified certificate without a role URI, by its subject's common
+    /// name: printable ASCII kept (others become `?`), at most 64 characters, so that it
+    /// can go into a log line or a refusal as it is.
+    pub fn verified(common_name: &str) -> Identity {
+        let shown: String = common_name
+            .chars()
+            .take(64)
+            .map(|c| {
+                if c == ' ' || c.is_ascii_graphic() {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect();
+        Identity::Verified(shown)
     }
 
     /// Builds an identity from a role word and a name, checking the name's grammar.
@@ -79,10 +113,14 @@ impl Identity {
     /// Reads a SAN URI written by [`Identity::role_uri`].
     pub fn from_role_uri(uri: &str) -> Result<Identity, ContractError> {
         let rest = uri.strip_prefix(ROLE_URI_PREFIX).ok_or_else(|| {
-            ContractError::BadName(format!("{uri:?} is not a vdstream role URI (they start with {ROLE_URI_PREFIX})"))
+            ContractError::BadName(format!(
+                "{uri:?} is not a vdstream role URI (they start with {ROLE_URI_PREFIX})"
+            ))
         })?;
         let (role, name) = rest.split_once(':').ok_or_else(|| {
-            ContractError::BadName(format!("role URI {uri:?} has no name: it is {ROLE_URI_PREFIX}ROLE:NAME"))
+            ContractError::BadName(format!(
+                "role URI {uri:?} has no name: it is {ROLE_URI_PREFIX}ROLE:NAME"
+            ))
         })?;
         Identity::new(role, name)
     }
@@ -104,7 +142,11 @@ mod tests {
 
     #[test]
     fn role_uris_round_trip() {
-        for id in [Identity::Target("pc-07".into()), Identity::Server("store-a".into()), Identity::Admin("alice".into())] {
+        for id in [
+            Identity::Target("pc-07".into()),
+            Identity::Server("store-a".into()),
+            Identity::Admin("alice".into()),
+        ] {
             let uri = id.role_uri().unwrap();
             assert!(uri.starts_with(ROLE_URI_PREFIX));
             assert_eq!(Identity::from_role_uri(&uri).unwrap(), id);
@@ -131,5 +173,27 @@ mod tests {
     fn shown_as_role_and_name() {
         assert_eq!(Identity::Target("pc-07".into()).to_string(), "target:pc-07");
         assert_eq!(Identity::Anonymous.to_string(), "anonymous");
+        assert_eq!(Identity::verified("t1").to_string(), "certificate:t1");
+    }
+
+    #[test]
+    fn a_certificate_without_a_role_is_named_by_its_common_name_cleaned() {
+        assert_eq!(
+            Identity::verified("Jane Doe"),
+            Identity::Verified("Jane Doe".into())
+        );
+        assert_eq!(
+            Identity::verified("a\nb\u{1b}]c\u{e9}"),
+            Identity::Verified("a?b?]c?".into())
+        );
+        assert_eq!(
+            Identity::verified(&"x".repeat(100)).name().map(str::len),
+            Some(64)
+        );
+        assert_eq!(
+            Identity::verified("t1").role_uri(),
+            None,
+            "it names no role"
+        );
     }
 }

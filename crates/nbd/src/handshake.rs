@@ -15,8 +15,12 @@
 //! contexts are negotiated again). In `require` mode every option before STARTTLS except
 //! `NBD_OPT_ABORT` gets `NBD_REP_ERR_TLS_REQD` and the connection stays usable;
 //! `NBD_OPT_EXPORT_NAME` (which cannot carry an error) closes it. A second STARTTLS gets
-//! `NBD_REP_ERR_INVALID`. The client is its verified certificate's identity, else
-//! `Anonymous` (TLS configured) or `Local` (no TLS).
+//! `NBD_REP_ERR_INVALID`. The client is its verified certificate's identity (its role
+//! URI's, else [`Identity::Verified`] by its common name), else `Anonymous` (TLS
+//! configured, no certificate) or `Local` (no TLS). A certificate that fails verification
+//! fails the TLS handshake (counted against the source by the penalties); it is never
+//! taken for no certificate. With `tls_allow_names`, a certificate that carries none of
+//! them is refused every export with `NBD_REP_ERR_POLICY`, naming it.
 
 use std::io;
 use std::sync::Arc;
@@ -30,7 +34,9 @@ use crate::errno::rep_err_for;
 use crate::flags::{block_size, transmission_flags};
 use crate::options::{self, OptionParseError};
 use crate::proto::*;
-use crate::state::{OpenError, OpenPurpose, OpenRequest, OpenedExport, Shared, ShutdownSignal, TlsMode};
+use crate::state::{
+    OpenError, OpenPurpose, OpenRequest, OpenedExport, Shared, ShutdownSignal, TlsMode,
+};
 use crate::validate::ExportParams;
 use crate::wire::{put_option_reply, OptionHeader, OPTION_HEADER_LEN};
 
@@ -56,7 +62,9 @@ pub struct TlsPeer {
 
 impl std::fmt::Debug for TlsPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsPeer").field("identity", &self.identity).finish_non_exhaustive()
+        f.debug_struct("TlsPeer")
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
     }
 }
 
@@ -75,7 +83,9 @@ pub enum HandshakeError {
     Io(#[from] io::Error),
     #[error("the client sent nothing for {0:?} during the handshake; dropped it")]
     Timeout(Duration),
-    #[error("the client set unknown client flags {0:#x}; the spec requires dropping the connection")]
+    #[error(
+        "the client set unknown client flags {0:#x}; the spec requires dropping the connection"
+    )]
     ClientFlags(u32),
     #[error("bad option magic {0:#018x}: not an NBD client, or it lost sync")]
     BadMagic(u64),
@@ -99,7 +109,11 @@ impl HandshakeError {
     pub fn counts_against_source(&self) -> bool {
         matches!(
             self,
-            HandshakeError::Tls(_) | HandshakeError::Timeout(_) | HandshakeError::ClientFlags(_) | HandshakeError::BadMagic(_) | HandshakeError::OptionTooLong { .. }
+            HandshakeError::Tls(_)
+                | HandshakeError::Timeout(_)
+                | HandshakeError::ClientFlags(_)
+                | HandshakeError::BadMagic(_)
+                | HandshakeError::OptionTooLong { .. }
         )
     }
 }
@@ -170,6 +184,8 @@ struct Ctx<'a> {
     refusal: Option<&'a OpenError>,
     no_zeroes: bool,
     client: &'a Identity,
+    /// The names of the client's verified certificate (`None`: it showed none).
+    cert_names: Option<&'a [String]>,
     tls: TlsPhase,
 }
 
@@ -187,7 +203,11 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let timeout = shared.config.handshake_timeout;
-    let mut wire = Wire { stream: &mut *stream, timeout, shutdown: shutdown.clone() };
+    let mut wire = Wire {
+        stream: &mut *stream,
+        timeout,
+        shutdown: shutdown.clone(),
+    };
     let server_tls = shared.config.tls_enabled();
 
     let mut greeting = Vec::with_capacity(18);
@@ -206,14 +226,34 @@ where
 
     // Without TLS every client is a one-host client; with TLS configured, a client that
     // shows no verified certificate is anonymous.
-    let plain_client = if server_tls.is_some() { Identity::Anonymous } else { Identity::Local };
+    let plain_client = if server_tls.is_some() {
+        Identity::Anonymous
+    } else {
+        Identity::Local
+    };
     let tls = match server_tls {
         None => TlsPhase::Unavailable,
-        Some(_) => TlsPhase::Offered { required: shared.config.tls_mode == TlsMode::Require },
+        Some(_) => TlsPhase::Offered {
+            required: shared.config.tls_mode == TlsMode::Require,
+        },
     };
-    let ctx = Ctx { shared, shutdown, peer, refusal, no_zeroes, client: &plain_client, tls };
+    let ctx = Ctx {
+        shared,
+        shutdown,
+        peer,
+        refusal,
+        no_zeroes,
+        client: &plain_client,
+        cert_names: None,
+        tls,
+    };
     let config = match haggle(&mut wire, &ctx).await? {
-        Step::Done(n) => return Ok(n.map(|negotiated| Handshaken { negotiated, tls: None })),
+        Step::Done(n) => {
+            return Ok(n.map(|negotiated| Handshaken {
+                negotiated,
+                tls: None,
+            }))
+        }
         Step::StartTls => match server_tls {
             Some(t) => t.current(),
             None => unreachable!("STARTTLS is acknowledged only with TLS configured"),
@@ -230,13 +270,33 @@ where
         },
         _ = drain.wait() => return Err(HandshakeError::Shutdown),
     };
-    let (identity, serial) = peer_identity(tls_stream.get_ref().1, peer);
-    let mut wire = Wire { stream: &mut tls_stream, timeout, shutdown: shutdown.clone() };
-    let ctx = Ctx { client: &identity, tls: TlsPhase::Active, ..ctx };
+    let PeerCert {
+        identity,
+        serial,
+        names,
+    } = peer_identity(tls_stream.get_ref().1, peer);
+    let mut wire = Wire {
+        stream: &mut tls_stream,
+        timeout,
+        shutdown: shutdown.clone(),
+    };
+    let ctx = Ctx {
+        client: &identity,
+        cert_names: names.as_deref(),
+        tls: TlsPhase::Active,
+        ..ctx
+    };
     match haggle(&mut wire, &ctx).await? {
         Step::Done(Some(negotiated)) => {
             let (_, conn) = tls_stream.into_inner();
-            Ok(Some(Handshaken { negotiated, tls: Some(TlsPeer { conn, identity, serial }) }))
+            Ok(Some(Handshaken {
+                negotiated,
+                tls: Some(TlsPeer {
+                    conn,
+                    identity,
+                    serial,
+                }),
+            }))
         }
         Step::Done(None) => {
             let _ = tokio::time::timeout(timeout, tls_stream.shutdown()).await;
@@ -246,24 +306,72 @@ where
     }
 }
 
-/// The identity a TLS client's verified certificate names, and its serial. A client with
-/// no certificate, or one naming no vdstream role, is anonymous (the latter is logged).
-fn peer_identity(conn: &rustls::ServerConnection, peer: &str) -> (Identity, Option<Vec<u8>>) {
-    let version = conn.protocol_version().map(|v| format!("{v:?}")).unwrap_or_default();
+/// What a TLS client's verified certificate says.
+struct PeerCert {
+    identity: Identity,
+    serial: Option<Vec<u8>>,
+    /// `None`: no certificate.
+    names: Option<Vec<String>>,
+}
+
+/// The identity a TLS client's verified certificate names (its role URI's, else its
+/// common name's), its serial and its names. A client with no certificate is anonymous.
+fn peer_identity(conn: &rustls::ServerConnection, peer: &str) -> PeerCert {
+    let version = conn
+        .protocol_version()
+        .map(|v| format!("{v:?}"))
+        .unwrap_or_default();
     let Some(cert) = conn.peer_certificates().and_then(|c| c.first()) else {
         log::info!("NBD client {peer}: {version} without a client certificate: anonymous");
-        return (Identity::Anonymous, None);
+        return PeerCert {
+            identity: Identity::Anonymous,
+            serial: None,
+            names: None,
+        };
     };
     let serial = vdstream_tls::peer::serial_of(cert).ok();
-    let identity = match vdstream_tls::peer::identity_of(cert) {
-        Ok(id) => id,
-        Err(e) => {
-            log::warn!("NBD client {peer}: its verified certificate names no identity, so it is anonymous: {e}");
-            Identity::Anonymous
-        }
-    };
+    let (identity, why) = vdstream_tls::peer::holder_of(cert);
+    if let Some(e) = why {
+        log::info!("NBD client {peer}: its verified certificate names no vdstream role, so it is {identity}: {e}");
+    }
+    let names = vdstream_tls::peer::names_of(cert).unwrap_or_default();
     log::info!("NBD client {peer}: {version} as {identity}");
-    (identity, serial)
+    PeerCert {
+        identity,
+        serial,
+        names: Some(names),
+    }
+}
+
+/// Whether `names` (a verified certificate's) include one of `allowed` (`--tls-allow-name`);
+/// an empty `allowed` allows every certificate.
+fn allowed_by_name(allowed: &[String], names: &[String]) -> bool {
+    allowed.is_empty() || names.iter().any(|n| allowed.contains(n))
+}
+
+/// The refusal of a certificate that `--tls-allow-name` does not name.
+fn not_allowed(client: &Identity, allowed: &[String], names: &[String]) -> OpenError {
+    // A certificate's names are the client's text: printable ASCII only, cut, quoted.
+    let shown = |n: &String| {
+        format!(
+            "{:?}",
+            n.chars()
+                .take(64)
+                .map(|c| if c == ' ' || c.is_ascii_graphic() {
+                    c
+                } else {
+                    '?'
+                })
+                .collect::<String>()
+        )
+    };
+    let list = |v: &[String]| v.iter().map(shown).collect::<Vec<_>>().join(", ");
+    OpenError::Policy(format!(
+        "the client certificate of {client} (its names: {}) is not one this server serves (--tls-allow-name {}): \
+         connect with a certificate issued to one of those names, or add one of its names to --tls-allow-name",
+        if names.is_empty() { "none".to_string() } else { list(names) },
+        list(allowed)
+    ))
 }
 
 /// Option haggling until an export is chosen, the client leaves, or STARTTLS is accepted.
@@ -271,7 +379,21 @@ async fn haggle<S>(wire: &mut Wire<'_, S>, ctx: &Ctx<'_>) -> Result<Step, Handsh
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let Ctx { shared, shutdown, peer, refusal, no_zeroes, client, tls } = *ctx;
+    let Ctx {
+        shared,
+        shutdown,
+        peer,
+        refusal,
+        no_zeroes,
+        client,
+        cert_names,
+        tls,
+    } = *ctx;
+    // A certificate `--tls-allow-name` does not name is refused whatever it asks for.
+    let name_refusal = cert_names
+        .filter(|n| !allowed_by_name(&shared.config.tls_allow_names, n))
+        .map(|n| not_allowed(client, &shared.config.tls_allow_names, n));
+    let refusal = refusal.or(name_refusal.as_ref());
     let mut structured = false;
     let mut meta: Option<MetaSelection> = None;
     let mut data = Vec::new();
@@ -284,7 +406,10 @@ where
             return Err(HandshakeError::BadMagic(header.magic));
         }
         if header.length > MAX_OPTION_LEN {
-            return Err(HandshakeError::OptionTooLong { option: header.option, length: header.length });
+            return Err(HandshakeError::OptionTooLong {
+                option: header.option,
+                length: header.length,
+            });
         }
         data.clear();
         data.resize(header.length as usize, 0);
@@ -294,13 +419,21 @@ where
 
         if shutdown.is_shutdown() && option != OPT_ABORT {
             if option != OPT_EXPORT_NAME {
-                put_option_reply(&mut out, option, REP_ERR_SHUTDOWN, b"the server is shutting down; reconnect later");
+                put_option_reply(
+                    &mut out,
+                    option,
+                    REP_ERR_SHUTDOWN,
+                    b"the server is shutting down; reconnect later",
+                );
                 wire.write_all(&out).await?;
             }
             return Err(HandshakeError::Shutdown);
         }
 
-        if tls == (TlsPhase::Offered { required: true }) && option != OPT_ABORT && option != OPT_STARTTLS {
+        if tls == (TlsPhase::Offered { required: true })
+            && option != OPT_ABORT
+            && option != OPT_STARTTLS
+        {
             if option == OPT_EXPORT_NAME {
                 return Err(HandshakeError::TlsRequired);
             }
@@ -451,15 +584,27 @@ where
 }
 
 /// Opens the export a client asked for (or refuses it with `refusal`), logging a refusal.
-fn open(shared: &Shared, refusal: Option<&OpenError>, req: &OpenRequest<'_>, option: &str) -> Result<OpenedExport, OpenError> {
+fn open(
+    shared: &Shared,
+    refusal: Option<&OpenError>,
+    req: &OpenRequest<'_>,
+    option: &str,
+) -> Result<OpenedExport, OpenError> {
     let result = match refusal {
         Some(r) => Err(r.clone()),
         None => shared.exports.open_export(req),
     };
     if let Err(e) = &result {
-        shared.log.log(log::Level::Warn, module_path!(),
+        shared.log.log(
+            log::Level::Warn,
+            module_path!(),
             "open refused",
-            format_args!("open refused ({}): client {}, export {:?} ({option}): {e}", e.kind(), req.peer, crate::shown_export_name(req.name)),
+            format_args!(
+                "open refused ({}): client {}, export {:?} ({option}): {e}",
+                e.kind(),
+                req.peer,
+                crate::shown_export_name(req.name)
+            ),
         );
     }
     result
@@ -473,9 +618,23 @@ fn invalid(out: &mut Vec<u8>, option: u32, e: &OptionParseError) {
 /// last SET_META_CONTEXT selected `base:allocation` for this same export name. An export
 /// this connection holds alone (`exclusive`) never advertises `CAN_MULTI_CONN`: a client's
 /// second connection would be refused.
-fn export_params(device: &dyn BlockDev, structured: bool, meta: &Option<MetaSelection>, name: &str, exclusive: bool) -> ExportParams {
+fn export_params(
+    device: &dyn BlockDev,
+    structured: bool,
+    meta: &Option<MetaSelection>,
+    name: &str,
+    exclusive: bool,
+) -> ExportParams {
     let mut caps = device.caps();
     caps.multi_conn &= !exclusive;
-    let base_allocation = structured && meta.as_ref().is_some_and(|m| m.base_allocation && m.export == name);
-    ExportParams { size: device.size(), flags: transmission_flags(&caps, structured), structured, base_allocation }
+    let base_allocation = structured
+        && meta
+            .as_ref()
+            .is_some_and(|m| m.base_allocation && m.export == name);
+    ExportParams {
+        size: device.size(),
+        flags: transmission_flags(&caps, structured),
+        structured,
+        base_allocation,
+    }
 }

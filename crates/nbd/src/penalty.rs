@@ -81,7 +81,10 @@ impl PenaltyConfig {
 
 /// The networks exempt by default: the host's own loopback addresses.
 pub fn default_exempt() -> Vec<IpNet> {
-    vec![IpNet::from(IpAddr::from([127, 0, 0, 1])), IpNet::from(IpAddr::from(Ipv6Addr::LOCALHOST))]
+    vec![
+        IpNet::from(IpAddr::from([127, 0, 0, 1])),
+        IpNet::from(IpAddr::from(Ipv6Addr::LOCALHOST)),
+    ]
 }
 
 /// Parses an exempt list as the command line gives it: networks or addresses separated by
@@ -129,7 +132,7 @@ pub struct Penalties {
 
 /// The key a source address is counted under: an IPv4 address (also when mapped into
 /// IPv6), or the /64 of an IPv6 address (one host commonly has a whole /64).
-fn source_key(addr: IpAddr) -> IpAddr {
+pub fn source_key(addr: IpAddr) -> IpAddr {
     match addr.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
         v4 => v4,
@@ -138,7 +141,10 @@ fn source_key(addr: IpAddr) -> IpAddr {
 
 impl Penalties {
     pub fn new(config: PenaltyConfig) -> Penalties {
-        Penalties { config, sources: Mutex::new(HashMap::new()) }
+        Penalties {
+            config,
+            sources: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn config(&self) -> &PenaltyConfig {
@@ -147,7 +153,12 @@ impl Penalties {
 
     fn exempt(&self, addr: IpAddr) -> bool {
         let plain = addr.to_canonical();
-        self.config.max_failures == 0 || self.config.exempt.iter().any(|net| net.contains(&plain) || net.contains(&addr))
+        self.config.max_failures == 0
+            || self
+                .config
+                .exempt
+                .iter()
+                .any(|net| net.contains(&plain) || net.contains(&addr))
     }
 
     /// How much longer `addr`'s connections are closed at accept, if they are.
@@ -179,7 +190,12 @@ impl Penalties {
                 return Failure::Ignored;
             }
         }
-        let s = sources.entry(key).or_insert(Source { window_start: now, count: 0, until: None, strikes: 0 });
+        let s = sources.entry(key).or_insert(Source {
+            window_start: now,
+            count: 0,
+            until: None,
+            strikes: 0,
+        });
         if s.until.is_some_and(|u| now >= u + c.max_penalty) {
             s.strikes = 0; // behaved for a whole max_penalty since its last penalty ended
         }
@@ -197,7 +213,10 @@ impl Penalties {
         s.until = Some(now + penalty);
         s.window_start = now;
         s.count = 0;
-        Failure::Penalized { penalty, strike: s.strikes }
+        Failure::Penalized {
+            penalty,
+            strike: s.strikes,
+        }
     }
 
     /// How many sources are remembered now.
@@ -211,7 +230,11 @@ mod tests {
     use super::*;
 
     fn cfg(max_failures: u32) -> PenaltyConfig {
-        PenaltyConfig { max_failures, exempt: Vec::new(), ..PenaltyConfig::default() }
+        PenaltyConfig {
+            max_failures,
+            exempt: Vec::new(),
+            ..PenaltyConfig::default()
+        }
     }
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -227,9 +250,19 @@ mod tests {
             assert_eq!(p.failed(a, t0 + S * i), Failure::Counted { count: i });
             assert_eq!(p.penalized(a, t0 + S * i), None, "not before the 10th");
         }
-        assert_eq!(p.failed(a, t0 + S * 10), Failure::Penalized { penalty: S * 30, strike: 1 });
+        assert_eq!(
+            p.failed(a, t0 + S * 10),
+            Failure::Penalized {
+                penalty: S * 30,
+                strike: 1
+            }
+        );
         assert_eq!(p.penalized(a, t0 + S * 11), Some(S * 29));
-        assert_eq!(p.penalized(ip("192.0.2.8"), t0 + S * 11), None, "another address is not touched");
+        assert_eq!(
+            p.penalized(ip("192.0.2.8"), t0 + S * 11),
+            None,
+            "another address is not touched"
+        );
         assert_eq!(p.penalized(a, t0 + S * 40), None, "over after 30 s");
     }
 
@@ -240,7 +273,10 @@ mod tests {
         let a = ip("192.0.2.7");
         for i in 0..20u32 {
             // two failures a minute, the window restarting at every third
-            assert!(matches!(p.failed(a, t0 + S * (i * 31)), Failure::Counted { .. }), "failure {i}");
+            assert!(
+                matches!(p.failed(a, t0 + S * (i * 31)), Failure::Counted { .. }),
+                "failure {i}"
+            );
         }
     }
 
@@ -263,7 +299,13 @@ mod tests {
         assert_eq!(got, [30, 60, 120, 240, 480, 600, 600]);
         // Quiet for longer than the longest penalty after the last one ended: back to 30 s.
         t += Duration::from_secs(600);
-        assert_eq!(p.failed(a, t), Failure::Penalized { penalty: S * 30, strike: 1 });
+        assert_eq!(
+            p.failed(a, t),
+            Failure::Penalized {
+                penalty: S * 30,
+                strike: 1
+            }
+        );
     }
 
     #[test]
@@ -273,29 +315,61 @@ mod tests {
         let p = Penalties::new(c);
         let now = Instant::now();
         assert_eq!(p.failed(ip("10.1.2.3"), now), Failure::Ignored);
-        assert_eq!(p.failed(ip("::ffff:10.1.2.3"), now), Failure::Ignored, "IPv4-mapped counts as IPv4");
+        assert_eq!(
+            p.failed(ip("::ffff:10.1.2.3"), now),
+            Failure::Ignored,
+            "IPv4-mapped counts as IPv4"
+        );
         assert_eq!(p.failed(ip("::1"), now), Failure::Ignored);
-        assert!(matches!(p.failed(ip("11.0.0.1"), now), Failure::Penalized { .. }));
+        assert!(matches!(
+            p.failed(ip("11.0.0.1"), now),
+            Failure::Penalized { .. }
+        ));
         let off = Penalties::new(cfg(0));
         assert_eq!(off.failed(ip("11.0.0.1"), now), Failure::Ignored);
         assert_eq!(off.penalized(ip("11.0.0.1"), now), None);
         // The default exempts the host's own loopback addresses only.
-        let d = Penalties::new(PenaltyConfig { max_failures: 1, ..PenaltyConfig::default() });
+        let d = Penalties::new(PenaltyConfig {
+            max_failures: 1,
+            ..PenaltyConfig::default()
+        });
         assert_eq!(d.failed(ip("127.0.0.1"), now), Failure::Ignored);
         assert_eq!(d.failed(ip("::1"), now), Failure::Ignored);
-        assert!(matches!(d.failed(ip("127.0.0.2"), now), Failure::Penalized { .. }));
+        assert!(matches!(
+            d.failed(ip("127.0.0.2"), now),
+            Failure::Penalized { .. }
+        ));
     }
 
     #[test]
     fn an_ipv6_source_is_its_slash_64_and_mapped_ipv4_is_ipv4() {
         let p = Penalties::new(cfg(2));
         let now = Instant::now();
-        assert_eq!(p.failed(ip("2001:db8:1:2::1"), now), Failure::Counted { count: 1 });
-        assert!(matches!(p.failed(ip("2001:db8:1:2:ffff::9"), now), Failure::Penalized { .. }), "same /64");
+        assert_eq!(
+            p.failed(ip("2001:db8:1:2::1"), now),
+            Failure::Counted { count: 1 }
+        );
+        assert!(
+            matches!(
+                p.failed(ip("2001:db8:1:2:ffff::9"), now),
+                Failure::Penalized { .. }
+            ),
+            "same /64"
+        );
         assert!(p.penalized(ip("2001:db8:1:2::77"), now).is_some());
-        assert_eq!(p.penalized(ip("2001:db8:1:3::1"), now), None, "the next /64 is another source");
-        assert_eq!(p.failed(ip("192.0.2.1"), now), Failure::Counted { count: 1 });
-        assert!(matches!(p.failed(ip("::ffff:192.0.2.1"), now), Failure::Penalized { .. }));
+        assert_eq!(
+            p.penalized(ip("2001:db8:1:3::1"), now),
+            None,
+            "the next /64 is another source"
+        );
+        assert_eq!(
+            p.failed(ip("192.0.2.1"), now),
+            Failure::Counted { count: 1 }
+        );
+        assert!(matches!(
+            p.failed(ip("::ffff:192.0.2.1"), now),
+            Failure::Penalized { .. }
+        ));
         assert!(p.penalized(ip("192.0.2.1"), now).is_some());
     }
 
@@ -306,7 +380,10 @@ mod tests {
         let p = Penalties::new(c);
         let t0 = Instant::now();
         for i in 0..4u8 {
-            assert!(matches!(p.failed(IpAddr::from([203, 0, 113, i]), t0), Failure::Penalized { .. }));
+            assert!(matches!(
+                p.failed(IpAddr::from([203, 0, 113, i]), t0),
+                Failure::Penalized { .. }
+            ));
         }
         // Full of sources penalized now: a fifth is not tracked, none is evicted.
         assert_eq!(p.failed(ip("203.0.113.200"), t0), Failure::Ignored);
@@ -314,7 +391,10 @@ mod tests {
         assert!(p.penalized(ip("203.0.113.0"), t0 + S).is_some());
         // Once their penalties and a max_penalty after them are over, they make room.
         let later = t0 + Duration::from_secs(30 + 600 + 1);
-        assert!(matches!(p.failed(ip("203.0.113.200"), later), Failure::Penalized { .. }));
+        assert!(matches!(
+            p.failed(ip("203.0.113.200"), later),
+            Failure::Penalized { .. }
+        ));
         assert_eq!(p.tracked(), 1);
     }
 
@@ -322,7 +402,10 @@ mod tests {
     fn exempt_lists_parse_as_administrators_write_them() {
         assert_eq!(parse_exempt("none").unwrap(), Vec::<IpNet>::new());
         assert_eq!(parse_exempt("127.0.0.1,::1").unwrap(), default_exempt());
-        assert_eq!(parse_exempt("10.0.0.0/8").unwrap(), vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]);
+        assert_eq!(
+            parse_exempt("10.0.0.0/8").unwrap(),
+            vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]
+        );
         let e = parse_exempt("10.0.0.0/8,lab").unwrap_err();
         assert!(e.contains("\"lab\""), "{e}");
     }

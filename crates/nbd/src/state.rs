@@ -21,7 +21,6 @@ pub const DEFAULT_MAX_REQUEST_MEMORY: usize = 128 << 20;
 /// The default [`ServerConfig::dead_peer_timeout`].
 pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(60);
 
-
 /// One export as shown to `NBD_OPT_LIST` and `NBD_INFO_DESCRIPTION`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportInfo {
@@ -145,7 +144,10 @@ pub trait Exports: Send + Sync + 'static {
     /// version). The default looks `name` up in [`Exports::list`]; an implementation where
     /// "" is an alias of a listed export should answer for "" too.
     fn description(&self, name: &str) -> Option<String> {
-        self.list().into_iter().find(|e| e.name == name).map(|e| e.description)
+        self.list()
+            .into_iter()
+            .find(|e| e.name == name)
+            .map(|e| e.description)
     }
 
     /// Opens an export for one connection, knowing its peer and why. The device lives as
@@ -154,7 +156,11 @@ pub trait Exports: Send + Sync + 'static {
     /// calls [`Exports::open`] and [`Exports::description`].
     fn open_export(&self, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
         let device = self.open(req.name)?;
-        Ok(OpenedExport { device, description: self.description(req.name), exclusive: false })
+        Ok(OpenedExport {
+            device,
+            description: self.description(req.name),
+            exclusive: false,
+        })
     }
 }
 
@@ -244,6 +250,12 @@ pub struct ServerConfig {
     /// When a TCP source that keeps failing handshakes has its new connections closed at
     /// accept ([`crate::penalty`]).
     pub penalty: crate::penalty::PenaltyConfig,
+    /// Client certificates this server serves, by name (`serve-image --tls-allow-name`, as
+    /// qemu-nbd's `--tls-authz`): when not empty, a client whose verified certificate
+    /// carries none of these names (subject common name, DNS, URI or e-mail subject
+    /// alternative name) is refused every export with `NBD_REP_ERR_POLICY`. Clients
+    /// without a certificate are left to the export's policy (`--anonymous`).
+    pub tls_allow_names: Vec<String>,
 }
 
 impl ServerConfig {
@@ -267,6 +279,7 @@ impl Default for ServerConfig {
             tls: None,
             tls_mode: TlsMode::Off,
             penalty: crate::penalty::PenaltyConfig::default(),
+            tls_allow_names: Vec::new(),
         }
     }
 }
@@ -357,4 +370,3 @@ pub(crate) struct Shared {
     /// ([`ServerConfig::max_request_memory`]).
     pub memory: Arc<crate::memory::MemoryPool>,
 }
-

@@ -242,18 +242,17 @@ impl StoreExports {
             cache_type: Some(spec.cache.name().to_string()),
             cache_limit: None,
         };
-        if !spec.server_side() || req.purpose == OpenPurpose::Info {
+        // INFO that names an attach of a server type goes the way GO does, through the
+        // attach's fence: its name is published, and answers nothing without its secret.
+        if !spec.server_side() || (req.purpose == OpenPurpose::Info && attach.is_none()) {
             // The device types (the agent keeps the cache): the version, read-only; its
-            // number is the attach. INFO of a server type: size and name only, no cache.
+            // number is the attach. INFO of a new attach of a server type: size and name
+            // only, no cache.
             let selector = match attach {
                 None => spec.version,
-                Some(a) if !spec.server_side() => match a.strip_prefix('v').and_then(|n| n.parse::<u32>().ok()) {
+                Some(a) => match a.strip_prefix('v').and_then(|n| n.parse::<u32>().ok()) {
                     Some(n) => version_selector(n),
                     None => return Err(OpenError::Unknown(format!("target {id} has cache type {}: its attaches are vN (a version number), not {a:?}", spec.cache))),
-                },
-                Some(_) => match self.targets.current(id) {
-                    Some((_, v)) => version_selector(v),
-                    None => spec.version,
                 },
             };
             let opened = open_chain(selector).map_err(OpenError::Unknown)?;

@@ -10,6 +10,7 @@
 //! | `target:ID`       | `target/ID` (any attach, `+journal`, `#SECRET`), and `vdisk/NAME[@V]` of its record's vDisk, any version |
 //! | `server:NAME`     | `vdisk/NAME[@V]` of every vDisk, read-only (a store server copying versions) |
 //! | `anonymous`       | what `--anonymous` grants: `none` (nothing), `vdisks` (every `vdisk/NAME[@V]`), `all` (everything but `maintenance/NAME`) |
+//! | `certificate:CN`  | as `anonymous`: a certificate the CA signed that names no vdstream role is no identity in the farm |
 //!
 //! `maintenance/NAME` needs `admin` (or `local`) whatever else is granted. A target may
 //! read any version of its record's vDisk, not only the one its record selects: an agent
@@ -107,7 +108,12 @@ impl fmt::Display for Refusal {
 
 /// Decides whether `client` may open `export`. `record_vdisk(id)` is the vDisk of target
 /// `id`'s record (`None`: no record); it is asked only for a target's `vdisk/...` open.
-pub fn decide(client: &Identity, export: &ExportName, anonymous: AnonymousGrant, record_vdisk: &dyn Fn(&str) -> Option<String>) -> Result<(), Refusal> {
+pub fn decide(
+    client: &Identity,
+    export: &ExportName,
+    anonymous: AnonymousGrant,
+    record_vdisk: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), Refusal> {
     let shown = export.shown();
     let refuse = |rule: &'static str, message: String| Err(Refusal { rule, message });
     match (client, export) {
@@ -154,24 +160,33 @@ pub fn decide(client: &Identity, export: &ExportName, anonymous: AnonymousGrant,
             SERVER_READS_VDISKS,
             format!("{client} may open only vdisk/NAME[@V] (read-only); refused {shown}: a target's export takes that target's certificate"),
         ),
-        (Identity::Anonymous, _) => match anonymous {
-            AnonymousGrant::All => Ok(()),
-            AnonymousGrant::Vdisks if matches!(export, ExportName::Vdisk { .. }) => Ok(()),
-            AnonymousGrant::Vdisks => refuse(
-                ANONYMOUS_VDISKS,
-                format!(
-                    "anonymous clients may open only vdisk/NAME[@V] on this server (--anonymous vdisks); refused {shown}: \
-                     connect with a certificate (tls-certificates=DIR with client-cert.pem) that allows it"
+        (Identity::Anonymous | Identity::Verified(_), _) => {
+            // A certificate without a role is anonymous here; the refusal says why.
+            let who = match client {
+                Identity::Verified(_) => format!(
+                    "{client} names no vdstream role (no urn:vdstream:ROLE:NAME URI), so it is anonymous here, and "
                 ),
-            ),
-            AnonymousGrant::None => refuse(
-                ANONYMOUS_NONE,
-                format!(
-                    "anonymous clients may open nothing on this server (--anonymous none); refused {shown}: connect with a \
-                     certificate signed by the server's CA (tls-certificates=DIR with client-cert.pem)"
+                _ => String::new(),
+            };
+            match anonymous {
+                AnonymousGrant::All => Ok(()),
+                AnonymousGrant::Vdisks if matches!(export, ExportName::Vdisk { .. }) => Ok(()),
+                AnonymousGrant::Vdisks => refuse(
+                    ANONYMOUS_VDISKS,
+                    format!(
+                        "{who}anonymous clients may open only vdisk/NAME[@V] on this server (--anonymous vdisks); refused {shown}: \
+                         connect with a certificate of a vdstream role (`vdstream pki issue`, tls-certificates=DIR with client-cert.pem) that allows it"
+                    ),
                 ),
-            ),
-        },
+                AnonymousGrant::None => refuse(
+                    ANONYMOUS_NONE,
+                    format!(
+                        "{who}anonymous clients may open nothing on this server (--anonymous none); refused {shown}: connect with a \
+                         certificate of a vdstream role signed by the server's CA (`vdstream pki issue`, tls-certificates=DIR with client-cert.pem)"
+                    ),
+                ),
+            }
+        }
     }
 }
 
@@ -211,6 +226,7 @@ mod tests {
             Identity::Target("c".into()),
             Identity::Server("s1".into()),
             Identity::Admin("alice".into()),
+            Identity::verified("t1"),
         ]
     }
 
@@ -225,7 +241,11 @@ mod tests {
 
     /// The table of the module docs, written out independently of `decide`: the rule that
     /// refuses, or `None` for allowed.
-    fn expected(client: &Identity, export: &ExportName, grant: AnonymousGrant) -> Option<&'static str> {
+    fn expected(
+        client: &Identity,
+        export: &ExportName,
+        grant: AnonymousGrant,
+    ) -> Option<&'static str> {
         let maintenance = matches!(export, ExportName::Maintenance { .. });
         let (target_of, vdisk_of) = match export {
             ExportName::Target { id, .. } => (Some(id.as_str()), None),
@@ -246,8 +266,14 @@ mod tests {
                     Some(TARGET_OWN_EXPORTS)
                 }
             }
-            Identity::Server(_) => if vdisk_of.is_some() { None } else { Some(SERVER_READS_VDISKS) },
-            Identity::Anonymous => match grant {
+            Identity::Server(_) => {
+                if vdisk_of.is_some() {
+                    None
+                } else {
+                    Some(SERVER_READS_VDISKS)
+                }
+            }
+            Identity::Anonymous | Identity::Verified(_) => match grant {
                 AnonymousGrant::None => Some(ANONYMOUS_NONE),
                 AnonymousGrant::Vdisks if vdisk_of.is_some() => None,
                 AnonymousGrant::Vdisks => Some(ANONYMOUS_VDISKS),
@@ -259,55 +285,114 @@ mod tests {
     #[test]
     fn every_identity_and_every_export_kind_gets_the_table_s_answer() {
         let mut checked = 0;
-        for grant in [AnonymousGrant::None, AnonymousGrant::Vdisks, AnonymousGrant::All] {
+        for grant in [
+            AnonymousGrant::None,
+            AnonymousGrant::Vdisks,
+            AnonymousGrant::All,
+        ] {
             for client in identities() {
                 for export in exports() {
                     let got = decide(&client, &export, grant, &records);
                     let want = expected(&client, &export, grant);
-                    assert_eq!(got.as_ref().err().map(|r| r.rule), want, "{client} opening {export} (--anonymous {grant}): {got:?}");
+                    assert_eq!(
+                        got.as_ref().err().map(|r| r.rule),
+                        want,
+                        "{client} opening {export} (--anonymous {grant}): {got:?}"
+                    );
                     if let Err(r) = got {
                         assert!(RULES.contains(&r.rule));
                         let text = r.to_string();
                         assert!(text.starts_with(&format!("rule {}: ", r.rule)), "{text}");
-                        assert!(text.contains(&export.shown()), "the refusal names the export: {text}");
+                        assert!(
+                            text.contains(&export.shown()),
+                            "the refusal names the export: {text}"
+                        );
                         assert!(!text.contains('#'), "no secret in a refusal: {text}");
                         if r.rule != ANONYMOUS_NONE && r.rule != ANONYMOUS_VDISKS {
-                            assert!(text.contains(&client.to_string()), "the refusal names the client: {text}");
+                            assert!(
+                                text.contains(&client.to_string()),
+                                "the refusal names the client: {text}"
+                            );
                         }
                     }
                     checked += 1;
                 }
             }
         }
-        assert_eq!(checked, 3 * 7 * 14);
+        assert_eq!(checked, 3 * 8 * 14);
     }
 
     #[test]
     fn the_issue_s_cases_read_well() {
         let a = Identity::Target("pc-07".into());
         let rec = |id: &str| (id == "pc-07").then(|| "win11".to_string());
-        let e = decide(&a, &"target/pc-08".parse().unwrap(), AnonymousGrant::All, &rec).unwrap_err();
+        let e = decide(
+            &a,
+            &"target/pc-08".parse().unwrap(),
+            AnonymousGrant::All,
+            &rec,
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "rule target-own-exports: target:pc-07 may open only target/pc-07 and vdisk/win11[@V] (its record); \
              refused target/pc-08: connect with that target's own certificate"
         );
-        let e = decide(&a, &"maintenance/win11".parse().unwrap(), AnonymousGrant::All, &rec).unwrap_err();
-        assert!(e.to_string().starts_with("rule maintenance-needs-admin: target:pc-07 may not open maintenance/win11"), "{e}");
-        let e = decide(&Identity::Anonymous, &"maintenance/win11".parse().unwrap(), AnonymousGrant::All, &rec).unwrap_err();
-        assert_eq!(e.rule, MAINTENANCE_NEEDS_ADMIN, "--anonymous all still excludes maintenance");
+        let e = decide(
+            &a,
+            &"maintenance/win11".parse().unwrap(),
+            AnonymousGrant::All,
+            &rec,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "rule maintenance-needs-admin: target:pc-07 may not open maintenance/win11"
+            ),
+            "{e}"
+        );
+        let e = decide(
+            &Identity::Anonymous,
+            &"maintenance/win11".parse().unwrap(),
+            AnonymousGrant::All,
+            &rec,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.rule, MAINTENANCE_NEEDS_ADMIN,
+            "--anonymous all still excludes maintenance"
+        );
         // The record is asked only when it decides something.
         let never = |_: &str| -> Option<String> { panic!("no record needed") };
-        decide(&a, &"target/pc-07@k1#00".parse().unwrap(), AnonymousGrant::None, &never).unwrap();
-        decide(&Identity::Server("s".into()), &"vdisk/x@2".parse().unwrap(), AnonymousGrant::None, &never).unwrap();
+        decide(
+            &a,
+            &"target/pc-07@k1#00".parse().unwrap(),
+            AnonymousGrant::None,
+            &never,
+        )
+        .unwrap();
+        decide(
+            &Identity::Server("s".into()),
+            &"vdisk/x@2".parse().unwrap(),
+            AnonymousGrant::None,
+            &never,
+        )
+        .unwrap();
     }
 
     #[test]
     fn grants_parse_and_print() {
-        for g in [AnonymousGrant::None, AnonymousGrant::Vdisks, AnonymousGrant::All] {
+        for g in [
+            AnonymousGrant::None,
+            AnonymousGrant::Vdisks,
+            AnonymousGrant::All,
+        ] {
             assert_eq!(g.to_string().parse::<AnonymousGrant>(), Ok(g));
         }
         assert_eq!(AnonymousGrant::default(), AnonymousGrant::None);
-        assert!("some".parse::<AnonymousGrant>().unwrap_err().contains("none, vdisks or all"));
+        assert!("some"
+            .parse::<AnonymousGrant>()
+            .unwrap_err()
+            .contains("none, vdisks or all"));
     }
 }

@@ -33,6 +33,15 @@ pub const TOKEN_FILE: &str = "api-tokens.json";
 /// What every token starts with (so a leaked one is recognisable by secret scanners).
 pub const TOKEN_PREFIX: &str = "vdst_";
 
+/// What `vdstream token add` tells the administrator besides the token: from now on the
+/// API needs a credential from every client, agents included, whose reports are refused
+/// (and their targets shown offline) until they have one.
+pub const AGENTS_NEED_A_CREDENTIAL: &str = "agents that report to this store's servers (`vdstream target attach ID --server http://...`) \
+need a credential from now on, or their status reports are refused (401) and the console shows their targets offline: \
+give each a token of role operator in a file only its user reads (`vdstream token add agents --role operator > FILE`, \
+then VDSTREAM_TOKEN_FILE=FILE in the agent's environment) or, over https, its target's certificate \
+(VDSTREAM_TLS_CERTIFICATES=DIR, from `vdstream pki issue target ID` or `target add ID --issue-cert DIR`)";
+
 /// What a token may do. Ordered: each role may do all that the ones before it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -67,7 +76,14 @@ impl std::str::FromStr for Role {
     type Err = TokenError;
 
     fn from_str(s: &str) -> Result<Role, TokenError> {
-        Role::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| TokenError::Bad(format!("{s:?} is not a role: say admin, operator or read-only")))
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| {
+                TokenError::Bad(format!(
+                    "{s:?} is not a role: say admin, operator or read-only"
+                ))
+            })
     }
 }
 
@@ -98,7 +114,10 @@ pub struct NewToken {
 
 impl std::fmt::Debug for NewToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewToken").field("token", &"<hidden>").field("record", &self.record).finish()
+        f.debug_struct("NewToken")
+            .field("token", &"<hidden>")
+            .field("record", &self.record)
+            .finish()
     }
 }
 
@@ -112,12 +131,18 @@ pub enum TokenError {
 }
 
 fn file_error(path: &Path, why: impl std::fmt::Display) -> TokenError {
-    TokenError::File { path: path.to_path_buf(), why: why.to_string() }
+    TokenError::File {
+        path: path.to_path_buf(),
+        why: why.to_string(),
+    }
 }
 
 /// SHA-256 of `token`, lowercase hex.
 fn hash_of(token: &str) -> String {
-    Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The tokens of a store directory.
@@ -128,7 +153,9 @@ pub struct Tokens {
 
 impl Tokens {
     pub fn of_store(store: &Path) -> Tokens {
-        Tokens { path: store.join(TOKEN_FILE) }
+        Tokens {
+            path: store.join(TOKEN_FILE),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -148,30 +175,64 @@ impl Tokens {
     }
 
     /// Runs `f` on the stored list under an exclusive lock and writes the result atomically.
-    fn change<T>(&self, f: impl FnOnce(&mut Stored) -> Result<T, TokenError>) -> Result<T, TokenError> {
+    fn change<T>(
+        &self,
+        f: impl FnOnce(&mut Stored) -> Result<T, TokenError>,
+    ) -> Result<T, TokenError> {
         let lock_path = self.path.with_extension("lock");
-        let lock = vdstream_blockdev::storefile::open_rw(&lock_path, vdstream_blockdev::storefile::PRIVATE)
-            .map_err(|e| file_error(&lock_path, format!("cannot open it: {e}; is the store directory writable?")))?;
-        vdstream_store::fsutil::lock_wait(&lock, vdstream_store::fsutil::LockMode::Exclusive).map_err(|e| file_error(&lock_path, format!("cannot lock it: {e}")))?;
+        let lock = vdstream_blockdev::storefile::open_rw(
+            &lock_path,
+            vdstream_blockdev::storefile::PRIVATE,
+        )
+        .map_err(|e| {
+            file_error(
+                &lock_path,
+                format!("cannot open it: {e}; is the store directory writable?"),
+            )
+        })?;
+        vdstream_store::fsutil::lock_wait(&lock, vdstream_store::fsutil::LockMode::Exclusive)
+            .map_err(|e| file_error(&lock_path, format!("cannot lock it: {e}")))?;
         let mut stored = self.read()?;
         let out = f(&mut stored)?;
         let mut bytes = serde_json::to_vec_pretty(&stored).expect("the token list serializes");
         bytes.push(b'\n');
         // Owner-only from its creation (the hashes are not the tokens, but a list of them
         // is nobody else's business).
-        vdstream_store::fsutil::write_atomic_mode(&self.path, &bytes, vdstream_store::fsutil::PRIVATE).map_err(|e| file_error(&self.path, e))?;
+        vdstream_store::fsutil::write_atomic_mode(
+            &self.path,
+            &bytes,
+            vdstream_store::fsutil::PRIVATE,
+        )
+        .map_err(|e| file_error(&self.path, e))?;
         Ok(out)
     }
 
     /// Makes a token named `name` with `role`. The name must be new (revoked ones count).
     pub fn add(&self, name: &str, role: Role) -> Result<NewToken, TokenError> {
-        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b)) {
-            return Err(TokenError::Bad(format!("{name:?} is not a token name: use 1 to 64 letters, digits, '-', '_', '.' or '@'")));
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b))
+        {
+            return Err(TokenError::Bad(format!(
+                "{name:?} is not a token name: use 1 to 64 letters, digits, '-', '_', '.' or '@'"
+            )));
         }
         let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).map_err(|e| TokenError::Bad(format!("the OS gave no random bytes: {e}")))?;
-        let token = format!("{TOKEN_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes));
-        let record = TokenRecord { name: name.to_string(), role, sha256: hash_of(&token), created: Timestamp::now(), revoked: None };
+        getrandom::fill(&mut bytes)
+            .map_err(|e| TokenError::Bad(format!("the OS gave no random bytes: {e}")))?;
+        let token = format!(
+            "{TOKEN_PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+        );
+        let record = TokenRecord {
+            name: name.to_string(),
+            role,
+            sha256: hash_of(&token),
+            created: Timestamp::now(),
+            revoked: None,
+        };
         let r = record.clone();
         self.change(move |s| {
             if s.tokens.iter().any(|t| t.name == r.name) {
@@ -191,10 +252,26 @@ impl Tokens {
     /// Revokes the token named `name`; revoking a revoked one is refused.
     pub fn revoke(&self, name: &str) -> Result<TokenRecord, TokenError> {
         self.change(|s| {
-            let known = s.tokens.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ");
-            let t = s.tokens.iter_mut().find(|t| t.name == name).ok_or_else(|| TokenError::Bad(format!("no token named {name:?}; tokens: {}", if known.is_empty() { "none" } else { &known })))?;
+            let known = s
+                .tokens
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let t = s
+                .tokens
+                .iter_mut()
+                .find(|t| t.name == name)
+                .ok_or_else(|| {
+                    TokenError::Bad(format!(
+                        "no token named {name:?}; tokens: {}",
+                        if known.is_empty() { "none" } else { &known }
+                    ))
+                })?;
             if t.revoked.is_some() {
-                return Err(TokenError::Bad(format!("the token {name:?} is revoked already")));
+                return Err(TokenError::Bad(format!(
+                    "the token {name:?} is revoked already"
+                )));
             }
             t.revoked = Some(Timestamp::now());
             Ok(t.clone())
@@ -213,7 +290,9 @@ pub struct TokenFile {
 type Stamp = (u64, u64, i64, i64);
 
 fn stamp(path: &Path) -> Option<Stamp> {
-    std::fs::metadata(path).ok().map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
 }
 
 impl TokenFile {
@@ -222,7 +301,10 @@ impl TokenFile {
         let tokens = Tokens::of_store(store);
         let s = stamp(tokens.path());
         let list = tokens.read()?.tokens;
-        Ok(TokenFile { tokens, cached: Mutex::new((s, Arc::new(list))) })
+        Ok(TokenFile {
+            tokens,
+            cached: Mutex::new((s, Arc::new(list))),
+        })
     }
 
     /// The tokens now. When the file changed and no longer reads, no token is accepted
@@ -277,15 +359,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tokens = Tokens::of_store(dir.path());
         let a = tokens.add("ci", Role::Operator).unwrap();
-        assert!(a.token.starts_with(TOKEN_PREFIX) && a.token.len() == TOKEN_PREFIX.len() + 43, "{}", a.token.len());
+        assert!(
+            a.token.starts_with(TOKEN_PREFIX) && a.token.len() == TOKEN_PREFIX.len() + 43,
+            "{}",
+            a.token.len()
+        );
         assert!(!format!("{a:?}").contains(&a.token));
         let text = std::fs::read_to_string(tokens.path()).unwrap();
-        assert!(!text.contains(&a.token) && text.contains(&a.record.sha256), "{text}");
+        assert!(
+            !text.contains(&a.token) && text.contains(&a.record.sha256),
+            "{text}"
+        );
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(tokens.path()).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(tokens.path())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o600
+        );
         let b = tokens.add("ro", Role::ReadOnly).unwrap();
         assert_ne!(a.token, b.token);
-        assert!(tokens.add("ci", Role::Admin).unwrap_err().to_string().contains("exists already"));
+        assert!(tokens
+            .add("ci", Role::Admin)
+            .unwrap_err()
+            .to_string()
+            .contains("exists already"));
         assert!(tokens.add("a b", Role::Admin).is_err());
         let file = TokenFile::open(dir.path()).unwrap();
         assert_eq!(file.check(&a.token).map(|t| t.role), Some(Role::Operator));
@@ -293,9 +393,21 @@ mod tests {
         assert_eq!(file.check("vdst_nope"), None);
         assert_eq!(file.check(&a.token[..a.token.len() - 1]), None);
         tokens.revoke("ci").unwrap();
-        assert_eq!(file.check(&a.token), None, "revocation takes effect at once");
-        assert!(tokens.revoke("ci").unwrap_err().to_string().contains("revoked already"));
-        assert!(tokens.revoke("zz").unwrap_err().to_string().contains("tokens: ci, ro"));
+        assert_eq!(
+            file.check(&a.token),
+            None,
+            "revocation takes effect at once"
+        );
+        assert!(tokens
+            .revoke("ci")
+            .unwrap_err()
+            .to_string()
+            .contains("revoked already"));
+        assert!(tokens
+            .revoke("zz")
+            .unwrap_err()
+            .to_string()
+            .contains("tokens: ci, ro"));
         assert_eq!(tokens.list().unwrap().len(), 2);
     }
 

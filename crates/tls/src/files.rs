@@ -6,9 +6,12 @@
 //! own), and optionally `ca-crl.pem` (certificates the CA revoked).
 //!
 //! Invariants: a server verifies client certificates against `ca-cert.pem` (and
-//! `ca-crl.pem` when present) unless verification is turned off; a client without a
-//! certificate, or with verification off, is anonymous, never refused by TLS itself (what
-//! an anonymous client may do is the server's policy). [`ServerTls::current`] re-reads the
+//! `ca-crl.pem` when present) unless verification is turned off; a certificate that fails
+//! (another CA's, expired, revoked) fails the TLS handshake, and the server's certificate
+//! request names no CA, so that clients show whatever certificate they have rather than
+//! hold back one of another CA; a client without a certificate, or with verification off,
+//! is anonymous, never refused by TLS itself (what an anonymous client may do is the
+//! server's policy). [`ServerTls::current`] re-reads the
 //! directory when a file in it changed, so a new CRL takes effect on the next connection.
 //! Every error names the file and what to do.
 
@@ -36,7 +39,10 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 fn file_error(path: &Path, why: impl std::fmt::Display) -> TlsError {
-    TlsError::File { path: path.to_path_buf(), why: why.to_string() }
+    TlsError::File {
+        path: path.to_path_buf(),
+        why: why.to_string(),
+    }
 }
 
 /// The certificates in a PEM file (at least one).
@@ -46,14 +52,18 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| file_error(path, format!("not a PEM certificate file: {e}")))?;
     if certs.is_empty() {
-        return Err(file_error(path, "holds no certificate (expected -----BEGIN CERTIFICATE-----)"));
+        return Err(file_error(
+            path,
+            "holds no certificate (expected -----BEGIN CERTIFICATE-----)",
+        ));
     }
     Ok(certs)
 }
 
 /// The private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| file_error(path, format!("cannot read a private key: {e}")))
+    PrivateKeyDer::from_pem_file(path)
+        .map_err(|e| file_error(path, format!("cannot read a private key: {e}")))
 }
 
 /// The revocation lists in `ca-crl.pem`, or none when the file does not exist.
@@ -72,7 +82,9 @@ fn roots(dir: &Path) -> Result<Arc<RootCertStore>, TlsError> {
     let path = dir.join(CA_CERT);
     let mut roots = RootCertStore::empty();
     for cert in read_certs(&path)? {
-        roots.add(cert).map_err(|e| file_error(&path, format!("not a usable CA certificate: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| file_error(&path, format!("not a usable CA certificate: {e}")))?;
     }
     Ok(Arc::new(roots))
 }
@@ -94,9 +106,15 @@ pub fn server_config(dir: &Path, auth: ClientAuth) -> Result<Arc<ServerConfig>, 
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match auth {
-        ClientAuth::Off => builder.with_client_cert_verifier(WebPkiClientVerifier::no_client_auth()),
+        ClientAuth::Off => {
+            builder.with_client_cert_verifier(WebPkiClientVerifier::no_client_auth())
+        }
         ClientAuth::Verify => {
+            // No CA names in the certificate request: with them, a gnutls client (libnbd,
+            // qemu) keeps a certificate another CA signed to itself and goes on without
+            // one, as anonymous; without them it shows it, and is refused here.
             let verifier = WebPkiClientVerifier::builder_with_provider(roots(dir)?, provider())
+                .clear_root_hint_subjects()
                 .with_crls(read_crls(dir)?)
                 .only_check_end_entity_revocation()
                 .allow_unknown_revocation_status()
@@ -116,7 +134,12 @@ pub fn server_config(dir: &Path, auth: ClientAuth) -> Result<Arc<ServerConfig>, 
     let key_path = dir.join(SERVER_KEY);
     let config = builder
         .with_single_cert(read_certs(&cert_path)?, read_key(&key_path)?)
-        .map_err(|e| file_error(&cert_path, format!("does not go with {}: {e}", key_path.display())))?;
+        .map_err(|e| {
+            file_error(
+                &cert_path,
+                format!("does not go with {}: {e}", key_path.display()),
+            )
+        })?;
     Ok(Arc::new(config))
 }
 
@@ -131,7 +154,12 @@ pub fn client_config(dir: &Path) -> Result<Arc<ClientConfig>, TlsError> {
     let config = if cert_path.exists() || key_path.exists() {
         builder
             .with_client_auth_cert(read_certs(&cert_path)?, read_key(&key_path)?)
-            .map_err(|e| file_error(&cert_path, format!("does not go with {}: {e}", key_path.display())))?
+            .map_err(|e| {
+                file_error(
+                    &cert_path,
+                    format!("does not go with {}: {e}", key_path.display()),
+                )
+            })?
     } else {
         builder.with_no_client_auth()
     };
@@ -142,8 +170,12 @@ pub fn client_config(dir: &Path) -> Result<Arc<ClientConfig>, TlsError> {
 /// dials, or `localhost` for a unix socket (what `vdstream pki issue` puts in every server
 /// certificate, as qemu and libnbd do for unix sockets).
 pub fn server_name(host: Option<&str>) -> Result<ServerName<'static>, TlsError> {
-    let host = host.unwrap_or("localhost").trim_start_matches('[').trim_end_matches(']');
-    ServerName::try_from(host.to_string()).map_err(|e| TlsError::Config(format!("{host:?} cannot name a TLS server: {e}")))
+    let host = host
+        .unwrap_or("localhost")
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    ServerName::try_from(host.to_string())
+        .map_err(|e| TlsError::Config(format!("{host:?} cannot name a TLS server: {e}")))
 }
 
 /// A server's TLS configuration that follows its directory: [`ServerTls::current`] rebuilds
@@ -159,14 +191,21 @@ pub struct ServerTls {
 
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerTls").field("dir", &self.dir).field("auth", &self.auth).finish_non_exhaustive()
+        f.debug_struct("ServerTls")
+            .field("dir", &self.dir)
+            .field("auth", &self.auth)
+            .finish_non_exhaustive()
     }
 }
 
 fn stamps(dir: &Path) -> Vec<Option<SystemTime>> {
     [CA_CERT, CA_CRL, SERVER_CERT, SERVER_KEY]
         .iter()
-        .map(|f| std::fs::metadata(dir.join(f)).and_then(|m| m.modified()).ok())
+        .map(|f| {
+            std::fs::metadata(dir.join(f))
+                .and_then(|m| m.modified())
+                .ok()
+        })
         .collect()
 }
 
@@ -174,7 +213,12 @@ impl ServerTls {
     /// Reads `dir` now, so a bad directory fails at start, not at the first client.
     pub fn new(dir: &Path, auth: ClientAuth) -> Result<ServerTls, TlsError> {
         let config = server_config(dir, auth)?;
-        let tls = ServerTls { dir: dir.to_path_buf(), auth, cached: Mutex::new((stamps(dir), config)), revoked: Mutex::new((None, Vec::new())) };
+        let tls = ServerTls {
+            dir: dir.to_path_buf(),
+            auth,
+            cached: Mutex::new((stamps(dir), config)),
+            revoked: Mutex::new((None, Vec::new())),
+        };
         tls.revoked_serials()?;
         Ok(tls)
     }
@@ -212,7 +256,10 @@ impl ServerTls {
     pub fn revoked_serials(&self) -> Result<Vec<Vec<u8>>, TlsError> {
         let mut serials = Vec::new();
         for crl in read_crls(&self.dir)? {
-            serials.extend(crate::peer::revoked_serials(&crl).map_err(|e| file_error(&self.dir.join(CA_CRL), e))?);
+            serials.extend(
+                crate::peer::revoked_serials(&crl)
+                    .map_err(|e| file_error(&self.dir.join(CA_CRL), e))?,
+            );
         }
         Ok(serials)
     }

@@ -1,9 +1,11 @@
-//! What a verified peer certificate says: the [`Identity`] its role URI names, and its
-//! serial number (to match it against a revocation list).
+//! What a verified peer certificate says: the [`Identity`] its role URI names, the names it
+//! carries (for `serve-image --tls-allow-name`), and its serial number (to match it
+//! against a revocation list).
 //!
 //! Invariant: only certificates rustls already verified against the CA reach these
-//! functions; a certificate without exactly one vdstream role URI names no identity
-//! (the caller treats its holder as anonymous and logs why).
+//! functions; a certificate without exactly one vdstream role URI names no role identity
+//! ([`identity_of`] says why); [`holder_of`] then names its holder by its common name
+//! ([`Identity::Verified`]), never as anonymous.
 
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
 use vdstream_contract::identity::ROLE_URI_PREFIX;
@@ -43,6 +45,52 @@ pub fn identity_of(cert: &CertificateDer<'_>) -> Result<Identity, TlsError> {
     }
 }
 
+/// Who holds a verified certificate: the identity its role URI names, or, when it names
+/// none (or not one usable), [`Identity::Verified`] with its subject's common name (the
+/// whole subject when it has no common name). The `Err` of [`identity_of`], if any, comes
+/// along for the log.
+pub fn holder_of(cert: &CertificateDer<'_>) -> (Identity, Option<TlsError>) {
+    match identity_of(cert) {
+        Ok(id) => (id, None),
+        Err(e) => {
+            let name = parse(cert)
+                .map(|c| {
+                    common_names(&c)
+                        .into_iter()
+                        .next()
+                        .unwrap_or_else(|| c.subject().to_string())
+                })
+                .unwrap_or_default();
+            (Identity::verified(&name), Some(e))
+        }
+    }
+}
+
+fn common_names(cert: &X509Certificate<'_>) -> Vec<String> {
+    cert.subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok().map(str::to_string))
+        .collect()
+}
+
+/// The names a certificate carries, as `--tls-allow-name` matches them: its subject's
+/// common names, and its DNS, URI and e-mail subject alternative names.
+pub fn names_of(cert: &CertificateDer<'_>) -> Result<Vec<String>, TlsError> {
+    let cert = parse(cert)?;
+    let mut names = common_names(&cert);
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(n) | GeneralName::URI(n) | GeneralName::RFC822Name(n) => {
+                    names.push((*n).to_string())
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(names)
+}
+
 /// A certificate's serial number, big-endian, without leading zeros.
 pub fn serial_of(cert: &CertificateDer<'_>) -> Result<Vec<u8>, TlsError> {
     Ok(trim(parse(cert)?.raw_serial()))
@@ -50,8 +98,12 @@ pub fn serial_of(cert: &CertificateDer<'_>) -> Result<Vec<u8>, TlsError> {
 
 /// The serials a revocation list revokes (big-endian, without leading zeros).
 pub fn revoked_serials(crl: &CertificateRevocationListDer<'_>) -> Result<Vec<Vec<u8>>, String> {
-    let (_, crl) = CertificateRevocationList::from_der(crl.as_ref()).map_err(|e| format!("not a revocation list: {e}"))?;
-    Ok(crl.iter_revoked_certificates().map(|r| trim(r.raw_serial())).collect())
+    let (_, crl) = CertificateRevocationList::from_der(crl.as_ref())
+        .map_err(|e| format!("not a revocation list: {e}"))?;
+    Ok(crl
+        .iter_revoked_certificates()
+        .map(|r| trim(r.raw_serial()))
+        .collect())
 }
 
 fn trim(serial: &[u8]) -> Vec<u8> {

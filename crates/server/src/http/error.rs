@@ -10,6 +10,7 @@
 //! | 408 | the body did not arrive within `REQUEST_DEADLINE` |
 //! | 409 | a rule of the store refuses the change (in use, exists, wrong state) |
 //! | 413 | the body is over the route's limit (by `Content-Length` before it is read) |
+//! | 429 | the client's address is penalized for failed authentications (failures.rs), or its caller holds its share of the event streams |
 //! | 500 | anything else: a damaged or missing file, an I/O error |
 //! | 503 | the request took longer than `HANDLER_TIMEOUT` |
 //!
@@ -36,7 +37,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: u16, error: impl Into<String>, what_to_do: impl Into<String>) -> Self {
-        ApiError { status, error: error.into(), what_to_do: what_to_do.into() }
+        ApiError {
+            status,
+            error: error.into(),
+            what_to_do: what_to_do.into(),
+        }
     }
 
     pub fn bad_request(error: impl Into<String>, what_to_do: impl Into<String>) -> Self {
@@ -61,14 +66,21 @@ impl IntoResponse for ApiError {
             log::warn!("HTTP API: answered {}: {}", self.status, self.error);
         }
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, axum::Json(json!({"error": self.error, "what_to_do": self.what_to_do}))).into_response()
+        (
+            status,
+            axum::Json(json!({"error": self.error, "what_to_do": self.what_to_do})),
+        )
+            .into_response()
     }
 }
 
 /// Every answer of 400 and over that is not already the error document becomes it (the
 /// tower layers' 408, 413, 503, axum's 405), keeping its status and `Allow`.
 pub async fn json_errors(resp: Response) -> Response {
-    let json = resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if resp.status().as_u16() < 400 || json {
         return resp;
     }
@@ -82,7 +94,10 @@ pub async fn json_errors(resp: Response) -> Response {
 
 /// The advice at the end of a store message (`what went wrong: what to do`), if any.
 fn advice_of(message: &str) -> String {
-    message.rsplit_once(": ").map(|(_, a)| a.to_string()).unwrap_or_default()
+    message
+        .rsplit_once(": ")
+        .map(|(_, a)| a.to_string())
+        .unwrap_or_default()
 }
 
 impl From<StoreError> for ApiError {
@@ -100,7 +115,11 @@ impl From<StoreError> for ApiError {
             StoreError::NoStore { .. } => (500, "create a vDisk first with `vdstream vdisk create`".to_string()),
             _ => (500, "see the server's log; check the store's files and free space".to_string()),
         };
-        ApiError { status, error, what_to_do: what }
+        ApiError {
+            status,
+            error,
+            what_to_do: what,
+        }
     }
 }
 
@@ -114,7 +133,10 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Param<T
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         match Path::<T>::from_request_parts(parts, state).await {
             Ok(Path(t)) => Ok(Param(t)),
-            Err(e) => Err(ApiError::bad_request(format!("a path parameter is not valid: {}", e.body_text()), "encode names as UTF-8 and percent-encode reserved bytes (%2F)")),
+            Err(e) => Err(ApiError::bad_request(
+                format!("a path parameter is not valid: {}", e.body_text()),
+                "encode names as UTF-8 and percent-encode reserved bytes (%2F)",
+            )),
         }
     }
 }
@@ -129,14 +151,22 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        let Some(v) = parts.headers.get(header::IF_MATCH) else { return Ok(IfMatch(None)) };
+        let Some(v) = parts.headers.get(header::IF_MATCH) else {
+            return Ok(IfMatch(None));
+        };
         let text = v.to_str().unwrap_or("").trim();
         if text == "*" {
             return Ok(IfMatch(None));
         }
-        let inner = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(text);
+        let inner = text
+            .strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .unwrap_or(text);
         inner.parse::<u64>().map(|g| IfMatch(Some(g))).map_err(|_| {
-            ApiError::bad_request(format!("If-Match {text:?} is not one generation of the vDisk"), "send the ETag the vDisk's GET answered, e.g. If-Match: \"7\"")
+            ApiError::bad_request(
+                format!("If-Match {text:?} is not one generation of the vDisk"),
+                "send the ETag the vDisk's GET answered, e.g. If-Match: \"7\"",
+            )
         })
     }
 }
@@ -152,7 +182,10 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for QueryAr
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(t)) => Ok(QueryArgs(t)),
-            Err(e) => Err(ApiError::bad_request(format!("the query is not valid: {}", e.body_text()), "see docs/openapi.yaml for the parameters of this route")),
+            Err(e) => Err(ApiError::bad_request(
+                format!("the query is not valid: {}", e.body_text()),
+                "see docs/openapi.yaml for the parameters of this route",
+            )),
         }
     }
 }
@@ -162,23 +195,48 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for QueryAr
 #[derive(Debug)]
 pub struct JsonBody<T, const EMPTY_OK: bool = false>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync, const EMPTY_OK: bool> FromRequest<S> for JsonBody<T, EMPTY_OK> {
+impl<T: DeserializeOwned, S: Send + Sync, const EMPTY_OK: bool> FromRequest<S>
+    for JsonBody<T, EMPTY_OK>
+{
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = match tokio::time::timeout(REQUEST_DEADLINE, Bytes::from_request(req, state)).await {
-            Err(_) => return Err(ApiError::of_status(StatusCode::REQUEST_TIMEOUT)),
-            Ok(Err(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(ApiError::of_status(e.status())),
-            Ok(Err(e)) => return Err(ApiError::bad_request(format!("the request body could not be read: {}", e.body_text()), "send a body of Content-Length bytes (or chunked), whole")),
-            Ok(Ok(b)) => b,
-        };
-        let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::bad_request(format!("the request body is not UTF-8 (byte {})", e.valid_up_to()), "send a JSON document in UTF-8"))?;
+        let bytes =
+            match tokio::time::timeout(REQUEST_DEADLINE, Bytes::from_request(req, state)).await {
+                Err(_) => return Err(ApiError::of_status(StatusCode::REQUEST_TIMEOUT)),
+                Ok(Err(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                    return Err(ApiError::of_status(e.status()))
+                }
+                Ok(Err(e)) => {
+                    return Err(ApiError::bad_request(
+                        format!("the request body could not be read: {}", e.body_text()),
+                        "send a body of Content-Length bytes (or chunked), whole",
+                    ))
+                }
+                Ok(Ok(b)) => b,
+            };
+        let text = std::str::from_utf8(&bytes).map_err(|e| {
+            ApiError::bad_request(
+                format!("the request body is not UTF-8 (byte {})", e.valid_up_to()),
+                "send a JSON document in UTF-8",
+            )
+        })?;
         let text = match (text.trim().is_empty(), EMPTY_OK) {
             (false, _) => text,
             (true, true) => "{}",
-            (true, false) => return Err(ApiError::bad_request("this request needs a JSON body", "send a JSON object with Content-Type: application/json")),
+            (true, false) => {
+                return Err(ApiError::bad_request(
+                    "this request needs a JSON body",
+                    "send a JSON object with Content-Type: application/json",
+                ))
+            }
         };
-        serde_json::from_str(text).map(JsonBody).map_err(|e| ApiError::bad_request(format!("the request body is not what this route takes: {e}"), "see docs/openapi.yaml for the fields of this request"))
+        serde_json::from_str(text).map(JsonBody).map_err(|e| {
+            ApiError::bad_request(
+                format!("the request body is not what this route takes: {e}"),
+                "see docs/openapi.yaml for the fields of this request",
+            )
+        })
     }
 }
 
@@ -186,10 +244,20 @@ impl<T: DeserializeOwned, S: Send + Sync, const EMPTY_OK: bool> FromRequest<S> f
 /// header value that is not printable ASCII.
 pub fn check_head(parts: &Parts) -> Result<(), ApiError> {
     if parts.version == axum::http::Version::HTTP_11 && !parts.headers.contains_key(header::HOST) {
-        return Err(ApiError::bad_request("an HTTP/1.1 request needs a Host field", "send Host: with the server's address"));
+        return Err(ApiError::bad_request(
+            "an HTTP/1.1 request needs a Host field",
+            "send Host: with the server's address",
+        ));
     }
-    match parts.headers.iter().find(|(_, v)| HeaderValue::to_str(v).is_err()) {
-        Some((name, _)) => Err(ApiError::bad_request(format!("header {name} is not printable ASCII"), "send header values in printable ASCII")),
+    match parts
+        .headers
+        .iter()
+        .find(|(_, v)| HeaderValue::to_str(v).is_err())
+    {
+        Some((name, _)) => Err(ApiError::bad_request(
+            format!("header {name} is not printable ASCII"),
+            "send header values in printable ASCII",
+        )),
         None => Ok(()),
     }
 }
@@ -200,11 +268,22 @@ mod tests {
 
     #[test]
     fn store_errors_map_to_statuses_with_advice() {
-        let e: ApiError = StoreError::Refused("vDisk w is in use: stop its targets first".into()).into();
-        assert_eq!((e.status, e.what_to_do.as_str()), (409, "stop its targets first"));
-        let e: ApiError = StoreError::UnknownTarget { id: "x".into(), store: "/s".into(), known: "known targets: a".into() }.into();
+        let e: ApiError =
+            StoreError::Refused("vDisk w is in use: stop its targets first".into()).into();
+        assert_eq!(
+            (e.status, e.what_to_do.as_str()),
+            (409, "stop its targets first")
+        );
+        let e: ApiError = StoreError::UnknownTarget {
+            id: "x".into(),
+            store: "/s".into(),
+            known: "known targets: a".into(),
+        }
+        .into();
         assert_eq!((e.status, e.what_to_do.as_str()), (404, "known targets: a"));
-        let e: ApiError = vdstream_store::names::validate_name("a/b").unwrap_err().into();
+        let e: ApiError = vdstream_store::names::validate_name("a/b")
+            .unwrap_err()
+            .into();
         assert_eq!(e.status, 400);
         assert!(e.what_to_do.starts_with("a name is"), "{}", e.what_to_do);
     }

@@ -16,27 +16,33 @@
 //! Cost: the document is built once a [`SAMPLE_EVERY`](super::live::SAMPLE_EVERY) tick,
 //! on the blocking pool, and only while a stream is open; every stream sends the same
 //! text. A new stream gets a document at once. At most [`MAX_EVENT_STREAMS`] streams are
-//! open at a time (503 past it); a stream ends when its client goes or the API stops.
+//! open at a time (503 past it), and at most [`MAX_EVENT_STREAMS_PER_CALLER`] for one
+//! caller (one token, one client certificate; 429 past it), so one credential cannot take
+//! every place; a stream ends when its client goes or the API stops.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Extension;
 use futures_lite::Stream;
 use serde_json::{json, Value};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use vdstream_store::Store;
 
+use super::auth::Caller;
 use super::error::ApiError;
-use super::limits::MAX_EVENT_STREAMS;
+use super::limits::{MAX_EVENT_STREAMS, MAX_EVENT_STREAMS_PER_CALLER};
+use super::live::Share;
 use super::shared::{blocking, Shared};
 use crate::state::unix_ms;
 
 /// Builds the farm document (blocks: reads the store).
 fn farm(s: &Shared) -> Result<Value, ApiError> {
     let store = Store::open(&s.state.store)?;
-    let reports: std::collections::HashMap<String, Value> = s.live.agent_reports().into_iter().collect();
+    let reports: std::collections::HashMap<String, Value> =
+        s.live.agent_reports().into_iter().collect();
     let mut targets = Vec::new();
     // A store whose records cannot be read still streams everything else, and says why.
     let (records, targets_error) = match store.targets() {
@@ -66,7 +72,9 @@ fn farm(s: &Shared) -> Result<Value, ApiError> {
 
 async fn farm_text(s: &Arc<Shared>) -> Result<Arc<str>, ApiError> {
     let s = s.clone();
-    blocking(move || farm(&s)).await.map(|doc| Arc::from(doc.to_string()))
+    blocking(move || farm(&s))
+        .await
+        .map(|doc| Arc::from(doc.to_string()))
 }
 
 /// One sampler tick: a new document for the open streams, if there are any.
@@ -78,14 +86,34 @@ pub(crate) async fn tick(s: &Arc<Shared>) {
         Ok(text) => {
             s.live.events.latest.send_replace(Some(text));
         }
-        Err(e) => log::warn!("HTTP API: the event streams' farm document failed: {}", e.error),
+        Err(e) => log::warn!(
+            "HTTP API: the event streams' farm document failed: {}",
+            e.error
+        ),
     }
 }
 
-/// What a stream holds: the document to send first, the latest's receiver, its place.
-type StreamState = (Option<Arc<str>>, watch::Receiver<Option<Arc<str>>>, OwnedSemaphorePermit);
+/// What a stream holds: the document to send first, the latest's receiver, its place and
+/// its caller's share.
+type StreamState = (
+    Option<Arc<str>>,
+    watch::Receiver<Option<Arc<str>>>,
+    (OwnedSemaphorePermit, Share),
+);
 
-pub(crate) async fn stream(State(s): State<Arc<Shared>>) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+pub(crate) async fn stream(
+    State(s): State<Arc<Shared>>,
+    caller: Option<Extension<Caller>>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    // auth.rs marks every request it lets through; a stream without a caller would be a bug.
+    let holder = caller.map_or_else(|| "this caller".to_string(), |Extension(c)| c.holder());
+    let share = s.live.events.share(&holder).ok_or_else(|| {
+        ApiError::new(
+            429,
+            format!("{holder} holds {MAX_EVENT_STREAMS_PER_CALLER} event streams, the most one caller may (the server keeps {MAX_EVENT_STREAMS} for all callers)"),
+            "close one of its streams (a console tab) first, or poll GET /api/v1/targets and /api/v1/sessions instead",
+        )
+    })?;
     let place = s.live.events.places.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
             503,
@@ -95,7 +123,7 @@ pub(crate) async fn stream(State(s): State<Arc<Shared>>) -> Result<Sse<impl Stre
     })?;
     let rx = s.live.events.latest.subscribe();
     let first = farm_text(&s).await?;
-    let state: StreamState = (Some(first), rx, place);
+    let state: StreamState = (Some(first), rx, (place, share));
     let events = futures_lite::stream::unfold(state, |(first, mut rx, place)| async move {
         let text = match first {
             Some(t) => t,
@@ -106,7 +134,10 @@ pub(crate) async fn stream(State(s): State<Arc<Shared>>) -> Result<Sse<impl Stre
                 }
             },
         };
-        Some((Ok(Event::default().event("farm").data(&*text)), (None, rx, place)))
+        Some((
+            Ok(Event::default().event("farm").data(&*text)),
+            (None, rx, place),
+        ))
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }

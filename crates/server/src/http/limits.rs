@@ -24,12 +24,23 @@ pub const MAX_HEADERS: usize = 64;
 /// How many connections the API keeps open at most: a quarter of the soft limit on open
 /// files (the rest is for the NBD side and the store's files), between 64 and 16,384.
 pub fn connection_limit() -> usize {
-    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit writes only into `rl`, a live local of the right type.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 { rl.rlim_cur } else { 1024 };
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur
+    } else {
+        1024
+    };
     let soft = usize::try_from(soft).unwrap_or(usize::MAX);
     (soft / 4).clamp(64, 16_384)
 }
 
 /// Event streams (`GET /api/v1/events`, events.rs) open at most; 503 past it.
 pub const MAX_EVENT_STREAMS: usize = 64;
+/// Event streams one caller (a token, a client certificate, the local users of an open
+/// API) may hold at once; 429 past it. The rest are kept for the others: one read-only
+/// token cannot take the administrator's console's place.
+pub const MAX_EVENT_STREAMS_PER_CALLER: usize = 8;

@@ -32,7 +32,7 @@ use vdstream_contract::server::{IoDoc, IoTotals, NbdAddresses, ReadCacheDoc, Ser
 use vdstream_contract::status::Status;
 
 use super::error::ApiError;
-use super::limits::MAX_EVENT_STREAMS;
+use super::limits::{MAX_EVENT_STREAMS, MAX_EVENT_STREAMS_PER_CALLER};
 use crate::state::{unix_ms, CountersSnapshot, ServerState, Session};
 
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -72,17 +72,42 @@ pub(crate) struct Live {
     pub events: Events,
 }
 
-
-/// The latest farm document and the places for streams.
+/// The latest farm document, the places for streams, and how many each caller holds.
 #[derive(Debug)]
 pub(crate) struct Events {
     pub latest: watch::Sender<Option<Arc<str>>>,
     pub places: Arc<Semaphore>,
+    /// Streams open per caller (as `Caller::holder` names it); only callers holding one
+    /// are remembered.
+    held: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl Default for Events {
     fn default() -> Self {
-        Events { latest: watch::Sender::new(None), places: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)) }
+        Events {
+            latest: watch::Sender::new(None),
+            places: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)),
+            held: Arc::default(),
+        }
+    }
+}
+
+/// One of a caller's [`MAX_EVENT_STREAMS_PER_CALLER`] streams, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Share {
+    held: Arc<Mutex<HashMap<String, usize>>>,
+    holder: String,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut held = lock(&self.held);
+        if let Some(n) = held.get_mut(&self.holder) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.holder);
+            }
+        }
     }
 }
 
@@ -91,8 +116,21 @@ impl Events {
     pub fn watched(&self) -> bool {
         self.latest.receiver_count() > 0
     }
-}
 
+    /// A stream for `holder`, unless it holds [`MAX_EVENT_STREAMS_PER_CALLER`] already.
+    pub fn share(&self, holder: &str) -> Option<Share> {
+        let mut held = lock(&self.held);
+        let n = held.entry(holder.to_string()).or_insert(0);
+        if *n >= MAX_EVENT_STREAMS_PER_CALLER {
+            return None;
+        }
+        *n += 1;
+        Some(Share {
+            held: self.held.clone(),
+            holder: holder.to_string(),
+        })
+    }
+}
 
 /// Operations and bytes per second.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -109,10 +147,22 @@ fn rates_between(old: &CountersSnapshot, new: &CountersSnapshot, secs: f64) -> R
     }
     let d = |a: u64, b: u64| b.saturating_sub(a) as f64 / secs;
     Rates {
-        guest_iops: d(old.guest_read_ops + old.guest_write_ops, new.guest_read_ops + new.guest_write_ops),
-        guest_bytes_per_sec: d(old.guest_read_bytes + old.guest_write_bytes, new.guest_read_bytes + new.guest_write_bytes),
-        store_iops: d(old.store_read_ops + old.store_write_ops, new.store_read_ops + new.store_write_ops),
-        store_bytes_per_sec: d(old.store_read_bytes + old.store_write_bytes, new.store_read_bytes + new.store_write_bytes),
+        guest_iops: d(
+            old.guest_read_ops + old.guest_write_ops,
+            new.guest_read_ops + new.guest_write_ops,
+        ),
+        guest_bytes_per_sec: d(
+            old.guest_read_bytes + old.guest_write_bytes,
+            new.guest_read_bytes + new.guest_write_bytes,
+        ),
+        store_iops: d(
+            old.store_read_ops + old.store_write_ops,
+            new.store_read_ops + new.store_write_ops,
+        ),
+        store_bytes_per_sec: d(
+            old.store_read_bytes + old.store_write_bytes,
+            new.store_read_bytes + new.store_write_bytes,
+        ),
     }
 }
 
@@ -128,7 +178,10 @@ impl Live {
         for s in sessions {
             let h = samples.entry(s.id).or_default();
             h.push_back((now, s.counters.snapshot()));
-            while h.len() > 1 && h.front().is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW) {
+            while h.len() > 1
+                && h.front()
+                    .is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW)
+            {
                 h.pop_front();
             }
         }
@@ -138,7 +191,11 @@ impl Live {
     pub fn rates(&self, s: &Session, now: Instant) -> Rates {
         let samples = lock(&self.samples);
         match samples.get(&s.id).and_then(|h| h.front()) {
-            Some((t, old)) => rates_between(old, &s.counters.snapshot(), now.duration_since(*t).as_secs_f64()),
+            Some((t, old)) => rates_between(
+                old,
+                &s.counters.snapshot(),
+                now.duration_since(*t).as_secs_f64(),
+            ),
             None => Rates::default(),
         }
     }
@@ -152,7 +209,11 @@ impl Live {
 
     /// Fresh reports, by target.
     pub fn agent_reports(&self) -> Vec<(String, Value)> {
-        lock(&self.reports).iter().filter(|(_, r)| r.at.elapsed() <= REPORT_TTL).map(|(t, r)| (t.clone(), r.doc())).collect()
+        lock(&self.reports)
+            .iter()
+            .filter(|(_, r)| r.at.elapsed() <= REPORT_TTL)
+            .map(|(t, r)| (t.clone(), r.doc()))
+            .collect()
     }
 
     /// Frees the reports older than [`REPORT_TTL`]; then, if any was freed, hands freed
@@ -171,16 +232,28 @@ impl Live {
 
     fn put_report(&self, target: &str, mut doc: Value) {
         doc["received_unix_ms"] = json!(unix_ms());
-        let json = serde_json::to_string(&doc).expect("JSON values serialize").into_boxed_str();
+        let json = serde_json::to_string(&doc)
+            .expect("JSON values serialize")
+            .into_boxed_str();
         drop(doc);
         let mut reports = lock(&self.reports);
         reports.retain(|_, r| r.at.elapsed() <= REPORT_TTL);
         if reports.len() >= MAX_REPORTS && !reports.contains_key(target) {
-            if let Some(oldest) = reports.iter().min_by_key(|(_, r)| r.at).map(|(t, _)| t.clone()) {
+            if let Some(oldest) = reports
+                .iter()
+                .min_by_key(|(_, r)| r.at)
+                .map(|(t, _)| t.clone())
+            {
                 reports.remove(&oldest);
             }
         }
-        reports.insert(target.to_string(), Report { at: Instant::now(), json });
+        reports.insert(
+            target.to_string(),
+            Report {
+                at: Instant::now(),
+                json,
+            },
+        );
     }
 
     /// Notes that the boot service sent `target` its boot script (`what`: MAC, peer,
@@ -188,7 +261,11 @@ impl Live {
     pub fn note_boot(&self, target: &str, what: &str) {
         let mut boots = lock(&self.boots);
         if boots.len() >= MAX_REPORTS && !boots.contains_key(target) {
-            if let Some(oldest) = boots.iter().min_by_key(|(_, (at, _))| *at).map(|(t, _)| t.clone()) {
+            if let Some(oldest) = boots
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(t, _)| t.clone())
+            {
                 boots.remove(&oldest);
             }
         }
@@ -197,7 +274,9 @@ impl Live {
 
     /// The last boot script served to `target`: `{"at_unix_ms", "what"}`.
     pub fn last_boot(&self, target: &str) -> Option<Value> {
-        lock(&self.boots).get(target).map(|(at, what)| json!({"at_unix_ms": at, "what": what}))
+        lock(&self.boots)
+            .get(target)
+            .map(|(at, what)| json!({"at_unix_ms": at, "what": what}))
     }
 
     /// `GET /api/v1/sessions`.
@@ -260,7 +339,10 @@ pub(crate) fn server_doc(state: &ServerState) -> Value {
     let doc = ServerDoc {
         name: state.name.clone(),
         store: state.store.display().to_string(),
-        nbd: NbdAddresses { listen: state.nbd_listen.clone(), socket: state.nbd_socket.as_ref().map(|p| p.display().to_string()) },
+        nbd: NbdAddresses {
+            listen: state.nbd_listen.clone(),
+            socket: state.nbd_socket.as_ref().map(|p| p.display().to_string()),
+        },
         sessions: state.registry.len() as u64,
         draining: state.draining.load(std::sync::atomic::Ordering::Relaxed),
         started_unix_ms: state.started_unix_ms,
@@ -272,11 +354,22 @@ pub(crate) fn server_doc(state: &ServerState) -> Value {
             misses: c.misses,
             shared_loads: c.shared_loads,
             evictions: c.evictions,
-            hit_ratio: (looked > 0).then(|| (c.hits as f64 * 1000.0 / looked as f64).round() / 1000.0),
+            hit_ratio: (looked > 0)
+                .then(|| (c.hits as f64 * 1000.0 / looked as f64).round() / 1000.0),
         },
         io: IoDoc {
-            guest: IoTotals { read_ops: t.guest_read_ops, read_bytes: t.guest_read_bytes, write_ops: t.guest_write_ops, write_bytes: t.guest_write_bytes },
-            store: IoTotals { read_ops: t.store_read_ops, read_bytes: t.store_read_bytes, write_ops: t.store_write_ops, write_bytes: t.store_write_bytes },
+            guest: IoTotals {
+                read_ops: t.guest_read_ops,
+                read_bytes: t.guest_read_bytes,
+                write_ops: t.guest_write_ops,
+                write_bytes: t.guest_write_bytes,
+            },
+            store: IoTotals {
+                read_ops: t.store_read_ops,
+                read_bytes: t.store_read_bytes,
+                write_ops: t.store_write_ops,
+                write_bytes: t.store_write_bytes,
+            },
         },
     };
     serde_json::to_value(doc).expect("a server document serializes")
@@ -299,7 +392,9 @@ fn within_report_limits(v: &Value, depth: usize, count: &mut usize) -> bool {
     }
     match v {
         Value::Array(a) => a.iter().all(|x| within_report_limits(x, depth + 1, count)),
-        Value::Object(o) => o.values().all(|x| within_report_limits(x, depth + 1, count)),
+        Value::Object(o) => o
+            .values()
+            .all(|x| within_report_limits(x, depth + 1, count)),
         _ => true,
     }
 }
@@ -308,7 +403,13 @@ impl Live {
     /// `PUT /api/v1/targets/{id}/agent` from `client`: `doc` is the agent's status
     /// document; its `target` (if present) must be `id`, a target with a record in the
     /// store. Blocks (reads the store).
-    pub fn accept_report(&self, state: &ServerState, id: &str, client: SocketAddr, doc: Value) -> Result<Value, ApiError> {
+    pub fn accept_report(
+        &self,
+        state: &ServerState,
+        id: &str,
+        client: SocketAddr,
+        doc: Value,
+    ) -> Result<Value, ApiError> {
         vdstream_store::names::validate_target_id(id)?;
         match vdstream_store::Store::open(&state.store).and_then(|s| s.target(id)) {
             Ok(_) => {}
@@ -328,7 +429,10 @@ impl Live {
             Err(e) => return Err(e.into()),
         }
         let Some(obj) = doc.as_object() else {
-            return Err(ApiError::bad_request("an agent report is a JSON object", "send the document `vdstream target status ID --json` prints"));
+            return Err(ApiError::bad_request(
+                "an agent report is a JSON object",
+                "send the document `vdstream target status ID --json` prints",
+            ));
         };
         if !within_report_limits(&doc, 0, &mut 0) {
             return Err(ApiError::bad_request(
@@ -347,7 +451,10 @@ impl Live {
             }
         }
         if let Err(e) = <Status as serde::Deserialize>::deserialize(&doc) {
-            return Err(ApiError::bad_request(format!("the report is not an agent status: {e}"), "send the document `vdstream target status ID --json` prints"));
+            return Err(ApiError::bad_request(
+                format!("the report is not an agent status: {e}"),
+                "send the document `vdstream target status ID --json` prints",
+            ));
         }
         self.put_report(id, doc);
         Ok(json!({"target": id, "accepted": true, "keep_for_secs": REPORT_TTL.as_secs()}))
@@ -364,15 +471,24 @@ mod tests {
         let live = Live::default();
         let reg = Registry::new();
         let g = reg.open(SessionInfo {
-            export: "vdisk/w".into(), kind: ExportKind::Vdisk, target: None, peer: "unix".into(),
-            vdisk: "w".into(), version: 0, cache_type: None, cache_limit: None,
+            export: "vdisk/w".into(),
+            kind: ExportKind::Vdisk,
+            target: None,
+            peer: "unix".into(),
+            vdisk: "w".into(),
+            version: 0,
+            cache_type: None,
+            cache_limit: None,
         });
         let t0 = Instant::now();
         live.sample_at(t0, &reg.sessions());
         Counters::add(&g.session.counters.guest_read_ops, 100);
         Counters::add(&g.session.counters.guest_read_bytes, 409_600);
         let r = live.rates(&g.session, t0 + Duration::from_secs(2));
-        assert_eq!((r.guest_iops, r.guest_bytes_per_sec, r.store_iops), (50.0, 204_800.0, 0.0));
+        assert_eq!(
+            (r.guest_iops, r.guest_bytes_per_sec, r.store_iops),
+            (50.0, 204_800.0, 0.0)
+        );
         // Old samples leave the window; gone sessions are forgotten.
         live.sample_at(t0 + Duration::from_secs(10), &reg.sessions());
         assert_eq!(lock(&live.samples)[&g.session.id].len(), 1);

@@ -36,8 +36,13 @@ impl Scrape {
     /// Registers `metric` as `name` (a counter without its `_total`, which the encoder adds;
     /// `help` without its final '.', which the registry adds) and hands it back to fill.
     fn add<M: Metric + TypedMetric + Clone>(&mut self, name: &str, help: &str, metric: M) -> M {
-        let name = if M::TYPE == prometheus_client::metrics::MetricType::Counter { name.strip_suffix("_total").unwrap_or(name) } else { name };
-        self.0.register(name, help.strip_suffix('.').unwrap_or(help), metric.clone());
+        let name = if M::TYPE == prometheus_client::metrics::MetricType::Counter {
+            name.strip_suffix("_total").unwrap_or(name)
+        } else {
+            name
+        };
+        self.0
+            .register(name, help.strip_suffix('.').unwrap_or(help), metric.clone());
         metric
     }
 
@@ -58,26 +63,90 @@ fn int(v: u64) -> i64 {
 type Figure<T, V> = (&'static str, &'static str, fn(&T) -> V);
 
 const SESSION_COUNTERS: [Figure<CountersSnapshot, u64>; 8] = [
-    ("vdstream_session_guest_read_ops_total", "Reads the client asked for.", |c| c.guest_read_ops),
-    ("vdstream_session_guest_read_bytes_total", "Bytes the client read.", |c| c.guest_read_bytes),
-    ("vdstream_session_guest_write_ops_total", "Writes the client asked for.", |c| c.guest_write_ops),
-    ("vdstream_session_guest_write_bytes_total", "Bytes the client wrote.", |c| c.guest_write_bytes),
-    ("vdstream_session_store_read_ops_total", "Reads that reached the store's files.", |c| c.store_read_ops),
-    ("vdstream_session_store_read_bytes_total", "Bytes read from the store's files.", |c| c.store_read_bytes),
-    ("vdstream_session_store_write_ops_total", "Writes that reached a file (the server-side cache).", |c| c.store_write_ops),
-    ("vdstream_session_store_write_bytes_total", "Bytes written to a file (the server-side cache).", |c| c.store_write_bytes),
+    (
+        "vdstream_session_guest_read_ops_total",
+        "Reads the client asked for.",
+        |c| c.guest_read_ops,
+    ),
+    (
+        "vdstream_session_guest_read_bytes_total",
+        "Bytes the client read.",
+        |c| c.guest_read_bytes,
+    ),
+    (
+        "vdstream_session_guest_write_ops_total",
+        "Writes the client asked for.",
+        |c| c.guest_write_ops,
+    ),
+    (
+        "vdstream_session_guest_write_bytes_total",
+        "Bytes the client wrote.",
+        |c| c.guest_write_bytes,
+    ),
+    (
+        "vdstream_session_store_read_ops_total",
+        "Reads that reached the store's files.",
+        |c| c.store_read_ops,
+    ),
+    (
+        "vdstream_session_store_read_bytes_total",
+        "Bytes read from the store's files.",
+        |c| c.store_read_bytes,
+    ),
+    (
+        "vdstream_session_store_write_ops_total",
+        "Writes that reached a file (the server-side cache).",
+        |c| c.store_write_ops,
+    ),
+    (
+        "vdstream_session_store_write_bytes_total",
+        "Bytes written to a file (the server-side cache).",
+        |c| c.store_write_bytes,
+    ),
 ];
 
 /// Every session's I/O since the server started (closed sessions too).
 const SERVER_COUNTERS: [Figure<CountersSnapshot, u64>; 8] = [
-    ("vdstream_guest_read_ops_total", "Reads clients asked for, every session.", |c| c.guest_read_ops),
-    ("vdstream_guest_read_bytes_total", "Bytes clients read, every session.", |c| c.guest_read_bytes),
-    ("vdstream_guest_write_ops_total", "Writes clients asked for, every session.", |c| c.guest_write_ops),
-    ("vdstream_guest_write_bytes_total", "Bytes clients wrote, every session.", |c| c.guest_write_bytes),
-    ("vdstream_store_read_ops_total", "Reads that reached the store's files (after the read cache).", |c| c.store_read_ops),
-    ("vdstream_store_read_bytes_total", "Bytes read from the store's files (after the read cache).", |c| c.store_read_bytes),
-    ("vdstream_store_write_ops_total", "Writes that reached a file (maintenance versions, server-side caches).", |c| c.store_write_ops),
-    ("vdstream_store_write_bytes_total", "Bytes written to a file (maintenance versions, server-side caches).", |c| c.store_write_bytes),
+    (
+        "vdstream_guest_read_ops_total",
+        "Reads clients asked for, every session.",
+        |c| c.guest_read_ops,
+    ),
+    (
+        "vdstream_guest_read_bytes_total",
+        "Bytes clients read, every session.",
+        |c| c.guest_read_bytes,
+    ),
+    (
+        "vdstream_guest_write_ops_total",
+        "Writes clients asked for, every session.",
+        |c| c.guest_write_ops,
+    ),
+    (
+        "vdstream_guest_write_bytes_total",
+        "Bytes clients wrote, every session.",
+        |c| c.guest_write_bytes,
+    ),
+    (
+        "vdstream_store_read_ops_total",
+        "Reads that reached the store's files (after the read cache).",
+        |c| c.store_read_ops,
+    ),
+    (
+        "vdstream_store_read_bytes_total",
+        "Bytes read from the store's files (after the read cache).",
+        |c| c.store_read_bytes,
+    ),
+    (
+        "vdstream_store_write_ops_total",
+        "Writes that reached a file (maintenance versions, server-side caches).",
+        |c| c.store_write_ops,
+    ),
+    (
+        "vdstream_store_write_bytes_total",
+        "Bytes written to a file (maintenance versions, server-side caches).",
+        |c| c.store_write_bytes,
+    ),
 ];
 
 /// A server-side write cache's capacity, as an agent's status has it (see CacheProbe).
@@ -88,10 +157,26 @@ const CACHE_BYTES: [Figure<Capacity, Option<u64>>; 3] = [
 ];
 
 const AGENT_COUNTERS: [Figure<Status, u64>; 4] = [
-    ("vdstream_agent_retries_total", "Requests the agent re-sent after a connection broke.", |s| s.server.retries),
-    ("vdstream_agent_reconnects_total", "Reconnects of the agent.", |s| s.server.reconnects),
-    ("vdstream_agent_failovers_total", "Reconnects that moved the agent to another server.", |s| s.server.failovers),
-    ("vdstream_agent_gave_up_total", "Requests failed after --retry-for ran out.", |s| s.server.gave_up),
+    (
+        "vdstream_agent_retries_total",
+        "Requests the agent re-sent after a connection broke.",
+        |s| s.server.retries,
+    ),
+    (
+        "vdstream_agent_reconnects_total",
+        "Reconnects of the agent.",
+        |s| s.server.reconnects,
+    ),
+    (
+        "vdstream_agent_failovers_total",
+        "Reconnects that moved the agent to another server.",
+        |s| s.server.failovers,
+    ),
+    (
+        "vdstream_agent_gave_up_total",
+        "Requests failed after --retry-for ran out.",
+        |s| s.server.gave_up,
+    ),
 ];
 
 const AGENT_RATIOS: [Figure<Status, f64>; 2] = [
@@ -103,27 +188,81 @@ pub(crate) fn render(shared: &Shared) -> String {
     let state = &shared.state;
     let sessions = state.registry.sessions();
     let mut m = Scrape(Registry::default());
-    m.gauge("vdstream_sessions", "Live NBD sessions.", sessions.len() as u64);
-    m.gauge("vdstream_server_draining", "1 while the server drains (SIGTERM).", u64::from(state.draining.load(Ordering::Relaxed)));
+    m.gauge(
+        "vdstream_sessions",
+        "Live NBD sessions.",
+        sessions.len() as u64,
+    );
+    m.gauge(
+        "vdstream_server_draining",
+        "1 while the server drains (SIGTERM).",
+        u64::from(state.draining.load(Ordering::Relaxed)),
+    );
     if let Some(pool) = state.nbd_memory.get() {
         m.gauge("vdstream_nbd_request_memory_bytes", "Bytes the NBD connections' requests hold now (READ data not yet sent, WRITE payloads).", pool.used() as u64);
-        m.gauge("vdstream_nbd_request_memory_limit_bytes", "The bound on them (--max-request-memory).", pool.limit() as u64);
-        m.gauge("vdstream_nbd_request_memory_peak_bytes", "The most they held at once since the server started.", pool.peak.load(Ordering::Relaxed));
+        m.gauge(
+            "vdstream_nbd_request_memory_limit_bytes",
+            "The bound on them (--max-request-memory).",
+            pool.limit() as u64,
+        );
+        m.gauge(
+            "vdstream_nbd_request_memory_peak_bytes",
+            "The most they held at once since the server started.",
+            pool.peak.load(Ordering::Relaxed),
+        );
         m.counter("vdstream_nbd_request_memory_waits_total", "Requests that waited for memory before they were read (a connection holding more than its share while the bound was reached).", pool.waits.load(Ordering::Relaxed));
     }
-    m.add("vdstream_server_start_time_seconds", "When the server started, Unix time.", Gauge::<f64, AtomicU64>::default()).set(state.started_unix_ms as f64 / 1000.0);
+    m.add(
+        "vdstream_server_start_time_seconds",
+        "When the server started, Unix time.",
+        Gauge::<f64, AtomicU64>::default(),
+    )
+    .set(state.started_unix_ms as f64 / 1000.0);
 
     let totals = state.totals.snapshot();
     for (name, help, get) in SERVER_COUNTERS {
         m.counter(name, help, get(&totals));
     }
     let rc = state.read_cache.snapshot();
-    m.counter("vdstream_read_cache_hits_total", "Blocks the shared read cache answered.", rc.hits);
-    m.counter("vdstream_read_cache_misses_total", "Blocks the shared read cache read from the store.", rc.misses);
-    m.counter("vdstream_read_cache_shared_loads_total", "Misses that waited for another reader's load of the same block.", rc.shared_loads);
-    m.counter("vdstream_read_cache_evictions_total", "Blocks dropped from the shared read cache to make room.", rc.evictions);
-    m.gauge("vdstream_read_cache_used_bytes", "Bytes the shared read cache holds.", rc.used);
-    m.gauge("vdstream_read_cache_capacity_bytes", "The shared read cache's size (--read-cache).", rc.capacity);
+    m.counter(
+        "vdstream_read_cache_hits_total",
+        "Blocks the shared read cache answered.",
+        rc.hits,
+    );
+    m.counter(
+        "vdstream_read_cache_misses_total",
+        "Blocks the shared read cache read from the store.",
+        rc.misses,
+    );
+    m.counter(
+        "vdstream_read_cache_shared_loads_total",
+        "Misses that waited for another reader's load of the same block.",
+        rc.shared_loads,
+    );
+    m.counter(
+        "vdstream_read_cache_evictions_total",
+        "Blocks dropped from the shared read cache to make room.",
+        rc.evictions,
+    );
+    m.gauge(
+        "vdstream_read_cache_used_bytes",
+        "Bytes the shared read cache holds.",
+        rc.used,
+    );
+    m.gauge(
+        "vdstream_read_cache_capacity_bytes",
+        "The shared read cache's size (--read-cache).",
+        rc.capacity,
+    );
+
+    let auth = shared.failures.counts();
+    m.counter("vdstream_api_auth_failures_total", "API requests with a wrong credential: a bearer token not known or revoked, or an Authorization field that is not Bearer TOKEN.", auth.failures);
+    m.counter("vdstream_api_auth_penalized_total", "API requests refused (429) because their address failed too many authentications (--handshake-penalty).", auth.penalized);
+    m.counter(
+        "vdstream_api_agent_reports_refused_total",
+        "Agent status reports the API refused for want of a credential (401) or of one that may report for the target (403).",
+        auth.reports_refused,
+    );
 
     if let Some(extra) = &state.extra_counters {
         for (name, help, v) in (extra.0)() {
@@ -131,47 +270,86 @@ pub(crate) fn render(shared: &Shared) -> String {
         }
     }
 
-    let snaps: Vec<_> = sessions.iter().map(|s| {
-        let i = &s.info;
-        let target = i.target.clone().unwrap_or_default();
-        let labels: Labels = vec![("session", s.id.to_string()), ("target", target), ("export", i.export.clone()), ("vdisk", i.vdisk.clone()), ("version", i.version.to_string())];
-        (labels, s.counters.snapshot(), s.cache_figures())
-    }).collect();
+    let snaps: Vec<_> = sessions
+        .iter()
+        .map(|s| {
+            let i = &s.info;
+            let target = i.target.clone().unwrap_or_default();
+            let labels: Labels = vec![
+                ("session", s.id.to_string()),
+                ("target", target),
+                ("export", i.export.clone()),
+                ("vdisk", i.vdisk.clone()),
+                ("version", i.version.to_string()),
+            ];
+            (labels, s.counters.snapshot(), s.cache_figures())
+        })
+        .collect();
     for (name, help, get) in SESSION_COUNTERS {
         let f = m.add(name, help, Counters::default());
         for (l, c, _) in &snaps {
             f.get_or_create(l).inc_by(get(c));
         }
     }
-    let used = m.add("vdstream_session_cache_used_bytes", "Bytes the session's server-side write cache holds.", Gauges::default());
+    let used = m.add(
+        "vdstream_session_cache_used_bytes",
+        "Bytes the session's server-side write cache holds.",
+        Gauges::default(),
+    );
     for (l, c, _) in &snaps {
         used.get_or_create(l).set(int(c.cache_used));
     }
     for (name, help, get) in CACHE_BYTES {
         let f = m.add(name, help, Gauges::default());
-        for (l, v) in snaps.iter().filter_map(|(l, _, cache)| Some((l, get(&cache.as_ref()?.0)?))) {
+        for (l, v) in snaps
+            .iter()
+            .filter_map(|(l, _, cache)| Some((l, get(&cache.as_ref()?.0)?)))
+        {
             f.get_or_create(l).set(int(v));
         }
     }
-    let percent = m.add("vdstream_session_cache_used_percent", "The server-side write cache in use, percent of its capacity.", Ratios::default());
+    let percent = m.add(
+        "vdstream_session_cache_used_percent",
+        "The server-side write cache in use, percent of its capacity.",
+        Ratios::default(),
+    );
     let nospace_help = "Writes the server-side write cache refused for space (its limit, or its file system full: ENOSPC).";
-    let nospace = m.add("vdstream_session_cache_nospace_errors_total", nospace_help, Counters::default());
-    for (l, (cap, stats)) in snaps.iter().filter_map(|(l, _, cache)| Some((l, cache.as_ref()?))) {
+    let nospace = m.add(
+        "vdstream_session_cache_nospace_errors_total",
+        nospace_help,
+        Counters::default(),
+    );
+    for (l, (cap, stats)) in snaps
+        .iter()
+        .filter_map(|(l, _, cache)| Some((l, cache.as_ref()?)))
+    {
         percent.get_or_create(l).set(cap.used_percent());
         nospace.get_or_create(l).inc_by(stats.nospace_errors);
     }
 
-    let mut targets: Vec<&str> = sessions.iter().filter_map(|s| s.info.target.as_deref()).collect();
+    let mut targets: Vec<&str> = sessions
+        .iter()
+        .filter_map(|s| s.info.target.as_deref())
+        .collect();
     targets.sort_unstable();
     targets.dedup();
-    let f = m.add("vdstream_target_reconnects_total", "Connections of a target after its first since the server started.", Counters::default());
+    let f = m.add(
+        "vdstream_target_reconnects_total",
+        "Connections of a target after its first since the server started.",
+        Counters::default(),
+    );
     for t in targets {
-        f.get_or_create(&vec![("target", t.to_string())]).inc_by(state.registry.reconnects(t));
+        f.get_or_create(&vec![("target", t.to_string())])
+            .inc_by(state.registry.reconnects(t));
     }
 
     // A report that is not an agent's Status (the API refuses those) has no series.
-    let reports: Vec<(Labels, Status)> =
-        shared.live.agent_reports().into_iter().filter_map(|(t, doc)| Some((vec![("target", t)], serde_json::from_value(doc).ok()?))).collect();
+    let reports: Vec<(Labels, Status)> = shared
+        .live
+        .agent_reports()
+        .into_iter()
+        .filter_map(|(t, doc)| Some((vec![("target", t)], serde_json::from_value(doc).ok()?)))
+        .collect();
     for (name, help, get) in AGENT_COUNTERS {
         let f = m.add(name, help, Counters::default());
         for (l, s) in &reports {
@@ -184,7 +362,11 @@ pub(crate) fn render(shared: &Shared) -> String {
             f.get_or_create(l).set(get(s));
         }
     }
-    let f = m.add("vdstream_agent_connected", "1 when the agent's last report says it is connected to a server.", Gauges::default());
+    let f = m.add(
+        "vdstream_agent_connected",
+        "1 when the agent's last report says it is connected to a server.",
+        Gauges::default(),
+    );
     for (l, s) in &reports {
         f.get_or_create(l).set(i64::from(s.server.connected));
     }

@@ -20,8 +20,8 @@
 //!                       layers: static files, no data, so no credential
 //! ```
 //!
-//! Module imports run one way: mod → router → {store, metrics, auth, boot, events, console} → shared → live →
-//! error → limits (auth → error too; boot → crate::boot).
+//! Module imports run one way: mod → router → {store, metrics, auth, boot, events, console} → shared → {live,
+//! failures} → error → limits (auth → error too; events → auth; boot → crate::boot).
 //!
 //! Invariants:
 //! - A connection costs a task and a socket, never a thread: a slow or idle client holds
@@ -45,6 +45,7 @@ mod boot;
 mod console;
 mod error;
 mod events;
+mod failures;
 pub mod forward;
 mod limits;
 mod live;
@@ -96,27 +97,52 @@ pub fn spawn(listener: TcpListener, state: Arc<ServerState>) -> std::io::Result<
 /// against its CA; a new connection takes the directory's configuration as it is then).
 /// Bearer tokens are the store's (`api-tokens.json`). Call inside the server's tokio
 /// runtime: the API's tasks are spawned on it.
-pub fn spawn_with(listener: TcpListener, state: Arc<ServerState>, tls: Option<Arc<ServerTls>>) -> std::io::Result<HttpHandle> {
+pub fn spawn_with(
+    listener: TcpListener,
+    state: Arc<ServerState>,
+    tls: Option<Arc<ServerTls>>,
+) -> std::io::Result<HttpHandle> {
     let addr = listener.local_addr()?;
     let state_boot = state.boot.is_some();
     let tokens = TokenFile::open(&state.store).map_err(std::io::Error::other)?;
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let shared = Arc::new(Shared { state, live: live::Live::default(), tokens, loopback: addr.ip().is_loopback(), tls: tls.is_some(), local: addr, boot_transfers: Arc::new(Semaphore::new(boot::MAX_BOOT_TRANSFERS)) });
+    let failures = failures::AuthFailures::new(state.handshake_penalty.clone());
+    let shared = Arc::new(Shared {
+        state,
+        live: live::Live::default(),
+        tokens,
+        failures,
+        loopback: addr.ip().is_loopback(),
+        tls: tls.is_some(),
+        local: addr,
+        boot_transfers: Arc::new(Semaphore::new(boot::MAX_BOOT_TRANSFERS)),
+    });
     let (stop_tx, stop_rx) = watch::channel(false);
     let limit = connection_limit();
     let scheme = if tls.is_some() { "https" } else { "http" };
     if shared.open() {
         log::info!("HTTP API open to local users (loopback, no TLS, no token made); `vdstream token add NAME --role ROLE` to require tokens");
     } else {
-        log::info!("HTTP API: every request needs a bearer token{}", if tls.is_some() { " or a client certificate" } else { "" });
+        log::info!(
+            "HTTP API: every request needs a bearer token{}",
+            if tls.is_some() {
+                " or a client certificate"
+            } else {
+                ""
+            }
+        );
     }
     let server = tokio::spawn(serve(listener, shared, tls, stop_rx, limit));
     log::info!("HTTP API on {scheme}://{addr}/api/v1/server, metrics on {scheme}://{addr}/metrics (at most {limit} connections)");
     if state_boot {
         log::info!("boot service on {scheme}://{addr}/boot/ipxe (unauthenticated, read-only: boot scripts and boot files)");
     }
-    Ok(HttpHandle { addr, stop_tx, server: Some(server) })
+    Ok(HttpHandle {
+        addr,
+        stop_tx,
+        server: Some(server),
+    })
 }
 
 impl HttpHandle {
@@ -145,7 +171,13 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, tls: Option<Arc<ServerTls>>, mut stop: watch::Receiver<bool>, limit: usize) {
+async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    tls: Option<Arc<ServerTls>>,
+    mut stop: watch::Receiver<bool>,
+    limit: usize,
+) {
     let mut tasks = tokio::task::JoinSet::new();
     let s = shared.clone();
     let mut sampler_stop = stop.clone();
@@ -176,7 +208,9 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, tls: Opti
     let permits = Arc::new(Semaphore::new(limit));
     let mut warned: Option<Instant> = None;
     loop {
-        if permits.available_permits() == 0 && warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+        if permits.available_permits() == 0
+            && warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+        {
             log::warn!("HTTP API: {limit} connections open, its limit; new connections wait until one closes");
             warned = Some(Instant::now());
         }
@@ -197,7 +231,14 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, tls: Opti
             _ = stopped(&mut stop) => break,
         };
         while tasks.try_join_next().is_some() {}
-        tasks.spawn(connection(stream, peer, tls.clone(), app.clone(), stop.clone(), permit));
+        tasks.spawn(connection(
+            stream,
+            peer,
+            tls.clone(),
+            app.clone(),
+            stop.clone(),
+            permit,
+        ));
     }
     drop(listener);
     while tasks.join_next().await.is_some() {}
@@ -213,11 +254,14 @@ struct Activity {
 
 impl Activity {
     fn touch(&self) {
-        self.last_ms.store(self.origin.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.last_ms
+            .store(self.origin.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     fn idle_for(&self) -> Duration {
-        self.origin.elapsed().saturating_sub(Duration::from_millis(self.last_ms.load(Ordering::Relaxed)))
+        self.origin
+            .elapsed()
+            .saturating_sub(Duration::from_millis(self.last_ms.load(Ordering::Relaxed)))
     }
 }
 
@@ -245,7 +289,11 @@ struct Tracked {
 }
 
 impl AsyncRead for Tracked {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
@@ -256,7 +304,11 @@ impl AsyncRead for Tracked {
 }
 
 impl AsyncWrite for Tracked {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
@@ -264,7 +316,11 @@ impl AsyncWrite for Tracked {
         r
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
@@ -289,10 +345,24 @@ impl AsyncWrite for Tracked {
 /// connection closes its socket; `_permit` returns its place under the cap. With TLS, the
 /// handshake must be over within [`REQUEST_DEADLINE`] (a client that stops in it is
 /// dropped then), and a verified client certificate's identity goes with each request.
-async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, tls: Option<Arc<ServerTls>>, app: Router, stop: watch::Receiver<bool>, permit: tokio::sync::OwnedSemaphorePermit) {
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    tls: Option<Arc<ServerTls>>,
+    app: Router,
+    stop: watch::Receiver<bool>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
     let _ = stream.set_nodelay(true);
-    let activity = Arc::new(Activity { origin: Instant::now(), last_ms: AtomicU64::new(0), busy: AtomicUsize::new(0) });
-    let tracked = Tracked { inner: stream, activity: activity.clone() };
+    let activity = Arc::new(Activity {
+        origin: Instant::now(),
+        last_ms: AtomicU64::new(0),
+        busy: AtomicUsize::new(0),
+    });
+    let tracked = Tracked {
+        inner: stream,
+        activity: activity.clone(),
+    };
     let Some(tls) = tls else {
         return serve_connection(tracked, peer, None, activity, app, stop, permit).await;
     };
@@ -304,11 +374,19 @@ async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, tls: Option
             return;
         }
         Err(_) => {
-            log::info!("HTTP API: dropped {peer}: its TLS handshake was not over within {} s", REQUEST_DEADLINE.as_secs());
+            log::info!(
+                "HTTP API: dropped {peer}: its TLS handshake was not over within {} s",
+                REQUEST_DEADLINE.as_secs()
+            );
             return;
         }
     };
-    let identity = match stream.get_ref().1.peer_certificates().and_then(|c| c.first()) {
+    let identity = match stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+    {
         None => None,
         Some(cert) => match vdstream_tls::peer::identity_of(cert) {
             Ok(id) => Some(PeerIdentity(id)),
@@ -321,26 +399,34 @@ async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, tls: Option
     serve_connection(stream, peer, identity, activity, app, stop, permit).await
 }
 
-async fn serve_connection<I>(io: I, peer: SocketAddr, identity: Option<PeerIdentity>, activity: Arc<Activity>, app: Router, mut stop: watch::Receiver<bool>, _permit: tokio::sync::OwnedSemaphorePermit)
-where
+async fn serve_connection<I>(
+    io: I,
+    peer: SocketAddr,
+    identity: Option<PeerIdentity>,
+    activity: Arc<Activity>,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let io = TokioIo::new(io);
     let a = activity.clone();
     let app = NormalizePath::trim_trailing_slash(app);
-    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-        req.extensions_mut().insert(ClientAddr(peer));
-        if let Some(id) = &identity {
-            req.extensions_mut().insert(id.clone());
-        }
-        let busy = Busy::new(a.clone());
-        let app = app.clone();
-        async move {
-            let r = app.oneshot(req).await;
-            drop(busy);
-            r
-        }
-    });
+    let service =
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(ClientAddr(peer));
+            if let Some(id) = &identity {
+                req.extensions_mut().insert(id.clone());
+            }
+            let busy = Busy::new(a.clone());
+            let app = app.clone();
+            async move {
+                let r = app.oneshot(req).await;
+                drop(busy);
+                r
+            }
+        });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(REQUEST_DEADLINE)

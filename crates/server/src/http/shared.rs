@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::error::ApiError;
+use super::failures::AuthFailures;
 use super::live::Live;
 use crate::state::ServerState;
 use crate::tokens::TokenFile;
@@ -17,6 +18,8 @@ pub(crate) struct Shared {
     pub live: Live,
     /// The store's API tokens (re-read when the file changes).
     pub tokens: TokenFile,
+    /// Failed authentications: logged, counted, and penalized per address.
+    pub failures: AuthFailures,
     /// The API listens on a loopback address.
     pub loopback: bool,
     /// The API serves TLS.
@@ -54,6 +57,14 @@ pub(crate) struct ClientAddr(pub SocketAddr);
 pub(crate) struct AuditClient(pub String);
 
 /// Runs `f` on the blocking pool (the store's functions block on files and locks).
-pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(ApiError::new(500, format!("the handler failed: {e}"), "this is a bug in vdstream; see the server's log and report it")))
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            500,
+            format!("the handler failed: {e}"),
+            "this is a bug in vdstream; see the server's log and report it",
+        ))
+    })
 }
