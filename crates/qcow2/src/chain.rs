@@ -86,7 +86,9 @@ pub fn probe_named(path: &Path) -> Result<ImageFormat> {
     if format == ImageFormat::Qcow2 {
         if let Some(name) = read_header(path)?.backing_file {
             return Err(file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
-                "its format was probed (qcow2) and its header names backing file {name:?}; a probed image may not name other files                  (a guest that wrote its own first sector could make it name any host file): if you made this chain, say so with --format qcow2,                  else serve it as --format raw")));
+                "its format was probed (qcow2) and its header names backing file {name:?}; a probed image may not name other files \
+                 (a guest that wrote its own first sector could make it name any host file): if you made this chain, say so with --format qcow2, \
+                 else serve it as --format raw")));
         }
     }
     Ok(format)

@@ -123,3 +123,22 @@ fn layers_that_are_symbolic_links_are_refused_by_name() {
     let dev = open_chain(&link).unwrap();
     assert_eq!(dev.size(), MIB);
 }
+
+#[test]
+fn a_probed_qcow2_that_names_a_backing_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (host, _) = host_file(dir.path());
+    let raw = dir.path().join("disk.img");
+    let mut disk = vec![0u8; MIB as usize];
+    let header = qcow2_header_naming(dir.path(), &host, MIB);
+    disk[..header.len()].copy_from_slice(&header);
+    std::fs::write(&raw, &disk).unwrap();
+    let e = vdstream_qcow2::probe_named(&raw).unwrap_err().to_string();
+    assert!(e.contains(&format!("names backing file {:?}", host.to_str().unwrap())) && e.contains("--format qcow2") && e.contains("--format raw"), "{e}");
+
+    let lone = dir.path().join("lone.qcow2");
+    create(&lone, MIB, None, 16).unwrap();
+    assert_eq!(vdstream_qcow2::probe_named(&lone).unwrap(), ImageFormat::Qcow2);
+    std::fs::write(dir.path().join("r.img"), vec![7u8; 4096]).unwrap();
+    assert_eq!(vdstream_qcow2::probe_named(&dir.path().join("r.img")).unwrap(), ImageFormat::Raw);
+}
