@@ -108,26 +108,13 @@ struct Qcow2Layer {
 
 impl Qcow2Layer {
     fn open(path: &Path) -> Result<Self> {
-        let header = vdstream_qcow2::Header::parse(&head_bytes(path)?, std::fs::metadata(path).map_err(io("stat", path))?.len()).map_err(|e| StoreError::Corrupt {
-            path: path.to_path_buf(),
-            detail: format!("a damaged or unsupported qcow2 image: {e}"),
-            advice: "nothing was imported; check it with `qemu-img check -f qcow2 FILE`".into(),
-        })?;
+        let header = crate::source::qcow2_header(path)?;
         // The parent is compared, never opened: a child reads zeros where it holds nothing.
         let parent = header.backing_file.as_deref().map(|name| file_identity(&vdstream_qcow2::resolve_backing(path, name)).unwrap_or_default());
         let below: Option<Arc<dyn BlockDev>> = parent.as_ref().map(|_| Arc::new(MemoryDev::new(header.size)) as Arc<dyn BlockDev>);
         let img = Qcow2Image::open(path, OpenOptions { read_only: true, ..Default::default() }, below)?;
         Ok(Qcow2Layer { img, identity: file_identity(path).unwrap_or_default(), parent })
     }
-}
-
-fn head_bytes(path: &Path) -> Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(path).map_err(io("open", path))?;
-    let len = f.metadata().map_err(io("stat", path))?.len();
-    let mut first = vec![0u8; len.min(vdstream_qcow2::header::HEADER_READ_LEN as u64) as usize];
-    f.read_exact_at(&mut first, 0).map_err(io("read", path))?;
-    Ok(first)
 }
 
 impl DifferencingLayer for Qcow2Layer {

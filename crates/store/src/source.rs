@@ -132,18 +132,22 @@ fn names_another_file(path: &Path, what: String) -> StoreError {
     ))
 }
 
-fn qcow2_references(path: &Path) -> Result<()> {
+/// The header of the qcow2 image from outside at `path`, parsed (which refuses an external
+/// data file: incompatible bit 2 or its extension).
+pub(crate) fn qcow2_header(path: &Path) -> Result<vdstream_qcow2::Header> {
     let f = std::fs::File::open(path).map_err(io("open", path))?;
     let len = f.metadata().map_err(io("stat", path))?.len();
     let mut first = vec![0u8; len.min(vdstream_qcow2::header::HEADER_READ_LEN as u64) as usize];
     f.read_exact_at(&mut first, 0).map_err(io("read", path))?;
-    // The parser refuses an external data file (incompatible bit 2 or its extension).
-    let h = vdstream_qcow2::Header::parse(&first, len).map_err(|e| StoreError::Corrupt {
+    vdstream_qcow2::Header::parse(&first, len).map_err(|e| StoreError::Corrupt {
         path: path.to_path_buf(),
         detail: format!("a damaged or unsupported qcow2 image: {e}"),
         advice: "nothing was imported; check it with `qemu-img check -f qcow2 FILE`".into(),
-    })?;
-    match h.backing_file {
+    })
+}
+
+fn qcow2_references(path: &Path) -> Result<()> {
+    match qcow2_header(path)?.backing_file {
         Some(name) => Err(names_another_file(path, format!("is a qcow2 image whose header names backing file {name:?}"))),
         None => Ok(()),
     }
