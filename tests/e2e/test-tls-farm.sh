@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# A farm secured end to end, set up the way README's "Securing a farm" tells a newcomer:
-# `pki init`, the server's certificate, `vdstream server --tls require` on 127.0.0.1 with
-# the HTTP API over HTTPS, targets A and B added with `--issue-cert`, an admin certificate
-# and API tokens. Then, with real clients:
+# A farm secured end to end, set up the way docs/SECURITY.md ("Securing a farm, step by
+# step") tells a newcomer: `pki init`, the server's certificate, `vdstream server --tls
+# require` on 127.0.0.1 with the HTTP API over HTTPS, targets A and B added with
+# `--issue-cert`, an admin certificate and API tokens. Then, with real clients:
 # - A's agent attaches to target/A over TLS with A's certificate; qemu-io and fio write and
 #   read back through it;
 # - a plaintext nbdinfo is told the server requires TLS, and the same nbdinfo over nbds://
