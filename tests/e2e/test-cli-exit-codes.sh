@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Exit statuses and --json errors (README "Exit status"; `vdstream --help`): each class of
+# Exit statuses and --json errors (docs/ADMIN.md, "Scripts"; `vdstream --help`): each class of
 # failure exits with its own status, and with --json prints one JSON object on stdout,
 # {"error": {"kind", "status", "message"}}, besides the message on stderr:
 #   2 usage        bad name, unknown subcommand, bad size, nothing to set

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A server that cannot bind one of its ports leaves nothing behind: with --socket S and a
 # busy --listen (NBD) or --http (API) port, `vdstream server` exits at once with status 4
-# (conflict: README.md, "exit status") and a message naming the address, and S
+# (conflict: docs/ADMIN.md, "Scripts") and a message naming the address, and S
 # does not exist afterwards (nor does a later server on S have to clean up after it).
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
