@@ -24,7 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vdstream_blockdev::{BlockDev, TraceDev};
-use vdstream_nbd::server::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal};
+use vdstream_nbd::server::{
+    ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal,
+};
 use vdstream_wcache::space::{self, prepare_cache_dir, Capacity, DirRule};
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
@@ -107,10 +109,17 @@ impl AttachConfig {
             listen: None,
             read_only: false,
             vhost_user: None,
-            vhost: vdstream_vhost::Options { serial: serial_of(id), ..vdstream_vhost::Options::default() },
+            vhost: vdstream_vhost::Options {
+                serial: serial_of(id),
+                ..vdstream_vhost::Options::default()
+            },
             status_path: paths::status_path(id),
             lock_path: paths::lock_path(id),
-            remote: RemoteOptions { target: id.to_string(), journal: Some(DEFAULT_JOURNAL_MAX), ..RemoteOptions::default() },
+            remote: RemoteOptions {
+                target: id.to_string(),
+                journal: Some(DEFAULT_JOURNAL_MAX),
+                ..RemoteOptions::default()
+            },
             status_every: Duration::from_secs(1),
             api: None,
             record_trace: None,
@@ -120,7 +129,10 @@ impl AttachConfig {
 
     /// The types whose writes go to the server rather than a local cache.
     pub fn passes_through(&self) -> bool {
-        matches!(self.cache, CacheType::Server | CacheType::ServerPersistent | CacheType::Private)
+        matches!(
+            self.cache,
+            CacheType::Server | CacheType::ServerPersistent | CacheType::Private
+        )
     }
 
     /// No write cache: the types that pass through, and a read-only attach.
@@ -155,7 +167,14 @@ impl Agent {
     pub fn open(mut cfg: AttachConfig) -> Result<Agent, AgentError> {
         paths::check_target_id(&cfg.target)?;
         cfg.remote.target = cfg.target.clone();
-        for dir in [cfg.lock_path.parent(), cfg.socket.parent(), cfg.status_path.parent()].into_iter().flatten() {
+        for dir in [
+            cfg.lock_path.parent(),
+            cfg.socket.parent(),
+            cfg.status_path.parent(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             create_private_dir(dir)?;
         }
         let lock = take_lock(&cfg.target, &cfg.lock_path)?;
@@ -164,7 +183,12 @@ impl Agent {
         }
         if let Some(path) = &cfg.vhost_user {
             if cfg.serve_socket && path == &cfg.socket {
-                return Err(AgentError::SocketInUse { path: path.clone(), reason: "is also the NBD socket: give --vhost-user and --socket different paths".into() });
+                return Err(AgentError::SocketInUse {
+                    path: path.clone(),
+                    reason:
+                        "is also the NBD socket: give --vhost-user and --socket different paths"
+                            .into(),
+                });
             }
             check_socket(path)?;
         }
@@ -175,7 +199,11 @@ impl Agent {
         cfg.remote.writable = cfg.passes_through() && !cfg.read_only;
         // A folder the user named must have an existing parent (a typo is refused, not
         // created); the default one is created whole. Checked before connecting.
-        let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) { DirRule::CreateAll } else { DirRule::ParentMustExist };
+        let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) {
+            DirRule::CreateAll
+        } else {
+            DirRule::ParentMustExist
+        };
         if let Some(dev) = cfg.overflow_device.clone() {
             let dev = &dev;
             if !matches!(cfg.cache, CacheType::RamOverflow | CacheType::DeviceDisk) {
@@ -186,15 +214,27 @@ impl Agent {
                 });
             }
             // The device's size caps ram-overflow's overflow (and so shows in the status).
-            let (_, size) = vdstream_wcache::device::open_exclusive(dev, false)
-                .map_err(|e| AgentError::OverflowDevice { id: cfg.target.clone(), device: dev.clone(), reason: e.to_string() })?;
+            let (_, size) = vdstream_wcache::device::open_exclusive(dev, false).map_err(|e| {
+                AgentError::OverflowDevice {
+                    id: cfg.target.clone(),
+                    device: dev.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
             if cfg.cache == CacheType::RamOverflow {
-                let units = size / vdstream_wcache::overflow::UNIT * vdstream_wcache::overflow::UNIT;
+                let units =
+                    size / vdstream_wcache::overflow::UNIT * vdstream_wcache::overflow::UNIT;
                 cfg.overflow_max = Some(cfg.overflow_max.map_or(units, |m| m.min(units)));
             }
         }
-        if !cfg.cacheless() && cfg.overflow_device.is_none() && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some() {
-            prepare_cache_dir(&cfg.cache_dir, dir_rule).map_err(|source| AgentError::CacheDir { id: cfg.target.clone(), reason: source })?;
+        if !cfg.cacheless()
+            && cfg.overflow_device.is_none()
+            && space::file_limit(cfg.cache, cfg.overflow_max, 0).is_some()
+        {
+            prepare_cache_dir(&cfg.cache_dir, dir_rule).map_err(|source| AgentError::CacheDir {
+                id: cfg.target.clone(),
+                reason: source,
+            })?;
         }
         if cfg.cache != CacheType::ServerPersistent || cfg.read_only {
             // Only a cache that outlives its server can take a replay: a `server` cache dies
@@ -202,10 +242,19 @@ impl Agent {
             cfg.remote.journal = None;
         }
         let reorder = cfg.api.clone().map(|a| Arc::new(a) as Arc<dyn Reorder>);
-        let remote = Arc::new(RemoteBase::connect_with(cfg.endpoints.clone(), cfg.remote.clone(), reorder)?);
+        let remote = Arc::new(RemoteBase::connect_with(
+            cfg.endpoints.clone(),
+            cfg.remote.clone(),
+            reorder,
+        )?);
         let id = remote.identity();
         let (ep, _) = remote.endpoint_in_use();
-        log::info!("target {}: reading export {:?} ({} bytes) from {ep}", cfg.target, id.export, id.size);
+        log::info!(
+            "target {}: reading export {:?} ({} bytes) from {ep}",
+            cfg.target,
+            id.export,
+            id.size
+        );
         let (cache, dev): (Option<Arc<dyn WriteCache>>, Arc<dyn BlockDev>) = if cfg.read_only {
             (None, Arc::new(vdstream_blockdev::ReadOnly(remote.clone())))
         } else if cfg.passes_through() {
@@ -223,31 +272,68 @@ impl Agent {
             };
             let kind = cfg.cache;
             // A device's room is its size (the cache answers ENOSPC past it); a folder's is checked.
-            let room = if cfg.overflow_device.is_some() { Ok(None) } else { space::check_cache_room(kind, &ccfg, dir_rule, id.size, cfg.allow_low_space) };
+            let room = if cfg.overflow_device.is_some() {
+                Ok(None)
+            } else {
+                space::check_cache_room(kind, &ccfg, dir_rule, id.size, cfg.allow_low_space)
+            };
             match room {
                 Ok(None) => {}
                 Ok(Some(warning)) => log::warn!("target {}: {warning}", cfg.target),
-                Err(source) => return Err(AgentError::CacheDir { id: cfg.target.clone(), reason: source }),
+                Err(source) => {
+                    return Err(AgentError::CacheDir {
+                        id: cfg.target.clone(),
+                        reason: source,
+                    })
+                }
             }
             let lower: Arc<dyn BlockDev> = remote.clone();
             let cache: Arc<dyn WriteCache> = if kind == CacheType::DeviceDiskPersistent {
                 let identity = format!("{} {}", id.export, id.description.as_deref().unwrap_or(""));
-                Arc::new(vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(lower, &ccfg, kind, identity.trim()).map_err(|err| AgentError::Cache { id: cfg.target.clone(), kind, err })?)
+                Arc::new(
+                    vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(
+                        lower,
+                        &ccfg,
+                        kind,
+                        identity.trim(),
+                    )
+                    .map_err(|err| AgentError::Cache {
+                        id: cfg.target.clone(),
+                        kind,
+                        err,
+                    })?,
+                )
             } else {
-                vdstream_wcache::open(kind, lower, &ccfg).map_err(|err| AgentError::Cache { id: cfg.target.clone(), kind, err })?
+                vdstream_wcache::open(kind, lower, &ccfg).map_err(|err| AgentError::Cache {
+                    id: cfg.target.clone(),
+                    kind,
+                    err,
+                })?
             };
             let dev: Arc<dyn BlockDev> = cache.clone();
             (Some(cache), dev)
         };
         let trace = match &cfg.record_trace {
             None => None,
-            Some(path) => Some(Arc::new(TraceDev::create(dev.clone(), path).map_err(|e| AgentError::Trace { id: cfg.target.clone(), message: e.to_string() })?)),
+            Some(path) => Some(Arc::new(TraceDev::create(dev.clone(), path).map_err(
+                |e| AgentError::Trace {
+                    id: cfg.target.clone(),
+                    message: e.to_string(),
+                },
+            )?)),
         };
         let unix = if cfg.serve_socket {
             check_socket(&cfg.socket)?;
-            let unix = std::os::unix::net::UnixListener::bind(&cfg.socket)
-                .map_err(|e| AgentError::SocketInUse { path: cfg.socket.clone(), reason: format!("cannot listen: {e}") })?;
-            unix.set_nonblocking(true).map_err(|err| AgentError::Io { what: "cannot set up the socket".into(), err })?;
+            let unix = std::os::unix::net::UnixListener::bind(&cfg.socket).map_err(|e| {
+                AgentError::SocketInUse {
+                    path: cfg.socket.clone(),
+                    reason: format!("cannot listen: {e}"),
+                }
+            })?;
+            unix.set_nonblocking(true).map_err(|err| AgentError::Io {
+                what: "cannot set up the socket".into(),
+                err,
+            })?;
             Some(unix)
         } else {
             None
@@ -260,12 +346,19 @@ impl Agent {
                     if unix.is_some() {
                         let _ = std::fs::remove_file(&cfg.socket);
                     }
-                    AgentError::SocketInUse { path: path.clone(), reason: format!("cannot listen: {e}") }
+                    AgentError::SocketInUse {
+                        path: path.clone(),
+                        reason: format!("cannot listen: {e}"),
+                    }
                 })?;
                 // Whoever connects reads and writes this disk, as the VM: the owner only.
                 use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-                    .map_err(|err| AgentError::Io { what: format!("cannot make {} private", path.display()), err })?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(
+                    |err| AgentError::Io {
+                        what: format!("cannot make {} private", path.display()),
+                        err,
+                    },
+                )?;
                 Some(l)
             }
         };
@@ -273,7 +366,20 @@ impl Agent {
             // The block size a guest sees is the vDisk's smallest I/O (512 unless its server says more).
             cfg.vhost.logical_block = remote.min_block().clamp(512, 65536) as u32;
         }
-        let mut agent = Agent { cfg, remote, cache, dev, trace, unix, vhost_listener, vhost: None, kernel: None, status_failing: Default::default(), started_ms: status::now_ms(), _lock: lock };
+        let mut agent = Agent {
+            cfg,
+            remote,
+            cache,
+            dev,
+            trace,
+            unix,
+            vhost_listener,
+            vhost: None,
+            kernel: None,
+            status_failing: Default::default(),
+            started_ms: status::now_ms(),
+            _lock: lock,
+        };
         if let Some(device) = agent.cfg.kernel_nbd.clone() {
             let server = Arc::new(Server::new(agent.exports(), local_export_config()));
             let k = KernelNbd::start(&device, server, agent.exported());
@@ -281,7 +387,11 @@ impl Agent {
                 let _ = std::fs::remove_file(&agent.cfg.socket);
             }
             agent.kernel = Some(k?);
-            log::info!("target {}: {} is up: the kernel reads and writes this target's disk there", agent.cfg.target, device.display());
+            log::info!(
+                "target {}: {} is up: the kernel reads and writes this target's disk there",
+                agent.cfg.target,
+                device.display()
+            );
         }
         Ok(agent)
     }
@@ -303,7 +413,11 @@ impl Agent {
             self.remote.endpoint_in_use().0,
             self.cfg.cache
         );
-        Arc::new(AgentExports { name: self.cfg.target.clone(), description, dev: self.exported() })
+        Arc::new(AgentExports {
+            name: self.cfg.target.clone(),
+            description,
+            dev: self.exported(),
+        })
     }
 
     /// The device the local export serves (the cache, or the remote base for the
@@ -314,7 +428,9 @@ impl Agent {
 
     /// With `record_trace`: its file and how many requests it holds (after `serve`).
     pub fn trace(&self) -> Option<(PathBuf, Result<u64, vdstream_blockdev::TraceError>)> {
-        self.trace.as_ref().map(|t| (t.trace_path().to_path_buf(), t.finish()))
+        self.trace
+            .as_ref()
+            .map(|t| (t.trace_path().to_path_buf(), t.finish()))
     }
 
     pub fn remote(&self) -> &RemoteBase {
@@ -328,9 +444,20 @@ impl Agent {
     /// Serves the local export until `shutdown` fires, then drains, flushes, removes the
     /// socket and writes the last status. Must run inside a multi-thread tokio runtime.
     pub async fn serve(&mut self, outer: ShutdownSignal) -> Result<(), AgentError> {
-        if let (Some(listener), Some(path)) = (self.vhost_listener.take(), self.cfg.vhost_user.clone()) {
-            let server = vdstream_vhost::VhostServer::start(listener, &path, self.exported(), self.cfg.vhost.clone(), &self.cfg.target)
-                .map_err(|err| AgentError::Io { what: format!("cannot serve vhost-user-blk on {}", path.display()), err })?;
+        if let (Some(listener), Some(path)) =
+            (self.vhost_listener.take(), self.cfg.vhost_user.clone())
+        {
+            let server = vdstream_vhost::VhostServer::start(
+                listener,
+                &path,
+                self.exported(),
+                self.cfg.vhost.clone(),
+                &self.cfg.target,
+            )
+            .map_err(|err| AgentError::Io {
+                what: format!("cannot serve vhost-user-blk on {}", path.display()),
+                err,
+            })?;
             log::info!(
                 "target {}: vhost-user-blk on {} ({} queues): attach a VM with -object memory-backend-memfd,id=mem,size=RAM,share=on -numa node,memdev=mem \
                  -chardev socket,id=c0,path={},reconnect-ms=1000 -device vhost-user-blk-pci,chardev=c0,num-queues={}",
@@ -356,23 +483,38 @@ impl Agent {
         let server = Arc::new(Server::new(exports.clone(), local_export_config()));
         let mut tasks = Vec::new();
         if let Some(std_unix) = self.unix.take() {
-            let unix = tokio::net::UnixListener::from_std(std_unix).map_err(|err| AgentError::Io { what: "cannot serve the socket".into(), err })?;
+            let unix =
+                tokio::net::UnixListener::from_std(std_unix).map_err(|err| AgentError::Io {
+                    what: "cannot serve the socket".into(),
+                    err,
+                })?;
             let (server, shutdown) = (server.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(unix), shutdown).await }));
+            tasks.push(tokio::spawn(async move {
+                server.serve(Listener::Unix(unix), shutdown).await
+            }));
         }
         if let Some(addr) = self.cfg.listen {
-            let tcp = tokio::net::TcpListener::bind(addr).await.map_err(|err| AgentError::Io {
-                what: format!("cannot listen on {addr} (is another server using that port?)"),
-                err,
-            })?;
+            let tcp = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|err| AgentError::Io {
+                    what: format!("cannot listen on {addr} (is another server using that port?)"),
+                    err,
+                })?;
             let server = match &self.cfg.listen_tls {
-                Some((mode, tls)) => {
-                    Arc::new(Server::new(exports.clone(), ServerConfig { tls: Some(tls.clone()), tls_mode: *mode, ..local_export_config() }))
-                }
+                Some((mode, tls)) => Arc::new(Server::new(
+                    exports.clone(),
+                    ServerConfig {
+                        tls: Some(tls.clone()),
+                        tls_mode: *mode,
+                        ..local_export_config()
+                    },
+                )),
                 None => server.clone(),
             };
             let shutdown = shutdown.clone();
-            tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(tcp), shutdown).await }));
+            tasks.push(tokio::spawn(async move {
+                server.serve(Listener::Tcp(tcp), shutdown).await
+            }));
         }
         let mut prev = (self.status(None), Instant::now());
         let mut wait = shutdown.clone();
@@ -385,7 +527,15 @@ impl Agent {
             let now = self.status(Some((&prev.0, prev.1.elapsed())));
             prev = (now, Instant::now());
             if self.kernel.as_ref().is_some_and(|k| !k.connected()) {
-                log::info!("target {}: the kernel disconnected {}; detaching", self.cfg.target, self.cfg.kernel_nbd.as_deref().unwrap_or(Path::new("")).display());
+                log::info!(
+                    "target {}: the kernel disconnected {}; detaching",
+                    self.cfg.target,
+                    self.cfg
+                        .kernel_nbd
+                        .as_deref()
+                        .unwrap_or(Path::new(""))
+                        .display()
+                );
                 trigger.shutdown();
                 break;
             }
@@ -408,13 +558,22 @@ impl Agent {
         }
         for t in tasks {
             match t.await {
-                Ok(Err(e)) => log::error!("target {}: the local NBD server failed: {e}", self.cfg.target),
-                Err(e) => log::error!("target {}: the local NBD server task failed: {e}", self.cfg.target),
+                Ok(Err(e)) => log::error!(
+                    "target {}: the local NBD server failed: {e}",
+                    self.cfg.target
+                ),
+                Err(e) => log::error!(
+                    "target {}: the local NBD server task failed: {e}",
+                    self.cfg.target
+                ),
                 Ok(Ok(())) => {}
             }
         }
         let dev = self.dev.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || dev.flush()).await.unwrap_or(Ok(())) {
+        if let Err(e) = tokio::task::spawn_blocking(move || dev.flush())
+            .await
+            .unwrap_or(Ok(()))
+        {
             log::error!("target {}: the last flush failed: {e}", self.cfg.target);
         }
         if let Some(trace) = self.trace.clone() {
@@ -445,7 +604,10 @@ impl Agent {
             // Said once, not every second: after an initramfs's switch_root the run folder
             // is gone for good, and the console must not fill up with it.
             Err(e) if !self.status_failing.swap(true, Relaxed) => {
-                log::warn!("target {}: {e} (said once; the agent goes on)", self.cfg.target)
+                log::warn!(
+                    "target {}: {e} (said once; the agent goes on)",
+                    self.cfg.target
+                )
             }
             Err(e) => log::debug!("target {}: {e}", self.cfg.target),
             Ok(()) => self.status_failing.store(false, Relaxed),
@@ -483,16 +645,31 @@ impl Agent {
             ..IoStatus::default()
         };
         let (cache, mut guest, mut storage) = match &self.cache {
-            None => (CacheStatus { kind: self.cfg.cache.name().into(), ..CacheStatus::default() }, remote_io, remote_io),
+            None => (
+                CacheStatus {
+                    kind: self.cfg.cache.name().into(),
+                    ..CacheStatus::default()
+                },
+                remote_io,
+                remote_io,
+            ),
             Some(cache) => {
                 let s = cache.stats();
-                let cap = Capacity::of(self.cfg.cache, self.cfg.ram, self.cfg.overflow_max, &self.cfg.cache_dir, id.size, &s);
+                let cap = Capacity::of(
+                    self.cfg.cache,
+                    self.cfg.ram,
+                    self.cfg.overflow_max,
+                    &self.cfg.cache_dir,
+                    id.size,
+                    &s,
+                );
                 let cs = CacheStatus {
                     kind: self.cfg.cache.name().into(),
                     ram_bytes: s.ram_bytes,
                     ram_limit: space::ram_limit(self.cfg.cache, self.cfg.ram),
                     file_bytes: s.file_bytes,
-                    file_limit: space::file_limit(self.cfg.cache, self.cfg.overflow_max, id.size).unwrap_or(0),
+                    file_limit: space::file_limit(self.cfg.cache, self.cfg.overflow_max, id.size)
+                        .unwrap_or(0),
                     limit_bytes: cap.limit,
                     fs_free_bytes: cap.fs_free,
                     capacity_bytes: cap.capacity,
@@ -527,10 +704,18 @@ impl Agent {
         Status {
             target: self.cfg.target.clone(),
             pid: std::process::id(),
-            state: if server.lost.is_some() { status::STATE_LOST.into() } else { "running".into() },
+            state: if server.lost.is_some() {
+                status::STATE_LOST.into()
+            } else {
+                "running".into()
+            },
             started_unix_ms: self.started_ms,
             updated_unix_ms: status::now_ms(),
-            socket: if self.cfg.serve_socket { self.cfg.socket.display().to_string() } else { String::new() },
+            socket: if self.cfg.serve_socket {
+                self.cfg.socket.display().to_string()
+            } else {
+                String::new()
+            },
             listen: self.cfg.listen.map(|a| a.to_string()),
             vhost_user: self.cfg.vhost_user.as_ref().map(|p| {
                 let f = self.vhost.as_ref().map(|v| v.figures()).unwrap_or_default();
@@ -544,7 +729,11 @@ impl Agent {
                     malformed: f.malformed,
                 }
             }),
-            vdisk: VdiskStatus { export: id.export, description: id.description, size: id.size },
+            vdisk: VdiskStatus {
+                export: id.export,
+                description: id.description,
+                size: id.size,
+            },
             server,
             cache,
             guest,
@@ -589,14 +778,20 @@ struct AgentExports {
 
 impl Exports for AgentExports {
     fn list(&self) -> Vec<ExportInfo> {
-        vec![ExportInfo { name: self.name.clone(), description: self.description.clone() }]
+        vec![ExportInfo {
+            name: self.name.clone(),
+            description: self.description.clone(),
+        }]
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
         if name.is_empty() || name == self.name {
             Ok(self.dev.clone())
         } else {
-            Err(OpenError::Unknown(format!("no export named {name:?}: this agent offers {:?} (or the default empty name)", self.name)))
+            Err(OpenError::Unknown(format!(
+                "no export named {name:?}: this agent offers {:?} (or the default empty name)",
+                self.name
+            )))
         }
     }
 
@@ -613,7 +808,10 @@ impl Exports for AgentExports {
 /// hand-offs between them, for fewer IOPS (bench/hop-ab.sh; docs/BENCHMARKS.md, "The server
 /// hop: one batch runner per local connection").
 fn local_export_config() -> ServerConfig {
-    ServerConfig { batch_runners: 1, ..ServerConfig::default() }
+    ServerConfig {
+        batch_runners: 1,
+        ..ServerConfig::default()
+    }
 }
 
 /// The disk's serial number a guest reads: the target id, cut to virtio's 20 bytes on a
@@ -635,18 +833,30 @@ fn create_private_dir(dir: &Path) -> Result<(), AgentError> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|err| AgentError::Io { what: format!("cannot create {}", dir.display()), err })
+        .map_err(|err| AgentError::Io {
+            what: format!("cannot create {}", dir.display()),
+            err,
+        })
 }
 
 /// Locks `RUN/ID.lock` for the life of the agent and writes our pid in it.
 fn take_lock(id: &str, path: &Path) -> Result<File, AgentError> {
     use vdstream_blockdev::flock::{try_lock, LockMode, LOCK_PATIENCE};
-    let io = |err| AgentError::Io { what: format!("cannot use the lock file {}", path.display()), err };
-    let mut f = vdstream_blockdev::storefile::open_rw(path, vdstream_blockdev::storefile::SHARED_READ).map_err(io)?;
+    let io = |err| AgentError::Io {
+        what: format!("cannot use the lock file {}", path.display()),
+        err,
+    };
+    let mut f =
+        vdstream_blockdev::storefile::open_rw(path, vdstream_blockdev::storefile::SHARED_READ)
+            .map_err(io)?;
     if !try_lock(&f, LockMode::Exclusive, LOCK_PATIENCE).map_err(io)? {
         let mut pid = String::new();
         let _ = f.read_to_string(&mut pid);
-        return Err(AgentError::AlreadyAttached { id: id.to_string(), pid: pid.trim().to_string(), lock: path.to_path_buf() });
+        return Err(AgentError::AlreadyAttached {
+            id: id.to_string(),
+            pid: pid.trim().to_string(),
+            lock: path.to_path_buf(),
+        });
     }
     f.set_len(0).map_err(io)?;
     f.rewind().map_err(io)?;
@@ -658,7 +868,10 @@ fn take_lock(id: &str, path: &Path) -> Result<File, AgentError> {
 /// stale socket left by a process that died.
 fn check_socket(path: &Path) -> Result<(), AgentError> {
     use vdstream_nbd::listen::BindError;
-    let in_use = |reason: &str| AgentError::SocketInUse { path: path.to_path_buf(), reason: reason.to_string() };
+    let in_use = |reason: &str| AgentError::SocketInUse {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    };
     vdstream_nbd::listen::clear_stale_socket(path).map_err(|e| match e {
         BindError::NotASocket(_) => in_use("exists and is not a socket: choose another --socket path"),
         BindError::InUse(_) => in_use("a live server (another agent or serve-image?) is listening on it: stop it or choose another --socket path"),

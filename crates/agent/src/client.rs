@@ -45,7 +45,11 @@ pub enum ClientError {
     Protocol { url: String, detail: String },
     /// The API answered with an error.
     #[error("{}", api_message(.error, .what_to_do))]
-    Api { status: u16, error: String, what_to_do: String },
+    Api {
+        status: u16,
+        error: String,
+        what_to_do: String,
+    },
 }
 
 fn api_message(error: &str, what_to_do: &str) -> String {
@@ -70,16 +74,27 @@ pub struct Credentials {
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials").field("token", &self.token.as_ref().map(|_| "<hidden>")).field("tls_dir", &self.tls_dir).finish()
+        f.debug_struct("Credentials")
+            .field("token", &self.token.as_ref().map(|_| "<hidden>"))
+            .field("tls_dir", &self.tls_dir)
+            .finish()
     }
 }
 
 /// Reads a token from `path`: its first line, trimmed.
 pub fn read_token_file(path: &Path) -> Result<String, ClientError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ClientError::Credentials(format!("cannot read the token file {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ClientError::Credentials(format!(
+            "cannot read the token file {}: {e}",
+            path.display()
+        ))
+    })?;
     let token = text.lines().next().unwrap_or("").trim().to_string();
     if token.is_empty() {
-        return Err(ClientError::Credentials(format!("the token file {} is empty: put the token `vdstream token add` printed in it", path.display())));
+        return Err(ClientError::Credentials(format!(
+            "the token file {} is empty: put the token `vdstream token add` printed in it",
+            path.display()
+        )));
     }
     Ok(token)
 }
@@ -87,19 +102,34 @@ pub fn read_token_file(path: &Path) -> Result<String, ClientError> {
 impl Credentials {
     /// `VDSTREAM_TOKEN`, else the file `VDSTREAM_TOKEN_FILE` names; `VDSTREAM_TLS_CERTIFICATES`.
     pub fn from_env() -> Result<Credentials, ClientError> {
-        let token = match (std::env::var("VDSTREAM_TOKEN").ok().filter(|t| !t.trim().is_empty()), std::env::var_os("VDSTREAM_TOKEN_FILE")) {
+        let token = match (
+            std::env::var("VDSTREAM_TOKEN")
+                .ok()
+                .filter(|t| !t.trim().is_empty()),
+            std::env::var_os("VDSTREAM_TOKEN_FILE"),
+        ) {
             (Some(t), _) => Some(t.trim().to_string()),
             (None, Some(f)) if !f.is_empty() => Some(read_token_file(Path::new(&f))?),
             _ => None,
         };
-        let tls_dir = std::env::var_os("VDSTREAM_TLS_CERTIFICATES").filter(|d| !d.is_empty()).map(PathBuf::from);
-        Ok(Credentials { token: token.map(Into::into), tls_dir, no_client_cert: false })
+        let tls_dir = std::env::var_os("VDSTREAM_TLS_CERTIFICATES")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
+        Ok(Credentials {
+            token: token.map(Into::into),
+            tls_dir,
+            no_client_cert: false,
+        })
     }
 
     /// Only the CA of `dir` (to verify the server); no client certificate is shown, so
     /// that a relayed call acts as its own caller, never as this process's identity.
     pub fn ca_only(dir: Option<PathBuf>) -> Self {
-        Credentials { token: None, tls_dir: dir, no_client_cert: true }
+        Credentials {
+            token: None,
+            tls_dir: dir,
+            no_client_cert: true,
+        }
     }
 
     pub fn with_token(mut self, token: Option<String>) -> Self {
@@ -121,12 +151,28 @@ impl Credentials {
         use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
         let dir = self.tls_dir.as_deref().ok_or_else(|| ClientError::Credentials("an https:// server needs a certificate directory with its CA: give --tls-certificates DIR (or VDSTREAM_TLS_CERTIFICATES)".into()))?;
         let bad = |e: vdstream_tls::TlsError| ClientError::Credentials(e.to_string());
-        let roots: Vec<Certificate<'static>> = vdstream_tls::files::read_certs(&dir.join("ca-cert.pem")).map_err(bad)?.iter().map(|c| Certificate::from_der(c.as_ref()).to_owned()).collect();
+        let roots: Vec<Certificate<'static>> =
+            vdstream_tls::files::read_certs(&dir.join("ca-cert.pem"))
+                .map_err(bad)?
+                .iter()
+                .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+                .collect();
         let (cert_path, key_path) = (dir.join("client-cert.pem"), dir.join("client-key.pem"));
         let client_cert = if !self.no_client_cert && (cert_path.exists() || key_path.exists()) {
-            let chain: Vec<Certificate<'static>> = vdstream_tls::files::read_certs(&cert_path).map_err(bad)?.iter().map(|c| Certificate::from_der(c.as_ref()).to_owned()).collect();
-            let pem = std::fs::read(&key_path).map_err(|e| ClientError::Credentials(format!("cannot read {}: {e}", key_path.display())))?;
-            let key = PrivateKey::from_pem(&pem).map_err(|e| ClientError::Credentials(format!("{}: not a private key in PEM: {e}", key_path.display())))?;
+            let chain: Vec<Certificate<'static>> = vdstream_tls::files::read_certs(&cert_path)
+                .map_err(bad)?
+                .iter()
+                .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+                .collect();
+            let pem = std::fs::read(&key_path).map_err(|e| {
+                ClientError::Credentials(format!("cannot read {}: {e}", key_path.display()))
+            })?;
+            let key = PrivateKey::from_pem(&pem).map_err(|e| {
+                ClientError::Credentials(format!(
+                    "{}: not a private key in PEM: {e}",
+                    key_path.display()
+                ))
+            })?;
             Some(ClientCert::new_with_certs(&chain, key))
         } else {
             None
@@ -184,7 +230,9 @@ impl Client {
 
     /// Like [`Client::new`], with these credentials.
     pub fn with_credentials(url: &str, credentials: Credentials) -> Result<Client, ClientError> {
-        let bad = |why: &str| ClientError::BadUrl(format!("{url:?} is not a vdstream server URL ({why}): give http://HOST:PORT or https://HOST:PORT, e.g. http://127.0.0.1:8480"));
+        let bad = |why: &str| {
+            ClientError::BadUrl(format!("{url:?} is not a vdstream server URL ({why}): give http://HOST:PORT or https://HOST:PORT, e.g. http://127.0.0.1:8480"))
+        };
         let (scheme, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
             (Some(r), _) => ("http", r),
             (_, Some(r)) => ("https", r),
@@ -194,15 +242,31 @@ impl Client {
         if hostport.contains('/') || hostport.contains('?') || hostport.contains('@') {
             return Err(bad("only HOST:PORT may follow the scheme"));
         }
-        let (host, port) = hostport.rsplit_once(':').ok_or_else(|| bad("it has no :PORT"))?;
-        port.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| bad("the port is not a number from 1 to 65535"))?;
+        let (host, port) = hostport
+            .rsplit_once(':')
+            .ok_or_else(|| bad("it has no :PORT"))?;
+        port.parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| bad("the port is not a number from 1 to 65535"))?;
         if host.is_empty() || host == "[]" {
             return Err(bad("the host is empty"));
         }
-        let tls = if scheme == "https" { Some(credentials.tls_config()?) } else { None };
+        let tls = if scheme == "https" {
+            Some(credentials.tls_config()?)
+        } else {
+            None
+        };
         let timeout = Duration::from_secs(600);
         let agent = agent(timeout, tls.as_ref());
-        Ok(Client { url: format!("{scheme}://{hostport}"), if_match: None, timeout, credentials, tls, agent })
+        Ok(Client {
+            url: format!("{scheme}://{hostport}"),
+            if_match: None,
+            timeout,
+            credentials,
+            tls,
+            agent,
+        })
     }
 
     /// How long a call may take in all (default 10 minutes: a merge can be long).
@@ -226,20 +290,57 @@ impl Client {
     fn error(&self, e: ureq::Error) -> ClientError {
         let url = self.url.clone();
         match e {
-            ureq::Error::Io(err) if matches!(err.kind(), ErrorKind::ConnectionRefused | ErrorKind::AddrNotAvailable | ErrorKind::NotFound) => ClientError::Connect { url, err },
+            ureq::Error::Io(err)
+                if matches!(
+                    err.kind(),
+                    ErrorKind::ConnectionRefused
+                        | ErrorKind::AddrNotAvailable
+                        | ErrorKind::NotFound
+                ) =>
+            {
+                ClientError::Connect { url, err }
+            }
             ureq::Error::Io(err) => ClientError::Io { url, err },
-            ureq::Error::HostNotFound => ClientError::Connect { url, err: std::io::Error::new(ErrorKind::NotFound, "the host name has no address") },
-            ureq::Error::ConnectionFailed => ClientError::Connect { url, err: ErrorKind::ConnectionRefused.into() },
-            ureq::Error::Timeout(ureq::Timeout::Connect | ureq::Timeout::Resolve) => ClientError::Connect { url, err: ErrorKind::TimedOut.into() },
-            ureq::Error::Timeout(_) => ClientError::Io { url, err: std::io::Error::new(ErrorKind::TimedOut, format!("no answer within {:?}", self.timeout)) },
-            other => ClientError::Protocol { url, detail: other.to_string() },
+            ureq::Error::HostNotFound => ClientError::Connect {
+                url,
+                err: std::io::Error::new(ErrorKind::NotFound, "the host name has no address"),
+            },
+            ureq::Error::ConnectionFailed => ClientError::Connect {
+                url,
+                err: ErrorKind::ConnectionRefused.into(),
+            },
+            ureq::Error::Timeout(ureq::Timeout::Connect | ureq::Timeout::Resolve) => {
+                ClientError::Connect {
+                    url,
+                    err: ErrorKind::TimedOut.into(),
+                }
+            }
+            ureq::Error::Timeout(_) => ClientError::Io {
+                url,
+                err: std::io::Error::new(
+                    ErrorKind::TimedOut,
+                    format!("no answer within {:?}", self.timeout),
+                ),
+            },
+            other => ClientError::Protocol {
+                url,
+                detail: other.to_string(),
+            },
         }
     }
 
     /// One call: `method` on `path` (e.g. `/api/v1/targets`), with a JSON body or none.
     /// Returns the answer's JSON on a 2xx status.
-    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, ClientError> {
-        let mut req = ureq::http::Request::builder().method(method).uri(format!("{}{path}", self.url)).header("Accept", "application/json");
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ClientError> {
+        let mut req = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url))
+            .header("Accept", "application/json");
         if let Some(t) = &self.credentials.token {
             req = req.header("Authorization", format!("Bearer {t}"));
         }
@@ -249,24 +350,50 @@ impl Client {
         let sent = match body {
             Some(b) => {
                 let bytes = serde_json::to_vec(b).expect("JSON values serialize");
-                req.header("Content-Type", "application/json").body(bytes).map(|r| self.agent.run(r))
+                req.header("Content-Type", "application/json")
+                    .body(bytes)
+                    .map(|r| self.agent.run(r))
             }
             None => req.body(()).map(|r| self.agent.run(r)),
         };
-        let mut resp = sent.map_err(|e| ClientError::BadUrl(format!("{method} {}{path} is not a valid request: {e}", self.url)))?.map_err(|e| self.error(e))?;
+        let mut resp = sent
+            .map_err(|e| {
+                ClientError::BadUrl(format!(
+                    "{method} {}{path} is not a valid request: {e}",
+                    self.url
+                ))
+            })?
+            .map_err(|e| self.error(e))?;
         let status = resp.status().as_u16();
-        let bytes = resp.body_mut().with_config().limit(MAX_RESPONSE).read_to_vec().map_err(|e| self.error(e))?;
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_RESPONSE)
+            .read_to_vec()
+            .map_err(|e| self.error(e))?;
         match (status, serde_json::from_slice::<Value>(&bytes)) {
             (200..=299, Ok(v)) => Ok(v),
-            (200..=299, Err(e)) => Err(ClientError::Protocol { url: self.url.clone(), detail: format!("the answer to {method} {path} is not JSON ({e})") }),
-            (status, Ok(v)) if v.get("error").and_then(Value::as_str).is_some() => Err(ClientError::Api {
-                status,
-                error: v["error"].as_str().unwrap_or_default().to_string(),
-                what_to_do: v.get("what_to_do").and_then(Value::as_str).unwrap_or_default().to_string(),
+            (200..=299, Err(e)) => Err(ClientError::Protocol {
+                url: self.url.clone(),
+                detail: format!("the answer to {method} {path} is not JSON ({e})"),
             }),
+            (status, Ok(v)) if v.get("error").and_then(Value::as_str).is_some() => {
+                Err(ClientError::Api {
+                    status,
+                    error: v["error"].as_str().unwrap_or_default().to_string(),
+                    what_to_do: v
+                        .get("what_to_do")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                })
+            }
             (status, _) => Err(ClientError::Protocol {
                 url: self.url.clone(),
-                detail: format!("{method} {path} got status {status} without a vdstream error document: {}", String::from_utf8_lossy(&bytes[..bytes.len().min(200)])),
+                detail: format!(
+                    "{method} {path} got status {status} without a vdstream error document: {}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+                ),
             }),
         }
     }
@@ -274,20 +401,48 @@ impl Client {
     /// One call passed through as it is (a mirror sends a change to the store's metadata
     /// writer): `headers` as given (no token of this client's), the answer's status,
     /// `Content-Type`, `ETag` and body whatever they are.
-    pub fn relay(&self, method: &str, path: &str, headers: &[(String, String)], body: Vec<u8>) -> Result<Relayed, ClientError> {
-        let mut req = ureq::http::Request::builder().method(method).uri(format!("{}{path}", self.url));
+    pub fn relay(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(String, String)],
+        body: Vec<u8>,
+    ) -> Result<Relayed, ClientError> {
+        let mut req = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url));
         for (k, v) in headers {
             req = req.header(k.as_str(), v.as_str());
         }
         let mut resp = req
             .body(body)
             .map(|r| self.agent.run(r))
-            .map_err(|e| ClientError::BadUrl(format!("{method} {}{path} is not a valid request: {e}", self.url)))?
+            .map_err(|e| {
+                ClientError::BadUrl(format!(
+                    "{method} {}{path} is not a valid request: {e}",
+                    self.url
+                ))
+            })?
             .map_err(|e| self.error(e))?;
-        let header = |h: &str| resp.headers().get(h).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let header = |h: &str| {
+            resp.headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
         let (ct, etag) = (header("content-type"), header("etag"));
-        let bytes = resp.body_mut().with_config().limit(MAX_RESPONSE).read_to_vec().map_err(|e| self.error(e))?;
-        Ok(Relayed { status: resp.status().as_u16(), content_type: ct, etag, body: bytes })
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_RESPONSE)
+            .read_to_vec()
+            .map_err(|e| self.error(e))?;
+        Ok(Relayed {
+            status: resp.status().as_u16(),
+            content_type: ct,
+            etag,
+            body: bytes,
+        })
     }
 
     pub fn get(&self, path: &str) -> Result<Value, ClientError> {
@@ -313,8 +468,14 @@ mod tests {
 
     #[test]
     fn urls_are_http_host_port() {
-        assert_eq!(Client::new("http://127.0.0.1:8480/").unwrap().url(), "http://127.0.0.1:8480");
-        assert_eq!(Client::new("http://[::1]:80").unwrap().url(), "http://[::1]:80");
+        assert_eq!(
+            Client::new("http://127.0.0.1:8480/").unwrap().url(),
+            "http://127.0.0.1:8480"
+        );
+        assert_eq!(
+            Client::new("http://[::1]:80").unwrap().url(),
+            "http://[::1]:80"
+        );
         for (bad, why) in [
             ("127.0.0.1:8480", "does not start with http://"),
             ("ftp://h:1", "does not start with http:// or https://"),
@@ -324,23 +485,45 @@ mod tests {
             ("http://:1", "host is empty"),
         ] {
             let e = Client::new(bad).unwrap_err().to_string();
-            assert!(e.contains(why) && e.contains("http://HOST:PORT"), "{bad}: {e}");
+            assert!(
+                e.contains(why) && e.contains("http://HOST:PORT"),
+                "{bad}: {e}"
+            );
         }
     }
 
     #[test]
     fn api_errors_read_as_their_message() {
-        let e = ClientError::Api { status: 404, error: "no vDisk named \"x\"".into(), what_to_do: "known vDisks: a".into() };
+        let e = ClientError::Api {
+            status: 404,
+            error: "no vDisk named \"x\"".into(),
+            what_to_do: "known vDisks: a".into(),
+        };
         assert_eq!(e.to_string(), "no vDisk named \"x\": known vDisks: a");
-        let e = ClientError::Api { status: 409, error: "in use: stop it".into(), what_to_do: "stop it".into() };
+        let e = ClientError::Api {
+            status: 409,
+            error: "in use: stop it".into(),
+            what_to_do: "stop it".into(),
+        };
         assert_eq!(e.to_string(), "in use: stop it");
     }
 
     #[test]
     fn a_server_that_is_not_there_is_a_connect_error() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let e = Client::new(&format!("http://127.0.0.1:{port}")).unwrap().get("/api/v1/server").unwrap_err();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let e = Client::new(&format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .get("/api/v1/server")
+            .unwrap_err();
         assert!(matches!(e, ClientError::Connect { .. }), "{e:?}");
-        assert!(e.to_string().starts_with("cannot connect to the vdstream server at http://127.0.0.1:"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("cannot connect to the vdstream server at http://127.0.0.1:"),
+            "{e}"
+        );
     }
 }

@@ -41,11 +41,22 @@ impl Endpoint {
     /// `RemoteOptions::tls`, which the caller sets for them).
     pub fn parse(uri: &str) -> Result<Endpoint, AgentError> {
         if is_api_url(uri) {
-            return Err(AgentError::MixedServers { uri: uri.to_string() });
+            return Err(AgentError::MixedServers {
+                uri: uri.to_string(),
+            });
         }
-        let vdstream_nbd::client::ParsedUri { address, export, .. } = Address::parse_uri_tls(uri)
-            .map_err(|e| AgentError::BadEndpoint { uri: uri.to_string(), reason: e.to_string() })?;
-        Ok(Endpoint { uri: uri.to_string(), address, export, fallback: None })
+        let vdstream_nbd::client::ParsedUri {
+            address, export, ..
+        } = Address::parse_uri_tls(uri).map_err(|e| AgentError::BadEndpoint {
+            uri: uri.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(Endpoint {
+            uri: uri.to_string(),
+            address,
+            export,
+            fallback: None,
+        })
     }
 
     /// `export` on the server at `address`, with the URI that names it.
@@ -54,7 +65,12 @@ impl Endpoint {
             Address::Unix(p) => format!("nbd+unix:///{export}?socket={}", p.display()),
             Address::Tcp(hp) => format!("nbd://{hp}/{export}"),
         };
-        Endpoint { uri, address, export: export.to_string(), fallback: None }
+        Endpoint {
+            uri,
+            address,
+            export: export.to_string(),
+            fallback: None,
+        }
     }
 
     /// The same server, another export: how a target's version is pinned (`vdisk/NAME@V`)
@@ -85,17 +101,24 @@ mod tests {
 
     #[test]
     fn pinning_changes_the_export_only() {
-        let e = Endpoint::parse("nbd://127.0.0.1:10900/").unwrap().with_export("vdisk/win11@3");
+        let e = Endpoint::parse("nbd://127.0.0.1:10900/")
+            .unwrap()
+            .with_export("vdisk/win11@3");
         assert_eq!(e.uri, "nbd://127.0.0.1:10900/vdisk/win11@3");
         assert_eq!(e.export, "vdisk/win11@3");
-        let e = Endpoint::parse("nbd+unix:///?socket=/s").unwrap().with_export("target/t1");
+        let e = Endpoint::parse("nbd+unix:///?socket=/s")
+            .unwrap()
+            .with_export("target/t1");
         assert_eq!(e.uri, "nbd+unix:///target/t1?socket=/s");
     }
 
     #[test]
     fn http_is_not_an_nbd_uri() {
         let err = Endpoint::parse("http://pvs1:8080").unwrap_err().to_string();
-        assert!(err.contains("store server") && err.contains("every --server"), "{err}");
+        assert!(
+            err.contains("store server") && err.contains("every --server"),
+            "{err}"
+        );
         let err = Endpoint::parse("/tmp/a.sock").unwrap_err().to_string();
         assert!(err.contains("/tmp/a.sock"), "{err}");
     }

@@ -34,7 +34,11 @@ pub enum AgentError {
     BadTarget { id: String, reason: String },
 
     #[error("target {id} is already attached by a running agent (pid {pid}, lock {lock}); detach it first (SIGTERM) or use another id", lock = lock.display())]
-    AlreadyAttached { id: String, pid: String, lock: PathBuf },
+    AlreadyAttached {
+        id: String,
+        pid: String,
+        lock: PathBuf,
+    },
 
     #[error("{path}: {reason}", path = path.display())]
     SocketInUse { path: PathBuf, reason: String },
@@ -50,7 +54,10 @@ pub enum AgentError {
 
     /// The cache folder of target `id` is unusable (the message names it and what to do).
     #[error("{reason}")]
-    CacheDir { id: String, reason: vdstream_wcache::space::CacheDirError },
+    CacheDir {
+        id: String,
+        reason: vdstream_wcache::space::CacheDirError,
+    },
 
     #[error("target {id}: cannot record the I/O trace: {message}")]
     Trace { id: String, message: String },
@@ -59,15 +66,16 @@ pub enum AgentError {
     NoStatus { id: String, path: PathBuf },
 
     #[error("target {id}: --overflow-device {device}: {reason}", device = device.display())]
-    OverflowDevice { id: String, device: PathBuf, reason: String },
+    OverflowDevice {
+        id: String,
+        device: PathBuf,
+        reason: String,
+    },
 
     /// `--kernel-nbd DEVICE`: the message says what is wrong with it and what to do.
     #[error("{device} {message}", device = device.display())]
     KernelNbd { device: PathBuf, message: String },
 
     #[error("{what}: {err}")]
-    Io {
-        what: String,
-        err: std::io::Error,
-    },
+    Io { what: String, err: std::io::Error },
 }

@@ -46,7 +46,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vdstream_blockdev::BlockDev;
-use vdstream_nbd::proto::{FLAG_CAN_MULTI_CONN, FLAG_HAS_FLAGS, FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES};
+use vdstream_nbd::proto::{
+    FLAG_CAN_MULTI_CONN, FLAG_HAS_FLAGS, FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_FUA,
+    FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES,
+};
 use vdstream_nbd::validate::ExportParams;
 use vdstream_nbd::Server;
 
@@ -90,7 +93,13 @@ const NBD_MAJOR: u32 = 43;
 /// `CAN_MULTI_CONN`, and `SEND_WRITE_ZEROES` since Linux 6.11; older kernels ignore
 /// that bit and never send the command). Structured replies, block status, cache and
 /// fast-zero are not in the kernel's protocol.
-pub const KERNEL_FLAGS: u16 = FLAG_HAS_FLAGS | FLAG_READ_ONLY | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_CAN_MULTI_CONN;
+pub const KERNEL_FLAGS: u16 = FLAG_HAS_FLAGS
+    | FLAG_READ_ONLY
+    | FLAG_SEND_FLUSH
+    | FLAG_SEND_FUA
+    | FLAG_SEND_TRIM
+    | FLAG_SEND_WRITE_ZEROES
+    | FLAG_CAN_MULTI_CONN;
 
 /// The logical block size given to the kernel: 512, so that partition tables written
 /// with 512-byte sectors (MBR, GPT) read right; the page cache still moves 4 KiB pages.
@@ -103,7 +112,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// what requests are validated against.
 pub fn kernel_params(dev: &dyn BlockDev) -> ExportParams {
     let flags = vdstream_nbd::flags::transmission_flags(&dev.caps(), false) & KERNEL_FLAGS;
-    ExportParams { size: dev.size(), flags, structured: false, base_allocation: false }
+    ExportParams {
+        size: dev.size(),
+        flags,
+        structured: false,
+        base_allocation: false,
+    }
 }
 
 /// One step of the device's setup.
@@ -165,7 +179,10 @@ pub fn setup_sequence(size: u64, flags: u16) -> [Setup; 6] {
 }
 
 fn err(device: &Path, message: String) -> AgentError {
-    AgentError::KernelNbd { device: device.to_path_buf(), message }
+    AgentError::KernelNbd {
+        device: device.to_path_buf(),
+        message,
+    }
 }
 
 fn not_nbd(device: &Path, what: &str) -> AgentError {
@@ -184,12 +201,23 @@ pub fn open_device(device: &Path) -> Result<File, AgentError> {
     };
     let kind = meta.file_type();
     if !kind.is_block_device() {
-        let what = if kind.is_file() { "a regular file" } else if kind.is_dir() { "a directory" } else if kind.is_char_device() { "a character device" } else { "not a block device" };
+        let what = if kind.is_file() {
+            "a regular file"
+        } else if kind.is_dir() {
+            "a directory"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else {
+            "not a block device"
+        };
         return Err(not_nbd(device, what));
     }
     let major = libc::major(meta.rdev());
     if major != NBD_MAJOR {
-        return Err(not_nbd(device, &format!("a block device of major {major}; NBD devices have major {NBD_MAJOR}")));
+        return Err(not_nbd(
+            device,
+            &format!("a block device of major {major}; NBD devices have major {NBD_MAJOR}"),
+        ));
     }
     std::fs::OpenOptions::new().read(true).write(true).open(device).map_err(|e| match e.kind() {
         io::ErrorKind::PermissionDenied => err(device, "cannot be opened: permission denied: configuring a kernel NBD device needs root (CAP_SYS_ADMIN)".into()),
@@ -202,7 +230,13 @@ fn nbd_ioctl(ctl: &File, request: u64, arg: u64) -> io::Result<()> {
     // SAFETY: every NBD request of include/uapi/linux/nbd.h takes an integer argument (a
     // size, flags, seconds or a file descriptor) or none, never a pointer; `ctl` is an
     // open descriptor for the whole call.
-    let r = unsafe { libc::ioctl(ctl.as_raw_fd(), request as libc::Ioctl, arg as libc::c_ulong) };
+    let r = unsafe {
+        libc::ioctl(
+            ctl.as_raw_fd(),
+            request as libc::Ioctl,
+            arg as libc::c_ulong,
+        )
+    };
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -212,7 +246,12 @@ fn nbd_ioctl(ctl: &File, request: u64, arg: u64) -> io::Result<()> {
 
 /// Runs [`setup_sequence`] on `ctl` (the device `device`), stopping at the first step the
 /// kernel refuses, which the error names.
-pub fn configure(ctl: &File, device: &Path, sock: RawFd, params: &ExportParams) -> Result<(), AgentError> {
+pub fn configure(
+    ctl: &File,
+    device: &Path,
+    sock: RawFd,
+    params: &ExportParams,
+) -> Result<(), AgentError> {
     for step in setup_sequence(params.size, params.flags) {
         if let Err(e) = nbd_ioctl(ctl, step.request(), step.arg(sock)) {
             return Err(match e.raw_os_error() {
@@ -238,31 +277,53 @@ pub fn configure(ctl: &File, device: &Path, sock: RawFd, params: &ExportParams) 
 /// detach` and the agent's own shutdown use it.
 pub fn disconnect(device: &Path) -> Result<(), AgentError> {
     let ctl = open_device(device)?;
-    nbd_ioctl(&ctl, NBD_DISCONNECT, 0).map_err(|e| err(device, format!("could not be disconnected: NBD_DISCONNECT failed: {e}")))
+    nbd_ioctl(&ctl, NBD_DISCONNECT, 0).map_err(|e| {
+        err(
+            device,
+            format!("could not be disconnected: NBD_DISCONNECT failed: {e}"),
+        )
+    })
 }
 
 /// Makes a socket pair and serves the transmission phase on one end, in a thread of its
 /// own, through `server`'s request core ([`Server::serve_negotiated`]) with `params`; the
 /// other end, returned, is what the kernel gets (`NBD_SET_SOCK`). The thread ends when the
 /// peer sends DISC or closes its end.
-pub fn serve_pair(server: Arc<Server>, dev: Arc<dyn BlockDev>, params: ExportParams) -> io::Result<(std::os::unix::net::UnixStream, JoinHandle<io::Result<()>>)> {
+pub fn serve_pair(
+    server: Arc<Server>,
+    dev: Arc<dyn BlockDev>,
+    params: ExportParams,
+) -> io::Result<(std::os::unix::net::UnixStream, JoinHandle<io::Result<()>>)> {
     let (ours, kernels) = std::os::unix::net::UnixStream::pair()?;
     let ours: OwnedFd = ours.into();
-    let serving = std::thread::Builder::new().name("nbd-kernel".into()).spawn(move || server.serve_negotiated(ours, "", dev, params))?;
+    let serving = std::thread::Builder::new()
+        .name("nbd-kernel".into())
+        .spawn(move || server.serve_negotiated(ours, "", dev, params))?;
     Ok((kernels, serving))
 }
 
 /// The process of thread `tid` (`Tgid:` in /proc/TID/status).
 fn process_of(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The pid of the process that serves `device`, if it is up. The kernel's
 /// `/sys/block/NAME/pid` names the thread in `NBD_DO_IT`; this is its process.
 pub fn server_pid(device: &Path) -> Option<u32> {
-    let name = std::fs::canonicalize(device).ok()?.file_name()?.to_string_lossy().into_owned();
-    let tid = std::fs::read_to_string(format!("/sys/block/{name}/pid")).ok()?.trim().parse().ok()?;
+    let name = std::fs::canonicalize(device)
+        .ok()?
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
+    let tid = std::fs::read_to_string(format!("/sys/block/{name}/pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     process_of(tid)
 }
 
@@ -271,7 +332,9 @@ pub fn device_served_by(pid: u32) -> Option<PathBuf> {
     let mut found = None;
     for entry in std::fs::read_dir("/sys/block").ok()?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let tid = std::fs::read_to_string(entry.path().join("pid")).ok().and_then(|p| p.trim().parse::<u32>().ok());
+        let tid = std::fs::read_to_string(entry.path().join("pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok());
         if name.starts_with("nbd") && tid.and_then(process_of) == Some(pid) {
             found = Some(PathBuf::from("/dev").join(name));
             break;
@@ -304,7 +367,11 @@ impl KernelNbd {
     /// Configures `device` for `dev` and starts serving it: the request core on one end of
     /// a socket pair (through `server`), `NBD_DO_IT` with the other. Returns once the kernel
     /// has the device up (its `/sys/block/NAME/pid` appeared), or with the reason it refused.
-    pub fn start(device: &Path, server: Arc<Server>, dev: Arc<dyn BlockDev>) -> Result<KernelNbd, AgentError> {
+    pub fn start(
+        device: &Path,
+        server: Arc<Server>,
+        dev: Arc<dyn BlockDev>,
+    ) -> Result<KernelNbd, AgentError> {
         let ctl = Arc::new(open_device(device)?);
         let params = kernel_params(dev.as_ref());
         if params.size % KERNEL_BLOCK_SIZE != 0 {
@@ -315,7 +382,8 @@ impl KernelNbd {
                 params.size / KERNEL_BLOCK_SIZE * KERNEL_BLOCK_SIZE
             );
         }
-        let (kernels, serving) = serve_pair(server, dev, params).map_err(|e| err(device, format!("cannot be served: {e}")))?;
+        let (kernels, serving) = serve_pair(server, dev, params)
+            .map_err(|e| err(device, format!("cannot be served: {e}")))?;
         if let Err(e) = configure(&ctl, device, kernels.as_raw_fd(), &params) {
             drop(kernels);
             let _ = serving.join();
@@ -332,9 +400,19 @@ impl KernelNbd {
                     let _kernels = kernels;
                     nbd_ioctl(&ctl, NBD_DO_IT, 0)
                 })
-                .map_err(|e| err(device, format!("cannot be started: no thread for NBD_DO_IT: {e}")))?
+                .map_err(|e| {
+                    err(
+                        device,
+                        format!("cannot be started: no thread for NBD_DO_IT: {e}"),
+                    )
+                })?
         };
-        let mut k = KernelNbd { device: device.to_path_buf(), ctl, do_it: Some(do_it), serving: Some(serving) };
+        let mut k = KernelNbd {
+            device: device.to_path_buf(),
+            ctl,
+            do_it: Some(do_it),
+            serving: Some(serving),
+        };
         k.wait_started()?;
         Ok(k)
     }
@@ -343,7 +421,9 @@ impl KernelNbd {
     /// the id of the thread in `NBD_DO_IT`; a system without sysfs: `NBD_DO_IT` still
     /// blocking after 500 ms), or `NBD_DO_IT` returned (an error).
     fn wait_started(&mut self) -> Result<(), AgentError> {
-        let name = std::fs::canonicalize(&self.device).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+        let name = std::fs::canonicalize(&self.device)
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
         let sys = name.map(|n| PathBuf::from(format!("/sys/block/{n}")));
         let started = Instant::now();
         loop {
@@ -364,7 +444,13 @@ impl KernelNbd {
             }
             if started.elapsed() >= START_TIMEOUT {
                 let _ = nbd_ioctl(&self.ctl, NBD_DISCONNECT, 0);
-                return Err(err(&self.device, format!("was not brought up by the kernel within {START_TIMEOUT:?} (no {}/pid)", sys.map(|d| d.display().to_string()).unwrap_or_default())));
+                return Err(err(
+                    &self.device,
+                    format!(
+                        "was not brought up by the kernel within {START_TIMEOUT:?} (no {}/pid)",
+                        sys.map(|d| d.display().to_string()).unwrap_or_default()
+                    ),
+                ));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -390,10 +476,16 @@ impl KernelNbd {
         if let Some(h) = self.do_it.take() {
             match h.join() {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => log::warn!("{}: the kernel ended the device: {e}", self.device.display()),
+                Ok(Err(e)) => log::warn!(
+                    "{}: the kernel ended the device: {e}",
+                    self.device.display()
+                ),
                 Err(_) => log::error!("{}: the NBD_DO_IT thread panicked", self.device.display()),
             }
-            for (name, request) in [("NBD_CLEAR_QUE", NBD_CLEAR_QUE), ("NBD_CLEAR_SOCK", NBD_CLEAR_SOCK)] {
+            for (name, request) in [
+                ("NBD_CLEAR_QUE", NBD_CLEAR_QUE),
+                ("NBD_CLEAR_SOCK", NBD_CLEAR_SOCK),
+            ] {
                 if let Err(e) = nbd_ioctl(&self.ctl, request, 0) {
                     log::debug!("{}: {name}: {e}", self.device.display());
                 }
@@ -406,8 +498,13 @@ impl KernelNbd {
         if let Some(h) = self.serving.take() {
             match h.join() {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => log::warn!("{}: serving the kernel ended: {e}", self.device.display()),
-                Err(_) => log::error!("{}: the thread serving the kernel panicked", self.device.display()),
+                Ok(Err(e)) => {
+                    log::warn!("{}: serving the kernel ended: {e}", self.device.display())
+                }
+                Err(_) => log::error!(
+                    "{}: the thread serving the kernel panicked",
+                    self.device.display()
+                ),
             }
         }
     }
@@ -435,11 +532,25 @@ mod tests {
     fn the_setup_runs_in_order_and_ends_with_the_socket() {
         let seq = setup_sequence(1 << 30, FLAG_HAS_FLAGS | FLAG_SEND_FLUSH);
         let names: Vec<_> = seq.iter().map(Setup::name).collect();
-        assert_eq!(names, ["NBD_CLEAR_SOCK", "NBD_SET_BLKSIZE", "NBD_SET_SIZE", "NBD_SET_FLAGS", "NBD_SET_TIMEOUT", "NBD_SET_SOCK"]);
+        assert_eq!(
+            names,
+            [
+                "NBD_CLEAR_SOCK",
+                "NBD_SET_BLKSIZE",
+                "NBD_SET_SIZE",
+                "NBD_SET_FLAGS",
+                "NBD_SET_TIMEOUT",
+                "NBD_SET_SOCK"
+            ]
+        );
         assert_eq!(seq[1].arg(7), 512);
         assert_eq!(seq[2].arg(7), 1 << 30);
         assert_eq!(seq[3].arg(7), u64::from(FLAG_HAS_FLAGS | FLAG_SEND_FLUSH));
-        assert_eq!(seq[4].arg(7), 0, "timeout 0: the kernel never fails a request during a failover");
+        assert_eq!(
+            seq[4].arg(7),
+            0,
+            "timeout 0: the kernel never fails a request during a failover"
+        );
         assert_eq!(seq[5].arg(7), 7, "the kernel's end of the socket pair");
     }
 
@@ -448,16 +559,37 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("nbd0");
         std::fs::write(&file, b"x").unwrap();
-        for (path, what) in [(file.as_path(), "a regular file"), (dir.path(), "a directory"), (Path::new("/dev/null"), "a character device")] {
+        for (path, what) in [
+            (file.as_path(), "a regular file"),
+            (dir.path(), "a directory"),
+            (Path::new("/dev/null"), "a character device"),
+        ] {
             let e = open_device(path).unwrap_err().to_string();
-            assert!(e.contains("is not an NBD device") && e.contains(what) && e.contains("modprobe nbd"), "{e}");
+            assert!(
+                e.contains("is not an NBD device")
+                    && e.contains(what)
+                    && e.contains("modprobe nbd"),
+                "{e}"
+            );
         }
         if Path::new("/dev/loop0").exists() {
-            let e = open_device(Path::new("/dev/loop0")).unwrap_err().to_string();
-            assert!(e.contains("/dev/loop0 is not an NBD device") && e.contains("major 7") && e.contains("modprobe nbd"), "{e}");
+            let e = open_device(Path::new("/dev/loop0"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("/dev/loop0 is not an NBD device")
+                    && e.contains("major 7")
+                    && e.contains("modprobe nbd"),
+                "{e}"
+            );
         }
-        let e = open_device(&dir.path().join("nbd9")).unwrap_err().to_string();
-        assert!(e.contains("does not exist") && e.contains("modprobe nbd"), "{e}");
+        let e = open_device(&dir.path().join("nbd9"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("does not exist") && e.contains("modprobe nbd"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -466,8 +598,21 @@ mod tests {
         // refuses the very first request, and nothing after it is tried.
         let f = tempfile::tempfile().unwrap();
         let (_a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let params = ExportParams { size: 1 << 20, flags: FLAG_HAS_FLAGS, structured: false, base_allocation: false };
-        let e = configure(&f, Path::new("/x/nbd0"), b.as_raw_fd(), &params).unwrap_err().to_string();
-        assert!(e.contains("/x/nbd0") && e.contains("is not an NBD device") && e.contains("NBD_CLEAR_SOCK") && e.contains("modprobe nbd"), "{e}");
+        let params = ExportParams {
+            size: 1 << 20,
+            flags: FLAG_HAS_FLAGS,
+            structured: false,
+            base_allocation: false,
+        };
+        let e = configure(&f, Path::new("/x/nbd0"), b.as_raw_fd(), &params)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/x/nbd0")
+                && e.contains("is not an NBD device")
+                && e.contains("NBD_CLEAR_SOCK")
+                && e.contains("modprobe nbd"),
+            "{e}"
+        );
     }
 }

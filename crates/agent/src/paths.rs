@@ -18,14 +18,22 @@ use crate::AgentError;
 
 /// Checks a target id (see the module docs).
 pub fn check_target_id(id: &str) -> Result<(), AgentError> {
-    let bad = |reason: &str| Err(AgentError::BadTarget { id: id.to_string(), reason: reason.to_string() });
+    let bad = |reason: &str| {
+        Err(AgentError::BadTarget {
+            id: id.to_string(),
+            reason: reason.to_string(),
+        })
+    };
     if id.is_empty() || id.len() > 64 {
         return bad("use 1 to 64 characters");
     }
     if id.starts_with('.') || id.starts_with('-') {
         return bad("it may not start with '.' or '-'");
     }
-    if !id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+    if !id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
         return bad("use letters, digits, '.', '_' and '-' only");
     }
     Ok(())

@@ -14,16 +14,23 @@ use crate::AgentError;
 
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Replaces the status file atomically.
 pub fn write(path: &Path, status: &Status) -> Result<(), AgentError> {
-    let io = |what: &str, err| AgentError::Io { what: format!("{what} {}", path.display()), err };
+    let io = |what: &str, err| AgentError::Io {
+        what: format!("{what} {}", path.display()),
+        err,
+    };
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_vec_pretty(status).expect("a status always serializes");
     // Made afresh, never written through a name that already exists.
-    let mut f = vdstream_blockdev::storefile::create_fresh(&tmp, vdstream_blockdev::storefile::SHARED_READ).map_err(|e| io("cannot write the status file", e))?;
+    let mut f =
+        vdstream_blockdev::storefile::create_fresh(&tmp, vdstream_blockdev::storefile::SHARED_READ)
+            .map_err(|e| io("cannot write the status file", e))?;
     std::io::Write::write_all(&mut f, &text).map_err(|e| io("cannot write the status file", e))?;
     std::fs::rename(&tmp, path).map_err(|e| io("cannot replace the status file", e))
 }
@@ -31,8 +38,14 @@ pub fn write(path: &Path, status: &Status) -> Result<(), AgentError> {
 /// Reads a status file.
 pub fn read(id: &str, path: &Path) -> Result<Status, AgentError> {
     let text = std::fs::read(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => AgentError::NoStatus { id: id.to_string(), path: path.to_path_buf() },
-        _ => AgentError::Io { what: format!("cannot read {}", path.display()), err: e },
+        std::io::ErrorKind::NotFound => AgentError::NoStatus {
+            id: id.to_string(),
+            path: path.to_path_buf(),
+        },
+        _ => AgentError::Io {
+            what: format!("cannot read {}", path.display()),
+            err: e,
+        },
     })?;
     serde_json::from_slice(&text).map_err(|e| AgentError::Io {
         what: format!("{} is not an agent status file", path.display()),
@@ -42,9 +55,13 @@ pub fn read(id: &str, path: &Path) -> Result<Status, AgentError> {
 
 /// Whether process `pid` is alive.
 pub fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
     // SAFETY: kill with signal 0 only checks that the process exists; no signal is sent.
-    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+    pid > 0
+        && (unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }
 
 fn human_bytes(n: u64) -> String {
@@ -66,10 +83,15 @@ fn human_bytes(n: u64) -> String {
 pub fn render(s: &Status, alive: bool) -> String {
     let state = match (s.state.as_str(), alive) {
         ("running", true) => "running".to_string(),
-        ("running" | STATE_LOST, false) => format!("not running (agent pid {} is gone; figures are from its last status)", s.pid),
+        ("running" | STATE_LOST, false) => format!(
+            "not running (agent pid {} is gone; figures are from its last status)",
+            s.pid
+        ),
         (STATE_LOST, true) => format!(
             "CACHE LOST: {}",
-            s.server.lost.as_deref().unwrap_or("the server lost the target's cache; every guest request fails with EIO")
+            s.server.lost.as_deref().unwrap_or(
+                "the server lost the target's cache; every guest request fails with EIO"
+            )
         ),
         (other, _) => other.to_string(),
     };
@@ -140,8 +162,19 @@ mod tests {
     fn round_trip_and_render() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t1.status.json");
-        let mut s = Status { target: "t1".into(), pid: std::process::id(), state: "running".into(), ..Status::default() };
-        s.guest = IoStatus { read_ops: 10, write_ops: 30, read_bytes: 40960, write_bytes: 122880, ..IoStatus::default() };
+        let mut s = Status {
+            target: "t1".into(),
+            pid: std::process::id(),
+            state: "running".into(),
+            ..Status::default()
+        };
+        s.guest = IoStatus {
+            read_ops: 10,
+            write_ops: 30,
+            read_bytes: 40960,
+            write_bytes: 122880,
+            ..IoStatus::default()
+        };
         s.guest.rate_from(&IoStatus::default(), 2.0);
         assert_eq!(s.guest.iops, 20.0);
         write(&path, &s).unwrap();
@@ -153,8 +186,13 @@ mod tests {
         s.state = STATE_LOST.into();
         s.server.lost = Some("target t1: the server lost this target's cache: …; every request of the guest now fails with EIO".into());
         let text = render(&s, true);
-        assert!(text.contains("target t1: CACHE LOST: target t1: the server lost this target's cache"), "{text}");
-        let err = read("t2", &dir.path().join("t2.status.json")).unwrap_err().to_string();
+        assert!(
+            text.contains("target t1: CACHE LOST: target t1: the server lost this target's cache"),
+            "{text}"
+        );
+        let err = read("t2", &dir.path().join("t2.status.json"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("is it attached"), "{err}");
     }
 }

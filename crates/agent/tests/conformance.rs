@@ -22,14 +22,27 @@ struct Servers {
 
 impl Servers {
     fn new() -> Servers {
-        Servers { dir: tempfile::tempdir().unwrap(), running: Mutex::new(Vec::new()), next: AtomicUsize::new(0) }
+        Servers {
+            dir: tempfile::tempdir().unwrap(),
+            running: Mutex::new(Vec::new()),
+            next: AtomicUsize::new(0),
+        }
     }
 
     /// A RemoteBase on a new server exporting `dev`.
     fn remote(&self, dev: Arc<dyn BlockDev>, writable: bool) -> Arc<dyn BlockDev> {
-        let sock = self.dir.path().join(format!("{}.sock", self.next.fetch_add(1, Ordering::Relaxed)));
+        let sock = self.dir.path().join(format!(
+            "{}.sock",
+            self.next.fetch_add(1, Ordering::Relaxed)
+        ));
         let server = TestServer::start(&sock, dev, "target/t1");
-        let base = connect(&[server.uri()], RemoteOptions { writable, ..quick(None) });
+        let base = connect(
+            &[server.uri()],
+            RemoteOptions {
+                writable,
+                ..quick(None)
+            },
+        );
         self.running.lock().unwrap().push(server);
         Arc::new(base)
     }
@@ -40,8 +53,22 @@ fn a_writable_remote_base_conforms_and_matches_the_model() {
     let servers = Servers::new();
     let make = |size| servers.remote(Arc::new(MemoryDev::new(size)), true);
     conformance::run_all("RemoteBase(writable)", &make);
-    model::model_check("RemoteBase(writable)", &make, model::ModelConfig { cases: 16, ..Default::default() });
-    model::model_check_concurrent("RemoteBase(writable)", &make, model::ModelConfig { cases: 8, ..Default::default() });
+    model::model_check(
+        "RemoteBase(writable)",
+        &make,
+        model::ModelConfig {
+            cases: 16,
+            ..Default::default()
+        },
+    );
+    model::model_check_concurrent(
+        "RemoteBase(writable)",
+        &make,
+        model::ModelConfig {
+            cases: 8,
+            ..Default::default()
+        },
+    );
 }
 
 #[test]

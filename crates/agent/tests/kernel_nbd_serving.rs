@@ -29,10 +29,24 @@ const KERNEL_REPLY_MAGIC: u32 = 0x6744_6698;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { off: u64, len: usize, seed: u8, fua: bool },
-    Read { off: u64, len: usize },
-    Trim { off: u64, len: u64 },
-    Zero { off: u64, len: u64 },
+    Write {
+        off: u64,
+        len: usize,
+        seed: u8,
+        fua: bool,
+    },
+    Read {
+        off: u64,
+        len: usize,
+    },
+    Trim {
+        off: u64,
+        len: u64,
+    },
+    Zero {
+        off: u64,
+        len: u64,
+    },
     Flush,
 }
 
@@ -50,7 +64,8 @@ impl Op {
 
 /// Sector-aligned ranges, as the block layer sends them.
 fn op() -> impl Strategy<Value = Op> {
-    let range = (0..SIZE / 512 - 1, 1u64..129).prop_map(|(s, n)| (s * 512, (n * 512).min(SIZE - s * 512)));
+    let range =
+        (0..SIZE / 512 - 1, 1u64..129).prop_map(|(s, n)| (s * 512, (n * 512).min(SIZE - s * 512)));
     prop_oneof![
         4 => (range.clone(), any::<u8>(), any::<bool>()).prop_map(|((off, len), seed, fua)| Op::Write { off, len: len as usize, seed, fua }),
         4 => range.clone().prop_map(|(off, len)| Op::Read { off, len: len as usize }),
@@ -74,8 +89,15 @@ fn request(out: &mut Vec<u8>, cmd: u16, flags: u16, handle: u64, off: u64, len: 
 fn reply(k: &mut UnixStream) -> (u32, u64) {
     let mut h = [0u8; 16];
     k.read_exact(&mut h).expect("a reply");
-    assert_eq!(u32::from_be_bytes(h[0..4].try_into().unwrap()), KERNEL_REPLY_MAGIC, "simple replies only: the kernel knows no other");
-    (u32::from_be_bytes(h[4..8].try_into().unwrap()), u64::from_be_bytes(h[8..16].try_into().unwrap()))
+    assert_eq!(
+        u32::from_be_bytes(h[0..4].try_into().unwrap()),
+        KERNEL_REPLY_MAGIC,
+        "simple replies only: the kernel knows no other"
+    );
+    (
+        u32::from_be_bytes(h[4..8].try_into().unwrap()),
+        u64::from_be_bytes(h[8..16].try_into().unwrap()),
+    )
 }
 
 struct Served {
@@ -91,31 +113,82 @@ fn serve(kind: CacheType) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s.sock");
     let server = TestServer::start(&sock, patterned(SIZE), "golden");
-    let remote: Arc<dyn BlockDev> = Arc::new(connect(&[server.uri()], quick(Some(Duration::from_secs(10)))));
-    let ram = if kind == CacheType::DeviceRam { 4 * SIZE } else { 64 << 10 };
-    let cfg = CacheConfig { ram, dir: dir.path().to_path_buf(), ..CacheConfig::new("kernel") };
+    let remote: Arc<dyn BlockDev> = Arc::new(connect(
+        &[server.uri()],
+        quick(Some(Duration::from_secs(10))),
+    ));
+    let ram = if kind == CacheType::DeviceRam {
+        4 * SIZE
+    } else {
+        64 << 10
+    };
+    let cfg = CacheConfig {
+        ram,
+        dir: dir.path().to_path_buf(),
+        ..CacheConfig::new("kernel")
+    };
     let cache: Arc<dyn BlockDev> = vdstream_wcache::open(kind, remote, &cfg).unwrap();
     let params = kernel_params(cache.as_ref());
-    let local = Arc::new(Server::new(Arc::new(OneDev { dev: cache.clone(), description: String::new() }), ServerConfig { threads_per_connection: 4, ..ServerConfig::default() }));
+    let local = Arc::new(Server::new(
+        Arc::new(OneDev {
+            dev: cache.clone(),
+            description: String::new(),
+        }),
+        ServerConfig {
+            threads_per_connection: 4,
+            ..ServerConfig::default()
+        },
+    ));
     let (kernel, serving) = serve_pair(local, cache, params).unwrap();
-    kernel.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    Served { _dir: dir, _server: server, kernel, serving, flags: params.flags }
+    kernel
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    Served {
+        _dir: dir,
+        _server: server,
+        kernel,
+        serving,
+        flags: params.flags,
+    }
 }
 
 #[test]
 fn the_kernel_gets_the_flags_it_understands_and_no_others() {
     let s = serve(CacheType::RamOverflow);
     assert_eq!(s.flags & !KERNEL_FLAGS, 0, "{:#x}", s.flags);
-    for f in [FLAG_HAS_FLAGS, FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES, FLAG_CAN_MULTI_CONN] {
+    for f in [
+        FLAG_HAS_FLAGS,
+        FLAG_SEND_TRIM,
+        FLAG_SEND_WRITE_ZEROES,
+        FLAG_CAN_MULTI_CONN,
+    ] {
         assert_ne!(s.flags & f, 0, "flag {f:#x} missing from {:#x}", s.flags);
     }
     // A volatile cache has nothing to make durable: no flush, no FUA; never structured.
-    assert_eq!(s.flags & (FLAG_READ_ONLY | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_DF | FLAG_SEND_CACHE | FLAG_SEND_FAST_ZERO), 0);
+    assert_eq!(
+        s.flags
+            & (FLAG_READ_ONLY
+                | FLAG_SEND_FLUSH
+                | FLAG_SEND_FUA
+                | FLAG_SEND_DF
+                | FLAG_SEND_CACHE
+                | FLAG_SEND_FAST_ZERO),
+        0
+    );
     let persistent = serve(CacheType::DeviceDiskPersistent);
     for f in [FLAG_SEND_FLUSH, FLAG_SEND_FUA] {
-        assert_ne!(persistent.flags & f, 0, "device-disk-persistent: flag {f:#x} missing from {:#x}", persistent.flags);
+        assert_ne!(
+            persistent.flags & f,
+            0,
+            "device-disk-persistent: flag {f:#x} missing from {:#x}",
+            persistent.flags
+        );
     }
-    let Served { mut kernel, serving, .. } = s;
+    let Served {
+        mut kernel,
+        serving,
+        ..
+    } = s;
     // A request past the end is refused with a simple reply, and the stream stays usable.
     let mut out = Vec::new();
     request(&mut out, CMD_READ, 0, 7, SIZE, 512);
@@ -124,7 +197,10 @@ fn the_kernel_gets_the_flags_it_understands_and_no_others() {
     assert_eq!(reply(&mut kernel), (EINVAL, 7));
     let mut rest = Vec::new();
     kernel.read_to_end(&mut rest).unwrap();
-    assert!(rest.is_empty(), "DISC gets no reply; the agent closes its end");
+    assert!(
+        rest.is_empty(),
+        "DISC gets no reply; the agent closes its end"
+    );
     serving.join().unwrap().unwrap();
 }
 

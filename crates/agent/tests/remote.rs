@@ -17,7 +17,11 @@ const SIZE: u64 = 8 << 20;
 
 /// Reader threads doing random reads and checking every byte until `stop`; returns the
 /// number of reads done.
-fn readers(base: &Arc<RemoteBase>, threads: usize, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<u64>> {
+fn readers(
+    base: &Arc<RemoteBase>,
+    threads: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<u64>> {
     (0..threads)
         .map(|t| {
             let (base, stop) = (base.clone(), stop.clone());
@@ -28,8 +32,12 @@ fn readers(base: &Arc<RemoteBase>, threads: usize, stop: &Arc<AtomicBool>) -> Ve
                     let len = 512 * rng.usize(1..=128);
                     let off = rng.u64(..SIZE - len as u64);
                     let mut buf = vec![0u8; len];
-                    base.read_at(&mut buf, off).unwrap_or_else(|e| panic!("read at {off}: {e}"));
-                    assert!(buf == pattern(off, len), "wrong bytes at {off} length {len}");
+                    base.read_at(&mut buf, off)
+                        .unwrap_or_else(|e| panic!("read at {off}: {e}"));
+                    assert!(
+                        buf == pattern(off, len),
+                        "wrong bytes at {off} length {len}"
+                    );
                     n += 1;
                 }
                 n
@@ -43,7 +51,12 @@ fn reads_in_flight_survive_server_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("a.sock");
     let data = patterned(SIZE);
-    let slow = Arc::new(SlowReads { inner: data, active: Default::default(), peak: Default::default(), delay: Duration::from_millis(2) });
+    let slow = Arc::new(SlowReads {
+        inner: data,
+        active: Default::default(),
+        peak: Default::default(),
+        delay: Duration::from_millis(2),
+    });
     let mut server = TestServer::start(&sock, slow.clone(), "golden v1");
     let base = Arc::new(connect(&[server.uri()], quick(None)));
     let stop = Arc::new(AtomicBool::new(false));
@@ -56,9 +69,15 @@ fn reads_in_flight_survive_server_restarts() {
     }
     std::thread::sleep(Duration::from_millis(250));
     stop.store(true, Ordering::Relaxed);
-    let reads: u64 = threads.into_iter().map(|t| t.join().expect("a reader failed")).sum();
+    let reads: u64 = threads
+        .into_iter()
+        .map(|t| t.join().expect("a reader failed"))
+        .sum();
     let c = base.counters();
-    let (reconnects, retries) = (c.reconnects.load(Ordering::Relaxed), c.retries.load(Ordering::Relaxed));
+    let (reconnects, retries) = (
+        c.reconnects.load(Ordering::Relaxed),
+        c.retries.load(Ordering::Relaxed),
+    );
     eprintln!("{reads} reads, {reconnects} reconnects, {retries} re-sent requests");
     assert!(reads > 100, "only {reads} reads");
     assert!(reconnects >= 3, "{reconnects} reconnects for 3 restarts");
@@ -99,10 +118,17 @@ fn a_server_back_with_another_size_is_refused() {
     let _other = TestServer::start(&sock, patterned(SIZE / 2), "golden v1");
     let t = Instant::now();
     let err = base.read_at(&mut buf, 4096).unwrap_err();
-    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
     assert_eq!(err.kind, ErrorKind::Io);
     let msg = err.to_string();
-    assert!(msg.contains("4194304 bytes but was 8388608 bytes at attach"), "{msg}");
+    assert!(
+        msg.contains("4194304 bytes but was 8388608 bytes at attach"),
+        "{msg}"
+    );
     assert!(msg.contains("a.sock"), "{msg}");
 }
 
@@ -115,41 +141,70 @@ fn a_server_back_with_another_version_is_refused() {
     server.stop();
     let _newer = TestServer::start(&sock, patterned(SIZE), "v4 of vDisk win11");
     let msg = base.read_at(&mut [0u8; 512], 0).unwrap_err().to_string();
-    assert!(msg.contains("\"v4 of vDisk win11\"") && msg.contains("\"v3 of vDisk win11\""), "{msg}");
+    assert!(
+        msg.contains("\"v4 of vDisk win11\"") && msg.contains("\"v3 of vDisk win11\""),
+        "{msg}"
+    );
 }
 
 #[test]
 fn no_server_gives_up_after_retry_for_naming_the_servers() {
     let dir = tempfile::tempdir().unwrap();
     let eps = vec![
-        Endpoint::parse(&format!("nbd+unix:///?socket={}", dir.path().join("none.sock").display())).unwrap(),
+        Endpoint::parse(&format!(
+            "nbd+unix:///?socket={}",
+            dir.path().join("none.sock").display()
+        ))
+        .unwrap(),
         Endpoint::parse("nbd://127.0.0.1:1/").unwrap(),
     ];
     let t = Instant::now();
     let err = RemoteBase::connect(eps, quick(Some(Duration::from_millis(300)))).unwrap_err();
-    assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
     let msg = err.to_string();
     assert!(matches!(err, AgentError::NoServer { .. }), "{msg}");
-    assert!(msg.contains("none.sock") && msg.contains("127.0.0.1:1"), "{msg}");
+    assert!(
+        msg.contains("none.sock") && msg.contains("127.0.0.1:1"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn an_unknown_export_fails_the_attach_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(&dir.path().join("a.sock"), patterned(SIZE), "golden");
-    let ep = Endpoint::parse(&server.uri()).unwrap().with_export("vdisk/nosuch@1");
+    let ep = Endpoint::parse(&server.uri())
+        .unwrap()
+        .with_export("vdisk/nosuch@1");
     let t = Instant::now();
-    let msg = RemoteBase::connect(vec![ep], quick(None)).unwrap_err().to_string();
+    let msg = RemoteBase::connect(vec![ep], quick(None))
+        .unwrap_err()
+        .to_string();
     assert!(t.elapsed() < Duration::from_secs(3));
-    assert!(msg.contains("refused the export") && msg.contains("nosuch"), "{msg}");
+    assert!(
+        msg.contains("refused the export") && msg.contains("nosuch"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn requests_in_flight_are_capped() {
     let dir = tempfile::tempdir().unwrap();
-    let slow = Arc::new(SlowReads { inner: patterned(SIZE), active: Default::default(), peak: Default::default(), delay: Duration::from_millis(5) });
+    let slow = Arc::new(SlowReads {
+        inner: patterned(SIZE),
+        active: Default::default(),
+        peak: Default::default(),
+        delay: Duration::from_millis(5),
+    });
     let server = TestServer::start(&dir.path().join("a.sock"), slow.clone(), "");
-    let opts = RemoteOptions { max_requests: 3, ..quick(None) };
+    let opts = RemoteOptions {
+        max_requests: 3,
+        ..quick(None)
+    };
     let base = Arc::new(connect(&[server.uri()], opts));
     let stop = Arc::new(AtomicBool::new(false));
     let threads = readers(&base, 12, &stop);
@@ -159,7 +214,10 @@ fn requests_in_flight_are_capped() {
         t.join().unwrap();
     }
     let peak = slow.peak.load(Ordering::SeqCst);
-    assert!((1..=3).contains(&peak), "the server saw {peak} reads at once");
+    assert!(
+        (1..=3).contains(&peak),
+        "the server saw {peak} reads at once"
+    );
 }
 
 #[test]
@@ -168,7 +226,13 @@ fn server_types_forward_writes_across_a_restart() {
     let sock = dir.path().join("a.sock");
     let disk = Arc::new(MemoryDev::new(SIZE));
     let mut server = TestServer::start(&sock, disk.clone(), "target/t1");
-    let base = connect(&[server.uri()], RemoteOptions { writable: true, ..quick(None) });
+    let base = connect(
+        &[server.uri()],
+        RemoteOptions {
+            writable: true,
+            ..quick(None)
+        },
+    );
     assert!(!base.caps().read_only);
     base.write_at(&[7u8; 8192], 4096, false).unwrap();
     server.stop();
@@ -189,7 +253,11 @@ fn server_types_forward_writes_across_a_restart() {
     assert_eq!(&got[8192..12288], &[9u8; 4096][..]);
     let mut direct = vec![0u8; 4096];
     disk.read_at(&mut direct, 8192).unwrap();
-    assert_eq!(direct, vec![9u8; 4096], "the write reached the server's device");
+    assert_eq!(
+        direct,
+        vec![9u8; 4096],
+        "the write reached the server's device"
+    );
 }
 
 /// What a `server-persistent` cache keeps when its server is killed: the bytes as of the
@@ -200,7 +268,14 @@ fn the_journal_sends_answered_unflushed_writes_to_a_server_that_lost_them() {
     let sock = dir.path().join("a.sock");
     let disk = Arc::new(MemoryDev::new(SIZE));
     let mut server = TestServer::start(&sock, disk.clone(), "target/t1@a1 vdisk/w@1");
-    let base = connect(&[server.uri()], RemoteOptions { writable: true, journal: Some(1 << 20), ..quick(None) });
+    let base = connect(
+        &[server.uri()],
+        RemoteOptions {
+            writable: true,
+            journal: Some(1 << 20),
+            ..quick(None)
+        },
+    );
     for i in 0..16u64 {
         base.write_at(&[1u8; 4096], i * 4096, false).unwrap();
     }
@@ -209,7 +284,11 @@ fn the_journal_sends_answered_unflushed_writes_to_a_server_that_lost_them() {
     let mut at_flush = vec![0u8; SIZE as usize];
     disk.read_at(&mut at_flush, 0).unwrap();
     durable.write_at(&at_flush, 0, false).unwrap();
-    assert_eq!(base.journal_status().unwrap().changes, 0, "the flush covered every write before it");
+    assert_eq!(
+        base.journal_status().unwrap().changes,
+        0,
+        "the flush covered every write before it"
+    );
 
     for i in 16..32u64 {
         base.write_at(&[2u8; 4096], i * 4096, false).unwrap();
@@ -226,13 +305,21 @@ fn the_journal_sends_answered_unflushed_writes_to_a_server_that_lost_them() {
     assert_eq!(block(0), &[1u8; 4096][..]);
     assert_eq!(block(1), &[0u8; 4096][..], "the zeroing was sent again");
     assert_eq!(block(15), &[1u8; 4096][..]);
-    assert_eq!(block(16), &[3u8; 4096][..], "the later write to block 16 won again");
+    assert_eq!(
+        block(16),
+        &[3u8; 4096][..],
+        "the later write to block 16 won again"
+    );
     assert_eq!(block(17), &[2u8; 4096][..]);
     assert_eq!(block(31), &[2u8; 4096][..]);
     assert_eq!(block(32), &[0u8; 4096][..]);
     let mut direct = vec![0u8; 4096];
     durable.read_at(&mut direct, 20 * 4096).unwrap();
-    assert_eq!(direct, vec![2u8; 4096], "the replay reached the new server's device");
+    assert_eq!(
+        direct,
+        vec![2u8; 4096],
+        "the replay reached the new server's device"
+    );
     let j = base.journal_status().unwrap();
     assert_eq!((j.replayed, j.replay_errors), (18, 0), "{j:?}");
     assert!(base.counters().reconnects.load(Ordering::Relaxed) >= 1);
@@ -242,13 +329,28 @@ fn the_journal_sends_answered_unflushed_writes_to_a_server_that_lost_them() {
 fn the_journal_flushes_the_server_past_its_cap() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("a.sock");
-    let _server = TestServer::start(&sock, Arc::new(MemoryDev::new(SIZE)), "target/t1@a1 vdisk/w@1");
+    let _server = TestServer::start(
+        &sock,
+        Arc::new(MemoryDev::new(SIZE)),
+        "target/t1@a1 vdisk/w@1",
+    );
     let cap = 64 << 10;
-    let base = connect(&[_server.uri()], RemoteOptions { writable: true, journal: Some(cap), ..quick(None) });
+    let base = connect(
+        &[_server.uri()],
+        RemoteOptions {
+            writable: true,
+            journal: Some(cap),
+            ..quick(None)
+        },
+    );
     for i in 0..256u64 {
         base.write_at(&[5u8; 4096], i * 4096, false).unwrap();
         let j = base.journal_status().unwrap();
-        assert!(j.bytes <= cap, "after write {i} the journal holds {} bytes, past its cap of {cap}", j.bytes);
+        assert!(
+            j.bytes <= cap,
+            "after write {i} the journal holds {} bytes, past its cap of {cap}",
+            j.bytes
+        );
     }
     // FUA writes are durable when answered: nothing to keep.
     base.flush().unwrap();
@@ -264,7 +366,10 @@ fn read_only_base_refuses_writes_and_reports_extents() {
     let server = TestServer::start(&dir.path().join("a.sock"), disk, "");
     let base = connect(&[server.uri()], quick(None));
     assert!(base.caps().read_only);
-    assert_eq!(base.write_at(&[0u8; 512], 0, false).unwrap_err().kind, ErrorKind::ReadOnly);
+    assert_eq!(
+        base.write_at(&[0u8; 512], 0, false).unwrap_err().kind,
+        ErrorKind::ReadOnly
+    );
     let mut ext = Vec::new();
     base.block_status(0, 2 << 20, &mut ext).unwrap();
     assert!(!ext.is_empty() && ext[0].hole, "{ext:?}");
@@ -286,10 +391,21 @@ fn a_batch_of_reads_gets_each_its_bytes() {
     let vdisk = patterned(1 << 20);
     let server = TestServer::start(&sock, vdisk.clone(), "golden");
     let base = connect(&[server.uri()], quick(None));
-    let ranges: Vec<(u64, usize)> = (0..40u64).map(|i| ((i * 24_577) % ((1 << 20) - 9000), 512 + (i as usize * 211) % 8000)).collect();
+    let ranges: Vec<(u64, usize)> = (0..40u64)
+        .map(|i| {
+            (
+                (i * 24_577) % ((1 << 20) - 9000),
+                512 + (i as usize * 211) % 8000,
+            )
+        })
+        .collect();
     let mut bufs: Vec<Vec<u8>> = ranges.iter().map(|&(_, l)| vec![0u8; l]).collect();
     let junk = vec![1u8; 4096];
-    let mut ops: Vec<BatchOp<'_>> = bufs.iter_mut().zip(&ranges).map(|(b, &(o, _))| BatchOp::read(b, o)).collect();
+    let mut ops: Vec<BatchOp<'_>> = bufs
+        .iter_mut()
+        .zip(&ranges)
+        .map(|(b, &(o, _))| BatchOp::read(b, o))
+        .collect();
     ops.push(BatchOp::write(&junk, 0, false));
     base.io_batch(&mut ops);
     let refused = ops.pop().unwrap();

@@ -25,7 +25,8 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let range = (0..SIZE - 1, 1usize..40_000).prop_map(|(off, len)| (off, len.min((SIZE - off) as usize)));
+    let range =
+        (0..SIZE - 1, 1usize..40_000).prop_map(|(off, len)| (off, len.min((SIZE - off) as usize)));
     prop_oneof![
         4 => (range.clone(), any::<u8>()).prop_map(|((off, len), seed)| Op::Write { off, len, seed }),
         4 => range.clone().prop_map(|(off, len)| Op::Read { off, len }),
@@ -36,7 +37,12 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn kind() -> impl Strategy<Value = CacheType> {
-    prop_oneof![Just(CacheType::RamOverflow), Just(CacheType::DeviceRam), Just(CacheType::DeviceDisk), Just(CacheType::DeviceDiskPersistent)]
+    prop_oneof![
+        Just(CacheType::RamOverflow),
+        Just(CacheType::DeviceRam),
+        Just(CacheType::DeviceDisk),
+        Just(CacheType::DeviceDiskPersistent)
+    ]
 }
 
 proptest! {

@@ -41,12 +41,17 @@ pub struct Comparison {
 impl Comparison {
     /// Storage IOPS of the reference row, if it ran and did storage I/O.
     fn reference_storage_iops(&self) -> Option<f64> {
-        self.rows.iter().find(|r| r.cache == REFERENCE).map(|r| r.storage_iops).filter(|x| *x > 0.0)
+        self.rows
+            .iter()
+            .find(|r| r.cache == REFERENCE)
+            .map(|r| r.storage_iops)
+            .filter(|x| *x > 0.0)
     }
 
     /// `1 - row / device-disk` in percent (positive: less storage I/O than device-disk).
     pub fn reduction_pct(&self, row: &Row) -> Option<f64> {
-        self.reference_storage_iops().map(|d| round1((1.0 - row.storage_iops / d) * 100.0))
+        self.reference_storage_iops()
+            .map(|d| round1((1.0 - row.storage_iops / d) * 100.0))
     }
 
     /// The table as JSON: the rows, each with its reduction.
@@ -101,7 +106,13 @@ mod tests {
     use crate::workload::Workload;
 
     fn row(name: &str, cache: &str, iops: f64, storage_iops: f64) -> Row {
-        let figures = OpFigures { ops: 100, bytes: 409_600, iops, mib_per_sec: 1.0, ..OpFigures::default() };
+        let figures = OpFigures {
+            ops: 100,
+            bytes: 409_600,
+            iops,
+            mib_per_sec: 1.0,
+            ..OpFigures::default()
+        };
         Row {
             name: name.into(),
             cache: cache.into(),
@@ -128,12 +139,24 @@ mod tests {
 
     #[test]
     fn reduction_is_against_device_disk() {
-        let c = Comparison { rows: vec![row("ram-overflow", "ram-overflow", 900.0, 100.0), row("device-disk", "device-disk", 500.0, 400.0)] };
+        let c = Comparison {
+            rows: vec![
+                row("ram-overflow", "ram-overflow", 900.0, 100.0),
+                row("device-disk", "device-disk", 500.0, 400.0),
+            ],
+        };
         assert_eq!(c.reduction_pct(&c.rows[0]), Some(75.0));
         let table = c.render_markdown();
-        assert!(table.contains("| ram-overflow | 900 |") && table.contains("75% less") && table.contains("reference"), "{table}");
+        assert!(
+            table.contains("| ram-overflow | 900 |")
+                && table.contains("75% less")
+                && table.contains("reference"),
+            "{table}"
+        );
         assert_eq!(c.to_json()["rows"][0]["storage_reduction_pct"], 75.0);
-        let none = Comparison { rows: vec![row("ram-overflow", "ram-overflow", 900.0, 100.0)] };
+        let none = Comparison {
+            rows: vec![row("ram-overflow", "ram-overflow", 900.0, 100.0)],
+        };
         assert_eq!(none.reduction_pct(&none.rows[0]), None);
         assert!(none.render_markdown().contains("n/a"));
     }

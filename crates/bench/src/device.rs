@@ -35,15 +35,27 @@ const THREADS_PER_WORKER: u32 = 1;
 /// over. The result's `uri` is `in-process:` and the device's description (a caller with a
 /// better name sets it), its `queue_depth` 1 (one request per worker: see
 /// `THREADS_PER_WORKER`). Writes overwrite `dev`'s data in the working set.
-pub fn run_device(dev: Arc<dyn BlockDev>, workload: &Workload, opts: &RunOptions, progress: &mut dyn FnMut(&Progress)) -> Result<BenchResult, BenchError> {
+pub fn run_device(
+    dev: Arc<dyn BlockDev>,
+    workload: &Workload,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<BenchResult, BenchError> {
     let uri = format!("in-process:{}", dev.describe());
     let export_size = dev.size();
-    let blocks = workload.blocks(export_size).map_err(|cause| BenchError::Workload { uri: uri.clone(), cause })?;
+    let blocks = workload
+        .blocks(export_size)
+        .map_err(|cause| BenchError::Workload {
+            uri: uri.clone(),
+            cause,
+        })?;
     if workload.write_pct > 0 && dev.caps().read_only {
         return Err(BenchError::ReadOnly { uri });
     }
     let shared = Shared::new(workload, blocks);
-    let streams: Vec<Mutex<OpStream>> = (0..workload.workers).map(|w| Mutex::new(OpStream::new(workload, blocks, w, opts.seed))).collect();
+    let streams: Vec<Mutex<OpStream>> = (0..workload.workers)
+        .map(|w| Mutex::new(OpStream::new(workload, blocks, w, opts.seed)))
+        .collect();
     let threads = THREADS_PER_WORKER;
     let (figures, series, elapsed) = std::thread::scope(|s| {
         let start = Instant::now();
@@ -51,7 +63,9 @@ pub fn run_device(dev: Arc<dyn BlockDev>, workload: &Workload, opts: &RunOptions
         for (w, stream) in streams.iter().enumerate() {
             for t in 0..threads {
                 let (dev, shared) = (&*dev, &shared);
-                let spawned = std::thread::Builder::new().name(format!("bench-w{w}-{t}")).spawn_scoped(s, move || request_loop(dev, stream, shared));
+                let spawned = std::thread::Builder::new()
+                    .name(format!("bench-w{w}-{t}"))
+                    .spawn_scoped(s, move || request_loop(dev, stream, shared));
                 match spawned {
                     Ok(h) => handles.push(h),
                     Err(e) => {
@@ -65,8 +79,22 @@ pub fn run_device(dev: Arc<dyn BlockDev>, workload: &Workload, opts: &RunOptions
         let figures = measure::join_workers(handles)?;
         Ok((figures, series, start.elapsed().as_secs_f64()))
     })?;
-    let ran = Workload { queue_depth: threads, ..workload.clone() };
-    Ok(measure::finish(&shared, Finished { uri, export_size, blocks, workload: &ran, figures, series, elapsed }))
+    let ran = Workload {
+        queue_depth: threads,
+        ..workload.clone()
+    };
+    Ok(measure::finish(
+        &shared,
+        Finished {
+            uri,
+            export_size,
+            blocks,
+            workload: &ran,
+            figures,
+            series,
+            elapsed,
+        },
+    ))
 }
 
 fn request_loop(dev: &dyn BlockDev, stream: &Mutex<OpStream>, shared: &Shared) -> TaskFigures {
@@ -113,8 +141,19 @@ mod tests {
     use super::*;
 
     fn short(workload: Workload) -> (Workload, RunOptions) {
-        let w = Workload { duration: Duration::from_millis(400), working_set: Some(4 << 20), verify: true, ..workload };
-        (w, RunOptions { interval: Duration::from_millis(100), ..RunOptions::default() })
+        let w = Workload {
+            duration: Duration::from_millis(400),
+            working_set: Some(4 << 20),
+            verify: true,
+            ..workload
+        };
+        (
+            w,
+            RunOptions {
+                interval: Duration::from_millis(100),
+                ..RunOptions::default()
+            },
+        )
     }
 
     /// A device that flips one bit of every read, in the magic of the block's seventh stamp
@@ -136,23 +175,54 @@ mod tests {
 
     #[test]
     fn a_verify_run_on_a_memory_device_is_clean() {
-        let (w, opts) = short(Workload { workers: 2, queue_depth: 4, write_pct: 50, ..Workload::default() });
+        let (w, opts) = short(Workload {
+            workers: 2,
+            queue_depth: 4,
+            write_pct: 50,
+            ..Workload::default()
+        });
         let mut intervals = 0;
-        let r = run_device(Arc::new(MemoryDev::new(64 << 20)), &w, &opts, &mut |_| intervals += 1).unwrap();
+        let r = run_device(Arc::new(MemoryDev::new(64 << 20)), &w, &opts, &mut |_| {
+            intervals += 1
+        })
+        .unwrap();
         assert!(r.read.ops > 100 && r.write.ops > 100, "{}", r.render());
         assert_eq!(r.total.ops, r.read.ops + r.write.ops);
-        assert_eq!((r.errors, r.working_set, r.export_size), (0, 4 << 20, 64 << 20), "{}", r.render());
+        assert_eq!(
+            (r.errors, r.working_set, r.export_size),
+            (0, 4 << 20, 64 << 20),
+            "{}",
+            r.render()
+        );
         let v = r.verify.as_ref().expect("verify figures");
         assert!(v.checked_reads > 10, "{}", r.render());
         assert_eq!(v.mismatches, 0, "{}", r.render());
-        assert!(r.ok() && intervals >= 2 && !r.series.is_empty(), "{intervals} intervals: {}", r.render());
-        assert_eq!((r.uri.as_str(), r.workload.queue_depth, r.workload.workers), ("in-process:memory", 1, 2));
+        assert!(
+            r.ok() && intervals >= 2 && !r.series.is_empty(),
+            "{intervals} intervals: {}",
+            r.render()
+        );
+        assert_eq!(
+            (r.uri.as_str(), r.workload.queue_depth, r.workload.workers),
+            ("in-process:memory", 1, 2)
+        );
     }
 
     #[test]
     fn a_device_that_corrupts_reads_is_caught() {
-        let (w, opts) = short(Workload { workers: 2, queue_depth: 4, write_pct: 50, ..Workload::default() });
-        let r = run_device(Arc::new(FlipsReads(MemoryDev::new(8 << 20))), &w, &opts, &mut |_| {}).unwrap();
+        let (w, opts) = short(Workload {
+            workers: 2,
+            queue_depth: 4,
+            write_pct: 50,
+            ..Workload::default()
+        });
+        let r = run_device(
+            Arc::new(FlipsReads(MemoryDev::new(8 << 20))),
+            &w,
+            &opts,
+            &mut |_| {},
+        )
+        .unwrap();
         let v = r.verify.as_ref().expect("verify figures");
         assert!(v.checked_reads > 10, "{}", r.render());
         // Every checked read had its bit flipped, so every one is a mismatch, at the stamp
@@ -176,20 +246,48 @@ mod tests {
             }
             fn read_at(&self, buf: &mut [u8], offset: u64) -> vdstream_blockdev::Result<()> {
                 if offset == 0 {
-                    let (kind, op) = (vdstream_blockdev::ErrorKind::Io, vdstream_blockdev::Op::Read);
-                    return Err(vdstream_blockdev::Error::new(kind, op, offset, buf.len() as u64, "ro", "test error"));
+                    let (kind, op) = (
+                        vdstream_blockdev::ErrorKind::Io,
+                        vdstream_blockdev::Op::Read,
+                    );
+                    return Err(vdstream_blockdev::Error::new(
+                        kind,
+                        op,
+                        offset,
+                        buf.len() as u64,
+                        "ro",
+                        "test error",
+                    ));
                 }
                 self.0.read_at(buf, offset)
             }
         }
         let ro = || Arc::new(ReadOnly(Arc::new(FailsBlock0(MemoryDev::new(1 << 20)))));
-        let (w, opts) = short(Workload { workers: 1, write_pct: 20, verify: false, ..Workload::default() });
+        let (w, opts) = short(Workload {
+            workers: 1,
+            write_pct: 20,
+            verify: false,
+            ..Workload::default()
+        });
         let e = run_device(ro(), &w, &opts, &mut |_| {}).unwrap_err();
         assert!(matches!(e, BenchError::ReadOnly { .. }), "{e}");
         // Sequential reads of 256 blocks from block 0: every pass reads block 0 once.
-        let w = Workload { write_pct: 0, random_pct: 0, working_set: Some(1 << 20), ..w };
+        let w = Workload {
+            write_pct: 0,
+            random_pct: 0,
+            working_set: Some(1 << 20),
+            ..w
+        };
         let r = run_device(ro(), &w, &opts, &mut |_| {}).unwrap();
-        assert!(r.errors > 0 && r.read.ops > r.errors * 100, "{}", r.render());
-        assert!(r.error_messages[0].contains("at offset 0 on ro: test error"), "{:?}", r.error_messages);
+        assert!(
+            r.errors > 0 && r.read.ops > r.errors * 100,
+            "{}",
+            r.render()
+        );
+        assert!(
+            r.error_messages[0].contains("at offset 0 on ro: test error"),
+            "{:?}",
+            r.error_messages
+        );
     }
 }

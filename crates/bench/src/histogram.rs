@@ -24,7 +24,12 @@ pub struct Histogram {
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram { counts: vec![0; BUCKETS], count: 0, sum: 0, max: 0 }
+        Histogram {
+            counts: vec![0; BUCKETS],
+            count: 0,
+            sum: 0,
+            max: 0,
+        }
     }
 }
 
@@ -126,10 +131,25 @@ mod tests {
         for b in 1..BUCKETS {
             assert!(upper(b) > upper(b - 1), "bucket {b}");
         }
-        for v in [0, 1, 63, 64, 65, 127, 128, 1000, 123_456, u64::MAX / 3, u64::MAX] {
+        for v in [
+            0,
+            1,
+            63,
+            64,
+            65,
+            127,
+            128,
+            1000,
+            123_456,
+            u64::MAX / 3,
+            u64::MAX,
+        ] {
             let b = bucket(v);
             assert!(v <= upper(b), "{v} in bucket {b} with upper {}", upper(b));
-            assert!(b == 0 || v > upper(b - 1), "{v} belongs to an earlier bucket");
+            assert!(
+                b == 0 || v > upper(b - 1),
+                "{v} belongs to an earlier bucket"
+            );
         }
     }
 

@@ -23,10 +23,10 @@ pub mod run;
 pub mod vhost_user;
 pub mod workload;
 
-pub use result::{BenchResult, Interval, OpFigures, VerifyFigures};
 pub use compare::{Comparison, Row};
 pub use device::run_device;
 pub use measure::{Progress, RunOptions};
+pub use result::{BenchResult, Interval, OpFigures, VerifyFigures};
 pub use run::{run, wait_ready};
 pub use vhost_user::run_vhost_user;
 pub use workload::{Profile, Workload, WorkloadError};
@@ -38,7 +38,11 @@ use vdstream_nbd::client::ClientError;
 pub enum BenchError {
     /// `cause` is in the message (not a `source`), so the error chain says it once.
     #[error("cannot benchmark {uri}: {cause} ({hint})")]
-    Connect { uri: String, cause: Box<ClientError>, hint: &'static str },
+    Connect {
+        uri: String,
+        cause: Box<ClientError>,
+        hint: &'static str,
+    },
     #[error("cannot benchmark {uri}: {cause}")]
     Workload { uri: String, cause: WorkloadError },
     #[error("{uri} is read-only: run with --write-pct 0 to benchmark it with reads only")]
@@ -49,7 +53,11 @@ pub enum BenchError {
     Task(String),
     /// A vhost-user backend that could not be reached or used; `cause` is libblkio's.
     #[error("cannot benchmark {uri}: {cause} ({hint})")]
-    VhostUser { uri: String, cause: String, hint: String },
+    VhostUser {
+        uri: String,
+        cause: String,
+        hint: String,
+    },
     #[error("cannot start the benchmark's threads: {0}")]
     Threads(std::io::Error),
 }

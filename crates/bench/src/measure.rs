@@ -33,7 +33,10 @@ pub struct RunOptions {
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { interval: Duration::from_secs(1), seed: 0x5644_5354_5245_414d }
+        RunOptions {
+            interval: Duration::from_secs(1),
+            seed: 0x5644_5354_5245_414d,
+        }
     }
 }
 
@@ -166,14 +169,34 @@ impl Shared {
     /// after yielding (or after one of the caller's own requests is answered).
     pub fn try_pick(&self, stream: &mut OpStream) -> Option<Pick> {
         let op = stream.next_op();
-        let Some(ledger) = &self.ledger else { return Some(Pick { write: op.write, block: op.block, generation: 0, new_generation: 0 }) };
+        let Some(ledger) = &self.ledger else {
+            return Some(Pick {
+                write: op.write,
+                block: op.block,
+                generation: 0,
+                new_generation: 0,
+            });
+        };
         let mut block = op.block;
         for attempt in 0..8 {
             if let Some(generation) = ledger.try_hold(block) {
-                let new_generation = if op.write { pattern::next_generation(generation) } else { 0 };
-                return Some(Pick { write: op.write, block, generation, new_generation });
+                let new_generation = if op.write {
+                    pattern::next_generation(generation)
+                } else {
+                    0
+                };
+                return Some(Pick {
+                    write: op.write,
+                    block,
+                    generation,
+                    new_generation,
+                });
             }
-            block = if attempt % 2 == 0 { stream.random_block() } else { stream.skip(block) };
+            block = if attempt % 2 == 0 {
+                stream.random_block()
+            } else {
+                stream.skip(block)
+            };
         }
         None
     }
@@ -239,7 +262,13 @@ impl Shared {
 /// Samples the counters every interval, on the caller's thread, until the duration is over
 /// or the run stops (a broken transport); calls `progress` with each interval; sets `stop`
 /// before it returns. `start` is when the first request could start.
-pub(crate) fn sample(shared: &Shared, workload: &Workload, opts: &RunOptions, start: Instant, progress: &mut dyn FnMut(&Progress)) -> Vec<Interval> {
+pub(crate) fn sample(
+    shared: &Shared,
+    workload: &Workload,
+    opts: &RunOptions,
+    start: Instant,
+    progress: &mut dyn FnMut(&Progress),
+) -> Vec<Interval> {
     let mut series = Vec::new();
     let mut prev = Snapshot::default();
     let mut prev_t = Duration::ZERO;
@@ -259,10 +288,19 @@ pub(crate) fn sample(shared: &Shared, workload: &Workload, opts: &RunOptions, st
         }
         let now = start.elapsed();
         let snap = shared.counters.snapshot();
-        let interval = interval_between(&prev, &snap, (now - prev_t).as_secs_f64(), now.as_secs_f64());
+        let interval = interval_between(
+            &prev,
+            &snap,
+            (now - prev_t).as_secs_f64(),
+            now.as_secs_f64(),
+        );
         if (now - prev_t) >= opts.interval.mul_f64(0.25) {
             series.push(interval);
-            progress(&Progress { elapsed: now, duration: workload.duration, interval });
+            progress(&Progress {
+                elapsed: now,
+                duration: workload.duration,
+                interval,
+            });
         }
         prev = snap;
         prev_t = now;
@@ -284,10 +322,26 @@ fn sleep_until(shared: &Shared, deadline: Instant) {
 }
 
 fn interval_between(a: &Snapshot, b: &Snapshot, secs: f64, t_secs: f64) -> Interval {
-    let rate = |x: u64, y: u64| if secs > 0.0 { round1((y - x) as f64 / secs) } else { 0.0 };
-    let mib = |x: u64, y: u64| if secs > 0.0 { round1((y - x) as f64 / secs / f64::from(1 << 20)) } else { 0.0 };
+    let rate = |x: u64, y: u64| {
+        if secs > 0.0 {
+            round1((y - x) as f64 / secs)
+        } else {
+            0.0
+        }
+    };
+    let mib = |x: u64, y: u64| {
+        if secs > 0.0 {
+            round1((y - x) as f64 / secs / f64::from(1 << 20))
+        } else {
+            0.0
+        }
+    };
     let ops = (b.read_ops + b.write_ops) - (a.read_ops + a.write_ops);
-    let mean_latency_us = if ops > 0 { round1((b.latency_ns - a.latency_ns) as f64 / ops as f64 / 1000.0) } else { 0.0 };
+    let mean_latency_us = if ops > 0 {
+        round1((b.latency_ns - a.latency_ns) as f64 / ops as f64 / 1000.0)
+    } else {
+        0.0
+    };
     Interval {
         t_secs: (t_secs * 100.0).round() / 100.0,
         read_iops: rate(a.read_ops, b.read_ops),
@@ -318,9 +372,17 @@ pub(crate) fn finish(shared: &Shared, f: Finished<'_>) -> BenchResult {
     let verify = shared.ledger.as_ref().map(|_| VerifyFigures {
         checked_reads: shared.checked_reads.load(Relaxed),
         mismatches: shared.mismatches.load(Relaxed),
-        first: shared.first_mismatches.lock().expect("mismatch list lock").clone(),
+        first: shared
+            .first_mismatches
+            .lock()
+            .expect("mismatch list lock")
+            .clone(),
     });
-    let error_messages = shared.error_messages.lock().expect("error list lock").clone();
+    let error_messages = shared
+        .error_messages
+        .lock()
+        .expect("error list lock")
+        .clone();
     let elapsed = f.elapsed;
     BenchResult {
         uri: f.uri,
@@ -340,7 +402,9 @@ pub(crate) fn finish(shared: &Shared, f: Finished<'_>) -> BenchResult {
 
 /// Joins the worker threads of a run and merges what they measured; a worker that
 /// panicked makes the run an error.
-pub(crate) fn join_workers(handles: Vec<std::thread::ScopedJoinHandle<'_, TaskFigures>>) -> Result<TaskFigures, BenchError> {
+pub(crate) fn join_workers(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, TaskFigures>>,
+) -> Result<TaskFigures, BenchError> {
     let mut figures = TaskFigures::default();
     let mut panicked = None;
     for h in handles {
@@ -357,5 +421,8 @@ pub(crate) fn join_workers(handles: Vec<std::thread::ScopedJoinHandle<'_, TaskFi
 
 /// What a panicking request thread said.
 pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "a thread panicked".into())
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a thread panicked".into())
 }

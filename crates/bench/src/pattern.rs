@@ -58,7 +58,11 @@ pub fn check(buf: &[u8], offset: u64, generation: u32) -> Option<Mismatch> {
         } else {
             format!("generation {got_gen}")
         };
-        return Some(Mismatch { offset: at, expected_generation: generation, found });
+        return Some(Mismatch {
+            offset: at,
+            expected_generation: generation,
+            found,
+        });
     }
     None
 }
@@ -74,7 +78,9 @@ const HELD: u64 = 1;
 
 impl Ledger {
     pub fn new(blocks: u64) -> Ledger {
-        Ledger { blocks: (0..blocks).map(|_| AtomicU64::new(0)).collect() }
+        Ledger {
+            blocks: (0..blocks).map(|_| AtomicU64::new(0)).collect(),
+        }
     }
 
     /// Takes `block` if no request holds it; returns its last acknowledged generation.
@@ -84,7 +90,9 @@ impl Ledger {
         if cur & HELD != 0 {
             return None;
         }
-        cell.compare_exchange(cur, cur | HELD, Ordering::AcqRel, Ordering::Acquire).ok().map(|v| (v >> 1) as u32)
+        cell.compare_exchange(cur, cur | HELD, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|v| (v >> 1) as u32)
     }
 
     /// Gives `block` back with its generation now `generation` (0: unknown).

@@ -18,11 +18,19 @@ use crate::compare::Comparison;
 use crate::result::BenchResult;
 
 fn write(dir: &Path, name: &str, text: &str) -> io::Result<()> {
-    std::fs::write(dir.join(name), text).map_err(|e| io::Error::new(e.kind(), format!("cannot write {}: {e}", dir.join(name).display())))
+    std::fs::write(dir.join(name), text).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot write {}: {e}", dir.join(name).display()),
+        )
+    })
 }
 
 fn series(name: &str, r: &BenchResult, y: impl Fn(&crate::result::Interval) -> f64) -> Series {
-    Series { name: name.to_string(), points: r.series.iter().map(|i| (i.t_secs, y(i))).collect() }
+    Series {
+        name: name.to_string(),
+        points: r.series.iter().map(|i| (i.t_secs, y(i))).collect(),
+    }
 }
 
 fn figures_table(rows: &[(&str, &BenchResult)]) -> String {
@@ -32,7 +40,12 @@ fn figures_table(rows: &[(&str, &BenchResult)]) -> String {
     for (name, r) in rows {
         t += &format!(
             "| {name} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} |\n",
-            r.total.iops, r.read.iops, r.write.iops, r.total.mib_per_sec, r.total.latency.mean_us, r.total.latency.p99_us
+            r.total.iops,
+            r.read.iops,
+            r.write.iops,
+            r.total.mib_per_sec,
+            r.total.latency.mean_us,
+            r.total.latency.p99_us
         );
     }
     t
@@ -42,7 +55,16 @@ fn figures_table(rows: &[(&str, &BenchResult)]) -> String {
 /// milliseconds) and a steady RAM cache (hundreds of microseconds) on one chart, each
 /// readable, so that a dip like ram-overflow's when it starts to overflow shows.
 fn latency_chart(series: &[Series]) -> String {
-    line_chart_with("Mean latency over time", "seconds", "latency (µs, log scale)", series, LineOptions { y_log: true, ..LineOptions::default() })
+    line_chart_with(
+        "Mean latency over time",
+        "seconds",
+        "latency (µs, log scale)",
+        series,
+        LineOptions {
+            y_log: true,
+            ..LineOptions::default()
+        },
+    )
 }
 
 /// Writes DIR/report.md, DIR/iops-over-time.svg, DIR/latency-over-time.svg and
@@ -53,12 +75,20 @@ pub fn write_bench(dir: &Path, r: &BenchResult) -> io::Result<PathBuf> {
         "IOPS over time",
         "seconds",
         "IOPS",
-        &[series("total", r, |i| i.iops()), series("read", r, |i| i.read_iops), series("write", r, |i| i.write_iops)],
+        &[
+            series("total", r, |i| i.iops()),
+            series("read", r, |i| i.read_iops),
+            series("write", r, |i| i.write_iops),
+        ],
     );
     write(dir, "iops-over-time.svg", &iops)?;
     let latency = latency_chart(&[series("mean latency", r, |i| i.mean_latency_us)]);
     write(dir, "latency-over-time.svg", &latency)?;
-    write(dir, "result.json", &serde_json::to_string_pretty(r).expect("a result serializes"))?;
+    write(
+        dir,
+        "result.json",
+        &serde_json::to_string_pretty(r).expect("a result serializes"),
+    )?;
     let w = &r.workload;
     let md = format!(
         "# vdstream bench: {}\n\n\
@@ -91,18 +121,67 @@ pub fn write_bench(dir: &Path, r: &BenchResult) -> io::Result<PathBuf> {
 /// Writes DIR/report.md with the comparison table and its charts (IOPS per cache type,
 /// storage IOPS per target, IOPS and latency over time per row), then `more` (Markdown the
 /// caller adds, with its own charts), and DIR/result.json holding `doc`.
-pub fn write_comparison(dir: &Path, c: &Comparison, title: &str, intro: &str, more: &str, doc: &serde_json::Value) -> io::Result<PathBuf> {
+pub fn write_comparison(
+    dir: &Path,
+    c: &Comparison,
+    title: &str,
+    intro: &str,
+    more: &str,
+    doc: &serde_json::Value,
+) -> io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let bars = |f: &dyn Fn(&crate::compare::Row) -> f64| -> Vec<(String, f64)> { c.rows.iter().map(|r| (r.name.clone(), f(r))).collect() };
-    write(dir, "iops-per-cache-type.svg", &bar_chart("IOPS per cache type (VDI profile)", "IOPS", &bars(&|r| r.result.total.iops)))?;
-    write(dir, "storage-iops-per-target.svg", &bar_chart("Storage IOPS per target", "storage IOPS", &bars(&|r| r.storage_iops)))?;
-    let per_row = |y: &dyn Fn(&crate::result::Interval) -> f64| -> Vec<Series> {
-        c.rows.iter().map(|r| series(&r.name, &r.result, y)).collect()
+    let bars = |f: &dyn Fn(&crate::compare::Row) -> f64| -> Vec<(String, f64)> {
+        c.rows.iter().map(|r| (r.name.clone(), f(r))).collect()
     };
-    write(dir, "iops-over-time.svg", &line_chart("IOPS over time", "seconds", "IOPS", &per_row(&|i| i.iops())))?;
-    write(dir, "latency-over-time.svg", &latency_chart(&per_row(&|i| i.mean_latency_us)))?;
-    write(dir, "result.json", &serde_json::to_string_pretty(doc).expect("JSON values serialize"))?;
-    let setups: String = c.rows.iter().map(|r| format!("- **{}**: {}; storage from {}.\n", r.name, r.setup, r.storage_source)).collect();
+    write(
+        dir,
+        "iops-per-cache-type.svg",
+        &bar_chart(
+            "IOPS per cache type (VDI profile)",
+            "IOPS",
+            &bars(&|r| r.result.total.iops),
+        ),
+    )?;
+    write(
+        dir,
+        "storage-iops-per-target.svg",
+        &bar_chart(
+            "Storage IOPS per target",
+            "storage IOPS",
+            &bars(&|r| r.storage_iops),
+        ),
+    )?;
+    let per_row = |y: &dyn Fn(&crate::result::Interval) -> f64| -> Vec<Series> {
+        c.rows
+            .iter()
+            .map(|r| series(&r.name, &r.result, y))
+            .collect()
+    };
+    write(
+        dir,
+        "iops-over-time.svg",
+        &line_chart("IOPS over time", "seconds", "IOPS", &per_row(&|i| i.iops())),
+    )?;
+    write(
+        dir,
+        "latency-over-time.svg",
+        &latency_chart(&per_row(&|i| i.mean_latency_us)),
+    )?;
+    write(
+        dir,
+        "result.json",
+        &serde_json::to_string_pretty(doc).expect("JSON values serialize"),
+    )?;
+    let setups: String = c
+        .rows
+        .iter()
+        .map(|r| {
+            format!(
+                "- **{}**: {}; storage from {}.\n",
+                r.name, r.setup, r.storage_source
+            )
+        })
+        .collect();
     let md = format!(
         "# {title}\n\n{intro}\n\n{}\n{setups}\n\
          ![IOPS per cache type](iops-per-cache-type.svg)\n\n\

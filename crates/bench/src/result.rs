@@ -119,9 +119,15 @@ impl BenchResult {
         out += &line("read", &self.read);
         out += &line("write", &self.write);
         if let Some(v) = &self.verify {
-            out += &format!("  verify: {} reads checked, {} mismatches\n", v.checked_reads, v.mismatches);
+            out += &format!(
+                "  verify: {} reads checked, {} mismatches\n",
+                v.checked_reads, v.mismatches
+            );
             for m in &v.first {
-                out += &format!("    offset {}: expected generation {}, found {}\n", m.offset, m.expected_generation, m.found);
+                out += &format!(
+                    "    offset {}: expected generation {}, found {}\n",
+                    m.offset, m.expected_generation, m.found
+                );
             }
         }
         if self.errors > 0 {

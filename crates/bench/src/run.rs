@@ -24,11 +24,18 @@ use crate::BenchError;
 /// Runs `workload` against the export at `uri` (`nbd+unix:///NAME?socket=PATH`,
 /// `nbd://HOST:PORT/NAME`), calling `progress` once per interval. Blocks until the run is
 /// over; builds its own runtime.
-pub fn run(uri: &str, workload: &Workload, opts: &RunOptions, progress: &mut dyn FnMut(&Progress)) -> Result<BenchResult, BenchError> {
+pub fn run(
+    uri: &str,
+    workload: &Workload,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<BenchResult, BenchError> {
     // At least two runtime threads, even on one CPU: with one, the connections' reader
     // tasks fell behind the request tasks (measured pinned to one CPU against nbdkit
     // memory: 6-18k IOPS and a p99 of 20-250 ms, against 39-58k with two threads).
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 8);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name("vdstream-bench")
@@ -43,9 +50,16 @@ pub fn run(uri: &str, workload: &Workload, opts: &RunOptions, progress: &mut dyn
         Ok::<_, BenchError>(clients)
     })?;
     let export_size = clients[0].size();
-    let blocks = workload.blocks(export_size).map_err(|cause: WorkloadError| BenchError::Workload { uri: uri.to_string(), cause })?;
+    let blocks = workload
+        .blocks(export_size)
+        .map_err(|cause: WorkloadError| BenchError::Workload {
+            uri: uri.to_string(),
+            cause,
+        })?;
     if workload.write_pct > 0 && clients[0].read_only() {
-        return Err(BenchError::ReadOnly { uri: uri.to_string() });
+        return Err(BenchError::ReadOnly {
+            uri: uri.to_string(),
+        });
     }
     let shared = Arc::new(Shared::new(workload, blocks));
 
@@ -54,7 +68,9 @@ pub fn run(uri: &str, workload: &Workload, opts: &RunOptions, progress: &mut dyn
     {
         let _in_runtime = rt.enter();
         for (w, client) in clients.iter().enumerate() {
-            let stream = Arc::new(Mutex::new(OpStream::new(workload, blocks, w as u32, opts.seed)));
+            let stream = Arc::new(Mutex::new(OpStream::new(
+                workload, blocks, w as u32, opts.seed,
+            )));
             for _ in 0..workload.queue_depth {
                 tasks.spawn(request_loop(client.clone(), stream.clone(), shared.clone()));
             }
@@ -75,13 +91,27 @@ pub fn run(uri: &str, workload: &Workload, opts: &RunOptions, progress: &mut dyn
             let _ = c.disconnect().await;
         }
     });
-    Ok(measure::finish(&shared, Finished { uri: uri.to_string(), export_size, blocks, workload, figures, series, elapsed }))
+    Ok(measure::finish(
+        &shared,
+        Finished {
+            uri: uri.to_string(),
+            export_size,
+            blocks,
+            workload,
+            figures,
+            series,
+            elapsed,
+        },
+    ))
 }
 
 /// Waits until `uri` answers an NBD handshake (a server that is starting), at most
 /// `timeout`; returns the export's size. The last connection error on timeout.
 pub fn wait_ready(uri: &str, timeout: Duration) -> Result<u64, BenchError> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(BenchError::Runtime)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(BenchError::Runtime)?;
     rt.block_on(async {
         let deadline = Instant::now() + timeout;
         loop {
@@ -100,14 +130,26 @@ pub fn wait_ready(uri: &str, timeout: Duration) -> Result<u64, BenchError> {
 
 async fn connect(uri: &str) -> Result<Client, BenchError> {
     // No allocation map or structured replies needed: plain reads, like fio's engine.
-    let opts = ConnectOptions { structured_replies: true, base_allocation: false, ..ConnectOptions::default() };
+    let opts = ConnectOptions {
+        structured_replies: true,
+        base_allocation: false,
+        ..ConnectOptions::default()
+    };
     Client::connect_uri(uri, opts).await.map_err(|cause| {
         let hint = match cause {
-            ClientError::Address { .. } => "give nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME",
-            ClientError::Connect { .. } | ClientError::ConnectTimeout { .. } => "is an NBD server listening there?",
+            ClientError::Address { .. } => {
+                "give nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME"
+            }
+            ClientError::Connect { .. } | ClientError::ConnectTimeout { .. } => {
+                "is an NBD server listening there?"
+            }
             _ => "is it an NBD server, and does it have that export?",
         };
-        BenchError::Connect { uri: uri.to_string(), cause: Box::new(cause), hint }
+        BenchError::Connect {
+            uri: uri.to_string(),
+            cause: Box::new(cause),
+            hint,
+        }
     })
 }
 
@@ -122,7 +164,11 @@ async fn next_op(stream: &Mutex<OpStream>, shared: &Shared) -> Pick {
     }
 }
 
-async fn request_loop(client: Arc<Client>, stream: Arc<Mutex<OpStream>>, shared: Arc<Shared>) -> TaskFigures {
+async fn request_loop(
+    client: Arc<Client>,
+    stream: Arc<Mutex<OpStream>>,
+    shared: Arc<Shared>,
+) -> TaskFigures {
     let bs = shared.block_size as usize;
     let mut figures = TaskFigures::default();
     let mut buf = vec![0u8; bs];
@@ -161,6 +207,9 @@ async fn request_loop(client: Arc<Client>, stream: Arc<Mutex<OpStream>>, shared:
 
 /// Counts a failed request; a broken connection ends the run.
 fn failed(shared: &Shared, pick: &Pick, e: ClientError) {
-    let fatal = matches!(e, ClientError::Disconnected { .. } | ClientError::Timeout { .. });
+    let fatal = matches!(
+        e,
+        ClientError::Disconnected { .. } | ClientError::Timeout { .. }
+    );
     shared.failed(pick, e.to_string(), fatal);
 }

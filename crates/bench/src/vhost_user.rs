@@ -38,14 +38,21 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one `do_io` waits before the thread looks at the clock again.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
-const FORMS: &str = "give vhost-user:PATH or vhost-user:///ABSOLUTE/PATH, the backend's unix socket";
+const FORMS: &str =
+    "give vhost-user:PATH or vhost-user:///ABSOLUTE/PATH, the backend's unix socket";
 
 /// The socket of `vhost-user:PATH` or `vhost-user:///ABSOLUTE/PATH`.
 fn socket_path(uri: &str) -> Result<PathBuf, String> {
-    let Some(rest) = uri.strip_prefix("vhost-user:") else { return Err(format!("not a vhost-user target: {FORMS}")) };
+    let Some(rest) = uri.strip_prefix("vhost-user:") else {
+        return Err(format!("not a vhost-user target: {FORMS}"));
+    };
     let path = match rest.strip_prefix("//") {
         Some(p) if p.starts_with('/') => p,
-        Some(_) => return Err(format!("a vhost-user socket is on this machine, there is no host part: {FORMS}")),
+        Some(_) => {
+            return Err(format!(
+                "a vhost-user socket is on this machine, there is no host part: {FORMS}"
+            ))
+        }
         None => rest,
     };
     if path.is_empty() {
@@ -55,7 +62,11 @@ fn socket_path(uri: &str) -> Result<PathBuf, String> {
 }
 
 fn vhost_error(uri: &str, cause: impl Into<String>, hint: impl Into<String>) -> BenchError {
-    BenchError::VhostUser { uri: uri.to_string(), cause: cause.into(), hint: hint.into() }
+    BenchError::VhostUser {
+        uri: uri.to_string(),
+        cause: cause.into(),
+        hint: hint.into(),
+    }
 }
 
 /// Opens a libblkio instance on `path` and does the vhost-user handshake, at most
@@ -101,7 +112,11 @@ fn connect_error(uri: &str, path: &str, e: &blkio::Error) -> BenchError {
             "is the vhost-user-blk backend running, and is this its socket? a backend that stopped leaves its socket file behind",
         )
     } else if errno == Errno::ACCESS || errno == Errno::PERM {
-        vhost_error(uri, format!("cannot open {path}: {msg}"), "run as a user who may connect to the socket")
+        vhost_error(
+            uri,
+            format!("cannot open {path}: {msg}"),
+            "run as a user who may connect to the socket",
+        )
     } else {
         vhost_error(
             uri,
@@ -114,15 +129,37 @@ fn connect_error(uri: &str, path: &str, e: &blkio::Error) -> BenchError {
 /// Runs `workload` through the vhost-user-blk backend of `uri` (`vhost-user:PATH` or
 /// `vhost-user:///ABSOLUTE/PATH`), calling `progress` once per interval. Blocks until the
 /// run is over. Needs one backend queue per worker.
-pub fn run_vhost_user(uri: &str, workload: &Workload, opts: &RunOptions, progress: &mut dyn FnMut(&Progress)) -> Result<BenchResult, BenchError> {
-    let path = socket_path(uri).map_err(|cause| vhost_error(uri, cause, "e.g. vhost-user:/run/vdstream/lab7.vhost"))?;
-    let path = path.to_str().ok_or_else(|| vhost_error(uri, "the socket path is not UTF-8", "use a UTF-8 path"))?.to_string();
+pub fn run_vhost_user(
+    uri: &str,
+    workload: &Workload,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<BenchResult, BenchError> {
+    let path = socket_path(uri)
+        .map_err(|cause| vhost_error(uri, cause, "e.g. vhost-user:/run/vdstream/lab7.vhost"))?;
+    let path = path
+        .to_str()
+        .ok_or_else(|| vhost_error(uri, "the socket path is not UTF-8", "use a UTF-8 path"))?
+        .to_string();
     let mut blkio = connect(uri, &path, workload.write_pct == 0)?;
-    let prop = |what: &str, e: blkio::Error| vhost_error(uri, format!("cannot read the backend's {what}: {}", e.message()), "is it a vhost-user-blk backend?");
+    let prop = |what: &str, e: blkio::Error| {
+        vhost_error(
+            uri,
+            format!("cannot read the backend's {what}: {}", e.message()),
+            "is it a vhost-user-blk backend?",
+        )
+    };
 
     let capacity = blkio.get_u64("capacity").map_err(|e| prop("capacity", e))?;
-    let blocks = workload.blocks(capacity).map_err(|cause| BenchError::Workload { uri: uri.to_string(), cause })?;
-    let max_queues = blkio.get_i32("max-queues").map_err(|e| prop("queue count", e))?;
+    let blocks = workload
+        .blocks(capacity)
+        .map_err(|cause| BenchError::Workload {
+            uri: uri.to_string(),
+            cause,
+        })?;
+    let max_queues = blkio
+        .get_i32("max-queues")
+        .map_err(|e| prop("queue count", e))?;
     let workers = workload.workers;
     if i64::from(workers) > i64::from(max_queues) {
         return Err(vhost_error(
@@ -131,33 +168,72 @@ pub fn run_vhost_user(uri: &str, workload: &Workload, opts: &RunOptions, progres
             format!("run with --workers {max_queues} or fewer, or give the backend {workers} queues, e.g. qemu-storage-daemon's num-queues={workers}"),
         ));
     }
-    blkio
-        .set_i32("num-queues", workers as i32)
-        .map_err(|e| vhost_error(uri, format!("cannot ask for {workers} queues: {}", e.message()), "run with fewer --workers"))?;
+    blkio.set_i32("num-queues", workers as i32).map_err(|e| {
+        vhost_error(
+            uri,
+            format!("cannot ask for {workers} queues: {}", e.message()),
+            "run with fewer --workers",
+        )
+    })?;
     let started = match blkio.start() {
         Ok(s) => s,
-        Err(e) if e.errno() == Errno::ROFS => return Err(BenchError::ReadOnly { uri: uri.to_string() }),
-        Err(e) => return Err(vhost_error(uri, format!("the backend refused to start its queues: {}", e.message()), "see the backend's log")),
+        Err(e) if e.errno() == Errno::ROFS => {
+            return Err(BenchError::ReadOnly {
+                uri: uri.to_string(),
+            })
+        }
+        Err(e) => {
+            return Err(vhost_error(
+                uri,
+                format!("the backend refused to start its queues: {}", e.message()),
+                "see the backend's log",
+            ))
+        }
     };
     // Read-only only when asked for (reads only): libblkio would fail every write then.
-    let read_only = blkio.get_bool("read-only").map_err(|e| prop("read-only flag", e))?;
+    let read_only = blkio
+        .get_bool("read-only")
+        .map_err(|e| prop("read-only flag", e))?;
     debug_assert!(!read_only || workload.write_pct == 0);
 
     // All buffers in one memfd-backed region that the backend maps: `queue_depth` slots of
     // one block per worker.
     let bs = workload.block_size as usize;
     let qd = workload.queue_depth as usize;
-    let too_big = || vhost_error(uri, "the buffers would not fit in the address space", "use a smaller --queue-depth or --block-size");
+    let too_big = || {
+        vhost_error(
+            uri,
+            "the buffers would not fit in the address space",
+            "use a smaller --queue-depth or --block-size",
+        )
+    };
     let per_worker = qd.checked_mul(bs).ok_or_else(too_big)?;
-    let align = (blkio.get_u64("mem-region-alignment").map_err(|e| prop("memory alignment", e))? as usize).max(4096);
-    let len = per_worker.checked_mul(workers as usize).map(|n| n.div_ceil(align) * align).ok_or_else(too_big)?;
-    let region = blkio
-        .alloc_mem_region(len)
-        .map_err(|e| vhost_error(uri, format!("cannot allocate {len} bytes of buffers: {}", e.message()), "use a smaller --queue-depth or --block-size"))?;
-    blkio.map_mem_region(&region).map_err(|e| vhost_error(uri, format!("the backend could not map the buffers: {}", e.message()), "see the backend's log"))?;
+    let align = (blkio
+        .get_u64("mem-region-alignment")
+        .map_err(|e| prop("memory alignment", e))? as usize)
+        .max(4096);
+    let len = per_worker
+        .checked_mul(workers as usize)
+        .map(|n| n.div_ceil(align) * align)
+        .ok_or_else(too_big)?;
+    let region = blkio.alloc_mem_region(len).map_err(|e| {
+        vhost_error(
+            uri,
+            format!("cannot allocate {len} bytes of buffers: {}", e.message()),
+            "use a smaller --queue-depth or --block-size",
+        )
+    })?;
+    blkio.map_mem_region(&region).map_err(|e| {
+        vhost_error(
+            uri,
+            format!("the backend could not map the buffers: {}", e.message()),
+            "see the backend's log",
+        )
+    })?;
     for slot in 0..len / bs {
         // SAFETY: the region is `len` bytes, mapped read-write, and no request uses it yet.
-        let buf = unsafe { std::slice::from_raw_parts_mut((region.addr + slot * bs) as *mut u8, bs) };
+        let buf =
+            unsafe { std::slice::from_raw_parts_mut((region.addr + slot * bs) as *mut u8, bs) };
         // Without --verify every write carries the same stamped block (generation 0).
         pattern::fill(buf, 0, 0);
     }
@@ -168,10 +244,17 @@ pub fn run_vhost_user(uri: &str, workload: &Workload, opts: &RunOptions, progres
         let start = Instant::now();
         let mut handles = Vec::new();
         for (w, q) in queues.iter_mut().enumerate() {
-            let slots = Slots { base: region.addr + w * per_worker, block_size: bs, count: qd };
+            let slots = Slots {
+                base: region.addr + w * per_worker,
+                block_size: bs,
+                count: qd,
+            };
             let stream = OpStream::new(workload, blocks, w as u32, opts.seed);
             let shared = &shared;
-            match std::thread::Builder::new().name(format!("bench-vq{w}")).spawn_scoped(s, move || queue_loop(q, slots, stream, shared)) {
+            match std::thread::Builder::new()
+                .name(format!("bench-vq{w}"))
+                .spawn_scoped(s, move || queue_loop(q, slots, stream, shared))
+            {
                 Ok(h) => handles.push(h),
                 Err(e) => {
                     shared.stop();
@@ -186,7 +269,18 @@ pub fn run_vhost_user(uri: &str, workload: &Workload, opts: &RunOptions, progres
     // The queues go before the instance that owns the buffers (it frees them last).
     drop(queues);
     drop(blkio);
-    Ok(measure::finish(&shared, Finished { uri: uri.to_string(), export_size: capacity, blocks, workload, figures, series, elapsed }))
+    Ok(measure::finish(
+        &shared,
+        Finished {
+            uri: uri.to_string(),
+            export_size: capacity,
+            blocks,
+            workload,
+            figures,
+            series,
+            elapsed,
+        },
+    ))
 }
 
 /// One worker's buffers: `count` blocks of `block_size` bytes from address `base`, inside
@@ -219,11 +313,14 @@ fn queue_loop(q: &mut Blkioq, slots: Slots, mut stream: OpStream, shared: &Share
     let mut figures = TaskFigures::default();
     let mut in_flight: Vec<Option<InFlight>> = vec![None; slots.count];
     let mut free: Vec<usize> = (0..slots.count).rev().collect();
-    let mut completions: Vec<MaybeUninit<Completion>> = (0..slots.count).map(|_| MaybeUninit::uninit()).collect();
+    let mut completions: Vec<MaybeUninit<Completion>> =
+        (0..slots.count).map(|_| MaybeUninit::uninit()).collect();
     loop {
         while !shared.stopped() {
             let Some(&i) = free.last() else { break };
-            let Some(pick) = shared.try_pick(&mut stream) else { break };
+            let Some(pick) = shared.try_pick(&mut stream) else {
+                break;
+            };
             free.pop();
             let ptr = slots.ptr(i);
             let offset = shared.offset(&pick);
@@ -254,7 +351,9 @@ fn queue_loop(q: &mut Blkioq, slots: Slots, mut stream: OpStream, shared: &Share
                     // SAFETY: do_io initialised the first n completions.
                     let c = unsafe { c.assume_init_ref() };
                     let i = c.user_data;
-                    let req = in_flight[i].take().expect("a completion of a request in flight");
+                    let req = in_flight[i]
+                        .take()
+                        .expect("a completion of a request in flight");
                     let ns = req.t0.elapsed().as_nanos() as u64;
                     if c.ret != 0 {
                         shared.failed(&req.pick, request_error(shared, &req.pick, c), false);
@@ -262,7 +361,12 @@ fn queue_loop(q: &mut Blkioq, slots: Slots, mut stream: OpStream, shared: &Share
                         shared.wrote(&mut figures, &req.pick, ns);
                     } else {
                         // SAFETY: the backend is done with slot i.
-                        shared.read(&mut figures, &req.pick, unsafe { std::slice::from_raw_parts(slots.ptr(i), bs) }, ns);
+                        shared.read(
+                            &mut figures,
+                            &req.pick,
+                            unsafe { std::slice::from_raw_parts(slots.ptr(i), bs) },
+                            ns,
+                        );
                     }
                     free.push(i);
                 }
@@ -270,13 +374,20 @@ fn queue_loop(q: &mut Blkioq, slots: Slots, mut stream: OpStream, shared: &Share
             Err(e) if e.errno() == Errno::TIME => {
                 let oldest = in_flight.iter().flatten().map(|r| r.t0).min();
                 if oldest.is_some_and(|t| t.elapsed() >= REQUEST_TIMEOUT) {
-                    let why = format!("no answer from the vhost-user backend within {} s; the run was stopped", REQUEST_TIMEOUT.as_secs());
+                    let why = format!(
+                        "no answer from the vhost-user backend within {} s; the run was stopped",
+                        REQUEST_TIMEOUT.as_secs()
+                    );
                     abandon(shared, &mut in_flight, &why);
                     return figures;
                 }
             }
             Err(e) => {
-                abandon(shared, &mut in_flight, &format!("the vhost-user queue failed: {}", e.message()));
+                abandon(
+                    shared,
+                    &mut in_flight,
+                    &format!("the vhost-user queue failed: {}", e.message()),
+                );
                 return figures;
             }
         }
@@ -288,7 +399,11 @@ fn queue_loop(q: &mut Blkioq, slots: Slots, mut stream: OpStream, shared: &Share
 fn abandon(shared: &Shared, in_flight: &mut [Option<InFlight>], why: &str) {
     for req in in_flight.iter_mut().filter_map(Option::take) {
         let op = if req.pick.write { "write" } else { "read" };
-        shared.failed(&req.pick, format!("{op} at offset {}: {why}", shared.offset(&req.pick)), true);
+        shared.failed(
+            &req.pick,
+            format!("{op} at offset {}: {why}", shared.offset(&req.pick)),
+            true,
+        );
     }
     shared.stop();
 }
@@ -298,10 +413,17 @@ fn abandon(shared: &Shared, in_flight: &mut [Option<InFlight>], why: &str) {
 fn request_error(shared: &Shared, pick: &Pick, c: &Completion) -> String {
     let op = if pick.write { "write" } else { "read" };
     let errno = std::io::Error::from_raw_os_error(-c.ret);
-    let mut m = format!("{op} of {} bytes at offset {} failed: {errno}", shared.block_size, shared.offset(pick));
+    let mut m = format!(
+        "{op} of {} bytes at offset {} failed: {errno}",
+        shared.block_size,
+        shared.offset(pick)
+    );
     if !c.error_msg.is_null() {
         // SAFETY: a non-null error_msg is a NUL-terminated static string of libblkio's.
-        m += &format!(" ({})", unsafe { CStr::from_ptr(c.error_msg) }.to_string_lossy());
+        m += &format!(
+            " ({})",
+            unsafe { CStr::from_ptr(c.error_msg) }.to_string_lossy()
+        );
     }
     m
 }
@@ -312,12 +434,27 @@ mod tests {
 
     #[test]
     fn socket_paths() {
-        assert_eq!(socket_path("vhost-user:/run/vdstream/lab7.vhost"), Ok(PathBuf::from("/run/vdstream/lab7.vhost")));
-        assert_eq!(socket_path("vhost-user:///run/x.sock"), Ok(PathBuf::from("/run/x.sock")));
-        assert_eq!(socket_path("vhost-user:rel.sock"), Ok(PathBuf::from("rel.sock")));
-        assert!(socket_path("vhost-user://host/x.sock").unwrap_err().contains("no host part"));
-        assert!(socket_path("vhost-user:").unwrap_err().contains("no socket path"));
-        assert!(socket_path("vhost-user://").unwrap_err().contains("no host part"));
+        assert_eq!(
+            socket_path("vhost-user:/run/vdstream/lab7.vhost"),
+            Ok(PathBuf::from("/run/vdstream/lab7.vhost"))
+        );
+        assert_eq!(
+            socket_path("vhost-user:///run/x.sock"),
+            Ok(PathBuf::from("/run/x.sock"))
+        );
+        assert_eq!(
+            socket_path("vhost-user:rel.sock"),
+            Ok(PathBuf::from("rel.sock"))
+        );
+        assert!(socket_path("vhost-user://host/x.sock")
+            .unwrap_err()
+            .contains("no host part"));
+        assert!(socket_path("vhost-user:")
+            .unwrap_err()
+            .contains("no socket path"));
+        assert!(socket_path("vhost-user://")
+            .unwrap_err()
+            .contains("no host part"));
         assert!(socket_path("nbd://x").is_err());
     }
 
@@ -326,12 +463,33 @@ mod tests {
         let dir = tempfile_dir();
         let sock = dir.join("nobody.sock");
         let uri = format!("vhost-user:{}", sock.display());
-        let e = run_vhost_user(&uri, &Workload::default(), &RunOptions::default(), &mut |_| {}).unwrap_err().to_string();
-        assert!(e.contains(&format!("no socket at {}", sock.display())) && e.contains("backend running"), "{e}");
+        let e = run_vhost_user(
+            &uri,
+            &Workload::default(),
+            &RunOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(&format!("no socket at {}", sock.display()))
+                && e.contains("backend running"),
+            "{e}"
+        );
         // A socket file nobody listens on any more.
         drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
-        let e = run_vhost_user(&uri, &Workload::default(), &RunOptions::default(), &mut |_| {}).unwrap_err().to_string();
-        assert!(e.contains(&format!("nothing listens on {}", sock.display())), "{e}");
+        let e = run_vhost_user(
+            &uri,
+            &Workload::default(),
+            &RunOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(&format!("nothing listens on {}", sock.display())),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -347,15 +505,29 @@ mod tests {
             let _ = c.write_all(b"NBDMAGICIHAVEOPT\x00\x03");
             std::thread::sleep(Duration::from_millis(200));
         });
-        let e = run_vhost_user(&format!("vhost-user:{}", sock.display()), &Workload::default(), &RunOptions::default(), &mut |_| {}).unwrap_err();
+        let e = run_vhost_user(
+            &format!("vhost-user:{}", sock.display()),
+            &Workload::default(),
+            &RunOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap_err();
         let e = e.to_string();
-        assert!(e.contains("did not answer as a vhost-user-blk backend") && e.contains("not an NBD server"), "{e}");
+        assert!(
+            e.contains("did not answer as a vhost-user-blk backend")
+                && e.contains("not an NBD server"),
+            "{e}"
+        );
         server.join().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn tempfile_dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("vdstream-bench-vu-{}-{:x}", std::process::id(), fastrand::u64(..)));
+        let d = std::env::temp_dir().join(format!(
+            "vdstream-bench-vu-{}-{:x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
         std::fs::create_dir(&d).unwrap();
         d
     }

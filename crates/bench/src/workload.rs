@@ -94,12 +94,19 @@ impl Workload {
     /// Checks the settings, and the working set against an export of `export_size` bytes;
     /// returns the working set in whole blocks.
     pub fn blocks(&self, export_size: u64) -> Result<u64, WorkloadError> {
-        for (what, v) in [("--workers", self.workers), ("--queue-depth", self.queue_depth), ("--block-size", self.block_size)] {
+        for (what, v) in [
+            ("--workers", self.workers),
+            ("--queue-depth", self.queue_depth),
+            ("--block-size", self.block_size),
+        ] {
             if v == 0 {
                 return Err(WorkloadError::Zero { what });
             }
         }
-        for (what, value) in [("--write-pct", self.write_pct), ("--random-pct", self.random_pct)] {
+        for (what, value) in [
+            ("--write-pct", self.write_pct),
+            ("--random-pct", self.random_pct),
+        ] {
             if value > 100 {
                 return Err(WorkloadError::Percent { what, value });
             }
@@ -110,7 +117,10 @@ impl Workload {
         let working_set = self.working_set.map_or(export_size, |w| w.min(export_size));
         let blocks = working_set / u64::from(self.block_size);
         if blocks == 0 {
-            return Err(WorkloadError::TooSmall { working_set, block_size: self.block_size });
+            return Err(WorkloadError::TooSmall {
+                working_set,
+                block_size: self.block_size,
+            });
         }
         Ok(blocks)
     }
@@ -142,7 +152,9 @@ impl OpStream {
     pub fn new(w: &Workload, blocks: u64, worker: u32, seed: u64) -> OpStream {
         let start = blocks * u64::from(worker) / u64::from(w.workers.max(1));
         OpStream {
-            rng: fastrand::Rng::with_seed(seed ^ (u64::from(worker) + 1).wrapping_mul(0x2545_f491_4f6c_dd1d)),
+            rng: fastrand::Rng::with_seed(
+                seed ^ (u64::from(worker) + 1).wrapping_mul(0x2545_f491_4f6c_dd1d),
+            ),
             blocks,
             write_pct: w.write_pct,
             random_pct: w.random_pct,
@@ -152,14 +164,26 @@ impl OpStream {
 
     pub fn next_op(&mut self) -> Op {
         let write = self.rng.u32(..100) < self.write_pct;
-        let block = if self.rng.u32(..100) < self.random_pct { self.rng.u64(..self.blocks) } else { self.next };
-        self.next = if block + 1 >= self.blocks { 0 } else { block + 1 };
+        let block = if self.rng.u32(..100) < self.random_pct {
+            self.rng.u64(..self.blocks)
+        } else {
+            self.next
+        };
+        self.next = if block + 1 >= self.blocks {
+            0
+        } else {
+            block + 1
+        };
         Op { write, block }
     }
 
     /// The block after `block`, wrapping (to step past a block another request holds).
     pub fn skip(&mut self, block: u64) -> u64 {
-        let b = if block + 1 >= self.blocks { 0 } else { block + 1 };
+        let b = if block + 1 >= self.blocks {
+            0
+        } else {
+            block + 1
+        };
         self.next = if b + 1 >= self.blocks { 0 } else { b + 1 };
         b
     }
@@ -176,27 +200,74 @@ mod tests {
     use proptest::prelude::*;
 
     fn workload(write_pct: u32, random_pct: u32) -> Workload {
-        Workload { write_pct, random_pct, ..Workload::default() }
+        Workload {
+            write_pct,
+            random_pct,
+            ..Workload::default()
+        }
     }
 
     #[test]
     fn vdi_profile_is_the_iometer_one() {
         let w = Profile::parse("vdi").unwrap().workload();
-        assert_eq!((w.workers, w.queue_depth, w.block_size, w.write_pct, w.random_pct), (4, 16, 4096, 80, 90));
+        assert_eq!(
+            (
+                w.workers,
+                w.queue_depth,
+                w.block_size,
+                w.write_pct,
+                w.random_pct
+            ),
+            (4, 16, 4096, 80, 90)
+        );
         assert!(Profile::parse("oltp").is_none());
     }
 
     #[test]
     fn bad_settings_are_named() {
-        let e = Workload { block_size: 1000, ..Workload::default() }.blocks(1 << 20).unwrap_err();
+        let e = Workload {
+            block_size: 1000,
+            ..Workload::default()
+        }
+        .blocks(1 << 20)
+        .unwrap_err();
         assert!(e.to_string().contains("block size 1000"), "{e}");
-        let e = Workload { write_pct: 101, ..Workload::default() }.blocks(1 << 20).unwrap_err();
+        let e = Workload {
+            write_pct: 101,
+            ..Workload::default()
+        }
+        .blocks(1 << 20)
+        .unwrap_err();
         assert!(e.to_string().contains("--write-pct"), "{e}");
-        let e = Workload { workers: 0, ..Workload::default() }.blocks(1 << 20).unwrap_err();
+        let e = Workload {
+            workers: 0,
+            ..Workload::default()
+        }
+        .blocks(1 << 20)
+        .unwrap_err();
         assert!(e.to_string().contains("--workers"), "{e}");
-        assert!(matches!(Workload::default().blocks(100), Err(WorkloadError::TooSmall { .. })));
-        assert_eq!(Workload { working_set: Some(1 << 20), ..Workload::default() }.blocks(1 << 30).unwrap(), 256);
-        assert_eq!(Workload { working_set: Some(1 << 40), ..Workload::default() }.blocks(1 << 20).unwrap(), 256);
+        assert!(matches!(
+            Workload::default().blocks(100),
+            Err(WorkloadError::TooSmall { .. })
+        ));
+        assert_eq!(
+            Workload {
+                working_set: Some(1 << 20),
+                ..Workload::default()
+            }
+            .blocks(1 << 30)
+            .unwrap(),
+            256
+        );
+        assert_eq!(
+            Workload {
+                working_set: Some(1 << 40),
+                ..Workload::default()
+            }
+            .blocks(1 << 20)
+            .unwrap(),
+            256
+        );
     }
 
     #[test]
@@ -225,7 +296,10 @@ mod tests {
             prev = Some(op.block);
         }
         assert!((79_000..81_000).contains(&writes), "writes {writes} of {n}");
-        assert!((9_000..11_000).contains(&sequential), "sequential {sequential} of {n}");
+        assert!(
+            (9_000..11_000).contains(&sequential),
+            "sequential {sequential} of {n}"
+        );
     }
 
     proptest! {

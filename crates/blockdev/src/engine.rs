@@ -79,7 +79,11 @@ impl IoEngine {
 
     /// Like [`open`](Self::open) with the io_uring setup given: a setup that fails gives
     /// the sync engine, as a refused io_uring does (tests inject failures here).
-    pub fn from_setup(kind: IoEngineKind, what: &str, setup: impl FnOnce() -> io::Result<UringQueue>) -> IoEngine {
+    pub fn from_setup(
+        kind: IoEngineKind,
+        what: &str,
+        setup: impl FnOnce() -> io::Result<UringQueue>,
+    ) -> IoEngine {
         match kind {
             IoEngineKind::Sync => IoEngine::Sync,
             IoEngineKind::IoUring => match setup() {
@@ -88,7 +92,9 @@ impl IoEngine {
                     if !WARNED_FALLBACK.swap(true, Ordering::Relaxed) {
                         log::warn!("io_uring is not available ({e}): {what} and every later file use pread/pwrite");
                     } else {
-                        log::debug!("io_uring is not available for {what} ({e}): using pread/pwrite");
+                        log::debug!(
+                            "io_uring is not available for {what} ({e}): using pread/pwrite"
+                        );
                     }
                     IoEngine::Sync
                 }

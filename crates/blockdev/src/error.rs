@@ -76,16 +76,40 @@ impl Error {
     fn describe(&self) -> String {
         match self.op {
             Op::Open => format!("cannot open {}: {}", self.device, self.message),
-            op => format!("{op} of {} bytes at offset {} on {}: {}", self.len, self.offset, self.device, self.message),
+            op => format!(
+                "{op} of {} bytes at offset {} on {}: {}",
+                self.len, self.offset, self.device, self.message
+            ),
         }
     }
 
-    pub fn new(kind: ErrorKind, op: Op, offset: u64, len: u64, device: impl Into<String>, message: impl Into<String>) -> Self {
-        Error { kind, op, offset, len, device: device.into(), message: message.into(), os_error: None }
+    pub fn new(
+        kind: ErrorKind,
+        op: Op,
+        offset: u64,
+        len: u64,
+        device: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Error {
+            kind,
+            op,
+            offset,
+            len,
+            device: device.into(),
+            message: message.into(),
+            os_error: None,
+        }
     }
 
     /// Wraps an OS error, choosing the kind from its errno (ENOSPC stays NoSpace, and so on).
-    pub fn from_io(err: std::io::Error, op: Op, offset: u64, len: u64, device: impl Into<String>) -> Self {
+    pub fn from_io(
+        err: std::io::Error,
+        op: Op,
+        offset: u64,
+        len: u64,
+        device: impl Into<String>,
+    ) -> Self {
         let kind = match err.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorKind::NoSpace,
             Some(libc::EROFS) | Some(libc::EPERM) | Some(libc::EACCES) => ErrorKind::ReadOnly,
@@ -93,7 +117,15 @@ impl Error {
             Some(libc::EINVAL) => ErrorKind::Invalid,
             _ => ErrorKind::Io,
         };
-        Error { kind, op, offset, len, device: device.into(), message: err.to_string(), os_error: Some(err) }
+        Error {
+            kind,
+            op,
+            offset,
+            len,
+            device: device.into(),
+            message: err.to_string(),
+            os_error: Some(err),
+        }
     }
 }
 
@@ -106,8 +138,21 @@ mod tests {
     #[test]
     fn messages_name_what_matters_for_the_operation() {
         let e = Error::new(ErrorKind::Io, Op::Read, 4096, 512, "disk.img", "short read");
-        assert_eq!(e.to_string(), "read of 512 bytes at offset 4096 on disk.img: short read");
-        let e = Error::new(ErrorKind::Io, Op::Open, 0, 0, "disk.img", "it is in use by another writer");
-        assert_eq!(e.to_string(), "cannot open disk.img: it is in use by another writer");
+        assert_eq!(
+            e.to_string(),
+            "read of 512 bytes at offset 4096 on disk.img: short read"
+        );
+        let e = Error::new(
+            ErrorKind::Io,
+            Op::Open,
+            0,
+            0,
+            "disk.img",
+            "it is in use by another writer",
+        );
+        assert_eq!(
+            e.to_string(),
+            "cannot open disk.img: it is in use by another writer"
+        );
     }
 }

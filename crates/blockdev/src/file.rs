@@ -42,7 +42,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::span::units;
-use crate::{check_range, BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
+use crate::{
+    check_range, BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result,
+    ZeroFlags,
+};
 
 /// Alignment of every `O_DIRECT` I/O: offset, length and buffer address.
 const ALIGN: u64 = 4096;
@@ -252,13 +255,17 @@ impl FileDev {
         // No link is followed (crate::storefile): a caller with a path an administrator
         // typed resolves it first.
         let mut oo = OpenOptions::new();
-        oo.read(true).write(!options.read_only).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        oo.read(true)
+            .write(!options.read_only)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
         let mut file = {
             let mut o = oo.clone();
             if options.direct {
                 o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_DIRECT);
             }
-            o.open(&path).map_err(|e| crate::storefile::explain(e, &path)).map_err(open_err)?
+            o.open(&path)
+                .map_err(|e| crate::storefile::explain(e, &path))
+                .map_err(open_err)?
         };
         let meta = file.metadata().map_err(open_err)?;
         let is_block_device = meta.file_type().is_block_device();
@@ -378,7 +385,11 @@ impl FileDev {
     /// Locks the read-modify-write stripes of every block in `first..=last`, in stripe
     /// order (all stripes when the range has more blocks than there are stripes).
     fn lock_blocks(&self, first: u64, last: u64) -> StripeGuards<'_> {
-        let lock = |s: usize| self.rmw_locks[s].lock().unwrap_or_else(PoisonError::into_inner);
+        let lock = |s: usize| {
+            self.rmw_locks[s]
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        };
         let blocks = last - first + 1;
         if blocks == 1 {
             return StripeGuards::One(lock((first % RMW_STRIPES as u64) as usize));
@@ -386,7 +397,9 @@ impl FileDev {
         let mut stripes: Vec<usize> = if blocks >= RMW_STRIPES as u64 {
             (0..RMW_STRIPES).collect()
         } else {
-            (first..=last).map(|b| (b % RMW_STRIPES as u64) as usize).collect()
+            (first..=last)
+                .map(|b| (b % RMW_STRIPES as u64) as usize)
+                .collect()
         };
         stripes.sort_unstable();
         stripes.dedup();
@@ -397,7 +410,8 @@ impl FileDev {
     /// read-modify-write of one of them interleaves with this change. Buffered mode:
     /// nothing to lock.
     fn lock_range(&self, offset: u64, len: u64) -> Option<StripeGuards<'_>> {
-        self.direct.then(|| self.lock_blocks(offset / ALIGN, (offset + len - 1) / ALIGN))
+        self.direct
+            .then(|| self.lock_blocks(offset / ALIGN, (offset + len - 1) / ALIGN))
     }
 
     /// Direct-mode read of `[offset, offset+buf.len())`, all below `direct_end`.
@@ -506,7 +520,9 @@ impl BlockDev for FileDev {
                 continue;
             }
             if let BatchIo::Read(buf) = &mut op.io {
-                match check_range(self.size, Op::Read, offset, buf.len() as u64, &|| self.describe()) {
+                match check_range(self.size, Op::Read, offset, buf.len() as u64, &|| {
+                    self.describe()
+                }) {
                     Ok(()) => {
                         idx.push(i);
                         reads.push(crate::ring::FileIo::read(&self.file, buf, offset));
@@ -516,7 +532,10 @@ impl BlockDev for FileDev {
             }
         }
         crate::ring::run_batch(&mut reads);
-        let results: Vec<(u64, usize, io::Result<()>)> = reads.into_iter().map(|r| (r.offset, r.len(), r.result)).collect();
+        let results: Vec<(u64, usize, io::Result<()>)> = reads
+            .into_iter()
+            .map(|r| (r.offset, r.len(), r.result))
+            .collect();
         for (i, (offset, len, r)) in idx.into_iter().zip(results) {
             ops[i].result = r.map_err(|e| self.io_err(e, Op::Read, offset, len as u64));
         }
@@ -550,7 +569,12 @@ impl BlockDev for FileDev {
         let mut extents = Vec::new();
         self.block_status(offset, buf.len() as u64, &mut extents)?;
         // Past the end of a file cut short under us, "no data" is lost bytes, not a hole.
-        if extents.last().is_some_and(|e| e.hole) && self.file.metadata().map_or(true, |m| m.len() < offset + buf.len() as u64) {
+        if extents.last().is_some_and(|e| e.hole)
+            && self
+                .file
+                .metadata()
+                .map_or(true, |m| m.len() < offset + buf.len() as u64)
+        {
             return self.read_at(buf, offset);
         }
         let mut pos = 0usize;
@@ -558,7 +582,10 @@ impl BlockDev for FileDev {
             let end = pos + e.len as usize;
             if e.hole {
                 buf[pos..end].fill(0);
-                holes.push(Hole { start: pos, len: end - pos });
+                holes.push(Hole {
+                    start: pos,
+                    len: end - pos,
+                });
             } else {
                 self.read_at(&mut buf[pos..end], offset + pos as u64)?;
             }

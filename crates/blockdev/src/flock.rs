@@ -109,7 +109,10 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(40));
                 drop(a);
             });
-            assert!(try_lock(&b, LockMode::Exclusive, LOCK_PATIENCE).unwrap(), "the lock was released after 40 ms");
+            assert!(
+                try_lock(&b, LockMode::Exclusive, LOCK_PATIENCE).unwrap(),
+                "the lock was released after 40 ms"
+            );
         });
     }
 

@@ -53,7 +53,9 @@ pub fn remote(path: &Path) -> Option<io::Result<Arc<dyn RemoteFile>>> {
     if roots.is_empty() || path.exists() {
         return None;
     }
-    roots.iter().find_map(|r| path.strip_prefix(r.dir()).ok().and_then(|rel| r.open(rel)))
+    roots
+        .iter()
+        .find_map(|r| path.strip_prefix(r.dir()).ok().and_then(|rel| r.open(rel)))
 }
 
 /// Whether `path` names a layer: a local file, or an object under a registered root.
@@ -74,11 +76,20 @@ impl LayerFile {
     /// opened for writing (EROFS).
     pub fn open(path: &Path, write: bool) -> io::Result<Self> {
         match remote(path) {
-            Some(Ok(_)) if write => {
-                Err(io::Error::new(io::ErrorKind::ReadOnlyFilesystem, format!("{} is a sealed layer in object storage and cannot be written", path.display())))
-            }
+            Some(Ok(_)) if write => Err(io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                format!(
+                    "{} is a sealed layer in object storage and cannot be written",
+                    path.display()
+                ),
+            )),
             Some(r) => r.map(LayerFile::Remote),
-            None => crate::storefile::options(crate::storefile::SHARED_READ).read(true).write(write).open(path).map_err(|e| crate::storefile::explain(e, path)).map(LayerFile::Local),
+            None => crate::storefile::options(crate::storefile::SHARED_READ)
+                .read(true)
+                .write(write)
+                .open(path)
+                .map_err(|e| crate::storefile::explain(e, path))
+                .map(LayerFile::Local),
         }
     }
 
@@ -101,7 +112,10 @@ impl LayerFile {
     pub fn local(&self) -> io::Result<&File> {
         match self {
             LayerFile::Local(f) => Ok(f),
-            LayerFile::Remote(r) => Err(io::Error::new(io::ErrorKind::ReadOnlyFilesystem, format!("{r:?} is a sealed layer in object storage"))),
+            LayerFile::Remote(r) => Err(io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                format!("{r:?} is a sealed layer in object storage"),
+            )),
         }
     }
 
@@ -129,7 +143,10 @@ pub struct RemoteDev {
 
 impl RemoteDev {
     pub fn new(object: Arc<dyn RemoteFile>, path: &Path) -> Self {
-        RemoteDev { object, name: path.display().to_string() }
+        RemoteDev {
+            object,
+            name: path.display().to_string(),
+        }
     }
 }
 
@@ -140,12 +157,29 @@ impl crate::BlockDev for RemoteDev {
 
     fn caps(&self) -> crate::Caps {
         // Read-only, blocking on the network; flush is a no-op that clients expect.
-        crate::Caps { flush: true, ..Default::default() }
+        crate::Caps {
+            flush: true,
+            ..Default::default()
+        }
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> crate::Result<()> {
-        crate::check_range(self.size(), crate::Op::Read, offset, buf.len() as u64, &|| self.describe())?;
-        self.object.read_exact_at(buf, offset).map_err(|e| crate::Error::from_io(e, crate::Op::Read, offset, buf.len() as u64, self.name.clone()))
+        crate::check_range(
+            self.size(),
+            crate::Op::Read,
+            offset,
+            buf.len() as u64,
+            &|| self.describe(),
+        )?;
+        self.object.read_exact_at(buf, offset).map_err(|e| {
+            crate::Error::from_io(
+                e,
+                crate::Op::Read,
+                offset,
+                buf.len() as u64,
+                self.name.clone(),
+            )
+        })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> crate::Result<()> {
@@ -167,7 +201,14 @@ impl crate::BlockDev for RemoteDev {
 
 impl RemoteDev {
     fn sealed(&self, op: crate::Op, offset: u64, len: u64) -> crate::Error {
-        crate::Error::new(crate::ErrorKind::ReadOnly, op, offset, len, self.name.clone(), "a sealed layer in object storage is read-only")
+        crate::Error::new(
+            crate::ErrorKind::ReadOnly,
+            op,
+            offset,
+            len,
+            self.name.clone(),
+            "a sealed layer in object storage is read-only",
+        )
     }
 }
 
@@ -175,7 +216,19 @@ impl RemoteDev {
 pub fn open_raw(path: &Path) -> crate::Result<Arc<dyn crate::BlockDev>> {
     match remote(path) {
         Some(Ok(object)) => Ok(Arc::new(RemoteDev::new(object, path))),
-        Some(Err(e)) => Err(crate::Error::from_io(e, crate::Op::Open, 0, 0, path.display().to_string())),
-        None => Ok(Arc::new(crate::FileDev::open(path, crate::FileOptions { read_only: true, ..Default::default() })?)),
+        Some(Err(e)) => Err(crate::Error::from_io(
+            e,
+            crate::Op::Open,
+            0,
+            0,
+            path.display().to_string(),
+        )),
+        None => Ok(Arc::new(crate::FileDev::open(
+            path,
+            crate::FileOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        )?)),
     }
 }

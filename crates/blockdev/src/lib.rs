@@ -166,7 +166,11 @@ pub trait BlockDev: Send + Sync + std::fmt::Debug {
     /// least one. (`len == 0` appends nothing; the NBD edge refuses zero-length requests.)
     fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
         let _ = offset;
-        out.push(Extent { len, hole: false, zero: false });
+        out.push(Extent {
+            len,
+            hole: false,
+            zero: false,
+        });
         Ok(())
     }
 
@@ -219,12 +223,22 @@ pub enum BatchIo<'a> {
 impl<'a> BatchOp<'a> {
     /// A read of `buf.len()` bytes at `offset`, not run yet.
     pub fn read(buf: &'a mut [u8], offset: u64) -> Self {
-        BatchOp { offset, io: BatchIo::Read(buf), result: Ok(()), holes: Vec::new() }
+        BatchOp {
+            offset,
+            io: BatchIo::Read(buf),
+            result: Ok(()),
+            holes: Vec::new(),
+        }
     }
 
     /// A write of `buf` at `offset`, not run yet.
     pub fn write(buf: &'a [u8], offset: u64, fua: bool) -> Self {
-        BatchOp { offset, io: BatchIo::Write(buf, fua), result: Ok(()), holes: Vec::new() }
+        BatchOp {
+            offset,
+            io: BatchIo::Write(buf, fua),
+            result: Ok(()),
+            holes: Vec::new(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -266,50 +280,112 @@ pub trait Filter: Send + Sync + std::fmt::Debug {
     type Inner: BlockDev + ?Sized;
     fn inner(&self) -> &Self::Inner;
 
-    fn size(&self) -> u64 { self.inner().size() }
-    fn caps(&self) -> Caps { self.inner().caps() }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> { self.inner().read_at(buf, offset) }
-    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> { self.inner().read_at_sparse(buf, offset, holes) }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> { self.inner().write_at(buf, offset, fua) }
-    fn flush(&self) -> Result<()> { self.inner().flush() }
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> { self.inner().trim(offset, len, fua) }
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> { self.inner().write_zeroes(offset, len, flags) }
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> { self.inner().block_status(offset, len, out) }
-    fn cache(&self, offset: u64, len: u64) -> Result<()> { self.inner().cache(offset, len) }
-    fn describe(&self) -> String { self.inner().describe() }
-    fn io_batch(&self, ops: &mut [BatchOp<'_>]) { self.inner().io_batch(ops) }
-    fn prefers_batches(&self) -> bool { self.inner().prefers_batches() }
+    fn size(&self) -> u64 {
+        self.inner().size()
+    }
+    fn caps(&self) -> Caps {
+        self.inner().caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.inner().read_at(buf, offset)
+    }
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
+        self.inner().read_at_sparse(buf, offset, holes)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        self.inner().write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> Result<()> {
+        self.inner().flush()
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.inner().trim(offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.inner().write_zeroes(offset, len, flags)
+    }
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        self.inner().block_status(offset, len, out)
+    }
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner().cache(offset, len)
+    }
+    fn describe(&self) -> String {
+        self.inner().describe()
+    }
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        self.inner().io_batch(ops)
+    }
+    fn prefers_batches(&self) -> bool {
+        self.inner().prefers_batches()
+    }
 }
 
 impl<F: Filter> BlockDev for F {
-    fn size(&self) -> u64 { Filter::size(self) }
-    fn caps(&self) -> Caps { Filter::caps(self) }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> { Filter::read_at(self, buf, offset) }
-    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> { Filter::read_at_sparse(self, buf, offset, holes) }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> { Filter::write_at(self, buf, offset, fua) }
-    fn flush(&self) -> Result<()> { Filter::flush(self) }
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> { Filter::trim(self, offset, len, fua) }
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> { Filter::write_zeroes(self, offset, len, flags) }
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> { Filter::block_status(self, offset, len, out) }
-    fn cache(&self, offset: u64, len: u64) -> Result<()> { Filter::cache(self, offset, len) }
-    fn describe(&self) -> String { Filter::describe(self) }
-    fn io_batch(&self, ops: &mut [BatchOp<'_>]) { Filter::io_batch(self, ops) }
-    fn prefers_batches(&self) -> bool { Filter::prefers_batches(self) }
+    fn size(&self) -> u64 {
+        Filter::size(self)
+    }
+    fn caps(&self) -> Caps {
+        Filter::caps(self)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        Filter::read_at(self, buf, offset)
+    }
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
+        Filter::read_at_sparse(self, buf, offset, holes)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        Filter::write_at(self, buf, offset, fua)
+    }
+    fn flush(&self) -> Result<()> {
+        Filter::flush(self)
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        Filter::trim(self, offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        Filter::write_zeroes(self, offset, len, flags)
+    }
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        Filter::block_status(self, offset, len, out)
+    }
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        Filter::cache(self, offset, len)
+    }
+    fn describe(&self) -> String {
+        Filter::describe(self)
+    }
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        Filter::io_batch(self, ops)
+    }
+    fn prefers_batches(&self) -> bool {
+        Filter::prefers_batches(self)
+    }
 }
 
 /// A shared or boxed device is the device itself.
 impl<T: BlockDev + ?Sized> Filter for Arc<T> {
     type Inner = T;
-    fn inner(&self) -> &T { self }
+    fn inner(&self) -> &T {
+        self
+    }
 }
 
 impl<T: BlockDev + ?Sized> Filter for Box<T> {
     type Inner = T;
-    fn inner(&self) -> &T { self }
+    fn inner(&self) -> &T {
+        self
+    }
 }
 
 /// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
-pub fn check_range(size: u64, op: Op, offset: u64, len: u64, device: &dyn Fn() -> String) -> Result<()> {
+pub fn check_range(
+    size: u64,
+    op: Op,
+    offset: u64,
+    len: u64,
+    device: &dyn Fn() -> String,
+) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(Error::new(
@@ -332,7 +408,12 @@ mod tests {
         let mut names: Vec<String> = body
             .split("fn ")
             .skip(1)
-            .map(|rest| rest.split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap().to_string())
+            .map(|rest| {
+                rest.split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
             .filter(|n| n != "inner")
             .collect();
         names.sort();
@@ -344,7 +425,15 @@ mod tests {
         let src = include_str!("lib.rs");
         let dev = fns_of(src, "pub trait BlockDev:");
         assert!(dev.len() >= 13, "found {dev:?}");
-        assert_eq!(fns_of(src, "pub trait Filter:"), dev, "every BlockDev method has a forwarding default in Filter");
-        assert_eq!(fns_of(src, "impl<F: Filter> BlockDev for F"), dev, "and a line in the blanket impl");
+        assert_eq!(
+            fns_of(src, "pub trait Filter:"),
+            dev,
+            "every BlockDev method has a forwarding default in Filter"
+        );
+        assert_eq!(
+            fns_of(src, "impl<F: Filter> BlockDev for F"),
+            dev,
+            "and a line in the blanket impl"
+        );
     }
 }

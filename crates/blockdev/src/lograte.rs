@@ -46,27 +46,44 @@ impl Default for LogLimiter {
 
 impl LogLimiter {
     pub fn new(per_second: u32, burst: u32) -> LogLimiter {
-        LogLimiter { per_second: f64::from(per_second.max(1)), burst: f64::from(burst.max(1)), kinds: Mutex::new(HashMap::new()) }
+        LogLimiter {
+            per_second: f64::from(per_second.max(1)),
+            burst: f64::from(burst.max(1)),
+            kinds: Mutex::new(HashMap::new()),
+        }
     }
 
     /// One line per `period` and kind, no burst (a condition that lasts, like a full file
     /// system, says so once a period).
     pub fn every(period: Duration) -> LogLimiter {
         let secs = period.as_secs_f64().max(1e-3);
-        LogLimiter { per_second: 1.0 / secs, burst: 1.0, kinds: Mutex::new(HashMap::new()) }
+        LogLimiter {
+            per_second: 1.0 / secs,
+            burst: 1.0,
+            kinds: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Whether a line of `kind` may be logged at `now`.
     pub fn check_at(&self, kind: &'static str, now: Instant) -> Verdict {
-        let mut kinds = self.kinds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let b = kinds.entry(kind).or_insert(Bucket { tokens: self.burst, last: now, suppressed: 0 });
+        let mut kinds = self
+            .kinds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let b = kinds.entry(kind).or_insert(Bucket {
+            tokens: self.burst,
+            last: now,
+            suppressed: 0,
+        });
         let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
         b.tokens = (b.tokens + elapsed * self.per_second).min(self.burst);
         b.last = b.last.max(now);
         // (The epsilon absorbs the rounding of many small refills.)
         if b.tokens >= 1.0 - 1e-9 {
             b.tokens -= 1.0;
-            Verdict::Log { suppressed: std::mem::take(&mut b.suppressed) }
+            Verdict::Log {
+                suppressed: std::mem::take(&mut b.suppressed),
+            }
         } else {
             b.suppressed += 1;
             Verdict::Suppress
@@ -75,7 +92,13 @@ impl LogLimiter {
 
     /// Logs `line` at `level` under `target` (the caller's `module_path!()`) unless `kind`
     /// is over its rate; first says how many lines of the kind were held back, if any.
-    pub fn log(&self, level: log::Level, target: &str, kind: &'static str, line: std::fmt::Arguments<'_>) {
+    pub fn log(
+        &self,
+        level: log::Level,
+        target: &str,
+        kind: &'static str,
+        line: std::fmt::Arguments<'_>,
+    ) {
         if !log::log_enabled!(target: target, level) {
             return;
         }
@@ -121,7 +144,14 @@ mod tests {
         let l = LogLimiter::new(10, 1);
         let t0 = Instant::now();
         // 100 lines a second for 10 seconds: about 10 a second get through.
-        let logged = (0..1000).filter(|i| matches!(l.check_at("k", t0 + Duration::from_millis(i * 10)), Verdict::Log { .. })).count();
+        let logged = (0..1000)
+            .filter(|i| {
+                matches!(
+                    l.check_at("k", t0 + Duration::from_millis(i * 10)),
+                    Verdict::Log { .. }
+                )
+            })
+            .count();
         assert!((99..=101).contains(&logged), "{logged} lines logged");
     }
 
@@ -130,8 +160,17 @@ mod tests {
         let l = LogLimiter::every(Duration::from_secs(60));
         let t0 = Instant::now();
         assert_eq!(l.check_at("full", t0), Verdict::Log { suppressed: 0 });
-        assert_eq!(l.check_at("full", t0 + Duration::from_secs(1)), Verdict::Suppress);
-        assert_eq!(l.check_at("full", t0 + Duration::from_secs(59)), Verdict::Suppress);
-        assert_eq!(l.check_at("full", t0 + Duration::from_secs(60)), Verdict::Log { suppressed: 2 });
+        assert_eq!(
+            l.check_at("full", t0 + Duration::from_secs(1)),
+            Verdict::Suppress
+        );
+        assert_eq!(
+            l.check_at("full", t0 + Duration::from_secs(59)),
+            Verdict::Suppress
+        );
+        assert_eq!(
+            l.check_at("full", t0 + Duration::from_secs(60)),
+            Verdict::Log { suppressed: 2 }
+        );
     }
 }

@@ -14,7 +14,14 @@ pub struct ReadOnly<D: BlockDev + ?Sized>(pub std::sync::Arc<D>);
 
 impl<D: BlockDev + ?Sized> ReadOnly<D> {
     fn refuse(&self, op: Op, offset: u64, len: u64) -> Error {
-        Error::new(ErrorKind::ReadOnly, op, offset, len, self.0.as_ref().describe(), "the disk is attached read-only (--read-only)")
+        Error::new(
+            ErrorKind::ReadOnly,
+            op,
+            offset,
+            len,
+            self.0.as_ref().describe(),
+            "the disk is attached read-only (--read-only)",
+        )
     }
 }
 
@@ -24,7 +31,14 @@ impl<D: BlockDev + ?Sized> Filter for ReadOnly<D> {
         &self.0
     }
     fn caps(&self) -> Caps {
-        Caps { read_only: true, fua: false, trim: false, zeroes: false, fast_zero: false, ..self.inner().caps() }
+        Caps {
+            read_only: true,
+            fua: false,
+            trim: false,
+            zeroes: false,
+            fast_zero: false,
+            ..self.inner().caps()
+        }
     }
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<()> {
         Err(self.refuse(Op::Write, offset, buf.len() as u64))
@@ -41,7 +55,9 @@ impl<D: BlockDev + ?Sized> Filter for ReadOnly<D> {
         }
         for op in ops {
             match op.io {
-                BatchIo::Write(..) => op.result = Err(self.refuse(Op::Write, op.offset, op.len() as u64)),
+                BatchIo::Write(..) => {
+                    op.result = Err(self.refuse(Op::Write, op.offset, op.len() as u64))
+                }
                 BatchIo::Read(_) => op.run_alone(self.inner()),
             }
         }
@@ -81,7 +97,10 @@ mod batch_tests {
         let mut ops = [BatchOp::read(&mut a, 0), BatchOp::write(&b, 0, false)];
         ro.io_batch(&mut ops);
         assert!(ops[0].result.is_ok());
-        assert_eq!(ops[1].result.as_ref().unwrap_err().kind, ErrorKind::ReadOnly);
+        assert_eq!(
+            ops[1].result.as_ref().unwrap_err().kind,
+            ErrorKind::ReadOnly
+        );
         drop(ops);
         assert_eq!(a, vec![7u8; 4096]);
         let mut back = vec![0u8; 4096];

@@ -55,11 +55,21 @@ pub enum FileBuf<'a> {
 
 impl<'a> FileIo<'a> {
     pub fn read(file: &'a File, buf: &'a mut [u8], offset: u64) -> Self {
-        FileIo { file, offset, buf: FileBuf::Read(buf), result: Ok(()) }
+        FileIo {
+            file,
+            offset,
+            buf: FileBuf::Read(buf),
+            result: Ok(()),
+        }
     }
 
     pub fn write(file: &'a File, buf: &'a [u8], offset: u64) -> Self {
-        FileIo { file, offset, buf: FileBuf::Write(buf), result: Ok(()) }
+        FileIo {
+            file,
+            offset,
+            buf: FileBuf::Write(buf),
+            result: Ok(()),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -102,17 +112,23 @@ pub fn run_batch(ios: &mut [FileIo<'_>]) {
     // Bytes done per I/O; `None` once it is finished (its `result` set).
     let mut done: Vec<Option<usize>> = vec![Some(0); ios.len()];
     RING.with(|cell| {
-        let Ok(mut state) = cell.try_borrow_mut() else { return };
+        let Ok(mut state) = cell.try_borrow_mut() else {
+            return;
+        };
         if let RingState::Untried = *state {
             *state = match crate::uring::setup_ring_of(ENTRIES) {
                 Ok(r) => RingState::Ready(Box::new(r)),
                 Err(e) => {
-                    log::info!("io_uring is not available on this thread ({e}); batches use pread/pwrite");
+                    log::info!(
+                        "io_uring is not available on this thread ({e}); batches use pread/pwrite"
+                    );
                     RingState::Unavailable
                 }
             };
         }
-        let RingState::Ready(ring) = &mut *state else { return };
+        let RingState::Ready(ring) = &mut *state else {
+            return;
+        };
         if let Err(e) = run_on_ring(ring, ios, &mut done) {
             log::warn!("io_uring failed ({e}); this thread's batches use pread/pwrite from now on");
             *state = RingState::Unavailable;
@@ -128,7 +144,11 @@ pub fn run_batch(ios: &mut [FileIo<'_>]) {
 
 /// Submits and reaps until every I/O is finished. On an error of the ring itself it
 /// returns once nothing is left in the kernel, with `done` saying what is left to do.
-fn run_on_ring(ring: &mut IoUring, ios: &mut [FileIo<'_>], done: &mut [Option<usize>]) -> io::Result<()> {
+fn run_on_ring(
+    ring: &mut IoUring,
+    ios: &mut [FileIo<'_>],
+    done: &mut [Option<usize>],
+) -> io::Result<()> {
     let mut next = 0usize; // first I/O never submitted
     let mut retry: Vec<usize> = Vec::new(); // I/O to submit again (the rest of it)
     let mut in_kernel = 0usize;
@@ -149,20 +169,28 @@ fn run_on_ring(ring: &mut IoUring, ios: &mut [FileIo<'_>], done: &mut [Option<us
             let at = io.offset + d as u64;
             let rest = (io.len() - d) as u32;
             let entry = match &mut io.buf {
-                FileBuf::Read(b) => opcode::Read::new(fd, b[d..].as_mut_ptr(), rest).offset(at).build(),
-                FileBuf::Write(b) => opcode::Write::new(fd, b[d..].as_ptr(), rest).offset(at).build(),
+                FileBuf::Read(b) => opcode::Read::new(fd, b[d..].as_mut_ptr(), rest)
+                    .offset(at)
+                    .build(),
+                FileBuf::Write(b) => opcode::Write::new(fd, b[d..].as_ptr(), rest)
+                    .offset(at)
+                    .build(),
             }
             .user_data(i as u64);
             // SAFETY: the buffer stays borrowed (by `ios`) until `run_batch` returns, and
             // this function returns only once no submitted entry is left in the kernel.
-            unsafe { ring.submission().push(&entry) }.expect("the submission queue has room (checked above)");
+            unsafe { ring.submission().push(&entry) }
+                .expect("the submission queue has room (checked above)");
             in_kernel += 1;
         }
         if in_kernel == 0 {
             return Ok(());
         }
         if let Err(e) = ring.submit_and_wait(1) {
-            if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+            ) {
                 continue;
             }
             return wait_out(ring, ios, done, in_kernel, e);
@@ -178,8 +206,15 @@ fn run_on_ring(ring: &mut IoUring, ios: &mut [FileIo<'_>], done: &mut [Option<us
                 ios[i].result = Err(io::Error::from_raw_os_error(-res));
                 done[i] = None;
             } else if res == 0 {
-                let kind = if matches!(ios[i].buf, FileBuf::Read(_)) { io::ErrorKind::UnexpectedEof } else { io::ErrorKind::WriteZero };
-                ios[i].result = Err(io::Error::new(kind, "the file ended before the whole transfer"));
+                let kind = if matches!(ios[i].buf, FileBuf::Read(_)) {
+                    io::ErrorKind::UnexpectedEof
+                } else {
+                    io::ErrorKind::WriteZero
+                };
+                ios[i].result = Err(io::Error::new(
+                    kind,
+                    "the file ended before the whole transfer",
+                ));
                 done[i] = None;
             } else if d + res as usize >= ios[i].len() {
                 ios[i].result = Ok(());
@@ -196,12 +231,21 @@ fn run_on_ring(ring: &mut IoUring, ios: &mut [FileIo<'_>], done: &mut [Option<us
 /// kernel consumed (it may write into those buffers until then) without submitting the
 /// entries it did not consume (they are never submitted: the ring is not used again).
 /// Returns `first` for the caller to report; `done` says what is left to do.
-fn wait_out(ring: &mut IoUring, ios: &mut [FileIo<'_>], done: &mut [Option<usize>], in_kernel: usize, first: io::Error) -> io::Result<()> {
+fn wait_out(
+    ring: &mut IoUring,
+    ios: &mut [FileIo<'_>],
+    done: &mut [Option<usize>],
+    in_kernel: usize,
+    first: io::Error,
+) -> io::Result<()> {
     let mut waiting = in_kernel.saturating_sub(ring.submission().len());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while waiting > 0 {
         // SAFETY: a plain io_uring_enter that submits nothing and waits for one completion.
-        let _ = unsafe { ring.submitter().enter::<libc::sigset_t>(0, 1, IORING_ENTER_GETEVENTS, None) };
+        let _ = unsafe {
+            ring.submitter()
+                .enter::<libc::sigset_t>(0, 1, IORING_ENTER_GETEVENTS, None)
+        };
         for cqe in ring.completion() {
             waiting = waiting.saturating_sub(1);
             let i = cqe.user_data() as usize;
@@ -230,7 +274,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, bytes).unwrap();
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
         (dir, f)
     }
 
@@ -270,14 +318,21 @@ mod tests {
         let mut ios = vec![FileIo::read(&f, &mut a, 0), FileIo::read(&f, &mut b, 2048)];
         run_batch(&mut ios);
         assert!(ios[0].result.is_ok());
-        assert_eq!(ios[1].result.as_ref().unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(
+            ios[1].result.as_ref().unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
     }
 
     #[test]
     fn batches_larger_than_the_ring_finish() {
         let (_d, f) = file_of(&vec![0u8; 1 << 20]);
         let bufs: Vec<Vec<u8>> = (0..600).map(|i| vec![(i % 255) as u8 + 1; 512]).collect();
-        let mut ios: Vec<FileIo<'_>> = bufs.iter().enumerate().map(|(i, b)| FileIo::write(&f, b, i as u64 * 1024)).collect();
+        let mut ios: Vec<FileIo<'_>> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| FileIo::write(&f, b, i as u64 * 1024))
+            .collect();
         run_batch(&mut ios);
         assert!(ios.iter().all(|io| io.result.is_ok()));
         for (i, b) in bufs.iter().enumerate() {
@@ -296,7 +351,10 @@ mod tests {
         let mut b = vec![0u8; 16];
         let mut ios = vec![FileIo::read(&ro, &mut a, 0), FileIo::read(&f, &mut b, 0)];
         run_batch(&mut ios);
-        assert_eq!(ios[0].result.as_ref().unwrap_err().raw_os_error(), Some(libc::EISDIR));
+        assert_eq!(
+            ios[0].result.as_ref().unwrap_err().raw_os_error(),
+            Some(libc::EISDIR)
+        );
         assert!(ios[1].result.is_ok());
         drop(ios);
         assert_eq!(b, vec![5u8; 16]);

@@ -34,7 +34,12 @@ pub fn units(offset: u64, len: u64, unit: u64) -> impl Iterator<Item = UnitPiece
         let index = cur / unit;
         let within = cur % unit;
         let piece = (unit - within).min(end - cur);
-        let p = UnitPiece { index, within: within as usize, len: piece as usize, pos: (cur - offset) as usize };
+        let p = UnitPiece {
+            index,
+            within: within as usize,
+            len: piece as usize,
+            pos: (cur - offset) as usize,
+        };
         cur += piece;
         Some(p)
     })
@@ -47,8 +52,24 @@ mod tests {
     #[test]
     fn pieces_cover_the_range_exactly() {
         let p: Vec<_> = units(4000, 10_000, 4096).collect();
-        assert_eq!(p[0], UnitPiece { index: 0, within: 4000, len: 96, pos: 0 });
-        assert_eq!(p[1], UnitPiece { index: 1, within: 0, len: 4096, pos: 96 });
+        assert_eq!(
+            p[0],
+            UnitPiece {
+                index: 0,
+                within: 4000,
+                len: 96,
+                pos: 0
+            }
+        );
+        assert_eq!(
+            p[1],
+            UnitPiece {
+                index: 1,
+                within: 0,
+                len: 4096,
+                pos: 96
+            }
+        );
         assert!(p[1].is_whole(4096));
         assert_eq!(p.last().unwrap().index, 3);
         assert_eq!(p.iter().map(|x| x.len).sum::<usize>(), 10_000);

@@ -32,30 +32,48 @@ pub const FOLDER: u32 = 0o750;
 /// and create (when asked to) with `mode`.
 pub fn options(mode: u32) -> OpenOptions {
     let mut o = OpenOptions::new();
-    o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).mode(mode);
+    o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(mode);
     o
 }
 
 /// Opens `path` read-only without following a link.
 pub fn open_read(path: &Path) -> io::Result<File> {
-    options(PRIVATE).read(true).open(path).map_err(|e| explain(e, path))
+    options(PRIVATE)
+        .read(true)
+        .open(path)
+        .map_err(|e| explain(e, path))
 }
 
 /// Opens `path` read-write without following a link, creating it with `mode` when it is
 /// missing and keeping its bytes when it is there (a lock file, a record read then
 /// rewritten).
 pub fn open_rw(path: &Path, mode: u32) -> io::Result<File> {
-    options(mode).read(true).write(true).create(true).truncate(false).open(path).map_err(|e| explain(e, path))
+    options(mode)
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| explain(e, path))
 }
 
 /// Opens an existing `path` read-write without following a link.
 pub fn open_existing_rw(path: &Path) -> io::Result<File> {
-    options(PRIVATE).read(true).write(true).open(path).map_err(|e| explain(e, path))
+    options(PRIVATE)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| explain(e, path))
 }
 
 /// Makes a new file at `path` with `mode` for writing; an error if anything is there.
 pub fn create_new(path: &Path, mode: u32) -> io::Result<File> {
-    options(mode).write(true).create_new(true).open(path).map_err(|e| explain(e, path))
+    options(mode)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| explain(e, path))
 }
 
 /// [`create_new`] after removing whatever sits at `path` (a temporary file a crash left,
@@ -89,7 +107,10 @@ fn is_symlink(path: &Path) -> bool {
 /// symbolic link (a folder of the store replaced by a link would lead every file below it
 /// elsewhere).
 pub fn create_dir_all(dir: &Path) -> io::Result<()> {
-    std::fs::DirBuilder::new().recursive(true).mode(FOLDER).create(dir)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(FOLDER)
+        .create(dir)?;
     refuse_symlinked_dir(dir)
 }
 
@@ -123,9 +144,16 @@ pub fn tighten(file: &File, mode: u32) -> io::Result<Option<u32>> {
 /// others is made owner-only again, and the log says so once per open.
 pub fn tighten_logged(file: &File, mode: u32, path: &Path) {
     match tighten(file, mode) {
-        Ok(Some(was)) => log::warn!("{} had mode {was:o}; made it {:o} (vdstream keeps it owner-only)", path.display(), was & mode),
+        Ok(Some(was)) => log::warn!(
+            "{} had mode {was:o}; made it {:o} (vdstream keeps it owner-only)",
+            path.display(),
+            was & mode
+        ),
         Ok(None) => {}
-        Err(e) => log::warn!("cannot make {} owner-only ({e}): fix its mode by hand (chmod {mode:o})", path.display()),
+        Err(e) => log::warn!(
+            "cannot make {} owner-only ({e}): fix its mode by hand (chmod {mode:o})",
+            path.display()
+        ),
     }
 }
 
@@ -133,7 +161,8 @@ pub fn tighten_logged(file: &File, mode: u32, path: &Path) {
 /// under `/dev/disk/by-id`): resolved once to the file it names, links included, so that
 /// the opens that follow (which follow no link) reach it.
 pub fn resolve_named(path: &Path) -> io::Result<PathBuf> {
-    std::fs::canonicalize(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    std::fs::canonicalize(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
 #[cfg(test)]
@@ -149,12 +178,26 @@ mod tests {
         std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
         let link = dir.path().join("t.vdattach");
         std::os::unix::fs::symlink(&victim, &link).unwrap();
-        let e = options(PRIVATE).read(true).write(true).create(true).truncate(false).open(&link).map_err(|e| explain(e, &link)).unwrap_err();
-        assert!(e.to_string().contains("t.vdattach is a symbolic link"), "{e}");
+        let e = options(PRIVATE)
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&link)
+            .map_err(|e| explain(e, &link))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("t.vdattach is a symbolic link"),
+            "{e}"
+        );
         let e = open_read(&link).unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
         assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
-        assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777, 0o644, "the link's target keeps its mode");
+        assert_eq!(
+            std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777,
+            0o644,
+            "the link's target keeps its mode"
+        );
     }
 
     #[test]
@@ -163,15 +206,32 @@ mod tests {
         // SAFETY: umask only sets the process's file mode mask; the test restores it.
         let old = unsafe { libc::umask(0) };
         let f = dir.path().join("cache");
-        let mut file = options(PRIVATE).write(true).create_new(true).open(&f).unwrap();
+        let mut file = options(PRIVATE)
+            .write(true)
+            .create_new(true)
+            .open(&f)
+            .unwrap();
         file.write_all(b"x").unwrap();
         let d = dir.path().join("a/b");
         create_dir_all(&d).unwrap();
         // SAFETY: as above.
         unsafe { libc::umask(old) };
-        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
-        assert_eq!(std::fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o750);
-        assert_eq!(std::fs::metadata(dir.path().join("a")).unwrap().permissions().mode() & 0o777, 0o750);
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+            0o750
+        );
+        assert_eq!(
+            std::fs::metadata(dir.path().join("a"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o750
+        );
     }
 
     #[test]
@@ -182,7 +242,10 @@ mod tests {
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
         let file = open_read(&f).unwrap();
         assert_eq!(tighten(&file, PRIVATE).unwrap(), Some(0o644));
-        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert_eq!(tighten(&file, PRIVATE).unwrap(), None);
         let real = dir.path().join("real");
         std::fs::create_dir(&real).unwrap();

@@ -68,7 +68,13 @@ pub enum TraceOp {
 }
 
 impl TraceOp {
-    pub const ALL: [TraceOp; 5] = [TraceOp::Read, TraceOp::Write, TraceOp::Trim, TraceOp::Zero, TraceOp::Flush];
+    pub const ALL: [TraceOp; 5] = [
+        TraceOp::Read,
+        TraceOp::Write,
+        TraceOp::Trim,
+        TraceOp::Zero,
+        TraceOp::Flush,
+    ];
 
     fn from_code(code: u8) -> Option<TraceOp> {
         TraceOp::ALL.into_iter().find(|op| *op as u8 == code)
@@ -124,17 +130,40 @@ impl TraceRecord {
 pub enum TraceError {
     // The OS error is in the message, so it is not also `source()` (printed twice by `{:#}`).
     #[error("{}: {what}: {err}", path.display())]
-    Io { path: PathBuf, what: &'static str, err: std::io::Error },
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        err: std::io::Error,
+    },
     #[error("{} is not a vdstream I/O trace (bytes 0-7 are {found:?}, not \"VDSTRACE\"); record one with --record-trace", path.display())]
     BadMagic { path: PathBuf, found: String },
     #[error("{}: trace format version {version} (or record size {record_size}) is not supported: this vdstream reads version {VERSION} with {RECORD_LEN}-byte records", path.display())]
-    BadVersion { path: PathBuf, version: u16, record_size: u16 },
+    BadVersion {
+        path: PathBuf,
+        version: u16,
+        record_size: u16,
+    },
     #[error("{}: truncated at byte offset {offset}: {what} needs {needed} bytes, the file ends after {have}", path.display())]
-    Truncated { path: PathBuf, offset: u64, what: &'static str, needed: u64, have: u64 },
+    Truncated {
+        path: PathBuf,
+        offset: u64,
+        what: &'static str,
+        needed: u64,
+        have: u64,
+    },
     #[error("{}: record at byte offset {offset} has unknown operation code {code} (expected 1-5)", path.display())]
-    BadOp { path: PathBuf, offset: u64, code: u8 },
+    BadOp {
+        path: PathBuf,
+        offset: u64,
+        code: u8,
+    },
     #[error("{}: record at byte offset {offset} goes back in time ({time_ns} ns after one at {previous_ns} ns)", path.display())]
-    OutOfOrder { path: PathBuf, offset: u64, time_ns: u64, previous_ns: u64 },
+    OutOfOrder {
+        path: PathBuf,
+        offset: u64,
+        time_ns: u64,
+        previous_ns: u64,
+    },
     /// A later `finish` of a writer whose recording failed: the first error, again.
     #[error("{message}")]
     Failed { message: String },
@@ -199,19 +228,42 @@ impl TraceWriter {
     /// Creates (or truncates) `path` and writes the header of a trace of a device of
     /// `device_size` bytes.
     pub fn create(path: &Path, device_size: u64) -> std::result::Result<TraceWriter, TraceError> {
-        let io = |what, err| TraceError::Io { path: path.to_path_buf(), what, err };
+        let io = |what, err| TraceError::Io {
+            path: path.to_path_buf(),
+            what,
+            err,
+        };
         let file = File::create(path).map_err(|e| io("cannot create the trace file", e))?;
-        let start_unix_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let start_unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
         let mut out = BufWriter::with_capacity(1 << 20, file);
-        out.write_all(&TraceHeader { device_size, start_unix_ns }.encode()).map_err(|e| io("cannot write the trace header", e))?;
-        out.flush().map_err(|e| io("cannot write the trace header", e))?;
-        let shared = Arc::new(Shared { start: Instant::now(), queue: Mutex::new(Queue::default()), wake: Condvar::new() });
+        out.write_all(
+            &TraceHeader {
+                device_size,
+                start_unix_ns,
+            }
+            .encode(),
+        )
+        .map_err(|e| io("cannot write the trace header", e))?;
+        out.flush()
+            .map_err(|e| io("cannot write the trace header", e))?;
+        let shared = Arc::new(Shared {
+            start: Instant::now(),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+        });
         let (s, p) = (shared.clone(), path.to_path_buf());
         let thread = std::thread::Builder::new()
             .name("trace-writer".into())
             .spawn(move || write_loop(&s, out, &p))
             .map_err(|e| io("cannot start the trace writer thread", e))?;
-        Ok(TraceWriter { shared, writer: Mutex::new(Writer::Running(thread)), path: path.to_path_buf() })
+        Ok(TraceWriter {
+            shared,
+            writer: Mutex::new(Writer::Running(thread)),
+            path: path.to_path_buf(),
+        })
     }
 
     /// Queues one record stamped with the time now.
@@ -221,7 +273,13 @@ impl TraceWriter {
             return;
         }
         let time_ns = self.shared.start.elapsed().as_nanos() as u64;
-        q.records.push(TraceRecord { time_ns, offset, length: length.min(u32::MAX as u64) as u32, op, flags });
+        q.records.push(TraceRecord {
+            time_ns,
+            offset,
+            length: length.min(u32::MAX as u64) as u32,
+            op,
+            flags,
+        });
         if q.records.len() == CHUNK_RECORDS {
             self.shared.wake.notify_one();
         }
@@ -243,7 +301,8 @@ impl TraceWriter {
                         err: std::io::Error::other("panicked"),
                     })
                 });
-                *writer = Writer::Finished(result.as_ref().map(|n| *n).map_err(ToString::to_string));
+                *writer =
+                    Writer::Finished(result.as_ref().map(|n| *n).map_err(ToString::to_string));
                 result
             }
             Writer::Finished(outcome) => {
@@ -262,7 +321,12 @@ impl Drop for TraceWriter {
     /// Finishes a trace nobody finished, logging its error (a `finish` before already
     /// returned it to its caller).
     fn drop(&mut self) {
-        if matches!(self.writer.get_mut().unwrap_or_else(PoisonError::into_inner), Writer::Running(_)) {
+        if matches!(
+            self.writer
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+            Writer::Running(_)
+        ) {
             if let Err(e) = self.finish() {
                 log::error!("{e}");
             }
@@ -272,8 +336,16 @@ impl Drop for TraceWriter {
 
 /// The writer thread: takes whatever is queued when woken (a full chunk, or once a
 /// second), encodes it outside the lock and writes it.
-fn write_loop(shared: &Shared, mut out: BufWriter<File>, path: &Path) -> std::result::Result<u64, TraceError> {
-    let io = |what, err| TraceError::Io { path: path.to_path_buf(), what, err };
+fn write_loop(
+    shared: &Shared,
+    mut out: BufWriter<File>,
+    path: &Path,
+) -> std::result::Result<u64, TraceError> {
+    let io = |what, err| TraceError::Io {
+        path: path.to_path_buf(),
+        what,
+        err,
+    };
     let mut taken = Vec::with_capacity(CHUNK_RECORDS);
     let mut bytes = Vec::with_capacity(CHUNK_RECORDS * RECORD_LEN as usize);
     let mut written = 0u64;
@@ -283,7 +355,9 @@ fn write_loop(shared: &Shared, mut out: BufWriter<File>, path: &Path) -> std::re
             let q = shared.lock();
             let (mut q, _) = shared
                 .wake
-                .wait_timeout_while(q, Duration::from_secs(1), |q| !q.done && q.records.len() < CHUNK_RECORDS)
+                .wait_timeout_while(q, Duration::from_secs(1), |q| {
+                    !q.done && q.records.len() < CHUNK_RECORDS
+                })
                 .unwrap_or_else(PoisonError::into_inner);
             std::mem::swap(&mut q.records, &mut taken);
             q.done
@@ -296,7 +370,10 @@ fn write_loop(shared: &Shared, mut out: BufWriter<File>, path: &Path) -> std::re
             match out.write_all(&bytes) {
                 Ok(()) => written += taken.len() as u64,
                 Err(e) => {
-                    log::error!("{}: cannot write the trace, recording stops: {e}", path.display());
+                    log::error!(
+                        "{}: cannot write the trace, recording stops: {e}",
+                        path.display()
+                    );
                     failed = Some(e);
                 }
             }
@@ -316,7 +393,9 @@ fn write_loop(shared: &Shared, mut out: BufWriter<File>, path: &Path) -> std::re
         return Err(io("cannot write the trace", e));
     }
     out.flush().map_err(|e| io("cannot write the trace", e))?;
-    out.get_ref().sync_data().map_err(|e| io("cannot sync the trace", e))?;
+    out.get_ref()
+        .sync_data()
+        .map_err(|e| io("cannot sync the trace", e))?;
     Ok(written)
 }
 
@@ -329,7 +408,10 @@ pub struct TraceDev {
 
 impl TraceDev {
     /// Starts recording the requests `inner` receives into a new trace file at `path`.
-    pub fn create(inner: Arc<dyn BlockDev>, path: &Path) -> std::result::Result<TraceDev, TraceError> {
+    pub fn create(
+        inner: Arc<dyn BlockDev>,
+        path: &Path,
+    ) -> std::result::Result<TraceDev, TraceError> {
         let writer = TraceWriter::create(path, inner.size())?;
         Ok(TraceDev { inner, writer })
     }
@@ -351,15 +433,22 @@ impl crate::Filter for TraceDev {
         &*self.inner
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.writer.record(TraceOp::Read, offset, buf.len() as u64, 0);
+        self.writer
+            .record(TraceOp::Read, offset, buf.len() as u64, 0);
         self.inner().read_at(buf, offset)
     }
     fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
-        self.writer.record(TraceOp::Read, offset, buf.len() as u64, 0);
+        self.writer
+            .record(TraceOp::Read, offset, buf.len() as u64, 0);
         self.inner().read_at_sparse(buf, offset, holes)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
-        self.writer.record(TraceOp::Write, offset, buf.len() as u64, if fua { FLAG_FUA } else { 0 });
+        self.writer.record(
+            TraceOp::Write,
+            offset,
+            buf.len() as u64,
+            if fua { FLAG_FUA } else { 0 },
+        );
         self.inner().write_at(buf, offset, fua)
     }
     fn flush(&self) -> Result<()> {
@@ -367,19 +456,28 @@ impl crate::Filter for TraceDev {
         self.inner().flush()
     }
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.writer.record(TraceOp::Trim, offset, len, if fua { FLAG_FUA } else { 0 });
+        self.writer
+            .record(TraceOp::Trim, offset, len, if fua { FLAG_FUA } else { 0 });
         self.inner().trim(offset, len, fua)
     }
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        let f = if flags.fua { FLAG_FUA } else { 0 } | if flags.may_trim { FLAG_MAY_TRIM } else { 0 };
+        let f =
+            if flags.fua { FLAG_FUA } else { 0 } | if flags.may_trim { FLAG_MAY_TRIM } else { 0 };
         self.writer.record(TraceOp::Zero, offset, len, f);
         self.inner().write_zeroes(offset, len, flags)
     }
     fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
         for op in ops.iter() {
             match &op.io {
-                BatchIo::Read(b) => self.writer.record(TraceOp::Read, op.offset, b.len() as u64, 0),
-                BatchIo::Write(b, fua) => self.writer.record(TraceOp::Write, op.offset, b.len() as u64, if *fua { FLAG_FUA } else { 0 }),
+                BatchIo::Read(b) => self
+                    .writer
+                    .record(TraceOp::Read, op.offset, b.len() as u64, 0),
+                BatchIo::Write(b, fua) => self.writer.record(
+                    TraceOp::Write,
+                    op.offset,
+                    b.len() as u64,
+                    if *fua { FLAG_FUA } else { 0 },
+                ),
             }
         }
         self.inner().io_batch(ops)
@@ -401,14 +499,24 @@ pub struct TraceReader {
 impl TraceReader {
     /// Opens `path` and checks its header and length.
     pub fn open(path: &Path) -> std::result::Result<TraceReader, TraceError> {
-        let io = |what, err| TraceError::Io { path: path.to_path_buf(), what, err };
+        let io = |what, err| TraceError::Io {
+            path: path.to_path_buf(),
+            what,
+            err,
+        };
         let file = File::open(path).map_err(|e| io("cannot open the trace", e))?;
-        let file_len = file.metadata().map_err(|e| io("cannot read the trace", e))?.len();
+        let file_len = file
+            .metadata()
+            .map_err(|e| io("cannot read the trace", e))?
+            .len();
         let mut input = BufReader::with_capacity(1 << 20, file);
         let mut h = [0u8; HEADER_LEN as usize];
         let n = read_full(&mut input, &mut h).map_err(|e| io("cannot read the trace", e))?;
         if n >= 8 && &h[..8] != MAGIC || n < 8 && !MAGIC.starts_with(&h[..n]) {
-            return Err(TraceError::BadMagic { path: path.to_path_buf(), found: String::from_utf8_lossy(&h[..n.min(8)]).into_owned() });
+            return Err(TraceError::BadMagic {
+                path: path.to_path_buf(),
+                found: String::from_utf8_lossy(&h[..n.min(8)]).into_owned(),
+            });
         }
         if (n as u64) < HEADER_LEN {
             return Err(TraceError::Truncated {
@@ -423,7 +531,11 @@ impl TraceReader {
         let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().expect("8 bytes"));
         let (version, record_size) = (u16_at(8), u16_at(10));
         if version != VERSION || record_size as u64 != RECORD_LEN {
-            return Err(TraceError::BadVersion { path: path.to_path_buf(), version, record_size });
+            return Err(TraceError::BadVersion {
+                path: path.to_path_buf(),
+                version,
+                record_size,
+            });
         }
         let body = file_len - HEADER_LEN;
         if body % RECORD_LEN != 0 {
@@ -436,8 +548,18 @@ impl TraceReader {
                 have: body % RECORD_LEN,
             });
         }
-        let header = TraceHeader { device_size: u64_at(16), start_unix_ns: u64_at(24) };
-        Ok(TraceReader { path: path.to_path_buf(), input, header, file_len, pos: HEADER_LEN, last_ns: 0 })
+        let header = TraceHeader {
+            device_size: u64_at(16),
+            start_unix_ns: u64_at(24),
+        };
+        Ok(TraceReader {
+            path: path.to_path_buf(),
+            input,
+            header,
+            file_len,
+            pos: HEADER_LEN,
+            last_ns: 0,
+        })
     }
 
     pub fn header(&self) -> TraceHeader {
@@ -466,17 +588,38 @@ impl TraceReader {
         let offset = self.pos;
         if (n as u64) < RECORD_LEN {
             // The file shrank after it was opened.
-            return Err(TraceError::Truncated { path: self.path.clone(), offset, what: "a record", needed: RECORD_LEN, have: n as u64 });
+            return Err(TraceError::Truncated {
+                path: self.path.clone(),
+                offset,
+                what: "a record",
+                needed: RECORD_LEN,
+                have: n as u64,
+            });
         }
         self.pos += RECORD_LEN;
         let u64_at = |i: usize| u64::from_le_bytes(r[i..i + 8].try_into().expect("8 bytes"));
-        let op = TraceOp::from_code(r[20]).ok_or(TraceError::BadOp { path: self.path.clone(), offset, code: r[20] })?;
+        let op = TraceOp::from_code(r[20]).ok_or(TraceError::BadOp {
+            path: self.path.clone(),
+            offset,
+            code: r[20],
+        })?;
         let time_ns = u64_at(0);
         if time_ns < self.last_ns {
-            return Err(TraceError::OutOfOrder { path: self.path.clone(), offset, time_ns, previous_ns: self.last_ns });
+            return Err(TraceError::OutOfOrder {
+                path: self.path.clone(),
+                offset,
+                time_ns,
+                previous_ns: self.last_ns,
+            });
         }
         self.last_ns = time_ns;
-        Ok(Some(TraceRecord { time_ns, offset: u64_at(8), length: u32::from_le_bytes([r[16], r[17], r[18], r[19]]), op, flags: r[21] }))
+        Ok(Some(TraceRecord {
+            time_ns,
+            offset: u64_at(8),
+            length: u32::from_le_bytes([r[16], r[17], r[18], r[19]]),
+            op,
+            flags: r[21],
+        }))
     }
 }
 
@@ -522,7 +665,15 @@ mod tests {
         dev.read_at(&mut buf, 8192).unwrap();
         assert_eq!(buf, [7u8; 512], "reads are forwarded");
         dev.trim(0, 4096, false).unwrap();
-        dev.write_zeroes(4096, 4096, ZeroFlags { may_trim: true, ..ZeroFlags::default() }).unwrap();
+        dev.write_zeroes(
+            4096,
+            4096,
+            ZeroFlags {
+                may_trim: true,
+                ..ZeroFlags::default()
+            },
+        )
+        .unwrap();
         dev.flush().unwrap();
         let (mut a, b) = ([0u8; 4096], [1u8; 4096]);
         let mut ops = [BatchOp::read(&mut a, 0), BatchOp::write(&b, 65536, false)];
@@ -532,7 +683,10 @@ mod tests {
         assert_eq!(reader.header().device_size, 1 << 20);
         assert_eq!(reader.record_count(), 7);
         let recs = read_all(&path).unwrap();
-        let ops: Vec<_> = recs.iter().map(|r| (r.op, r.offset, r.length, r.flags)).collect();
+        let ops: Vec<_> = recs
+            .iter()
+            .map(|r| (r.op, r.offset, r.length, r.flags))
+            .collect();
         assert_eq!(
             ops,
             vec![
@@ -561,16 +715,27 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0, "mkfifo");
         // A reader first, so that opening the FIFO for writing does not wait; once it is
         // gone, every write of the trace fails with EPIPE.
-        let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .unwrap();
         let writer = TraceWriter::create(&path, 1 << 20).unwrap();
         drop(reader);
         for i in 0..1000 {
             writer.record(TraceOp::Write, i * 4096, 4096, 0);
         }
-        let first = writer.finish().expect_err("writing into a FIFO without a reader fails");
-        let again = writer.finish().expect_err("a second finish reports the failure too");
+        let first = writer
+            .finish()
+            .expect_err("writing into a FIFO without a reader fails");
+        let again = writer
+            .finish()
+            .expect_err("a second finish reports the failure too");
         assert_eq!(again.to_string(), first.to_string());
-        assert!(first.to_string().contains("t.fifo"), "the error names the trace file: {first}");
+        assert!(
+            first.to_string().contains("t.fifo"),
+            "the error names the trace file: {first}"
+        );
     }
 
     #[test]
@@ -585,7 +750,8 @@ mod tests {
                 s.spawn(move || {
                     let mut buf = [0u8; 512];
                     for i in 0..per {
-                        dev.read_at(&mut buf, (t * per + i) * 512 % (1 << 24)).unwrap();
+                        dev.read_at(&mut buf, (t * per + i) * 512 % (1 << 24))
+                            .unwrap();
                     }
                 });
             }
@@ -610,9 +776,15 @@ mod tests {
         let check = |bytes: &[u8], want: &str| {
             std::fs::write(&path, bytes).unwrap();
             let err = read_all(&path).unwrap_err().to_string();
-            assert!(err.contains(&name) && err.contains(want), "{err:?} lacks {want:?}");
+            assert!(
+                err.contains(&name) && err.contains(want),
+                "{err:?} lacks {want:?}"
+            );
         };
-        check(b"GIF89a, not a trace at all................", "is not a vdstream I/O trace");
+        check(
+            b"GIF89a, not a trace at all................",
+            "is not a vdstream I/O trace",
+        );
         check(b"", "truncated at byte offset 0");
         check(&good[..20], "truncated at byte offset 0");
         check(&good[..good.len() - 5], "truncated at byte offset 80");
@@ -626,8 +798,13 @@ mod tests {
         v[32 + 48..32 + 56].copy_from_slice(&0u64.to_le_bytes());
         v[32 + 24..32 + 32].copy_from_slice(&u64::MAX.to_le_bytes());
         check(&v, "byte offset 80 goes back in time");
-        let err = read_all(&dir.path().join("missing")).unwrap_err().to_string();
-        assert!(err.contains("missing") && err.contains("cannot open"), "{err}");
+        let err = read_all(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("missing") && err.contains("cannot open"),
+            "{err}"
+        );
     }
 
     mod props {
@@ -635,7 +812,13 @@ mod tests {
         use proptest::prelude::*;
 
         fn record() -> impl Strategy<Value = (u64, u64, u32, TraceOp, u8)> {
-            (0u64..1 << 20, any::<u64>(), any::<u32>(), prop::sample::select(TraceOp::ALL.to_vec()), 0u8..4)
+            (
+                0u64..1 << 20,
+                any::<u64>(),
+                any::<u32>(),
+                prop::sample::select(TraceOp::ALL.to_vec()),
+                0u8..4,
+            )
         }
 
         proptest! {

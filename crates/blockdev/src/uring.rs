@@ -153,7 +153,9 @@ pub struct UringQueue {
 
 impl std::fmt::Debug for UringQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UringQueue").field("broken", &self.shared.lock().broken).finish()
+        f.debug_struct("UringQueue")
+            .field("broken", &self.shared.lock().broken)
+            .finish()
     }
 }
 
@@ -169,26 +171,42 @@ impl UringQueue {
         }
         // SAFETY: `fd` was just returned by eventfd and is owned by nothing else.
         let nudge = unsafe { OwnedFd::from_raw_fd(fd) };
-        let queue = Queue { incoming: Vec::new(), in_flight: 0, nudged: false, stop: false, broken: false };
-        let shared = Arc::new(Shared { queue: Mutex::new(queue), nudge });
+        let queue = Queue {
+            incoming: Vec::new(),
+            in_flight: 0,
+            nudged: false,
+            stop: false,
+            broken: false,
+        };
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(queue),
+            nudge,
+        });
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let ring_shared = shared.clone();
         let name: String = format!("uring {what}").chars().take(15).collect();
-        let thread = std::thread::Builder::new().name(name).spawn(move || match setup_ring() {
-            Ok(ring) => {
-                let _ = tx.send(Ok(()));
-                RingThread::new(ring, ring_shared).run();
-            }
-            Err(e) => {
-                let _ = tx.send(Err(e));
-            }
-        })?;
-        let ready = rx.recv().unwrap_or_else(|_| Err(io::Error::other("the io_uring thread ended during setup")));
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || match setup_ring() {
+                Ok(ring) => {
+                    let _ = tx.send(Ok(()));
+                    RingThread::new(ring, ring_shared).run();
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            })?;
+        let ready = rx
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("the io_uring thread ended during setup")));
         if let Err(e) = ready {
             let _ = thread.join();
             return Err(e);
         }
-        Ok(UringQueue { shared, thread: Some(thread) })
+        Ok(UringQueue {
+            shared,
+            thread: Some(thread),
+        })
     }
 
     /// Reads `buf.len()` bytes at `offset` of `fd`; `None` hands the request back unread.
@@ -207,7 +225,14 @@ impl UringQueue {
         self.shared.lock().broken
     }
 
-    fn run(&self, dir: Dir, fd: RawFd, ptr: *mut u8, len: usize, offset: u64) -> Option<io::Result<()>> {
+    fn run(
+        &self,
+        dir: Dir,
+        fd: RawFd,
+        ptr: *mut u8,
+        len: usize,
+        offset: u64,
+    ) -> Option<io::Result<()>> {
         if len == 0 {
             return Some(Ok(()));
         }
@@ -245,8 +270,14 @@ impl UringQueue {
         }
         Some(match slot.outcome.load(Ordering::Relaxed) {
             0 => Ok(()),
-            EOF => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "failed to fill whole buffer")),
-            WROTE_ZERO => Err(io::Error::new(io::ErrorKind::WriteZero, "failed to write whole buffer")),
+            EOF => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "failed to fill whole buffer",
+            )),
+            WROTE_ZERO => Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "failed to write whole buffer",
+            )),
             errno => Err(io::Error::from_raw_os_error(errno)),
         })
     }
@@ -275,7 +306,11 @@ fn setup_ring() -> io::Result<IoUring> {
 /// A ring of `entries` for one thread's use (`SINGLE_ISSUER` and `DEFER_TASKRUN` where the
 /// kernel has them) that can read and write files; also [`crate::ring`]'s per-thread ring.
 pub(crate) fn setup_ring_of(entries: u32) -> io::Result<IoUring> {
-    let ring = match IoUring::builder().setup_single_issuer().setup_defer_taskrun().build(entries) {
+    let ring = match IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(entries)
+    {
         Ok(r) => r,
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::new(entries)?,
         Err(e) => return Err(e),
@@ -368,7 +403,14 @@ impl RingThread {
             let entered = if broken {
                 // SAFETY: submits nothing (to_submit 0), only waits for completions; no
                 // argument pointer is passed.
-                unsafe { self.ring.submitter().enter::<libc::sigset_t>(0, 1, IORING_ENTER_GETEVENTS, None) }
+                unsafe {
+                    self.ring.submitter().enter::<libc::sigset_t>(
+                        0,
+                        1,
+                        IORING_ENTER_GETEVENTS,
+                        None,
+                    )
+                }
             } else {
                 self.ring.submit_and_wait(1)
             };
@@ -377,7 +419,11 @@ impl RingThread {
                     self.unconsumed.drain(..n.min(self.unconsumed.len()));
                 }
                 Ok(_) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                    ) => {}
                 Err(e) if broken => {
                     log::error!("io_uring wait failed ({e}); retrying");
                     std::thread::sleep(std::time::Duration::from_millis(1));
@@ -390,7 +436,9 @@ impl RingThread {
 
     fn arm_nudge(&mut self) {
         let buf: *mut u64 = &mut *self.nudge_buf;
-        let entry = opcode::Read::new(types::Fd(self.shared.nudge.as_raw_fd()), buf.cast(), 8).build().user_data(NUDGE_TAG);
+        let entry = opcode::Read::new(types::Fd(self.shared.nudge.as_raw_fd()), buf.cast(), 8)
+            .build()
+            .user_data(NUDGE_TAG);
         // SAFETY: the eventfd and `nudge_buf` live as long as this thread, which does not
         // end while the read is armed (`nudge_armed`).
         if unsafe { self.ring.submission().push(&entry) }.is_ok() {
@@ -403,7 +451,9 @@ impl RingThread {
     fn push_backlog(&mut self) {
         let mut sq = self.ring.submission();
         while let Some(held) = self.backlog.front().copied() {
-            let Some(&index) = self.free.last() else { break };
+            let Some(&index) = self.free.last() else {
+                break;
+            };
             let slot = held.slot.slot();
             // SAFETY: `done < len`, so the pointer stays inside the caller's buffer.
             let ptr = unsafe { slot.ptr.add(held.done) };
@@ -427,7 +477,11 @@ impl RingThread {
     }
 
     fn reap(&mut self) {
-        let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        let done: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
         for (tag, res) in done {
             if tag == NUDGE_TAG {
                 self.nudge_armed = false;

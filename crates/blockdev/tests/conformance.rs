@@ -171,7 +171,8 @@ fn trace_dev_conforms() {
     // Recording must not change what the device below answers.
     let images = Images::new();
     conformance::run_all("TraceDev(MemoryDev)", &|size| {
-        let dev = vdstream_blockdev::TraceDev::create(memory(size), &images.path()).expect("a trace file");
+        let dev = vdstream_blockdev::TraceDev::create(memory(size), &images.path())
+            .expect("a trace file");
         Arc::new(dev) as Arc<dyn BlockDev>
     });
 }

@@ -15,7 +15,13 @@ fn partial_write_never_undoes_a_concurrent_aligned_write() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("disk.img");
     std::fs::write(&path, vec![0u8; 64 << 10]).unwrap();
-    let dev = match FileDev::open(&path, FileOptions { read_only: false, direct: true }) {
+    let dev = match FileDev::open(
+        &path,
+        FileOptions {
+            read_only: false,
+            direct: true,
+        },
+    ) {
         Ok(d) => Arc::new(d),
         Err(e) => {
             println!("SKIP: O_DIRECT refused here: {e}");
@@ -31,7 +37,8 @@ fn partial_write_never_undoes_a_concurrent_aligned_write() {
         std::thread::spawn(move || {
             for _ in 0..ROUNDS {
                 barrier.wait();
-                dev.write_at(&[0xee; PART.end - PART.start], PART.start as u64, false).unwrap();
+                dev.write_at(&[0xee; PART.end - PART.start], PART.start as u64, false)
+                    .unwrap();
                 barrier.wait();
             }
         })
@@ -47,7 +54,10 @@ fn partial_write_never_undoes_a_concurrent_aligned_write() {
         dev.read_at(&mut back, 0).unwrap();
         for (i, &b) in back.iter().enumerate() {
             if !PART.contains(&i) {
-                assert_eq!(b, fill, "round {round}: byte {i}, outside the partial write, lost the aligned write");
+                assert_eq!(
+                    b, fill,
+                    "round {round}: byte {i}, outside the partial write, lost the aligned write"
+                );
             }
         }
     }

@@ -12,7 +12,9 @@ use vdstream_blockdev::uring::UringQueue;
 use vdstream_blockdev::{IoEngine, IoEngineKind};
 
 fn temp_dir() -> tempfile::TempDir {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     tempfile::tempdir_in(base).expect("a temporary directory")
 }
 
@@ -64,7 +66,10 @@ fn both_engines_read_back_what_they_wrote_and_report_eof() {
         let mut past = vec![0; 4096];
         let e = engine.read_exact_at(&f, &mut past, 3 * 4096).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{kind}: {e}");
-        let ro = OpenOptions::new().read(true).open(dir.path().join(format!("f-{kind}"))).unwrap();
+        let ro = OpenOptions::new()
+            .read(true)
+            .open(dir.path().join(format!("f-{kind}")))
+            .unwrap();
         let e = engine.write_all_at(&ro, &data, 0).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EBADF), "{kind}: {e}");
     }
@@ -98,10 +103,21 @@ fn many_threads_on_the_same_pages_lose_nothing() {
                         let own = 8 + t;
                         let mine = page_of((t << 32) | r);
                         engine.write_all_at(&file, &mine.0, own * 4096).unwrap();
-                        engine.read_exact_at(&file, &mut back.0, own * 4096).unwrap();
-                        assert!(back.0 == mine.0, "{kind}: thread {t} round {r} read another page's bytes");
+                        engine
+                            .read_exact_at(&file, &mut back.0, own * 4096)
+                            .unwrap();
+                        assert!(
+                            back.0 == mine.0,
+                            "{kind}: thread {t} round {r} read another page's bytes"
+                        );
                         let shared = (t + r) % 8;
-                        engine.write_all_at(&file, &page_of((1 << 63) | (t << 32) | r).0, shared * 4096).unwrap();
+                        engine
+                            .write_all_at(
+                                &file,
+                                &page_of((1 << 63) | (t << 32) | r).0,
+                                shared * 4096,
+                            )
+                            .unwrap();
                     }
                 });
             }
@@ -110,7 +126,10 @@ fn many_threads_on_the_same_pages_lose_nothing() {
         for p in 0..8u64 {
             engine.read_exact_at(&file, &mut back.0, p * 4096).unwrap();
             let tag = u64::from_le_bytes(back.0[..8].try_into().unwrap());
-            assert!(back.0 == page_of(tag).0 && tag >> 63 == 1, "{kind}: shared page {p} is not one whole write");
+            assert!(
+                back.0 == page_of(tag).0 && tag >> 63 == 1,
+                "{kind}: shared page {p} is not one whole write"
+            );
         }
         if let IoEngine::IoUring(q) = &*engine {
             assert!(!q.is_broken(), "the ring broke during the test");
@@ -122,7 +141,9 @@ fn many_threads_on_the_same_pages_lose_nothing() {
 fn a_refused_io_uring_falls_back_to_pread_pwrite() {
     let dir = temp_dir();
     for errno in [libc::EPERM, libc::ENOSYS, libc::EINVAL] {
-        let engine = IoEngine::from_setup(IoEngineKind::IoUring, "refused", || Err(io::Error::from_raw_os_error(errno)));
+        let engine = IoEngine::from_setup(IoEngineKind::IoUring, "refused", || {
+            Err(io::Error::from_raw_os_error(errno))
+        });
         assert_eq!(engine.kind(), IoEngineKind::Sync);
         let f = open(&dir.path().join("h"), false);
         engine.write_all_at(&f, b"still works", 10).unwrap();
@@ -130,7 +151,10 @@ fn a_refused_io_uring_falls_back_to_pread_pwrite() {
         engine.read_exact_at(&f, &mut back, 10).unwrap();
         assert_eq!(&back, b"still works");
     }
-    assert_eq!(IoEngine::open(IoEngineKind::Sync, "s").kind(), IoEngineKind::Sync);
+    assert_eq!(
+        IoEngine::open(IoEngineKind::Sync, "s").kind(),
+        IoEngineKind::Sync
+    );
 }
 
 #[test]
@@ -138,9 +162,13 @@ fn queues_come_and_go_without_hanging() {
     let dir = temp_dir();
     let f = open(&dir.path().join("q"), false);
     for i in 0..50u8 {
-        let Ok(q) = UringQueue::new("churn") else { return };
+        let Ok(q) = UringQueue::new("churn") else {
+            return;
+        };
         if i % 2 == 0 {
-            q.write(std::os::fd::AsRawFd::as_raw_fd(&f), &[i; 100], 0).unwrap().unwrap();
+            q.write(std::os::fd::AsRawFd::as_raw_fd(&f), &[i; 100], 0)
+                .unwrap()
+                .unwrap();
         }
         drop(q);
     }

@@ -43,7 +43,11 @@ pub fn hash_file_id(h: &mut Sha256, p: &Path) {
 
 /// The first 16 hex digits of a finished hash.
 pub fn short_hex(h: Sha256) -> String {
-    h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+    h.finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Whether `dir` holds a complete entry.
@@ -60,7 +64,8 @@ pub struct Lock {
 impl Lock {
     /// Waits for the exclusive lock on `path` (created if missing).
     pub fn exclusive(path: &Path) -> std::io::Result<Lock> {
-        let f = vdstream_blockdev::storefile::open_rw(path, vdstream_blockdev::storefile::SHARED_READ)?;
+        let f =
+            vdstream_blockdev::storefile::open_rw(path, vdstream_blockdev::storefile::SHARED_READ)?;
         loop {
             // SAFETY: flock on a file descriptor this function owns for the call's length.
             let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
@@ -78,7 +83,9 @@ impl Lock {
 /// Removes the other KEY directories (and leftovers of failed builds) of a version's
 /// directory, keeping `keep`. Best effort: a file open elsewhere stays readable.
 pub fn prune(version_dir: &Path, keep: &str) {
-    let Ok(rd) = std::fs::read_dir(version_dir) else { return };
+    let Ok(rd) = std::fs::read_dir(version_dir) else {
+        return;
+    };
     for e in rd.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();

@@ -21,7 +21,9 @@ pub struct Archive<W: Write> {
 
 impl<W: Write> std::fmt::Debug for Archive<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Archive").field("entries", &self.names.len()).finish()
+        f.debug_struct("Archive")
+            .field("entries", &self.names.len())
+            .finish()
     }
 }
 
@@ -31,17 +33,42 @@ fn rel(path: &str) -> String {
 
 impl<W: Write> Archive<W> {
     pub fn new(w: W) -> Self {
-        Archive { out: GzEncoder::new(w, Compression::default()), dirs: BTreeSet::new(), names: BTreeSet::new(), ino: 1 }
+        Archive {
+            out: GzEncoder::new(w, Compression::default()),
+            dirs: BTreeSet::new(),
+            names: BTreeSet::new(),
+            ino: 1,
+        }
     }
 
-    fn entry(&mut self, name: &str, kind: ModeFileType, perm: u32, data: &[u8]) -> std::io::Result<()> {
+    fn entry(
+        &mut self,
+        name: &str,
+        kind: ModeFileType,
+        perm: u32,
+        data: &[u8],
+    ) -> std::io::Result<()> {
         if !self.names.insert(name.to_string()) {
-            return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{name} is in the initramfs twice")));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{name} is in the initramfs twice"),
+            ));
         }
-        let size = u32::try_from(data.len()).map_err(|_| std::io::Error::other(format!("{name} is over 4 GiB")))?;
+        let size = u32::try_from(data.len())
+            .map_err(|_| std::io::Error::other(format!("{name} is over 4 GiB")))?;
         self.ino += 1;
-        let b = Builder::new(name).ino(self.ino).uid(0).gid(0).mtime(0).nlink(if matches!(kind, ModeFileType::Directory) { 2 } else { 1 })
-            .mode(perm).set_mode_file_type(kind);
+        let b = Builder::new(name)
+            .ino(self.ino)
+            .uid(0)
+            .gid(0)
+            .mtime(0)
+            .nlink(if matches!(kind, ModeFileType::Directory) {
+                2
+            } else {
+                1
+            })
+            .mode(perm)
+            .set_mode_file_type(kind);
         let mut w = b.write(&mut self.out, size);
         w.write_all(data)?;
         w.finish()?;

@@ -20,23 +20,37 @@ struct DevReader {
 }
 
 impl Ext4Read for DevReader {
-    fn read(&mut self, start_byte: u64, dst: &mut [u8]) -> Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
-        self.dev.read_at(dst, self.base + start_byte).map_err(|e| Box::new(e) as _)
+    fn read(
+        &mut self,
+        start_byte: u64,
+        dst: &mut [u8],
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
+        self.dev
+            .read_at(dst, self.base + start_byte)
+            .map_err(|e| Box::new(e) as _)
     }
 }
 
 const EXT4_MAGIC_AT: u64 = 1024 + 56;
 const SECTOR: u64 = 512;
 /// GPT type GUIDs in their on-disk (mixed-endian) byte order.
-const GPT_LINUX_FS: [u8; 16] = [0xAF, 0x3D, 0xC6, 0x0F, 0x83, 0x84, 0x72, 0x47, 0x8E, 0x79, 0x3D, 0x69, 0xD8, 0x47, 0x7D, 0xE4];
-const GPT_ROOT_X86_64: [u8; 16] = [0xE3, 0xBC, 0x68, 0x4F, 0xCD, 0xE8, 0xB1, 0x4D, 0x96, 0xE7, 0xFB, 0xCA, 0xF9, 0x84, 0xB7, 0x09];
+const GPT_LINUX_FS: [u8; 16] = [
+    0xAF, 0x3D, 0xC6, 0x0F, 0x83, 0x84, 0x72, 0x47, 0x8E, 0x79, 0x3D, 0x69, 0xD8, 0x47, 0x7D, 0xE4,
+];
+const GPT_ROOT_X86_64: [u8; 16] = [
+    0xE3, 0xBC, 0x68, 0x4F, 0xCD, 0xE8, 0xB1, 0x4D, 0x96, 0xE7, 0xFB, 0xCA, 0xF9, 0x84, 0xB7, 0x09,
+];
 
 fn read(dev: &dyn BlockDev, len: usize, at: u64) -> Result<Vec<u8>, String> {
     let mut b = vec![0u8; len];
     if at + len as u64 > dev.size() {
-        return Err(format!("the disk is too small ({} bytes) to hold a file system", dev.size()));
+        return Err(format!(
+            "the disk is too small ({} bytes) to hold a file system",
+            dev.size()
+        ));
     }
-    dev.read_at(&mut b, at).map_err(|e| format!("reading {len} bytes at {at}: {e}"))?;
+    dev.read_at(&mut b, at)
+        .map_err(|e| format!("reading {len} bytes at {at}: {e}"))?;
     Ok(b)
 }
 
@@ -62,7 +76,10 @@ pub fn find_root(dev: &dyn BlockDev) -> Result<u64, String> {
     }
     let mbr = read(dev, SECTOR as usize, 0)?;
     if mbr[510..512] != [0x55, 0xAA] {
-        return Err("it is neither an ext4 file system nor a disk with an MBR or GPT partition table".into());
+        return Err(
+            "it is neither an ext4 file system nor a disk with an MBR or GPT partition table"
+                .into(),
+        );
     }
     let entries: Vec<&[u8]> = (0..4).map(|i| &mbr[446 + 16 * i..462 + 16 * i]).collect();
     if entries.iter().any(|e| e[4] == 0xEE) {
@@ -72,7 +89,9 @@ pub fn find_root(dev: &dyn BlockDev) -> Result<u64, String> {
         }
         let (lba, count, size) = (le64(&hdr, 72), le32(&hdr, 80).min(256), le32(&hdr, 84));
         if !(128..=4096).contains(&size) {
-            return Err(format!("its GPT header gives a partition entry size of {size} bytes"));
+            return Err(format!(
+                "its GPT header gives a partition entry size of {size} bytes"
+            ));
         }
         let table = read(dev, (count * size) as usize, lba * SECTOR)?;
         for e in table.chunks(size as usize) {
@@ -100,7 +119,11 @@ pub fn find_root(dev: &dyn BlockDev) -> Result<u64, String> {
 pub fn open_fs(dev: Arc<dyn BlockDev>) -> Result<Ext4, String> {
     let base = find_root(dev.as_ref())?;
     Ext4::load(Box::new(DevReader { dev, base })).map_err(|e| {
-        let at = if base == 0 { String::new() } else { format!(" (partition at byte {base})") };
+        let at = if base == 0 {
+            String::new()
+        } else {
+            format!(" (partition at byte {base})")
+        };
         format!("reading its ext4 file system{at}: {e}")
     })
 }

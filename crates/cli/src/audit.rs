@@ -31,21 +31,33 @@ pub fn run(args: AuditArgs) -> Result<()> {
     let doc = match args.api.client_for(&args.opts)? {
         Some(c) => {
             // The API answers at most 1000 entries (100 unless asked).
-            let mut q = vec![format!("limit={}", args.limit.unwrap_or(1000).clamp(1, 1000))];
+            let mut q = vec![format!(
+                "limit={}",
+                args.limit.unwrap_or(1000).clamp(1, 1000)
+            )];
             if let Some(n) = &args.name {
                 q.push(format!("vdisk={}", seg(n)));
             }
             c.get(&format!("/api/v1/audit?{}", q.join("&")))?
         }
-        None => vdstream_store::documents::audit(&args.opts.open()?, args.name.as_deref(), args.limit)?,
+        None => {
+            vdstream_store::documents::audit(&args.opts.open()?, args.name.as_deref(), args.limit)?
+        }
     };
     let entries: Vec<audit::AuditEntry> = serde_json::from_value(doc.clone())?;
     args.opts.emit(doc, || {
         entries
             .iter()
             .map(|e| {
-                let via = e.client.as_deref().map(|c| format!(" via API from {c}")).unwrap_or_default();
-                format!("{}  {}@{} (pid {}{via})  {:<22} {:<16} {}", e.time, e.user, e.host, e.pid, e.action, e.vdisk, e.details)
+                let via = e
+                    .client
+                    .as_deref()
+                    .map(|c| format!(" via API from {c}"))
+                    .unwrap_or_default();
+                format!(
+                    "{}  {}@{} (pid {}{via})  {:<22} {:<16} {}",
+                    e.time, e.user, e.host, e.pid, e.action, e.vdisk, e.details
+                )
             })
             .collect::<Vec<_>>()
             .join("\n")

@@ -127,7 +127,10 @@ impl BenchArgs {
         w.random_pct = self.random_pct.unwrap_or(w.random_pct);
         w.working_set = self.working_set;
         if !(self.duration.is_finite() && self.duration > 0.0 && self.duration <= 86_400.0) {
-            usage!("--duration {} is not a number of seconds between 0 and 86400", self.duration);
+            usage!(
+                "--duration {} is not a number of seconds between 0 and 86400",
+                self.duration
+            );
         }
         w.duration = Duration::from_secs_f64(self.duration);
         w.verify = self.verify;
@@ -137,8 +140,16 @@ impl BenchArgs {
 
 /// Runs `workload` on the NBD export `uri`, with a live progress line on stderr when it is a
 /// terminal and `show_progress` is set; `label` starts the line.
-pub fn run_with(uri: &str, workload: &Workload, opts: &RunOptions, label: &str, show_progress: bool) -> Result<BenchResult> {
-    with_progress(label, show_progress, |progress| vdstream_bench::run(uri, workload, opts, progress))
+pub fn run_with(
+    uri: &str,
+    workload: &Workload,
+    opts: &RunOptions,
+    label: &str,
+    show_progress: bool,
+) -> Result<BenchResult> {
+    with_progress(label, show_progress, |progress| {
+        vdstream_bench::run(uri, workload, opts, progress)
+    })
 }
 
 /// Runs `run` with the live progress line of [`run_with`].
@@ -198,12 +209,31 @@ fn target(uri: &str) -> Target<'_> {
 
 /// The write cache of `in-process:CACHE` over a zero-filled RAM base of `size` bytes, its
 /// files in `dir`.
-fn in_process_cache(uri: &str, cache: &str, size: u64, ram: Option<u64>, dir: &std::path::Path) -> Result<Arc<dyn BlockDev>> {
-    let names = || CacheType::ALL.iter().filter(|&&k| k != CacheType::Private).map(|k| k.name()).collect::<Vec<_>>().join(", ");
+fn in_process_cache(
+    uri: &str,
+    cache: &str,
+    size: u64,
+    ram: Option<u64>,
+    dir: &std::path::Path,
+) -> Result<Arc<dyn BlockDev>> {
+    let names = || {
+        CacheType::ALL
+            .iter()
+            .filter(|&&k| k != CacheType::Private)
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let kind = match cache.parse::<CacheType>() {
-        Ok(CacheType::Private) => usage!("{uri}: private has no write cache (writes go to the vDisk itself): choose one of {}", names()),
+        Ok(CacheType::Private) => usage!(
+            "{uri}: private has no write cache (writes go to the vDisk itself): choose one of {}",
+            names()
+        ),
         Ok(k) => k,
-        Err(_) => usage!("{uri}: unknown cache type {cache:?}: choose one of {}", names()),
+        Err(_) => usage!(
+            "{uri}: unknown cache type {cache:?}: choose one of {}",
+            names()
+        ),
     };
     let ram = match ram {
         Some(ram) => {
@@ -212,9 +242,14 @@ fn in_process_cache(uri: &str, cache: &str, size: u64, ram: Option<u64>, dir: &s
         }
         None => IN_PROCESS_RAM,
     };
-    let cfg = CacheConfig { ram, dir: dir.to_path_buf(), ..CacheConfig::new("bench") };
+    let cfg = CacheConfig {
+        ram,
+        dir: dir.to_path_buf(),
+        ..CacheConfig::new("bench")
+    };
     let base: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(size));
-    let cache = vdstream_wcache::open(kind, base, &cfg).with_context(|| format!("cannot open the {kind} write cache in {}", dir.display()))?;
+    let cache = vdstream_wcache::open(kind, base, &cfg)
+        .with_context(|| format!("cannot open the {kind} write cache in {}", dir.display()))?;
     Ok(cache)
 }
 
@@ -229,29 +264,45 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let result = match target {
         Target::Nbd => run_with(&args.uri, &workload, &opts, "", show)?,
-        Target::VhostUser => with_progress("", show, |p| vdstream_bench::run_vhost_user(&args.uri, &workload, &opts, p))?,
+        Target::VhostUser => with_progress("", show, |p| {
+            vdstream_bench::run_vhost_user(&args.uri, &workload, &opts, p)
+        })?,
         Target::InProcess(cache) => {
             let size = workload.working_set.unwrap_or(IN_PROCESS_WORKING_SET);
             if size == 0 {
                 usage!("--working-set 0 leaves nothing to measure: give e.g. --working-set 1G");
             }
             workload.working_set = Some(size);
-            let dir = tempfile::Builder::new().prefix("vdstream-bench.").tempdir().context("cannot make a temporary folder for the cache's files")?;
+            let dir = tempfile::Builder::new()
+                .prefix("vdstream-bench.")
+                .tempdir()
+                .context("cannot make a temporary folder for the cache's files")?;
             let dev = in_process_cache(&args.uri, cache, size, args.ram, dir.path())?;
-            log::info!("{}: {} over a RAM base of {}", args.uri, dev.describe(), format_size(size));
-            let mut result = with_progress("", show, |p| vdstream_bench::run_device(dev.clone(), &workload, &opts, p))?;
+            log::info!(
+                "{}: {} over a RAM base of {}",
+                args.uri,
+                dev.describe(),
+                format_size(size)
+            );
+            let mut result = with_progress("", show, |p| {
+                vdstream_bench::run_device(dev.clone(), &workload, &opts, p)
+            })?;
             result.uri = args.uri.clone();
             drop(dev);
             result
         }
     };
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&result).expect("a result serializes"));
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&result).expect("a result serializes")
+        );
     } else {
         out!("{}", result.render());
     }
     if let Some(dir) = &args.report {
-        let path = vdstream_bench::report::write_bench(dir, &result).with_context(|| format!("cannot write the report into {}", dir.display()))?;
+        let path = vdstream_bench::report::write_bench(dir, &result)
+            .with_context(|| format!("cannot write the report into {}", dir.display()))?;
         if !args.json {
             outln!("report: {}", path.display());
         }
@@ -259,9 +310,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if !result.ok() {
         let why = match &result.verify {
             Some(v) if v.mismatches > 0 => {
-                format!("{} verify mismatches, the first at offset {}", v.mismatches, v.first[0].offset)
+                format!(
+                    "{} verify mismatches, the first at offset {}",
+                    v.mismatches, v.first[0].offset
+                )
             }
-            _ => format!("{} requests failed, the first: {}", result.errors, result.error_messages.first().map_or("", |s| s.as_str())),
+            _ => format!(
+                "{} requests failed, the first: {}",
+                result.errors,
+                result.error_messages.first().map_or("", |s| s.as_str())
+            ),
         };
         bail!("{}: {why}", args.uri);
     }

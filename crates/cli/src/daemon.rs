@@ -49,14 +49,20 @@ pub fn start(id: &str) -> Result<()> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("cannot make the daemon's readiness pipe");
+        return Err(std::io::Error::last_os_error())
+            .context("cannot make the daemon's readiness pipe");
     }
     // SAFETY: pipe2 succeeded: both descriptors are new and owned here alone.
-    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let exe = std::env::current_exe().context("cannot find the vdstream binary to start the daemon")?;
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let exe =
+        std::env::current_exe().context("cannot find the vdstream binary to start the daemon")?;
     let w = write_end.as_raw_fd();
     let mut cmd = std::process::Command::new(&exe);
-    cmd.arg0(DAEMON_ARGV0).args(std::env::args_os().skip(1)).env(READY_FD_ENV, w.to_string()).stdin(std::process::Stdio::null());
+    cmd.arg0(DAEMON_ARGV0)
+        .args(std::env::args_os().skip(1))
+        .env(READY_FD_ENV, w.to_string())
+        .stdin(std::process::Stdio::null());
     // SAFETY: between fork and exec only async-signal-safe calls: setsid, and fcntl to
     // keep the pipe's write end open across exec.
     unsafe {
@@ -70,7 +76,9 @@ pub fn start(id: &str) -> Result<()> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().with_context(|| format!("cannot start the daemon ({})", exe.display()))?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start the daemon ({})", exe.display()))?;
     drop(write_end);
     let mut said = String::new();
     let _ = std::fs::File::from(read_end).read_to_string(&mut said);
@@ -89,7 +97,22 @@ pub fn become_daemon(id: &str) {
     // Every catchable signal whose default would end the process: the root disk's backend
     // must not die of a stray `kill -USR1` or a terminal's QUIT (SIGKILL and SIGSTOP cannot
     // be ignored; SIGPIPE is ignored by Rust already).
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM, libc::SIGVTALRM, libc::SIGPROF, libc::SIGIO, libc::SIGPWR, libc::SIGXCPU, libc::SIGXFSZ, libc::SIGSTKFLT] {
+    for sig in [
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGIO,
+        libc::SIGPWR,
+        libc::SIGXCPU,
+        libc::SIGXFSZ,
+        libc::SIGSTKFLT,
+    ] {
         // SAFETY: SIG_IGN is a valid disposition for these signals; no handler runs.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
@@ -113,7 +136,16 @@ pub fn report_ready(fd: OwnedFd) {
 /// start, so that they inherit it. Needs CAP_SYS_RESOURCE; a failure is only logged.
 pub fn io_flusher(id: &str) {
     // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) } != 0 {
+    if unsafe {
+        libc::prctl(
+            PR_SET_IO_FLUSHER,
+            1 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    } != 0
+    {
         log::warn!(
             "target {id}: cannot mark the agent as an I/O flusher ({}): under memory pressure, writing back to its own device may stall",
             std::io::Error::last_os_error()

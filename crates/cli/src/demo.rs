@@ -152,10 +152,16 @@ static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 
 /// Stops everything on SIGINT or SIGTERM, then exits 130.
 fn clean_up_on_signal(scratch: Shared) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     // Register the handlers now, so a signal from here on is ours.
-    let mut term = rt.block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) })?;
-    let mut int = rt.block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) })?;
+    let mut term = rt.block_on(async {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    })?;
+    let mut int = rt.block_on(async {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+    })?;
     std::thread::spawn(move || {
         rt.block_on(async {
             tokio::select! {
@@ -174,9 +180,17 @@ fn clean_up_on_signal(scratch: Shared) -> Result<()> {
 /// Runs `vdstream ARGS...` to completion; its output, or an error with its stderr.
 fn vdstream(args: &[&str]) -> Result<String> {
     let exe = std::env::current_exe().context("cannot find the vdstream binary")?;
-    let out = Command::new(exe).args(args).stdin(Stdio::null()).output().with_context(|| format!("cannot run vdstream {}", args.join(" ")))?;
+    let out = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run vdstream {}", args.join(" ")))?;
     if !out.status.success() {
-        bail!("vdstream {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "vdstream {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -195,7 +209,9 @@ fn spawn_command(scratch: &Shared, name: &str, mut cmd: Command) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let mut s = scratch.lock().unwrap_or_else(|e| e.into_inner());
     let log = File::create(s.dir.join(format!("{name}.log")))?;
-    cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    cmd.stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent; it asks the
     // kernel to SIGTERM the child if the demo dies without cleaning up.
     unsafe {
@@ -205,7 +221,9 @@ fn spawn_command(scratch: &Shared, name: &str, mut cmd: Command) -> Result<()> {
         });
     }
     let program = cmd.get_program().to_string_lossy().into_owned();
-    let child = cmd.spawn().with_context(|| format!("cannot start {name} ({program})"))?;
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {name} ({program})"))?;
     s.children.push((name.to_string(), child));
     Ok(())
 }
@@ -239,7 +257,11 @@ fn stop_last(scratch: &Shared) {
 /// Waits for `uri` to answer NBD; on failure, says what the child logged.
 fn ready(scratch: &Shared, name: &str, uri: &str) -> Result<()> {
     if let Err(e) = vdstream_bench::wait_ready(uri, Duration::from_secs(20)) {
-        let dir = scratch.lock().unwrap_or_else(|e| e.into_inner()).dir.clone();
+        let dir = scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .dir
+            .clone();
         let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
         bail!("{name} did not start serving {uri}: {e}\n{name}'s log:\n{log}");
     }
@@ -281,7 +303,11 @@ fn wait_rewrites(files: &[PathBuf]) {
     let since = SystemTime::now();
     let deadline = Instant::now() + STATUS_WAIT;
     while Instant::now() < deadline {
-        if files.iter().all(|f| std::fs::metadata(f).and_then(|m| m.modified()).is_ok_and(|m| m > since)) {
+        if files.iter().all(|f| {
+            std::fs::metadata(f)
+                .and_then(|m| m.modified())
+                .is_ok_and(|m| m > since)
+        }) {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -294,7 +320,8 @@ fn agent_storage_ops(id: &str) -> Result<u64> {
 }
 
 fn server_storage_ops(stats: &Path, target: &str) -> Result<u64> {
-    let text = std::fs::read(stats).with_context(|| format!("cannot read the server's stats file {}", stats.display()))?;
+    let text = std::fs::read(stats)
+        .with_context(|| format!("cannot read the server's stats file {}", stats.display()))?;
     let j: serde_json::Value = serde_json::from_slice(&text)?;
     let sessions = j["sessions"].as_array().cloned().unwrap_or_default();
     let s = sessions
@@ -324,10 +351,19 @@ fn measure(spec: RowSpec<'_>, workload: &Workload, json: bool) -> Result<Row> {
         None => 0,
     };
     let label = format!("{:<28}", spec.name);
-    let opts = RunOptions { interval: (workload.duration / 30).clamp(Duration::from_millis(100), Duration::from_secs(1)), ..RunOptions::default() };
+    let opts = RunOptions {
+        interval: (workload.duration / 30)
+            .clamp(Duration::from_millis(100), Duration::from_secs(1)),
+        ..RunOptions::default()
+    };
     let result = crate::bench::run_with(&spec.uri, workload, &opts, &label, !json)?;
     if !result.ok() {
-        bail!("{}: the run had {} errors: {}", spec.name, result.errors, result.error_messages.join("; "));
+        bail!(
+            "{}: the run had {} errors: {}",
+            spec.name,
+            result.errors,
+            result.error_messages.join("; ")
+        );
     }
     let storage_ops = match &spec.storage {
         Some(probe) => probe.fresh()?.saturating_sub(before),
@@ -335,14 +371,30 @@ fn measure(spec: RowSpec<'_>, workload: &Workload, json: bool) -> Result<Row> {
         None => result.total.ops,
     };
     if !json {
-        errln!("{label}{:>9.0} IOPS, {:>7.0} storage IOPS", result.total.iops, storage_ops as f64 / result.elapsed_secs);
+        errln!(
+            "{label}{:>9.0} IOPS, {:>7.0} storage IOPS",
+            result.total.iops,
+            storage_ops as f64 / result.elapsed_secs
+        );
     }
     Ok(row(spec, storage_ops, result))
 }
 
 fn row(spec: RowSpec<'_>, storage_ops: u64, result: BenchResult) -> Row {
-    let storage_iops = if result.elapsed_secs > 0.0 { (storage_ops as f64 / result.elapsed_secs * 10.0).round() / 10.0 } else { 0.0 };
-    Row { name: spec.name, cache: spec.cache.into(), setup: spec.setup, storage_ops, storage_iops, storage_source: spec.storage_source.into(), result }
+    let storage_iops = if result.elapsed_secs > 0.0 {
+        (storage_ops as f64 / result.elapsed_secs * 10.0).round() / 10.0
+    } else {
+        0.0
+    };
+    Row {
+        name: spec.name,
+        cache: spec.cache.into(),
+        setup: spec.setup,
+        storage_ops,
+        storage_iops,
+        storage_source: spec.storage_source.into(),
+        result,
+    }
 }
 
 /// What --boot will do: nothing, say why it cannot, or boot this golden image.
@@ -369,7 +421,9 @@ fn boot_plan(args: &DemoArgs) -> Result<BootPlan> {
     }
     let say = |what: &str| args.say(what);
     let golden = boot::golden(args.golden.as_deref(), &say)?;
-    let targets = args.boot_targets.map_or(if args.quick { 4 } else { 8 }, usize::from);
+    let targets = args
+        .boot_targets
+        .map_or(if args.quick { 4 } else { 8 }, usize::from);
     Ok(BootPlan::Run(golden, targets))
 }
 
@@ -392,22 +446,37 @@ fn run_demo(args: DemoArgs) -> Result<()> {
     if !(secs.is_finite() && secs > 0.0 && secs <= 3600.0) {
         usage!("--duration {secs} is not a number of seconds between 0 and 3600");
     }
-    let workload = Workload { duration: Duration::from_secs_f64(secs), ..Profile::Vdi.workload() };
+    let workload = Workload {
+        duration: Duration::from_secs_f64(secs),
+        ..Profile::Vdi.workload()
+    };
     let plan = boot_plan(&args)?;
 
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
     let dir = std::env::temp_dir().join(format!("vdstream-demo-{}-{nanos:x}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create the scratch folder {}", dir.display()))?;
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create the scratch folder {}", dir.display()))?;
     // The agents' sockets, status files and caches live in the scratch folder; children
     // inherit this. Set before any other thread starts.
     std::env::set_var("VDSTREAM_RUN_DIR", dir.join("run"));
     std::env::set_var("VDSTREAM_CACHE_DIR", dir.join("cache"));
-    let scratch: Shared = Arc::new(Mutex::new(Scratch { dir: dir.clone(), keep: args.keep, children: Vec::new(), done: false }));
+    let scratch: Shared = Arc::new(Mutex::new(Scratch {
+        dir: dir.clone(),
+        keep: args.keep,
+        children: Vec::new(),
+        done: false,
+    }));
     clean_up_on_signal(scratch.clone())?;
     let result = run_rows(&args, &scratch, &dir, size, &workload, &plan);
     scratch.lock().unwrap_or_else(|e| e.into_inner()).finish();
     let (comparison, storm) = result?;
-    let command = format!("vdstream demo{}{}", if args.quick { " --quick" } else { "" }, if args.boot { " --boot" } else { "" });
+    let command = format!(
+        "vdstream demo{}{}",
+        if args.quick { " --quick" } else { "" },
+        if args.boot { " --boot" } else { "" }
+    );
     let intro = format!(
         "VDI profile (4 workers × queue depth 16, 4 KiB, 80% writes, 90% random) for {secs} s per row on a {} demo vDisk, \
          one target per row, every process on this machine (`{command}`).",
@@ -427,12 +496,24 @@ fn run_demo(args: DemoArgs) -> Result<()> {
             if let Some(storm) = &storm {
                 std::fs::create_dir_all(dir)?;
                 std::fs::write(dir.join("boot-times.svg"), storm.chart())?;
-                section = format!("## Boot storm\n\n{}\n{}\n\n![Boot time per guest](boot-times.svg)\n\n", storm.render_markdown(), storm.setup());
+                section = format!(
+                    "## Boot storm\n\n{}\n{}\n\n![Boot time per guest](boot-times.svg)\n\n",
+                    storm.render_markdown(),
+                    storm.setup()
+                );
             }
             // result.json is the whole document, as --json prints it.
-            vdstream_bench::report::write_comparison(dir, &comparison, "vdstream demo: write-cache types compared", &intro, &section, &doc)
+            vdstream_bench::report::write_comparison(
+                dir,
+                &comparison,
+                "vdstream demo: write-cache types compared",
+                &intro,
+                &section,
+                &doc,
+            )
         };
-        let path = written().with_context(|| format!("cannot write the report into {}", dir.display()))?;
+        let path =
+            written().with_context(|| format!("cannot write the report into {}", dir.display()))?;
         if !args.json {
             errln!("vdstream demo: report in {}", path.display());
         }
@@ -448,7 +529,12 @@ fn run_demo(args: DemoArgs) -> Result<()> {
         out!("{}", comparison.render_markdown());
         outln!();
         for r in &comparison.rows {
-            outln!("- {}: {}; storage from {}.", r.name, r.setup, r.storage_source);
+            outln!(
+                "- {}: {}; storage from {}.",
+                r.name,
+                r.setup,
+                r.storage_source
+            );
         }
         match (&plan, &storm) {
             (BootPlan::Skipped(note), _) => outln!("\nBoot storm skipped: {note}."),
@@ -462,36 +548,87 @@ fn run_demo(args: DemoArgs) -> Result<()> {
     }
     if let Some(storm) = &storm {
         if storm.failed() > 0 {
-            bail!("{} did not boot and power off cleanly:\n{}", boot::n_guests(storm.failed()), storm.problems().join("\n"));
+            bail!(
+                "{} did not boot and power off cleanly:\n{}",
+                boot::n_guests(storm.failed()),
+                storm.problems().join("\n")
+            );
         }
     }
     Ok(())
 }
 
-fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: &Workload, plan: &BootPlan) -> Result<(Comparison, Option<boot::BootStorm>)> {
+fn run_rows(
+    args: &DemoArgs,
+    scratch: &Shared,
+    dir: &Path,
+    size: u64,
+    workload: &Workload,
+    plan: &BootPlan,
+) -> Result<(Comparison, Option<boot::BootStorm>)> {
     let say = |what: &str| args.say(what);
     let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
     let store = path("store");
     let image = path("demo.img");
-    say(&format!("scratch folder {}; making a {} demo vDisk", dir.display(), format_size(size)));
+    say(&format!(
+        "scratch folder {}; making a {} demo vDisk",
+        dir.display(),
+        format_size(size)
+    ));
     make_image(Path::new(&image), size)?;
     vdstream(&["vdisk", "import", "demo", &image, "--store", &store])?;
-    vdstream(&["target", "add", "demo-server", "--vdisk", "demo", "--cache", "server", "--store", &store])?;
+    vdstream(&[
+        "target",
+        "add",
+        "demo-server",
+        "--vdisk",
+        "demo",
+        "--cache",
+        "server",
+        "--store",
+        &store,
+    ])?;
     if let BootPlan::Run(golden, _) = plan {
-        vdstream(&["vdisk", "import", "golden", &golden.image().to_string_lossy(), "--store", &store])?;
+        vdstream(&[
+            "vdisk",
+            "import",
+            "golden",
+            &golden.image().to_string_lossy(),
+            "--store",
+            &store,
+        ])?;
     }
     let server_sock = path("server.sock");
     let stats = path("server-stats.json");
-    spawn(scratch, "server", &["server", "--store", &store, "--socket", &server_sock, "--stats-file", &stats])?;
+    spawn(
+        scratch,
+        "server",
+        &[
+            "server",
+            "--store",
+            &store,
+            "--socket",
+            &server_sock,
+            "--stats-file",
+            &stats,
+        ],
+    )?;
     let vdisk_uri = format!("nbd+unix:///vdisk/demo?socket={server_sock}");
     ready(scratch, "server", &vdisk_uri)?;
-    say(&format!("server on {server_sock}; VDI profile for {:.0} s per row", workload.duration.as_secs_f64()));
+    say(&format!(
+        "server on {server_sock}; VDI profile for {:.0} s per row",
+        workload.duration.as_secs_f64()
+    ));
 
     let mut rows = Vec::new();
 
     // The raw disk: the same image file, served as it is (no cache, no server hop).
     let raw_sock = path("raw.sock");
-    spawn(scratch, "raw-disk", &["serve-image", &image, "--socket", &raw_sock])?;
+    spawn(
+        scratch,
+        "raw-disk",
+        &["serve-image", &image, "--socket", &raw_sock],
+    )?;
     let raw_uri = format!("nbd+unix:///?socket={raw_sock}");
     ready(scratch, "raw-disk", &raw_uri)?;
     rows.push(measure(
@@ -511,18 +648,43 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
     let ram_big = format_size(size * 2).replace(' ', "");
     let ram_small = format_size(size / 4).replace(' ', "");
     let agents: [(&str, String, &str, Option<&str>); 4] = [
-        ("ram-overflow", "ram-overflow (fits)".to_string(), "ram-overflow", Some(&ram_big)),
-        ("ram-overflow-small", "ram-overflow (overflows)".to_string(), "ram-overflow", Some(&ram_small)),
-        ("device-ram", "device-ram".to_string(), "device-ram", Some(&ram_big)),
-        ("device-disk", "device-disk".to_string(), "device-disk", None),
+        (
+            "ram-overflow",
+            "ram-overflow (fits)".to_string(),
+            "ram-overflow",
+            Some(&ram_big),
+        ),
+        (
+            "ram-overflow-small",
+            "ram-overflow (overflows)".to_string(),
+            "ram-overflow",
+            Some(&ram_small),
+        ),
+        (
+            "device-ram",
+            "device-ram".to_string(),
+            "device-ram",
+            Some(&ram_big),
+        ),
+        (
+            "device-disk",
+            "device-disk".to_string(),
+            "device-disk",
+            None,
+        ),
     ];
     for (id, name, cache, ram) in agents {
-        let mut attach = vec!["target", "attach", id, "--server", &vdisk_uri, "--cache", cache];
+        let mut attach = vec![
+            "target", "attach", id, "--server", &vdisk_uri, "--cache", cache,
+        ];
         if let Some(ram) = ram {
             attach.extend(["--ram", ram]);
         }
         spawn(scratch, id, &attach)?;
-        let uri = format!("nbd+unix:///?socket={}", vdstream_agent::paths::socket_path(id).display());
+        let uri = format!(
+            "nbd+unix:///?socket={}",
+            vdstream_agent::paths::socket_path(id).display()
+        );
         ready(scratch, id, &uri)?;
         let setup = match ram {
             Some(ram) => format!("`vdstream target attach --cache {cache} --ram {ram}` reading vdisk/demo from the server (the working set is {})", format_size(size)),
@@ -542,8 +704,23 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
 
     // The server type: the writes go to the server's cache for target demo-server.
     let target_uri = format!("nbd+unix:///target/demo-server?socket={server_sock}");
-    spawn(scratch, "demo-server", &["target", "attach", "demo-server", "--server", &target_uri, "--cache", "server"])?;
-    let uri = format!("nbd+unix:///?socket={}", vdstream_agent::paths::socket_path("demo-server").display());
+    spawn(
+        scratch,
+        "demo-server",
+        &[
+            "target",
+            "attach",
+            "demo-server",
+            "--server",
+            &target_uri,
+            "--cache",
+            "server",
+        ],
+    )?;
+    let uri = format!(
+        "nbd+unix:///?socket={}",
+        vdstream_agent::paths::socket_path("demo-server").display()
+    );
     ready(scratch, "demo-server", &uri)?;
     let stats_path = PathBuf::from(&stats);
     let spec = RowSpec {
@@ -559,7 +736,15 @@ fn run_rows(args: &DemoArgs, scratch: &Shared, dir: &Path, size: u64, workload: 
     let storm = match plan {
         BootPlan::Run(golden, targets) => {
             let uri = format!("nbd+unix:///vdisk/golden?socket={server_sock}");
-            Some(boot::storm(scratch, dir, golden, &uri, Path::new(&stats), *targets, &say)?)
+            Some(boot::storm(
+                scratch,
+                dir,
+                golden,
+                &uri,
+                Path::new(&stats),
+                *targets,
+                &say,
+            )?)
         }
         _ => None,
     };

@@ -23,9 +23,9 @@
 
 use std::fmt;
 
+use vdstream_agent::client::ClientError;
 use vdstream_agent::AgentError;
 use vdstream_boot::BootError;
-use vdstream_agent::client::ClientError;
 use vdstream_store::StoreError;
 use vdstream_tls::pki::PkiError;
 
@@ -110,15 +110,25 @@ impl std::error::Error for Failure {}
 
 /// An error of `kind` with `message`.
 pub fn fail(kind: Kind, message: impl Into<String>) -> anyhow::Error {
-    anyhow::Error::new(Failure { kind, message: message.into(), reported: false })
+    anyhow::Error::new(Failure {
+        kind,
+        message: message.into(),
+        reported: false,
+    })
 }
 
 fn of_store(e: &StoreError) -> Kind {
     match e {
         StoreError::BadName(_) | StoreError::BadInput(_) => Kind::Usage,
-        StoreError::NoStore { .. } | StoreError::UnknownVdisk { .. } | StoreError::UnknownVersion { .. } | StoreError::UnknownTarget { .. } => Kind::NotFound,
+        StoreError::NoStore { .. }
+        | StoreError::UnknownVdisk { .. }
+        | StoreError::UnknownVersion { .. }
+        | StoreError::UnknownTarget { .. } => Kind::NotFound,
         StoreError::Refused(_) | StoreError::Changed { .. } => Kind::Conflict,
-        StoreError::Corrupt { .. } | StoreError::MissingFile { .. } | StoreError::Io { .. } | StoreError::Image(_) => Kind::Io,
+        StoreError::Corrupt { .. }
+        | StoreError::MissingFile { .. }
+        | StoreError::Io { .. }
+        | StoreError::Image(_) => Kind::Io,
         _ => Kind::Other,
     }
 }
@@ -141,19 +151,29 @@ fn of_client(e: &ClientError) -> Kind {
 fn of_agent(e: &AgentError) -> Option<Kind> {
     use vdstream_wcache::space::CacheDirError;
     Some(match e {
-        AgentError::BadEndpoint { .. } | AgentError::MixedServers { .. } | AgentError::NoEndpoint | AgentError::BadTarget { .. } => Kind::Usage,
+        AgentError::BadEndpoint { .. }
+        | AgentError::MixedServers { .. }
+        | AgentError::NoEndpoint
+        | AgentError::BadTarget { .. } => Kind::Usage,
         AgentError::NoTargetRecord { .. } | AgentError::NoStatus { .. } => Kind::NotFound,
         AgentError::AlreadyAttached { .. } | AgentError::SocketInUse { .. } => Kind::Conflict,
         AgentError::NoServer { .. } => Kind::Unavailable,
         AgentError::KernelNbd { message, .. } if message.starts_with("is busy") => Kind::Conflict,
-        AgentError::KernelNbd { message, .. } if message.starts_with("is not an NBD device") || message.starts_with("does not exist") => Kind::Usage,
+        AgentError::KernelNbd { message, .. }
+            if message.starts_with("is not an NBD device")
+                || message.starts_with("does not exist") =>
+        {
+            Kind::Usage
+        }
         AgentError::KernelNbd { .. } => Kind::Other,
         AgentError::OverflowDevice { .. } => Kind::Usage,
         AgentError::Cache { .. } | AgentError::Trace { .. } => Kind::Io,
         AgentError::CacheDir { reason, .. } => match reason {
             CacheDirError::NoParent { .. } => Kind::NotFound,
             CacheDirError::NotADir { .. } => Kind::Usage,
-            CacheDirError::Create { .. } | CacheDirError::Statvfs { .. } | CacheDirError::TooLittleSpace { .. } => Kind::Io,
+            CacheDirError::Create { .. }
+            | CacheDirError::Statvfs { .. }
+            | CacheDirError::TooLittleSpace { .. } => Kind::Io,
         },
         // The io::Error is held, not chained (its text is in the message once).
         AgentError::Io { err, .. } => of_io(err),
@@ -190,7 +210,11 @@ fn of_io(e: &std::io::Error) -> Kind {
     match e.kind() {
         K::NotFound => Kind::NotFound,
         K::AlreadyExists | K::AddrInUse => Kind::Conflict,
-        K::ConnectionRefused | K::ConnectionReset | K::ConnectionAborted | K::TimedOut | K::NotConnected => Kind::Unavailable,
+        K::ConnectionRefused
+        | K::ConnectionReset
+        | K::ConnectionAborted
+        | K::TimedOut
+        | K::NotConnected => Kind::Unavailable,
         K::InvalidInput => Kind::Usage,
         _ => Kind::Io,
     }
@@ -244,7 +268,10 @@ pub fn classify(err: &anyhow::Error) -> Kind {
 
 /// Whether `--json` is on the command line (every command's --json means the same).
 pub fn json_requested() -> bool {
-    std::env::args_os().skip(1).take_while(|a| a != "--").any(|a| a == "--json")
+    std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
 }
 
 /// The error and its causes, `: `-separated, each said once: a cause whose text an outer
@@ -271,7 +298,10 @@ pub fn exit_with(err: &anyhow::Error, json: bool) -> ! {
     let kind = classify(err);
     let message = message(err);
     errln!("vdstream: error: {message}");
-    let reported = crate::output::wrote_stdout() || err.chain().any(|c| c.downcast_ref::<Failure>().is_some_and(|f| f.reported));
+    let reported = crate::output::wrote_stdout()
+        || err
+            .chain()
+            .any(|c| c.downcast_ref::<Failure>().is_some_and(|f| f.reported));
     if json && !reported {
         let doc = serde_json::json!({"error": {"kind": kind.name(), "status": kind.code(), "message": message}});
         outln!("{doc}");
@@ -286,30 +316,61 @@ mod tests {
 
     #[test]
     fn library_errors_get_their_class_through_context() {
-        let nf: anyhow::Error = StoreError::UnknownVdisk { name: "w".into(), store: "/s".into(), known: String::new() }.into();
+        let nf: anyhow::Error = StoreError::UnknownVdisk {
+            name: "w".into(),
+            store: "/s".into(),
+            known: String::new(),
+        }
+        .into();
         assert_eq!(classify(&nf.context("cannot show w")), Kind::NotFound);
         let refused: anyhow::Error = StoreError::Refused("in use".into()).into();
         assert_eq!(classify(&refused), Kind::Conflict);
-        let conn = ClientError::Connect { url: "http://x".into(), err: std::io::ErrorKind::ConnectionRefused.into() };
+        let conn = ClientError::Connect {
+            url: "http://x".into(),
+            err: std::io::ErrorKind::ConnectionRefused.into(),
+        };
         assert_eq!(classify(&anyhow::Error::new(conn)), Kind::Unavailable);
-        let api = ClientError::Api { status: 409, error: "busy".into(), what_to_do: String::new() };
+        let api = ClientError::Api {
+            status: 409,
+            error: "busy".into(),
+            what_to_do: String::new(),
+        };
         assert_eq!(classify(&anyhow::Error::new(api)), Kind::Conflict);
-        let api = ClientError::Api { status: 404, error: "none".into(), what_to_do: String::new() };
+        let api = ClientError::Api {
+            status: 404,
+            error: "none".into(),
+            what_to_do: String::new(),
+        };
         assert_eq!(classify(&anyhow::Error::new(api)), Kind::NotFound);
         let io: Result<(), std::io::Error> = Err(std::io::ErrorKind::AddrInUse.into());
-        assert_eq!(classify(&io.context("cannot listen").unwrap_err()), Kind::Conflict);
-        assert_eq!(classify(&fail(Kind::Unavailable, "stopped")), Kind::Unavailable);
+        assert_eq!(
+            classify(&io.context("cannot listen").unwrap_err()),
+            Kind::Conflict
+        );
+        assert_eq!(
+            classify(&fail(Kind::Unavailable, "stopped")),
+            Kind::Unavailable
+        );
         assert_eq!(classify(&anyhow::anyhow!("plain")), Kind::Other);
-        let agent = AgentError::Io { what: "cannot bind".into(), err: std::io::ErrorKind::PermissionDenied.into() };
+        let agent = AgentError::Io {
+            what: "cannot bind".into(),
+            err: std::io::ErrorKind::PermissionDenied.into(),
+        };
         assert_eq!(classify(&anyhow::Error::new(agent)), Kind::Io);
     }
 
     #[test]
     fn a_cause_is_said_once() {
-        let e = ClientError::Connect { url: "http://h:1".into(), err: std::io::Error::from_raw_os_error(libc::ECONNREFUSED) };
+        let e = ClientError::Connect {
+            url: "http://h:1".into(),
+            err: std::io::Error::from_raw_os_error(libc::ECONNREFUSED),
+        };
         let m = message(&anyhow::Error::new(e).context("cannot list"));
         assert_eq!(m.matches("os error 111").count(), 1, "{m}");
-        assert!(m.starts_with("cannot list: cannot connect to the vdstream server at http://h:1"), "{m}");
+        assert!(
+            m.starts_with("cannot list: cannot connect to the vdstream server at http://h:1"),
+            "{m}"
+        );
         let io: Result<(), std::io::Error> = Err(std::io::Error::from_raw_os_error(libc::ENOENT));
         let m = message(&io.context("cannot open /x").unwrap_err());
         assert_eq!(m, "cannot open /x: No such file or directory (os error 2)");
@@ -317,11 +378,22 @@ mod tests {
 
     #[test]
     fn codes_are_distinct_and_documented() {
-        let all = [Kind::Other, Kind::Usage, Kind::NotFound, Kind::Conflict, Kind::Io, Kind::Unavailable, Kind::Insecure];
+        let all = [
+            Kind::Other,
+            Kind::Usage,
+            Kind::NotFound,
+            Kind::Conflict,
+            Kind::Io,
+            Kind::Unavailable,
+            Kind::Insecure,
+        ];
         let codes: std::collections::BTreeSet<i32> = all.iter().map(|k| k.code()).collect();
         assert_eq!(codes.len(), all.len());
         for k in all {
-            assert!(HELP.contains(&format!("  {} ", k.code())), "{k:?} is in the help");
+            assert!(
+                HELP.contains(&format!("  {} ", k.code())),
+                "{k:?} is in the help"
+            );
         }
     }
 }

@@ -75,15 +75,37 @@ enum InitrdCommand {
 pub fn run(args: InitrdArgs) -> Result<()> {
     let o = &args.opts;
     match args.command {
-        InitrdCommand::Build { vdisk, out, kernel_out, busybox, module, vdstream } => {
+        InitrdCommand::Build {
+            vdisk,
+            out,
+            kernel_out,
+            busybox,
+            module,
+            vdstream,
+        } => {
             let store = o.open()?;
             let (name, sel) = vdstream_store::names::parse_ref(&vdisk, Selector::Production)?;
             if !o.json {
                 errln!("building the initramfs of {vdisk}: reading its kernel and modules, then the archive (a few seconds)");
             }
-            let opts = BuildOptions { vdstream, busybox, modules: module };
-            let r = vdstream_boot::build_initrd(&store, &name, sel, &opts, &out, kernel_out.as_deref())?;
-            let tag = if r.version == 0 { "base".to_string() } else { r.version.to_string() };
+            let opts = BuildOptions {
+                vdstream,
+                busybox,
+                modules: module,
+            };
+            let r = vdstream_boot::build_initrd(
+                &store,
+                &name,
+                sel,
+                &opts,
+                &out,
+                kernel_out.as_deref(),
+            )?;
+            let tag = if r.version == 0 {
+                "base".to_string()
+            } else {
+                r.version.to_string()
+            };
             o.emit(
                 json!({
                     "vdisk": r.vdisk, "version": r.version, "kernel_version": r.kernel_version,

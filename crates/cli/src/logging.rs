@@ -23,7 +23,11 @@ enum Format {
 /// The format `VDSTREAM_LOG_FORMAT` asks for (unknown words: the default, with a warning
 /// once the log is up).
 fn format(var: Option<&str>, under_systemd: bool) -> (Format, Option<String>) {
-    let default = if under_systemd { Format::Journal } else { Format::Text };
+    let default = if under_systemd {
+        Format::Journal
+    } else {
+        Format::Text
+    };
     match var.map(str::trim) {
         None | Some("") => (default, None),
         Some("text") => (Format::Text, None),
@@ -37,9 +41,13 @@ fn format(var: Option<&str>, under_systemd: bool) -> (Format, Option<String>) {
 pub fn init() {
     let var = std::env::var("VDSTREAM_LOG_FORMAT").ok();
     let (format, warning) = format(var.as_deref(), std::env::var_os("JOURNAL_STREAM").is_some());
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rustls=error"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rustls=error"));
     let ansi = std::io::stderr().is_terminal() && format == Format::Text;
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let _ = match format {
         Format::Text => fmt.try_init(),
         Format::Journal => fmt.without_time().try_init(),
@@ -62,6 +70,8 @@ mod tests {
         assert_eq!(format(Some(" text "), true).0, Format::Text);
         let (f, warning) = format(Some("xml"), false);
         assert_eq!(f, Format::Text);
-        assert!(warning.is_some_and(|w| w.contains("\"xml\"") && w.contains("text, json or journal")));
+        assert!(
+            warning.is_some_and(|w| w.contains("\"xml\"") && w.contains("text, json or journal"))
+        );
     }
 }

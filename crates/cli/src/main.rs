@@ -25,8 +25,8 @@ mod size;
 mod store_cmd;
 mod target;
 mod target_record;
-mod token;
 mod tls_flags;
+mod token;
 mod vdisk;
 mod version;
 
@@ -125,7 +125,9 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Pki(args) => pki::run(args),
         Command::Initrd(args) => initrd::run(args),
-        Command::Completions(args) => manual::completions(args, <Cli as clap::CommandFactory>::command()),
+        Command::Completions(args) => {
+            manual::completions(args, <Cli as clap::CommandFactory>::command())
+        }
         Command::Man(args) => manual::man(args, <Cli as clap::CommandFactory>::command()),
     };
     if let Err(err) = result {
@@ -144,28 +146,80 @@ mod tests {
     #[test]
     fn intermediate_buffering_takes_on_and_off() {
         for (word, want) in [("on", true), ("off", false)] {
-            let cli = parse(&["serve-image", "b.img", "--cache", "device-disk", "--intermediate-buffering", word]).unwrap();
-            let Command::ServeImage(args) = cli.command else { panic!("serve-image") };
-            assert_eq!(args.intermediate_buffering(), want, "--intermediate-buffering {word}");
+            let cli = parse(&[
+                "serve-image",
+                "b.img",
+                "--cache",
+                "device-disk",
+                "--intermediate-buffering",
+                word,
+            ])
+            .unwrap();
+            let Command::ServeImage(args) = cli.command else {
+                panic!("serve-image")
+            };
+            assert_eq!(
+                args.intermediate_buffering(),
+                want,
+                "--intermediate-buffering {word}"
+            );
         }
-        assert!(parse(&["serve-image", "b.img", "--cache", "device-disk", "--intermediate-buffering", "maybe"]).is_err());
+        assert!(parse(&[
+            "serve-image",
+            "b.img",
+            "--cache",
+            "device-disk",
+            "--intermediate-buffering",
+            "maybe"
+        ])
+        .is_err());
     }
 
     #[test]
     fn io_engine_defaults_to_sync_and_takes_io_uring() {
         use vdstream_blockdev::IoEngineKind;
-        let Command::ServeImage(args) = parse(&["serve-image", "b.img", "--cache", "device-disk"]).unwrap().command else { panic!("serve-image") };
+        let Command::ServeImage(args) = parse(&["serve-image", "b.img", "--cache", "device-disk"])
+            .unwrap()
+            .command
+        else {
+            panic!("serve-image")
+        };
         assert_eq!(args.io_engine(), IoEngineKind::Sync);
-        let Command::ServeImage(args) = parse(&["serve-image", "b.img", "--cache", "device-disk", "--io-engine", "io_uring"]).unwrap().command else { panic!("serve-image") };
+        let Command::ServeImage(args) = parse(&[
+            "serve-image",
+            "b.img",
+            "--cache",
+            "device-disk",
+            "--io-engine",
+            "io_uring",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("serve-image")
+        };
         assert_eq!(args.io_engine(), IoEngineKind::IoUring);
-        assert!(parse(&["serve-image", "b.img", "--cache", "device-disk", "--io-engine", "aio"]).is_err());
+        assert!(parse(&[
+            "serve-image",
+            "b.img",
+            "--cache",
+            "device-disk",
+            "--io-engine",
+            "aio"
+        ])
+        .is_err());
         assert!(parse(&["serve-image", "b.img", "--threads", "0"]).is_err());
     }
 
     #[test]
     fn cache_type_names_are_checked() {
-        let err = parse(&["serve-image", "b.img", "--cache", "ram"]).unwrap_err().to_string();
-        assert!(err.contains("ram-overflow"), "the error lists the valid types: {err}");
+        let err = parse(&["serve-image", "b.img", "--cache", "ram"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ram-overflow"),
+            "the error lists the valid types: {err}"
+        );
     }
 
     #[test]
@@ -183,14 +237,22 @@ mod tests {
                 if a.is_hide_set() || id == "help" || id == "version" {
                     continue;
                 }
-                let help = a.get_help().or(a.get_long_help()).map(|h| h.to_string()).unwrap_or_default();
+                let help = a
+                    .get_help()
+                    .or(a.get_long_help())
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
                 if help.trim().is_empty() {
                     missing.push(format!("{path}: {id}"));
                 }
             }
             for sub in cmd.get_subcommands() {
                 let name = format!("{path} {}", sub.get_name());
-                if sub.get_about().or(sub.get_long_about()).is_none_or(|h| h.to_string().trim().is_empty()) {
+                if sub
+                    .get_about()
+                    .or(sub.get_long_about())
+                    .is_none_or(|h| h.to_string().trim().is_empty())
+                {
                     missing.push(format!("{name} (the command itself)"));
                 }
                 walk(sub, &name, missing);
@@ -199,7 +261,11 @@ mod tests {
         use clap::CommandFactory;
         let mut missing = Vec::new();
         walk(&Cli::command(), "vdstream", &mut missing);
-        assert!(missing.is_empty(), "arguments without help text:\n  {}", missing.join("\n  "));
+        assert!(
+            missing.is_empty(),
+            "arguments without help text:\n  {}",
+            missing.join("\n  ")
+        );
     }
 
     /// `server --help` shows its export table as lines, not one paragraph.
@@ -207,10 +273,22 @@ mod tests {
     fn server_help_keeps_the_export_table() {
         use clap::CommandFactory;
         let mut cmd = Cli::command();
-        let help = cmd.find_subcommand_mut("server").expect("server").render_long_help().to_string();
+        let help = cmd
+            .find_subcommand_mut("server")
+            .expect("server")
+            .render_long_help()
+            .to_string();
         let lines: Vec<&str> = help.lines().map(str::trim).collect();
-        for export in ["vdisk/NAME ", "vdisk/NAME@V ", "maintenance/NAME ", "target/ID "] {
-            assert!(lines.iter().any(|l| l.starts_with(export)), "a line starts with {export:?}:\n{help}");
+        for export in [
+            "vdisk/NAME ",
+            "vdisk/NAME@V ",
+            "maintenance/NAME ",
+            "target/ID ",
+        ] {
+            assert!(
+                lines.iter().any(|l| l.starts_with(export)),
+                "a line starts with {export:?}:\n{help}"
+            );
         }
     }
 }

@@ -44,9 +44,25 @@ pub fn completions(args: CompletionsArgs, mut cmd: clap::Command) -> anyhow::Res
 /// Writes a man page per command of `cmd` into `args.out`.
 pub fn man(args: ManArgs, cmd: clap::Command) -> anyhow::Result<()> {
     let dir = &args.out;
-    std::fs::create_dir_all(dir).map_err(|e| fail(Kind::Io, format!("cannot make the folder {} for the man pages: {e}", dir.display())))?;
-    clap_mangen::generate_to(cmd, dir).map_err(|e| fail(Kind::Io, format!("cannot write the man pages into {}: {e}", dir.display())))?;
-    let pages = std::fs::read_dir(dir)?.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".1")).count();
+    std::fs::create_dir_all(dir).map_err(|e| {
+        fail(
+            Kind::Io,
+            format!(
+                "cannot make the folder {} for the man pages: {e}",
+                dir.display()
+            ),
+        )
+    })?;
+    clap_mangen::generate_to(cmd, dir).map_err(|e| {
+        fail(
+            Kind::Io,
+            format!("cannot write the man pages into {}: {e}", dir.display()),
+        )
+    })?;
+    let pages = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".1"))
+        .count();
     outln!("vdstream: {pages} man pages in {}", dir.display());
     Ok(())
 }

@@ -15,8 +15,8 @@
 
 use std::fmt;
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
 use clap::Args;
@@ -80,7 +80,9 @@ pub fn keep_running_without_stdout() {
 pub fn write_stdout(args: fmt::Arguments<'_>) {
     WROTE_STDOUT.store(true, Ordering::Relaxed);
     let mut stdout = std::io::stdout().lock();
-    let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) else { return };
+    let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) else {
+        return;
+    };
     drop(stdout);
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         if EXIT_ON_CLOSED_STDOUT.load(Ordering::Relaxed) {
@@ -89,7 +91,9 @@ pub fn write_stdout(args: fmt::Arguments<'_>) {
         return;
     }
     if EXIT_ON_CLOSED_STDOUT.load(Ordering::Relaxed) {
-        write_stderr(format_args!("vdstream: error: cannot write to stdout: {e}\n"));
+        write_stderr(format_args!(
+            "vdstream: error: cannot write to stdout: {e}\n"
+        ));
         std::process::exit(IO_STATUS);
     }
 }
@@ -106,14 +110,19 @@ pub fn write_stderr(args: fmt::Arguments<'_>) {
 #[derive(Debug, Clone)]
 pub enum S3Store {
     Local(PathBuf),
-    Remote { url: String, host: String, location: String },
+    Remote {
+        url: String,
+        host: String,
+        location: String,
+    },
 }
 
 /// Reads `writer.json` of the s3:// store `text` (once per process).
 /// (Its errors are `vdstream_objstore::Error`s, which the exit status classifies.)
 fn s3_store(text: &str) -> Option<Result<S3Store, vdstream_objstore::Error>> {
     use vdstream_objstore::writer::{hostname, WriterRecord};
-    static RESOLVED: std::sync::OnceLock<Result<S3Store, vdstream_objstore::Error>> = std::sync::OnceLock::new();
+    static RESOLVED: std::sync::OnceLock<Result<S3Store, vdstream_objstore::Error>> =
+        std::sync::OnceLock::new();
     let location = vdstream_objstore::S3Location::parse(text)?;
     Some(
         RESOLVED
@@ -177,7 +186,12 @@ impl StoreOpts {
     /// Refuses an s3:// store whose metadata writer is on another host: the command works
     /// on the store's files, which are there.
     fn local_files(&self) -> Result<()> {
-        if let Some(S3Store::Remote { url, host, location }) = self.s3()? {
+        if let Some(S3Store::Remote {
+            url,
+            host,
+            location,
+        }) = self.s3()?
+        {
             return Err(vdstream_objstore::Error::BadInput(format!(
                 "{location} is changed by its metadata writer at {url} on {host}: this command works on the store's files, so run it on {host} \
                  (there --store {location} opens the writer's folder), or send it with --server {url} where the command takes --server"))
@@ -196,7 +210,10 @@ impl StoreOpts {
     /// created (said in human output once `f` succeeded). When `f` fails, a store this call
     /// created is removed again, with the folders created for it, as long as it holds no
     /// vDisk: a failed command leaves nothing behind.
-    pub fn in_new_or_existing_store<T>(&self, f: impl FnOnce(&Store) -> Result<T>) -> Result<(Store, bool, T)> {
+    pub fn in_new_or_existing_store<T>(
+        &self,
+        f: impl FnOnce(&Store) -> Result<T>,
+    ) -> Result<(Store, bool, T)> {
         self.local_files()?;
         let dir = self.dir();
         let created_from = vdstream_store::first_missing_dir(&dir);
@@ -233,7 +250,10 @@ impl StoreOpts {
     /// Prints `json` with --json, else `human`.
     pub fn emit(&self, json: serde_json::Value, human: impl FnOnce() -> String) {
         if self.json {
-            outln!("{}", serde_json::to_string_pretty(&json).expect("serializes"));
+            outln!(
+                "{}",
+                serde_json::to_string_pretty(&json).expect("serializes")
+            );
         } else {
             let text = human();
             if !text.is_empty() {
@@ -247,9 +267,11 @@ impl StoreOpts {
         let pb = if !self.json && std::io::stderr().is_terminal() {
             let pb = ProgressBar::new(0);
             pb.set_style(
-                ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                    .expect("valid template")
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(
+                    "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
             );
             pb.set_message(what.to_string());
             pb

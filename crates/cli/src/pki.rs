@@ -65,7 +65,10 @@ impl PkiOpts {
 
     fn emit(&self, doc: serde_json::Value, human: impl FnOnce() -> String) {
         if self.json {
-            outln!("{}", serde_json::to_string_pretty(&doc).expect("serializes"));
+            outln!(
+                "{}",
+                serde_json::to_string_pretty(&doc).expect("serializes")
+            );
         } else {
             outln!("{}", human());
         }
@@ -75,7 +78,11 @@ impl PkiOpts {
 /// `--ca DIR`, else $VDSTREAM_CA, else [`DEFAULT_CA`].
 pub fn ca_dir(flag: Option<&Path>) -> PathBuf {
     flag.map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("VDSTREAM_CA").filter(|v| !v.is_empty()).map(PathBuf::from))
+        .or_else(|| {
+            std::env::var_os("VDSTREAM_CA")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CA))
 }
 
@@ -240,14 +247,26 @@ pub fn parse_lifetime(text: &str) -> Result<Duration, String> {
     };
     match n.checked_mul(secs) {
         Some(s) if s > 0 && s <= 1000 * 365 * 86_400 => Ok(Duration::from_secs(s)),
-        _ => Err(format!("{text:?}: give a lifetime above 0 and at most 1000y")),
+        _ => Err(format!(
+            "{text:?}: give a lifetime above 0 and at most 1000y"
+        )),
     }
 }
 
 fn init(o: &PkiOpts, a: InitArgs) -> Result<()> {
     let dir = o.dir();
-    let farm = a.farm.or_else(pki::hostname).unwrap_or_else(|| "vdstream".into());
-    let info = pki::init(&dir, &InitRequest { farm, valid_for: a.valid_for, force: a.force })?;
+    let farm = a
+        .farm
+        .or_else(pki::hostname)
+        .unwrap_or_else(|| "vdstream".into());
+    let info = pki::init(
+        &dir,
+        &InitRequest {
+            farm,
+            valid_for: a.valid_for,
+            force: a.force,
+        },
+    )?;
     let doc = json!({"ca": info, "files": [dir.join(pki::CA_CERT), dir.join(pki::CA_KEY), dir.join(pki::ISSUED)]});
     o.emit(doc, || {
         let mut lines = vec![format!("created the CA {:?} in {}, valid until {}", info.subject, dir.display(), info.not_after)];
@@ -273,7 +292,8 @@ fn identity(role: Role, name: &str) -> Result<Identity> {
         Role::Server => "server",
         Role::Admin => "admin",
     };
-    Identity::new(role, name).map_err(|e| crate::exit::fail(crate::exit::Kind::Usage, format!("{e}")))
+    Identity::new(role, name)
+        .map_err(|e| crate::exit::fail(crate::exit::Kind::Usage, format!("{e}")))
 }
 
 /// The request `target add --issue-cert DIR` makes for target `id`.
@@ -300,20 +320,30 @@ fn issue(o: &PkiOpts, a: IssueArgs) -> Result<()> {
         force: a.force,
     };
     let ca = Ca::open(&o.dir())?;
-    let issued = ca.issue(&req).with_context(|| format!("cannot issue a certificate for {}", req.identity))?;
-    o.emit(serde_json::to_value(&issued)?, || issued_lines(&issued).join("\n"));
+    let issued = ca
+        .issue(&req)
+        .with_context(|| format!("cannot issue a certificate for {}", req.identity))?;
+    o.emit(serde_json::to_value(&issued)?, || {
+        issued_lines(&issued).join("\n")
+    });
     Ok(())
 }
 
 /// What `issue` and `target add --issue-cert` say about a certificate they wrote.
 pub fn issued_lines(i: &Issued) -> Vec<String> {
     let c = &i.cert;
-    let mut lines = vec![format!("issued a certificate for {}: serial {}, valid until {}", c.identity, c.serial, c.not_after)];
+    let mut lines = vec![format!(
+        "issued a certificate for {}: serial {}, valid until {}",
+        c.identity, c.serial, c.not_after
+    )];
     if i.shortened {
         lines.push("  (shortened: the CA ends then; make a new CA before it expires)".into());
     }
     if !c.hosts.is_empty() {
-        lines.push(format!("  host names clients may dial: {}", c.hosts.join(", ")));
+        lines.push(format!(
+            "  host names clients may dial: {}",
+            c.hosts.join(", ")
+        ));
     }
     for f in &i.files {
         lines.push(format!("  wrote {}", f.display()));
@@ -327,7 +357,10 @@ fn revoke(o: &PkiOpts, a: RevokeArgs) -> Result<()> {
     let (done, crl) = ca.revoke(&what, a.crl_out.as_deref())?;
     let doc = json!({"revoked": done, "crl": crl});
     o.emit(doc, || {
-        let mut lines: Vec<String> = done.iter().map(|c| format!("revoked {} (serial {})", c.identity, c.serial)).collect();
+        let mut lines: Vec<String> = done
+            .iter()
+            .map(|c| format!("revoked {} (serial {})", c.identity, c.serial))
+            .collect();
         lines.extend(crl_lines(&crl));
         lines.join("\n")
     });
@@ -370,18 +403,34 @@ fn list(o: &PkiOpts) -> Result<()> {
         .collect();
     o.emit(json!(doc), || {
         let info = ca.info();
-        let mut lines = vec![format!("CA {:?} in {}, valid until {}", info.subject, info.dir.display(), info.not_after)];
+        let mut lines = vec![format!(
+            "CA {:?} in {}, valid until {}",
+            info.subject,
+            info.dir.display(),
+            info.not_after
+        )];
         if certs.is_empty() {
-            lines.push("no certificates yet; issue one with `vdstream pki issue ROLE NAME --out DIR`".into());
+            lines.push(
+                "no certificates yet; issue one with `vdstream pki issue ROLE NAME --out DIR`"
+                    .into(),
+            );
             return lines.join("\n");
         }
-        lines.push(format!("{:<32}  {:<28}  {:<20}  {}", "SERIAL", "IDENTITY", "NOT-AFTER", "STATUS"));
+        lines.push(format!(
+            "{:<32}  {:<28}  {:<20}  {}",
+            "SERIAL", "IDENTITY", "NOT-AFTER", "STATUS"
+        ));
         for c in &certs {
             let status = match c.revoked {
                 Some(t) => format!("revoked {t}"),
                 None => c.status(now).to_string(),
             };
-            lines.push(format!("{:<32}  {:<28}  {:<20}  {status}", c.serial, c.identity, c.not_after.to_string()));
+            lines.push(format!(
+                "{:<32}  {:<28}  {:<20}  {status}",
+                c.serial,
+                c.identity,
+                c.not_after.to_string()
+            ));
         }
         lines.join("\n")
     });
@@ -394,10 +443,19 @@ mod tests {
 
     #[test]
     fn lifetimes() {
-        assert_eq!(parse_lifetime("10y").unwrap(), Duration::from_secs(3650 * 86400));
-        assert_eq!(parse_lifetime("90d").unwrap(), Duration::from_secs(90 * 86400));
+        assert_eq!(
+            parse_lifetime("10y").unwrap(),
+            Duration::from_secs(3650 * 86400)
+        );
+        assert_eq!(
+            parse_lifetime("90d").unwrap(),
+            Duration::from_secs(90 * 86400)
+        );
         assert_eq!(parse_lifetime("2").unwrap(), Duration::from_secs(2));
-        assert_eq!(parse_lifetime("12h").unwrap(), Duration::from_secs(12 * 3600));
+        assert_eq!(
+            parse_lifetime("12h").unwrap(),
+            Duration::from_secs(12 * 3600)
+        );
         for bad in ["", "0", "1w", "-1d", "y", "1.5y", "2000y"] {
             assert!(parse_lifetime(bad).is_err(), "{bad:?}");
         }

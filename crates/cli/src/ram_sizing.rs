@@ -45,7 +45,12 @@ pub struct SizeArgs {
     ram: Vec<u64>,
 
     /// Cache types to replay, comma-separated: ram-overflow, device-ram, device-disk.
-    #[arg(long, value_name = "TYPES", value_delimiter = ',', default_value = "ram-overflow,device-ram,device-disk")]
+    #[arg(
+        long,
+        value_name = "TYPES",
+        value_delimiter = ',',
+        default_value = "ram-overflow,device-ram,device-disk"
+    )]
     cache: Vec<CacheType>,
 
     /// Recommend the smallest RAM whose storage IOPS are at most N.
@@ -72,9 +77,14 @@ pub struct SizeArgs {
 }
 
 fn parse_percent(text: &str) -> Result<f64, String> {
-    let p: f64 = text.trim_end_matches('%').parse().map_err(|_| format!("{text:?} is not a percentage (e.g. 90)"))?;
+    let p: f64 = text
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{text:?} is not a percentage (e.g. 90)"))?;
     if !(0.0..100.0).contains(&p) {
-        return Err(format!("{text:?}: give a reduction from 0 to below 100 percent"));
+        return Err(format!(
+            "{text:?}: give a reduction from 0 to below 100 percent"
+        ));
     }
     Ok(p)
 }
@@ -82,7 +92,10 @@ fn parse_percent(text: &str) -> Result<f64, String> {
 pub fn run(args: SizeArgs) -> Result<()> {
     let mut kinds = Vec::new();
     for k in &args.cache {
-        if !matches!(k, CacheType::RamOverflow | CacheType::DeviceRam | CacheType::DeviceDisk) {
+        if !matches!(
+            k,
+            CacheType::RamOverflow | CacheType::DeviceRam | CacheType::DeviceDisk
+        ) {
             usage!("--cache {k}: size replays ram-overflow, device-ram and device-disk (the target-side types; server types behave as device-disk on the server)");
         }
         if !kinds.contains(k) {
@@ -96,7 +109,9 @@ pub fn run(args: SizeArgs) -> Result<()> {
         usage!("--ram: give at least one RAM size (e.g. --ram 64M,256M,1G)");
     }
     let goal = match (args.target_storage_iops, args.target_reduction) {
-        (Some(n), _) if !(n.is_finite() && n >= 0.0) => usage!("--target-storage-iops {n}: give a number of IOPS, 0 or more"),
+        (Some(n), _) if !(n.is_finite() && n >= 0.0) => {
+            usage!("--target-storage-iops {n}: give a number of IOPS, 0 or more")
+        }
         (Some(n), _) => SizingGoal::StorageIops(n),
         (None, Some(p)) => SizingGoal::ReductionPercent(p),
         (None, None) => SizingGoal::NearBest,
@@ -107,7 +122,10 @@ pub fn run(args: SizeArgs) -> Result<()> {
     let records: Vec<TraceRecord> = reader.collect::<Result<_, _>>()?;
     let trace = TraceSummary::of(&records);
     if records.is_empty() {
-        bail!("{} holds no requests: record a workload first (--record-trace while the target runs)", args.trace.display());
+        bail!(
+            "{} holds no requests: record a workload first (--record-trace while the target runs)",
+            args.trace.display()
+        );
     }
 
     // The runs: each RAM size for the types that use RAM, one run for device-disk (also as
@@ -134,18 +152,36 @@ pub fn run(args: SizeArgs) -> Result<()> {
         .tempdir()
         .context("cannot make a temporary folder for the overflow and cache files")?;
     // ram-overflow's flusher is a thread of its own, so its replays vary: take the median.
-    let replays_of = |kind: CacheType| if kind == CacheType::RamOverflow { args.replays } else { 1 };
-    let total: u64 = runs.iter().map(|&(k, _)| replays_of(k) as u64).sum::<u64>() * records.len() as u64;
+    let replays_of = |kind: CacheType| {
+        if kind == CacheType::RamOverflow {
+            args.replays
+        } else {
+            1
+        }
+    };
+    let total: u64 =
+        runs.iter().map(|&(k, _)| replays_of(k) as u64).sum::<u64>() * records.len() as u64;
     let bar = progress_bar(!args.json, total);
     let mut results = Vec::new();
     let mut base = 0u64;
     for &(kind, ram) in &runs {
-        let label = if sizing::uses_ram(kind) { format!("{kind} {}", format_size(ram)) } else { kind.to_string() };
+        let label = if sizing::uses_ram(kind) {
+            format!("{kind} {}", format_size(ram))
+        } else {
+            kind.to_string()
+        };
         bar.set_message(label.clone());
         let mut tries = Vec::new();
         for _ in 0..replays_of(kind) {
-            let r = sizing::replay(&records, device_size, kind, ram, tmp.path().to_path_buf(), &mut |done| bar.set_position(base + done))
-                .with_context(|| format!("cannot replay {} through {label}", args.trace.display()))?;
+            let r = sizing::replay(
+                &records,
+                device_size,
+                kind,
+                ram,
+                tmp.path().to_path_buf(),
+                &mut |done| bar.set_position(base + done),
+            )
+            .with_context(|| format!("cannot replay {} through {label}", args.trace.display()))?;
             base += records.len() as u64;
             tries.push(r);
         }
@@ -154,18 +190,36 @@ pub fn run(args: SizeArgs) -> Result<()> {
     }
     bar.finish_and_clear();
 
-    let baseline = results.iter().find(|r| r.kind == CacheType::DeviceDisk).and_then(|r| r.storage_iops(&trace));
-    let advice: Vec<(CacheType, Option<u64>)> =
-        kinds.iter().filter(|k| sizing::uses_ram(**k)).map(|&k| (k, sizing::recommend(&results, k, &trace, goal, baseline))).collect();
+    let baseline = results
+        .iter()
+        .find(|r| r.kind == CacheType::DeviceDisk)
+        .and_then(|r| r.storage_iops(&trace));
+    let advice: Vec<(CacheType, Option<u64>)> = kinds
+        .iter()
+        .filter(|k| sizing::uses_ram(**k))
+        .map(|&k| (k, sizing::recommend(&results, k, &trace, goal, baseline)))
+        .collect();
     let shown: Vec<&ReplayResult> = results.iter().filter(|r| kinds.contains(&r.kind)).collect();
 
     if let Some(path) = &args.chart {
         std::fs::write(path, chart(&shown, &trace, &rams, goal, baseline))
             .with_context(|| format!("cannot write the chart to {}", path.display()))?;
     }
-    let report = Report { args: &args, device_size, trace: &trace, results: &shown, advice: &advice, goal, baseline };
+    let report = Report {
+        args: &args,
+        device_size,
+        trace: &trace,
+        results: &shown,
+        advice: &advice,
+        goal,
+        baseline,
+    };
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report_json(&report)).context("cannot print the report")?);
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&report_json(&report))
+                .context("cannot print the report")?
+        );
     } else {
         out!("{}", report_text(&report));
         if let Some(path) = &args.chart {
@@ -191,8 +245,12 @@ fn progress_bar(show: bool, total: u64) -> ProgressBar {
 fn goal_text(goal: SizingGoal) -> String {
     match goal {
         SizingGoal::StorageIops(n) => format!("storage IOPS at most {n}"),
-        SizingGoal::ReductionPercent(p) => format!("storage IOPS at least {p}% below device-disk's"),
-        SizingGoal::NearBest => "within 10% of the lowest storage IOPS reached (no target given)".into(),
+        SizingGoal::ReductionPercent(p) => {
+            format!("storage IOPS at least {p}% below device-disk's")
+        }
+        SizingGoal::NearBest => {
+            "within 10% of the lowest storage IOPS reached (no target given)".into()
+        }
     }
 }
 
@@ -205,7 +263,13 @@ fn ram_cell(r: &ReplayResult) -> String {
 }
 
 fn iops_text(v: Option<f64>) -> String {
-    v.map_or("n/a".into(), |v| if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") })
+    v.map_or("n/a".into(), |v| {
+        if v >= 100.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.1}")
+        }
+    })
 }
 
 fn reduction(r: &ReplayResult, trace: &TraceSummary, baseline: Option<f64>) -> Option<f64> {
@@ -227,7 +291,15 @@ struct Report<'a> {
 }
 
 fn report_text(rep: &Report) -> String {
-    let Report { args, device_size, trace: t, results, advice, goal, baseline } = *rep;
+    let Report {
+        args,
+        device_size,
+        trace: t,
+        results,
+        advice,
+        goal,
+        baseline,
+    } = *rep;
     let mut out = String::new();
     let secs = t.seconds();
     out += &format!(
@@ -245,7 +317,17 @@ fn report_text(rep: &Report) -> String {
     );
     out += &format!(
         "{:<13} {:>9} {:>11} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10} {:>10}  {}\n",
-        "cache", "RAM", "storage ops", "reads", "writes", "storage", "reduction", "RAM", "peak file", "overflow", "ENOSPC"
+        "cache",
+        "RAM",
+        "storage ops",
+        "reads",
+        "writes",
+        "storage",
+        "reduction",
+        "RAM",
+        "peak file",
+        "overflow",
+        "ENOSPC"
     );
     out += &format!(
         "{:<13} {:>9} {:>11} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10} {:>10}\n",
@@ -254,7 +336,11 @@ fn report_text(rep: &Report) -> String {
     for r in results {
         let s = &r.stats;
         let enospc = match r.first_nospace_ns {
-            Some(ns) => format!("{} writes refused, first at {:.1} s", r.nospace_writes, ns as f64 / 1e9),
+            Some(ns) => format!(
+                "{} writes refused, first at {:.1} s",
+                r.nospace_writes,
+                ns as f64 / 1e9
+            ),
             None if r.kind == CacheType::DeviceRam => "none".into(),
             None => String::new(),
         };
@@ -287,7 +373,15 @@ fn report_text(rep: &Report) -> String {
 }
 
 fn report_json(rep: &Report) -> Value {
-    let Report { args, device_size, trace: t, results, advice, goal, baseline } = *rep;
+    let Report {
+        args,
+        device_size,
+        trace: t,
+        results,
+        advice,
+        goal,
+        baseline,
+    } = *rep;
     let rows: Vec<Value> = results
         .iter()
         .map(|r| {
@@ -338,10 +432,22 @@ fn report_json(rep: &Report) -> Value {
 
 /// Storage IOPS against RAM size (MiB, log axis), a line per type; device-disk and an
 /// explicit IOPS target as flat lines.
-fn chart(results: &[&ReplayResult], t: &TraceSummary, rams: &[u64], goal: SizingGoal, baseline: Option<f64>) -> String {
+fn chart(
+    results: &[&ReplayResult],
+    t: &TraceSummary,
+    rams: &[u64],
+    goal: SizingGoal,
+    baseline: Option<f64>,
+) -> String {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     // A size at which writes were refused has no honest rate: leave a gap.
-    let y = |r: &ReplayResult| if r.nospace_writes > 0 { f64::NAN } else { r.storage_iops(t).unwrap_or(f64::NAN) };
+    let y = |r: &ReplayResult| {
+        if r.nospace_writes > 0 {
+            f64::NAN
+        } else {
+            r.storage_iops(t).unwrap_or(f64::NAN)
+        }
+    };
     let mut series = Vec::new();
     let mut seen = Vec::new();
     for r in results {
@@ -350,11 +456,17 @@ fn chart(results: &[&ReplayResult], t: &TraceSummary, rams: &[u64], goal: Sizing
         }
         seen.push(r.kind);
         let points = if r.uses_ram() {
-            results.iter().filter(|o| o.kind == r.kind).map(|o| (mib(o.ram), y(o))).collect()
+            results
+                .iter()
+                .filter(|o| o.kind == r.kind)
+                .map(|o| (mib(o.ram), y(o)))
+                .collect()
         } else {
             rams.iter().map(|&ram| (mib(ram), y(r))).collect()
         };
-        let refused = results.iter().any(|o| o.kind == r.kind && o.nospace_writes > 0);
+        let refused = results
+            .iter()
+            .any(|o| o.kind == r.kind && o.nospace_writes > 0);
         let name = match (r.uses_ram(), refused) {
             (false, _) => format!("{} (uses no RAM)", r.kind),
             (true, true) => format!("{} (gaps: ENOSPC)", r.kind),
@@ -364,12 +476,28 @@ fn chart(results: &[&ReplayResult], t: &TraceSummary, rams: &[u64], goal: Sizing
     }
     let flat = |v: f64| rams.iter().map(|&ram| (mib(ram), v)).collect::<Vec<_>>();
     match (goal, baseline) {
-        (SizingGoal::StorageIops(n), _) => series.push(Series { name: format!("target {n} IOPS"), points: flat(n) }),
-        (SizingGoal::ReductionPercent(p), Some(b)) => {
-            series.push(Series { name: format!("target: {p}% below device-disk"), points: flat(b * (1.0 - p / 100.0)) })
-        }
+        (SizingGoal::StorageIops(n), _) => series.push(Series {
+            name: format!("target {n} IOPS"),
+            points: flat(n),
+        }),
+        (SizingGoal::ReductionPercent(p), Some(b)) => series.push(Series {
+            name: format!("target: {p}% below device-disk"),
+            points: flat(b * (1.0 - p / 100.0)),
+        }),
         _ => {}
     }
-    let x_log = rams.first().zip(rams.last()).is_some_and(|(lo, hi)| *lo > 0 && hi / lo >= 8);
-    line_chart_with("Storage IOPS by RAM size", "RAM (MiB)", "storage IOPS", &series, LineOptions { x_log, ..LineOptions::default() })
+    let x_log = rams
+        .first()
+        .zip(rams.last())
+        .is_some_and(|(lo, hi)| *lo > 0 && hi / lo >= 8);
+    line_chart_with(
+        "Storage IOPS by RAM size",
+        "RAM (MiB)",
+        "storage IOPS",
+        &series,
+        LineOptions {
+            x_log,
+            ..LineOptions::default()
+        },
+    )
 }

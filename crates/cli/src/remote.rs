@@ -38,7 +38,9 @@ pub struct ServerOpt {
 impl ServerOpt {
     /// The API client, when `--server` is given.
     pub fn client(&self) -> Result<Option<Client>> {
-        let Some(url) = self.server.as_deref() else { return Ok(None) };
+        let Some(url) = self.server.as_deref() else {
+            return Ok(None);
+        };
         let mut c = Credentials::from_env()?;
         if let Some(f) = &self.token_file {
             c = c.with_token(Some(read_token_file(f)?));
@@ -65,7 +67,11 @@ impl ServerOpt {
                         "the metadata writer of {location} is at {url}, plain http on the network: this command's token is not sent there; \
                          serve the writer's API over TLS, or give --server URL yourself to send it anyway")));
                 }
-                ServerOpt { server: Some(url), ..self.clone() }.client()
+                ServerOpt {
+                    server: Some(url),
+                    ..self.clone()
+                }
+                .client()
             }
             _ => Ok(None),
         }
@@ -75,9 +81,15 @@ impl ServerOpt {
 /// Whether `url` is `http://` to a loopback address (127.0.0.0/8, [::1], localhost): a
 /// plaintext API where a token cannot be overheard.
 pub fn loopback_http(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else { return false };
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
     let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
-    host == "localhost" || host.trim_matches(|c| c == '[' || c == ']').parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host == "localhost"
+        || host
+            .trim_matches(|c| c == '[' || c == ']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Percent-encodes one path segment (names are checked by the server, as by the store).

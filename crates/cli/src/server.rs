@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
+use vdstream_server::boot::{host_ok, BootConfig, UnknownMac};
 use vdstream_server::config::SizeValue;
 use vdstream_server::policy::AnonymousGrant;
-use vdstream_server::boot::{host_ok, BootConfig, UnknownMac};
 use vdstream_server::{ConfigFile, NbdService, ServerOptions, ServerState, DEFAULT_READ_CACHE};
 
 use crate::exit::{fail, Kind};
@@ -51,7 +51,9 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// initrd.img. These routes need no token (a PXE ROM has none), take only GET, and hand out
 /// only boot scripts and boot files; --tftp adds TFTP for legacy PXE ROMs (iPXE binaries).
 #[derive(Debug, Args)]
-#[command(verbatim_doc_comment, after_help = "\
+#[command(
+    verbatim_doc_comment,
+    after_help = "\
 Examples:
   vdstream server --store /srv/vdstream                       (listens on 127.0.0.1:10809)
   vdstream server --socket /run/vdstream/server.sock --read-cache 1G
@@ -81,7 +83,8 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   anonymous = \"none\"
   insecure = false
   boot = true                          (and boot-advertise, boot-server = [...], boot-unknown,
-  tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe)")]
+  tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe)"
+)]
 pub struct ServerArgs {
     /// Store directory, or s3://BUCKET/PREFIX: a store in S3-compatible object storage,
     /// reached through AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and
@@ -253,36 +256,63 @@ pub struct ServerArgs {
 
 /// The boot service's settings from the flags over the config file (`None` without
 /// --boot or `boot = true`).
-fn boot_config(args: &ServerArgs, file: &ConfigFile, http: Option<SocketAddr>) -> Result<Option<BootConfig>> {
+fn boot_config(
+    args: &ServerArgs,
+    file: &ConfigFile,
+    http: Option<SocketAddr>,
+) -> Result<Option<BootConfig>> {
     // (The boot-* flags need --boot on the command line; the file's keys need boot = true.)
     if !(args.boot || file.boot == Some(true)) {
         return Ok(None);
     }
     if http.is_none() {
-        usage!("--boot serves on the HTTP API's port: give --http ADDR too (e.g. --http 0.0.0.0:8480)");
+        usage!(
+            "--boot serves on the HTTP API's port: give --http ADDR too (e.g. --http 0.0.0.0:8480)"
+        );
     }
-    let advertise = args.boot_advertise.clone().or_else(|| file.boot_advertise.clone());
+    let advertise = args
+        .boot_advertise
+        .clone()
+        .or_else(|| file.boot_advertise.clone());
     if let Some(a) = &advertise {
         let bare_v6 = !a.starts_with('[') && a.matches(':').count() > 1;
         if !host_ok(a) || bare_v6 {
             usage!("--boot-advertise {a:?} is not HOST or HOST:PORT (an IPv6 address goes in brackets: [fd00::1]:8480)");
         }
     }
-    let servers = if args.boot_servers.is_empty() { file.boot_server.clone().unwrap_or_default() } else { args.boot_servers.clone() };
+    let servers = if args.boot_servers.is_empty() {
+        file.boot_server.clone().unwrap_or_default()
+    } else {
+        args.boot_servers.clone()
+    };
     for s in &servers {
-        let rest = s.strip_prefix("http://").or_else(|| s.strip_prefix("https://"));
+        let rest = s
+            .strip_prefix("http://")
+            .or_else(|| s.strip_prefix("https://"));
         if !rest.is_some_and(|r| host_ok(r.trim_end_matches('/'))) {
             usage!("--boot-server {s:?} is not a server's API URL such as http://10.0.0.2:8480");
         }
     }
-    let template = args.boot_template.clone().or_else(|| file.boot_template.clone());
-    let unknown = match args.boot_unknown.as_deref().or(file.boot_unknown.as_deref()) {
+    let template = args
+        .boot_template
+        .clone()
+        .or_else(|| file.boot_template.clone());
+    let unknown = match args
+        .boot_unknown
+        .as_deref()
+        .or(file.boot_unknown.as_deref())
+    {
         Some("auto-add") => {
             let Some(template) = template else {
                 usage!("--boot-unknown auto-add copies a template record: name it with --boot-template ID (e.g. a record made with `vdstream target add lab-template --vdisk NAME --cache ram-overflow`)");
             };
-            let prefix = args.boot_id_prefix.clone().or_else(|| file.boot_id_prefix.clone()).unwrap_or_else(|| "pxe".into());
-            vdstream_store::names::validate_target_id(&format!("{prefix}-001")).map_err(|e| anyhow!("--boot-id-prefix {prefix:?}: {e}"))?;
+            let prefix = args
+                .boot_id_prefix
+                .clone()
+                .or_else(|| file.boot_id_prefix.clone())
+                .unwrap_or_else(|| "pxe".into());
+            vdstream_store::names::validate_target_id(&format!("{prefix}-001"))
+                .map_err(|e| anyhow!("--boot-id-prefix {prefix:?}: {e}"))?;
             UnknownMac::AutoAdd { template, prefix }
         }
         None | Some("refuse") => {
@@ -291,20 +321,35 @@ fn boot_config(args: &ServerArgs, file: &ConfigFile, http: Option<SocketAddr>) -
             }
             UnknownMac::Refuse
         }
-        Some(other) => usage!("boot-unknown = {other:?} in the config file: say \"refuse\" or \"auto-add\""),
+        Some(other) => {
+            usage!("boot-unknown = {other:?} in the config file: say \"refuse\" or \"auto-add\"")
+        }
     };
     let tftp = match (args.tftp, &file.tftp) {
         (Some(a), _) => Some(a),
-        (None, Some(text)) => Some(text.parse::<SocketAddr>().map_err(|e| anyhow!("tftp = {text:?} in the config file: {e} (say e.g. \"0.0.0.0:69\")"))?),
+        (None, Some(text)) => Some(text.parse::<SocketAddr>().map_err(|e| {
+            anyhow!("tftp = {text:?} in the config file: {e} (say e.g. \"0.0.0.0:69\")")
+        })?),
         (None, None) => None,
     };
     let defaults = BootConfig::default();
     Ok(Some(BootConfig {
         advertise,
-        servers: servers.iter().map(|s| s.trim_end_matches('/').to_string()).collect(),
+        servers: servers
+            .iter()
+            .map(|s| s.trim_end_matches('/').to_string())
+            .collect(),
         unknown,
-        kernel_args: args.boot_kernel_args.clone().or_else(|| file.boot_kernel_args.clone()).unwrap_or(defaults.kernel_args),
-        ipxe_dir: args.boot_ipxe.clone().or_else(|| file.boot_ipxe.clone()).unwrap_or(defaults.ipxe_dir),
+        kernel_args: args
+            .boot_kernel_args
+            .clone()
+            .or_else(|| file.boot_kernel_args.clone())
+            .unwrap_or(defaults.kernel_args),
+        ipxe_dir: args
+            .boot_ipxe
+            .clone()
+            .or_else(|| file.boot_ipxe.clone())
+            .unwrap_or(defaults.ipxe_dir),
         tftp,
         retry_secs: defaults.retry_secs,
     }))
@@ -317,11 +362,15 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         None => ConfigFile::default(),
     };
     let listen_from_file = match &file.listen {
-        Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| anyhow!("listen = {text:?} in the config file: {e} (say e.g. \"127.0.0.1:10809\")"))?),
+        Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| {
+            anyhow!("listen = {text:?} in the config file: {e} (say e.g. \"127.0.0.1:10809\")")
+        })?),
         None => None,
     };
     let http_from_file = match &file.http {
-        Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| anyhow!("http = {text:?} in the config file: {e} (say e.g. \"127.0.0.1:8480\")"))?),
+        Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| {
+            anyhow!("http = {text:?} in the config file: {e} (say e.g. \"127.0.0.1:8480\")")
+        })?),
         None => None,
     };
     let read_cache_from_file = file_size("read-cache", &file.read_cache)?;
@@ -383,23 +432,34 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
 
 pub fn run(args: ServerArgs) -> Result<()> {
     let opts = options(&args)?;
-    opts.check_listen().map_err(|e| fail(Kind::Insecure, e.to_string()))?;
-    if opts.insecure && [opts.listen, opts.http].iter().flatten().any(|a| !vdstream_server::config::is_loopback(a)) {
+    opts.check_listen()
+        .map_err(|e| fail(Kind::Insecure, e.to_string()))?;
+    if opts.insecure
+        && [opts.listen, opts.http]
+            .iter()
+            .flatten()
+            .any(|a| !vdstream_server::config::is_loopback(a))
+    {
         log::warn!("listening without TLS on a non-loopback address (--insecure): every client that reaches it may open every export");
     }
     if opts.anonymous != AnonymousGrant::None && opts.nbd_tls.is_none() {
-        log::warn!("--anonymous {} matters only with TLS: without it every client may open every export", opts.anonymous);
+        log::warn!(
+            "--anonymous {} matters only with TLS: without it every client may open every export",
+            opts.anonymous
+        );
     }
     let state = ServerState::new(&opts);
     // Bound before the NBD side starts, so that a busy port fails the start cleanly.
     let http_listener = match opts.http {
-        Some(addr) => Some(
-            std::net::TcpListener::bind(addr)
-                .with_context(|| format!("cannot listen for the HTTP API on {addr}; is another server using that port?"))?,
-        ),
+        Some(addr) => Some(std::net::TcpListener::bind(addr).with_context(|| {
+            format!("cannot listen for the HTTP API on {addr}; is another server using that port?")
+        })?),
         None => None,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the I/O runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the I/O runtime")?;
     runtime.block_on(async move {
         let nbd = NbdService::start(state.clone(), opts.threads).await?;
         outln!(
@@ -486,10 +546,21 @@ pub fn run(args: ServerArgs) -> Result<()> {
 mod writer_url_tests {
     #[test]
     fn only_loopback_http_is_plain() {
-        for yes in ["http://127.0.0.1:8480", "http://127.3.4.5:1", "http://[::1]:8480", "http://localhost:8480"] {
+        for yes in [
+            "http://127.0.0.1:8480",
+            "http://127.3.4.5:1",
+            "http://[::1]:8480",
+            "http://localhost:8480",
+        ] {
             assert!(crate::remote::loopback_http(yes), "{yes}");
         }
-        for no in ["http://10.0.0.1:8480", "https://127.0.0.1:8480", "http://127.0.0.1.evil.example:80", "http://[::2]:1", "ftp://127.0.0.1:1"] {
+        for no in [
+            "http://10.0.0.1:8480",
+            "https://127.0.0.1:8480",
+            "http://127.0.0.1.evil.example:80",
+            "http://[::2]:1",
+            "ftp://127.0.0.1:1",
+        ] {
             assert!(!crate::remote::loopback_http(no), "{no}");
         }
     }
@@ -507,7 +578,9 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> ServerArgs {
-        Cli::try_parse_from(std::iter::once("server").chain(args.iter().copied())).unwrap().args
+        Cli::try_parse_from(std::iter::once("server").chain(args.iter().copied()))
+            .unwrap()
+            .args
     }
 
     #[test]
@@ -529,18 +602,37 @@ mod tests {
         assert_eq!(o.listen, Some(DEFAULT_LISTEN.parse().unwrap()));
         assert_eq!(o.read_cache, 0);
         assert_eq!(o.http, None, "no API unless asked for");
-        assert_eq!(options(&parse(&["--store", "/s"])).unwrap().read_cache, DEFAULT_READ_CACHE);
-        assert_eq!(options(&parse(&["--store", "/s"])).unwrap().max_connections, None, "derived at start");
+        assert_eq!(
+            options(&parse(&["--store", "/s"])).unwrap().read_cache,
+            DEFAULT_READ_CACHE
+        );
+        assert_eq!(
+            options(&parse(&["--store", "/s"])).unwrap().max_connections,
+            None,
+            "derived at start"
+        );
         std::fs::write(&file, "max-connections = 300\n").unwrap();
-        assert_eq!(options(&parse(&["--config", cfg])).unwrap().max_connections, Some(300));
-        assert_eq!(options(&parse(&["--config", cfg, "--max-connections", "7"])).unwrap().max_connections, Some(7));
+        assert_eq!(
+            options(&parse(&["--config", cfg])).unwrap().max_connections,
+            Some(300)
+        );
+        assert_eq!(
+            options(&parse(&["--config", cfg, "--max-connections", "7"]))
+                .unwrap()
+                .max_connections,
+            Some(7)
+        );
         std::fs::write(&file, "anonymous = \"vdisks\"\ninsecure = true\n").unwrap();
         let o = options(&parse(&["--config", cfg])).unwrap();
         assert_eq!((o.anonymous, o.insecure), (AnonymousGrant::Vdisks, true));
         let o = options(&parse(&["--config", cfg, "--anonymous", "all"])).unwrap();
         assert_eq!(o.anonymous, AnonymousGrant::All);
         let o = options(&parse(&["--store", "/s"])).unwrap();
-        assert_eq!((o.anonymous, o.insecure), (AnonymousGrant::None, false), "nothing for anonymous clients, no plaintext off loopback");
+        assert_eq!(
+            (o.anonymous, o.insecure),
+            (AnonymousGrant::None, false),
+            "nothing for anonymous clients, no plaintext off loopback"
+        );
         assert!(Cli::try_parse_from(["server", "--anonymous", "some"]).is_err());
     }
 
@@ -548,25 +640,121 @@ mod tests {
     fn boot_flags_and_keys_make_the_boot_config() {
         let o = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0"])).unwrap();
         assert_eq!(o.boot, None, "off by default");
-        let o = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-advertise", "10.0.2.2", "--boot-server", "http://10.0.0.9:8480/", "--tftp", "127.0.0.1:6969"])).unwrap();
+        let o = options(&parse(&[
+            "--store",
+            "/s",
+            "--http",
+            "127.0.0.1:0",
+            "--boot",
+            "--boot-advertise",
+            "10.0.2.2",
+            "--boot-server",
+            "http://10.0.0.9:8480/",
+            "--tftp",
+            "127.0.0.1:6969",
+        ]))
+        .unwrap();
         let b = o.boot.unwrap();
-        assert_eq!((b.advertise.as_deref(), b.servers, b.unknown, b.tftp), (Some("10.0.2.2"), vec!["http://10.0.0.9:8480".to_string()], UnknownMac::Refuse, Some("127.0.0.1:6969".parse().unwrap())));
-        let e = options(&parse(&["--store", "/s", "--boot"])).unwrap_err().to_string();
+        assert_eq!(
+            (b.advertise.as_deref(), b.servers, b.unknown, b.tftp),
+            (
+                Some("10.0.2.2"),
+                vec!["http://10.0.0.9:8480".to_string()],
+                UnknownMac::Refuse,
+                Some("127.0.0.1:6969".parse().unwrap())
+            )
+        );
+        let e = options(&parse(&["--store", "/s", "--boot"]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("give --http ADDR"), "{e}");
-        let e = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-unknown", "auto-add"])).unwrap_err().to_string();
+        let e = options(&parse(&[
+            "--store",
+            "/s",
+            "--http",
+            "127.0.0.1:0",
+            "--boot",
+            "--boot-unknown",
+            "auto-add",
+        ]))
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--boot-template ID"), "{e}");
-        let o = options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-unknown", "auto-add", "--boot-template", "tmpl", "--boot-id-prefix", "lab"])).unwrap();
-        assert_eq!(o.boot.unwrap().unknown, UnknownMac::AutoAdd { template: "tmpl".into(), prefix: "lab".into() });
+        let o = options(&parse(&[
+            "--store",
+            "/s",
+            "--http",
+            "127.0.0.1:0",
+            "--boot",
+            "--boot-unknown",
+            "auto-add",
+            "--boot-template",
+            "tmpl",
+            "--boot-id-prefix",
+            "lab",
+        ]))
+        .unwrap();
+        assert_eq!(
+            o.boot.unwrap().unknown,
+            UnknownMac::AutoAdd {
+                template: "tmpl".into(),
+                prefix: "lab".into()
+            }
+        );
         for bad in ["a b", "fd00::1", "x/y"] {
-            assert!(options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-advertise", bad])).is_err(), "{bad}");
+            assert!(
+                options(&parse(&[
+                    "--store",
+                    "/s",
+                    "--http",
+                    "127.0.0.1:0",
+                    "--boot",
+                    "--boot-advertise",
+                    bad
+                ]))
+                .is_err(),
+                "{bad}"
+            );
         }
-        assert!(options(&parse(&["--store", "/s", "--http", "127.0.0.1:0", "--boot", "--boot-server", "10.0.0.9:8480"])).is_err(), "no scheme");
-        assert!(Cli::try_parse_from(["server", "--tftp", "0.0.0.0:69"]).is_err(), "--tftp needs --boot");
+        assert!(
+            options(&parse(&[
+                "--store",
+                "/s",
+                "--http",
+                "127.0.0.1:0",
+                "--boot",
+                "--boot-server",
+                "10.0.0.9:8480"
+            ]))
+            .is_err(),
+            "no scheme"
+        );
+        assert!(
+            Cli::try_parse_from(["server", "--tftp", "0.0.0.0:69"]).is_err(),
+            "--tftp needs --boot"
+        );
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("s.toml");
         std::fs::write(&file, "http = \"127.0.0.1:0\"\nboot = true\nboot-unknown = \"auto-add\"\nboot-template = \"t\"\ntftp = \"127.0.0.1:69\"\n").unwrap();
-        let b = options(&parse(&["--store", "/s", "--config", file.to_str().unwrap()])).unwrap().boot.unwrap();
-        assert_eq!((b.unknown, b.tftp), (UnknownMac::AutoAdd { template: "t".into(), prefix: "pxe".into() }, Some("127.0.0.1:69".parse().unwrap())));
+        let b = options(&parse(&[
+            "--store",
+            "/s",
+            "--config",
+            file.to_str().unwrap(),
+        ]))
+        .unwrap()
+        .boot
+        .unwrap();
+        assert_eq!(
+            (b.unknown, b.tftp),
+            (
+                UnknownMac::AutoAdd {
+                    template: "t".into(),
+                    prefix: "pxe".into()
+                },
+                Some("127.0.0.1:69".parse().unwrap())
+            )
+        );
     }
 
     #[test]
@@ -574,7 +762,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("s.toml");
         std::fs::write(&file, "read_cache = 5\n").unwrap();
-        let e = options(&parse(&["--config", file.to_str().unwrap()])).unwrap_err().to_string();
+        let e = options(&parse(&["--config", file.to_str().unwrap()]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("s.toml") && e.contains("read-cache"), "{e}");
     }
 }
@@ -594,7 +784,9 @@ pub(crate) fn request_memory(size: Option<u64>) -> Result<usize> {
 fn file_size(key: &str, value: &Option<SizeValue>) -> Result<Option<u64>> {
     match value {
         Some(SizeValue::Bytes(n)) => Ok(Some(*n)),
-        Some(SizeValue::Text(t)) => Ok(Some(parse_size(t).map_err(|e| anyhow!("{key} in the config file: {e}"))?)),
+        Some(SizeValue::Text(t)) => Ok(Some(
+            parse_size(t).map_err(|e| anyhow!("{key} in the config file: {e}"))?,
+        )),
         None => Ok(None),
     }
 }
@@ -608,11 +800,20 @@ fn object_store_mirror(
     file: &ConfigFile,
     location: vdstream_objstore::S3Location,
     http: Option<SocketAddr>,
-) -> Result<(PathBuf, Option<vdstream_server::http::forward::Forwarder>, Option<vdstream_server::config::ExtraCounters>)> {
+) -> Result<(
+    PathBuf,
+    Option<vdstream_server::http::forward::Forwarder>,
+    Option<vdstream_server::config::ExtraCounters>,
+)> {
     use vdstream_objstore::{layer::CacheConfig, mirror};
-    let base = args.object_cache.clone().or(file.object_cache.clone()).unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects"));
+    let base = args
+        .object_cache
+        .clone()
+        .or(file.object_cache.clone())
+        .unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects"));
     let dir = mirror::default_dir(&base, &location);
-    let mut config = vdstream_objstore::S3Config::from_env().map_err(crate::store_cmd::objstore_error)?;
+    let mut config =
+        vdstream_objstore::S3Config::from_env().map_err(crate::store_cmd::objstore_error)?;
     // The AWS variables win over the file, as they do for the AWS CLI.
     let env_set = |n: &str| std::env::var_os(n).is_some_and(|v| !v.is_empty());
     if !env_set("AWS_ENDPOINT_URL") && !env_set("AWS_ENDPOINT_URL_S3") {
@@ -624,16 +825,29 @@ fn object_store_mirror(
         }
     }
     config.access_key_id = config.access_key_id.or(file.s3_access_key_id.clone());
-    config.secret_access_key = config.secret_access_key.or(file.s3_secret_access_key.clone());
-    let bucket = vdstream_objstore::Bucket::open(location, &config).map_err(crate::store_cmd::objstore_error)?;
+    config.secret_access_key = config
+        .secret_access_key
+        .or(file.s3_secret_access_key.clone());
+    let bucket = vdstream_objstore::Bucket::open(location, &config)
+        .map_err(crate::store_cmd::objstore_error)?;
     let cache = CacheConfig {
-        ram_bytes: args.object_cache_ram.or(file_size("object-cache-ram", &file.object_cache_ram)?).unwrap_or(1 << 30),
+        ram_bytes: args
+            .object_cache_ram
+            .or(file_size("object-cache-ram", &file.object_cache_ram)?)
+            .unwrap_or(1 << 30),
         disk_dir: dir.join("chunks"),
-        disk_bytes: args.object_cache_disk.or(file_size("object-cache-disk", &file.object_cache_disk)?).unwrap_or(16 << 30),
+        disk_bytes: args
+            .object_cache_disk
+            .or(file_size("object-cache-disk", &file.object_cache_disk)?)
+            .unwrap_or(16 << 30),
         readahead: 4,
         wait: config.timeout + Duration::from_secs(1),
     };
-    let sizes = format!("chunk cache: {} RAM, {} SSD", crate::size::format_size(cache.ram_bytes), crate::size::format_size(cache.disk_bytes));
+    let sizes = format!(
+        "chunk cache: {} RAM, {} SSD",
+        crate::size::format_size(cache.ram_bytes),
+        crate::size::format_size(cache.disk_bytes)
+    );
     if args.metadata_writer {
         let url = match (&args.advertise_url, http) {
             (Some(u), _) => u.trim_end_matches('/').to_string(),
@@ -643,32 +857,51 @@ fn object_store_mirror(
             (None, Some(_)) => return Err(anyhow!("--metadata-writer with --http on port 0 or an unspecified address: give --advertise-url URL, the address others reach this server's API at")),
             (None, None) => return Err(anyhow!("--metadata-writer takes the store's changes through the HTTP API: give --http ADDR")),
         };
-        let w = vdstream_objstore::writer::Writer::start(bucket, &dir, &cache, &url).map_err(crate::store_cmd::objstore_error)?;
-        log::info!("serving {} as its metadata writer from {} ({sizes}); changes go to {url}", w.mirror.bucket.location, dir.display());
+        let w = vdstream_objstore::writer::Writer::start(bucket, &dir, &cache, &url)
+            .map_err(crate::store_cmd::objstore_error)?;
+        log::info!(
+            "serving {} as its metadata writer from {} ({sizes}); changes go to {url}",
+            w.mirror.bucket.location,
+            dir.display()
+        );
         let counters = chunk_counters(w.mirror.cache.clone());
         // The publisher thread holds the writer weakly; the process keeps it.
         let _ = WRITER.set(w);
         return Ok((dir, None, Some(counters)));
     }
-    let m = mirror::Mirror::open(bucket, &dir, &cache, Duration::from_secs(2)).map_err(crate::store_cmd::objstore_error)?;
-    log::info!("serving {} from its mirror {} ({sizes}); changes go to its metadata writer", m.bucket.location, dir.display());
+    let m = mirror::Mirror::open(bucket, &dir, &cache, Duration::from_secs(2))
+        .map_err(crate::store_cmd::objstore_error)?;
+    log::info!(
+        "serving {} from its mirror {} ({sizes}); changes go to its metadata writer",
+        m.bucket.location,
+        dir.display()
+    );
     let forward = ToWriter {
         dir: dir.clone(),
         location: m.bucket.location.to_string(),
         tls: args.tls.tls_certificates.clone(),
         insecure: args.insecure || file.insecure.unwrap_or(false),
     };
-    Ok((dir, Some(vdstream_server::http::forward::Forwarder(std::sync::Arc::new(forward))), Some(chunk_counters(m.cache.clone()))))
+    Ok((
+        dir,
+        Some(vdstream_server::http::forward::Forwarder(
+            std::sync::Arc::new(forward),
+        )),
+        Some(chunk_counters(m.cache.clone())),
+    ))
 }
 
 /// The chunk cache's counters for /metrics.
-fn chunk_counters(cache: std::sync::Arc<vdstream_objstore::layer::ChunkCache>) -> vdstream_server::config::ExtraCounters {
+fn chunk_counters(
+    cache: std::sync::Arc<vdstream_objstore::layer::ChunkCache>,
+) -> vdstream_server::config::ExtraCounters {
     vdstream_server::config::ExtraCounters(std::sync::Arc::new(move || cache.stats.counters()))
 }
 
 use vdstream_server::http::forward::ForwardError;
 
-static WRITER: std::sync::OnceLock<std::sync::Arc<vdstream_objstore::writer::Writer>> = std::sync::OnceLock::new();
+static WRITER: std::sync::OnceLock<std::sync::Arc<vdstream_objstore::writer::Writer>> =
+    std::sync::OnceLock::new();
 
 /// A mirror's way to its store's metadata writer: the URL in the mirror's copy of
 /// `writer.json` (read again every 2 s, so a new writer is found), with this server's
@@ -685,24 +918,44 @@ struct ToWriter {
     insecure: bool,
 }
 
-
 impl vdstream_server::http::forward::Forward for ToWriter {
-    fn forward(&self, req: vdstream_server::http::forward::ForwardRequest) -> std::result::Result<vdstream_server::http::forward::ForwardAnswer, ForwardError> {
+    fn forward(
+        &self,
+        req: vdstream_server::http::forward::ForwardRequest,
+    ) -> std::result::Result<vdstream_server::http::forward::ForwardAnswer, ForwardError> {
         use vdstream_objstore::writer::WriterRecord;
-        let rec = WriterRecord::read_local(&self.dir)
-            .ok_or_else(|| ForwardError::NotSent(format!("no server is the metadata writer of {}, so it takes no changes now", self.location)))?;
-        if !rec.url.starts_with("https://") && !crate::remote::loopback_http(&rec.url) && !self.insecure {
+        let rec = WriterRecord::read_local(&self.dir).ok_or_else(|| {
+            ForwardError::NotSent(format!(
+                "no server is the metadata writer of {}, so it takes no changes now",
+                self.location
+            ))
+        })?;
+        if !rec.url.starts_with("https://")
+            && !crate::remote::loopback_http(&rec.url)
+            && !self.insecure
+        {
             return Err(ForwardError::NotSent(format!(
                 "the metadata writer of {} is at {}, plain http on the network: a change carries its caller's token, so it is not sent there; \
                  serve the writer's API over TLS (--tls-certificates), or start this server with --insecure on a trusted network",
                 self.location, rec.url)));
         }
         let creds = vdstream_agent::client::Credentials::ca_only(self.tls.clone());
-        let client = vdstream_agent::client::Client::with_credentials(&rec.url, creds).map_err(|e| ForwardError::NotSent(e.to_string()))?;
-        let r = client.relay(&req.method, &req.path, &req.headers, req.body).map_err(|e| match e {
-            vdstream_agent::client::ClientError::Connect { .. } => ForwardError::NotSent(e.to_string()),
-            other => ForwardError::Unknown(other.to_string()),
-        })?;
-        Ok(vdstream_server::http::forward::ForwardAnswer { status: r.status, content_type: r.content_type, etag: r.etag, body: r.body, writer: rec.url })
+        let client = vdstream_agent::client::Client::with_credentials(&rec.url, creds)
+            .map_err(|e| ForwardError::NotSent(e.to_string()))?;
+        let r = client
+            .relay(&req.method, &req.path, &req.headers, req.body)
+            .map_err(|e| match e {
+                vdstream_agent::client::ClientError::Connect { .. } => {
+                    ForwardError::NotSent(e.to_string())
+                }
+                other => ForwardError::Unknown(other.to_string()),
+            })?;
+        Ok(vdstream_server::http::forward::ForwardAnswer {
+            status: r.status,
+            content_type: r.content_type,
+            etag: r.etag,
+            body: r.body,
+            writer: rec.url,
+        })
     }
 }

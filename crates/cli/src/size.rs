@@ -19,7 +19,11 @@ const BINARY: Config = Config::new().with_binary();
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let dot_first = t.starts_with('.') && t[1..].starts_with(|c: char| c.is_ascii_digit());
-    let t = &if dot_first { format!("0{t}") } else { t.to_owned() }; // `.5K`, as before
+    let t = &if dot_first {
+        format!("0{t}")
+    } else {
+        t.to_owned()
+    }; // `.5K`, as before
     let out_of_range = || format!("size {text:?} is out of range");
     let bytes = BINARY.parse_size(t).map_err(|e| match e {
         Error::PosOverflow => out_of_range(),
@@ -29,9 +33,16 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     // is whole bytes exactly when ND<unit> (the dot dropped, exact) is 10^decimals times it.
     let unit_at = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     if let Some(dot) = t[..unit_at].find('.') {
-        let decimals = t[dot + 1..unit_at].bytes().filter(u8::is_ascii_digit).count() as u32;
+        let decimals = t[dot + 1..unit_at]
+            .bytes()
+            .filter(u8::is_ascii_digit)
+            .count() as u32;
         let scaled = BINARY.parse_size(format!("{}{}", &t[..dot], &t[dot + 1..]));
-        if scaled.ok() != 10u64.checked_pow(decimals).and_then(|p| bytes.checked_mul(p)) {
+        if scaled.ok()
+            != 10u64
+                .checked_pow(decimals)
+                .and_then(|p| bytes.checked_mul(p))
+        {
             return Err(format!("size {text:?} is not a whole number of bytes: use a smaller unit (e.g. 1536K rather than 1.5001M)"));
         }
     }
@@ -52,7 +63,12 @@ pub fn parse_ram(text: &str) -> Result<u64, String> {
 /// This machine's RAM in bytes, if the system says.
 pub fn machine_ram() -> Option<u64> {
     // SAFETY: sysconf only reads system configuration values.
-    let (pages, page_size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, page_size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
     (pages > 0 && page_size > 0).then(|| (pages as u64).saturating_mul(page_size as u64))
 }
 
@@ -101,7 +117,9 @@ mod tests {
         assert_eq!(parse_size("64M").unwrap(), 64 << 20);
         assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
         assert_eq!(parse_size("1.5k").unwrap(), 1536);
-        assert!(parse_size("12 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("12 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
         assert!(parse_size("G").is_err());
         assert!(parse_size("-1G").is_err());
         assert_eq!(parse_size(".5K").unwrap(), 512);
@@ -116,17 +134,29 @@ mod tests {
     #[test]
     fn sizes_are_exact_never_rounded() {
         // 2^53 + 1 bytes: an f64 cannot hold it.
-        assert_eq!(parse_size("9007199254740993").unwrap(), 9_007_199_254_740_993);
+        assert_eq!(
+            parse_size("9007199254740993").unwrap(),
+            9_007_199_254_740_993
+        );
         assert_eq!(parse_size("0.25k").unwrap(), 256);
-        assert!(parse_size("1.1k").unwrap_err().contains("whole number of bytes"));
-        assert!(parse_size("0.1").unwrap_err().contains("whole number of bytes"));
+        assert!(parse_size("1.1k")
+            .unwrap_err()
+            .contains("whole number of bytes"));
+        assert!(parse_size("0.1")
+            .unwrap_err()
+            .contains("whole number of bytes"));
         // 2^52 + 1 KiB = 2^62 + 1024 bytes, also beyond an f64.
         assert_eq!(parse_size("4503599627370497K").unwrap(), (1 << 62) + 1024);
         assert_eq!(parse_size("7E").unwrap(), 7 << 60);
-        assert!(parse_size("8E").unwrap_err().contains("out of range"), "2^63 is past off_t");
+        assert!(
+            parse_size("8E").unwrap_err().contains("out of range"),
+            "2^63 is past off_t"
+        );
         assert_eq!(parse_size("8191P").unwrap(), 8191 << 50);
         assert!(parse_size("8192P").unwrap_err().contains("out of range"));
-        assert!(parse_size("99999999999999999999999").unwrap_err().contains("out of range"));
+        assert!(parse_size("99999999999999999999999")
+            .unwrap_err()
+            .contains("out of range"));
     }
 
     #[test]
@@ -140,9 +170,15 @@ mod tests {
         assert!(parse_ram("257G").is_err());
         assert!(parse_ram("12parsecs").unwrap_err().contains("unknown unit"));
         let total = machine_ram().expect("the machine's RAM");
-        assert!(check_ram_fits_here(CacheType::DeviceRam, total + (1 << 20)).is_err(), "more than the machine has");
+        assert!(
+            check_ram_fits_here(CacheType::DeviceRam, total + (1 << 20)).is_err(),
+            "more than the machine has"
+        );
         assert!(check_ram_fits_here(CacheType::RamOverflow, 1 << 20).is_ok());
-        assert!(check_ram_fits_here(CacheType::DeviceDisk, 1 << 20).is_err(), "device-disk takes no --ram");
+        assert!(
+            check_ram_fits_here(CacheType::DeviceDisk, 1 << 20).is_err(),
+            "device-disk takes no --ram"
+        );
     }
 
     #[test]

@@ -46,7 +46,6 @@ struct CopyArgs {
     json: bool,
 }
 
-
 pub fn objstore_error(e: vdstream_objstore::Error) -> anyhow::Error {
     fail(crate::exit::of_objstore(&e), e.to_string())
 }
@@ -61,9 +60,13 @@ fn copy(a: CopyArgs) -> Result<()> {
     use vdstream_objstore::copy::{self, Side};
     let from = Side::parse(&a.from).map_err(objstore_error)?;
     let to = Side::parse(&a.to).map_err(objstore_error)?;
-    let opts = StoreOpts { store: None, json: a.json };
+    let opts = StoreOpts {
+        store: None,
+        json: a.json,
+    };
     let bar = opts.bar("copying layers");
-    let report = copy::copy(&from, &to, copy::open_bucket, &mut |d, t| bar.update(d, t)).map_err(objstore_error)?;
+    let report = copy::copy(&from, &to, copy::open_bucket, &mut |d, t| bar.update(d, t))
+        .map_err(objstore_error)?;
     drop(bar);
     let doc = serde_json::to_value(&report)?;
     opts.emit(doc, || {

@@ -243,18 +243,36 @@ fn parse_tls_mode(s: &str) -> Result<vdstream_nbd::TlsMode, String> {
 }
 
 /// The local export's TLS: its mode and certificate directory.
-type ListenTls = (vdstream_nbd::TlsMode, std::sync::Arc<vdstream_tls::files::ServerTls>);
+type ListenTls = (
+    vdstream_nbd::TlsMode,
+    std::sync::Arc<vdstream_tls::files::ServerTls>,
+);
 
 /// The upstream TLS configuration and the local listener's: `--tls-certificates`, or the
 /// `?tls-certificates=` of an nbds:// URI, which needs one or the other.
-fn attach_tls(a: &AttachArgs) -> Result<(Option<std::sync::Arc<vdstream_tls::rustls::ClientConfig>>, Option<ListenTls>)> {
-    let nbds = a.servers.iter().filter_map(|u| vdstream_nbd::client::Address::parse_uri_tls(u).ok()).find(|p| p.tls);
-    let dir = a.tls_certificates.clone().or_else(|| nbds.as_ref().and_then(|p| p.tls_certificates.clone()));
+fn attach_tls(
+    a: &AttachArgs,
+) -> Result<(
+    Option<std::sync::Arc<vdstream_tls::rustls::ClientConfig>>,
+    Option<ListenTls>,
+)> {
+    let nbds = a
+        .servers
+        .iter()
+        .filter_map(|u| vdstream_nbd::client::Address::parse_uri_tls(u).ok())
+        .find(|p| p.tls);
+    let dir = a
+        .tls_certificates
+        .clone()
+        .or_else(|| nbds.as_ref().and_then(|p| p.tls_certificates.clone()));
     if nbds.is_some() && dir.is_none() {
         usage!("an nbds:// server needs the target's certificates: give --tls-certificates DIR (ca-cert.pem, client-cert.pem, client-key.pem)");
     }
     let upstream = match &dir {
-        Some(d) => Some(vdstream_tls::files::client_config(d).map_err(|e| anyhow::anyhow!("--tls-certificates: {e}"))?),
+        Some(d) => Some(
+            vdstream_tls::files::client_config(d)
+                .map_err(|e| anyhow::anyhow!("--tls-certificates: {e}"))?,
+        ),
         None => None,
     };
     let local = match (a.listen_tls, &dir) {
@@ -266,7 +284,10 @@ fn attach_tls(a: &AttachArgs) -> Result<(Option<std::sync::Arc<vdstream_tls::rus
                     .map_err(|e| anyhow::anyhow!("--listen-tls {}: {e}", mode.as_str()))?,
             ),
         )),
-        (mode, None) => usage!("--listen-tls {} needs --tls-certificates DIR with server-cert.pem and server-key.pem", mode.as_str()),
+        (mode, None) => usage!(
+            "--listen-tls {} needs --tls-certificates DIR with server-cert.pem and server-key.pem",
+            mode.as_str()
+        ),
     };
     Ok((upstream, local))
 }
@@ -298,8 +319,14 @@ fn detach(d: DetachArgs) -> Result<()> {
     use vdstream_agent::kernel_nbd;
     paths::check_target_id(&d.id)?;
     // The pid in the target's lock file, if that agent still runs.
-    let locked = std::fs::read_to_string(paths::lock_path(&d.id)).ok().and_then(|t| t.trim().parse::<u32>().ok()).filter(|p| status::pid_alive(*p));
-    let device = d.kernel_nbd.clone().or_else(|| locked.and_then(kernel_nbd::device_served_by));
+    let locked = std::fs::read_to_string(paths::lock_path(&d.id))
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .filter(|p| status::pid_alive(*p));
+    let device = d
+        .kernel_nbd
+        .clone()
+        .or_else(|| locked.and_then(kernel_nbd::device_served_by));
     let pid = match &device {
         Some(dev) => {
             let pid = kernel_nbd::server_pid(dev).or(locked);
@@ -317,9 +344,17 @@ fn detach(d: DetachArgs) -> Result<()> {
             };
             // SAFETY: kill with a pid read from the target's lock file and a valid signal.
             if unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) } != 0 {
-                return Err(anyhow::Error::new(std::io::Error::last_os_error()).context(format!("cannot signal the agent of target {} (pid {pid})", d.id)));
+                return Err(
+                    anyhow::Error::new(std::io::Error::last_os_error()).context(format!(
+                        "cannot signal the agent of target {} (pid {pid})",
+                        d.id
+                    )),
+                );
             }
-            outln!("vdstream: target {}: SIGTERM sent to its agent (pid {pid})", d.id);
+            outln!(
+                "vdstream: target {}: SIGTERM sent to its agent (pid {pid})",
+                d.id
+            );
             Some(pid)
         }
     };
@@ -392,9 +427,16 @@ fn attach(a: AttachArgs) -> Result<()> {
         crate::daemon::io_flusher(&a.id);
     }
     // Before anything is asked or opened; a local export over TLS (--listen-tls) may listen anywhere.
-    if let Some(addr) = a.listen.filter(|l| a.listen_tls == vdstream_nbd::TlsMode::Off && !a.insecure && !vdstream_server::config::is_loopback(l)) {
+    if let Some(addr) = a.listen.filter(|l| {
+        a.listen_tls == vdstream_nbd::TlsMode::Off
+            && !a.insecure
+            && !vdstream_server::config::is_loopback(l)
+    }) {
         let e = vdstream_server::config::InsecureListen { what: "NBD", addr };
-        return Err(crate::exit::fail(crate::exit::Kind::Insecure, e.to_string()));
+        return Err(crate::exit::fail(
+            crate::exit::Kind::Insecure,
+            e.to_string(),
+        ));
     }
     let (upstream_tls, listen_tls) = attach_tls(&a)?;
     let mut cfg = if a.servers.iter().any(|s| api::is_api_url(s)) {
@@ -403,12 +445,21 @@ fn attach(a: AttachArgs) -> Result<()> {
                 "--server {nbd} is an NBD URI, and the others are store servers' APIs: give every --server as http://HOST:PORT, or every one as an NBD URI"
             );
         }
-        let flags = Overrides { vdisk: a.vdisk.clone(), cache: a.cache, ram: a.ram, overflow_max: a.overflow_max };
+        let flags = Overrides {
+            vdisk: a.vdisk.clone(),
+            cache: a.cache,
+            ram: a.ram,
+            overflow_max: a.overflow_max,
+        };
         outln!("vdstream: target {}: asking {}", a.id, a.servers.join(", "));
         // No server answering at all (down at boot time) is waited for, one console line a round.
         let say = |line: &str| errln!("vdstream: target {}: {line}", a.id);
-        let wait = api::Waiting { retry_for: a.retry_for, say: &say };
-        let r = api::resolve_waiting(&a.id, &a.servers, &flags, Some(&wait)).with_context(|| format!("cannot attach target {}", a.id))?;
+        let wait = api::Waiting {
+            retry_for: a.retry_for,
+            say: &say,
+        };
+        let r = api::resolve_waiting(&a.id, &a.servers, &flags, Some(&wait))
+            .with_context(|| format!("cannot attach target {}", a.id))?;
         let p = &r.plan;
         outln!(
             "vdstream: target {}: vDisk {}{} with a {} cache (from the {}); servers, least busy first:",
@@ -437,7 +488,11 @@ fn attach(a: AttachArgs) -> Result<()> {
         if a.vdisk.is_some() {
             usage!("--vdisk needs store servers (--server http://HOST:PORT); with an NBD URI, name the export in it (nbd://HOST:PORT/vdisk/NAME@V)");
         }
-        let endpoints = a.servers.iter().map(|s| Endpoint::parse(s)).collect::<Result<Vec<_>, _>>()?;
+        let endpoints = a
+            .servers
+            .iter()
+            .map(|s| Endpoint::parse(s))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut cfg = AttachConfig::new(&a.id, endpoints);
         cfg.cache = a.cache.unwrap_or(CacheType::RamOverflow);
         if let Some(ram) = a.ram {
@@ -457,7 +512,12 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.vhost_user = a.vhost_user.clone();
     cfg.read_only = a.read_only;
     cfg.vhost.queues = a.vhost_queues;
-    cfg.vhost.threads = a.vhost_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(64) as u16)).min(a.vhost_queues);
+    cfg.vhost.threads = a
+        .vhost_threads
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(64) as u16)
+        })
+        .min(a.vhost_queues);
     if let Some(sock) = a.socket {
         cfg.socket = sock;
     }
@@ -471,7 +531,12 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.record_trace = a.record_trace;
     cfg.remote.tls = upstream_tls;
     cfg.listen_tls = listen_tls;
-    let servers = cfg.endpoints.iter().map(|e| e.uri.as_str()).collect::<Vec<_>>().join(", ");
+    let servers = cfg
+        .endpoints
+        .iter()
+        .map(|e| e.uri.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
     outln!("vdstream: target {}: connecting to {servers}", a.id);
     let mut agent = Agent::open(cfg).with_context(|| format!("cannot attach target {}", a.id))?;
     let id = agent.remote().identity();
@@ -487,20 +552,40 @@ fn attach(a: AttachArgs) -> Result<()> {
         served.push(format!("nbd://{l}/"));
     }
     if let Some(p) = &c.vhost_user {
-        served.push(format!("vhost-user-blk on {} ({} queues)", p.display(), c.vhost.queues));
+        served.push(format!(
+            "vhost-user-blk on {} ({} queues)",
+            p.display(),
+            c.vhost.queues
+        ));
     }
     outln!(
         "vdstream: target {}: vDisk export {:?} ({} bytes{}) from {}, {}; serving {}",
         c.target,
         id.export,
         id.size,
-        id.description.as_ref().map(|d| format!(", {d}")).unwrap_or_default(),
+        id.description
+            .as_ref()
+            .map(|d| format!(", {d}"))
+            .unwrap_or_default(),
         agent.remote().endpoint_in_use().0,
-        if c.read_only { "read-only (no write cache)".to_string() } else { format!("{} write cache", c.cache) },
+        if c.read_only {
+            "read-only (no write cache)".to_string()
+        } else {
+            format!("{} write cache", c.cache)
+        },
         served.join(" and ")
     );
-    outln!("vdstream: status: vdstream target status {} (file {})", c.target, c.status_path.display());
-    let sockets: Vec<PathBuf> = c.serve_socket.then(|| c.socket.clone()).into_iter().chain(c.vhost_user.clone()).collect();
+    outln!(
+        "vdstream: status: vdstream target status {} (file {})",
+        c.target,
+        c.status_path.display()
+    );
+    let sockets: Vec<PathBuf> = c
+        .serve_socket
+        .then(|| c.socket.clone())
+        .into_iter()
+        .chain(c.vhost_user.clone())
+        .collect();
     if let Some(fd) = ready {
         crate::daemon::report_ready(fd);
     }
@@ -539,7 +624,6 @@ fn attach(a: AttachArgs) -> Result<()> {
     })?;
     outln!("vdstream: {}", agent.summary());
     crate::serve_image::report_trace(agent.trace())
-
 }
 
 fn show_status(s: StatusArgs) -> Result<()> {
@@ -551,7 +635,10 @@ fn show_status(s: StatusArgs) -> Result<()> {
     let st = status::read(&s.id, &path)?;
     let alive = status::pid_alive(st.pid);
     if s.json {
-        outln!("{}", serde_json::to_string_pretty(&st).context("cannot print the status")?);
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&st).context("cannot print the status")?
+        );
     } else {
         out!("{}", status::render(&st, alive));
     }
@@ -561,7 +648,11 @@ fn show_status(s: StatusArgs) -> Result<()> {
     // The figures are printed (they are the last ones), but the exit status says the
     // target has no usable disk: scripts check `target status ID` before they use its socket.
     if st.state == status::STATE_LOST && alive {
-        return Err(anyhow::Error::new(Failure { kind: Kind::Unavailable, message: cache_lost(&s.id), reported: s.json }));
+        return Err(anyhow::Error::new(Failure {
+            kind: Kind::Unavailable,
+            message: cache_lost(&s.id),
+            reported: s.json,
+        }));
     }
     Err(anyhow::Error::new(Failure {
         kind: Kind::Unavailable,
@@ -598,25 +689,53 @@ fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
             s.id
         )));
     };
-    let st: status::Status = serde_json::from_value(report.clone()).with_context(|| format!("the report of target {} on {} is not an agent status", s.id, client.url()))?;
+    let st: status::Status = serde_json::from_value(report.clone()).with_context(|| {
+        format!(
+            "the report of target {} on {} is not an agent status",
+            s.id,
+            client.url()
+        )
+    })?;
     if s.json {
-        outln!("{}", serde_json::to_string_pretty(report).context("cannot print the status")?);
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(report).context("cannot print the status")?
+        );
     } else {
-        let age = report.get("received_unix_ms").and_then(serde_json::Value::as_u64).map(|t| status::now_ms().saturating_sub(t));
-        out!("{}", status::render(&st, st.state == "running" || st.state == status::STATE_LOST));
+        let age = report
+            .get("received_unix_ms")
+            .and_then(serde_json::Value::as_u64)
+            .map(|t| status::now_ms().saturating_sub(t));
+        out!(
+            "{}",
+            status::render(&st, st.state == "running" || st.state == status::STATE_LOST)
+        );
         if let Some(ms) = age {
-            outln!("reported:  to {} {:.1} s ago", client.url(), ms as f64 / 1000.0);
+            outln!(
+                "reported:  to {} {:.1} s ago",
+                client.url(),
+                ms as f64 / 1000.0
+            );
         }
     }
     if st.state == "running" {
         return Ok(());
     }
     if st.state == status::STATE_LOST {
-        return Err(anyhow::Error::new(Failure { kind: Kind::Unavailable, message: cache_lost(&s.id), reported: s.json }));
+        return Err(anyhow::Error::new(Failure {
+            kind: Kind::Unavailable,
+            message: cache_lost(&s.id),
+            reported: s.json,
+        }));
     }
     Err(anyhow::Error::new(Failure {
         kind: Kind::Unavailable,
-        message: format!("target {}'s agent reported state {:?} to {}: it is not running", s.id, st.state, client.url()),
+        message: format!(
+            "target {}'s agent reported state {:?} to {}: it is not running",
+            s.id,
+            st.state,
+            client.url()
+        ),
         reported: s.json,
     }))
 }
@@ -625,8 +744,12 @@ fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let plain = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-    let parsed: jiff::SignedDuration = if plain { format!("{t}s").parse() } else { t.parse() }
-        .map_err(|_| format!("{text:?}: give a duration such as 500ms, 30s, 5m or 1h"))?;
+    let parsed: jiff::SignedDuration = if plain {
+        format!("{t}s").parse()
+    } else {
+        t.parse()
+    }
+    .map_err(|_| format!("{text:?}: give a duration such as 500ms, 30s, 5m or 1h"))?;
     match Duration::try_from(parsed) {
         Ok(d) if !d.is_zero() && d.as_secs() < 1_000_000_000 => Ok(d),
         _ => Err(format!("{text:?}: give a positive duration")),

@@ -177,7 +177,9 @@ impl Fields {
             add_macs: self.macs,
             remove_macs,
             hostname: self.hostname.map(|d| Some(d).filter(|d| !d.is_empty())),
-            overflow_device: self.overflow_device.map(|d| Some(d).filter(|d| !d.is_empty())),
+            overflow_device: self
+                .overflow_device
+                .map(|d| Some(d).filter(|d| !d.is_empty())),
         })
     }
 }
@@ -189,7 +191,12 @@ pub fn add(a: AddArgs) -> Result<()> {
         Some(dir) => {
             let req = crate::pki::target_request(&a.id, dir)?;
             let ca = crate::pki::open_ca(a.ca.as_deref())?;
-            ca.check(&req).with_context(|| format!("not adding target {}: its certificate cannot be issued", a.id))?;
+            ca.check(&req).with_context(|| {
+                format!(
+                    "not adding target {}: its certificate cannot be issued",
+                    a.id
+                )
+            })?;
             Some((ca, req))
         }
         None => None,
@@ -197,11 +204,14 @@ pub fn add(a: AddArgs) -> Result<()> {
     let t = a.fields.new_target(a.id)?;
     let id = t.id.clone();
     let mut doc = match a.api.client_for(&a.opts)? {
-        Some(c) => c.post("/api/v1/targets", &json!({
-            "id": t.id, "vdisk": t.vdisk, "cache": t.cache, "version": t.version, "ram": t.ram,
-            "overflow_max": t.overflow_max, "description": t.description,
-            "macs": t.macs, "hostname": t.hostname, "overflow_device": t.overflow_device,
-        }))?,
+        Some(c) => c.post(
+            "/api/v1/targets",
+            &json!({
+                "id": t.id, "vdisk": t.vdisk, "cache": t.cache, "version": t.version, "ram": t.ram,
+                "overflow_max": t.overflow_max, "description": t.description,
+                "macs": t.macs, "hostname": t.hostname, "overflow_device": t.overflow_device,
+            }),
+        )?,
         None => documents::target_add(&a.opts.open()?, t)?,
     };
     let mut lines = Vec::new();
@@ -221,7 +231,12 @@ pub fn add(a: AddArgs) -> Result<()> {
 /// The added record (with `--issue-cert`, `certificate`: what was issued, and `more`: its lines).
 pub fn print_added(o: &StoreOpts, doc: Value, more: Vec<String>) -> Result<()> {
     let r: TargetRecord = serde_json::from_value(doc.clone())?;
-    o.emit(doc, || std::iter::once(format!("added target {}: {}", r.id, summary(&r))).chain(more).collect::<Vec<_>>().join("\n"));
+    o.emit(doc, || {
+        std::iter::once(format!("added target {}: {}", r.id, summary(&r)))
+            .chain(more)
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
     Ok(())
 }
 
@@ -238,20 +253,32 @@ pub fn print_list(o: &StoreOpts, doc: Value) -> Result<()> {
     let list: Vec<TargetRecord> = serde_json::from_value(doc.clone())?;
     o.emit(doc, || {
         if list.is_empty() {
-            return "no targets; add one with `vdstream target add ID --vdisk NAME --cache TYPE`".into();
+            return "no targets; add one with `vdstream target add ID --vdisk NAME --cache TYPE`"
+                .into();
         }
-        let mut lines = vec![format!("{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {:<17}  {}", "ID", "VDISK", "VERSION", "CACHE", "RAM", "OVERFLOW-MAX", "MAC", "DESCRIPTION")];
+        let mut lines = vec![format!(
+            "{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {:<17}  {}",
+            "ID", "VDISK", "VERSION", "CACHE", "RAM", "OVERFLOW-MAX", "MAC", "DESCRIPTION"
+        )];
         for r in &list {
             let macs = match r.macs.len() {
                 0 => "-".to_string(),
                 1 => r.macs[0].clone(),
                 n => format!("{} +{}", r.macs[0], n - 1),
             };
-            lines.push(format!("{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {:<17}  {}", r.id, r.vdisk, r.version.to_string(), r.cache.name(),
+            lines.push(format!(
+                "{:<20} {:<20} {:<11} {:<22} {:>9} {:>12}  {:<17}  {}",
+                r.id,
+                r.vdisk,
+                r.version.to_string(),
+                r.cache.name(),
                 r.ram.map(format_size).unwrap_or_else(|| "-".into()),
-                r.overflow_max.map(format_size).unwrap_or_else(|| "-".into()),
+                r.overflow_max
+                    .map(format_size)
+                    .unwrap_or_else(|| "-".into()),
                 macs,
-                vdstream_store::names::printable(r.description.as_deref().unwrap_or(""))));
+                vdstream_store::names::printable(r.description.as_deref().unwrap_or(""))
+            ));
         }
         lines.join("\n")
     });
@@ -270,13 +297,33 @@ pub fn show(a: ShowArgs) -> Result<()> {
 pub fn print_show(o: &StoreOpts, doc: Value) -> Result<()> {
     let r: TargetRecord = serde_json::from_value(doc.clone())?;
     // The agent's latest report, typed (`vdstream_contract::status::Status`).
-    let agent = doc.get("agent").and_then(|a| vdstream_agent::Status::deserialize(a).ok());
+    let agent = doc
+        .get("agent")
+        .and_then(|a| vdstream_agent::Status::deserialize(a).ok());
     o.emit(doc, || {
         let mut lines = vec![
-            format!("target {}{}", r.id, r.description.as_ref().map(|d| format!(" ({})", vdstream_store::names::printable(d))).unwrap_or_default()),
-            format!("  boots:    vDisk {} ({})", r.vdisk, describe_version(r.version)),
+            format!(
+                "target {}{}",
+                r.id,
+                r.description
+                    .as_ref()
+                    .map(|d| format!(" ({})", vdstream_store::names::printable(d)))
+                    .unwrap_or_default()
+            ),
+            format!(
+                "  boots:    vDisk {} ({})",
+                r.vdisk,
+                describe_version(r.version)
+            ),
             format!("  cache:    {}", cache_words(&r)),
-            format!("  macs:     {}", if r.macs.is_empty() { "none (not network-booted by MAC)".to_string() } else { r.macs.join(", ") }),
+            format!(
+                "  macs:     {}",
+                if r.macs.is_empty() {
+                    "none (not network-booted by MAC)".to_string()
+                } else {
+                    r.macs.join(", ")
+                }
+            ),
             format!("  hostname: {}", r.hostname.as_deref().unwrap_or(&r.id)),
         ];
         if let Some(d) = &r.overflow_device {
@@ -284,11 +331,21 @@ pub fn print_show(o: &StoreOpts, doc: Value) -> Result<()> {
         }
         lines.extend([
             format!("  created:  {} by {}", r.created, r.created_by),
-            format!("  changed:  {} by {} (generation {})", r.updated, r.updated_by, r.generation),
+            format!(
+                "  changed:  {} by {} (generation {})",
+                r.updated, r.updated_by, r.generation
+            ),
         ]);
         if let Some(a) = agent {
-            lines.push(format!("  agent:    {} on {}, {} retries, {} reconnects, {} failovers; cache {:.1}% used",
-                a.state, a.server.endpoint, a.server.retries, a.server.reconnects, a.server.failovers, a.cache.used_percent));
+            lines.push(format!(
+                "  agent:    {} on {}, {} retries, {} reconnects, {} failovers; cache {:.1}% used",
+                a.state,
+                a.server.endpoint,
+                a.server.retries,
+                a.server.reconnects,
+                a.server.failovers,
+                a.cache.used_percent
+            ));
         }
         lines.join("\n")
     });
@@ -301,7 +358,10 @@ pub fn set(a: SetArgs) -> Result<()> {
         usage!("nothing to set: give --vdisk, --cache, --version, --ram, --overflow-max, --description, --mac, --remove-mac, --hostname or --overflow-device");
     }
     let doc = match a.api.client_for(&a.opts)? {
-        Some(c) => c.put(&format!("/api/v1/targets/{}", seg(&a.id)), &change_json(&change))?,
+        Some(c) => c.put(
+            &format!("/api/v1/targets/{}", seg(&a.id)),
+            &change_json(&change),
+        )?,
         None => documents::target_set(&a.opts.open()?, &a.id, change)?,
     };
     print_set(&a.opts, doc)
@@ -309,7 +369,13 @@ pub fn set(a: SetArgs) -> Result<()> {
 
 pub fn print_set(o: &StoreOpts, doc: Value) -> Result<()> {
     let r: TargetRecord = serde_json::from_value(doc.clone())?;
-    o.emit(doc, || format!("target {}: {}; it takes effect at its next attach", r.id, summary(&r)));
+    o.emit(doc, || {
+        format!(
+            "target {}: {}; it takes effect at its next attach",
+            r.id,
+            summary(&r)
+        )
+    });
     Ok(())
 }
 
@@ -324,7 +390,13 @@ pub fn remove(a: RemoveArgs) -> Result<()> {
 pub fn print_removed(o: &StoreOpts, doc: Value) -> Result<()> {
     let id = doc["removed"].as_str().unwrap_or_default().to_string();
     let damaged = doc["target"].is_null();
-    o.emit(doc, || if damaged { format!("removed the damaged record of target {id}") } else { format!("removed target {id}") });
+    o.emit(doc, || {
+        if damaged {
+            format!("removed the damaged record of target {id}")
+        } else {
+            format!("removed target {id}")
+        }
+    });
     Ok(())
 }
 
@@ -382,10 +454,23 @@ fn cache_words(r: &TargetRecord) -> String {
     if let Some(m) = r.overflow_max {
         sizes.push(format!("file up to {}", format_size(m)));
     }
-    if sizes.is_empty() { r.cache.name().to_string() } else { format!("{} ({})", r.cache.name(), sizes.join(", ")) }
+    if sizes.is_empty() {
+        r.cache.name().to_string()
+    } else {
+        format!("{} ({})", r.cache.name(), sizes.join(", "))
+    }
 }
 
 fn summary(r: &TargetRecord) -> String {
-    let macs = if r.macs.is_empty() { String::new() } else { format!(", MAC {}", r.macs.join(", ")) };
-    format!("vDisk {} ({}), {} write cache{macs}", r.vdisk, describe_version(r.version), cache_words(r))
+    let macs = if r.macs.is_empty() {
+        String::new()
+    } else {
+        format!(", MAC {}", r.macs.join(", "))
+    };
+    format!(
+        "vDisk {} ({}), {} write cache{macs}",
+        r.vdisk,
+        describe_version(r.version),
+        cache_words(r)
+    )
 }

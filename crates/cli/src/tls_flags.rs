@@ -69,7 +69,11 @@ impl TlsFlags {
                 "TLS {} ({}, client certificates {})",
                 mode.as_str(),
                 dir.display(),
-                if self.tls_verify_peer { "verified" } else { "not asked for" }
+                if self.tls_verify_peer {
+                    "verified"
+                } else {
+                    "not asked for"
+                }
             ),
             _ => "TLS off".to_string(),
         }

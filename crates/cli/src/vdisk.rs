@@ -159,22 +159,54 @@ enum VdiskCommand {
 pub fn run(args: VdiskArgs) -> Result<()> {
     let o = &args.opts;
     match args.command {
-        VdiskCommand::Create { name, size, max_versions, access } => {
-            let (store, created, m) =
-                o.in_new_or_existing_store(|store| Ok(store.create_vdisk(&name, size, NewVdisk { access: access.into(), max_versions })?))?;
-            o.emit(json!({"store": store.root(), "store_created": created, "vdisk": m}), || {
-                format!("created vDisk {name} ({}, {} access) with base {}", format_size(m.size), access_name(m.access), m.base.file)
-            });
+        VdiskCommand::Create {
+            name,
+            size,
+            max_versions,
+            access,
+        } => {
+            let (store, created, m) = o.in_new_or_existing_store(|store| {
+                Ok(store.create_vdisk(
+                    &name,
+                    size,
+                    NewVdisk {
+                        access: access.into(),
+                        max_versions,
+                    },
+                )?)
+            })?;
+            o.emit(
+                json!({"store": store.root(), "store_created": created, "vdisk": m}),
+                || {
+                    format!(
+                        "created vDisk {name} ({}, {} access) with base {}",
+                        format_size(m.size),
+                        access_name(m.access),
+                        m.base.file
+                    )
+                },
+            );
         }
-        VdiskCommand::Import { name, file, versions, max_versions, access } => {
+        VdiskCommand::Import {
+            name,
+            file,
+            versions,
+            max_versions,
+            access,
+        } => {
             let bar = o.bar(&format!("importing {}", file.display()));
-            let opts = NewVdisk { access: access.into(), max_versions };
+            let opts = NewVdisk {
+                access: access.into(),
+                max_versions,
+            };
             let (store, created, (m, report, made)) = o.in_new_or_existing_store(|store| {
                 Ok(if versions.is_empty() {
-                    let (m, r) = store.import_vdisk(&name, &file, opts, &mut |d, t| bar.update(d, t))?;
+                    let (m, r) =
+                        store.import_vdisk(&name, &file, opts, &mut |d, t| bar.update(d, t))?;
                     (m, r, vec![])
                 } else {
-                    store.import_chain(&name, &file, &versions, opts, &mut |d, t| bar.update(d, t))?
+                    store
+                        .import_chain(&name, &file, &versions, opts, &mut |d, t| bar.update(d, t))?
                 })
             })?;
             drop(bar);
@@ -195,7 +227,10 @@ pub fn run(args: VdiskArgs) -> Result<()> {
                 Some(c) => (c.get("/api/v1/vdisks")?, c.url().to_string()),
                 None => {
                     let store = o.open()?;
-                    (documents::vdisk_list(&store)?, store.root().display().to_string())
+                    (
+                        documents::vdisk_list(&store)?,
+                        store.root().display().to_string(),
+                    )
                 }
             };
             print_list(o, doc, &place)?;
@@ -211,13 +246,18 @@ pub fn run(args: VdiskArgs) -> Result<()> {
             let store = o.open()?;
             let (name, sel) = match reference.split_once('@') {
                 Some(_) => {
-                    let (n, s) = vdstream_store::names::parse_ref(&reference, Selector::Production)?;
+                    let (n, s) =
+                        vdstream_store::names::parse_ref(&reference, Selector::Production)?;
                     (n, Some(s))
                 }
                 None => (reference.clone(), None),
             };
             let report = store.check_layers(&name, sel)?;
-            let bad = report.layers.iter().filter(|l| !l.problems.is_empty()).count();
+            let bad = report
+                .layers
+                .iter()
+                .filter(|l| !l.problems.is_empty())
+                .count();
             o.emit(serde_json::to_value(&report)?, || {
                 let mut lines = Vec::new();
                 for l in &report.layers {
@@ -239,37 +279,67 @@ pub fn run(args: VdiskArgs) -> Result<()> {
                 ));
             }
         }
-        VdiskCommand::Export { reference, file, format, force } => {
+        VdiskCommand::Export {
+            reference,
+            file,
+            format,
+            force,
+        } => {
             let store = o.open()?;
             let (name, sel) = vdstream_store::names::parse_ref(&reference, Selector::Production)?;
-            let fmt = match format { FormatArg::Raw => LayerFormat::Raw, FormatArg::Qcow2 => LayerFormat::Qcow2 };
+            let fmt = match format {
+                FormatArg::Raw => LayerFormat::Raw,
+                FormatArg::Qcow2 => LayerFormat::Qcow2,
+            };
             let bar = o.bar(&format!("exporting {reference}"));
-            let layer = store.export(&name, sel, &file, fmt, force, &mut |d, t| bar.update(d, t))?;
+            let layer =
+                store.export(&name, sel, &file, fmt, force, &mut |d, t| bar.update(d, t))?;
             drop(bar);
-            o.emit(json!({"vdisk": name, "layer": layer, "file": file, "format": fmt}), || {
-                format!("exported {layer} of vDisk {name} to {} ({})", file.display(), fmt.name())
-            });
+            o.emit(
+                json!({"vdisk": name, "layer": layer, "file": file, "format": fmt}),
+                || {
+                    format!(
+                        "exported {layer} of vDisk {name} to {} ({})",
+                        file.display(),
+                        fmt.name()
+                    )
+                },
+            );
         }
         VdiskCommand::Delete { name } => {
             let store = o.open()?;
             let files = store.delete_vdisk(&name)?;
-            o.emit(json!({"vdisk": name, "deleted": files}), || format!("deleted vDisk {name} ({} files)", files.len()));
+            o.emit(json!({"vdisk": name, "deleted": files}), || {
+                format!("deleted vDisk {name} ({} files)", files.len())
+            });
         }
-        VdiskCommand::Set { name, max_versions, access } => {
+        VdiskCommand::Set {
+            name,
+            max_versions,
+            access,
+        } => {
             if max_versions.is_none() && access.is_none() {
                 usage!("nothing to set: give --max-versions N and/or --access standard|private");
             }
             let store = o.open()?;
             let m = store.set_vdisk(&name, max_versions, access.map(Into::into))?;
             let (auto, said) = crate::version::auto_merge(&store, o, &name)?;
-            o.emit(json!({"vdisk": m, "auto_merge": auto}), || format!("vDisk {name}: {} access, max {} versions{said}", access_name(m.access), m.max_versions));
+            o.emit(json!({"vdisk": m, "auto_merge": auto}), || {
+                format!(
+                    "vDisk {name}: {} access, max {} versions{said}",
+                    access_name(m.access),
+                    m.max_versions
+                )
+            });
         }
         VdiskCommand::Compact { name } => {
             let store = o.open()?;
             let bar = o.bar(&format!("compacting {name}"));
             let layers = store.compact(&name, &mut |d, t| bar.update(d, t))?;
             drop(bar);
-            let (before, after) = layers.iter().fold((0, 0), |(b, a), l| (b + l.bytes_before, a + l.bytes_after));
+            let (before, after) = layers
+                .iter()
+                .fold((0, 0), |(b, a), l| (b + l.bytes_before, a + l.bytes_after));
             o.emit(json!({"vdisk": name, "layers": layers, "bytes_before": before, "bytes_after": after}), || {
                 let mut lines: Vec<String> = layers.iter().map(|l| format!("  {:<12} {:<28} {:>10} -> {}", l.layer.to_string(), l.file, format_size(l.bytes_before), format_size(l.bytes_after))).collect();
                 lines.insert(0, format!("compacted vDisk {name}: {} -> {}", format_size(before), format_size(after)));
@@ -279,11 +349,23 @@ pub fn run(args: VdiskArgs) -> Result<()> {
         VdiskCommand::Gc => {
             let store = o.open()?;
             let deleted = store.gc()?;
-            o.emit(json!(deleted.iter().map(|(v, f)| json!({"vdisk": v, "file": f})).collect::<Vec<_>>()), || {
-                if deleted.is_empty() { "nothing to delete".to_string() } else {
-                    deleted.iter().map(|(v, f)| format!("deleted {v}/{f}")).collect::<Vec<_>>().join("\n")
-                }
-            });
+            o.emit(
+                json!(deleted
+                    .iter()
+                    .map(|(v, f)| json!({"vdisk": v, "file": f}))
+                    .collect::<Vec<_>>()),
+                || {
+                    if deleted.is_empty() {
+                        "nothing to delete".to_string()
+                    } else {
+                        deleted
+                            .iter()
+                            .map(|(v, f)| format!("deleted {v}/{f}"))
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    }
+                },
+            );
         }
     }
     Ok(())
@@ -291,22 +373,48 @@ pub fn run(args: VdiskArgs) -> Result<()> {
 
 /// `vdisk list`, from its JSON document (`place`: the store or the server it came from).
 fn print_list(o: &StoreOpts, doc: Value, place: &str) -> Result<()> {
-    let list: Vec<Result<VdiskMeta, (String, String)>> = doc.as_array().cloned().unwrap_or_default().into_iter().map(|d| {
-        serde_json::from_value::<VdiskMeta>(d.clone()).map_err(|e| (
-            d["name"].as_str().unwrap_or("?").to_string(),
-            d["error"].as_str().map_or_else(|| format!("unreadable entry: {e}"), str::to_string),
-        ))
-    }).collect();
+    let list: Vec<Result<VdiskMeta, (String, String)>> = doc
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| {
+            serde_json::from_value::<VdiskMeta>(d.clone()).map_err(|e| {
+                (
+                    d["name"].as_str().unwrap_or("?").to_string(),
+                    d["error"]
+                        .as_str()
+                        .map_or_else(|| format!("unreadable entry: {e}"), str::to_string),
+                )
+            })
+        })
+        .collect();
     o.emit(doc, || {
         if list.is_empty() {
             return format!("no vDisks in {place}");
         }
-        let mut lines = vec![format!("{:<24} {:>10} {:<9} {:>8} {:<12}", "NAME", "SIZE", "ACCESS", "VERSIONS", "PRODUCTION")];
+        let mut lines = vec![format!(
+            "{:<24} {:>10} {:<9} {:>8} {:<12}",
+            "NAME", "SIZE", "ACCESS", "VERSIONS", "PRODUCTION"
+        )];
         for m in &list {
             lines.push(match m {
                 Ok(m) => {
-                    let prod = vdstream_store::select(m, Selector::Production, vdstream_store::Timestamp::now()).map(|l| l.tag()).unwrap_or_default();
-                    format!("{:<24} {:>10} {:<9} {:>8} {:<12}", m.name, format_size(m.size), access_name(m.access), m.versions.len(), prod)
+                    let prod = vdstream_store::select(
+                        m,
+                        Selector::Production,
+                        vdstream_store::Timestamp::now(),
+                    )
+                    .map(|l| l.tag())
+                    .unwrap_or_default();
+                    format!(
+                        "{:<24} {:>10} {:<9} {:>8} {:<12}",
+                        m.name,
+                        format_size(m.size),
+                        access_name(m.access),
+                        m.versions.len(),
+                        prod
+                    )
                 }
                 Err((n, e)) => format!("{n:<24} error: {e}"),
             });

@@ -5,9 +5,9 @@
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
-use vdstream_store::{merge::MergeOutcome, meta::MergeKind};
 use vdstream_store::version::Reverted;
 use vdstream_store::{documents, Access, Layer, Store, Version};
+use vdstream_store::{merge::MergeOutcome, meta::MergeKind};
 
 use crate::output::StoreOpts;
 use crate::remote::{seg, ServerOpt};
@@ -141,12 +141,22 @@ pub fn run(args: VersionArgs) -> Result<()> {
             };
             print_list(o, doc)?;
         }
-        VersionCommand::New { name, note, expect_generation: g, api } => {
+        VersionCommand::New {
+            name,
+            note,
+            expect_generation: g,
+            api,
+        } => {
             let doc = match api.client_for(o)? {
-                Some(c) => c.if_match(g).post(&format!("/api/v1/vdisks/{}/versions", seg(&name)), &json!({"note": note}))?,
+                Some(c) => c.if_match(g).post(
+                    &format!("/api/v1/vdisks/{}/versions", seg(&name)),
+                    &json!({"note": note}),
+                )?,
                 None => {
                     let bar = o.bar(&format!("merging {name} (over --max-versions)"));
-                    documents::version_new(&o.open()?.expecting(g), &name, note, &mut |d, t| bar.update(d, t))?
+                    documents::version_new(&o.open()?.expecting(g), &name, note, &mut |d, t| {
+                        bar.update(d, t)
+                    })?
                 }
             };
             let v: Version = serde_json::from_value(doc["version"].clone())?;
@@ -155,13 +165,33 @@ pub fn run(args: VersionArgs) -> Result<()> {
                 format!("created version {} of {name} in maintenance ({}); serve it to the maintenance target with `vdstream serve-image --vdisk {name}@maintenance`{said}", v.number, v.file)
             });
         }
-        VersionCommand::Promote { name, version, to, at, expect_generation: g, api } => {
-            let to = match to { Stage::Test => Access::Test, Stage::Production => Access::Production };
+        VersionCommand::Promote {
+            name,
+            version,
+            to,
+            at,
+            expect_generation: g,
+            api,
+        } => {
+            let to = match to {
+                Stage::Test => Access::Test,
+                Stage::Production => Access::Production,
+            };
             let doc = match api.client_for(o)? {
-                Some(c) => c.if_match(g).post(&format!("/api/v1/vdisks/{}/versions/{version}/promote", seg(&name)), &json!({"to": to, "at": at}))?,
+                Some(c) => c.if_match(g).post(
+                    &format!("/api/v1/vdisks/{}/versions/{version}/promote", seg(&name)),
+                    &json!({"to": to, "at": at}),
+                )?,
                 None => {
                     let bar = o.bar(&format!("merging {name} (over --max-versions)"));
-                    documents::version_promote(&o.open()?.expecting(g), &name, version, to, at.as_deref(), &mut |d, t| bar.update(d, t))?
+                    documents::version_promote(
+                        &o.open()?.expecting(g),
+                        &name,
+                        version,
+                        to,
+                        at.as_deref(),
+                        &mut |d, t| bar.update(d, t),
+                    )?
                 }
             };
             let v: Version = serde_json::from_value(doc["version"].clone())?;
@@ -171,9 +201,17 @@ pub fn run(args: VersionArgs) -> Result<()> {
                     v.access.name(), v.scheduled_at.map(|t| format!(" from {t}")).unwrap_or_default())
             });
         }
-        VersionCommand::Revert { name, version, expect_generation: g, api } => {
+        VersionCommand::Revert {
+            name,
+            version,
+            expect_generation: g,
+            api,
+        } => {
             let doc = match api.client_for(o)? {
-                Some(c) => c.if_match(g).post(&format!("/api/v1/vdisks/{}/revert", seg(&name)), &json!({"version": version}))?,
+                Some(c) => c.if_match(g).post(
+                    &format!("/api/v1/vdisks/{}/revert", seg(&name)),
+                    &json!({"version": version}),
+                )?,
                 None => documents::version_revert(&o.open()?.expecting(g), &name, version)?,
             };
             let r: Reverted = serde_json::from_value(doc["result"].clone())?;
@@ -182,7 +220,11 @@ pub fn run(args: VersionArgs) -> Result<()> {
                 Reverted::Discarded => format!("version {version} of {name} was discarded; its file is deleted once no target has it open"),
             });
         }
-        VersionCommand::Override { name, version, clear } => {
+        VersionCommand::Override {
+            name,
+            version,
+            clear,
+        } => {
             let store = o.open()?;
             let pin = if clear { None } else { version };
             store.set_override(&name, pin)?;
@@ -191,10 +233,22 @@ pub fn run(args: VersionArgs) -> Result<()> {
                 None => format!("override of {name} cleared: production targets boot the newest production version"),
             });
         }
-        VersionCommand::Merge { name, base, expect_generation: g, api } => {
-            let kind = if base { MergeKind::Base } else { MergeKind::Updates };
+        VersionCommand::Merge {
+            name,
+            base,
+            expect_generation: g,
+            api,
+        } => {
+            let kind = if base {
+                MergeKind::Base
+            } else {
+                MergeKind::Updates
+            };
             let doc = match api.client_for(o)? {
-                Some(c) => c.if_match(g).post(&format!("/api/v1/vdisks/{}/merge", seg(&name)), &json!({"base": base}))?,
+                Some(c) => c.if_match(g).post(
+                    &format!("/api/v1/vdisks/{}/merge", seg(&name)),
+                    &json!({"base": base}),
+                )?,
                 None => {
                     let store = o.open()?.expecting(g);
                     let bar = o.bar(&format!("merging {name}"));
@@ -217,9 +271,15 @@ fn print_list(o: &StoreOpts, doc: serde_json::Value) -> Result<()> {
     let pin = doc["override"].as_u64();
     o.emit(doc, || {
         let mut lines = vec![
-            format!("vDisk {name}: production targets get {production}; test targets get {test}{}",
-                pin.map(|p| format!(" (production pinned to version {p})")).unwrap_or_default()),
-            format!("  {:<8} {:<12} {:<22} {:<20} {}", "VERSION", "ACCESS", "CREATED", "BY", "NOTE"),
+            format!(
+                "vDisk {name}: production targets get {production}; test targets get {test}{}",
+                pin.map(|p| format!(" (production pinned to version {p})"))
+                    .unwrap_or_default()
+            ),
+            format!(
+                "  {:<8} {:<12} {:<22} {:<20} {}",
+                "VERSION", "ACCESS", "CREATED", "BY", "NOTE"
+            ),
             "  base".to_string(),
         ];
         for v in &versions {
@@ -227,7 +287,14 @@ fn print_list(o: &StoreOpts, doc: serde_json::Value) -> Result<()> {
                 Some(t) => format!("{} from {t}", v.access.name()),
                 None => v.access.name().to_string(),
             };
-            lines.push(format!("  {:<8} {:<12} {:<22} {:<20} {}", v.number, access, v.created.to_string(), v.created_by, vdstream_store::names::printable(v.note.as_deref().unwrap_or(""))));
+            lines.push(format!(
+                "  {:<8} {:<12} {:<22} {:<20} {}",
+                v.number,
+                access,
+                v.created.to_string(),
+                v.created_by,
+                vdstream_store::names::printable(v.note.as_deref().unwrap_or(""))
+            ));
         }
         lines.join("\n")
     });
@@ -244,7 +311,9 @@ pub fn describe_auto_merge(name: &str, doc: &serde_json::Value) -> String {
         return format!("\nthe automatic merge of {name} failed: {e}; the change above stands; run `vdstream version merge {name}` later");
     }
     if let Some(why) = doc.get("deferred").and_then(|e| e.as_str()) {
-        return format!("\n{name} has more versions than --max-versions; the automatic merge waits: {why}");
+        return format!(
+            "\n{name} has more versions than --max-versions; the automatic merge waits: {why}"
+        );
     }
     match serde_json::from_value::<MergeOutcome>(doc.clone()) {
         Ok(out) => format!("\n{} (over --max-versions)", describe_merge(name, &out)),
@@ -253,11 +322,24 @@ pub fn describe_auto_merge(name: &str, doc: &serde_json::Value) -> String {
 }
 
 fn describe_merge(name: &str, out: &MergeOutcome) -> String {
-    let merged = out.merged.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
-    let mut s = format!("{}merged versions {merged} of {name} into {} ({}, {:.1} s)",
-        if out.automatic { "automatically " } else { "" }, out.new_layer, out.file, out.seconds);
+    let merged = out
+        .merged
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut s = format!(
+        "{}merged versions {merged} of {name} into {} ({}, {:.1} s)",
+        if out.automatic { "automatically " } else { "" },
+        out.new_layer,
+        out.file,
+        out.seconds
+    );
     if let Some(v) = out.repointed {
-        s.push_str(&format!("; version {v} above it now backs onto {} (same content)", out.file));
+        s.push_str(&format!(
+            "; version {v} above it now backs onto {} (same content)",
+            out.file
+        ));
     }
     if let Some(m) = out.override_moved {
         match m.to {
@@ -266,10 +348,17 @@ fn describe_merge(name: &str, out: &MergeOutcome) -> String {
         }
     }
     if !out.targets_moved.is_empty() {
-        s.push_str(&format!("; targets pinned to a merged version now boot {} (same content): {}", out.new_layer, out.targets_moved.join(", ")));
+        s.push_str(&format!(
+            "; targets pinned to a merged version now boot {} (same content): {}",
+            out.new_layer,
+            out.targets_moved.join(", ")
+        ));
     }
     if !out.still_in_use.is_empty() {
-        s.push_str(&format!("; still read by running targets, deleted once they disconnect: {}", out.still_in_use.join(", ")));
+        s.push_str(&format!(
+            "; still read by running targets, deleted once they disconnect: {}",
+            out.still_in_use.join(", ")
+        ));
     }
     s
 }

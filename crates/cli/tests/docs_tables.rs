@@ -11,10 +11,11 @@ fn is_row(line: &str) -> bool {
 
 fn is_separator(line: &str) -> bool {
     let t = line.trim().trim_matches('|');
-    !t.is_empty() && t.split('|').all(|cell| {
-        let c = cell.trim().trim_start_matches(':').trim_end_matches(':');
-        c.len() >= 3 && c.bytes().all(|b| b == b'-')
-    })
+    !t.is_empty()
+        && t.split('|').all(|cell| {
+            let c = cell.trim().trim_start_matches(':').trim_end_matches(':');
+            c.len() >= 3 && c.bytes().all(|b| b == b'-')
+        })
 }
 
 /// Problems of `text`'s tables, as "line N: what".
@@ -40,9 +41,15 @@ fn table_problems(text: &str) -> Vec<String> {
         let rows = &lines[start..i];
         let has_separator = rows.len() >= 2 && is_separator(rows[1]);
         if in_code && rows.len() >= 2 {
-            problems.push(format!("line {}: a table inside a ``` code block does not render", start + 1));
+            problems.push(format!(
+                "line {}: a table inside a ``` code block does not render",
+                start + 1
+            ));
         } else if !in_code && !has_separator {
-            problems.push(format!("line {}: a table without its |---| row under the header", start + 1));
+            problems.push(format!(
+                "line {}: a table without its |---| row under the header",
+                start + 1
+            ));
         }
     }
     problems
@@ -65,15 +72,26 @@ fn tables_render() {
     let mut all = Vec::new();
     for f in markdown_files() {
         let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        all.extend(table_problems(&text).into_iter().map(|p| format!("{}: {p}", f.display())));
+        all.extend(
+            table_problems(&text)
+                .into_iter()
+                .map(|p| format!("{}: {p}", f.display())),
+        );
     }
-    assert!(all.is_empty(), "tables that do not render:\n  {}", all.join("\n  "));
+    assert!(
+        all.is_empty(),
+        "tables that do not render:\n  {}",
+        all.join("\n  ")
+    );
 }
 
 #[test]
 fn the_checker_sees_both_faults() {
     assert!(table_problems("| a | b |\n| --- | ---: |\n| 1 | 2 |\n").is_empty());
     assert_eq!(table_problems("| a | b |\n| 1 | 2 |\n").len(), 1);
-    assert_eq!(table_problems("```\n| a | b |\n| --- | --- |\n```\n").len(), 1);
+    assert_eq!(
+        table_problems("```\n| a | b |\n| --- | --- |\n```\n").len(),
+        1
+    );
     assert!(table_problems("```sh\nvdstream serve-image FILE | --memory SIZE\n```\n").is_empty());
 }

@@ -27,7 +27,10 @@ fn strip_comments_and_literals(text: &str) -> String {
     while i < b.len() {
         match b[i] {
             b'/' if b.get(i + 1) == Some(&b'/') => {
-                let end = b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |p| i + p);
+                let end = b[i..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(b.len(), |p| i + p);
                 blank(&mut out, i, end);
                 i = end;
             }
@@ -50,15 +53,22 @@ fn strip_comments_and_literals(text: &str) -> String {
                 blank(&mut out, i, j);
                 i = j;
             }
-            b'r' if matches!(b.get(i + 1), Some(b'"') | Some(b'#')) && (i == 0 || !is_ident(b[i - 1])) => {
+            b'r' if matches!(b.get(i + 1), Some(b'"') | Some(b'#'))
+                && (i == 0 || !is_ident(b[i - 1])) =>
+            {
                 let hashes = b[i + 1..].iter().take_while(|&&c| c == b'#').count();
                 if b.get(i + 1 + hashes) != Some(&b'"') {
                     i += 1;
                     continue;
                 }
-                let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat_n(b'#', hashes)).collect();
+                let close: Vec<u8> = std::iter::once(b'"')
+                    .chain(std::iter::repeat_n(b'#', hashes))
+                    .collect();
                 let start = i + 2 + hashes;
-                let end = b[start..].windows(close.len()).position(|w| w == close.as_slice()).map_or(b.len(), |p| start + p + close.len());
+                let end = b[start..]
+                    .windows(close.len())
+                    .position(|w| w == close.as_slice())
+                    .map_or(b.len(), |p| start + p + close.len());
                 blank(&mut out, i, end);
                 i = end;
             }
@@ -73,7 +83,10 @@ fn strip_comments_and_literals(text: &str) -> String {
             b'\'' => {
                 // A char literal ('x', '\n', '\u{..}') or a lifetime ('a).
                 let end = if b.get(i + 1) == Some(&b'\\') {
-                    b[i + 2..].iter().position(|&c| c == b'\'').map(|p| i + 2 + p + 1)
+                    b[i + 2..]
+                        .iter()
+                        .position(|&c| c == b'\'')
+                        .map(|p| i + 2 + p + 1)
                 } else {
                     let len = text[i + 1..].chars().next().map_or(1, char::len_utf8);
                     (b.get(i + 1 + len) == Some(&b'\'')).then_some(i + 2 + len)
@@ -144,7 +157,9 @@ fn paths(code: &str, children: &BTreeSet<String>) -> Vec<Vec<String>> {
     let mut found = Vec::new();
     let mut i = 0;
     while i < b.len() {
-        if !is_ident(b[i]) || (i > 0 && (is_ident(b[i - 1]) || b[i - 1] == b'$' || b[i - 1] == b':')) {
+        if !is_ident(b[i])
+            || (i > 0 && (is_ident(b[i - 1]) || b[i - 1] == b'$' || b[i - 1] == b':'))
+        {
             i += 1;
             continue;
         }
@@ -164,7 +179,12 @@ fn paths(code: &str, children: &BTreeSet<String>) -> Vec<Vec<String>> {
 
 /// Parse a path tree at `at` with `prefix` already read; push complete paths to `out` and
 /// return the index where the tree ends.
-fn expand(code: &str, mut at: usize, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) -> usize {
+fn expand(
+    code: &str,
+    mut at: usize,
+    prefix: &mut Vec<String>,
+    out: &mut Vec<Vec<String>>,
+) -> usize {
     let b = code.as_bytes();
     let depth = prefix.len();
     let skip_ws = |mut j: usize| {
@@ -225,8 +245,13 @@ struct Crate {
 
 fn module_of(src: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(src).unwrap().with_extension("");
-    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
-    if matches!(parts.last().map(String::as_str), Some("mod")) || (parts.len() == 1 && matches!(parts[0].as_str(), "lib" | "main")) {
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if matches!(parts.last().map(String::as_str), Some("mod"))
+        || (parts.len() == 1 && matches!(parts[0].as_str(), "lib" | "main"))
+    {
         parts.pop();
     }
     parts.join("::")
@@ -255,8 +280,14 @@ fn crates(root: &Path) -> Vec<Crate> {
         }
         let mut files = Vec::new();
         rs_files(&src, &mut files);
-        let files = files.into_iter().map(|f| (module_of(&src, &f), f)).collect();
-        list.push(Crate { name: dir.file_name().unwrap().to_string_lossy().into_owned(), files });
+        let files = files
+            .into_iter()
+            .map(|f| (module_of(&src, &f), f))
+            .collect();
+        list.push(Crate {
+            name: dir.file_name().unwrap().to_string_lossy().into_owned(),
+            files,
+        });
     }
     list.sort_by(|a, b| a.name.cmp(&b.name));
     list
@@ -267,15 +298,27 @@ fn graph(krate: &Crate) -> BTreeMap<String, BTreeSet<String>> {
     let code: BTreeMap<&String, String> = krate
         .files
         .iter()
-        .map(|(m, f)| (m, strip_test_items(&strip_comments_and_literals(&std::fs::read_to_string(f).unwrap()))))
+        .map(|(m, f)| {
+            (
+                m,
+                strip_test_items(&strip_comments_and_literals(
+                    &std::fs::read_to_string(f).unwrap(),
+                )),
+            )
+        })
         .collect();
     let children = |m: &str| -> BTreeSet<String> {
         krate
             .files
             .keys()
             .filter_map(|k| {
-                let rest = if m.is_empty() { Some(k.as_str()) } else { k.strip_prefix(m).and_then(|r| r.strip_prefix("::")) };
-                rest.filter(|r| !r.is_empty() && !r.contains("::")).map(str::to_string)
+                let rest = if m.is_empty() {
+                    Some(k.as_str())
+                } else {
+                    k.strip_prefix(m).and_then(|r| r.strip_prefix("::"))
+                };
+                rest.filter(|r| !r.is_empty() && !r.contains("::"))
+                    .map(str::to_string)
             })
             .collect()
     };
@@ -317,11 +360,18 @@ fn graph(krate: &Crate) -> BTreeMap<String, BTreeSet<String>> {
                 _ => {} // a child module of this one
             }
             abs.extend(rest.iter().cloned());
-            if let Some(target) = abs.first().filter(|s| !krate.files.contains_key(*s)).and_then(|s| reexports.get(s)) {
+            if let Some(target) = abs
+                .first()
+                .filter(|s| !krate.files.contains_key(*s))
+                .and_then(|s| reexports.get(s))
+            {
                 abs.splice(0..1, target.iter().cloned());
             }
             // The longest prefix that is a file.
-            let target = (1..=abs.len()).rev().map(|n| abs[..n].join("::")).find(|k| krate.files.contains_key(k));
+            let target = (1..=abs.len())
+                .rev()
+                .map(|n| abs[..n].join("::"))
+                .find(|k| krate.files.contains_key(k));
             // A parent naming its own files (`pub use child::X`) is structure, like the root.
             if let Some(t) = target {
                 if t != **m && !t.starts_with(&format!("{m}::")) {
@@ -378,7 +428,14 @@ fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
             }
         }
     }
-    let mut s = St { g, index: BTreeMap::new(), low: BTreeMap::new(), stack: Vec::new(), on: BTreeSet::new(), out: Vec::new() };
+    let mut s = St {
+        g,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        out: Vec::new(),
+    };
     for v in g.keys() {
         if !s.index.contains_key(v.as_str()) {
             visit(&mut s, v);
@@ -431,15 +488,31 @@ fn no_module_import_cycles() {
             ));
         }
     }
-    assert!(problems.is_empty(), "module import cycles (see the top of this test):\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "module import cycles (see the top of this test):\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
 fn finds_a_cycle_and_reads_use_trees() {
     let code = strip_comments_and_literals("use crate::{a::{B, c::D}, e};\n// crate::zz::Q\nlet s = \"crate::yy::R\"; super::f::g(); kid::x();");
     let kids = BTreeSet::from(["kid".to_string()]);
-    let p: Vec<String> = paths(&code, &kids).into_iter().map(|p| p.join("::")).collect();
-    assert_eq!(p, ["crate::a::B", "crate::a::c::D", "crate::e", "super::f::g", "kid::x"]);
+    let p: Vec<String> = paths(&code, &kids)
+        .into_iter()
+        .map(|p| p.join("::"))
+        .collect();
+    assert_eq!(
+        p,
+        [
+            "crate::a::B",
+            "crate::a::c::D",
+            "crate::e",
+            "super::f::g",
+            "kid::x"
+        ]
+    );
     let g: BTreeMap<String, BTreeSet<String>> = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
         .iter()
         .map(|(x, y)| (x.to_string(), BTreeSet::from([y.to_string()])))

@@ -47,7 +47,10 @@ impl CacheType {
     }
 
     pub fn is_persistent(self) -> bool {
-        matches!(self, CacheType::ServerPersistent | CacheType::DeviceDiskPersistent)
+        matches!(
+            self,
+            CacheType::ServerPersistent | CacheType::DeviceDiskPersistent
+        )
     }
 }
 
@@ -60,10 +63,16 @@ impl std::fmt::Display for CacheType {
 impl std::str::FromStr for CacheType {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        CacheType::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| {
-            let names: Vec<_> = CacheType::ALL.iter().map(|t| t.name()).collect();
-            format!("unknown cache type {s:?}: choose one of {}", names.join(", "))
-        })
+        CacheType::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = CacheType::ALL.iter().map(|t| t.name()).collect();
+                format!(
+                    "unknown cache type {s:?}: choose one of {}",
+                    names.join(", ")
+                )
+            })
     }
 }
 
@@ -88,7 +97,10 @@ mod tests {
     fn every_name_reads_back_and_others_are_refused() {
         for t in CacheType::ALL {
             assert_eq!(t.name().parse::<CacheType>(), Ok(t));
-            assert_eq!(serde_json::from_value::<CacheType>(serde_json::to_value(t).unwrap()).unwrap(), t);
+            assert_eq!(
+                serde_json::from_value::<CacheType>(serde_json::to_value(t).unwrap()).unwrap(),
+                t
+            );
         }
         let e = "floppy".parse::<CacheType>().unwrap_err();
         assert!(e.contains("floppy") && e.contains("ram-overflow"), "{e}");

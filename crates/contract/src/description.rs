@@ -50,7 +50,10 @@ impl ExportDescription {
     /// The vDisk version the export reads: `reads`, or the export itself when it is a
     /// pinned `vdisk/NAME@V`. A device type may read it through `target/ID@vN` or `vdisk/`.
     pub fn vdisk_version(&self) -> Option<ExportName> {
-        self.reads.clone().or_else(|| (matches!(self.export, ExportName::Vdisk { .. }) && self.export.is_pinned()).then(|| self.export.clone()))
+        self.reads.clone().or_else(|| {
+            (matches!(self.export, ExportName::Vdisk { .. }) && self.export.is_pinned())
+                .then(|| self.export.clone())
+        })
     }
 
     /// Puts the attach secret into the export's name, for the one client that made the
@@ -84,11 +87,23 @@ impl FromStr for ExportDescription {
     type Err = ContractError;
 
     fn from_str(text: &str) -> Result<Self, ContractError> {
-        let bad = |why: String| ContractError::BadDescription { text: text.to_string(), why };
-        let (head, note) = text.split_once(" (").ok_or_else(|| bad("it has no \" (NOTE)\"".into()))?;
-        let note = note.strip_suffix(')').filter(|n| !n.contains('\n')).ok_or_else(|| bad("its note does not end the line with ')'".into()))?;
+        let bad = |why: String| ContractError::BadDescription {
+            text: text.to_string(),
+            why,
+        };
+        let (head, note) = text
+            .split_once(" (")
+            .ok_or_else(|| bad("it has no \" (NOTE)\"".into()))?;
+        let note = note
+            .strip_suffix(')')
+            .filter(|n| !n.contains('\n'))
+            .ok_or_else(|| bad("its note does not end the line with ')'".into()))?;
         let mut words = head.split(' ');
-        let export: ExportName = words.next().unwrap_or_default().parse().map_err(|e: ContractError| bad(e.to_string()))?;
+        let export: ExportName = words
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .map_err(|e: ContractError| bad(e.to_string()))?;
         let reads = match words.next() {
             None => None,
             Some(w) => match w.parse().map_err(|e: ContractError| bad(e.to_string()))? {
@@ -99,7 +114,11 @@ impl FromStr for ExportDescription {
         if words.next().is_some() {
             return Err(bad("more than two names before the note".into()));
         }
-        Ok(ExportDescription { export, reads, note: note.to_string() })
+        Ok(ExportDescription {
+            export,
+            reads,
+            note: note.to_string(),
+        })
     }
 }
 
@@ -112,22 +131,45 @@ mod tests {
 
     #[test]
     fn what_the_server_writes_the_agent_reads() {
-        let d: ExportDescription = "target/vm1@a1f#00ff99 vdisk/w@3 (a server cache on server s, read-write, one writer)".parse().unwrap();
-        assert_eq!(d.reads, Some(ExportName::Vdisk { vdisk: "w".into(), selector: Selector::Number(3) }));
+        let d: ExportDescription =
+            "target/vm1@a1f#00ff99 vdisk/w@3 (a server cache on server s, read-write, one writer)"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            d.reads,
+            Some(ExportName::Vdisk {
+                vdisk: "w".into(),
+                selector: Selector::Number(3)
+            })
+        );
         let mut shown = d.clone();
         assert_eq!(shown.take_secret().as_deref(), Some("00ff99"));
         let mut again = shown.clone();
         again.set_secret("00ff99".into());
         assert_eq!(again, d);
-        assert_eq!(shown.to_string(), "target/vm1@a1f vdisk/w@3 (a server cache on server s, read-write, one writer)");
+        assert_eq!(
+            shown.to_string(),
+            "target/vm1@a1f vdisk/w@3 (a server cache on server s, read-write, one writer)"
+        );
         assert_eq!(d.pin().unwrap().to_string(), "target/vm1@a1f");
         let p: ExportDescription = "vdisk/w@base (base)".parse().unwrap();
-        assert_eq!((p.pin().map(|p| p.to_string()), p.note.as_str()), (Some("vdisk/w@base".into()), "base"));
+        assert_eq!(
+            (p.pin().map(|p| p.to_string()), p.note.as_str()),
+            (Some("vdisk/w@base".into()), "base")
+        );
         assert_eq!(d.vdisk_version(), d.reads);
         assert_eq!(p.vdisk_version(), Some(p.export.clone()));
-        let unpinned: ExportDescription = "target/vm1 vdisk/w@3 (a server cache on server s)".parse().unwrap();
+        let unpinned: ExportDescription = "target/vm1 vdisk/w@3 (a server cache on server s)"
+            .parse()
+            .unwrap();
         assert_eq!(unpinned.pin(), None);
-        assert_eq!("maintenance/w@4 (maintenance, read-write, one writer)".parse::<ExportDescription>().unwrap().pin(), None);
+        assert_eq!(
+            "maintenance/w@4 (maintenance, read-write, one writer)"
+                .parse::<ExportDescription>()
+                .unwrap()
+                .pin(),
+            None
+        );
     }
 
     #[test]
@@ -146,7 +188,10 @@ mod tests {
     }
 
     fn a_vdisk_version() -> impl Strategy<Value = ExportName> {
-        (a_name(), prop_oneof![(1u32..).prop_map(Selector::Number), Just(Selector::Base)])
+        (
+            a_name(),
+            prop_oneof![(1u32..).prop_map(Selector::Number), Just(Selector::Base)],
+        )
             .prop_map(|(vdisk, selector)| ExportName::Vdisk { vdisk, selector })
     }
 

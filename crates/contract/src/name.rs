@@ -66,7 +66,10 @@ pub const MAX_TEXT_LEN: usize = 1024;
 /// a line of output. `what` names the field in the error.
 pub fn validate_text(what: &str, text: &str) -> Result<(), ContractError> {
     if text.len() > MAX_TEXT_LEN {
-        return Err(ContractError::BadName(format!("{what} is {} bytes; it is at most {MAX_TEXT_LEN} bytes of text on one line", text.len())));
+        return Err(ContractError::BadName(format!(
+            "{what} is {} bytes; it is at most {MAX_TEXT_LEN} bytes of text on one line",
+            text.len()
+        )));
     }
     if let Some(c) = text.chars().find(|c| c.is_control()) {
         return Err(ContractError::BadName(format!(
@@ -79,21 +82,37 @@ pub fn validate_text(what: &str, text: &str) -> Result<(), ContractError> {
 /// written before [`validate_text`] held, or by hand) shown escaped.
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     if text.chars().any(char::is_control) {
-        text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect::<String>().into()
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
     } else {
         text.into()
     }
 }
 
 fn check_name(kind: &str, name: &str) -> Result<(), ContractError> {
-    let bad = |what: String| Err(ContractError::BadName(format!("invalid {kind} {name:?}: {what}; a name is {ALLOWED}")));
+    let bad = |what: String| {
+        Err(ContractError::BadName(format!(
+            "invalid {kind} {name:?}: {what}; a name is {ALLOWED}"
+        )))
+    };
     if name.is_empty() {
         return bad("it is empty".into());
     }
     if name.chars().count() > MAX_NAME_LEN {
         return bad(format!("it is {} characters long", name.chars().count()));
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
         return bad(match c {
             '/' | '\\' => "it contains a path separator".to_string(),
             '@' => "it contains '@', which separates a name from a version (NAME@V)".to_string(),
@@ -210,7 +229,12 @@ pub enum ExportName {
     /// export description began with that name. `journaled`: the name ended in
     /// [`JOURNAL_MARKER`]. `secret`: what followed [`SECRET_SEPARATOR`], the proof that the
     /// client made the attach (only with an `attach`); never logged or published.
-    Target { id: String, attach: Option<String>, secret: Option<String>, journaled: bool },
+    Target {
+        id: String,
+        attach: Option<String>,
+        secret: Option<String>,
+        journaled: bool,
+    },
 }
 
 /// An export name as logs and published lists may show it: without the credential a client
@@ -218,7 +242,8 @@ pub enum ExportName {
 /// text, not only this grammar: an NBD server also logs the names clients ask of exports
 /// that are not a store's (serve-image's, or a name that does not parse).
 pub fn shown_export_name(text: &str) -> &str {
-    text.split_once(SECRET_SEPARATOR).map_or(text, |(shown, _)| shown)
+    text.split_once(SECRET_SEPARATOR)
+        .map_or(text, |(shown, _)| shown)
 }
 
 impl ExportName {
@@ -232,7 +257,9 @@ impl ExportName {
     /// metadata says later: `vdisk/NAME@3`, `vdisk/NAME@base`, `target/ID@ATTACH`.
     pub fn is_pinned(&self) -> bool {
         match self {
-            ExportName::Vdisk { selector, .. } => matches!(selector, Selector::Number(_) | Selector::Base),
+            ExportName::Vdisk { selector, .. } => {
+                matches!(selector, Selector::Number(_) | Selector::Base)
+            }
             ExportName::Target { attach, .. } => attach.is_some(),
             ExportName::Maintenance { .. } => false,
         }
@@ -242,15 +269,29 @@ impl ExportName {
     /// `vdisk/w`): two names with the same base reach the same vDisk or target.
     pub fn unpinned(&self) -> ExportName {
         match self {
-            ExportName::Vdisk { vdisk, .. } => ExportName::Vdisk { vdisk: vdisk.clone(), selector: Selector::Production },
-            ExportName::Maintenance { vdisk, .. } => ExportName::Maintenance { vdisk: vdisk.clone(), version: None },
-            ExportName::Target { id, .. } => ExportName::Target { id: id.clone(), attach: None, secret: None, journaled: false },
+            ExportName::Vdisk { vdisk, .. } => ExportName::Vdisk {
+                vdisk: vdisk.clone(),
+                selector: Selector::Production,
+            },
+            ExportName::Maintenance { vdisk, .. } => ExportName::Maintenance {
+                vdisk: vdisk.clone(),
+                version: None,
+            },
+            ExportName::Target { id, .. } => ExportName::Target {
+                id: id.clone(),
+                attach: None,
+                secret: None,
+                journaled: false,
+            },
         }
     }
 }
 
 fn is_attach(a: &str) -> bool {
-    !a.is_empty() && a.len() <= 32 && a.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    !a.is_empty()
+        && a.len() <= 32
+        && a.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 fn is_secret(s: &str) -> bool {
@@ -262,29 +303,53 @@ impl FromStr for ExportName {
 
     /// Parses an export name; the error says what is wrong and what the names look like.
     fn from_str(text: &str) -> Result<ExportName, ContractError> {
-        let bad = |why: String| Err(ContractError::BadExportName { text: text.to_string(), why });
+        let bad = |why: String| {
+            Err(ContractError::BadExportName {
+                text: text.to_string(),
+                why,
+            })
+        };
         let Some((kind, rest)) = text.split_once('/') else {
-            return bad(if text.is_empty() { "this server has no default export" } else { "it has no kind (vdisk/, maintenance/ or target/)" }.into());
+            return bad(if text.is_empty() {
+                "this server has no default export"
+            } else {
+                "it has no kind (vdisk/, maintenance/ or target/)"
+            }
+            .into());
         };
         match kind {
             "vdisk" => match parse_ref(rest, Selector::Production) {
-                Ok((vdisk, Selector::Maintenance)) => bad(format!("the maintenance version is written through maintenance/{vdisk} (one writer)")),
+                Ok((vdisk, Selector::Maintenance)) => bad(format!(
+                    "the maintenance version is written through maintenance/{vdisk} (one writer)"
+                )),
                 Ok((vdisk, selector)) => Ok(ExportName::Vdisk { vdisk, selector }),
                 Err(e) => bad(e.to_string()),
             },
             "maintenance" => match parse_ref(rest, Selector::Maintenance) {
-                Ok((vdisk, Selector::Maintenance)) => Ok(ExportName::Maintenance { vdisk, version: None }),
-                Ok((vdisk, Selector::Number(n))) => Ok(ExportName::Maintenance { vdisk, version: Some(n) }),
-                Ok((vdisk, _)) => bad(format!("maintenance/{vdisk} takes no version other than its number")),
+                Ok((vdisk, Selector::Maintenance)) => Ok(ExportName::Maintenance {
+                    vdisk,
+                    version: None,
+                }),
+                Ok((vdisk, Selector::Number(n))) => Ok(ExportName::Maintenance {
+                    vdisk,
+                    version: Some(n),
+                }),
+                Ok((vdisk, _)) => bad(format!(
+                    "maintenance/{vdisk} takes no version other than its number"
+                )),
                 Err(e) => bad(e.to_string()),
             },
             "target" => {
                 let (rest, secret) = match rest.split_once(SECRET_SEPARATOR) {
-                    Some((_, s)) if !is_secret(s) => return bad("what follows '#' is not an attach secret".into()),
+                    Some((_, s)) if !is_secret(s) => {
+                        return bad("what follows '#' is not an attach secret".into())
+                    }
                     Some((r, s)) => (r, Some(s.to_string())),
                     None => (rest, None),
                 };
-                let (rest, journaled) = rest.strip_suffix(JOURNAL_MARKER).map_or((rest, false), |r| (r, true));
+                let (rest, journaled) = rest
+                    .strip_suffix(JOURNAL_MARKER)
+                    .map_or((rest, false), |r| (r, true));
                 let (id, attach) = match rest.split_once('@') {
                     Some((id, a)) if !is_attach(a) => {
                         return bad(format!("{a:?} is not an attach of target {id} (target/ID@ATTACH is the name a target/ID export describes itself with)"))
@@ -296,7 +361,12 @@ impl FromStr for ExportName {
                     return bad("a secret proves an attach: target/ID@ATTACH#SECRET".into());
                 }
                 match validate_target_id(id) {
-                    Ok(()) => Ok(ExportName::Target { id: id.to_string(), attach, secret, journaled }),
+                    Ok(()) => Ok(ExportName::Target {
+                        id: id.to_string(),
+                        attach,
+                        secret,
+                        journaled,
+                    }),
                     Err(e) => bad(e.to_string()),
                 }
             }
@@ -310,11 +380,25 @@ impl FromStr for ExportName {
 impl fmt::Display for ExportName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ExportName::Vdisk { vdisk, selector: Selector::Production } => write!(f, "vdisk/{vdisk}"),
+            ExportName::Vdisk {
+                vdisk,
+                selector: Selector::Production,
+            } => write!(f, "vdisk/{vdisk}"),
             ExportName::Vdisk { vdisk, selector } => write!(f, "vdisk/{vdisk}@{selector}"),
-            ExportName::Maintenance { vdisk, version: None } => write!(f, "maintenance/{vdisk}"),
-            ExportName::Maintenance { vdisk, version: Some(n) } => write!(f, "maintenance/{vdisk}@{n}"),
-            ExportName::Target { id, attach, secret, journaled } => {
+            ExportName::Maintenance {
+                vdisk,
+                version: None,
+            } => write!(f, "maintenance/{vdisk}"),
+            ExportName::Maintenance {
+                vdisk,
+                version: Some(n),
+            } => write!(f, "maintenance/{vdisk}@{n}"),
+            ExportName::Target {
+                id,
+                attach,
+                secret,
+                journaled,
+            } => {
                 write!(f, "target/{id}")?;
                 if let Some(a) = attach {
                     write!(f, "@{a}")?;
@@ -344,9 +428,21 @@ pub(crate) mod tests {
     fn text_for_people_is_one_bounded_line_without_escapes() {
         assert!(validate_text("a note", "patched KB5034441 — ok").is_ok());
         assert!(validate_text("a note", &"x".repeat(MAX_TEXT_LEN)).is_ok());
-        let e = validate_text("a note", &"x".repeat(100 * 1024)).unwrap_err().to_string();
-        assert!(e.contains("a note is 102400 bytes") && e.contains("at most 1024"), "{e}");
-        for bad in ["two\nlines", "bell\u{7}", "\u{1b}]0;owned\u{7}", "\u{1b}[2J", "nul\0", "c1\u{9b}31m"] {
+        let e = validate_text("a note", &"x".repeat(100 * 1024))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a note is 102400 bytes") && e.contains("at most 1024"),
+            "{e}"
+        );
+        for bad in [
+            "two\nlines",
+            "bell\u{7}",
+            "\u{1b}]0;owned\u{7}",
+            "\u{1b}[2J",
+            "nul\0",
+            "c1\u{9b}31m",
+        ] {
             let e = validate_text("a note", bad).unwrap_err().to_string();
             assert!(e.contains("control character"), "{bad:?}: {e}");
         }
@@ -363,25 +459,77 @@ pub(crate) mod tests {
             journaled,
         };
         for (text, want) in [
-            ("vdisk/win11", ExportName::Vdisk { vdisk: "win11".into(), selector: Selector::Production }),
-            ("vdisk/win11@3", ExportName::Vdisk { vdisk: "win11".into(), selector: Selector::Number(3) }),
-            ("vdisk/win11@base", ExportName::Vdisk { vdisk: "win11".into(), selector: Selector::Base }),
-            ("vdisk/w@test", ExportName::Vdisk { vdisk: "w".into(), selector: Selector::Test }),
-            ("maintenance/win11", ExportName::Maintenance { vdisk: "win11".into(), version: None }),
-            ("maintenance/win11@4", ExportName::Maintenance { vdisk: "win11".into(), version: Some(4) }),
+            (
+                "vdisk/win11",
+                ExportName::Vdisk {
+                    vdisk: "win11".into(),
+                    selector: Selector::Production,
+                },
+            ),
+            (
+                "vdisk/win11@3",
+                ExportName::Vdisk {
+                    vdisk: "win11".into(),
+                    selector: Selector::Number(3),
+                },
+            ),
+            (
+                "vdisk/win11@base",
+                ExportName::Vdisk {
+                    vdisk: "win11".into(),
+                    selector: Selector::Base,
+                },
+            ),
+            (
+                "vdisk/w@test",
+                ExportName::Vdisk {
+                    vdisk: "w".into(),
+                    selector: Selector::Test,
+                },
+            ),
+            (
+                "maintenance/win11",
+                ExportName::Maintenance {
+                    vdisk: "win11".into(),
+                    version: None,
+                },
+            ),
+            (
+                "maintenance/win11@4",
+                ExportName::Maintenance {
+                    vdisk: "win11".into(),
+                    version: Some(4),
+                },
+            ),
             ("target/vm-1", target(None, None, false)),
             ("target/vm-1@v3", target(Some("v3"), None, false)),
             ("target/vm-1+journal", target(None, None, true)),
             ("target/vm-1@k3x+journal", target(Some("k3x"), None, true)),
-            ("target/vm-1@k3x+journal#0a9f", target(Some("k3x"), Some("0a9f"), true)),
+            (
+                "target/vm-1@k3x+journal#0a9f",
+                target(Some("k3x"), Some("0a9f"), true),
+            ),
         ] {
             assert_eq!(parse(text).unwrap(), want, "{text}");
             assert_eq!(want.to_string(), text);
         }
-        assert_eq!(shown_export_name("target/vm-1@k3x+journal#0a9f"), "target/vm-1@k3x+journal");
-        assert_eq!(target(Some("k3x"), Some("0a9f"), true).shown(), "target/vm-1@k3x+journal", "the secret is never shown");
+        assert_eq!(
+            shown_export_name("target/vm-1@k3x+journal#0a9f"),
+            "target/vm-1@k3x+journal"
+        );
+        assert_eq!(
+            target(Some("k3x"), Some("0a9f"), true).shown(),
+            "target/vm-1@k3x+journal",
+            "the secret is never shown"
+        );
         // Names outside the grammar lose what follows '#' too; without one they are kept.
-        for (text, shown) in [("target/a#00", "target/a"), ("disk#x#y", "disk"), ("", ""), ("plain image", "plain image"), ("#", "")] {
+        for (text, shown) in [
+            ("target/a#00", "target/a"),
+            ("disk#x#y", "disk"),
+            ("", ""),
+            ("plain image", "plain image"),
+            ("#", ""),
+        ] {
             assert_eq!(shown_export_name(text), shown, "{text:?}");
         }
         assert_eq!(parse("vdisk/w@prod").unwrap().to_string(), "vdisk/w");
@@ -410,7 +558,10 @@ pub(crate) mod tests {
         ] {
             let e = parse(name).unwrap_err().to_string();
             assert!(e.contains(why), "{name:?}: {e}");
-            assert!(e.starts_with(&format!("bad export name {name:?}")) && e.contains("vdisk/NAME@V"), "{name:?}: {e}");
+            assert!(
+                e.starts_with(&format!("bad export name {name:?}")) && e.contains("vdisk/NAME@V"),
+                "{name:?}: {e}"
+            );
         }
     }
 
@@ -431,12 +582,28 @@ pub(crate) mod tests {
             (&"a".repeat(65), "65 characters"),
         ] {
             let e = validate_name(n).unwrap_err().to_string();
-            assert!(e.contains(why) && e.contains("a name is 1 to 64 characters"), "{n:?}: {e}");
+            assert!(
+                e.contains(why) && e.contains("a name is 1 to 64 characters"),
+                "{n:?}: {e}"
+            );
         }
-        assert!(validate_target_id("../vm").unwrap_err().to_string().starts_with("invalid target id \"../vm\""));
-        assert_eq!(parse_ref("w@latest", Selector::Production).unwrap(), ("w".into(), Selector::Latest));
-        assert!("newest".parse::<Selector>().unwrap_err().to_string().contains("latest"));
-        assert_eq!(serde_json::from_str::<Selector>("7").unwrap(), Selector::Number(7));
+        assert!(validate_target_id("../vm")
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid target id \"../vm\""));
+        assert_eq!(
+            parse_ref("w@latest", Selector::Production).unwrap(),
+            ("w".into(), Selector::Latest)
+        );
+        assert!("newest"
+            .parse::<Selector>()
+            .unwrap_err()
+            .to_string()
+            .contains("latest"));
+        assert_eq!(
+            serde_json::from_str::<Selector>("7").unwrap(),
+            Selector::Number(7)
+        );
         assert_eq!(serde_json::to_string(&Selector::Test).unwrap(), "\"test\"");
     }
 
@@ -456,15 +623,20 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn an_export_name() -> impl Strategy<Value = ExportName> {
-        let attach_secret = proptest::option::of(("[a-z0-9]{1,32}", proptest::option::of("[0-9a-fA-F]{1,64}")));
+        let attach_secret =
+            proptest::option::of(("[a-z0-9]{1,32}", proptest::option::of("[0-9a-fA-F]{1,64}")));
         prop_oneof![
-            (a_name(), a_selector()).prop_map(|(vdisk, selector)| ExportName::Vdisk { vdisk, selector }),
-            (a_name(), proptest::option::of(1u32..)).prop_map(|(vdisk, version)| ExportName::Maintenance { vdisk, version }),
-            (a_name(), attach_secret, any::<bool>()).prop_map(|(id, a, journaled)| ExportName::Target {
-                id,
-                attach: a.as_ref().map(|(a, _)| a.clone()),
-                secret: a.and_then(|(_, s)| s),
-                journaled
+            (a_name(), a_selector())
+                .prop_map(|(vdisk, selector)| ExportName::Vdisk { vdisk, selector }),
+            (a_name(), proptest::option::of(1u32..))
+                .prop_map(|(vdisk, version)| ExportName::Maintenance { vdisk, version }),
+            (a_name(), attach_secret, any::<bool>()).prop_map(|(id, a, journaled)| {
+                ExportName::Target {
+                    id,
+                    attach: a.as_ref().map(|(a, _)| a.clone()),
+                    secret: a.and_then(|(_, s)| s),
+                    journaled,
+                }
             }),
         ]
     }

@@ -82,9 +82,17 @@ mod tests {
     #[test]
     fn the_agent_needs_nbd_and_sessions() {
         let d: ServerDoc = serde_json::from_str(r#"{"name": "b", "nbd": {"listen": null, "socket": "/b.sock"}, "sessions": 2, "draining": true}"#).unwrap();
-        assert_eq!((d.nbd.socket.as_deref(), d.sessions, d.draining), (Some("/b.sock"), 2, true));
-        for (doc, field) in [(r#"{"name": "x", "sessions": 1}"#, "nbd"), (r#"{"nbd": {}}"#, "sessions")] {
-            let e = serde_json::from_str::<ServerDoc>(doc).unwrap_err().to_string();
+        assert_eq!(
+            (d.nbd.socket.as_deref(), d.sessions, d.draining),
+            (Some("/b.sock"), 2, true)
+        );
+        for (doc, field) in [
+            (r#"{"name": "x", "sessions": 1}"#, "nbd"),
+            (r#"{"nbd": {}}"#, "sessions"),
+        ] {
+            let e = serde_json::from_str::<ServerDoc>(doc)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(&format!("missing field `{field}`")), "{e}");
         }
     }

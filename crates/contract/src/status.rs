@@ -151,7 +151,8 @@ impl IoStatus {
             return;
         }
         let ops = (self.read_ops + self.write_ops).saturating_sub(prev.read_ops + prev.write_ops);
-        let bytes = (self.read_bytes + self.write_bytes).saturating_sub(prev.read_bytes + prev.write_bytes);
+        let bytes =
+            (self.read_bytes + self.write_bytes).saturating_sub(prev.read_bytes + prev.write_bytes);
         self.iops = ops as f64 / secs;
         self.bytes_per_sec = bytes as f64 / secs;
     }
@@ -168,14 +169,30 @@ mod tests {
     #[test]
     fn a_partial_report_reads_and_a_wrong_one_does_not() {
         let s: Status = serde_json::from_str(r#"{"target": "vm1", "server": {"retries": 4, "connected": true}, "cache": {"used_percent": 30.5}}"#).unwrap();
-        assert_eq!((s.target.as_str(), s.server.retries, s.server.connected, s.cache.used_percent), ("vm1", 4, true, 30.5));
-        assert!(serde_json::from_str::<Status>(r#"{"server": 5}"#).unwrap_err().to_string().contains("struct ServerStatus"));
+        assert_eq!(
+            (
+                s.target.as_str(),
+                s.server.retries,
+                s.server.connected,
+                s.cache.used_percent
+            ),
+            ("vm1", 4, true, 30.5)
+        );
+        assert!(serde_json::from_str::<Status>(r#"{"server": 5}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("struct ServerStatus"));
         assert!(serde_json::from_str::<Status>(r#"{"server": {"retries": "x"}}"#).is_err());
     }
 
     fn io() -> impl Strategy<Value = IoStatus> {
         (any::<[u64; 4]>(), 0u32..1_000_000, 0u32..1_000_000).prop_map(|(n, iops, bps)| IoStatus {
-            read_ops: n[0], read_bytes: n[1], write_ops: n[2], write_bytes: n[3], iops: f64::from(iops) / 8.0, bytes_per_sec: f64::from(bps),
+            read_ops: n[0],
+            read_bytes: n[1],
+            write_ops: n[2],
+            write_bytes: n[3],
+            iops: f64::from(iops) / 8.0,
+            bytes_per_sec: f64::from(bps),
         })
     }
 

@@ -112,7 +112,9 @@ impl TargetChange {
 }
 
 /// A field that is present (even as `null`) becomes `Some(value)`.
-fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
+fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
@@ -127,11 +129,17 @@ pub struct BadMac {
 /// by `:`. Takes `:` or `-` separators (iPXE's `${net0/mac:hexhyp}` gives `-`) and either
 /// case; refuses anything else, and the broadcast and all-zero addresses.
 pub fn normalize_mac(text: &str) -> Result<String, BadMac> {
-    let bad = || BadMac { text: text.chars().take(64).collect() };
+    let bad = || BadMac {
+        text: text.chars().take(64).collect(),
+    };
     let t = text.trim();
     let sep = if t.contains('-') { '-' } else { ':' };
     let parts: Vec<&str> = t.split(sep).collect();
-    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit())) {
+    if parts.len() != 6
+        || parts
+            .iter()
+            .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
         return Err(bad());
     }
     let mac = parts.join(":").to_ascii_lowercase();
@@ -147,13 +155,37 @@ mod tests {
 
     #[test]
     fn macs_take_one_form() {
-        for t in ["52:54:00:12:34:56", "52-54-00-12-34-56", "52:54:00:12:34:5A".to_lowercase().as_str(), " 52:54:00:12:34:56 "] {
-            assert!(normalize_mac(t).unwrap().starts_with("52:54:00:12:34:5"), "{t}");
+        for t in [
+            "52:54:00:12:34:56",
+            "52-54-00-12-34-56",
+            "52:54:00:12:34:5A".to_lowercase().as_str(),
+            " 52:54:00:12:34:56 ",
+        ] {
+            assert!(
+                normalize_mac(t).unwrap().starts_with("52:54:00:12:34:5"),
+                "{t}"
+            );
         }
-        assert_eq!(normalize_mac("52-54-00-AB-CD-EF").unwrap(), "52:54:00:ab:cd:ef");
-        for t in ["", "52:54:00:12:34", "52:54:00:12:34:56:78", "52:54:00:12:34:5g", "5254.0012.3456", "52:54-00:12:34:56", "525:4:00:12:34:56", "00:00:00:00:00:00", "FF:FF:FF:FF:FF:FF"] {
+        assert_eq!(
+            normalize_mac("52-54-00-AB-CD-EF").unwrap(),
+            "52:54:00:ab:cd:ef"
+        );
+        for t in [
+            "",
+            "52:54:00:12:34",
+            "52:54:00:12:34:56:78",
+            "52:54:00:12:34:5g",
+            "5254.0012.3456",
+            "52:54-00:12:34:56",
+            "525:4:00:12:34:56",
+            "00:00:00:00:00:00",
+            "FF:FF:FF:FF:FF:FF",
+        ] {
             let e = normalize_mac(t).unwrap_err().to_string();
-            assert!(e.contains("is not a MAC address") && e.contains("52:54:00:12:34:56"), "{t}: {e}");
+            assert!(
+                e.contains("is not a MAC address") && e.contains("52:54:00:12:34:56"),
+                "{t}: {e}"
+            );
         }
     }
 
@@ -164,9 +196,15 @@ mod tests {
         let r: TargetRecord = serde_json::from_str(old).unwrap();
         assert!(r.macs.is_empty() && r.hostname.is_none() && r.overflow_device.is_none());
         let back = serde_json::to_value(&r).unwrap();
-        assert!(back.get("macs").is_none() && back.get("hostname").is_none(), "{back}");
+        assert!(
+            back.get("macs").is_none() && back.get("hostname").is_none(),
+            "{back}"
+        );
         let mut r = r;
         r.macs = vec!["52:54:00:12:34:56".into()];
-        assert_eq!(serde_json::to_value(&r).unwrap()["macs"], serde_json::json!(["52:54:00:12:34:56"]));
+        assert_eq!(
+            serde_json::to_value(&r).unwrap()["macs"],
+            serde_json::json!(["52:54:00:12:34:56"])
+        );
     }
 }

@@ -17,7 +17,10 @@ impl Timestamp {
 
     /// Parses RFC 3339 (`YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`); fractions are dropped.
     pub fn parse_rfc3339(text: &str) -> Option<Self> {
-        text.trim().parse::<jiff::Timestamp>().ok().map(|t| Timestamp(t.as_second()))
+        text.trim()
+            .parse::<jiff::Timestamp>()
+            .ok()
+            .map(|t| Timestamp(t.as_second()))
     }
 }
 
@@ -39,6 +42,7 @@ impl Serialize for Timestamp {
 impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        Timestamp::parse_rfc3339(&text).ok_or_else(|| serde::de::Error::custom(format!("{text:?} is not an RFC 3339 time")))
+        Timestamp::parse_rfc3339(&text)
+            .ok_or_else(|| serde::de::Error::custom(format!("{text:?} is not an RFC 3339 time")))
     }
 }

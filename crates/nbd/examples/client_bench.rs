@@ -25,9 +25,19 @@ struct Args {
 fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let uri = it.next().ok_or("usage: client_bench URI [key=value...]")?;
-    let mut a = Args { uri, tasks: 4, depth: 16, secs: 5, rw: "randread".into(), bs: 4096, writer: WriterMode::Coalescing };
+    let mut a = Args {
+        uri,
+        tasks: 4,
+        depth: 16,
+        secs: 5,
+        rw: "randread".into(),
+        bs: 4096,
+        writer: WriterMode::Coalescing,
+    };
     for kv in it {
-        let (k, v) = kv.split_once('=').ok_or(format!("expected key=value, got {kv}"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or(format!("expected key=value, got {kv}"))?;
         let num = || v.parse::<u64>().map_err(|e| format!("{k}: {e}"));
         match k {
             "tasks" => a.tasks = num()?,
@@ -51,7 +61,10 @@ fn parse() -> Result<Args, String> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = parse()?;
-    let opts = ConnectOptions { writer: a.writer, ..Default::default() };
+    let opts = ConnectOptions {
+        writer: a.writer,
+        ..Default::default()
+    };
     let client = Arc::new(Client::connect_uri(&a.uri, opts).await?);
     let blocks = client.size() / u64::from(a.bs);
     let read_percent = match a.rw.as_str() {

@@ -64,22 +64,40 @@ mod tests {
 
     #[test]
     fn open_errors() {
-        assert_eq!(rep_err_for(&OpenError::Unknown("x".into())), proto::REP_ERR_UNKNOWN);
-        assert_eq!(rep_err_for(&OpenError::Policy("x".into())), proto::REP_ERR_POLICY);
-        assert_eq!(rep_err_for(&OpenError::Shutdown("x".into())), proto::REP_ERR_SHUTDOWN);
+        assert_eq!(
+            rep_err_for(&OpenError::Unknown("x".into())),
+            proto::REP_ERR_UNKNOWN
+        );
+        assert_eq!(
+            rep_err_for(&OpenError::Policy("x".into())),
+            proto::REP_ERR_POLICY
+        );
+        assert_eq!(
+            rep_err_for(&OpenError::Shutdown("x".into())),
+            proto::REP_ERR_SHUTDOWN
+        );
     }
 
     #[test]
     fn a_full_server_is_not_an_unknown_export() {
         let full = OpenError::Full("64 connections (--max-connections 64)".into());
         assert_eq!(rep_err_for(&full), proto::REP_ERR_SHUTDOWN);
-        assert!(full.to_string().starts_with("server full: 64 connections"), "{full}");
+        assert!(
+            full.to_string().starts_with("server full: 64 connections"),
+            "{full}"
+        );
         // Out of descriptors, however deep the error that says so is wrapped.
         #[derive(Debug, thiserror::Error)]
         #[error("cannot open layer: {0}")]
         struct Wrapped(#[source] std::io::Error);
-        assert!(crate::state::is_out_of_fds(&Wrapped(std::io::Error::from_raw_os_error(libc::EMFILE))));
-        assert!(crate::state::is_out_of_fds(&std::io::Error::from_raw_os_error(libc::ENFILE)));
-        assert!(!crate::state::is_out_of_fds(&Wrapped(std::io::Error::from_raw_os_error(libc::ENOENT))));
+        assert!(crate::state::is_out_of_fds(&Wrapped(
+            std::io::Error::from_raw_os_error(libc::EMFILE)
+        )));
+        assert!(crate::state::is_out_of_fds(
+            &std::io::Error::from_raw_os_error(libc::ENFILE)
+        ));
+        assert!(!crate::state::is_out_of_fds(&Wrapped(
+            std::io::Error::from_raw_os_error(libc::ENOENT)
+        )));
     }
 }

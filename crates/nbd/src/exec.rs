@@ -17,7 +17,9 @@ use crate::errno::errno_for;
 use crate::handshake::BASE_ALLOCATION_CONTEXT_ID;
 use crate::proto::*;
 use crate::validate::{Command, ExportParams, Request};
-use crate::wire::{write_chunk_header, write_simple_reply, ReplyBuf, CHUNK_HEADER_LEN, SIMPLE_REPLY_LEN};
+use crate::wire::{
+    write_chunk_header, write_simple_reply, ReplyBuf, CHUNK_HEADER_LEN, SIMPLE_REPLY_LEN,
+};
 
 /// Holes shorter than this are sent as data: a hole chunk is not worth its header.
 const MIN_HOLE_CHUNK: usize = 512;
@@ -34,7 +36,14 @@ pub struct Scratch {
 
 /// Appends an error reply: a structured error chunk when structured replies are on (with
 /// `ERROR_OFFSET` when an offset is known), else a simple reply with the errno.
-pub fn reply_error(out: &mut ReplyBuf, x: &ExportParams, handle: u64, errno: u32, message: &str, offset: Option<u64>) {
+pub fn reply_error(
+    out: &mut ReplyBuf,
+    x: &ExportParams,
+    handle: u64,
+    errno: u32,
+    message: &str,
+    offset: Option<u64>,
+) {
     if x.structured {
         out.error_chunk(handle, errno, message, offset);
     } else {
@@ -55,18 +64,33 @@ pub fn reply_panicked(out: &mut ReplyBuf, x: &ExportParams, req: &Request) {
         Command::BlockStatus { .. } => "block-status",
         Command::Disconnect => "disconnect",
     };
-    let message = format!("internal error in the block device during a {what} (it panicked); see the server log");
+    let message = format!(
+        "internal error in the block device during a {what} (it panicked); see the server log"
+    );
     reply_error(out, x, req.handle, EIO, &message, None);
 }
 
 /// Runs `req` on `dev` and appends its reply to `out`. `payload` is the WRITE data (empty
 /// otherwise). Returns whether the request succeeded (for counters).
-pub fn execute(dev: &dyn BlockDev, x: &ExportParams, req: &Request, payload: &[u8], out: &mut ReplyBuf, scratch: &mut Scratch) -> bool {
+pub fn execute(
+    dev: &dyn BlockDev,
+    x: &ExportParams,
+    req: &Request,
+    payload: &[u8],
+    out: &mut ReplyBuf,
+    scratch: &mut Scratch,
+) -> bool {
     let start = out.len();
-    match catch_unwind(AssertUnwindSafe(|| execute_inner(dev, x, req, payload, out, scratch))) {
+    match catch_unwind(AssertUnwindSafe(|| {
+        execute_inner(dev, x, req, payload, out, scratch)
+    })) {
         Ok(ok) => ok,
         Err(_) => {
-            log::error!("device {} panicked on {:?}; answered EIO", dev.describe(), req);
+            log::error!(
+                "device {} panicked on {:?}; answered EIO",
+                dev.describe(),
+                req
+            );
             out.truncate(start);
             reply_panicked(out, x, req);
             false
@@ -74,12 +98,21 @@ pub fn execute(dev: &dyn BlockDev, x: &ExportParams, req: &Request, payload: &[u
     }
 }
 
-fn execute_inner(dev: &dyn BlockDev, x: &ExportParams, req: &Request, payload: &[u8], out: &mut ReplyBuf, scratch: &mut Scratch) -> bool {
+fn execute_inner(
+    dev: &dyn BlockDev,
+    x: &ExportParams,
+    req: &Request,
+    payload: &[u8],
+    out: &mut ReplyBuf,
+    scratch: &mut Scratch,
+) -> bool {
     debug_assert!(req.offset + req.length as u64 <= x.size || req.command == Command::Flush);
     let (off, len) = (req.offset, req.length as u64);
     let result = match req.command {
         Command::Read { .. } => return read(dev, x, req, out, scratch),
-        Command::BlockStatus { req_one } => return block_status(dev, x, req, req_one, out, scratch),
+        Command::BlockStatus { req_one } => {
+            return block_status(dev, x, req, req_one, out, scratch)
+        }
         Command::Write { fua } => {
             debug_assert_eq!(payload.len() as u64, len);
             dev.write_at(payload, off, fua)
@@ -98,7 +131,12 @@ fn execute_inner(dev: &dyn BlockDev, x: &ExportParams, req: &Request, payload: &
 
 /// Appends the reply to a request other than READ and BLOCK_STATUS once its device call
 /// returned `result`. Returns whether it succeeded.
-pub fn reply_status(out: &mut ReplyBuf, x: &ExportParams, req: &Request, result: vdstream_blockdev::Result<()>) -> bool {
+pub fn reply_status(
+    out: &mut ReplyBuf,
+    x: &ExportParams,
+    req: &Request,
+    result: vdstream_blockdev::Result<()>,
+) -> bool {
     match result {
         Ok(()) => {
             out.simple_reply(req.handle, 0);
@@ -108,8 +146,17 @@ pub fn reply_status(out: &mut ReplyBuf, x: &ExportParams, req: &Request, result:
             let fast = matches!(req.command, Command::WriteZeroes(f) if f.fast_only);
             // A READ's error names where it failed, when that is inside the request.
             let end = req.offset + req.length as u64;
-            let at = matches!(req.command, Command::Read { .. }).then_some(e.offset).filter(|&o| o >= req.offset && o < end);
-            reply_error(out, x, req.handle, errno_for(e.kind, fast), &e.to_string(), at);
+            let at = matches!(req.command, Command::Read { .. })
+                .then_some(e.offset)
+                .filter(|&o| o >= req.offset && o < end);
+            reply_error(
+                out,
+                x,
+                req.handle,
+                errno_for(e.kind, fast),
+                &e.to_string(),
+                at,
+            );
             false
         }
     }
@@ -118,21 +165,41 @@ pub fn reply_status(out: &mut ReplyBuf, x: &ExportParams, req: &Request, result:
 const PREFIX: usize = CHUNK_HEADER_LEN + 8;
 
 /// A READ, its data read straight into `out` behind the reply header.
-fn read(dev: &dyn BlockDev, x: &ExportParams, req: &Request, out: &mut ReplyBuf, scratch: &mut Scratch) -> bool {
+fn read(
+    dev: &dyn BlockDev,
+    x: &ExportParams,
+    req: &Request,
+    out: &mut ReplyBuf,
+    scratch: &mut Scratch,
+) -> bool {
     let len = req.length as usize;
     let start = out.len();
-    let head_len = if x.structured { PREFIX } else { SIMPLE_REPLY_LEN };
+    let head_len = if x.structured {
+        PREFIX
+    } else {
+        SIMPLE_REPLY_LEN
+    };
     let r = out.reserve(head_len + len);
     let (head, data) = out.slice_mut(r).split_at_mut(head_len);
     scratch.holes.clear();
-    let result = if x.structured { dev.read_at_sparse(data, req.offset, &mut scratch.holes) } else { dev.read_at(data, req.offset) };
+    let result = if x.structured {
+        dev.read_at_sparse(data, req.offset, &mut scratch.holes)
+    } else {
+        dev.read_at(data, req.offset)
+    };
     if result.is_err() || !keep_holes(req, len, &mut scratch.holes) {
         if let Err(e) = result {
             out.truncate(start);
             return reply_status(out, x, req, Err(e));
         }
         if x.structured {
-            write_chunk_header(head, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req.handle, (8 + len) as u32);
+            write_chunk_header(
+                head,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                req.handle,
+                (8 + len) as u32,
+            );
             head[CHUNK_HEADER_LEN..].copy_from_slice(&req.offset.to_be_bytes());
         } else {
             write_simple_reply(head, req.handle, 0);
@@ -149,7 +216,14 @@ fn read(dev: &dyn BlockDev, x: &ExportParams, req: &Request, out: &mut ReplyBuf,
 
 /// Appends the reply to a READ whose data was read elsewhere (the batched engine), with
 /// the device's `result` and the `holes` it reported in `data`.
-pub fn reply_read(out: &mut ReplyBuf, x: &ExportParams, req: &Request, result: vdstream_blockdev::Result<()>, data: &[u8], holes: &mut Vec<Hole>) -> bool {
+pub fn reply_read(
+    out: &mut ReplyBuf,
+    x: &ExportParams,
+    req: &Request,
+    result: vdstream_blockdev::Result<()>,
+    data: &[u8],
+    holes: &mut Vec<Hole>,
+) -> bool {
     if result.is_err() {
         return reply_status(out, x, req, result);
     }
@@ -159,7 +233,12 @@ pub fn reply_read(out: &mut ReplyBuf, x: &ExportParams, req: &Request, result: v
         fragments(out, req, data, holes);
         return true;
     } else {
-        out.chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, req.handle, (PREFIX - CHUNK_HEADER_LEN + data.len()) as u32);
+        out.chunk_header(
+            REPLY_FLAG_DONE,
+            REPLY_TYPE_OFFSET_DATA,
+            req.handle,
+            (PREFIX - CHUNK_HEADER_LEN + data.len()) as u32,
+        );
         out.put_u64(req.offset);
     }
     out.put(data);
@@ -172,7 +251,9 @@ fn keep_holes(req: &Request, len: usize, holes: &mut Vec<Hole>) -> bool {
     if matches!(req.command, Command::Read { df: true }) {
         return false;
     }
-    holes.retain(|h| h.len >= MIN_HOLE_CHUNK && h.start.checked_add(h.len).is_some_and(|end| end <= len));
+    holes.retain(|h| {
+        h.len >= MIN_HOLE_CHUNK && h.start.checked_add(h.len).is_some_and(|end| end <= len)
+    });
     holes.sort_unstable_by_key(|h| h.start);
     !holes.is_empty()
 }
@@ -183,7 +264,12 @@ fn fragments(out: &mut ReplyBuf, req: &Request, data: &[u8], holes: &[Hole]) {
     let mut last_chunk = out.len();
     let data_chunk = |out: &mut ReplyBuf, from: usize, to: usize| {
         let at = out.len();
-        out.chunk_header(0, REPLY_TYPE_OFFSET_DATA, req.handle, (8 + to - from) as u32);
+        out.chunk_header(
+            0,
+            REPLY_TYPE_OFFSET_DATA,
+            req.handle,
+            (8 + to - from) as u32,
+        );
         out.put_u64(req.offset + from as u64);
         out.put(&data[from..to]);
         at
@@ -205,10 +291,18 @@ fn fragments(out: &mut ReplyBuf, req: &Request, data: &[u8], holes: &[Hole]) {
         last_chunk = data_chunk(out, pos, data.len());
     }
     // Mark the last chunk as the final one.
-    out.slice_mut(last_chunk + 4..last_chunk + 6).copy_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
+    out.slice_mut(last_chunk + 4..last_chunk + 6)
+        .copy_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
 }
 
-fn block_status(dev: &dyn BlockDev, x: &ExportParams, req: &Request, req_one: bool, out: &mut ReplyBuf, scratch: &mut Scratch) -> bool {
+fn block_status(
+    dev: &dyn BlockDev,
+    x: &ExportParams,
+    req: &Request,
+    req_one: bool,
+    out: &mut ReplyBuf,
+    scratch: &mut Scratch,
+) -> bool {
     debug_assert!(x.base_allocation);
     scratch.extents.clear();
     if let Err(e) = dev.block_status(req.offset, req.length as u64, &mut scratch.extents) {
@@ -227,7 +321,8 @@ fn block_status(dev: &dyn BlockDev, x: &ExportParams, req: &Request, req_one: bo
         }
         let len = e.len.min(remaining) as u32;
         remaining -= len as u64;
-        let flags = if e.hole { STATE_HOLE } else { 0 } | if e.zero || e.hole { STATE_ZERO } else { 0 };
+        let flags =
+            if e.hole { STATE_HOLE } else { 0 } | if e.zero || e.hole { STATE_ZERO } else { 0 };
         match descriptors.last_mut() {
             Some(last) if last.1 == flags => last.0 += len,
             _ => {
@@ -245,7 +340,12 @@ fn block_status(dev: &dyn BlockDev, x: &ExportParams, req: &Request, req_one: bo
     if req_one {
         descriptors.truncate(1);
     }
-    out.chunk_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, req.handle, (4 + 8 * descriptors.len()) as u32);
+    out.chunk_header(
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        req.handle,
+        (4 + 8 * descriptors.len()) as u32,
+    );
     out.put_u32(BASE_ALLOCATION_CONTEXT_ID);
     for (len, flags) in descriptors {
         out.put_u32(len);

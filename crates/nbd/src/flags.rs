@@ -28,7 +28,10 @@ pub fn transmission_flags(caps: &Caps, structured: bool) -> u16 {
     set(writable && caps.trim, FLAG_SEND_TRIM);
     set(writable && caps.zeroes, FLAG_SEND_WRITE_ZEROES);
     // FAST_ZERO MUST be clear when WRITE_ZEROES is.
-    set(writable && caps.zeroes && caps.fast_zero, FLAG_SEND_FAST_ZERO);
+    set(
+        writable && caps.zeroes && caps.fast_zero,
+        FLAG_SEND_FAST_ZERO,
+    );
     set(caps.cache, FLAG_SEND_CACHE);
     set(caps.multi_conn, FLAG_CAN_MULTI_CONN);
     // Reads are always answered with a single content chunk when DF is set, so DF is
@@ -73,9 +76,17 @@ mod tests {
     #[test]
     fn writable_export_advertises_everything_it_can() {
         let f = transmission_flags(&rw(), true);
-        for flag in [FLAG_HAS_FLAGS, FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES,
-            FLAG_SEND_FAST_ZERO, FLAG_SEND_CACHE, FLAG_CAN_MULTI_CONN, FLAG_SEND_DF]
-        {
+        for flag in [
+            FLAG_HAS_FLAGS,
+            FLAG_SEND_FLUSH,
+            FLAG_SEND_FUA,
+            FLAG_SEND_TRIM,
+            FLAG_SEND_WRITE_ZEROES,
+            FLAG_SEND_FAST_ZERO,
+            FLAG_SEND_CACHE,
+            FLAG_CAN_MULTI_CONN,
+            FLAG_SEND_DF,
+        ] {
             assert_ne!(f & flag, 0, "flag {flag:#x} missing from {f:#x}");
         }
         assert_eq!(f & FLAG_READ_ONLY, 0);
@@ -84,24 +95,51 @@ mod tests {
 
     #[test]
     fn read_only_export_hides_write_features() {
-        let caps = Caps { read_only: true, multi_conn: false, ..rw() };
+        let caps = Caps {
+            read_only: true,
+            multi_conn: false,
+            ..rw()
+        };
         let f = transmission_flags(&caps, false);
         assert_ne!(f & FLAG_READ_ONLY, 0);
-        for flag in [FLAG_SEND_FUA, FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES, FLAG_SEND_FAST_ZERO, FLAG_CAN_MULTI_CONN] {
+        for flag in [
+            FLAG_SEND_FUA,
+            FLAG_SEND_TRIM,
+            FLAG_SEND_WRITE_ZEROES,
+            FLAG_SEND_FAST_ZERO,
+            FLAG_CAN_MULTI_CONN,
+        ] {
             assert_eq!(f & flag, 0, "flag {flag:#x} set on read-only export");
         }
     }
 
     #[test]
     fn fast_zero_needs_write_zeroes() {
-        let caps = Caps { zeroes: false, ..rw() };
+        let caps = Caps {
+            zeroes: false,
+            ..rw()
+        };
         assert_eq!(transmission_flags(&caps, true) & FLAG_SEND_FAST_ZERO, 0);
     }
 
     #[test]
     fn block_size_is_sane() {
         assert_eq!(block_size(&rw()), (1, 4096, MAX_PAYLOAD));
-        assert_eq!(block_size(&Caps { preferred_block: 3000, ..rw() }).1, 4096);
-        assert_eq!(block_size(&Caps { preferred_block: 1 << 30, ..rw() }).1, MAX_PAYLOAD);
+        assert_eq!(
+            block_size(&Caps {
+                preferred_block: 3000,
+                ..rw()
+            })
+            .1,
+            4096
+        );
+        assert_eq!(
+            block_size(&Caps {
+                preferred_block: 1 << 30,
+                ..rw()
+            })
+            .1,
+            MAX_PAYLOAD
+        );
     }
 }

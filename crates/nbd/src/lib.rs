@@ -34,4 +34,7 @@ pub mod wire;
 
 pub use vdstream_contract::name::shown_export_name;
 
-pub use server::{ExportInfo, Exports, Listener, OpenError, OpenPurpose, OpenRequest, OpenedExport, Server, ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger, TlsMode};
+pub use server::{
+    ExportInfo, Exports, Listener, OpenError, OpenPurpose, OpenRequest, OpenedExport, Server,
+    ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger, TlsMode,
+};

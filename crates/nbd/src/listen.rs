@@ -26,14 +26,19 @@ pub enum BindError {
 /// Makes `path` free for a new socket: nothing there, or a stale socket (removed).
 pub fn clear_stale_socket(path: &Path) -> Result<(), BindError> {
     use std::os::unix::fs::FileTypeExt;
-    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
     if !meta.file_type().is_socket() {
         return Err(BindError::NotASocket(path.to_path_buf()));
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         return Err(BindError::InUse(path.to_path_buf()));
     }
-    std::fs::remove_file(path).map_err(|source| BindError::Stale { path: path.to_path_buf(), source })
+    std::fs::remove_file(path).map_err(|source| BindError::Stale {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Listens on the unix socket `path` (creating its folder), replacing a stale socket but
@@ -43,7 +48,10 @@ pub fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, BindError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         let _ = std::fs::create_dir_all(dir);
     }
-    tokio::net::UnixListener::bind(path).map_err(|source| BindError::Bind { path: path.to_path_buf(), source })
+    tokio::net::UnixListener::bind(path).map_err(|source| BindError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Sets keepalive and `TCP_USER_TIMEOUT` on a TCP connection so that a peer that stops
@@ -52,7 +60,10 @@ pub fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, BindError> {
 pub fn set_dead_peer_timeout(sock: impl std::os::fd::AsFd, timeout: Duration) -> io::Result<()> {
     let sock = socket2::SockRef::from(&sock);
     let secs = |d: Duration| Duration::from_secs(d.as_secs().max(1));
-    let keepalive = socket2::TcpKeepalive::new().with_time(secs(timeout / 2)).with_interval(secs(timeout / 6)).with_retries(3);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(secs(timeout / 2))
+        .with_interval(secs(timeout / 6))
+        .with_retries(3);
     sock.set_tcp_keepalive(&keepalive)?;
     sock.set_keepalive(true)?;
     sock.set_tcp_user_timeout(Some(timeout.max(Duration::from_secs(1))))
@@ -88,7 +99,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/nbd.sock");
         let live = bind_unix(&path).unwrap();
-        assert!(matches!(bind_unix(&path), Err(BindError::InUse(_))), "a live server keeps its socket");
+        assert!(
+            matches!(bind_unix(&path), Err(BindError::InUse(_))),
+            "a live server keeps its socket"
+        );
         drop(live); // the socket file stays behind, as after a crash
         assert!(path.exists());
         let _again = bind_unix(&path).unwrap();

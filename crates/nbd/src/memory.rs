@@ -96,7 +96,9 @@ impl MemoryPool {
     fn admits(&self, used: usize, held: usize, n: usize) -> bool {
         // An empty pool admits anything: a charge above the limit (a caller's mistake) runs
         // alone rather than never.
-        used == 0 || used + n <= self.limit - self.reserve || (used + n <= self.limit && held + n <= SMALL_HOLDER)
+        used == 0
+            || used + n <= self.limit - self.reserve
+            || (used + n <= self.limit && held + n <= SMALL_HOLDER)
     }
 
     fn charge(&self, state: &mut State, n: usize) {
@@ -118,7 +120,11 @@ impl MemoryPool {
             while !self.admits(state.used, held, n) {
                 state = self.freed.wait(state).unwrap_or_else(|p| p.into_inner());
             }
-            let at = state.waiting.iter().position(|&w| w == (held, n)).expect("registered above");
+            let at = state
+                .waiting
+                .iter()
+                .position(|&w| w == (held, n))
+                .expect("registered above");
             state.waiting.swap_remove(at);
         }
         self.charge(&mut state, n);
@@ -140,9 +146,16 @@ impl MemoryPool {
             return;
         }
         let mut state = self.lock();
-        debug_assert!(state.used >= n, "released {n} bytes of request memory with {} held", state.used);
+        debug_assert!(
+            state.used >= n,
+            "released {n} bytes of request memory with {} held",
+            state.used
+        );
         state.used = state.used.saturating_sub(n);
-        let wake = state.waiting.iter().any(|&(held, want)| self.admits(state.used, held, want));
+        let wake = state
+            .waiting
+            .iter()
+            .any(|&(held, want)| self.admits(state.used, held, want));
         drop(state);
         if wake {
             self.freed.notify_all();
@@ -164,17 +177,34 @@ mod tests {
         // A flood of 32 MiB reads: three fit below the reserve, the fourth does not.
         let mut flood = Vec::new();
         for _ in 0..3 {
-            flood.push(pool.try_acquire(0, 32 * MIB).expect("fits below the reserve"));
+            flood.push(
+                pool.try_acquire(0, 32 * MIB)
+                    .expect("fits below the reserve"),
+            );
         }
-        assert_eq!(pool.try_acquire(0, 32 * MIB), None, "a fourth 32 MiB request would eat the reserve");
-        flood.push(pool.try_acquire(0, 16 * MIB).expect("the rest below the reserve"));
-        assert_eq!(pool.try_acquire(0, 8 * MIB), None, "a large holder gets nothing of the reserve");
+        assert_eq!(
+            pool.try_acquire(0, 32 * MIB),
+            None,
+            "a fourth 32 MiB request would eat the reserve"
+        );
+        flood.push(
+            pool.try_acquire(0, 16 * MIB)
+                .expect("the rest below the reserve"),
+        );
+        assert_eq!(
+            pool.try_acquire(0, 8 * MIB),
+            None,
+            "a large holder gets nothing of the reserve"
+        );
         // A guest's small requests are served from the reserve, up to SMALL_HOLDER each.
         let mut held = 0;
         while let Some(n) = pool.try_acquire(held, 64 * 1024) {
             held += n;
         }
-        assert_eq!(held, SMALL_HOLDER, "a connection takes the reserve up to SMALL_HOLDER");
+        assert_eq!(
+            held, SMALL_HOLDER,
+            "a connection takes the reserve up to SMALL_HOLDER"
+        );
         assert!(pool.used() <= pool.limit());
         assert_eq!(pool.peak.load(Ordering::Relaxed) as usize, pool.used());
         pool.release(held);
@@ -206,7 +236,9 @@ mod tests {
     fn a_pool_is_never_smaller_than_the_largest_request_needs() {
         let pool = MemoryPool::new(1 << 20);
         assert_eq!(pool.limit(), MIN_LIMIT);
-        let n = pool.try_acquire(0, (32 << 20) + 512).expect("the largest request fits below the reserve");
+        let n = pool
+            .try_acquire(0, (32 << 20) + 512)
+            .expect("the largest request fits below the reserve");
         pool.release(n);
     }
 }

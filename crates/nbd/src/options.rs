@@ -105,7 +105,12 @@ pub fn parse_info_request(data: &[u8]) -> Result<InfoRequest<'_>, OptionParseErr
     let mut r = Reader { b: data };
     let name = r.string32()?;
     let count = r.u16()?;
-    let mut req = InfoRequest { name, want_name: false, want_description: false, want_block_size: false };
+    let mut req = InfoRequest {
+        name,
+        want_name: false,
+        want_description: false,
+        want_block_size: false,
+    };
     for _ in 0..count {
         match r.u16()? {
             INFO_NAME => req.want_name = true,
@@ -145,7 +150,10 @@ pub fn parse_meta_context_request(data: &[u8]) -> Result<MetaContextRequest<'_>,
 /// Rules from the spec's `base:` namespace section: no queries lists everything but selects
 /// nothing; `base:` is a wildcard when listing and ignored when setting; unknown leaf names
 /// and unknown namespaces are ignored; a query without a colon is invalid.
-pub fn selects_base_allocation(req: &MetaContextRequest<'_>, listing: bool) -> Result<bool, OptionParseError> {
+pub fn selects_base_allocation(
+    req: &MetaContextRequest<'_>,
+    listing: bool,
+) -> Result<bool, OptionParseError> {
     if req.queries.is_empty() {
         return Ok(listing);
     }
@@ -205,12 +213,18 @@ mod tests {
         d.push(0);
         assert_eq!(parse_info_request(&d), Err(OptionParseError::Trailing(1)));
         let d = info("disk", &[INFO_NAME]);
-        assert_eq!(parse_info_request(&d[..d.len() - 1]), Err(OptionParseError::Truncated));
+        assert_eq!(
+            parse_info_request(&d[..d.len() - 1]),
+            Err(OptionParseError::Truncated)
+        );
         // Name length larger than the data.
         let mut d = info("disk", &[]);
         d[3] = 200;
         assert_eq!(parse_info_request(&d), Err(OptionParseError::Truncated));
-        assert_eq!(parse_info_request(&[0xff, 0xff, 0xff, 0xff]), Err(OptionParseError::Truncated));
+        assert_eq!(
+            parse_info_request(&[0xff, 0xff, 0xff, 0xff]),
+            Err(OptionParseError::Truncated)
+        );
         assert_eq!(parse_info_request(&[]), Err(OptionParseError::Truncated));
     }
 
@@ -218,7 +232,10 @@ mod tests {
     fn strings_are_checked() {
         assert_eq!(parse_string(b"a\0b"), Err(OptionParseError::ContainsNul));
         assert_eq!(parse_string(&[0xff, 0xfe]), Err(OptionParseError::NotUtf8));
-        assert_eq!(parse_string(&vec![b'a'; 4097]), Err(OptionParseError::StringTooLong(4097)));
+        assert_eq!(
+            parse_string(&vec![b'a'; 4097]),
+            Err(OptionParseError::StringTooLong(4097))
+        );
         assert_eq!(parse_string(&vec![b'a'; 4096]).map(str::len), Ok(4096));
         assert_eq!(parse_empty(&[1]), Err(OptionParseError::DataNotAllowed(1)));
     }
@@ -234,13 +251,11 @@ mod tests {
 
         let wildcard_data = meta("", &["base:"]);
 
-
         let wildcard = parse_meta_context_request(&wildcard_data).unwrap();
         assert_eq!(selects_base_allocation(&wildcard, true), Ok(true));
         assert_eq!(selects_base_allocation(&wildcard, false), Ok(false));
 
         let none_data = meta("", &[]);
-
 
         let none = parse_meta_context_request(&none_data).unwrap();
         assert_eq!(selects_base_allocation(&none, true), Ok(true));
@@ -248,15 +263,16 @@ mod tests {
 
         let other_data = meta("", &["base:nope", "x-foo:bar"]);
 
-
         let other = parse_meta_context_request(&other_data).unwrap();
         assert_eq!(selects_base_allocation(&other, false), Ok(false));
 
         let bad_data = meta("", &["nocolon"]);
 
-
         let bad = parse_meta_context_request(&bad_data).unwrap();
-        assert!(matches!(selects_base_allocation(&bad, false), Err(OptionParseError::QueryWithoutNamespace(_))));
+        assert!(matches!(
+            selects_base_allocation(&bad, false),
+            Err(OptionParseError::QueryWithoutNamespace(_))
+        ));
     }
 
     #[test]
@@ -264,6 +280,9 @@ mod tests {
         let mut d = meta("", &[]);
         let n = d.len();
         d[n - 4..].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert_eq!(parse_meta_context_request(&d), Err(OptionParseError::Truncated));
+        assert_eq!(
+            parse_meta_context_request(&d),
+            Err(OptionParseError::Truncated)
+        );
     }
 }

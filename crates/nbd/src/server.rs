@@ -17,11 +17,12 @@ use tokio::task::JoinSet;
 
 use crate::handshake::{Handshaken, TlsPeer};
 use crate::session::SessionError;
-pub use crate::state::{
-    is_out_of_fds, ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport, ServerConfig, ServerStats, ShutdownSignal,
-    ShutdownTrigger, TlsMode, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_MAX_REQUEST_MEMORY, REVOCATION_CHECK_INTERVAL,
-};
 use crate::state::Shared;
+pub use crate::state::{
+    is_out_of_fds, ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport,
+    ServerConfig, ServerStats, ShutdownSignal, ShutdownTrigger, TlsMode, DEFAULT_DEAD_PEER_TIMEOUT,
+    DEFAULT_MAX_REQUEST_MEMORY, REVOCATION_CHECK_INTERVAL,
+};
 
 /// Where a server accepts connections.
 #[derive(Debug)]
@@ -44,7 +45,9 @@ pub struct Server {
 
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Server").field("config", &self.shared.config).finish_non_exhaustive()
+        f.debug_struct("Server")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -112,7 +115,11 @@ impl Server {
                     accept_errors = 0;
                     let stats = &self.shared.stats;
                     stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
-                    if let Some(left) = source.and_then(|ip| self.shared.penalties.penalized(ip, std::time::Instant::now())) {
+                    if let Some(left) = source.and_then(|ip| {
+                        self.shared
+                            .penalties
+                            .penalized(ip, std::time::Instant::now())
+                    }) {
                         // Closed before any handshake work is done for it.
                         stats.connections_penalized.fetch_add(1, Ordering::Relaxed);
                         self.shared.log.log(log::Level::Info, module_path!(), "penalized source",
@@ -150,7 +157,10 @@ impl Server {
                     // descriptor frees; back off rather than spin, and never give up for
                     // it (connections end, and the cap keeps it rare). Anything else
                     // that persists ends the listener.
-                    let resource = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM));
+                    let resource = matches!(
+                        e.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    );
                     if !resource {
                         accept_errors += 1;
                     }
@@ -181,11 +191,23 @@ impl Server {
     /// client learns why, every export it asks for is refused with `why`, and it is closed.
     /// At most [`MAX_REFUSING`] such connections are answered at once; beyond that they
     /// are closed at once (the client sees the connection end).
-    fn refuse(&self, conn: Conn, peer: String, why: OpenError, sessions: &mut JoinSet<()>, shutdown: &ShutdownSignal) {
+    fn refuse(
+        &self,
+        conn: Conn,
+        peer: String,
+        why: OpenError,
+        sessions: &mut JoinSet<()>,
+        shutdown: &ShutdownSignal,
+    ) {
         let shared = self.shared.clone();
         if shared.refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
             shared.refusing.fetch_sub(1, Ordering::Relaxed);
-            shared.log.log(log::Level::Warn, module_path!(), "open refused", format_args!("NBD client {peer}: connection closed at once: {why}"));
+            shared.log.log(
+                log::Level::Warn,
+                module_path!(),
+                "open refused",
+                format_args!("NBD client {peer}: connection closed at once: {why}"),
+            );
             return;
         }
         let signal = shutdown.clone();
@@ -201,7 +223,11 @@ impl Server {
     /// Serves one connected unix socket (handshake, then transmission) until it closes,
     /// exactly as [`Server::serve`] serves an accepted one. Fuzzing and tests use it with
     /// one end of a socket pair.
-    pub async fn serve_unix_stream(&self, stream: tokio::net::UnixStream, shutdown: ShutdownSignal) {
+    pub async fn serve_unix_stream(
+        &self,
+        stream: tokio::net::UnixStream,
+        shutdown: ShutdownSignal,
+    ) {
         run_connection(stream, &self.shared, shutdown, "unix", None).await;
     }
 
@@ -212,16 +238,34 @@ impl Server {
     /// only, so `params.structured` and `params.base_allocation` must be false for it.
     /// Requests are validated against `params` exactly as after a handshake that sent
     /// those flags; the request core is the one [`Server::serve`] runs.
-    pub fn serve_negotiated(&self, sock: std::os::fd::OwnedFd, export_name: &str, device: Arc<dyn vdstream_blockdev::BlockDev>, params: crate::validate::ExportParams) -> io::Result<()> {
+    pub fn serve_negotiated(
+        &self,
+        sock: std::os::fd::OwnedFd,
+        export_name: &str,
+        device: Arc<dyn vdstream_blockdev::BlockDev>,
+        params: crate::validate::ExportParams,
+    ) -> io::Result<()> {
         let sock = BlockingSocket::new(sock)?;
-        self.shared.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
-        self.shared.stats.connections_active.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .stats
+            .connections_accepted
+            .fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .stats
+            .connections_active
+            .fetch_add(1, Ordering::Relaxed);
         let _guard = ActiveGuard(self.shared.stats.clone());
-        let negotiated = crate::handshake::Negotiated { export_name: export_name.to_string(), device, params };
+        let negotiated = crate::handshake::Negotiated {
+            export_name: export_name.to_string(),
+            device,
+            params,
+        };
         match crate::session::run(sock.clone(), sock, negotiated, &self.shared) {
             Ok(()) => Ok(()),
             Err(SessionError::Io(e)) => Err(e),
-            Err(e @ SessionError::Protocol(_)) => Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+            Err(e @ SessionError::Protocol(_)) => {
+                Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+            }
         }
     }
 }
@@ -286,7 +330,13 @@ impl io::Write for BlockingSocket {
 /// returns after the session thread has ended, and if the future is dropped first (its
 /// task cancelled), [`SessionThread`] shuts the socket so the thread ends at its next read
 /// or write instead of serving a connection nobody owns.
-async fn run_on_threads(sock: BlockingSocket, handshaken: Handshaken, shared: Arc<Shared>, mut shutdown: ShutdownSignal, peer: &str) -> Result<(), SessionError> {
+async fn run_on_threads(
+    sock: BlockingSocket,
+    handshaken: Handshaken,
+    shared: Arc<Shared>,
+    mut shutdown: ShutdownSignal,
+    peer: &str,
+) -> Result<(), SessionError> {
     let waker = sock.clone();
     let Handshaken { negotiated, tls } = handshaken;
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
@@ -300,7 +350,11 @@ async fn run_on_threads(sock: BlockingSocket, handshaken: Handshaken, shared: Ar
                 let _ = done_tx.send(crate::session::run(sock, writer, negotiated, &shared));
             })?
         }
-        Some(TlsPeer { conn, identity, serial }) => {
+        Some(TlsPeer {
+            conn,
+            identity,
+            serial,
+        }) => {
             if let (Some(serial), Some(tls)) = (serial, shared.config.tls.clone()) {
                 revocable = Some((tls, serial, identity));
             }
@@ -341,7 +395,11 @@ async fn run_on_threads(sock: BlockingSocket, handshaken: Handshaken, shared: Ar
     };
     // The thread has sent its result (or panicked): all that is left is its exit.
     let _ = thread.1.take().map(std::thread::JoinHandle::join);
-    result.unwrap_or_else(|_| Err(SessionError::Io(io::Error::other("the session thread panicked"))))
+    result.unwrap_or_else(|_| {
+        Err(SessionError::Io(io::Error::other(
+            "the session thread panicked",
+        )))
+    })
 }
 
 /// A connection's socket and its session thread, until joined. Dropped unjoined (the task
@@ -364,7 +422,10 @@ enum Conn {
 
 /// Accepts one connection: the connection, how the log names its peer, and its source
 /// address (TCP only: unix-socket clients are local and never penalized).
-async fn accept(listener: &Listener, dead_peer_timeout: Option<Duration>) -> io::Result<(Conn, String, Option<std::net::IpAddr>)> {
+async fn accept(
+    listener: &Listener,
+    dead_peer_timeout: Option<Duration>,
+) -> io::Result<(Conn, String, Option<std::net::IpAddr>)> {
     match listener {
         Listener::Unix(l) => {
             let (s, _) = l.accept().await?;
@@ -399,7 +460,9 @@ enum HandshakeOutcome {
 /// Counts a failed handshake against its source; a source that starts a penalty is named
 /// in the log (through the limiter: a crowd of sources cannot flood it).
 fn penalize(shared: &Shared, ip: std::net::IpAddr, peer: &str) {
-    if let crate::penalty::Failure::Penalized { penalty, strike } = shared.penalties.failed(ip, std::time::Instant::now()) {
+    if let crate::penalty::Failure::Penalized { penalty, strike } =
+        shared.penalties.failed(ip, std::time::Instant::now())
+    {
         let c = shared.penalties.config();
         shared.log.log(log::Level::Warn, module_path!(), "source penalized", format_args!(
             "NBD clients from {ip} (last {peer}): {} failed handshakes within {}s; their new connections are closed at accept for {}s (penalty {strike}; --handshake-penalty, --handshake-penalty-exempt)",
@@ -411,13 +474,26 @@ fn penalize(shared: &Shared, ip: std::net::IpAddr, peer: &str) {
 /// One connection, start to end. Failures are logged here; the result says whether the
 /// handshake failed (a source's failures can penalize it).
 /// `refusal`: the server has no room for it; every export it asks for is refused so.
-async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutdown: ShutdownSignal, peer: &str, refusal: Option<OpenError>) -> HandshakeOutcome {
+async fn run_connection<S: Transport>(
+    mut stream: S,
+    shared: &Arc<Shared>,
+    shutdown: ShutdownSignal,
+    peer: &str,
+    refusal: Option<OpenError>,
+) -> HandshakeOutcome {
     // Each handshake read is bounded by handshake_timeout; the whole handshake by a few of
     // them, so a client dribbling a byte at a time cannot hold a slot either.
-    let whole = if refusal.is_some() { REFUSAL_TIMEOUT } else { shared.config.handshake_timeout * HANDSHAKE_READS_ALLOWED };
-    let negotiated = match tokio::time::timeout(whole, crate::handshake::negotiate(&mut stream, shared, &shutdown, peer, refusal.as_ref()))
-        .await
-        .unwrap_or(Err(crate::handshake::HandshakeError::Timeout(whole)))
+    let whole = if refusal.is_some() {
+        REFUSAL_TIMEOUT
+    } else {
+        shared.config.handshake_timeout * HANDSHAKE_READS_ALLOWED
+    };
+    let negotiated = match tokio::time::timeout(
+        whole,
+        crate::handshake::negotiate(&mut stream, shared, &shutdown, peer, refusal.as_ref()),
+    )
+    .await
+    .unwrap_or(Err(crate::handshake::HandshakeError::Timeout(whole)))
     {
         Ok(Some(h)) => h,
         Ok(None) => {
@@ -425,14 +501,30 @@ async fn run_connection<S: Transport>(mut stream: S, shared: &Arc<Shared>, shutd
             return HandshakeOutcome::Done;
         }
         Err(e) => {
-            shared.stats.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats
+                .handshakes_failed
+                .fetch_add(1, Ordering::Relaxed);
             // A stranger can fail handshakes at will (a storm of foreign certificates):
             // through the limiter, so the log shows them while rare and a count once they flood.
-            shared.log.log(log::Level::Info, module_path!(), "handshake failed", format_args!("NBD handshake with {peer} failed: {e}"));
-            return if e.counts_against_source() { HandshakeOutcome::Failed } else { HandshakeOutcome::Done };
+            shared.log.log(
+                log::Level::Info,
+                module_path!(),
+                "handshake failed",
+                format_args!("NBD handshake with {peer} failed: {e}"),
+            );
+            return if e.counts_against_source() {
+                HandshakeOutcome::Failed
+            } else {
+                HandshakeOutcome::Done
+            };
         }
     };
-    log::debug!("NBD client {peer} uses export {:?} ({})", negotiated.negotiated.export_name, negotiated.negotiated.device.describe());
+    log::debug!(
+        "NBD client {peer} uses export {:?} ({})",
+        negotiated.negotiated.export_name,
+        negotiated.negotiated.device.describe()
+    );
     let result = match stream.into_fd().and_then(BlockingSocket::new) {
         Ok(sock) => run_on_threads(sock, negotiated, shared.clone(), shutdown, peer).await,
         Err(e) => Err(e.into()),

@@ -90,20 +90,32 @@ struct Frame {
 impl Input {
     fn new(size: usize) -> Input {
         let size = size.max(64 << 10);
-        Input { buf: vec![0; size], start: 0, end: 0, default_size: size, grown: 0 }
+        Input {
+            buf: vec![0; size],
+            start: 0,
+            end: 0,
+            default_size: size,
+            grown: 0,
+        }
     }
 
     /// The next complete request, if the buffer holds one. Checks magic and payload size
     /// as soon as the header is in, before waiting for (or making room for) a payload.
     fn next_frame(&mut self) -> Result<Option<Frame>, SessionError> {
         let avail = &self.buf[self.start..self.end];
-        let Some(header) = RequestHeader::parse(avail) else { return Ok(None) };
+        let Some(header) = RequestHeader::parse(avail) else {
+            return Ok(None);
+        };
         if header.magic != REQUEST_MAGIC {
-            return Err(SessionError::Protocol("bad request magic: the stream is out of sync"));
+            return Err(SessionError::Protocol(
+                "bad request magic: the stream is out of sync",
+            ));
         }
         let payload_len = header.payload_len();
         if payload_len > MAX_PAYLOAD {
-            return Err(SessionError::Protocol("WRITE payload larger than the 32 MiB maximum block size"));
+            return Err(SessionError::Protocol(
+                "WRITE payload larger than the 32 MiB maximum block size",
+            ));
         }
         let total = REQUEST_HEADER_LEN + payload_len as usize;
         if avail.len() < total {
@@ -112,7 +124,10 @@ impl Input {
         }
         let payload_start = self.start + REQUEST_HEADER_LEN;
         self.start += total;
-        Ok(Some(Frame { header, payload: payload_start..self.start }))
+        Ok(Some(Frame {
+            header,
+            payload: payload_start..self.start,
+        }))
     }
 
     /// What the next request will hold while in flight (its READ or WRITE data and
@@ -120,7 +135,11 @@ impl Input {
     /// request that will be refused is charged as if it ran.
     fn next_cost(&self) -> Option<usize> {
         let h = RequestHeader::parse(&self.buf[self.start..self.end])?;
-        let data = if h.command == CMD_READ { h.length } else { h.payload_len() };
+        let data = if h.command == CMD_READ {
+            h.length
+        } else {
+            h.payload_len()
+        };
         Some(REQUEST_OVERHEAD + data.min(MAX_PAYLOAD) as usize)
     }
 
@@ -135,8 +154,11 @@ impl Input {
     /// Whether the next request is larger than the buffer, so that taking it would move the
     /// bytes of requests already taken (the batched executor runs its batch first).
     fn needs_room(&self) -> bool {
-        RequestHeader::parse(&self.buf[self.start..self.end])
-            .is_some_and(|h| h.magic == REQUEST_MAGIC && h.payload_len() <= MAX_PAYLOAD && REQUEST_HEADER_LEN + h.payload_len() as usize > self.buf.len())
+        RequestHeader::parse(&self.buf[self.start..self.end]).is_some_and(|h| {
+            h.magic == REQUEST_MAGIC
+                && h.payload_len() <= MAX_PAYLOAD
+                && REQUEST_HEADER_LEN + h.payload_len() as usize > self.buf.len()
+        })
     }
 
     fn compact(&mut self) {
@@ -185,9 +207,15 @@ impl Tally {
     fn publish(&mut self, stats: &ServerStats) {
         if self.requests | self.bytes_read | self.bytes_written != 0 {
             stats.requests.fetch_add(self.requests, Ordering::Relaxed);
-            stats.request_errors.fetch_add(self.errors, Ordering::Relaxed);
-            stats.bytes_read.fetch_add(self.bytes_read, Ordering::Relaxed);
-            stats.bytes_written.fetch_add(self.bytes_written, Ordering::Relaxed);
+            stats
+                .request_errors
+                .fetch_add(self.errors, Ordering::Relaxed);
+            stats
+                .bytes_read
+                .fetch_add(self.bytes_read, Ordering::Relaxed);
+            stats
+                .bytes_written
+                .fetch_add(self.bytes_written, Ordering::Relaxed);
             *self = Tally::default();
         }
     }
@@ -228,7 +256,9 @@ fn take(input: &mut Input, x: &ExportParams, tally: &mut Tally, out: &mut ReplyB
             reply_error(out, x, frame.header.handle, errno, reason, None);
             Took::Refused
         }
-        Err(Rejection::Disconnect(reason)) => Took::Stop(Step::Failed(SessionError::Protocol(reason))),
+        Err(Rejection::Disconnect(reason)) => {
+            Took::Stop(Step::Failed(SessionError::Protocol(reason)))
+        }
     }
 }
 
@@ -262,9 +292,23 @@ impl Exec {
     /// Runs `req` now (inline), or queues it for the next `io_batch` (batched reads and
     /// writes); its reply is in `out` after [`Exec::finish`] at the latest.
     #[allow(clippy::too_many_arguments)]
-    fn submit(&mut self, dev: &dyn BlockDev, x: &ExportParams, req: Request, payload: Range<usize>, input: &[u8], out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally) {
+    fn submit(
+        &mut self,
+        dev: &dyn BlockDev,
+        x: &ExportParams,
+        req: Request,
+        payload: Range<usize>,
+        input: &[u8],
+        out: &mut ReplyBuf,
+        scratch: &mut Scratch,
+        tally: &mut Tally,
+    ) {
         match self {
-            Exec::Batched(b) if matches!(req.command, Command::Read { .. } | Command::Write { .. }) => b.pending.push((req, payload)),
+            Exec::Batched(b)
+                if matches!(req.command, Command::Read { .. } | Command::Write { .. }) =>
+            {
+                b.pending.push((req, payload))
+            }
             _ => {
                 // Other commands run after the reads and writes taken before them.
                 self.finish(dev, x, input, out, tally);
@@ -280,19 +324,33 @@ impl Exec {
     }
 
     /// Runs whatever is queued with one `io_batch` call and appends the replies.
-    fn finish(&mut self, dev: &dyn BlockDev, x: &ExportParams, input: &[u8], out: &mut ReplyBuf, tally: &mut Tally) {
+    fn finish(
+        &mut self,
+        dev: &dyn BlockDev,
+        x: &ExportParams,
+        input: &[u8],
+        out: &mut ReplyBuf,
+        tally: &mut Tally,
+    ) {
         let Exec::Batched(batch) = self else { return };
         if batch.pending.is_empty() {
             return;
         }
-        let read_bytes: usize = batch.pending.iter().filter(|(r, _)| matches!(r.command, Command::Read { .. })).map(|(r, _)| r.length as usize).sum();
+        let read_bytes: usize = batch
+            .pending
+            .iter()
+            .filter(|(r, _)| matches!(r.command, Command::Read { .. }))
+            .map(|(r, _)| r.length as usize)
+            .sum();
         batch.data.clear();
         batch.data.resize(read_bytes, 0);
         let mut ops = Vec::with_capacity(batch.pending.len());
         let mut rest = &mut batch.data[..];
         for (req, payload) in &batch.pending {
             match req.command {
-                Command::Write { fua } => ops.push(BatchOp::write(&input[payload.clone()], req.offset, fua)),
+                Command::Write { fua } => {
+                    ops.push(BatchOp::write(&input[payload.clone()], req.offset, fua))
+                }
                 _ => {
                     let (mine, tail) = std::mem::take(&mut rest).split_at_mut(req.length as usize);
                     rest = tail;
@@ -301,20 +359,35 @@ impl Exec {
             }
         }
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dev.io_batch(&mut ops)));
-        let mut results = ran.ok().map(|()| ops.into_iter().map(|op| (op.result, op.holes)).collect::<Vec<_>>().into_iter());
+        let mut results = ran.ok().map(|()| {
+            ops.into_iter()
+                .map(|op| (op.result, op.holes))
+                .collect::<Vec<_>>()
+                .into_iter()
+        });
         if results.is_none() {
-            log::error!("device {} panicked on a batch of {} requests; answered EIO", dev.describe(), batch.pending.len());
+            log::error!(
+                "device {} panicked on a batch of {} requests; answered EIO",
+                dev.describe(),
+                batch.pending.len()
+            );
         }
         let mut at = 0usize;
         for (req, _) in &batch.pending {
-            let data = if matches!(req.command, Command::Read { .. }) { &batch.data[at..at + req.length as usize] } else { &[][..] };
+            let data = if matches!(req.command, Command::Read { .. }) {
+                &batch.data[at..at + req.length as usize]
+            } else {
+                &[][..]
+            };
             at += data.len();
             let ok = match results.as_mut().and_then(Iterator::next) {
                 None => {
                     reply_panicked(out, x, req);
                     false
                 }
-                Some((result, mut holes)) if matches!(req.command, Command::Read { .. }) => reply_read(out, x, req, result, data, &mut holes),
+                Some((result, mut holes)) if matches!(req.command, Command::Read { .. }) => {
+                    reply_read(out, x, req, result, data, &mut holes)
+                }
                 Some((result, _)) => reply_status(out, x, req, result),
             };
             if !ok {
@@ -338,10 +411,22 @@ impl Exec {
 /// With `pace`, each request is timed there, and the pass ends after a request slower
 /// than [`FAST_REQUEST_NS`], so that the pool can hand the rest out to its workers.
 #[allow(clippy::too_many_arguments)]
-fn process(input: &mut Input, exec: &mut Exec, dev: &dyn BlockDev, x: &ExportParams, out: &mut ReplyBuf, scratch: &mut Scratch, tally: &mut Tally, budget: &Budget, pace: Option<&Pace>) -> (Step, usize) {
+fn process(
+    input: &mut Input,
+    exec: &mut Exec,
+    dev: &dyn BlockDev,
+    x: &ExportParams,
+    out: &mut ReplyBuf,
+    scratch: &mut Scratch,
+    tally: &mut Tally,
+    budget: &Budget,
+    pace: Option<&Pace>,
+) -> (Step, usize) {
     let mut held = 0usize;
     let step = loop {
-        let Some(cost) = input.next_cost() else { break Step::NeedInput };
+        let Some(cost) = input.next_cost() else {
+            break Step::NeedInput;
+        };
         let charge = if held == 0 {
             budget.acquire(cost)
         } else {
@@ -356,7 +441,9 @@ fn process(input: &mut Input, exec: &mut Exec, dev: &dyn BlockDev, x: &ExportPar
         }
         let started = pace.map(|_| std::time::Instant::now());
         match take(input, x, tally, out) {
-            Took::Run(req, payload) => exec.submit(dev, x, req, payload, &input.buf, out, scratch, tally),
+            Took::Run(req, payload) => {
+                exec.submit(dev, x, req, payload, &input.buf, out, scratch, tally)
+            }
             Took::Refused => {}
             Took::NeedInput => {
                 // Its payload is still on its way: charged again when it is taken.
@@ -386,7 +473,12 @@ fn process(input: &mut Input, exec: &mut Exec, dev: &dyn BlockDev, x: &ExportPar
 /// Runs the transmission phase on a blocking socket (`reader` and `writer` are handles on
 /// it) until DISC, end of file (a drain shuts the read side), an error or a protocol
 /// violation. The executor follows the device (see the module docs).
-pub fn run<R, W>(reader: R, writer: W, negotiated: Negotiated, shared: &Shared) -> Result<(), SessionError>
+pub fn run<R, W>(
+    reader: R,
+    writer: W,
+    negotiated: Negotiated,
+    shared: &Shared,
+) -> Result<(), SessionError>
 where
     R: io::Read + Send,
     W: io::Write + Send,
@@ -394,31 +486,56 @@ where
     let dev: &dyn BlockDev = &*negotiated.device;
     let batched = dev.prefers_batches();
     let threads = shared.config.threads_per_connection.max(1);
-    let workers = if batched { threads.min(shared.config.batch_runners.max(1)) } else if dev.caps().may_block { threads } else { 1 };
+    let workers = if batched {
+        threads.min(shared.config.batch_runners.max(1))
+    } else if dev.caps().may_block {
+        threads
+    } else {
+        1
+    };
     let conn = Conn {
         read_side: Mutex::new(ReadSide {
             sock: reader,
             input: Input::new(shared.config.read_buffer_size),
-            exec: if batched { Exec::Batched(Batch::default()) } else { Exec::Inline },
+            exec: if batched {
+                Exec::Batched(Batch::default())
+            } else {
+                Exec::Inline
+            },
             done: false,
             result: Ok(()),
             tally: Tally::default(),
         }),
-        write_side: Mutex::new(WriteSide { sock: writer, failed: None }),
+        write_side: Mutex::new(WriteSide {
+            sock: writer,
+            failed: None,
+        }),
         budget: Budget::new(shared.config.max_in_flight_bytes, &shared.memory),
         pace: Pace::default(),
-        crew: Crew { max: workers, spawned: AtomicUsize::new(1), at_door: AtomicUsize::new(0) },
+        crew: Crew {
+            max: workers,
+            spawned: AtomicUsize::new(1),
+            at_door: AtomicUsize::new(0),
+        },
         dev,
         x: negotiated.params,
         shared,
         batched,
     };
     std::thread::scope(|scope| worker(scope, &conn));
-    let Conn { read_side, write_side, .. } = conn;
+    let Conn {
+        read_side,
+        write_side,
+        ..
+    } = conn;
     let mut rs = read_side.into_inner().unwrap_or_else(|p| p.into_inner());
     rs.tally.publish(&shared.stats);
     shared.memory.release(std::mem::take(&mut rs.input.grown));
-    match write_side.into_inner().unwrap_or_else(|p| p.into_inner()).failed {
+    match write_side
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .failed
+    {
         Some(e) => Err(e.into()),
         None => rs.result,
     }
@@ -437,7 +554,12 @@ struct Budget<'a> {
 
 impl<'a> Budget<'a> {
     fn new(max: usize, pool: &'a MemoryPool) -> Budget<'a> {
-        Budget { max: max.max(REQUEST_OVERHEAD), used: Mutex::new(0), freed: Condvar::new(), pool }
+        Budget {
+            max: max.max(REQUEST_OVERHEAD),
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+            pool,
+        }
     }
 
     /// What the connection holds now.
@@ -563,15 +685,27 @@ impl<'a, R: io::Read + Send, W: io::Write + Send> Conn<'a, R, W> {
     /// Starts one more worker if no worker is waiting to read the next request and the
     /// connection has fewer than `max`, and returns it for its starter to join. A thread
     /// the system refuses is not an error: the requests wait for the workers there are.
-    fn grow<'scope>(&'a self, scope: &'scope std::thread::Scope<'scope, 'a>) -> Option<ScopedJoinHandle<'scope, ()>> {
+    fn grow<'scope>(
+        &'a self,
+        scope: &'scope std::thread::Scope<'scope, 'a>,
+    ) -> Option<ScopedJoinHandle<'scope, ()>> {
         let crew = &self.crew;
         if crew.at_door.load(Ordering::Acquire) > 0 {
             return None;
         }
-        if crew.spawned.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < crew.max).then_some(n + 1)).is_err() {
+        if crew
+            .spawned
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < crew.max).then_some(n + 1)
+            })
+            .is_err()
+        {
             return None;
         }
-        match std::thread::Builder::new().name("nbd-worker".into()).spawn_scoped(scope, move || worker(scope, self)) {
+        match std::thread::Builder::new()
+            .name("nbd-worker".into())
+            .spawn_scoped(scope, move || worker(scope, self))
+        {
             Ok(h) => Some(h),
             Err(e) => {
                 crew.spawned.fetch_sub(1, Ordering::AcqRel);
@@ -620,7 +754,11 @@ impl Drop for Children<'_> {
     fn drop(&mut self) {
         // A worker's panic goes on up, as the scope's own join would carry it.
         let panics: Vec<_> = self.0.drain(..).filter_map(|h| h.join().err()).collect();
-        if let Some(p) = panics.into_iter().next().filter(|_| !std::thread::panicking()) {
+        if let Some(p) = panics
+            .into_iter()
+            .next()
+            .filter(|_| !std::thread::panicking())
+        {
             std::panic::resume_unwind(p);
         }
     }
@@ -630,7 +768,10 @@ impl Drop for Children<'_> {
 /// it runs whole passes of the core while the device is fast, or is the connection's only
 /// worker; once a pool's requests turn slow (a cache waiting on its disk) it takes one
 /// request and runs it away from the read side, so others keep running while one waits.
-fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope std::thread::Scope<'scope, 'a>, c: &'a Conn<'a, R, W>) {
+fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(
+    scope: &'scope std::thread::Scope<'scope, 'a>,
+    c: &'a Conn<'a, R, W>,
+) {
     let stats = &c.shared.stats;
     stats.workers.fetch_add(1, Ordering::Relaxed);
     struct Leaving<'s>(&'s ServerStats);
@@ -660,7 +801,17 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
                     // The replies go out while this worker still holds the read side: it
                     // is the connection's one runner for the pass, with no hand-off.
                     let pace = (!alone).then_some(&c.pace);
-                    let (step, charged) = process(&mut rs.input, &mut rs.exec, c.dev, &c.x, &mut out, &mut scratch, &mut rs.tally, &c.budget, pace);
+                    let (step, charged) = process(
+                        &mut rs.input,
+                        &mut rs.exec,
+                        c.dev,
+                        &c.x,
+                        &mut out,
+                        &mut scratch,
+                        &mut rs.tally,
+                        &c.budget,
+                        pace,
+                    );
                     let answered = !out.is_empty();
                     let sent = c.send(&mut out);
                     c.budget.release(charged);
@@ -724,7 +875,11 @@ fn worker<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope st
 /// it. The runner then lets go of the read side, so that another runner reads on, runs the
 /// batch with one [`BlockDev::io_batch`] call and writes the replies. Refused requests are
 /// answered as they are taken.
-fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'scope std::thread::Scope<'scope, 'a>, c: &'a Conn<'a, R, W>, children: &mut Children<'scope>) {
+fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(
+    scope: &'scope std::thread::Scope<'scope, 'a>,
+    c: &'a Conn<'a, R, W>,
+    children: &mut Children<'scope>,
+) {
     let stats = &c.shared.stats;
     let mut exec = Exec::Batched(Batch::default());
     let mut payload = Vec::new();
@@ -741,10 +896,15 @@ fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'sc
                 payload.clear();
                 let (mut charged, mut taken, mut last) = (0usize, 0usize, None);
                 let need_input = loop {
-                    let Some(cost) = rs.input.next_cost() else { break true };
+                    let Some(cost) = rs.input.next_cost() else {
+                        break true;
+                    };
                     if charged == 0 {
                         charged += c.budget.acquire(cost);
-                    } else if let Some(n) = (taken < MAX_BATCH).then(|| c.budget.try_acquire(cost)).flatten() {
+                    } else if let Some(n) = (taken < MAX_BATCH)
+                        .then(|| c.budget.try_acquire(cost))
+                        .flatten()
+                    {
                         charged += n;
                     } else {
                         break false;
@@ -754,7 +914,11 @@ fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'sc
                             let at = payload.len();
                             payload.extend_from_slice(&rs.input.buf[range]);
                             taken += 1;
-                            if let (Exec::Batched(b), Command::Read { .. } | Command::Write { .. }) = (&mut exec, req.command) {
+                            if let (
+                                Exec::Batched(b),
+                                Command::Read { .. } | Command::Write { .. },
+                            ) = (&mut exec, req.command)
+                            {
                                 b.pending.push((req, at..payload.len()));
                             } else {
                                 last = Some((req, at..payload.len()));
@@ -797,7 +961,9 @@ fn batch_runner<'scope, 'a, R: io::Read + Send, W: io::Write + Send>(scope: &'sc
             }
         }
         if tally.errors > 0 {
-            stats.request_errors.fetch_add(tally.errors, Ordering::Relaxed);
+            stats
+                .request_errors
+                .fetch_add(tally.errors, Ordering::Relaxed);
         }
         let sent = c.send(&mut out);
         c.budget.release(charged);

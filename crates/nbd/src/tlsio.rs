@@ -92,17 +92,33 @@ pub(crate) struct TlsWriter<S> {
 }
 
 /// Splits an established TLS connection over `sock` into a reader and a writer.
-pub(crate) fn split<S: SharedSocket>(sock: Arc<S>, mut tls: rustls::ServerConnection) -> (TlsReader<S>, TlsWriter<S>) {
+pub(crate) fn split<S: SharedSocket>(
+    sock: Arc<S>,
+    mut tls: rustls::ServerConnection,
+) -> (TlsReader<S>, TlsWriter<S>) {
     // Ciphertext the handshake already read but did not decrypt: decrypt it now (an error
     // stays with the connection and ends the first read).
     let _ = tls.process_new_packets();
-    let inner = Arc::new(Inner { sock, tls: Mutex::new(tls) });
-    (TlsReader { inner: inner.clone(), buf: vec![0; CIPHERTEXT_BUFFER].into_boxed_slice(), start: 0, end: 0 }, TlsWriter { inner })
+    let inner = Arc::new(Inner {
+        sock,
+        tls: Mutex::new(tls),
+    });
+    (
+        TlsReader {
+            inner: inner.clone(),
+            buf: vec![0; CIPHERTEXT_BUFFER].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        },
+        TlsWriter { inner },
+    )
 }
 
 impl<S> Clone for TlsWriter<S> {
     fn clone(&self) -> Self {
-        TlsWriter { inner: self.inner.clone() }
+        TlsWriter {
+            inner: self.inner.clone(),
+        }
     }
 }
 
@@ -188,7 +204,10 @@ mod tests {
     fn configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
         let provider = vdstream_tls::files::provider();
         let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().self_signed(&key).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
         let der = cert.der().clone();
         let key_der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
         let server = rustls::ServerConfig::builder_with_provider(provider.clone())
@@ -218,17 +237,27 @@ mod tests {
         // split in two), as NBD clients do.
         let client = std::thread::spawn(move || {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
                 b.set_nonblocking(true).unwrap();
                 let b = tokio::net::UnixStream::from_std(b).unwrap();
                 let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-                let stream = tokio_rustls::TlsConnector::from(client_cfg).connect(name, b).await.unwrap();
+                let stream = tokio_rustls::TlsConnector::from(client_cfg)
+                    .connect(name, b)
+                    .await
+                    .unwrap();
                 let (mut r, mut w) = tokio::io::split(stream);
                 let mut rng = fastrand::Rng::with_seed(7);
                 let frames: Vec<Vec<u8>> = (0..400)
                     .map(|i| {
-                        let len = if i % 50 == 0 { 300_000 } else { rng.usize(1..9000) };
+                        let len = if i % 50 == 0 {
+                            300_000
+                        } else {
+                            rng.usize(1..9000)
+                        };
                         (0..len).map(|_| rng.u8(..)).collect()
                     })
                     .collect();
@@ -278,7 +307,9 @@ mod tests {
             for _ in 0..4 {
                 let (rx, mut writer) = (&rx, writer.clone());
                 scope.spawn(move || loop {
-                    let Ok((seq, body)) = rx.lock().unwrap().recv() else { return };
+                    let Ok((seq, body)) = rx.lock().unwrap().recv() else {
+                        return;
+                    };
                     let mut out = Vec::with_capacity(8 + body.len());
                     out.extend_from_slice(&seq.to_be_bytes());
                     out.extend_from_slice(&(body.len() as u32).to_be_bytes());

@@ -88,7 +88,11 @@ pub struct OptionHeader {
 
 impl OptionHeader {
     pub fn parse(b: &[u8; OPTION_HEADER_LEN]) -> OptionHeader {
-        OptionHeader { magic: be64(&b[0..]), option: be32(&b[8..]), length: be32(&b[12..]) }
+        OptionHeader {
+            magic: be64(&b[0..]),
+            option: be32(&b[8..]),
+            length: be32(&b[12..]),
+        }
     }
 }
 
@@ -124,7 +128,10 @@ pub struct ReplyBuf {
 
 impl ReplyBuf {
     pub fn with_capacity(cap: usize) -> ReplyBuf {
-        ReplyBuf { buf: vec![0; cap], len: 0 }
+        ReplyBuf {
+            buf: vec![0; cap],
+            len: 0,
+        }
     }
     pub fn len(&self) -> usize {
         self.len
@@ -196,8 +203,17 @@ impl ReplyBuf {
     pub fn error_chunk(&mut self, handle: u64, error: u32, message: &str, offset: Option<u64>) {
         let msg = clip_message(message, MAX_STRING_LEN as usize);
         let extra = if offset.is_some() { 8 } else { 0 };
-        let kind = if offset.is_some() { REPLY_TYPE_ERROR_OFFSET } else { REPLY_TYPE_ERROR };
-        self.chunk_header(REPLY_FLAG_DONE, kind, handle, (6 + msg.len() + extra) as u32);
+        let kind = if offset.is_some() {
+            REPLY_TYPE_ERROR_OFFSET
+        } else {
+            REPLY_TYPE_ERROR
+        };
+        self.chunk_header(
+            REPLY_FLAG_DONE,
+            kind,
+            handle,
+            (6 + msg.len() + extra) as u32,
+        );
         self.put_u32(error);
         self.put_u16(msg.len() as u16);
         self.put(msg.as_bytes());
@@ -229,10 +245,24 @@ mod tests {
 
     #[test]
     fn request_header_round_trip() {
-        let h = RequestHeader { magic: REQUEST_MAGIC, flags: 3, command: CMD_WRITE, handle: 7, offset: 1 << 40, length: 512 };
+        let h = RequestHeader {
+            magic: REQUEST_MAGIC,
+            flags: 3,
+            command: CMD_WRITE,
+            handle: 7,
+            offset: 1 << 40,
+            length: 512,
+        };
         assert_eq!(RequestHeader::parse(&h.encode()), Some(h));
         assert_eq!(h.payload_len(), 512);
-        assert_eq!(RequestHeader { command: CMD_READ, ..h }.payload_len(), 0);
+        assert_eq!(
+            RequestHeader {
+                command: CMD_READ,
+                ..h
+            }
+            .payload_len(),
+            0
+        );
         assert_eq!(RequestHeader::parse(&h.encode()[..27]), None);
     }
 

@@ -21,7 +21,10 @@ struct ServerProcess {
 }
 
 fn find_program(name: &str) -> Option<PathBuf> {
-    ["/usr/sbin", "/usr/bin", "/usr/local/bin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.exists())
+    ["/usr/sbin", "/usr/bin", "/usr/local/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.exists())
 }
 
 impl ServerProcess {
@@ -34,7 +37,9 @@ impl ServerProcess {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("nbd.sock");
         let mut cmd = Command::new(nbdkit);
-        cmd.args(["-f", "--exit-with-parent", "-U"]).arg(&sock).args(args);
+        cmd.args(["-f", "--exit-with-parent", "-U"])
+            .arg(&sock)
+            .args(args);
         Some(ServerProcess::spawn(cmd, sock, dir))
     }
 
@@ -52,7 +57,15 @@ impl ServerProcess {
             .expect("run qemu-img");
         assert!(made.success(), "qemu-img create failed");
         let mut cmd = Command::new(qemu_nbd);
-        cmd.args(["--persistent", "--shared=16", "--discard=unmap", "-f", format, "-k"]).arg(&sock);
+        cmd.args([
+            "--persistent",
+            "--shared=16",
+            "--discard=unmap",
+            "-f",
+            format,
+            "-k",
+        ])
+        .arg(&sock);
         if let Some(e) = export {
             cmd.args(["-x", e]);
         }
@@ -63,18 +76,32 @@ impl ServerProcess {
     fn spawn(mut cmd: Command, sock: PathBuf, dir: tempfile::TempDir) -> ServerProcess {
         let log_path = dir.path().join("server.log");
         let log = std::fs::File::create(&log_path).unwrap();
-        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().expect("spawn server");
-        let mut server = ServerProcess { child, sock, _dir: dir };
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn server");
+        let mut server = ServerProcess {
+            child,
+            sock,
+            _dir: dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = server.child.try_wait().unwrap() {
                 let log = std::fs::read_to_string(&log_path).unwrap_or_default();
                 panic!("server exited early: {status} ({cmd:?}): {log}");
             }
-            if server.sock.exists() && std::os::unix::net::UnixStream::connect(&server.sock).is_ok() {
+            if server.sock.exists() && std::os::unix::net::UnixStream::connect(&server.sock).is_ok()
+            {
                 break;
             }
-            assert!(Instant::now() < deadline, "server socket {:?} did not appear within 10 s", server.sock);
+            assert!(
+                Instant::now() < deadline,
+                "server socket {:?} did not appear within 10 s",
+                server.sock
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         server
@@ -101,7 +128,11 @@ impl Drop for ServerProcess {
 }
 
 async fn connect(server: &ServerProcess, opts: ConnectOptions) -> Arc<Client> {
-    Arc::new(Client::connect(server.address(), opts).await.expect("connect"))
+    Arc::new(
+        Client::connect(server.address(), opts)
+            .await
+            .expect("connect"),
+    )
 }
 
 /// Many tasks write random ranges of their own stripe and read random ranges back,
@@ -126,7 +157,11 @@ async fn concurrent_model_roundtrip(client: Arc<Client>, tasks: u64, ops_per_tas
                     model[range].copy_from_slice(&data);
                 } else {
                     let got = client.read(base + off, len as u32).await.expect("read");
-                    assert!(got == model[range], "task {t}: read at {} differs from the model", base + off);
+                    assert!(
+                        got == model[range],
+                        "task {t}: read at {} differs from the model",
+                        base + off
+                    );
                 }
             }
             model
@@ -146,14 +181,21 @@ async fn concurrent_model_roundtrip(client: Arc<Client>, tasks: u64, ops_per_tas
     for (i, r) in reads.into_iter().enumerate() {
         let got = r.await.unwrap();
         let start = i * MIB as usize;
-        assert!(got == whole[start..start + MIB as usize], "MiB {i} differs from the model");
+        assert!(
+            got == whole[start..start + MIB as usize],
+            "MiB {i} differs from the model"
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshake_reports_size_flags_and_contexts() {
-    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else { return };
-    let client = Client::connect_uri(&server.uri(""), ConnectOptions::default()).await.unwrap();
+    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else {
+        return;
+    };
+    let client = Client::connect_uri(&server.uri(""), ConnectOptions::default())
+        .await
+        .unwrap();
     assert_eq!(client.size(), 64 * MIB);
     assert!(client.structured());
     assert!(client.can_block_status());
@@ -167,7 +209,10 @@ async fn handshake_reports_size_flags_and_contexts() {
     // Without structured replies nothing that needs them is offered.
     let plain = Client::connect(
         server.address(),
-        ConnectOptions { structured_replies: false, ..Default::default() },
+        ConnectOptions {
+            structured_replies: false,
+            ..Default::default()
+        },
     )
     .await
     .unwrap();
@@ -183,8 +228,17 @@ async fn handshake_reports_size_flags_and_contexts() {
 async fn concurrent_writes_read_back_like_the_model_nbdkit() {
     for writer in [WriterMode::Coalescing, WriterMode::Locked] {
         // A fresh, all-zero disk for each run: the model starts from zeroes.
-        let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else { return };
-        let client = connect(&server, ConnectOptions { writer, ..Default::default() }).await;
+        let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else {
+            return;
+        };
+        let client = connect(
+            &server,
+            ConnectOptions {
+                writer,
+                ..Default::default()
+            },
+        )
+        .await;
         concurrent_model_roundtrip(client.clone(), 16, 150).await;
         client.disconnect().await.unwrap();
     }
@@ -196,8 +250,14 @@ async fn concurrent_writes_read_back_like_the_model_nbdkit() {
 /// still arrive whole and in its request.
 #[test]
 fn corked_batches_from_several_threads_read_back_like_the_model() {
-    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else { return };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let client = rt.block_on(connect(&server, ConnectOptions::default()));
     let stripe = client.size() / 4;
     let threads: Vec<_> = (0..4u64)
@@ -217,7 +277,11 @@ fn corked_batches_from_several_threads_read_back_like_the_model() {
                         model[off as usize..(off + len) as usize].copy_from_slice(&data);
                         writes.push((t * stripe + off, data));
                     }
-                    let batch = futures_util::future::join_all(writes.iter().map(|(off, data)| client.write(*off, data, false)));
+                    let batch = futures_util::future::join_all(
+                        writes
+                            .iter()
+                            .map(|(off, data)| client.write(*off, data, false)),
+                    );
                     for r in handle.block_on(vdstream_nbd::client::corked(batch)) {
                         r.expect("write");
                     }
@@ -230,7 +294,9 @@ fn corked_batches_from_several_threads_read_back_like_the_model() {
     for (t, model) in models.iter().enumerate() {
         for (i, want) in model.chunks(MIB as usize).enumerate() {
             let off = t as u64 * stripe + i as u64 * MIB;
-            let got = rt.block_on(client.read(off, want.len() as u32)).expect("read back");
+            let got = rt
+                .block_on(client.read(off, want.len() as u32))
+                .expect("read back");
             assert!(got == want, "thread {t}: MiB {i} differs from the model");
         }
     }
@@ -241,8 +307,14 @@ fn corked_batches_from_several_threads_read_back_like_the_model() {
 /// thread makes afterwards go out, and so does the one queued before the panic.
 #[test]
 fn a_panic_inside_corked_leaves_the_thread_uncorked() {
-    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else { return };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let client = rt.block_on(connect(&server, ConnectOptions::default()));
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         rt.block_on(vdstream_nbd::client::corked(async {
@@ -257,8 +329,14 @@ fn a_panic_inside_corked_leaves_the_thread_uncorked() {
         }))
     }));
     assert!(panicked.is_err());
-    let read = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), client.read(0, 512)).await });
-    assert_eq!(read.expect("a read after the panic got no reply: the thread stayed corked").expect("read"), vec![7u8; 512]);
+    let read = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), client.read(0, 512)).await
+    });
+    assert_eq!(
+        read.expect("a read after the panic got no reply: the thread stayed corked")
+            .expect("read"),
+        vec![7u8; 512]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,7 +364,10 @@ async fn structured_reads_assemble_holes_and_data() {
     assert_eq!(&got[MIB as usize..MIB as usize + data.len()], &data[..]);
     assert!(got[MIB as usize + data.len()..].iter().all(|&b| b == 0));
     let stats = client.stats();
-    assert!(stats.hole_chunks >= 1 && stats.data_chunks >= 1, "{stats:?}");
+    assert!(
+        stats.hole_chunks >= 1 && stats.data_chunks >= 1,
+        "{stats:?}"
+    );
 
     // A reused buffer full of junk must come back with the holes zeroed.
     let junk = vec![0xeeu8; 2 * MIB as usize];
@@ -294,9 +375,14 @@ async fn structured_reads_assemble_holes_and_data() {
     assert!(got.iter().all(|&b| b == 0));
 
     // nbdkit memory: write, trim, read back zeroes where trimmed.
-    let Some(kit) = ServerProcess::nbdkit(&["memory", "64M"]) else { return };
+    let Some(kit) = ServerProcess::nbdkit(&["memory", "64M"]) else {
+        return;
+    };
     let client = connect(&kit, ConnectOptions::default()).await;
-    client.write(0, &vec![0x5a; MIB as usize], false).await.unwrap();
+    client
+        .write(0, &vec![0x5a; MIB as usize], false)
+        .await
+        .unwrap();
     client.trim(256 * 1024, 256 * 1024, false).await.unwrap();
     let got = client.read(0, MIB as u32).await.unwrap();
     assert!(got[..256 * 1024].iter().all(|&b| b == 0x5a));
@@ -306,9 +392,14 @@ async fn structured_reads_assemble_holes_and_data() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_status_reports_holes_and_data() {
-    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else { return };
+    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else {
+        return;
+    };
     let client = connect(&server, ConnectOptions::default()).await;
-    client.write(MIB, &vec![1u8; 64 * 1024], false).await.unwrap();
+    client
+        .write(MIB, &vec![1u8; 64 * 1024], false)
+        .await
+        .unwrap();
     let extents = client.block_status(0, 4 * MIB as u32, false).await.unwrap();
     assert!(!extents.is_empty());
     let total: u64 = extents.iter().map(|&(l, _)| u64::from(l)).sum();
@@ -324,30 +415,54 @@ async fn block_status_reports_holes_and_data() {
         }
         None
     };
-    assert_eq!(state_at(0).unwrap() & proto::STATE_HOLE, proto::STATE_HOLE, "{extents:?}");
-    assert_eq!(state_at(MIB).unwrap() & (proto::STATE_HOLE | proto::STATE_ZERO), 0, "{extents:?}");
+    assert_eq!(
+        state_at(0).unwrap() & proto::STATE_HOLE,
+        proto::STATE_HOLE,
+        "{extents:?}"
+    );
+    assert_eq!(
+        state_at(MIB).unwrap() & (proto::STATE_HOLE | proto::STATE_ZERO),
+        0,
+        "{extents:?}"
+    );
 
-    let one = client.block_status(MIB, 4 * MIB as u32, true).await.unwrap();
+    let one = client
+        .block_status(MIB, 4 * MIB as u32, true)
+        .await
+        .unwrap();
     assert_eq!(one.len(), 1, "REQ_ONE gives one extent: {one:?}");
     assert_eq!(one[0].1 & proto::STATE_HOLE, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_zeroes_flush_and_fua() {
-    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else { return };
+    let Some(server) = ServerProcess::nbdkit(&["memory", "64M"]) else {
+        return;
+    };
     let client = connect(&server, ConnectOptions::default()).await;
     client.write(0, &vec![9u8; 256 * 1024], true).await.unwrap();
-    client.write_zeroes(64 * 1024, 64 * 1024, false, false, false).await.unwrap();
-    client.write_zeroes(192 * 1024, 4096, true, false, true).await.unwrap();
+    client
+        .write_zeroes(64 * 1024, 64 * 1024, false, false, false)
+        .await
+        .unwrap();
+    client
+        .write_zeroes(192 * 1024, 4096, true, false, true)
+        .await
+        .unwrap();
     if client.can_fast_zero() {
-        client.write_zeroes(128 * 1024, 4096, false, true, false).await.unwrap();
+        client
+            .write_zeroes(128 * 1024, 4096, false, true, false)
+            .await
+            .unwrap();
     }
     client.flush().await.unwrap();
     client.cache(0, 4096).await.unwrap();
     let got = client.read(0, 256 * 1024).await.unwrap();
-    let zero_at = |i: usize| (64 * 1024..128 * 1024).contains(&i)
-        || (192 * 1024..196 * 1024).contains(&i)
-        || (client.can_fast_zero() && (128 * 1024..132 * 1024).contains(&i));
+    let zero_at = |i: usize| {
+        (64 * 1024..128 * 1024).contains(&i)
+            || (192 * 1024..196 * 1024).contains(&i)
+            || (client.can_fast_zero() && (128 * 1024..132 * 1024).contains(&i))
+    };
     for (i, &b) in got.iter().enumerate() {
         assert_eq!(b, if zero_at(i) { 0 } else { 9 }, "byte {i}");
     }
@@ -355,7 +470,10 @@ async fn write_zeroes_flush_and_fua() {
     let server = ServerProcess::qemu_nbd("qcow2", 16 * MIB, None);
     let client = connect(&server, ConnectOptions::default()).await;
     client.write(MIB, &[3u8; 8192], true).await.unwrap();
-    client.write_zeroes(MIB, 4096, false, false, true).await.unwrap();
+    client
+        .write_zeroes(MIB, 4096, false, false, true)
+        .await
+        .unwrap();
     client.flush().await.unwrap();
     let got = client.read(MIB, 8192).await.unwrap();
     assert!(got[..4096].iter().all(|&b| b == 0) && got[4096..].iter().all(|&b| b == 3));
@@ -363,33 +481,63 @@ async fn write_zeroes_flush_and_fua() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_carry_errno_and_context() {
-    let Some(server) = ServerProcess::nbdkit(&["memory", "1M"]) else { return };
+    let Some(server) = ServerProcess::nbdkit(&["memory", "1M"]) else {
+        return;
+    };
     // Client-side validation refuses without sending.
     let checked = connect(&server, ConnectOptions::default()).await;
     let err = checked.read(MIB - 512, 1024).await.unwrap_err();
-    assert!(matches!(err, ClientError::Invalid { op: Op::Read, .. }), "{err}");
-    assert!(matches!(checked.read(0, 0).await, Err(ClientError::Invalid { .. })));
+    assert!(
+        matches!(err, ClientError::Invalid { op: Op::Read, .. }),
+        "{err}"
+    );
+    assert!(matches!(
+        checked.read(0, 0).await,
+        Err(ClientError::Invalid { .. })
+    ));
 
     // The server's own check answers EINVAL, and the connection stays usable.
     for structured_replies in [true, false] {
-        let opts = ConnectOptions { check_requests: false, structured_replies, ..Default::default() };
+        let opts = ConnectOptions {
+            check_requests: false,
+            structured_replies,
+            ..Default::default()
+        };
         let raw = connect(&server, opts).await;
         let err = raw.read(MIB - 512, 1024).await.unwrap_err();
         match &err {
-            ClientError::Server { errno, op, offset, len, .. } => {
-                assert_eq!((*errno, *op, *offset, *len), (proto::EINVAL, Op::Read, MIB - 512, 1024), "{err}");
+            ClientError::Server {
+                errno,
+                op,
+                offset,
+                len,
+                ..
+            } => {
+                assert_eq!(
+                    (*errno, *op, *offset, *len),
+                    (proto::EINVAL, Op::Read, MIB - 512, 1024),
+                    "{err}"
+                );
             }
             other => panic!("expected a server error, got {other}"),
         }
         assert!(err.to_string().contains("EINVAL"), "{err}");
         let err = raw.write(MIB, &[1u8; 512], false).await.unwrap_err();
-        assert!(matches!(err.errno(), Some(proto::ENOSPC) | Some(proto::EINVAL)), "{err}");
+        assert!(
+            matches!(err.errno(), Some(proto::ENOSPC) | Some(proto::EINVAL)),
+            "{err}"
+        );
         assert_eq!(raw.read(0, 512).await.unwrap(), vec![0u8; 512]);
     }
 
     // Injected EIO on reads arrives as a structured error chunk.
-    let Some(failing) = ServerProcess::nbdkit(&["--filter=error", "memory", "1M", "error-pread=EIO", "error-pread-rate=1"])
-    else {
+    let Some(failing) = ServerProcess::nbdkit(&[
+        "--filter=error",
+        "memory",
+        "1M",
+        "error-pread=EIO",
+        "error-pread-rate=1",
+    ]) else {
         return;
     };
     let client = connect(&failing, ConnectOptions::default()).await;
@@ -401,9 +549,13 @@ async fn server_errors_carry_errno_and_context() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_export_is_named_in_the_error() {
     let server = ServerProcess::qemu_nbd("raw", MIB, Some("golden"));
-    let ok = Client::connect_uri(&server.uri("golden"), ConnectOptions::default()).await.unwrap();
+    let ok = Client::connect_uri(&server.uri("golden"), ConnectOptions::default())
+        .await
+        .unwrap();
     assert_eq!(ok.info().export, "golden");
-    let err = Client::connect(server.address(), ConnectOptions::export("no-such-vdisk")).await.unwrap_err();
+    let err = Client::connect(server.address(), ConnectOptions::export("no-such-vdisk"))
+        .await
+        .unwrap_err();
     match &err {
         ClientError::Refused { export, reply, .. } => {
             assert_eq!(export, "no-such-vdisk");
@@ -412,12 +564,18 @@ async fn unknown_export_is_named_in_the_error() {
         other => panic!("expected Refused, got {other}"),
     }
     let text = err.to_string();
-    assert!(text.contains("no-such-vdisk") && text.contains("nbd.sock"), "{text}");
+    assert!(
+        text.contains("no-such-vdisk") && text.contains("nbd.sock"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_server_fails_in_flight_requests_promptly() {
-    let Some(mut server) = ServerProcess::nbdkit(&["--filter=delay", "memory", "64M", "rdelay=5"]) else { return };
+    let Some(mut server) = ServerProcess::nbdkit(&["--filter=delay", "memory", "64M", "rdelay=5"])
+    else {
+        return;
+    };
     let client = connect(&server, ConnectOptions::default()).await;
     let reads: Vec<_> = (0..32u64)
         .map(|i| {
@@ -431,7 +589,10 @@ async fn killed_server_fails_in_flight_requests_promptly() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.kill();
     for r in reads {
-        let (res, elapsed) = tokio::time::timeout(Duration::from_secs(3), r).await.expect("no hang").unwrap();
+        let (res, elapsed) = tokio::time::timeout(Duration::from_secs(3), r)
+            .await
+            .expect("no hang")
+            .unwrap();
         let err = res.unwrap_err();
         assert!(matches!(err, ClientError::Disconnected { .. }), "{err}");
         assert!(err.is_connection_lost());
@@ -446,8 +607,14 @@ async fn killed_server_fails_in_flight_requests_promptly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_server_times_out_and_fails_the_connection() {
-    let Some(server) = ServerProcess::nbdkit(&["--filter=delay", "memory", "64M", "rdelay=5"]) else { return };
-    let opts = ConnectOptions { request_timeout: Some(Duration::from_millis(400)), ..Default::default() };
+    let Some(server) = ServerProcess::nbdkit(&["--filter=delay", "memory", "64M", "rdelay=5"])
+    else {
+        return;
+    };
+    let opts = ConnectOptions {
+        request_timeout: Some(Duration::from_millis(400)),
+        ..Default::default()
+    };
     let client = connect(&server, opts).await;
     // A write is not delayed; it succeeds.
     client.write(0, &[1u8; 4096], false).await.unwrap();
@@ -462,16 +629,29 @@ async fn slow_server_times_out_and_fails_the_connection() {
         tokio::spawn(async move { c.read(8192, 4096).await })
     };
     let err = slow.await.unwrap().unwrap_err();
-    assert!(matches!(err, ClientError::Timeout { op: Op::Read, .. }), "{err}");
-    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    assert!(
+        matches!(err, ClientError::Timeout { op: Op::Read, .. }),
+        "{err}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
     let err = other.await.unwrap().unwrap_err();
     assert!(err.is_connection_lost(), "{err}");
-    assert!(matches!(client.write(0, &[1u8; 512], false).await, Err(ClientError::Disconnected { .. })));
+    assert!(matches!(
+        client.write(0, &[1u8; 512], false).await,
+        Err(ClientError::Disconnected { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_waits_for_in_flight_requests() {
-    let Some(server) = ServerProcess::nbdkit(&["--filter=delay", "memory", "64M", "rdelay=300ms"]) else { return };
+    let Some(server) = ServerProcess::nbdkit(&["--filter=delay", "memory", "64M", "rdelay=300ms"])
+    else {
+        return;
+    };
     let client = connect(&server, ConnectOptions::default()).await;
     let reads: Vec<_> = (0..8u64)
         .map(|i| {
@@ -486,14 +666,19 @@ async fn disconnect_waits_for_in_flight_requests() {
     }
     let err = client.read(0, 4096).await.unwrap_err();
     assert!(matches!(err, ClientError::Disconnected { .. }), "{err}");
-    assert_eq!(client.closed_reason().as_deref(), Some("the client disconnected"));
+    assert_eq!(
+        client.closed_reason().as_deref(),
+        Some("the client disconnected")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_missing_socket_fails_with_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("absent.sock");
-    let err = Client::connect(Address::unix(&path), ConnectOptions::default()).await.unwrap_err();
+    let err = Client::connect(Address::unix(&path), ConnectOptions::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, ClientError::Connect { .. }), "{err}");
     assert!(err.to_string().contains("absent.sock"), "{err}");
 }

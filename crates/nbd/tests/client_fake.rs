@@ -32,7 +32,13 @@ struct Request {
 }
 
 /// Bind a socket, accept one client, play the server side of the handshake, return the stream.
-async fn fake_server(hs: FakeHandshake) -> (tempfile::TempDir, Address, tokio::task::JoinHandle<UnixStream>) {
+async fn fake_server(
+    hs: FakeHandshake,
+) -> (
+    tempfile::TempDir,
+    Address,
+    tokio::task::JoinHandle<UnixStream>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fake.sock");
     let listener = UnixListener::bind(&path).unwrap();
@@ -103,11 +109,16 @@ async fn option_reply(s: &mut UnixStream, opt: u32, kind: u32, payload: &[u8]) {
     s.write_all(payload).await.unwrap();
 }
 
-async fn connect(hs: FakeHandshake, opts: ConnectOptions) -> (tempfile::TempDir, Client, UnixStream) {
+async fn connect(
+    hs: FakeHandshake,
+    opts: ConnectOptions,
+) -> (tempfile::TempDir, Client, UnixStream) {
     let (dir, addr, server) = fake_server(hs).await;
-    let (client, stream) = tokio::time::timeout(BOUND, async { tokio::join!(Client::connect(addr, opts), server) })
-        .await
-        .expect("handshake within bound");
+    let (client, stream) = tokio::time::timeout(BOUND, async {
+        tokio::join!(Client::connect(addr, opts), server)
+    })
+    .await
+    .expect("handshake within bound");
     (dir, client.expect("connect"), stream.unwrap())
 }
 
@@ -175,7 +186,10 @@ async fn chunks_out_of_order_and_replies_out_of_order_assemble() {
     };
     let r2 = read_request(&mut s).await;
     assert_ne!(r1.cookie, r2.cookie);
-    assert_eq!((r1.kind, r1.offset, r1.len, r1.flags), (proto::CMD_READ, 0, 12288, 0));
+    assert_eq!(
+        (r1.kind, r1.offset, r1.len, r1.flags),
+        (proto::CMD_READ, 0, 12288, 0)
+    );
     // Second request answered first, with a simple reply; first request in three chunks.
     data_chunk(&mut s, 0, r1.cookie, 8192, &[0xcc; 4096]).await;
     simple_reply(&mut s, r2.cookie, 0).await;
@@ -183,14 +197,28 @@ async fn chunks_out_of_order_and_replies_out_of_order_assemble() {
     hole_chunk(&mut s, 0, r1.cookie, 4096, 4096).await;
     data_chunk(&mut s, DONE, r1.cookie, 0, &[0xaa; 4096]).await;
 
-    let got2 = tokio::time::timeout(BOUND, second).await.unwrap().unwrap().unwrap();
+    let got2 = tokio::time::timeout(BOUND, second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert!(got2 == vec![0x11; 512]);
-    let got1 = tokio::time::timeout(BOUND, first).await.unwrap().unwrap().unwrap();
+    let got1 = tokio::time::timeout(BOUND, first)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert!(got1[..4096].iter().all(|&b| b == 0xaa));
-    assert!(got1[4096..8192].iter().all(|&b| b == 0), "hole not zero-filled");
+    assert!(
+        got1[4096..8192].iter().all(|&b| b == 0),
+        "hole not zero-filled"
+    );
     assert!(got1[8192..].iter().all(|&b| b == 0xcc));
     let st = client.stats();
-    assert_eq!((st.data_chunks, st.hole_chunks, st.simple_replies), (2, 1, 1));
+    assert_eq!(
+        (st.data_chunks, st.hole_chunks, st.simple_replies),
+        (2, 1, 1)
+    );
 }
 
 #[tokio::test]
@@ -204,8 +232,15 @@ async fn chunk_outside_the_request_fails_the_connection() {
     let r = read_request(&mut s).await;
     // Data that would land past the end of the 4 KiB buffer.
     data_chunk(&mut s, DONE, r.cookie, 4096 + 2048, &[0xcc; 4096]).await;
-    let err = tokio::time::timeout(BOUND, read).await.unwrap().unwrap().unwrap_err();
-    assert!(matches!(&err, ClientError::Disconnected { reason, .. } if reason.contains("outside")), "{err}");
+    let err = tokio::time::timeout(BOUND, read)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Disconnected { reason, .. } if reason.contains("outside")),
+        "{err}"
+    );
     let err = client.read(0, 512).await.unwrap_err();
     assert!(err.is_connection_lost(), "{err}");
 }
@@ -218,15 +253,26 @@ async fn incomplete_coverage_fails_only_that_request() {
     let read = tokio::spawn(async move { c.read(0, 8192).await });
     let r = read_request(&mut s).await;
     data_chunk(&mut s, DONE, r.cookie, 0, &[1; 4096]).await;
-    let err = tokio::time::timeout(BOUND, read).await.unwrap().unwrap().unwrap_err();
-    assert!(matches!(err, ClientError::Protocol { op: Op::Read, .. }), "{err}");
+    let err = tokio::time::timeout(BOUND, read)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::Protocol { op: Op::Read, .. }),
+        "{err}"
+    );
     // The stream is still in sync: the next request works.
     let c = client.clone();
     let flush = tokio::spawn(async move { c.flush().await });
     let r = read_request(&mut s).await;
     assert_eq!(r.kind, proto::CMD_FLUSH);
     simple_reply(&mut s, r.cookie, 0).await;
-    tokio::time::timeout(BOUND, flush).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(BOUND, flush)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -243,14 +289,26 @@ async fn error_chunks_carry_errno_and_message() {
     p.extend_from_slice(msg);
     p.extend_from_slice(&4096u64.to_be_bytes());
     chunk(&mut s, DONE, proto::REPLY_TYPE_ERROR_OFFSET, r.cookie, &p).await;
-    let err = tokio::time::timeout(BOUND, read).await.unwrap().unwrap().unwrap_err();
+    let err = tokio::time::timeout(BOUND, read)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
     match &err {
-        ClientError::Server { errno, message, op, .. } => {
-            assert_eq!((*errno, message.as_str(), *op), (proto::EIO, "disk on fire", Op::Read));
+        ClientError::Server {
+            errno, message, op, ..
+        } => {
+            assert_eq!(
+                (*errno, message.as_str(), *op),
+                (proto::EIO, "disk on fire", Op::Read)
+            );
         }
         other => panic!("expected a server error, got {other}"),
     }
-    assert!(err.to_string().contains("EIO") && err.to_string().contains("disk on fire"), "{err}");
+    assert!(
+        err.to_string().contains("EIO") && err.to_string().contains("disk on fire"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -265,22 +323,49 @@ async fn block_status_keeps_only_our_context() {
     other.extend_from_slice(&[0, 0, 0x10, 0, 0, 0, 0, 1]);
     chunk(&mut s, 0, proto::REPLY_TYPE_BLOCK_STATUS, r.cookie, &other).await;
     let mut ours = CONTEXT_ID.to_be_bytes().to_vec();
-    for (len, flags) in [(4096u32, 0u32), (61440, proto::STATE_HOLE | proto::STATE_ZERO)] {
+    for (len, flags) in [
+        (4096u32, 0u32),
+        (61440, proto::STATE_HOLE | proto::STATE_ZERO),
+    ] {
         ours.extend_from_slice(&len.to_be_bytes());
         ours.extend_from_slice(&flags.to_be_bytes());
     }
-    chunk(&mut s, DONE, proto::REPLY_TYPE_BLOCK_STATUS, r.cookie, &ours).await;
-    let extents = tokio::time::timeout(BOUND, bs).await.unwrap().unwrap().unwrap();
+    chunk(
+        &mut s,
+        DONE,
+        proto::REPLY_TYPE_BLOCK_STATUS,
+        r.cookie,
+        &ours,
+    )
+    .await;
+    let extents = tokio::time::timeout(BOUND, bs)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(extents, vec![(4096, 0), (61440, 3)]);
 }
 
 #[tokio::test]
 async fn silent_server_times_out_and_later_calls_fail_fast() {
-    let opts = ConnectOptions { request_timeout: Some(Duration::from_millis(300)), ..Default::default() };
+    let opts = ConnectOptions {
+        request_timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    };
     let (_dir, client, mut s) = connect(FakeHandshake::default(), opts).await;
     let t = Instant::now();
     let err = client.read(0, 4096).await.unwrap_err();
-    assert!(matches!(err, ClientError::Timeout { op: Op::Read, offset: 0, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ClientError::Timeout {
+                op: Op::Read,
+                offset: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     let t = Instant::now();
     let err = client.read(0, 4096).await.unwrap_err();
@@ -289,7 +374,10 @@ async fn silent_server_times_out_and_later_calls_fail_fast() {
     // The client closed its side: the server sees EOF after the one request.
     let _ = read_request(&mut s).await;
     let mut rest = Vec::new();
-    let n = tokio::time::timeout(BOUND, s.read_to_end(&mut rest)).await.unwrap().unwrap();
+    let n = tokio::time::timeout(BOUND, s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(n, 0);
 }
 
@@ -301,14 +389,25 @@ async fn unknown_cookie_fails_in_flight_requests() {
     let read = tokio::spawn(async move { c.read(0, 512).await });
     let r = read_request(&mut s).await;
     simple_reply(&mut s, r.cookie ^ 0xdead_beef, 0).await;
-    let err = tokio::time::timeout(BOUND, read).await.unwrap().unwrap().unwrap_err();
-    assert!(matches!(&err, ClientError::Disconnected { reason, .. } if reason.contains("unknown cookie")), "{err}");
+    let err = tokio::time::timeout(BOUND, read)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Disconnected { reason, .. } if reason.contains("unknown cookie")),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn go_unsupported_falls_back_to_export_name() {
     for no_zeroes_off in [false, true] {
-        let hs = FakeHandshake { go_unsupported: true, no_zeroes_off, ..Default::default() };
+        let hs = FakeHandshake {
+            go_unsupported: true,
+            no_zeroes_off,
+            ..Default::default()
+        };
         let (_dir, client, mut s) = connect(hs, ConnectOptions::export("golden")).await;
         assert_eq!((client.size(), client.flags()), (SIZE, FLAGS));
         assert!(client.can_trim() && !client.can_fua());
@@ -318,18 +417,34 @@ async fn go_unsupported_falls_back_to_export_name() {
         let r = read_request(&mut s).await;
         assert_eq!((r.kind, r.len), (proto::CMD_TRIM, 4096));
         simple_reply(&mut s, r.cookie, proto::EPERM).await;
-        let err = tokio::time::timeout(BOUND, trim).await.unwrap().unwrap().unwrap_err();
+        let err = tokio::time::timeout(BOUND, trim)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_err();
         assert_eq!(err.errno(), Some(proto::EPERM));
         // FUA is not advertised: refused client-side.
-        assert!(matches!(c.write(0, &[0; 512], true).await, Err(ClientError::Invalid { .. })));
+        assert!(matches!(
+            c.write(0, &[0; 512], true).await,
+            Err(ClientError::Invalid { .. })
+        ));
     }
 }
 
 #[tokio::test]
 async fn huge_option_reply_is_refused_without_allocating() {
-    let (_dir, addr, server) = fake_server(FakeHandshake { huge_option_reply: true, ..Default::default() }).await;
-    let res = tokio::time::timeout(BOUND, Client::connect(addr, ConnectOptions::default())).await.unwrap();
+    let (_dir, addr, server) = fake_server(FakeHandshake {
+        huge_option_reply: true,
+        ..Default::default()
+    })
+    .await;
+    let res = tokio::time::timeout(BOUND, Client::connect(addr, ConnectOptions::default()))
+        .await
+        .unwrap();
     let err = res.unwrap_err();
-    assert!(matches!(&err, ClientError::Handshake { reason, .. } if reason.contains("exceeds")), "{err}");
+    assert!(
+        matches!(&err, ClientError::Handshake { reason, .. } if reason.contains("exceeds")),
+        "{err}"
+    );
     drop(server);
 }

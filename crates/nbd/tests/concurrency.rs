@@ -14,7 +14,8 @@ async fn many_in_flight_replies_out_of_order() {
     let (mut c, _, _) = RawClient::open(&h.path, "slow", false).await;
     let n = 32u64;
     for i in 0..n {
-        c.send(CMD_WRITE, 0, i, i * 4096, 4096, &vec![i as u8; 4096]).await;
+        c.send(CMD_WRITE, 0, i, i * 4096, 4096, &vec![i as u8; 4096])
+            .await;
     }
     let mut order = Vec::new();
     for _ in 0..n {
@@ -24,14 +25,25 @@ async fn many_in_flight_replies_out_of_order() {
     }
     let mut sorted = order.clone();
     sorted.sort();
-    assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "every request answered once");
+    assert_eq!(
+        sorted,
+        (0..n).collect::<Vec<_>>(),
+        "every request answered once"
+    );
     assert_ne!(order, sorted, "a slow device should complete out of order");
-    assert!(h.exports.slow.peak.load(Ordering::SeqCst) > 1, "requests ran concurrently");
+    assert!(
+        h.exports.slow.peak.load(Ordering::SeqCst) > 1,
+        "requests ran concurrently"
+    );
     // Reads see the writes.
     for i in [0u64, 7, 31] {
         c.send(CMD_READ, 0, 100 + i, i * 4096, 4096, &[]).await;
         match c.reply(4096).await {
-            Reply::Simple { error: 0, data, handle } => {
+            Reply::Simple {
+                error: 0,
+                data,
+                handle,
+            } => {
                 assert_eq!(handle, 100 + i);
                 assert!(data.iter().all(|&b| b == i as u8));
             }
@@ -45,7 +57,10 @@ async fn many_in_flight_replies_out_of_order() {
 /// no more than the configured number per connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_start_as_requests_need_them() {
-    let h = start_with(vdstream_nbd::ServerConfig { threads_per_connection: 6, ..Default::default() });
+    let h = start_with(vdstream_nbd::ServerConfig {
+        threads_per_connection: 6,
+        ..Default::default()
+    });
     let mut idle = Vec::new();
     for _ in 0..5 {
         let (mut c, _, _) = RawClient::open(&h.path, "slow", false).await;
@@ -62,8 +77,14 @@ async fn workers_start_as_requests_need_them() {
         assert_eq!(c.reply(0).await.error(), 0);
     }
     let grown = workers();
-    assert!(grown > 5 && grown <= 5 + 5, "the busy connection grew to at most 6 workers: {grown} in all");
-    assert!(h.exports.slow.peak.load(Ordering::SeqCst) > 1, "its slow writes ran side by side");
+    assert!(
+        grown > 5 && grown <= 5 + 5,
+        "the busy connection grew to at most 6 workers: {grown} in all"
+    );
+    assert!(
+        h.exports.slow.peak.load(Ordering::SeqCst) > 1,
+        "its slow writes ran side by side"
+    );
     drop(idle);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while workers() > 0 && std::time::Instant::now() < deadline {
@@ -87,7 +108,8 @@ async fn turns_concurrent_again_when_a_fast_device_slows_down() {
     }
     let n = 16u64;
     for i in 0..n {
-        c.send(CMD_WRITE, 0, 1000 + i, i * 4096, 4096, &vec![i as u8; 4096]).await;
+        c.send(CMD_WRITE, 0, 1000 + i, i * 4096, 4096, &vec![i as u8; 4096])
+            .await;
     }
     let mut order = Vec::new();
     for _ in 0..n {
@@ -97,8 +119,15 @@ async fn turns_concurrent_again_when_a_fast_device_slows_down() {
     }
     let mut sorted = order.clone();
     sorted.sort();
-    assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "every request answered once");
-    assert!(h.exports.slow.peak.load(Ordering::SeqCst) > 1, "slow writes ran side by side");
+    assert_eq!(
+        sorted,
+        (0..n).collect::<Vec<_>>(),
+        "every request answered once"
+    );
+    assert!(
+        h.exports.slow.peak.load(Ordering::SeqCst) > 1,
+        "slow writes ran side by side"
+    );
     assert_ne!(order, sorted, "slow writes complete out of order");
 }
 
@@ -112,7 +141,8 @@ async fn batches_reach_a_device_that_prefers_them() {
         let (mut c, _, _) = RawClient::open(&h.path, "batched", structured).await;
         let n = 48u64;
         for i in 0..n {
-            c.send(CMD_WRITE, 0, i, i * 4096, 4096, &vec![i as u8 + 1; 4096]).await;
+            c.send(CMD_WRITE, 0, i, i * 4096, 4096, &vec![i as u8 + 1; 4096])
+                .await;
             if i == 20 {
                 c.send(CMD_FLUSH, 0, 500, 0, 0, &[]).await;
                 c.send(CMD_READ, 0, 501, DISK, 4096, &[]).await; // out of range: refused
@@ -137,8 +167,17 @@ async fn batches_reach_a_device_that_prefers_them() {
         }
         for _ in 0..n {
             let (handle, data) = match c.reply(4096).await {
-                Reply::Simple { error: 0, data, handle } => (handle, data),
-                Reply::Chunk { flags, kind: REPLY_TYPE_OFFSET_DATA, handle, payload: data } => {
+                Reply::Simple {
+                    error: 0,
+                    data,
+                    handle,
+                } => (handle, data),
+                Reply::Chunk {
+                    flags,
+                    kind: REPLY_TYPE_OFFSET_DATA,
+                    handle,
+                    payload: data,
+                } => {
                     assert_ne!(flags & REPLY_FLAG_DONE, 0, "one chunk per read");
                     let off = u64::from_be_bytes(data[..8].try_into().unwrap());
                     assert_eq!(off, (handle - 1000) * 4096);
@@ -147,11 +186,21 @@ async fn batches_reach_a_device_that_prefers_them() {
                 r => panic!("{r:?}"),
             };
             let i = handle - 1000;
-            assert!(data.iter().all(|&b| b == i as u8 + 1), "read {i} (structured: {structured})");
+            assert!(
+                data.iter().all(|&b| b == i as u8 + 1),
+                "read {i} (structured: {structured})"
+            );
         }
         let batches = h.exports.batched.batches.lock().unwrap().clone();
-        assert!(batches.iter().any(|&b| b > 1), "requests in flight together went down together: {batches:?}");
-        assert_eq!(batches.iter().sum::<usize>() as u64, 2 * n, "every read and write went through io_batch once");
+        assert!(
+            batches.iter().any(|&b| b > 1),
+            "requests in flight together went down together: {batches:?}"
+        );
+        assert_eq!(
+            batches.iter().sum::<usize>() as u64,
+            2 * n,
+            "every read and write went through io_batch once"
+        );
     }
 }
 
@@ -162,7 +211,8 @@ async fn drain_answers_in_flight_requests_then_closes() {
     let (mut fast, _, _) = RawClient::open(&h.path, "disk", false).await;
     let n = 16u64;
     for i in 0..n {
-        slow.send(CMD_WRITE, 0, i, i * 4096, 4096, &[1u8; 4096]).await;
+        slow.send(CMD_WRITE, 0, i, i * 4096, 4096, &[1u8; 4096])
+            .await;
     }
     // Let the server read them, then shut down while they sleep in the device.
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -177,7 +227,9 @@ async fn drain_answers_in_flight_requests_then_closes() {
     assert_eq!(handles, (0..n).collect::<Vec<_>>());
     assert!(slow.closed().await);
     assert!(fast.closed().await);
-    let served = tokio::time::timeout(Duration::from_secs(10), h.task).await.expect("serve returned after drain");
+    let served = tokio::time::timeout(Duration::from_secs(10), h.task)
+        .await
+        .expect("serve returned after drain");
     served.unwrap().unwrap();
     // No new connections after shutdown.
     assert!(tokio::net::UnixStream::connect(&h.path).await.is_err());
@@ -212,7 +264,10 @@ async fn abusive_connection_does_not_disturb_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backpressure_bounds_in_flight_bytes() {
     // A tiny budget: the server must still answer everything (one at a time if need be).
-    let h = start_with(vdstream_nbd::ServerConfig { max_in_flight_bytes: 1, ..Default::default() });
+    let h = start_with(vdstream_nbd::ServerConfig {
+        max_in_flight_bytes: 1,
+        ..Default::default()
+    });
     let (mut c, _, _) = RawClient::open(&h.path, "slow", false).await;
     for i in 0..8u64 {
         c.send(CMD_WRITE, 0, i, i * 4096, 4096, &[3u8; 4096]).await;

@@ -11,18 +11,32 @@ async fn go_reports_size_flags_and_block_size() {
     let h = start();
     let mut c = RawClient::connect(&h.path).await;
     c.greet(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).await;
-    let replies = c.option(OPT_GO, &info_data("disk", &[INFO_BLOCK_SIZE, INFO_NAME, INFO_DESCRIPTION])).await;
+    let replies = c
+        .option(
+            OPT_GO,
+            &info_data("disk", &[INFO_BLOCK_SIZE, INFO_NAME, INFO_DESCRIPTION]),
+        )
+        .await;
     assert_eq!(replies.last().unwrap().kind, REP_ACK);
     let (size, flags) = export_info(&replies);
     assert_eq!(size, DISK);
     assert_ne!(flags & FLAG_HAS_FLAGS, 0);
     assert_ne!(flags & FLAG_SEND_TRIM, 0, "MemoryDev trims");
     assert_eq!(flags & FLAG_SEND_DF, 0, "no DF without structured replies");
-    let bs = replies.iter().find(|r| r.kind == REP_INFO && r.data[0..2] == INFO_BLOCK_SIZE.to_be_bytes()).unwrap();
+    let bs = replies
+        .iter()
+        .find(|r| r.kind == REP_INFO && r.data[0..2] == INFO_BLOCK_SIZE.to_be_bytes())
+        .unwrap();
     assert_eq!(&bs.data[2..], &[0, 0, 0, 1, 0, 0, 0x10, 0, 0x02, 0, 0, 0]);
-    let name = replies.iter().find(|r| r.kind == REP_INFO && r.data[0..2] == INFO_NAME.to_be_bytes()).unwrap();
+    let name = replies
+        .iter()
+        .find(|r| r.kind == REP_INFO && r.data[0..2] == INFO_NAME.to_be_bytes())
+        .unwrap();
     assert_eq!(&name.data[2..], b"disk");
-    let desc = replies.iter().find(|r| r.kind == REP_INFO && r.data[0..2] == INFO_DESCRIPTION.to_be_bytes()).unwrap();
+    let desc = replies
+        .iter()
+        .find(|r| r.kind == REP_INFO && r.data[0..2] == INFO_DESCRIPTION.to_be_bytes())
+        .unwrap();
     assert_eq!(&desc.data[2..], b"a test disk");
     // Transmission works right after GO.
     assert_eq!(c.call(CMD_WRITE, 0, 0, 4, b"abcd").await, 0);
@@ -37,7 +51,10 @@ async fn info_then_unknown_option_then_go() {
     let info = c.option(OPT_INFO, &info_data("ro", &[])).await;
     let (_, flags) = export_info(&info);
     assert_ne!(flags & FLAG_READ_ONLY, 0);
-    assert_eq!(flags & (FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FUA), 0);
+    assert_eq!(
+        flags & (FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FUA),
+        0
+    );
     let r = c.option(0x1234, b"whatever").await;
     assert_eq!(r[0].kind, REP_ERR_UNSUP);
     let r = c.option(OPT_EXTENDED_HEADERS, &[]).await;
@@ -79,13 +96,22 @@ async fn meta_contexts() {
     let r = c.set_meta("disk", &["base:allocation"]).await;
     assert_eq!(r[0].kind, REP_ERR_INVALID);
     c.structured().await;
-    let r = c.option(OPT_LIST_META_CONTEXT, &meta_data("disk", &["base:"])).await;
+    let r = c
+        .option(OPT_LIST_META_CONTEXT, &meta_data("disk", &["base:"]))
+        .await;
     assert_eq!(r.len(), 2);
     assert_eq!(r[0].kind, REP_META_CONTEXT);
     assert_eq!(&r[0].data[4..], b"base:allocation");
-    let r = c.option(OPT_LIST_META_CONTEXT, &meta_data("disk", &[])).await;
+    let r = c
+        .option(OPT_LIST_META_CONTEXT, &meta_data("disk", &[]))
+        .await;
     assert_eq!(r[0].kind, REP_META_CONTEXT);
-    let r = c.option(OPT_LIST_META_CONTEXT, &meta_data("disk", &["qemu:dirty-bitmap:a"])).await;
+    let r = c
+        .option(
+            OPT_LIST_META_CONTEXT,
+            &meta_data("disk", &["qemu:dirty-bitmap:a"]),
+        )
+        .await;
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].kind, REP_ACK);
     let r = c.set_meta("disk", &["base:"]).await;
@@ -103,7 +129,12 @@ async fn meta_contexts() {
     c.send(CMD_BLOCK_STATUS, 0, 3, 0, 8192, &[]).await;
     let chunks = c.chunks().await;
     match &chunks[0] {
-        Reply::Chunk { kind, payload, flags, .. } => {
+        Reply::Chunk {
+            kind,
+            payload,
+            flags,
+            ..
+        } => {
             assert_eq!(*kind, REPLY_TYPE_BLOCK_STATUS);
             assert_ne!(flags & REPLY_FLAG_DONE, 0);
             assert_eq!(u32::from_be_bytes(payload[0..4].try_into().unwrap()), id);
@@ -152,7 +183,8 @@ async fn export_name_with_and_without_zeroes() {
     let h = start();
     for no_zeroes in [true, false] {
         let mut c = RawClient::connect(&h.path).await;
-        c.greet(FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 }).await;
+        c.greet(FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 })
+            .await;
         c.send_option(OPT_EXPORT_NAME, b"disk").await;
         let mut b = [0u8; 10];
         c.read_exact(&mut b).await;
@@ -163,7 +195,11 @@ async fn export_name_with_and_without_zeroes() {
             assert!(z.iter().all(|&x| x == 0));
         }
         // The next bytes are replies to our requests, not padding.
-        assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]).await, 0, "the memory disk answers flush");
+        assert_eq!(
+            c.call(CMD_FLUSH, 0, 0, 0, &[]).await,
+            0,
+            "the memory disk answers flush"
+        );
     }
     // An unknown export via EXPORT_NAME cannot be refused politely: disconnect.
     let mut c = RawClient::connect(&h.path).await;
@@ -177,7 +213,9 @@ async fn bad_magic_and_client_flags_disconnect() {
     let h = start();
     let mut c = RawClient::connect(&h.path).await;
     c.greet(FLAG_C_FIXED_NEWSTYLE).await;
-    c.s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    c.s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
     assert!(c.closed().await);
 
     let mut c = RawClient::connect(&h.path).await;
@@ -199,14 +237,22 @@ async fn oversized_option_disconnects_without_reading_it() {
     m.extend_from_slice(&u32::MAX.to_be_bytes());
     c.s.write_all(&m).await.unwrap();
     assert!(c.closed().await);
-    assert_eq!(h.stats.handshakes_failed.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        h.stats
+            .handshakes_failed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
     let (mut c, _, _) = RawClient::open(&h.path, "disk", false).await;
     assert_eq!(c.call(CMD_READ, 0, 0, 512, &[]).await, 0);
 }
 
 #[tokio::test]
 async fn stalled_handshake_times_out() {
-    let h = start_with(vdstream_nbd::ServerConfig { handshake_timeout: std::time::Duration::from_millis(200), ..Default::default() });
+    let h = start_with(vdstream_nbd::ServerConfig {
+        handshake_timeout: std::time::Duration::from_millis(200),
+        ..Default::default()
+    });
     let mut c = RawClient::connect(&h.path).await;
     c.greet(FLAG_C_FIXED_NEWSTYLE).await;
     // Send half an option header and stall.
@@ -220,7 +266,10 @@ async fn stalled_handshake_times_out() {
 async fn slow_endless_handshake_is_bounded_as_a_whole() {
     // Every option arrives whole and in time, but the handshake never ends: the server
     // must still close it, after a few handshake timeouts (4 x 300 ms here).
-    let h = start_with(vdstream_nbd::ServerConfig { handshake_timeout: std::time::Duration::from_millis(300), ..Default::default() });
+    let h = start_with(vdstream_nbd::ServerConfig {
+        handshake_timeout: std::time::Duration::from_millis(300),
+        ..Default::default()
+    });
     let mut c = RawClient::connect(&h.path).await;
     c.greet(FLAG_C_FIXED_NEWSTYLE).await;
     let t = std::time::Instant::now();
@@ -236,6 +285,12 @@ async fn slow_endless_handshake_is_bounded_as_a_whole() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let took = t.elapsed();
-    assert!(answered >= 5, "options sent in time were answered before the cut ({answered})");
-    assert!(took >= std::time::Duration::from_millis(900) && took < std::time::Duration::from_secs(3), "closed after {took:?}");
+    assert!(
+        answered >= 5,
+        "options sent in time were answered before the cut ({answered})"
+    );
+    assert!(
+        took >= std::time::Duration::from_millis(900) && took < std::time::Duration::from_secs(3),
+        "closed after {took:?}"
+    );
 }

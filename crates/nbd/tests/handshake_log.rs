@@ -51,15 +51,23 @@ async fn a_flood_of_failed_handshakes_is_logged_at_a_bounded_rate_and_counted_in
     }
     // The server counts every failure ...
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while h.stats.handshakes_failed.load(Ordering::Relaxed) < ATTEMPTS as u64 && std::time::Instant::now() < deadline {
+    while h.stats.handshakes_failed.load(Ordering::Relaxed) < ATTEMPTS as u64
+        && std::time::Instant::now() < deadline
+    {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert_eq!(h.stats.handshakes_failed.load(Ordering::Relaxed), ATTEMPTS as u64);
+    assert_eq!(
+        h.stats.handshakes_failed.load(Ordering::Relaxed),
+        ATTEMPTS as u64
+    );
     // ... and logs a bounded number of them: the limiter's burst (20) plus what its rate
     // (10 a second) refills while the flood lasts.
     let logged = lines.failed.load(Ordering::Relaxed);
     assert!(logged >= 1, "the first failures are logged");
-    assert!(logged < ATTEMPTS / 2, "{logged} of {ATTEMPTS} failed handshakes were logged one line each");
+    assert!(
+        logged < ATTEMPTS / 2,
+        "{logged} of {ATTEMPTS} failed handshakes were logged one line each"
+    );
 
     // After a pause the next failure is logged again, preceded by the count held back. (A
     // flood slowed by a busy machine may already have had such lines while it lasted, as
@@ -71,8 +79,13 @@ async fn a_flood_of_failed_handshakes_is_logged_at_a_bounded_rate_and_counted_in
     c.s.write_all(&[0xde; 16]).await.unwrap();
     assert!(c.closed().await);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while lines.suppressed.load(Ordering::Relaxed) == before && std::time::Instant::now() < deadline {
+    while lines.suppressed.load(Ordering::Relaxed) == before && std::time::Instant::now() < deadline
+    {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert_eq!(lines.suppressed.load(Ordering::Relaxed), before + 1, "one line says how many were held back");
+    assert_eq!(
+        lines.suppressed.load(Ordering::Relaxed),
+        before + 1,
+        "one line says how many were held back"
+    );
 }

@@ -20,8 +20,19 @@ fn tool(name: &str) -> Option<String> {
 
 async fn run(cmd: Vec<String>) -> (bool, String) {
     tokio::task::spawn_blocking(move || {
-        let out = Command::new(&cmd[0]).args(&cmd[1..]).env("PATH", "/usr/bin:/bin").output().unwrap();
-        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+        let out = Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
     })
     .await
     .unwrap()
@@ -29,7 +40,9 @@ async fn run(cmd: Vec<String>) -> (bool, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nbdinfo_sees_export_and_contexts() {
-    let Some(nbdinfo) = tool("nbdinfo") else { return };
+    let Some(nbdinfo) = tool("nbdinfo") else {
+        return;
+    };
     let h = start();
     let uri = format!("nbd+unix:///disk?socket={}", h.path.display());
     let (ok, out) = run(vec![nbdinfo.clone(), "--json".into(), uri]).await;
@@ -37,9 +50,17 @@ async fn nbdinfo_sees_export_and_contexts() {
     assert!(out.contains(&format!("\"export-size\": {DISK}")), "{out}");
     assert!(out.contains("base:allocation"), "{out}");
     assert!(out.contains("\"block_size_preferred\": 4096"), "{out}");
-    let (ok, out) = run(vec![nbdinfo, "--list".into(), format!("nbd+unix://?socket={}", h.path.display())]).await;
+    let (ok, out) = run(vec![
+        nbdinfo,
+        "--list".into(),
+        format!("nbd+unix://?socket={}", h.path.display()),
+    ])
+    .await;
     assert!(ok, "nbdinfo --list failed: {out}");
-    assert!(out.contains("export=\"disk\"") || out.contains("disk"), "{out}");
+    assert!(
+        out.contains("export=\"disk\"") || out.contains("disk"),
+        "{out}"
+    );
     assert!(out.contains("ro"), "{out}");
 }
 
@@ -48,7 +69,9 @@ async fn nbdsh_reads_writes_zeroes_and_block_status() {
     let Some(nbdsh) = tool("nbdsh") else { return };
     let h = start();
     let uri = format!("nbd+unix:///disk?socket={}", h.path.display());
-    let script = format!("h = nbd.NBD()\nh.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)\nh.connect_uri({uri:?})\n") + r#"
+    let script = format!(
+        "h = nbd.NBD()\nh.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)\nh.connect_uri({uri:?})\n"
+    ) + r#"
 h.pwrite(b"hello world" * 100, 4096)
 assert h.pread(11, 4096) == b"hello world"
 h.zero(8192, 4096)

@@ -21,7 +21,10 @@ use vdstream_nbd::{Server, ServerConfig, ShutdownSignal};
 fn connection_threads() -> Vec<String> {
     let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
     let names = tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok());
-    names.map(|n| n.trim_end().to_string()).filter(|n| n == "nbd-session" || n == "nbd-worker").collect()
+    names
+        .map(|n| n.trim_end().to_string())
+        .filter(|n| n == "nbd-session" || n == "nbd-worker")
+        .collect()
 }
 
 /// A connection served on a task of its own, as the accept loop serves it; the client end
@@ -29,7 +32,11 @@ fn connection_threads() -> Vec<String> {
 async fn connect(server: &Arc<Server>, export: &str) -> (RawClient, tokio::task::JoinHandle<()>) {
     let (client, served) = UnixStream::pair().unwrap();
     let server = server.clone();
-    let task = tokio::spawn(async move { server.serve_unix_stream(served, ShutdownSignal::never()).await });
+    let task = tokio::spawn(async move {
+        server
+            .serve_unix_stream(served, ShutdownSignal::never())
+            .await
+    });
     let mut c = RawClient { s: client };
     c.greet(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).await;
     c.go(export).await;
@@ -38,8 +45,18 @@ async fn connect(server: &Arc<Server>, export: &str) -> (RawClient, tokio::task:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_thread_outlives_its_connection() {
-    let exports = Arc::new(TestExports { disk: Arc::new(MemoryDev::new(DISK)), slow: Arc::new(SlowDev::new()), batched: Arc::new(BatchDev::new()) });
-    let server = Arc::new(Server::new(exports, ServerConfig { threads_per_connection: 4, ..Default::default() }));
+    let exports = Arc::new(TestExports {
+        disk: Arc::new(MemoryDev::new(DISK)),
+        slow: Arc::new(SlowDev::new()),
+        batched: Arc::new(BatchDev::new()),
+    });
+    let server = Arc::new(Server::new(
+        exports,
+        ServerConfig {
+            threads_per_connection: 4,
+            ..Default::default()
+        },
+    ));
 
     // To its end: the reads pipelined on "slow" start workers beside the session thread,
     // and on "batched" more batch runners.
@@ -48,7 +65,14 @@ async fn no_thread_outlives_its_connection() {
         let (mut c, task) = connect(&server, export).await;
         let mut wire = Vec::new();
         for handle in 0..8u64 {
-            let h = RequestHeader { magic: REQUEST_MAGIC, flags: 0, command: CMD_READ, handle, offset: handle * 4096, length: 4096 };
+            let h = RequestHeader {
+                magic: REQUEST_MAGIC,
+                flags: 0,
+                command: CMD_READ,
+                handle,
+                offset: handle * 4096,
+                length: 4096,
+            };
             wire.extend_from_slice(&h.encode());
         }
         c.s.write_all(&wire).await.unwrap();
@@ -56,14 +80,21 @@ async fn no_thread_outlives_its_connection() {
             assert_eq!(c.reply(4096).await.error(), 0);
         }
         c.send(CMD_DISC, 0, 99, 0, 0, &[]).await;
-        tokio::time::timeout(Duration::from_secs(10), task).await.expect("the connection ended").unwrap();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the connection ended")
+            .unwrap();
         // A joined thread has run to its end, thread-local destructors included; the
         // kernel may list its task a moment longer, until it has released it.
         let deadline = Instant::now() + Duration::from_millis(500);
         while !connection_threads().is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(connection_threads(), Vec::<String>::new(), "round {round} ({export}): threads left after the connection's future returned");
+        assert_eq!(
+            connection_threads(),
+            Vec::<String>::new(),
+            "round {round} ({export}): threads left after the connection's future returned"
+        );
     }
 
     // Cancelled: the task that serves an idle connection is aborted (a server future
@@ -74,10 +105,17 @@ async fn no_thread_outlives_its_connection() {
     assert_eq!(connection_threads(), vec!["nbd-session".to_string()]);
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
-    assert!(c.closed().await, "the connection of a cancelled task was still open");
+    assert!(
+        c.closed().await,
+        "the connection of a cancelled task was still open"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while !connection_threads().is_empty() {
-        assert!(Instant::now() < deadline, "a cancelled connection's threads still run: {:?}", connection_threads());
+        assert!(
+            Instant::now() < deadline,
+            "a cancelled connection's threads still run: {:?}",
+            connection_threads()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

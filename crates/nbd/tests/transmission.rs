@@ -9,25 +9,81 @@ use vdstream_nbd::proto::*;
 async fn validation_errnos_simple_replies() {
     let h = start();
     let (mut c, size, _) = RawClient::open(&h.path, "disk", false).await;
-    assert_eq!(c.call(CMD_READ, 0, size, 1, &[]).await, EINVAL, "read past the end");
-    assert_eq!(c.call(CMD_READ, 0, u64::MAX - 1, 4, &[]).await, EINVAL, "offset overflow");
-    assert_eq!(c.call(CMD_READ, 0, 0, MAX_PAYLOAD + 1, &[]).await, EINVAL, "read too long");
+    assert_eq!(
+        c.call(CMD_READ, 0, size, 1, &[]).await,
+        EINVAL,
+        "read past the end"
+    );
+    assert_eq!(
+        c.call(CMD_READ, 0, u64::MAX - 1, 4, &[]).await,
+        EINVAL,
+        "offset overflow"
+    );
+    assert_eq!(
+        c.call(CMD_READ, 0, 0, MAX_PAYLOAD + 1, &[]).await,
+        EINVAL,
+        "read too long"
+    );
     assert_eq!(c.call(CMD_READ, 0, 0, 0, &[]).await, EINVAL, "zero length");
-    assert_eq!(c.call(CMD_WRITE, 0, size - 2, 4, b"abcd").await, ENOSPC, "write past the end");
-    assert_eq!(c.call(CMD_WRITE_ZEROES, 0, size, 4096, &[]).await, ENOSPC, "zero past the end");
-    assert_eq!(c.call(CMD_TRIM, 0, size, 4096, &[]).await, EINVAL, "trim past the end");
+    assert_eq!(
+        c.call(CMD_WRITE, 0, size - 2, 4, b"abcd").await,
+        ENOSPC,
+        "write past the end"
+    );
+    assert_eq!(
+        c.call(CMD_WRITE_ZEROES, 0, size, 4096, &[]).await,
+        ENOSPC,
+        "zero past the end"
+    );
+    assert_eq!(
+        c.call(CMD_TRIM, 0, size, 4096, &[]).await,
+        EINVAL,
+        "trim past the end"
+    );
     assert_eq!(c.call(42, 0, 0, 1, &[]).await, EINVAL, "unknown command");
-    assert_eq!(c.call(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1, &[]).await, EINVAL, "flag not for READ");
-    assert_eq!(c.call(CMD_READ, CMD_FLAG_DF, 0, 1, &[]).await, EINVAL, "DF without structured replies");
-    assert_eq!(c.call(CMD_READ, 1 << 12, 0, 1, &[]).await, EINVAL, "unknown flag");
-    assert_eq!(c.call(CMD_BLOCK_STATUS, 0, 0, 512, &[]).await, EINVAL, "block status without context");
-    assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]).await, 0, "flush is advertised by the memory disk");
-    assert_eq!(c.call(CMD_CACHE, 0, 0, 512, &[]).await, 0, "cache is advertised by the memory disk");
+    assert_eq!(
+        c.call(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1, &[]).await,
+        EINVAL,
+        "flag not for READ"
+    );
+    assert_eq!(
+        c.call(CMD_READ, CMD_FLAG_DF, 0, 1, &[]).await,
+        EINVAL,
+        "DF without structured replies"
+    );
+    assert_eq!(
+        c.call(CMD_READ, 1 << 12, 0, 1, &[]).await,
+        EINVAL,
+        "unknown flag"
+    );
+    assert_eq!(
+        c.call(CMD_BLOCK_STATUS, 0, 0, 512, &[]).await,
+        EINVAL,
+        "block status without context"
+    );
+    assert_eq!(
+        c.call(CMD_FLUSH, 0, 0, 0, &[]).await,
+        0,
+        "flush is advertised by the memory disk"
+    );
+    assert_eq!(
+        c.call(CMD_CACHE, 0, 0, 512, &[]).await,
+        0,
+        "cache is advertised by the memory disk"
+    );
     // Commands the export does not advertise are refused.
     let (mut ro, _, ro_flags) = RawClient::open(&h.path, "ro", false).await;
     assert_eq!(ro_flags & (FLAG_SEND_FLUSH | FLAG_SEND_CACHE), 0);
-    assert_eq!(ro.call(CMD_FLUSH, 0, 0, 0, &[]).await, EINVAL, "flush not advertised");
-    assert_eq!(ro.call(CMD_CACHE, 0, 0, 512, &[]).await, EINVAL, "cache not advertised");
+    assert_eq!(
+        ro.call(CMD_FLUSH, 0, 0, 0, &[]).await,
+        EINVAL,
+        "flush not advertised"
+    );
+    assert_eq!(
+        ro.call(CMD_CACHE, 0, 0, 512, &[]).await,
+        EINVAL,
+        "cache not advertised"
+    );
     // After all that, the stream is in sync.
     assert_eq!(c.call(CMD_WRITE, 0, 100, 3, b"xyz").await, 0);
     assert_eq!(c.read(100, 3).await, b"xyz");
@@ -57,7 +113,10 @@ async fn refused_write_payload_is_skipped() {
     if let Reply::Chunk { kind, payload, .. } = &r1 {
         assert_eq!(*kind, REPLY_TYPE_ERROR);
         let len = u16::from_be_bytes([payload[4], payload[5]]) as usize;
-        assert!(!String::from_utf8_lossy(&payload[6..6 + len]).is_empty(), "error chunks carry a message");
+        assert!(
+            !String::from_utf8_lossy(&payload[6..6 + len]).is_empty(),
+            "error chunks carry a message"
+        );
     } else {
         panic!("structured replies negotiated: errors come as chunks, got {r1:?}");
     }
@@ -87,7 +146,9 @@ async fn oversized_write_disconnects_only_that_connection() {
     let (mut c, _, _) = RawClient::open(&h.path, "disk", false).await;
     c.send(CMD_READ, 0, 1, 0, 4, &[]).await;
     // Bad magic mid-stream: disconnect.
-    tokio::io::AsyncWriteExt::write_all(&mut c.s, &[0u8; 28]).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut c.s, &[0u8; 28])
+        .await
+        .unwrap();
     let _ = c.reply(4).await;
     assert!(c.closed().await);
     assert_eq!(other.call(CMD_WRITE, 0, 0, 2, b"ok").await, 0);
@@ -106,7 +167,15 @@ async fn structured_read_holes_and_df() {
     let mut image = vec![0xAAu8; 16384];
     let mut covered = 0;
     for ch in &chunks {
-        let Reply::Chunk { kind, payload, handle, .. } = ch else { panic!("simple reply to a structured read") };
+        let Reply::Chunk {
+            kind,
+            payload,
+            handle,
+            ..
+        } = ch
+        else {
+            panic!("simple reply to a structured read")
+        };
         assert_eq!(*handle, 2);
         let off = u64::from_be_bytes(payload[0..8].try_into().unwrap()) as usize;
         match *kind {
@@ -140,13 +209,34 @@ async fn structured_read_holes_and_df() {
     // An invalid structured read is an error chunk, never a simple reply.
     c.send(CMD_READ, 0, 4, 1 << 40, 512, &[]).await;
     let chunks = c.chunks().await;
-    assert!(matches!(chunks[0], Reply::Chunk { kind: REPLY_TYPE_ERROR, .. }));
+    assert!(matches!(
+        chunks[0],
+        Reply::Chunk {
+            kind: REPLY_TYPE_ERROR,
+            ..
+        }
+    ));
     assert_eq!(chunks[0].error(), EINVAL);
 }
 
 fn descriptors(r: &Reply) -> Vec<(u32, u32)> {
-    let Reply::Chunk { kind: REPLY_TYPE_BLOCK_STATUS, payload, .. } = r else { panic!("not block status: {r:?}") };
-    payload[4..].chunks(8).map(|d| (u32::from_be_bytes(d[0..4].try_into().unwrap()), u32::from_be_bytes(d[4..8].try_into().unwrap()))).collect()
+    let Reply::Chunk {
+        kind: REPLY_TYPE_BLOCK_STATUS,
+        payload,
+        ..
+    } = r
+    else {
+        panic!("not block status: {r:?}")
+    };
+    payload[4..]
+        .chunks(8)
+        .map(|d| {
+            (
+                u32::from_be_bytes(d[0..4].try_into().unwrap()),
+                u32::from_be_bytes(d[4..8].try_into().unwrap()),
+            )
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -160,7 +250,8 @@ async fn block_status_and_req_one() {
     let total: u64 = d.iter().map(|x| x.0 as u64).sum();
     assert!(total <= 65536 && total > 0);
     assert!(d.iter().all(|x| x.0 > 0));
-    c.send(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 3, 0, 65536, &[]).await;
+    c.send(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 3, 0, 65536, &[])
+        .await;
     let d = descriptors(&c.chunks().await[0]);
     assert_eq!(d.len(), 1);
     assert!(d[0].0 <= 65536);
@@ -175,12 +266,17 @@ async fn write_zeroes_trim_and_fast_zero() {
     assert_ne!(flags & FLAG_SEND_WRITE_ZEROES, 0);
     c.send(CMD_WRITE, 0, 1, 0, 8192, &[9u8; 8192]).await;
     assert_eq!(c.reply(0).await.error(), 0);
-    c.send(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 2, 0, 4096, &[]).await;
+    c.send(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 2, 0, 4096, &[])
+        .await;
     assert_eq!(c.reply(0).await.error(), 0);
     if flags & FLAG_SEND_FAST_ZERO != 0 {
-        c.send(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 3, 4096, 4096, &[]).await;
+        c.send(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 3, 4096, 4096, &[])
+            .await;
         let e = c.reply(0).await.error();
-        assert!(e == 0 || e == ENOTSUP, "fast zero may only fail with ENOTSUP, got {e}");
+        assert!(
+            e == 0 || e == ENOTSUP,
+            "fast zero may only fail with ENOTSUP, got {e}"
+        );
     }
     c.send(CMD_TRIM, 0, 4, 4096, 4096, &[]).await;
     assert_eq!(c.reply(0).await.error(), 0);

@@ -15,7 +15,9 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjPath;
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+use object_store::{
+    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+};
 
 use crate::error::{Error, Result};
 
@@ -37,17 +39,31 @@ impl S3Location {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         let prefix = prefix.trim_matches('/').to_string();
         let ok_bucket = (3..=63).contains(&bucket.len())
-            && bucket.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-            && bucket.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric());
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && bucket
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphanumeric());
         if !ok_bucket {
             return Some(Err(Error::BadInput(format!(
                 "{text:?}: {bucket:?} is not a bucket name (3 to 63 lowercase letters, digits, '-' and '.'); write the store as s3://BUCKET/PREFIX"
             ))));
         }
-        if prefix.split('/').any(|p| p.is_empty() || p == "." || p == "..") && !prefix.is_empty() {
-            return Some(Err(Error::BadInput(format!("{text:?}: the prefix has an empty, '.' or '..' part; write it as s3://BUCKET/a/b"))));
+        if prefix
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..")
+            && !prefix.is_empty()
+        {
+            return Some(Err(Error::BadInput(format!(
+                "{text:?}: the prefix has an empty, '.' or '..' part; write it as s3://BUCKET/a/b"
+            ))));
         }
-        Some(Ok(S3Location { bucket: bucket.to_string(), prefix }))
+        Some(Ok(S3Location {
+            bucket: bucket.to_string(),
+            prefix,
+        }))
     }
 
     /// The object key of `rel` (a path inside the store, '/'-separated).
@@ -93,12 +109,18 @@ impl S3Config {
                 t.parse::<f64>()
                     .ok()
                     .filter(|s| *s > 0.0 && *s <= 3600.0)
-                    .ok_or_else(|| Error::BadInput(format!("VDSTREAM_S3_TIMEOUT={t:?}: give seconds, more than 0 and at most 3600")))?,
+                    .ok_or_else(|| {
+                        Error::BadInput(format!(
+                            "VDSTREAM_S3_TIMEOUT={t:?}: give seconds, more than 0 and at most 3600"
+                        ))
+                    })?,
             ),
         };
         Ok(S3Config {
             endpoint: var("AWS_ENDPOINT_URL_S3").or_else(|| var("AWS_ENDPOINT_URL")),
-            region: var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")).unwrap_or_else(|| "us-east-1".into()),
+            region: var("AWS_REGION")
+                .or_else(|| var("AWS_DEFAULT_REGION"))
+                .unwrap_or_else(|| "us-east-1".into()),
             access_key_id: var("AWS_ACCESS_KEY_ID"),
             secret_access_key: var("AWS_SECRET_ACCESS_KEY"),
             timeout,
@@ -108,9 +130,19 @@ impl S3Config {
 
 /// Whether `endpoint` (a URL) names a loopback host.
 fn is_loopback(endpoint: &str) -> bool {
-    let host = endpoint.split("://").nth(1).unwrap_or(endpoint).split('/').next().unwrap_or("");
+    let host = endpoint
+        .split("://")
+        .nth(1)
+        .unwrap_or(endpoint)
+        .split('/')
+        .next()
+        .unwrap_or("");
     let host = host.rsplit_once('@').map(|(_, h)| h).unwrap_or(host);
-    let host = if let Some(v6) = host.strip_prefix('[') { v6.split(']').next().unwrap_or("") } else { host.split(':').next().unwrap_or("") };
+    let host = if let Some(v6) = host.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host.split(':').next().unwrap_or("")
+    };
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
 }
 
@@ -138,7 +170,10 @@ impl Bucket {
                 "{location}: no credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a store other than AWS)"
             )));
         };
-        let endpoint = config.endpoint.clone().unwrap_or_else(|| format!("https://s3.{}.amazonaws.com", config.region));
+        let endpoint = config
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| format!("https://s3.{}.amazonaws.com", config.region));
         let http = endpoint.starts_with("http://");
         if http && !is_loopback(&endpoint) {
             log::warn!(
@@ -147,7 +182,11 @@ impl Bucket {
         }
         let per_try = config.timeout.min(Duration::from_secs(30));
         let retry = RetryConfig {
-            backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(2), base: 2.0 },
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
             max_retries: 10,
             retry_timeout: config.timeout,
         };
@@ -159,7 +198,12 @@ impl Bucket {
             .with_access_key_id(key)
             .with_secret_access_key(secret)
             .with_retry(retry)
-            .with_client_options(ClientOptions::new().with_timeout(per_try).with_connect_timeout(Duration::from_secs(3)).with_allow_http(http))
+            .with_client_options(
+                ClientOptions::new()
+                    .with_timeout(per_try)
+                    .with_connect_timeout(Duration::from_secs(3))
+                    .with_allow_http(http),
+            )
             .build()
             .map_err(|e| Error::BadInput(format!("{location} at {endpoint}: {e}")))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -168,7 +212,12 @@ impl Bucket {
             .enable_all()
             .build()
             .map_err(|e| Error::Io(format!("cannot start the object store's runtime: {e}")))?;
-        let bucket = Bucket { location, store: Arc::new(store), rt, endpoint };
+        let bucket = Bucket {
+            location,
+            store: Arc::new(store),
+            rt,
+            endpoint,
+        };
         bucket.list("store.json").map_err(|e| match e {
             Error::NotFound(_) => Error::NotFound(format!(
                 "bucket {:?} does not exist at {}: create it (e.g. `garage bucket create {}`) and give the key access",
@@ -186,7 +235,10 @@ impl Bucket {
     /// Runs `fut` on the bucket's runtime and waits for it on a channel. Callers are
     /// threads outside that runtime (session threads, the CLI's, `spawn_blocking` tasks):
     /// from one of its own workers the task could sit in that worker's queue while it waits.
-    pub fn block<T: Send + 'static>(&self, fut: impl std::future::Future<Output = T> + Send + 'static) -> T {
+    pub fn block<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
         debug_assert!(
             tokio::runtime::Handle::try_current().map_or(true, |h| h.id() != self.rt.handle().id()),
             "Bucket::block called from a worker of the bucket's own runtime"
@@ -195,7 +247,8 @@ impl Bucket {
         self.rt.spawn(async move {
             let _ = tx.send(fut.await);
         });
-        rx.recv().expect("the object store's runtime dropped a request")
+        rx.recv()
+            .expect("the object store's runtime dropped a request")
     }
 
     pub fn store(&self) -> Arc<AmazonS3> {
@@ -243,13 +296,24 @@ impl Bucket {
     /// Bytes `start..end` of the object at `rel`.
     pub fn get_range(&self, rel: &str, start: u64, end: u64) -> Result<Bytes> {
         let (store, path, what) = (self.store.clone(), self.path(rel), self.what(rel));
-        self.block(async move { store.get_range(&path, start..end).await.map_err(|e| Error::from_store(e, &what)) })
+        self.block(async move {
+            store
+                .get_range(&path, start..end)
+                .await
+                .map_err(|e| Error::from_store(e, &what))
+        })
     }
 
     /// Writes `data` as the object at `rel` (one PUT: readers see all of it or the old one).
     pub fn put(&self, rel: &str, data: Bytes) -> Result<()> {
         let (store, path, what) = (self.store.clone(), self.path(rel), self.what(rel));
-        self.block(async move { store.put(&path, PutPayload::from_bytes(data)).await.map(|_| ()).map_err(|e| Error::from_store(e, &what)) })
+        self.block(async move {
+            store
+                .put(&path, PutPayload::from_bytes(data))
+                .await
+                .map(|_| ())
+                .map_err(|e| Error::from_store(e, &what))
+        })
     }
 
     pub fn delete(&self, rel: &str) -> Result<()> {
@@ -267,7 +331,11 @@ impl Bucket {
     pub fn list(&self, rel: &str) -> Result<Vec<(String, u64, Option<String>)>> {
         let store = self.store.clone();
         let prefix = self.path(rel);
-        let strip = if self.location.prefix.is_empty() { String::new() } else { format!("{}/", self.location.prefix) };
+        let strip = if self.location.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.location.prefix)
+        };
         let what = self.what(rel);
         self.block(async move {
             let mut out = Vec::new();
@@ -294,24 +362,48 @@ mod tests {
 
     #[test]
     fn locations_parse_and_refuse_what_is_not_a_bucket() {
-        let l = S3Location::parse("s3://farm-a/sites/paris/").unwrap().unwrap();
-        assert_eq!((l.bucket.as_str(), l.prefix.as_str()), ("farm-a", "sites/paris"));
+        let l = S3Location::parse("s3://farm-a/sites/paris/")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (l.bucket.as_str(), l.prefix.as_str()),
+            ("farm-a", "sites/paris")
+        );
         assert_eq!(l.key("store.json"), "sites/paris/store.json");
         assert_eq!(l.to_string(), "s3://farm-a/sites/paris");
         let bare = S3Location::parse("s3://farm").unwrap().unwrap();
         assert_eq!(bare.key("store.json"), "store.json");
         assert!(S3Location::parse("/srv/store").is_none());
-        for bad in ["s3://", "s3://ab", "s3://Farm", "s3://-farm/x", "s3://farm/a//b", "s3://farm/a/../b"] {
-            assert!(matches!(S3Location::parse(bad), Some(Err(Error::BadInput(_)))), "{bad} was taken");
+        for bad in [
+            "s3://",
+            "s3://ab",
+            "s3://Farm",
+            "s3://-farm/x",
+            "s3://farm/a//b",
+            "s3://farm/a/../b",
+        ] {
+            assert!(
+                matches!(S3Location::parse(bad), Some(Err(Error::BadInput(_)))),
+                "{bad} was taken"
+            );
         }
     }
 
     #[test]
     fn loopback_endpoints_are_told_from_remote_ones() {
-        for e in ["http://127.0.0.1:3900", "http://localhost:3900/", "http://[::1]:3900", "http://key@127.0.0.2"] {
+        for e in [
+            "http://127.0.0.1:3900",
+            "http://localhost:3900/",
+            "http://[::1]:3900",
+            "http://key@127.0.0.2",
+        ] {
             assert!(is_loopback(e), "{e}");
         }
-        for e in ["http://10.0.2.2:3900", "http://garage.lan:3900", "https://s3.eu-west-1.amazonaws.com"] {
+        for e in [
+            "http://10.0.2.2:3900",
+            "http://garage.lan:3900",
+            "https://s3.eu-west-1.amazonaws.com",
+        ] {
             assert!(!is_loopback(e), "{e}");
         }
     }

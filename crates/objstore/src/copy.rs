@@ -61,19 +61,27 @@ const PARTS_IN_FLIGHT: usize = 4;
 /// The layer files `vdisk.json` names (base and versions), parsed loosely so that a copy
 /// moves any store format this build reads.
 pub(crate) fn layer_files(vdisk_json: &[u8], what: &str) -> Result<Vec<String>> {
-    let v: serde_json::Value = serde_json::from_slice(vdisk_json).map_err(|e| Error::Corrupt(format!("{what}: not JSON ({e})")))?;
+    let v: serde_json::Value = serde_json::from_slice(vdisk_json)
+        .map_err(|e| Error::Corrupt(format!("{what}: not JSON ({e})")))?;
     let mut out = Vec::new();
     if let Some(f) = v.pointer("/base/file").and_then(|f| f.as_str()) {
         out.push(f.to_string());
     }
-    for ver in v.get("versions").and_then(|v| v.as_array()).into_iter().flatten() {
+    for ver in v
+        .get("versions")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+    {
         if let Some(f) = ver.get("file").and_then(|f| f.as_str()) {
             out.push(f.to_string());
         }
     }
     for f in &out {
         if f.contains('/') || f.starts_with('.') || f.is_empty() {
-            return Err(Error::Corrupt(format!("{what}: layer file name {f:?} is not a plain file name")));
+            return Err(Error::Corrupt(format!(
+                "{what}: layer file name {f:?} is not a plain file name"
+            )));
         }
     }
     Ok(out)
@@ -81,7 +89,12 @@ pub(crate) fn layer_files(vdisk_json: &[u8], what: &str) -> Result<Vec<String>> 
 
 /// Copies `from` to `to` (one side a folder, the other `s3://`), calling `progress` with
 /// (layer bytes done, layer bytes in all).
-pub fn copy(from: &Side, to: &Side, bucket: impl FnOnce(&S3Location) -> Result<Bucket>, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
+pub fn copy(
+    from: &Side,
+    to: &Side,
+    bucket: impl FnOnce(&S3Location) -> Result<Bucket>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<CopyReport> {
     match (from, to) {
         (Side::Dir(d), Side::S3(l)) => {
             let b = bucket(l)?;
@@ -91,7 +104,9 @@ pub fn copy(from: &Side, to: &Side, bucket: impl FnOnce(&S3Location) -> Result<B
             let b = bucket(l)?;
             download(&b, d, progress)
         }
-        _ => Err(Error::BadInput("one side of a store copy is a folder and the other s3://BUCKET/PREFIX".into())),
+        _ => Err(Error::BadInput(
+            "one side of a store copy is a folder and the other s3://BUCKET/PREFIX".into(),
+        )),
     }
 }
 
@@ -112,12 +127,18 @@ fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Re
             bucket.location, w.url, w.host)));
     }
     let store = vdstream_store::Store::open(dir).map_err(|e| Error::NotFound(e.to_string()))?;
-    let mut report = CopyReport { from: dir.display().to_string(), to: bucket.location.to_string(), ..Default::default() };
+    let mut report = CopyReport {
+        from: dir.display().to_string(),
+        to: bucket.location.to_string(),
+        ..Default::default()
+    };
     // Under the store's shared lock: the metadata as it is now, and every layer it names
     // opened and held. Then the lock goes, so that the store's own changes (and a server
     // of it) do not wait for an upload that may take hours.
     let (plan, rest) = {
-        let _lock = store.lock(vdstream_blockdev::flock::LockMode::Shared).map_err(|e| Error::Io(e.to_string()))?;
+        let _lock = store
+            .lock(vdstream_blockdev::flock::LockMode::Shared)
+            .map_err(|e| Error::Io(e.to_string()))?;
         let names = store.names().map_err(|e| Error::Io(e.to_string()))?;
         let mut plan: Vec<(String, Vec<u8>, Vec<Held>)> = Vec::new();
         for name in &names {
@@ -132,17 +153,28 @@ fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Re
                         path.display()))
                 })?;
                 let len = file.metadata().map_err(local("stat", &path))?.len();
-                held.push(Held { rel: format!("vdisks/{name}/{f}"), path, file, len });
+                held.push(Held {
+                    rel: format!("vdisks/{name}/{f}"),
+                    path,
+                    file,
+                    len,
+                });
             }
             plan.push((name.clone(), json, held));
         }
         let mut rest: Vec<(String, Vec<u8>)> = Vec::new();
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("targets")).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("targets"))
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
         paths.sort();
         paths.push(dir.join("audit.log"));
         paths.push(dir.join("store.json"));
         for p in paths {
-            let rel = p.strip_prefix(dir).expect("inside").to_string_lossy().replace('\\', "/");
+            let rel = p
+                .strip_prefix(dir)
+                .expect("inside")
+                .to_string_lossy()
+                .replace('\\', "/");
             if is_metadata(&rel) && p.is_file() {
                 rest.push((rel, std::fs::read(&p).map_err(local("read", &p))?));
             }
@@ -165,7 +197,10 @@ fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Re
                 None => report.layers_skipped += 1,
             }
         }
-        bucket.put(&format!("vdisks/{name}/vdisk.json"), Bytes::from(json.clone()))?;
+        bucket.put(
+            &format!("vdisks/{name}/vdisk.json"),
+            Bytes::from(json.clone()),
+        )?;
         report.vdisks += 1;
         report.metadata_files += 1;
     }
@@ -183,11 +218,17 @@ fn upload(dir: &Path, bucket: &Bucket, progress: &mut dyn FnMut(u64, u64)) -> Re
 }
 
 /// Reads `len` bytes of `file` chunk by chunk, calling `each(index, bytes)`.
-fn for_chunks(file: &File, len: u64, path: &Path, mut each: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+fn for_chunks(
+    file: &File,
+    len: u64,
+    path: &Path,
+    mut each: impl FnMut(u64, &[u8]) -> Result<()>,
+) -> Result<()> {
     let mut buf = vec![0u8; CHUNK as usize];
     for i in 0..len.div_ceil(CHUNK) {
         let n = (len - i * CHUNK).min(CHUNK) as usize;
-        file.read_exact_at(&mut buf[..n], i * CHUNK).map_err(local("read", path))?;
+        file.read_exact_at(&mut buf[..n], i * CHUNK)
+            .map_err(local("read", path))?;
         each(i, &buf[..n])?;
     }
     Ok(())
@@ -207,7 +248,11 @@ type PartTask = tokio::task::JoinHandle<object_store::Result<()>>;
 /// skipped). The data goes to a new object (`FILE.TOKEN`), and the index naming it is
 /// written last: no reader ever sees an index without its object, or an object change
 /// under an index.
-pub(crate) fn upload_layer(bucket: &Bucket, h: &Held, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
+pub(crate) fn upload_layer(
+    bucket: &Bucket,
+    h: &Held,
+    advance: &mut dyn FnMut(u64),
+) -> Result<Option<u64>> {
     let file_name = h.rel.rsplit('/').next().expect("a file name");
     let idx_rel = format!("{}.idx", h.rel);
     let mut b = IndexBuilder::new(String::new(), h.len);
@@ -218,7 +263,10 @@ pub(crate) fn upload_layer(bucket: &Bucket, h: &Held, advance: &mut dyn FnMut(u6
     let mut index = b.finish();
     if let Some(raw) = bucket.get_capped(&idx_rel, crate::layer::MAX_INDEX)? {
         if let Ok(old) = LayerIndex::parse(&raw, &bucket.what(&idx_rel)) {
-            if old.len == index.len && old.chunks == index.chunks && bucket.size(&old.object_rel(&h.rel))? == Some(old.stored_bytes()) {
+            if old.len == index.len
+                && old.chunks == index.chunks
+                && bucket.size(&old.object_rel(&h.rel))? == Some(old.stored_bytes())
+            {
                 advance(h.len);
                 return Ok(None);
             }
@@ -238,18 +286,33 @@ pub(crate) fn upload_layer(bucket: &Bucket, h: &Held, advance: &mut dyn FnMut(u6
         let store = bucket.store();
         let mut upload: Box<dyn MultipartUpload> = {
             let (store, key, what) = (store.clone(), key.clone(), what.clone());
-            bucket.block(async move { store.put_multipart(&key).await.map_err(|e| Error::from_store(e, &what)) })?
+            bucket.block(async move {
+                store
+                    .put_multipart(&key)
+                    .await
+                    .map_err(|e| Error::from_store(e, &what))
+            })?
         };
         let part_len = part_size(stored);
         let mut part: Vec<u8> = Vec::with_capacity(part_len);
         let mut inflight: Vec<PartTask> = Vec::new();
         let mut sent = 0u64;
         let wait_one = |t: PartTask| -> Result<()> {
-            bucket.block(t).map_err(|e| Error::Io(format!("{what}: {e}")))?.map_err(|e| Error::from_store(e, &what))
+            bucket
+                .block(t)
+                .map_err(|e| Error::Io(format!("{what}: {e}")))?
+                .map_err(|e| Error::from_store(e, &what))
         };
-        let send = |part: &mut Vec<u8>, inflight: &mut Vec<PartTask>, upload: &mut Box<dyn MultipartUpload>| -> Result<()> {
+        let send = |part: &mut Vec<u8>,
+                    inflight: &mut Vec<PartTask>,
+                    upload: &mut Box<dyn MultipartUpload>|
+         -> Result<()> {
             if !part.is_empty() {
-                inflight.push(bucket.runtime().spawn(upload.put_part(PutPayload::from(std::mem::take(part)))));
+                inflight.push(
+                    bucket
+                        .runtime()
+                        .spawn(upload.put_part(PutPayload::from(std::mem::take(part)))),
+                );
             }
             while inflight.len() >= PARTS_IN_FLIGHT {
                 wait_one(inflight.remove(0))?;
@@ -304,28 +367,46 @@ pub(crate) fn upload_layer(bucket: &Bucket, h: &Held, advance: &mut dyn FnMut(u6
         completed.map_err(|e| Error::from_store(e, &what2))?;
         sent
     };
-    bucket.put(&idx_rel, Bytes::from(serde_json::to_vec(&index).expect("index")))?;
+    bucket.put(
+        &idx_rel,
+        Bytes::from(serde_json::to_vec(&index).expect("index")),
+    )?;
     Ok(Some(sent))
 }
 
 fn download(bucket: &Bucket, dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
     let Some(store_json) = bucket.get("store.json")? else {
-        return Err(Error::NotFound(format!("{} holds no vdstream store (no store.json)", bucket.location)));
+        return Err(Error::NotFound(format!(
+            "{} holds no vdstream store (no store.json)",
+            bucket.location
+        )));
     };
     if dir.join(crate::mirror::MIRROR_MARKER).exists() {
-        return Err(Error::BadInput(format!("{} is a server's mirror; copy into a folder of its own", dir.display())));
+        return Err(Error::BadInput(format!(
+            "{} is a server's mirror; copy into a folder of its own",
+            dir.display()
+        )));
     }
-    let mut report = CopyReport { from: bucket.location.to_string(), to: dir.display().to_string(), ..Default::default() };
+    let mut report = CopyReport {
+        from: bucket.location.to_string(),
+        to: dir.display().to_string(),
+        ..Default::default()
+    };
     let listed = bucket.list("")?;
     let mut plan: Vec<(String, Bytes, Vec<(String, LayerIndex)>)> = Vec::new();
     for (rel, _, _) in &listed {
-        let Some(name) = rel.strip_prefix("vdisks/").and_then(|r| r.strip_suffix("/vdisk.json")) else {
+        let Some(name) = rel
+            .strip_prefix("vdisks/")
+            .and_then(|r| r.strip_suffix("/vdisk.json"))
+        else {
             continue;
         };
         if !is_metadata(rel) {
             continue;
         }
-        let json = bucket.get(rel)?.ok_or_else(|| Error::NotFound(format!("{} went away during the copy", bucket.what(rel))))?;
+        let json = bucket.get(rel)?.ok_or_else(|| {
+            Error::NotFound(format!("{} went away during the copy", bucket.what(rel)))
+        })?;
         let mut layers = Vec::new();
         for f in layer_files(&json, &bucket.what(rel))? {
             let lrel = format!("vdisks/{name}/{f}");
@@ -337,7 +418,11 @@ fn download(bucket: &Bucket, dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> 
         }
         plan.push((name.to_string(), json, layers));
     }
-    let total: u64 = plan.iter().flat_map(|(_, _, l)| l).map(|(_, i)| i.len).sum();
+    let total: u64 = plan
+        .iter()
+        .flat_map(|(_, _, l)| l)
+        .map(|(_, i)| i.len)
+        .sum();
     let mut done = 0;
     progress(0, total);
     for (name, json, layers) in &plan {
@@ -391,17 +476,29 @@ fn matching_chunks(path: &Path, index: &LayerIndex) -> Vec<bool> {
     ok
 }
 
-pub(crate) fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, path: &Path, advance: &mut dyn FnMut(u64)) -> Result<Option<u64>> {
+pub(crate) fn download_layer(
+    bucket: &Bucket,
+    rel: &str,
+    index: &LayerIndex,
+    path: &Path,
+    advance: &mut dyn FnMut(u64),
+) -> Result<Option<u64>> {
     let object_rel = index.object_rel(rel);
-    if path.metadata().is_ok_and(|m| m.len() == index.len) && matching_chunks(path, index).iter().all(|&b| b) {
+    if path.metadata().is_ok_and(|m| m.len() == index.len)
+        && matching_chunks(path, index).iter().all(|&b| b)
+    {
         advance(index.len);
         return Ok(None);
     }
     if let Some(d) = path.parent() {
         vdstream_blockdev::storefile::create_dir_all(d).map_err(local("create", d))?;
     }
-    let part = path.with_file_name(format!("{}.part", path.file_name().and_then(|n| n.to_str()).unwrap_or("layer")));
-    let f = vdstream_blockdev::storefile::open_rw(&part, vdstream_blockdev::storefile::SHARED_READ).map_err(local("open", &part))?;
+    let part = path.with_file_name(format!(
+        "{}.part",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("layer")
+    ));
+    let f = vdstream_blockdev::storefile::open_rw(&part, vdstream_blockdev::storefile::SHARED_READ)
+        .map_err(local("open", &part))?;
     f.set_len(index.len).map_err(local("size", &part))?;
     // What a half-done copy left (a new file's holes match the zero chunks already).
     let have = matching_chunks(&part, index);
@@ -422,7 +519,8 @@ pub(crate) fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, pat
                 }
                 None => {
                     // Zeros where an interrupted copy of other bytes left data.
-                    f.write_all_at(&zeros[..n as usize], at).map_err(local("write", &part))?;
+                    f.write_all_at(&zeros[..n as usize], at)
+                        .map_err(local("write", &part))?;
                 }
             }
         }
@@ -430,7 +528,8 @@ pub(crate) fn download_layer(bucket: &Bucket, rel: &str, index: &LayerIndex, pat
     }
     f.sync_all().map_err(local("sync", &part))?;
     std::fs::rename(&part, path).map_err(local("rename into place", path))?;
-    vdstream_store::fsutil::sync_dir(path.parent().unwrap_or(Path::new("."))).map_err(|e| Error::Io(e.to_string()))?;
+    vdstream_store::fsutil::sync_dir(path.parent().unwrap_or(Path::new(".")))
+        .map_err(|e| Error::Io(e.to_string()))?;
     Ok(Some(fetched))
 }
 

@@ -52,6 +52,9 @@ impl Error {
 }
 
 /// `e` about the local `path`.
-pub fn local<'a>(what: &'static str, path: &'a std::path::Path) -> impl Fn(std::io::Error) -> Error + 'a {
+pub fn local<'a>(
+    what: &'static str,
+    path: &'a std::path::Path,
+) -> impl Fn(std::io::Error) -> Error + 'a {
     move |e| Error::Io(format!("cannot {what} {}: {e}", path.display()))
 }

@@ -67,9 +67,14 @@ impl LayerIndex {
 
     /// Parses and checks an index read from `what`.
     pub fn parse(raw: &[u8], what: &str) -> Result<Self> {
-        let idx: LayerIndex = serde_json::from_slice(raw).map_err(|e| Error::Corrupt(format!("{what}: not a layer index ({e}); copy the store again")))?;
+        let idx: LayerIndex = serde_json::from_slice(raw).map_err(|e| {
+            Error::Corrupt(format!(
+                "{what}: not a layer index ({e}); copy the store again"
+            ))
+        })?;
         let want = idx.len.div_ceil(idx.chunk.max(1));
-        let plain = !idx.object.is_empty() && !idx.object.contains('/') && !idx.object.starts_with('.');
+        let plain =
+            !idx.object.is_empty() && !idx.object.contains('/') && !idx.object.starts_with('.');
         if !plain {
             return Err(Error::Corrupt(format!("{what}: the index names the object {:?}, which is not a plain file name; copy the store again", idx.object)));
         }
@@ -95,17 +100,31 @@ impl LayerIndex {
     /// fetched once more when it does not match; a chunk that fails twice is an error
     /// naming the object, never data. `on_get` sees what every GET gave (for counters and
     /// logs). `i` must be a stored chunk.
-    pub fn fetch_checked(&self, bucket: &Bucket, object_rel: &str, i: u64, place: u64, mut on_get: impl FnMut(Got<'_>)) -> Result<Bytes> {
+    pub fn fetch_checked(
+        &self,
+        bucket: &Bucket,
+        object_rel: &str,
+        i: u64,
+        place: u64,
+        mut on_get: impl FnMut(Got<'_>),
+    ) -> Result<Bytes> {
         let len = self.chunk_len(i);
         let want = self.chunks[i as usize].expect("stored chunk");
         for attempt in 0..2 {
-            let b = bucket.get_range(object_rel, place, place + len).inspect_err(|e| on_get(Got::Failed(e)))?;
+            let b = bucket
+                .get_range(object_rel, place, place + len)
+                .inspect_err(|e| on_get(Got::Failed(e)))?;
             if b.len() as u64 == len && crc32c::crc32c(&b) == want {
                 on_get(Got::Good(len));
                 return Ok(b);
             }
             on_get(Got::Bad(b.len() as u64));
-            log::error!("{}: chunk {i} (bytes {place}..{}) fails its checksum (attempt {}); not served", bucket.what(object_rel), place + len, attempt + 1);
+            log::error!(
+                "{}: chunk {i} (bytes {place}..{}) fails its checksum (attempt {}); not served",
+                bucket.what(object_rel),
+                place + len,
+                attempt + 1
+            );
         }
         Err(Error::Corrupt(format!(
             "{}: chunk {i} fails its CRC-32C twice: the object is damaged in the store; delete its .idx from the bucket and run `vdstream store copy` again from a good copy of the store",
@@ -120,7 +139,10 @@ impl LayerIndex {
 
     /// Bytes stored in the object (the non-zero chunks).
     pub fn stored_bytes(&self) -> u64 {
-        (0..self.chunks.len() as u64).filter(|&i| self.chunks[i as usize].is_some()).map(|i| self.chunk_len(i)).sum()
+        (0..self.chunks.len() as u64)
+            .filter(|&i| self.chunks[i as usize].is_some())
+            .map(|i| self.chunk_len(i))
+            .sum()
     }
 
     /// Where each stored chunk starts in the object (`None` for zero chunks).
@@ -162,7 +184,11 @@ pub struct IndexBuilder {
 impl IndexBuilder {
     /// For a layer of `len` bytes stored as the object `object`.
     pub fn new(object: String, len: u64) -> Self {
-        IndexBuilder { object, len, chunks: Vec::with_capacity(len.div_ceil(CHUNK) as usize) }
+        IndexBuilder {
+            object,
+            len,
+            chunks: Vec::with_capacity(len.div_ceil(CHUNK) as usize),
+        }
     }
 
     /// Adds the next chunk; true when it is stored (not all zeros).
@@ -177,7 +203,13 @@ impl IndexBuilder {
     }
 
     pub fn finish(self) -> LayerIndex {
-        LayerIndex { format: INDEX_FORMAT.into(), object: self.object, len: self.len, chunk: CHUNK, chunks: self.chunks }
+        LayerIndex {
+            format: INDEX_FORMAT.into(),
+            object: self.object,
+            len: self.len,
+            chunk: CHUNK,
+            chunks: self.chunks,
+        }
     }
 }
 
@@ -200,14 +232,46 @@ impl CacheStats {
     pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         vec![
-            ("vdstream_object_gets_total", "Chunks fetched from the object store (range GETs).", g(&self.gets)),
-            ("vdstream_object_get_bytes_total", "Bytes fetched from the object store.", g(&self.get_bytes)),
-            ("vdstream_object_ram_hits_total", "Chunk reads the RAM tier of the chunk cache answered.", g(&self.ram_hits)),
-            ("vdstream_object_disk_hits_total", "Chunk reads the SSD tier of the chunk cache answered.", g(&self.disk_hits)),
-            ("vdstream_object_shared_waits_total", "Chunk reads that waited for another reader's GET of the same chunk.", g(&self.shared_waits)),
-            ("vdstream_object_readahead_total", "Chunks fetched ahead of the reads.", g(&self.readahead)),
-            ("vdstream_object_corrupt_total", "Chunks refused for failing their CRC-32C (never served).", g(&self.corrupt)),
-            ("vdstream_object_failed_total", "Chunk fetches that failed (timeout, store unreachable).", g(&self.failed)),
+            (
+                "vdstream_object_gets_total",
+                "Chunks fetched from the object store (range GETs).",
+                g(&self.gets),
+            ),
+            (
+                "vdstream_object_get_bytes_total",
+                "Bytes fetched from the object store.",
+                g(&self.get_bytes),
+            ),
+            (
+                "vdstream_object_ram_hits_total",
+                "Chunk reads the RAM tier of the chunk cache answered.",
+                g(&self.ram_hits),
+            ),
+            (
+                "vdstream_object_disk_hits_total",
+                "Chunk reads the SSD tier of the chunk cache answered.",
+                g(&self.disk_hits),
+            ),
+            (
+                "vdstream_object_shared_waits_total",
+                "Chunk reads that waited for another reader's GET of the same chunk.",
+                g(&self.shared_waits),
+            ),
+            (
+                "vdstream_object_readahead_total",
+                "Chunks fetched ahead of the reads.",
+                g(&self.readahead),
+            ),
+            (
+                "vdstream_object_corrupt_total",
+                "Chunks refused for failing their CRC-32C (never served).",
+                g(&self.corrupt),
+            ),
+            (
+                "vdstream_object_failed_total",
+                "Chunk fetches that failed (timeout, store unreachable).",
+                g(&self.failed),
+            ),
         ]
     }
 
@@ -255,7 +319,8 @@ impl quick_cache::Weighter<Key, ()> for ChunkWeight {
 }
 
 fn disk_path(dir: &Path, (layer, chunk): Key) -> PathBuf {
-    dir.join(format!("{layer:08x}")).join(format!("{chunk:010x}"))
+    dir.join(format!("{layer:08x}"))
+        .join(format!("{chunk:010x}"))
 }
 
 /// Sizes of the cache a server keeps in front of the object store.
@@ -276,7 +341,10 @@ pub struct CacheConfig {
 /// misses of one chunk waiting on the first one's GET (single flight).
 pub struct ChunkCache {
     ram: quick_cache::sync::Cache<Key, Bytes, ByLen>,
-    disk: Option<(PathBuf, quick_cache::sync::Cache<Key, (), ChunkWeight, quick_cache::DefaultHashBuilder, DiskEvict>)>,
+    disk: Option<(
+        PathBuf,
+        quick_cache::sync::Cache<Key, (), ChunkWeight, quick_cache::DefaultHashBuilder, DiskEvict>,
+    )>,
     readahead: u64,
     wait: std::time::Duration,
     pub stats: CacheStats,
@@ -293,15 +361,24 @@ impl std::fmt::Debug for ChunkCache {
 impl ChunkCache {
     pub fn new(config: &CacheConfig) -> Result<Arc<Self>> {
         let items = (config.ram_bytes / CHUNK).max(16) as usize;
-        let ram = quick_cache::sync::Cache::with_weighter(items, config.ram_bytes.max(CHUNK), ByLen);
+        let ram =
+            quick_cache::sync::Cache::with_weighter(items, config.ram_bytes.max(CHUNK), ByLen);
         let disk = if config.disk_bytes >= CHUNK {
             let dir = config.disk_dir.clone();
             if dir.exists() {
-                std::fs::remove_dir_all(&dir).map_err(crate::error::local("empty the chunk cache folder", &dir))?;
+                std::fs::remove_dir_all(&dir)
+                    .map_err(crate::error::local("empty the chunk cache folder", &dir))?;
             }
-            vdstream_blockdev::storefile::create_dir_all(&dir).map_err(crate::error::local("create the chunk cache folder", &dir))?;
+            vdstream_blockdev::storefile::create_dir_all(&dir)
+                .map_err(crate::error::local("create the chunk cache folder", &dir))?;
             let n = (config.disk_bytes / CHUNK) as usize;
-            let cache = quick_cache::sync::Cache::with(n.max(16), config.disk_bytes, ChunkWeight, Default::default(), DiskEvict { dir: dir.clone() });
+            let cache = quick_cache::sync::Cache::with(
+                n.max(16),
+                config.disk_bytes,
+                ChunkWeight,
+                Default::default(),
+                DiskEvict { dir: dir.clone() },
+            );
             Some((dir, cache))
         } else {
             None
@@ -353,15 +430,29 @@ impl std::fmt::Debug for ObjectLayer {
 impl ObjectLayer {
     /// Opens the layer at `rel` (its index is `rel.idx`); `None` when the store has no
     /// index there.
-    pub fn open(bucket: Arc<Bucket>, rel: &str, cache: Arc<ChunkCache>) -> Result<Option<Arc<Self>>> {
+    pub fn open(
+        bucket: Arc<Bucket>,
+        rel: &str,
+        cache: Arc<ChunkCache>,
+    ) -> Result<Option<Arc<Self>>> {
         let idx_rel = format!("{rel}.idx");
-        let Some(raw) = bucket.get_capped(&idx_rel, MAX_INDEX)? else { return Ok(None) };
+        let Some(raw) = bucket.get_capped(&idx_rel, MAX_INDEX)? else {
+            return Ok(None);
+        };
         let index = LayerIndex::parse(&raw, &bucket.what(&idx_rel))?;
         let places = index.places();
         let rel = index.object_rel(rel);
         let id = cache.layer_id(&bucket.what(&rel));
         let rel = rel.as_str();
-        Ok(Some(Arc::new_cyclic(|me| ObjectLayer { bucket, rel: rel.to_string(), index, places, id, cache, me: me.clone() })))
+        Ok(Some(Arc::new_cyclic(|me| ObjectLayer {
+            bucket,
+            rel: rel.to_string(),
+            index,
+            places,
+            id,
+            cache,
+            me: me.clone(),
+        })))
     }
 
     pub fn index(&self) -> &LayerIndex {
@@ -409,22 +500,23 @@ impl ObjectLayer {
 
     fn fetch(&self, i: u64, place: u64) -> Result<Bytes> {
         let stats = &self.cache.stats;
-        self.index.fetch_checked(&self.bucket, &self.rel, i, place, |got| {
-            stats.gets.fetch_add(1, Ordering::Relaxed);
-            match got {
-                Got::Good(n) => {
-                    stats.get_bytes.fetch_add(n, Ordering::Relaxed);
+        self.index
+            .fetch_checked(&self.bucket, &self.rel, i, place, |got| {
+                stats.gets.fetch_add(1, Ordering::Relaxed);
+                match got {
+                    Got::Good(n) => {
+                        stats.get_bytes.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Got::Bad(n) => {
+                        stats.get_bytes.fetch_add(n, Ordering::Relaxed);
+                        stats.corrupt.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Got::Failed(e) => {
+                        stats.failed.fetch_add(1, Ordering::Relaxed);
+                        log::error!("{e}");
+                    }
                 }
-                Got::Bad(n) => {
-                    stats.get_bytes.fetch_add(n, Ordering::Relaxed);
-                    stats.corrupt.fetch_add(1, Ordering::Relaxed);
-                }
-                Got::Failed(e) => {
-                    stats.failed.fetch_add(1, Ordering::Relaxed);
-                    log::error!("{e}");
-                }
-            }
-        })
+            })
     }
 
     fn from_disk(&self, key: Key, i: u64) -> Option<Bytes> {
@@ -432,7 +524,9 @@ impl ObjectLayer {
         index.get(&key)?;
         let data = std::fs::read(disk_path(dir, key)).ok()?;
         // The SSD is ours, but a chunk that does not match is fetched again.
-        (data.len() as u64 == self.index.chunk_len(i) && Some(crc32c::crc32c(&data)) == self.index.chunks[i as usize]).then(|| Bytes::from(data))
+        (data.len() as u64 == self.index.chunk_len(i)
+            && Some(crc32c::crc32c(&data)) == self.index.chunks[i as usize])
+            .then(|| Bytes::from(data))
     }
 
     fn to_disk(&self, key: Key, data: &Bytes) {
@@ -445,14 +539,23 @@ impl ObjectLayer {
         let write = || -> std::io::Result<()> {
             use std::io::Write;
             vdstream_blockdev::storefile::create_dir_all(p.parent().unwrap_or(dir))?;
-            vdstream_blockdev::storefile::create_fresh(&tmp, vdstream_blockdev::storefile::SHARED_READ)?.write_all(data)?;
+            vdstream_blockdev::storefile::create_fresh(
+                &tmp,
+                vdstream_blockdev::storefile::SHARED_READ,
+            )?
+            .write_all(data)?;
             std::fs::rename(&tmp, &p)
         };
         let ok = write().is_ok();
         if ok {
             index.insert(key, ());
         } else {
-            log::warn!("cannot keep chunk {} of {} in the SSD cache {}", key.1, self.rel, dir.display());
+            log::warn!(
+                "cannot keep chunk {} of {} in the SSD cache {}",
+                key.1,
+                self.rel,
+                dir.display()
+            );
         }
     }
 
@@ -481,7 +584,11 @@ impl ObjectLayer {
                 let key = (me.id, j);
                 let place = me.places[j as usize].expect("stored");
                 // A chunk another reader is loading, or has loaded, is left to it.
-                let quick_cache::sync::GuardResult::Guard(guard) = me.cache.ram.get_value_or_guard(&key, Some(std::time::Duration::ZERO)) else {
+                let quick_cache::sync::GuardResult::Guard(guard) = me
+                    .cache
+                    .ram
+                    .get_value_or_guard(&key, Some(std::time::Duration::ZERO))
+                else {
                     return;
                 };
                 let b = match me.from_disk(key, j) {
@@ -508,7 +615,12 @@ impl vdstream_blockdev::layerfile::RemoteFile for ObjectLayer {
         let end = offset
             .checked_add(buf.len() as u64)
             .filter(|&e| e <= self.index.len)
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("{self:?}: read past its end ({} bytes)", self.index.len)))?;
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("{self:?}: read past its end ({} bytes)", self.index.len),
+                )
+            })?;
         let me = self.me.upgrade().expect("an ObjectLayer lives in its Arc");
         let mut at = offset;
         while at < end {
@@ -538,7 +650,11 @@ mod tests {
     fn layer(kinds: &[u8], tail: u64) -> Vec<u8> {
         let mut data = Vec::new();
         for (i, k) in kinds.iter().enumerate() {
-            let fill = if *k % 3 == 0 { 0 } else { (i as u8).wrapping_mul(31).wrapping_add(*k) | 1 };
+            let fill = if *k % 3 == 0 {
+                0
+            } else {
+                (i as u8).wrapping_mul(31).wrapping_add(*k) | 1
+            };
             data.extend(std::iter::repeat_n(fill, CHUNK as usize));
         }
         let keep = (data.len() as u64).saturating_sub(tail.min(CHUNK - 1));
@@ -578,8 +694,12 @@ mod tests {
     fn an_index_that_does_not_fit_its_length_is_refused() {
         let (mut index, _) = LayerIndex::of(&vec![1u8; 3 * CHUNK as usize]);
         index.chunks.pop();
-        let err = LayerIndex::parse(&serde_json::to_vec(&index).unwrap(), "s3://b/x.idx").unwrap_err();
-        assert!(matches!(err, Error::Corrupt(_)) && err.to_string().contains("s3://b/x.idx"), "{err}");
+        let err =
+            LayerIndex::parse(&serde_json::to_vec(&index).unwrap(), "s3://b/x.idx").unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt(_)) && err.to_string().contains("s3://b/x.idx"),
+            "{err}"
+        );
         let err = LayerIndex::parse(b"{\"format\":1}", "s3://b/y.idx").unwrap_err();
         assert!(err.to_string().contains("not a layer index"), "{err}");
     }

@@ -28,7 +28,9 @@ pub fn is_metadata(rel: &str) -> bool {
     let parts: Vec<&str> = rel.split('/').collect();
     match parts.as_slice() {
         ["store.json"] | ["audit.log"] => true,
-        ["targets", f] => f.strip_suffix(".json").is_some_and(|id| vdstream_store::names::validate_name(id).is_ok()),
+        ["targets", f] => f
+            .strip_suffix(".json")
+            .is_some_and(|id| vdstream_store::names::validate_name(id).is_ok()),
         ["vdisks", name, "vdisk.json"] => vdstream_store::names::validate_name(name).is_ok(),
         _ => false,
     }
@@ -46,8 +48,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(d) = path.parent() {
         vdstream_blockdev::storefile::create_dir_all(d).map_err(local("create", d))?;
     }
-    let mode = if path.file_name().is_some_and(|n| n == TOKENS) { vdstream_store::fsutil::PRIVATE } else { vdstream_store::fsutil::SHARED_READ };
-    vdstream_store::fsutil::write_atomic_mode(path, bytes, mode).map_err(|e| Error::Io(e.to_string()))
+    let mode = if path.file_name().is_some_and(|n| n == TOKENS) {
+        vdstream_store::fsutil::PRIVATE
+    } else {
+        vdstream_store::fsutil::SHARED_READ
+    };
+    vdstream_store::fsutil::write_atomic_mode(path, bytes, mode)
+        .map_err(|e| Error::Io(e.to_string()))
 }
 
 /// The chunk cache's counters, written into the mirror folder every refresh (GETs, bytes
@@ -75,7 +82,12 @@ impl Mirror {
     /// Opens the store at `bucket` into the folder `dir` (created), fills it with the
     /// metadata, registers it as the remote root of its layers, and reads the metadata
     /// again every `refresh`.
-    pub fn open(bucket: Bucket, dir: &Path, cache: &CacheConfig, refresh: Duration) -> Result<Arc<Self>> {
+    pub fn open(
+        bucket: Bucket,
+        dir: &Path,
+        cache: &CacheConfig,
+        refresh: Duration,
+    ) -> Result<Arc<Self>> {
         if dir.join(crate::record::LOCAL_ID).exists() {
             return Err(Error::Conflict(format!(
                 "{} is a metadata writer's folder (it may hold changes not yet in the bucket): give this server another --object-cache, \
@@ -84,8 +96,7 @@ impl Mirror {
         }
         let mirror = Self::build(bucket, dir, cache, true)?;
         mirror.start_fresh()?;
-        let marker =
-            serde_json::json!({"source": mirror.bucket.location.to_string(), "note": "a local mirror of a store in object storage; its metadata is read from there"});
+        let marker = serde_json::json!({"source": mirror.bucket.location.to_string(), "note": "a local mirror of a store in object storage; its metadata is read from there"});
         write_atomic(&dir.join(MIRROR_MARKER), marker.to_string().as_bytes())?;
         mirror.sync()?;
         mirror.register();
@@ -106,7 +117,12 @@ impl Mirror {
 
     /// The mirror of the store at `bucket` in `dir` (created), with nothing read yet;
     /// `existing`: refused where the bucket holds no store.
-    pub(crate) fn build(bucket: Bucket, dir: &Path, cache: &CacheConfig, existing: bool) -> Result<Arc<Self>> {
+    pub(crate) fn build(
+        bucket: Bucket,
+        dir: &Path,
+        cache: &CacheConfig,
+        existing: bool,
+    ) -> Result<Arc<Self>> {
         let bucket = Arc::new(bucket);
         if existing && bucket.get("store.json")?.is_none() {
             return Err(Error::NotFound(format!(
@@ -114,7 +130,8 @@ impl Mirror {
                 bucket.location, bucket.location
             )));
         }
-        vdstream_blockdev::storefile::create_dir_all(dir).map_err(local("create the mirror folder", dir))?;
+        vdstream_blockdev::storefile::create_dir_all(dir)
+            .map_err(local("create the mirror folder", dir))?;
         Ok(Arc::new(Mirror {
             cache: ChunkCache::new(cache)?,
             bucket,
@@ -164,7 +181,14 @@ impl Mirror {
             let mut layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
             let now: HashMap<String, Option<String>> = all
                 .iter()
-                .filter_map(|(rel, _, etag)| Some((rel.strip_prefix("vdisks/")?.strip_suffix(".idx")?.to_string(), etag.clone())))
+                .filter_map(|(rel, _, etag)| {
+                    Some((
+                        rel.strip_prefix("vdisks/")?
+                            .strip_suffix(".idx")?
+                            .to_string(),
+                        etag.clone(),
+                    ))
+                })
                 .collect();
             for (layer, etag) in idx.iter() {
                 if now.get(layer) != Some(etag) {
@@ -174,8 +198,12 @@ impl Mirror {
             *idx = now;
         }
         // The metadata, and who writes it (`writer.json`: where this server sends changes).
-        let listed: Vec<(String, u64, Option<String>)> =
-            all.into_iter().filter(|(rel, _, _)| is_metadata(rel) || rel == crate::record::WRITER_OBJECT || rel == TOKENS).collect();
+        let listed: Vec<(String, u64, Option<String>)> = all
+            .into_iter()
+            .filter(|(rel, _, _)| {
+                is_metadata(rel) || rel == crate::record::WRITER_OBJECT || rel == TOKENS
+            })
+            .collect();
         let mut etags = self.etags.lock().unwrap_or_else(|e| e.into_inner());
         let mut changed = 0;
         for (rel, _, etag) in &listed {
@@ -189,13 +217,18 @@ impl Mirror {
             if rel == TOKENS {
                 use std::os::unix::fs::PermissionsExt;
                 let p = self.dir.join(rel);
-                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).map_err(local("restrict", &p))?;
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                    .map_err(local("restrict", &p))?;
             }
             etags.insert(rel.clone(), etag.clone());
             // (The writer's heartbeat renews writer.json every few seconds: not news.)
             changed += usize::from(rel != crate::record::WRITER_OBJECT);
         }
-        let gone: Vec<String> = etags.keys().filter(|k| !listed.iter().any(|(r, _, _)| r == *k)).cloned().collect();
+        let gone: Vec<String> = etags
+            .keys()
+            .filter(|k| !listed.iter().any(|(r, _, _)| r == *k))
+            .cloned()
+            .collect();
         for rel in gone {
             let path = self.dir.join(&rel);
             let _ = std::fs::remove_file(&path);
@@ -207,7 +240,11 @@ impl Mirror {
             changed += 1;
         }
         if changed > 0 {
-            log::info!("{}: {changed} metadata file(s) read into {}", self.bucket.location, self.dir.display());
+            log::info!(
+                "{}: {changed} metadata file(s) read into {}",
+                self.bucket.location,
+                self.dir.display()
+            );
         }
         Ok(changed)
     }
@@ -220,15 +257,26 @@ impl vdstream_blockdev::layerfile::RemoteRoot for Root {
         &self.0.vdisks
     }
 
-    fn open(&self, relative: &Path) -> Option<std::io::Result<Arc<dyn vdstream_blockdev::layerfile::RemoteFile>>> {
+    fn open(
+        &self,
+        relative: &Path,
+    ) -> Option<std::io::Result<Arc<dyn vdstream_blockdev::layerfile::RemoteFile>>> {
         let m = &self.0;
-        if let Some(l) = m.layers.lock().unwrap_or_else(|e| e.into_inner()).get(relative) {
+        if let Some(l) = m
+            .layers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(relative)
+        {
             return Some(Ok(l.clone()));
         }
         let rel = format!("vdisks/{}", relative.to_str()?);
         match ObjectLayer::open(m.bucket.clone(), &rel, m.cache.clone()) {
             Ok(Some(l)) => {
-                m.layers.lock().unwrap_or_else(|e| e.into_inner()).insert(relative.to_path_buf(), l.clone());
+                m.layers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(relative.to_path_buf(), l.clone());
                 Some(Ok(l))
             }
             Ok(None) => None,
@@ -252,12 +300,22 @@ mod tests {
 
     #[test]
     fn only_metadata_objects_are_mirrored() {
-        for yes in ["store.json", "audit.log", "targets/pc-01.json", "vdisks/golden/vdisk.json"] {
+        for yes in [
+            "store.json",
+            "audit.log",
+            "targets/pc-01.json",
+            "vdisks/golden/vdisk.json",
+        ] {
             assert!(is_metadata(yes), "{yes}");
         }
-        for no in
-            ["vdisks/golden/golden.base.raw", "vdisks/golden/golden.1.qcow2.idx", "targets/.x.json", "cache/pc-01.cache", "vdisks/.tmp/vdisk.json", "other"]
-        {
+        for no in [
+            "vdisks/golden/golden.base.raw",
+            "vdisks/golden/golden.1.qcow2.idx",
+            "targets/.x.json",
+            "cache/pc-01.cache",
+            "vdisks/.tmp/vdisk.json",
+            "other",
+        ] {
             assert!(!is_metadata(no), "{no}");
         }
     }

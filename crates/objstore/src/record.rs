@@ -35,22 +35,32 @@ pub struct WriterRecord {
 }
 
 pub(crate) fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// This machine's host name.
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
 }
 
 impl WriterRecord {
     /// The record in the bucket, if there is one (a damaged one is no record, with a warning).
     pub fn read(bucket: &Bucket) -> Result<Option<WriterRecord>> {
-        let Some(raw) = bucket.get_capped(WRITER_OBJECT, 64 << 10)? else { return Ok(None) };
+        let Some(raw) = bucket.get_capped(WRITER_OBJECT, 64 << 10)? else {
+            return Ok(None);
+        };
         match serde_json::from_slice(&raw) {
             Ok(r) => Ok(Some(r)),
             Err(e) => {
-                log::warn!("{}: not a writer record ({e}); treated as none", bucket.what(WRITER_OBJECT));
+                log::warn!(
+                    "{}: not a writer record ({e}); treated as none",
+                    bucket.what(WRITER_OBJECT)
+                );
                 Ok(None)
             }
         }

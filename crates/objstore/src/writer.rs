@@ -58,13 +58,22 @@ struct Published {
 /// The file of the vDisk's version in maintenance, if one is.
 fn maintenance_file(vdisk_json: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(vdisk_json).ok()?;
-    v.get("versions")?.as_array()?.iter().find(|x| x.get("access").and_then(|a| a.as_str()) == Some("maintenance"))?.get("file")?.as_str().map(str::to_string)
+    v.get("versions")?
+        .as_array()?
+        .iter()
+        .find(|x| x.get("access").and_then(|a| a.as_str()) == Some("maintenance"))?
+        .get("file")?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// A vDisk's incarnation: `created` of its `vdisk.json` (a vDisk deleted and made again
 /// under its name has a new one, and reuses its layer file names).
 fn incarnation(vdisk_json: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(vdisk_json).ok().and_then(|v| v.get("created").map(|c| c.to_string())).unwrap_or_default()
+    serde_json::from_slice::<serde_json::Value>(vdisk_json)
+        .ok()
+        .and_then(|v| v.get("created").map(|c| c.to_string()))
+        .unwrap_or_default()
 }
 
 /// Refuses to resume a folder when the bucket holds a newer generation of a vDisk than
@@ -72,9 +81,21 @@ fn incarnation(vdisk_json: &[u8]) -> String {
 /// writer), and publishing the folder would undo that.
 fn refuse_if_bucket_ahead(bucket: &Bucket, dir: &Path) -> Result<()> {
     for (rel, _, _) in bucket.list("vdisks/")? {
-        let Some(name) = rel.strip_prefix("vdisks/").and_then(|r| r.strip_suffix("/vdisk.json")) else { continue };
-        let gen = |raw: &[u8]| serde_json::from_slice::<serde_json::Value>(raw).ok().and_then(|v| v.get("generation").and_then(|g| g.as_u64())).unwrap_or(0);
-        let Some(theirs) = bucket.get_capped(&rel, 64 << 20)? else { continue };
+        let Some(name) = rel
+            .strip_prefix("vdisks/")
+            .and_then(|r| r.strip_suffix("/vdisk.json"))
+        else {
+            continue;
+        };
+        let gen = |raw: &[u8]| {
+            serde_json::from_slice::<serde_json::Value>(raw)
+                .ok()
+                .and_then(|v| v.get("generation").and_then(|g| g.as_u64()))
+                .unwrap_or(0)
+        };
+        let Some(theirs) = bucket.get_capped(&rel, 64 << 20)? else {
+            continue;
+        };
         let ours = std::fs::read(dir.join(&rel)).map(|r| gen(&r)).unwrap_or(0);
         if gen(&theirs) > ours {
             return Err(Error::Conflict(format!(
@@ -98,13 +119,19 @@ fn set_aside(dir: &Path) -> Result<()> {
     for name in ["vdisks", "targets", "store.json", "audit.log", TOKENS] {
         let p = dir.join(name);
         if p.exists() {
-            vdstream_blockdev::storefile::create_dir_all(&aside).map_err(local("create", &aside))?;
+            vdstream_blockdev::storefile::create_dir_all(&aside)
+                .map_err(local("create", &aside))?;
             std::fs::rename(&p, aside.join(name)).map_err(local("move aside", &p))?;
             moved.push(name);
         }
     }
     if !moved.is_empty() {
-        log::warn!("{}: a writer's folder from before ({}) set aside into {}", dir.display(), moved.join(", "), aside.display());
+        log::warn!(
+            "{}: a writer's folder from before ({}) set aside into {}",
+            dir.display(),
+            moved.join(", "),
+            aside.display()
+        );
     }
     Ok(())
 }
@@ -124,7 +151,8 @@ fn fetch_layers(bucket: &Bucket, dir: &Path, published: &mut Published) -> Resul
             if path.exists() {
                 continue;
             }
-            let Some(raw) = bucket.get_capped(&format!("{rel}.idx"), crate::layer::MAX_INDEX)? else {
+            let Some(raw) = bucket.get_capped(&format!("{rel}.idx"), crate::layer::MAX_INDEX)?
+            else {
                 log::warn!(
                     "{}: layer {rel} is in neither the bucket nor {}: an earlier writer's unpublished maintenance version?",
                     bucket.location,
@@ -142,7 +170,11 @@ fn fetch_layers(bucket: &Bucket, dir: &Path, published: &mut Published) -> Resul
         }
     }
     if layers > 0 {
-        log::info!("{}: fetched {layers} layer(s) ({bytes} bytes) into the writer's folder {}", bucket.location, dir.display());
+        log::info!(
+            "{}: fetched {layers} layer(s) ({bytes} bytes) into the writer's folder {}",
+            bucket.location,
+            dir.display()
+        );
     }
     Ok(())
 }
@@ -180,12 +212,24 @@ impl Writer {
     /// changes may not all be published yet), unless the bucket moved on without it;
     /// else it starts from the bucket and fetches every layer, so that it is a whole store
     /// on which every command works as on a local folder.
-    pub fn start(bucket: Bucket, dir: &Path, cache: &CacheConfig, url: &str) -> Result<Arc<Writer>> {
-        vdstream_blockdev::storefile::create_dir_all(dir).map_err(local("create the writer's folder", dir))?;
+    pub fn start(
+        bucket: Bucket,
+        dir: &Path,
+        cache: &CacheConfig,
+        url: &str,
+    ) -> Result<Arc<Writer>> {
+        vdstream_blockdev::storefile::create_dir_all(dir)
+            .map_err(local("create the writer's folder", dir))?;
         // One process per writer folder, for the life of the process.
         let lock_path = dir.join(".writer.lock");
-        let lock = vdstream_blockdev::storefile::open_rw(&lock_path, vdstream_blockdev::storefile::SHARED_READ).map_err(local("open", &lock_path))?;
-        if !vdstream_store::fsutil::try_lock(&lock, vdstream_blockdev::flock::LockMode::Exclusive).map_err(local("lock", &lock_path))? {
+        let lock = vdstream_blockdev::storefile::open_rw(
+            &lock_path,
+            vdstream_blockdev::storefile::SHARED_READ,
+        )
+        .map_err(local("open", &lock_path))?;
+        if !vdstream_store::fsutil::try_lock(&lock, vdstream_blockdev::flock::LockMode::Exclusive)
+            .map_err(local("lock", &lock_path))?
+        {
             return Err(Error::Conflict(format!(
                 "{} is the folder of a metadata writer that runs on this host: give this server another --object-cache",
                 dir.display()
@@ -193,7 +237,9 @@ impl Writer {
         }
         let mirror = Mirror::build(bucket, dir, cache, false)?;
         let bucket = &mirror.bucket;
-        let mine = std::fs::read_to_string(dir.join(LOCAL_ID)).ok().map(|s| s.trim().to_string());
+        let mine = std::fs::read_to_string(dir.join(LOCAL_ID))
+            .ok()
+            .map(|s| s.trim().to_string());
         let theirs = WriterRecord::read(bucket)?;
         if let Some(r) = theirs.as_ref().filter(|r| Some(&r.id) != mine.as_ref()) {
             let refuse = |r: &WriterRecord, how: String| {
@@ -216,11 +262,17 @@ impl Writer {
                 return Err(refuse(&again, "its heartbeat still renews".into()));
             }
         }
-        let resume = mine.is_some() && theirs.as_ref().map(|r| &r.id) == mine.as_ref() && dir.join("store.json").exists();
+        let resume = mine.is_some()
+            && theirs.as_ref().map(|r| &r.id) == mine.as_ref()
+            && dir.join("store.json").exists();
         if resume {
             refuse_if_bucket_ahead(bucket, dir)?;
             let _ = std::fs::remove_file(dir.join(MIRROR_MARKER));
-            log::info!("{}: {} was its metadata writer before; what it holds is published again", bucket.location, dir.display());
+            log::info!(
+                "{}: {} was its metadata writer before; what it holds is published again",
+                bucket.location,
+                dir.display()
+            );
         } else {
             if mine.is_some() {
                 set_aside(dir)?;
@@ -251,7 +303,10 @@ impl Writer {
             since: now,
             heartbeat: now,
         };
-        bucket.put(WRITER_OBJECT, Bytes::from(serde_json::to_vec_pretty(&record).expect("record")))?;
+        bucket.put(
+            WRITER_OBJECT,
+            Bytes::from(serde_json::to_vec_pretty(&record).expect("record")),
+        )?;
         // The metadata the bucket has counts as published (a fresh start read it from
         // there); what differs locally goes up in the first round. Each vDisk's
         // incarnation (its `created`) is noted, to tell a vDisk made again under its name.
@@ -259,9 +314,14 @@ impl Writer {
             if is_metadata(&rel) || rel == TOKENS {
                 published.meta.insert(rel.clone(), u64::MAX);
             }
-            if let Some(name) = rel.strip_prefix("vdisks/").and_then(|r| r.strip_suffix("/vdisk.json")) {
+            if let Some(name) = rel
+                .strip_prefix("vdisks/")
+                .and_then(|r| r.strip_suffix("/vdisk.json"))
+            {
                 if let Some(raw) = bucket.get_capped(&rel, 64 << 20)? {
-                    published.created.insert(name.to_string(), incarnation(&raw));
+                    published
+                        .created
+                        .insert(name.to_string(), incarnation(&raw));
                 }
             }
         }
@@ -284,8 +344,14 @@ impl Writer {
                     return;
                 }
                 match w.heartbeat() {
-                    Ok(()) => *w.last_beat.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now(),
-                    Err(e) => log::warn!("{}: cannot renew {WRITER_OBJECT}: {e}", w.mirror.bucket.location),
+                    Ok(()) => {
+                        *w.last_beat.lock().unwrap_or_else(|e| e.into_inner()) =
+                            std::time::Instant::now()
+                    }
+                    Err(e) => log::warn!(
+                        "{}: cannot renew {WRITER_OBJECT}: {e}",
+                        w.mirror.bucket.location
+                    ),
                 }
             })
             .map_err(|e| Error::Io(format!("cannot start the heartbeat thread: {e}")))?;
@@ -327,7 +393,10 @@ impl Writer {
     }
 
     pub fn record(&self) -> WriterRecord {
-        self.record.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Renews `writer.json`; if another writer's id is there, stops publishing and makes
@@ -339,7 +408,10 @@ impl Writer {
             self.fenced.store(true, Ordering::Relaxed);
             let marker = serde_json::json!({"source": bucket.location.to_string(),
                 "note": format!("this server lost the metadata writer role to the server at {} on {}", other.url, other.host)});
-            write_atomic(&self.mirror.dir.join(MIRROR_MARKER), marker.to_string().as_bytes())?;
+            write_atomic(
+                &self.mirror.dir.join(MIRROR_MARKER),
+                marker.to_string().as_bytes(),
+            )?;
             log::error!(
                 "{}: another server took the metadata writer role ({} on {}, pid {}): this server publishes nothing more and refuses changes; \
                  its folder {} keeps what it had not published (a writer started on it again sets that aside)",
@@ -352,7 +424,10 @@ impl Writer {
             return Ok(());
         }
         rec.heartbeat = now_secs();
-        bucket.put(WRITER_OBJECT, Bytes::from(serde_json::to_vec_pretty(&*rec).expect("record")))
+        bucket.put(
+            WRITER_OBJECT,
+            Bytes::from(serde_json::to_vec_pretty(&*rec).expect("record")),
+        )
     }
 
     /// Sends what changed in the folder since the last round: each vDisk's new or changed
@@ -369,7 +444,9 @@ impl Writer {
         // The plan, under the store's shared lock: no change is half made while it is read,
         // and every layer to send is held (the store deletes no file a lock is on).
         let (plan, rest) = {
-            let _lock = store.lock(vdstream_blockdev::flock::LockMode::Shared).map_err(|e| Error::Io(e.to_string()))?;
+            let _lock = store
+                .lock(vdstream_blockdev::flock::LockMode::Shared)
+                .map_err(|e| Error::Io(e.to_string()))?;
             let mut plan: Vec<(String, Vec<u8>, Vec<(Held, Stamp)>)> = Vec::new();
             for name in store.names().map_err(|e| Error::Io(e.to_string()))? {
                 let json_path = dir.join("vdisks").join(&name).join("vdisk.json");
@@ -385,26 +462,44 @@ impl Writer {
                     }
                     let rel = format!("vdisks/{name}/{f}");
                     let path = dir.join(&rel);
-                    let Ok(meta) = std::fs::metadata(&path) else { continue }; // in the bucket already
+                    let Ok(meta) = std::fs::metadata(&path) else {
+                        continue;
+                    }; // in the bucket already
                     let stamp = (meta.len(), mtime_of(&meta));
                     if published.layers.get(&rel) == Some(&stamp) {
                         continue;
                     }
                     // None: something writes it (never a sealed layer); the next round sees.
-                    if let Some(file) = vdstream_store::fsutil::hold_shared(&path).map_err(|e| Error::Io(e.to_string()))? {
-                        held.push((Held { rel, path, file, len: stamp.0 }, stamp));
+                    if let Some(file) = vdstream_store::fsutil::hold_shared(&path)
+                        .map_err(|e| Error::Io(e.to_string()))?
+                    {
+                        held.push((
+                            Held {
+                                rel,
+                                path,
+                                file,
+                                len: stamp.0,
+                            },
+                            stamp,
+                        ));
                     }
                 }
                 plan.push((format!("vdisks/{name}/vdisk.json"), json, held));
             }
             let mut rest: Vec<(String, Vec<u8>)> = Vec::new();
-            let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("targets")).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+            let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("targets"))
+                .map(|rd| rd.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
             paths.sort();
             paths.push(dir.join("audit.log"));
             paths.push(dir.join(TOKENS));
             paths.push(dir.join("store.json"));
             for p in paths {
-                let rel = p.strip_prefix(dir).expect("inside").to_string_lossy().into_owned();
+                let rel = p
+                    .strip_prefix(dir)
+                    .expect("inside")
+                    .to_string_lossy()
+                    .into_owned();
                 if (is_metadata(&rel) || rel == TOKENS) && p.is_file() {
                     rest.push((rel, std::fs::read(&p).map_err(local("read", &p))?));
                 }
@@ -418,7 +513,10 @@ impl Writer {
             present.insert(rel.clone());
             // A vDisk made again under its name reuses its layer file names: its old
             // metadata goes first, so that no server pairs it with the new layers.
-            let name = rel.trim_start_matches("vdisks/").trim_end_matches("/vdisk.json").to_string();
+            let name = rel
+                .trim_start_matches("vdisks/")
+                .trim_end_matches("/vdisk.json")
+                .to_string();
             let now = incarnation(&json);
             if published.created.get(&name).is_some_and(|c| *c != now) {
                 bucket.delete(&rel)?;
@@ -430,7 +528,12 @@ impl Writer {
                 match upload_layer(bucket, &h, &mut |_| {}) {
                     Ok(moved) => {
                         if let Some(n) = moved {
-                            log::info!("{}: published layer {} ({} bytes sent)", bucket.location, h.rel, n);
+                            log::info!(
+                                "{}: published layer {} ({} bytes sent)",
+                                bucket.location,
+                                h.rel,
+                                n
+                            );
                             sent += 1;
                         }
                         published.layers.insert(h.rel.clone(), stamp);
@@ -448,11 +551,19 @@ impl Writer {
             present.insert(rel.clone());
             sent += self.put_if_changed(&mut published, &rel, data)?;
         }
-        let gone: Vec<String> = published.meta.keys().filter(|k| !present.contains(*k)).cloned().collect();
+        let gone: Vec<String> = published
+            .meta
+            .keys()
+            .filter(|k| !present.contains(*k))
+            .cloned()
+            .collect();
         for rel in gone {
             bucket.delete(&rel)?;
             published.meta.remove(&rel);
-            if let Some(name) = rel.strip_prefix("vdisks/").and_then(|r| r.strip_suffix("/vdisk.json")) {
+            if let Some(name) = rel
+                .strip_prefix("vdisks/")
+                .and_then(|r| r.strip_suffix("/vdisk.json"))
+            {
                 published.created.remove(name);
             }
             log::info!("{}: removed {rel} (deleted in the store)", bucket.location);
@@ -481,8 +592,14 @@ mod tests {
     fn the_maintenance_file_and_the_incarnation_are_read_from_vdisk_json() {
         let j = br#"{"created":"2026-11-27T21:00:00Z","versions":[{"number":1,"file":"g.1.qcow2","access":"production"},{"number":2,"file":"g.2.qcow2","access":"maintenance"}]}"#;
         assert_eq!(super::maintenance_file(j).as_deref(), Some("g.2.qcow2"));
-        assert_eq!(super::maintenance_file(br#"{"versions":[{"file":"g.1.qcow2","access":"test"}]}"#), None);
+        assert_eq!(
+            super::maintenance_file(br#"{"versions":[{"file":"g.1.qcow2","access":"test"}]}"#),
+            None
+        );
         assert_eq!(super::incarnation(j), "\"2026-11-27T21:00:00Z\"");
-        assert_ne!(super::incarnation(j), super::incarnation(br#"{"created":"2026-11-27T22:00:00Z"}"#));
+        assert_ne!(
+            super::incarnation(j),
+            super::incarnation(br#"{"created":"2026-11-27T22:00:00Z"}"#)
+        );
     }
 }

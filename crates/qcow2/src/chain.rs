@@ -31,7 +31,10 @@ use vdstream_blockdev::layerfile::{self, LayerFile};
 use vdstream_blockdev::storefile;
 use vdstream_blockdev::{BlockDev, Error, ErrorKind, Op, Result};
 
-use crate::header::{push_extension, Header, EXT_BACKING_FORMAT, EXT_END, MAGIC, MAX_BACKING_NAME, MAX_CLUSTER_BITS, MIN_CLUSTER_BITS};
+use crate::header::{
+    push_extension, Header, EXT_BACKING_FORMAT, EXT_END, MAGIC, MAX_BACKING_NAME, MAX_CLUSTER_BITS,
+    MIN_CLUSTER_BITS,
+};
 use crate::image::{file_error, OpenOptions, Qcow2Image};
 
 /// Deepest backing chain we follow.
@@ -72,7 +75,11 @@ impl ImageFormat {
             return Ok(ImageFormat::Raw);
         }
         f.read_exact_at(&mut magic, 0).map_err(io_err)?;
-        Ok(if u32::from_be_bytes(magic) == MAGIC { ImageFormat::Qcow2 } else { ImageFormat::Raw })
+        Ok(if u32::from_be_bytes(magic) == MAGIC {
+            ImageFormat::Qcow2
+        } else {
+            ImageFormat::Raw
+        })
     }
 }
 
@@ -103,7 +110,10 @@ pub struct LayerSpec {
 
 impl LayerSpec {
     pub fn new(path: impl Into<PathBuf>, format: ImageFormat) -> Self {
-        LayerSpec { path: path.into(), format }
+        LayerSpec {
+            path: path.into(),
+            format,
+        }
     }
 }
 
@@ -126,7 +136,11 @@ pub fn open_recorded_with(chain: &[LayerSpec], hook: LayerHook<'_>) -> Result<Ar
 /// Opens `path` (raw or qcow2, probed) and the backing chain its header names, read-only:
 /// for a file an administrator names (see the module doc).
 pub fn open_chain(path: impl AsRef<Path>) -> Result<Arc<dyn BlockDev>> {
-    Ok(top_of(open_specs(&chain_of(path.as_ref())?, false, &|_, dev| dev)?))
+    Ok(top_of(open_specs(
+        &chain_of(path.as_ref())?,
+        false,
+        &|_, dev| dev,
+    )?))
 }
 
 /// The device of the top of opened layers (top first).
@@ -190,7 +204,8 @@ fn resolve_named(path: &Path) -> Result<PathBuf> {
     if layerfile::remote(path).is_some() && !path.exists() {
         return Ok(path.to_path_buf());
     }
-    std::fs::canonicalize(path).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))
+    std::fs::canonicalize(path)
+        .map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))
 }
 
 /// Checks that the qcow2 header of `path` names `below` as its backing file (by file
@@ -199,19 +214,32 @@ fn resolve_named(path: &Path) -> Result<PathBuf> {
 /// top included, so that a layer never reaches a file the store did not put below it.
 pub fn check_backing(path: &Path, below: Option<&LayerSpec>) -> Result<()> {
     let header = read_header(path)?;
-    let refused = |what: String| file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
-        "{what}; a layer is opened only over the layer its record puts below it, so it is refused: check the vDisk with `vdstream vdisk check`, and restore the layer from backup"));
+    let refused = |what: String| {
+        file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
+        "{what}; a layer is opened only over the layer its record puts below it, so it is refused: check the vDisk with `vdstream vdisk check`, and restore the layer from backup"))
+    };
     match (header.backing_file.as_deref(), below) {
         (None, None) => Ok(()),
-        (Some(name), None) => Err(refused(format!("its header names backing file {name:?}, but it is the bottom layer of its chain"))),
-        (None, Some(b)) => Err(refused(format!("its header names no backing file, but {} is recorded below it", b.path.display()))),
+        (Some(name), None) => Err(refused(format!(
+            "its header names backing file {name:?}, but it is the bottom layer of its chain"
+        ))),
+        (None, Some(b)) => Err(refused(format!(
+            "its header names no backing file, but {} is recorded below it",
+            b.path.display()
+        ))),
         (Some(name), Some(b)) => {
             let same_folder = path.parent() == b.path.parent();
             if !same_folder || b.path.file_name().and_then(|n| n.to_str()) != Some(name) {
-                return Err(refused(format!("its header names backing file {name:?}, but the layer recorded below it is {}", b.path.display())));
+                return Err(refused(format!(
+                    "its header names backing file {name:?}, but the layer recorded below it is {}",
+                    b.path.display()
+                )));
             }
             match header.backing_format.as_deref() {
-                Some(f) if f != b.format.name() => Err(refused(format!("its header gives backing format {f:?}, but {name} is recorded as {}", b.format.name()))),
+                Some(f) if f != b.format.name() => Err(refused(format!(
+                    "its header gives backing format {f:?}, but {name} is recorded as {}",
+                    b.format.name()
+                ))),
                 _ => Ok(()),
             }
         }
@@ -223,7 +251,14 @@ pub fn check_backing(path: &Path, below: Option<&LayerSpec>) -> Result<()> {
 /// Top first.
 fn open_specs(chain: &[LayerSpec], checked: bool, hook: LayerHook<'_>) -> Result<Vec<Layer>> {
     let Some(top) = chain.last() else {
-        return Err(Error::new(ErrorKind::Invalid, Op::Open, 0, 0, "chain", "a chain needs at least one layer"));
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            Op::Open,
+            0,
+            0,
+            "chain",
+            "a chain needs at least one layer",
+        ));
     };
     if chain.len() > MAX_CHAIN_DEPTH + 1 {
         return Err(file_error(ErrorKind::Invalid, Op::Open, 0, &top.path, format!(
@@ -234,16 +269,42 @@ fn open_specs(chain: &[LayerSpec], checked: bool, hook: LayerHook<'_>) -> Result
         let below = layers.last().map(|l| l.dev.clone());
         let layer = match spec.format {
             ImageFormat::Raw if i > 0 => {
-                return Err(file_error(ErrorKind::Invalid, Op::Open, 0, &spec.path, format!(
-                    "a raw layer can only be the bottom of a chain, and {} is above {}", spec.path.display(), chain[i - 1].path.display())));
+                return Err(file_error(
+                    ErrorKind::Invalid,
+                    Op::Open,
+                    0,
+                    &spec.path,
+                    format!(
+                        "a raw layer can only be the bottom of a chain, and {} is above {}",
+                        spec.path.display(),
+                        chain[i - 1].path.display()
+                    ),
+                ));
             }
-            ImageFormat::Raw => Layer { path: spec.path.clone(), format: spec.format, dev: hook(&spec.path, layerfile::open_raw(&spec.path)?), qcow2: None },
+            ImageFormat::Raw => Layer {
+                path: spec.path.clone(),
+                format: spec.format,
+                dev: hook(&spec.path, layerfile::open_raw(&spec.path)?),
+                qcow2: None,
+            },
             ImageFormat::Qcow2 => {
                 if checked {
                     check_backing(&spec.path, i.checked_sub(1).map(|j| &chain[j]))?;
                 }
-                let img = Arc::new(Qcow2Image::open(&spec.path, OpenOptions { read_only: true, ..Default::default() }, below)?);
-                Layer { path: spec.path.clone(), format: spec.format, dev: hook(&spec.path, img.clone()), qcow2: Some(img) }
+                let img = Arc::new(Qcow2Image::open(
+                    &spec.path,
+                    OpenOptions {
+                        read_only: true,
+                        ..Default::default()
+                    },
+                    below,
+                )?);
+                Layer {
+                    path: spec.path.clone(),
+                    format: spec.format,
+                    dev: hook(&spec.path, img.clone()),
+                    qcow2: Some(img),
+                }
             }
         };
         layers.push(layer);
@@ -263,25 +324,46 @@ pub(crate) struct BackingRef {
 
 /// Reads and validates the header of the qcow2 image at `path`.
 pub(crate) fn read_header(path: &Path) -> Result<Header> {
-    let f = LayerFile::open(path, false).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
-    let len = f.len().map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
+    let f = LayerFile::open(path, false)
+        .map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
+    let len = f
+        .len()
+        .map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
     let mut first = vec![0u8; len.min(crate::header::HEADER_READ_LEN as u64) as usize];
-    f.read_exact_at(&mut first, 0).map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
-    Header::parse(&first, len).map_err(|e| file_error(ErrorKind::Invalid, Op::Open, 0, path, format!("{e}; check the image with `qemu-img check`")))
+    f.read_exact_at(&mut first, 0)
+        .map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
+    Header::parse(&first, len).map_err(|e| {
+        file_error(
+            ErrorKind::Invalid,
+            Op::Open,
+            0,
+            path,
+            format!("{e}; check the image with `qemu-img check`"),
+        )
+    })
 }
 
 /// The backing file named by the qcow2 header of `path`, if any (a file an administrator
 /// names: see the module doc).
 pub(crate) fn backing_ref(path: &Path) -> Result<Option<BackingRef>> {
     let header = read_header(path)?;
-    let Some(name) = header.backing_file else { return Ok(None) };
+    let Some(name) = header.backing_file else {
+        return Ok(None);
+    };
     let resolved = resolve_backing(path, &name);
-    let format = header.backing_format.as_deref().map(|n| ImageFormat::from_name(n, path)).transpose()?;
+    let format = header
+        .backing_format
+        .as_deref()
+        .map(|n| ImageFormat::from_name(n, path))
+        .transpose()?;
     if !layerfile::exists(&resolved) {
         return Err(file_error(ErrorKind::Invalid, Op::Open, 0, path, format!(
             "backing file {name:?} (resolved to {}) does not exist: restore it or rebase the image with `qemu-img rebase`", resolved.display())));
     }
-    Ok(Some(BackingRef { path: resolve_named(&resolved)?, format }))
+    Ok(Some(BackingRef {
+        path: resolve_named(&resolved)?,
+        format,
+    }))
 }
 
 /// One layer of an opened chain, with its own type kept (merging asks each layer what it
@@ -315,16 +397,25 @@ pub fn resolve_backing(image: &Path, name: &str) -> PathBuf {
 /// Creates an empty version 3 qcow2 image of `size` bytes at `path` (which must not
 /// exist), optionally over `backing` (its name is stored as given: relative names are
 /// resolved against `path`'s directory), with clusters of `1 << cluster_bits` bytes.
-pub fn create(path: impl AsRef<Path>, size: u64, backing: Option<(&str, ImageFormat)>, cluster_bits: u32) -> Result<()> {
+pub fn create(
+    path: impl AsRef<Path>,
+    size: u64,
+    backing: Option<(&str, ImageFormat)>,
+    cluster_bits: u32,
+) -> Result<()> {
     let path = path.as_ref();
     let invalid = |m: String| file_error(ErrorKind::Invalid, Op::Open, 0, path, m);
     if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
-        return Err(invalid(format!("cluster_bits {cluster_bits} is outside 9..=21")));
+        return Err(invalid(format!(
+            "cluster_bits {cluster_bits} is outside 9..=21"
+        )));
     }
     let cs = 1u64 << cluster_bits;
     let l1_entries = Header::l1_entries_for(size, cluster_bits);
     if l1_entries * 8 > crate::header::MAX_L1_BYTES {
-        return Err(invalid(format!("{size} bytes need an L1 table above 32 MiB: use larger clusters")));
+        return Err(invalid(format!(
+            "{size} bytes need an L1 table above 32 MiB: use larger clusters"
+        )));
     }
     let l1_clusters = (l1_entries * 8).div_ceil(cs).max(1);
     let used = 3 + l1_clusters;
@@ -352,7 +443,10 @@ pub fn create(path: impl AsRef<Path>, size: u64, backing: Option<(&str, ImageFor
     let mut ext = Vec::new();
     if let Some((name, format)) = backing {
         if name.is_empty() || name.len() > MAX_BACKING_NAME as usize {
-            return Err(invalid(format!("the backing file name must be 1 to 1023 bytes, got {}", name.len())));
+            return Err(invalid(format!(
+                "the backing file name must be 1 to 1023 bytes, got {}",
+                name.len()
+            )));
         }
         push_extension(&mut ext, EXT_BACKING_FORMAT, format.name().as_bytes());
         h.backing_file = Some(name.to_string());
@@ -366,7 +460,10 @@ pub fn create(path: impl AsRef<Path>, size: u64, backing: Option<(&str, ImageFor
         first.extend_from_slice(name.as_bytes());
     }
     if first.len() as u64 > cs {
-        return Err(invalid("the header and backing file name do not fit in one cluster: use larger clusters".into()));
+        return Err(invalid(
+            "the header and backing file name do not fit in one cluster: use larger clusters"
+                .into(),
+        ));
     }
     let mut image = vec![0u8; (used * cs) as usize];
     image[..first.len()].copy_from_slice(&first);
@@ -379,8 +476,10 @@ pub fn create(path: impl AsRef<Path>, size: u64, backing: Option<(&str, ImageFor
     // A new layer: made, never opened through an existing name; the owner's group may read it.
     let file = storefile::create_new(path, storefile::SHARED_READ).map_err(io)?;
     // A failed write (a full file system) must not leave a half-made image behind.
-    file.write_all_at(&image, 0).and_then(|()| file.sync_all()).map_err(|e| {
-        let _ = std::fs::remove_file(path);
-        io(e)
-    })
+    file.write_all_at(&image, 0)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| {
+            let _ = std::fs::remove_file(path);
+            io(e)
+        })
 }

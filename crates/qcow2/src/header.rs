@@ -97,11 +97,19 @@ impl fmt::Display for HeaderError {
 impl std::error::Error for HeaderError {}
 
 fn corrupt(field: &'static str, problem: impl Into<String>) -> HeaderError {
-    HeaderError { field, problem: problem.into(), unsupported: false }
+    HeaderError {
+        field,
+        problem: problem.into(),
+        unsupported: false,
+    }
 }
 
 fn unsupported(field: &'static str, problem: impl Into<String>) -> HeaderError {
-    HeaderError { field, problem: problem.into(), unsupported: true }
+    HeaderError {
+        field,
+        problem: problem.into(),
+        unsupported: true,
+    }
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -113,9 +121,18 @@ fn be64(b: &[u8], at: usize) -> u64 {
 }
 
 /// Checks that `[offset, offset+len)` is cluster aligned and inside a file of `file_len`.
-fn check_table(field: &'static str, offset: u64, len: u64, cluster: u64, file_len: u64) -> Result<(), HeaderError> {
+fn check_table(
+    field: &'static str,
+    offset: u64,
+    len: u64,
+    cluster: u64,
+    file_len: u64,
+) -> Result<(), HeaderError> {
     if offset % cluster != 0 {
-        return Err(corrupt(field, format!("offset {offset} is not aligned to the cluster size {cluster}")));
+        return Err(corrupt(
+            field,
+            format!("offset {offset} is not aligned to the cluster size {cluster}"),
+        ));
     }
     if offset == 0 && len > 0 {
         return Err(corrupt(field, "offset 0 overlaps the header"));
@@ -163,21 +180,38 @@ impl Header {
         }
         let magic = be32(bytes, 0);
         if magic != MAGIC {
-            return Err(corrupt("magic", format!("{magic:#010x} is not the qcow2 magic \"QFI\\xfb\": this is not a qcow2 file")));
+            return Err(corrupt(
+                "magic",
+                format!(
+                    "{magic:#010x} is not the qcow2 magic \"QFI\\xfb\": this is not a qcow2 file"
+                ),
+            ));
         }
         let version = be32(bytes, 4);
         if version != 2 && version != 3 {
-            return Err(unsupported("version", format!("version {version}; only qcow2 versions 2 and 3 exist")));
+            return Err(unsupported(
+                "version",
+                format!("version {version}; only qcow2 versions 2 and 3 exist"),
+            ));
         }
         let cluster_bits = be32(bytes, 20);
         if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
-            return Err(corrupt("cluster_bits", format!("{cluster_bits} is outside 9..=21 (512 bytes to 2 MiB clusters)")));
+            return Err(corrupt(
+                "cluster_bits",
+                format!("{cluster_bits} is outside 9..=21 (512 bytes to 2 MiB clusters)"),
+            ));
         }
         let cluster = 1u64 << cluster_bits;
         // Everything the parser reads besides the tables lies in the first cluster.
         let first = &bytes[..bytes.len().min(cluster as usize)];
         if version == 3 && first.len() < V3_HEADER_LEN {
-            return Err(corrupt("header_length", format!("a version 3 header needs 104 bytes, the file holds {}", first.len())));
+            return Err(corrupt(
+                "header_length",
+                format!(
+                    "a version 3 header needs 104 bytes, the file holds {}",
+                    first.len()
+                ),
+            ));
         }
         let crypt_method = be32(bytes, 32);
         if crypt_method != 0 {
@@ -208,11 +242,22 @@ impl Header {
             h.autoclear_features = be64(bytes, 88);
             h.refcount_order = be32(bytes, 96);
             h.header_length = be32(bytes, 100);
-            if (h.header_length as usize) < V3_HEADER_LEN || h.header_length as usize > first.len() {
-                return Err(corrupt("header_length", format!("{} is not between 104 and the first cluster's {} bytes", h.header_length, first.len())));
+            if (h.header_length as usize) < V3_HEADER_LEN || h.header_length as usize > first.len()
+            {
+                return Err(corrupt(
+                    "header_length",
+                    format!(
+                        "{} is not between 104 and the first cluster's {} bytes",
+                        h.header_length,
+                        first.len()
+                    ),
+                ));
             }
             if h.refcount_order > 6 {
-                return Err(corrupt("refcount_order", format!("{} is above 6 (64-bit refcounts)", h.refcount_order)));
+                return Err(corrupt(
+                    "refcount_order",
+                    format!("{} is above 6 (64-bit refcounts)", h.refcount_order),
+                ));
             }
         }
         // Header extensions: collect the backing format and feature names first, so that a
@@ -226,19 +271,31 @@ impl Header {
                 break;
             }
             let data_at = at + 8;
-            let Some(data) = data_at.checked_add(len).and_then(|end| first.get(data_at..end)) else {
+            let Some(data) = data_at
+                .checked_add(len)
+                .and_then(|end| first.get(data_at..end))
+            else {
                 return Err(corrupt("header extension", format!("extension {ty:#010x} of {len} bytes at offset {at} runs past the first cluster")));
             };
             match ty {
                 EXT_BACKING_FORMAT => {
-                    let name = std::str::from_utf8(data).map_err(|_| corrupt("backing format extension", "the format name is not UTF-8"))?;
+                    let name = std::str::from_utf8(data).map_err(|_| {
+                        corrupt("backing format extension", "the format name is not UTF-8")
+                    })?;
                     h.backing_format = Some(name.trim_end_matches('\0').to_string());
                 }
                 EXT_FEATURE_TABLE => {
                     for entry in data.chunks_exact(48) {
                         let name_bytes = &entry[2..];
-                        let end = name_bytes.iter().position(|&b| b == 0).unwrap_or(name_bytes.len());
-                        feature_names.push((entry[0], entry[1], String::from_utf8_lossy(&name_bytes[..end]).into_owned()));
+                        let end = name_bytes
+                            .iter()
+                            .position(|&b| b == 0)
+                            .unwrap_or(name_bytes.len());
+                        feature_names.push((
+                            entry[0],
+                            entry[1],
+                            String::from_utf8_lossy(&name_bytes[..end]).into_owned(),
+                        ));
                     }
                 }
                 EXT_CRYPTO => {
@@ -280,35 +337,71 @@ impl Header {
         let bf_size = be32(bytes, 16);
         if bf_offset != 0 && bf_size > 0 {
             if bf_size > MAX_BACKING_NAME {
-                return Err(corrupt("backing_file_size", format!("{bf_size} is longer than the 1023 bytes qemu allows")));
+                return Err(corrupt(
+                    "backing_file_size",
+                    format!("{bf_size} is longer than the 1023 bytes qemu allows"),
+                ));
             }
             let end = bf_offset.checked_add(bf_size as u64).filter(|&e| e <= first.len() as u64).ok_or_else(|| {
                 corrupt("backing_file_offset", format!("the name of {bf_size} bytes at offset {bf_offset} is not inside the first cluster"))
             })?;
-            let name = std::str::from_utf8(&first[bf_offset as usize..end as usize]).map_err(|_| corrupt("backing_file_offset", "the backing file name is not UTF-8"))?;
+            let name =
+                std::str::from_utf8(&first[bf_offset as usize..end as usize]).map_err(|_| {
+                    corrupt("backing_file_offset", "the backing file name is not UTF-8")
+                })?;
             h.backing_file = Some(name.to_string());
         }
         // Tables and sizes, bounds-checked before anything is allocated from them.
         let per_l2 = 1u64 << (2 * cluster_bits - 3);
         let need_l1 = h.size.div_ceil(per_l2);
         if (h.l1_size as u64) < need_l1 {
-            return Err(corrupt("l1_size", format!("{} entries cover less than the virtual size of {} bytes (needs {need_l1})", h.l1_size, h.size)));
+            return Err(corrupt(
+                "l1_size",
+                format!(
+                    "{} entries cover less than the virtual size of {} bytes (needs {need_l1})",
+                    h.l1_size, h.size
+                ),
+            ));
         }
         let l1_bytes = h.l1_size as u64 * 8;
         if l1_bytes > MAX_L1_BYTES {
-            return Err(corrupt("l1_size", format!("{} entries ({l1_bytes} bytes) exceed qemu's 32 MiB limit for the L1 table", h.l1_size)));
+            return Err(corrupt(
+                "l1_size",
+                format!(
+                    "{} entries ({l1_bytes} bytes) exceed qemu's 32 MiB limit for the L1 table",
+                    h.l1_size
+                ),
+            ));
         }
-        check_table("l1_table_offset", h.l1_table_offset, l1_bytes, cluster, file_len)?;
+        check_table(
+            "l1_table_offset",
+            h.l1_table_offset,
+            l1_bytes,
+            cluster,
+            file_len,
+        )?;
         let rt_bytes = (h.refcount_table_clusters as u64) << cluster_bits;
         if rt_bytes > MAX_REFTABLE_BYTES {
             return Err(corrupt("refcount_table_clusters", format!("{} clusters ({rt_bytes} bytes) exceed qemu's 8 MiB limit for the refcount table", h.refcount_table_clusters)));
         }
         if rt_bytes == 0 {
-            return Err(corrupt("refcount_table_clusters", "0: every image has a refcount table"));
+            return Err(corrupt(
+                "refcount_table_clusters",
+                "0: every image has a refcount table",
+            ));
         }
-        check_table("refcount_table_offset", h.refcount_table_offset, rt_bytes, cluster, file_len)?;
+        check_table(
+            "refcount_table_offset",
+            h.refcount_table_offset,
+            rt_bytes,
+            cluster,
+            file_len,
+        )?;
         if h.nb_snapshots > 0 && h.snapshots_offset % cluster != 0 {
-            return Err(corrupt("snapshots_offset", format!("{} is not cluster aligned", h.snapshots_offset)));
+            return Err(corrupt(
+                "snapshots_offset",
+                format!("{} is not cluster aligned", h.snapshots_offset),
+            ));
         }
         Ok(h)
     }
@@ -316,12 +409,18 @@ impl Header {
     /// Serializes the fixed part of a version 3 header (`header_length` bytes, 104 or 112).
     pub fn to_bytes_v3(&self, backing_file_offset: u64) -> Vec<u8> {
         let mut b = vec![0u8; self.header_length as usize];
-        let put32 = |b: &mut [u8], at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_be_bytes());
-        let put64 = |b: &mut [u8], at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+        let put32 =
+            |b: &mut [u8], at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+        let put64 =
+            |b: &mut [u8], at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_be_bytes());
         put32(&mut b, 0, MAGIC);
         put32(&mut b, 4, 3);
         let name_len = self.backing_file.as_ref().map_or(0, |n| n.len() as u32);
-        put64(&mut b, 8, if name_len > 0 { backing_file_offset } else { 0 });
+        put64(
+            &mut b,
+            8,
+            if name_len > 0 { backing_file_offset } else { 0 },
+        );
         put32(&mut b, 16, name_len);
         put32(&mut b, 20, self.cluster_bits);
         put64(&mut b, 24, self.size);
@@ -350,7 +449,11 @@ impl Header {
 /// The result is at most one cluster and at least as long as the old header area, so
 /// writing it at offset 0 leaves no stale bytes of the old name behind; the name must
 /// fit in the first cluster with everything else (a [`HeaderError`] says so otherwise).
-pub fn with_backing(first: &[u8], file_len: u64, backing: Option<(&str, &str)>) -> Result<Vec<u8>, HeaderError> {
+pub fn with_backing(
+    first: &[u8],
+    file_len: u64,
+    backing: Option<(&str, &str)>,
+) -> Result<Vec<u8>, HeaderError> {
     let h = Header::parse(first, file_len)?;
     let cs = h.cluster_size() as usize;
     let first = &first[..first.len().min(cs)];
@@ -366,14 +469,23 @@ pub fn with_backing(first: &[u8], file_len: u64, backing: Option<(&str, &str)>) 
             used_end = at + 8;
             break;
         }
-        let data = first.get(at + 8..at + 8 + len).ok_or_else(|| corrupt("header extension", format!("extension {ty:#010x} runs past the first cluster")))?;
+        let data = first.get(at + 8..at + 8 + len).ok_or_else(|| {
+            corrupt(
+                "header extension",
+                format!("extension {ty:#010x} runs past the first cluster"),
+            )
+        })?;
         if ty != EXT_BACKING_FORMAT {
             kept.push((ty, data));
         }
         at += 8 + len.div_ceil(8) * 8;
         used_end = at.min(first.len());
     }
-    let old_name_end = if h.backing_file.is_some() { (be64(first, 8) + be32(first, 16) as u64) as usize } else { 0 };
+    let old_name_end = if h.backing_file.is_some() {
+        (be64(first, 8) + be32(first, 16) as u64) as usize
+    } else {
+        0
+    };
     let mut out = first[..hl].to_vec();
     let mut ext = Vec::new();
     if let Some((name, format)) = backing {
@@ -453,16 +565,29 @@ mod tests {
         let len = 4 << 16;
         let set = with_backing(&b, len, Some(("base.qcow2", "qcow2"))).unwrap();
         let h = Header::parse(&set, len).unwrap();
-        assert_eq!((h.backing_file.as_deref(), h.backing_format.as_deref()), (Some("base.qcow2"), Some("qcow2")));
+        assert_eq!(
+            (h.backing_file.as_deref(), h.backing_format.as_deref()),
+            (Some("base.qcow2"), Some("qcow2"))
+        );
         let longer = with_backing(&set, len, Some(("a-much-longer-name.raw", "raw"))).unwrap();
         let shorter = with_backing(&longer, len, Some(("b", "raw"))).unwrap();
-        assert!(shorter.len() >= longer.len(), "stale name bytes are overwritten");
+        assert!(
+            shorter.len() >= longer.len(),
+            "stale name bytes are overwritten"
+        );
         let h = Header::parse(&shorter, len).unwrap();
-        assert_eq!((h.backing_file.as_deref(), h.backing_format.as_deref()), (Some("b"), Some("raw")));
+        assert_eq!(
+            (h.backing_file.as_deref(), h.backing_format.as_deref()),
+            (Some("b"), Some("raw"))
+        );
         let cleared = with_backing(&shorter, len, None).unwrap();
         let h = Header::parse(&cleared, len).unwrap();
         assert_eq!((h.backing_file, h.backing_format), (None, None));
-        assert_eq!(cleared[112..112 + 8], fixed[112..120], "the feature table is kept");
+        assert_eq!(
+            cleared[112..112 + 8],
+            fixed[112..120],
+            "the feature table is kept"
+        );
         assert!(cleared[cleared.len() - 40..].iter().all(|&x| x == 0));
         assert!(with_backing(&b, len, Some(("", "raw"))).is_err());
         assert!(with_backing(&b, len, Some((&"x".repeat(1024), "raw"))).is_err());
@@ -493,9 +618,15 @@ mod tests {
         // Unknown feature bit.
         let mut x = b.clone();
         x[78] |= 1;
-        assert!(Header::parse(&x, 4 << 16).unwrap_err().problem.contains("bit 8"));
+        assert!(Header::parse(&x, 4 << 16)
+            .unwrap_err()
+            .problem
+            .contains("bit 8"));
         // Truncated.
         assert_eq!(Header::parse(&b[..50], 50).unwrap_err().field, "magic");
-        assert_eq!(Header::parse(&b[..80], 80).unwrap_err().field, "header_length");
+        assert_eq!(
+            Header::parse(&b[..80], 80).unwrap_err().field,
+            "header_length"
+        );
     }
 }

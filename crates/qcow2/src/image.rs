@@ -25,10 +25,12 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use vdstream_blockdev::layerfile::LayerFile;
 use vdstream_blockdev::flock::{try_lock, LockMode, LOCK_PATIENCE};
+use vdstream_blockdev::layerfile::LayerFile;
 use vdstream_blockdev::span::units;
-use vdstream_blockdev::{check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags};
+use vdstream_blockdev::{
+    check_range, BlockDev, Caps, Error, ErrorKind, Extent, Hole, Op, Result, ZeroFlags,
+};
 
 use crate::header::{Header, HEADER_READ_LEN, INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 use crate::l2cache::L2Cache;
@@ -56,7 +58,10 @@ pub const DEFAULT_L2_CACHE_BYTES: u64 = 4 << 20;
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { read_only: true, l2_cache_bytes: DEFAULT_L2_CACHE_BYTES }
+        OpenOptions {
+            read_only: true,
+            l2_cache_bytes: DEFAULT_L2_CACHE_BYTES,
+        }
     }
 }
 
@@ -101,7 +106,11 @@ pub(crate) enum RunKind {
     Zero,
     Backing,
     /// The cluster's descriptor and the run's offset within the cluster.
-    Compressed { host: u64, len: u64, within: usize },
+    Compressed {
+        host: u64,
+        len: u64,
+        within: usize,
+    },
 }
 
 /// Metadata guarded by one lock: the lock covers lookups and changes, never data I/O of
@@ -126,7 +135,13 @@ pub struct Qcow2Image {
 }
 
 /// An error about the file itself (not one request): corrupt metadata and the like.
-pub(crate) fn file_error(kind: ErrorKind, op: Op, offset: u64, path: &Path, message: impl Into<String>) -> Error {
+pub(crate) fn file_error(
+    kind: ErrorKind,
+    op: Op,
+    offset: u64,
+    path: &Path,
+    message: impl Into<String>,
+) -> Error {
     Error::new(kind, op, offset, 0, path.display().to_string(), message)
 }
 
@@ -134,9 +149,14 @@ impl Qcow2Image {
     /// Opens `path`. `backing` serves clusters this layer does not hold; it is required when
     /// the header names a backing file (see [`crate::open_chain`] and
     /// [`Qcow2Image::open_with_backing_chain`] to resolve it from the header).
-    pub fn open(path: impl AsRef<Path>, options: OpenOptions, backing: Option<Arc<dyn BlockDev>>) -> Result<Self> {
+    pub fn open(
+        path: impl AsRef<Path>,
+        options: OpenOptions,
+        backing: Option<Arc<dyn BlockDev>>,
+    ) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let io_err = |e: std::io::Error| Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
+        let io_err =
+            |e: std::io::Error| Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
         let file = LayerFile::open(&path, !options.read_only).map_err(io_err)?;
         if let LayerFile::Local(f) = &file {
             lock_file(f, !options.read_only, &path)?;
@@ -160,16 +180,27 @@ impl Qcow2Image {
         }
         let flags = header.incompatible_features & (INCOMPAT_DIRTY | INCOMPAT_CORRUPT);
         if flags != 0 {
-            let what = if flags & INCOMPAT_CORRUPT != 0 { "marked corrupt" } else { "marked dirty (refcounts may be stale)" };
+            let what = if flags & INCOMPAT_CORRUPT != 0 {
+                "marked corrupt"
+            } else {
+                "marked dirty (refcounts may be stale)"
+            };
             if !options.read_only {
                 return Err(file_error(ErrorKind::Invalid, Op::Open, 72, &path, format!(
                     "the image is {what}; vdstream will not write it: repair it with `qemu-img check -r all` first")));
             }
-            log::warn!("{}: the image is {what}; reading it anyway (read-only)", path.display());
+            log::warn!(
+                "{}: the image is {what}; reading it anyway (read-only)",
+                path.display()
+            );
         }
         let mut raw_l1 = vec![0u8; header.l1_size as usize * 8];
-        file.read_exact_at(&mut raw_l1, header.l1_table_offset).map_err(io_err)?;
-        let l1 = raw_l1.chunks_exact(8).map(|c| u64::from_be_bytes(c.try_into().expect("8"))).collect();
+        file.read_exact_at(&mut raw_l1, header.l1_table_offset)
+            .map_err(io_err)?;
+        let l1 = raw_l1
+            .chunks_exact(8)
+            .map(|c| u64::from_be_bytes(c.try_into().expect("8")))
+            .collect();
         let rc = if options.read_only {
             None
         } else {
@@ -183,19 +214,31 @@ impl Qcow2Image {
                     "refcount_order {} ({}-bit refcounts); vdstream writes only 16-bit refcounts: open it read-only or convert it with `qemu-img convert -O qcow2`",
                     header.refcount_order, header.refcount_bits())));
             }
-            let rc = Refcounts::load(&file, header.cluster_bits, header.refcount_table_offset, header.refcount_table_clusters, file_len)
-                .map_err(|e| rc_error(e, Op::Open, &path))?;
+            let rc = Refcounts::load(
+                &file,
+                header.cluster_bits,
+                header.refcount_table_offset,
+                header.refcount_table_clusters,
+                file_len,
+            )
+            .map_err(|e| rc_error(e, Op::Open, &path))?;
             Some(rc)
         };
         let name = path.display().to_string();
-        let l2_tables = (options.l2_cache_bytes / header.cluster_size()).clamp(2, usize::MAX as u64) as usize;
+        let l2_tables =
+            (options.l2_cache_bytes / header.cluster_size()).clamp(2, usize::MAX as u64) as usize;
         let image = Qcow2Image {
             path,
             file,
             header,
             read_only: options.read_only,
             backing,
-            meta: Mutex::new(Meta { l1, l1_dirty: Default::default(), l2: L2Cache::new(l2_tables), rc }),
+            meta: Mutex::new(Meta {
+                l1,
+                l1_dirty: Default::default(),
+                l2: L2Cache::new(l2_tables),
+                rc,
+            }),
         };
         if !image.read_only && image.header.autoclear_features != 0 {
             // We keep no bitmaps: clearing the autoclear bits tells qemu they are stale.
@@ -243,7 +286,13 @@ impl Qcow2Image {
     }
 
     pub(crate) fn corrupt(&self, op: Op, offset: u64, what: String) -> Error {
-        file_error(ErrorKind::Io, op, offset, &self.path, format!("{what}: the image is corrupt; run `qemu-img check` on it"))
+        file_error(
+            ErrorKind::Io,
+            op,
+            offset,
+            &self.path,
+            format!("{what}: the image is corrupt; run `qemu-img check` on it"),
+        )
     }
 
     pub(crate) fn io(&self, e: std::io::Error, op: Op, offset: u64, len: u64) -> Error {
@@ -267,26 +316,51 @@ impl Qcow2Image {
             return Ok(Mapping::Unallocated);
         }
         if host % self.cs() != 0 {
-            return Err(self.corrupt(op, guest, format!("the L2 entry for guest offset {guest} points at unaligned host offset {host}")));
+            return Err(self.corrupt(
+                op,
+                guest,
+                format!(
+                    "the L2 entry for guest offset {guest} points at unaligned host offset {host}"
+                ),
+            ));
         }
-        Ok(Mapping::Data { host, copied: entry & COPIED != 0 })
+        Ok(Mapping::Data {
+            host,
+            copied: entry & COPIED != 0,
+        })
     }
 
     /// The L2 table at `l2_off`, loaded (evicting if needed) into the cache.
-    pub(crate) fn l2_table<'m>(&self, meta: &'m mut Meta, l2_off: u64, op: Op) -> Result<&'m mut Vec<u64>> {
+    pub(crate) fn l2_table<'m>(
+        &self,
+        meta: &'m mut Meta,
+        l2_off: u64,
+        op: Op,
+    ) -> Result<&'m mut Vec<u64>> {
         if meta.l2.get_mut(l2_off).is_none() {
             if l2_off % self.cs() != 0 {
-                return Err(self.corrupt(op, l2_off, format!("an L1 entry points at unaligned L2 table offset {l2_off}")));
+                return Err(self.corrupt(
+                    op,
+                    l2_off,
+                    format!("an L1 entry points at unaligned L2 table offset {l2_off}"),
+                ));
             }
             let mut raw = vec![0u8; self.cs() as usize];
             self.file.read_exact_at(&mut raw, l2_off).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    self.corrupt(op, l2_off, format!("the L2 table at offset {l2_off} lies past the end of the file"))
+                    self.corrupt(
+                        op,
+                        l2_off,
+                        format!("the L2 table at offset {l2_off} lies past the end of the file"),
+                    )
                 } else {
                     self.io(e, op, l2_off, self.cs())
                 }
             })?;
-            let entries = raw.chunks_exact(8).map(|c| u64::from_be_bytes(c.try_into().expect("8"))).collect();
+            let entries = raw
+                .chunks_exact(8)
+                .map(|c| u64::from_be_bytes(c.try_into().expect("8")))
+                .collect();
             self.evict_if_full(meta)?;
             meta.l2.insert(l2_off, entries, false);
         }
@@ -301,7 +375,9 @@ impl Qcow2Image {
                 self.write_refcounts_and_sync(meta)?;
                 let t = meta.l2.get_mut(victim).expect("victim");
                 let raw: Vec<u8> = t.entries.iter().flat_map(|e| e.to_be_bytes()).collect();
-                self.file.write_all_at(&raw, victim).map_err(|e| self.io(e, Op::Flush, victim, raw.len() as u64))?;
+                self.file
+                    .write_all_at(&raw, victim)
+                    .map_err(|e| self.io(e, Op::Flush, victim, raw.len() as u64))?;
             }
             meta.l2.remove(victim);
         }
@@ -311,7 +387,9 @@ impl Qcow2Image {
     /// The mapping of guest cluster `idx`.
     pub(crate) fn lookup(&self, meta: &mut Meta, idx: u64, op: Op) -> Result<Mapping> {
         let per = self.header.l2_entries();
-        let Some(&l1e) = meta.l1.get((idx / per) as usize) else { return Ok(Mapping::Unallocated) };
+        let Some(&l1e) = meta.l1.get((idx / per) as usize) else {
+            return Ok(Mapping::Unallocated);
+        };
         let l2_off = l1e & OFFSET_MASK;
         if l2_off == 0 {
             return Ok(Mapping::Unallocated);
@@ -330,7 +408,11 @@ impl Qcow2Image {
                 Mapping::Unallocated => RunKind::Backing,
                 Mapping::Zero { .. } => RunKind::Zero,
                 Mapping::Data { host, .. } => RunKind::Data(host + p.within as u64),
-                Mapping::Compressed { host, len, .. } => RunKind::Compressed { host, len, within: p.within },
+                Mapping::Compressed { host, len, .. } => RunKind::Compressed {
+                    host,
+                    len,
+                    within: p.within,
+                },
             };
             if let Some(last) = out.last_mut() {
                 let merged = match (last.kind, kind) {
@@ -343,14 +425,24 @@ impl Qcow2Image {
                     continue;
                 }
             }
-            out.push(Run { pos: p.pos, len: p.len, kind });
+            out.push(Run {
+                pos: p.pos,
+                len: p.len,
+                kind,
+            });
         }
         Ok(out)
     }
 
     /// Fills `buf` (the run's bytes, at guest `guest`) from the run's source; appends holes
     /// (relative to `hole_base`) when asked.
-    pub(crate) fn read_run(&self, kind: RunKind, buf: &mut [u8], guest: u64, holes: Option<(&mut Vec<Hole>, usize)>) -> Result<()> {
+    pub(crate) fn read_run(
+        &self,
+        kind: RunKind,
+        buf: &mut [u8],
+        guest: u64,
+        holes: Option<(&mut Vec<Hole>, usize)>,
+    ) -> Result<()> {
         match kind {
             RunKind::Data(host) => self.file.read_exact_at(buf, host).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -375,7 +467,12 @@ impl Qcow2Image {
         }
     }
 
-    fn read_backing(&self, buf: &mut [u8], guest: u64, holes: Option<(&mut Vec<Hole>, usize)>) -> Result<()> {
+    fn read_backing(
+        &self,
+        buf: &mut [u8],
+        guest: u64,
+        holes: Option<(&mut Vec<Hole>, usize)>,
+    ) -> Result<()> {
         let avail = match &self.backing {
             Some(b) => b.size().saturating_sub(guest).min(buf.len() as u64) as usize,
             None => 0,
@@ -388,7 +485,10 @@ impl Qcow2Image {
                     Some((h, base)) => {
                         let mut found = Vec::new();
                         b.read_at_sparse(head, guest, &mut found)?;
-                        h.extend(found.into_iter().map(|x| Hole { start: x.start + *base, len: x.len }));
+                        h.extend(found.into_iter().map(|x| Hole {
+                            start: x.start + *base,
+                            len: x.len,
+                        }));
                     }
                     None => b.read_at(head, guest)?,
                 }
@@ -397,7 +497,10 @@ impl Qcow2Image {
         tail.fill(0);
         if let Some((h, base)) = holes {
             if !tail.is_empty() {
-                h.push(Hole { start: base + avail, len: tail.len() });
+                h.push(Hole {
+                    start: base + avail,
+                    len: tail.len(),
+                });
             }
         }
         Ok(())
@@ -405,10 +508,17 @@ impl Qcow2Image {
 
     /// Inflates one compressed cluster.
     pub(crate) fn inflate(&self, host: u64, len: u64, guest: u64) -> Result<Vec<u8>> {
-        let file_len = self.file.len().map_err(|e| self.io(e, Op::Read, guest, 0))?;
-        let len = len.min(file_len.saturating_sub(host)).min(2 * self.cs() + 512);
+        let file_len = self
+            .file
+            .len()
+            .map_err(|e| self.io(e, Op::Read, guest, 0))?;
+        let len = len
+            .min(file_len.saturating_sub(host))
+            .min(2 * self.cs() + 512);
         let mut input = vec![0u8; len as usize];
-        self.file.read_exact_at(&mut input, host).map_err(|e| self.io(e, Op::Read, guest, len))?;
+        self.file
+            .read_exact_at(&mut input, host)
+            .map_err(|e| self.io(e, Op::Read, guest, len))?;
         let mut out = vec![0u8; self.cs() as usize];
         let mut d = flate2::Decompress::new(false);
         let status = d.decompress(&input, &mut out, flate2::FlushDecompress::Finish);
@@ -420,7 +530,12 @@ impl Qcow2Image {
     }
 
     /// Reads `buf` at `offset`, optionally collecting holes.
-    pub(crate) fn read_into(&self, buf: &mut [u8], offset: u64, mut holes: Option<&mut Vec<Hole>>) -> Result<()> {
+    pub(crate) fn read_into(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        mut holes: Option<&mut Vec<Hole>>,
+    ) -> Result<()> {
         for run in self.runs(offset, buf.len() as u64, Op::Read)? {
             let part = &mut buf[run.pos..run.pos + run.len];
             let h = holes.as_deref_mut().map(|h| (h, run.pos));
@@ -438,8 +553,22 @@ impl Qcow2Image {
         for run in self.runs(offset, len, Op::BlockStatus)? {
             let (guest, rlen) = (offset + run.pos as u64, run.len as u64);
             match run.kind {
-                RunKind::Data(_) | RunKind::Compressed { .. } => push(out, Extent { len: rlen, hole: false, zero: false }),
-                RunKind::Zero => push(out, Extent { len: rlen, hole: true, zero: true }),
+                RunKind::Data(_) | RunKind::Compressed { .. } => push(
+                    out,
+                    Extent {
+                        len: rlen,
+                        hole: false,
+                        zero: false,
+                    },
+                ),
+                RunKind::Zero => push(
+                    out,
+                    Extent {
+                        len: rlen,
+                        hole: true,
+                        zero: true,
+                    },
+                ),
                 RunKind::Backing => {
                     let avail = match &self.backing {
                         Some(b) => b.size().saturating_sub(guest).min(rlen),
@@ -464,11 +593,25 @@ impl Qcow2Image {
                         }
                         if done < avail {
                             // The backing device stopped short: report the rest as data.
-                            push(out, Extent { len: avail - done, hole: false, zero: false });
+                            push(
+                                out,
+                                Extent {
+                                    len: avail - done,
+                                    hole: false,
+                                    zero: false,
+                                },
+                            );
                         }
                     }
                     if rlen > avail {
-                        push(out, Extent { len: rlen - avail, hole: true, zero: true });
+                        push(
+                            out,
+                            Extent {
+                                len: rlen - avail,
+                                hole: true,
+                                zero: true,
+                            },
+                        );
                     }
                 }
             }
@@ -482,17 +625,27 @@ impl Qcow2Image {
 /// clears within [`LOCK_PATIENCE`] (see [`vdstream_blockdev::flock`]); a lock held for good
 /// is refused, naming the image and what to do.
 pub(crate) fn lock_file(file: &File, exclusive: bool, path: &Path) -> Result<()> {
-    let mode = if exclusive { LockMode::Exclusive } else { LockMode::Shared };
+    let mode = if exclusive {
+        LockMode::Exclusive
+    } else {
+        LockMode::Shared
+    };
     let e = match try_lock(file, mode, LOCK_PATIENCE) {
         Ok(true) => return Ok(()),
         Ok(false) => std::io::Error::from_raw_os_error(libc::EWOULDBLOCK),
         Err(e) => e,
     };
-    let mut err = file_error(ErrorKind::Io, Op::Open, 0, path, if exclusive {
-        "the image is already open elsewhere (vdstream allows one writer and no readers beside it): close the other user first".to_string()
-    } else {
-        "the image is open read-write elsewhere: close the writer first".to_string()
-    });
+    let mut err = file_error(
+        ErrorKind::Io,
+        Op::Open,
+        0,
+        path,
+        if exclusive {
+            "the image is already open elsewhere (vdstream allows one writer and no readers beside it): close the other user first".to_string()
+        } else {
+            "the image is open read-write elsewhere: close the writer first".to_string()
+        },
+    );
     err.os_error = Some(e);
     Err(err)
 }
@@ -500,7 +653,13 @@ pub(crate) fn lock_file(file: &File, exclusive: bool, path: &Path) -> Result<()>
 pub(crate) fn rc_error(e: RefcountError, op: Op, path: &Path) -> Error {
     match e {
         RefcountError::Io(e) => Error::from_io(e, op, 0, 0, path.display().to_string()),
-        RefcountError::Corrupt(m) => file_error(ErrorKind::Io, op, 0, path, format!("{m}: the refcounts are corrupt; run `qemu-img check -r all`")),
+        RefcountError::Corrupt(m) => file_error(
+            ErrorKind::Io,
+            op,
+            0,
+            path,
+            format!("{m}: the refcounts are corrupt; run `qemu-img check -r all`"),
+        ),
     }
 }
 
@@ -527,12 +686,16 @@ impl BlockDev for Qcow2Image {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size(), Op::Read, offset, buf.len() as u64, &|| self.name())?;
+        check_range(self.size(), Op::Read, offset, buf.len() as u64, &|| {
+            self.name()
+        })?;
         self.read_into(buf, offset, None)
     }
 
     fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
-        check_range(self.size(), Op::Read, offset, buf.len() as u64, &|| self.name())?;
+        check_range(self.size(), Op::Read, offset, buf.len() as u64, &|| {
+            self.name()
+        })?;
         self.read_into(buf, offset, Some(holes))
     }
 
@@ -551,7 +714,14 @@ impl BlockDev for Qcow2Image {
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         if flags.fast_only {
             check_range(self.size(), Op::Zero, offset, len, &|| self.name())?;
-            return Err(Error::new(ErrorKind::NotFast, Op::Zero, offset, len, self.name(), "fast zeroing is not offered"));
+            return Err(Error::new(
+                ErrorKind::NotFast,
+                Op::Zero,
+                offset,
+                len,
+                self.name(),
+                "fast zeroing is not offered",
+            ));
         }
         self.zero_impl(Op::Zero, offset, len, flags.fua)
     }
@@ -592,7 +762,10 @@ mod tests {
         let start = std::time::Instant::now();
         let e = lock_file(&open(), false, &path).unwrap_err();
         assert!(start.elapsed() >= LOCK_PATIENCE);
-        assert!(e.to_string().contains("img") && e.to_string().contains("open read-write elsewhere"), "{e}");
+        assert!(
+            e.to_string().contains("img") && e.to_string().contains("open read-write elsewhere"),
+            "{e}"
+        );
         drop(writer);
     }
 }

@@ -34,7 +34,11 @@ pub struct L2Cache {
 
 impl L2Cache {
     pub fn new(capacity: usize) -> Self {
-        L2Cache { capacity: capacity.max(1), tick: 0, tables: HashMap::new() }
+        L2Cache {
+            capacity: capacity.max(1),
+            tick: 0,
+            tables: HashMap::new(),
+        }
     }
 
     /// The table at `offset`, marked as just used.
@@ -51,7 +55,10 @@ impl L2Cache {
         if self.tables.len() < self.capacity {
             return None;
         }
-        self.tables.iter().min_by_key(|(_, t)| t.used).map(|(&off, _)| off)
+        self.tables
+            .iter()
+            .min_by_key(|(_, t)| t.used)
+            .map(|(&off, _)| off)
     }
 
     pub fn remove(&mut self, offset: u64) -> Option<L2Table> {
@@ -61,14 +68,23 @@ impl L2Cache {
     /// Inserts a table (the caller evicted first).
     pub fn insert(&mut self, offset: u64, entries: Vec<u64>, dirty: bool) -> &mut L2Table {
         self.tick += 1;
-        let t = L2Table { entries, dirty, used: self.tick };
+        let t = L2Table {
+            entries,
+            dirty,
+            used: self.tick,
+        };
         self.tables.insert(offset, t);
         self.tables.get_mut(&offset).expect("just inserted")
     }
 
     /// Offsets of every dirty table, in file order.
     pub fn dirty_offsets(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.tables.iter().filter(|(_, t)| t.dirty).map(|(&o, _)| o).collect();
+        let mut v: Vec<u64> = self
+            .tables
+            .iter()
+            .filter(|(_, t)| t.dirty)
+            .map(|(&o, _)| o)
+            .collect();
         v.sort_unstable();
         v
     }

@@ -34,7 +34,10 @@ mod refcount;
 mod sanity;
 mod write;
 
-pub use chain::{chain_of, check_backing, create, open_chain, open_recorded, probe_named, open_recorded_with, resolve_backing, ImageFormat, LayerHook, LayerSpec};
+pub use chain::{
+    chain_of, check_backing, create, open_chain, open_recorded, open_recorded_with, probe_named,
+    resolve_backing, ImageFormat, LayerHook, LayerSpec,
+};
 pub use header::{with_backing, Header, HeaderError};
 pub use image::{Holding, OpenOptions, Qcow2Image, DEFAULT_L2_CACHE_BYTES};
 pub use merge::{merge_layers, MergeOptions, MergeReport, CHUNK_BYTES};

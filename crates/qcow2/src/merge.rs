@@ -88,7 +88,13 @@ pub struct MergeReport {
 ///
 /// `dst` must not exist. On `Ok` it is complete and fsynced (file and directory entry),
 /// ready to be renamed into place; on `Err` it has been removed.
-pub fn merge_layers(chain: &[LayerSpec], stop_at: Option<&Path>, dst: &Path, opts: &MergeOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<MergeReport> {
+pub fn merge_layers(
+    chain: &[LayerSpec],
+    stop_at: Option<&Path>,
+    dst: &Path,
+    opts: &MergeOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<MergeReport> {
     let started = Instant::now();
     let layers = open_layers(chain)?;
     let top = &layers[0].path;
@@ -99,23 +105,51 @@ pub fn merge_layers(chain: &[LayerSpec], stop_at: Option<&Path>, dst: &Path, opt
     let below = stop_at.map(|_| layers[upper_count].clone());
     let cluster_bits = match opts.cluster_bits {
         Some(b) => b,
-        None => layers[0].qcow2.as_ref().map_or(16, |q| q.header().cluster_bits),
+        None => layers[0]
+            .qcow2
+            .as_ref()
+            .map_or(16, |q| q.header().cluster_bits),
     };
     if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
         return Err(file_error(ErrorKind::Invalid, Op::Open, 0, dst, format!(
             "cluster_bits {cluster_bits} is outside {MIN_CLUSTER_BITS}..={MAX_CLUSTER_BITS} (512 bytes to 2 MiB clusters)")));
     }
     let size = layers[0].dev.size();
-    let backing = below.as_ref().map(|b| (backing_name(dst, &b.path), b.format));
-    crate::create(dst, size, backing.as_ref().map(|(n, f)| (n.as_str(), *f)), cluster_bits)?;
+    let backing = below
+        .as_ref()
+        .map(|b| (backing_name(dst, &b.path), b.format));
+    crate::create(
+        dst,
+        size,
+        backing.as_ref().map(|(n, f)| (n.as_str(), *f)),
+        cluster_bits,
+    )?;
     let result = (|| {
         let cs = 1u64 << cluster_bits;
         // Enough to keep every L2 table of dst in memory up to 64 MiB of them, so tables are
         // written once, at the end, rather than evicted (each eviction syncs).
-        let l2_cache_bytes = (crate::header::Header::l1_entries_for(size, cluster_bits) * cs).min(DST_L2_CACHE_BYTES);
-        let out = Qcow2Image::open(dst, OpenOptions { read_only: false, l2_cache_bytes }, below.as_ref().map(|b| b.dev.clone()))?;
-        let planner = Planner { top: layers[0].dev.clone(), upper: &layers[..upper_count], below: below.is_some(), cs };
-        let mut writer = Writer { out: &out, below: below.as_ref().map(|b| b.dev.clone()), cs, report: MergeReport::default() };
+        let l2_cache_bytes = (crate::header::Header::l1_entries_for(size, cluster_bits) * cs)
+            .min(DST_L2_CACHE_BYTES);
+        let out = Qcow2Image::open(
+            dst,
+            OpenOptions {
+                read_only: false,
+                l2_cache_bytes,
+            },
+            below.as_ref().map(|b| b.dev.clone()),
+        )?;
+        let planner = Planner {
+            top: layers[0].dev.clone(),
+            upper: &layers[..upper_count],
+            below: below.is_some(),
+            cs,
+        };
+        let mut writer = Writer {
+            out: &out,
+            below: below.as_ref().map(|b| b.dev.clone()),
+            cs,
+            report: MergeReport::default(),
+        };
         let chunk = CHUNK_BYTES.div_ceil(cs) * cs;
         progress(0, size);
         std::thread::scope(|scope| -> Result<()> {
@@ -167,7 +201,10 @@ pub fn merge_layers(chain: &[LayerSpec], stop_at: Option<&Path>, dst: &Path, opt
 
 /// The index of `stop_at` in `layers` (compared by canonical path), which must be below top.
 fn stop_index(layers: &[Layer], top: &Path, stop_at: &Path) -> Result<usize> {
-    let canon = |p: &Path| std::fs::canonicalize(p).map_err(|e| Error::from_io(e, Op::Open, 0, 0, p.display().to_string()));
+    let canon = |p: &Path| {
+        std::fs::canonicalize(p)
+            .map_err(|e| Error::from_io(e, Op::Open, 0, 0, p.display().to_string()))
+    };
     let want = canon(stop_at)?;
     for (i, l) in layers.iter().enumerate() {
         if canon(&l.path)? == want {
@@ -178,9 +215,21 @@ fn stop_index(layers: &[Layer], top: &Path, stop_at: &Path) -> Result<usize> {
             return Ok(i);
         }
     }
-    let chain: Vec<String> = layers.iter().map(|l| l.path.display().to_string()).collect();
-    Err(file_error(ErrorKind::Invalid, Op::Open, 0, top, format!(
-        "{} is not in its backing chain ({}): pass one of those layers, or None to flatten", stop_at.display(), chain.join(" -> "))))
+    let chain: Vec<String> = layers
+        .iter()
+        .map(|l| l.path.display().to_string())
+        .collect();
+    Err(file_error(
+        ErrorKind::Invalid,
+        Op::Open,
+        0,
+        top,
+        format!(
+            "{} is not in its backing chain ({}): pass one of those layers, or None to flatten",
+            stop_at.display(),
+            chain.join(" -> ")
+        ),
+    ))
 }
 
 /// How `dst` names `below`: its file name when both sit in one directory (as the store
@@ -188,19 +237,31 @@ fn stop_index(layers: &[Layer], top: &Path, stop_at: &Path) -> Result<usize> {
 /// chain uses), else its absolute path.
 fn backing_name(dst: &Path, below: &Path) -> String {
     let dir = |p: &Path| -> Option<PathBuf> {
-        let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent = p
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         std::fs::canonicalize(parent).ok()
     };
     match (dir(dst), dir(below), below.file_name()) {
         (Some(a), Some(b), Some(name)) if a == b => name.to_string_lossy().into_owned(),
-        _ => std::path::absolute(below).unwrap_or_else(|_| below.to_path_buf()).display().to_string(),
+        _ => std::path::absolute(below)
+            .unwrap_or_else(|_| below.to_path_buf())
+            .display()
+            .to_string(),
     }
 }
 
 fn sync_dir(dst: &Path) -> Result<()> {
-    let parent = dst.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = dst
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let io = |e| Error::from_io(e, Op::Flush, 0, 0, parent.display().to_string());
-    std::fs::File::open(parent).map_err(io)?.sync_all().map_err(io)
+    std::fs::File::open(parent)
+        .map_err(io)?
+        .sync_all()
+        .map_err(io)
 }
 
 /// What the upper layers say about a range.
@@ -262,10 +323,17 @@ impl Planner<'_> {
                 });
             }
         }
-        let mut batch = Batch { start, end, zero_at: vec![false; n], reads: Vec::new() };
+        let mut batch = Batch {
+            start,
+            end,
+            zero_at: vec![false; n],
+            reads: Vec::new(),
+        };
         let mut i = 0;
         while i < n {
-            let Some(p) = plan[i] else { unreachable!("every cluster is covered") };
+            let Some(p) = plan[i] else {
+                unreachable!("every cluster is covered")
+            };
             let mut j = i + 1;
             while j < n && plan[j] == Some(p) {
                 j += 1;
@@ -360,19 +428,28 @@ impl Writer<'_> {
     /// Asks the kernel to start writing dst's dirty pages now, so that the disk works
     /// while the copy goes on and the final fsync has little left to wait for.
     fn start_writeback(&self) {
-        let Ok(file) = self.out.file.local() else { return };
+        let Ok(file) = self.out.file.local() else {
+            return;
+        };
         // SAFETY: sync_file_range takes the descriptor `file` keeps open and integers;
         // it touches no memory of ours.
-        let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+        let rc =
+            unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
         if rc != 0 {
-            log::debug!("{}: sync_file_range: {}", self.out.path.display(), std::io::Error::last_os_error());
+            log::debug!(
+                "{}: sync_file_range: {}",
+                self.out.path.display(),
+                std::io::Error::last_os_error()
+            );
         }
     }
 
     /// Makes the clusters marked in `zero_at` read as zeros in `dst`: nothing to do where
     /// there is no backing or it reads zeros there, else zero clusters.
     fn write_zeros(&mut self, start: u64, end: u64, zero_at: &[bool]) -> Result<()> {
-        let Some(below) = self.below.clone() else { return Ok(()) };
+        let Some(below) = self.below.clone() else {
+            return Ok(());
+        };
         if !zero_at.contains(&true) {
             return Ok(());
         }
@@ -419,7 +496,10 @@ impl Writer<'_> {
                     break;
                 }
                 if !x.zero {
-                    let (a, b) = (((pos - start) / cs) as usize, ((pos + l - 1 - start) / cs) as usize);
+                    let (a, b) = (
+                        ((pos - start) / cs) as usize,
+                        ((pos + l - 1 - start) / cs) as usize,
+                    );
                     zero[a..=b].fill(false);
                 }
                 pos += l;

@@ -67,11 +67,20 @@ pub struct Refcounts {
 
 impl Refcounts {
     /// Loads the refcount table (bounds were checked by the header parser).
-    pub fn load(file: &LayerFile, cluster_bits: u32, table_offset: u64, table_clusters: u32, file_len: u64) -> Result<Self> {
+    pub fn load(
+        file: &LayerFile,
+        cluster_bits: u32,
+        table_offset: u64,
+        table_clusters: u32,
+        file_len: u64,
+    ) -> Result<Self> {
         let bytes = (table_clusters as usize) << cluster_bits;
         let mut raw = vec![0u8; bytes];
         file.read_exact_at(&mut raw, table_offset)?;
-        let table = raw.chunks_exact(8).map(|c| u64::from_be_bytes(c.try_into().expect("8"))).collect();
+        let table = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_be_bytes(c.try_into().expect("8")))
+            .collect();
         let cs = 1u64 << cluster_bits;
         Ok(Refcounts {
             cluster_bits,
@@ -104,25 +113,40 @@ impl Refcounts {
             return Ok(());
         }
         if off % self.cs() != 0 {
-            return Err(RefcountError::Corrupt(format!("refcount block offset {off} is not cluster aligned")));
+            return Err(RefcountError::Corrupt(format!(
+                "refcount block offset {off} is not cluster aligned"
+            )));
         }
         let mut raw = vec![0u8; self.cs() as usize];
         file.read_exact_at(&mut raw, off).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                RefcountError::Corrupt(format!("refcount block at offset {off} lies past the end of the file"))
+                RefcountError::Corrupt(format!(
+                    "refcount block at offset {off} lies past the end of the file"
+                ))
             } else {
                 e.into()
             }
         })?;
-        let counts = raw.chunks_exact(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
-        self.blocks.insert(off, Block { counts, dirty: false });
+        let counts = raw
+            .chunks_exact(2)
+            .map(|c| u16::from_be_bytes([c[0], c[1]]))
+            .collect();
+        self.blocks.insert(
+            off,
+            Block {
+                counts,
+                dirty: false,
+            },
+        );
         Ok(())
     }
 
     /// The count of host cluster `idx` (0 when no block covers it).
     pub fn get(&mut self, file: &LayerFile, idx: u64) -> Result<u16> {
         let rti = (idx / self.per_block()) as usize;
-        let Some(&entry) = self.table.get(rti) else { return Ok(0) };
+        let Some(&entry) = self.table.get(rti) else {
+            return Ok(0);
+        };
         let off = entry & RT_OFFSET_MASK;
         if off == 0 {
             return Ok(0);
@@ -138,9 +162,14 @@ impl Refcounts {
         let block = self.blocks.get_mut(&off).expect("ensured");
         let old = block.counts[i];
         let new = match delta {
-            1 => old.checked_add(1).ok_or_else(|| RefcountError::Corrupt(format!("refcount of cluster {idx} overflows")))?,
+            1 => old.checked_add(1).ok_or_else(|| {
+                RefcountError::Corrupt(format!("refcount of cluster {idx} overflows"))
+            })?,
             _ => old.checked_sub(1).ok_or_else(|| {
-                RefcountError::Corrupt(format!("cluster at offset {} is in use but its refcount is already 0", idx << self.cluster_bits))
+                RefcountError::Corrupt(format!(
+                    "cluster at offset {} is in use but its refcount is already 0",
+                    idx << self.cluster_bits
+                ))
             })?,
         };
         block.counts[i] = new;
@@ -154,7 +183,9 @@ impl Refcounts {
         let rti = (idx / self.per_block()) as usize;
         if rti >= self.table.len() {
             if !create {
-                return Err(RefcountError::Corrupt(format!("cluster {idx} lies beyond the refcount table")));
+                return Err(RefcountError::Corrupt(format!(
+                    "cluster {idx} lies beyond the refcount table"
+                )));
             }
             self.grow(file, rti + 1)?;
         }
@@ -164,13 +195,21 @@ impl Refcounts {
             return Ok(off);
         }
         if !create {
-            return Err(RefcountError::Corrupt(format!("cluster {idx} has no refcount block")));
+            return Err(RefcountError::Corrupt(format!(
+                "cluster {idx} has no refcount block"
+            )));
         }
         let off = self.next_free;
         self.next_free += self.cs();
         self.table[rti] = off;
         self.table_dirty = true;
-        self.blocks.insert(off, Block { counts: vec![0; self.per_block() as usize], dirty: true });
+        self.blocks.insert(
+            off,
+            Block {
+                counts: vec![0; self.per_block() as usize],
+                dirty: true,
+            },
+        );
         self.add(file, off >> self.cluster_bits, 1)?;
         Ok(off)
     }
@@ -181,7 +220,9 @@ impl Refcounts {
         let entries = min_entries.max(self.table.len() * 2).div_ceil(per_cluster) * per_cluster;
         let clusters = (entries / per_cluster) as u64;
         if clusters * self.cs() > MAX_REFTABLE_BYTES {
-            return Err(RefcountError::Corrupt("the refcount table would exceed qemu's 8 MiB limit".into()));
+            return Err(RefcountError::Corrupt(
+                "the refcount table would exceed qemu's 8 MiB limit".into(),
+            ));
         }
         let old = (self.table_offset, self.table_clusters as u64);
         self.table.resize(entries, 0);
@@ -238,7 +279,12 @@ impl Refcounts {
     /// was written. The caller syncs.
     pub fn write_dirty(&mut self, file: &LayerFile) -> std::io::Result<bool> {
         let mut wrote = false;
-        let mut offs: Vec<u64> = self.blocks.iter().filter(|(_, b)| b.dirty).map(|(&o, _)| o).collect();
+        let mut offs: Vec<u64> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.dirty)
+            .map(|(&o, _)| o)
+            .collect();
         offs.sort_unstable();
         for off in offs {
             let b = self.blocks.get_mut(&off).expect("listed");

@@ -42,10 +42,17 @@ pub struct Sanity {
 /// at all (missing, unreadable); a damaged file is an `Ok` with `problems`.
 pub fn sanity(path: impl AsRef<Path>) -> Result<Sanity> {
     let path = path.as_ref();
-    let io = |e: std::io::Error| vdstream_blockdev::Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
+    let io = |e: std::io::Error| {
+        vdstream_blockdev::Error::from_io(e, Op::Open, 0, 0, path.display().to_string())
+    };
     let file = File::open(path).map_err(io)?;
     let file_len = file.metadata().map_err(io)?.len();
-    let mut out = Sanity { header: None, file_len, needed_len: 0, problems: vec![] };
+    let mut out = Sanity {
+        header: None,
+        file_len,
+        needed_len: 0,
+        problems: vec![],
+    };
     let mut first = vec![0u8; (file_len as usize).min(HEADER_READ_LEN)];
     file.read_exact_at(&mut first, 0).map_err(io)?;
     let h = match Header::parse(&first, file_len) {
@@ -64,10 +71,13 @@ pub fn sanity(path: impl AsRef<Path>) -> Result<Sanity> {
         }
     };
     // Header::parse checked that both tables themselves are inside the file.
-    out.needed_len = (h.l1_table_offset + h.l1_size as u64 * 8).max(h.refcount_table_offset + ((h.refcount_table_clusters as u64) << h.cluster_bits));
+    out.needed_len = (h.l1_table_offset + h.l1_size as u64 * 8)
+        .max(h.refcount_table_offset + ((h.refcount_table_clusters as u64) << h.cluster_bits));
     let read = |offset: u64, len: u64| -> Result<Vec<u8>> {
         let mut b = vec![0u8; len as usize];
-        file.read_exact_at(&mut b, offset).map_err(|e| vdstream_blockdev::Error::from_io(e, Op::Read, offset, len, path.display().to_string()))?;
+        file.read_exact_at(&mut b, offset).map_err(|e| {
+            vdstream_blockdev::Error::from_io(e, Op::Read, offset, len, path.display().to_string())
+        })?;
         Ok(b)
     };
     let l1 = read(h.l1_table_offset, h.l1_size as u64 * 8)?;
@@ -79,7 +89,10 @@ pub fn sanity(path: impl AsRef<Path>) -> Result<Sanity> {
     }
     let width = 1u64 << h.refcount_order; // bits per refcount
     let per_block = cs * 8 / width;
-    let table = read(h.refcount_table_offset, (h.refcount_table_clusters as u64) << h.cluster_bits)?;
+    let table = read(
+        h.refcount_table_offset,
+        (h.refcount_table_clusters as u64) << h.cluster_bits,
+    )?;
     for (i, e) in table.chunks_exact(8).enumerate() {
         let block = u64::from_be_bytes(e.try_into().expect("8")) & RT_OFFSET_MASK;
         if block == 0 {
@@ -99,7 +112,9 @@ pub fn sanity(path: impl AsRef<Path>) -> Result<Sanity> {
             }
             match width {
                 1 | 2 | 4 => (bytes[at] >> (8 - shift - width)) & ((1 << width) - 1) != 0,
-                _ => bytes[at..(at + (width / 8) as usize).min(bytes.len())].iter().any(|&b| b != 0),
+                _ => bytes[at..(at + (width / 8) as usize).min(bytes.len())]
+                    .iter()
+                    .any(|&b| b != 0),
             }
         });
         if let Some(j) = used {
@@ -108,7 +123,10 @@ pub fn sanity(path: impl AsRef<Path>) -> Result<Sanity> {
         }
     }
     if out.needed_len > file_len && out.problems.is_empty() {
-        out.problems.push(format!("the file needs {} bytes but holds {file_len}: it is truncated", out.needed_len));
+        out.problems.push(format!(
+            "the file needs {} bytes but holds {file_len}: it is truncated",
+            out.needed_len
+        ));
     }
     out.header = Some(h);
     Ok(out)
@@ -121,7 +139,13 @@ pub fn check_sane(path: impl AsRef<Path>) -> Result<Sanity> {
     if s.problems.is_empty() {
         return Ok(s);
     }
-    Err(file_error(ErrorKind::Invalid, Op::Open, 0, path, format!("the qcow2 image is damaged: {}", s.problems.join("; "))))
+    Err(file_error(
+        ErrorKind::Invalid,
+        Op::Open,
+        0,
+        path,
+        format!("the qcow2 image is damaged: {}", s.problems.join("; ")),
+    ))
 }
 
 #[cfg(test)]
@@ -137,25 +161,47 @@ mod tests {
         let fresh = sanity(&p).unwrap();
         assert!(fresh.problems.is_empty(), "{fresh:?}");
         {
-            let img = crate::Qcow2Image::open(&p, crate::OpenOptions { read_only: false, ..Default::default() }, None).unwrap();
+            let img = crate::Qcow2Image::open(
+                &p,
+                crate::OpenOptions {
+                    read_only: false,
+                    ..Default::default()
+                },
+                None,
+            )
+            .unwrap();
             img.write_at(&[0x5a; 1 << 20], 8 << 20, false).unwrap();
             img.flush().unwrap();
         }
         let full = sanity(&p).unwrap();
         assert!(full.problems.is_empty(), "{full:?}");
-        assert!(full.needed_len <= full.file_len && full.needed_len > full.file_len - (64 << 10), "{full:?}");
+        assert!(
+            full.needed_len <= full.file_len && full.needed_len > full.file_len - (64 << 10),
+            "{full:?}"
+        );
         // Cut off the last half of the data: the refcounts name clusters past the end.
         let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
         f.set_len(full.file_len - (512 << 10)).unwrap();
         let cut = sanity(&p).unwrap();
-        assert!(!cut.problems.is_empty() && cut.problems[0].contains("past the end of the file"), "{cut:?}");
+        assert!(
+            !cut.problems.is_empty() && cut.problems[0].contains("past the end of the file"),
+            "{cut:?}"
+        );
         let e = check_sane(&p).unwrap_err().to_string();
         assert!(e.contains("a.qcow2") && e.contains("truncated"), "{e}");
         // Cut into the tables: the header names tables outside the file.
         f.set_len(100 << 10).unwrap();
         let cut = sanity(&p).unwrap();
-        assert!(cut.problems[0].starts_with("unreadable header") && cut.problems[0].contains("past the end"), "{cut:?}");
-        std::fs::write(&p, b"not qcow2 at all, just some bytes that are long enough to be a header......").unwrap();
+        assert!(
+            cut.problems[0].starts_with("unreadable header")
+                && cut.problems[0].contains("past the end"),
+            "{cut:?}"
+        );
+        std::fs::write(
+            &p,
+            b"not qcow2 at all, just some bytes that are long enough to be a header......",
+        )
+        .unwrap();
         assert!(sanity(&p).unwrap().problems[0].contains("not the qcow2 magic"));
         assert!(sanity(dir.path().join("gone")).is_err());
     }

@@ -35,7 +35,14 @@ impl Qcow2Image {
     fn check_writable(&self, op: Op, offset: u64, len: u64) -> Result<()> {
         check_range(self.size_bytes(), op, offset, len, &|| self.name())?;
         if self.read_only {
-            return Err(Error::new(ErrorKind::ReadOnly, op, offset, len, self.name(), "the image is open read-only"));
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                op,
+                offset,
+                len,
+                self.name(),
+                "the image is open read-only",
+            ));
         }
         Ok(())
     }
@@ -68,11 +75,19 @@ impl Qcow2Image {
     }
 
     fn pwrite(&self, data: &[u8], host: u64, guest: u64) -> Result<()> {
-        self.file.write_all_at(data, host).map_err(|e| self.io(e, Op::Write, guest, data.len() as u64))
+        self.file
+            .write_all_at(data, host)
+            .map_err(|e| self.io(e, Op::Write, guest, data.len() as u64))
     }
 
     /// Writes `data` at `within` of guest cluster `idx`, allocating it when needed.
-    fn write_cluster_locked(&self, meta: &mut Meta, idx: u64, within: usize, data: &[u8]) -> Result<()> {
+    fn write_cluster_locked(
+        &self,
+        meta: &mut Meta,
+        idx: u64,
+        within: usize,
+        data: &[u8],
+    ) -> Result<()> {
         let cs = self.cs();
         let guest = idx * cs;
         let old = self.lookup(meta, idx, Op::Write)?;
@@ -102,14 +117,19 @@ impl Qcow2Image {
             Mapping::Unallocated => RunKind::Backing,
             Mapping::Zero { .. } => RunKind::Zero,
             Mapping::Data { host, .. } => RunKind::Data(host),
-            Mapping::Compressed { host, len, .. } => RunKind::Compressed { host, len, within: 0 },
+            Mapping::Compressed { host, len, .. } => RunKind::Compressed {
+                host,
+                len,
+                within: 0,
+            },
         };
         self.read_run(kind, buf, guest, None)
     }
 
     fn alloc(&self, meta: &mut Meta, n: u64) -> Result<u64> {
         let rc = meta.rc.as_mut().expect("read-write images have refcounts");
-        rc.alloc(&self.file, n).map_err(|e| rc_error(e, Op::Write, &self.path))
+        rc.alloc(&self.file, n)
+            .map_err(|e| rc_error(e, Op::Write, &self.path))
     }
 
     /// Sets the L2 entry of guest cluster `idx`, allocating its L2 table if needed.
@@ -140,7 +160,9 @@ impl Qcow2Image {
             Mapping::Compressed { host, sectors, .. } => (host & !511, sectors * 512),
         };
         let rc = meta.rc.as_mut().expect("read-write images have refcounts");
-        let freed = rc.free(&self.file, off, len).map_err(|e| rc_error(e, Op::Write, &self.path))?;
+        let freed = rc
+            .free(&self.file, off, len)
+            .map_err(|e| rc_error(e, Op::Write, &self.path))?;
         for host in freed {
             self.punch(host);
         }
@@ -152,10 +174,19 @@ impl Qcow2Image {
         let Ok(file) = self.file.local() else { return };
         // SAFETY: fallocate takes the descriptor `file` keeps open and integers only.
         let rc = unsafe {
-            libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, host as i64, self.cs() as i64)
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                host as i64,
+                self.cs() as i64,
+            )
         };
         if rc != 0 {
-            log::debug!("{}: punching freed cluster at {host}: {}", self.name(), std::io::Error::last_os_error());
+            log::debug!(
+                "{}: punching freed cluster at {host}: {}",
+                self.name(),
+                std::io::Error::last_os_error()
+            );
         }
     }
 
@@ -168,13 +199,22 @@ impl Qcow2Image {
             let whole = p.within == 0 && p.len == valid;
             let mut meta = self.lock();
             let old = self.lookup(&mut meta, p.index, op)?;
-            let reads_zero = matches!(old, Mapping::Zero { .. }) || (old == Mapping::Unallocated && self.backing.is_none());
+            let reads_zero = matches!(old, Mapping::Zero { .. })
+                || (old == Mapping::Unallocated && self.backing.is_none());
             if whole && (self.backing.is_none() || self.header.version >= 3) {
-                let target = if self.backing.is_none() { Mapping::Unallocated } else { Mapping::Zero { host: 0 } };
+                let target = if self.backing.is_none() {
+                    Mapping::Unallocated
+                } else {
+                    Mapping::Zero { host: 0 }
+                };
                 if old == target {
                     continue;
                 }
-                let entry = if target == Mapping::Unallocated { 0 } else { ZERO_FLAG };
+                let entry = if target == Mapping::Unallocated {
+                    0
+                } else {
+                    ZERO_FLAG
+                };
                 let l1e = meta.l1[(p.index / self.header.l2_entries()) as usize];
                 if entry == 0 && l1e & OFFSET_MASK == 0 {
                     continue;
@@ -195,22 +235,35 @@ impl Qcow2Image {
     /// Writes dirty refcount blocks and table, then syncs. Called before any L2 table is
     /// written.
     pub(crate) fn write_refcounts_and_sync(&self, meta: &mut Meta) -> Result<()> {
-        let Some(rc) = meta.rc.as_mut() else { return Ok(()) };
-        rc.write_dirty(&self.file).map_err(|e| self.io(e, Op::Flush, 0, 0))?;
-        self.file.sync_data().map_err(|e| self.io(e, Op::Flush, 0, 0))?;
+        let Some(rc) = meta.rc.as_mut() else {
+            return Ok(());
+        };
+        rc.write_dirty(&self.file)
+            .map_err(|e| self.io(e, Op::Flush, 0, 0))?;
+        self.file
+            .sync_data()
+            .map_err(|e| self.io(e, Op::Flush, 0, 0))?;
         if rc.take_table_moved() {
             let (off, clusters) = rc.table_location();
             let mut raw = [0u8; 12];
             raw[..8].copy_from_slice(&off.to_be_bytes());
             raw[8..].copy_from_slice(&clusters.to_be_bytes());
-            self.file.write_all_at(&raw, 48).map_err(|e| self.io(e, Op::Flush, 48, 12))?;
-            self.file.sync_data().map_err(|e| self.io(e, Op::Flush, 0, 0))?;
+            self.file
+                .write_all_at(&raw, 48)
+                .map_err(|e| self.io(e, Op::Flush, 48, 12))?;
+            self.file
+                .sync_data()
+                .map_err(|e| self.io(e, Op::Flush, 0, 0))?;
             // The header no longer points at the old table: free it.
             for (off, clusters) in rc.take_pending_free() {
-                rc.free(&self.file, off, clusters * self.cs()).map_err(|e| rc_error(e, Op::Flush, &self.path))?;
+                rc.free(&self.file, off, clusters * self.cs())
+                    .map_err(|e| rc_error(e, Op::Flush, &self.path))?;
             }
-            rc.write_dirty(&self.file).map_err(|e| self.io(e, Op::Flush, 0, 0))?;
-            self.file.sync_data().map_err(|e| self.io(e, Op::Flush, 0, 0))?;
+            rc.write_dirty(&self.file)
+                .map_err(|e| self.io(e, Op::Flush, 0, 0))?;
+            self.file
+                .sync_data()
+                .map_err(|e| self.io(e, Op::Flush, 0, 0))?;
         }
         Ok(())
     }
@@ -226,19 +279,27 @@ impl Qcow2Image {
         for &off in &dirty {
             let t = meta.l2.get_mut(off).expect("listed");
             let raw: Vec<u8> = t.entries.iter().flat_map(|e| e.to_be_bytes()).collect();
-            self.file.write_all_at(&raw, off).map_err(|e| self.io(e, Op::Flush, off, raw.len() as u64))?;
+            self.file
+                .write_all_at(&raw, off)
+                .map_err(|e| self.io(e, Op::Flush, off, raw.len() as u64))?;
             t.dirty = false;
         }
         if !meta.l1_dirty.is_empty() {
             // Every L2 table written so far (here or on eviction) is durable before an L1
             // entry points at it.
-            self.file.sync_data().map_err(|e| self.io(e, Op::Flush, 0, 0))?;
+            self.file
+                .sync_data()
+                .map_err(|e| self.io(e, Op::Flush, 0, 0))?;
             for i in std::mem::take(&mut meta.l1_dirty) {
                 let at = self.header.l1_table_offset + i as u64 * 8;
-                self.file.write_all_at(&meta.l1[i].to_be_bytes(), at).map_err(|e| self.io(e, Op::Flush, at, 8))?;
+                self.file
+                    .write_all_at(&meta.l1[i].to_be_bytes(), at)
+                    .map_err(|e| self.io(e, Op::Flush, at, 8))?;
             }
         }
-        self.file.sync_data().map_err(|e| self.io(e, Op::Flush, 0, 0))
+        self.file
+            .sync_data()
+            .map_err(|e| self.io(e, Op::Flush, 0, 0))
     }
 }
 

@@ -13,11 +13,19 @@ use vdstream_qcow2::{create, open_chain, ImageFormat, OpenOptions, Qcow2Image};
 static N: AtomicUsize = AtomicUsize::new(0);
 
 fn rw() -> OpenOptions {
-    OpenOptions { read_only: false, l2_cache_bytes: 4 * 4096 }
+    OpenOptions {
+        read_only: false,
+        l2_cache_bytes: 4 * 4096,
+    }
 }
 
 /// A fresh image in `dir`; `base_seed` puts a raw backing file of that pattern under it.
-fn fresh(dir: &std::path::Path, size: u64, base_seed: Option<u8>, cluster_bits: u32) -> Arc<dyn BlockDev> {
+fn fresh(
+    dir: &std::path::Path,
+    size: u64,
+    base_seed: Option<u8>,
+    cluster_bits: u32,
+) -> Arc<dyn BlockDev> {
     let n = N.fetch_add(1, Ordering::Relaxed);
     let path = dir.join(format!("img{n}.qcow2"));
     match base_seed {
@@ -69,8 +77,22 @@ fn conformance_suite_over_backing_file_of_zeros() {
 fn model_check() {
     let dir = tempfile::tempdir().unwrap();
     let make = |size| fresh(dir.path(), size, None, 16);
-    model::model_check("qcow2", &make, model::ModelConfig { cases: 12, ..Default::default() });
-    model::model_check_concurrent("qcow2", &make, model::ModelConfig { cases: 6, ..Default::default() });
+    model::model_check(
+        "qcow2",
+        &make,
+        model::ModelConfig {
+            cases: 12,
+            ..Default::default()
+        },
+    );
+    model::model_check_concurrent(
+        "qcow2",
+        &make,
+        model::ModelConfig {
+            cases: 6,
+            ..Default::default()
+        },
+    );
     check_all(dir.path());
 }
 
@@ -78,9 +100,17 @@ fn model_check() {
 fn model_check_over_backing_file() {
     let dir = tempfile::tempdir().unwrap();
     let make = |size| fresh(dir.path(), size, Some(0x3c), 15);
-    let cfg = model::ModelConfig { cases: 12, initial_seed: Some(0x3c), ..Default::default() };
+    let cfg = model::ModelConfig {
+        cases: 12,
+        initial_seed: Some(0x3c),
+        ..Default::default()
+    };
     model::model_check("qcow2 over random base", &make, cfg.clone());
-    model::model_check_concurrent("qcow2 over random base", &make, model::ModelConfig { cases: 6, ..cfg });
+    model::model_check_concurrent(
+        "qcow2 over random base",
+        &make,
+        model::ModelConfig { cases: 6, ..cfg },
+    );
     check_all(dir.path());
 }
 

@@ -28,7 +28,19 @@ fn repoint_a_version_and_remove_its_backing() {
         qemu_img(&["create", "-q", "-f", "raw", s(&a), "2M"]);
         qemu_io(&a, &["write -P 0x61 0 1M"]);
         qemu_img(&["convert", "-O", "qcow2", s(&a), s(&b)]);
-        qemu_img(&["create", "-q", "-f", "qcow2", "-o", &format!("compat={compat},cluster_size={cluster}"), "-b", "a.raw", "-F", "raw", s(&v)]);
+        qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            &format!("compat={compat},cluster_size={cluster}"),
+            "-b",
+            "a.raw",
+            "-F",
+            "raw",
+            s(&v),
+        ]);
         qemu_io(&v, &["write -P 0x62 1M 4k"]);
         let want = qemu_raw(&v);
         set_backing_file(&v, Some(("b.qcow2", ImageFormat::Qcow2))).unwrap();
@@ -36,15 +48,26 @@ fn repoint_a_version_and_remove_its_backing() {
         assert_eq!(i["backing-filename"], "b.qcow2", "{i}");
         assert_eq!(i["backing-filename-format"], "qcow2", "{i}");
         assert_clean(&v);
-        assert_same(&qemu_raw(&v), &want, "qemu reads the same through the new backing");
-        assert_same(&read_all(&*open_chain(&v).unwrap(), 1 << 20), &want, "so do we");
+        assert_same(
+            &qemu_raw(&v),
+            &want,
+            "qemu reads the same through the new backing",
+        );
+        assert_same(
+            &read_all(&*open_chain(&v).unwrap(), 1 << 20),
+            &want,
+            "so do we",
+        );
         // Absolute name, then none.
         let abs = d.join("a.raw");
         set_backing_file(&v, Some((s(&abs), ImageFormat::Raw))).unwrap();
         assert_eq!(info(&v)["backing-filename"], s(&abs));
         set_backing_file(&v, None).unwrap();
         let i = info(&v);
-        assert!(i.get("backing-filename").is_none() && i.get("backing-filename-format").is_none(), "{i}");
+        assert!(
+            i.get("backing-filename").is_none() && i.get("backing-filename-format").is_none(),
+            "{i}"
+        );
         assert_clean(&v);
         let own = qemu_raw(&v);
         assert!(own[..1 << 20].iter().all(|&x| x == 0) && own[1 << 20] == 0x62);
@@ -55,11 +78,23 @@ fn repoint_a_version_and_remove_its_backing() {
 fn refusals_leave_the_header_alone() {
     let dir = tempfile::tempdir().unwrap();
     let v = dir.path().join("v.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", "-o", "cluster_size=512", s(&v), "1M"]);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "cluster_size=512",
+        s(&v),
+        "1M",
+    ]);
     let before = std::fs::read(&v).unwrap();
     let long = "n".repeat(600);
     let e = set_backing_file(&v, Some((&long, ImageFormat::Raw))).unwrap_err();
-    assert!(e.to_string().contains("v.qcow2") && e.to_string().contains("first cluster"), "{e}");
+    assert!(
+        e.to_string().contains("v.qcow2") && e.to_string().contains("first cluster"),
+        "{e}"
+    );
     assert_eq!(std::fs::read(&v).unwrap(), before);
     // Open in vdstream: refused, unchanged.
     let open = Qcow2Image::open(&v, OpenOptions::default(), None).unwrap();

@@ -23,7 +23,10 @@ fn host_file(dir: &Path) -> (PathBuf, Vec<u8>) {
 }
 
 fn nanos() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
 }
 
 fn read_all(dev: &dyn BlockDev) -> Vec<u8> {
@@ -41,7 +44,13 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn qcow2_header_naming(dir: &Path, backing: &Path, size: u64) -> Vec<u8> {
     let p = dir.join("scratch.qcow2");
     let _ = std::fs::remove_file(&p);
-    create(&p, size, Some((backing.to_str().unwrap(), ImageFormat::Raw)), 16).unwrap();
+    create(
+        &p,
+        size,
+        Some((backing.to_str().unwrap(), ImageFormat::Raw)),
+        16,
+    )
+    .unwrap();
     std::fs::read(&p).unwrap()
 }
 
@@ -58,11 +67,18 @@ fn a_raw_layer_whose_guest_wrote_a_qcow2_header_stays_raw() {
     // What a probe would have done: the file now looks like a qcow2 over the host file.
     assert_eq!(ImageFormat::probe(&base).unwrap(), ImageFormat::Qcow2);
     let probed = read_all(&*open_chain(&base).unwrap());
-    assert!(contains(&probed, &marker), "the probed open reads the host file (the hazard this guards against)");
+    assert!(
+        contains(&probed, &marker),
+        "the probed open reads the host file (the hazard this guards against)"
+    );
 
     let dev = open_recorded(&[LayerSpec::new(&base, ImageFormat::Raw)]).unwrap();
     let got = read_all(&*dev);
-    assert_eq!(got.len(), disk.len(), "served at the raw file's size, not the header's");
+    assert_eq!(
+        got.len(),
+        disk.len(),
+        "served at the raw file's size, not the header's"
+    );
     assert_eq!(got, disk, "the guest's own bytes, header included");
     assert!(!contains(&got, &marker));
 }
@@ -86,26 +102,54 @@ fn a_qcow2_layer_naming_another_file_than_its_recorded_parent_is_refused() {
     {
         let top = dir.path().join(format!("v.{}.qcow2", i + 1));
         create(&top, MIB, Some((name, ImageFormat::Raw)), 16).unwrap();
-        let e = open_recorded(&[LayerSpec::new(&base, ImageFormat::Raw), LayerSpec::new(&top, ImageFormat::Qcow2)]).unwrap_err().to_string();
-        assert!(e.contains(&format!("names backing file {name:?}")) && e.contains("v.base.raw"), "{e}");
+        let e = open_recorded(&[
+            LayerSpec::new(&base, ImageFormat::Raw),
+            LayerSpec::new(&top, ImageFormat::Qcow2),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(&format!("names backing file {name:?}")) && e.contains("v.base.raw"),
+            "{e}"
+        );
     }
 
     // The right name, the wrong recorded format.
     let top = dir.path().join("v.9.qcow2");
     create(&top, MIB, Some(("v.base.raw", ImageFormat::Qcow2)), 16).unwrap();
-    let e = open_recorded(&[LayerSpec::new(&base, ImageFormat::Raw), LayerSpec::new(&top, ImageFormat::Qcow2)]).unwrap_err().to_string();
-    assert!(e.contains("backing format \"qcow2\"") && e.contains("recorded as raw"), "{e}");
+    let e = open_recorded(&[
+        LayerSpec::new(&base, ImageFormat::Raw),
+        LayerSpec::new(&top, ImageFormat::Qcow2),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("backing format \"qcow2\"") && e.contains("recorded as raw"),
+        "{e}"
+    );
 
     // A bottom layer that names a backing file at all.
     let lone = dir.path().join("lone.qcow2");
-    create(&lone, MIB, Some((host.to_str().unwrap(), ImageFormat::Raw)), 16).unwrap();
-    let e = open_recorded(&[LayerSpec::new(&lone, ImageFormat::Qcow2)]).unwrap_err().to_string();
+    create(
+        &lone,
+        MIB,
+        Some((host.to_str().unwrap(), ImageFormat::Raw)),
+        16,
+    )
+    .unwrap();
+    let e = open_recorded(&[LayerSpec::new(&lone, ImageFormat::Qcow2)])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("it is the bottom layer"), "{e}");
 
     // Nothing opened read the host file: the right chain reads zeros.
     let good = dir.path().join("v.10.qcow2");
     create(&good, MIB, Some(("v.base.raw", ImageFormat::Raw)), 16).unwrap();
-    let dev = open_recorded(&[LayerSpec::new(&base, ImageFormat::Raw), LayerSpec::new(&good, ImageFormat::Qcow2)]).unwrap();
+    let dev = open_recorded(&[
+        LayerSpec::new(&base, ImageFormat::Raw),
+        LayerSpec::new(&good, ImageFormat::Qcow2),
+    ])
+    .unwrap();
     assert!(!contains(&read_all(&*dev), &marker));
     assert!(read_all(&*dev).iter().all(|&b| b == 0));
 }
@@ -116,7 +160,9 @@ fn layers_that_are_symbolic_links_are_refused_by_name() {
     let (host, _) = host_file(dir.path());
     let link = dir.path().join("v.base.raw");
     std::os::unix::fs::symlink(&host, &link).unwrap();
-    let e = open_recorded(&[LayerSpec::new(&link, ImageFormat::Raw)]).unwrap_err().to_string();
+    let e = open_recorded(&[LayerSpec::new(&link, ImageFormat::Raw)])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("v.base.raw is a symbolic link"), "{e}");
 
     // A file an administrator names through a link is resolved once and served.
@@ -134,11 +180,22 @@ fn a_probed_qcow2_that_names_a_backing_file_is_refused() {
     disk[..header.len()].copy_from_slice(&header);
     std::fs::write(&raw, &disk).unwrap();
     let e = vdstream_qcow2::probe_named(&raw).unwrap_err().to_string();
-    assert!(e.contains(&format!("names backing file {:?}", host.to_str().unwrap())) && e.contains("--format qcow2") && e.contains("--format raw"), "{e}");
+    assert!(
+        e.contains(&format!("names backing file {:?}", host.to_str().unwrap()))
+            && e.contains("--format qcow2")
+            && e.contains("--format raw"),
+        "{e}"
+    );
 
     let lone = dir.path().join("lone.qcow2");
     create(&lone, MIB, None, 16).unwrap();
-    assert_eq!(vdstream_qcow2::probe_named(&lone).unwrap(), ImageFormat::Qcow2);
+    assert_eq!(
+        vdstream_qcow2::probe_named(&lone).unwrap(),
+        ImageFormat::Qcow2
+    );
     std::fs::write(dir.path().join("r.img"), vec![7u8; 4096]).unwrap();
-    assert_eq!(vdstream_qcow2::probe_named(&dir.path().join("r.img")).unwrap(), ImageFormat::Raw);
+    assert_eq!(
+        vdstream_qcow2::probe_named(&dir.path().join("r.img")).unwrap(),
+        ImageFormat::Raw
+    );
 }

@@ -17,7 +17,10 @@ const MIB: u64 = 1 << 20;
 
 /// A small L2 cache, to exercise eviction: `units` of 512 bytes (never under two tables).
 fn rw(units: u64) -> OpenOptions {
-    OpenOptions { read_only: false, l2_cache_bytes: units * 512 }
+    OpenOptions {
+        read_only: false,
+        l2_cache_bytes: units * 512,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -49,7 +52,15 @@ fn apply(dev: &dyn BlockDev, raw: &std::fs::File, ops: &[Op]) {
                 raw.write_all_at(&data, offset).unwrap();
             }
             Op::Zero { offset, len } => {
-                dev.write_zeroes(offset, len, ZeroFlags { may_trim: len % 2 == 0, ..Default::default() }).unwrap();
+                dev.write_zeroes(
+                    offset,
+                    len,
+                    ZeroFlags {
+                        may_trim: len % 2 == 0,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
                 raw.write_all_at(&vec![0; len as usize], offset).unwrap();
             }
             Op::Trim { offset, len } => {
@@ -62,7 +73,18 @@ fn apply(dev: &dyn BlockDev, raw: &std::fs::File, ops: &[Op]) {
 }
 
 fn compare(image: &Path, raw: &Path) {
-    run("qemu-img", &["compare", "-f", "qcow2", "-F", "raw", image.to_str().unwrap(), raw.to_str().unwrap()]);
+    run(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "qcow2",
+            "-F",
+            "raw",
+            image.to_str().unwrap(),
+            raw.to_str().unwrap(),
+        ],
+    );
 }
 
 /// Random writes, zeroes and trims on a fresh image (cluster sizes 512 B, 4 KiB, 64 KiB;
@@ -72,31 +94,50 @@ fn random_writes_pass_check_and_compare() {
     let dir = tempfile::tempdir().unwrap();
     let size = 5 * MIB + 4096 * 3 + 512;
     let counter = std::sync::atomic::AtomicU64::new(0);
-    let mut runner = TestRunner::new(Config { cases: 16, failure_persistence: None, ..Config::default() });
+    let mut runner = TestRunner::new(Config {
+        cases: 16,
+        failure_persistence: None,
+        ..Config::default()
+    });
     runner
-        .run(&(ops(size), prop::sample::select(vec![9u32, 12, 16]), any::<bool>()), |(ops, bits, with_base)| {
-            let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            let img = dir.path().join(format!("w{n}.qcow2"));
-            let raw = dir.path().join(format!("w{n}.raw"));
-            let base_bytes = if with_base { pattern(n, 0, size as usize) } else { vec![0; size as usize] };
-            std::fs::write(&raw, &base_bytes).unwrap();
-            if with_base {
-                let base = format!("b{n}.raw");
-                std::fs::write(dir.path().join(&base), &base_bytes).unwrap();
-                create(&img, size, Some((&base, ImageFormat::Raw)), bits).unwrap();
-            } else {
-                create(&img, size, None, bits).unwrap();
-            }
-            {
-                let dev = Qcow2Image::open_with_backing_chain(&img, rw(2)).unwrap();
-                let rawf = std::fs::OpenOptions::new().write(true).open(&raw).unwrap();
-                apply(&dev, &rawf, &ops);
-                assert_same(&read_all(&dev, 777_777), &std::fs::read(&raw).unwrap(), "our read-back");
-            }
-            assert_clean(&img);
-            compare(&img, &raw);
-            Ok(())
-        })
+        .run(
+            &(
+                ops(size),
+                prop::sample::select(vec![9u32, 12, 16]),
+                any::<bool>(),
+            ),
+            |(ops, bits, with_base)| {
+                let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                let img = dir.path().join(format!("w{n}.qcow2"));
+                let raw = dir.path().join(format!("w{n}.raw"));
+                let base_bytes = if with_base {
+                    pattern(n, 0, size as usize)
+                } else {
+                    vec![0; size as usize]
+                };
+                std::fs::write(&raw, &base_bytes).unwrap();
+                if with_base {
+                    let base = format!("b{n}.raw");
+                    std::fs::write(dir.path().join(&base), &base_bytes).unwrap();
+                    create(&img, size, Some((&base, ImageFormat::Raw)), bits).unwrap();
+                } else {
+                    create(&img, size, None, bits).unwrap();
+                }
+                {
+                    let dev = Qcow2Image::open_with_backing_chain(&img, rw(2)).unwrap();
+                    let rawf = std::fs::OpenOptions::new().write(true).open(&raw).unwrap();
+                    apply(&dev, &rawf, &ops);
+                    assert_same(
+                        &read_all(&dev, 777_777),
+                        &std::fs::read(&raw).unwrap(),
+                        "our read-back",
+                    );
+                }
+                assert_clean(&img);
+                compare(&img, &raw);
+                Ok(())
+            },
+        )
         .unwrap();
 }
 
@@ -127,7 +168,10 @@ fn refcount_table_grows() {
     assert!(info.contains("\"cluster-size\": 512"), "{info}");
     let bytes = std::fs::read(&img).unwrap();
     let h = vdstream_qcow2::Header::parse(&bytes, bytes.len() as u64).unwrap();
-    assert!(h.refcount_table_clusters > 1 && h.refcount_table_offset != 512, "the refcount table did not grow: {h:?}");
+    assert!(
+        h.refcount_table_clusters > 1 && h.refcount_table_offset != 512,
+        "the refcount table did not grow: {h:?}"
+    );
 }
 
 /// Partial-cluster writes over a qcow2 backing chain made by qemu (compressed and zero
@@ -138,17 +182,40 @@ fn overlay_on_qemu_chain() {
     let base = dir.path().join("base.raw");
     std::fs::write(&base, pattern(9, 0, (6 * MIB) as usize)).unwrap();
     let mid = dir.path().join("mid.qcow2");
-    qemu_img(&["create", "-f", "qcow2", "-b", "base.raw", "-F", "raw", mid.to_str().unwrap()]);
-    qemu_io(&mid, &["write -P 0x41 0 1M", "write -z 2M 1M", "write -c -P 0x42 4M 64k"]);
+    qemu_img(&[
+        "create",
+        "-f",
+        "qcow2",
+        "-b",
+        "base.raw",
+        "-F",
+        "raw",
+        mid.to_str().unwrap(),
+    ]);
+    qemu_io(
+        &mid,
+        &[
+            "write -P 0x41 0 1M",
+            "write -z 2M 1M",
+            "write -c -P 0x42 4M 64k",
+        ],
+    );
     let top = dir.path().join("top.qcow2");
     create(&top, 6 * MIB, Some(("mid.qcow2", ImageFormat::Qcow2)), 16).unwrap();
-    let writes: &[(u64, usize, u64)] = &[(100, 10, 1), (65_530, 20, 2), (2 * MIB + 7, 70_000, 3), (4 * MIB + 1, 5, 4), (6 * MIB - 3, 3, 5)];
+    let writes: &[(u64, usize, u64)] = &[
+        (100, 10, 1),
+        (65_530, 20, 2),
+        (2 * MIB + 7, 70_000, 3),
+        (4 * MIB + 1, 5, 4),
+        (6 * MIB - 3, 3, 5),
+    ];
     {
         let dev = Qcow2Image::open_with_backing_chain(&top, rw(16)).unwrap();
         for &(off, len, seed) in writes {
             dev.write_at(&pattern(seed, off, len), off, false).unwrap();
         }
-        dev.write_zeroes(MIB, 128 * 1024, ZeroFlags::default()).unwrap();
+        dev.write_zeroes(MIB, 128 * 1024, ZeroFlags::default())
+            .unwrap();
         dev.trim(5 * MIB, 100_000, false).unwrap();
     }
     let mut want = qemu_raw(&mid);
@@ -162,7 +229,12 @@ fn overlay_on_qemu_chain() {
     assert_clean(&top);
     compare(&top, &raw);
     let info = qemu_img(&["info", "--backing-chain", top.to_str().unwrap()]);
-    assert!(info.contains("mid.qcow2") && info.contains("base.raw") && info.contains("backing file format: qcow2"), "{info}");
+    assert!(
+        info.contains("mid.qcow2")
+            && info.contains("base.raw")
+            && info.contains("backing file format: qcow2"),
+        "{info}"
+    );
 }
 
 /// Writing over clusters qemu compressed and zero-preallocated frees them exactly.
@@ -173,13 +245,25 @@ fn rewrite_qemu_compressed_and_zero_clusters() {
     qemu_img(&["create", "-f", "qcow2", src.to_str().unwrap(), "3M"]);
     qemu_io(&src, &["write -P 0x51 0 2M", "write -P 0x52 2M 1M"]);
     let img = dir.path().join("c.qcow2");
-    qemu_img(&["convert", "-c", "-O", "qcow2", src.to_str().unwrap(), img.to_str().unwrap()]);
+    qemu_img(&[
+        "convert",
+        "-c",
+        "-O",
+        "qcow2",
+        src.to_str().unwrap(),
+        img.to_str().unwrap(),
+    ]);
     // A preallocated zero cluster: zeroing an allocated cluster without unmap keeps it.
     qemu_io(&img, &["write -P 0x53 2M 64k", "write -z 2M 64k"]);
     let mut want = qemu_raw(&img);
     {
         let dev = Qcow2Image::open(&img, rw(4), None).unwrap();
-        for (off, len) in [(10u64, 100usize), (70_000, 200_000), (2 * MIB + 5, 10), (3 * MIB - 1, 1)] {
+        for (off, len) in [
+            (10u64, 100usize),
+            (70_000, 200_000),
+            (2 * MIB + 5, 10),
+            (3 * MIB - 1, 1),
+        ] {
             let d = pattern(off, off, len);
             dev.write_at(&d, off, false).unwrap();
             want[off as usize..off as usize + len].copy_from_slice(&d);
@@ -202,13 +286,26 @@ fn writes_to_v2_image_over_backing() {
     let base_bytes = pattern(4, 0, (3 * MIB) as usize);
     std::fs::write(&base, &base_bytes).unwrap();
     let img = dir.path().join("v2.qcow2");
-    qemu_img(&["create", "-f", "qcow2", "-o", "compat=0.10,cluster_size=4096", "-b", "base.raw", "-F", "raw", img.to_str().unwrap()]);
+    qemu_img(&[
+        "create",
+        "-f",
+        "qcow2",
+        "-o",
+        "compat=0.10,cluster_size=4096",
+        "-b",
+        "base.raw",
+        "-F",
+        "raw",
+        img.to_str().unwrap(),
+    ]);
     let mut want = base_bytes.clone();
     {
         let dev = Qcow2Image::open_with_backing_chain(&img, rw(2)).unwrap();
-        dev.write_at(&pattern(5, 5000, 10_000), 5000, false).unwrap();
+        dev.write_at(&pattern(5, 5000, 10_000), 5000, false)
+            .unwrap();
         want[5000..15_000].copy_from_slice(&pattern(5, 5000, 10_000));
-        dev.write_zeroes(MIB, 200_000, ZeroFlags::default()).unwrap();
+        dev.write_zeroes(MIB, 200_000, ZeroFlags::default())
+            .unwrap();
         dev.trim(2 * MIB - 1, 3, false).unwrap();
         want[MIB as usize..(MIB + 200_000) as usize].fill(0);
         want[(2 * MIB - 1) as usize..(2 * MIB + 2) as usize].fill(0);
@@ -227,7 +324,10 @@ fn our_block_status_matches_qemu_map_on_our_images() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base.raw");
     std::fs::write(&base, pattern(6, 0, (4 * MIB) as usize)).unwrap();
-    for (name, backing) in [("over.qcow2", Some(("base.raw", ImageFormat::Raw))), ("alone.qcow2", None)] {
+    for (name, backing) in [
+        ("over.qcow2", Some(("base.raw", ImageFormat::Raw))),
+        ("alone.qcow2", None),
+    ] {
         let img = dir.path().join(name);
         create(&img, 4 * MIB, backing, 16).unwrap();
         {

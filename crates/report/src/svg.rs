@@ -85,16 +85,27 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
             .y_desc(clean(y_label))
             .y_label_formatter(&|v| format_value(*v))
             .draw()?;
-        chart.draw_series(bars.iter().enumerate().filter(|(_, b)| b.1.is_finite()).map(|(i, b)| {
-            Rectangle::new([(i as f64 + 0.15, 0.0), (i as f64 + 0.85, b.1)], PALETTE[0].filled())
-        }))?;
+        chart.draw_series(
+            bars.iter()
+                .enumerate()
+                .filter(|(_, b)| b.1.is_finite())
+                .map(|(i, b)| {
+                    Rectangle::new(
+                        [(i as f64 + 0.15, 0.0), (i as f64 + 0.85, b.1)],
+                        PALETTE[0].filled(),
+                    )
+                }),
+        )?;
         let label = |text: String, at: f64, above: bool| {
             let pos = Pos::new(HPos::Center, if above { VPos::Bottom } else { VPos::Top });
             (text, at, TextStyle::from((FONT, 15)).pos(pos))
         };
         chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
-            let (text, at, style) =
-                if b.1.is_finite() { label(format_value(b.1), b.1, b.1 >= 0.0) } else { label("n/a".into(), 0.0, true) };
+            let (text, at, style) = if b.1.is_finite() {
+                label(format_value(b.1), b.1, b.1 >= 0.0)
+            } else {
+                label("n/a".into(), 0.0, true)
+            };
             Text::new(text, (i as f64 + 0.5, at), style)
         }))?;
         // Names under their bars, broken at spaces into lines that fit a bar's slot.
@@ -121,11 +132,36 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
 }
 
 /// [`line_chart`] with a choice of axes (see [`LineOptions`]).
-pub fn line_chart_with(title: &str, x_label: &str, y_label: &str, series: &[Series], options: LineOptions) -> String {
-    let placeable = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!options.x_log || x > 0.0) && (!options.y_log || y > 0.0);
-    let xs: Vec<f64> = series.iter().flat_map(|s| &s.points).filter(|p| placeable(p)).map(|p| p.0).collect();
-    let ys: Vec<f64> = series.iter().flat_map(|s| &s.points).filter(|p| placeable(p)).map(|p| p.1).collect();
-    let lines = Lines { title, x_label, y_label, series, placeable: &placeable, empty: xs.is_empty() };
+pub fn line_chart_with(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    options: LineOptions,
+) -> String {
+    let placeable = |&(x, y): &(f64, f64)| {
+        x.is_finite() && y.is_finite() && (!options.x_log || x > 0.0) && (!options.y_log || y > 0.0)
+    };
+    let xs: Vec<f64> = series
+        .iter()
+        .flat_map(|s| &s.points)
+        .filter(|p| placeable(p))
+        .map(|p| p.0)
+        .collect();
+    let ys: Vec<f64> = series
+        .iter()
+        .flat_map(|s| &s.points)
+        .filter(|p| placeable(p))
+        .map(|p| p.1)
+        .collect();
+    let lines = Lines {
+        title,
+        x_label,
+        y_label,
+        series,
+        placeable: &placeable,
+        empty: xs.is_empty(),
+    };
     let (x, y) = (spanning(&xs), including_zero(&ys, 0.05));
     render(|root| match (options.x_log, options.y_log) {
         (false, false) => lines.draw(root, x, y),
@@ -154,9 +190,22 @@ impl Lines<'_> {
         Y::CoordDescType: ValueFormatter<f64>,
     {
         let legend = self.series.len() > 1 || self.series.iter().any(|s| !s.name.is_empty());
-        let names: Vec<String> = self.series.iter().enumerate().map(|(i, s)| legend_name(s, i)).collect();
-        let longest = names.iter().map(|n| n.chars().count() as u32).max().unwrap_or(0);
-        let legend_w = if legend { (longest * CHAR_W + 40).min(LEGEND_MAX_W) } else { 0 };
+        let names: Vec<String> = self
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| legend_name(s, i))
+            .collect();
+        let longest = names
+            .iter()
+            .map(|n| n.chars().count() as u32)
+            .max()
+            .unwrap_or(0);
+        let legend_w = if legend {
+            (longest * CHAR_W + 40).min(LEGEND_MAX_W)
+        } else {
+            0
+        };
         let mut chart = ChartBuilder::on(root)
             .caption(clean(self.title), (FONT, 20))
             .margin(12)
@@ -177,20 +226,39 @@ impl Lines<'_> {
         for (i, s) in self.series.iter().enumerate() {
             let colour = PALETTE[i % PALETTE.len()];
             // A line breaks wherever a point cannot be placed.
-            let runs: Vec<&[(f64, f64)]> = s.points.split(|p| !(self.placeable)(p)).filter(|r| !r.is_empty()).collect();
+            let runs: Vec<&[(f64, f64)]> = s
+                .points
+                .split(|p| !(self.placeable)(p))
+                .filter(|r| !r.is_empty())
+                .collect();
             for run in runs {
                 chart.draw_series(LineSeries::new(run.iter().copied(), colour.stroke_width(2)))?;
             }
             if markers {
-                chart.draw_series(s.points.iter().filter(|p| (self.placeable)(p)).map(|&p| Circle::new(p, 3, colour.filled())))?;
+                chart.draw_series(
+                    s.points
+                        .iter()
+                        .filter(|p| (self.placeable)(p))
+                        .map(|&p| Circle::new(p, 3, colour.filled())),
+                )?;
             }
         }
         // The legend, right of the plot (plotters' own is drawn, and clipped, inside it).
-        let (x0, y0) = (chart.plotting_area().get_pixel_range().0.end + 14, chart.plotting_area().get_pixel_range().1.start + 8);
+        let (x0, y0) = (
+            chart.plotting_area().get_pixel_range().0.end + 14,
+            chart.plotting_area().get_pixel_range().1.start + 8,
+        );
         for (i, name) in names.iter().enumerate().filter(|_| legend) {
             let (colour, y) = (PALETTE[i % PALETTE.len()], y0 + 20 * i as i32);
-            root.draw(&PathElement::new([(x0, y), (x0 + 18, y)], colour.stroke_width(3)))?;
-            root.draw(&Text::new(name.clone(), (x0 + 24, y), TextStyle::from((FONT, 15)).pos(Pos::new(HPos::Left, VPos::Center))))?;
+            root.draw(&PathElement::new(
+                [(x0, y), (x0 + 18, y)],
+                colour.stroke_width(3),
+            ))?;
+            root.draw(&Text::new(
+                name.clone(),
+                (x0 + 24, y),
+                TextStyle::from((FONT, 15)).pos(Pos::new(HPos::Left, VPos::Center)),
+            ))?;
         }
         if self.empty {
             no_data(root)?;
@@ -205,14 +273,25 @@ fn render(draw: impl FnOnce(&Area) -> Drawn) -> String {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        let _ = root.fill(&WHITE).map_err(Into::into).and_then(|()| draw(&root)).and_then(|()| Ok(root.present()?));
+        let _ = root
+            .fill(&WHITE)
+            .map_err(Into::into)
+            .and_then(|()| draw(&root))
+            .and_then(|()| Ok(root.present()?));
     }
     svg
 }
 
 fn no_data(root: &Area) -> Drawn {
-    let style = (FONT, 16).into_font().color(&RGBColor(0x88, 0x88, 0x88)).pos(Pos::new(HPos::Center, VPos::Center));
-    root.draw(&Text::new("no data", (SIZE.0 as i32 / 2, SIZE.1 as i32 / 2), style))?;
+    let style = (FONT, 16)
+        .into_font()
+        .color(&RGBColor(0x88, 0x88, 0x88))
+        .pos(Pos::new(HPos::Center, VPos::Center));
+    root.draw(&Text::new(
+        "no data",
+        (SIZE.0 as i32 / 2, SIZE.1 as i32 / 2),
+        style,
+    ))?;
     Ok(())
 }
 
@@ -244,7 +323,11 @@ fn spanning(values: &[f64]) -> Range<f64> {
 fn decades(values: &[f64]) -> Range<f64> {
     let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let (lo, mut hi) = if lo.is_finite() { (lo.log10().floor(), hi.log10().ceil()) } else { (0.0, 1.0) };
+    let (lo, mut hi) = if lo.is_finite() {
+        (lo.log10().floor(), hi.log10().ceil())
+    } else {
+        (0.0, 1.0)
+    };
     if lo == hi {
         hi += 1.0;
     }
@@ -252,7 +335,11 @@ fn decades(values: &[f64]) -> Range<f64> {
 }
 
 fn legend_name(s: &Series, i: usize) -> String {
-    let name = if s.name.is_empty() { format!("series {}", i + 1) } else { clean(&s.name) };
+    let name = if s.name.is_empty() {
+        format!("series {}", i + 1)
+    } else {
+        clean(&s.name)
+    };
     shorten(&name, ((LEGEND_MAX_W - 40) / CHAR_W) as usize)
 }
 
@@ -278,9 +365,17 @@ fn format_value(v: f64) -> String {
         return format!("{v:.1e}");
     };
     let s = format!("{scaled:.decimals$}");
-    let s = if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.') } else { &s };
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &s
+    };
     // Never print "-0".
-    if s == "-0" { "0".to_string() } else { format!("{s}{suffix}") }
+    if s == "-0" {
+        "0".to_string()
+    } else {
+        format!("{s}{suffix}")
+    }
 }
 
 /// `s` broken at spaces into lines of at most `width` characters, at most `max_lines` of
@@ -341,7 +436,10 @@ mod tests {
         assert_eq!(format_value(123.0), "123");
         assert_eq!(format_value(f64::NAN), "n/a");
         assert_eq!(shorten("device-disk-persistent", 10), "device-di…");
-        assert_eq!(label_lines("ram-overflow (overflows)", 14, 3), vec!["ram-overflow", "(overflows)"]);
+        assert_eq!(
+            label_lines("ram-overflow (overflows)", 14, 3),
+            vec!["ram-overflow", "(overflows)"]
+        );
         assert_eq!(label_lines("aa bb cc dd", 2, 3), vec!["aa", "bb", "c…"]);
         assert_eq!(clean("x\u{1}y\tz"), "xy z");
     }

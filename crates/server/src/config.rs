@@ -84,7 +84,9 @@ pub struct ServerOptions {
 
 /// Counters /metrics reads at each scrape: (name ending in `_total`, help, value).
 #[derive(Clone)]
-pub struct ExtraCounters(pub std::sync::Arc<dyn Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync>);
+pub struct ExtraCounters(
+    pub std::sync::Arc<dyn Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync>,
+);
 
 impl std::fmt::Debug for ExtraCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -151,8 +153,17 @@ impl ServerOptions {
         if self.insecure {
             return Ok(());
         }
-        let nbd = self.listen.filter(|a| !nbd_tls && !is_loopback(a)).map(|addr| InsecureListen { what: "NBD", addr });
-        let http = self.http.filter(|a| self.http_tls.is_none() && !is_loopback(a)).map(|addr| InsecureListen { what: "the HTTP API", addr });
+        let nbd = self
+            .listen
+            .filter(|a| !nbd_tls && !is_loopback(a))
+            .map(|addr| InsecureListen { what: "NBD", addr });
+        let http = self
+            .http
+            .filter(|a| self.http_tls.is_none() && !is_loopback(a))
+            .map(|addr| InsecureListen {
+                what: "the HTTP API",
+                addr,
+            });
         nbd.or(http).map_or(Ok(()), Err)
     }
 }
@@ -213,8 +224,10 @@ pub struct ConfigFile {
 impl ConfigFile {
     /// Reads and parses `path`; the error names the file and what is wrong in it.
     pub fn load(path: &Path) -> Result<ConfigFile, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("the config file {} is not valid: {e}", path.display()))
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
+        Self::parse(&text)
+            .map_err(|e| format!("the config file {} is not valid: {e}", path.display()))
     }
 
     /// Parses the text of a config file.
@@ -231,36 +244,103 @@ mod tests {
 
     #[test]
     fn keys_are_the_flag_names() {
-        let c = ConfigFile::parse("store = \"/s\"\nlisten = \"127.0.0.1:10809\"\nread-cache = \"1G\"\nname = \"pvs1\"\n").unwrap();
+        let c = ConfigFile::parse(
+            "store = \"/s\"\nlisten = \"127.0.0.1:10809\"\nread-cache = \"1G\"\nname = \"pvs1\"\n",
+        )
+        .unwrap();
         assert_eq!(c.store, Some(PathBuf::from("/s")));
         assert_eq!(c.read_cache, Some(SizeValue::Text("1G".into())));
-        assert_eq!(ConfigFile::parse("read-cache = 0").unwrap().read_cache, Some(SizeValue::Bytes(0)));
+        assert_eq!(
+            ConfigFile::parse("read-cache = 0").unwrap().read_cache,
+            Some(SizeValue::Bytes(0))
+        );
         assert_eq!(ConfigFile::parse("").unwrap(), ConfigFile::default());
-        assert_eq!(ConfigFile::parse("http = \"127.0.0.1:8480\"").unwrap().http.as_deref(), Some("127.0.0.1:8480"));
-        assert_eq!(ConfigFile::parse("dead-peer-timeout = 20").unwrap().dead_peer_timeout, Some(20));
-        assert_eq!(ConfigFile::parse("max-connections = 200").unwrap().max_connections, Some(200));
-        let c = ConfigFile::parse("handshake-penalty = 0\nhandshake-penalty-exempt = \"10.0.0.0/8\"").unwrap();
-        assert_eq!((c.handshake_penalty, c.handshake_penalty_exempt.as_deref()), (Some(0), Some("10.0.0.0/8")));
+        assert_eq!(
+            ConfigFile::parse("http = \"127.0.0.1:8480\"")
+                .unwrap()
+                .http
+                .as_deref(),
+            Some("127.0.0.1:8480")
+        );
+        assert_eq!(
+            ConfigFile::parse("dead-peer-timeout = 20")
+                .unwrap()
+                .dead_peer_timeout,
+            Some(20)
+        );
+        assert_eq!(
+            ConfigFile::parse("max-connections = 200")
+                .unwrap()
+                .max_connections,
+            Some(200)
+        );
+        let c =
+            ConfigFile::parse("handshake-penalty = 0\nhandshake-penalty-exempt = \"10.0.0.0/8\"")
+                .unwrap();
+        assert_eq!(
+            (c.handshake_penalty, c.handshake_penalty_exempt.as_deref()),
+            (Some(0), Some("10.0.0.0/8"))
+        );
         let c = ConfigFile::parse("boot = true\nboot-server = [\"http://a:1\"]\ntftp = \"0.0.0.0:69\"\nboot-unknown = \"auto-add\"").unwrap();
-        assert_eq!((c.boot, c.boot_server.as_deref(), c.tftp.as_deref(), c.boot_unknown.as_deref()), (Some(true), Some(&["http://a:1".to_string()][..]), Some("0.0.0.0:69"), Some("auto-add")));
+        assert_eq!(
+            (
+                c.boot,
+                c.boot_server.as_deref(),
+                c.tftp.as_deref(),
+                c.boot_unknown.as_deref()
+            ),
+            (
+                Some(true),
+                Some(&["http://a:1".to_string()][..]),
+                Some("0.0.0.0:69"),
+                Some("auto-add")
+            )
+        );
         let c = ConfigFile::parse("anonymous = \"vdisks\"\ninsecure = true").unwrap();
-        assert_eq!((c.anonymous.as_deref(), c.insecure), (Some("vdisks"), Some(true)));
+        assert_eq!(
+            (c.anonymous.as_deref(), c.insecure),
+            (Some("vdisks"), Some(true))
+        );
     }
 
     fn listening(listen: Option<&str>, http: Option<&str>) -> ServerOptions {
-        ServerOptions { listen: listen.map(|a| a.parse().unwrap()), http: http.map(|a| a.parse().unwrap()), ..ServerOptions::new("s") }
+        ServerOptions {
+            listen: listen.map(|a| a.parse().unwrap()),
+            http: http.map(|a| a.parse().unwrap()),
+            ..ServerOptions::new("s")
+        }
     }
 
     #[test]
     fn a_plaintext_listener_off_loopback_needs_insecure() {
-        for (listen, http) in [(None, None), (Some("127.0.0.1:10809"), Some("127.0.0.1:0")), (Some("[::1]:10809"), None), (Some("127.3.2.1:1"), None), (Some("[::ffff:127.0.0.1]:1"), None)] {
-            assert_eq!(listening(listen, http).check_listen(), Ok(()), "{listen:?} {http:?}");
+        for (listen, http) in [
+            (None, None),
+            (Some("127.0.0.1:10809"), Some("127.0.0.1:0")),
+            (Some("[::1]:10809"), None),
+            (Some("127.3.2.1:1"), None),
+            (Some("[::ffff:127.0.0.1]:1"), None),
+        ] {
+            assert_eq!(
+                listening(listen, http).check_listen(),
+                Ok(()),
+                "{listen:?} {http:?}"
+            );
         }
         for (listen, http, what, addr) in [
             (Some("0.0.0.0:10809"), None, "NBD", "0.0.0.0:10809"),
-            (Some("10.1.2.3:10809"), Some("127.0.0.1:8480"), "NBD", "10.1.2.3:10809"),
+            (
+                Some("10.1.2.3:10809"),
+                Some("127.0.0.1:8480"),
+                "NBD",
+                "10.1.2.3:10809",
+            ),
             (Some("[::]:10809"), None, "NBD", "[::]:10809"),
-            (None, Some("192.168.1.5:8480"), "the HTTP API", "192.168.1.5:8480"),
+            (
+                None,
+                Some("192.168.1.5:8480"),
+                "the HTTP API",
+                "192.168.1.5:8480",
+            ),
         ] {
             let mut o = listening(listen, http);
             let e = o.check_listen().unwrap_err();
@@ -271,11 +351,23 @@ mod tests {
             assert_eq!(o.check_listen(), Ok(()));
         }
         let o = listening(Some("0.0.0.0:10809"), None);
-        assert_eq!(o.check_listen_with(true), Ok(()), "NBD over TLS may listen anywhere");
+        assert_eq!(
+            o.check_listen_with(true),
+            Ok(()),
+            "NBD over TLS may listen anywhere"
+        );
         let mut o = listening(Some("0.0.0.0:10809"), Some("10.0.0.1:8480"));
-        assert_eq!(o.check_listen_with(true).unwrap_err().what, "the HTTP API", "an API without HTTPS off loopback is refused");
+        assert_eq!(
+            o.check_listen_with(true).unwrap_err().what,
+            "the HTTP API",
+            "an API without HTTPS off loopback is refused"
+        );
         o.http_tls = Some(PathBuf::from("tls"));
-        assert_eq!(o.check_listen_with(true), Ok(()), "the API over HTTPS may listen anywhere");
+        assert_eq!(
+            o.check_listen_with(true),
+            Ok(()),
+            "the API over HTTPS may listen anywhere"
+        );
     }
 
     #[test]

@@ -25,15 +25,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Extent, Hole, Result as DevResult, ZeroFlags};
-use vdstream_nbd::server::{ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport};
 use vdstream_contract::{ExportDescription, ExportName, Identity};
+use vdstream_nbd::server::{
+    ExportInfo, Exports, OpenError, OpenPurpose, OpenRequest, OpenedExport,
+};
 use vdstream_store::{Access, DiskAccess, Layer, OpenedLayer, Selector, Store, StoreError};
 
 use crate::policy::{self, Refusal};
 use crate::readcache::with_session;
 use crate::refusal::{RefusalAudit, RefusedOpen};
-use crate::state::{unix_ms, Counters, ExportKind, ServerState, Session, SessionGuard, SessionInfo};
-use crate::target::{layer_number, lookup_target, version_selector, TargetCaches, TargetHold, TargetLookupError, TargetOpenError};
+use crate::state::{
+    unix_ms, Counters, ExportKind, ServerState, Session, SessionGuard, SessionInfo,
+};
+use crate::target::{
+    layer_number, lookup_target, version_selector, TargetCaches, TargetHold, TargetLookupError,
+    TargetOpenError,
+};
 
 /// How long a new maintenance writer waits for one that just disconnected to let go.
 const WRITER_HANDOVER: Duration = Duration::from_secs(1);
@@ -61,17 +68,33 @@ fn out_of_fds_now() -> bool {
 
 /// The export name that pins version `v` of `vdisk` (0: the base): `vdisk/NAME@3`.
 fn vdisk_at(vdisk: &str, v: u32) -> ExportName {
-    ExportName::Vdisk { vdisk: vdisk.to_string(), selector: version_selector(v) }
+    ExportName::Vdisk {
+        vdisk: vdisk.to_string(),
+        selector: version_selector(v),
+    }
 }
 
 /// The description of an export (see `vdstream_contract::description`).
-fn describe(export: ExportName, reads: Option<ExportName>, note: impl Into<String>) -> ExportDescription {
-    ExportDescription { export, reads, note: note.into() }
+fn describe(
+    export: ExportName,
+    reads: Option<ExportName>,
+    note: impl Into<String>,
+) -> ExportDescription {
+    ExportDescription {
+        export,
+        reads,
+        note: note.into(),
+    }
 }
 
 /// `target/ID[@ATTACH]`.
 fn target_name(id: &str, attach: Option<String>) -> ExportName {
-    ExportName::Target { id: id.to_string(), attach, secret: None, journaled: false }
+    ExportName::Target {
+        id: id.to_string(),
+        attach,
+        secret: None,
+        journaled: false,
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -82,13 +105,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// is `POLICY` (busy), running out of file descriptors is `Full` (never "unknown"), the
 /// rest `UNKNOWN` with the message.
 fn open_error(e: StoreError) -> OpenError {
-    if e.os_error().is_some_and(|io| vdstream_nbd::server::is_out_of_fds(io)) || vdstream_nbd::server::is_out_of_fds(&e) {
+    if e.os_error()
+        .is_some_and(|io| vdstream_nbd::server::is_out_of_fds(io))
+        || vdstream_nbd::server::is_out_of_fds(&e)
+    {
         return OpenError::Full(format!(
             "out of file descriptors ({e}): connect to another server, or lower --max-connections / raise the open-files limit"
         ));
     }
     match e {
-        StoreError::UnknownVdisk { .. } | StoreError::UnknownVersion { .. } | StoreError::BadName(_) | StoreError::BadInput(_) => OpenError::Unknown(e.to_string()),
+        StoreError::UnknownVdisk { .. }
+        | StoreError::UnknownVersion { .. }
+        | StoreError::BadName(_)
+        | StoreError::BadInput(_) => OpenError::Unknown(e.to_string()),
         StoreError::Refused(m) => OpenError::Busy(m),
         other => OpenError::Failed(other.to_string()),
     }
@@ -108,7 +137,13 @@ impl StoreExports {
     pub fn new(state: Arc<ServerState>) -> vdstream_store::Result<StoreExports> {
         let store = Store::open(state.store.clone())?;
         let targets = Arc::new(TargetCaches::new(store.clone(), state.name.clone()));
-        Ok(StoreExports { state, store, writers: Arc::new(Mutex::new(HashMap::new())), targets, refusals: RefusalAudit::default() })
+        Ok(StoreExports {
+            state,
+            store,
+            writers: Arc::new(Mutex::new(HashMap::new())),
+            targets,
+            refusals: RefusalAudit::default(),
+        })
     }
 
     /// The vDisk of target `id`'s record, if it has one that can be read.
@@ -118,27 +153,52 @@ impl StoreExports {
 
     /// Whether `client` may open `export` (see `policy`); a refusal is audited.
     fn authorize(&self, req: &OpenRequest<'_>, export: &ExportName) -> Result<(), OpenError> {
-        let refusal: Refusal = match policy::decide(req.client, export, self.state.anonymous, &|id| self.record_vdisk(id)) {
-            Ok(()) => return Ok(()),
-            Err(r) => r,
-        };
+        let refusal: Refusal =
+            match policy::decide(req.client, export, self.state.anonymous, &|id| {
+                self.record_vdisk(id)
+            }) {
+                Ok(()) => return Ok(()),
+                Err(r) => r,
+            };
         let vdisk = || match export {
-            ExportName::Vdisk { vdisk, .. } | ExportName::Maintenance { vdisk, .. } => vdisk.clone(),
+            ExportName::Vdisk { vdisk, .. } | ExportName::Maintenance { vdisk, .. } => {
+                vdisk.clone()
+            }
             ExportName::Target { id, .. } => self.record_vdisk(id).unwrap_or_default(),
         };
-        let refused = RefusedOpen { client: req.client, peer: req.peer, export, purpose: req.purpose, refusal: &refusal };
+        let refused = RefusedOpen {
+            client: req.client,
+            peer: req.peer,
+            export,
+            purpose: req.purpose,
+            refusal: &refusal,
+        };
         self.refusals.record(&self.store, &refused, vdisk);
         Err(OpenError::Policy(refusal.to_string()))
     }
 
-    fn open_vdisk(&self, export: &str, vdisk: &str, selector: Selector, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+    fn open_vdisk(
+        &self,
+        export: &str,
+        vdisk: &str,
+        selector: Selector,
+        req: &OpenRequest<'_>,
+    ) -> Result<OpenedExport, OpenError> {
         let cache = self.state.read_cache.clone();
-        let opened = self.store.open_layer_with(vdisk, selector, false, &|p, d| cache.wrap(p, d)).map_err(open_error)?;
+        let opened = self
+            .store
+            .open_layer_with(vdisk, selector, false, &|p, d| cache.wrap(p, d))
+            .map_err(open_error)?;
         if opened.meta.access == DiskAccess::Private {
             return Err(OpenError::Policy(format!(
                 "vDisk {vdisk} has private access: it is written directly by one target and not served by the store server")));
         }
-        let description = describe(vdisk_at(vdisk, layer_number(opened.layer)), None, access_word(&opened)).to_string();
+        let description = describe(
+            vdisk_at(vdisk, layer_number(opened.layer)),
+            None,
+            access_word(&opened),
+        )
+        .to_string();
         let info = SessionInfo {
             export: export.to_string(),
             kind: ExportKind::Vdisk,
@@ -149,13 +209,32 @@ impl StoreExports {
             cache_type: None,
             cache_limit: None,
         };
-        Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: None, target: None }, description))
+        Ok(self.session(
+            req,
+            info,
+            opened.dev.clone(),
+            Held {
+                _chain: Some(opened),
+                writer: None,
+                target: None,
+            },
+            description,
+        ))
     }
 
-    fn open_maintenance(&self, export: &str, vdisk: &str, version: Option<u32>, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+    fn open_maintenance(
+        &self,
+        export: &str,
+        vdisk: &str,
+        version: Option<u32>,
+        req: &OpenRequest<'_>,
+    ) -> Result<OpenedExport, OpenError> {
         let slot = self.take_writer_slot(vdisk, req)?;
         let cache = self.state.read_cache.clone();
-        let opened = self.store.open_layer_with(vdisk, Selector::Maintenance, true, &|p, d| cache.wrap(p, d)).map_err(open_error)?;
+        let opened = self
+            .store
+            .open_layer_with(vdisk, Selector::Maintenance, true, &|p, d| cache.wrap(p, d))
+            .map_err(open_error)?;
         if opened.meta.access == DiskAccess::Private {
             return Err(OpenError::Policy(format!(
                 "vDisk {vdisk} has private access and no versions: it is not served by the store server")));
@@ -169,9 +248,14 @@ impl StoreExports {
             }
         }
         if !opened.writable || opened.access != Some(Access::Maintenance) {
-            return Err(OpenError::Failed(format!("the maintenance version of vDisk {vdisk} could not be opened read-write")));
+            return Err(OpenError::Failed(format!(
+                "the maintenance version of vDisk {vdisk} could not be opened read-write"
+            )));
         }
-        let pinned = ExportName::Maintenance { vdisk: vdisk.to_string(), version: Some(number) };
+        let pinned = ExportName::Maintenance {
+            vdisk: vdisk.to_string(),
+            version: Some(number),
+        };
         let description = describe(pinned, None, "maintenance, read-write, one writer").to_string();
         let info = SessionInfo {
             export: export.to_string(),
@@ -183,11 +267,25 @@ impl StoreExports {
             cache_type: None,
             cache_limit: None,
         };
-        Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: Some(slot), target: None }, description))
+        Ok(self.session(
+            req,
+            info,
+            opened.dev.clone(),
+            Held {
+                _chain: Some(opened),
+                writer: Some(slot),
+                target: None,
+            },
+            description,
+        ))
     }
 
     /// The vDisk's maintenance writer slot, or the refusal naming who holds it.
-    fn take_writer_slot(&self, vdisk: &str, req: &OpenRequest<'_>) -> Result<WriterSlot, OpenError> {
+    fn take_writer_slot(
+        &self,
+        vdisk: &str,
+        req: &OpenRequest<'_>,
+    ) -> Result<WriterSlot, OpenError> {
         let deadline = std::time::Instant::now() + WRITER_HANDOVER;
         loop {
             {
@@ -195,8 +293,14 @@ impl StoreExports {
                 match writers.get(vdisk) {
                     None => {
                         let since = vdstream_store::Timestamp::now();
-                        writers.insert(vdisk.to_string(), format!("a connection from {} since {since}", req.peer));
-                        return Ok(WriterSlot { writers: self.writers.clone(), vdisk: vdisk.to_string() });
+                        writers.insert(
+                            vdisk.to_string(),
+                            format!("a connection from {} since {since}", req.peer),
+                        );
+                        return Ok(WriterSlot {
+                            writers: self.writers.clone(),
+                            vdisk: vdisk.to_string(),
+                        });
                     }
                     Some(holder) if std::time::Instant::now() >= deadline => {
                         return Err(OpenError::Busy(format!(
@@ -211,7 +315,15 @@ impl StoreExports {
         }
     }
 
-    fn open_target(&self, export: &str, id: &str, attach: Option<&str>, secret: Option<&str>, journaled: bool, req: &OpenRequest<'_>) -> Result<OpenedExport, OpenError> {
+    fn open_target(
+        &self,
+        export: &str,
+        id: &str,
+        attach: Option<&str>,
+        secret: Option<&str>,
+        journaled: bool,
+        req: &OpenRequest<'_>,
+    ) -> Result<OpenedExport, OpenError> {
         let spec = match lookup_target(&self.store, id) {
             // Only a client that may see every target is told the known ones.
             Err(TargetLookupError::Unknown(m)) if matches!(req.client, Identity::Local | Identity::Admin(_)) => return Err(OpenError::Unknown(m)),
@@ -226,7 +338,10 @@ impl StoreExports {
         };
         let cache = self.state.read_cache.clone();
         let open_chain = |selector: Selector| -> Result<OpenedLayer, String> {
-            let opened = self.store.open_layer_with(&spec.vdisk, selector, false, &|p, d| cache.wrap(p, d)).map_err(|e| e.to_string())?;
+            let opened = self
+                .store
+                .open_layer_with(&spec.vdisk, selector, false, &|p, d| cache.wrap(p, d))
+                .map_err(|e| e.to_string())?;
             if opened.meta.access == DiskAccess::Private {
                 return Err(format!("vDisk {} of target {id} has private access: it is not served by the store server", spec.vdisk));
             }
@@ -261,12 +376,30 @@ impl StoreExports {
             let reads = Some(vdisk_at(&spec.vdisk, v));
             let description = if spec.server_side() {
                 let name = target_name(id, self.targets.current(id).map(|(a, _)| a));
-                describe(name, reads, format!("a {} cache on server {}", spec.cache, self.state.name))
+                describe(
+                    name,
+                    reads,
+                    format!("a {} cache on server {}", spec.cache, self.state.name),
+                )
             } else {
-                describe(target_name(id, Some(format!("v{v}"))), reads, format!("{} cache on the target; read-only", spec.cache))
+                describe(
+                    target_name(id, Some(format!("v{v}"))),
+                    reads,
+                    format!("{} cache on the target; read-only", spec.cache),
+                )
             };
             let description = description.to_string();
-            return Ok(self.session(req, info, opened.dev.clone(), Held { _chain: Some(opened), writer: None, target: None }, description));
+            return Ok(self.session(
+                req,
+                info,
+                opened.dev.clone(),
+                Held {
+                    _chain: Some(opened),
+                    writer: None,
+                    target: None,
+                },
+                description,
+            ));
         }
         let mut opened = self
             .targets
@@ -285,11 +418,24 @@ impl StoreExports {
         let mut description = describe(
             target_name(id, Some(opened.attach.clone())),
             Some(vdisk_at(&spec.vdisk, opened.version)),
-            format!("a {} cache on server {}, read-write, one writer", spec.cache, self.state.name),
+            format!(
+                "a {} cache on server {}, read-write, one writer",
+                spec.cache, self.state.name
+            ),
         );
         let dev: Arc<dyn BlockDev> = opened.cache.clone();
         let (new_attach, secret) = (opened.new_attach, opened.secret);
-        let mut out = self.session(req, info, dev, Held { _chain: None, writer: None, target: Some(opened.hold) }, description.to_string());
+        let mut out = self.session(
+            req,
+            info,
+            dev,
+            Held {
+                _chain: None,
+                writer: None,
+                target: Some(opened.hold),
+            },
+            description.to_string(),
+        );
         if !new_attach {
             // A connection that proved the attach (its name and secret) joins its cache: the
             // agent that made it may hold several, and a flush on any covers them all, so
@@ -319,21 +465,53 @@ impl StoreExports {
     }
 
     /// Wraps an opened device for its connection (registered for a session; bare for INFO).
-    fn session(&self, req: &OpenRequest<'_>, info: SessionInfo, dev: Arc<dyn BlockDev>, held: Held, description: String) -> OpenedExport {
+    fn session(
+        &self,
+        req: &OpenRequest<'_>,
+        info: SessionInfo,
+        dev: Arc<dyn BlockDev>,
+        held: Held,
+        description: String,
+    ) -> OpenedExport {
         // A maintenance writer or a server-side target cache: a second connection to this
         // export is refused while this one holds it, so it must not offer multi-conn.
         let exclusive = held.writer.is_some() || held.target.is_some();
         if req.purpose == OpenPurpose::Info {
             // Size and caps only; the chain is released when the server drops the device.
-            let device = Arc::new(SessionDev { inner: dev, held, session: None, log: self.state.log.clone() });
-            return OpenedExport { device, description: Some(description), exclusive };
+            let device = Arc::new(SessionDev {
+                inner: dev,
+                held,
+                session: None,
+                log: self.state.log.clone(),
+            });
+            return OpenedExport {
+                device,
+                description: Some(description),
+                exclusive,
+            };
         }
-        log::info!("session: {} from {} opened {description}", info.export, info.peer);
+        log::info!(
+            "session: {} from {} opened {description}",
+            info.export,
+            info.peer
+        );
         let probe = held.target.as_ref().map(|t| t.probe.clone());
         let guard = self.state.registry.open_with_cache(info, probe);
-        let session = Some(SessionCounting { guard, totals: self.state.totals.clone() });
-        let device = Arc::new(SessionDev { inner: dev, held, session, log: self.state.log.clone() });
-        OpenedExport { device, description: Some(description), exclusive }
+        let session = Some(SessionCounting {
+            guard,
+            totals: self.state.totals.clone(),
+        });
+        let device = Arc::new(SessionDev {
+            inner: dev,
+            held,
+            session,
+            log: self.state.log.clone(),
+        });
+        OpenedExport {
+            device,
+            description: Some(description),
+            exclusive,
+        }
     }
 
     /// One line per export for `NBD_OPT_LIST`: every vDisk's production and (when there
@@ -345,7 +523,9 @@ impl StoreExports {
             Identity::Target(id) => self.record_vdisk(id),
             _ => None,
         };
-        let may_open = |name: &ExportName| policy::decide(client, name, self.state.anonymous, &|_| own.clone()).is_ok();
+        let may_open = |name: &ExportName| {
+            policy::decide(client, name, self.state.anonymous, &|_| own.clone()).is_ok()
+        };
         let mut out = self.all_exports();
         out.retain(|e| e.name.parse::<ExportName>().is_ok_and(|n| may_open(&n)));
         out
@@ -354,7 +534,9 @@ impl StoreExports {
     fn all_exports(&self) -> Vec<ExportInfo> {
         let now = vdstream_store::Timestamp::now();
         let mut out = Vec::new();
-        let Ok(list) = self.store.list() else { return out };
+        let Ok(list) = self.store.list() else {
+            return out;
+        };
         for (name, meta) in list {
             let Ok(meta) = meta else { continue };
             if meta.access == DiskAccess::Private {
@@ -366,15 +548,32 @@ impl StoreExports {
                     Layer::Version(n) => meta.version(n).map_or("production", |v| v.access.name()),
                 };
                 let export = vdisk_at(&name, layer_number(layer));
-                out.push(ExportInfo { name: export.unpinned().to_string(), description: describe(export, None, access).to_string() });
+                out.push(ExportInfo {
+                    name: export.unpinned().to_string(),
+                    description: describe(export, None, access).to_string(),
+                });
             }
-            for v in meta.versions.iter().filter(|v| v.access != Access::Maintenance) {
+            for v in meta
+                .versions
+                .iter()
+                .filter(|v| v.access != Access::Maintenance)
+            {
                 let export = vdisk_at(&name, v.number);
-                out.push(ExportInfo { name: export.to_string(), description: describe(export, None, v.access.name()).to_string() });
+                out.push(ExportInfo {
+                    name: export.to_string(),
+                    description: describe(export, None, v.access.name()).to_string(),
+                });
             }
             if let Some(m) = meta.maintenance() {
-                let export = ExportName::Maintenance { vdisk: name.clone(), version: Some(m.number) };
-                out.push(ExportInfo { name: export.unpinned().to_string(), description: describe(export, None, "maintenance, read-write, one writer").to_string() });
+                let export = ExportName::Maintenance {
+                    vdisk: name.clone(),
+                    version: Some(m.number),
+                };
+                out.push(ExportInfo {
+                    name: export.unpinned().to_string(),
+                    description: describe(export, None, "maintenance, read-write, one writer")
+                        .to_string(),
+                });
             }
         }
         out
@@ -391,25 +590,62 @@ impl Exports for StoreExports {
     }
 
     fn open(&self, name: &str) -> std::result::Result<Arc<dyn BlockDev>, OpenError> {
-        self.open_export(&OpenRequest { name, peer: "local", client: &Identity::Local, purpose: OpenPurpose::Info }).map(|o| o.device)
+        self.open_export(&OpenRequest {
+            name,
+            peer: "local",
+            client: &Identity::Local,
+            purpose: OpenPurpose::Info,
+        })
+        .map(|o| o.device)
     }
 
     fn description(&self, name: &str) -> Option<String> {
-        self.open_export(&OpenRequest { name, peer: "local", client: &Identity::Local, purpose: OpenPurpose::Info }).ok().and_then(|o| o.description)
+        self.open_export(&OpenRequest {
+            name,
+            peer: "local",
+            client: &Identity::Local,
+            purpose: OpenPurpose::Info,
+        })
+        .ok()
+        .and_then(|o| o.description)
     }
 
     fn open_export(&self, req: &OpenRequest<'_>) -> std::result::Result<OpenedExport, OpenError> {
-        if self.state.draining.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(OpenError::Shutdown(format!("server {} is shutting down; connect to another server", self.state.name)));
+        if self
+            .state
+            .draining
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(OpenError::Shutdown(format!(
+                "server {} is shutting down; connect to another server",
+                self.state.name
+            )));
         }
-        let export = req.name.parse::<ExportName>().map_err(|e| OpenError::Unknown(e.to_string()))?;
+        let export = req
+            .name
+            .parse::<ExportName>()
+            .map_err(|e| OpenError::Unknown(e.to_string()))?;
         self.authorize(req, &export)?;
         let opened = match export {
-            ExportName::Vdisk { vdisk, selector } => self.open_vdisk(req.name, &vdisk, selector, req),
-            ExportName::Maintenance { vdisk, version } => self.open_maintenance(req.name, &vdisk, version, req),
-            ExportName::Target { id, attach, secret, journaled } => {
-                self.open_target(vdstream_nbd::shown_export_name(req.name), &id, attach.as_deref(), secret.as_deref(), journaled, req)
+            ExportName::Vdisk { vdisk, selector } => {
+                self.open_vdisk(req.name, &vdisk, selector, req)
             }
+            ExportName::Maintenance { vdisk, version } => {
+                self.open_maintenance(req.name, &vdisk, version, req)
+            }
+            ExportName::Target {
+                id,
+                attach,
+                secret,
+                journaled,
+            } => self.open_target(
+                vdstream_nbd::shown_export_name(req.name),
+                &id,
+                attach.as_deref(),
+                secret.as_deref(),
+                journaled,
+                req,
+            ),
         };
         opened.map_err(|e| self.full_if_out_of_fds(e))
     }
@@ -450,7 +686,11 @@ impl SessionCounting {
         &self.guard.session
     }
 
-    fn count(&self, pick: impl Fn(&Counters) -> (&std::sync::atomic::AtomicU64, &std::sync::atomic::AtomicU64), bytes: u64) {
+    fn count(
+        &self,
+        pick: impl Fn(&Counters) -> (&std::sync::atomic::AtomicU64, &std::sync::atomic::AtomicU64),
+        bytes: u64,
+    ) {
         for c in [&self.guard.session.counters, &*self.totals] {
             let (ops, b) = pick(c);
             Counters::add(ops, 1);
@@ -501,7 +741,13 @@ impl Drop for SessionDev {
 impl SessionDev {
     /// Runs `f` in the session (store reads charged to it), then charges the cache and logs
     /// a failure.
-    fn call<T>(&self, op: &str, offset: u64, len: u64, f: impl FnOnce() -> DevResult<T>) -> DevResult<T> {
+    fn call<T>(
+        &self,
+        op: &str,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce() -> DevResult<T>,
+    ) -> DevResult<T> {
         let r = match &self.session {
             Some(s) => with_session(s.session().clone(), f),
             None => f(),
@@ -514,12 +760,24 @@ impl SessionDev {
     /// not the client's mistake), naming the client, the export and the reason.
     fn logged<T>(&self, op: &str, offset: u64, len: u64, r: DevResult<T>) -> DevResult<T> {
         if let (Err(e), Some(s)) = (&r, &self.session) {
-            if matches!(e.kind, vdstream_blockdev::ErrorKind::Io | vdstream_blockdev::ErrorKind::NoSpace) {
+            if matches!(
+                e.kind,
+                vdstream_blockdev::ErrorKind::Io | vdstream_blockdev::ErrorKind::NoSpace
+            ) {
                 let info = &s.session().info;
-                let kind = if e.kind == vdstream_blockdev::ErrorKind::Io { "I/O error" } else { "no space" };
-                self.log.log(log::Level::Warn, module_path!(),
+                let kind = if e.kind == vdstream_blockdev::ErrorKind::Io {
+                    "I/O error"
+                } else {
+                    "no space"
+                };
+                self.log.log(
+                    log::Level::Warn,
+                    module_path!(),
                     kind,
-                    format_args!("{kind}: client {}, export {:?}, {op} of {len} bytes at {offset}: {e}", info.peer, info.export),
+                    format_args!(
+                        "{kind}: client {}, export {:?}, {op} of {len} bytes at {offset}: {e}",
+                        info.peer, info.export
+                    ),
                 );
             }
         }
@@ -540,7 +798,10 @@ impl SessionDev {
 
     /// Whether writes must be durable before they are answered (see `TargetHold::write_through`).
     fn write_through(&self) -> bool {
-        self.held.target.as_ref().is_some_and(TargetHold::write_through)
+        self.held
+            .target
+            .as_ref()
+            .is_some_and(TargetHold::write_through)
     }
 
     /// After an operation on a target's server-side cache: what reached its file.
@@ -562,17 +823,24 @@ impl vdstream_blockdev::Filter for SessionDev {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
         self.count(false, buf.len() as u64);
-        self.call("read", offset, buf.len() as u64, || self.inner().read_at(buf, offset))
+        self.call("read", offset, buf.len() as u64, || {
+            self.inner().read_at(buf, offset)
+        })
     }
 
     fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> {
         self.count(false, buf.len() as u64);
-        self.call("read", offset, buf.len() as u64, || self.inner().read_at_sparse(buf, offset, holes))
+        self.call("read", offset, buf.len() as u64, || {
+            self.inner().read_at_sparse(buf, offset, holes)
+        })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> {
         self.count(true, buf.len() as u64);
-        self.call("write", offset, buf.len() as u64, || self.inner().write_at(buf, offset, fua || self.write_through()))
+        self.call("write", offset, buf.len() as u64, || {
+            self.inner()
+                .write_at(buf, offset, fua || self.write_through())
+        })
     }
 
     fn flush(&self) -> DevResult<()> {
@@ -580,16 +848,28 @@ impl vdstream_blockdev::Filter for SessionDev {
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
-        self.call("trim", offset, len, || self.inner().trim(offset, len, fua || self.write_through()))
+        self.call("trim", offset, len, || {
+            self.inner().trim(offset, len, fua || self.write_through())
+        })
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DevResult<()> {
-        let flags = ZeroFlags { fua: flags.fua || self.write_through(), ..flags };
-        self.call("write-zeroes", offset, len, || self.inner().write_zeroes(offset, len, flags))
+        let flags = ZeroFlags {
+            fua: flags.fua || self.write_through(),
+            ..flags
+        };
+        self.call("write-zeroes", offset, len, || {
+            self.inner().write_zeroes(offset, len, flags)
+        })
     }
 
     fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> DevResult<()> {
-        self.logged("block-status", offset, len, self.inner().block_status(offset, len, out))
+        self.logged(
+            "block-status",
+            offset,
+            len,
+            self.inner().block_status(offset, len, out),
+        )
     }
 
     fn cache(&self, offset: u64, len: u64) -> DevResult<()> {
@@ -610,7 +890,12 @@ impl vdstream_blockdev::Filter for SessionDev {
         });
         for op in ops.iter_mut() {
             let r = std::mem::replace(&mut op.result, Ok(()));
-            op.result = self.logged(if op.is_write() { "write" } else { "read" }, op.offset, op.len() as u64, r);
+            op.result = self.logged(
+                if op.is_write() { "write" } else { "read" },
+                op.offset,
+                op.len() as u64,
+                r,
+            );
         }
     }
 }
@@ -660,38 +945,111 @@ mod tests {
             cache_limit: None,
         };
         let totals = Arc::new(Counters::default());
-        let session = SessionCounting { guard: Registry::new().open(info), totals: totals.clone() };
-        let held = Held { _chain: None, writer: None, target: None };
-        (SessionDev { inner: dev, held, session: Some(session), log: Default::default() }, totals)
+        let session = SessionCounting {
+            guard: Registry::new().open(info),
+            totals: totals.clone(),
+        };
+        let held = Held {
+            _chain: None,
+            writer: None,
+            target: None,
+        };
+        (
+            SessionDev {
+                inner: dev,
+                held,
+                session: Some(session),
+                log: Default::default(),
+            },
+            totals,
+        )
     }
 
     #[test]
     fn a_session_device_hands_batches_to_a_device_that_wants_them_and_counts_them() {
-        let below = Arc::new(Batching { mem: MemoryDev::new(1 << 20), batched: AtomicU64::new(0) });
+        let below = Arc::new(Batching {
+            mem: MemoryDev::new(1 << 20),
+            batched: AtomicU64::new(0),
+        });
         let (dev, totals) = session_dev(below.clone());
-        assert!(dev.prefers_batches(), "the batched engine must see through the session's device");
+        assert!(
+            dev.prefers_batches(),
+            "the batched engine must see through the session's device"
+        );
         let (data, mut back) = (vec![7u8; 8192], vec![0u8; 8192]);
-        dev.io_batch(&mut [BatchOp::write(&data, 4096, false), BatchOp::write(&data, 65536, true)]);
+        dev.io_batch(&mut [
+            BatchOp::write(&data, 4096, false),
+            BatchOp::write(&data, 65536, true),
+        ]);
         let mut reads = [BatchOp::read(&mut back, 4096)];
         dev.io_batch(&mut reads);
         assert!(reads[0].result.is_ok());
         assert!(back == data);
-        assert_eq!(below.batched.load(Relaxed), 3, "every op reached the device below in a batch");
+        assert_eq!(
+            below.batched.load(Relaxed),
+            3,
+            "every op reached the device below in a batch"
+        );
         let c = totals.snapshot();
-        assert_eq!((c.guest_write_ops, c.guest_write_bytes, c.guest_read_ops, c.guest_read_bytes), (2, 16384, 1, 8192));
-        assert_eq!(dev.session.as_ref().unwrap().session().counters.snapshot().guest_write_ops, 2);
+        assert_eq!(
+            (
+                c.guest_write_ops,
+                c.guest_write_bytes,
+                c.guest_read_ops,
+                c.guest_read_bytes
+            ),
+            (2, 16384, 1, 8192)
+        );
+        assert_eq!(
+            dev.session
+                .as_ref()
+                .unwrap()
+                .session()
+                .counters
+                .snapshot()
+                .guest_write_ops,
+            2
+        );
     }
 
     #[test]
     fn a_session_device_conforms() {
-        let make = |size| -> Arc<dyn BlockDev> { Arc::new(session_dev(Arc::new(MemoryDev::new(size))).0) };
+        let make =
+            |size| -> Arc<dyn BlockDev> { Arc::new(session_dev(Arc::new(MemoryDev::new(size))).0) };
         conformance::run_all("SessionDev(MemoryDev)", &make);
-        model::model_check("SessionDev(MemoryDev)", &make, model::ModelConfig { cases: 32, ..Default::default() });
-        model::model_check_concurrent("SessionDev(MemoryDev)", &make, model::ModelConfig { cases: 16, ..Default::default() });
+        model::model_check(
+            "SessionDev(MemoryDev)",
+            &make,
+            model::ModelConfig {
+                cases: 32,
+                ..Default::default()
+            },
+        );
+        model::model_check_concurrent(
+            "SessionDev(MemoryDev)",
+            &make,
+            model::ModelConfig {
+                cases: 16,
+                ..Default::default()
+            },
+        );
         let batching = |size| -> Arc<dyn BlockDev> {
-            Arc::new(session_dev(Arc::new(Batching { mem: MemoryDev::new(size), batched: AtomicU64::new(0) })).0)
+            Arc::new(
+                session_dev(Arc::new(Batching {
+                    mem: MemoryDev::new(size),
+                    batched: AtomicU64::new(0),
+                }))
+                .0,
+            )
         };
         conformance::run_all("SessionDev(batching)", &batching);
-        model::model_check("SessionDev(batching)", &batching, model::ModelConfig { cases: 32, ..Default::default() });
+        model::model_check(
+            "SessionDev(batching)",
+            &batching,
+            model::ModelConfig {
+                cases: 32,
+                ..Default::default()
+            },
+        );
     }
 }

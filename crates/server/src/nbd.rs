@@ -63,8 +63,13 @@ impl NbdService {
     pub async fn start(state: Arc<ServerState>, threads: usize) -> Result<NbdService, NbdError> {
         let exports = Arc::new(StoreExports::new(state.clone())?);
         let limit = raise_open_files_limit();
-        let max_connections = state.max_connections.unwrap_or_else(|| default_max_connections(limit.soft));
-        log::info!("{}; at most {max_connections} NBD connections (--max-connections)", limit.describe());
+        let max_connections = state
+            .max_connections
+            .unwrap_or_else(|| default_max_connections(limit.soft));
+        log::info!(
+            "{}; at most {max_connections} NBD connections (--max-connections)",
+            limit.describe()
+        );
         let config = ServerConfig {
             threads_per_connection: threads.max(1),
             dead_peer_timeout: state.dead_peer_timeout,
@@ -80,7 +85,10 @@ impl NbdService {
         }
         let server = Arc::new(Server::new(exports, config));
         let _ = state.nbd_memory.set(server.request_memory());
-        log::info!("NBD requests may hold {} MiB together (--max-request-memory)", server.request_memory().limit() >> 20);
+        log::info!(
+            "NBD requests may hold {} MiB together (--max-request-memory)",
+            server.request_memory().limit() >> 20
+        );
         let (trigger, shutdown) = ShutdownSignal::new();
         let mut tasks = Vec::new();
         let mut uris = Vec::new();
@@ -89,22 +97,42 @@ impl NbdService {
         if let Some(path) = &state.nbd_socket {
             let listener = bind_unix(path)?;
             socket = Some(SocketFile(path.clone()));
-            uris.push(format!("{}+unix:///EXPORT?socket={}", scheme(&state), path.display()));
+            uris.push(format!(
+                "{}+unix:///EXPORT?socket={}",
+                scheme(&state),
+                path.display()
+            ));
             let (server, shutdown) = (server.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(async move { server.serve(Listener::Unix(listener), shutdown).await }));
+            tasks.push(tokio::spawn(async move {
+                server.serve(Listener::Unix(listener), shutdown).await
+            }));
         }
         if let Some(addr) = &state.nbd_listen {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|source| NbdError::Bind { addr: addr.clone(), hint: "is another server using that port?", source })?;
+                .map_err(|source| NbdError::Bind {
+                    addr: addr.clone(),
+                    hint: "is another server using that port?",
+                    source,
+                })?;
             uris.push(format!("{}://{addr}/EXPORT", scheme(&state)));
             let (server, shutdown) = (server.clone(), shutdown.clone());
-            tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(listener), shutdown).await }));
+            tasks.push(tokio::spawn(async move {
+                server.serve(Listener::Tcp(listener), shutdown).await
+            }));
         }
         if tasks.is_empty() {
-            return Err(NbdError::Listen("nothing to listen on: give a unix socket or a TCP address".into()));
+            return Err(NbdError::Listen(
+                "nothing to listen on: give a unix socket or a TCP address".into(),
+            ));
         }
-        Ok(NbdService { state, trigger, tasks, socket, uris })
+        Ok(NbdService {
+            state,
+            trigger,
+            tasks,
+            socket,
+            uris,
+        })
     }
 
     /// Drains (see the module docs) and returns once every connection has closed.
@@ -135,7 +163,6 @@ impl Drop for SocketFile {
     }
 }
 
-
 /// Descriptors a connection may hold: its socket, and per layer of its chain the layer's
 /// file and the file held for its shared lock (measured: 3 for a vDisk of one layer,
 /// `tests/e2e/test-server-full.sh`), with room for chains a few versions deep.
@@ -163,7 +190,10 @@ impl OpenFilesLimit {
     /// One line for the log.
     pub fn describe(&self) -> String {
         if self.soft > self.was {
-            format!("open-files limit raised from {} to {} (the hard limit)", self.was, self.soft)
+            format!(
+                "open-files limit raised from {} to {} (the hard limit)",
+                self.was, self.soft
+            )
         } else {
             format!("open-files limit {} (hard limit {})", self.soft, self.hard)
         }
@@ -174,28 +204,55 @@ impl OpenFilesLimit {
 /// and the usual soft limit of 1024 would fill at a few hundred. Failing to raise it is
 /// logged, not fatal (the connection cap is derived from what holds).
 pub fn raise_open_files_limit() -> OpenFilesLimit {
-    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit writes one `rlimit` into a live local.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
-        log::warn!("cannot read the open-files limit: {}", std::io::Error::last_os_error());
-        return OpenFilesLimit { was: 1024, soft: 1024, hard: 1024 };
+        log::warn!(
+            "cannot read the open-files limit: {}",
+            std::io::Error::last_os_error()
+        );
+        return OpenFilesLimit {
+            was: 1024,
+            soft: 1024,
+            hard: 1024,
+        };
     }
     let was: u64 = rl.rlim_cur;
     // An unlimited hard limit still stops at the kernel's fs.nr_open.
     let hard = if rl.rlim_max == libc::RLIM_INFINITY {
-        std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(1 << 20)
+        std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(1 << 20)
     } else {
         rl.rlim_max
     };
     if was < hard {
-        let raised = libc::rlimit { rlim_cur: hard as libc::rlim_t, rlim_max: rl.rlim_max };
+        let raised = libc::rlimit {
+            rlim_cur: hard as libc::rlim_t,
+            rlim_max: rl.rlim_max,
+        };
         // SAFETY: setrlimit reads one `rlimit` from a live local.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            return OpenFilesLimit { was, soft: hard, hard };
+            return OpenFilesLimit {
+                was,
+                soft: hard,
+                hard,
+            };
         }
-        log::warn!("cannot raise the open-files limit from {was} to {hard}: {}", std::io::Error::last_os_error());
+        log::warn!(
+            "cannot raise the open-files limit from {was} to {hard}: {}",
+            std::io::Error::last_os_error()
+        );
     }
-    OpenFilesLimit { was, soft: was, hard }
+    OpenFilesLimit {
+        was,
+        soft: was,
+        hard,
+    }
 }
 
 /// Binds a unix socket, replacing a stale socket file left by a process that died, but
@@ -207,9 +264,16 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, NbdError> {
         BindError::InUse(_) => NbdError::Bind {
             addr,
             hint: "stop that server or choose another --socket path",
-            source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "another server is already listening on it (address in use)"),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another server is already listening on it (address in use)",
+            ),
         },
-        BindError::Bind { source, .. } => NbdError::Bind { addr, hint: "check the folder's permissions, or choose another --socket path", source },
+        BindError::Bind { source, .. } => NbdError::Bind {
+            addr,
+            hint: "check the folder's permissions, or choose another --socket path",
+            source,
+        },
         e => NbdError::Listen(format!("{e}: choose another --socket path")),
     })
 }
@@ -256,7 +320,14 @@ mod tests {
         assert_eq!(default_max_connections(20_000), 2492);
         assert_eq!(default_max_connections(40), 1, "at least one");
         assert_eq!(default_max_connections(1 << 20), 4096, "at most 4096");
-        let l = OpenFilesLimit { was: 1024, soft: 524_288, hard: 524_288 };
-        assert_eq!(l.describe(), "open-files limit raised from 1024 to 524288 (the hard limit)");
+        let l = OpenFilesLimit {
+            was: 1024,
+            soft: 524_288,
+            hard: 524_288,
+        };
+        assert_eq!(
+            l.describe(),
+            "open-files limit raised from 1024 to 524288 (the hard limit)"
+        );
     }
 }

@@ -125,7 +125,10 @@ pub struct ReadCache {
 
 impl std::fmt::Debug for ReadCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadCache").field("capacity", &self.capacity).field("used", &self.used()).finish_non_exhaustive()
+        f.debug_struct("ReadCache")
+            .field("capacity", &self.capacity)
+            .field("used", &self.used())
+            .finish_non_exhaustive()
     }
 }
 
@@ -156,7 +159,13 @@ impl ReadCache {
             .expect("every option is set");
         let policy = Policy(figures.evictions.clone());
         let blocks = Cache::with_options(options, policy.clone(), Default::default(), policy);
-        Arc::new(ReadCache { capacity, blocks, files: Mutex::new(HashMap::new()), figures, totals })
+        Arc::new(ReadCache {
+            capacity,
+            blocks,
+            files: Mutex::new(HashMap::new()),
+            figures,
+            totals,
+        })
     }
 
     /// Whether anything is kept: each shard must hold at least one block.
@@ -184,7 +193,11 @@ impl ReadCache {
     /// identity cannot be read is still counted, but never cached.
     pub fn wrap(self: &Arc<Self>, path: &Path, dev: Arc<dyn BlockDev>) -> Arc<dyn BlockDev> {
         let file = self.file_id(path);
-        Arc::new(CachedLayer { inner: dev, file, cache: self.clone() })
+        Arc::new(CachedLayer {
+            inner: dev,
+            file,
+            cache: self.clone(),
+        })
     }
 
     fn file_id(&self, path: &Path) -> Option<u64> {
@@ -197,7 +210,10 @@ impl ReadCache {
             mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
             ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
         };
-        let mut files = self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut files = self
+            .files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let next = files.len() as u64 + 1;
         Some(*files.entry(id).or_insert(next))
     }
@@ -266,8 +282,16 @@ impl CachedLayer {
         // Tell the layer above (if it is reading through us) that these bytes came from below.
         BELOW.with(|b| b.set(b.get() + buf.len() as u64));
         let size = self.inner.size();
-        let Some(file) = self.file.filter(|_| self.cache.enabled()) else { return self.read_inner(buf, offset, holes) };
-        vdstream_blockdev::check_range(size, vdstream_blockdev::Op::Read, offset, buf.len() as u64, &|| self.inner.describe())?;
+        let Some(file) = self.file.filter(|_| self.cache.enabled()) else {
+            return self.read_inner(buf, offset, holes);
+        };
+        vdstream_blockdev::check_range(
+            size,
+            vdstream_blockdev::Op::Read,
+            offset,
+            buf.len() as u64,
+            &|| self.inner.describe(),
+        )?;
         let mut done = 0usize;
         while done < buf.len() {
             let at = offset + done as u64;
@@ -275,7 +299,10 @@ impl CachedLayer {
             let start = index * BLOCK as u64;
             let len = (size - start).min(BLOCK as u64) as usize;
             let block = self.cache.get((file, index), || {
-                let mut block = Block { data: vec![0u8; len], holes: Vec::new() };
+                let mut block = Block {
+                    data: vec![0u8; len],
+                    holes: Vec::new(),
+                };
                 self.read_inner(&mut block.data, start, &mut block.holes)?;
                 Ok(block)
             })?;
@@ -364,21 +391,42 @@ mod tests {
     /// holes start and end inside blocks).
     fn patterned(size: u64, seed: u8) -> Arc<Counting> {
         let dev = MemoryDev::new(size);
-        let data: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add((i >> 12) as u8) | 1).collect();
-        for (i, chunk) in data.chunks(40 << 10).enumerate().filter(|(i, _)| i % 3 != 1) {
+        let data: Vec<u8> = (0..size)
+            .map(|i| {
+                (i as u8)
+                    .wrapping_mul(31)
+                    .wrapping_add(seed)
+                    .wrapping_add((i >> 12) as u8)
+                    | 1
+            })
+            .collect();
+        for (i, chunk) in data
+            .chunks(40 << 10)
+            .enumerate()
+            .filter(|(i, _)| i % 3 != 1)
+        {
             dev.write_at(chunk, (i as u64) * (40 << 10), false).unwrap();
         }
-        Arc::new(Counting { inner: dev, bytes: AtomicU64::new(0) })
+        Arc::new(Counting {
+            inner: dev,
+            bytes: AtomicU64::new(0),
+        })
     }
 
     fn layer(cache: &Arc<ReadCache>, file: u64, dev: Arc<dyn BlockDev>) -> CachedLayer {
-        CachedLayer { inner: dev, file: Some(file), cache: cache.clone() }
+        CachedLayer {
+            inner: dev,
+            file: Some(file),
+            cache: cache.clone(),
+        }
     }
 
     /// Which bytes of a `len`-byte buffer `holes` cover.
     fn covered(len: usize, holes: &[Hole]) -> Vec<bool> {
         let mut map = vec![false; len];
-        holes.iter().for_each(|h| map[h.start..h.start + h.len].fill(true));
+        holes
+            .iter()
+            .for_each(|h| map[h.start..h.start + h.len].fill(true));
         map
     }
 
@@ -425,8 +473,16 @@ mod tests {
         let mut buf = vec![0u8; 1 << 20];
         v1.read_at(&mut buf, 0).unwrap();
         v2.read_at(&mut buf, 0).unwrap();
-        assert_eq!(base.bytes.load(Relaxed), 1 << 20, "versions sharing a base share its blocks");
-        assert_eq!(totals.0.load(Relaxed), 1 << 20, "the versions supplied nothing of their own");
+        assert_eq!(
+            base.bytes.load(Relaxed),
+            1 << 20,
+            "versions sharing a base share its blocks"
+        );
+        assert_eq!(
+            totals.0.load(Relaxed),
+            1 << 20,
+            "the versions supplied nothing of their own"
+        );
     }
 
     #[test]
@@ -435,7 +491,9 @@ mod tests {
         let base = patterned(1 << 20, 3);
         let l = layer(&cache, 1, base.clone());
         let (mut want, mut want_holes) = (vec![0u8; 300 << 10], Vec::new());
-        base.inner.read_at_sparse(&mut want, 10_000, &mut want_holes).unwrap();
+        base.inner
+            .read_at_sparse(&mut want, 10_000, &mut want_holes)
+            .unwrap();
         assert!(!want_holes.is_empty());
         for round in ["miss", "hit"] {
             let (mut got, mut holes) = (vec![0u8; 300 << 10], Vec::new());
@@ -443,7 +501,11 @@ mod tests {
             assert!(got == want, "{round}: bytes");
             assert_eq!(holes, want_holes, "{round}: holes");
         }
-        assert_eq!(cache.snapshot().hits, 5, "the second read came from the cache");
+        assert_eq!(
+            cache.snapshot().hits,
+            5,
+            "the second read came from the cache"
+        );
     }
 
     #[test]
@@ -455,20 +517,36 @@ mod tests {
         conformance::run_read_only("CachedLayer(FileDev)", &|content| {
             let path = dir.path().join(format!("layer{}", n.fetch_add(1, Relaxed)));
             std::fs::write(&path, content).unwrap();
-            let dev = vdstream_blockdev::FileDev::open(&path, vdstream_blockdev::FileOptions { read_only: true, direct: false }).unwrap();
+            let dev = vdstream_blockdev::FileDev::open(
+                &path,
+                vdstream_blockdev::FileOptions {
+                    read_only: true,
+                    direct: false,
+                },
+            )
+            .unwrap();
             cache.wrap(&path, Arc::new(dev))
         });
-        assert!(cache.snapshot().hits > 0 && cache.snapshot().evictions > 0, "{:?}", cache.snapshot());
+        assert!(
+            cache.snapshot().hits > 0 && cache.snapshot().evictions > 0,
+            "{:?}",
+            cache.snapshot()
+        );
     }
 
     #[derive(Debug, Clone)]
     enum Step {
-        Read { file: usize, offset: u64, len: usize },
+        Read {
+            file: usize,
+            offset: u64,
+            len: usize,
+        },
     }
 
     fn steps() -> impl Strategy<Value = Vec<Step>> {
         prop::collection::vec(
-            (0usize..3, 0u64..(1 << 20), 1usize..(200 << 10)).prop_map(|(file, offset, len)| Step::Read { file, offset, len }),
+            (0usize..3, 0u64..(1 << 20), 1usize..(200 << 10))
+                .prop_map(|(file, offset, len)| Step::Read { file, offset, len }),
             1..60,
         )
     }

@@ -55,7 +55,10 @@ pub struct RefusalAudit {
 
 impl Default for RefusalAudit {
     fn default() -> Self {
-        RefusalAudit { bucket: LogLimiter::new(AUDIT_PER_SECOND, AUDIT_BURST), log: LogLimiter::default() }
+        RefusalAudit {
+            bucket: LogLimiter::new(AUDIT_PER_SECOND, AUDIT_BURST),
+            log: LogLimiter::default(),
+        }
     }
 }
 
@@ -64,7 +67,12 @@ impl RefusalAudit {
     /// `vdisk()` names the vDisk the export reaches (`""` when unknown), so that `vdstream
     /// audit NAME` shows the line; it is called only for a line that is written. Returns
     /// whether a line was written.
-    pub fn record(&self, store: &Store, r: &RefusedOpen<'_>, vdisk: impl FnOnce() -> String) -> bool {
+    pub fn record(
+        &self,
+        store: &Store,
+        r: &RefusedOpen<'_>,
+        vdisk: impl FnOnce() -> String,
+    ) -> bool {
         let suppressed = match self.bucket.check_at(REFUSED_ACTION, Instant::now()) {
             Verdict::Suppress => return false,
             Verdict::Log { suppressed } => suppressed,
@@ -82,8 +90,17 @@ impl RefusalAudit {
         match store.audit_event(REFUSED_ACTION, &vdisk(), details) {
             Ok(()) => true,
             Err(e) => {
-                self.log.log(log::Level::Warn, module_path!(), "audit write failed",
-                    format_args!("cannot record a refused open in the audit trail ({} from {}, {}): {e}", r.client, r.peer, r.export.shown()));
+                self.log.log(
+                    log::Level::Warn,
+                    module_path!(),
+                    "audit write failed",
+                    format_args!(
+                        "cannot record a refused open in the audit trail ({} from {}, {}): {e}",
+                        r.client,
+                        r.peer,
+                        r.export.shown()
+                    ),
+                );
                 false
             }
         }
@@ -102,20 +119,44 @@ mod tests {
         let audit_log = RefusalAudit::default();
         let client = Identity::Target("a".into());
         let export: ExportName = "target/b@k1#00ff".parse().unwrap();
-        let refusal = Refusal { rule: crate::policy::TARGET_OWN_EXPORTS, message: "no".into() };
-        let r = RefusedOpen { client: &client, peer: "10.0.0.7:5000", export: &export, purpose: OpenPurpose::Session, refusal: &refusal };
-        let written = (0..500).filter(|_| audit_log.record(&store, &r, String::new)).count();
+        let refusal = Refusal {
+            rule: crate::policy::TARGET_OWN_EXPORTS,
+            message: "no".into(),
+        };
+        let r = RefusedOpen {
+            client: &client,
+            peer: "10.0.0.7:5000",
+            export: &export,
+            purpose: OpenPurpose::Session,
+            refusal: &refusal,
+        };
+        let written = (0..500)
+            .filter(|_| audit_log.record(&store, &r, String::new))
+            .count();
         // The burst, and perhaps a refill or two if the machine is slow.
-        assert!((AUDIT_BURST as usize..AUDIT_BURST as usize + 5).contains(&written), "{written} lines for 500 refusals");
+        assert!(
+            (AUDIT_BURST as usize..AUDIT_BURST as usize + 5).contains(&written),
+            "{written} lines for 500 refusals"
+        );
         let lines = audit::read(&store.audit_path(), None, None).unwrap();
         assert_eq!(lines.len(), written);
         let e = &lines[0];
-        assert_eq!((e.action.as_str(), e.client.as_deref()), (REFUSED_ACTION, None), "client: an API client only");
-        assert_eq!(e.details, json!({"identity": "target:a", "peer": "10.0.0.7:5000", "export": "target/b@k1", "option": "go", "rule": "target-own-exports"}));
+        assert_eq!(
+            (e.action.as_str(), e.client.as_deref()),
+            (REFUSED_ACTION, None),
+            "client: an API client only"
+        );
+        assert_eq!(
+            e.details,
+            json!({"identity": "target:a", "peer": "10.0.0.7:5000", "export": "target/b@k1", "option": "go", "rule": "target-own-exports"})
+        );
         // Once the bucket refills, the next line says how many were held back.
         std::thread::sleep(std::time::Duration::from_millis(1100));
         assert!(audit_log.record(&store, &r, String::new));
-        let last = audit::read(&store.audit_path(), None, Some(1)).unwrap().pop().unwrap();
+        let last = audit::read(&store.audit_path(), None, Some(1))
+            .unwrap()
+            .pop()
+            .unwrap();
         assert_eq!(last.details["suppressed"], json!(500 - written as u64));
     }
 }

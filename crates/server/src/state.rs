@@ -118,16 +118,28 @@ impl Session {
     /// Capacity and figures of the session's server-side write cache, if it has one. A
     /// session with a limit but no probe is measured against its limit (the same
     /// calculation with no file system known).
-    pub fn cache_figures(&self) -> Option<(vdstream_wcache::space::Capacity, vdstream_wcache::StatsSnapshot)> {
+    pub fn cache_figures(
+        &self,
+    ) -> Option<(
+        vdstream_wcache::space::Capacity,
+        vdstream_wcache::StatsSnapshot,
+    )> {
         self.cache.as_ref().map(CacheProbe::measure).or_else(|| {
             let used = self.counters.cache_used.load(Ordering::Relaxed);
-            self.info.cache_limit.map(|l| (vdstream_wcache::space::Capacity::new(0, 0, l, used, None), Default::default()))
+            self.info.cache_limit.map(|l| {
+                (
+                    vdstream_wcache::space::Capacity::new(0, 0, l, used, None),
+                    Default::default(),
+                )
+            })
         })
     }
 }
 
 impl crate::readcache::StoreReads for Session {
-    fn charge(&self, bytes: u64) { self.counters.charge(bytes) }
+    fn charge(&self, bytes: u64) {
+        self.counters.charge(bytes)
+    }
 }
 
 /// A server-side write cache as the API measures it: its figures, and where its file
@@ -147,9 +159,24 @@ pub struct CacheProbe {
 
 impl CacheProbe {
     /// The cache's capacity and use now (one `statvfs` of its folder), and its figures.
-    pub fn measure(&self) -> (vdstream_wcache::space::Capacity, vdstream_wcache::StatsSnapshot) {
+    pub fn measure(
+        &self,
+    ) -> (
+        vdstream_wcache::space::Capacity,
+        vdstream_wcache::StatsSnapshot,
+    ) {
         let s = self.cache.stats();
-        (vdstream_wcache::space::Capacity::of(self.kind, 0, self.max_file, &self.dir, self.vdisk_size, &s), s)
+        (
+            vdstream_wcache::space::Capacity::of(
+                self.kind,
+                0,
+                self.max_file,
+                &self.dir,
+                self.vdisk_size,
+                &s,
+            ),
+            s,
+        )
     }
 }
 
@@ -170,7 +197,11 @@ pub struct SessionGuard {
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
-        self.registry.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.session.id);
+        self.registry
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.session.id);
     }
 }
 
@@ -185,9 +216,18 @@ impl Registry {
     }
 
     /// [`Registry::open`] of a session with a server-side write cache.
-    pub fn open_with_cache(self: &Arc<Self>, info: SessionInfo, cache: Option<CacheProbe>) -> SessionGuard {
+    pub fn open_with_cache(
+        self: &Arc<Self>,
+        info: SessionInfo,
+        cache: Option<CacheProbe>,
+    ) -> SessionGuard {
         if let Some(t) = &info.target {
-            *self.target_connects.lock().unwrap_or_else(|p| p.into_inner()).entry(t.clone()).or_default() += 1;
+            *self
+                .target_connects
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(t.clone())
+                .or_default() += 1;
         }
         let session = Arc::new(Session {
             id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
@@ -196,17 +236,31 @@ impl Registry {
             counters: Counters::default(),
             cache,
         });
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(session.id, session.clone());
-        SessionGuard { registry: self.clone(), session }
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(session.id, session.clone());
+        SessionGuard {
+            registry: self.clone(),
+            session,
+        }
     }
 
     /// The live sessions, oldest first.
     pub fn sessions(&self) -> Vec<Arc<Session>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
     }
 
     pub fn len(&self) -> usize {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -215,7 +269,11 @@ impl Registry {
 
     /// Connections of `target` after its first one since this server started.
     pub fn reconnects(&self, target: &str) -> u64 {
-        self.target_connects.lock().unwrap_or_else(|p| p.into_inner()).get(target).map_or(0, |n| n.saturating_sub(1))
+        self.target_connects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(target)
+            .map_or(0, |n| n.saturating_sub(1))
     }
 }
 
@@ -309,7 +367,12 @@ impl ServerState {
                 .registry
                 .sessions()
                 .iter()
-                .map(|s| SessionSnapshot { id: s.id, info: s.info.clone(), connected_unix_ms: s.connected_unix_ms, counters: s.counters.snapshot() })
+                .map(|s| SessionSnapshot {
+                    id: s.id,
+                    info: s.info.clone(),
+                    connected_unix_ms: s.connected_unix_ms,
+                    counters: s.counters.snapshot(),
+                })
                 .collect(),
         }
     }
@@ -317,7 +380,9 @@ impl ServerState {
 
 /// `HOSTNAME:PID`.
 pub fn default_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
     format!("{host}:{}", std::process::id())
 }
 
@@ -342,7 +407,9 @@ pub struct ServerStatsSnapshot {
 }
 
 pub fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
@@ -371,7 +438,10 @@ mod tests {
         Counters::add(&a.session.counters.guest_read_ops, 3);
         assert_eq!(r.sessions()[0].counters.snapshot().guest_read_ops, 3);
         drop(a);
-        assert_eq!(r.sessions().iter().map(|s| s.id).collect::<Vec<_>>(), vec![b.session.id]);
+        assert_eq!(
+            r.sessions().iter().map(|s| s.id).collect::<Vec<_>>(),
+            vec![b.session.id]
+        );
     }
 
     #[test]

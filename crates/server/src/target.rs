@@ -159,13 +159,18 @@ fn new_attach_name() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("a{:x}{:x}{n:x}", crate::state::unix_ms(), std::process::id())
+    format!(
+        "a{:x}{:x}{n:x}",
+        crate::state::unix_ms(),
+        std::process::id()
+    )
 }
 
 /// A new attach secret: 128 bits from the kernel's random source, in hex.
 fn new_secret() -> Result<String, String> {
     let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| format!("cannot get random bytes from the OS for an attach secret: {e}"))?;
+    getrandom::fill(&mut b)
+        .map_err(|e| format!("cannot get random bytes from the OS for an attach secret: {e}"))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
@@ -206,7 +211,11 @@ pub enum TargetOpenError {
 
 impl TargetCaches {
     pub fn new(store: Store, server: String) -> TargetCaches {
-        TargetCaches { store, server, live: Mutex::new(HashMap::new()) }
+        TargetCaches {
+            store,
+            server,
+            live: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Opens (or joins) the server-side cache of target `id` for a connection from `peer`.
@@ -285,8 +294,17 @@ impl TargetCaches {
     /// The refusal of a connection that names attach `attach` of target `id` without its
     /// secret (`presented`: with a wrong one); logged, since it is a hijack or a bug.
     fn fenced(&self, id: &str, attach: &str, presented: bool, peer: &str) -> TargetOpenError {
-        let why = if presented { "a wrong secret" } else { "no secret" };
-        let export = ExportName::Target { id: id.to_string(), attach: Some(attach.to_string()), secret: None, journaled: false };
+        let why = if presented {
+            "a wrong secret"
+        } else {
+            "no secret"
+        };
+        let export = ExportName::Target {
+            id: id.to_string(),
+            attach: Some(attach.to_string()),
+            secret: None,
+            journaled: false,
+        };
         log::warn!("target {id}: refused a connection from {peer} to {export}: it presented {why}; only the agent that made the attach may reconnect to it");
         TargetOpenError::Fenced(format!(
             "{export} is fenced: only the agent that made this attach may reconnect to it (with the secret it was \
@@ -295,9 +313,18 @@ impl TargetCaches {
         ))
     }
 
-    fn join(self: &Arc<Self>, c: &mut LiveCache, id: &str, peer: &str, new_attach: bool) -> OpenedTargetCache {
+    fn join(
+        self: &Arc<Self>,
+        c: &mut LiveCache,
+        id: &str,
+        peer: &str,
+        new_attach: bool,
+    ) -> OpenedTargetCache {
         if c.holders == 0 {
-            c.holder = format!("a connection from {peer} since {}", vdstream_store::Timestamp::now());
+            c.holder = format!(
+                "a connection from {peer} since {}",
+                vdstream_store::Timestamp::now()
+            );
         }
         c.holders += 1;
         OpenedTargetCache {
@@ -318,35 +345,79 @@ impl TargetCaches {
         }
     }
 
-    fn create(&self, id: &str, spec: &TargetSpec, attach: Option<&str>, secret: Option<&str>, peer: &str, open_chain: OpenChain<'_>) -> Result<LiveCache, TargetOpenError> {
-        let dir = vdstream_store::server_cache_dir(self.store.root()).map_err(|e| TargetOpenError::Failed(e.to_string()))?;
-        let cfg = |dir: PathBuf| CacheConfig { max_file: spec.overflow_max, dir, ..CacheConfig::new(id) };
+    fn create(
+        &self,
+        id: &str,
+        spec: &TargetSpec,
+        attach: Option<&str>,
+        secret: Option<&str>,
+        peer: &str,
+        open_chain: OpenChain<'_>,
+    ) -> Result<LiveCache, TargetOpenError> {
+        let dir = vdstream_store::server_cache_dir(self.store.root())
+            .map_err(|e| TargetOpenError::Failed(e.to_string()))?;
+        let cfg = |dir: PathBuf| CacheConfig {
+            max_file: spec.overflow_max,
+            dir,
+            ..CacheConfig::new(id)
+        };
         if spec.cache == CacheType::Server {
             let chain = open_chain(spec.version).map_err(TargetOpenError::Failed)?;
             let version = layer_number(chain.layer);
-            let cache = vdstream_wcache::open(CacheType::Server, chain.dev.clone(), &cfg(dir.clone()))
-                .map_err(|e| TargetOpenError::Failed(format!("cannot open the server cache of target {id}: {e}")))?;
+            let cache =
+                vdstream_wcache::open(CacheType::Server, chain.dev.clone(), &cfg(dir.clone()))
+                    .map_err(|e| {
+                        TargetOpenError::Failed(format!(
+                            "cannot open the server cache of target {id}: {e}"
+                        ))
+                    })?;
             let limit = spec.overflow_max.unwrap_or(chain.dev.size());
-            let probe = CacheProbe { kind: CacheType::Server, max_file: spec.overflow_max, dir, vdisk_size: chain.dev.size(), cache: cache.clone() };
+            let probe = CacheProbe {
+                kind: CacheType::Server,
+                max_file: spec.overflow_max,
+                dir,
+                vdisk_size: chain.dev.size(),
+                cache: cache.clone(),
+            };
             let attach = new_attach_name();
             let secret = new_secret().map_err(TargetOpenError::Failed)?;
-            log::info!("target {id}: new attach {attach}: vDisk {}@{version} through a fresh server cache", spec.vdisk);
+            log::info!(
+                "target {id}: new attach {attach}: vDisk {}@{version} through a fresh server cache",
+                spec.vdisk
+            );
             let seen = Arc::new(Mutex::new(cache.stats()));
-            return Ok(LiveCache { attach, secret, version, kind: CacheType::Server, cache, limit, probe, holders: 0, holder: String::new(), seen, _chain: Arc::new(chain), _attach_lock: None });
+            return Ok(LiveCache {
+                attach,
+                secret,
+                version,
+                kind: CacheType::Server,
+                cache,
+                limit,
+                probe,
+                holders: 0,
+                holder: String::new(),
+                seen,
+                _chain: Arc::new(chain),
+                _attach_lock: None,
+            });
         }
         // server-persistent: the attach file says which attach and version the cache on disk is.
         let stem = vdstream_wcache::disk::file_stem(id);
         let attach_path = dir.join(format!("{stem}.vdattach"));
-        let fail = |what: String| TargetOpenError::Failed(format!("{}: {what}", attach_path.display()));
+        let fail =
+            |what: String| TargetOpenError::Failed(format!("{}: {what}", attach_path.display()));
         // It holds the attach's secret: readable by this server's user only, and never
         // written through a link planted in its place.
         let mut file = {
             use vdstream_blockdev::storefile;
-            let f = storefile::open_rw(&attach_path, storefile::PRIVATE).map_err(|e| fail(e.to_string()))?;
+            let f = storefile::open_rw(&attach_path, storefile::PRIVATE)
+                .map_err(|e| fail(e.to_string()))?;
             storefile::tighten(&f, storefile::PRIVATE).map_err(|e| fail(e.to_string()))?;
             f
         };
-        if !vdstream_wcache::cachefile::try_lock_exclusive(&file).map_err(|e| fail(e.to_string()))? {
+        if !vdstream_wcache::cachefile::try_lock_exclusive(&file)
+            .map_err(|e| fail(e.to_string()))?
+        {
             return Err(TargetOpenError::Busy(format!(
                 "the server-persistent cache of target {id} ({}) is open in another server on this store: \
                  a target has one writer; detach it there first",
@@ -354,11 +425,13 @@ impl TargetCaches {
             )));
         }
         let mut text = String::new();
-        file.read_to_string(&mut text).map_err(|e| fail(e.to_string()))?;
+        file.read_to_string(&mut text)
+            .map_err(|e| fail(e.to_string()))?;
         let on_disk: Option<AttachFile> = serde_json::from_str(&text).ok();
         let (selector, keep) = match (attach, &on_disk) {
             (Some(a), Some(d)) if d.attach == a => {
-                if !matches!((secret, &d.secret), (Some(s), Some(on_disk)) if same_secret(s, on_disk)) {
+                if !matches!((secret, &d.secret), (Some(s), Some(on_disk)) if same_secret(s, on_disk))
+                {
                     return Err(self.fenced(id, a, secret.is_some(), peer));
                 }
                 (version_selector(d.version), Some(d.clone()))
@@ -371,7 +444,7 @@ impl TargetCaches {
                     vdstream_wcache::ATTACH_GONE,
                     dir.display(),
                     on_disk.as_ref().map_or("no attach".to_string(), |d| format!("attach {}", d.attach))
-                )))
+                )));
             }
             (None, _) => (spec.version, None),
         };
@@ -379,7 +452,11 @@ impl TargetCaches {
         let version = layer_number(chain.layer);
         let write_record = |file: &mut File, d: &AttachFile| -> Result<(), TargetOpenError> {
             let json = serde_json::to_vec(d).expect("plain JSON");
-            file.set_len(0).and_then(|_| file.rewind()).and_then(|_| file.write_all(&json)).and_then(|_| file.sync_all()).map_err(|e| fail(e.to_string()))
+            file.set_len(0)
+                .and_then(|_| file.rewind())
+                .and_then(|_| file.write_all(&json))
+                .and_then(|_| file.sync_all())
+                .map_err(|e| fail(e.to_string()))
         };
         let record = match (keep, on_disk) {
             (Some(d), _) => d,
@@ -403,12 +480,20 @@ impl TargetCaches {
                 for p in vdstream_wcache::persistent::cache_paths(&dir, id) {
                     if let Err(e) = std::fs::remove_file(&p) {
                         if e.kind() != std::io::ErrorKind::NotFound {
-                            return Err(fail(format!("cannot remove the old cache file {}: {e}", p.display())));
+                            return Err(fail(format!(
+                                "cannot remove the old cache file {}: {e}",
+                                p.display()
+                            )));
                         }
                     }
                 }
                 let secret = Some(new_secret().map_err(TargetOpenError::Failed)?);
-                let d = AttachFile { attach: new_attach_name(), vdisk: spec.vdisk.clone(), version, secret };
+                let d = AttachFile {
+                    attach: new_attach_name(),
+                    vdisk: spec.vdisk.clone(),
+                    version,
+                    secret,
+                };
                 write_record(&mut file, &d)?;
                 log::info!("target {id}: new attach {}: vDisk {}@{version} through a new server-persistent cache", d.attach, d.vdisk);
                 d
@@ -416,13 +501,30 @@ impl TargetCaches {
         };
         let identity = format!("target {id} vdisk {}@{version}", spec.vdisk);
         let cache: Arc<dyn WriteCache> = Arc::new(
-            vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(chain.dev.clone(), &cfg(dir.clone()), CacheType::ServerPersistent, &identity)
-                .map_err(|e| TargetOpenError::Failed(format!("cannot open the server-persistent cache of target {id}: {e}")))?,
+            vdstream_wcache::persistent::PersistentDiskCache::open_with_identity(
+                chain.dev.clone(),
+                &cfg(dir.clone()),
+                CacheType::ServerPersistent,
+                &identity,
+            )
+            .map_err(|e| {
+                TargetOpenError::Failed(format!(
+                    "cannot open the server-persistent cache of target {id}: {e}"
+                ))
+            })?,
         );
         let limit = spec.overflow_max.unwrap_or(chain.dev.size());
-        let probe = CacheProbe { kind: CacheType::ServerPersistent, max_file: spec.overflow_max, dir, vdisk_size: chain.dev.size(), cache: cache.clone() };
+        let probe = CacheProbe {
+            kind: CacheType::ServerPersistent,
+            max_file: spec.overflow_max,
+            dir,
+            vdisk_size: chain.dev.size(),
+            cache: cache.clone(),
+        };
         Ok(LiveCache {
-            secret: record.secret.expect("every attach written or reconnected to has its secret"),
+            secret: record
+                .secret
+                .expect("every attach written or reconnected to has its secret"),
             attach: record.attach,
             version,
             kind: CacheType::ServerPersistent,
@@ -439,7 +541,9 @@ impl TargetCaches {
 
     /// Attach, vDisk and version of target `id`'s open cache (for descriptions of INFO).
     pub fn current(&self, id: &str) -> Option<(String, u32)> {
-        lock(&self.live).get(id).map(|c| (c.attach.clone(), c.version))
+        lock(&self.live)
+            .get(id)
+            .map(|c| (c.attach.clone(), c.version))
     }
 }
 
@@ -491,7 +595,10 @@ impl TargetHold {
     /// The client keeps a journal of its answered writes (see [`TargetHold::write_through`]).
     pub fn answered_by_journal(&mut self) {
         if self.write_through {
-            log::info!("target {}: the agent journals its writes; they are answered without a sync each", self.id);
+            log::info!(
+                "target {}: the agent journals its writes; they are answered without a sync each",
+                self.id
+            );
         }
         self.write_through = false;
     }
@@ -516,21 +623,29 @@ impl TargetHold {
             Counters::add(&c.store_write_ops, wo);
             Counters::add(&c.store_write_bytes, wb);
         }
-        session.counters.cache_used.store(now.ram_bytes + now.file_bytes, std::sync::atomic::Ordering::Relaxed);
+        session.counters.cache_used.store(
+            now.ram_bytes + now.file_bytes,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 }
 
 impl Drop for TargetHold {
     fn drop(&mut self) {
         let mut live = lock(&self.caches.live);
-        let Some(c) = live.get_mut(&self.id) else { return };
+        let Some(c) = live.get_mut(&self.id) else {
+            return;
+        };
         if !Arc::ptr_eq(&c.cache, &self.cache) {
             return;
         }
         c.holders = c.holders.saturating_sub(1);
         if c.holders == 0 && c.kind == CacheType::ServerPersistent {
             if let Err(e) = c.cache.flush() {
-                log::error!("target {}: flushing its server-persistent cache at disconnect failed: {e}", self.id);
+                log::error!(
+                    "target {}: flushing its server-persistent cache at disconnect failed: {e}",
+                    self.id
+                );
             }
             live.remove(&self.id);
         }

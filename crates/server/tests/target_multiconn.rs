@@ -29,20 +29,58 @@ struct Farm {
 fn farm() -> Farm {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = Store::open_or_create(dir.path().join("store")).unwrap();
-    store.create_vdisk("win", 8 << 20, NewVdisk::default()).unwrap();
-    let t = NewTarget { id: "s".into(), vdisk: "win".into(), cache: "server".into(), version: None, ram: None, overflow_max: None, description: None, macs: vec![], hostname: None, overflow_device: None };
+    store
+        .create_vdisk("win", 8 << 20, NewVdisk::default())
+        .unwrap();
+    let t = NewTarget {
+        id: "s".into(),
+        vdisk: "win".into(),
+        cache: "server".into(),
+        version: None,
+        ram: None,
+        overflow_max: None,
+        description: None,
+        macs: vec![],
+        hostname: None,
+        overflow_device: None,
+    };
     store.add_target(t).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let socket = dir.path().join("server.sock");
-    let state = ServerState::new(&ServerOptions { socket: Some(socket.clone()), name: Some("pvs1".into()), ..ServerOptions::new(store.root()) });
-    common::serve_exports(&rt, Arc::new(StoreExports::new(state.clone()).unwrap()), &socket);
-    Farm { _dir: dir, socket, state, rt }
+    let state = ServerState::new(&ServerOptions {
+        socket: Some(socket.clone()),
+        name: Some("pvs1".into()),
+        ..ServerOptions::new(store.root())
+    });
+    common::serve_exports(
+        &rt,
+        Arc::new(StoreExports::new(state.clone()).unwrap()),
+        &socket,
+    );
+    Farm {
+        _dir: dir,
+        socket,
+        state,
+        rt,
+    }
 }
 
 impl Farm {
     fn connect(&self, export: &str, secret: Option<String>) -> Client {
         let uri = format!("nbd+unix:///{export}?socket={}", self.socket.display());
-        self.rt.block_on(Client::connect_uri(&uri, ConnectOptions { secret, ..ConnectOptions::default() })).unwrap()
+        self.rt
+            .block_on(Client::connect_uri(
+                &uri,
+                ConnectOptions {
+                    secret,
+                    ..ConnectOptions::default()
+                },
+            ))
+            .unwrap()
     }
 
     /// A new attach of target `s`: the client, the pinned name and the secret it was handed.
@@ -51,12 +89,23 @@ impl Farm {
         let mut d: ExportDescription = c.info().description.clone().unwrap().parse().unwrap();
         let secret = d.take_secret().expect("a new attach is handed its secret");
         let pin = d.pin().expect("the description names the attach");
-        assert!(matches!(pin, ExportName::Target { attach: Some(_), .. }), "{pin}");
+        assert!(
+            matches!(
+                pin,
+                ExportName::Target {
+                    attach: Some(_),
+                    ..
+                }
+            ),
+            "{pin}"
+        );
         (c, pin.to_string(), secret)
     }
 
     fn write(&self, c: &Client, offset: u64, byte: u8) {
-        self.rt.block_on(c.write(offset, &[byte; 64 << 10], false)).unwrap();
+        self.rt
+            .block_on(c.write(offset, &[byte; 64 << 10], false))
+            .unwrap();
     }
 
     fn store_write_bytes(&self) -> u64 {
@@ -68,18 +117,31 @@ impl Farm {
 fn the_attach_offers_multi_conn_only_to_connections_that_prove_it() {
     let f = farm();
     let (first, pin, secret) = f.attach();
-    assert!(!first.can_multi_conn(), "the connection that made the attach holds it alone as far as any other client knows");
+    assert!(
+        !first.can_multi_conn(),
+        "the connection that made the attach holds it alone as far as any other client knows"
+    );
     let second = f.connect(&pin, Some(secret.clone()));
     let third = f.connect(&pin, Some(secret));
-    assert!(second.can_multi_conn() && third.can_multi_conn(), "joined with the secret: multi-conn");
+    assert!(
+        second.can_multi_conn() && third.can_multi_conn(),
+        "joined with the secret: multi-conn"
+    );
     // One cache: a write on one connection is read on the others.
     f.write(&second, 1 << 20, 0x5a);
     for c in [&first, &third] {
-        assert_eq!(f.rt.block_on(c.read(1 << 20, 4096)).unwrap(), vec![0x5a; 4096]);
+        assert_eq!(
+            f.rt.block_on(c.read(1 << 20, 4096)).unwrap(),
+            vec![0x5a; 4096]
+        );
     }
     // Without the secret the attach is fenced, as before.
     let uri = format!("nbd+unix:///{pin}?socket={}", f.socket.display());
-    assert!(f.rt.block_on(Client::connect_uri(&uri, ConnectOptions::default())).is_err(), "no secret: refused");
+    assert!(
+        f.rt.block_on(Client::connect_uri(&uri, ConnectOptions::default()))
+            .is_err(),
+        "no secret: refused"
+    );
 }
 
 #[test]
@@ -96,14 +158,31 @@ fn store_io_of_a_shared_cache_is_charged_once() {
     for (i, off) in [0u64, 2 << 20, 4 << 20, 6 << 20].into_iter().enumerate() {
         two.write(if i % 2 == 0 { &a } else { &b }, off, i as u8 + 1);
     }
-    assert!(one.store_write_bytes() >= 4 * (64 << 10), "the writes reached the cache file: {}", one.store_write_bytes());
-    assert_eq!(two.store_write_bytes(), one.store_write_bytes(), "two connections on one cache charged its file's writes more than once");
+    assert!(
+        one.store_write_bytes() >= 4 * (64 << 10),
+        "the writes reached the cache file: {}",
+        one.store_write_bytes()
+    );
+    assert_eq!(
+        two.store_write_bytes(),
+        one.store_write_bytes(),
+        "two connections on one cache charged its file's writes more than once"
+    );
 }
 
 /// An agent's link (RemoteBase, writable: the `server` types) with `connections`.
 fn agent(f: &Farm, connections: usize) -> vdstream_agent::RemoteBase {
-    let ep = vdstream_agent::Endpoint::parse(&format!("nbd+unix:///target/s?socket={}", f.socket.display())).unwrap();
-    let opts = vdstream_agent::RemoteOptions { writable: true, connections, target: "s".into(), ..Default::default() };
+    let ep = vdstream_agent::Endpoint::parse(&format!(
+        "nbd+unix:///target/s?socket={}",
+        f.socket.display()
+    ))
+    .unwrap();
+    let opts = vdstream_agent::RemoteOptions {
+        writable: true,
+        connections,
+        target: "s".into(),
+        ..Default::default()
+    };
     vdstream_agent::RemoteBase::connect(vec![ep], opts).unwrap()
 }
 
@@ -112,10 +191,15 @@ fn an_agent_opens_its_connections_on_the_one_attach() {
     use vdstream_blockdev::BlockDev;
     let f = farm();
     let base = agent(&f, 4);
-    assert_eq!(f.state.registry.len(), 4, "four sessions of target s on the server");
+    assert_eq!(
+        f.state.registry.len(),
+        4,
+        "four sessions of target s on the server"
+    );
     // Requests spread over the connections land in one cache.
     for i in 0..16u64 {
-        base.write_at(&[i as u8 + 1; 4096], i * 4096, false).unwrap();
+        base.write_at(&[i as u8 + 1; 4096], i * 4096, false)
+            .unwrap();
     }
     for i in 0..16u64 {
         let mut b = [0u8; 4096];
@@ -126,5 +210,9 @@ fn an_agent_opens_its_connections_on_the_one_attach() {
     drop(base);
     let one = farm();
     let _base = agent(&one, 1);
-    assert_eq!(one.state.registry.len(), 1, "--server-connections 1: one session");
+    assert_eq!(
+        one.state.registry.len(),
+        1,
+        "--server-connections 1: one session"
+    );
 }

@@ -101,11 +101,22 @@ fn read_last(path: &Path, vdisk: Option<&str>, n: usize) -> Result<Vec<AuditEntr
     let mut block = TAIL_BLOCK;
     loop {
         let start = len.saturating_sub(block);
-        f.seek(SeekFrom::Start(start)).map_err(io("seek in", path))?;
+        f.seek(SeekFrom::Start(start))
+            .map_err(io("seek in", path))?;
         let mut bytes = Vec::with_capacity((len - start) as usize);
-        Read::by_ref(&mut f).take(len - start).read_to_end(&mut bytes).map_err(io("read", path))?;
+        Read::by_ref(&mut f)
+            .take(len - start)
+            .read_to_end(&mut bytes)
+            .map_err(io("read", path))?;
         // Past a cut, the first line is partial: whole lines start after its newline.
-        let whole = if start == 0 { &bytes[..] } else { bytes.iter().position(|b| *b == b'\n').map_or(&bytes[..0], |i| &bytes[i + 1..]) };
+        let whole = if start == 0 {
+            &bytes[..]
+        } else {
+            bytes
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(&bytes[..0], |i| &bytes[i + 1..])
+        };
         let text = std::str::from_utf8(whole).map_err(|e| StoreError::Corrupt {
             path: path.to_path_buf(),
             detail: format!("not UTF-8 near byte {}", len - whole.len() as u64 + e.valid_up_to() as u64),
@@ -116,7 +127,8 @@ fn read_last(path: &Path, vdisk: Option<&str>, n: usize) -> Result<Vec<AuditEntr
             if line.trim().is_empty() {
                 continue;
             }
-            let e: AuditEntry = serde_json::from_str(line).map_err(|e| corrupt(path, format!("line {} from the end", k + 1), &e))?;
+            let e: AuditEntry = serde_json::from_str(line)
+                .map_err(|e| corrupt(path, format!("line {} from the end", k + 1), &e))?;
             if vdisk.is_none_or(|v| v == e.vdisk) {
                 out.push(e);
                 if out.len() == n {
@@ -143,7 +155,8 @@ fn read_all(path: &Path, vdisk: Option<&str>) -> Result<Vec<AuditEntry>> {
         if line.trim().is_empty() {
             continue;
         }
-        let e: AuditEntry = serde_json::from_str(line).map_err(|e| corrupt(path, format!("line {}", i + 1), &e))?;
+        let e: AuditEntry =
+            serde_json::from_str(line).map_err(|e| corrupt(path, format!("line {}", i + 1), &e))?;
         if vdisk.is_none_or(|v| v == e.vdisk) {
             out.push(e);
         }
@@ -161,16 +174,33 @@ mod tests {
         let p = dir.path().join("audit.log");
         let a = Actor::current();
         for (i, v) in ["a", "b", "a", "a"].iter().enumerate() {
-            append(&p, &AuditEntry::new(&a, "vdisk.set", v, serde_json::json!({"i": i}))).unwrap();
+            append(
+                &p,
+                &AuditEntry::new(&a, "vdisk.set", v, serde_json::json!({"i": i})),
+            )
+            .unwrap();
         }
         assert_eq!(read(&p, None, None).unwrap().len(), 4);
         let last = read(&p, Some("a"), Some(2)).unwrap();
-        assert_eq!(last.iter().map(|e| e.details["i"].as_u64().unwrap()).collect::<Vec<_>>(), vec![2, 3]);
-        std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b"{oops\n").unwrap();
+        assert_eq!(
+            last.iter()
+                .map(|e| e.details["i"].as_u64().unwrap())
+                .collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .write_all(b"{oops\n")
+            .unwrap();
         let e = read(&p, None, None).unwrap_err().to_string();
         assert!(e.contains("audit.log is corrupt (line 5"), "{e}");
         let e = read(&p, None, Some(2)).unwrap_err().to_string();
-        assert!(e.contains("audit.log is corrupt (line 1 from the end"), "{e}");
+        assert!(
+            e.contains("audit.log is corrupt (line 1 from the end"),
+            "{e}"
+        );
     }
 
     /// The last N read from the end match the model (the whole trail, filtered, its last
@@ -190,19 +220,36 @@ mod tests {
         };
         let mut f = std::fs::File::create(&p).unwrap();
         for i in 0..6000 {
-            let v = match next() % 100 { 0 => "rare", 1..=40 => "a", _ => "b" };
+            let v = match next() % 100 {
+                0 => "rare",
+                1..=40 => "a",
+                _ => "b",
+            };
             let note = "é→".repeat((next() % 200) as usize);
-            let mut line = serde_json::to_vec(&AuditEntry::new(&a, "vdisk.set", v, serde_json::json!({"i": i, "note": note}))).unwrap();
+            let mut line = serde_json::to_vec(&AuditEntry::new(
+                &a,
+                "vdisk.set",
+                v,
+                serde_json::json!({"i": i, "note": note}),
+            ))
+            .unwrap();
             line.push(b'\n');
             f.write_all(&line).unwrap();
         }
         drop(f);
-        assert!(std::fs::metadata(&p).unwrap().len() > 16 * TAIL_BLOCK, "the trail spans many blocks");
+        assert!(
+            std::fs::metadata(&p).unwrap().len() > 16 * TAIL_BLOCK,
+            "the trail spans many blocks"
+        );
         for vdisk in [None, Some("a"), Some("b"), Some("rare"), Some("none")] {
             let all = read_all(&p, vdisk).unwrap();
             for n in [0, 1, 2, 7, 100, 1000, all.len(), all.len() + 5] {
                 let want = &all[all.len().saturating_sub(n)..];
-                assert_eq!(read(&p, vdisk, Some(n)).unwrap(), want, "{vdisk:?} last {n}");
+                assert_eq!(
+                    read(&p, vdisk, Some(n)).unwrap(),
+                    want,
+                    "{vdisk:?} last {n}"
+                );
             }
         }
     }

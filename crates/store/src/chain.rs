@@ -84,7 +84,8 @@ impl DifferencingLayer for Vhdx {
     }
     fn parent_identity(&self) -> Option<String> {
         // A child without a parent_linkage names no parent: "" matches no DataWriteGuid.
-        self.has_parent.then(|| self.parent_linkage().unwrap_or_default())
+        self.has_parent
+            .then(|| self.parent_linkage().unwrap_or_default())
     }
     fn for_each_run(&self, f: &mut dyn FnMut(u64, Run<'_>) -> Result<()>) -> Result<()> {
         Vhdx::for_each_run(self, f)
@@ -95,7 +96,9 @@ impl DifferencingLayer for Vhdx {
 /// stat'ed, which then matches nothing).
 fn file_identity(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| format!("{}:{}", m.dev(), m.ino()))
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| format!("{}:{}", m.dev(), m.ino()))
 }
 
 /// A qcow2 file of a chain: a base with no backing file, or a child whose header names
@@ -110,10 +113,25 @@ impl Qcow2Layer {
     fn open(path: &Path) -> Result<Self> {
         let header = crate::source::qcow2_header(path)?;
         // The parent is compared, never opened: a child reads zeros where it holds nothing.
-        let parent = header.backing_file.as_deref().map(|name| file_identity(&vdstream_qcow2::resolve_backing(path, name)).unwrap_or_default());
-        let below: Option<Arc<dyn BlockDev>> = parent.as_ref().map(|_| Arc::new(MemoryDev::new(header.size)) as Arc<dyn BlockDev>);
-        let img = Qcow2Image::open(path, OpenOptions { read_only: true, ..Default::default() }, below)?;
-        Ok(Qcow2Layer { img, identity: file_identity(path).unwrap_or_default(), parent })
+        let parent = header.backing_file.as_deref().map(|name| {
+            file_identity(&vdstream_qcow2::resolve_backing(path, name)).unwrap_or_default()
+        });
+        let below: Option<Arc<dyn BlockDev>> = parent
+            .as_ref()
+            .map(|_| Arc::new(MemoryDev::new(header.size)) as Arc<dyn BlockDev>);
+        let img = Qcow2Image::open(
+            path,
+            OpenOptions {
+                read_only: true,
+                ..Default::default()
+            },
+            below,
+        )?;
+        Ok(Qcow2Layer {
+            img,
+            identity: file_identity(path).unwrap_or_default(),
+            parent,
+        })
     }
 }
 
@@ -202,7 +220,10 @@ pub fn open_layer_file(path: &Path) -> Result<Box<dyn DifferencingLayer>> {
 /// A version's note for a child imported from `path`: its file name, escaped where it
 /// holds control characters and cut to fit a note.
 fn import_note(path: &Path) -> String {
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
     let mut note = format!("imported from {}", crate::names::printable(&name));
     let mut end = note.len().min(crate::names::MAX_TEXT_LEN);
     while !note.is_char_boundary(end) {
@@ -218,7 +239,14 @@ impl Store {
     /// of the same format whose parent is the file before it (checked before anything is
     /// made), becomes one version over the previous layer, released to production (note:
     /// "imported from FILE"). If any step fails, the whole vDisk is deleted again.
-    pub fn import_chain(&self, name: &str, src: &Path, children: &[PathBuf], opts: NewVdisk, progress: Progress<'_>) -> Result<(VdiskMeta, ImportReport, Vec<crate::Version>)> {
+    pub fn import_chain(
+        &self,
+        name: &str,
+        src: &Path,
+        children: &[PathBuf],
+        opts: NewVdisk,
+        progress: Progress<'_>,
+    ) -> Result<(VdiskMeta, ImportReport, Vec<crate::Version>)> {
         let base = open_layer_file(src)?;
         let kind = base.kind();
         if base.is_differencing() {
@@ -245,7 +273,12 @@ impl Store {
                     c.display(), if kids.is_empty() { src.display().to_string() } else { children[kids.len() - 1].display().to_string() })));
             }
             if k.size() != base.size() {
-                return Err(StoreError::Refused(format!("{} is {} bytes, its base {}: a chain has one size", c.display(), k.size(), base.size())));
+                return Err(StoreError::Refused(format!(
+                    "{} is {} bytes, its base {}: a chain has one size",
+                    c.display(),
+                    k.size(),
+                    base.size()
+                )));
             }
             parent_id = k.identity();
             kids.push(k);
@@ -259,7 +292,11 @@ impl Store {
                 k.for_each_run(&mut |off, run| {
                     match run {
                         Run::Data(data) => opened.dev.write_at(data, off, false)?,
-                        Run::Zero(n) => opened.dev.write_zeroes(off, n, vdstream_blockdev::ZeroFlags::default())?,
+                        Run::Zero(n) => opened.dev.write_zeroes(
+                            off,
+                            n,
+                            vdstream_blockdev::ZeroFlags::default(),
+                        )?,
                     }
                     Ok(())
                 })?;

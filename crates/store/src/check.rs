@@ -35,7 +35,9 @@ fn qemu_img() -> Command {
 }
 
 fn tool_missing(e: std::io::Error) -> StoreError {
-    StoreError::Tool(format!("cannot run qemu-img ({e}): install it (Debian: apt-get install qemu-utils)"))
+    StoreError::Tool(format!(
+        "cannot run qemu-img ({e}): install it (Debian: apt-get install qemu-utils)"
+    ))
 }
 
 /// What `qemu-img check` said.
@@ -70,10 +72,18 @@ impl QemuCheck {
     /// One sentence on what is wrong, or `None` when nothing is.
     pub fn problem(&self) -> Option<String> {
         let n = |k: &str| self.report[k].as_u64().unwrap_or(0);
-        let said = if self.messages.is_empty() { String::new() } else { format!(": {}", first_lines(&self.messages)) };
+        let said = if self.messages.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", first_lines(&self.messages))
+        };
         match self.verdict {
             QemuVerdict::Clean | QemuVerdict::Leaks | QemuVerdict::Unsupported => None,
-            QemuVerdict::Corrupt => Some(format!("qemu-img check found {} corruption(s) and {} check error(s){said}", n("corruptions"), n("check-errors"))),
+            QemuVerdict::Corrupt => Some(format!(
+                "qemu-img check found {} corruption(s) and {} check error(s){said}",
+                n("corruptions"),
+                n("check-errors")
+            )),
             QemuVerdict::Failed => Some(format!("qemu-img check could not check it{said}")),
         }
     }
@@ -93,7 +103,11 @@ pub(crate) fn first_lines(text: &str) -> String {
 /// Runs `qemu-img check --output=json SPEC` (with `-U` so that it never waits for or takes
 /// qemu's image locks); `spec` is a `json:` spec naming every file qemu-img may open.
 pub fn qemu_check(spec: &str) -> Result<QemuCheck> {
-    let out = qemu_img().args(["check", "-U", "--output=json"]).arg(spec).output().map_err(tool_missing)?;
+    let out = qemu_img()
+        .args(["check", "-U", "--output=json"])
+        .arg(spec)
+        .output()
+        .map_err(tool_missing)?;
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     let messages = String::from_utf8_lossy(&out.stderr).trim().to_string();
     let verdict = match out.status.code() {
@@ -103,22 +117,41 @@ pub fn qemu_check(spec: &str) -> Result<QemuCheck> {
         Some(63) => QemuVerdict::Unsupported,
         _ => QemuVerdict::Failed,
     };
-    Ok(QemuCheck { verdict, report, messages })
+    Ok(QemuCheck {
+        verdict,
+        report,
+        messages,
+    })
 }
 
 /// Data extents of `src` (as `qemu-img map` reports them) that lie past its end.
 fn map_problems(src: &Source) -> Result<Vec<String>> {
     let path = &src.path;
-    let len = std::fs::metadata(path).map_err(crate::error::io("stat", path))?.len();
-    let out = qemu_img().args(["map", "-U", "--output=json"]).arg(src.qemu_spec()).output().map_err(tool_missing)?;
+    let len = std::fs::metadata(path)
+        .map_err(crate::error::io("stat", path))?
+        .len();
+    let out = qemu_img()
+        .args(["map", "-U", "--output=json"])
+        .arg(src.qemu_spec())
+        .output()
+        .map_err(tool_missing)?;
     if !out.status.success() {
-        return Ok(vec![format!("qemu-img map cannot read it: {}", first_lines(&String::from_utf8_lossy(&out.stderr)))]);
+        return Ok(vec![format!(
+            "qemu-img map cannot read it: {}",
+            first_lines(&String::from_utf8_lossy(&out.stderr))
+        )]);
     }
-    let extents: Vec<Value> = serde_json::from_slice(&out.stdout)
-        .map_err(|e| StoreError::Tool(format!("qemu-img map {} printed something that is not JSON: {e}", path.display())))?;
+    let extents: Vec<Value> = serde_json::from_slice(&out.stdout).map_err(|e| {
+        StoreError::Tool(format!(
+            "qemu-img map {} printed something that is not JSON: {e}",
+            path.display()
+        ))
+    })?;
     let mut problems = Vec::new();
     for e in &extents {
-        let (Some(off), Some(n)) = (e["offset"].as_u64(), e["length"].as_u64()) else { continue };
+        let (Some(off), Some(n)) = (e["offset"].as_u64(), e["length"].as_u64()) else {
+            continue;
+        };
         if e["depth"].as_u64() == Some(0) && e["data"].as_bool() == Some(true) && off + n > len {
             problems.push(format!(
                 "guest bytes {}..{} are stored at file offset {off}..{}, past the end of the file ({len} bytes): it is truncated",
@@ -146,7 +179,11 @@ pub fn check_source(source: &Source) -> Result<Vec<String>> {
         problems.push(p);
     }
     if qc.verdict == QemuVerdict::Leaks {
-        warnings.push(format!("qemu-img check found {} leaked cluster(s) in {} (wasted space, no data at risk)", qc.report["leaks"].as_u64().unwrap_or(0), src.display()));
+        warnings.push(format!(
+            "qemu-img check found {} leaked cluster(s) in {} (wasted space, no data at risk)",
+            qc.report["leaks"].as_u64().unwrap_or(0),
+            src.display()
+        ));
     }
     if problems.is_empty() && format != "qcow2" {
         problems.extend(map_problems(source)?);
@@ -163,17 +200,26 @@ pub fn check_source(source: &Source) -> Result<Vec<String>> {
 
 /// The cheap health of one layer file (see the module doc): its problems, empty when none.
 /// `below`: the layer file and format the metadata puts under it (`None` for the base).
-pub fn layer_health(path: &Path, format: LayerFormat, size: u64, below: Option<(&str, LayerFormat)>) -> Vec<String> {
+pub fn layer_health(
+    path: &Path,
+    format: LayerFormat,
+    size: u64,
+    below: Option<(&str, LayerFormat)>,
+) -> Vec<String> {
     let len = match std::fs::metadata(path) {
         Ok(m) => m.len(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return vec!["the file is missing".into()],
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return vec!["the file is missing".into()]
+        }
         Err(e) => return vec![format!("cannot read the file: {e}")],
     };
     let mut problems = Vec::new();
     match format {
         LayerFormat::Raw => {
             if len < size {
-                problems.push(format!("the file holds {len} bytes, less than the vDisk's {size}: it is truncated"));
+                problems.push(format!(
+                    "the file holds {len} bytes, less than the vDisk's {size}: it is truncated"
+                ));
             }
         }
         LayerFormat::Qcow2 => {
@@ -184,15 +230,33 @@ pub fn layer_health(path: &Path, format: LayerFormat, size: u64, below: Option<(
             problems.extend(s.problems);
             if let Some(h) = s.header {
                 if h.size != size {
-                    problems.push(format!("its virtual size is {} bytes, the vDisk's is {size}", h.size));
+                    problems.push(format!(
+                        "its virtual size is {} bytes, the vDisk's is {size}",
+                        h.size
+                    ));
                 }
                 let names = h.backing_file.as_deref();
                 match (below, names) {
-                    (None, Some(b)) => problems.push(format!("it backs onto {b}, but it is the base and has no layer below")),
-                    (Some((want, _)), None) => problems.push(format!("it has no backing file, but the layer below it is {want}")),
-                    (Some((want, _)), Some(got)) if got != want => problems.push(format!("it backs onto {got}, but the layer below it is {want}")),
-                    (Some((_, fmt)), Some(_)) if h.backing_format.as_deref().is_some_and(|f| f != fmt.image_format().name()) => problems.push(format!(
-                        "its backing format is {}, but the layer below is {}", h.backing_format.as_deref().unwrap_or(""), fmt.name())),
+                    (None, Some(b)) => problems.push(format!(
+                        "it backs onto {b}, but it is the base and has no layer below"
+                    )),
+                    (Some((want, _)), None) => problems.push(format!(
+                        "it has no backing file, but the layer below it is {want}"
+                    )),
+                    (Some((want, _)), Some(got)) if got != want => problems.push(format!(
+                        "it backs onto {got}, but the layer below it is {want}"
+                    )),
+                    (Some((_, fmt)), Some(_))
+                        if h.backing_format
+                            .as_deref()
+                            .is_some_and(|f| f != fmt.image_format().name()) =>
+                    {
+                        problems.push(format!(
+                            "its backing format is {}, but the layer below is {}",
+                            h.backing_format.as_deref().unwrap_or(""),
+                            fmt.name()
+                        ))
+                    }
                     _ => {}
                 }
             }
@@ -238,7 +302,9 @@ impl Store {
             let meta = self.load(name)?;
             let top = match sel {
                 Some(s) => crate::select::select(&meta, s, crate::time::Timestamp::now())?,
-                None => meta.newest().map_or(Layer::Base, |v| Layer::Version(v.number)),
+                None => meta
+                    .newest()
+                    .map_or(Layer::Base, |v| Layer::Version(v.number)),
             };
             (meta, top)
         };
@@ -246,12 +312,25 @@ impl Store {
         let layers = layer_list(&meta, files.len());
         let mut holds = Vec::new();
         let mut out = Vec::new();
-        for (i, (layer, (file, format))) in layers.into_iter().zip(files.iter().cloned()).enumerate() {
+        for (i, (layer, (file, format))) in
+            layers.into_iter().zip(files.iter().cloned()).enumerate()
+        {
             let path = self.file_path(name, &file);
             let below = i.checked_sub(1).map(|j| (files[j].0.as_str(), files[j].1));
             let problems = layer_health(&path, format, meta.size, below);
-            let mut lc = LayerCheck { layer, file, format, problems, notes: vec![], qemu_check: None };
-            let held = if path.exists() { fsutil::hold_shared(&path).ok() } else { None };
+            let mut lc = LayerCheck {
+                layer,
+                file,
+                format,
+                problems,
+                notes: vec![],
+                qemu_check: None,
+            };
+            let held = if path.exists() {
+                fsutil::hold_shared(&path).ok()
+            } else {
+                None
+            };
             match held {
                 Some(Some(f)) => holds.push(f),
                 Some(None) => lc.notes.push(format!("open read-write by its writer ({}): what is on disk may not be complete until it detaches", fsutil::describe_holders(&path))),
@@ -259,7 +338,9 @@ impl Store {
             }
             if format == LayerFormat::Qcow2 && path.exists() {
                 // The layer alone (backing off): qemu-img opens no file its header names.
-                let qc = qemu_check(&crate::source::chain_spec(&[vdstream_qcow2::LayerSpec::new(&path, vdstream_qcow2::ImageFormat::Qcow2)]))?;
+                let qc = qemu_check(&crate::source::chain_spec(&[
+                    vdstream_qcow2::LayerSpec::new(&path, vdstream_qcow2::ImageFormat::Qcow2),
+                ]))?;
                 if let Some(p) = qc.problem() {
                     lc.problems.push(p);
                 }
@@ -271,11 +352,18 @@ impl Store {
             out.push(lc);
         }
         drop(holds);
-        Ok(VdiskCheck { vdisk: name.to_string(), ok: out.iter().all(|l| l.problems.is_empty()), layers: out })
+        Ok(VdiskCheck {
+            vdisk: name.to_string(),
+            ok: out.iter().all(|l| l.problems.is_empty()),
+            layers: out,
+        })
     }
 }
 
 /// The first `n` layers of `meta`'s chain, bottom first.
 pub(crate) fn layer_list(meta: &VdiskMeta, n: usize) -> Vec<Layer> {
-    std::iter::once(Layer::Base).chain(meta.versions.iter().map(|v| Layer::Version(v.number))).take(n).collect()
+    std::iter::once(Layer::Base)
+        .chain(meta.versions.iter().map(|v| Layer::Version(v.number)))
+        .take(n)
+        .collect()
 }

@@ -37,7 +37,8 @@ fn write_nonzero(dst: &File, buf: &[u8], offset: u64, path: &Path) -> Result<u64
     let mut written = 0;
     for (i, block) in buf.chunks(ZERO_BLOCK).enumerate() {
         if !is_zero(block) {
-            dst.write_all_at(block, offset + (i * ZERO_BLOCK) as u64).map_err(io("write", path))?;
+            dst.write_all_at(block, offset + (i * ZERO_BLOCK) as u64)
+                .map_err(io("write", path))?;
             written += block.len() as u64;
         }
     }
@@ -60,7 +61,11 @@ fn data_ranges(f: &File, len: u64) -> Vec<(u64, u64)> {
         }
         // SAFETY: as above.
         let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-        let end = if hole < 0 { len } else { (hole as u64).min(len) };
+        let end = if hole < 0 {
+            len
+        } else {
+            (hole as u64).min(len)
+        };
         if end <= data as u64 {
             break;
         }
@@ -74,7 +79,8 @@ fn data_ranges(f: &File, len: u64) -> Vec<(u64, u64)> {
 pub fn copy_raw_sparse(src: &Path, dst: &Path, progress: Progress<'_>) -> Result<u64> {
     let input = File::open(src).map_err(io("open", src))?;
     let len = input.metadata().map_err(io("stat", src))?.len();
-    let out = vdstream_blockdev::storefile::create_new(dst, crate::fsutil::SHARED_READ).map_err(io("create", dst))?;
+    let out = vdstream_blockdev::storefile::create_new(dst, crate::fsutil::SHARED_READ)
+        .map_err(io("create", dst))?;
     out.set_len(len).map_err(io("size", dst))?;
     let mut buf = vec![0u8; CHUNK];
     let mut written = 0;
@@ -83,7 +89,9 @@ pub fn copy_raw_sparse(src: &Path, dst: &Path, progress: Progress<'_>) -> Result
         let mut off = start;
         while off < end {
             let n = ((end - off) as usize).min(CHUNK);
-            input.read_exact_at(&mut buf[..n], off).map_err(io("read", src))?;
+            input
+                .read_exact_at(&mut buf[..n], off)
+                .map_err(io("read", src))?;
             written += write_nonzero(&out, &buf[..n], off, dst)?;
             off += n as u64;
             done += n as u64;
@@ -96,13 +104,25 @@ pub fn copy_raw_sparse(src: &Path, dst: &Path, progress: Progress<'_>) -> Result
 }
 
 /// Writes the whole guest content of `dev` to a new sparse raw file; returns bytes written.
-pub fn export_raw(dev: &dyn BlockDev, dst: &Path, overwrite: bool, progress: Progress<'_>) -> Result<u64> {
+pub fn export_raw(
+    dev: &dyn BlockDev,
+    dst: &Path,
+    overwrite: bool,
+    progress: Progress<'_>,
+) -> Result<u64> {
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true);
-    if overwrite { opts.create(true).truncate(true) } else { opts.create_new(true) };
+    if overwrite {
+        opts.create(true).truncate(true)
+    } else {
+        opts.create_new(true)
+    };
     let out = opts.open(dst).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AlreadyExists {
-            StoreError::Refused(format!("{} already exists: choose another file or pass --force to overwrite it", dst.display()))
+            StoreError::Refused(format!(
+                "{} already exists: choose another file or pass --force to overwrite it",
+                dst.display()
+            ))
         } else {
             io("create", dst)(e)
         }
@@ -150,26 +170,43 @@ fn qemu_img() -> Command {
 }
 
 fn tool_missing(e: std::io::Error) -> StoreError {
-    StoreError::Tool(format!("cannot run qemu-img ({e}): install it (Debian: apt-get install qemu-utils)"))
+    StoreError::Tool(format!(
+        "cannot run qemu-img ({e}): install it (Debian: apt-get install qemu-utils)"
+    ))
 }
 
 /// `qemu-img info --output=json SPEC` of an image from outside, opened only as `src` says
 /// ([`Source::qemu_spec`]), its report checked ([`Source::check_info`]). `Ok(None)` when
 /// qemu-img cannot be run at all.
 pub fn qemu_info(src: &Source) -> Result<Option<ImageInfo>> {
-    let out = match qemu_img().args(["info", "--output=json"]).arg(src.qemu_spec()).output() {
+    let out = match qemu_img()
+        .args(["info", "--output=json"])
+        .arg(src.qemu_spec())
+        .output()
+    {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(tool_missing(e)),
     };
     if !out.status.success() {
         return Err(StoreError::Tool(format!(
-            "qemu-img info {} (as {}) failed: {}", src.path.display(), src.format, crate::check::first_lines(&String::from_utf8_lossy(&out.stderr)))));
+            "qemu-img info {} (as {}) failed: {}",
+            src.path.display(),
+            src.format,
+            crate::check::first_lines(&String::from_utf8_lossy(&out.stderr))
+        )));
     }
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| StoreError::Tool(format!("qemu-img info {} printed something that is not JSON: {e}", src.path.display())))?;
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        StoreError::Tool(format!(
+            "qemu-img info {} printed something that is not JSON: {e}",
+            src.path.display()
+        ))
+    })?;
     src.check_info(&j)?;
-    Ok(Some(ImageInfo { format: src.format.to_string(), virtual_size: j["virtual-size"].as_u64().unwrap_or(0) }))
+    Ok(Some(ImageInfo {
+        format: src.format.to_string(),
+        virtual_size: j["virtual-size"].as_u64().unwrap_or(0),
+    }))
 }
 
 /// Parses one `(NN.NN/100%)` progress report of `qemu-img -p` into a fraction.
@@ -183,13 +220,26 @@ pub fn parse_qemu_progress(text: &str) -> Option<f64> {
 /// Runs `qemu-img convert -p -O OUT_FMT SPEC DST`, reporting progress against `total`.
 /// `spec` is a `json:` spec that names every file qemu-img may open ([`Source::qemu_spec`],
 /// [`crate::source::chain_spec`]); `what` names the source in messages.
-pub fn qemu_convert(spec: &str, what: &Path, dst: &Path, dst_format: &str, total: u64, progress: Progress<'_>) -> Result<()> {
+pub fn qemu_convert(
+    spec: &str,
+    what: &Path,
+    dst: &Path,
+    dst_format: &str,
+    total: u64,
+    progress: Progress<'_>,
+) -> Result<()> {
     let mut cmd = qemu_img();
     cmd.args(["convert", "-p", "-O", dst_format]);
     if dst_format == "qcow2" {
         cmd.args(["-o", "cluster_size=65536"]);
     }
-    let mut child = cmd.arg(spec).arg(dst).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(tool_missing)?;
+    let mut child = cmd
+        .arg(spec)
+        .arg(dst)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(tool_missing)?;
     let mut stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
     let err_reader = std::thread::spawn(move || {
@@ -220,7 +270,11 @@ pub fn qemu_convert(spec: &str, what: &Path, dst: &Path, dst_format: &str, total
     if !status.success() {
         let _ = std::fs::remove_file(dst);
         return Err(StoreError::Tool(format!(
-            "qemu-img convert {} to {} failed ({status}): {}", what.display(), dst.display(), errors.trim())));
+            "qemu-img convert {} to {} failed ({status}): {}",
+            what.display(),
+            dst.display(),
+            errors.trim()
+        )));
     }
     progress(total, total);
     Ok(())
@@ -248,10 +302,15 @@ mod tests {
         f.write_all_at(&[0u8; 70000], 5 << 20).unwrap(); // allocated zeros
         let mut last = (0, 0);
         let written = copy_raw_sparse(&src, &dst, &mut |d, t| last = (d, t)).unwrap();
-        assert!(written > 0 && written <= ZERO_BLOCK as u64, "only the non-zero block is written: {written}");
+        assert!(
+            written > 0 && written <= ZERO_BLOCK as u64,
+            "only the non-zero block is written: {written}"
+        );
         assert_eq!(last, (8 << 20, 8 << 20));
         assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
-        let e = copy_raw_sparse(&src, &dst, &mut |_, _| {}).unwrap_err().to_string();
+        let e = copy_raw_sparse(&src, &dst, &mut |_, _| {})
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot create") && e.contains("b.raw"), "{e}");
     }
 }

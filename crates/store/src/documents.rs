@@ -33,10 +33,13 @@ use crate::time::Timestamp;
 
 pub fn vdisk_list(store: &Store) -> Result<Value> {
     let list = store.list()?;
-    Ok(json!(list.iter().map(|(n, m)| match m {
-        Ok(m) => json!(m),
-        Err(e) => json!({"name": n, "error": e.to_string()}),
-    }).collect::<Vec<_>>()))
+    Ok(json!(list
+        .iter()
+        .map(|(n, m)| match m {
+            Ok(m) => json!(m),
+            Err(e) => json!({"name": n, "error": e.to_string()}),
+        })
+        .collect::<Vec<_>>()))
 }
 
 pub fn vdisk_show(store: &Store, name: &str) -> Result<Value> {
@@ -59,14 +62,28 @@ pub fn version_list(store: &Store, name: &str) -> Result<Value> {
     }))
 }
 
-pub fn version_new(store: &Store, name: &str, note: Option<String>, progress: Progress<'_>) -> Result<Value> {
+pub fn version_new(
+    store: &Store,
+    name: &str,
+    note: Option<String>,
+    progress: Progress<'_>,
+) -> Result<Value> {
     let v = store.new_version(name, note)?;
     Ok(json!({"vdisk": name, "version": v, "auto_merge": auto_merge(store, name, progress)}))
 }
 
 /// `at`: RFC 3339 or `+DURATION`, relative to now.
-pub fn version_promote(store: &Store, name: &str, number: u32, to: Access, at: Option<&str>, progress: Progress<'_>) -> Result<Value> {
-    let at = at.map(|t| crate::time::parse_at(t, Timestamp::now())).transpose()?;
+pub fn version_promote(
+    store: &Store,
+    name: &str,
+    number: u32,
+    to: Access,
+    at: Option<&str>,
+    progress: Progress<'_>,
+) -> Result<Value> {
+    let at = at
+        .map(|t| crate::time::parse_at(t, Timestamp::now()))
+        .transpose()?;
     let v = store.promote(name, number, to, at)?;
     Ok(json!({"vdisk": name, "version": v, "auto_merge": auto_merge(store, name, progress)}))
 }
@@ -77,7 +94,12 @@ pub fn version_revert(store: &Store, name: &str, number: u32) -> Result<Value> {
 }
 
 /// `version merge NAME [--base]`.
-pub fn version_merge(store: &Store, name: &str, kind: MergeKind, progress: Progress<'_>) -> Result<Value> {
+pub fn version_merge(
+    store: &Store,
+    name: &str,
+    kind: MergeKind,
+    progress: Progress<'_>,
+) -> Result<Value> {
     let out = store.merge(name, kind, false, progress)?;
     Ok(json!({"vdisk": name, "merge": out}))
 }
@@ -87,7 +109,11 @@ pub fn audit(store: &Store, vdisk: Option<&str>, limit: Option<usize>) -> Result
     if let Some(n) = vdisk {
         crate::names::validate_name(n)?;
     }
-    Ok(json!(crate::audit::read(&store.audit_path(), vdisk, limit)?))
+    Ok(json!(crate::audit::read(
+        &store.audit_path(),
+        vdisk,
+        limit
+    )?))
 }
 
 /// After a change: the automatic merge when `max_versions` is exceeded (see the module doc).

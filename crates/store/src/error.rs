@@ -20,19 +20,35 @@ pub enum StoreError {
 
     /// No vDisk of that name.
     #[error("no vDisk named {name:?} in {}: {known}", store.display())]
-    UnknownVdisk { name: String, store: PathBuf, known: String },
+    UnknownVdisk {
+        name: String,
+        store: PathBuf,
+        known: String,
+    },
 
     /// No version of that number (`have`: the versions there are, in words).
     #[error("vDisk {vdisk} has no version {version}; its versions are: {have}")]
-    UnknownVersion { vdisk: String, version: u32, have: String },
+    UnknownVersion {
+        vdisk: String,
+        version: u32,
+        have: String,
+    },
 
     /// No target record of that id.
     #[error("no target named {id:?} in {}: {known}", store.display())]
-    UnknownTarget { id: String, store: PathBuf, known: String },
+    UnknownTarget {
+        id: String,
+        store: PathBuf,
+        known: String,
+    },
 
     /// A metadata or data file that cannot be parsed.
     #[error("{} is corrupt ({detail}): {advice}", path.display())]
-    Corrupt { path: PathBuf, detail: String, advice: String },
+    Corrupt {
+        path: PathBuf,
+        detail: String,
+        advice: String,
+    },
 
     /// A file the metadata names is not there.
     #[error("{} is missing: {advice}", path.display())]
@@ -45,7 +61,11 @@ pub enum StoreError {
     /// The change was made against generation `expected` of the vDisk's metadata
     /// (`--expect-generation`, the API's `If-Match`), and another change came first.
     #[error("vDisk {vdisk} changed since generation {expected} was read (it is at generation {now}); nothing was changed: read it again (`vdstream version list {vdisk}`) and decide again")]
-    Changed { vdisk: String, expected: u64, now: u64 },
+    Changed {
+        vdisk: String,
+        expected: u64,
+        now: u64,
+    },
 
     /// An operating-system error on a file of the store. The OS error is part of the
     /// message and deliberately not also the error's `source()`: `{:#}` (anyhow) prints
@@ -93,7 +113,10 @@ impl StoreError {
 }
 
 /// Wraps an OS error with the operation and the file.
-pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
+pub(crate) fn io(
+    what: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> StoreError {
     let path = path.into();
     move |err| StoreError::Io { what, path, err }
 }
@@ -119,8 +142,17 @@ mod tests {
         let e = io("create", "/no/such/x.raw")(std::io::Error::from_raw_os_error(libc::ENOENT));
         let text = chain(&e);
         assert_eq!(text.matches(&os).count(), 1, "{text}");
-        assert!(text.starts_with("cannot create /no/such/x.raw: No such file"), "{text}");
-        let e = StoreError::Image(vdstream_blockdev::Error::from_io(std::io::Error::from_raw_os_error(libc::ENOENT), vdstream_blockdev::Op::Open, 0, 0, "/no/such/x.qcow2"));
+        assert!(
+            text.starts_with("cannot create /no/such/x.raw: No such file"),
+            "{text}"
+        );
+        let e = StoreError::Image(vdstream_blockdev::Error::from_io(
+            std::io::Error::from_raw_os_error(libc::ENOENT),
+            vdstream_blockdev::Op::Open,
+            0,
+            0,
+            "/no/such/x.qcow2",
+        ));
         let text = chain(&e);
         assert_eq!(text.matches(&os).count(), 1, "{text}");
     }

@@ -18,8 +18,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{io, Result};
-pub use vdstream_blockdev::storefile::{FOLDER, PRIVATE, SHARED_READ};
 use vdstream_blockdev::storefile;
+pub use vdstream_blockdev::storefile::{FOLDER, PRIVATE, SHARED_READ};
 
 /// Writes `bytes` to `path` atomically (tmp, fsync, rename, fsync folder), the file
 /// readable by the owner's group ([`SHARED_READ`]).
@@ -30,7 +30,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// [`write_atomic`] with the file's mode (the umask can only take bits away).
 pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         // Made afresh: a leftover of a crash, or a link planted in its place, goes first.
@@ -48,7 +51,9 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 
 /// fsyncs a folder, so renames and creations in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io("fsync folder", dir))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync folder", dir))
 }
 
 /// Opens a store file read-only, without following a link.
@@ -61,7 +66,12 @@ pub fn open_read(path: &Path) -> Result<File> {
 pub fn copy_file(src: &Path, dst: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mut from = open_read(src)?;
-    let mode = from.metadata().map_err(io("stat", src))?.permissions().mode() & 0o777;
+    let mode = from
+        .metadata()
+        .map_err(io("stat", src))?
+        .permissions()
+        .mode()
+        & 0o777;
     let mut to = storefile::create_new(dst, mode & SHARED_READ).map_err(io("create", dst))?;
     std::io::copy(&mut from, &mut to).map_err(io("copy into", dst))?;
     to.sync_all().map_err(io("fsync", dst))
@@ -71,7 +81,9 @@ pub fn copy_file(src: &Path, dst: &Path) -> Result<()> {
 /// program made, such as qemu-img's output, with the umask's mode).
 pub fn restrict(path: &Path, mode: u32) -> Result<()> {
     let f = open_read(path)?;
-    storefile::tighten(&f, mode).map(|_| ()).map_err(io("set the mode of", path))
+    storefile::tighten(&f, mode)
+        .map(|_| ())
+        .map_err(io("set the mode of", path))
 }
 
 /// Creates a store folder and its missing parents ([`FOLDER`] mode), refusing a link.
@@ -79,8 +91,8 @@ pub fn create_dir_all(dir: &Path) -> Result<()> {
     storefile::create_dir_all(dir).map_err(io("create the folder", dir))
 }
 
-pub use vdstream_blockdev::flock::{lock_wait, LockMode};
 use vdstream_blockdev::flock::{self, LOCK_PATIENCE};
+pub use vdstream_blockdev::flock::{lock_wait, LockMode};
 
 /// Tries a lock on `file` without waiting: `Ok(false)` when another open file holds a
 /// conflicting one. For probes ("is anyone using this?").
@@ -99,7 +111,13 @@ pub fn take_lock(file: &File, mode: LockMode) -> std::io::Result<bool> {
 /// this process uses it. `Ok(None)` when a writer holds it exclusively.
 pub fn hold_shared(path: &Path) -> Result<Option<File>> {
     let f = open_read(path)?;
-    Ok(if take_lock(&f, LockMode::Shared).map_err(io("lock", path))? { Some(f) } else { None })
+    Ok(
+        if take_lock(&f, LockMode::Shared).map_err(io("lock", path))? {
+            Some(f)
+        } else {
+            None
+        },
+    )
 }
 
 /// Whether some process holds a lock on `path` (tried without waiting, released at once).
@@ -135,15 +153,25 @@ pub fn holders_of(path: &Path) -> Result<Holders> {
         return Ok(Holders::Writer);
     }
     // Upgrading our own shared lock succeeds only when nobody else holds one.
-    Ok(if try_lock(&f, LockMode::Exclusive).map_err(io("lock", path))? { Holders::Nobody } else { Holders::Readers })
+    Ok(
+        if try_lock(&f, LockMode::Exclusive).map_err(io("lock", path))? {
+            Holders::Nobody
+        } else {
+            Holders::Readers
+        },
+    )
 }
 
 /// Processes holding `flock` locks on `path`, as "pid N (command line)", read from
 /// `/proc/locks` (best effort: empty when it cannot tell).
 pub fn holders(path: &Path) -> Vec<String> {
     use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(path) else { return vec![] };
-    let Ok(locks) = std::fs::read_to_string("/proc/locks") else { return vec![] };
+    let Ok(meta) = std::fs::metadata(path) else {
+        return vec![];
+    };
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return vec![];
+    };
     let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
     let want = format!("{major:02x}:{minor:02x}:{}", meta.ino());
     let mut out = Vec::new();
@@ -153,10 +181,24 @@ pub fn holders(path: &Path) -> Vec<String> {
         if f.len() >= 6 && f[1] == "FLOCK" && f[5] == want {
             let pid = f[4];
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).split('\0').filter(|s| !s.is_empty()).collect::<Vec<_>>().join(" "))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .split('\0')
+                        .filter(|s| !s.is_empty())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
                 .unwrap_or_default();
-            let kind = if f[3] == "WRITE" { "read-write" } else { "read-only" };
-            let who = if cmd.is_empty() { format!("pid {pid} ({kind})") } else { format!("pid {pid} ({kind}: {cmd})") };
+            let kind = if f[3] == "WRITE" {
+                "read-write"
+            } else {
+                "read-only"
+            };
+            let who = if cmd.is_empty() {
+                format!("pid {pid} ({kind})")
+            } else {
+                format!("pid {pid} ({kind}: {cmd})")
+            };
             if !out.contains(&who) {
                 out.push(who);
             }
@@ -188,7 +230,12 @@ pub struct Actor {
 impl Actor {
     /// The current process.
     pub fn current() -> Self {
-        Actor { user: user_name(), host: host_name(), pid: std::process::id(), client: None }
+        Actor {
+            user: user_name(),
+            host: host_name(),
+            pid: std::process::id(),
+            client: None,
+        }
     }
 
     /// `user@host`, as recorded in `created_by` and `promoted.by`.
@@ -232,7 +279,10 @@ fn host_name() -> String {
 
 /// A temporary file name next to `path` for this process: `.<name>.tmp-<pid>`.
 pub fn temp_beside(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
@@ -247,9 +297,14 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two two").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two two");
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "{names:?}");
-        let e = write_atomic(&dir.path().join("no/such/m.json"), b"x").unwrap_err().to_string();
+        let e = write_atomic(&dir.path().join("no/such/m.json"), b"x")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot create") && e.contains("no/such"), "{e}");
     }
 
@@ -264,7 +319,10 @@ mod tests {
         assert!(in_use(&p).unwrap());
         assert_eq!(holders_of(&p).unwrap(), Holders::Readers);
         let who = describe_holders(&p);
-        assert!(who.contains(&format!("pid {}", std::process::id())), "{who}");
+        assert!(
+            who.contains(&format!("pid {}", std::process::id())),
+            "{who}"
+        );
         drop(held);
         assert!(!in_use(&p).unwrap());
         let writer = File::open(&p).unwrap();

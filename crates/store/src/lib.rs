@@ -55,6 +55,9 @@ pub use error::{Result, StoreError};
 pub use meta::{Access, DiskAccess, LayerFormat, VdiskMeta, Version};
 pub use open::OpenedLayer;
 pub use select::{select, Layer, Selector};
-pub use store::{MIRROR_MARKER, check_location, first_missing_dir, server_cache_dir, store_dir, Store, DEFAULT_STORE, STORE_SCHEMES};
+pub use store::{
+    check_location, first_missing_dir, server_cache_dir, store_dir, Store, DEFAULT_STORE,
+    MIRROR_MARKER, STORE_SCHEMES,
+};
 pub use targets::{NewTarget, TargetChange, TargetRecord};
 pub use time::Timestamp;

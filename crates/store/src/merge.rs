@@ -46,7 +46,9 @@ use vdstream_qcow2::{merge_layers, set_backing_file, ImageFormat, MergeOptions};
 use crate::copy::{Progress, ZERO_BLOCK};
 use crate::error::{io, Result, StoreError};
 use crate::fsutil::{self, Holders, LockMode};
-use crate::meta::{Access, Base, DiskAccess, LayerFormat, MergeKind, PendingMerge, VdiskMeta, Version};
+use crate::meta::{
+    Access, Base, DiskAccess, LayerFormat, MergeKind, PendingMerge, VdiskMeta, Version,
+};
 use crate::select::{select, Layer, Selector};
 use crate::store::Store;
 use crate::time::Timestamp;
@@ -110,12 +112,17 @@ pub struct CompactedLayer {
 }
 
 fn allocated(path: &Path) -> u64 {
-    std::fs::metadata(path).map(|m| m.blocks() * 512).unwrap_or(0)
+    std::fs::metadata(path)
+        .map(|m| m.blocks() * 512)
+        .unwrap_or(0)
 }
 
 /// Versions that count against `max_versions` (all but the maintenance one).
 pub fn counted_versions(meta: &VdiskMeta) -> usize {
-    meta.versions.iter().filter(|v| v.access != Access::Maintenance).count()
+    meta.versions
+        .iter()
+        .filter(|v| v.access != Access::Maintenance)
+        .count()
 }
 
 /// What a merge will fold, and the version it leaves above.
@@ -129,10 +136,14 @@ struct Plan {
 fn plan(meta: &VdiskMeta, kind: MergeKind, now: Timestamp) -> Result<Plan> {
     let name = &meta.name;
     if meta.access == DiskAccess::Private {
-        return Err(StoreError::Refused(format!("vDisk {name} has private access and no versions to merge")));
+        return Err(StoreError::Refused(format!(
+            "vDisk {name} has private access and no versions to merge"
+        )));
     }
     if meta.versions.is_empty() {
-        return Err(StoreError::Refused(format!("vDisk {name} has no versions to merge")));
+        return Err(StoreError::Refused(format!(
+            "vDisk {name} has no versions to merge"
+        )));
     }
     let p = match select(meta, Selector::Production, now)? {
         Layer::Version(p) => p,
@@ -141,7 +152,11 @@ fn plan(meta: &VdiskMeta, kind: MergeKind, now: Timestamp) -> Result<Plan> {
                 "production targets of {name} boot the base: a merge folds the versions up to the one production boots, and there is none yet; promote one first (`vdstream version promote {name} N --to production`)")))
         }
     };
-    let idx = meta.versions.iter().position(|v| v.number == p).expect("select picks listed versions");
+    let idx = meta
+        .versions
+        .iter()
+        .position(|v| v.number == p)
+        .expect("select picks listed versions");
     let merged: Vec<u32> = meta.versions[..=idx].iter().map(|v| v.number).collect();
     let above = meta.versions.get(idx + 1).map(|v| v.number);
     if kind == MergeKind::Updates && merged.len() < 2 {
@@ -166,7 +181,11 @@ pub(crate) fn backing_of(path: &Path) -> Result<Option<String>> {
         detail: e.to_string(),
         advice: "check it with `qemu-img check`, restore it from backup if it is damaged".into(),
     })?;
-    Ok(h.backing_file.map(|b| Path::new(&b).file_name().map_or(b.clone(), |n| n.to_string_lossy().into_owned())))
+    Ok(h.backing_file.map(|b| {
+        Path::new(&b)
+            .file_name()
+            .map_or(b.clone(), |n| n.to_string_lossy().into_owned())
+    }))
 }
 
 /// Applies the pending merge of `m` to it: the merged versions (and, for `--base`, the
@@ -175,7 +194,11 @@ pub(crate) fn backing_of(path: &Path) -> Result<Option<String>> {
 fn finish(m: &mut VdiskMeta, who: &str) -> (Layer, Vec<String>, Option<OverrideMove>) {
     let p = m.pending_merge.take().expect("a pending merge");
     let last = *p.merged.last().expect("merges fold at least one version");
-    let idx = m.versions.iter().position(|v| v.number == last).expect("checked by VdiskMeta::check");
+    let idx = m
+        .versions
+        .iter()
+        .position(|v| v.number == last)
+        .expect("checked by VdiskMeta::check");
     let rest = m.versions.split_off(idx + 1);
     let folded = std::mem::replace(&mut m.versions, rest);
     let mut retired: Vec<String> = folded.iter().map(|v| v.file.clone()).collect();
@@ -184,22 +207,37 @@ fn finish(m: &mut VdiskMeta, who: &str) -> (Layer, Vec<String>, Option<OverrideM
     let now = Timestamp::now();
     let layer = match p.kind {
         MergeKind::Updates => {
-            m.versions.insert(0, Version {
-                number: p.number,
-                file: p.file.clone(),
-                access: k.access,
-                created: now,
-                created_by: who.to_string(),
-                promoted: k.promoted.clone(),
-                scheduled_at: k.scheduled_at,
-                note: Some(format!("merge of versions {}", p.merged.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))),
-                merged_from: p.merged.clone(),
-            });
+            m.versions.insert(
+                0,
+                Version {
+                    number: p.number,
+                    file: p.file.clone(),
+                    access: k.access,
+                    created: now,
+                    created_by: who.to_string(),
+                    promoted: k.promoted.clone(),
+                    scheduled_at: k.scheduled_at,
+                    note: Some(format!(
+                        "merge of versions {}",
+                        p.merged
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                    merged_from: p.merged.clone(),
+                },
+            );
             Layer::Version(p.number)
         }
         MergeKind::Base => {
             retired.insert(0, m.base.file.clone());
-            m.base = Base { file: p.file.clone(), format: LayerFormat::Qcow2, created: now, created_by: who.to_string() };
+            m.base = Base {
+                file: p.file.clone(),
+                format: LayerFormat::Qcow2,
+                created: now,
+                created_by: who.to_string(),
+            };
             Layer::Base
         }
     };
@@ -218,14 +256,25 @@ fn stopped(step: MergeStep) -> StoreError {
 
 impl Store {
     /// `version merge NAME [--base]`.
-    pub fn merge(&self, name: &str, kind: MergeKind, automatic: bool, progress: Progress<'_>) -> Result<MergeOutcome> {
+    pub fn merge(
+        &self,
+        name: &str,
+        kind: MergeKind,
+        automatic: bool,
+        progress: Progress<'_>,
+    ) -> Result<MergeOutcome> {
         self.merge_until(name, kind, automatic, None, progress)
     }
 
     /// A merge that stops right after `step`, leaving the store as a crash there would
     /// (for tests of `recover`).
     #[doc(hidden)]
-    pub fn merge_stopping_after(&self, name: &str, kind: MergeKind, step: MergeStep) -> Result<MergeOutcome> {
+    pub fn merge_stopping_after(
+        &self,
+        name: &str,
+        kind: MergeKind,
+        step: MergeStep,
+    ) -> Result<MergeOutcome> {
         self.merge_until(name, kind, false, Some(step), &mut |_, _| {})
     }
 
@@ -255,7 +304,9 @@ impl Store {
                 let _ = std::fs::remove_file(&tmp);
                 let done = fsutil::copy_file(&path, &tmp)
                     .and_then(|_| Ok(set_backing_file(&tmp, to)?)) // fsyncs the copy
-                    .and_then(|()| std::fs::rename(&tmp, &path).map_err(io("move into place", &path)));
+                    .and_then(|()| {
+                        std::fs::rename(&tmp, &path).map_err(io("move into place", &path))
+                    });
                 if done.is_err() {
                     let _ = std::fs::remove_file(&tmp);
                 }
@@ -263,11 +314,21 @@ impl Store {
                 fsutil::sync_dir(&self.vdisk_dir(name))
             }
             Holders::Writer => Err(StoreError::Refused(format!(
-                "{} is open read-write ({}): it cannot be re-pointed now", path.display(), fsutil::describe_holders(&path)))),
+                "{} is open read-write ({}): it cannot be re-pointed now",
+                path.display(),
+                fsutil::describe_holders(&path)
+            ))),
         }
     }
 
-    fn merge_until(&self, name: &str, kind: MergeKind, automatic: bool, stop: Option<MergeStep>, progress: Progress<'_>) -> Result<MergeOutcome> {
+    fn merge_until(
+        &self,
+        name: &str,
+        kind: MergeKind,
+        automatic: bool,
+        stop: Option<MergeStep>,
+        progress: Progress<'_>,
+    ) -> Result<MergeOutcome> {
         let started = std::time::Instant::now();
         let (meta, plan) = {
             let _l = self.lock(LockMode::Exclusive)?;
@@ -276,7 +337,11 @@ impl Store {
             if let Some(a) = plan.above {
                 if let Err(e) = self.check_repointable(&meta, a) {
                     if !automatic {
-                        self.audit("version.merge.deferred", name, json!({"automatic": false, "kind": kind, "reason": e.to_string()}))?;
+                        self.audit(
+                            "version.merge.deferred",
+                            name,
+                            json!({"automatic": false, "kind": kind, "reason": e.to_string()}),
+                        )?;
                     }
                     return Err(e);
                 }
@@ -288,7 +353,10 @@ impl Store {
             MergeKind::Updates => format!("{name}.{number}.qcow2"),
             MergeKind::Base => format!("{name}.base-{number}.qcow2"),
         };
-        let k = meta.version(*plan.merged.last().expect("planned")).expect("listed").clone();
+        let k = meta
+            .version(*plan.merged.last().expect("planned"))
+            .expect("listed")
+            .clone();
         let top = self.file_path(name, &k.file);
         let base = self.file_path(name, &meta.base.file);
         let dst = self.file_path(name, &file);
@@ -302,11 +370,16 @@ impl Store {
         // no temporary file behind.
         let chain = self.chain_specs(&meta, Layer::Version(k.number))?;
         debug_assert_eq!(chain.last().map(|l| l.path.as_path()), Some(top.as_path()));
-        let report = merge_layers(&chain, stop_at, &tmp, &MergeOptions::default(), progress).inspect_err(|_| drop_tmp())?;
+        let report = merge_layers(&chain, stop_at, &tmp, &MergeOptions::default(), progress)
+            .inspect_err(|_| drop_tmp())?;
         let _l = self.lock(LockMode::Exclusive).inspect_err(|_| drop_tmp())?;
         // The expected generation was checked when the merge began; from there the
         // generation must not have moved at all.
-        let mut m = self.clone().expecting(None).load_for_change(name).inspect_err(|_| drop_tmp())?;
+        let mut m = self
+            .clone()
+            .expecting(None)
+            .load_for_change(name)
+            .inspect_err(|_| drop_tmp())?;
         if m.generation != meta.generation {
             drop_tmp();
             return Err(StoreError::Refused(format!(
@@ -314,13 +387,20 @@ impl Store {
         }
         if dst.exists() {
             drop_tmp();
-            return Err(StoreError::Refused(format!("{} exists but the metadata does not list it: move it away and run the merge again", dst.display())));
+            return Err(StoreError::Refused(format!(
+                "{} exists but the metadata does not list it: move it away and run the merge again",
+                dst.display()
+            )));
         }
         if let Some(a) = plan.above {
             if let Err(e) = self.check_repointable(&m, a) {
                 drop_tmp();
                 if !automatic {
-                    self.audit("version.merge.deferred", name, json!({"automatic": false, "kind": kind, "reason": e.to_string()}))?;
+                    self.audit(
+                        "version.merge.deferred",
+                        name,
+                        json!({"automatic": false, "kind": kind, "reason": e.to_string()}),
+                    )?;
                 }
                 return Err(e);
             }
@@ -371,7 +451,12 @@ impl Store {
         // Step "done".
         let (new_layer, retired, override_moved) = finish(&mut m, &self.actor().who());
         self.collect_retired(&mut m)?;
-        let still_in_use = m.retired.iter().filter(|f| retired.contains(f)).cloned().collect();
+        let still_in_use = m
+            .retired
+            .iter()
+            .filter(|f| retired.contains(f))
+            .cloned()
+            .collect();
         self.save(&mut m)?;
         let targets_moved = self.move_target_pins(name, &plan.merged, new_layer);
         let outcome = MergeOutcome {
@@ -388,7 +473,11 @@ impl Store {
             bytes_written: report.bytes_written,
             seconds: started.elapsed().as_secs_f64(),
         };
-        self.audit("version.merge", name, serde_json::to_value(&outcome).expect("serializes"))?;
+        self.audit(
+            "version.merge",
+            name,
+            serde_json::to_value(&outcome).expect("serializes"),
+        )?;
         Ok(outcome)
     }
 
@@ -397,13 +486,18 @@ impl Store {
     /// (or there is none), undone otherwise. Saves and audits `version.merge.recovered`.
     /// The caller holds the exclusive lock.
     pub(crate) fn recover(&self, m: &mut VdiskMeta) -> Result<()> {
-        let Some(p) = m.pending_merge.clone() else { return Ok(()) };
+        let Some(p) = m.pending_merge.clone() else {
+            return Ok(());
+        };
         let name = m.name.clone();
         let dst = self.file_path(&name, &p.file);
         let repointed = match p.above {
             None => dst.exists(),
             Some(a) => {
-                let f = self.file_path(&name, &m.version(a).expect("checked by VdiskMeta::check").file);
+                let f = self.file_path(
+                    &name,
+                    &m.version(a).expect("checked by VdiskMeta::check").file,
+                );
                 backing_of(&f)?.as_deref() == Some(p.file.as_str())
             }
         };
@@ -461,7 +555,12 @@ impl Store {
         let mut out = Vec::new();
         let mut parent: Option<String> = None;
         let mut layers = vec![(Layer::Base, meta.base.file.clone(), meta.base.format)];
-        layers.extend(meta.versions.iter().filter(|v| v.access != Access::Maintenance).map(|v| (Layer::Version(v.number), v.file.clone(), LayerFormat::Qcow2)));
+        layers.extend(
+            meta.versions
+                .iter()
+                .filter(|v| v.access != Access::Maintenance)
+                .map(|v| (Layer::Version(v.number), v.file.clone(), LayerFormat::Qcow2)),
+        );
         let total = layers.len() as u64 * meta.size;
         for (done_layers, (layer, file, format)) in (0u64..).zip(layers) {
             let path = self.file_path(name, &file);
@@ -476,31 +575,57 @@ impl Store {
                     let drop_tmp = || {
                         let _ = std::fs::remove_file(&tmp);
                     };
-                    merge_layers(&self.chain_specs(&meta, layer)?, stop.as_deref(), &tmp, &MergeOptions::default(), &mut sub).inspect_err(|_| drop_tmp())?;
+                    merge_layers(
+                        &self.chain_specs(&meta, layer)?,
+                        stop.as_deref(),
+                        &tmp,
+                        &MergeOptions::default(),
+                        &mut sub,
+                    )
+                    .inspect_err(|_| drop_tmp())?;
                     let _l = self.lock(LockMode::Exclusive).inspect_err(|_| drop_tmp())?;
                     let now = self.load_for_change(name).inspect_err(|_| drop_tmp())?;
                     let exists = match layer {
                         Layer::Base => now.base.file == file,
                         Layer::Version(n) => now.version(n).is_some_and(|v| v.file == file),
                     };
-                    let files: Vec<String> = crate::open::chain_files(&now, layer).into_iter().map(|f| f.0).collect();
-                    let want: Vec<String> = parent.iter().cloned().chain(std::iter::once(file.clone())).collect();
-                    let unchanged = exists && files.ends_with(&want) && (parent.is_some() || files.len() == 1);
+                    let files: Vec<String> = crate::open::chain_files(&now, layer)
+                        .into_iter()
+                        .map(|f| f.0)
+                        .collect();
+                    let want: Vec<String> = parent
+                        .iter()
+                        .cloned()
+                        .chain(std::iter::once(file.clone()))
+                        .collect();
+                    let unchanged =
+                        exists && files.ends_with(&want) && (parent.is_some() || files.len() == 1);
                     if !unchanged {
                         let _ = std::fs::remove_file(&tmp);
                         return Err(StoreError::Refused(format!(
                             "vDisk {name} changed while compacting {layer} (see `vdstream audit {name}`); the layers done so far are compacted: run it again")));
                     }
-                    std::fs::rename(&tmp, &path).map_err(io("move into place", &path)).inspect_err(|_| drop_tmp())?;
+                    std::fs::rename(&tmp, &path)
+                        .map_err(io("move into place", &path))
+                        .inspect_err(|_| drop_tmp())?;
                     fsutil::sync_dir(&self.vdisk_dir(name))?;
                 }
             }
-            out.push(CompactedLayer { layer, file: file.clone(), bytes_before: before, bytes_after: allocated(&path) });
+            out.push(CompactedLayer {
+                layer,
+                file: file.clone(),
+                bytes_before: before,
+                bytes_after: allocated(&path),
+            });
             parent = Some(file);
         }
         progress(total, total);
         let _l = self.lock(LockMode::Exclusive)?;
-        self.audit("vdisk.compact", name, serde_json::to_value(&out).expect("serializes"))?;
+        self.audit(
+            "vdisk.compact",
+            name,
+            serde_json::to_value(&out).expect("serializes"),
+        )?;
         Ok(out)
     }
 }
@@ -513,10 +638,18 @@ fn punch_zeros(path: &Path, progress: Progress<'_>) -> Result<()> {
     let mut off = 0;
     while off < len {
         let n = ((len - off) as usize).min(ZERO_BLOCK);
-        f.read_exact_at(&mut buf[..n], off).map_err(io("read", path))?;
+        f.read_exact_at(&mut buf[..n], off)
+            .map_err(io("read", path))?;
         if buf[..n].iter().all(|&b| b == 0) {
             // SAFETY: fallocate takes the descriptor `f` keeps open and integers only.
-            let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, off as i64, n as i64) };
+            let rc = unsafe {
+                libc::fallocate(
+                    f.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off as i64,
+                    n as i64,
+                )
+            };
             if rc != 0 {
                 return Err(io("punch holes in", path)(std::io::Error::last_os_error()));
             }

@@ -204,12 +204,16 @@ impl VdiskMeta {
 
     /// The version in maintenance, if any (always the newest).
     pub fn maintenance(&self) -> Option<&Version> {
-        self.versions.last().filter(|v| v.access == Access::Maintenance)
+        self.versions
+            .last()
+            .filter(|v| v.access == Access::Maintenance)
     }
 
     /// Every file the vDisk uses, base first.
     pub fn live_files(&self) -> Vec<&str> {
-        std::iter::once(self.base.file.as_str()).chain(self.versions.iter().map(|v| v.file.as_str())).collect()
+        std::iter::once(self.base.file.as_str())
+            .chain(self.versions.iter().map(|v| v.file.as_str()))
+            .collect()
     }
 
     /// Checks the invariants listed at the top of this module.
@@ -218,13 +222,20 @@ impl VdiskMeta {
             return Err(format!("format is {:?}, not {VDISK_FORMAT:?}", self.format));
         }
         if self.format_version != FORMAT_VERSION {
-            return Err(format!("format_version {} is not {FORMAT_VERSION}, the one this vdstream reads", self.format_version));
+            return Err(format!(
+                "format_version {} is not {FORMAT_VERSION}, the one this vdstream reads",
+                self.format_version
+            ));
         }
         if self.max_versions == 0 {
             return Err("max_versions is 0".into());
         }
         let plain = |f: &str| !f.is_empty() && !f.contains('/') && f != "." && f != "..";
-        for f in self.live_files().into_iter().chain(self.retired.iter().map(String::as_str)) {
+        for f in self
+            .live_files()
+            .into_iter()
+            .chain(self.retired.iter().map(String::as_str))
+        {
             if !plain(f) {
                 return Err(format!("file name {f:?} is not a plain file name"));
             }
@@ -237,21 +248,40 @@ impl VdiskMeta {
             }
             last = last.max(v.number);
             if v.access == Access::Maintenance && i + 1 != self.versions.len() {
-                return Err(format!("version {} is in maintenance but is not the newest", v.number));
+                return Err(format!(
+                    "version {} is in maintenance but is not the newest",
+                    v.number
+                ));
             }
         }
         if self.next_version <= last {
-            return Err(format!("next_version {} is not above version {last}", self.next_version));
+            return Err(format!(
+                "next_version {} is not above version {last}",
+                self.next_version
+            ));
         }
         if let Some(p) = &self.pending_merge {
             if !plain(&p.file) {
-                return Err(format!("pending merge file {:?} is not a plain file name", p.file));
+                return Err(format!(
+                    "pending merge file {:?} is not a plain file name",
+                    p.file
+                ));
             }
             if p.number >= self.next_version {
-                return Err(format!("pending merge number {} is not below next_version {}", p.number, self.next_version));
+                return Err(format!(
+                    "pending merge number {} is not below next_version {}",
+                    p.number, self.next_version
+                ));
             }
-            if let Some(n) = p.merged.iter().chain(p.above.iter()).find(|&&n| self.version(n).is_none()) {
-                return Err(format!("pending merge names version {n}, which does not exist"));
+            if let Some(n) = p
+                .merged
+                .iter()
+                .chain(p.above.iter())
+                .find(|&&n| self.version(n).is_none())
+            {
+                return Err(format!(
+                    "pending merge names version {n}, which does not exist"
+                ));
             }
         }
         if self.access == DiskAccess::Private && !self.versions.is_empty() {
@@ -260,7 +290,11 @@ impl VdiskMeta {
         if let Some(o) = self.override_version {
             match self.version(o) {
                 None => return Err(format!("override names version {o}, which does not exist")),
-                Some(v) if v.access == Access::Maintenance => return Err(format!("override names version {o}, which is in maintenance")),
+                Some(v) if v.access == Access::Maintenance => {
+                    return Err(format!(
+                        "override names version {o}, which is in maintenance"
+                    ))
+                }
                 Some(_) => {}
             }
         }
@@ -277,24 +311,38 @@ pub fn load_json<T: for<'de> Deserialize<'de>>(path: &Path, advice: &str) -> Res
     }) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(StoreError::MissingFile { path: path.to_path_buf(), advice: advice.to_string() })
+            return Err(StoreError::MissingFile {
+                path: path.to_path_buf(),
+                advice: advice.to_string(),
+            })
         }
         Err(e) => return Err(io("read", path)(e)),
     };
     serde_json::from_slice(&bytes).map_err(|e| {
         let text = e.to_string();
         let what = text.split(" at line ").next().unwrap_or(&text);
-        StoreError::Corrupt { path: path.to_path_buf(), detail: format!("line {}, column {}: {what}", e.line(), e.column()), advice: advice.to_string() }
+        StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!("line {}, column {}: {what}", e.line(), e.column()),
+            advice: advice.to_string(),
+        }
     })
 }
 
 /// Loads and checks `vdisk.json`.
 pub fn load_vdisk(path: &Path, name: &str) -> Result<VdiskMeta> {
     let meta: VdiskMeta = load_json(path, VDISK_ADVICE)?;
-    let corrupt = |detail: String| StoreError::Corrupt { path: path.to_path_buf(), detail, advice: VDISK_ADVICE.to_string() };
+    let corrupt = |detail: String| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        detail,
+        advice: VDISK_ADVICE.to_string(),
+    };
     meta.check().map_err(corrupt)?;
     if meta.name != name {
-        return Err(corrupt(format!("it names vDisk {:?} but sits in the folder of {name:?}", meta.name)));
+        return Err(corrupt(format!(
+            "it names vDisk {:?} but sits in the folder of {name:?}",
+            meta.name
+        )));
     }
     Ok(meta)
 }
@@ -306,7 +354,10 @@ pub fn load_store(path: &Path) -> Result<StoreMeta> {
     if meta.format != STORE_FORMAT || meta.format_version != FORMAT_VERSION {
         return Err(StoreError::Corrupt {
             path: path.to_path_buf(),
-            detail: format!("format {:?} version {}, expected {STORE_FORMAT:?} version {FORMAT_VERSION}", meta.format, meta.format_version),
+            detail: format!(
+                "format {:?} version {}, expected {STORE_FORMAT:?} version {FORMAT_VERSION}",
+                meta.format, meta.format_version
+            ),
             advice: advice.to_string(),
         });
     }
@@ -337,8 +388,17 @@ pub(crate) mod tests {
             size: 64 << 20,
             access: DiskAccess::Standard,
             max_versions: 5,
-            base: Base { file: "w.base.raw".into(), format: LayerFormat::Raw, created: t, created_by: "root@h".into() },
-            versions: vec![v(1, Access::Production), v(2, Access::Test), v(3, Access::Maintenance)],
+            base: Base {
+                file: "w.base.raw".into(),
+                format: LayerFormat::Raw,
+                created: t,
+                created_by: "root@h".into(),
+            },
+            versions: vec![
+                v(1, Access::Production),
+                v(2, Access::Test),
+                v(3, Access::Maintenance),
+            ],
             next_version: 4,
             override_version: None,
             retired: vec![],
@@ -355,7 +415,10 @@ pub(crate) mod tests {
         m.versions[0].scheduled_at = Some(Timestamp(1_800_000_000));
         m.override_version = Some(1);
         let text = serde_json::to_string_pretty(&m).unwrap();
-        assert!(text.contains("\"override\": 1") && text.contains("\"access\": \"maintenance\""), "{text}");
+        assert!(
+            text.contains("\"override\": 1") && text.contains("\"access\": \"maintenance\""),
+            "{text}"
+        );
         let back: VdiskMeta = serde_json::from_str(&text).unwrap();
         assert_eq!(back, m);
         back.check().unwrap();
@@ -385,10 +448,21 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("vdisk.json");
         let e = load_vdisk(&p, "w").unwrap_err().to_string();
-        assert!(e.contains("vdisk.json is missing") && e.contains("restore"), "{e}");
-        std::fs::write(&p, "{\n \"format\": \"vdstream-vdisk\",\n \"size\": oops\n}").unwrap();
+        assert!(
+            e.contains("vdisk.json is missing") && e.contains("restore"),
+            "{e}"
+        );
+        std::fs::write(
+            &p,
+            "{\n \"format\": \"vdstream-vdisk\",\n \"size\": oops\n}",
+        )
+        .unwrap();
         let e = load_vdisk(&p, "w").unwrap_err().to_string();
-        assert!(e.contains("vdisk.json is corrupt (line 3, column 10: expected value)") && e.contains("re-import"), "{e}");
+        assert!(
+            e.contains("vdisk.json is corrupt (line 3, column 10: expected value)")
+                && e.contains("re-import"),
+            "{e}"
+        );
         std::fs::write(&p, serde_json::to_vec(&sample()).unwrap()).unwrap();
         let e = load_vdisk(&p, "other").unwrap_err().to_string();
         assert!(e.contains("folder of \"other\""), "{e}");

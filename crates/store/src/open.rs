@@ -61,7 +61,11 @@ impl Store {
     /// The files of `layer`'s chain as the qcow2 crate opens them: each path with the
     /// format its record names, base first ([`Store::reader_chain`]).
     pub(crate) fn chain_specs(&self, meta: &VdiskMeta, layer: Layer) -> Result<Vec<LayerSpec>> {
-        Ok(self.reader_chain(meta, layer)?.into_iter().map(|(f, fmt)| LayerSpec::new(self.file_path(&meta.name, &f), fmt.image_format())).collect())
+        Ok(self
+            .reader_chain(meta, layer)?
+            .into_iter()
+            .map(|(f, fmt)| LayerSpec::new(self.file_path(&meta.name, &f), fmt.image_format()))
+            .collect())
     }
 
     /// The files of `layer`'s chain (base first, with formats) as a reader opens them now:
@@ -70,15 +74,31 @@ impl Store {
     /// step "re-pointed"). Then that version and those above it read through the new file,
     /// which the metadata names in `pending_merge`, and the merged layers below it are
     /// left out. Either way every file is one the metadata names.
-    pub(crate) fn reader_chain(&self, meta: &VdiskMeta, layer: Layer) -> Result<Vec<(String, LayerFormat)>> {
+    pub(crate) fn reader_chain(
+        &self,
+        meta: &VdiskMeta,
+        layer: Layer,
+    ) -> Result<Vec<(String, LayerFormat)>> {
         let files = chain_files(meta, layer);
-        let Some(p) = &meta.pending_merge else { return Ok(files) };
-        let Some(above) = p.above.and_then(|a| meta.version(a)) else { return Ok(files) };
-        let Some(at) = files.iter().position(|(f, _)| *f == above.file) else { return Ok(files) };
-        if crate::merge::backing_of(&self.file_path(&meta.name, &above.file))?.as_deref() != Some(p.file.as_str()) {
+        let Some(p) = &meta.pending_merge else {
+            return Ok(files);
+        };
+        let Some(above) = p.above.and_then(|a| meta.version(a)) else {
+            return Ok(files);
+        };
+        let Some(at) = files.iter().position(|(f, _)| *f == above.file) else {
+            return Ok(files);
+        };
+        if crate::merge::backing_of(&self.file_path(&meta.name, &above.file))?.as_deref()
+            != Some(p.file.as_str())
+        {
             return Ok(files);
         }
-        let merged = |f: &String| meta.versions.iter().any(|v| v.file == *f && p.merged.contains(&v.number));
+        let merged = |f: &String| {
+            meta.versions
+                .iter()
+                .any(|v| v.file == *f && p.merged.contains(&v.number))
+        };
         let first_merged = match p.kind {
             MergeKind::Base => 0,
             MergeKind::Updates => files.iter().position(|(f, _)| merged(f)).unwrap_or(at),
@@ -91,7 +111,12 @@ impl Store {
 
     /// Opens the layer `sel` picks in vDisk `name`. With `write_maintenance`, a maintenance
     /// version (and a private vDisk) is opened read-write; everything else is read-only.
-    pub fn open_layer(&self, name: &str, sel: Selector, write_maintenance: bool) -> Result<OpenedLayer> {
+    pub fn open_layer(
+        &self,
+        name: &str,
+        sel: Selector,
+        write_maintenance: bool,
+    ) -> Result<OpenedLayer> {
         self.open_layer_with(name, sel, write_maintenance, &|_, dev| dev)
     }
 
@@ -99,11 +124,20 @@ impl Store {
     /// through `hook` as it is opened (bottom first; see [`vdstream_qcow2::LayerHook`]).
     /// The writable top of a maintenance version is not passed. A private vDisk is not
     /// passed either: its one file is written in place by its writer.
-    pub fn open_layer_with(&self, name: &str, sel: Selector, write_maintenance: bool, hook: LayerHook<'_>) -> Result<OpenedLayer> {
+    pub fn open_layer_with(
+        &self,
+        name: &str,
+        sel: Selector,
+        write_maintenance: bool,
+        hook: LayerHook<'_>,
+    ) -> Result<OpenedLayer> {
         let _l = self.lock(LockMode::Shared)?;
         let meta = self.load(name)?;
         if meta.access == DiskAccess::Private {
-            if !matches!(sel, Selector::Base | Selector::Latest | Selector::Production | Selector::Maintenance) {
+            if !matches!(
+                sel,
+                Selector::Base | Selector::Latest | Selector::Production | Selector::Maintenance
+            ) {
                 return Err(StoreError::BadInput(format!("vDisk {name} has private access and no versions: refer to it as {name} or {name}@base")));
             }
             return self.open_private(meta, write_maintenance);
@@ -127,7 +161,11 @@ impl Store {
             Layer::Version(n) => meta.version(n).map(|v| v.access),
         };
         let writable = write_maintenance && access == Some(Access::Maintenance);
-        let below = if writable { &files[..files.len() - 1] } else { &files[..] };
+        let below = if writable {
+            &files[..files.len() - 1]
+        } else {
+            &files[..]
+        };
         let mut held = Vec::new();
         for (f, _) in below {
             let p = self.file_path(name, f);
@@ -146,26 +184,57 @@ impl Store {
         let format = files.last().expect("base").1;
         // Every layer in the format its record names, each over the layer recorded below
         // it; nothing a header names is opened (vdstream_qcow2::open_recorded).
-        let specs: Vec<LayerSpec> = files.iter().map(|(f, fmt)| LayerSpec::new(self.file_path(name, f), fmt.image_format())).collect();
+        let specs: Vec<LayerSpec> = files
+            .iter()
+            .map(|(f, fmt)| LayerSpec::new(self.file_path(name, f), fmt.image_format()))
+            .collect();
         let dev: Arc<dyn BlockDev> = if writable {
-            let (top, below) = specs.split_last().expect("a maintenance version has a layer below");
+            let (top, below) = specs
+                .split_last()
+                .expect("a maintenance version has a layer below");
             let backing = vdstream_qcow2::open_recorded_with(below, hook)?;
             vdstream_qcow2::check_backing(&top.path, below.last())?;
-            match Qcow2Image::open(&top_path, OpenOptions { read_only: false, ..Default::default() }, Some(backing)) {
+            match Qcow2Image::open(
+                &top_path,
+                OpenOptions {
+                    read_only: false,
+                    ..Default::default()
+                },
+                Some(backing),
+            ) {
                 Ok(img) => Arc::new(img),
-                Err(e) => return Err(writer_refused(e, &top_path, &format!("{layer} of vDisk {name} is in maintenance and"))),
+                Err(e) => {
+                    return Err(writer_refused(
+                        e,
+                        &top_path,
+                        &format!("{layer} of vDisk {name} is in maintenance and"),
+                    ))
+                }
             }
         } else {
             vdstream_qcow2::open_recorded_with(&specs, hook)?
         };
-        Ok(OpenedLayer { dev, vdisk: name.into(), layer, access, writable, path: top_path, format, meta, _held: held })
+        Ok(OpenedLayer {
+            dev,
+            vdisk: name.into(),
+            layer,
+            access,
+            writable,
+            path: top_path,
+            format,
+            meta,
+            _held: held,
+        })
     }
 
     fn open_private(&self, meta: VdiskMeta, writable: bool) -> Result<OpenedLayer> {
         let name = meta.name.clone();
         let path = self.file_path(&name, &meta.base.file);
         if !path.exists() {
-            return Err(StoreError::MissingFile { path, advice: format!("it is the base of vDisk {name}: restore it from backup") });
+            return Err(StoreError::MissingFile {
+                path,
+                advice: format!("it is the base of vDisk {name}: restore it from backup"),
+            });
         }
         let mut held = Vec::new();
         let what = format!("vDisk {name} has private access (one writer, no cache) and");
@@ -173,24 +242,58 @@ impl Store {
             (LayerFormat::Raw, true) => {
                 let f = fsutil::open_read(&path)?;
                 if !fsutil::take_lock(&f, LockMode::Exclusive).map_err(io("lock", &path))? {
-                    return Err(StoreError::Refused(format!("{what} is already open ({}): stop that target first", fsutil::describe_holders(&path))));
+                    return Err(StoreError::Refused(format!(
+                        "{what} is already open ({}): stop that target first",
+                        fsutil::describe_holders(&path)
+                    )));
                 }
                 held.push(f);
-                Arc::new(FileDev::open(&path, FileOptions { read_only: false, direct: false })?)
+                Arc::new(FileDev::open(
+                    &path,
+                    FileOptions {
+                        read_only: false,
+                        direct: false,
+                    },
+                )?)
             }
-            (LayerFormat::Qcow2, true) => match Qcow2Image::open(&path, OpenOptions { read_only: false, ..Default::default() }, None) {
+            (LayerFormat::Qcow2, true) => match Qcow2Image::open(
+                &path,
+                OpenOptions {
+                    read_only: false,
+                    ..Default::default()
+                },
+                None,
+            ) {
                 Ok(img) => Arc::new(img),
                 Err(e) => return Err(writer_refused(e, &path, &what)),
             },
             (_, false) => {
                 match fsutil::hold_shared(&path)? {
                     Some(h) => held.push(h),
-                    None => return Err(StoreError::Refused(format!("{what} is open read-write ({}): stop that target first", fsutil::describe_holders(&path)))),
+                    None => {
+                        return Err(StoreError::Refused(format!(
+                            "{what} is open read-write ({}): stop that target first",
+                            fsutil::describe_holders(&path)
+                        )))
+                    }
                 }
-                vdstream_qcow2::open_recorded(&[LayerSpec::new(&path, meta.base.format.image_format())])?
+                vdstream_qcow2::open_recorded(&[LayerSpec::new(
+                    &path,
+                    meta.base.format.image_format(),
+                )])?
             }
         };
-        Ok(OpenedLayer { dev, vdisk: name, layer: Layer::Base, access: None, writable, path, format: meta.base.format, meta, _held: held })
+        Ok(OpenedLayer {
+            dev,
+            vdisk: name,
+            layer: Layer::Base,
+            access: None,
+            writable,
+            path,
+            format: meta.base.format,
+            meta,
+            _held: held,
+        })
     }
 }
 

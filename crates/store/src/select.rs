@@ -16,12 +16,14 @@
 use std::fmt;
 
 use crate::error::{Result, StoreError};
-pub use vdstream_contract::Selector;
 use crate::meta::{Access, VdiskMeta};
 use crate::time::Timestamp;
+pub use vdstream_contract::Selector;
 
 /// One layer of a vDisk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Layer {
     Base,
@@ -55,7 +57,11 @@ pub fn released(access: Access, scheduled_at: Option<Timestamp>, now: Timestamp)
 /// The layer `sel` picks in `meta` at `now`.
 pub fn select(meta: &VdiskMeta, sel: Selector, now: Timestamp) -> Result<Layer> {
     let newest = |keep: &dyn Fn(&crate::meta::Version) -> bool| {
-        meta.versions.iter().rev().find(|v| keep(v)).map_or(Layer::Base, |v| Layer::Version(v.number))
+        meta.versions
+            .iter()
+            .rev()
+            .find(|v| keep(v))
+            .map_or(Layer::Base, |v| Layer::Version(v.number))
     };
     Ok(match sel {
         Selector::Base => Layer::Base,
@@ -69,17 +75,24 @@ pub fn select(meta: &VdiskMeta, sel: Selector, now: Timestamp) -> Result<Layer> 
             Some(v) => Layer::Version(v.number),
             None => {
                 return Err(StoreError::Refused(format!(
-                    "vDisk {} has no version in maintenance: make one with `vdstream version new {}`", meta.name, meta.name)))
+                "vDisk {} has no version in maintenance: make one with `vdstream version new {}`",
+                meta.name, meta.name
+            )))
             }
         },
         Selector::Number(n) => match meta.version(n) {
             Some(_) => Layer::Version(n),
             None => {
-                let have: Vec<String> = meta.versions.iter().map(|v| v.number.to_string()).collect();
+                let have: Vec<String> =
+                    meta.versions.iter().map(|v| v.number.to_string()).collect();
                 return Err(StoreError::UnknownVersion {
                     vdisk: meta.name.clone(),
                     version: n,
-                    have: if have.is_empty() { "none (only the base)".to_string() } else { have.join(", ") },
+                    have: if have.is_empty() {
+                        "none (only the base)".to_string()
+                    } else {
+                        have.join(", ")
+                    },
                 });
             }
         },
@@ -96,13 +109,27 @@ mod tests {
     #[test]
     fn each_role_gets_its_layer() {
         let m = sample(); // 1 production, 2 test, 3 maintenance
-        assert_eq!(select(&m, Selector::Production, NOW).unwrap(), Layer::Version(1));
+        assert_eq!(
+            select(&m, Selector::Production, NOW).unwrap(),
+            Layer::Version(1)
+        );
         assert_eq!(select(&m, Selector::Test, NOW).unwrap(), Layer::Version(2));
-        assert_eq!(select(&m, Selector::Maintenance, NOW).unwrap(), Layer::Version(3));
-        assert_eq!(select(&m, Selector::Latest, NOW).unwrap(), Layer::Version(3));
+        assert_eq!(
+            select(&m, Selector::Maintenance, NOW).unwrap(),
+            Layer::Version(3)
+        );
+        assert_eq!(
+            select(&m, Selector::Latest, NOW).unwrap(),
+            Layer::Version(3)
+        );
         assert_eq!(select(&m, Selector::Base, NOW).unwrap(), Layer::Base);
-        assert_eq!(select(&m, Selector::Number(2), NOW).unwrap(), Layer::Version(2));
-        let e = select(&m, Selector::Number(9), NOW).unwrap_err().to_string();
+        assert_eq!(
+            select(&m, Selector::Number(2), NOW).unwrap(),
+            Layer::Version(2)
+        );
+        let e = select(&m, Selector::Number(9), NOW)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no version 9") && e.contains("1, 2, 3"), "{e}");
     }
 
@@ -111,11 +138,27 @@ mod tests {
         let mut m = sample();
         m.versions[1].access = Access::Production;
         m.versions[1].scheduled_at = Some(Timestamp(NOW.0 + 60));
-        assert_eq!(select(&m, Selector::Production, NOW).unwrap(), Layer::Version(1), "not yet");
-        assert_eq!(select(&m, Selector::Production, Timestamp(NOW.0 + 60)).unwrap(), Layer::Version(2), "due");
-        assert_eq!(select(&m, Selector::Test, NOW).unwrap(), Layer::Version(2), "test sees scheduled versions");
+        assert_eq!(
+            select(&m, Selector::Production, NOW).unwrap(),
+            Layer::Version(1),
+            "not yet"
+        );
+        assert_eq!(
+            select(&m, Selector::Production, Timestamp(NOW.0 + 60)).unwrap(),
+            Layer::Version(2),
+            "due"
+        );
+        assert_eq!(
+            select(&m, Selector::Test, NOW).unwrap(),
+            Layer::Version(2),
+            "test sees scheduled versions"
+        );
         m.override_version = Some(1);
-        assert_eq!(select(&m, Selector::Production, Timestamp(NOW.0 + 60)).unwrap(), Layer::Version(1), "override wins");
+        assert_eq!(
+            select(&m, Selector::Production, Timestamp(NOW.0 + 60)).unwrap(),
+            Layer::Version(1),
+            "override wins"
+        );
     }
 
     #[test]
@@ -127,7 +170,9 @@ mod tests {
         m.versions.clear();
         assert_eq!(select(&m, Selector::Test, NOW).unwrap(), Layer::Base);
         assert_eq!(select(&m, Selector::Latest, NOW).unwrap(), Layer::Base);
-        let e = select(&m, Selector::Maintenance, NOW).unwrap_err().to_string();
+        let e = select(&m, Selector::Maintenance, NOW)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("version new w"), "{e}");
     }
 }

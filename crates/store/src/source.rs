@@ -49,11 +49,17 @@ pub struct Source {
 pub fn inspect(path: &Path) -> Result<Source> {
     let resolved = std::fs::canonicalize(path).map_err(io("open", path))?;
     if !std::fs::metadata(&resolved).is_ok_and(|m| m.is_file()) {
-        return Err(StoreError::BadInput(format!("{} is not a file: give the path of a disk image to import", path.display())));
+        return Err(StoreError::BadInput(format!(
+            "{} is not a file: give the path of a disk image to import",
+            path.display()
+        )));
     }
     let format = detect(&resolved)?;
     refuse_references(&resolved, format)?;
-    Ok(Source { path: resolved, format })
+    Ok(Source {
+        path: resolved,
+        format,
+    })
 }
 
 /// The format of the image at `path`, from its own bytes (qemu's magic numbers): qcow2,
@@ -83,7 +89,9 @@ pub fn detect(path: &Path) -> Result<&'static str> {
     if at(0, b"KDMV") || at(0, b"COWD") || is_vmdk_descriptor(&head) {
         return Ok("vmdk");
     }
-    if head.len() >= 0x44 && u32::from_le_bytes(head[0x40..0x44].try_into().expect("4")) == 0xbeda_107f {
+    if head.len() >= 0x44
+        && u32::from_le_bytes(head[0x40..0x44].try_into().expect("4")) == 0xbeda_107f
+    {
         return Ok("vdi");
     }
     if at(0, b"QED\0") {
@@ -112,7 +120,10 @@ fn is_vmdk_descriptor(head: &[u8]) -> bool {
     text.lines()
         .map(str::trim)
         .find(|l| !l.is_empty() && !l.starts_with('#'))
-        .is_some_and(|l| l.strip_prefix("version=").is_some_and(|v| v.trim().parse::<u32>().is_ok()))
+        .is_some_and(|l| {
+            l.strip_prefix("version=")
+                .is_some_and(|v| v.trim().parse::<u32>().is_ok())
+        })
 }
 
 /// Refuses an image whose metadata names any other file (see the module doc).
@@ -148,7 +159,10 @@ pub(crate) fn qcow2_header(path: &Path) -> Result<vdstream_qcow2::Header> {
 
 fn qcow2_references(path: &Path) -> Result<()> {
     match qcow2_header(path)?.backing_file {
-        Some(name) => Err(names_another_file(path, format!("is a qcow2 image whose header names backing file {name:?}"))),
+        Some(name) => Err(names_another_file(
+            path,
+            format!("is a qcow2 image whose header names backing file {name:?}"),
+        )),
         None => Ok(()),
     }
 }
@@ -181,7 +195,11 @@ fn vmdk_references(path: &Path) -> Result<()> {
         )));
     }
     if head.len() < 44 {
-        return Err(StoreError::Corrupt { path: path.to_path_buf(), detail: "a VMDK sparse header shorter than 44 bytes".into(), advice: "nothing was imported".into() });
+        return Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: "a VMDK sparse header shorter than 44 bytes".into(),
+            advice: "nothing was imported".into(),
+        });
     }
     let u64_at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().expect("8"));
     let (capacity, desc_offset, desc_size) = (u64_at(12), u64_at(28), u64_at(36));
@@ -191,12 +209,20 @@ fn vmdk_references(path: &Path) -> Result<()> {
     if desc_offset > 0 && desc_size > 0 {
         let n = (desc_size.min(2048) * 512).min(len.saturating_sub(desc_offset * 512));
         let mut desc = vec![0u8; n as usize];
-        f.read_exact_at(&mut desc, desc_offset * 512).map_err(io("read", path))?;
+        f.read_exact_at(&mut desc, desc_offset * 512)
+            .map_err(io("read", path))?;
         let text = String::from_utf8_lossy(&desc);
         for line in text.lines().map(str::trim) {
             if let Some(v) = line.strip_prefix("parentFileNameHint") {
-                let name = v.trim_start().trim_start_matches('=').trim().trim_matches('"');
-                return Err(names_another_file(path, format!("is a VMDK delta disk whose descriptor names parent {name:?}")));
+                let name = v
+                    .trim_start()
+                    .trim_start_matches('=')
+                    .trim()
+                    .trim_matches('"');
+                return Err(names_another_file(
+                    path,
+                    format!("is a VMDK delta disk whose descriptor names parent {name:?}"),
+                ));
             }
         }
     }
@@ -207,7 +233,11 @@ fn vmdk_references(path: &Path) -> Result<()> {
 fn descriptor_extents(text: &str) -> Vec<String> {
     text.lines()
         .map(str::trim)
-        .filter(|l| ["RW ", "RDONLY ", "NOACCESS "].iter().any(|p| l.starts_with(p)))
+        .filter(|l| {
+            ["RW ", "RDONLY ", "NOACCESS "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
         .filter_map(|l| {
             let start = l.find('"')? + 1;
             let end = start + l[start..].find('"')?;
@@ -224,17 +254,30 @@ fn descriptor_extents(text: &str) -> Vec<String> {
 pub fn refuse_differencing(src: &Path) -> Result<()> {
     use std::io::Read;
     let mut head = [0u8; 512];
-    let n = std::fs::File::open(src).and_then(|mut f| f.read(&mut head)).map_err(io("read", src))?;
+    let n = std::fs::File::open(src)
+        .and_then(|mut f| f.read(&mut head))
+        .map_err(io("read", src))?;
     let advice = "qemu (which vdstream converts with) cannot read differencing images: import the chain with its base, \
         `vdstream vdisk import NAME BASE.vhd --version CHILD.vhd ...` (VHD) or \
         `vdstream vdisk import NAME BASE.vhdx --version CHILD.avhdx ...` (VHDX), children in chain order, \
         or merge the chain into its base first (Hyper-V: Merge-VHD; PVS: merge the versions into a new base)";
-    if n >= 64 && &head[..8] == b"conectix" && u32::from_be_bytes(head[60..64].try_into().expect("4")) == 4 {
-        return Err(StoreError::Refused(format!("{} is a differencing VHD (a child of another VHD): {advice}", src.display())));
+    if n >= 64
+        && &head[..8] == b"conectix"
+        && u32::from_be_bytes(head[60..64].try_into().expect("4")) == 4
+    {
+        return Err(StoreError::Refused(format!(
+            "{} is a differencing VHD (a child of another VHD): {advice}",
+            src.display()
+        )));
     }
-    let avhdx = src.extension().is_some_and(|e| e.eq_ignore_ascii_case("avhdx"));
+    let avhdx = src
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("avhdx"));
     if n >= 8 && &head[..8] == b"vhdxfile" && (avhdx || vhdx_has_parent(src)) {
-        return Err(StoreError::Refused(format!("{} is a differencing VHDX (AVHDX, a child of another VHDX): {advice}", src.display())));
+        return Err(StoreError::Refused(format!(
+            "{} is a differencing VHDX (AVHDX, a child of another VHDX): {advice}",
+            src.display()
+        )));
     }
     Ok(())
 }
@@ -245,32 +288,52 @@ pub fn refuse_differencing(src: &Path) -> Result<()> {
 /// with a 32-byte header ("metadata", entry count at 10) and 32-byte entries (item GUID,
 /// offset within the region at 16); File Parameters' flags word has HasParent as bit 1.
 fn vhdx_has_parent(src: &Path) -> bool {
-    const METADATA_REGION: [u8; 16] = [0x06, 0xa2, 0x7c, 0x8b, 0x90, 0x47, 0x9a, 0x4b, 0xb8, 0xfe, 0x57, 0x5f, 0x05, 0x0f, 0x88, 0x6e];
-    const FILE_PARAMETERS: [u8; 16] = [0x37, 0x67, 0xa1, 0xca, 0x36, 0xfa, 0x43, 0x4d, 0xb3, 0xb6, 0x33, 0xf0, 0xaa, 0x44, 0xe7, 0x6b];
-    let Ok(f) = std::fs::File::open(src) else { return false };
+    const METADATA_REGION: [u8; 16] = [
+        0x06, 0xa2, 0x7c, 0x8b, 0x90, 0x47, 0x9a, 0x4b, 0xb8, 0xfe, 0x57, 0x5f, 0x05, 0x0f, 0x88,
+        0x6e,
+    ];
+    const FILE_PARAMETERS: [u8; 16] = [
+        0x37, 0x67, 0xa1, 0xca, 0x36, 0xfa, 0x43, 0x4d, 0xb3, 0xb6, 0x33, 0xf0, 0xaa, 0x44, 0xe7,
+        0x6b,
+    ];
+    let Ok(f) = std::fs::File::open(src) else {
+        return false;
+    };
     let mut rt = vec![0u8; 64 << 10];
     if f.read_exact_at(&mut rt, 192 << 10).is_err() || &rt[..4] != b"regi" {
         return false;
     }
     let count = (u32::from_le_bytes(rt[8..12].try_into().expect("4")) as usize).min(2047);
-    let Some(meta_off) = (0..count).map(|i| &rt[16 + 32 * i..48 + 32 * i]).find(|e| e[..16] == METADATA_REGION)
-        .map(|e| u64::from_le_bytes(e[16..24].try_into().expect("8"))) else { return false };
+    let Some(meta_off) = (0..count)
+        .map(|i| &rt[16 + 32 * i..48 + 32 * i])
+        .find(|e| e[..16] == METADATA_REGION)
+        .map(|e| u64::from_le_bytes(e[16..24].try_into().expect("8")))
+    else {
+        return false;
+    };
     let mut mt = vec![0u8; 64 << 10];
     if f.read_exact_at(&mut mt, meta_off).is_err() || &mt[..8] != b"metadata" {
         return false;
     }
     let entries = (u16::from_le_bytes(mt[10..12].try_into().expect("2")) as usize).min(2047);
-    let Some(item_off) = (0..entries).map(|i| &mt[32 + 32 * i..64 + 32 * i]).find(|e| e[..16] == FILE_PARAMETERS)
-        .map(|e| u32::from_le_bytes(e[16..20].try_into().expect("4")) as u64) else { return false };
+    let Some(item_off) = (0..entries)
+        .map(|i| &mt[32 + 32 * i..64 + 32 * i])
+        .find(|e| e[..16] == FILE_PARAMETERS)
+        .map(|e| u32::from_le_bytes(e[16..20].try_into().expect("4")) as u64)
+    else {
+        return false;
+    };
     let mut fp = [0u8; 8];
-    f.read_exact_at(&mut fp, meta_off + item_off).is_ok() && u32::from_le_bytes(fp[4..8].try_into().expect("4")) & 2 != 0
+    f.read_exact_at(&mut fp, meta_off + item_off).is_ok()
+        && u32::from_le_bytes(fp[4..8].try_into().expect("4")) & 2 != 0
 }
 
 impl Source {
     /// How qemu-img must open this image: a `json:` spec with the format driver, a local
     /// `file` protocol at the resolved path, and no backing file where the format has one.
     pub fn qemu_spec(&self) -> String {
-        let mut spec = json!({"driver": self.format, "file": {"driver": "file", "filename": self.path}});
+        let mut spec =
+            json!({"driver": self.format, "file": {"driver": "file", "filename": self.path}});
         if matches!(self.format, "qcow2" | "vmdk") {
             spec["backing"] = Value::Null;
         }
@@ -283,17 +346,26 @@ impl Source {
         if info["format"].as_str() != Some(self.format) {
             return Err(StoreError::Tool(format!(
                 "qemu-img opened {} as {:?}, not as the {} it was told: nothing was imported",
-                self.path.display(), info["format"], self.format)));
+                self.path.display(),
+                info["format"],
+                self.format
+            )));
         }
         if let Some(b) = info.get("backing-filename").and_then(Value::as_str) {
-            return Err(names_another_file(&self.path, format!("names backing file {b:?}")));
+            return Err(names_another_file(
+                &self.path,
+                format!("names backing file {b:?}"),
+            ));
         }
         let me = self.path.display().to_string();
         if let Some(extents) = info["format-specific"]["data"]["extents"].as_array() {
             for e in extents {
                 let name = e["filename"].as_str().unwrap_or_default();
                 if name != me {
-                    return Err(names_another_file(&self.path, format!("has an extent in {name:?}")));
+                    return Err(names_another_file(
+                        &self.path,
+                        format!("has an extent in {name:?}"),
+                    ));
                 }
             }
         }
@@ -308,7 +380,8 @@ impl Source {
 pub fn chain_spec(chain: &[vdstream_qcow2::LayerSpec]) -> String {
     let mut below: Option<Value> = None;
     for l in chain {
-        let mut node = json!({"driver": l.format.name(), "file": {"driver": "file", "filename": l.path}});
+        let mut node =
+            json!({"driver": l.format.name(), "file": {"driver": "file", "filename": l.path}});
         if l.format == vdstream_qcow2::ImageFormat::Qcow2 {
             node["backing"] = below.take().unwrap_or(Value::Null);
         }
@@ -345,10 +418,20 @@ mod tests {
             (&[0u8; 512][..], "raw"),
             (b"version is not a descriptor", "raw"),
         ] {
-            assert_eq!(detect(&file(dir.path(), "x", bytes)).unwrap(), want, "{:?}", &bytes[..8.min(bytes.len())]);
+            assert_eq!(
+                detect(&file(dir.path(), "x", bytes)).unwrap(),
+                want,
+                "{:?}",
+                &bytes[..8.min(bytes.len())]
+            );
         }
-        let e = detect(&file(dir.path(), "q", b"QED\0....")).unwrap_err().to_string();
-        assert!(e.contains("is a qed image") && e.contains("qemu-img convert"), "{e}");
+        let e = detect(&file(dir.path(), "q", b"QED\0...."))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is a qed image") && e.contains("qemu-img convert"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -356,7 +439,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = file(dir.path(), "d.vmdk", b"# Disk DescriptorFile\nversion=1\ncreateType=\"monolithicFlat\"\nRW 8 FLAT \"/etc/shadow\" 0\n");
         let e = refuse_references(&d, "vmdk").unwrap_err().to_string();
-        assert!(e.contains("is a VMDK descriptor") && e.contains("\"/etc/shadow\"") && e.contains("DISK-flat.vmdk"), "{e}");
+        assert!(
+            e.contains("is a VMDK descriptor")
+                && e.contains("\"/etc/shadow\"")
+                && e.contains("DISK-flat.vmdk"),
+            "{e}"
+        );
 
         let mut sparse = vec![0u8; 4096];
         sparse[..4].copy_from_slice(b"KDMV");
@@ -367,7 +455,10 @@ mod tests {
         sparse[512..512 + desc.len()].copy_from_slice(desc);
         let s = file(dir.path(), "s.vmdk", &sparse);
         let e = refuse_references(&s, "vmdk").unwrap_err().to_string();
-        assert!(e.contains("names parent \"/srv/secret.vmdk\"") && e.contains("--version"), "{e}");
+        assert!(
+            e.contains("names parent \"/srv/secret.vmdk\"") && e.contains("--version"),
+            "{e}"
+        );
 
         sparse[12..20].copy_from_slice(&0u64.to_le_bytes());
         let s = file(dir.path(), "s0.vmdk", &sparse);
@@ -377,25 +468,52 @@ mod tests {
 
     #[test]
     fn qemu_specs_pin_driver_protocol_and_backing() {
-        let src = Source { path: PathBuf::from("/x/a,b.qcow2"), format: "qcow2" };
-        let spec: Value = serde_json::from_str(src.qemu_spec().strip_prefix("json:").unwrap()).unwrap();
-        assert_eq!(spec, json!({"driver": "qcow2", "file": {"driver": "file", "filename": "/x/a,b.qcow2"}, "backing": null}));
-        let vpc = Source { path: PathBuf::from("/x/a.vhd"), format: "vpc" };
-        assert!(!vpc.qemu_spec().contains("backing"), "vpc has no backing option");
+        let src = Source {
+            path: PathBuf::from("/x/a,b.qcow2"),
+            format: "qcow2",
+        };
+        let spec: Value =
+            serde_json::from_str(src.qemu_spec().strip_prefix("json:").unwrap()).unwrap();
+        assert_eq!(
+            spec,
+            json!({"driver": "qcow2", "file": {"driver": "file", "filename": "/x/a,b.qcow2"}, "backing": null})
+        );
+        let vpc = Source {
+            path: PathBuf::from("/x/a.vhd"),
+            format: "vpc",
+        };
+        assert!(
+            !vpc.qemu_spec().contains("backing"),
+            "vpc has no backing option"
+        );
 
         use vdstream_qcow2::{ImageFormat, LayerSpec};
-        let chain = [LayerSpec::new("/s/v.base.raw", ImageFormat::Raw), LayerSpec::new("/s/v.1.qcow2", ImageFormat::Qcow2)];
-        let spec: Value = serde_json::from_str(chain_spec(&chain).strip_prefix("json:").unwrap()).unwrap();
-        assert_eq!(spec, json!({"driver": "qcow2", "file": {"driver": "file", "filename": "/s/v.1.qcow2"},
-            "backing": {"driver": "raw", "file": {"driver": "file", "filename": "/s/v.base.raw"}}}));
+        let chain = [
+            LayerSpec::new("/s/v.base.raw", ImageFormat::Raw),
+            LayerSpec::new("/s/v.1.qcow2", ImageFormat::Qcow2),
+        ];
+        let spec: Value =
+            serde_json::from_str(chain_spec(&chain).strip_prefix("json:").unwrap()).unwrap();
+        assert_eq!(
+            spec,
+            json!({"driver": "qcow2", "file": {"driver": "file", "filename": "/s/v.1.qcow2"},
+            "backing": {"driver": "raw", "file": {"driver": "file", "filename": "/s/v.base.raw"}}})
+        );
         let lone = [LayerSpec::new("/s/v.base.qcow2", ImageFormat::Qcow2)];
         assert!(chain_spec(&lone).contains("\"backing\":null"));
 
         let info = json!({"format": "qcow2", "backing-filename": "/etc/passwd"});
         let e = src.check_info(&info).unwrap_err().to_string();
         assert!(e.contains("names backing file \"/etc/passwd\""), "{e}");
-        let vmdk = Source { path: PathBuf::from("/x/a.vmdk"), format: "vmdk" };
+        let vmdk = Source {
+            path: PathBuf::from("/x/a.vmdk"),
+            format: "vmdk",
+        };
         let info = json!({"format": "vmdk", "format-specific": {"data": {"extents": [{"filename": "/x/a.vmdk"}, {"filename": "/etc/shadow"}]}}});
-        assert!(vmdk.check_info(&info).unwrap_err().to_string().contains("\"/etc/shadow\""));
+        assert!(vmdk
+            .check_info(&info)
+            .unwrap_err()
+            .to_string()
+            .contains("\"/etc/shadow\""));
     }
 }

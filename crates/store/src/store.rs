@@ -42,7 +42,10 @@ pub const DEFAULT_STORE: &str = "/var/lib/vdstream/store";
 pub fn store_dir(flag: Option<&Path>) -> PathBuf {
     let p = match flag {
         Some(p) => p.to_path_buf(),
-        None => std::env::var_os("VDSTREAM_STORE").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_STORE)),
+        None => std::env::var_os("VDSTREAM_STORE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE)),
     };
     match p.to_str().and_then(|s| s.strip_prefix("file://")) {
         Some(rest) if rest.starts_with('/') => PathBuf::from(rest),
@@ -51,7 +54,8 @@ pub fn store_dir(flag: Option<&Path>) -> PathBuf {
 }
 
 /// The schemes a store location may have: a plain path, or `file:///PATH`.
-pub const STORE_SCHEMES: &str = "a local folder, given as a path (/srv/vdstream) or as file:///srv/vdstream";
+pub const STORE_SCHEMES: &str =
+    "a local folder, given as a path (/srv/vdstream) or as file:///srv/vdstream";
 
 /// Refuses a store location with a URL scheme vdstream does not serve (`s3://…`,
 /// `http://…`, `file://` with a relative path), before anything is created: the store
@@ -63,7 +67,10 @@ pub fn first_missing_dir(dir: &Path) -> Option<PathBuf> {
         return None;
     }
     let mut top = dir.to_path_buf();
-    while let Some(parent) = top.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+    while let Some(parent) = top
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty() && !p.exists())
+    {
         top = parent.to_path_buf();
     }
     Some(top)
@@ -82,11 +89,18 @@ pub fn remove_empty_dirs(dir: &Path, top: &Path) {
 }
 
 pub fn check_location(root: &Path) -> Result<()> {
-    let Some(text) = root.to_str() else { return Ok(()) };
+    let Some(text) = root.to_str() else {
+        return Ok(());
+    };
     if let Some((scheme, _)) = text.split_once("://") {
         let is_scheme = !scheme.is_empty()
-            && scheme.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-            && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+            && scheme
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
         if is_scheme {
             return Err(StoreError::BadInput(format!(
                 "store {text:?}: this command works on {STORE_SCHEMES} (--store DIR or VDSTREAM_STORE); an s3:// store is served by `vdstream server --store s3://BUCKET/PREFIX`, changed by the one started with --metadata-writer (and by the commands on its host), and filled by `vdstream store copy`")));
@@ -99,9 +113,18 @@ pub fn check_location(root: &Path) -> Result<()> {
 /// `server-persistent`), one set of files per target, named after it. `serve-image --vdisk`
 /// and the store server's `target/ID` exports keep them there.
 pub fn server_cache_dir(root: &Path) -> std::io::Result<PathBuf> {
-    check_location(root).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    check_location(root)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     let dir = root.join("cache");
-    vdstream_blockdev::storefile::create_dir_all(&dir).map_err(|e| std::io::Error::new(e.kind(), format!("cannot create the store's cache folder {}: {e}", dir.display())))?;
+    vdstream_blockdev::storefile::create_dir_all(&dir).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "cannot create the store's cache folder {}: {e}",
+                dir.display()
+            ),
+        )
+    })?;
     Ok(dir)
 }
 
@@ -131,7 +154,11 @@ impl Store {
             return Err(StoreError::NoStore { dir: root });
         }
         meta::load_store(&marker)?;
-        Ok(Store { root, actor: Actor::current(), expect: None })
+        Ok(Store {
+            root,
+            actor: Actor::current(),
+            expect: None,
+        })
     }
 
     /// Opens the store, creating it when there is none; `true` when it was created.
@@ -142,13 +169,21 @@ impl Store {
             return Ok((Self::open(root)?, false));
         }
         fsutil::create_dir_all(&root.join("vdisks"))?;
-        let store = Store { root: root.clone(), actor: Actor::current(), expect: None };
+        let store = Store {
+            root: root.clone(),
+            actor: Actor::current(),
+            expect: None,
+        };
         let _lock = store.lock(LockMode::Exclusive)?;
         let marker = root.join("store.json");
         if marker.exists() {
             return Ok((Self::open(root)?, false));
         }
-        let m = StoreMeta { format: STORE_FORMAT.into(), format_version: FORMAT_VERSION, created: Timestamp::now() };
+        let m = StoreMeta {
+            format: STORE_FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            created: Timestamp::now(),
+        };
         fsutil::write_atomic(&marker, &serde_json::to_vec_pretty(&m).expect("serializes"))?;
         Ok((store, true))
     }
@@ -219,7 +254,8 @@ impl Store {
                 self.root.display())));
         }
         let p = self.root.join(".lock");
-        let f = vdstream_blockdev::storefile::open_rw(&p, fsutil::SHARED_READ).map_err(io("open the store lock", &p))?;
+        let f = vdstream_blockdev::storefile::open_rw(&p, fsutil::SHARED_READ)
+            .map_err(io("open the store lock", &p))?;
         fsutil::lock_wait(&f, mode).map_err(io("lock", &p))?;
         Ok(StoreLock { _file: f })
     }
@@ -261,7 +297,8 @@ impl Store {
     pub fn load(&self, name: &str) -> Result<VdiskMeta> {
         validate_name(name)?;
         // A vDisk's folder replaced by a link would lead every file below it elsewhere.
-        vdstream_blockdev::storefile::refuse_symlinked_dir(&self.vdisk_dir(name)).map_err(io("open the vDisk folder", &self.vdisk_dir(name)))?;
+        vdstream_blockdev::storefile::refuse_symlinked_dir(&self.vdisk_dir(name))
+            .map_err(io("open the vDisk folder", &self.vdisk_dir(name)))?;
         if !self.vdisk_dir(name).is_dir() {
             let names = self.names()?;
             let known = if names.is_empty() {
@@ -269,7 +306,11 @@ impl Store {
             } else {
                 format!("known vDisks: {}", names.join(", "))
             };
-            return Err(StoreError::UnknownVdisk { name: name.into(), store: self.root.clone(), known });
+            return Err(StoreError::UnknownVdisk {
+                name: name.into(),
+                store: self.root.clone(),
+                known,
+            });
         }
         meta::load_vdisk(&self.vdisk_dir(name).join("vdisk.json"), name)
     }
@@ -279,7 +320,11 @@ impl Store {
     pub(crate) fn load_for_change(&self, name: &str) -> Result<VdiskMeta> {
         let mut meta = self.load(name)?;
         if let Some(expected) = self.expect.filter(|g| *g != meta.generation) {
-            return Err(StoreError::Changed { vdisk: name.to_string(), expected, now: meta.generation });
+            return Err(StoreError::Changed {
+                vdisk: name.to_string(),
+                expected,
+                now: meta.generation,
+            });
         }
         if meta.pending_merge.is_some() {
             self.recover(&mut meta)?;
@@ -296,10 +341,14 @@ impl Store {
     /// Every vDisk, each loaded or with the error that stopped it.
     pub fn list(&self) -> Result<Vec<(String, Result<VdiskMeta>)>> {
         let _l = self.lock(LockMode::Shared)?;
-        Ok(self.names()?.into_iter().map(|n| {
-            let m = self.load(&n);
-            (n, m)
-        }).collect())
+        Ok(self
+            .names()?
+            .into_iter()
+            .map(|n| {
+                let m = self.load(&n);
+                (n, m)
+            })
+            .collect())
     }
 
     /// Writes `meta` (checked, generation bumped) atomically; the caller holds the lock.
@@ -323,13 +372,21 @@ impl Store {
 
     /// Appends to the audit trail; the caller holds the exclusive lock.
     pub(crate) fn audit(&self, action: &str, vdisk: &str, details: Value) -> Result<()> {
-        audit::append(&self.audit_path(), &AuditEntry::new(&self.actor, action, vdisk, details))
+        audit::append(
+            &self.audit_path(),
+            &AuditEntry::new(&self.actor, action, vdisk, details),
+        )
     }
 
     /// One metadata transaction on vDisk `name`: `change` edits the metadata and returns
     /// its result and the audit details; then retired files nobody uses are deleted, the
     /// metadata is saved if it changed, and `action` is audited.
-    pub fn update<T>(&self, name: &str, action: &str, change: impl FnOnce(&mut VdiskMeta) -> Result<(T, Value)>) -> Result<T> {
+    pub fn update<T>(
+        &self,
+        name: &str,
+        action: &str,
+        change: impl FnOnce(&mut VdiskMeta) -> Result<(T, Value)>,
+    ) -> Result<T> {
         let _l = self.lock(LockMode::Exclusive)?;
         let mut meta = self.load_for_change(name)?;
         let before = meta.clone();
@@ -357,7 +414,10 @@ impl Store {
                 Ok(()) => deleted.push(f),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => deleted.push(f),
                 Err(e) => {
-                    log::warn!("cannot delete retired file {}: {e}; will retry", p.display());
+                    log::warn!(
+                        "cannot delete retired file {}: {e}; will retry",
+                        p.display()
+                    );
                     kept.push(f);
                 }
             }
@@ -385,9 +445,17 @@ impl Store {
                 self.audit("vdisk.gc", &name, serde_json::json!({ "deleted": deleted }))?;
             }
             out.extend(deleted.into_iter().map(|f| (name.clone(), f)));
-            out.extend(remove_stale_temps(&self.vdisk_dir(&name)).into_iter().map(|f| (name.clone(), f)));
+            out.extend(
+                remove_stale_temps(&self.vdisk_dir(&name))
+                    .into_iter()
+                    .map(|f| (name.clone(), f)),
+            );
         }
-        out.extend(remove_stale_temps(&self.root.join("vdisks")).into_iter().map(|f| (String::new(), f)));
+        out.extend(
+            remove_stale_temps(&self.root.join("vdisks"))
+                .into_iter()
+                .map(|f| (String::new(), f)),
+        );
         Ok(out)
     }
 }
@@ -408,18 +476,31 @@ impl Store {
         for e in std::fs::read_dir(&dir).map_err(io("list", &dir))? {
             let e = e.map_err(io("list", &dir))?;
             let file = e.file_name().to_string_lossy().into_owned();
-            let layer_like = file.starts_with(&prefix) && (file.ends_with(".qcow2") || file.ends_with(".raw"));
-            if !layer_like || listed.contains(&file.as_str()) || !e.file_type().is_ok_and(|t| t.is_file()) {
+            let layer_like =
+                file.starts_with(&prefix) && (file.ends_with(".qcow2") || file.ends_with(".raw"));
+            if !layer_like
+                || listed.contains(&file.as_str())
+                || !e.file_type().is_ok_and(|t| t.is_file())
+            {
                 continue;
             }
             let p = e.path();
             if fsutil::in_use(&p)? {
-                log::warn!("{} is not listed in the metadata of {} but is open ({}); kept", p.display(), meta.name, fsutil::describe_holders(&p));
+                log::warn!(
+                    "{} is not listed in the metadata of {} but is open ({}); kept",
+                    p.display(),
+                    meta.name,
+                    fsutil::describe_holders(&p)
+                );
                 continue;
             }
             match std::fs::remove_file(&p) {
                 Ok(()) => out.push(file),
-                Err(e) => log::warn!("cannot delete {}, which the metadata of {} does not list: {e}", p.display(), meta.name),
+                Err(e) => log::warn!(
+                    "cannot delete {}, which the metadata of {} does not list: {e}",
+                    p.display(),
+                    meta.name
+                ),
             }
         }
         Ok(out)
@@ -431,7 +512,8 @@ impl Store {
 /// pid of the dead writer.
 fn writer_alive(pid: i32, mtime: Option<std::time::SystemTime>) -> bool {
     // SAFETY: kill with signal 0 only checks whether the process exists.
-    let exists = unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    let exists = unsafe { libc::kill(pid, 0) } == 0
+        || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
     if !exists {
         return false;
     }
@@ -447,32 +529,62 @@ fn writer_alive(pid: i32, mtime: Option<std::time::SystemTime>) -> bool {
 fn process_start(pid: i32) -> Option<std::time::SystemTime> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: fields after ')'.
-    let ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
-    let btime: u64 = std::fs::read_to_string("/proc/stat").ok()?.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
+    let ticks: u64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    let btime: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
     // SAFETY: sysconf takes an integer and reads a constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let hz = if hz > 0 { hz as u64 } else { 100 };
-    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(btime) + std::time::Duration::from_millis(ticks * 1000 / hz))
+    Some(
+        std::time::UNIX_EPOCH
+            + std::time::Duration::from_secs(btime)
+            + std::time::Duration::from_millis(ticks * 1000 / hz),
+    )
 }
 
 /// Removes `.X.tmp-PID` files and `.X.import-PID` folders whose process is gone (or whose
 /// pid now belongs to a process that started after the file was last written).
 fn remove_stale_temps(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if !name.starts_with('.') {
             continue;
         }
         let Some(pid) = name.rsplit_once("-").and_then(|(head, pid)| {
-            (head.ends_with(".tmp") || head.ends_with(".import")).then(|| pid.parse::<i32>().ok()).flatten()
-        }) else { continue };
+            (head.ends_with(".tmp") || head.ends_with(".import"))
+                .then(|| pid.parse::<i32>().ok())
+                .flatten()
+        }) else {
+            continue;
+        };
         let p = e.path();
-        if pid == std::process::id() as i32 || writer_alive(pid, std::fs::symlink_metadata(&p).and_then(|m| m.modified()).ok()) {
+        if pid == std::process::id() as i32
+            || writer_alive(
+                pid,
+                std::fs::symlink_metadata(&p)
+                    .and_then(|m| m.modified())
+                    .ok(),
+            )
+        {
             continue;
         }
-        let ok = if p.is_dir() { std::fs::remove_dir_all(&p).is_ok() } else { std::fs::remove_file(&p).is_ok() };
+        let ok = if p.is_dir() {
+            std::fs::remove_dir_all(&p).is_ok()
+        } else {
+            std::fs::remove_file(&p).is_ok()
+        };
         if ok {
             out.push(name);
         }
@@ -488,14 +600,30 @@ mod tests {
     fn a_store_is_a_local_folder_and_other_schemes_are_refused_before_anything_is_made() {
         let dir = tempfile::tempdir().unwrap();
         let cwd = std::env::current_dir().unwrap();
-        for bad in ["s3://bucket/prefix", "http://host/x", "nfs://srv/export", "file://relative/x"] {
+        for bad in [
+            "s3://bucket/prefix",
+            "http://host/x",
+            "nfs://srv/export",
+            "file://relative/x",
+        ] {
             let e = Store::open_or_create(bad).unwrap_err();
             assert!(matches!(e, StoreError::BadInput(_)), "{bad}: {e}");
             let text = e.to_string();
-            assert!(text.contains(bad.split("://").next().unwrap()) && text.contains("file:///") && text.contains("local folder"), "{text}");
-            assert!(Store::open(bad).is_err() && server_cache_dir(Path::new(bad)).is_err(), "{bad}");
+            assert!(
+                text.contains(bad.split("://").next().unwrap())
+                    && text.contains("file:///")
+                    && text.contains("local folder"),
+                "{text}"
+            );
+            assert!(
+                Store::open(bad).is_err() && server_cache_dir(Path::new(bad)).is_err(),
+                "{bad}"
+            );
         }
-        assert!(!cwd.join("s3:").exists() && !cwd.join("http:").exists(), "a refused location made a folder");
+        assert!(
+            !cwd.join("s3:").exists() && !cwd.join("http:").exists(),
+            "a refused location made a folder"
+        );
         let url = format!("file://{}", dir.path().join("s").display());
         let root = store_dir(Some(Path::new(&url)));
         assert_eq!(root, dir.path().join("s"));

@@ -44,7 +44,8 @@ pub use vdstream_contract::target::{normalize_mac, BadMac, NewTarget, TargetChan
 /// `format` of a target record.
 pub const TARGET_FORMAT: &str = "vdstream-target";
 
-const RECORD_ADVICE: &str = "restore it from backup, or remove the target (`vdstream target remove ID`) and add it again";
+const RECORD_ADVICE: &str =
+    "restore it from backup, or remove the target (`vdstream target remove ID`) and add it again";
 
 /// Whether the cache type keeps data in RAM (takes `ram`).
 fn uses_ram(t: CacheType) -> bool {
@@ -58,8 +59,17 @@ fn uses_file(t: CacheType) -> bool {
 
 /// Parses and checks a cache type for a target.
 pub fn target_cache_type(text: &str) -> Result<CacheType> {
-    let allowed: Vec<&str> = CacheType::ALL.iter().filter(|t| **t != CacheType::Private).map(|t| t.name()).collect();
-    let t: CacheType = text.parse().map_err(|_| StoreError::BadInput(format!("unknown cache type {text:?}: choose one of {}", allowed.join(", "))))?;
+    let allowed: Vec<&str> = CacheType::ALL
+        .iter()
+        .filter(|t| **t != CacheType::Private)
+        .map(|t| t.name())
+        .collect();
+    let t: CacheType = text.parse().map_err(|_| {
+        StoreError::BadInput(format!(
+            "unknown cache type {text:?}: choose one of {}",
+            allowed.join(", ")
+        ))
+    })?;
     if t == CacheType::Private {
         return Err(StoreError::BadInput(format!(
             "a target cannot have the private cache type: private writes go to the vDisk itself, for one machine, while a target reads a shared vDisk through its own write cache; choose one of {} (or serve a private vDisk to its one machine directly)",
@@ -79,7 +89,13 @@ pub const MAX_RAM: u64 = 256 << 30;
 /// The range of any `--ram`, wherever it comes from (a flag, a record, the API): 0, or
 /// [`MIN_RAM`] to [`MAX_RAM`].
 pub fn check_ram_range(ram: u64) -> Result<()> {
-    let mib = |b: u64| if b % (1 << 20) == 0 { format!("{}M", b >> 20) } else { format!("{b} bytes") };
+    let mib = |b: u64| {
+        if b % (1 << 20) == 0 {
+            format!("{}M", b >> 20)
+        } else {
+            format!("{b} bytes")
+        }
+    };
     if ram != 0 && ram < MIN_RAM {
         return Err(StoreError::BadInput(format!(
             "RAM {} is too small for a write cache: give at least 1M (e.g. 256M), or 0 for a ram-overflow cache that writes straight to its file",
@@ -102,13 +118,21 @@ pub fn check_ram(cache: CacheType, ram: u64) -> Result<()> {
     }
     check_ram_range(ram)?;
     if ram == 0 && cache == CacheType::DeviceRam {
-        return Err(StoreError::BadInput("device-ram with --ram 0 could hold no write: give a size such as 512M".into()));
+        return Err(StoreError::BadInput(
+            "device-ram with --ram 0 could hold no write: give a size such as 512M".into(),
+        ));
     }
     Ok(())
 }
 
 /// Checks the fields of a record that do not depend on the store.
-fn check_fields(cache: CacheType, version: Selector, ram: Option<u64>, overflow_max: Option<u64>, description: Option<&str>) -> Result<()> {
+fn check_fields(
+    cache: CacheType,
+    version: Selector,
+    ram: Option<u64>,
+    overflow_max: Option<u64>,
+    description: Option<&str>,
+) -> Result<()> {
     if version == Selector::Maintenance {
         return Err(StoreError::BadInput(
             "a target cannot boot the maintenance version: it is written directly by its one writer (the maintenance/NAME export or `serve-image --vdisk NAME@maintenance`), not through a write cache; give production, test, latest, base or a version number".into()));
@@ -131,7 +155,10 @@ fn check_fields(cache: CacheType, version: Selector, ram: Option<u64>, overflow_
 
 /// Normalises a list of MACs (sorted, without repeats); the error names the bad one.
 fn normalized_macs<'a>(macs: impl IntoIterator<Item = &'a String>) -> Result<Vec<String>> {
-    let mut out = macs.into_iter().map(|m| normalize_mac(m).map_err(|e| StoreError::BadInput(e.to_string()))).collect::<Result<Vec<_>>>()?;
+    let mut out = macs
+        .into_iter()
+        .map(|m| normalize_mac(m).map_err(|e| StoreError::BadInput(e.to_string())))
+        .collect::<Result<Vec<_>>>()?;
     out.sort();
     out.dedup();
     Ok(out)
@@ -143,14 +170,26 @@ fn normalized_macs<'a>(macs: impl IntoIterator<Item = &'a String>) -> Result<Vec
 /// line and into an iPXE script, where `$` or a space would mean something).
 fn check_boot_fields(hostname: Option<&str>, overflow_device: Option<&str>) -> Result<()> {
     if let Some(h) = hostname {
-        let label_ok = |l: &str| !l.is_empty() && l.len() <= 63 && !l.starts_with('-') && !l.ends_with('-') && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        };
         if h.len() > 253 || !h.split('.').all(label_ok) {
             return Err(StoreError::BadInput(format!(
                 "host name {h:?} is not valid: use letters, digits and '-' (not first or last), dot-separated labels of at most 63 characters, e.g. lab-pc-07")));
         }
     }
     if let Some(d) = overflow_device {
-        if !d.starts_with("/dev/") || d.len() > 200 || d.contains("..") || !d.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_-.:+".contains(&b)) {
+        if !d.starts_with("/dev/")
+            || d.len() > 200
+            || d.contains("..")
+            || !d
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"/_-.:+".contains(&b))
+        {
             return Err(StoreError::BadInput(format!(
                 "overflow device {d:?} is not valid: give the target's local disk or partition as a path under /dev/ of letters, digits and /_-.:+, e.g. /dev/sda2 or /dev/disk/by-id/ata-X-part2")));
         }
@@ -200,15 +239,29 @@ impl Store {
             } else {
                 format!("known targets: {}", ids.join(", "))
             };
-            return Err(StoreError::UnknownTarget { id: id.into(), store: self.root().to_path_buf(), known });
+            return Err(StoreError::UnknownTarget {
+                id: id.into(),
+                store: self.root().to_path_buf(),
+                known,
+            });
         }
         let r: TargetRecord = load_json(&path, RECORD_ADVICE)?;
-        let corrupt = |detail: String| StoreError::Corrupt { path: path.clone(), detail, advice: RECORD_ADVICE.into() };
+        let corrupt = |detail: String| StoreError::Corrupt {
+            path: path.clone(),
+            detail,
+            advice: RECORD_ADVICE.into(),
+        };
         if r.format != TARGET_FORMAT || r.format_version != FORMAT_VERSION {
-            return Err(corrupt(format!("format {:?} version {}, expected {TARGET_FORMAT:?} version {FORMAT_VERSION}", r.format, r.format_version)));
+            return Err(corrupt(format!(
+                "format {:?} version {}, expected {TARGET_FORMAT:?} version {FORMAT_VERSION}",
+                r.format, r.format_version
+            )));
         }
         if r.id != id {
-            return Err(corrupt(format!("it names target {:?} but its file is that of {id:?}", r.id)));
+            return Err(corrupt(format!(
+                "it names target {:?} but its file is that of {id:?}",
+                r.id
+            )));
         }
         Ok(r)
     }
@@ -223,7 +276,10 @@ impl Store {
     /// its file.
     pub fn targets(&self) -> Result<Vec<TargetRecord>> {
         let _l = self.lock(LockMode::Shared)?;
-        self.target_ids()?.iter().map(|id| self.load_target(id)).collect()
+        self.target_ids()?
+            .iter()
+            .map(|id| self.load_target(id))
+            .collect()
     }
 
     /// Ids of the targets that boot vDisk `name`; the caller holds the lock.
@@ -252,7 +308,10 @@ impl Store {
     fn write_target(&self, r: &TargetRecord) -> Result<()> {
         let dir = self.targets_dir();
         fsutil::create_dir_all(&dir)?;
-        fsutil::write_atomic(&self.target_path(&r.id), &serde_json::to_vec_pretty(r).expect("serializes"))
+        fsutil::write_atomic(
+            &self.target_path(&r.id),
+            &serde_json::to_vec_pretty(r).expect("serializes"),
+        )
     }
 
     /// After a merge of vDisk `vdisk` folded the versions `merged` into `to`: the records
@@ -281,7 +340,8 @@ impl Store {
                     continue;
                 }
             };
-            if r.vdisk != vdisk || !matches!(r.version, Selector::Number(n) if merged.contains(&n)) {
+            if r.vdisk != vdisk || !matches!(r.version, Selector::Number(n) if merged.contains(&n))
+            {
                 continue;
             }
             r.version = to;
@@ -290,7 +350,9 @@ impl Store {
             r.generation += 1;
             match self.write_target(&r) {
                 Ok(()) => moved.push(id),
-                Err(e) => log::warn!("cannot move target {id} to {to} after the merge of {vdisk}: {e}"),
+                Err(e) => {
+                    log::warn!("cannot move target {id} to {to} after the merge of {vdisk}: {e}")
+                }
             }
         }
         moved
@@ -306,7 +368,9 @@ impl Store {
                 continue;
             }
             // A record that does not load is skipped here; the server refuses it anyway.
-            let Ok(r) = self.load_target(&other) else { continue };
+            let Ok(r) = self.load_target(&other) else {
+                continue;
+            };
             if let Some(m) = macs.iter().find(|m| r.macs.contains(m)) {
                 return Err(StoreError::Refused(format!(
                     "MAC {m} belongs to target {other} already: take it off there first (`vdstream target set {other} --remove-mac {m}`)")));
@@ -319,7 +383,11 @@ impl Store {
     pub fn target_by_mac(&self, mac: &str) -> Result<Option<TargetRecord>> {
         let mac = normalize_mac(mac).map_err(|e| StoreError::BadInput(e.to_string()))?;
         let _l = self.lock(LockMode::Shared)?;
-        Ok(self.target_ids()?.iter().filter_map(|id| self.load_target(id).ok()).find(|r| r.macs.contains(&mac)))
+        Ok(self
+            .target_ids()?
+            .iter()
+            .filter_map(|id| self.load_target(id).ok())
+            .find(|r| r.macs.contains(&mac)))
     }
 
     /// PVS's auto-add: a new record for an unknown MAC (at most `limit` records of the
@@ -327,7 +395,13 @@ impl Store {
     /// (vDisk, version, cache, RAM, overflow cap and device) with this MAC, host name its
     /// id, and id `PREFIX-NNN` (the next free number, three digits or more). A MAC that a
     /// record has meanwhile gets that record. Audited as `target.auto-add`.
-    pub fn auto_add_target(&self, mac: &str, template: &str, prefix: &str, limit: usize) -> Result<TargetRecord> {
+    pub fn auto_add_target(
+        &self,
+        mac: &str,
+        template: &str,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<TargetRecord> {
         let mac = normalize_mac(mac).map_err(|e| StoreError::BadInput(e.to_string()))?;
         validate_target_id(&format!("{prefix}-001"))?;
         let _l = self.lock(LockMode::Exclusive)?;
@@ -340,7 +414,11 @@ impl Store {
                     return Ok(r);
                 }
             }
-            if let Some(n) = id.strip_prefix(prefix).and_then(|t| t.strip_prefix('-')).and_then(|n| n.parse::<u64>().ok()) {
+            if let Some(n) = id
+                .strip_prefix(prefix)
+                .and_then(|t| t.strip_prefix('-'))
+                .and_then(|n| n.parse::<u64>().ok())
+            {
                 next = next.max(n + 1);
                 made += 1;
             }
@@ -386,7 +464,13 @@ impl Store {
         let cache = target_cache_type(&t.cache)?;
         let version = t.version.unwrap_or(Selector::Production);
         let description = t.description.filter(|d| !d.is_empty());
-        check_fields(cache, version, t.ram, t.overflow_max, description.as_deref())?;
+        check_fields(
+            cache,
+            version,
+            t.ram,
+            t.overflow_max,
+            description.as_deref(),
+        )?;
         let macs = normalized_macs(&t.macs)?;
         check_boot_fields(t.hostname.as_deref(), t.overflow_device.as_deref())?;
         let _l = self.lock(LockMode::Exclusive)?;
@@ -463,7 +547,14 @@ impl Store {
             r.description = d.filter(|d| !d.is_empty());
         }
         if let Some(m) = remove_macs.iter().find(|m| !r.macs.contains(m)) {
-            return Err(StoreError::BadInput(format!("target {id} has no MAC {m} to remove: its MACs are {}", if r.macs.is_empty() { "none".to_string() } else { r.macs.join(", ") })));
+            return Err(StoreError::BadInput(format!(
+                "target {id} has no MAC {m} to remove: its MACs are {}",
+                if r.macs.is_empty() {
+                    "none".to_string()
+                } else {
+                    r.macs.join(", ")
+                }
+            )));
         }
         r.macs.retain(|m| !remove_macs.contains(m));
         r.macs.extend(add_macs.iter().cloned());
@@ -475,7 +566,13 @@ impl Store {
         if let Some(d) = change.overflow_device {
             r.overflow_device = d.filter(|d| !d.is_empty());
         }
-        check_fields(r.cache, r.version, r.ram, r.overflow_max, r.description.as_deref())?;
+        check_fields(
+            r.cache,
+            r.version,
+            r.ram,
+            r.overflow_max,
+            r.description.as_deref(),
+        )?;
         check_boot_fields(r.hostname.as_deref(), r.overflow_device.as_deref())?;
         self.check_macs_free(id, &add_macs)?;
         if r.vdisk != before.vdisk || r.version != before.version {
@@ -491,11 +588,23 @@ impl Store {
         note("version", json!(before.version), json!(r.version));
         note("cache", json!(before.cache.name()), json!(r.cache.name()));
         note("ram", json!(before.ram), json!(r.ram));
-        note("overflow_max", json!(before.overflow_max), json!(r.overflow_max));
-        note("description", json!(before.description), json!(r.description));
+        note(
+            "overflow_max",
+            json!(before.overflow_max),
+            json!(r.overflow_max),
+        );
+        note(
+            "description",
+            json!(before.description),
+            json!(r.description),
+        );
         note("macs", json!(before.macs), json!(r.macs));
         note("hostname", json!(before.hostname), json!(r.hostname));
-        note("overflow_device", json!(before.overflow_device), json!(r.overflow_device));
+        note(
+            "overflow_device",
+            json!(before.overflow_device),
+            json!(r.overflow_device),
+        );
         if r != before {
             r.updated = Timestamp::now();
             r.updated_by = self.actor().who();
@@ -522,7 +631,11 @@ impl Store {
         let path = self.target_path(id);
         std::fs::remove_file(&path).map_err(io("delete", &path))?;
         fsutil::sync_dir(&self.targets_dir())?;
-        self.audit("target.remove", &vdisk, json!({"target": id, "damaged": r.is_none()}))?;
+        self.audit(
+            "target.remove",
+            &vdisk,
+            json!({"target": id, "damaged": r.is_none()}),
+        )?;
         Ok(r)
     }
 }
@@ -540,29 +653,58 @@ mod tests {
         ok(DeviceRam, Some(1 << 20), None).unwrap();
         ok(DeviceDisk, None, Some(1 << 30)).unwrap();
         ok(Server, None, None).unwrap();
-        assert!(ok(DeviceDisk, Some(1), None).unwrap_err().to_string().contains("--ram is for"));
-        assert!(ok(DeviceRam, None, Some(1)).unwrap_err().to_string().contains("has none"));
+        assert!(ok(DeviceDisk, Some(1), None)
+            .unwrap_err()
+            .to_string()
+            .contains("--ram is for"));
+        assert!(ok(DeviceRam, None, Some(1))
+            .unwrap_err()
+            .to_string()
+            .contains("has none"));
         assert!(ok(DeviceRam, Some(0), None).is_err());
-        assert!(ok(RamOverflow, Some(0), None).is_ok(), "0: straight to the file");
-        assert!(ok(RamOverflow, Some(1), None).unwrap_err().to_string().contains("too small"));
-        assert!(ok(DeviceRam, Some(1 << 40), None).unwrap_err().to_string().contains("at most 256G"));
-        assert!(ok(DeviceRam, Some(MIN_RAM), None).is_ok() && ok(DeviceRam, Some(MAX_RAM), None).is_ok());
+        assert!(
+            ok(RamOverflow, Some(0), None).is_ok(),
+            "0: straight to the file"
+        );
+        assert!(ok(RamOverflow, Some(1), None)
+            .unwrap_err()
+            .to_string()
+            .contains("too small"));
+        assert!(ok(DeviceRam, Some(1 << 40), None)
+            .unwrap_err()
+            .to_string()
+            .contains("at most 256G"));
+        assert!(
+            ok(DeviceRam, Some(MIN_RAM), None).is_ok()
+                && ok(DeviceRam, Some(MAX_RAM), None).is_ok()
+        );
         assert!(ok(Server, None, Some(0)).is_err());
-        let e = check_fields(Server, Selector::Maintenance, None, None, None).unwrap_err().to_string();
+        let e = check_fields(Server, Selector::Maintenance, None, None, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("maintenance version"), "{e}");
         assert!(check_fields(Server, Selector::Test, None, None, Some("a\nb")).is_err());
         let e = target_cache_type("private").unwrap_err().to_string();
-        assert!(e.contains("private writes go to the vDisk itself") && e.contains("ram-overflow"), "{e}");
-        assert!(target_cache_type("ram").unwrap_err().to_string().contains("choose one of"));
+        assert!(
+            e.contains("private writes go to the vDisk itself") && e.contains("ram-overflow"),
+            "{e}"
+        );
+        assert!(target_cache_type("ram")
+            .unwrap_err()
+            .to_string()
+            .contains("choose one of"));
     }
 
     #[test]
     fn changes_read_null_as_clear_and_absent_as_keep() {
-        let c: TargetChange = serde_json::from_str(r#"{"ram": null, "version": 3, "cache": "device-disk"}"#).unwrap();
+        let c: TargetChange =
+            serde_json::from_str(r#"{"ram": null, "version": 3, "cache": "device-disk"}"#).unwrap();
         assert_eq!(c.ram, Some(None));
         assert_eq!(c.overflow_max, None);
         assert_eq!(c.version, Some(Selector::Number(3)));
         assert!(serde_json::from_str::<TargetChange>(r#"{"rams": 1}"#).is_err());
-        assert!(serde_json::from_str::<TargetChange>("{}").unwrap().is_empty());
+        assert!(serde_json::from_str::<TargetChange>("{}")
+            .unwrap()
+            .is_empty());
     }
 }

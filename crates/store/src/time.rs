@@ -22,7 +22,9 @@ pub fn parse_at(text: &str, now: Timestamp) -> Result<Timestamp> {
 /// months, years and negative spans are refused).
 pub fn parse_duration(text: &str) -> Option<i64> {
     let span: jiff::Span = text.parse().ok()?;
-    let d = span.to_duration(jiff::SpanRelativeTo::days_are_24_hours()).ok()?;
+    let d = span
+        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
+        .ok()?;
     (!d.is_negative()).then(|| d.as_secs())
 }
 
@@ -32,13 +34,29 @@ mod tests {
 
     #[test]
     fn known_instants_format_and_parse() {
-        for (secs, text) in [(0, "1970-01-01T00:00:00Z"), (951782400, "2000-02-29T00:00:00Z"), (1740866400, "2025-03-01T22:00:00Z")] {
+        for (secs, text) in [
+            (0, "1970-01-01T00:00:00Z"),
+            (951782400, "2000-02-29T00:00:00Z"),
+            (1740866400, "2025-03-01T22:00:00Z"),
+        ] {
             assert_eq!(Timestamp(secs).to_string(), text);
             assert_eq!(Timestamp::parse_rfc3339(text), Some(Timestamp(secs)));
         }
-        assert_eq!(Timestamp::parse_rfc3339("2025-03-01T23:00:00.25+01:00"), Some(Timestamp(1740866400)));
-        assert_eq!(Timestamp::parse_rfc3339("2025-03-01t21:30:00-00:30"), Some(Timestamp(1740866400)));
-        for bad in ["2025-02-30T00:00:00Z", "2025-03-01T24:00:00Z", "2025-03-01", "2025-03-01T22:00:00", "2025-03-01T22:00:00+1"] {
+        assert_eq!(
+            Timestamp::parse_rfc3339("2025-03-01T23:00:00.25+01:00"),
+            Some(Timestamp(1740866400))
+        );
+        assert_eq!(
+            Timestamp::parse_rfc3339("2025-03-01t21:30:00-00:30"),
+            Some(Timestamp(1740866400))
+        );
+        for bad in [
+            "2025-02-30T00:00:00Z",
+            "2025-03-01T24:00:00Z",
+            "2025-03-01",
+            "2025-03-01T22:00:00",
+            "2025-03-01T22:00:00+1",
+        ] {
             assert_eq!(Timestamp::parse_rfc3339(bad), None, "{bad}");
         }
     }

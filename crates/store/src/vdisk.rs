@@ -14,11 +14,13 @@ use crate::check;
 use crate::copy::{self, Progress};
 use crate::error::{io, Result, StoreError};
 use crate::fsutil::{self, LockMode};
-use crate::meta::{Base, DiskAccess, LayerFormat, VdiskMeta, DEFAULT_MAX_VERSIONS, FORMAT_VERSION, VDISK_FORMAT};
+use crate::meta::{
+    Base, DiskAccess, LayerFormat, VdiskMeta, DEFAULT_MAX_VERSIONS, FORMAT_VERSION, VDISK_FORMAT,
+};
 use crate::names::validate_name;
 use crate::open::chain_files;
-use crate::source;
 use crate::select::{select, Layer, Selector};
+use crate::source;
 use crate::store::Store;
 use crate::time::Timestamp;
 
@@ -34,7 +36,10 @@ pub struct NewVdisk {
 
 impl Default for NewVdisk {
     fn default() -> Self {
-        NewVdisk { access: DiskAccess::Standard, max_versions: DEFAULT_MAX_VERSIONS }
+        NewVdisk {
+            access: DiskAccess::Standard,
+            max_versions: DEFAULT_MAX_VERSIONS,
+        }
     }
 }
 
@@ -63,7 +68,9 @@ pub fn check_size(size: u64) -> Result<()> {
 /// Checks `--max-versions`.
 pub fn check_max_versions(n: u32) -> Result<()> {
     if n == 0 {
-        return Err(StoreError::BadInput("--max-versions must be at least 1".into()));
+        return Err(StoreError::BadInput(
+            "--max-versions must be at least 1".into(),
+        ));
     }
     Ok(())
 }
@@ -95,7 +102,9 @@ pub struct VdiskInfo {
 
 impl Store {
     fn staging_dir(&self, name: &str) -> PathBuf {
-        self.root().join("vdisks").join(format!(".{name}.import-{}", std::process::id()))
+        self.root()
+            .join("vdisks")
+            .join(format!(".{name}.import-{}", std::process::id()))
     }
 
     fn refuse_existing(&self, name: &str) -> Result<()> {
@@ -106,7 +115,13 @@ impl Store {
         Ok(())
     }
 
-    fn new_meta(&self, name: &str, size: u64, base: (String, LayerFormat), opts: NewVdisk) -> VdiskMeta {
+    fn new_meta(
+        &self,
+        name: &str,
+        size: u64,
+        base: (String, LayerFormat),
+        opts: NewVdisk,
+    ) -> VdiskMeta {
         let now = Timestamp::now();
         VdiskMeta {
             format: VDISK_FORMAT.into(),
@@ -115,7 +130,12 @@ impl Store {
             size,
             access: opts.access,
             max_versions: opts.max_versions,
-            base: Base { file: base.0, format: base.1, created: now, created_by: self.actor().who() },
+            base: Base {
+                file: base.0,
+                format: base.1,
+                created: now,
+                created_by: self.actor().who(),
+            },
             versions: vec![],
             next_version: 1,
             override_version: None,
@@ -128,12 +148,21 @@ impl Store {
     }
 
     /// Moves a staged vDisk into place under the exclusive lock and audits `action`.
-    fn commit_staged(&self, staging: &Path, mut meta: VdiskMeta, action: &str, details: serde_json::Value) -> Result<()> {
+    fn commit_staged(
+        &self,
+        staging: &Path,
+        mut meta: VdiskMeta,
+        action: &str,
+        details: serde_json::Value,
+    ) -> Result<()> {
         let _l = self.lock(LockMode::Exclusive)?;
         self.refuse_existing(&meta.name)?;
         meta.generation = 1;
         meta.check().map_err(StoreError::BadInput)?;
-        fsutil::write_atomic(&staging.join("vdisk.json"), &serde_json::to_vec_pretty(&meta).expect("serializes"))?;
+        fsutil::write_atomic(
+            &staging.join("vdisk.json"),
+            &serde_json::to_vec_pretty(&meta).expect("serializes"),
+        )?;
         let dst = self.vdisk_dir(&meta.name);
         std::fs::rename(staging, &dst).map_err(io("move into place", &dst))?;
         fsutil::sync_dir(&self.root().join("vdisks"))?;
@@ -158,7 +187,12 @@ impl Store {
             let file = format!("{name}.base.qcow2");
             vdstream_qcow2::create(staging.join(&file), size, None, 16)?;
             let meta = self.new_meta(name, size, (file, LayerFormat::Qcow2), opts);
-            self.commit_staged(&staging, meta.clone(), "vdisk.create", json!({"size": size, "access": opts.access, "max_versions": opts.max_versions}))?;
+            self.commit_staged(
+                &staging,
+                meta.clone(),
+                "vdisk.create",
+                json!({"size": size, "access": opts.access, "max_versions": opts.max_versions}),
+            )?;
             Ok(meta)
         })();
         if result.is_err() {
@@ -172,19 +206,39 @@ impl Store {
     /// go through `qemu-img convert` into a qcow2 base. The format is read off the file's
     /// magic, and a file whose metadata names any other file is refused, before qemu-img
     /// opens it (source.rs).
-    pub fn import_vdisk(&self, name: &str, src: &Path, opts: NewVdisk, progress: Progress<'_>) -> Result<(VdiskMeta, ImportReport)> {
+    pub fn import_vdisk(
+        &self,
+        name: &str,
+        src: &Path,
+        opts: NewVdisk,
+        progress: Progress<'_>,
+    ) -> Result<(VdiskMeta, ImportReport)> {
         check_max_versions(opts.max_versions)?;
         validate_name(name)?;
         let source = source::inspect(src)?;
         let info = if source.format == "raw" {
-            copy::ImageInfo { format: "raw".into(), virtual_size: std::fs::metadata(&source.path).map_err(io("stat", src))?.len() }
+            copy::ImageInfo {
+                format: "raw".into(),
+                virtual_size: std::fs::metadata(&source.path)
+                    .map_err(io("stat", src))?
+                    .len(),
+            }
         } else {
             copy::qemu_info(&source)?.ok_or_else(|| StoreError::Tool(format!(
                 "{} is a {} image, which vdstream imports through qemu-img: install it (Debian: apt-get install qemu-utils)", src.display(), source.format)))?
         };
-        let method = if info.format == "raw" { "native" } else { "qemu-img convert" };
-        check_size(info.virtual_size).map_err(|_| StoreError::BadInput(format!(
-            "{} is {} bytes, not a multiple of 512: pad it first (truncate -s %512 FILE)", src.display(), info.virtual_size)))?;
+        let method = if info.format == "raw" {
+            "native"
+        } else {
+            "qemu-img convert"
+        };
+        check_size(info.virtual_size).map_err(|_| {
+            StoreError::BadInput(format!(
+                "{} is {} bytes, not a multiple of 512: pad it first (truncate -s %512 FILE)",
+                src.display(),
+                info.virtual_size
+            ))
+        })?;
         self.refuse_existing(name)?;
         // Before anything is made: a damaged source is refused (check.rs).
         let warnings = check::check_source(&source)?;
@@ -196,11 +250,24 @@ impl Store {
                 (file, LayerFormat::Raw)
             } else {
                 let file = format!("{name}.base.qcow2");
-                copy::qemu_convert(&source.qemu_spec(), src, &staging.join(&file), "qcow2", info.virtual_size, progress)?;
+                copy::qemu_convert(
+                    &source.qemu_spec(),
+                    src,
+                    &staging.join(&file),
+                    "qcow2",
+                    info.virtual_size,
+                    progress,
+                )?;
                 fsutil::restrict(&staging.join(&file), fsutil::SHARED_READ)?;
                 (file, LayerFormat::Qcow2)
             };
-            let report = ImportReport { source_format: info.format.clone(), size: info.virtual_size, base_file: file.clone(), method, warnings: warnings.clone() };
+            let report = ImportReport {
+                source_format: info.format.clone(),
+                size: info.virtual_size,
+                base_file: file.clone(),
+                method,
+                warnings: warnings.clone(),
+            };
             let meta = self.new_meta(name, info.virtual_size, (file, format), opts);
             self.commit_staged(&staging, meta.clone(), "vdisk.import", json!({
                 "source": src.display().to_string(), "source_format": info.format, "size": info.virtual_size, "method": method,
@@ -214,7 +281,12 @@ impl Store {
     }
 
     /// `vdisk set NAME [--max-versions N] [--access A]`.
-    pub fn set_vdisk(&self, name: &str, max_versions: Option<u32>, access: Option<DiskAccess>) -> Result<VdiskMeta> {
+    pub fn set_vdisk(
+        &self,
+        name: &str,
+        max_versions: Option<u32>,
+        access: Option<DiskAccess>,
+    ) -> Result<VdiskMeta> {
         if let Some(n) = max_versions {
             check_max_versions(n)?;
         }
@@ -254,14 +326,32 @@ impl Store {
         let meta = self.get(name)?;
         let now = Timestamp::now();
         let mut layers = Vec::new();
-        let all = std::iter::once(Layer::Base).chain(meta.versions.iter().map(|v| Layer::Version(v.number)));
+        let all = std::iter::once(Layer::Base)
+            .chain(meta.versions.iter().map(|v| Layer::Version(v.number)));
         let mut below: Option<(String, LayerFormat)> = None;
-        for (layer, (file, format)) in all.zip(chain_files(&meta, meta.newest().map_or(Layer::Base, |v| Layer::Version(v.number)))) {
+        for (layer, (file, format)) in all.zip(chain_files(
+            &meta,
+            meta.newest()
+                .map_or(Layer::Base, |v| Layer::Version(v.number)),
+        )) {
             let p = self.file_path(name, &file);
             let allocated = std::fs::metadata(&p).map(|m| m.blocks() * 512).unwrap_or(0);
-            let problems = check::layer_health(&p, format, meta.size, below.as_ref().map(|(f, fmt): &(String, LayerFormat)| (f.as_str(), *fmt)));
+            let problems = check::layer_health(
+                &p,
+                format,
+                meta.size,
+                below
+                    .as_ref()
+                    .map(|(f, fmt): &(String, LayerFormat)| (f.as_str(), *fmt)),
+            );
             below = Some((file.clone(), format));
-            layers.push(LayerInfo { layer, file, allocated, in_use_by: fsutil::holders(&p), problems });
+            layers.push(LayerInfo {
+                layer,
+                file,
+                allocated,
+                in_use_by: fsutil::holders(&p),
+                problems,
+            });
         }
         Ok(VdiskInfo {
             production: select(&meta, Selector::Production, now)?,
@@ -273,7 +363,15 @@ impl Store {
     }
 
     /// `vdisk export NAME[@V] FILE [--format raw|qcow2]`. Returns the layer exported.
-    pub fn export(&self, name: &str, sel: Selector, dst: &Path, format: LayerFormat, overwrite: bool, progress: Progress<'_>) -> Result<Layer> {
+    pub fn export(
+        &self,
+        name: &str,
+        sel: Selector,
+        dst: &Path,
+        format: LayerFormat,
+        overwrite: bool,
+        progress: Progress<'_>,
+    ) -> Result<Layer> {
         let opened = self.open_layer(name, sel, false)?;
         match format {
             LayerFormat::Raw => {
@@ -281,12 +379,22 @@ impl Store {
             }
             LayerFormat::Qcow2 => {
                 if dst.exists() && !overwrite {
-                    return Err(StoreError::Refused(format!("{} already exists: choose another file or pass --force to overwrite it", dst.display())));
+                    return Err(StoreError::Refused(format!(
+                        "{} already exists: choose another file or pass --force to overwrite it",
+                        dst.display()
+                    )));
                 }
                 // The chain stays locked (opened) while qemu-img reads it, through a spec
                 // that names each recorded layer and its format.
                 let chain = self.chain_specs(&opened.meta, opened.layer)?;
-                copy::qemu_convert(&crate::source::chain_spec(&chain), &opened.path, dst, "qcow2", opened.meta.size, progress)?;
+                copy::qemu_convert(
+                    &crate::source::chain_spec(&chain),
+                    &opened.path,
+                    dst,
+                    "qcow2",
+                    opened.meta.size,
+                    progress,
+                )?;
             }
         }
         Ok(opened.layer)
@@ -312,7 +420,10 @@ impl Store {
             let p = e.path();
             if p.is_file() && fsutil::in_use(&p)? {
                 return Err(StoreError::Refused(format!(
-                    "vDisk {name} is in use: {} is open ({}); stop its targets first", p.display(), fsutil::describe_holders(&p))));
+                    "vDisk {name} is in use: {} is open ({}); stop its targets first",
+                    p.display(),
+                    fsutil::describe_holders(&p)
+                )));
             }
             files.push(e.file_name().to_string_lossy().into_owned());
         }

@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::error::{io, Result, StoreError};
 use crate::fsutil;
-use crate::meta::{Access, DiskAccess, LayerFormat, Stamp, Version, VdiskMeta};
+use crate::meta::{Access, DiskAccess, LayerFormat, Stamp, VdiskMeta, Version};
 use crate::store::Store;
 use crate::time::Timestamp;
 
@@ -37,7 +37,11 @@ fn no_version(meta: &VdiskMeta, n: u32) -> StoreError {
     StoreError::UnknownVersion {
         vdisk: meta.name.clone(),
         version: n,
-        have: if have.is_empty() { "none (only the base)".into() } else { have.join(", ") },
+        have: if have.is_empty() {
+            "none (only the base)".into()
+        } else {
+            have.join(", ")
+        },
     }
 }
 
@@ -63,21 +67,35 @@ impl Store {
     /// Removes `file` of vDisk `name` if the metadata does not list it (checked under the
     /// exclusive lock: a failed command may have failed after saving the metadata).
     fn drop_unlisted(&self, name: &str, file: &str) {
-        let Ok(_l) = self.lock(fsutil::LockMode::Exclusive) else { return };
+        let Ok(_l) = self.lock(fsutil::LockMode::Exclusive) else {
+            return;
+        };
         let listed = match self.load(name) {
-            Ok(m) => m.base.file == file || m.versions.iter().any(|v| v.file == file) || m.retired.iter().any(|f| f == file),
+            Ok(m) => {
+                m.base.file == file
+                    || m.versions.iter().any(|v| v.file == file)
+                    || m.retired.iter().any(|f| f == file)
+            }
             Err(_) => true, // cannot tell: leave it to `vdisk gc`
         };
         if !listed {
             let p = self.file_path(name, file);
             match std::fs::remove_file(&p) {
                 Ok(()) => log::info!("removed {} left by the failed command", p.display()),
-                Err(e) => log::warn!("cannot remove {} left by the failed command: {e}; `vdstream vdisk gc` will", p.display()),
+                Err(e) => log::warn!(
+                    "cannot remove {} left by the failed command: {e}; `vdstream vdisk gc` will",
+                    p.display()
+                ),
             }
         }
     }
 
-    fn new_version_in(&self, name: &str, note: Option<String>, made: &std::cell::Cell<Option<String>>) -> Result<Version> {
+    fn new_version_in(
+        &self,
+        name: &str,
+        note: Option<String>,
+        made: &std::cell::Cell<Option<String>>,
+    ) -> Result<Version> {
         self.update(name, "version.new", |m| {
             if m.access == DiskAccess::Private {
                 return Err(StoreError::Refused(format!(
@@ -132,12 +150,22 @@ impl Store {
     }
 
     /// `version promote NAME V --to test|production [--at TIME]`.
-    pub fn promote(&self, name: &str, number: u32, to: Access, at: Option<Timestamp>) -> Result<Version> {
+    pub fn promote(
+        &self,
+        name: &str,
+        number: u32,
+        to: Access,
+        at: Option<Timestamp>,
+    ) -> Result<Version> {
         if to == Access::Maintenance {
-            return Err(StoreError::BadInput("promote goes --to test or --to production".into()));
+            return Err(StoreError::BadInput(
+                "promote goes --to test or --to production".into(),
+            ));
         }
         if at.is_some() && to != Access::Production {
-            return Err(StoreError::BadInput("--at schedules a release to production: use it with --to production".into()));
+            return Err(StoreError::BadInput(
+                "--at schedules a release to production: use it with --to production".into(),
+            ));
         }
         self.update(name, "version.promote", |m| {
             let file = self.file_path(name, &m.version(number).ok_or_else(|| no_version(m, number))?.file);

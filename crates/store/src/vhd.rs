@@ -55,10 +55,12 @@ impl Vhd {
     /// Opens `path` and reads its footer, dynamic header and BAT; `Corrupt` names what is
     /// wrong (including a BAT entry past the end of the file).
     pub fn open(path: &Path) -> Result<Vhd> {
-        let bad = |detail: String| StoreError::Corrupt {
+        let bad = |detail: String| {
+            StoreError::Corrupt {
             path: path.to_path_buf(),
             detail,
             advice: "nothing was imported: check the file with the tool that made it (Hyper-V: Test-VHD)".into(),
+        }
         };
         let file = File::open(path).map_err(io("open", path))?;
         let len = file.metadata().map_err(io("stat", path))?.len();
@@ -66,44 +68,72 @@ impl Vhd {
             return Err(bad(format!("{len} bytes is too short for a VHD")));
         }
         let mut footer = [0u8; 512];
-        file.read_exact_at(&mut footer, len - SECTOR).map_err(io("read", path))?;
+        file.read_exact_at(&mut footer, len - SECTOR)
+            .map_err(io("read", path))?;
         if &footer[..8] != b"conectix" {
             // A truncated file has lost its footer; the copy at offset 0 still says VHD.
-            file.read_exact_at(&mut footer, 0).map_err(io("read", path))?;
+            file.read_exact_at(&mut footer, 0)
+                .map_err(io("read", path))?;
             if &footer[..8] == b"conectix" {
                 return Err(bad("the footer at the end of the file is missing (its copy at offset 0 is there): the file is truncated".into()));
             }
-            return Err(bad("no VHD footer (cookie \"conectix\"): not a VHD file".into()));
+            return Err(bad(
+                "no VHD footer (cookie \"conectix\"): not a VHD file".into()
+            ));
         }
         let disk_type = be32(&footer, 60);
         let size = be64(&footer, 48);
         let unique_id: [u8; 16] = footer[68..84].try_into().expect("16");
-        let mut vhd = Vhd { path: path.to_path_buf(), file, len, size, disk_type, unique_id, parent_id: [0; 16], block_size: 0, bat: vec![] };
+        let mut vhd = Vhd {
+            path: path.to_path_buf(),
+            file,
+            len,
+            size,
+            disk_type,
+            unique_id,
+            parent_id: [0; 16],
+            block_size: 0,
+            bat: vec![],
+        };
         if disk_type != 3 && disk_type != 4 {
             return Ok(vhd); // fixed: no BAT
         }
         let dyn_at = be64(&footer, 16);
         if !matches!(dyn_at.checked_add(1024), Some(e) if e <= len) {
-            return Err(bad(format!("the dynamic header at offset {dyn_at} is past the end of the file ({len} bytes)")));
+            return Err(bad(format!(
+                "the dynamic header at offset {dyn_at} is past the end of the file ({len} bytes)"
+            )));
         }
         let mut dh = [0u8; 1024];
-        vhd.file.read_exact_at(&mut dh, dyn_at).map_err(io("read", path))?;
+        vhd.file
+            .read_exact_at(&mut dh, dyn_at)
+            .map_err(io("read", path))?;
         if &dh[..8] != b"cxsparse" {
-            return Err(bad(format!("no dynamic header (cookie \"cxsparse\") at offset {dyn_at}")));
+            return Err(bad(format!(
+                "no dynamic header (cookie \"cxsparse\") at offset {dyn_at}"
+            )));
         }
         let bat_at = be64(&dh, 16);
         let entries = be32(&dh, 28) as u64;
         vhd.block_size = be32(&dh, 32) as u64;
         vhd.parent_id = dh[40..56].try_into().expect("16");
         if vhd.block_size == 0 || vhd.block_size % SECTOR != 0 || entries * vhd.block_size < size {
-            return Err(bad(format!("block size {} with {entries} blocks does not cover the disk's {size} bytes", vhd.block_size)));
+            return Err(bad(format!(
+                "block size {} with {entries} blocks does not cover the disk's {size} bytes",
+                vhd.block_size
+            )));
         }
         if !matches!(bat_at.checked_add(entries * 4), Some(e) if e <= len) {
             return Err(bad(format!("the block table at offset {bat_at} is past the end of the file ({len} bytes): the file is truncated")));
         }
         let mut raw = vec![0u8; (entries * 4) as usize];
-        vhd.file.read_exact_at(&mut raw, bat_at).map_err(io("read", path))?;
-        vhd.bat = raw.chunks_exact(4).map(|c| u32::from_be_bytes(c.try_into().expect("4"))).collect();
+        vhd.file
+            .read_exact_at(&mut raw, bat_at)
+            .map_err(io("read", path))?;
+        vhd.bat = raw
+            .chunks_exact(4)
+            .map(|c| u32::from_be_bytes(c.try_into().expect("4")))
+            .collect();
         let block_bytes = vhd.bitmap_bytes() + vhd.block_size;
         for (i, &s) in vhd.bat.iter().enumerate() {
             if s != u32::MAX && s as u64 * SECTOR + block_bytes > len {
@@ -131,7 +161,9 @@ impl Vhd {
                 continue;
             }
             let at = s as u64 * SECTOR;
-            self.file.read_exact_at(&mut bitmap, at).map_err(io("read", &self.path))?;
+            self.file
+                .read_exact_at(&mut bitmap, at)
+                .map_err(io("read", &self.path))?;
             let present = |k: u64| bitmap[(k / 8) as usize] & (0x80 >> (k % 8)) != 0;
             let block_start = i as u64 * self.block_size;
             let mut k = 0;
@@ -150,7 +182,9 @@ impl Vhd {
                 }
                 let n = ((k - first) * SECTOR).min(self.size - guest);
                 data.resize(n as usize, 0);
-                self.file.read_exact_at(&mut data, at + bm_len + first * SECTOR).map_err(io("read", &self.path))?;
+                self.file
+                    .read_exact_at(&mut data, at + bm_len + first * SECTOR)
+                    .map_err(io("read", &self.path))?;
                 f(guest, &data)?;
             }
         }

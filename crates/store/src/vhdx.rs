@@ -52,7 +52,10 @@ const VIRTUAL_DISK_SIZE: &str = "2FA54224-CD1B-4876-B211-5DBED83BF4B8";
 const LOGICAL_SECTOR_SIZE: &str = "8141BF1D-A96F-4709-BA47-F233A8FAAB5F";
 const PARENT_LOCATOR: &str = "A8D35F2D-B30B-454D-ABF7-D3D84834AB0C";
 /// Metadata items this reader knows and may ignore (virtual disk id, physical sector size).
-const KNOWN_OTHER_ITEMS: [&str; 2] = ["BECA12AB-B2E6-4523-93EF-C309E000C746", "CDA348C7-445D-4471-9CC9-E9885251C556"];
+const KNOWN_OTHER_ITEMS: [&str; 2] = [
+    "BECA12AB-B2E6-4523-93EF-C309E000C746",
+    "CDA348C7-445D-4471-9CC9-E9885251C556",
+];
 const VHDX_PARENT_LOCATOR_TYPE: &str = "B04AEFB7-D19E-4A81-B789-25B8E9445913";
 
 const PAYLOAD_NOT_PRESENT: u64 = 0;
@@ -111,7 +114,10 @@ pub fn guid_text(b: &[u8]) -> String {
 
 /// A GUID's text without braces, upper case (parent locators write "{…}").
 fn normalize_guid(s: &str) -> String {
-    s.trim().trim_start_matches('{').trim_end_matches('}').to_ascii_uppercase()
+    s.trim()
+        .trim_start_matches('{')
+        .trim_end_matches('}')
+        .to_ascii_uppercase()
 }
 
 /// Whether `buf` (a header or region table) has signature `sig` and a valid CRC-32C in
@@ -130,10 +136,12 @@ impl Vhdx {
     /// what is wrong (including a block past the end of the file), `Refused` a log that
     /// needs a replay.
     pub fn open(path: &Path) -> Result<Vhdx> {
-        let bad = |detail: String| StoreError::Corrupt {
+        let bad = |detail: String| {
+            StoreError::Corrupt {
             path: path.to_path_buf(),
             detail,
             advice: "nothing was imported: check the file with the tool that made it (Hyper-V: Test-VHD)".into(),
+        }
         };
         let file = File::open(path).map_err(io("open", path))?;
         let len = file.metadata().map_err(io("stat", path))?.len();
@@ -147,7 +155,9 @@ impl Vhdx {
         };
         let mut sig = [0u8; 8];
         if len < 8 || file.read_exact_at(&mut sig, 0).is_err() || &sig != b"vhdxfile" {
-            return Err(bad("no file type identifier \"vhdxfile\" at offset 0: not a VHDX file".into()));
+            return Err(bad(
+                "no file type identifier \"vhdxfile\" at offset 0: not a VHDX file".into(),
+            ));
         }
 
         // The current header: the valid one with the higher sequence number.
@@ -158,16 +168,23 @@ impl Vhdx {
                 header = Some(h);
             }
         }
-        let header = header.ok_or_else(|| bad("neither header (at 64 and 128 KiB) has a valid signature and CRC-32C".into()))?;
+        let header = header.ok_or_else(|| {
+            bad("neither header (at 64 and 128 KiB) has a valid signature and CRC-32C".into())
+        })?;
         if le16(&header, 66) != 1 {
-            return Err(bad(format!("header version {} (this reader knows version 1)", le16(&header, 66))));
+            return Err(bad(format!(
+                "header version {} (this reader knows version 1)",
+                le16(&header, 66)
+            )));
         }
         let data_write_guid = guid_text(&header[32..48]);
         let log_guid = &header[48..64];
         if log_guid.iter().any(|&b| b != 0) {
             let (log_len, log_at) = (le32(&header, 68) as u64, le64(&header, 72));
             let log = read(log_at, log_len, "log")?;
-            let has_entry = log.chunks_exact(4 * KIB as usize).any(|e| &e[..4] == b"loge" && &e[32..48] == log_guid);
+            let has_entry = log
+                .chunks_exact(4 * KIB as usize)
+                .any(|e| &e[..4] == b"loge" && &e[32..48] == log_guid);
             if has_entry {
                 return Err(StoreError::Refused(format!(
                     "{} has a non-empty log (it was not closed cleanly): its log must be replayed before it can be read; \
@@ -186,7 +203,12 @@ impl Vhdx {
                 break;
             }
         }
-        let regions = regions.ok_or_else(|| bad("neither region table (at 192 and 256 KiB) has a valid signature and CRC-32C".into()))?;
+        let regions = regions.ok_or_else(|| {
+            bad(
+                "neither region table (at 192 and 256 KiB) has a valid signature and CRC-32C"
+                    .into(),
+            )
+        })?;
         let count = le32(&regions, 8) as usize;
         if count > 2047 {
             return Err(bad(format!("{count} region table entries (at most 2047)")));
@@ -194,7 +216,12 @@ impl Vhdx {
         let (mut bat_region, mut meta_region) = (None, None);
         for i in 0..count {
             let e = &regions[16 + 32 * i..48 + 32 * i];
-            let (guid, at, n, required) = (guid_text(&e[..16]), le64(e, 16), le32(e, 24) as u64, le32(e, 28) & 1 != 0);
+            let (guid, at, n, required) = (
+                guid_text(&e[..16]),
+                le64(e, 16),
+                le32(e, 24) as u64,
+                le32(e, 28) & 1 != 0,
+            );
             match guid.as_str() {
                 BAT_REGION => bat_region = Some((at, n)),
                 METADATA_REGION => meta_region = Some((at, n)),
@@ -203,13 +230,18 @@ impl Vhdx {
             }
         }
         let (Some(bat_region), Some(meta_region)) = (bat_region, meta_region) else {
-            return Err(bad("the region table has no BAT or no metadata region".into()));
+            return Err(bad(
+                "the region table has no BAT or no metadata region".into()
+            ));
         };
 
         // Metadata items.
         let meta = read(meta_region.0, meta_region.1, "metadata region")?;
         if meta.len() < 64 * KIB as usize || &meta[..8] != b"metadata" {
-            return Err(bad(format!("no metadata table (signature \"metadata\") at offset {}", meta_region.0)));
+            return Err(bad(format!(
+                "no metadata table (signature \"metadata\") at offset {}",
+                meta_region.0
+            )));
         }
         let entries = le16(&meta, 10) as usize;
         if entries > 2047 {
@@ -218,11 +250,24 @@ impl Vhdx {
         let (mut params, mut size, mut sector, mut locator) = (None, None, None, None);
         for i in 0..entries {
             let e = &meta[32 + 32 * i..64 + 32 * i];
-            let (guid, off, n, required) = (guid_text(&e[..16]), le32(e, 16) as usize, le32(e, 20) as usize, le32(e, 24) & 4 != 0);
+            let (guid, off, n, required) = (
+                guid_text(&e[..16]),
+                le32(e, 16) as usize,
+                le32(e, 20) as usize,
+                le32(e, 24) & 4 != 0,
+            );
             let Some(item) = meta.get(off..off + n) else {
-                return Err(bad(format!("metadata item {guid} at {off} ({n} bytes) is outside the metadata region")));
+                return Err(bad(format!(
+                    "metadata item {guid} at {off} ({n} bytes) is outside the metadata region"
+                )));
             };
-            let short = |min: usize| if n < min { Err(bad(format!("metadata item {guid} is {n} bytes, too short"))) } else { Ok(()) };
+            let short = |min: usize| {
+                if n < min {
+                    Err(bad(format!("metadata item {guid} is {n} bytes, too short")))
+                } else {
+                    Ok(())
+                }
+            };
             match guid.as_str() {
                 FILE_PARAMETERS => {
                     short(8)?;
@@ -237,26 +282,39 @@ impl Vhdx {
                     sector = Some(le32(item, 0) as u64);
                 }
                 PARENT_LOCATOR => locator = Some(item.to_vec()),
-                g if required && !KNOWN_OTHER_ITEMS.contains(&g) => return Err(bad(format!("an unknown required metadata item {guid}"))),
+                g if required && !KNOWN_OTHER_ITEMS.contains(&g) => {
+                    return Err(bad(format!("an unknown required metadata item {guid}")))
+                }
                 _ => {}
             }
         }
         let (Some((block_size, flags)), Some(size), Some(sector)) = (params, size, sector) else {
-            return Err(bad("the metadata lacks File Parameters, Virtual Disk Size or Logical Sector Size".into()));
+            return Err(bad(
+                "the metadata lacks File Parameters, Virtual Disk Size or Logical Sector Size"
+                    .into(),
+            ));
         };
         if !block_size.is_power_of_two() || !(MIB..=256 * MIB).contains(&block_size) {
-            return Err(bad(format!("block size {block_size} (a power of 2 from 1 to 256 MiB)")));
+            return Err(bad(format!(
+                "block size {block_size} (a power of 2 from 1 to 256 MiB)"
+            )));
         }
         if sector != 512 && sector != 4096 {
             return Err(bad(format!("logical sector size {sector} (512 or 4096)")));
         }
         if size == 0 || size % sector != 0 || size > 64 << 40 {
-            return Err(bad(format!("virtual disk size {size} (a multiple of the {sector}-byte sector, at most 64 TiB)")));
+            return Err(bad(format!(
+                "virtual disk size {size} (a multiple of the {sector}-byte sector, at most 64 TiB)"
+            )));
         }
         let has_parent = flags & 2 != 0;
         let parent_locator = match (has_parent, locator) {
             (false, _) => vec![],
-            (true, None) => return Err(bad("it has a parent (HasParent) but no parent locator".into())),
+            (true, None) => {
+                return Err(bad(
+                    "it has a parent (HasParent) but no parent locator".into()
+                ))
+            }
             (true, Some(l)) => parse_locator(&l).map_err(bad)?,
         };
 
@@ -269,11 +327,30 @@ impl Vhdx {
             blocks + (blocks - 1) / chunk_ratio
         };
         if bat_region.1 < bat_len * 8 {
-            return Err(bad(format!("the BAT region holds {} bytes, {} entries need {}", bat_region.1, bat_len, bat_len * 8)));
+            return Err(bad(format!(
+                "the BAT region holds {} bytes, {} entries need {}",
+                bat_region.1,
+                bat_len,
+                bat_len * 8
+            )));
         }
         let raw = read(bat_region.0, bat_len * 8, "BAT")?;
-        let bat: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).collect();
-        let vhdx = Vhdx { path: path.to_path_buf(), file, size, block_size, sector, has_parent, data_write_guid, parent_locator, chunk_ratio, bat };
+        let bat: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
+            .collect();
+        let vhdx = Vhdx {
+            path: path.to_path_buf(),
+            file,
+            size,
+            block_size,
+            sector,
+            has_parent,
+            data_write_guid,
+            parent_locator,
+            chunk_ratio,
+            bat,
+        };
         for i in 0..blocks {
             let e = vhdx.bat[vhdx.payload_index(i)];
             let at = (e >> 20) * MIB;
@@ -283,7 +360,9 @@ impl Vhdx {
                 PAYLOAD_PARTIALLY_PRESENT if has_parent => {
                     let sb = vhdx.bat[vhdx.bitmap_index(i)];
                     if sb & 7 != SB_PRESENT {
-                        return Err(bad(format!("block {i} is partially present but its chunk has no sector bitmap")));
+                        return Err(bad(format!(
+                            "block {i} is partially present but its chunk has no sector bitmap"
+                        )));
                     }
                     if (sb >> 20) * MIB + MIB > len {
                         return Err(bad(format!(
@@ -310,7 +389,10 @@ impl Vhdx {
 
     /// The parent locator's `parent_linkage` (the parent's DataWriteGuid), normalized.
     pub fn parent_linkage(&self) -> Option<String> {
-        self.parent_locator.iter().find(|(k, _)| k == "parent_linkage").map(|(_, v)| normalize_guid(v))
+        self.parent_locator
+            .iter()
+            .find(|(k, _)| k == "parent_linkage")
+            .map(|(_, v)| normalize_guid(v))
     }
 
     /// Calls `f` for every run this file defines (a run never crosses a block): data it
@@ -320,13 +402,19 @@ impl Vhdx {
         let per_block = self.block_size / self.sector;
         let mut bitmap = vec![0u8; (per_block / 8) as usize];
         let mut data = Vec::new();
-        let mut emit = |guest: u64, at: u64, n: u64, f: &mut dyn FnMut(u64, Run<'_>) -> Result<()>| -> Result<()> {
+        let mut emit = |guest: u64,
+                        at: u64,
+                        n: u64,
+                        f: &mut dyn FnMut(u64, Run<'_>) -> Result<()>|
+         -> Result<()> {
             // In pieces of at most 1 MiB, for memory.
             let mut done = 0;
             while done < n {
                 let k = (n - done).min(MIB);
                 data.resize(k as usize, 0);
-                self.file.read_exact_at(&mut data, at + done).map_err(io("read", &self.path))?;
+                self.file
+                    .read_exact_at(&mut data, at + done)
+                    .map_err(io("read", &self.path))?;
                 f(guest + done, Run::Data(&data))?;
                 done += k;
             }
@@ -341,8 +429,11 @@ impl Vhdx {
                 PAYLOAD_ZERO | PAYLOAD_UNMAPPED => f(guest, Run::Zero(n))?,
                 PAYLOAD_FULLY_PRESENT => emit(guest, at, n, f)?,
                 PAYLOAD_PARTIALLY_PRESENT => {
-                    let sb_at = (self.bat[self.bitmap_index(i)] >> 20) * MIB + (i % self.chunk_ratio) * (per_block / 8);
-                    self.file.read_exact_at(&mut bitmap, sb_at).map_err(io("read", &self.path))?;
+                    let sb_at = (self.bat[self.bitmap_index(i)] >> 20) * MIB
+                        + (i % self.chunk_ratio) * (per_block / 8);
+                    self.file
+                        .read_exact_at(&mut bitmap, sb_at)
+                        .map_err(io("read", &self.path))?;
                     let present = |k: u64| bitmap[(k / 8) as usize] & (1 << (k % 8)) != 0;
                     let mut k = 0;
                     while k < per_block {
@@ -358,7 +449,12 @@ impl Vhdx {
                         if off >= n {
                             break;
                         }
-                        emit(guest + off, at + off, ((k - first) * self.sector).min(n - off), f)?;
+                        emit(
+                            guest + off,
+                            at + off,
+                            ((k - first) * self.sector).min(n - off),
+                            f,
+                        )?;
                     }
                 }
                 _ => {}
@@ -376,18 +472,31 @@ fn parse_locator(item: &[u8]) -> std::result::Result<Vec<(String, String)>, Stri
         return Err("the parent locator is too short".into());
     }
     if guid_text(&item[..16]) != VHDX_PARENT_LOCATOR_TYPE {
-        return Err(format!("the parent locator has the unknown type {}", guid_text(&item[..16])));
+        return Err(format!(
+            "the parent locator has the unknown type {}",
+            guid_text(&item[..16])
+        ));
     }
     let n = le16(item, 18) as usize;
     let text = |off: usize, len: usize| -> std::result::Result<String, String> {
-        let b = item.get(off..off + len).ok_or("a parent locator entry points outside the item")?;
-        let units: Vec<u16> = b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        let b = item
+            .get(off..off + len)
+            .ok_or("a parent locator entry points outside the item")?;
+        let units: Vec<u16> = b
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
         String::from_utf16(&units).map_err(|_| "a parent locator entry is not UTF-16".to_string())
     };
     let mut out = Vec::new();
     for i in 0..n {
-        let e = item.get(20 + 12 * i..32 + 12 * i).ok_or("the parent locator's entries run past the item")?;
-        out.push((text(le32(e, 0) as usize, le16(e, 8) as usize)?, text(le32(e, 4) as usize, le16(e, 10) as usize)?));
+        let e = item
+            .get(20 + 12 * i..32 + 12 * i)
+            .ok_or("the parent locator's entries run past the item")?;
+        out.push((
+            text(le32(e, 0) as usize, le16(e, 8) as usize)?,
+            text(le32(e, 4) as usize, le16(e, 10) as usize)?,
+        ));
     }
     Ok(out)
 }
@@ -398,7 +507,10 @@ mod tests {
 
     #[test]
     fn guid_text_is_mixed_endian() {
-        let b = [0x06, 0xa2, 0x7c, 0x8b, 0x90, 0x47, 0x9a, 0x4b, 0xb8, 0xfe, 0x57, 0x5f, 0x05, 0x0f, 0x88, 0x6e];
+        let b = [
+            0x06, 0xa2, 0x7c, 0x8b, 0x90, 0x47, 0x9a, 0x4b, 0xb8, 0xfe, 0x57, 0x5f, 0x05, 0x0f,
+            0x88, 0x6e,
+        ];
         assert_eq!(guid_text(&b), METADATA_REGION);
     }
 }

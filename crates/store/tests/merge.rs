@@ -58,11 +58,19 @@ fn refused(e: StoreError) -> String {
 /// and each numbered version.
 fn snapshot(s: &Store, name: &str) -> BTreeMap<String, Vec<u8>> {
     let meta = s.get(name).unwrap();
-    let mut sels = vec![("production".to_string(), Selector::Production), ("test".into(), Selector::Test), ("latest".into(), Selector::Latest)];
+    let mut sels = vec![
+        ("production".to_string(), Selector::Production),
+        ("test".into(), Selector::Test),
+        ("latest".into(), Selector::Latest),
+    ];
     if meta.maintenance().is_some() {
         sels.push(("maintenance".into(), Selector::Maintenance));
     }
-    sels.extend(meta.versions.iter().map(|v| (v.number.to_string(), Selector::Number(v.number))));
+    sels.extend(
+        meta.versions
+            .iter()
+            .map(|v| (v.number.to_string(), Selector::Number(v.number))),
+    );
     sels.into_iter()
         .map(|(k, sel)| {
             let l = s.open_layer(name, sel, false).unwrap();
@@ -75,16 +83,27 @@ fn snapshot(s: &Store, name: &str) -> BTreeMap<String, Vec<u8>> {
 
 /// Every selector that still exists reads the same bytes as before; `moved` maps a
 /// merged version's number to the one that replaced it.
-fn assert_unchanged(before: &BTreeMap<String, Vec<u8>>, after: &BTreeMap<String, Vec<u8>>, moved: &[(u32, u32)]) {
+fn assert_unchanged(
+    before: &BTreeMap<String, Vec<u8>>,
+    after: &BTreeMap<String, Vec<u8>>,
+    moved: &[(u32, u32)],
+) {
     for key in ["production", "test", "latest", "maintenance"] {
-        assert_eq!(before.contains_key(key), after.contains_key(key), "{key} appeared or vanished");
+        assert_eq!(
+            before.contains_key(key),
+            after.contains_key(key),
+            "{key} appeared or vanished"
+        );
     }
     for (k, bytes) in after {
         let was = match before.get(k) {
             Some(b) => b,
             None => {
                 let n: u32 = k.parse().unwrap();
-                let (old, _) = moved.iter().find(|(_, new)| *new == n).unwrap_or_else(|| panic!("version {k} is new but not a merge"));
+                let (old, _) = moved
+                    .iter()
+                    .find(|(_, new)| *new == n)
+                    .unwrap_or_else(|| panic!("version {k} is new but not a merge"));
                 &before[&old.to_string()]
             }
         };
@@ -97,28 +116,60 @@ fn assert_unchanged(before: &BTreeMap<String, Vec<u8>>, after: &BTreeMap<String,
 fn qemu_judges(s: &Store, name: &str) {
     let meta = s.get(name).unwrap();
     assert!(meta.pending_merge.is_none());
-    let tops = std::iter::once(Layer::Base).chain(meta.versions.iter().map(|v| Layer::Version(v.number)));
+    let tops =
+        std::iter::once(Layer::Base).chain(meta.versions.iter().map(|v| Layer::Version(v.number)));
     for layer in tops {
         let chain = chain_files(&meta, layer);
         let (top, format) = chain.last().unwrap();
         let path = s.file_path(name, top);
         if format.name() == "qcow2" {
-            let out = Command::new("qemu-img").arg("check").arg(&path).output().unwrap();
-            assert!(out.status.success(), "qemu-img check {top}: {}", String::from_utf8_lossy(&out.stdout));
+            let out = Command::new("qemu-img")
+                .arg("check")
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "qemu-img check {top}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
         }
-        let out = Command::new("qemu-img").args(["info", "--backing-chain", "--output=json"]).arg(&path).output().unwrap();
-        assert!(out.status.success(), "qemu-img info {top}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("qemu-img")
+            .args(["info", "--backing-chain", "--output=json"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "qemu-img info {top}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let infos: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let files: Vec<String> = infos.as_array().unwrap().iter().rev()
-            .map(|i| Path::new(i["filename"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned())
+        let files: Vec<String> = infos
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .map(|i| {
+                Path::new(i["filename"].as_str().unwrap())
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         let want: Vec<String> = chain.iter().map(|(f, _)| f.clone()).collect();
-        assert_eq!(files, want, "the backing chain of {top} is not the one the metadata lists");
+        assert_eq!(
+            files, want,
+            "the backing chain of {top} is not the one the metadata lists"
+        );
     }
 }
 
 fn audit_actions(s: &Store, name: &str) -> Vec<serde_json::Value> {
-    vdstream_store::audit::read(&s.audit_path(), Some(name), None).unwrap().into_iter()
+    vdstream_store::audit::read(&s.audit_path(), Some(name), None)
+        .unwrap()
+        .into_iter()
         .map(|e| serde_json::json!({"action": e.action, "details": e.details}))
         .collect()
 }
@@ -134,10 +185,21 @@ fn a_maintenance_version_on_top_is_repointed_onto_the_merge() {
     let m = patch(&s, "w", 0, &[3; 4096], Access::Maintenance);
     let before = snapshot(&s, "w");
 
-    let out = s.merge("w", MergeKind::Updates, false, &mut |_, _| {}).unwrap();
-    assert_eq!((out.merged.clone(), out.new_layer, out.repointed), (vec![1, 2], Layer::Version(4), Some(m)));
+    let out = s
+        .merge("w", MergeKind::Updates, false, &mut |_, _| {})
+        .unwrap();
+    assert_eq!(
+        (out.merged.clone(), out.new_layer, out.repointed),
+        (vec![1, 2], Layer::Version(4), Some(m))
+    );
     let meta = s.get("w").unwrap();
-    assert_eq!(meta.versions.iter().map(|v| (v.number, v.access)).collect::<Vec<_>>(), vec![(4, Access::Production), (m, Access::Maintenance)]);
+    assert_eq!(
+        meta.versions
+            .iter()
+            .map(|v| (v.number, v.access))
+            .collect::<Vec<_>>(),
+        vec![(4, Access::Production), (m, Access::Maintenance)]
+    );
     assert_unchanged(&before, &snapshot(&s, "w"), &[(2, 4)]);
     qemu_judges(&s, "w");
 
@@ -145,7 +207,9 @@ fn a_maintenance_version_on_top_is_repointed_onto_the_merge() {
     write_maintenance(&s, "w", 2 * MIB, &[4; 512]);
     s.promote("w", m, Access::Production, None).unwrap();
     let before = snapshot(&s, "w");
-    let out = s.merge("w", MergeKind::Base, false, &mut |_, _| {}).unwrap();
+    let out = s
+        .merge("w", MergeKind::Base, false, &mut |_, _| {})
+        .unwrap();
     assert_eq!((out.merged, out.repointed), (vec![4, m], None));
     assert_unchanged(&before, &snapshot(&s, "w"), &[]);
     qemu_judges(&s, "w");
@@ -156,27 +220,62 @@ fn a_writer_on_the_maintenance_version_defers_the_merge() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path());
-    s.create_vdisk("d", 4 * MIB, NewVdisk { max_versions: 2, ..Default::default() }).unwrap();
+    s.create_vdisk(
+        "d",
+        4 * MIB,
+        NewVdisk {
+            max_versions: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     patch(&s, "d", 0, &[1; 512], Access::Production);
     patch(&s, "d", 512, &[2; 512], Access::Production);
     let m = patch(&s, "d", 1024, &[3; 512], Access::Maintenance);
     let writer = s.open_layer("d", Selector::Maintenance, true).unwrap();
     let generation = s.get("d").unwrap().generation;
-    let e = refused(s.merge("d", MergeKind::Updates, false, &mut |_, _| {}).unwrap_err());
-    assert!(e.contains(&format!("version {m} of d (maintenance) is open read-write")) && e.contains(&format!("pid {}", std::process::id())), "{e}");
-    assert_eq!(s.get("d").unwrap().generation, generation, "nothing changed");
+    let e = refused(
+        s.merge("d", MergeKind::Updates, false, &mut |_, _| {})
+            .unwrap_err(),
+    );
+    assert!(
+        e.contains(&format!(
+            "version {m} of d (maintenance) is open read-write"
+        )) && e.contains(&format!("pid {}", std::process::id())),
+        "{e}"
+    );
+    assert_eq!(
+        s.get("d").unwrap().generation,
+        generation,
+        "nothing changed"
+    );
     let last = audit_actions(&s, "d").pop().unwrap();
     assert_eq!(last["action"], "version.merge.deferred");
-    assert!(last["details"]["reason"].as_str().unwrap().contains("open read-write"), "{last}");
+    assert!(
+        last["details"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("open read-write"),
+        "{last}"
+    );
 
     // Over --max-versions: the automatic merge waits for the writer, and says so.
     s.set_vdisk("d", Some(1), None).unwrap();
     match s.auto_merge("d", &mut |_, _| {}).unwrap() {
-        Some(AutoMerge::Deferred(why)) => assert!(why.contains("open read-write") && why.contains("pid"), "{why}"),
+        Some(AutoMerge::Deferred(why)) => assert!(
+            why.contains("open read-write") && why.contains("pid"),
+            "{why}"
+        ),
         other => panic!("{other:?}"),
     }
     let last = audit_actions(&s, "d").pop().unwrap();
-    assert_eq!((last["action"].as_str(), last["details"]["automatic"].as_bool()), (Some("version.merge.deferred"), Some(true)));
+    assert_eq!(
+        (
+            last["action"].as_str(),
+            last["details"]["automatic"].as_bool()
+        ),
+        (Some("version.merge.deferred"), Some(true))
+    );
     drop(writer);
     let before = snapshot(&s, "d");
     match s.auto_merge("d", &mut |_, _| {}).unwrap() {
@@ -192,22 +291,50 @@ fn merges_stop_at_what_production_boots() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path());
-    s.create_vdisk("p", 8 * MIB, NewVdisk { max_versions: 9, ..Default::default() }).unwrap();
+    s.create_vdisk(
+        "p",
+        8 * MIB,
+        NewVdisk {
+            max_versions: 9,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     patch(&s, "p", 0, &[1; 8192], Access::Production);
     patch(&s, "p", 4096, &[2; 8192], Access::Production);
     patch(&s, "p", 0, &[3; 4096], Access::Test);
     let v4 = s.new_version("p", None).unwrap().number;
     write_maintenance(&s, "p", 3 * MIB, &[4; 4096]);
-    s.promote("p", v4, Access::Production, Some(Timestamp(Timestamp::now().0 + 3600))).unwrap();
+    s.promote(
+        "p",
+        v4,
+        Access::Production,
+        Some(Timestamp(Timestamp::now().0 + 3600)),
+    )
+    .unwrap();
     patch(&s, "p", 5 * MIB, &[5; 4096], Access::Maintenance);
-    assert_eq!(s.open_layer("p", Selector::Production, false).unwrap().layer, Layer::Version(2));
+    assert_eq!(
+        s.open_layer("p", Selector::Production, false)
+            .unwrap()
+            .layer,
+        Layer::Version(2)
+    );
 
     // Production boots 2: versions 1 and 2 become 6; 3 (test), 4 (scheduled), 5 stay.
     let before = snapshot(&s, "p");
-    let out = s.merge("p", MergeKind::Updates, false, &mut |_, _| {}).unwrap();
-    assert_eq!((out.merged.clone(), out.new_layer, out.repointed), (vec![1, 2], Layer::Version(6), Some(3)));
+    let out = s
+        .merge("p", MergeKind::Updates, false, &mut |_, _| {})
+        .unwrap();
+    assert_eq!(
+        (out.merged.clone(), out.new_layer, out.repointed),
+        (vec![1, 2], Layer::Version(6), Some(3))
+    );
     let meta = s.get("p").unwrap();
-    assert_eq!(meta.versions.iter().map(|v| v.number).collect::<Vec<_>>(), vec![6, 3, 4, 5], "numbers above keep their place");
+    assert_eq!(
+        meta.versions.iter().map(|v| v.number).collect::<Vec<_>>(),
+        vec![6, 3, 4, 5],
+        "numbers above keep their place"
+    );
     assert!(meta.version(4).unwrap().scheduled_at.is_some());
     assert_unchanged(&before, &snapshot(&s, "p"), &[(2, 6)]);
     qemu_judges(&s, "p");
@@ -215,9 +342,17 @@ fn merges_stop_at_what_production_boots() {
     // An override pins 3 (test): 6 and 3 become 7, and the override moves with them.
     s.set_override("p", Some(3)).unwrap();
     let before = snapshot(&s, "p");
-    let e = refused(s.merge("p", MergeKind::Base, false, &mut |_, _| {}).unwrap_err());
-    assert!(e.contains("override") && e.contains("without --base"), "{e}");
-    let out = s.merge("p", MergeKind::Updates, false, &mut |_, _| {}).unwrap();
+    let e = refused(
+        s.merge("p", MergeKind::Base, false, &mut |_, _| {})
+            .unwrap_err(),
+    );
+    assert!(
+        e.contains("override") && e.contains("without --base"),
+        "{e}"
+    );
+    let out = s
+        .merge("p", MergeKind::Updates, false, &mut |_, _| {})
+        .unwrap();
     assert_eq!((out.merged.clone(), out.repointed), (vec![6, 3], Some(4)));
     let moved = out.override_moved.expect("the override moved");
     assert_eq!((moved.from, moved.to), (3, Some(7)));
@@ -226,18 +361,47 @@ fn merges_stop_at_what_production_boots() {
     assert_eq!(meta.version(7).unwrap().access, Access::Test);
     assert_unchanged(&before, &snapshot(&s, "p"), &[(3, 7)]);
     qemu_judges(&s, "p");
-    let merge = audit_actions(&s, "p").into_iter().rev().find(|e| e["action"] == "version.merge").unwrap();
-    assert_eq!(merge["details"]["override"], serde_json::json!({"from": 3, "to": 7}));
+    let merge = audit_actions(&s, "p")
+        .into_iter()
+        .rev()
+        .find(|e| e["action"] == "version.merge")
+        .unwrap();
+    assert_eq!(
+        merge["details"]["override"],
+        serde_json::json!({"from": 3, "to": 7})
+    );
 
     // Into a new base, below a test version and the maintenance version.
     s.set_override("p", None).unwrap();
     s.revert("p", 4).unwrap(); // production → test: production now boots the base
-    assert!(refused(s.merge("p", MergeKind::Base, false, &mut |_, _| {}).unwrap_err()).contains("boot the base"));
+    assert!(refused(
+        s.merge("p", MergeKind::Base, false, &mut |_, _| {})
+            .unwrap_err()
+    )
+    .contains("boot the base"));
     s.promote("p", 7, Access::Production, None).unwrap();
     let before = snapshot(&s, "p");
-    let out = s.merge("p", MergeKind::Base, false, &mut |_, _| {}).unwrap();
-    assert_eq!((out.merged.clone(), out.new_layer, out.repointed, out.file.as_str()), (vec![7], Layer::Base, Some(4), "p.base-8.qcow2"));
-    assert_eq!(s.get("p").unwrap().versions.iter().map(|v| v.number).collect::<Vec<_>>(), vec![4, 5]);
+    let out = s
+        .merge("p", MergeKind::Base, false, &mut |_, _| {})
+        .unwrap();
+    assert_eq!(
+        (
+            out.merged.clone(),
+            out.new_layer,
+            out.repointed,
+            out.file.as_str()
+        ),
+        (vec![7], Layer::Base, Some(4), "p.base-8.qcow2")
+    );
+    assert_eq!(
+        s.get("p")
+            .unwrap()
+            .versions
+            .iter()
+            .map(|v| v.number)
+            .collect::<Vec<_>>(),
+        vec![4, 5]
+    );
     assert_unchanged(&before, &snapshot(&s, "p"), &[]);
     qemu_judges(&s, "p");
 }
@@ -247,7 +411,15 @@ fn automatic_merges_run_below_versions_in_test() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path());
-    s.create_vdisk("a", 4 * MIB, NewVdisk { max_versions: 2, ..Default::default() }).unwrap();
+    s.create_vdisk(
+        "a",
+        4 * MIB,
+        NewVdisk {
+            max_versions: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     patch(&s, "a", 0, &[1; 512], Access::Production);
     patch(&s, "a", 512, &[2; 512], Access::Production);
     let v3 = patch(&s, "a", 1024, &[3; 512], Access::Maintenance);
@@ -256,7 +428,10 @@ fn automatic_merges_run_below_versions_in_test() {
     let before_test = snapshot(&s, "a");
     assert_eq!(before["latest"], before_test["test"]);
     match s.auto_merge("a", &mut |_, _| {}).unwrap() {
-        Some(AutoMerge::Merged(o)) => assert_eq!((o.merged, o.repointed, o.automatic), (vec![1, 2], Some(v3), true)),
+        Some(AutoMerge::Merged(o)) => assert_eq!(
+            (o.merged, o.repointed, o.automatic),
+            (vec![1, 2], Some(v3), true)
+        ),
         other => panic!("{other:?}"),
     }
     assert_unchanged(&before_test, &snapshot(&s, "a"), &[(2, 4)]);
@@ -277,12 +452,21 @@ fn targets_reading_the_version_above_keep_reading_through_the_repoint() {
     let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
     let above = s.file_path("t", "t.3.qcow2");
     let old_inode = inode(&above);
-    let out = s.merge("t", MergeKind::Updates, false, &mut |_, _| {}).unwrap();
+    let out = s
+        .merge("t", MergeKind::Updates, false, &mut |_, _| {})
+        .unwrap();
     assert_eq!(out.repointed, Some(3));
-    assert_ne!(inode(&above), old_inode, "a file targets read is re-pointed through a copy");
+    assert_ne!(
+        inode(&above),
+        old_inode,
+        "a file targets read is re-pointed through a copy"
+    );
     let mut buf = vec![0u8; 4 * MIB as usize];
     reader.dev.read_at(&mut buf, 0).unwrap();
-    assert!(buf == before["test"], "the running test target reads what it read");
+    assert!(
+        buf == before["test"],
+        "the running test target reads what it read"
+    );
     assert_eq!(out.still_in_use.len(), 2, "{out:?}");
     assert_unchanged(&before, &snapshot(&s, "t"), &[(2, 4)]);
     qemu_judges(&s, "t");
@@ -302,36 +486,75 @@ fn crash_and_recover(step: MergeStep, with_above: bool) {
         patch(&s, "c", 0, &[3; 512], Access::Maintenance);
     }
     let before = snapshot(&s, "c");
-    let e = refused(s.merge_stopping_after("c", MergeKind::Updates, step).unwrap_err());
+    let e = refused(
+        s.merge_stopping_after("c", MergeKind::Updates, step)
+            .unwrap_err(),
+    );
     assert!(e.contains("test hook"), "{e}");
     let meta = s.get("c").unwrap();
-    let pending = meta.pending_merge.clone().expect("a merge cut short leaves its record");
-    assert_eq!((pending.number, pending.file.clone()), (meta.next_version - 1, format!("c.{}.qcow2", meta.next_version - 1)));
-    assert_eq!(snapshot(&s, "c"), before, "between the steps every target reads as before");
+    let pending = meta
+        .pending_merge
+        .clone()
+        .expect("a merge cut short leaves its record");
+    assert_eq!(
+        (pending.number, pending.file.clone()),
+        (
+            meta.next_version - 1,
+            format!("c.{}.qcow2", meta.next_version - 1)
+        )
+    );
+    assert_eq!(
+        snapshot(&s, "c"),
+        before,
+        "between the steps every target reads as before"
+    );
 
     // The next command (here `vdisk set`) repairs first.
     s.set_vdisk("c", Some(7), None).unwrap();
     let meta = s.get("c").unwrap();
     assert!(meta.pending_merge.is_none());
     let finished = step == MergeStep::Repointed || (step == MergeStep::Renamed && !with_above);
-    let recovered = audit_actions(&s, "c").into_iter().find(|e| e["action"] == "version.merge.recovered").expect("audited");
-    assert_eq!(recovered["details"]["result"], if finished { "finished" } else { "undone" });
+    let recovered = audit_actions(&s, "c")
+        .into_iter()
+        .find(|e| e["action"] == "version.merge.recovered")
+        .expect("audited");
+    assert_eq!(
+        recovered["details"]["result"],
+        if finished { "finished" } else { "undone" }
+    );
     if finished {
         assert_eq!(meta.versions[0].number, pending.number);
         assert_unchanged(&before, &snapshot(&s, "c"), &[(2, pending.number)]);
     } else {
-        assert_eq!(meta.versions.iter().map(|v| v.number).collect::<Vec<_>>(), if with_above { vec![1, 2, 3] } else { vec![1, 2] });
-        assert!(!s.file_path("c", &pending.file).exists(), "the unused new file is deleted");
+        assert_eq!(
+            meta.versions.iter().map(|v| v.number).collect::<Vec<_>>(),
+            if with_above {
+                vec![1, 2, 3]
+            } else {
+                vec![1, 2]
+            }
+        );
+        assert!(
+            !s.file_path("c", &pending.file).exists(),
+            "the unused new file is deleted"
+        );
         assert_unchanged(&before, &snapshot(&s, "c"), &[]);
         // The merge runs again, under a new number.
-        let out = s.merge("c", MergeKind::Updates, false, &mut |_, _| {}).unwrap();
+        let out = s
+            .merge("c", MergeKind::Updates, false, &mut |_, _| {})
+            .unwrap();
         assert_eq!(out.new_layer, Layer::Version(meta.next_version));
         assert_unchanged(&before, &snapshot(&s, "c"), &[(2, meta.next_version)]);
     }
     qemu_judges(&s, "c");
     for f in std::fs::read_dir(s.vdisk_dir("c")).unwrap() {
         let f = f.unwrap().file_name().to_string_lossy().into_owned();
-        assert!(f == "vdisk.json" || s.get("c").unwrap().live_files().contains(&f.as_str()) || f.contains(".tmp-"), "stray file {f}");
+        assert!(
+            f == "vdisk.json"
+                || s.get("c").unwrap().live_files().contains(&f.as_str())
+                || f.contains(".tmp-"),
+            "stray file {f}"
+        );
     }
 }
 

@@ -54,28 +54,54 @@ fn versions_stack_and_roles_see_their_own() {
     let test = read_all(&s, "w", Selector::Test);
     assert_eq!(&prod[..8192], &[[1u8; 4096], [0; 4096]].concat()[..]);
     assert_eq!(&test[..8192], &[[1u8; 4096], [2; 4096]].concat()[..]);
-    assert_eq!(read_all(&s, "w", Selector::Base), vec![0u8; 8 * MIB as usize]);
+    assert_eq!(
+        read_all(&s, "w", Selector::Base),
+        vec![0u8; 8 * MIB as usize]
+    );
 
     // One maintenance version at a time, one writer on it.
     let v3 = s.new_version("w", None).unwrap().number;
-    assert!(refused(s.new_version("w", None).unwrap_err()).contains(&format!("version {v3} in maintenance")));
+    assert!(refused(s.new_version("w", None).unwrap_err())
+        .contains(&format!("version {v3} in maintenance")));
     let writer = s.open_layer("w", Selector::Maintenance, true).unwrap();
     let e = refused(s.open_layer("w", Selector::Maintenance, true).unwrap_err());
-    assert!(e.contains("already has a writer") && e.contains(&format!("pid {}", std::process::id())), "{e}");
+    assert!(
+        e.contains("already has a writer") && e.contains(&format!("pid {}", std::process::id())),
+        "{e}"
+    );
     assert!(refused(s.promote("w", v3, Access::Test, None).unwrap_err()).contains("still open"));
     drop(writer);
-    assert_eq!(s.revert("w", v3).unwrap(), vdstream_store::version::Reverted::Discarded);
+    assert_eq!(
+        s.revert("w", v3).unwrap(),
+        vdstream_store::version::Reverted::Discarded
+    );
     assert!(!s.get("w").unwrap().versions.iter().any(|v| v.number == v3));
-    assert!(!s.file_path("w", &format!("w.{v3}.qcow2")).exists(), "a discarded file nobody reads is deleted at once");
+    assert!(
+        !s.file_path("w", &format!("w.{v3}.qcow2")).exists(),
+        "a discarded file nobody reads is deleted at once"
+    );
 
     // Override pins production; the pinned version cannot be reverted.
     s.set_override("w", Some(v2)).unwrap();
-    assert_eq!(s.open_layer("w", Selector::Production, false).unwrap().layer, Layer::Version(v2));
+    assert_eq!(
+        s.open_layer("w", Selector::Production, false)
+            .unwrap()
+            .layer,
+        Layer::Version(v2)
+    );
     assert!(refused(s.revert("w", v2).unwrap_err()).contains("override"));
     s.set_override("w", None).unwrap();
-    assert_eq!(s.revert("w", v1).unwrap(), vdstream_store::version::Reverted::To(Access::Test));
+    assert_eq!(
+        s.revert("w", v1).unwrap(),
+        vdstream_store::version::Reverted::To(Access::Test)
+    );
     assert!(refused(s.revert("w", v1).unwrap_err()).contains("newer versions"));
-    assert_eq!(s.open_layer("w", Selector::Production, false).unwrap().layer, Layer::Base);
+    assert_eq!(
+        s.open_layer("w", Selector::Production, false)
+            .unwrap()
+            .layer,
+        Layer::Base
+    );
 }
 
 #[test]
@@ -91,7 +117,9 @@ fn merges_keep_every_byte_and_files_in_use() {
     // A target reading version 3 keeps its files through the merge.
     let reader = s.open_layer("m", Selector::Production, false).unwrap();
     assert_eq!(reader.layer, Layer::Version(3));
-    let out = s.merge("m", MergeKind::Updates, false, &mut |_, _| {}).unwrap();
+    let out = s
+        .merge("m", MergeKind::Updates, false, &mut |_, _| {})
+        .unwrap();
     assert_eq!(out.merged, vec![1, 2, 3]);
     assert_eq!(out.new_layer, Layer::Version(4));
     assert_eq!(out.still_in_use.len(), 3, "{out:?}");
@@ -113,10 +141,15 @@ fn merges_keep_every_byte_and_files_in_use() {
     // Flatten into a new base; then compact.
     patch(&s, "m", 5 * MIB, &[9; 4096], Access::Production);
     let before = read_all(&s, "m", Selector::Production);
-    let out = s.merge("m", MergeKind::Base, false, &mut |_, _| {}).unwrap();
+    let out = s
+        .merge("m", MergeKind::Base, false, &mut |_, _| {})
+        .unwrap();
     assert_eq!(out.new_layer, Layer::Base);
     let meta = s.get("m").unwrap();
-    assert!(meta.versions.is_empty() && meta.base.file == "m.base-6.qcow2", "{meta:?}");
+    assert!(
+        meta.versions.is_empty() && meta.base.file == "m.base-6.qcow2",
+        "{meta:?}"
+    );
     assert_eq!(read_all(&s, "m", Selector::Production), before);
     let layers = s.compact("m", &mut |_, _| {}).unwrap();
     assert_eq!(layers.len(), 1);
@@ -127,55 +160,110 @@ fn merges_keep_every_byte_and_files_in_use() {
 fn merge_rules_protect_production_and_maintenance() {
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path());
-    s.create_vdisk("r", 4 * MIB, NewVdisk { max_versions: 2, ..Default::default() }).unwrap();
+    s.create_vdisk(
+        "r",
+        4 * MIB,
+        NewVdisk {
+            max_versions: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     patch(&s, "r", 0, &[1; 512], Access::Production);
     patch(&s, "r", 512, &[2; 512], Access::Test);
     // Production boots version 1: nothing lies below it to merge, and version 2 stays.
-    let e = refused(s.merge("r", MergeKind::Updates, false, &mut |_, _| {}).unwrap_err());
-    assert!(e.contains("boot version 1, its first version") && e.contains("nothing below it"), "{e}");
+    let e = refused(
+        s.merge("r", MergeKind::Updates, false, &mut |_, _| {})
+            .unwrap_err(),
+    );
+    assert!(
+        e.contains("boot version 1, its first version") && e.contains("nothing below it"),
+        "{e}"
+    );
     let v3 = s.new_version("r", None).unwrap().number;
-    assert!(refused(s.merge("r", MergeKind::Updates, false, &mut |_, _| {}).unwrap_err()).contains("its first version"));
+    assert!(refused(
+        s.merge("r", MergeKind::Updates, false, &mut |_, _| {})
+            .unwrap_err()
+    )
+    .contains("its first version"));
     // Promoting the test version makes 2 versions outside maintenance: at the limit.
     s.promote("r", 2, Access::Production, None).unwrap();
     assert!(s.auto_merge("r", &mut |_, _| {}).unwrap().is_none());
     // A third one outside maintenance is over the limit: merged automatically.
     s.promote("r", v3, Access::Production, None).unwrap();
-    let m = s.auto_merge("r", &mut |_, _| {}).unwrap().expect("over the limit");
+    let m = s
+        .auto_merge("r", &mut |_, _| {})
+        .unwrap()
+        .expect("over the limit");
     match m {
         vdstream_store::merge::AutoMerge::Merged(o) => assert_eq!(o.merged, vec![1, 2, 3]),
         other => panic!("{other:?}"),
     }
     let audit = vdstream_store::audit::read(&s.audit_path(), Some("r"), None).unwrap();
-    assert!(audit.iter().any(|e| e.action == "version.merge" && e.details["automatic"] == true));
+    assert!(audit
+        .iter()
+        .any(|e| e.action == "version.merge" && e.details["automatic"] == true));
 }
 
 #[test]
 fn bad_input_and_damaged_stores_say_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
-    let e = Store::open(dir.path().join("none")).unwrap_err().to_string();
-    assert!(e.contains("no store at") && e.contains("vdstream vdisk create"), "{e}");
+    let e = Store::open(dir.path().join("none"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no store at") && e.contains("vdstream vdisk create"),
+        "{e}"
+    );
     let s = store(dir.path());
-    assert!(s.create_vdisk("a/b", MIB, NewVdisk::default()).unwrap_err().to_string().contains("path separator"));
-    assert!(s.create_vdisk("x", 1000, NewVdisk::default()).unwrap_err().to_string().contains("multiple of 512"));
+    assert!(s
+        .create_vdisk("a/b", MIB, NewVdisk::default())
+        .unwrap_err()
+        .to_string()
+        .contains("path separator"));
+    assert!(s
+        .create_vdisk("x", 1000, NewVdisk::default())
+        .unwrap_err()
+        .to_string()
+        .contains("multiple of 512"));
     s.create_vdisk("x", MIB, NewVdisk::default()).unwrap();
-    assert!(refused(s.create_vdisk("x", MIB, NewVdisk::default()).unwrap_err()).contains("already exists"));
+    assert!(
+        refused(s.create_vdisk("x", MIB, NewVdisk::default()).unwrap_err())
+            .contains("already exists")
+    );
     let e = s.get("y").unwrap_err().to_string();
-    assert!(e.contains("no vDisk named \"y\"") && e.contains("known vDisks: x"), "{e}");
+    assert!(
+        e.contains("no vDisk named \"y\"") && e.contains("known vDisks: x"),
+        "{e}"
+    );
 
     s.new_version("x", None).unwrap();
     let f = s.file_path("x", "x.1.qcow2");
     std::fs::rename(&f, dir.path().join("moved")).unwrap();
-    let e = s.open_layer("x", Selector::Latest, false).unwrap_err().to_string();
-    assert!(e.contains("x.1.qcow2 is missing") && e.contains("qemu-img check"), "{e}");
+    let e = s
+        .open_layer("x", Selector::Latest, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("x.1.qcow2 is missing") && e.contains("qemu-img check"),
+        "{e}"
+    );
     std::fs::rename(dir.path().join("moved"), &f).unwrap();
 
     let meta = s.vdisk_dir("x").join("vdisk.json");
     let good = std::fs::read_to_string(&meta).unwrap();
     std::fs::write(&meta, good.replacen("\"size\": ", "\"size\": x", 1)).unwrap();
     let e = s.get("x").unwrap_err().to_string();
-    assert!(e.contains("vdisk.json is corrupt (line") && e.contains("restore it from backup or re-import"), "{e}");
+    assert!(
+        e.contains("vdisk.json is corrupt (line")
+            && e.contains("restore it from backup or re-import"),
+        "{e}"
+    );
     let listed = s.list().unwrap();
-    assert!(listed[0].1.is_err(), "list shows the damaged vDisk with its error");
+    assert!(
+        listed[0].1.is_err(),
+        "list shows the damaged vDisk with its error"
+    );
     std::fs::write(&meta, good).unwrap();
     s.get("x").unwrap();
 }
@@ -184,17 +272,32 @@ fn bad_input_and_damaged_stores_say_what_to_do() {
 fn private_vdisks_have_one_writer_and_no_versions() {
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path());
-    s.create_vdisk("p", 4 * MIB, NewVdisk { access: DiskAccess::Private, ..Default::default() }).unwrap();
+    s.create_vdisk(
+        "p",
+        4 * MIB,
+        NewVdisk {
+            access: DiskAccess::Private,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(refused(s.new_version("p", None).unwrap_err()).contains("private access"));
     let w = s.open_layer("p", Selector::Production, true).unwrap();
     assert!(w.writable && w.layer == Layer::Base);
     w.dev.write_at(b"mine", 0, true).unwrap();
-    assert!(refused(s.open_layer("p", Selector::Production, true).unwrap_err()).contains("already has a writer"));
+    assert!(
+        refused(s.open_layer("p", Selector::Production, true).unwrap_err())
+            .contains("already has a writer")
+    );
     drop(w);
     assert_eq!(&read_all(&s, "p", Selector::Base)[..4], b"mine");
     s.set_vdisk("p", None, Some(DiskAccess::Standard)).unwrap();
     s.new_version("p", None).unwrap();
-    assert!(refused(s.set_vdisk("p", None, Some(DiskAccess::Private)).unwrap_err()).contains("versions"));
+    assert!(refused(
+        s.set_vdisk("p", None, Some(DiskAccess::Private))
+            .unwrap_err()
+    )
+    .contains("versions"));
 }
 
 #[test]
@@ -216,27 +319,49 @@ fn concurrent_updates_from_threads_are_all_kept() {
         t.join().unwrap();
     }
     let meta = s.get("c").unwrap();
-    assert_eq!(meta.generation, 1 + 100 - unchanged_sets(&s), "every change is one generation");
-    let sets = vdstream_store::audit::read(&s.audit_path(), Some("c"), None).unwrap().iter().filter(|e| e.action == "vdisk.set").count();
+    assert_eq!(
+        meta.generation,
+        1 + 100 - unchanged_sets(&s),
+        "every change is one generation"
+    );
+    let sets = vdstream_store::audit::read(&s.audit_path(), Some("c"), None)
+        .unwrap()
+        .iter()
+        .filter(|e| e.action == "vdisk.set")
+        .count();
     assert_eq!(sets, 100);
 }
 
 /// `vdisk set` to the value already there changes nothing (and bumps no generation).
 fn unchanged_sets(s: &Store) -> u64 {
     let audit = vdstream_store::audit::read(&s.audit_path(), Some("c"), None).unwrap();
-    audit.iter().filter(|e| e.action == "vdisk.set" && e.details["max_versions"]["from"] == e.details["max_versions"]["to"]).count() as u64
+    audit
+        .iter()
+        .filter(|e| {
+            e.action == "vdisk.set"
+                && e.details["max_versions"]["from"] == e.details["max_versions"]["to"]
+        })
+        .count() as u64
 }
 
 /// The child side of `concurrent_updates_from_two_processes` (does nothing when run alone).
 #[test]
 fn child_process_updates() {
-    let Ok(root) = std::env::var("VDSTREAM_STORE_TEST_CHILD") else { return };
+    let Ok(root) = std::env::var("VDSTREAM_STORE_TEST_CHILD") else {
+        return;
+    };
     let s = Store::open(&root).unwrap();
-    let me: u32 = std::env::var("VDSTREAM_STORE_TEST_ID").unwrap().parse().unwrap();
+    let me: u32 = std::env::var("VDSTREAM_STORE_TEST_ID")
+        .unwrap()
+        .parse()
+        .unwrap();
     for i in 0..40u32 {
-        s.set_vdisk("two", Some(1 + (me * 40 + i) % 7), None).unwrap();
+        s.set_vdisk("two", Some(1 + (me * 40 + i) % 7), None)
+            .unwrap();
         if i % 10 == 0 {
-            let v = s.new_version("two", Some(format!("p{me}-{i}"))).or_else(|_| s.new_version("two", None));
+            let v = s
+                .new_version("two", Some(format!("p{me}-{i}")))
+                .or_else(|_| s.new_version("two", None));
             if let Ok(v) = v {
                 let _ = s.promote("two", v.number, Access::Test, None);
             }
@@ -248,7 +373,15 @@ fn child_process_updates() {
 fn concurrent_updates_from_two_processes() {
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path());
-    s.create_vdisk("two", MIB, NewVdisk { max_versions: 50, ..Default::default() }).unwrap();
+    s.create_vdisk(
+        "two",
+        MIB,
+        NewVdisk {
+            max_versions: 50,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..2)
         .map(|id| {
@@ -266,11 +399,19 @@ fn concurrent_updates_from_two_processes() {
     }
     let meta = s.get("two").unwrap(); // loads and checks every invariant
     let audit = vdstream_store::audit::read(&s.audit_path(), Some("two"), None).unwrap();
-    let pids: std::collections::BTreeSet<u32> = audit.iter().filter(|e| e.action == "vdisk.set").map(|e| e.pid).collect();
+    let pids: std::collections::BTreeSet<u32> = audit
+        .iter()
+        .filter(|e| e.action == "vdisk.set")
+        .map(|e| e.pid)
+        .collect();
     assert_eq!(pids.len(), 2, "both processes wrote");
     assert_eq!(audit.iter().filter(|e| e.action == "vdisk.set").count(), 80);
     let news = audit.iter().filter(|e| e.action == "version.new").count();
-    assert_eq!(news, meta.versions.len(), "every version made is listed once");
+    assert_eq!(
+        news,
+        meta.versions.len(),
+        "every version made is listed once"
+    );
     for v in &meta.versions {
         assert!(s.file_path("two", &v.file).exists());
     }
@@ -287,19 +428,32 @@ fn changes_decided_on_the_same_generation_one_wins() {
     s.create_vdisk("w", 4 * MIB, NewVdisk::default()).unwrap();
     let v = s.new_version("w", None).unwrap().number;
     let g = s.get("w").unwrap().generation;
-    let audit_before = vdstream_store::audit::read(&s.audit_path(), Some("w"), None).unwrap().len();
+    let audit_before = vdstream_store::audit::read(&s.audit_path(), Some("w"), None)
+        .unwrap()
+        .len();
     let (a, b) = (s.clone().expecting(Some(g)), s.clone().expecting(Some(g)));
     let promote = std::thread::spawn(move || a.promote("w", v, Access::Test, None).map(|_| ()));
     let revert = std::thread::spawn(move || b.revert("w", v).map(|_| ()));
     let results = [promote.join().unwrap(), revert.join().unwrap()];
     let won: Vec<bool> = results.iter().map(|r| r.is_ok()).collect();
-    assert_eq!(won.iter().filter(|w| **w).count(), 1, "exactly one wins: {results:?}");
+    assert_eq!(
+        won.iter().filter(|w| **w).count(),
+        1,
+        "exactly one wins: {results:?}"
+    );
     let loser = results.into_iter().find_map(|r| r.err()).unwrap();
     match &loser {
-        StoreError::Changed { vdisk, expected, now } => assert_eq!((vdisk.as_str(), *expected, *now), ("w", g, g + 1)),
+        StoreError::Changed {
+            vdisk,
+            expected,
+            now,
+        } => assert_eq!((vdisk.as_str(), *expected, *now), ("w", g, g + 1)),
         other => panic!("the loser must get a conflict, got {other:?}"),
     }
-    assert!(loser.to_string().contains("changed since generation"), "{loser}");
+    assert!(
+        loser.to_string().contains("changed since generation"),
+        "{loser}"
+    );
     let m = s.get("w").unwrap();
     assert_eq!(m.generation, g + 1);
     if won[0] {
@@ -307,8 +461,17 @@ fn changes_decided_on_the_same_generation_one_wins() {
     } else {
         assert!(m.version(v).is_none(), "the revert discarded it");
     }
-    assert_eq!(vdstream_store::audit::read(&s.audit_path(), Some("w"), None).unwrap().len(), audit_before + 1, "one change audited");
+    assert_eq!(
+        vdstream_store::audit::read(&s.audit_path(), Some("w"), None)
+            .unwrap()
+            .len(),
+        audit_before + 1,
+        "one change audited"
+    );
     // Expecting the current generation works; expecting nothing works.
-    s.clone().expecting(Some(g + 1)).set_override("w", None).unwrap();
+    s.clone()
+        .expecting(Some(g + 1))
+        .set_override("w", None)
+        .unwrap();
     s.set_override("w", None).unwrap();
 }

@@ -11,15 +11,18 @@ pub mod files;
 pub mod peer;
 pub mod pki;
 
-pub use vdstream_contract::Identity;
 /// The rustls this crate builds its configurations with (so callers name the same types).
 pub use rustls;
+pub use vdstream_contract::Identity;
 
 /// A TLS setup that cannot be used; the message names the file and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("{path}: {why}")]
-    File { path: std::path::PathBuf, why: String },
+    File {
+        path: std::path::PathBuf,
+        why: String,
+    },
     #[error("{0}")]
     Config(String),
 }

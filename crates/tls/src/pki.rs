@@ -34,8 +34,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyIdMethod, KeyPair, KeyUsagePurpose, PublicKeyData, RevokedCertParams, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, PublicKeyData,
+    RevokedCertParams, SanType, SerialNumber,
 };
 use serde::{Deserialize, Serialize};
 use vdstream_contract::time::Timestamp;
@@ -94,7 +95,11 @@ pub enum PkiError {
     #[error("{0}")]
     AlreadyRevoked(String),
     #[error("cannot {what} {}: {err}", path.display())]
-    Io { what: &'static str, path: PathBuf, err: std::io::Error },
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        err: std::io::Error,
+    },
     /// A file of the CA that cannot be read as what it should be.
     #[error("{}: {why}", path.display())]
     Damaged { path: PathBuf, why: String },
@@ -190,20 +195,37 @@ pub struct Ca {
 /// Takes `DIR/.lock`, waiting for another `vdstream pki` command on the same CA.
 fn lock(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK);
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io("open the lock", &path))?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io("open the lock", &path))?;
     let _ = f.set_permissions(std::fs::Permissions::from_mode(0o600));
-    vdstream_blockdev::flock::lock_wait(&f, vdstream_blockdev::flock::LockMode::Exclusive).map_err(io("lock", &path))?;
+    vdstream_blockdev::flock::lock_wait(&f, vdstream_blockdev::flock::LockMode::Exclusive)
+        .map_err(io("lock", &path))?;
     Ok(f)
 }
 
 /// Writes `bytes` to `path` atomically with `mode` (the temporary file is 0600 from the start,
 /// so a key is never readable by others, not even for a moment).
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io("create a file in", dir))?;
-    tmp.write_all(bytes).and_then(|()| tmp.as_file().sync_all()).map_err(io("write", path))?;
-    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode)).map_err(io("set the mode of", path))?;
-    tmp.persist(path).map_err(|e| PkiError::Io { what: "write", path: path.to_path_buf(), err: e.error })?;
+    tmp.write_all(bytes)
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(io("write", path))?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(io("set the mode of", path))?;
+    tmp.persist(path).map_err(|e| PkiError::Io {
+        what: "write",
+        path: path.to_path_buf(),
+        err: e.error,
+    })?;
     Ok(())
 }
 
@@ -248,7 +270,13 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Reads a serial as `list` shows it or openssl prints it (`3F:2A:…` or `3f2a…`).
 pub fn parse_serial(text: &str) -> Result<String> {
-    let s: String = text.trim().trim_start_matches("0x").chars().filter(|c| *c != ':').collect::<String>().to_ascii_uppercase();
+    let s: String = text
+        .trim()
+        .trim_start_matches("0x")
+        .chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_ascii_uppercase();
     if s.is_empty() || s.len() > 40 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(PkiError::BadInput(format!(
             "{text:?} is not a certificate serial: give the hex serial `vdstream pki list` shows, or ROLE:NAME"
@@ -258,8 +286,15 @@ pub fn parse_serial(text: &str) -> Result<String> {
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    let s = if s.len() % 2 == 1 { format!("0{s}") } else { s.to_string() };
-    (0..s.len()).step_by(2).filter_map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
+    let s = if s.len() % 2 == 1 {
+        format!("0{s}")
+    } else {
+        s.to_string()
+    };
+    (0..s.len())
+        .step_by(2)
+        .filter_map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
 }
 
 /// A DNS name for a server certificate: letters, digits, '-', dots between labels, an
@@ -268,11 +303,19 @@ fn check_dns(name: &str) -> Result<()> {
     let body = name.strip_prefix("*.").unwrap_or(name);
     let ok = !body.is_empty()
         && name.len() <= 253
-        && body.split('.').all(|l| !l.is_empty() && l.len() <= 63 && !l.starts_with('-') && !l.ends_with('-') && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+        && body.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
     if ok && body.parse::<IpAddr>().is_err() {
         Ok(())
     } else {
-        Err(PkiError::BadInput(format!("{name:?} is not a DNS name (letters, digits, '-' and dots; an address goes in --ip)")))
+        Err(PkiError::BadInput(format!(
+            "{name:?} is not a DNS name (letters, digits, '-' and dots; an address goes in --ip)"
+        )))
     }
 }
 
@@ -295,12 +338,19 @@ pub fn default_server_hosts() -> Vec<String> {
 /// `issued.json`. Refuses when `dir` has a CA, unless `force`.
 pub fn init(dir: &Path, req: &InitRequest) -> Result<CaInfo> {
     if req.farm.trim().is_empty() || req.farm.chars().any(char::is_control) {
-        return Err(PkiError::BadInput(format!("{:?} is not a farm name: give a short text such as \"lab\" or \"campus-a\"", req.farm)));
+        return Err(PkiError::BadInput(format!(
+            "{:?} is not a farm name: give a short text such as \"lab\" or \"campus-a\"",
+            req.farm
+        )));
     }
     std::fs::create_dir_all(dir).map_err(io("create the CA folder", dir))?;
     let _lock = lock(dir)?;
     let mut replaced = None;
-    if let Some(existing) = [CA_CERT, CA_KEY].iter().map(|f| dir.join(f)).find(|p| p.exists()) {
+    if let Some(existing) = [CA_CERT, CA_KEY]
+        .iter()
+        .map(|f| dir.join(f))
+        .find(|p| p.exists())
+    {
         if !req.force {
             return Err(PkiError::Exists {
                 path: existing,
@@ -309,7 +359,10 @@ pub fn init(dir: &Path, req: &InitRequest) -> Result<CaInfo> {
                     .into(),
             });
         }
-        let aside = dir.join(format!("replaced-{}", Timestamp::now().to_string().replace(':', "")));
+        let aside = dir.join(format!(
+            "replaced-{}",
+            Timestamp::now().to_string().replace(':', "")
+        ));
         std::fs::create_dir_all(&aside).map_err(io("create", &aside))?;
         for f in [CA_CERT, CA_KEY, ISSUED, CA_CRL] {
             let p = dir.join(f);
@@ -319,33 +372,50 @@ pub fn init(dir: &Path, req: &InitRequest) -> Result<CaInfo> {
         }
         replaced = Some(aside);
     }
-    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err("a CA key"))?;
+    let key =
+        KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err("a CA key"))?;
     let now = Timestamp::now();
     let subject = format!("{} vdstream CA", req.farm.trim());
     let mut p = CertificateParams::default();
     p.distinguished_name = rcgen::DistinguishedName::new();
-    p.distinguished_name.push(DnType::CommonName, subject.as_str());
-    p.distinguished_name.push(DnType::OrganizationName, req.farm.trim());
+    p.distinguished_name
+        .push(DnType::CommonName, subject.as_str());
+    p.distinguished_name
+        .push(DnType::OrganizationName, req.farm.trim());
     p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     p.serial_number = Some(SerialNumber::from_slice(&new_serial()?));
     p.not_before = to_time(minus(now, BACKDATE));
     let not_after = plus(now, req.valid_for).min(LAST_TIME);
     p.not_after = to_time(not_after);
-    let cert = p.self_signed(&key).map_err(sign_err("the CA certificate"))?;
+    let cert = p
+        .self_signed(&key)
+        .map_err(sign_err("the CA certificate"))?;
     // The key first: a certificate without its key would look like a CA and sign nothing.
     write_file(&dir.join(CA_KEY), key.serialize_pem().as_bytes(), 0o600)?;
     write_file(&dir.join(CA_CERT), cert.pem().as_bytes(), 0o644)?;
     save(dir, &Record::default())?;
-    Ok(CaInfo { dir: dir.to_path_buf(), subject, not_after, replaced })
+    Ok(CaInfo {
+        dir: dir.to_path_buf(),
+        subject,
+        not_after,
+        replaced,
+    })
 }
 
 fn load(dir: &Path) -> Result<Record> {
     let path = dir.join(ISSUED);
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| PkiError::Damaged { path, why: format!("not the CA's record of issued certificates: {e}") }),
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| PkiError::Damaged {
+            path,
+            why: format!("not the CA's record of issued certificates: {e}"),
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Record::default()),
-        Err(e) => Err(PkiError::Io { what: "read", path, err: e }),
+        Err(e) => Err(PkiError::Io {
+            what: "read",
+            path,
+            err: e,
+        }),
     }
 }
 
@@ -395,7 +465,12 @@ pub enum Revoke {
 impl Revoke {
     /// `ROLE:NAME` or a hex serial.
     pub fn parse(text: &str) -> Result<Revoke> {
-        if text.contains(':') && text.split(':').next().is_some_and(|r| r.bytes().any(|b| b.is_ascii_lowercase() && !b.is_ascii_hexdigit())) {
+        if text.contains(':')
+            && text.split(':').next().is_some_and(|r| {
+                r.bytes()
+                    .any(|b| b.is_ascii_lowercase() && !b.is_ascii_hexdigit())
+            })
+        {
             parse_identity(text).map(Revoke::Identity)
         } else {
             parse_serial(text).map(Revoke::Serial)
@@ -428,31 +503,61 @@ impl Ca {
     /// Opens the CA of `dir`, waiting for another command that holds it.
     pub fn open(dir: &Path) -> Result<Ca> {
         if !dir.join(CA_CERT).exists() && !dir.join(CA_KEY).exists() {
-            return Err(PkiError::NoCa { dir: dir.to_path_buf() });
+            return Err(PkiError::NoCa {
+                dir: dir.to_path_buf(),
+            });
         }
         let lock = lock(dir)?;
         let cert_path = dir.join(CA_CERT);
         let key_path = dir.join(CA_KEY);
         let cert_pem = read_text(&cert_path)?;
-        let key = KeyPair::from_pem(&read_text(&key_path)?)
-            .map_err(|e| PkiError::Damaged { path: key_path.clone(), why: format!("not a private key in PEM: {e}") })?;
-        let damaged = |why: String| PkiError::Damaged { path: cert_path.clone(), why };
+        let key = KeyPair::from_pem(&read_text(&key_path)?).map_err(|e| PkiError::Damaged {
+            path: key_path.clone(),
+            why: format!("not a private key in PEM: {e}"),
+        })?;
+        let damaged = |why: String| PkiError::Damaged {
+            path: cert_path.clone(),
+            why,
+        };
         let der = rustls::pki_types::pem::PemObject::from_pem_slice(cert_pem.as_bytes())
             .map_err(|e| damaged(format!("not a certificate in PEM: {e:?}")))?;
         let der: rustls::pki_types::CertificateDer<'static> = der;
-        let (_, x509) = x509_parser::parse_x509_certificate(&der).map_err(|e| damaged(format!("not an X.509 certificate: {e}")))?;
+        let (_, x509) = x509_parser::parse_x509_certificate(&der)
+            .map_err(|e| damaged(format!("not an X.509 certificate: {e}")))?;
         if x509.public_key().subject_public_key.data.as_ref() != key.der_bytes() {
-            return Err(damaged(format!("it does not belong to the key in {}: the CA folder is mixed up", key_path.display())));
+            return Err(damaged(format!(
+                "it does not belong to the key in {}: the CA folder is mixed up",
+                key_path.display()
+            )));
         }
-        let subject = x509.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).unwrap_or("").to_string();
+        let subject = x509
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .unwrap_or("")
+            .to_string();
         let not_after = Timestamp(x509.validity().not_after.timestamp());
         drop(x509);
-        let issuer = Issuer::from_ca_cert_der(&der, key).map_err(|e| damaged(format!("cannot sign with it: {e}")))?;
-        Ok(Ca { dir: dir.to_path_buf(), cert_pem, issuer, subject, not_after, _lock: lock })
+        let issuer = Issuer::from_ca_cert_der(&der, key)
+            .map_err(|e| damaged(format!("cannot sign with it: {e}")))?;
+        Ok(Ca {
+            dir: dir.to_path_buf(),
+            cert_pem,
+            issuer,
+            subject,
+            not_after,
+            _lock: lock,
+        })
     }
 
     pub fn info(&self) -> CaInfo {
-        CaInfo { dir: self.dir.clone(), subject: self.subject.clone(), not_after: self.not_after, replaced: None }
+        CaInfo {
+            dir: self.dir.clone(),
+            subject: self.subject.clone(),
+            not_after: self.not_after,
+            replaced: None,
+        }
     }
 
     /// Every certificate issued, oldest first.
@@ -470,13 +575,24 @@ impl Ca {
         let (role_file, is_server) = match &req.identity {
             Identity::Server(_) => ("server", true),
             Identity::Target(_) | Identity::Admin(_) => ("client", false),
-            other => return Err(PkiError::BadInput(format!("{other} has no certificate: issue one for target:ID, server:NAME or admin:NAME"))),
+            other => {
+                return Err(PkiError::BadInput(format!(
+                "{other} has no certificate: issue one for target:ID, server:NAME or admin:NAME"
+            )))
+            }
         };
         if !is_server && (!req.dns.is_empty() || !req.ips.is_empty()) {
-            return Err(PkiError::BadInput(format!("--dns and --ip name a server's hosts; {} is not a server", req.identity)));
+            return Err(PkiError::BadInput(format!(
+                "--dns and --ip name a server's hosts; {} is not a server",
+                req.identity
+            )));
         }
         let out = &req.out;
-        if out.canonicalize().ok().is_some_and(|o| self.dir.canonicalize().is_ok_and(|d| d == o)) {
+        if out
+            .canonicalize()
+            .ok()
+            .is_some_and(|o| self.dir.canonicalize().is_ok_and(|d| d == o))
+        {
             return Err(PkiError::BadInput(format!(
                 "{} is the CA folder: give --out another folder (a certificate folder holds a key the CA must not mix with its own)",
                 out.display()
@@ -488,7 +604,8 @@ impl Ca {
             if let Some(p) = [&cert_path, &key_path].into_iter().find(|p| p.exists()) {
                 return Err(PkiError::Exists {
                     path: p.clone(),
-                    what_to_do: "give --force to replace it (renewal), or another --out folder".into(),
+                    what_to_do: "give --force to replace it (renewal), or another --out folder"
+                        .into(),
                 });
             }
         }
@@ -508,27 +625,47 @@ impl Ca {
                 return Err(PkiError::BadInput("a server certificate needs a host name: give --dns or --ip (or keep the default hosts)".into()));
             }
         }
-        Ok(Prepared { is_server, cert_path, key_path, hosts })
+        Ok(Prepared {
+            is_server,
+            cert_path,
+            key_path,
+            hosts,
+        })
     }
 
     /// Issues a certificate for `req.identity` into `req.out` (see the module docs for the
     /// files). Refuses to replace a certificate or key there unless `req.force`.
     pub fn issue(&self, req: &IssueRequest) -> Result<Issued> {
-        let Prepared { is_server, cert_path, key_path, hosts } = self.prepare(req)?;
-        let (Some(uri), Some(name)) = (req.identity.role_uri(), req.identity.name()) else { unreachable!("prepare checked the role") };
+        let Prepared {
+            is_server,
+            cert_path,
+            key_path,
+            hosts,
+        } = self.prepare(req)?;
+        let (Some(uri), Some(name)) = (req.identity.role_uri(), req.identity.name()) else {
+            unreachable!("prepare checked the role")
+        };
         let out = &req.out;
         let now = Timestamp::now();
-        let valid_for = req.valid_for.unwrap_or_else(|| default_validity(&req.identity));
+        let valid_for = req
+            .valid_for
+            .unwrap_or_else(|| default_validity(&req.identity));
         let wanted = plus(now, valid_for);
         let not_after = wanted.min(self.not_after);
         if not_after <= now {
-            return Err(PkiError::BadInput(format!("the CA expired on {}: make a new one (vdstream pki init --force)", self.not_after)));
+            return Err(PkiError::BadInput(format!(
+                "the CA expired on {}: make a new one (vdstream pki init --force)",
+                self.not_after
+            )));
         }
         let serial = new_serial()?;
         let mut p = CertificateParams::default();
         p.distinguished_name = rcgen::DistinguishedName::new();
         p.distinguished_name.push(DnType::CommonName, name);
-        let ia5 = |s: &str| rcgen::string::Ia5String::try_from(s).map_err(|e| PkiError::BadInput(format!("{s:?}: {e}")));
+        let ia5 = |s: &str| {
+            rcgen::string::Ia5String::try_from(s)
+                .map_err(|e| PkiError::BadInput(format!("{s:?}: {e}")))
+        };
         p.subject_alt_names = vec![SanType::URI(ia5(&uri)?)];
         for h in &hosts {
             p.subject_alt_names.push(match h.parse::<IpAddr>() {
@@ -543,16 +680,25 @@ impl Ca {
         // keyEncipherment means nothing for an ECDSA key, but qemu's tls-creds-x509 refuses a
         // certificate whose (critical) key usage lacks it: "usage does not permit key
         // encipherment". gnutls's certtool sets both for TLS certificates too.
-        p.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        p.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         p.extended_key_usages = if is_server {
-            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth]
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ]
         } else {
             vec![ExtendedKeyUsagePurpose::ClientAuth]
         };
         p.use_authority_key_identifier_extension = true;
         p.key_identifier_method = KeyIdMethod::Sha256;
-        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err("a key"))?;
-        let cert = p.signed_by(&key, &self.issuer).map_err(sign_err(format!("the certificate of {}", req.identity)))?;
+        let key =
+            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err("a key"))?;
+        let cert = p
+            .signed_by(&key, &self.issuer)
+            .map_err(sign_err(format!("the certificate of {}", req.identity)))?;
         let record = IssuedCert {
             serial: hex(&serial),
             identity: req.identity.to_string(),
@@ -573,15 +719,27 @@ impl Ca {
         write_file(&out.join(CA_CERT), self.cert_pem.as_bytes(), 0o644)?;
         let crl = self.dir.join(CA_CRL);
         if crl.exists() {
-            write_file(&out.join(CA_CRL), &std::fs::read(&crl).map_err(io("read", &crl))?, 0o644)?;
+            write_file(
+                &out.join(CA_CRL),
+                &std::fs::read(&crl).map_err(io("read", &crl))?,
+                0o644,
+            )?;
             files.push(out.join(CA_CRL));
         }
-        Ok(Issued { cert: record, files, shortened: not_after < wanted })
+        Ok(Issued {
+            cert: record,
+            files,
+            shortened: not_after < wanted,
+        })
     }
 
     /// Revokes a serial, or every unrevoked certificate of an identity, and signs a new CRL
     /// (written to the CA folder, and to `crl_out` too when given).
-    pub fn revoke(&self, what: &Revoke, crl_out: Option<&Path>) -> Result<(Vec<IssuedCert>, CrlInfo)> {
+    pub fn revoke(
+        &self,
+        what: &Revoke,
+        crl_out: Option<&Path>,
+    ) -> Result<(Vec<IssuedCert>, CrlInfo)> {
         let mut rec = load(&self.dir)?;
         let now = Timestamp::now();
         let mut done = Vec::new();
@@ -591,14 +749,21 @@ impl Ca {
                     PkiError::NotIssued(format!("this CA issued no certificate with serial {s}: `vdstream pki list` shows the serials"))
                 })?;
                 if let Some(when) = c.revoked {
-                    return Err(PkiError::AlreadyRevoked(format!("certificate {s} of {} was revoked on {when} already", c.identity)));
+                    return Err(PkiError::AlreadyRevoked(format!(
+                        "certificate {s} of {} was revoked on {when} already",
+                        c.identity
+                    )));
                 }
                 c.revoked = Some(now);
                 done.push(c.clone());
             }
             Revoke::Identity(id) => {
                 let shown = id.to_string();
-                for c in rec.certificates.iter_mut().filter(|c| c.identity == shown && c.revoked.is_none()) {
+                for c in rec
+                    .certificates
+                    .iter_mut()
+                    .filter(|c| c.identity == shown && c.revoked.is_none())
+                {
                     c.revoked = Some(now);
                     done.push(c.clone());
                 }
@@ -641,7 +806,9 @@ impl Ca {
             revoked_certs: revoked,
             key_identifier_method: KeyIdMethod::Sha256,
         };
-        let crl = params.signed_by(&self.issuer).map_err(sign_err("the revocation list"))?;
+        let crl = params
+            .signed_by(&self.issuer)
+            .map_err(sign_err("the revocation list"))?;
         let pem = crl.pem().map_err(sign_err("the revocation list"))?;
         // The record before the CRL: a revocation on record is in every later CRL.
         save(&self.dir, rec)?;
@@ -649,13 +816,23 @@ impl Ca {
         write_file(&path, pem.as_bytes(), 0o644)?;
         let copy = match crl_out {
             Some(p) => {
-                let p = if p.is_dir() { p.join(CA_CRL) } else { p.to_path_buf() };
+                let p = if p.is_dir() {
+                    p.join(CA_CRL)
+                } else {
+                    p.to_path_buf()
+                };
                 write_file(&p, pem.as_bytes(), 0o644)?;
                 Some(p)
             }
             None => None,
         };
-        Ok(CrlInfo { path, number: rec.crl_number, next_update, revoked: params.revoked_certs.len(), copy })
+        Ok(CrlInfo {
+            path,
+            number: rec.crl_number,
+            next_update,
+            revoked: params.revoked_certs.len(),
+            copy,
+        })
     }
 }
 

@@ -22,9 +22,13 @@ use vdstream_blockdev::BlockDev;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringState, VringT};
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{
+    GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 
 use crate::config::{config_window, Geometry, Options, CONFIG_LEN};
 use crate::request::{Executor, Stats};
@@ -56,11 +60,20 @@ pub struct Backend {
 }
 
 impl Backend {
-    pub(crate) fn new(dev: Arc<dyn BlockDev>, opts: Options, mem: Memory, stats: Arc<Stats>, log: Arc<LogLimiter>, name: String) -> std::io::Result<Backend> {
+    pub(crate) fn new(
+        dev: Arc<dyn BlockDev>,
+        opts: Options,
+        mem: Memory,
+        stats: Arc<Stats>,
+        log: Arc<LogLimiter>,
+        name: String,
+    ) -> std::io::Result<Backend> {
         let geom = Geometry::of(&*dev, &opts);
         let config = geom.config_space(opts.queues);
         let exits = (0..threads(&opts))
-            .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).map(Some))
+            .map(|_| {
+                new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).map(Some)
+            })
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Backend {
             dev,
@@ -97,7 +110,11 @@ impl Backend {
             let size = queue.size();
             // An available index more than a queue ahead is the frontend's bug: virtio-queue
             // would refuse each pop and this thread would spin. Leave the queue as it is.
-            let ahead = queue.avail_idx(&*mem, Ordering::Acquire).map_err(std::io::Error::other)?.0.wrapping_sub(queue.next_avail());
+            let ahead = queue
+                .avail_idx(&*mem, Ordering::Acquire)
+                .map_err(std::io::Error::other)?
+                .0
+                .wrapping_sub(queue.next_avail());
             if ahead > size {
                 self.stats.malformed.fetch_add(1, Ordering::Relaxed);
                 self.log.log(
@@ -111,7 +128,9 @@ impl Backend {
                 );
                 return Ok(());
             }
-            state.disable_notification().map_err(std::io::Error::other)?;
+            state
+                .disable_notification()
+                .map_err(std::io::Error::other)?;
             let popped = self.batch(&mut state, &mem, usize::from(size), buf)?;
             if popped == 0 && ahead > 0 {
                 // Chains were there and none could be taken (the ring itself is outside the
@@ -137,13 +156,29 @@ impl Backend {
 
     /// Carries out at most `max` requests of the queue and signals the guest once for them;
     /// returns how many chains it took.
-    fn batch(&self, state: &mut VringState<Memory>, mem: &GuestMemoryMmap, max: usize, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    fn batch(
+        &self,
+        state: &mut VringState<Memory>,
+        mem: &GuestMemoryMmap,
+        max: usize,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<usize> {
         let write_through = !self.flush_acked.load(Ordering::Relaxed);
-        let mut exec = Executor { dev: &*self.dev, geom: &self.geom, stats: &self.stats, log: &self.log, name: &self.name, write_through, buf };
+        let mut exec = Executor {
+            dev: &*self.dev,
+            geom: &self.geom,
+            stats: &self.stats,
+            log: &self.log,
+            name: &self.name,
+            write_through,
+            buf,
+        };
         let mut popped = 0;
         let mut used = 0;
         while popped < max {
-            let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) else { break };
+            let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) else {
+                break;
+            };
             popped += 1;
             let head = chain.head_index();
             let outcome = exec.execute(mem, chain);
@@ -153,7 +188,10 @@ impl Backend {
                     log::Level::Warn,
                     "vdstream::vhost",
                     "vhost-used",
-                    format_args!("{}: request {head} cannot be given back ({e}): dropped", self.name),
+                    format_args!(
+                        "{}: request {head} cannot be given back ({e}): dropped",
+                        self.name
+                    ),
                 );
                 continue;
             }
@@ -171,7 +209,10 @@ impl Backend {
         let mem = self.mem.memory();
         let mut why = None;
         if mem.num_regions() > MAX_REGIONS {
-            why = Some(format!("{} memory regions, above the {MAX_REGIONS} a frontend may give", mem.num_regions()));
+            why = Some(format!(
+                "{} memory regions, above the {MAX_REGIONS} a frontend may give",
+                mem.num_regions()
+            ));
         }
         for r in mem.iter() {
             let Some(fo) = r.file_offset() else { continue };
@@ -179,7 +220,12 @@ impl Backend {
             match fo.file().metadata() {
                 // A file shorter than its mapping would raise SIGBUS at the first access.
                 Ok(m) if m.len() < need => {
-                    why = Some(format!("a region of {} bytes at guest address {:#x} is backed by a file of {} bytes", r.len(), r.start_addr().0, m.len()))
+                    why = Some(format!(
+                    "a region of {} bytes at guest address {:#x} is backed by a file of {} bytes",
+                    r.len(),
+                    r.start_addr().0,
+                    m.len()
+                ))
                 }
                 Err(e) => why = Some(format!("a region's file cannot be checked: {e}")),
                 Ok(_) => {}
@@ -187,8 +233,14 @@ impl Backend {
         }
         drop(mem);
         if let Some(why) = why {
-            self.mem.lock().expect("guest memory lock").replace(GuestMemoryMmap::new());
-            log::warn!("{}: the frontend's memory table is refused: {why}", self.name);
+            self.mem
+                .lock()
+                .expect("guest memory lock")
+                .replace(GuestMemoryMmap::new());
+            log::warn!(
+                "{}: the frontend's memory table is refused: {why}",
+                self.name
+            );
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why));
         }
         Ok(())
@@ -197,7 +249,12 @@ impl Backend {
 
 impl Drop for Backend {
     fn drop(&mut self) {
-        for fd in self.handed.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default() {
+        for fd in self
+            .handed
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+        {
             // SAFETY: each fd was an exit consumer handed to vhost-user-backend, which turned
             // it into a raw fd for its epoll and never closes it; its epoll and thread are
             // gone (they held this backend), so nothing else uses or closes it.
@@ -238,7 +295,9 @@ impl VhostUserBackend for Backend {
         // CONFIG: qemu's vhost-user-blk reads the configuration space; CONFIGURE_MEM_SLOTS:
         // libblkio's frontend requires it; MQ: GET_QUEUE_NUM, without which qemu takes one
         // queue. (REPLY_ACK is added by the vhost crate.)
-        VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+        VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
     }
 
     fn set_event_idx(&self, _enabled: bool) {
@@ -251,11 +310,17 @@ impl VhostUserBackend for Backend {
 
     fn set_config(&self, _offset: u32, _buf: &[u8]) -> std::io::Result<()> {
         // Nothing is writable: no CONFIG_WCE (the cache mode is the write cache's).
-        Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "the configuration space of a vdstream disk is read-only"))
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the configuration space of a vdstream disk is read-only",
+        ))
     }
 
     fn acked_features(&self, features: u64) {
-        self.flush_acked.store(features & 1 << virtio_bindings::bindings::virtio_blk::VIRTIO_BLK_F_FLUSH != 0, Ordering::Relaxed);
+        self.flush_acked.store(
+            features & 1 << virtio_bindings::bindings::virtio_blk::VIRTIO_BLK_F_FLUSH != 0,
+            Ordering::Relaxed,
+        );
     }
 
     fn update_memory(&self, _mem: Memory) -> std::io::Result<()> {
@@ -265,26 +330,52 @@ impl VhostUserBackend for Backend {
 
     fn queues_per_thread(&self) -> Vec<u64> {
         let t = threads(&self.opts);
-        (0..t).map(|thread| (0..usize::from(self.opts.queues.max(1))).filter(|q| q % t == thread).fold(0u64, |m, q| m | 1 << q)).collect()
+        (0..t)
+            .map(|thread| {
+                (0..usize::from(self.opts.queues.max(1)))
+                    .filter(|q| q % t == thread)
+                    .fold(0u64, |m, q| m | 1 << q)
+            })
+            .collect()
     }
 
     fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        let pair = self.exits.lock().expect("exit events lock").get_mut(thread_index)?.take();
+        let pair = self
+            .exits
+            .lock()
+            .expect("exit events lock")
+            .get_mut(thread_index)?
+            .take();
         match pair {
             Some((consumer, notifier)) => {
-                self.handed.lock().expect("exit events lock").push(consumer.as_raw_fd());
+                self.handed
+                    .lock()
+                    .expect("exit events lock")
+                    .push(consumer.as_raw_fd());
                 Some((consumer, notifier))
             }
             None => {
-                log::error!("{}: queue thread {thread_index} asked for its exit event twice", self.name);
+                log::error!(
+                    "{}: queue thread {thread_index} asked for its exit event twice",
+                    self.name
+                );
                 None
             }
         }
     }
 
-    fn handle_event(&self, device_event: u16, evset: EventSet, vrings: &[VringRwLock], _thread_id: usize) -> std::io::Result<()> {
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> std::io::Result<()> {
         if !evset.contains(EventSet::IN) {
-            log::warn!("{}: queue event {device_event} with unexpected epoll events {evset:?}: ignored", self.name);
+            log::warn!(
+                "{}: queue event {device_event} with unexpected epoll events {evset:?}: ignored",
+                self.name
+            );
             return Ok(());
         }
         let Some(vring) = vrings.get(usize::from(device_event)) else {
@@ -295,7 +386,12 @@ impl VhostUserBackend for Backend {
             if let Err(e) = self.serve_queue(vring, &mut buf) {
                 // A ring the frontend broke (an avail index too far ahead, a used ring outside
                 // its memory): this kick is dropped, the thread goes on.
-                self.log.log(log::Level::Warn, "vdstream::vhost", "vhost-queue", format_args!("{}: a queue of thread {_thread_id}: {e}", self.name));
+                self.log.log(
+                    log::Level::Warn,
+                    "vdstream::vhost",
+                    "vhost-queue",
+                    format_args!("{}: a queue of thread {_thread_id}: {e}", self.name),
+                );
             }
         });
         Ok(())

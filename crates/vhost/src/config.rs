@@ -10,7 +10,9 @@ use vdstream_blockdev::{BlockDev, Caps};
 use vhost::vhost_user::message::VhostUserVirtioFeatures;
 use virtio_bindings::bindings::virtio_blk::*;
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_bindings::bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
 
 /// Bytes of `struct virtio_blk_config` up to and including the zoned fields.
 pub const CONFIG_LEN: usize = 96;
@@ -46,7 +48,14 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { queues: 1, threads: 1, queue_size: 1024, logical_block: 512, read_only: false, serial: String::new() }
+        Options {
+            queues: 1,
+            threads: 1,
+            queue_size: 1024,
+            logical_block: 512,
+            read_only: false,
+            serial: String::new(),
+        }
     }
 }
 
@@ -126,7 +135,10 @@ impl Geometry {
         let exp = (self.preferred_block / self.logical_block).trailing_zeros() as u8;
         put(24, &[exp, 0]);
         put(26, &1u16.to_le_bytes());
-        put(28, &(self.preferred_block / self.logical_block).to_le_bytes());
+        put(
+            28,
+            &(self.preferred_block / self.logical_block).to_le_bytes(),
+        );
         put(34, &queues.to_le_bytes());
         let align = (self.preferred_block >> 9).max(1);
         if self.discard {
@@ -148,7 +160,9 @@ impl Geometry {
 pub fn config_window(space: &[u8], offset: u32, size: u32) -> Vec<u8> {
     let mut out = vec![0u8; size as usize];
     let start = (offset as usize).min(space.len());
-    let end = (offset as usize).saturating_add(size as usize).min(space.len());
+    let end = (offset as usize)
+        .saturating_add(size as usize)
+        .min(space.len());
     out[..end - start].copy_from_slice(&space[start..end]);
     out
 }
@@ -161,11 +175,29 @@ mod tests {
     #[test]
     fn config_space_carries_size_block_size_and_queues() {
         let dev = MemoryDev::new(64 << 20);
-        let g = Geometry::of(&dev, &Options { logical_block: 4096, ..Options::default() });
+        let g = Geometry::of(
+            &dev,
+            &Options {
+                logical_block: 4096,
+                ..Options::default()
+            },
+        );
         let c = g.config_space(4);
-        assert_eq!(u64::from_le_bytes(c[0..8].try_into().unwrap()), (64 << 20) / 512, "capacity in 512-byte sectors");
-        assert_eq!(u32::from_le_bytes(c[20..24].try_into().unwrap()), 4096, "blk_size");
-        assert_eq!(u16::from_le_bytes(c[34..36].try_into().unwrap()), 4, "num_queues");
+        assert_eq!(
+            u64::from_le_bytes(c[0..8].try_into().unwrap()),
+            (64 << 20) / 512,
+            "capacity in 512-byte sectors"
+        );
+        assert_eq!(
+            u32::from_le_bytes(c[20..24].try_into().unwrap()),
+            4096,
+            "blk_size"
+        );
+        assert_eq!(
+            u16::from_le_bytes(c[34..36].try_into().unwrap()),
+            4,
+            "num_queues"
+        );
         let f = g.features(4);
         assert_ne!(f & 1 << VIRTIO_BLK_F_MQ, 0);
         assert_ne!(f & 1 << VIRTIO_BLK_F_WRITE_ZEROES, 0);
@@ -175,10 +207,19 @@ mod tests {
     #[test]
     fn read_only_offers_no_writes() {
         let dev = MemoryDev::new(1 << 20);
-        let g = Geometry::of(&dev, &Options { read_only: true, ..Options::default() });
+        let g = Geometry::of(
+            &dev,
+            &Options {
+                read_only: true,
+                ..Options::default()
+            },
+        );
         let f = g.features(1);
         assert_ne!(f & 1 << VIRTIO_BLK_F_RO, 0);
-        assert_eq!(f & (1 << VIRTIO_BLK_F_DISCARD | 1 << VIRTIO_BLK_F_WRITE_ZEROES | 1 << VIRTIO_BLK_F_MQ), 0);
+        assert_eq!(
+            f & (1 << VIRTIO_BLK_F_DISCARD | 1 << VIRTIO_BLK_F_WRITE_ZEROES | 1 << VIRTIO_BLK_F_MQ),
+            0
+        );
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! It writes any descriptor asked for, well-formed or not, so tests can hand the backend
 //! chains no real driver would build.
 
-use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_bindings::bindings::virtio_ring::{
+    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
@@ -48,7 +50,14 @@ impl SplitRing {
         let desc = base;
         let avail = desc + 16 * u64::from(size);
         let used = (avail + 6 + 2 * u64::from(size) + 4095) & !4095;
-        SplitRing { size, desc: GuestAddress(desc), avail: GuestAddress(avail), used: GuestAddress(used), next_desc: 0, avail_idx: 0 }
+        SplitRing {
+            size,
+            desc: GuestAddress(desc),
+            avail: GuestAddress(avail),
+            used: GuestAddress(used),
+            next_desc: 0,
+            avail_idx: 0,
+        }
     }
 
     /// Bytes from `base` the ring occupies.
@@ -59,7 +68,8 @@ impl SplitRing {
     /// Zeroes the rings' indexes in `mem`.
     pub fn init<M: GuestMemory>(&mut self, mem: &M) {
         let zeros = vec![0u8; self.bytes() as usize];
-        mem.write_slice(&zeros, self.desc).expect("the ring is in guest memory");
+        mem.write_slice(&zeros, self.desc)
+            .expect("the ring is in guest memory");
         self.next_desc = 0;
         self.avail_idx = 0;
     }
@@ -88,10 +98,12 @@ impl SplitRing {
     /// Makes `head` available to the device.
     pub fn publish<M: GuestMemory>(&mut self, mem: &M, head: u16) {
         let slot = self.avail.0 + 4 + 2 * u64::from(self.avail_idx % self.size);
-        mem.write_obj(head.to_le(), GuestAddress(slot)).expect("the ring is in guest memory");
+        mem.write_obj(head.to_le(), GuestAddress(slot))
+            .expect("the ring is in guest memory");
         self.avail_idx = self.avail_idx.wrapping_add(1);
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        mem.write_obj(self.avail_idx.to_le(), GuestAddress(self.avail.0 + 2)).expect("the ring is in guest memory");
+        mem.write_obj(self.avail_idx.to_le(), GuestAddress(self.avail.0 + 2))
+            .expect("the ring is in guest memory");
     }
 
     /// Writes `segs` as one chain of consecutive descriptors and publishes it; returns its
@@ -102,7 +114,16 @@ impl SplitRing {
             let index = (head + i as u16) % self.size;
             let last = i + 1 == segs.len();
             let flags = if s.write { WRITE } else { 0 } | if last { 0 } else { NEXT };
-            self.write_desc(mem, index, Desc { addr: s.addr, len: s.len, flags, next: (index + 1) % self.size });
+            self.write_desc(
+                mem,
+                index,
+                Desc {
+                    addr: s.addr,
+                    len: s.len,
+                    flags,
+                    next: (index + 1) % self.size,
+                },
+            );
         }
         self.next_desc = (head + segs.len().max(1) as u16) % self.size;
         self.publish(mem, head);
@@ -111,14 +132,21 @@ impl SplitRing {
 
     /// How many chains the device has given back.
     pub fn used_idx<M: GuestMemory>(&self, mem: &M) -> u16 {
-        u16::from_le(mem.read_obj(GuestAddress(self.used.0 + 2)).expect("the ring is in guest memory"))
+        u16::from_le(
+            mem.read_obj(GuestAddress(self.used.0 + 2))
+                .expect("the ring is in guest memory"),
+        )
     }
 
     /// The `n`th used element: the head and the length the device wrote.
     pub fn used_elem<M: GuestMemory>(&self, mem: &M, n: u16) -> (u32, u32) {
         let at = self.used.0 + 4 + 8 * u64::from(n % self.size);
-        let id: u32 = mem.read_obj(GuestAddress(at)).expect("the ring is in guest memory");
-        let len: u32 = mem.read_obj(GuestAddress(at + 4)).expect("the ring is in guest memory");
+        let id: u32 = mem
+            .read_obj(GuestAddress(at))
+            .expect("the ring is in guest memory");
+        let len: u32 = mem
+            .read_obj(GuestAddress(at + 4))
+            .expect("the ring is in guest memory");
         (u32::from_le(id), u32::from_le(len))
     }
 }
@@ -130,7 +158,8 @@ pub fn write_desc_at<M: GuestMemory>(mem: &M, addr: u64, d: Desc) {
     b[8..12].copy_from_slice(&d.len.to_le_bytes());
     b[12..14].copy_from_slice(&d.flags.to_le_bytes());
     b[14..16].copy_from_slice(&d.next.to_le_bytes());
-    mem.write_slice(&b, GuestAddress(addr)).expect("the descriptor is in guest memory");
+    mem.write_slice(&b, GuestAddress(addr))
+        .expect("the descriptor is in guest memory");
 }
 
 /// A virtio-blk request header.

@@ -80,7 +80,11 @@ struct Fail {
 }
 
 fn malformed(why: impl Into<String>) -> Fail {
-    Fail { status: VIRTIO_BLK_S_IOERR as u8, malformed: true, why: why.into() }
+    Fail {
+        status: VIRTIO_BLK_S_IOERR as u8,
+        malformed: true,
+        why: why.into(),
+    }
 }
 
 impl Executor<'_> {
@@ -104,7 +108,10 @@ impl Executor<'_> {
                     "vhost-malformed",
                     format_args!("{}: request {head} has no status byte the device can write ({why}): given back unanswered", self.name),
                 );
-                return Outcome { status: None, used_len: 0 };
+                return Outcome {
+                    status: None,
+                    used_len: 0,
+                };
             }
         };
         let mut malformed_counted = false;
@@ -120,8 +127,17 @@ impl Executor<'_> {
                     &self.stats.errors
                 };
                 counter.fetch_add(1, Relaxed);
-                let kind = if f.malformed { "vhost-malformed" } else { "vhost-failed" };
-                self.log.log(log::Level::Warn, "vdstream::vhost", kind, format_args!("{}: request {head}: {}", self.name, f.why));
+                let kind = if f.malformed {
+                    "vhost-malformed"
+                } else {
+                    "vhost-failed"
+                };
+                self.log.log(
+                    log::Level::Warn,
+                    "vdstream::vhost",
+                    kind,
+                    format_args!("{}: request {head}: {}", self.name, f.why),
+                );
                 (f.status, 0)
             }
         };
@@ -136,30 +152,54 @@ impl Executor<'_> {
                 "vhost-malformed",
                 format_args!("{}: request {head}: its status byte at {:#x} is outside guest memory: given back unanswered", self.name, status_addr.0),
             );
-            return Outcome { status: None, used_len: 0 };
+            return Outcome {
+                status: None,
+                used_len: 0,
+            };
         }
-        Outcome { status: Some(status), used_len: data_len.saturating_add(1) }
+        Outcome {
+            status: Some(status),
+            used_len: data_len.saturating_add(1),
+        }
     }
 
     /// The request itself; returns the bytes written into the chain's data buffers.
-    fn run<T>(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<T>, shape: &Shape) -> Result<u32, Fail>
+    fn run<T>(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        chain: DescriptorChain<T>,
+        shape: &Shape,
+    ) -> Result<u32, Fail>
     where
         T: std::ops::Deref + Clone,
         T::Target: GuestMemory + Sized,
     {
         if shape.count > MAX_DESCRIPTORS {
-            return Err(malformed(format!("more than {MAX_DESCRIPTORS} descriptors")));
+            return Err(malformed(format!(
+                "more than {MAX_DESCRIPTORS} descriptors"
+            )));
         }
         if shape.readable_after_writable {
-            return Err(malformed("a device-readable descriptor follows a device-writable one"));
+            return Err(malformed(
+                "a device-readable descriptor follows a device-writable one",
+            ));
         }
-        let mut reader: Reader<'_> = Reader::new(mem, chain.clone()).map_err(|e| malformed(format!("its readable buffers: {e}")))?;
-        let mut writer: Writer<'_> = Writer::new(mem, chain).map_err(|e| malformed(format!("its writable buffers: {e}")))?;
+        let mut reader: Reader<'_> = Reader::new(mem, chain.clone())
+            .map_err(|e| malformed(format!("its readable buffers: {e}")))?;
+        let mut writer: Writer<'_> =
+            Writer::new(mem, chain).map_err(|e| malformed(format!("its writable buffers: {e}")))?;
         // The status byte is the writer's last byte; what comes before it is data.
         let writable = writer.available_bytes();
-        let _status = writer.split_at(writable.saturating_sub(1)).map_err(|e| malformed(format!("its status byte: {e}")))?;
+        let _status = writer
+            .split_at(writable.saturating_sub(1))
+            .map_err(|e| malformed(format!("its status byte: {e}")))?;
         let mut hdr = [0u8; 16];
-        reader.read_exact(&mut hdr).map_err(|_| malformed(format!("its header has {} bytes, not 16", reader.bytes_read())))?;
+        reader.read_exact(&mut hdr).map_err(|_| {
+            malformed(format!(
+                "its header has {} bytes, not 16",
+                reader.bytes_read()
+            ))
+        })?;
         let kind = u32::from_le_bytes(hdr[0..4].try_into().expect("4 bytes"));
         let sector = u64::from_le_bytes(hdr[8..16].try_into().expect("8 bytes"));
         match kind {
@@ -185,7 +225,9 @@ impl Executor<'_> {
             }
             VIRTIO_BLK_T_GET_ID => {
                 let n = writer.available_bytes().min(self.geom.serial.len());
-                writer.write_all(&self.geom.serial[..n]).map_err(|e| malformed(format!("its ID buffer: {e}")))?;
+                writer
+                    .write_all(&self.geom.serial[..n])
+                    .map_err(|e| malformed(format!("its ID buffer: {e}")))?;
                 Ok(n as u32)
             }
             VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES => {
@@ -193,20 +235,36 @@ impl Executor<'_> {
                 let what = if discard { "discard" } else { "write-zeroes" };
                 if (discard && !self.geom.discard) || (!discard && !self.geom.write_zeroes) {
                     if self.geom.read_only {
-                        return Err(Fail { status: VIRTIO_BLK_S_IOERR as u8, malformed: false, why: format!("a {what} on a read-only disk") });
+                        return Err(Fail {
+                            status: VIRTIO_BLK_S_IOERR as u8,
+                            malformed: false,
+                            why: format!("a {what} on a read-only disk"),
+                        });
                     }
-                    return Err(Fail { status: VIRTIO_BLK_S_UNSUPP as u8, malformed: false, why: format!("{what} is not offered") });
+                    return Err(Fail {
+                        status: VIRTIO_BLK_S_UNSUPP as u8,
+                        malformed: false,
+                        why: format!("{what} is not offered"),
+                    });
                 }
                 self.ranges(&mut reader, discard)?;
                 Ok(0)
             }
-            other => Err(Fail { status: VIRTIO_BLK_S_UNSUPP as u8, malformed: false, why: format!("request type {other} is not supported") }),
+            other => Err(Fail {
+                status: VIRTIO_BLK_S_UNSUPP as u8,
+                malformed: false,
+                why: format!("request type {other} is not supported"),
+            }),
         }
     }
 
     fn writable(&self, what: &str) -> Result<(), Fail> {
         if self.geom.read_only {
-            return Err(Fail { status: VIRTIO_BLK_S_IOERR as u8, malformed: false, why: format!("a {what} on a read-only disk") });
+            return Err(Fail {
+                status: VIRTIO_BLK_S_IOERR as u8,
+                malformed: false,
+                why: format!("a {what} on a read-only disk"),
+            });
         }
         Ok(())
     }
@@ -215,10 +273,17 @@ impl Executor<'_> {
     /// the disk and aligned to its logical block.
     fn range(&self, what: &str, sector: u64, len: u64) -> Result<u64, Fail> {
         let block = u64::from(self.geom.logical_block);
-        let offset = sector.checked_mul(512).ok_or_else(|| malformed(format!("a {what} at sector {sector}, past any disk")))?;
-        let end = offset.checked_add(len).ok_or_else(|| malformed(format!("a {what} of {len} bytes at {offset} overflows")))?;
+        let offset = sector
+            .checked_mul(512)
+            .ok_or_else(|| malformed(format!("a {what} at sector {sector}, past any disk")))?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| malformed(format!("a {what} of {len} bytes at {offset} overflows")))?;
         if end > self.geom.size {
-            return Err(malformed(format!("a {what} of {len} bytes at {offset} ends past the disk's {} bytes", self.geom.size)));
+            return Err(malformed(format!(
+                "a {what} of {len} bytes at {offset} ends past the disk's {} bytes",
+                self.geom.size
+            )));
         }
         if offset % block != 0 || len % block != 0 {
             return Err(malformed(format!("a {what} of {len} bytes at {offset} is not aligned to the {block}-byte logical block")));
@@ -232,8 +297,12 @@ impl Executor<'_> {
             let n = (len - done).min(PIECE as u64) as usize;
             self.buf.resize(n.max(self.buf.len()), 0);
             let piece = &mut self.buf[..n];
-            self.dev.read_at(piece, offset + done).map_err(|e| io_fail("read", &e))?;
-            writer.write_all(piece).map_err(|e| malformed(format!("its data buffers: {e}")))?;
+            self.dev
+                .read_at(piece, offset + done)
+                .map_err(|e| io_fail("read", &e))?;
+            writer
+                .write_all(piece)
+                .map_err(|e| malformed(format!("its data buffers: {e}")))?;
             done += n as u64;
         }
         Ok(())
@@ -245,8 +314,12 @@ impl Executor<'_> {
             let n = (len - done).min(PIECE as u64) as usize;
             self.buf.resize(n.max(self.buf.len()), 0);
             let piece = &mut self.buf[..n];
-            reader.read_exact(piece).map_err(|e| malformed(format!("its data buffers: {e}")))?;
-            self.dev.write_at(piece, offset + done, self.write_through).map_err(|e| io_fail("write", &e))?;
+            reader
+                .read_exact(piece)
+                .map_err(|e| malformed(format!("its data buffers: {e}")))?;
+            self.dev
+                .write_at(piece, offset + done, self.write_through)
+                .map_err(|e| io_fail("write", &e))?;
             done += n as u64;
         }
         Ok(())
@@ -262,16 +335,28 @@ impl Executor<'_> {
         let mut segs = Vec::with_capacity(bytes / 16);
         for _ in 0..bytes / 16 {
             let mut s = [0u8; 16];
-            reader.read_exact(&mut s).map_err(|e| malformed(format!("its segments: {e}")))?;
+            reader
+                .read_exact(&mut s)
+                .map_err(|e| malformed(format!("its segments: {e}")))?;
             let sector = u64::from_le_bytes(s[0..8].try_into().expect("8 bytes"));
             let sectors = u32::from_le_bytes(s[8..12].try_into().expect("4 bytes"));
             let flags = u32::from_le_bytes(s[12..16].try_into().expect("4 bytes"));
-            let allowed = if discard { 0 } else { VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP };
+            let allowed = if discard {
+                0
+            } else {
+                VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP
+            };
             if flags & !allowed != 0 {
-                return Err(Fail { status: VIRTIO_BLK_S_UNSUPP as u8, malformed: false, why: format!("a {what} with flags {flags:#x}") });
+                return Err(Fail {
+                    status: VIRTIO_BLK_S_UNSUPP as u8,
+                    malformed: false,
+                    why: format!("a {what} with flags {flags:#x}"),
+                });
             }
             if sectors > MAX_RANGE_SECTORS {
-                return Err(malformed(format!("a {what} of {sectors} sectors, above the {MAX_RANGE_SECTORS} offered")));
+                return Err(malformed(format!(
+                    "a {what} of {sectors} sectors, above the {MAX_RANGE_SECTORS} offered"
+                )));
             }
             let len = u64::from(sectors) * 512;
             let offset = self.range(what, sector, len)?;
@@ -280,11 +365,19 @@ impl Executor<'_> {
         for (offset, len, unmap) in segs {
             if discard {
                 self.stats.discard_ops.fetch_add(1, Relaxed);
-                self.dev.trim(offset, len, self.write_through).map_err(|e| io_fail("discard", &e))?;
+                self.dev
+                    .trim(offset, len, self.write_through)
+                    .map_err(|e| io_fail("discard", &e))?;
             } else {
                 self.stats.zero_ops.fetch_add(1, Relaxed);
-                let flags = ZeroFlags { may_trim: unmap && self.geom.zeroes_may_unmap, fua: self.write_through, ..ZeroFlags::default() };
-                self.dev.write_zeroes(offset, len, flags).map_err(|e| io_fail("write-zeroes", &e))?;
+                let flags = ZeroFlags {
+                    may_trim: unmap && self.geom.zeroes_may_unmap,
+                    fua: self.write_through,
+                    ..ZeroFlags::default()
+                };
+                self.dev
+                    .write_zeroes(offset, len, flags)
+                    .map_err(|e| io_fail("write-zeroes", &e))?;
             }
         }
         Ok(())
@@ -292,7 +385,11 @@ impl Executor<'_> {
 }
 
 fn io_fail(what: &str, e: &vdstream_blockdev::Error) -> Fail {
-    Fail { status: VIRTIO_BLK_S_IOERR as u8, malformed: false, why: format!("the {what} failed: {e}") }
+    Fail {
+        status: VIRTIO_BLK_S_IOERR as u8,
+        malformed: false,
+        why: format!("the {what} failed: {e}"),
+    }
 }
 
 /// Where the status byte is: the last byte of the last descriptor, which must be
@@ -310,7 +407,11 @@ impl Shape {
         T: std::ops::Deref,
         T::Target: GuestMemory + Sized,
     {
-        let mut shape = Shape { count: 0, readable_after_writable: false, last: None };
+        let mut shape = Shape {
+            count: 0,
+            readable_after_writable: false,
+            last: None,
+        };
         let mut writable_seen = false;
         for d in chain.take(MAX_DESCRIPTORS + 1) {
             shape.count += 1;
@@ -335,7 +436,11 @@ fn status_address(shape: &Shape) -> Result<GuestAddress, &'static str> {
     if last.len() == 0 {
         return Err("its last descriptor is empty");
     }
-    last.addr().0.checked_add(u64::from(last.len()) - 1).map(GuestAddress).ok_or("its last descriptor wraps around the address space")
+    last.addr()
+        .0
+        .checked_add(u64::from(last.len()) - 1)
+        .map(GuestAddress)
+        .ok_or("its last descriptor wraps around the address space")
 }
 
 #[cfg(test)]

@@ -54,7 +54,10 @@ struct Shared {
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").field("stop", &self.stop).field("connections", &self.connections).finish_non_exhaustive()
+        f.debug_struct("Shared")
+            .field("stop", &self.stop)
+            .field("connections", &self.connections)
+            .finish_non_exhaustive()
     }
 }
 
@@ -72,21 +75,37 @@ pub struct ServerFigures {
 impl VhostServer {
     /// Serves `dev` on `listener` (already bound at `path`) from a thread of its own.
     /// `name` names the device in log lines (the target id).
-    pub fn start(listener: UnixListener, path: &Path, dev: Arc<dyn BlockDev>, opts: Options, name: &str) -> std::io::Result<VhostServer> {
+    pub fn start(
+        listener: UnixListener,
+        path: &Path,
+        dev: Arc<dyn BlockDev>,
+        opts: Options,
+        name: &str,
+    ) -> std::io::Result<VhostServer> {
         let bad = |why: String| Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why));
         if !(1..=64).contains(&opts.queues) {
             return bad(format!("{} queues: offer 1 to 64", opts.queues));
         }
         if !opts.queue_size.is_power_of_two() || opts.queue_size > 32768 {
-            return bad(format!("a queue size of {}: a power of two up to 32768", opts.queue_size));
+            return bad(format!(
+                "a queue size of {}: a power of two up to 32768",
+                opts.queue_size
+            ));
         }
         listener.set_nonblocking(false)?;
         let shared = Arc::new(Shared::default());
         *shared.listener.lock().expect("listener lock") = Some(listener.try_clone()?);
         let (s, name, path_owned) = (shared.clone(), name.to_string(), path.to_path_buf());
-        let thread =
-            std::thread::Builder::new().name("vhost-user".into()).spawn(move || accept_loop(Listener::from(listener), &path_owned, dev, opts, &name, &s))?;
-        Ok(VhostServer { path: path.to_path_buf(), shared, thread: Some(thread) })
+        let thread = std::thread::Builder::new()
+            .name("vhost-user".into())
+            .spawn(move || {
+                accept_loop(Listener::from(listener), &path_owned, dev, opts, &name, &s)
+            })?;
+        Ok(VhostServer {
+            path: path.to_path_buf(),
+            shared,
+            thread: Some(thread),
+        })
     }
 
     /// The counters of every connection so far.
@@ -146,14 +165,32 @@ impl Drop for VhostServer {
 /// How long [`VhostServer::stop`] waits for the queue threads.
 const STOP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn accept_loop(mut listener: Listener, path: &Path, dev: Arc<dyn BlockDev>, opts: Options, name: &str, shared: &Shared) {
+fn accept_loop(
+    mut listener: Listener,
+    path: &Path,
+    dev: Arc<dyn BlockDev>,
+    opts: Options,
+    name: &str,
+    shared: &Shared,
+) {
     let log = Arc::new(LogLimiter::default());
     while !shared.stop.load(Ordering::SeqCst) {
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let made = Backend::new(dev.clone(), opts.clone(), mem.clone(), shared.stats.clone(), log.clone(), name.to_string())
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
-            .and_then(|b| VhostUserDaemon::new("vhost-user-blk".into(), b.clone(), mem).map(|d| (b, d)).map_err(|e| e.to_string()));
+        let made = Backend::new(
+            dev.clone(),
+            opts.clone(),
+            mem.clone(),
+            shared.stats.clone(),
+            log.clone(),
+            name.to_string(),
+        )
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
+        .and_then(|b| {
+            VhostUserDaemon::new("vhost-user-blk".into(), b.clone(), mem)
+                .map(|d| (b, d))
+                .map_err(|e| e.to_string())
+        });
         let (backend, mut daemon) = match made {
             Ok(pair) => pair,
             Err(e) => {
@@ -168,7 +205,10 @@ fn accept_loop(mut listener: Listener, path: &Path, dev: Arc<dyn BlockDev>, opts
             if shared.stop.load(Ordering::SeqCst) {
                 break;
             }
-            log::warn!("{name}: vhost-user-blk on {}: a frontend could not connect: {e}", path.display());
+            log::warn!(
+                "{name}: vhost-user-blk on {}: a frontend could not connect: {e}",
+                path.display()
+            );
             std::thread::sleep(std::time::Duration::from_millis(100));
             continue;
         }
@@ -182,7 +222,10 @@ fn accept_loop(mut listener: Listener, path: &Path, dev: Arc<dyn BlockDev>, opts
         }
         let n = shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
         shared.connected.store(true, Ordering::Relaxed);
-        log::info!("{name}: vhost-user-blk on {}: frontend {n} connected", path.display());
+        log::info!(
+            "{name}: vhost-user-blk on {}: frontend {n} connected",
+            path.display()
+        );
         let ended = daemon.wait();
         *shared.conn.lock().expect("connection lock") = None;
         shared.connected.store(false, Ordering::Relaxed);
@@ -194,10 +237,19 @@ fn accept_loop(mut listener: Listener, path: &Path, dev: Arc<dyn BlockDev>, opts
         match ended {
             _ if shared.stop.load(Ordering::SeqCst) => break,
             // A frontend that closes its socket (qemu exits, a guest powers off) ends this way.
-            Ok(()) | Err(vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage)) => {
-                log::info!("{name}: vhost-user-blk on {}: frontend {n} disconnected", path.display())
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => {
+                log::info!(
+                    "{name}: vhost-user-blk on {}: frontend {n} disconnected",
+                    path.display()
+                )
             }
-            Err(e) => log::warn!("{name}: vhost-user-blk on {}: frontend {n} disconnected: {e}", path.display()),
+            Err(e) => log::warn!(
+                "{name}: vhost-user-blk on {}: frontend {n} disconnected: {e}",
+                path.display()
+            ),
         }
     }
 }

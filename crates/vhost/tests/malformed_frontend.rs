@@ -57,11 +57,22 @@ impl Guest {
         let proto = fe.get_protocol_features()?;
         fe.set_protocol_features(proto)?;
         let mem = GuestMemoryMmap::<()>::from_ranges_with_files(&[
-            (GuestAddress(0), MIB as usize, Some(FileOffset::new(memfd(file_len), 0))),
-            (GuestAddress(HIGH), MIB as usize, Some(FileOffset::new(memfd(file_len), 0))),
+            (
+                GuestAddress(0),
+                MIB as usize,
+                Some(FileOffset::new(memfd(file_len), 0)),
+            ),
+            (
+                GuestAddress(HIGH),
+                MIB as usize,
+                Some(FileOffset::new(memfd(file_len), 0)),
+            ),
         ])
         .unwrap();
-        let regions: Vec<VhostUserMemoryRegionInfo> = mem.iter().map(|r| VhostUserMemoryRegionInfo::from_guest_region(r).unwrap()).collect();
+        let regions: Vec<VhostUserMemoryRegionInfo> = mem
+            .iter()
+            .map(|r| VhostUserMemoryRegionInfo::from_guest_region(r).unwrap())
+            .collect();
         fe.set_mem_table(&regions)?;
         let mut ring = SplitRing::at(0, 16);
         ring.init(&mem);
@@ -83,17 +94,42 @@ impl Guest {
         fe.set_vring_kick(0, &kick).unwrap();
         fe.set_vring_call(0, &call).unwrap();
         fe.set_vring_enable(0, true).unwrap();
-        Ok(Guest { mem, ring, kick, _frontend: fe })
+        Ok(Guest {
+            mem,
+            ring,
+            kick,
+            _frontend: fe,
+        })
     }
 
     /// A well-formed 512-byte read is answered OK, as the `n`th chain given back.
     fn read_is_served(&mut self, n: u16) {
-        self.mem.write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(DATA)).unwrap();
-        let segs =
-            [Seg { addr: DATA, len: 16, write: false }, Seg { addr: DATA + 0x1000, len: 512, write: true }, Seg { addr: DATA + 0x100, len: 1, write: true }];
+        self.mem
+            .write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(DATA))
+            .unwrap();
+        let segs = [
+            Seg {
+                addr: DATA,
+                len: 16,
+                write: false,
+            },
+            Seg {
+                addr: DATA + 0x1000,
+                len: 512,
+                write: true,
+            },
+            Seg {
+                addr: DATA + 0x100,
+                len: 1,
+                write: true,
+            },
+        ];
         self.ring.add_chain(&self.mem, &segs);
         self.kick_and_wait(n);
-        assert_eq!(self.mem.read_obj::<u8>(GuestAddress(DATA + 0x100)).unwrap(), VIRTIO_BLK_S_OK as u8);
+        assert_eq!(
+            self.mem.read_obj::<u8>(GuestAddress(DATA + 0x100)).unwrap(),
+            VIRTIO_BLK_S_OK as u8
+        );
     }
 
     /// Kicks and waits (at most 5 s) until the device has given back `n` chains in all.
@@ -101,7 +137,11 @@ impl Guest {
         self.kick.write(1).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.ring.used_idx(&self.mem) != n {
-            assert!(Instant::now() < deadline, "the device gave back {} chains, not {n}", self.ring.used_idx(&self.mem));
+            assert!(
+                Instant::now() < deadline,
+                "the device gave back {} chains, not {n}",
+                self.ring.used_idx(&self.mem)
+            );
             std::thread::sleep(Duration::from_millis(2));
         }
     }
@@ -112,53 +152,173 @@ fn malformed_chains_over_the_socket_fail_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("disk.vhost");
     let dev = Arc::new(MemoryDev::new(4 * MIB));
-    let mut server = VhostServer::start(UnixListener::bind(&path).unwrap(), &path, dev.clone(), Options::default(), "hostile").unwrap();
+    let mut server = VhostServer::start(
+        UnixListener::bind(&path).unwrap(),
+        &path,
+        dev.clone(),
+        Options::default(),
+        "hostile",
+    )
+    .unwrap();
     let mut g = Guest::connect(&path);
     let h = DATA;
     let s = DATA + 0x100;
     let good_data = DATA + 0x1000;
     // Canary: a writable buffer the device must not touch, right after a read's data.
-    g.mem.write_slice(&[0x77u8; 4096], GuestAddress(DATA + 0x3000)).unwrap();
+    g.mem
+        .write_slice(&[0x77u8; 4096], GuestAddress(DATA + 0x3000))
+        .unwrap();
     dev.write_at(&[0x42u8; 4096], 0, false).unwrap();
     let ioerr = VIRTIO_BLK_S_IOERR as u8;
     let cases: Vec<(&str, Vec<Seg>, Option<u8>)> = vec![
         (
             "data in the hole",
-            vec![Seg { addr: h, len: 16, write: false }, Seg { addr: HOLE, len: 4096, write: true }, Seg { addr: s, len: 1, write: true }],
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: HOLE,
+                    len: 4096,
+                    write: true,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+            ],
             Some(ioerr),
         ),
         (
             "data across the end of a region",
-            vec![Seg { addr: h, len: 16, write: false }, Seg { addr: MIB - 512, len: 4096, write: true }, Seg { addr: s, len: 1, write: true }],
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: MIB - 512,
+                    len: 4096,
+                    write: true,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+            ],
             Some(ioerr),
         ),
         (
             "readable after writable",
             vec![
-                Seg { addr: h, len: 16, write: false },
-                Seg { addr: s, len: 1, write: true },
-                Seg { addr: good_data, len: 512, write: false },
-                Seg { addr: s, len: 1, write: true },
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+                Seg {
+                    addr: good_data,
+                    len: 512,
+                    write: false,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
             ],
             Some(ioerr),
         ),
-        ("a short header", vec![Seg { addr: h, len: 4, write: false }, Seg { addr: s, len: 1, write: true }], Some(ioerr)),
-        ("no status", vec![Seg { addr: h, len: 16, write: false }, Seg { addr: good_data, len: 512, write: false }], None),
-        ("the status in the hole", vec![Seg { addr: h, len: 16, write: false }, Seg { addr: HOLE, len: 1, write: true }], None),
+        (
+            "a short header",
+            vec![
+                Seg {
+                    addr: h,
+                    len: 4,
+                    write: false,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+            ],
+            Some(ioerr),
+        ),
+        (
+            "no status",
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: good_data,
+                    len: 512,
+                    write: false,
+                },
+            ],
+            None,
+        ),
+        (
+            "the status in the hole",
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: HOLE,
+                    len: 1,
+                    write: true,
+                },
+            ],
+            None,
+        ),
         (
             "lengths that overflow",
             vec![
-                Seg { addr: h, len: 16, write: false },
-                Seg { addr: HIGH, len: u32::MAX, write: true },
-                Seg { addr: HIGH, len: u32::MAX, write: true },
-                Seg { addr: s, len: 1, write: true },
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: HIGH,
+                    len: u32::MAX,
+                    write: true,
+                },
+                Seg {
+                    addr: HIGH,
+                    len: u32::MAX,
+                    write: true,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
             ],
             None,
         ),
     ];
     let mut given_back = 0u16;
     for (what, segs, want) in &cases {
-        g.mem.write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(h)).unwrap();
+        g.mem
+            .write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(h))
+            .unwrap();
         g.mem.write_obj(0xffu8, GuestAddress(s)).unwrap();
         let head = g.ring.add_chain(&g.mem, segs);
         given_back += 1;
@@ -172,28 +332,92 @@ fn malformed_chains_over_the_socket_fail_alone() {
         }
     }
     // A loop (5 -> 6 -> 5) and a next index past the queue.
-    g.ring.write_desc(&g.mem, 4, Desc { addr: h, len: 16, flags: NEXT, next: 5 });
-    g.ring.write_desc(&g.mem, 5, Desc { addr: good_data, len: 512, flags: NEXT | WRITE, next: 6 });
-    g.ring.write_desc(&g.mem, 6, Desc { addr: good_data + 512, len: 512, flags: NEXT | WRITE, next: 5 });
+    g.ring.write_desc(
+        &g.mem,
+        4,
+        Desc {
+            addr: h,
+            len: 16,
+            flags: NEXT,
+            next: 5,
+        },
+    );
+    g.ring.write_desc(
+        &g.mem,
+        5,
+        Desc {
+            addr: good_data,
+            len: 512,
+            flags: NEXT | WRITE,
+            next: 6,
+        },
+    );
+    g.ring.write_desc(
+        &g.mem,
+        6,
+        Desc {
+            addr: good_data + 512,
+            len: 512,
+            flags: NEXT | WRITE,
+            next: 5,
+        },
+    );
     g.ring.publish(&g.mem, 4);
-    g.ring.write_desc(&g.mem, 7, Desc { addr: h, len: 16, flags: NEXT, next: 300 });
+    g.ring.write_desc(
+        &g.mem,
+        7,
+        Desc {
+            addr: h,
+            len: 16,
+            flags: NEXT,
+            next: 300,
+        },
+    );
     g.ring.publish(&g.mem, 7);
     given_back += 2;
     g.kick_and_wait(given_back);
     // The backend still serves: a good read, and the canary after it is untouched.
-    g.mem.write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(h)).unwrap();
+    g.mem
+        .write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(h))
+        .unwrap();
     g.ring.add_chain(
         &g.mem,
-        &[Seg { addr: h, len: 16, write: false }, Seg { addr: DATA + 0x2000, len: 4096, write: true }, Seg { addr: s, len: 1, write: true }],
+        &[
+            Seg {
+                addr: h,
+                len: 16,
+                write: false,
+            },
+            Seg {
+                addr: DATA + 0x2000,
+                len: 4096,
+                write: true,
+            },
+            Seg {
+                addr: s,
+                len: 1,
+                write: true,
+            },
+        ],
     );
     given_back += 1;
     g.kick_and_wait(given_back);
-    assert_eq!(g.mem.read_obj::<u8>(GuestAddress(s)).unwrap(), VIRTIO_BLK_S_OK as u8);
+    assert_eq!(
+        g.mem.read_obj::<u8>(GuestAddress(s)).unwrap(),
+        VIRTIO_BLK_S_OK as u8
+    );
     let mut back = [0u8; 4096];
-    g.mem.read_slice(&mut back, GuestAddress(DATA + 0x2000)).unwrap();
+    g.mem
+        .read_slice(&mut back, GuestAddress(DATA + 0x2000))
+        .unwrap();
     assert_eq!(back, [0x42u8; 4096]);
-    g.mem.read_slice(&mut back, GuestAddress(DATA + 0x3000)).unwrap();
-    assert_eq!(back, [0x77u8; 4096], "nothing past the read's buffer was written");
+    g.mem
+        .read_slice(&mut back, GuestAddress(DATA + 0x3000))
+        .unwrap();
+    assert_eq!(
+        back, [0x77u8; 4096],
+        "nothing past the read's buffer was written"
+    );
     let f = server.figures();
     assert_eq!(f.malformed, 9, "{f:?}");
     assert_eq!(f.requests, 10, "{f:?}");
@@ -209,14 +433,26 @@ fn open_fds() -> usize {
 fn a_queue_whose_available_index_runs_ahead_stops_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("disk.vhost");
-    let mut server = VhostServer::start(UnixListener::bind(&path).unwrap(), &path, Arc::new(MemoryDev::new(4 * MIB)), Options::default(), "ahead").unwrap();
+    let mut server = VhostServer::start(
+        UnixListener::bind(&path).unwrap(),
+        &path,
+        Arc::new(MemoryDev::new(4 * MIB)),
+        Options::default(),
+        "ahead",
+    )
+    .unwrap();
     let g = Guest::connect(&path);
     // avail.idx 100 ahead on a queue of 16: no chain can be taken; the backend must not spin.
-    g.mem.write_obj(100u16, GuestAddress(g.ring.avail.0 + 2)).unwrap();
+    g.mem
+        .write_obj(100u16, GuestAddress(g.ring.avail.0 + 2))
+        .unwrap();
     g.kick.write(1).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while server.figures().malformed == 0 {
-        assert!(Instant::now() < deadline, "the runaway index was never noticed");
+        assert!(
+            Instant::now() < deadline,
+            "the runaway index was never noticed"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(g.ring.used_idx(&g.mem), 0);
@@ -226,16 +462,30 @@ fn a_queue_whose_available_index_runs_ahead_stops_alone() {
     g.read_is_served(1);
     let started = Instant::now();
     server.stop();
-    assert!(started.elapsed() < Duration::from_secs(5), "stop took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stop took {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
 fn a_memory_file_shorter_than_its_region_is_refused_not_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("disk.vhost");
-    let mut server = VhostServer::start(UnixListener::bind(&path).unwrap(), &path, Arc::new(MemoryDev::new(4 * MIB)), Options::default(), "short").unwrap();
+    let mut server = VhostServer::start(
+        UnixListener::bind(&path).unwrap(),
+        &path,
+        Arc::new(MemoryDev::new(4 * MIB)),
+        Options::default(),
+        "short",
+    )
+    .unwrap();
     // Touching the missing half of such a mapping raises SIGBUS: the backend refuses it.
-    assert!(Guest::try_connect(&path, MIB / 2).is_err(), "a memory table over short files is refused");
+    assert!(
+        Guest::try_connect(&path, MIB / 2).is_err(),
+        "a memory table over short files is refused"
+    );
     let mut g = Guest::connect(&path);
     g.read_is_served(1);
     drop(g);
@@ -246,8 +496,19 @@ fn a_memory_file_shorter_than_its_region_is_refused_not_a_crash() {
 fn connections_do_not_leak_file_descriptors() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("disk.vhost");
-    let opts = Options { queues: 4, threads: 4, ..Options::default() };
-    let mut server = VhostServer::start(UnixListener::bind(&path).unwrap(), &path, Arc::new(MemoryDev::new(4 * MIB)), opts, "fds").unwrap();
+    let opts = Options {
+        queues: 4,
+        threads: 4,
+        ..Options::default()
+    };
+    let mut server = VhostServer::start(
+        UnixListener::bind(&path).unwrap(),
+        &path,
+        Arc::new(MemoryDev::new(4 * MIB)),
+        opts,
+        "fds",
+    )
+    .unwrap();
     let cycle = || {
         let g = Guest::connect(&path);
         let n = server.figures().connections;
@@ -266,6 +527,9 @@ fn connections_do_not_leak_file_descriptors() {
         cycle();
     }
     let after = open_fds();
-    assert!(after <= before + 2, "{before} fds open after one connection, {after} after 20 more");
+    assert!(
+        after <= before + 2,
+        "{before} fds open after one connection, {after} after 20 more"
+    );
     server.stop();
 }

@@ -38,10 +38,17 @@ fn ram_resident(c: &mut Criterion) {
     let cache = resident_1gib(dir.path());
     let mut rng = fastrand::Rng::with_seed(0x1234_5678);
     g.bench_function("ram_overflow_1gib", |b| {
-        b.iter(|| cache.write_at(black_box(&data), rng.u64(..pages) * PAGE, false).unwrap())
+        b.iter(|| {
+            cache
+                .write_at(black_box(&data), rng.u64(..pages) * PAGE, false)
+                .unwrap()
+        })
     });
     let s = cache.stats();
-    assert_eq!(s.overflow_write_ops, 0, "the working set must stay in RAM: {s:?}");
+    assert_eq!(
+        s.overflow_write_ops, 0,
+        "the working set must stay in RAM: {s:?}"
+    );
     g.finish();
 }
 
@@ -49,14 +56,21 @@ fn overflow_sustained(c: &mut Criterion) {
     let mut g = c.benchmark_group("overflow_sustained_4k_random_write");
     g.throughput(Throughput::Elements(1));
     let data = [0xA5u8; PAGE as usize];
-    for (name, working_set) in [("fits_48mib_of_64mib_ram", 48 * MIB), ("overflow_96mib_of_64mib_ram", 96 * MIB)] {
+    for (name, working_set) in [
+        ("fits_48mib_of_64mib_ram", 48 * MIB),
+        ("overflow_96mib_of_64mib_ram", 96 * MIB),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let cache = overflow_cache(128 * MIB, 64 * MIB, dir.path());
         fill(&cache, working_set);
         let pages = working_set / PAGE;
         let mut rng = fastrand::Rng::with_seed(0x9876_5432);
         g.bench_with_input(BenchmarkId::from_parameter(name), &pages, |b, &pages| {
-            b.iter(|| cache.write_at(black_box(&data), rng.u64(..pages) * PAGE, false).unwrap())
+            b.iter(|| {
+                cache
+                    .write_at(black_box(&data), rng.u64(..pages) * PAGE, false)
+                    .unwrap()
+            })
         });
         let s = cache.stats();
         eprintln!(

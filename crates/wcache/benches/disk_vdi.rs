@@ -86,7 +86,9 @@ impl Buffers {
     }
 
     fn all(&mut self, n: usize) -> Vec<&mut [u8]> {
-        self.raw[self.start..self.start + n * PAGE].chunks_mut(PAGE).collect()
+        self.raw[self.start..self.start + n * PAGE]
+            .chunks_mut(PAGE)
+            .collect()
     }
 }
 
@@ -101,7 +103,10 @@ fn written_by_me() -> i64 {
     let text = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
     let field = |name: &str| {
         text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim_start_matches(':').trim().parse::<i64>().ok()))
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|v| v.trim_start_matches(':').trim().parse::<i64>().ok())
+            })
             .unwrap_or(0)
     };
     field("write_bytes") - field("cancelled_write_bytes")
@@ -131,9 +136,19 @@ fn measure(run: &Run) -> Result<(Figures, f64), String> {
     let base = &run.base;
     let dev = match run.device.as_str() {
         "device-disk" => {
-            let lower = FileDev::open(base, FileOptions { read_only: true, direct: run.base_direct })
-                .map_err(|e| format!("cannot open {}: {e}", base.display()))?;
-            let cfg = CacheConfig { dir: run.dir.clone(), intermediate_buffering: run.buffered, ..CacheConfig::new("disk_vdi") };
+            let lower = FileDev::open(
+                base,
+                FileOptions {
+                    read_only: true,
+                    direct: run.base_direct,
+                },
+            )
+            .map_err(|e| format!("cannot open {}: {e}", base.display()))?;
+            let cfg = CacheConfig {
+                dir: run.dir.clone(),
+                intermediate_buffering: run.buffered,
+                ..CacheConfig::new("disk_vdi")
+            };
             let cache = DiskCache::open(Arc::new(lower), &cfg, CacheType::DeviceDisk)
                 .map_err(|e| format!("cannot open the cache in {}: {e}", run.dir.display()))?;
             Device::Cache(Arc::new(cache))
@@ -144,9 +159,16 @@ fn measure(run: &Run) -> Result<(Figures, f64), String> {
             if !run.buffered {
                 o.custom_flags(libc::O_DIRECT);
             }
-            Device::Raw(o.open(base).map_err(|e| format!("cannot open {}: {e}", base.display()))?)
+            Device::Raw(
+                o.open(base)
+                    .map_err(|e| format!("cannot open {}: {e}", base.display()))?,
+            )
         }
-        other => return Err(format!("unknown device {other}: give device-disk or raw-disk")),
+        other => {
+            return Err(format!(
+                "unknown device {other}: give device-disk or raw-disk"
+            ))
+        }
     };
     let size = match &dev {
         Device::Cache(d) => d.size(),
@@ -154,7 +176,9 @@ fn measure(run: &Run) -> Result<(Figures, f64), String> {
     };
     let mut workload = Profile::Vdi.workload();
     workload.duration = Duration::from_secs_f64(run.runtime);
-    let blocks = workload.blocks(size).map_err(|e| format!("{}: {e}", base.display()))?;
+    let blocks = workload
+        .blocks(size)
+        .map_err(|e| format!("{}: {e}", base.display()))?;
     let depth = workload.queue_depth as usize;
 
     let dev = Arc::new(dev);
@@ -191,7 +215,11 @@ fn worker(dev: &Device, stop: &AtomicBool, stream: &mut OpStream, depth: usize) 
                     .zip(slots)
                     .map(|(op, buf)| {
                         let at = op.block * PAGE as u64;
-                        if op.write { BatchOp::write(buf, at, false) } else { BatchOp::read(buf, at) }
+                        if op.write {
+                            BatchOp::write(buf, at, false)
+                        } else {
+                            BatchOp::read(buf, at)
+                        }
                     })
                     .collect();
                 d.io_batch(&mut ops);
@@ -203,7 +231,11 @@ fn worker(dev: &Device, stop: &AtomicBool, stream: &mut OpStream, depth: usize) 
                     .zip(slots)
                     .map(|(op, buf)| {
                         let at = op.block * PAGE as u64;
-                        if op.write { FileIo::write(f, buf, at) } else { FileIo::read(f, buf, at) }
+                        if op.write {
+                            FileIo::write(f, buf, at)
+                        } else {
+                            FileIo::read(f, buf, at)
+                        }
                     })
                     .collect();
                 run_batch(&mut ios);
@@ -235,7 +267,11 @@ fn fio_json(device: &str, f: &Figures, secs: f64) -> String {
             r#"{{"iops": {:.1}, "total_ios": {ops}, "io_bytes": {}, "lat_ns": {{"mean": {:.1}}}}}"#,
             ops as f64 / secs,
             ops * PAGE as u64,
-            if ops > 0 { lat as f64 / ops as f64 } else { 0.0 }
+            if ops > 0 {
+                lat as f64 / ops as f64
+            } else {
+                0.0
+            }
         )
     };
     format!(
@@ -258,7 +294,14 @@ fn smoke() {
     }
     std::fs::write(&base, &data).expect("write the base");
     for device in ["raw-disk", "device-disk"] {
-        let run = Run { device: device.into(), base: base.clone(), dir: dir.path().to_path_buf(), runtime: 1.0, buffered: false, base_direct: false };
+        let run = Run {
+            device: device.into(),
+            base: base.clone(),
+            dir: dir.path().to_path_buf(),
+            runtime: 1.0,
+            buffered: false,
+            base_direct: false,
+        };
         let (f, secs) = match measure(&run) {
             Err(e) if e.contains("O_DIRECT") || e.contains("Invalid argument") => {
                 eprintln!("disk_vdi smoke: {device} skipped: the temp dir's file system refuses O_DIRECT ({e})");
@@ -268,17 +311,30 @@ fn smoke() {
         };
         println!("disk_vdi smoke: {}", fio_json(device, &f, secs));
         assert_eq!(f.errors, 0, "{device}: requests failed");
-        assert!(f.read_ops > 0 && f.write_ops > 0, "{device}: no reads or no writes answered: {f:?}");
+        assert!(
+            f.read_ops > 0 && f.write_ops > 0,
+            "{device}: no reads or no writes answered: {f:?}"
+        );
     }
 }
 
 fn main() {
-    let mut run = Run { device: "device-disk".into(), base: PathBuf::new(), dir: std::env::temp_dir(), runtime: 20.0, buffered: false, base_direct: false };
+    let mut run = Run {
+        device: "device-disk".into(),
+        base: PathBuf::new(),
+        dir: std::env::temp_dir(),
+        runtime: 20.0,
+        buffered: false,
+        base_direct: false,
+    };
     let mut base_given = false;
     let mut storage_out: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut value = || args.next().unwrap_or_else(|| usage(&format!("{a} needs a value")));
+        let mut value = || {
+            args.next()
+                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        };
         match a.as_str() {
             "--device" => run.device = value(),
             "--base" => {
@@ -286,7 +342,13 @@ fn main() {
                 base_given = true;
             }
             "--dir" => run.dir = PathBuf::from(value()),
-            "--runtime" => run.runtime = value().parse().ok().filter(|s: &f64| *s > 0.0).unwrap_or_else(|| usage("--runtime takes seconds")),
+            "--runtime" => {
+                run.runtime = value()
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| *s > 0.0)
+                    .unwrap_or_else(|| usage("--runtime takes seconds"))
+            }
             "--buffered" => run.buffered = true,
             "--base-direct" => run.base_direct = true,
             "--storage-out" => storage_out = Some(PathBuf::from(value())),
@@ -302,7 +364,8 @@ fn main() {
     let (total, secs) = measure(&run).unwrap_or_else(|e| usage(&e));
     if let Some(path) = &storage_out {
         let bytes = written_by_me() - written_before;
-        std::fs::write(path, format!("{bytes}\n")).unwrap_or_else(|e| usage(&format!("cannot write {}: {e}", path.display())));
+        std::fs::write(path, format!("{bytes}\n"))
+            .unwrap_or_else(|e| usage(&format!("cannot write {}: {e}", path.display())));
     }
     println!("{}", fio_json(&run.device, &total, secs));
     if total.errors > 0 {

@@ -20,7 +20,10 @@ mod common;
 use common::{resident_1gib, GIB, PAGE};
 
 fn main() {
-    let rounds: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(15);
+    let rounds: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(15);
     let pages = GIB / PAGE;
     let data = [0xA5u8; PAGE as usize];
 
@@ -41,7 +44,13 @@ fn main() {
     let mut cache_burst = || {
         let t = Instant::now();
         for _ in 0..PER_ROUND {
-            cache.write_at(std::hint::black_box(&data), rng_cache.u64(..pages) * PAGE, false).unwrap();
+            cache
+                .write_at(
+                    std::hint::black_box(&data),
+                    rng_cache.u64(..pages) * PAGE,
+                    false,
+                )
+                .unwrap();
         }
         PER_ROUND as f64 / t.elapsed().as_secs_f64()
     };
@@ -58,7 +67,13 @@ fn main() {
             let c = cache_burst();
             (memcpy_burst(), c)
         };
-        println!("{:>5}  {:>10.2}  {:>9.2}  {:>12.2}", r + 1, m / 1e6, c / 1e6, c / m);
+        println!(
+            "{:>5}  {:>10.2}  {:>9.2}  {:>12.2}",
+            r + 1,
+            m / 1e6,
+            c / 1e6,
+            c / m
+        );
         rows.push((m, c, c / m));
     }
     let median = |mut v: Vec<f64>| {
@@ -66,7 +81,10 @@ fn main() {
         v[v.len() / 2]
     };
     let s = cache.stats();
-    assert_eq!(s.overflow_write_ops, 0, "the working set must stay in RAM: {s:?}");
+    assert_eq!(
+        s.overflow_write_ops, 0,
+        "the working set must stay in RAM: {s:?}"
+    );
     println!(
         "median over {rounds} rounds: memcpy {:.2} M/s, cache {:.2} M/s, ratio {:.2}",
         median(rows.iter().map(|r| r.0).collect()) / 1e6,

@@ -119,9 +119,21 @@ impl CacheFile {
     /// Opens (creating it if `create`) the file at `path` and sets its length to `pages`
     /// pages. With `exclusive`, the file must not exist yet. Page I/O uses an engine of
     /// `engine` (sync where io_uring cannot be set up).
-    pub fn open(path: &Path, pages: u64, direct: bool, create: bool, exclusive: bool, engine: IoEngineKind) -> Result<CacheFile> {
-        let what = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        Self::open_with_engine(path, pages, direct, create, exclusive, || IoEngine::open(engine, &what))
+    pub fn open(
+        path: &Path,
+        pages: u64,
+        direct: bool,
+        create: bool,
+        exclusive: bool,
+        engine: IoEngineKind,
+    ) -> Result<CacheFile> {
+        let what = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Self::open_with_engine(path, pages, direct, create, exclusive, || {
+            IoEngine::open(engine, &what)
+        })
     }
 
     /// Like [`open`](Self::open), with the engine made by `engine` once the file is open.
@@ -145,7 +157,8 @@ impl CacheFile {
         if direct {
             oo.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_DIRECT);
         }
-        let refuse_direct = |e: io::Error| Error {
+        let refuse_direct = |e: io::Error| {
+            Error {
             kind: ErrorKind::NotSupported,
             message: format!(
                 "the file system of {} refuses O_DIRECT (tmpfs does, for one): set intermediate_buffering, \
@@ -153,38 +166,67 @@ impl CacheFile {
                 path.parent().unwrap_or(path).display()
             ),
             ..Error::from_io(e, Op::Open, 0, 0, name.clone())
+        }
         };
-        let file = oo.open(path).map_err(|e| storefile::explain(e, path)).map_err(|e| match e.raw_os_error() {
-            Some(libc::EINVAL) if direct => refuse_direct(e),
-            _ => {
-                let mut err = Error::from_io(e, Op::Open, 0, 0, name.clone());
-                err.message.push_str("; check that the cache folder exists and is writable");
-                err
-            }
-        })?;
+        let file = oo
+            .open(path)
+            .map_err(|e| storefile::explain(e, path))
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EINVAL) if direct => refuse_direct(e),
+                _ => {
+                    let mut err = Error::from_io(e, Op::Open, 0, 0, name.clone());
+                    err.message
+                        .push_str("; check that the cache folder exists and is writable");
+                    err
+                }
+            })?;
         storefile::tighten_logged(&file, storefile::PRIVATE, path);
         let len = pages * PAGE_U64;
-        let cur = file.metadata().map_err(|e| Error::from_io(e, Op::Open, 0, 0, name.clone()))?.len();
+        let cur = file
+            .metadata()
+            .map_err(|e| Error::from_io(e, Op::Open, 0, 0, name.clone()))?
+            .len();
         if cur != len {
-            file.set_len(len).map_err(|e| Error::from_io(e, Op::Open, 0, len, name.clone()))?;
+            file.set_len(len)
+                .map_err(|e| Error::from_io(e, Op::Open, 0, len, name.clone()))?;
         }
-        let cf = CacheFile { engine: IoEngine::Sync, file, path: path.to_path_buf(), direct, punch_works: AtomicBool::new(true) };
+        let cf = CacheFile {
+            engine: IoEngine::Sync,
+            file,
+            path: path.to_path_buf(),
+            direct,
+            punch_works: AtomicBool::new(true),
+        };
         if direct && pages > 0 {
             // Some file systems accept O_DIRECT at open and refuse it at the first I/O.
             with_bounce(PAGE, |b| cf.file.read_exact_at(b, 0)).map_err(refuse_direct)?;
         }
         // Probe hole punching past the end of the file, where no data is touched.
-        let punch = fallocate(&cf.file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, len, PAGE_U64);
+        let punch = fallocate(
+            &cf.file,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            len,
+            PAGE_U64,
+        );
         cf.punch_works.store(punch.is_ok(), Ordering::Relaxed);
-        Ok(CacheFile { engine: engine(), ..cf })
+        Ok(CacheFile {
+            engine: engine(),
+            ..cf
+        })
     }
 
     /// The page file on a raw disk or partition (`--overflow-device`, see `device`): opened
     /// exclusively, never resized; it must hold `pages` pages (the identity layout keeps
     /// page i at offset i × 4 KiB). Its old contents are never read: the cache starts empty.
-    pub fn open_device(device: &Path, pages: u64, direct: bool, engine: impl FnOnce() -> IoEngine) -> Result<CacheFile> {
+    pub fn open_device(
+        device: &Path,
+        pages: u64,
+        direct: bool,
+        engine: impl FnOnce() -> IoEngine,
+    ) -> Result<CacheFile> {
         let name = device.display().to_string();
-        let (file, size) = crate::device::open_exclusive(device, direct).map_err(|e| Error::from_io(e, Op::Open, 0, 0, name.clone()))?;
+        let (file, size) = crate::device::open_exclusive(device, direct)
+            .map_err(|e| Error::from_io(e, Op::Open, 0, 0, name.clone()))?;
         let len = pages * PAGE_U64;
         if size < len {
             return Err(Error {
@@ -196,12 +238,26 @@ impl CacheFile {
                 ..Error::from_io(io::ErrorKind::StorageFull.into(), Op::Open, 0, len, name.clone())
             });
         }
-        let cf = CacheFile { engine: IoEngine::Sync, file, path: device.to_path_buf(), direct, punch_works: AtomicBool::new(true) };
+        let cf = CacheFile {
+            engine: IoEngine::Sync,
+            file,
+            path: device.to_path_buf(),
+            direct,
+            punch_works: AtomicBool::new(true),
+        };
         // Probe hole punching (discard or zeroing on a device) on the first page: the cache
         // is empty, so no data is touched.
-        let punch = fallocate(&cf.file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, PAGE_U64);
+        let punch = fallocate(
+            &cf.file,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            PAGE_U64,
+        );
         cf.punch_works.store(punch.is_ok(), Ordering::Relaxed);
-        Ok(CacheFile { engine: engine(), ..cf })
+        Ok(CacheFile {
+            engine: engine(),
+            ..cf
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -224,13 +280,17 @@ impl CacheFile {
     /// Reads `buf` at `offset` (aligned in direct mode).
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         debug_assert!(!self.direct || is_aligned(buf, offset));
-        self.engine.read_exact_at(&self.file, buf, offset).map_err(|e| self.err(e, Op::Read, offset, buf.len() as u64))
+        self.engine
+            .read_exact_at(&self.file, buf, offset)
+            .map_err(|e| self.err(e, Op::Read, offset, buf.len() as u64))
     }
 
     /// Writes `buf` at `offset` (aligned in direct mode).
     pub fn write(&self, buf: &[u8], offset: u64) -> Result<()> {
         debug_assert!(!self.direct || is_aligned(buf, offset));
-        self.engine.write_all_at(&self.file, buf, offset).map_err(|e| self.err(e, Op::Write, offset, buf.len() as u64))
+        self.engine
+            .write_all_at(&self.file, buf, offset)
+            .map_err(|e| self.err(e, Op::Write, offset, buf.len() as u64))
     }
 
     /// Gives back the blocks of `[offset, offset+len)` (whole pages). `false` when the file
@@ -239,9 +299,19 @@ impl CacheFile {
         if !self.punch_works.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        match fallocate(&self.file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+        match fallocate(
+            &self.file,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
             Ok(()) => Ok(true),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+                ) =>
+            {
                 self.punch_works.store(false, Ordering::Relaxed);
                 Ok(false)
             }
@@ -257,7 +327,9 @@ impl CacheFile {
 
     /// `fdatasync`: every completed write to the file is durable.
     pub fn sync_data(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| self.err(e, Op::Flush, 0, 0))
+        self.file
+            .sync_data()
+            .map_err(|e| self.err(e, Op::Flush, 0, 0))
     }
 
     /// The open file, for locking.
@@ -271,7 +343,14 @@ pub fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::R
     loop {
         // SAFETY: fallocate only reads its integer arguments; the descriptor is owned by
         // `file`, which outlives the call.
-        let r = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
+        let r = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
         if r == 0 {
             return Ok(());
         }

@@ -21,10 +21,22 @@ const BLKGETSIZE64: u64 = (2 << 30) | (8 << 16) | (0x12 << 8) | 114;
 /// Opens `path` for reading and writing, exclusively, with `O_DIRECT` if `direct`, and
 /// returns it with its size in bytes. The error says what is wrong and what to do.
 pub fn open_exclusive(path: &Path, direct: bool) -> io::Result<(File, u64)> {
-    let meta = std::fs::metadata(path).map_err(|e| annotate(path, e, "give an existing disk or partition, e.g. /dev/sda2"))?;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        annotate(
+            path,
+            e,
+            "give an existing disk or partition, e.g. /dev/sda2",
+        )
+    })?;
     let block = meta.file_type().is_block_device();
     if !block && !meta.is_file() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a disk or partition (nor a file): give a block device such as /dev/sda2", path.display())));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a disk or partition (nor a file): give a block device such as /dev/sda2",
+                path.display()
+            ),
+        ));
     }
     let mut flags = libc::O_CLOEXEC;
     if block {
@@ -42,8 +54,19 @@ pub fn open_exclusive(path: &Path, direct: bool) -> io::Result<(File, u64)> {
         let mut bytes: u64 = 0;
         // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `bytes`
         // for the whole call; `file` is an open block device.
-        if unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as libc::Ioctl, &mut bytes as *mut u64) } != 0 {
-            return Err(annotate(path, io::Error::last_os_error(), "cannot read its size (BLKGETSIZE64)"));
+        if unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                BLKGETSIZE64 as libc::Ioctl,
+                &mut bytes as *mut u64,
+            )
+        } != 0
+        {
+            return Err(annotate(
+                path,
+                io::Error::last_os_error(),
+                "cannot read its size (BLKGETSIZE64)",
+            ));
         }
         bytes
     } else {
@@ -69,7 +92,9 @@ mod tests {
         assert_eq!(size, 8192);
         let e = open_exclusive(dir.path(), false).unwrap_err().to_string();
         assert!(e.contains("not a disk or partition"), "{e}");
-        let e = open_exclusive(&dir.path().join("sdz9"), false).unwrap_err().to_string();
+        let e = open_exclusive(&dir.path().join("sdz9"), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sdz9") && e.contains("existing disk"), "{e}");
     }
 }

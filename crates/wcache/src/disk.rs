@@ -64,10 +64,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use vdstream_blockdev::ring::{self, FileIo};
-use vdstream_blockdev::{check_range, BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine, IoEngineKind, Op, Result, ZeroFlags};
+use vdstream_blockdev::{
+    check_range, BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Hole, IoEngine,
+    IoEngineKind, Op, Result, ZeroFlags,
+};
 
-pub use crate::names::file_stem;
 use crate::cachefile::{is_aligned, with_arena, with_bounce, CacheFile, BOUNCE_BYTES};
+pub use crate::names::file_stem;
 use crate::page::{read_lower_page, PageLocks, PAGE, PAGE_SHIFT, PAGE_U64};
 use crate::pagemap::{ChangedPages, PageMap, PageState};
 use crate::prealloc::Prealloc;
@@ -126,11 +129,26 @@ impl DiskCache {
 
     /// Like [`open`](Self::open), with the cache file's engine made by `engine` (given the
     /// file's name) instead of from `cfg.io_engine`.
-    pub fn open_with_engine(lower: Arc<dyn BlockDev>, cfg: &CacheConfig, kind: CacheType, engine: impl FnOnce(&str) -> IoEngine) -> Result<Self> {
+    pub fn open_with_engine(
+        lower: Arc<dyn BlockDev>,
+        cfg: &CacheConfig,
+        kind: CacheType,
+        engine: impl FnOnce(&str) -> IoEngine,
+    ) -> Result<Self> {
         let pages = lower.size().div_ceil(PAGE_U64);
         if let Some(device) = &cfg.overflow_device {
-            let file = CacheFile::open_device(device, pages, !cfg.intermediate_buffering, || engine(&device.display().to_string()))
-                .map_err(|e| Error { message: format!("cannot use {} as the {kind} cache of target {}: {}", device.display(), cfg.target, e.message), ..e })?;
+            let file = CacheFile::open_device(device, pages, !cfg.intermediate_buffering, || {
+                engine(&device.display().to_string())
+            })
+            .map_err(|e| Error {
+                message: format!(
+                    "cannot use {} as the {kind} cache of target {}: {}",
+                    device.display(),
+                    cfg.target,
+                    e.message
+                ),
+                ..e
+            })?;
             return Ok(DiskCache::with_file(lower, file, cfg, kind, false));
         }
         let name = format!(
@@ -140,8 +158,21 @@ impl DiskCache {
             NEXT_FILE.fetch_add(1, Ordering::Relaxed)
         );
         let path = cfg.dir.join(&name);
-        let file = CacheFile::open_with_engine(&path, pages, !cfg.intermediate_buffering, true, true, || engine(&name))
-            .map_err(|e| Error { message: format!("cannot create the {kind} cache file of target {}: {}", cfg.target, e.message), ..e })?;
+        let file = CacheFile::open_with_engine(
+            &path,
+            pages,
+            !cfg.intermediate_buffering,
+            true,
+            true,
+            || engine(&name),
+        )
+        .map_err(|e| Error {
+            message: format!(
+                "cannot create the {kind} cache file of target {}: {}",
+                cfg.target, e.message
+            ),
+            ..e
+        })?;
         let mut cache = DiskCache::with_file(lower, file, cfg, kind, false);
         if let Err(e) = std::fs::remove_file(&path) {
             log::warn!("cannot unlink the cache file {} right away ({e}); it is removed when the cache closes", path.display());
@@ -152,7 +183,13 @@ impl DiskCache {
 
     /// The engine over an open cache file (all pages absent). With `track_changes`, every
     /// page state change is recorded for [`DiskCache::drain_changed`].
-    pub(crate) fn with_file(lower: Arc<dyn BlockDev>, file: CacheFile, cfg: &CacheConfig, kind: CacheType, track_changes: bool) -> Self {
+    pub(crate) fn with_file(
+        lower: Arc<dyn BlockDev>,
+        file: CacheFile,
+        cfg: &CacheConfig,
+        kind: CacheType,
+        track_changes: bool,
+    ) -> Self {
         let size = lower.size();
         let pages = size.div_ceil(PAGE_U64);
         let limit_pages = cfg.max_file.map_or(pages, |m| m / PAGE_U64);
@@ -195,12 +232,17 @@ impl DiskCache {
 
     /// Recomputes `file_bytes` after the map was loaded from elsewhere.
     pub(crate) fn refresh_file_bytes(&self) {
-        self.stats.file_bytes.store(self.map.data_pages() * PAGE_U64, Ordering::Relaxed);
+        self.stats
+            .file_bytes
+            .store(self.map.data_pages() * PAGE_U64, Ordering::Relaxed);
     }
 
     /// Takes the pages whose state changed since the last call (ascending).
     pub(crate) fn drain_changed(&self) -> Vec<u64> {
-        self.changed.as_ref().map(ChangedPages::drain).unwrap_or_default()
+        self.changed
+            .as_ref()
+            .map(ChangedPages::drain)
+            .unwrap_or_default()
     }
 
     /// Whether anything was written to the file since the last call.
@@ -237,7 +279,14 @@ impl DiskCache {
         if !self.warned_full.swap(true, Ordering::Relaxed) {
             log::warn!("{message}");
         }
-        Error::new(ErrorKind::NoSpace, op, offset, len, self.describe(), message)
+        Error::new(
+            ErrorKind::NoSpace,
+            op,
+            offset,
+            len,
+            self.describe(),
+            message,
+        )
     }
 
     /// A write error from the cache file: when the file system is full (ENOSPC, EDQUOT), the
@@ -258,7 +307,12 @@ impl DiskCache {
             self.map.data_pages() * PAGE_U64,
             e.message,
         );
-        self.fs_full_log.log(log::Level::Warn, module_path!(), "file system full", format_args!("{message}"));
+        self.fs_full_log.log(
+            log::Level::Warn,
+            module_path!(),
+            "file system full",
+            format_args!("{message}"),
+        );
         Error { message, ..e }
     }
 
@@ -267,7 +321,11 @@ impl DiskCache {
         match self.map.get(p) {
             PageState::Data => {
                 self.file.read(out, p << PAGE_SHIFT)?;
-                CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, PAGE_U64);
+                CacheStats::count(
+                    &self.stats.disk_read_ops,
+                    &self.stats.disk_read_bytes,
+                    PAGE_U64,
+                );
                 Ok(())
             }
             PageState::Absent => read_lower_page(&*self.lower, &self.stats, p, out),
@@ -283,12 +341,17 @@ impl DiskCache {
         let len = data.len() as u64;
         let end = offset + len;
         let (first, last) = (offset >> PAGE_SHIFT, (end - 1) >> PAGE_SHIFT);
-        let new = (first..=last).filter(|&p| self.map.get(p) != PageState::Data).count() as u64;
+        let new = (first..=last)
+            .filter(|&p| self.map.get(p) != PageState::Data)
+            .count() as u64;
         if new > 0 && !self.map.reserve(new, self.limit_pages) {
             return Err(self.no_space(op, offset, len));
         }
         if new > 0 {
-            self.prealloc.ensure(&self.file, first, last, self.map.data_pages(), &|p| self.map.get(p) == PageState::Data);
+            self.prealloc
+                .ensure(&self.file, first, last, self.map.data_pages(), &|p| {
+                    self.map.get(p) == PageState::Data
+                });
         }
         // The page locks keep every page of the range in the state counted above.
         if let Err(e) = self.write_file(data, offset) {
@@ -315,15 +378,24 @@ impl DiskCache {
         let direct_ok = if self.file.is_direct() {
             is_aligned(data, offset)
         } else {
-            (!head_partial || self.map.get(first) == PageState::Data) && (!tail_partial || self.map.get(last) == PageState::Data)
+            (!head_partial || self.map.get(first) == PageState::Data)
+                && (!tail_partial || self.map.get(last) == PageState::Data)
         };
         if direct_ok {
             self.file.write(data, offset)?;
-            CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, data.len() as u64);
+            CacheStats::count(
+                &self.stats.disk_write_ops,
+                &self.stats.disk_write_bytes,
+                data.len() as u64,
+            );
             return Ok(());
         }
-        for piece in vdstream_blockdev::span::units(offset, data.len() as u64, BOUNCE_BYTES as u64) {
-            let (ps, pe) = (offset + piece.pos as u64, offset + (piece.pos + piece.len) as u64);
+        for piece in vdstream_blockdev::span::units(offset, data.len() as u64, BOUNCE_BYTES as u64)
+        {
+            let (ps, pe) = (
+                offset + piece.pos as u64,
+                offset + (piece.pos + piece.len) as u64,
+            );
             let (span_start, span_end) = (round_down(ps), round_up(pe));
             let span = (span_end - span_start) as usize;
             with_bounce(span, |b| {
@@ -336,7 +408,11 @@ impl DiskCache {
                 let at = (ps - span_start) as usize;
                 b[at..at + piece.len].copy_from_slice(&data[piece.pos..piece.pos + piece.len]);
                 self.file.write(b, span_start)?;
-                CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, span as u64);
+                CacheStats::count(
+                    &self.stats.disk_write_ops,
+                    &self.stats.disk_write_bytes,
+                    span as u64,
+                );
                 Ok(())
             })?;
         }
@@ -347,7 +423,11 @@ impl DiskCache {
     fn read_file(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         if !self.file.is_direct() || is_aligned(buf, offset) {
             self.file.read(buf, offset)?;
-            CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, buf.len() as u64);
+            CacheStats::count(
+                &self.stats.disk_read_ops,
+                &self.stats.disk_read_bytes,
+                buf.len() as u64,
+            );
             return Ok(());
         }
         for piece in vdstream_blockdev::span::units(offset, buf.len() as u64, BOUNCE_BYTES as u64) {
@@ -356,7 +436,11 @@ impl DiskCache {
             let span = (span_end - span_start) as usize;
             with_bounce(span, |b| {
                 self.file.read(b, span_start)?;
-                CacheStats::count(&self.stats.disk_read_ops, &self.stats.disk_read_bytes, span as u64);
+                CacheStats::count(
+                    &self.stats.disk_read_ops,
+                    &self.stats.disk_read_bytes,
+                    span as u64,
+                );
                 let at = (ps - span_start) as usize;
                 buf[piece.pos..piece.pos + piece.len].copy_from_slice(&b[at..at + piece.len]);
                 Ok::<_, Error>(())
@@ -365,10 +449,19 @@ impl DiskCache {
         Ok(())
     }
 
-    fn read_inner(&self, buf: &mut [u8], offset: u64, mut holes: Option<&mut Vec<Hole>>) -> Result<()> {
+    fn read_inner(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        mut holes: Option<&mut Vec<Hole>>,
+    ) -> Result<()> {
         let len = buf.len() as u64;
         check_range(self.size, Op::Read, offset, len, &|| self.describe())?;
-        CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, len);
+        CacheStats::count(
+            &self.stats.guest_read_ops,
+            &self.stats.guest_read_bytes,
+            len,
+        );
         if len == 0 {
             return Ok(());
         }
@@ -376,7 +469,10 @@ impl DiskCache {
         let (mut p, stop) = (offset >> PAGE_SHIFT, ((end - 1) >> PAGE_SHIFT) + 1);
         while p < stop {
             let (state, run_end) = self.map.run(p, stop);
-            let (bs, be) = ((p << PAGE_SHIFT).max(offset), (run_end << PAGE_SHIFT).min(end));
+            let (bs, be) = (
+                (p << PAGE_SHIFT).max(offset),
+                (run_end << PAGE_SHIFT).min(end),
+            );
             let at = (bs - offset) as usize;
             let piece = &mut buf[at..(be - offset) as usize];
             let pages = run_end - p;
@@ -389,18 +485,28 @@ impl DiskCache {
                     self.stats.hits.fetch_add(pages, Ordering::Relaxed);
                     piece.fill(0);
                     if let Some(h) = holes.as_deref_mut() {
-                        h.push(Hole { start: at, len: piece.len() });
+                        h.push(Hole {
+                            start: at,
+                            len: piece.len(),
+                        });
                     }
                 }
                 PageState::Absent => {
                     self.stats.misses.fetch_add(pages, Ordering::Relaxed);
-                    CacheStats::count(&self.stats.vdisk_read_ops, &self.stats.vdisk_read_bytes, piece.len() as u64);
+                    CacheStats::count(
+                        &self.stats.vdisk_read_ops,
+                        &self.stats.vdisk_read_bytes,
+                        piece.len() as u64,
+                    );
                     match holes.as_deref_mut() {
                         None => self.lower.read_at(piece, bs)?,
                         Some(h) => {
                             let mut below = Vec::new();
                             self.lower.read_at_sparse(piece, bs, &mut below)?;
-                            h.extend(below.into_iter().map(|x| Hole { start: x.start + at, len: x.len }));
+                            h.extend(below.into_iter().map(|x| Hole {
+                                start: x.start + at,
+                                len: x.len,
+                            }));
                         }
                     }
                 }
@@ -427,10 +533,17 @@ impl DiskCache {
         let _guard = self.locks.lock_pages(first, last - first + 1);
         let (wf, we) = (first + head_partial as u64, last + 1 - tail_partial as u64);
         if we > wf {
-            let was_data = self.map.set_range(wf, we - wf, PageState::Zero, |p| self.mark_changed(p));
+            let was_data = self
+                .map
+                .set_range(wf, we - wf, PageState::Zero, |p| self.mark_changed(p));
             self.refresh_file_bytes();
             // Punch what was data, and chunks freed whole (they may hold preallocated blocks).
-            if (was_data > 0 || self.prealloc.holds_whole(wf, we)) && self.file.punch(wf << PAGE_SHIFT, (we - wf) << PAGE_SHIFT).map_err(|e| Error { op, ..e })? {
+            if (was_data > 0 || self.prealloc.holds_whole(wf, we))
+                && self
+                    .file
+                    .punch(wf << PAGE_SHIFT, (we - wf) << PAGE_SHIFT)
+                    .map_err(|e| Error { op, ..e })?
+            {
                 self.prealloc.freed(wf, we);
             }
         }
@@ -438,7 +551,10 @@ impl DiskCache {
             if self.map.get(p) == PageState::Zero {
                 return Ok(());
             }
-            let (s, e) = ((p << PAGE_SHIFT).max(offset), ((p + 1) << PAGE_SHIFT).min(end));
+            let (s, e) = (
+                (p << PAGE_SHIFT).max(offset),
+                ((p + 1) << PAGE_SHIFT).min(end),
+            );
             self.write_locked(&ZERO_PAGE[..(e - s) as usize], s, op)
         };
         if head_partial {
@@ -455,7 +571,10 @@ impl Drop for DiskCache {
     fn drop(&mut self) {
         if let Some(path) = &self.remove_on_drop {
             if let Err(e) = std::fs::remove_file(path) {
-                log::warn!("cannot remove the cache file {}: {e}; delete it by hand", path.display());
+                log::warn!(
+                    "cannot remove the cache file {}: {e}; delete it by hand",
+                    path.display()
+                );
             }
         }
     }
@@ -481,7 +600,11 @@ impl BlockDev for DiskCache {
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<()> {
         let len = buf.len() as u64;
         check_range(self.size, Op::Write, offset, len, &|| self.describe())?;
-        CacheStats::count(&self.stats.guest_write_ops, &self.stats.guest_write_bytes, len);
+        CacheStats::count(
+            &self.stats.guest_write_ops,
+            &self.stats.guest_write_bytes,
+            len,
+        );
         if len == 0 {
             return Ok(());
         }
@@ -514,10 +637,27 @@ impl BlockDev for DiskCache {
         };
         while p < stop && out.len() - start_len < MAX_EXTENTS {
             let (state, run_end) = self.map.run(p, stop);
-            let (bs, be) = ((p << PAGE_SHIFT).max(offset), (run_end << PAGE_SHIFT).min(end));
+            let (bs, be) = (
+                (p << PAGE_SHIFT).max(offset),
+                (run_end << PAGE_SHIFT).min(end),
+            );
             match state {
-                PageState::Data => push(out, Extent { len: be - bs, hole: false, zero: false }),
-                PageState::Zero => push(out, Extent { len: be - bs, hole: true, zero: true }),
+                PageState::Data => push(
+                    out,
+                    Extent {
+                        len: be - bs,
+                        hole: false,
+                        zero: false,
+                    },
+                ),
+                PageState::Zero => push(
+                    out,
+                    Extent {
+                        len: be - bs,
+                        hole: true,
+                        zero: true,
+                    },
+                ),
                 PageState::Absent => {
                     let mut below = Vec::new();
                     self.lower.block_status(bs, be - bs, &mut below)?;
@@ -536,7 +676,12 @@ impl BlockDev for DiskCache {
     }
 
     fn describe(&self) -> String {
-        format!("{} cache of target {} in {}", self.kind, self.target, self.dir.display())
+        format!(
+            "{} cache of target {} in {}",
+            self.kind,
+            self.target,
+            self.dir.display()
+        )
     }
 
     fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
@@ -601,14 +746,26 @@ impl DiskCache {
             };
             let mut new = 0;
             if op.is_write() {
-                new = (first..first + pages).filter(|&p| self.map.get(p) != PageState::Data).count() as u64;
-                CacheStats::count(&self.stats.guest_write_ops, &self.stats.guest_write_bytes, len);
+                new = (first..first + pages)
+                    .filter(|&p| self.map.get(p) != PageState::Data)
+                    .count() as u64;
+                CacheStats::count(
+                    &self.stats.guest_write_ops,
+                    &self.stats.guest_write_bytes,
+                    len,
+                );
                 if new > 0 && !self.map.reserve(new, self.limit_pages) {
                     op.result = Err(self.no_space(Op::Write, offset, len));
                     continue;
                 }
                 if new > 0 {
-                    self.prealloc.ensure(&self.file, first, first + pages - 1, self.map.data_pages(), &|p| self.map.get(p) == PageState::Data);
+                    self.prealloc.ensure(
+                        &self.file,
+                        first,
+                        first + pages - 1,
+                        self.map.data_pages(),
+                        &|p| self.map.get(p) == PageState::Data,
+                    );
                 }
             } else {
                 let (state, run_end) = self.map.run(first, first + pages);
@@ -621,11 +778,21 @@ impl DiskCache {
                     later.push(i);
                     continue;
                 }
-                CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, len);
+                CacheStats::count(
+                    &self.stats.guest_read_ops,
+                    &self.stats.guest_read_bytes,
+                    len,
+                );
                 self.stats.hits.fetch_add(pages, Ordering::Relaxed);
             }
             guards.push(guard);
-            planned.push(Planned { op: i, first, pages, new, at: bytes });
+            planned.push(Planned {
+                op: i,
+                first,
+                pages,
+                new,
+                at: bytes,
+            });
             bytes += len as usize;
         }
         if !planned.is_empty() {
@@ -646,12 +813,26 @@ impl DiskCache {
         }
         let mut sub: Vec<BatchOp<'_>> = Vec::with_capacity(below.len());
         // `below` is ascending: take those ops, each borrowed once.
-        for (_, op) in ops.iter_mut().enumerate().filter(|(i, _)| below.binary_search(i).is_ok()) {
+        for (_, op) in ops
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| below.binary_search(i).is_ok())
+        {
             let len = op.len() as u64;
             if let BatchIo::Read(buf) = &mut op.io {
-                CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, len);
-                self.stats.misses.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
-                CacheStats::count(&self.stats.vdisk_read_ops, &self.stats.vdisk_read_bytes, len);
+                CacheStats::count(
+                    &self.stats.guest_read_ops,
+                    &self.stats.guest_read_bytes,
+                    len,
+                );
+                self.stats
+                    .misses
+                    .fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
+                CacheStats::count(
+                    &self.stats.vdisk_read_ops,
+                    &self.stats.vdisk_read_bytes,
+                    len,
+                );
                 sub.push(BatchOp::read(buf, op.offset));
             }
         }
@@ -688,7 +869,11 @@ impl DiskCache {
             let (at, len) = (p.first << PAGE_SHIFT, p.pages << PAGE_SHIFT);
             op.result = match (r, &mut op.io) {
                 (Ok(()), BatchIo::Write(..)) => {
-                    CacheStats::count(&self.stats.disk_write_ops, &self.stats.disk_write_bytes, len);
+                    CacheStats::count(
+                        &self.stats.disk_write_ops,
+                        &self.stats.disk_write_bytes,
+                        len,
+                    );
                     for page in p.first..p.first + p.pages {
                         if self.map.set_data_reserved(page) != PageState::Data {
                             self.mark_changed(page);
@@ -705,7 +890,9 @@ impl DiskCache {
                 (Err(e), io) => {
                     let write = matches!(io, BatchIo::Write(..));
                     self.map.release(p.new);
-                    let err = self.file.err(e, if write { Op::Write } else { Op::Read }, at, len);
+                    let err = self
+                        .file
+                        .err(e, if write { Op::Write } else { Op::Read }, at, len);
                     Err(if write { self.file_write_err(err) } else { err })
                 }
             };

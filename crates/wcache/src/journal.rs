@@ -55,13 +55,19 @@ pub fn crc32(data: &[u8]) -> u32 {
         for (i, slot) in t.iter_mut().enumerate() {
             let mut c = i as u32;
             for _ in 0..8 {
-                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+                c = if c & 1 != 0 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
             }
             *slot = c;
         }
         t
     });
-    !data.iter().fold(!0u32, |c, &b| table[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8))
+    !data.iter().fold(!0u32, |c, &b| {
+        table[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8)
+    })
 }
 
 /// The whole page map at one flush, plus what the cache was made for.
@@ -111,11 +117,16 @@ impl Checkpoint {
         }
         let version = r.u32()?;
         if version != VERSION {
-            return Err(format!("it has format version {version}; this build reads version {VERSION}"));
+            return Err(format!(
+                "it has format version {version}; this build reads version {VERSION}"
+            ));
         }
         let page = r.u32()?;
         if page as usize != crate::page::PAGE {
-            return Err(format!("it uses {page}-byte pages, not {}", crate::page::PAGE));
+            return Err(format!(
+                "it uses {page}-byte pages, not {}",
+                crate::page::PAGE
+            ));
         }
         let seq = r.u64()?;
         let lower_size = r.u64()?;
@@ -123,13 +134,25 @@ impl Checkpoint {
         if id_len > MAX_IDENTITY {
             return Err(format!("its identity is {id_len} bytes long"));
         }
-        let identity = String::from_utf8(r.take(id_len)?.to_vec()).map_err(|_| "its identity is not UTF-8")?;
+        let identity =
+            String::from_utf8(r.take(id_len)?.to_vec()).map_err(|_| "its identity is not UTF-8")?;
         let n = r.u64()?;
         if n.checked_mul(8) != Some(r.0.len() as u64) {
-            return Err(format!("it claims {n} map words but holds {} bytes of them", r.0.len()));
+            return Err(format!(
+                "it claims {n} map words but holds {} bytes of them",
+                r.0.len()
+            ));
         }
-        let words = r.0.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
-        Ok(Checkpoint { seq, lower_size, identity, words })
+        let words =
+            r.0.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+        Ok(Checkpoint {
+            seq,
+            lower_size,
+            identity,
+            words,
+        })
     }
 
     /// Reads the checkpoint at `path`: `Ok(None)` when there is none.
@@ -170,7 +193,10 @@ fn tmp_path(path: &Path) -> PathBuf {
 
 /// fsyncs the folder holding `path` (so a rename or a new file in it is durable).
 pub fn sync_dir(path: &Path) -> io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     File::open(dir)?.sync_all()
 }
 
@@ -186,10 +212,14 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
     fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
 }
 
@@ -222,7 +252,13 @@ pub struct Journal {
 impl Journal {
     /// Creates (or empties) the journal at `path`, durably.
     pub fn create(path: &Path) -> io::Result<Journal> {
-        let file = storefile::options(storefile::PRIVATE).read(true).write(true).create(true).truncate(true).open(path).map_err(|e| storefile::explain(e, path))?;
+        let file = storefile::options(storefile::PRIVATE)
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| storefile::explain(e, path))?;
         storefile::tighten_logged(&file, storefile::PRIVATE, path);
         let mut header = Vec::with_capacity(JOURNAL_HEADER as usize);
         header.extend_from_slice(JOURNAL_MAGIC);
@@ -231,7 +267,13 @@ impl Journal {
         file.write_all_at(&header, 0)?;
         file.sync_all()?;
         sync_dir(path)?;
-        Ok(Journal { file, path: path.to_path_buf(), end: JOURNAL_HEADER, reserved: JOURNAL_HEADER, can_reserve: true })
+        Ok(Journal {
+            file,
+            path: path.to_path_buf(),
+            end: JOURNAL_HEADER,
+            reserved: JOURNAL_HEADER,
+            can_reserve: true,
+        })
     }
 
     /// Opens an existing journal and reads the records after `after_seq` that are valid for
@@ -249,15 +291,28 @@ impl Journal {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         if bytes.len() < JOURNAL_HEADER as usize || &bytes[..8] != JOURNAL_MAGIC {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "it is not a vdstream cache journal (bad header)"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "it is not a vdstream cache journal (bad header)",
+            ));
         }
         let replay = parse_records(&bytes, after_seq, pages);
         // Blocks a former open reserved past the end are still there (a journal is written
         // and reserved front to back, so its allocated bytes end where the reservation does).
         use std::os::unix::fs::MetadataExt;
         let allocated = file.metadata()?.blocks().saturating_mul(512);
-        let reserved = if replay.stopped.is_none() { allocated.max(replay.end) } else { replay.end };
-        let journal = Journal { file, path: path.to_path_buf(), end: replay.end, reserved, can_reserve: true };
+        let reserved = if replay.stopped.is_none() {
+            allocated.max(replay.end)
+        } else {
+            replay.end
+        };
+        let journal = Journal {
+            file,
+            path: path.to_path_buf(),
+            end: replay.end,
+            reserved,
+            can_reserve: true,
+        };
         Ok(Some((journal, replay)))
     }
 
@@ -294,12 +349,22 @@ impl Journal {
         // Only past what is reserved already: a failed fallocate may give back the blocks of
         // its range that hold no data (tmpfs does), and those must stay reserved.
         let from = self.reserved.max(self.end);
-        match crate::cachefile::fallocate(&self.file, libc::FALLOC_FL_KEEP_SIZE, from, self.end + JOURNAL_RESERVE - from) {
+        match crate::cachefile::fallocate(
+            &self.file,
+            libc::FALLOC_FL_KEEP_SIZE,
+            from,
+            self.end + JOURNAL_RESERVE - from,
+        ) {
             Ok(()) => {
                 self.reserved = self.end + JOURNAL_RESERVE;
                 Ok(())
             }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+                ) =>
+            {
                 self.can_reserve = false;
                 Ok(())
             }
@@ -349,7 +414,11 @@ impl Journal {
 
 /// Reads the records of a journal image (header included). See the module notes.
 pub fn parse_records(bytes: &[u8], after_seq: u64, pages: u64) -> Replay {
-    let mut replay = Replay { last_seq: after_seq, end: JOURNAL_HEADER, ..Default::default() };
+    let mut replay = Replay {
+        last_seq: after_seq,
+        end: JOURNAL_HEADER,
+        ..Default::default()
+    };
     let mut pos = JOURNAL_HEADER as usize;
     let mut prev: Option<u64> = None;
     while pos < bytes.len() {
@@ -384,7 +453,9 @@ pub fn parse_records(bytes: &[u8], after_seq: u64, pages: u64) -> Replay {
         for e in rest[16..len - 4].chunks_exact(8) {
             let v = u64::from_le_bytes(e.try_into().expect("8 bytes"));
             match PageState::from_bits(v & 3) {
-                Some(s @ (PageState::Data | PageState::Zero)) if v >> 2 < pages => entries.push((v >> 2, s)),
+                Some(s @ (PageState::Data | PageState::Zero)) if v >> 2 < pages => {
+                    entries.push((v >> 2, s))
+                }
                 _ => break,
             }
         }
@@ -414,13 +485,20 @@ mod tests {
 
     #[test]
     fn checkpoint_round_trips_and_detects_damage() {
-        let cp = Checkpoint { seq: 7, lower_size: 12345, identity: "vdisk-a v3".into(), words: vec![1, 2, 0x5555] };
+        let cp = Checkpoint {
+            seq: 7,
+            lower_size: 12345,
+            identity: "vdisk-a v3".into(),
+            words: vec![1, 2, 0x5555],
+        };
         let mut bytes = cp.encode();
         assert_eq!(Checkpoint::decode(&bytes).unwrap(), cp);
         bytes[30] ^= 1;
         assert!(Checkpoint::decode(&bytes).unwrap_err().contains("checksum"));
         assert!(Checkpoint::decode(b"xy").is_err());
-        assert!(Checkpoint::decode(b"garbage garbage garbage").unwrap_err().contains("magic"));
+        assert!(Checkpoint::decode(b"garbage garbage garbage")
+            .unwrap_err()
+            .contains("magic"));
     }
 
     #[test]
@@ -428,15 +506,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let mut j = Journal::create(&path).unwrap();
-        let s = j.append(4, &[(1, PageState::Data), (2, PageState::Zero)]).unwrap();
+        let s = j
+            .append(4, &[(1, PageState::Data), (2, PageState::Zero)])
+            .unwrap();
         assert_eq!(s, 5);
         let s = j.append(s, &[(3, PageState::Data)]).unwrap();
         let full = std::fs::read(&path).unwrap();
         let r = parse_records(&full, 4, 10);
-        assert_eq!(r.changes, vec![(1, PageState::Data), (2, PageState::Zero), (3, PageState::Data)]);
-        assert_eq!((r.last_seq, r.end, r.stopped.clone()), (s, full.len() as u64, None));
+        assert_eq!(
+            r.changes,
+            vec![
+                (1, PageState::Data),
+                (2, PageState::Zero),
+                (3, PageState::Data)
+            ]
+        );
+        assert_eq!(
+            (r.last_seq, r.end, r.stopped.clone()),
+            (s, full.len() as u64, None)
+        );
         // After a checkpoint at 5, only record 6 applies.
-        assert_eq!(parse_records(&full, 5, 10).changes, vec![(3, PageState::Data)]);
+        assert_eq!(
+            parse_records(&full, 5, 10).changes,
+            vec![(3, PageState::Data)]
+        );
         // A torn tail: the first record only.
         for cut in [full.len() - 1, full.len() - 10] {
             let r = parse_records(&full[..cut], 4, 10);

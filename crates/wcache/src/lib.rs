@@ -36,10 +36,10 @@ pub mod pagemap;
 pub mod persistent;
 pub mod prealloc;
 pub mod private;
-pub mod sizing;
-pub mod space;
 pub mod ram;
 mod region_map;
+pub mod sizing;
+pub mod space;
 pub mod stats;
 mod tiers;
 
@@ -133,11 +133,17 @@ pub trait WriteCache: BlockDev {
 }
 
 /// Opens a write cache of `kind` over `lower` (which is only read, except by `private`).
-pub fn open(kind: CacheType, lower: Arc<dyn BlockDev>, cfg: &CacheConfig) -> Result<Arc<dyn WriteCache>> {
+pub fn open(
+    kind: CacheType,
+    lower: Arc<dyn BlockDev>,
+    cfg: &CacheConfig,
+) -> Result<Arc<dyn WriteCache>> {
     Ok(match kind {
         CacheType::DeviceRam => Arc::new(ram::RamCache::open(lower, cfg)?),
         CacheType::RamOverflow => Arc::new(overflow::RamOverflowCache::open(lower, cfg)?),
-        CacheType::DeviceDisk | CacheType::Server => Arc::new(disk::DiskCache::open(lower, cfg, kind)?),
+        CacheType::DeviceDisk | CacheType::Server => {
+            Arc::new(disk::DiskCache::open(lower, cfg, kind)?)
+        }
         CacheType::DeviceDiskPersistent | CacheType::ServerPersistent => {
             Arc::new(persistent::PersistentDiskCache::open(lower, cfg, kind)?)
         }

@@ -10,11 +10,19 @@ pub fn file_stem(target: &str) -> String {
     let clean: String = target
         .chars()
         .take(64)
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     let clean = clean.trim_start_matches('.');
     // FNV-1a, stable across builds and platforms.
-    let hash = target.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x1000_0000_01b3));
+    let hash = target.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x1000_0000_01b3)
+    });
     format!("{clean}-{:08x}", hash as u32)
 }
 

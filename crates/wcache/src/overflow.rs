@@ -61,15 +61,22 @@ impl RamOverflowCache {
     /// Opens an empty cache over `lower`: `cfg.ram` bytes of RAM, a fresh overflow file in
     /// `cfg.dir` capped at `cfg.max_file` bytes.
     pub fn open(lower: Arc<dyn BlockDev>, cfg: &CacheConfig) -> Result<Self> {
-        let name = format!("ram-overflow cache of {} over {}", cfg.target, lower.describe());
-        let mut max_bytes = cfg.max_file.unwrap_or_else(|| lower.size().div_ceil(UNIT) * UNIT);
+        let name = format!(
+            "ram-overflow cache of {} over {}",
+            cfg.target,
+            lower.describe()
+        );
+        let mut max_bytes = cfg
+            .max_file
+            .unwrap_or_else(|| lower.size().div_ceil(UNIT) * UNIT);
         let (file, full) = match &cfg.overflow_device {
             Some(device) => {
-                let (file, size) = OverflowFile::on_device(device, max_bytes / UNIT).map_err(|e| {
-                    let mut err = Error::from_io(e, Op::Open, 0, 0, name.clone());
-                    err.message = format!("cannot use the overflow device: {}", err.message);
-                    err
-                })?;
+                let (file, size) =
+                    OverflowFile::on_device(device, max_bytes / UNIT).map_err(|e| {
+                        let mut err = Error::from_io(e, Op::Open, 0, 0, name.clone());
+                        err.message = format!("cannot use the overflow device: {}", err.message);
+                        err
+                    })?;
                 max_bytes = max_bytes.min(size / UNIT * UNIT);
                 let full = format!(
                     "the write cache of target {} is full: {} bytes of RAM and {} bytes of the overflow device {} are in use: give a larger device (or --ram), or free space in the guest (fstrim)",
@@ -107,11 +114,17 @@ impl RamOverflowCache {
         }
         let tiers = Arc::new(tiers);
         let flusher = if tiers.ram_limit > 0 {
-            Some(Flusher::start(Arc::clone(&tiers), low).map_err(|e| Error::from_io(e, Op::Open, 0, 0, tiers.name.clone()))?)
+            Some(
+                Flusher::start(Arc::clone(&tiers), low)
+                    .map_err(|e| Error::from_io(e, Op::Open, 0, 0, tiers.name.clone()))?,
+            )
         } else {
             None
         };
-        Ok(RamOverflowCache { tiers, _flusher: flusher })
+        Ok(RamOverflowCache {
+            tiers,
+            _flusher: flusher,
+        })
     }
 
     /// Evicts least-recently-used regions until RAM use is at most `ram_bytes`, or nothing
@@ -156,43 +169,51 @@ const QUIET_TICKS_BEFORE_DROPPING_SPARES: u32 = 10;
 impl Flusher {
     fn start(tiers: Arc<Tiers>, low: u64) -> std::io::Result<Self> {
         let t = Arc::clone(&tiers);
-        let thread = std::thread::Builder::new().name("vdstream-flusher".into()).spawn(move || {
-            let mut warned = false;
-            let mut quiet = 0u32;
-            while !t.wake.stop.load(Relaxed) {
-                let woken = t.wake.wait(Duration::from_millis(100));
-                if !woken && t.stats.ram_bytes.load(Relaxed) < t.high {
-                    // A quiet moment: give back what evictions freed. Not while they churn:
-                    // the pages freed then are allocated again at once by writes coming
-                    // back into RAM, and trimming them costs a heap walk, TLB shootdowns
-                    // and fresh page faults for nothing. The spare pool goes after a
-                    // quiet second.
-                    quiet += 1;
-                    if quiet == QUIET_TICKS_BEFORE_DROPPING_SPARES && t.drop_spares() > 0 {
-                        vdstream_blockdev::reclaim::reclaim_now();
-                    } else {
-                        vdstream_blockdev::reclaim::maybe_reclaim();
+        let thread = std::thread::Builder::new()
+            .name("vdstream-flusher".into())
+            .spawn(move || {
+                let mut warned = false;
+                let mut quiet = 0u32;
+                while !t.wake.stop.load(Relaxed) {
+                    let woken = t.wake.wait(Duration::from_millis(100));
+                    if !woken && t.stats.ram_bytes.load(Relaxed) < t.high {
+                        // A quiet moment: give back what evictions freed. Not while they churn:
+                        // the pages freed then are allocated again at once by writes coming
+                        // back into RAM, and trimming them costs a heap walk, TLB shootdowns
+                        // and fresh page faults for nothing. The spare pool goes after a
+                        // quiet second.
+                        quiet += 1;
+                        if quiet == QUIET_TICKS_BEFORE_DROPPING_SPARES && t.drop_spares() > 0 {
+                            vdstream_blockdev::reclaim::reclaim_now();
+                        } else {
+                            vdstream_blockdev::reclaim::maybe_reclaim();
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                quiet = 0;
-                let mut idle = 0;
-                while !t.wake.stop.load(Relaxed) && t.stats.ram_bytes.load(Relaxed) > low && idle < 4 {
-                    match t.evict_one() {
-                        Ok(0) => idle += 1,
-                        Ok(_) => idle = 0,
-                        Err(e) => {
-                            if !warned {
-                                log::warn!("{}: the flusher cannot evict: {e}", t.name);
-                                warned = true;
+                    quiet = 0;
+                    let mut idle = 0;
+                    while !t.wake.stop.load(Relaxed)
+                        && t.stats.ram_bytes.load(Relaxed) > low
+                        && idle < 4
+                    {
+                        match t.evict_one() {
+                            Ok(0) => idle += 1,
+                            Ok(_) => idle = 0,
+                            Err(e) => {
+                                if !warned {
+                                    log::warn!("{}: the flusher cannot evict: {e}", t.name);
+                                    warned = true;
+                                }
+                                break;
                             }
-                            break;
                         }
                     }
                 }
-            }
-        })?;
-        Ok(Flusher { tiers, thread: Some(thread) })
+            })?;
+        Ok(Flusher {
+            tiers,
+            thread: Some(thread),
+        })
     }
 }
 
@@ -216,17 +237,29 @@ mod tests {
     #[test]
     fn the_flusher_gives_the_spare_pool_back_when_writes_stop() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = CacheConfig { ram: 1 << 20, dir: dir.path().into(), ..CacheConfig::new("spares") };
+        let cfg = CacheConfig {
+            ram: 1 << 20,
+            dir: dir.path().into(),
+            ..CacheConfig::new("spares")
+        };
         let c = RamOverflowCache::open(Arc::new(MemoryDev::new(8 << 20)), &cfg).unwrap();
         let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i / 4096) as u8 ^ 0x5a).collect();
         c.write_at(&data, 0, false).unwrap(); // 4 MiB through 1 MiB of RAM
         c.evict_until(0).unwrap();
-        assert!(c.tiers.spare_count() > 0, "evicted pages wait in the pool for reuse");
+        assert!(
+            c.tiers.spare_count() > 0,
+            "evicted pages wait in the pool for reuse"
+        );
         let start = std::time::Instant::now();
         while c.tiers.spare_count() > 0 && start.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert_eq!(c.tiers.spare_count(), 0, "the pool is still held {:?} after the last write", start.elapsed());
+        assert_eq!(
+            c.tiers.spare_count(),
+            0,
+            "the pool is still held {:?} after the last write",
+            start.elapsed()
+        );
         let mut back = vec![0u8; data.len()];
         c.read_at(&mut back, 0).unwrap();
         assert!(back == data, "the data reads back after the pool is gone");

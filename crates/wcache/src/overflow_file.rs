@@ -65,7 +65,13 @@ impl OverflowFile {
     pub fn create(dir: &Path, target: &str, max_units: u64) -> io::Result<Self> {
         let safe: String = target
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .take(64)
             .collect();
         let name = format!(
@@ -83,7 +89,12 @@ impl OverflowFile {
             .open(&path)?;
         // Unlinked at once: the file lives as long as the descriptor, and a crash leaves nothing.
         std::fs::remove_file(&path)?;
-        Ok(OverflowFile { file, path, max_units, units: Mutex::new(UnitTable::default()) })
+        Ok(OverflowFile {
+            file,
+            path,
+            max_units,
+            units: Mutex::new(UnitTable::default()),
+        })
     }
 
     /// The overflow on a raw disk or partition (`--overflow-device`): opened exclusively,
@@ -92,7 +103,15 @@ impl OverflowFile {
     pub fn on_device(device: &Path, max_units: u64) -> io::Result<(Self, u64)> {
         let (file, size) = crate::device::open_exclusive(device, false)?;
         let max_units = max_units.min(size / UNIT);
-        Ok((OverflowFile { file, path: device.to_path_buf(), max_units, units: Mutex::new(UnitTable::default()) }, size))
+        Ok((
+            OverflowFile {
+                file,
+                path: device.to_path_buf(),
+                max_units,
+                units: Mutex::new(UnitTable::default()),
+            },
+            size,
+        ))
     }
 
     /// Where the file was created, for messages.
@@ -127,7 +146,10 @@ impl OverflowFile {
     /// Gives a unit back: its space is punched out and it goes to the free list.
     pub fn release_unit(&self, unit: u64) {
         if let Err(e) = self.punch(unit * UNIT, UNIT) {
-            log::debug!("overflow file {}: punching unit {unit} failed: {e}", self.path.display());
+            log::debug!(
+                "overflow file {}: punching unit {unit} failed: {e}",
+                self.path.display()
+            );
         }
         let mut t = self.table();
         debug_assert!(!t.free.contains(&unit));
@@ -163,13 +185,23 @@ impl OverflowFile {
                 .enumerate()
                 .map(|(i, p)| {
                     let skip = if i == 0 { partial } else { 0 };
-                    libc::iovec { iov_base: p[skip..].as_ptr() as *mut libc::c_void, iov_len: PAGE - skip }
+                    libc::iovec {
+                        iov_base: p[skip..].as_ptr() as *mut libc::c_void,
+                        iov_len: PAGE - skip,
+                    }
                 })
                 .collect();
             // SAFETY: every iovec points into a live page borrowed for the whole call, with
             // its exact remaining length; pwritev only reads from them. The count is at most
             // UNIT_PAGES (512), below IOV_MAX (1024).
-            let n = unsafe { libc::pwritev(self.file.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int, offset as libc::off_t) };
+            let n = unsafe {
+                libc::pwritev(
+                    self.file.as_raw_fd(),
+                    iov.as_ptr(),
+                    iov.len() as libc::c_int,
+                    offset as libc::off_t,
+                )
+            };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -178,7 +210,10 @@ impl OverflowFile {
                 return Err(e);
             }
             if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "pwritev wrote nothing",
+                ));
             }
             let n = n as usize;
             offset += n as u64;
@@ -226,15 +261,24 @@ mod tests {
     fn units_are_capped_reused_lowest_first_and_runs_round_trip() {
         let dir = tempfile::tempdir().unwrap();
         let f = OverflowFile::create(dir.path(), "t/1", 3).unwrap();
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the file is unlinked at once");
-        let (a, b, c) = (f.alloc_unit().unwrap(), f.alloc_unit().unwrap(), f.alloc_unit().unwrap());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "the file is unlinked at once"
+        );
+        let (a, b, c) = (
+            f.alloc_unit().unwrap(),
+            f.alloc_unit().unwrap(),
+            f.alloc_unit().unwrap(),
+        );
         assert_eq!((a, b, c), (0, 1, 2));
         assert_eq!(f.alloc_unit(), None);
         let p1: Box<PageBuf> = Box::new([1u8; PAGE]);
         let p2: Box<PageBuf> = Box::new([2u8; PAGE]);
         f.write_run(b, 10, &[&p1, &p2]).unwrap();
         let mut got = vec![0u8; 2 * PAGE];
-        f.read_at(&mut got, OverflowFile::slot_offset(b, 10)).unwrap();
+        f.read_at(&mut got, OverflowFile::slot_offset(b, 10))
+            .unwrap();
         assert!(got[..PAGE].iter().all(|&x| x == 1) && got[PAGE..].iter().all(|&x| x == 2));
         f.release_unit(c);
         f.release_unit(a);
@@ -242,7 +286,8 @@ mod tests {
         assert_eq!(f.alloc_unit(), Some(0));
         f.release_unit(b);
         let mut page = vec![9u8; PAGE];
-        f.read_at(&mut page, OverflowFile::slot_offset(b, 10)).unwrap();
+        f.read_at(&mut page, OverflowFile::slot_offset(b, 10))
+            .unwrap();
         assert!(page.iter().all(|&x| x == 0), "a released unit is punched");
     }
 }

@@ -51,7 +51,10 @@ pub type PageBuf = [u8; PAGE];
 /// A new zero-filled page on the heap (no stack copy of 4 KiB).
 pub fn new_page() -> Box<PageBuf> {
     // vec! of zeros uses calloc, which is cheap for fresh memory.
-    vec![0u8; PAGE].into_boxed_slice().try_into().expect("PAGE bytes")
+    vec![0u8; PAGE]
+        .into_boxed_slice()
+        .try_into()
+        .expect("PAGE bytes")
 }
 
 /// Copies one whole page with non-temporal stores (no read of the destination's old
@@ -62,7 +65,10 @@ pub fn copy_page_streaming(dst: &mut [u8], src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if dst.as_ptr() as usize % 16 == 0 {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-        let (d, s) = (dst.as_mut_ptr().cast::<__m128i>(), src.as_ptr().cast::<__m128i>());
+        let (d, s) = (
+            dst.as_mut_ptr().cast::<__m128i>(),
+            src.as_ptr().cast::<__m128i>(),
+        );
         for i in 0..PAGE / 16 {
             // SAFETY: both slices are PAGE bytes long (asserted), so every 16-byte chunk i is
             // in bounds; `dst` is 16-byte aligned (checked) as `_mm_stream_si128` needs, and
@@ -126,7 +132,10 @@ impl PageLocks {
     /// A set of at least `stripes` locks (rounded up to a power of two, at least 1).
     pub fn new(stripes: usize) -> Self {
         let n = stripes.max(1).next_power_of_two();
-        PageLocks { stripes: (0..n).map(|_| Stripe::default()).collect(), mask: n as u64 - 1 }
+        PageLocks {
+            stripes: (0..n).map(|_| Stripe::default()).collect(),
+            mask: n as u64 - 1,
+        }
     }
 
     /// Number of stripes.
@@ -152,18 +161,33 @@ impl PageLocks {
 
     /// Locks the stripe of one page.
     pub fn lock(&self, page: u64) -> MutexGuard<'_, ()> {
-        self.stripes[self.stripe_of(page)].0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.stripes[self.stripe_of(page)]
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Locks the stripes of pages `first .. first + count` (each stripe once, ascending).
     /// A range with as many pages as there are stripes locks every stripe.
     pub fn lock_pages(&self, first: u64, count: u64) -> PageRangeGuard<'_> {
         if count == 1 {
-            return PageRangeGuard { _guards: Guards::One(self.lock(first)) };
+            return PageRangeGuard {
+                _guards: Guards::One(self.lock(first)),
+            };
         }
         let idx = self.stripes_of(first, count);
-        let guards = idx.into_iter().map(|i| self.stripes[i].0.lock().unwrap_or_else(PoisonError::into_inner)).collect();
-        PageRangeGuard { _guards: Guards::Many(guards) }
+        let guards = idx
+            .into_iter()
+            .map(|i| {
+                self.stripes[i]
+                    .0
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+            })
+            .collect();
+        PageRangeGuard {
+            _guards: Guards::Many(guards),
+        }
     }
 
     /// Like [`lock_pages`](Self::lock_pages), without waiting: `None` if any stripe is held
@@ -175,17 +199,23 @@ impl PageLocks {
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
         if count == 1 {
-            return try_one(self.stripe_of(first)).map(|g| PageRangeGuard { _guards: Guards::One(g) });
+            return try_one(self.stripe_of(first)).map(|g| PageRangeGuard {
+                _guards: Guards::One(g),
+            });
         }
         let idx = self.stripes_of(first, count);
         let guards = idx.into_iter().map(try_one).collect::<Option<Vec<_>>>()?;
-        Some(PageRangeGuard { _guards: Guards::Many(guards) })
+        Some(PageRangeGuard {
+            _guards: Guards::Many(guards),
+        })
     }
 
     /// Locks the stripes of every page touched by the byte range `[offset, offset+len)`.
     pub fn lock_bytes(&self, offset: u64, len: u64) -> PageRangeGuard<'_> {
         if len == 0 {
-            return PageRangeGuard { _guards: Guards::None };
+            return PageRangeGuard {
+                _guards: Guards::None,
+            };
         }
         let first = offset >> PAGE_SHIFT;
         let last = (offset + len - 1) >> PAGE_SHIFT;
@@ -217,7 +247,9 @@ impl Patch<'_> {
     /// Applies the patch to `page` at `within` (which must fit in the page).
     pub fn apply(&self, page: &mut [u8], within: usize) {
         match self {
-            Patch::Data(d) if within == 0 && d.len() == PAGE && page.len() == PAGE => copy_page_streaming(page, d),
+            Patch::Data(d) if within == 0 && d.len() == PAGE && page.len() == PAGE => {
+                copy_page_streaming(page, d)
+            }
             Patch::Data(d) => page[within..within + d.len()].copy_from_slice(d),
             Patch::Zeros(n) => page[within..within + n].fill(0),
         }
@@ -231,7 +263,12 @@ impl Patch<'_> {
 
 /// Reads page `index` of `lower` into `out` (one page), zero-filling what lies past the end
 /// of the device, and counts the read as vDisk I/O in `stats`.
-pub fn read_lower_page(lower: &dyn BlockDev, stats: &CacheStats, index: u64, out: &mut [u8]) -> Result<()> {
+pub fn read_lower_page(
+    lower: &dyn BlockDev,
+    stats: &CacheStats,
+    index: u64,
+    out: &mut [u8],
+) -> Result<()> {
     debug_assert_eq!(out.len(), PAGE);
     let start = index << PAGE_SHIFT;
     let size = lower.size();
@@ -283,7 +320,9 @@ mod tests {
         assert_eq!(&page[..], &src[..]);
         // A destination that is not 16-byte aligned takes the plain copy.
         let mut wide = vec![0u8; PAGE + 16];
-        let off = (0..16).find(|o| (wide.as_ptr() as usize + o) % 16 != 0).unwrap();
+        let off = (0..16)
+            .find(|o| (wide.as_ptr() as usize + o) % 16 != 0)
+            .unwrap();
         copy_page_streaming(&mut wide[off..off + PAGE], &src);
         assert_eq!(&wide[off..off + PAGE], &src[..]);
         // Through Patch, as the RAM tiers apply whole-page writes.
@@ -318,7 +357,10 @@ mod tests {
                 s.spawn(|| {
                     for _ in 0..200 {
                         let _g = locks.lock_bytes(8192 + 100, 10);
-                        assert!(!inside.swap(true, Ordering::SeqCst), "two holders of one page");
+                        assert!(
+                            !inside.swap(true, Ordering::SeqCst),
+                            "two holders of one page"
+                        );
                         std::hint::spin_loop();
                         inside.store(false, Ordering::SeqCst);
                     }
@@ -342,7 +384,11 @@ mod tests {
         assert_eq!(stats.snapshot().vdisk_read_bytes, 100);
         rmw_from_lower(&lower, &stats, 0, 0, Patch::Data(&[3u8; PAGE]), &mut out).unwrap();
         assert_eq!(out, vec![3u8; PAGE]);
-        assert_eq!(stats.snapshot().vdisk_read_ops, 1, "a whole-page patch must not read below");
+        assert_eq!(
+            stats.snapshot().vdisk_read_ops,
+            1,
+            "a whole-page patch must not read below"
+        );
         rmw_from_lower(&lower, &stats, 0, 4000, Patch::Zeros(96), &mut out).unwrap();
         assert_eq!(&out[..4000], &[5u8; 4000][..]);
         assert!(is_zero(&out[4000..]));

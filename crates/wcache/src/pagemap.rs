@@ -63,7 +63,11 @@ impl PageMap {
     /// A map of `pages` pages, all absent.
     pub fn new(pages: u64) -> PageMap {
         let n = pages.div_ceil(PER_WORD) as usize;
-        PageMap { words: (0..n).map(|_| AtomicU64::new(0)).collect(), pages, data_pages: AtomicU64::new(0) }
+        PageMap {
+            words: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            pages,
+            data_pages: AtomicU64::new(0),
+        }
     }
 
     pub fn pages(&self) -> u64 {
@@ -88,7 +92,10 @@ impl PageMap {
         let uniform = state as u64 * 0x5555_5555_5555_5555;
         let mut p = page + 1;
         while p < end {
-            if p % PER_WORD == 0 && p + PER_WORD <= end && self.words[(p / PER_WORD) as usize].load(Ordering::Acquire) == uniform {
+            if p % PER_WORD == 0
+                && p + PER_WORD <= end
+                && self.words[(p / PER_WORD) as usize].load(Ordering::Acquire) == uniform
+            {
                 p += PER_WORD;
                 continue;
             }
@@ -117,7 +124,9 @@ impl PageMap {
         let shift = (page % PER_WORD) * 2;
         let word = &self.words[(page / PER_WORD) as usize];
         let prev = word
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| Some((w & !(3 << shift)) | ((state as u64) << shift)))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                Some((w & !(3 << shift)) | ((state as u64) << shift))
+            })
             .unwrap_or_else(|w| w);
         PageState::from_bits((prev >> shift) & 3).unwrap_or(PageState::Absent)
     }
@@ -136,7 +145,13 @@ impl PageMap {
 
     /// Sets pages `first .. first+count` to `state`, a word at a time, calling `changed` for
     /// every page whose state actually changed. Returns how many pages were data before.
-    pub fn set_range(&self, first: u64, count: u64, state: PageState, mut changed: impl FnMut(u64)) -> u64 {
+    pub fn set_range(
+        &self,
+        first: u64,
+        count: u64,
+        state: PageState,
+        mut changed: impl FnMut(u64),
+    ) -> u64 {
         let end = first + count;
         let mut page = first;
         let mut was_data = 0u64;
@@ -145,10 +160,17 @@ impl PageMap {
             let lo = page % PER_WORD;
             let hi = (end - wi * PER_WORD).min(PER_WORD);
             let nbits = (hi - lo) * 2;
-            let mask = if nbits == 64 { u64::MAX } else { ((1u64 << nbits) - 1) << (lo * 2) };
-            let pattern = (0..PER_WORD).fold(0u64, |acc, i| acc | ((state as u64) << (i * 2))) & mask;
+            let mask = if nbits == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << nbits) - 1) << (lo * 2)
+            };
+            let pattern =
+                (0..PER_WORD).fold(0u64, |acc, i| acc | ((state as u64) << (i * 2))) & mask;
             let prev = self.words[wi as usize]
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| Some((w & !mask) | pattern))
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    Some((w & !mask) | pattern)
+                })
                 .unwrap_or_else(|w| w);
             for i in lo..hi {
                 let old = PageState::from_bits((prev >> (i * 2)) & 3).unwrap_or(PageState::Absent);
@@ -170,7 +192,9 @@ impl PageMap {
     /// given back with [`PageMap::release`] if the write fails.
     pub fn reserve(&self, count: u64, limit: u64) -> bool {
         self.data_pages
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_add(count).filter(|&n| n <= limit))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                d.checked_add(count).filter(|&n| n <= limit)
+            })
             .is_ok()
     }
 
@@ -181,14 +205,21 @@ impl PageMap {
 
     /// The raw words, for a checkpoint (a consistent copy only under the caller's ordering).
     pub fn export_words(&self) -> Vec<u64> {
-        self.words.iter().map(|w| w.load(Ordering::Acquire)).collect()
+        self.words
+            .iter()
+            .map(|w| w.load(Ordering::Acquire))
+            .collect()
     }
 
     /// Loads raw words (from a checkpoint); fails on a stored 11 pattern or a bit set past
     /// the last page.
     pub fn import_words(&self, words: &[u64]) -> std::result::Result<(), String> {
         if words.len() != self.words.len() {
-            return Err(format!("the map has {} words, expected {}", words.len(), self.words.len()));
+            return Err(format!(
+                "the map has {} words, expected {}",
+                words.len(),
+                self.words.len()
+            ));
         }
         let mut data = 0u64;
         for (i, (&w, slot)) in words.iter().zip(self.words.iter()).enumerate() {

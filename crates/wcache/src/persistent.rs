@@ -46,12 +46,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Op, Result, ZeroFlags};
+use vdstream_blockdev::{
+    BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Op, Result, ZeroFlags,
+};
 
 use crate::cachefile::{try_lock_exclusive, CacheFile};
-pub use crate::names::cache_paths;
 use crate::disk::DiskCache;
 use crate::journal::{Checkpoint, Journal};
+pub use crate::names::cache_paths;
 use crate::page::{PAGE_SHIFT, PAGE_U64};
 use crate::pagemap::{PageMap, PageState};
 use crate::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
@@ -94,16 +96,34 @@ impl PersistentDiskCache {
     /// Like [`open`](Self::open), and records `identity` (say, vDisk name and version) in a
     /// new cache, or refuses an existing cache made with another one. An empty identity on
     /// either side checks the size only.
-    pub fn open_with_identity(lower: Arc<dyn BlockDev>, cfg: &CacheConfig, kind: CacheType, identity: &str) -> Result<Self> {
+    pub fn open_with_identity(
+        lower: Arc<dyn BlockDev>,
+        cfg: &CacheConfig,
+        kind: CacheType,
+        identity: &str,
+    ) -> Result<Self> {
         let [data_path, cp_path, journal_path] = cache_paths(&cfg.dir, &cfg.target);
         let dir = cfg.dir.display().to_string();
-        let open_err = |path: &Path, what: String| Error::new(ErrorKind::Io, Op::Open, 0, 0, path.display().to_string(), what);
+        let open_err = |path: &Path, what: String| {
+            Error::new(
+                ErrorKind::Io,
+                Op::Open,
+                0,
+                0,
+                path.display().to_string(),
+                what,
+            )
+        };
         let io_err = |path: &Path, e: std::io::Error| {
             let mut err = Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
             err.message = format!("cache of target {} in {dir}: {}", cfg.target, err.message);
             err
         };
-        let lock = vdstream_blockdev::storefile::open_rw(&data_path, vdstream_blockdev::storefile::PRIVATE).map_err(|e| io_err(&data_path, e))?;
+        let lock = vdstream_blockdev::storefile::open_rw(
+            &data_path,
+            vdstream_blockdev::storefile::PRIVATE,
+        )
+        .map_err(|e| io_err(&data_path, e))?;
         if !try_lock_exclusive(&lock).map_err(|e| io_err(&data_path, e))? {
             return Err(Error::new(
                 ErrorKind::Invalid,
@@ -127,19 +147,29 @@ impl PersistentDiskCache {
                 ),
             )
         };
-        let (durable, journal, seq) = match Checkpoint::load(&cp_path).map_err(|e| io_err(&cp_path, e))? {
+        let (durable, journal, seq) = match Checkpoint::load(&cp_path)
+            .map_err(|e| io_err(&cp_path, e))?
+        {
             None => {
                 // A new cache (or one whose creation never finished): start empty. The
                 // checkpoint is written last, so its presence marks a complete cache.
                 lock.set_len(0).map_err(|e| io_err(&data_path, e))?;
-                let journal = Journal::create(&journal_path).map_err(|e| io_err(&journal_path, e))?;
-                let cp = Checkpoint { seq: 0, lower_size: size, identity: identity.to_string(), words: PageMap::new(pages).export_words() };
+                let journal =
+                    Journal::create(&journal_path).map_err(|e| io_err(&journal_path, e))?;
+                let cp = Checkpoint {
+                    seq: 0,
+                    lower_size: size,
+                    identity: identity.to_string(),
+                    words: PageMap::new(pages).export_words(),
+                };
                 cp.store(&cp_path).map_err(|e| io_err(&cp_path, e))?;
                 (PageMap::new(pages), journal, 0)
             }
             Some(bytes) => {
                 let cp = Checkpoint::decode(&bytes).map_err(|why| corrupt(&cp_path, &why))?;
-                if cp.lower_size != size || (!cp.identity.is_empty() && !identity.is_empty() && cp.identity != identity) {
+                if cp.lower_size != size
+                    || (!cp.identity.is_empty() && !identity.is_empty() && cp.identity != identity)
+                {
                     return Err(Error::new(
                         ErrorKind::Invalid,
                         Op::Open,
@@ -157,21 +187,34 @@ impl PersistentDiskCache {
                     ));
                 }
                 let durable = PageMap::new(pages);
-                durable.import_words(&cp.words).map_err(|why| corrupt(&cp_path, &why))?;
+                durable
+                    .import_words(&cp.words)
+                    .map_err(|why| corrupt(&cp_path, &why))?;
                 let (journal, replay) = match Journal::open(&journal_path, cp.seq, pages) {
                     Ok(Some(found)) => found,
                     Ok(None) => {
-                        log::warn!("{}: the journal is missing; the cache is as of its last checkpoint", journal_path.display());
-                        let j = Journal::create(&journal_path).map_err(|e| io_err(&journal_path, e))?;
+                        log::warn!(
+                            "{}: the journal is missing; the cache is as of its last checkpoint",
+                            journal_path.display()
+                        );
+                        let j =
+                            Journal::create(&journal_path).map_err(|e| io_err(&journal_path, e))?;
                         (j, Default::default())
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return Err(corrupt(&journal_path, &e.to_string())),
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                        return Err(corrupt(&journal_path, &e.to_string()))
+                    }
                     Err(e) => return Err(io_err(&journal_path, e)),
                 };
                 let mut journal = journal;
                 if let Some(why) = &replay.stopped {
-                    log::info!("{}: replay stopped at a torn tail ({why}); dropping it", journal_path.display());
-                    journal.truncate_tail().map_err(|e| io_err(&journal_path, e))?;
+                    log::info!(
+                        "{}: replay stopped at a torn tail ({why}); dropping it",
+                        journal_path.display()
+                    );
+                    journal
+                        .truncate_tail()
+                        .map_err(|e| io_err(&journal_path, e))?;
                 }
                 for &(page, state) in &replay.changes {
                     durable.set(page, state);
@@ -187,14 +230,28 @@ impl PersistentDiskCache {
                 crate::journal::JOURNAL_RESERVE
             );
         }
-        let file = CacheFile::open(&data_path, pages, !cfg.intermediate_buffering, true, false, cfg.io_engine)?;
+        let file = CacheFile::open(
+            &data_path,
+            pages,
+            !cfg.intermediate_buffering,
+            true,
+            false,
+            cfg.io_engine,
+        )?;
         give_back_unmapped(&file, &durable)?;
         let cache = DiskCache::with_file(lower, file, cfg, kind, true);
-        cache.map().import_words(&durable.export_words()).map_err(|why| corrupt(&cp_path, &why))?;
+        cache
+            .map()
+            .import_words(&durable.export_words())
+            .map_err(|why| corrupt(&cp_path, &why))?;
         cache.refresh_file_bytes();
         Ok(PersistentDiskCache {
             cache,
-            meta: Mutex::new(Metadata { journal, durable, seq }),
+            meta: Mutex::new(Metadata {
+                journal,
+                durable,
+                seq,
+            }),
             checkpoint_path: cp_path,
             lower_size: size,
             identity: identity.to_string(),
@@ -234,12 +291,20 @@ impl PersistentDiskCache {
         let pages = self.cache.drain_changed();
         let unsynced = self.cache.take_unsynced();
         let map = self.cache.map();
-        (pages.into_iter().map(|p| (p, map.get(p))).collect(), unsynced)
+        (
+            pages.into_iter().map(|p| (p, map.get(p))).collect(),
+            unsynced,
+        )
     }
 
     /// `flush_inner`: data durable first, then the journal records naming it (or, when the
     /// journal cannot grow, a checkpoint holding them).
-    fn flush_inner(&self, meta: &mut Metadata, changes: &[(u64, PageState)], unsynced: bool) -> Result<()> {
+    fn flush_inner(
+        &self,
+        meta: &mut Metadata,
+        changes: &[(u64, PageState)],
+        unsynced: bool,
+    ) -> Result<()> {
         if unsynced || !changes.is_empty() {
             self.cache.cache_file().sync_data()?;
             self.count_flush();
@@ -247,7 +312,15 @@ impl PersistentDiskCache {
         if changes.is_empty() {
             return Ok(());
         }
-        let journal_err = |meta: &Metadata, e| Error::from_io(e, Op::Flush, 0, 0, meta.journal.path().display().to_string());
+        let journal_err = |meta: &Metadata, e| {
+            Error::from_io(
+                e,
+                Op::Flush,
+                0,
+                0,
+                meta.journal.path().display().to_string(),
+            )
+        };
         match meta.journal.append(meta.seq, changes) {
             Ok(seq) => {
                 meta.seq = seq;
@@ -255,13 +328,21 @@ impl PersistentDiskCache {
                 self.keep_reserve(meta);
                 Ok(())
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) => {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOSPC)
+                    || e.raw_os_error() == Some(libc::EDQUOT) =>
+            {
                 // Drop whatever the failed append left past the end, then put the changes in
                 // a checkpoint instead (same sequence number: nothing in the journal names it).
                 let err = journal_err(meta, e);
-                meta.journal.truncate_tail().map_err(|e| journal_err(meta, e))?;
+                meta.journal
+                    .truncate_tail()
+                    .map_err(|e| journal_err(meta, e))?;
                 self.keep_reserve(meta);
-                let before: Vec<(u64, PageState)> = changes.iter().map(|&(p, _)| (p, meta.durable.get(p))).collect();
+                let before: Vec<(u64, PageState)> = changes
+                    .iter()
+                    .map(|&(p, _)| (p, meta.durable.get(p)))
+                    .collect();
                 for &(page, state) in changes {
                     meta.durable.set(page, state);
                 }
@@ -269,7 +350,9 @@ impl PersistentDiskCache {
                     for &(page, state) in &before {
                         meta.durable.set(page, state);
                     }
-                    self.warn_space(&format!("neither the journal ({err}) nor a checkpoint ({cp}) could be written"));
+                    self.warn_space(&format!(
+                        "neither the journal ({err}) nor a checkpoint ({cp}) could be written"
+                    ));
                     return Err(err);
                 }
                 Ok(())
@@ -297,7 +380,10 @@ impl PersistentDiskCache {
     /// Tops up the journal's reserved space; a failure is only logged (rate-limited).
     fn keep_reserve(&self, meta: &mut Metadata) {
         if let Err(e) = meta.journal.reserve() {
-            self.warn_space(&format!("cannot reserve space for the journal {} ({e})", meta.journal.path().display()));
+            self.warn_space(&format!(
+                "cannot reserve space for the journal {} ({e})",
+                meta.journal.path().display()
+            ));
         }
     }
 
@@ -330,17 +416,41 @@ impl PersistentDiskCache {
     }
 
     fn write_checkpoint(&self, meta: &mut Metadata) -> Result<()> {
-        let cp = Checkpoint { seq: meta.seq, lower_size: self.lower_size, identity: self.identity.clone(), words: meta.durable.export_words() };
-        let err = |e| Error::from_io(e, Op::Flush, 0, 0, self.checkpoint_path.display().to_string());
+        let cp = Checkpoint {
+            seq: meta.seq,
+            lower_size: self.lower_size,
+            identity: self.identity.clone(),
+            words: meta.durable.export_words(),
+        };
+        let err = |e| {
+            Error::from_io(
+                e,
+                Op::Flush,
+                0,
+                0,
+                self.checkpoint_path.display().to_string(),
+            )
+        };
         cp.store(&self.checkpoint_path).map_err(err)?;
         self.count_flush();
-        meta.journal.reset().map_err(|e| Error::from_io(e, Op::Flush, 0, 0, meta.journal.path().display().to_string()))?;
+        meta.journal.reset().map_err(|e| {
+            Error::from_io(
+                e,
+                Op::Flush,
+                0,
+                0,
+                meta.journal.path().display().to_string(),
+            )
+        })?;
         self.keep_reserve(meta);
         Ok(())
     }
 
     fn count_flush(&self) {
-        self.cache.counters().storage_flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.cache
+            .counters()
+            .storage_flushes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn durable_if(&self, fua: bool) -> Result<()> {
@@ -370,7 +480,10 @@ impl Drop for PersistentDiskCache {
         // A clean close leaves everything flushed and the journal folded into a checkpoint.
         let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
         if let Err(e) = self.flush_locked(&mut meta) {
-            log::warn!("closing {}: {e}; writes since the last completed flush may be lost", self.describe());
+            log::warn!(
+                "closing {}: {e}; writes since the last completed flush may be lost",
+                self.describe()
+            );
         } else if let Err(e) = self.write_checkpoint(&mut meta) {
             log::info!("closing {}: no checkpoint ({e}); the journal holds every flushed write and is replayed at the next open", self.describe());
         }
@@ -386,7 +499,11 @@ impl vdstream_blockdev::Filter for PersistentDiskCache {
     }
 
     fn caps(&self) -> Caps {
-        Caps { flush: true, fua: true, ..self.cache.caps() }
+        Caps {
+            flush: true,
+            fua: true,
+            ..self.cache.caps()
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
@@ -405,7 +522,14 @@ impl vdstream_blockdev::Filter for PersistentDiskCache {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.cache.write_zeroes(offset, len, ZeroFlags { fua: false, ..flags })?;
+        self.cache.write_zeroes(
+            offset,
+            len,
+            ZeroFlags {
+                fua: false,
+                ..flags
+            },
+        )?;
         self.durable_if(flags.fua)
     }
 
@@ -419,8 +543,18 @@ impl vdstream_blockdev::Filter for PersistentDiskCache {
         }
         self.cache.io_batch(ops);
         if let Err(e) = self.durable_if(fua) {
-            for op in ops.iter_mut().filter(|op| op.is_write() && op.result.is_ok()) {
-                op.result = Err(Error::new(e.kind, Op::Write, op.offset, op.len() as u64, e.device.clone(), e.message.clone()));
+            for op in ops
+                .iter_mut()
+                .filter(|op| op.is_write() && op.result.is_ok())
+            {
+                op.result = Err(Error::new(
+                    e.kind,
+                    Op::Write,
+                    op.offset,
+                    op.len() as u64,
+                    e.device.clone(),
+                    e.message.clone(),
+                ));
             }
         }
     }

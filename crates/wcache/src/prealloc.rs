@@ -72,8 +72,12 @@ impl Prealloc {
     pub fn new(pages: u64, budget_pages: u64, zero_fill: bool) -> Prealloc {
         let chunks = pages.div_ceil(CHUNK_PAGES);
         Prealloc {
-            bits: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
-            sparse: (0..chunks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            bits: (0..chunks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            sparse: (0..chunks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             zero_fill,
             allocated: AtomicU64::new(0),
             budget_pages,
@@ -90,7 +94,14 @@ impl Prealloc {
     /// Preallocates every chunk of pages `[first, last]` not preallocated yet. Call before
     /// writing new pages there, with their page locks held; `data_pages` is the count now;
     /// `is_data` tells the pages that hold data (never zero-filled).
-    pub fn ensure(&self, file: &CacheFile, first: u64, last: u64, data_pages: u64, is_data: &dyn Fn(u64) -> bool) {
+    pub fn ensure(
+        &self,
+        file: &CacheFile,
+        first: u64,
+        last: u64,
+        data_pages: u64,
+        is_data: &dyn Fn(u64) -> bool,
+    ) {
         if !self.enabled.load(Ordering::Relaxed) {
             return;
         }
@@ -102,7 +113,13 @@ impl Prealloc {
     }
 
     #[cold]
-    fn allocate(&self, file: &CacheFile, chunk: u64, data_pages: u64, is_data: &dyn Fn(u64) -> bool) {
+    fn allocate(
+        &self,
+        file: &CacheFile,
+        chunk: u64,
+        data_pages: u64,
+        is_data: &dyn Fn(u64) -> bool,
+    ) {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         if self.is_set(chunk) {
             return;
@@ -119,17 +136,28 @@ impl Prealloc {
             Ok(()) => {
                 self.allocated.fetch_add(1, Ordering::Relaxed);
             }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+                ) =>
+            {
                 self.enabled.store(false, Ordering::Relaxed);
                 return;
             }
             Err(e) => {
-                log::debug!("cannot preallocate chunk {chunk} of {}: {e}", file.path().display());
+                log::debug!(
+                    "cannot preallocate chunk {chunk} of {}: {e}",
+                    file.path().display()
+                );
                 self.sparse[word].fetch_or(bit, Ordering::Relaxed);
                 return; // ENOSPC and the like: write sparse, try again later
             }
         }
-        if self.zero_fill && file.is_direct() && self.sparse[word].load(Ordering::Relaxed) & bit == 0 {
+        if self.zero_fill
+            && file.is_direct()
+            && self.sparse[word].load(Ordering::Relaxed) & bit == 0
+        {
             zero_fill(file, start, start + count, is_data);
         }
         self.bits[word].fetch_or(bit, Ordering::Release);
@@ -137,14 +165,20 @@ impl Prealloc {
 
     /// Whether chunk `chunk` was zero-filled (tests).
     pub fn is_zero_filled(&self, chunk: u64) -> bool {
-        self.zero_fill && self.is_set(chunk) && self.sparse[(chunk / 64) as usize].load(Ordering::Relaxed) & (1 << (chunk % 64)) == 0
+        self.zero_fill
+            && self.is_set(chunk)
+            && self.sparse[(chunk / 64) as usize].load(Ordering::Relaxed) & (1 << (chunk % 64)) == 0
     }
 
     /// The chunks wholly inside pages `[first, end)`.
     fn whole(&self, first: u64, end: u64) -> std::ops::Range<u64> {
         let c0 = first.div_ceil(CHUNK_PAGES);
         // The last chunk may be short: it is whole when the range reaches the end of the file.
-        let c1 = if end >= self.pages { self.pages.div_ceil(CHUNK_PAGES) } else { end >> CHUNK_PAGE_SHIFT };
+        let c1 = if end >= self.pages {
+            self.pages.div_ceil(CHUNK_PAGES)
+        } else {
+            end >> CHUNK_PAGE_SHIFT
+        };
         c0..c1.max(c0)
     }
 
@@ -184,7 +218,10 @@ fn zero_fill(file: &CacheFile, start: u64, end: u64, is_data: &dyn Fn(u64) -> bo
             file.write(b, p << PAGE_SHIFT)
         });
         if let Err(e) = written {
-            log::debug!("cannot zero-fill pages {p}..{q} of {}: {e}", file.path().display());
+            log::debug!(
+                "cannot zero-fill pages {p}..{q} of {}: {e}",
+                file.path().display()
+            );
             return;
         }
         p = q;

@@ -39,7 +39,9 @@ pub struct PrivateDev {
 impl PrivateDev {
     /// Takes the vDisk for writing; refused while another writer has it.
     pub fn open(lower: Arc<dyn BlockDev>, cfg: &CacheConfig) -> Result<Self> {
-        let refuse = |kind, device: String, message: String| Error::new(kind, Op::Open, 0, 0, device, message);
+        let refuse = |kind, device: String, message: String| {
+            Error::new(kind, Op::Open, 0, 0, device, message)
+        };
         let lock_path = cfg.lock_path.clone().ok_or_else(|| {
             refuse(ErrorKind::Invalid, lower.describe(), format!("private mode for target {} needs a lock path (the vDisk's file) so that a second writer is refused", cfg.target))
         })?;
@@ -67,7 +69,12 @@ impl PrivateDev {
             }
             Err(e) => return Err(Error::from_io(e, Op::Open, 0, 0, name)),
         }
-        Ok(PrivateDev { lower, stats: CacheStats::default(), lock_path, _lock: lock })
+        Ok(PrivateDev {
+            lower,
+            stats: CacheStats::default(),
+            lock_path,
+            _lock: lock,
+        })
     }
 
     pub fn lock_path(&self) -> &std::path::Path {
@@ -84,7 +91,10 @@ impl vdstream_blockdev::Filter for PrivateDev {
     }
 
     fn caps(&self) -> Caps {
-        Caps { read_only: false, ..self.inner().caps() }
+        Caps {
+            read_only: false,
+            ..self.inner().caps()
+        }
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

@@ -39,12 +39,18 @@ pub struct RamCache {
 impl RamCache {
     /// Opens an empty RAM cache of `cfg.ram` bytes over `lower`.
     pub fn open(lower: Arc<dyn BlockDev>, cfg: &CacheConfig) -> Result<Self> {
-        let name = format!("device-ram cache of {} over {}", cfg.target, lower.describe());
+        let name = format!(
+            "device-ram cache of {} over {}",
+            cfg.target,
+            lower.describe()
+        );
         let full = format!(
             "the RAM cache of target {} is full ({} bytes): raise --ram, or use the ram-overflow cache type to spill to a local overflow file",
             cfg.target, cfg.ram
         );
-        Ok(RamCache { tiers: Tiers::new(lower, name, cfg.ram, None, full) })
+        Ok(RamCache {
+            tiers: Tiers::new(lower, name, cfg.ram, None, full),
+        })
     }
 }
 

@@ -57,7 +57,10 @@ pub struct PageAddr {
 
 impl PageAddr {
     pub fn of(index: u64) -> Self {
-        PageAddr { region: index / UNIT_PAGES as u64, slot: (index % UNIT_PAGES as u64) as usize }
+        PageAddr {
+            region: index / UNIT_PAGES as u64,
+            slot: (index % UNIT_PAGES as u64) as usize,
+        }
     }
 
     pub fn index(self) -> u64 {
@@ -148,7 +151,10 @@ impl Region {
         match self.ram.as_ref().and_then(|r| r[slot].as_ref()) {
             Some(page) => Found::Ram(page),
             None if self.zero.get(slot) => Found::Zero,
-            None if self.file.get(slot) => Found::Overflow(OverflowFile::slot_offset(self.unit.expect("file pages have a unit"), slot)),
+            None if self.file.get(slot) => Found::Overflow(OverflowFile::slot_offset(
+                self.unit.expect("file pages have a unit"),
+                slot,
+            )),
             None => Found::Absent,
         }
     }
@@ -159,7 +165,11 @@ impl Region {
     /// alias a RAM page before unpinning, so then the region's is the only one.
     pub fn page_mut(&mut self, slot: usize) -> Found<&mut [u8; PAGE]> {
         let page = match self.page(slot) {
-            Found::Ram(_) => self.ram.as_mut().and_then(|r| r[slot].as_mut()).expect("in RAM"),
+            Found::Ram(_) => self
+                .ram
+                .as_mut()
+                .and_then(|r| r[slot].as_mut())
+                .expect("in RAM"),
             Found::Zero => return Found::Zero,
             Found::Overflow(off) => return Found::Overflow(off),
             Found::Absent => return Found::Absent,
@@ -167,7 +177,11 @@ impl Region {
         if self.pins > 0 {
             return Found::Ram(Arc::make_mut(page));
         }
-        debug_assert_eq!(Arc::strong_count(page), 1, "an unpinned region's RAM page is shared");
+        debug_assert_eq!(
+            Arc::strong_count(page),
+            1,
+            "an unpinned region's RAM page is shared"
+        );
         // SAFETY: the region is not pinned, so this `Arc` is the only handle on the page (see
         // above; checked in debug builds), and `&mut self` (under the shard lock) excludes any
         // other reference to the bytes for the returned lifetime.
@@ -193,7 +207,11 @@ impl Region {
     fn ram_pages(&self) -> Vec<(usize, RamPage)> {
         match &self.ram {
             None => Vec::new(),
-            Some(arr) => arr.iter().enumerate().filter_map(|(i, p)| p.as_ref().map(|p| (i, Arc::clone(p)))).collect(),
+            Some(arr) => arr
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| p.as_ref().map(|p| (i, Arc::clone(p))))
+                .collect(),
         }
     }
 
@@ -217,17 +235,29 @@ impl Region {
 
     /// Nothing cached and nothing in flight: the entry can go.
     fn is_empty(&self) -> bool {
-        self.ram_count == 0 && self.file_count == 0 && self.pins == 0 && self.unit.is_none() && self.zero.is_empty()
+        self.ram_count == 0
+            && self.file_count == 0
+            && self.pins == 0
+            && self.unit.is_none()
+            && self.zero.is_empty()
     }
 
     /// Makes one page a zero marker, freeing its RAM page and file slot.
     fn mark_zero(&mut self, slot: usize, file: Option<&OverflowFile>) -> Freed {
-        let mut freed = Freed { ram: self.remove_ram(slot).is_some() as u64, file: 0 };
+        let mut freed = Freed {
+            ram: self.remove_ram(slot).is_some() as u64,
+            file: 0,
+        };
         if self.clear_file(slot) {
             freed.file = 1;
-            if let (Some(unit), Some(file), true) = (self.unit, file, self.file_count > 0 || self.pins > 0) {
+            if let (Some(unit), Some(file), true) =
+                (self.unit, file, self.file_count > 0 || self.pins > 0)
+            {
                 if let Err(e) = file.punch(OverflowFile::slot_offset(unit, slot), PAGE_U64) {
-                    log::debug!("overflow file {}: punching a freed page failed: {e}", file.path().display());
+                    log::debug!(
+                        "overflow file {}: punching a freed page failed: {e}",
+                        file.path().display()
+                    );
                 }
             }
         }
@@ -286,7 +316,9 @@ impl Shard {
     /// The page at `at` for a writer holding its page lock ([`Region::page_mut`]); marks
     /// its region referenced.
     pub fn page_mut(&mut self, at: PageAddr) -> Found<&mut [u8; PAGE]> {
-        let Some(r) = self.regions.get_mut(&at.region) else { return Found::Absent };
+        let Some(r) = self.regions.get_mut(&at.region) else {
+            return Found::Absent;
+        };
         r.referenced = true;
         r.page_mut(at.slot)
     }
@@ -295,7 +327,9 @@ impl Shard {
     /// the RAM budget); clears its zero bit.
     pub fn insert_ram(&mut self, at: PageAddr, page: RamPage) {
         let r = self.region_mut(at.region);
-        let arr = r.ram.get_or_insert_with(|| Box::new([const { None }; UNIT_PAGES]));
+        let arr = r
+            .ram
+            .get_or_insert_with(|| Box::new([const { None }; UNIT_PAGES]));
         debug_assert!(arr[at.slot].is_none());
         arr[at.slot] = Some(page);
         r.ram_count += 1;
@@ -314,7 +348,10 @@ impl Shard {
     /// Makes every page of `region` a zero marker.
     pub fn zero_region(&mut self, region: u64, file: Option<&OverflowFile>) -> Freed {
         let r = self.region_mut(region);
-        let freed = Freed { ram: r.ram_count as u64, file: r.file_count as u64 };
+        let freed = Freed {
+            ram: r.ram_count as u64,
+            file: r.file_count as u64,
+        };
         (r.ram, r.ram_count) = (None, 0);
         if r.file_count > 0 {
             (r.file, r.file_count) = (Bits512::default(), 0);
@@ -357,12 +394,20 @@ impl Shard {
 
     /// Eviction, step 1: pins the region's unit and takes handles on its RAM pages (`None`:
     /// nothing in RAM).
-    pub fn begin_eviction(&mut self, region: u64, file: &OverflowFile) -> Result<Option<Eviction>, NoUnit> {
+    pub fn begin_eviction(
+        &mut self,
+        region: u64,
+        file: &OverflowFile,
+    ) -> Result<Option<Eviction>, NoUnit> {
         if self.regions.get(&region).is_none_or(|r| r.ram_count == 0) {
             return Ok(None);
         }
         let unit = self.pin_unit(region, file)?;
-        Ok(Some(Eviction { region, unit, pages: self.region_mut(region).ram_pages() }))
+        Ok(Some(Eviction {
+            region,
+            unit,
+            pages: self.region_mut(region).ram_pages(),
+        }))
     }
 
     /// Eviction, step 3 (its pages were written to its unit, or the caller emptied the list
@@ -370,17 +415,27 @@ impl Shard {
     /// in their slots), keeps the patched ones, unpins. Returns the pages that left RAM and
     /// the slots that newly hold a file page.
     pub fn finish_eviction(&mut self, ev: &Eviction, file: &OverflowFile) -> (u64, u64) {
-        let r = self.regions.get_mut(&ev.region).expect("a pinned region stays");
+        let r = self
+            .regions
+            .get_mut(&ev.region)
+            .expect("a pinned region stays");
         let (mut moved, mut newly, unit) = (0, 0, ev.unit);
         for &(slot, ref snap) in &ev.pages {
-            match r.ram.as_ref().and_then(|a| a[slot].as_ref()).map(|cur| Arc::ptr_eq(cur, snap)) {
+            match r
+                .ram
+                .as_ref()
+                .and_then(|a| a[slot].as_ref())
+                .map(|cur| Arc::ptr_eq(cur, snap))
+            {
                 // Unchanged: leaves RAM. Patched meanwhile: stays; the slot holds an older copy.
                 Some(unchanged) => {
                     moved += u64::from(unchanged && r.remove_ram(slot).is_some());
                     newly += u64::from(r.set_file(slot));
                 }
                 // Zeroed meanwhile: free what was just written.
-                None if !r.file.get(slot) => drop(file.punch(OverflowFile::slot_offset(unit, slot), PAGE_U64)),
+                None if !r.file.get(slot) => {
+                    drop(file.punch(OverflowFile::slot_offset(unit, slot), PAGE_U64))
+                }
                 None => {}
             }
         }
@@ -391,7 +446,11 @@ impl Shard {
 
     /// Drops the region's entry if it holds nothing.
     fn forget_if_empty(&mut self, region: u64) {
-        if self.regions.get(&region).is_some_and(|r| r.is_empty() && !r.in_ring) {
+        if self
+            .regions
+            .get(&region)
+            .is_some_and(|r| r.is_empty() && !r.in_ring)
+        {
             self.regions.remove(&region);
         }
     }
@@ -403,7 +462,9 @@ impl Shard {
         while budget > 0 {
             budget -= 1;
             let idx = self.ring.pop_front()?;
-            let Some(r) = self.regions.get_mut(&idx) else { continue };
+            let Some(r) = self.regions.get_mut(&idx) else {
+                continue;
+            };
             if r.ram_count == 0 {
                 r.in_ring = false;
                 if r.is_empty() {
@@ -420,7 +481,6 @@ impl Shard {
         }
         None
     }
-
 }
 
 #[repr(align(128))]
@@ -437,7 +497,10 @@ pub struct RegionMap {
 
 impl Default for RegionMap {
     fn default() -> Self {
-        RegionMap { shards: (0..SHARDS).map(|_| PaddedShard::default()).collect(), hand: AtomicUsize::new(0) }
+        RegionMap {
+            shards: (0..SHARDS).map(|_| PaddedShard::default()).collect(),
+            hand: AtomicUsize::new(0),
+        }
     }
 }
 
@@ -448,7 +511,10 @@ impl RegionMap {
     }
 
     fn lock_shard(&self, i: usize) -> MutexGuard<'_, Shard> {
-        self.shards[i].0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards[i]
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// An approximately least-recently-used region holding RAM pages: shards are visited
@@ -497,7 +563,10 @@ mod tests {
             r.remove_ram(5).unwrap();
             assert!(r.ram.is_some());
             r.remove_ram(9).unwrap();
-            assert!(r.ram.is_none(), "the slot array goes with the last RAM page");
+            assert!(
+                r.ram.is_none(),
+                "the slot array goes with the last RAM page"
+            );
             assert_eq!(sh.clock_victim(), None);
             assert!(sh.ring.is_empty());
         }

@@ -53,8 +53,12 @@ impl TraceSummary {
         let mut s = TraceSummary::default();
         for r in records {
             match r.op {
-                TraceOp::Read => (s.reads, s.read_bytes) = (s.reads + 1, s.read_bytes + r.length as u64),
-                TraceOp::Write => (s.writes, s.write_bytes) = (s.writes + 1, s.write_bytes + r.length as u64),
+                TraceOp::Read => {
+                    (s.reads, s.read_bytes) = (s.reads + 1, s.read_bytes + r.length as u64)
+                }
+                TraceOp::Write => {
+                    (s.writes, s.write_bytes) = (s.writes + 1, s.write_bytes + r.length as u64)
+                }
                 TraceOp::Trim => s.trims += 1,
                 TraceOp::Zero => s.zeroes += 1,
                 TraceOp::Flush => s.flushes += 1,
@@ -138,8 +142,15 @@ pub fn replay(
         ..CacheConfig::new("replay")
     };
     let cache = crate::open(kind, lower, &cfg)?;
-    let longest = records.iter().filter(|r| matches!(r.op, TraceOp::Read | TraceOp::Write)).map(|r| r.length).max().unwrap_or(0);
-    let data: Vec<u8> = (0..longest as usize).map(|i| 0xa5 ^ (i as u8) | 1).collect();
+    let longest = records
+        .iter()
+        .filter(|r| matches!(r.op, TraceOp::Read | TraceOp::Write))
+        .map(|r| r.length)
+        .max()
+        .unwrap_or(0);
+    let data: Vec<u8> = (0..longest as usize)
+        .map(|i| 0xa5 ^ (i as u8) | 1)
+        .collect();
     let mut buf = vec![0u8; longest as usize];
     let mut out = ReplayResult {
         kind,
@@ -154,7 +165,10 @@ pub fn replay(
     for (i, r) in records.iter().enumerate() {
         // Requests reaching past the end cannot come from the NBD edge; skip them rather
         // than fail on a hand-made trace.
-        if r.offset.checked_add(r.length as u64).is_none_or(|end| end > device_size) {
+        if r.offset
+            .checked_add(r.length as u64)
+            .is_none_or(|end| end > device_size)
+        {
             out.other_errors += 1;
             continue;
         }
@@ -164,9 +178,15 @@ pub fn replay(
             TraceOp::Read => cache.read_at(&mut buf[..len], r.offset),
             TraceOp::Write => cache.write_at(&data[..len], r.offset, fua),
             TraceOp::Trim => cache.trim(r.offset, r.length as u64, fua),
-            TraceOp::Zero => {
-                cache.write_zeroes(r.offset, r.length as u64, ZeroFlags { may_trim: r.flags & FLAG_MAY_TRIM != 0, fast_only: false, fua })
-            }
+            TraceOp::Zero => cache.write_zeroes(
+                r.offset,
+                r.length as u64,
+                ZeroFlags {
+                    may_trim: r.flags & FLAG_MAY_TRIM != 0,
+                    fast_only: false,
+                    fua,
+                },
+            ),
             TraceOp::Flush => cache.flush(),
         };
         match done {
@@ -187,7 +207,8 @@ pub fn replay(
         out.peak_file_bytes = out.peak_file_bytes.max(s.file_bytes);
         if kind == CacheType::RamOverflow && ram > 0 {
             if let Some(next) = records.get(i + 1) {
-                let idle = Duration::from_nanos(next.time_ns.saturating_sub(r.time_ns)).min(MAX_FLUSHER_WAIT);
+                let idle = Duration::from_nanos(next.time_ns.saturating_sub(r.time_ns))
+                    .min(MAX_FLUSHER_WAIT);
                 if idle >= Duration::from_millis(1) {
                     let high = ram / 100 * crate::overflow::HIGH_WATERMARK_PERCENT;
                     let until = Instant::now() + idle;
@@ -232,18 +253,35 @@ pub fn iops_limit(goal: SizingGoal, best: f64, baseline: Option<f64>) -> Option<
 
 /// Whether one result meets a limit: storage IOPS within it, and no write refused.
 pub fn meets(result: &ReplayResult, trace: &TraceSummary, limit: Option<f64>) -> bool {
-    let iops = result.storage_iops(trace).unwrap_or(result.storage_ops() as f64);
-    result.nospace_writes == 0 && result.other_errors == 0 && limit.is_some_and(|l| iops <= l + 1e-9)
+    let iops = result
+        .storage_iops(trace)
+        .unwrap_or(result.storage_ops() as f64);
+    result.nospace_writes == 0
+        && result.other_errors == 0
+        && limit.is_some_and(|l| iops <= l + 1e-9)
 }
 
 /// The smallest RAM of `kind` among `results` that meets `goal`, if any does.
-pub fn recommend(results: &[ReplayResult], kind: CacheType, trace: &TraceSummary, goal: SizingGoal, baseline: Option<f64>) -> Option<u64> {
+pub fn recommend(
+    results: &[ReplayResult],
+    kind: CacheType,
+    trace: &TraceSummary,
+    goal: SizingGoal,
+    baseline: Option<f64>,
+) -> Option<u64> {
     let mut of_kind: Vec<&ReplayResult> = results.iter().filter(|r| r.kind == kind).collect();
     of_kind.sort_by_key(|r| r.ram);
     let rate = |r: &ReplayResult| r.storage_iops(trace).unwrap_or(r.storage_ops() as f64);
-    let best = of_kind.iter().filter(|r| r.nospace_writes == 0).map(|r| rate(r)).fold(f64::INFINITY, f64::min);
+    let best = of_kind
+        .iter()
+        .filter(|r| r.nospace_writes == 0)
+        .map(|r| rate(r))
+        .fold(f64::INFINITY, f64::min);
     let limit = iops_limit(goal, best, baseline);
-    of_kind.into_iter().find(|r| meets(r, trace, limit)).map(|r| r.ram)
+    of_kind
+        .into_iter()
+        .find(|r| meets(r, trace, limit))
+        .map(|r| r.ram)
 }
 
 #[cfg(test)]
@@ -251,7 +289,13 @@ mod tests {
     use super::*;
 
     fn rec(i: u64, op: TraceOp, offset: u64, length: u32) -> TraceRecord {
-        TraceRecord { time_ns: i * 1_000_000, offset, length, op, flags: 0 }
+        TraceRecord {
+            time_ns: i * 1_000_000,
+            offset,
+            length,
+            op,
+            flags: 0,
+        }
     }
 
     /// 1000 writes over 2 MiB, written twice, then read back.
@@ -259,7 +303,12 @@ mod tests {
         let mut v = Vec::new();
         for pass in 0..2u64 {
             for p in 0..512u64 {
-                v.push(rec(v.len() as u64, TraceOp::Write, ((p * 37 + pass) % 512) * 4096, 4096));
+                v.push(rec(
+                    v.len() as u64,
+                    TraceOp::Write,
+                    ((p * 37 + pass) % 512) * 4096,
+                    4096,
+                ));
             }
         }
         for p in 0..512u64 {
@@ -275,7 +324,17 @@ mod tests {
         let recs = workload();
         let t = TraceSummary::of(&recs);
         assert_eq!((t.writes, t.reads, t.flushes), (1024, 512, 1));
-        let run = |kind, ram| replay(&recs, 64 << 20, kind, ram, dir.path().to_path_buf(), &mut |_| {}).unwrap();
+        let run = |kind, ram| {
+            replay(
+                &recs,
+                64 << 20,
+                kind,
+                ram,
+                dir.path().to_path_buf(),
+                &mut |_| {},
+            )
+            .unwrap()
+        };
         let small = run(CacheType::RamOverflow, 0);
         let big = run(CacheType::RamOverflow, 8 << 20);
         assert!(small.stats.overflow_write_ops > 0);
@@ -285,7 +344,11 @@ mod tests {
         assert!(small.peak_file_bytes >= 2 << 20);
 
         let full = run(CacheType::DeviceRam, 1 << 20);
-        assert_eq!(full.nospace_writes, 2 * 256, "half the pages do not fit, in both passes");
+        assert_eq!(
+            full.nospace_writes,
+            2 * 256,
+            "half the pages do not fit, in both passes"
+        );
         assert_eq!(full.first_nospace_ns, Some(256 * 1_000_000));
         let fits = run(CacheType::DeviceRam, 4 << 20);
         assert_eq!((fits.nospace_writes, fits.first_nospace_ns), (0, None));
@@ -295,10 +358,55 @@ mod tests {
 
         let results = vec![small.clone(), big.clone(), full.clone(), fits.clone()];
         let base = disk.storage_iops(&t);
-        assert_eq!(recommend(&results, CacheType::RamOverflow, &t, SizingGoal::NearBest, base), Some(8 << 20));
-        assert_eq!(recommend(&results, CacheType::DeviceRam, &t, SizingGoal::NearBest, base), Some(4 << 20));
-        assert_eq!(recommend(&results, CacheType::RamOverflow, &t, SizingGoal::StorageIops(1e9), base), Some(0));
-        assert_eq!(recommend(&results, CacheType::RamOverflow, &t, SizingGoal::StorageIops(-1.0), base), None);
-        assert_eq!(recommend(&results, CacheType::RamOverflow, &t, SizingGoal::ReductionPercent(99.0), base), Some(8 << 20));
+        assert_eq!(
+            recommend(
+                &results,
+                CacheType::RamOverflow,
+                &t,
+                SizingGoal::NearBest,
+                base
+            ),
+            Some(8 << 20)
+        );
+        assert_eq!(
+            recommend(
+                &results,
+                CacheType::DeviceRam,
+                &t,
+                SizingGoal::NearBest,
+                base
+            ),
+            Some(4 << 20)
+        );
+        assert_eq!(
+            recommend(
+                &results,
+                CacheType::RamOverflow,
+                &t,
+                SizingGoal::StorageIops(1e9),
+                base
+            ),
+            Some(0)
+        );
+        assert_eq!(
+            recommend(
+                &results,
+                CacheType::RamOverflow,
+                &t,
+                SizingGoal::StorageIops(-1.0),
+                base
+            ),
+            None
+        );
+        assert_eq!(
+            recommend(
+                &results,
+                CacheType::RamOverflow,
+                &t,
+                SizingGoal::ReductionPercent(99.0),
+                base
+            ),
+            Some(8 << 20)
+        );
     }
 }

@@ -61,7 +61,11 @@ pub fn prepare_cache_dir(dir: &Path, rule: DirRule) -> Result<(), CacheDirError>
     }
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => return Ok(()),
-        Ok(_) => return Err(CacheDirError::NotADir { dir: dir.to_path_buf() }),
+        Ok(_) => {
+            return Err(CacheDirError::NotADir {
+                dir: dir.to_path_buf(),
+            })
+        }
         Err(_) => {}
     }
     let parent = match dir.parent() {
@@ -69,14 +73,26 @@ pub fn prepare_cache_dir(dir: &Path, rule: DirRule) -> Result<(), CacheDirError>
         _ => PathBuf::from("."),
     };
     if rule == DirRule::ParentMustExist && !parent.is_dir() {
-        return Err(CacheDirError::NoParent { dir: dir.to_path_buf(), parent });
+        return Err(CacheDirError::NoParent {
+            dir: dir.to_path_buf(),
+            parent,
+        });
     }
     std::fs::DirBuilder::new()
         .recursive(rule == DirRule::CreateAll)
         .mode(0o700)
         .create(dir)
-        .or_else(|e| if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() { Ok(()) } else { Err(e) })
-        .map_err(|source| CacheDirError::Create { dir: dir.to_path_buf(), source })
+        .or_else(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .map_err(|source| CacheDirError::Create {
+            dir: dir.to_path_buf(),
+            source,
+        })
 }
 
 /// Space of the file system that holds a path.
@@ -90,7 +106,8 @@ pub struct FsSpace {
 
 /// `statvfs(2)` of the file system holding `path`.
 pub fn fs_space(path: &Path) -> io::Result<FsSpace> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a NUL-terminated path that outlives the call; `st` is a valid,
@@ -100,16 +117,30 @@ pub fn fs_space(path: &Path) -> io::Result<FsSpace> {
         return Err(io::Error::last_os_error());
     }
     let unit = st.f_frsize as u64;
-    Ok(FsSpace { free: (st.f_bavail as u64).saturating_mul(unit), total: (st.f_blocks as u64).saturating_mul(unit) })
+    Ok(FsSpace {
+        free: (st.f_bavail as u64).saturating_mul(unit),
+        total: (st.f_blocks as u64).saturating_mul(unit),
+    })
 }
 
 /// Refuses `dir` when its file system has less than [`MIN_FREE`] free (unless `allow_low`),
 /// and otherwise says, as a warning line, when it has less than `may_use` bytes free (what
 /// the cache may grow to). `Ok(None)`: room enough.
-pub fn check_free_space(dir: &Path, may_use: u64, allow_low: bool) -> Result<Option<String>, CacheDirError> {
-    let space = fs_space(dir).map_err(|source| CacheDirError::Statvfs { dir: dir.to_path_buf(), source })?;
+pub fn check_free_space(
+    dir: &Path,
+    may_use: u64,
+    allow_low: bool,
+) -> Result<Option<String>, CacheDirError> {
+    let space = fs_space(dir).map_err(|source| CacheDirError::Statvfs {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
     if space.free < MIN_FREE && !allow_low {
-        return Err(CacheDirError::TooLittleSpace { dir: dir.to_path_buf(), free: space.free, min: MIN_FREE });
+        return Err(CacheDirError::TooLittleSpace {
+            dir: dir.to_path_buf(),
+            free: space.free,
+            min: MIN_FREE,
+        });
     }
     Ok((space.free < may_use).then(|| {
         format!(
@@ -148,10 +179,19 @@ pub fn ram_limit(kind: CacheType, ram: u64) -> u64 {
 /// must not keep it from being served); `Ok(Some(warning))` when the cache may outgrow the
 /// free space. Types without a file (`device-ram`, `private`) have no folder to check
 /// (`Ok(None)`).
-pub fn check_cache_room(kind: CacheType, cfg: &CacheConfig, rule: DirRule, vdisk_size: u64, allow_low: bool) -> Result<Option<String>, CacheDirError> {
-    let Some(may_use) = file_limit(kind, cfg.max_file, vdisk_size) else { return Ok(None) };
+pub fn check_cache_room(
+    kind: CacheType,
+    cfg: &CacheConfig,
+    rule: DirRule,
+    vdisk_size: u64,
+    allow_low: bool,
+) -> Result<Option<String>, CacheDirError> {
+    let Some(may_use) = file_limit(kind, cfg.max_file, vdisk_size) else {
+        return Ok(None);
+    };
     prepare_cache_dir(&cfg.dir, rule)?;
-    let existing = kind.is_persistent() && crate::names::cache_paths(&cfg.dir, &cfg.target)[1].exists();
+    let existing =
+        kind.is_persistent() && crate::names::cache_paths(&cfg.dir, &cfg.target)[1].exists();
     check_free_space(&cfg.dir, may_use, allow_low || existing)
 }
 
@@ -174,15 +214,34 @@ impl Capacity {
     /// Of a cache of `kind` configured with `ram` and `max_file`, over a vDisk of
     /// `vdisk_size` bytes, with its file in `dir`, using what `stats` say. The one place
     /// `used_percent` comes from (agent status, `serve-image`'s exit report).
-    pub fn of(kind: CacheType, ram: u64, max_file: Option<u64>, dir: &Path, vdisk_size: u64, stats: &StatsSnapshot) -> Capacity {
+    pub fn of(
+        kind: CacheType,
+        ram: u64,
+        max_file: Option<u64>,
+        dir: &Path,
+        vdisk_size: u64,
+        stats: &StatsSnapshot,
+    ) -> Capacity {
         let file = file_limit(kind, max_file, vdisk_size);
         let fs_free = file.and_then(|_| fs_space(dir).ok()).map(|s| s.free);
-        Capacity::new(ram_limit(kind, ram), stats.ram_bytes, file.unwrap_or(0), stats.file_bytes, fs_free)
+        Capacity::new(
+            ram_limit(kind, ram),
+            stats.ram_bytes,
+            file.unwrap_or(0),
+            stats.file_bytes,
+            fs_free,
+        )
     }
 
     /// From the limits and use of the RAM and file parts and the free space of the file's
     /// file system (ignored when the file limit is 0: RAM only).
-    pub fn new(ram_limit: u64, ram_used: u64, file_limit: u64, file_used: u64, fs_free: Option<u64>) -> Capacity {
+    pub fn new(
+        ram_limit: u64,
+        ram_used: u64,
+        file_limit: u64,
+        file_used: u64,
+        fs_free: Option<u64>,
+    ) -> Capacity {
         let fs_free = fs_free.filter(|_| file_limit > 0);
         let file_room = fs_free.map_or(file_limit, |f| file_limit.min(file_used.saturating_add(f)));
         Capacity {
@@ -228,7 +287,10 @@ mod tests {
         assert_eq!((c.capacity, c.used_percent()), (512 << 20, 50.0));
         // RAM only: free space does not matter.
         let c = Capacity::new(64 << 20, 16 << 20, 0, 0, Some(0));
-        assert_eq!((c.fs_free, c.capacity, c.used_percent()), (None, 64 << 20, 25.0));
+        assert_eq!(
+            (c.fs_free, c.capacity, c.used_percent()),
+            (None, 64 << 20, 25.0)
+        );
         // A full file system: the cache is 100% used.
         let c = Capacity::new(0, 0, 1 << 30, 8 << 20, Some(0));
         assert_eq!(c.used_percent(), 100.0);
@@ -241,18 +303,30 @@ mod tests {
         let typo = tmp.path().join("nonexistent").join("dir");
         let err = prepare_cache_dir(&typo, DirRule::ParentMustExist).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains(&typo.display().to_string()) && msg.contains("mkdir -p"), "{msg}");
-        assert!(!typo.exists() && !typo.parent().unwrap().exists(), "nothing may be created");
+        assert!(
+            msg.contains(&typo.display().to_string()) && msg.contains("mkdir -p"),
+            "{msg}"
+        );
+        assert!(
+            !typo.exists() && !typo.parent().unwrap().exists(),
+            "nothing may be created"
+        );
         // Parent exists: created, private.
         let ok = tmp.path().join("cache");
         prepare_cache_dir(&ok, DirRule::ParentMustExist).unwrap();
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&ok).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(&ok).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         // Existing folder: fine; a file: refused.
         prepare_cache_dir(&ok, DirRule::ParentMustExist).unwrap();
         let file = tmp.path().join("f");
         std::fs::write(&file, b"x").unwrap();
-        assert!(matches!(prepare_cache_dir(&file, DirRule::ParentMustExist), Err(CacheDirError::NotADir { .. })));
+        assert!(matches!(
+            prepare_cache_dir(&file, DirRule::ParentMustExist),
+            Err(CacheDirError::NotADir { .. })
+        ));
         // A default folder is created whole.
         prepare_cache_dir(&typo, DirRule::CreateAll).unwrap();
         assert!(typo.is_dir());
@@ -263,7 +337,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let s = fs_space(tmp.path()).unwrap();
         assert!(s.total > 0 && s.free <= s.total);
-        let warn = check_free_space(tmp.path(), u64::MAX, true).unwrap().expect("nothing has that much room");
+        let warn = check_free_space(tmp.path(), u64::MAX, true)
+            .unwrap()
+            .expect("nothing has that much room");
         assert!(warn.contains(&tmp.path().display().to_string()), "{warn}");
         assert!(check_free_space(tmp.path(), 0, true).unwrap().is_none());
         assert!(fs_space(&tmp.path().join("missing")).is_err());
@@ -273,13 +349,42 @@ mod tests {
     fn the_room_check_skips_ram_caches_and_refuses_a_typo() {
         let tmp = tempfile::tempdir().unwrap();
         let typo = tmp.path().join("no").join("dir");
-        let cfg = CacheConfig { dir: typo.clone(), ..CacheConfig::new("t") };
-        assert!(check_cache_room(CacheType::DeviceRam, &cfg, DirRule::ParentMustExist, 1 << 30, false).unwrap().is_none());
+        let cfg = CacheConfig {
+            dir: typo.clone(),
+            ..CacheConfig::new("t")
+        };
+        assert!(check_cache_room(
+            CacheType::DeviceRam,
+            &cfg,
+            DirRule::ParentMustExist,
+            1 << 30,
+            false
+        )
+        .unwrap()
+        .is_none());
         assert!(!typo.exists());
-        let err = check_cache_room(CacheType::RamOverflow, &cfg, DirRule::ParentMustExist, 1 << 30, false).unwrap_err();
+        let err = check_cache_room(
+            CacheType::RamOverflow,
+            &cfg,
+            DirRule::ParentMustExist,
+            1 << 30,
+            false,
+        )
+        .unwrap_err();
         assert!(matches!(err, CacheDirError::NoParent { .. }), "{err}");
-        let cfg = CacheConfig { dir: tmp.path().join("ok"), max_file: Some(1 << 20), ..CacheConfig::new("t") };
-        check_cache_room(CacheType::DeviceDisk, &cfg, DirRule::ParentMustExist, 1 << 50, true).unwrap();
+        let cfg = CacheConfig {
+            dir: tmp.path().join("ok"),
+            max_file: Some(1 << 20),
+            ..CacheConfig::new("t")
+        };
+        check_cache_room(
+            CacheType::DeviceDisk,
+            &cfg,
+            DirRule::ParentMustExist,
+            1 << 50,
+            true,
+        )
+        .unwrap();
         assert!(cfg.dir.is_dir());
     }
 }

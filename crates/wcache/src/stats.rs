@@ -78,10 +78,30 @@ macro_rules! snapshot_fields {
 impl CacheStats {
     pub fn snapshot(&self) -> StatsSnapshot {
         snapshot_fields!(
-            self, guest_read_ops, guest_read_bytes, guest_write_ops, guest_write_bytes, vdisk_read_ops,
-            vdisk_read_bytes, vdisk_write_ops, vdisk_write_bytes, overflow_read_ops, overflow_read_bytes,
-            overflow_write_ops, overflow_write_bytes, disk_read_ops, disk_read_bytes, disk_write_ops,
-            disk_write_bytes, storage_flushes, ram_bytes, file_bytes, evictions, hits, misses, nospace_errors
+            self,
+            guest_read_ops,
+            guest_read_bytes,
+            guest_write_ops,
+            guest_write_bytes,
+            vdisk_read_ops,
+            vdisk_read_bytes,
+            vdisk_write_ops,
+            vdisk_write_bytes,
+            overflow_read_ops,
+            overflow_read_bytes,
+            overflow_write_ops,
+            overflow_write_bytes,
+            disk_read_ops,
+            disk_read_bytes,
+            disk_write_ops,
+            disk_write_bytes,
+            storage_flushes,
+            ram_bytes,
+            file_bytes,
+            evictions,
+            hits,
+            misses,
+            nospace_errors
         )
     }
 
@@ -95,7 +115,12 @@ impl CacheStats {
 impl StatsSnapshot {
     /// Operations that reached storage: the vDisk, the overflow file or the cache file.
     pub fn storage_ops(&self) -> u64 {
-        self.vdisk_read_ops + self.vdisk_write_ops + self.overflow_read_ops + self.overflow_write_ops + self.disk_read_ops + self.disk_write_ops
+        self.vdisk_read_ops
+            + self.vdisk_write_ops
+            + self.overflow_read_ops
+            + self.overflow_write_ops
+            + self.disk_read_ops
+            + self.disk_write_ops
     }
 
     /// Write operations that reached storage.

@@ -63,7 +63,10 @@ impl Wake {
     /// Waits for a notification or `timeout`; returns whether one came.
     pub fn wait(&self, timeout: std::time::Duration) -> bool {
         let g = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let (mut g, _) = self.cv.wait_timeout_while(g, timeout, |p| !*p).unwrap_or_else(PoisonError::into_inner);
+        let (mut g, _) = self
+            .cv
+            .wait_timeout_while(g, timeout, |p| !*p)
+            .unwrap_or_else(PoisonError::into_inner);
         std::mem::replace(&mut *g, false)
     }
 }
@@ -79,7 +82,11 @@ pub(crate) struct FullReport {
 
 impl FullReport {
     pub fn new(message: String) -> Self {
-        FullReport { message, warned: AtomicBool::new(false), fs_log: crate::space::full_log() }
+        FullReport {
+            message,
+            warned: AtomicBool::new(false),
+            fs_log: crate::space::full_log(),
+        }
     }
 }
 
@@ -116,7 +123,13 @@ struct ReadIo {
 }
 
 impl Tiers {
-    pub fn new(lower: Arc<dyn BlockDev>, name: String, ram: u64, file: Option<OverflowFile>, full: String) -> Self {
+    pub fn new(
+        lower: Arc<dyn BlockDev>,
+        name: String,
+        ram: u64,
+        file: Option<OverflowFile>,
+        full: String,
+    ) -> Self {
         let size = lower.size();
         Tiers {
             lower,
@@ -136,7 +149,11 @@ impl Tiers {
     }
 
     fn io_err(&self, e: std::io::Error, op: Op, offset: u64, len: u64) -> Error {
-        let path = self.file.as_ref().map(|f| f.path().display().to_string()).unwrap_or_default();
+        let path = self
+            .file
+            .as_ref()
+            .map(|f| f.path().display().to_string())
+            .unwrap_or_default();
         let mut err = Error::from_io(e, op, offset, len, self.name.clone());
         err.message = format!("overflow file {path}: {}", err.message);
         err
@@ -148,13 +165,22 @@ impl Tiers {
         if !self.full.warned.swap(true, Relaxed) {
             log::error!("{}: {}", self.name, self.full.message);
         }
-        Error::new(ErrorKind::NoSpace, op, offset, len, self.name.clone(), self.full.message.clone())
+        Error::new(
+            ErrorKind::NoSpace,
+            op,
+            offset,
+            len,
+            self.name.clone(),
+            self.full.message.clone(),
+        )
     }
 
     /// Takes one page of the RAM budget, waking the flusher past the high watermark.
     fn take_ram(&self) -> bool {
         let limit = self.ram_limit;
-        match self.stats.ram_bytes.fetch_update(Relaxed, Relaxed, |v| (v + PAGE_U64 <= limit).then_some(v + PAGE_U64)) {
+        match self.stats.ram_bytes.fetch_update(Relaxed, Relaxed, |v| {
+            (v + PAGE_U64 <= limit).then_some(v + PAGE_U64)
+        }) {
             Ok(prev) => {
                 if prev + PAGE_U64 >= self.high && prev < self.high {
                     self.wake.notify();
@@ -168,7 +194,11 @@ impl Tiers {
     /// A page buffer for a page being rebuilt, from the spare pool if it has one (its old
     /// bytes are left: every caller overwrites the whole page), else freshly allocated.
     fn spare_page(&self) -> RamPage {
-        let spare = self.spares.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let spare = self
+            .spares
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
         spare.unwrap_or_else(|| Arc::new([0u8; PAGE]))
     }
 
@@ -181,7 +211,10 @@ impl Tiers {
     /// pass `--ram` by its one page), and the pool can hold every page an eviction freed.
     /// The flusher empties the pool after a quiet second ([`Tiers::drop_spares`]).
     fn recycle(&self, pages: Vec<(usize, RamPage)>) {
-        let room = (self.ram_limit.saturating_sub(self.stats.ram_bytes.load(Relaxed)) / PAGE_U64) as usize;
+        let room = (self
+            .ram_limit
+            .saturating_sub(self.stats.ram_bytes.load(Relaxed))
+            / PAGE_U64) as usize;
         let mut rest = pages.into_iter();
         {
             let mut spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
@@ -202,14 +235,18 @@ impl Tiers {
     /// may be smaller than `maybe_reclaim`'s threshold, and a reclaim may have run while
     /// its pages sat in it).
     pub fn drop_spares(&self) -> usize {
-        let spares = std::mem::take(&mut *self.spares.lock().unwrap_or_else(PoisonError::into_inner));
+        let spares =
+            std::mem::take(&mut *self.spares.lock().unwrap_or_else(PoisonError::into_inner));
         spares.len()
     }
 
     /// Spare page buffers held now (for tests).
     #[cfg(test)]
     pub(crate) fn spare_count(&self) -> usize {
-        self.spares.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.spares
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Takes `pages` off the RAM in use; the memory goes back to the system at the next
@@ -222,7 +259,9 @@ impl Tiers {
     /// Accounts for what zeroing freed.
     fn freed(&self, freed: Freed) {
         self.give_ram(freed.ram);
-        self.stats.file_bytes.fetch_sub(freed.file * PAGE_U64, Relaxed);
+        self.stats
+            .file_bytes
+            .fetch_sub(freed.file * PAGE_U64, Relaxed);
     }
 
     /// What a cache over these tiers can do: the same for `device-ram` and `ram-overflow`,
@@ -245,7 +284,11 @@ impl Tiers {
     // ---- read ---------------------------------------------------------------------------
 
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        CacheStats::count(&self.stats.guest_read_ops, &self.stats.guest_read_bytes, buf.len() as u64);
+        CacheStats::count(
+            &self.stats.guest_read_ops,
+            &self.stats.guest_read_bytes,
+            buf.len() as u64,
+        );
         loop {
             let mut ios: Vec<ReadIo> = Vec::new();
             let mut checks: Vec<(u64, Option<u64>)> = Vec::new();
@@ -265,11 +308,17 @@ impl Tiers {
                         {
                             last.len += pp.len
                         }
-                        _ => ios.push(ReadIo { file_off, dev_off: offset + pos as u64, pos, len: pp.len }),
+                        _ => ios.push(ReadIo {
+                            file_off,
+                            dev_off: offset + pos as u64,
+                            pos,
+                            len: pp.len,
+                        }),
                     };
                     pages += 1;
                     match reg.map_or(Found::Absent, |r| r.page(slot)) {
-                        Found::Ram(page) => buf[pos..pos + pp.len].copy_from_slice(&page[pp.within..pp.within + pp.len]),
+                        Found::Ram(page) => buf[pos..pos + pp.len]
+                            .copy_from_slice(&page[pp.within..pp.within + pp.len]),
                         Found::Zero => buf[pos..pos + pp.len].fill(0),
                         Found::Overflow(off) => {
                             push(Some(off + pp.within as u64));
@@ -290,16 +339,27 @@ impl Tiers {
                 match io.file_off {
                     Some(off) => {
                         let file = self.file.as_ref().expect("file pages need a file");
-                        file.read_at(dst, off).map_err(|e| self.io_err(e, Op::Read, io.dev_off, io.len as u64))?;
-                        CacheStats::count(&self.stats.overflow_read_ops, &self.stats.overflow_read_bytes, io.len as u64);
+                        file.read_at(dst, off)
+                            .map_err(|e| self.io_err(e, Op::Read, io.dev_off, io.len as u64))?;
+                        CacheStats::count(
+                            &self.stats.overflow_read_ops,
+                            &self.stats.overflow_read_bytes,
+                            io.len as u64,
+                        );
                     }
                     None => {
                         self.lower.read_at(dst, io.dev_off)?;
-                        CacheStats::count(&self.stats.vdisk_read_ops, &self.stats.vdisk_read_bytes, io.len as u64);
+                        CacheStats::count(
+                            &self.stats.vdisk_read_ops,
+                            &self.stats.vdisk_read_bytes,
+                            io.len as u64,
+                        );
                     }
                 }
             }
-            let unchanged = checks.iter().all(|&(region, gen)| self.map.lock(region).get(region).and_then(|r| r.unit_gen()) == gen);
+            let unchanged = checks.iter().all(|&(region, gen)| {
+                self.map.lock(region).get(region).and_then(|r| r.unit_gen()) == gen
+            });
             if unchanged {
                 self.stats.hits.fetch_add(pages - misses, Relaxed);
                 self.stats.misses.fetch_add(misses, Relaxed);
@@ -312,7 +372,11 @@ impl Tiers {
 
     pub fn write(&self, buf: &[u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
-        CacheStats::count(&self.stats.guest_write_ops, &self.stats.guest_write_bytes, len);
+        CacheStats::count(
+            &self.stats.guest_write_ops,
+            &self.stats.guest_write_bytes,
+            len,
+        );
         if self.file.is_some() && self.ram_limit > 0 && self.ram_full() {
             // Backpressure, bounded: make room for this write by evicting one region now.
             if let Err(e) = self.evict_one() {
@@ -324,7 +388,14 @@ impl Tiers {
         }
         let _pages = self.locks.lock_bytes(offset, len);
         for pp in units(offset, len, PAGE_U64) {
-            self.write_page(PageAddr::of(pp.index), pp.within, Patch::Data(&buf[pp.pos..pp.pos + pp.len]), Op::Write, offset, len)?;
+            self.write_page(
+                PageAddr::of(pp.index),
+                pp.within,
+                Patch::Data(&buf[pp.pos..pp.pos + pp.len]),
+                Op::Write,
+                offset,
+                len,
+            )?;
         }
         Ok(())
     }
@@ -338,7 +409,9 @@ impl Tiers {
     fn patch_if_in_ram(&self, offset: u64, data: &[u8]) -> bool {
         let at = PageAddr::of(offset / PAGE_U64);
         let mut sh = self.map.lock(at.region);
-        let Found::Ram(page) = sh.page_mut(at) else { return false };
+        let Found::Ram(page) = sh.page_mut(at) else {
+            return false;
+        };
         Patch::Data(data).apply(page, (offset % PAGE_U64) as usize);
         true
     }
@@ -364,7 +437,15 @@ impl Tiers {
     }
 
     /// Applies `patch` at `within` of the page at `at`; the caller holds the page lock.
-    fn write_page(&self, at: PageAddr, within: usize, patch: Patch<'_>, op: Op, offset: u64, len: u64) -> Result<()> {
+    fn write_page(
+        &self,
+        at: PageAddr,
+        within: usize,
+        patch: Patch<'_>,
+        op: Op,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
         let zeros = matches!(patch, Patch::Zeros(_));
         let mut sh = self.map.lock(at.region);
         let found: Found<()> = match sh.page_mut(at) {
@@ -392,8 +473,13 @@ impl Tiers {
                 drop(sh);
                 if let Found::Overflow(off) = found {
                     let file = self.file.as_ref().expect("file pages need a file");
-                    file.read_at(buf, off).map_err(|e| self.io_err(e, op, offset, len))?;
-                    CacheStats::count(&self.stats.overflow_read_ops, &self.stats.overflow_read_bytes, PAGE_U64);
+                    file.read_at(buf, off)
+                        .map_err(|e| self.io_err(e, op, offset, len))?;
+                    CacheStats::count(
+                        &self.stats.overflow_read_ops,
+                        &self.stats.overflow_read_bytes,
+                        PAGE_U64,
+                    );
                 } else {
                     read_lower_page(&*self.lower, &self.stats, at.index(), buf)?;
                 }
@@ -412,22 +498,42 @@ impl Tiers {
     }
 
     /// Puts a rebuilt page (not in RAM now) into RAM, or else into the overflow file.
-    fn place(&self, mut sh: MutexGuard<'_, Shard>, at: PageAddr, page: RamPage, op: Op, offset: u64, len: u64) -> Result<()> {
+    fn place(
+        &self,
+        mut sh: MutexGuard<'_, Shard>,
+        at: PageAddr,
+        page: RamPage,
+        op: Op,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
         if self.take_ram() {
             sh.insert_ram(at, page);
             return Ok(());
         }
         drop(sh);
-        let Some(file) = &self.file else { return Err(self.nospace(op, offset, len)) };
+        let Some(file) = &self.file else {
+            return Err(self.nospace(op, offset, len));
+        };
         let _region_lock = self.region_locks.lock(at.region);
-        let Ok(unit) = self.map.lock(at.region).pin_unit(at.region, file) else { return Err(self.nospace(op, offset, len)) };
+        let Ok(unit) = self.map.lock(at.region).pin_unit(at.region, file) else {
+            return Err(self.nospace(op, offset, len));
+        };
         let r = file.write_slot(unit, at.slot, &page);
-        if self.map.lock(at.region).unpin(at.region, file, r.is_ok().then_some(at.slot)) {
+        if self
+            .map
+            .lock(at.region)
+            .unpin(at.region, file, r.is_ok().then_some(at.slot))
+        {
             self.stats.file_bytes.fetch_add(PAGE_U64, Relaxed);
         }
         match r {
             Ok(()) => {
-                CacheStats::count(&self.stats.overflow_write_ops, &self.stats.overflow_write_bytes, PAGE_U64);
+                CacheStats::count(
+                    &self.stats.overflow_write_ops,
+                    &self.stats.overflow_write_bytes,
+                    PAGE_U64,
+                );
                 Ok(())
             }
             Err(e) => {
@@ -442,7 +548,12 @@ impl Tiers {
                          (--overflow-dir)",
                         err.message
                     );
-                    self.full.fs_log.log(log::Level::Warn, module_path!(), "file system full", format_args!("{}: {}", self.name, err.message));
+                    self.full.fs_log.log(
+                        log::Level::Warn,
+                        module_path!(),
+                        "file system full",
+                        format_args!("{}: {}", self.name, err.message),
+                    );
                 }
                 Err(err)
             }
@@ -451,10 +562,16 @@ impl Tiers {
 
     /// Zeroes a whole region (the caller holds its page locks).
     fn zero_region(&self, region: u64) -> Result<()> {
-        if self.map.lock(region).get(region).is_none() && self.lower_reads_zero(region * UNIT, UNIT)? {
+        if self.map.lock(region).get(region).is_none()
+            && self.lower_reads_zero(region * UNIT, UNIT)?
+        {
             return Ok(());
         }
-        self.freed(self.map.lock(region).zero_region(region, self.file.as_ref()));
+        self.freed(
+            self.map
+                .lock(region)
+                .zero_region(region, self.file.as_ref()),
+        );
         Ok(())
     }
 
@@ -504,7 +621,11 @@ impl Tiers {
         let mut pos = offset;
         for (run, n) in runs {
             match run {
-                Some(zero) => out.push(Extent { len: n, hole: zero, zero }),
+                Some(zero) => out.push(Extent {
+                    len: n,
+                    hole: zero,
+                    zero,
+                }),
                 None => {
                     let first = out.len();
                     self.lower.block_status(pos, n, out)?;
@@ -535,7 +656,9 @@ impl Tiers {
     /// Writes a region's RAM pages to its unit and frees those that did not change meanwhile.
     pub fn evict_region(&self, region: u64) -> Result<usize> {
         let _region_lock = self.region_locks.lock(region);
-        let Some(snap) = self.evict_begin(region)? else { return Ok(0) };
+        let Some(snap) = self.evict_begin(region)? else {
+            return Ok(0);
+        };
         let written = self.evict_write(&snap);
         self.evict_finish(snap, written)
     }
@@ -545,7 +668,16 @@ impl Tiers {
     fn evict_begin(&self, region: u64) -> Result<Option<Eviction>> {
         let file = self.file.as_ref().expect("eviction needs a file");
         let ev = self.map.lock(region).begin_eviction(region, file);
-        ev.map_err(|_| Error::new(ErrorKind::NoSpace, Op::Write, region * UNIT, UNIT, self.name.clone(), self.full.message.clone()))
+        ev.map_err(|_| {
+            Error::new(
+                ErrorKind::NoSpace,
+                Op::Write,
+                region * UNIT,
+                UNIT,
+                self.name.clone(),
+                self.full.message.clone(),
+            )
+        })
     }
 
     /// Eviction, step 2 (no shard lock): one `pwritev` per run of adjacent pages.
@@ -560,7 +692,11 @@ impl Tiers {
             }
             let run: Vec<&[u8; PAGE]> = pages[i..j].iter().map(|(_, p)| &**p).collect();
             file.write_run(ev.unit, pages[i].0, &run)?;
-            CacheStats::count(&self.stats.overflow_write_ops, &self.stats.overflow_write_bytes, (j - i) as u64 * PAGE_U64);
+            CacheStats::count(
+                &self.stats.overflow_write_ops,
+                &self.stats.overflow_write_bytes,
+                (j - i) as u64 * PAGE_U64,
+            );
             i = j;
         }
         Ok(())
@@ -583,7 +719,9 @@ impl Tiers {
         // writer replaced: none aliases a RAM page any more.
         let region = ev.region;
         self.recycle(ev.pages);
-        written.map(|()| moved as usize).map_err(|e| self.io_err(e, Op::Write, region * UNIT, UNIT))
+        written
+            .map(|()| moved as usize)
+            .map_err(|e| self.io_err(e, Op::Write, region * UNIT, UNIT))
     }
 }
 
@@ -604,31 +742,53 @@ macro_rules! tiers_cache_impls {
             }
 
             fn read_at(&self, buf: &mut [u8], offset: u64) -> vdstream_blockdev::Result<()> {
-                self.tiers.check(vdstream_blockdev::Op::Read, offset, buf.len() as u64)?;
+                self.tiers
+                    .check(vdstream_blockdev::Op::Read, offset, buf.len() as u64)?;
                 self.tiers.read(buf, offset)
             }
 
-            fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> vdstream_blockdev::Result<()> {
-                self.tiers.check(vdstream_blockdev::Op::Write, offset, buf.len() as u64)?;
+            fn write_at(
+                &self,
+                buf: &[u8],
+                offset: u64,
+                _fua: bool,
+            ) -> vdstream_blockdev::Result<()> {
+                self.tiers
+                    .check(vdstream_blockdev::Op::Write, offset, buf.len() as u64)?;
                 self.tiers.write(buf, offset)
             }
 
             fn trim(&self, offset: u64, len: u64, _fua: bool) -> vdstream_blockdev::Result<()> {
                 self.tiers.check(vdstream_blockdev::Op::Trim, offset, len)?;
-                let done = self.tiers.zero_range(offset, len, vdstream_blockdev::Op::Trim);
+                let done = self
+                    .tiers
+                    .zero_range(offset, len, vdstream_blockdev::Op::Trim);
                 vdstream_blockdev::reclaim::maybe_reclaim();
                 done
             }
 
-            fn write_zeroes(&self, offset: u64, len: u64, _flags: vdstream_blockdev::ZeroFlags) -> vdstream_blockdev::Result<()> {
+            fn write_zeroes(
+                &self,
+                offset: u64,
+                len: u64,
+                _flags: vdstream_blockdev::ZeroFlags,
+            ) -> vdstream_blockdev::Result<()> {
                 self.tiers.check(vdstream_blockdev::Op::Zero, offset, len)?;
-                let done = self.tiers.zero_range(offset, len, vdstream_blockdev::Op::Zero);
+                let done = self
+                    .tiers
+                    .zero_range(offset, len, vdstream_blockdev::Op::Zero);
                 vdstream_blockdev::reclaim::maybe_reclaim();
                 done
             }
 
-            fn block_status(&self, offset: u64, len: u64, out: &mut Vec<vdstream_blockdev::Extent>) -> vdstream_blockdev::Result<()> {
-                self.tiers.check(vdstream_blockdev::Op::BlockStatus, offset, len)?;
+            fn block_status(
+                &self,
+                offset: u64,
+                len: u64,
+                out: &mut Vec<vdstream_blockdev::Extent>,
+            ) -> vdstream_blockdev::Result<()> {
+                self.tiers
+                    .check(vdstream_blockdev::Op::BlockStatus, offset, len)?;
                 self.tiers.block_status(offset, len, out)
             }
 
@@ -657,7 +817,13 @@ mod tests {
 
     fn tiers(dir: &std::path::Path) -> Tiers {
         let file = OverflowFile::create(dir, "unit-test", 8).unwrap();
-        Tiers::new(Arc::new(MemoryDev::new(8 << 20)), "test".into(), 1 << 20, Some(file), "full".into())
+        Tiers::new(
+            Arc::new(MemoryDev::new(8 << 20)),
+            "test".into(),
+            1 << 20,
+            Some(file),
+            "full".into(),
+        )
     }
 
     #[test]
@@ -668,7 +834,11 @@ mod tests {
         let ev = t.evict_begin(0).unwrap().unwrap();
         t.write(&[2u8; 10], 100).unwrap(); // patches page 0 while its eviction is in flight
         let written = t.evict_write(&ev);
-        assert_eq!(t.evict_finish(ev, written).unwrap(), 1, "only the unchanged page leaves RAM");
+        assert_eq!(
+            t.evict_finish(ev, written).unwrap(),
+            1,
+            "only the unchanged page leaves RAM"
+        );
         assert_eq!(t.stats.ram_bytes.load(Relaxed), PAGE_U64);
         let mut buf = vec![0u8; 8192];
         t.read(&mut buf, 0).unwrap();
@@ -689,7 +859,11 @@ mod tests {
         t.zero_range(0, 4096, Op::Trim).unwrap();
         let written = t.evict_write(&ev);
         assert_eq!(t.evict_finish(ev, written).unwrap(), 1);
-        assert_eq!(t.stats.file_bytes.load(Relaxed), PAGE_U64, "only page 1 holds a slot");
+        assert_eq!(
+            t.stats.file_bytes.load(Relaxed),
+            PAGE_U64,
+            "only page 1 holds a slot"
+        );
         let mut buf = vec![9u8; 8192];
         t.read(&mut buf, 0).unwrap();
         assert!(buf[..4096].iter().all(|&b| b == 0) && buf[4096..].iter().all(|&b| b == 1));
@@ -723,7 +897,10 @@ mod tests {
         // The bytes are right wherever they are.
         let mut buf = vec![0u8; 256 * PAGE];
         t.read(&mut buf[..192 * PAGE], 0).unwrap();
-        assert!(buf[..100 * PAGE].iter().all(|&b| b == 5) && buf[100 * PAGE..192 * PAGE].iter().all(|&b| b == 3));
+        assert!(
+            buf[..100 * PAGE].iter().all(|&b| b == 5)
+                && buf[100 * PAGE..192 * PAGE].iter().all(|&b| b == 3)
+        );
         t.read(&mut buf[..64 * PAGE], UNIT).unwrap();
         assert!(buf[..64 * PAGE].iter().all(|&b| b == 4));
         // Dropping the pool leaves the data alone.

@@ -28,7 +28,12 @@ fn stale_device(dir: &Path, name: &str, size: u64) -> PathBuf {
 }
 
 fn cfg(dir: &Path, device: &Path, ram: u64) -> CacheConfig {
-    CacheConfig { ram, dir: dir.join("no-such-folder"), overflow_device: Some(device.to_path_buf()), ..CacheConfig::new("lab-3") }
+    CacheConfig {
+        ram,
+        dir: dir.join("no-such-folder"),
+        overflow_device: Some(device.to_path_buf()),
+        ..CacheConfig::new("lab-3")
+    }
 }
 
 #[test]
@@ -37,10 +42,31 @@ fn ram_overflow_on_a_device_matches_the_model() {
     for (ram, seed) in [(64 * KIB, Some(0x31)), (0, None)] {
         let n = std::sync::atomic::AtomicUsize::new(0);
         let make = |size: u64| -> Arc<dyn BlockDev> {
-            let dev = stale_device(dir.path(), &format!("sdb{}", n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)), size.div_ceil(2 * MIB) * 2 * MIB);
-            Arc::new(RamOverflowCache::open(Arc::new(Sealed(vdisk(size, seed))), &cfg(dir.path(), &dev, ram)).unwrap())
+            let dev = stale_device(
+                dir.path(),
+                &format!(
+                    "sdb{}",
+                    n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                ),
+                size.div_ceil(2 * MIB) * 2 * MIB,
+            );
+            Arc::new(
+                RamOverflowCache::open(
+                    Arc::new(Sealed(vdisk(size, seed))),
+                    &cfg(dir.path(), &dev, ram),
+                )
+                .unwrap(),
+            )
         };
-        model::model_check(&format!("ram-overflow on a device, RAM {ram}"), &make, model::ModelConfig { initial_seed: seed, cases: 24, ..Default::default() });
+        model::model_check(
+            &format!("ram-overflow on a device, RAM {ram}"),
+            &make,
+            model::ModelConfig {
+                initial_seed: seed,
+                cases: 24,
+                ..Default::default()
+            },
+        );
     }
 }
 
@@ -49,12 +75,23 @@ fn a_small_device_answers_nospace_past_its_end() {
     let dir = tempfile::tempdir().unwrap();
     // Two 2 MiB units and a bit: the bit is never used.
     let dev = stale_device(dir.path(), "sdb1", 4 * MIB + 4096);
-    let c = RamOverflowCache::open(Arc::new(Sealed(vdisk(16 * MIB, Some(2)))), &cfg(dir.path(), &dev, 0)).unwrap();
-    c.write_at(&pattern_buf(7, 0, 4096), 10 * 4096, false).unwrap();
-    c.write_at(&pattern_buf(8, 0, 4096), 2 * MIB, false).unwrap();
-    let e = c.write_at(&pattern_buf(9, 0, 4096), 4 * MIB, false).unwrap_err();
+    let c = RamOverflowCache::open(
+        Arc::new(Sealed(vdisk(16 * MIB, Some(2)))),
+        &cfg(dir.path(), &dev, 0),
+    )
+    .unwrap();
+    c.write_at(&pattern_buf(7, 0, 4096), 10 * 4096, false)
+        .unwrap();
+    c.write_at(&pattern_buf(8, 0, 4096), 2 * MIB, false)
+        .unwrap();
+    let e = c
+        .write_at(&pattern_buf(9, 0, 4096), 4 * MIB, false)
+        .unwrap_err();
     assert_eq!(e.kind, ErrorKind::NoSpace);
-    assert!(e.to_string().contains("sdb1") && e.to_string().contains("overflow device"), "{e}");
+    assert!(
+        e.to_string().contains("sdb1") && e.to_string().contains("overflow device"),
+        "{e}"
+    );
     let mut got = vec![0u8; 4096];
     c.read_at(&mut got, 2 * MIB).unwrap();
     assert_eq!(got, pattern_buf(8, 0, 4096));
@@ -66,13 +103,43 @@ fn device_disk_on_a_device_matches_the_model_and_a_small_one_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let n = std::sync::atomic::AtomicUsize::new(0);
     let make = |size: u64| -> Arc<dyn BlockDev> {
-        let dev = stale_device(dir.path(), &format!("sdc{}", n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)), size.div_ceil(4096) * 4096);
-        Arc::new(DiskCache::open(Arc::new(Sealed(vdisk(size, Some(5)))), &cfg(dir.path(), &dev, 0), CacheType::DeviceDisk).unwrap())
+        let dev = stale_device(
+            dir.path(),
+            &format!(
+                "sdc{}",
+                n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
+            size.div_ceil(4096) * 4096,
+        );
+        Arc::new(
+            DiskCache::open(
+                Arc::new(Sealed(vdisk(size, Some(5)))),
+                &cfg(dir.path(), &dev, 0),
+                CacheType::DeviceDisk,
+            )
+            .unwrap(),
+        )
     };
-    model::model_check("device-disk on a device", &make, model::ModelConfig { initial_seed: Some(5), cases: 24, ..Default::default() });
+    model::model_check(
+        "device-disk on a device",
+        &make,
+        model::ModelConfig {
+            initial_seed: Some(5),
+            cases: 24,
+            ..Default::default()
+        },
+    );
     let small = stale_device(dir.path(), "sdc-small", MIB);
-    let e = DiskCache::open(Arc::new(Sealed(vdisk(4 * MIB, None))), &cfg(dir.path(), &small, 0), CacheType::DeviceDisk).unwrap_err();
-    assert!(e.to_string().contains("sdc-small") && e.to_string().contains("use ram-overflow"), "{e}");
+    let e = DiskCache::open(
+        Arc::new(Sealed(vdisk(4 * MIB, None))),
+        &cfg(dir.path(), &small, 0),
+        CacheType::DeviceDisk,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("sdc-small") && e.to_string().contains("use ram-overflow"),
+        "{e}"
+    );
 }
 
 /// A real block device: a loop device over a file of old bytes (root only; elsewhere the
@@ -81,15 +148,24 @@ fn device_disk_on_a_device_matches_the_model_and_a_small_one_is_refused() {
 fn a_loop_device_holds_the_overflow_and_is_held_exclusively() {
     let dir = tempfile::tempdir().unwrap();
     let backing = stale_device(dir.path(), "loop-backing", 8 * MIB);
-    let out = std::process::Command::new("losetup").args(["--find", "--show"]).arg(&backing).output();
-    let Some(loopdev) = out.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()) else {
+    let out = std::process::Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&backing)
+        .output();
+    let Some(loopdev) = out
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    else {
         eprintln!("no loop device here (not root, or no losetup): the file tests stand in");
         return;
     };
     struct Detach(String);
     impl Drop for Detach {
         fn drop(&mut self) {
-            let _ = std::process::Command::new("losetup").args(["-d", &self.0]).status();
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &self.0])
+                .status();
         }
     }
     let _detach = Detach(loopdev.clone());
@@ -97,9 +173,16 @@ fn a_loop_device_holds_the_overflow_and_is_held_exclusively() {
     let lower = vdisk(32 * MIB, Some(3));
     let c = RamOverflowCache::open(Arc::new(Sealed(lower)), &cfg(dir.path(), &dev, 0)).unwrap();
     for i in 0..4u64 {
-        c.write_at(&pattern_buf(i as u8 + 1, 0, 8192), i * 2 * MIB + 4096, false).unwrap();
+        c.write_at(
+            &pattern_buf(i as u8 + 1, 0, 8192),
+            i * 2 * MIB + 4096,
+            false,
+        )
+        .unwrap();
     }
-    let e = c.write_at(&pattern_buf(9, 0, 4096), 8 * MIB, false).unwrap_err();
+    let e = c
+        .write_at(&pattern_buf(9, 0, 4096), 8 * MIB, false)
+        .unwrap_err();
     assert_eq!(e.kind, ErrorKind::NoSpace, "8 MiB of device: four units");
     assert_eq!(c.overflow_units(), 4);
     for i in 0..4u64 {
@@ -107,16 +190,33 @@ fn a_loop_device_holds_the_overflow_and_is_held_exclusively() {
         c.read_at(&mut got, i * 2 * MIB + 4096).unwrap();
         assert_eq!(got, pattern_buf(i as u8 + 1, 0, 8192));
     }
-    let e = RamOverflowCache::open(Arc::new(Sealed(vdisk(MIB, None))), &cfg(dir.path(), &dev, 0)).unwrap_err();
-    assert!(e.to_string().contains(&loopdev) && e.to_string().contains("in use"), "{e}");
+    let e = RamOverflowCache::open(
+        Arc::new(Sealed(vdisk(MIB, None))),
+        &cfg(dir.path(), &dev, 0),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains(&loopdev) && e.to_string().contains("in use"),
+        "{e}"
+    );
     drop(c);
     // device-disk with O_DIRECT on the real device.
-    let d = DiskCache::open(Arc::new(Sealed(vdisk(8 * MIB, Some(4)))), &cfg(dir.path(), &dev, 0), CacheType::DeviceDisk).unwrap();
-    d.write_at(&pattern_buf(6, 0, 10_000), 12_345, false).unwrap();
+    let d = DiskCache::open(
+        Arc::new(Sealed(vdisk(8 * MIB, Some(4)))),
+        &cfg(dir.path(), &dev, 0),
+        CacheType::DeviceDisk,
+    )
+    .unwrap();
+    d.write_at(&pattern_buf(6, 0, 10_000), 12_345, false)
+        .unwrap();
     let mut got = vec![0u8; 10_000];
     d.read_at(&mut got, 12_345).unwrap();
     assert_eq!(got, pattern_buf(6, 0, 10_000));
     let mut base = vec![0u8; 4096];
     d.read_at(&mut base, 6 * MIB).unwrap();
-    assert_eq!(base, pattern_buf(4, 6 * MIB, 4096), "unwritten pages come from the vDisk, not the device's old bytes");
+    assert_eq!(
+        base,
+        pattern_buf(4, 6 * MIB, 4096),
+        "unwritten pages come from the vDisk, not the device's old bytes"
+    );
 }

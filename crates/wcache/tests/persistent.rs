@@ -13,33 +13,48 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vdstream_blockdev::conformance::{self, model, pattern_buf};
-use vdstream_blockdev::{BatchOp, BlockDev, ErrorKind, FileDev, FileOptions, IoEngineKind, MemoryDev};
+use vdstream_blockdev::{
+    BatchOp, BlockDev, ErrorKind, FileDev, FileOptions, IoEngineKind, MemoryDev,
+};
 use vdstream_wcache::persistent::{cache_paths, PersistentDiskCache};
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 
 const PAGE: usize = 4096;
 
 fn temp_dir() -> tempfile::TempDir {
-    let base = std::env::var_os("CARGO_TARGET_TMPDIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let base = std::env::var_os("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     tempfile::tempdir_in(base).expect("a temporary directory")
 }
 
 fn lower(size: u64, seed: Option<u8>) -> Arc<dyn BlockDev> {
     let mem = MemoryDev::new(size);
     if let Some(seed) = seed {
-        mem.write_at(&pattern_buf(seed, 0, size as usize), 0, false).unwrap();
+        mem.write_at(&pattern_buf(seed, 0, size as usize), 0, false)
+            .unwrap();
     }
     Arc::new(mem)
 }
 
 fn config(dir: &Path, target: &str, buffered: bool) -> CacheConfig {
-    CacheConfig { dir: dir.to_path_buf(), intermediate_buffering: buffered, ..CacheConfig::new(target) }
+    CacheConfig {
+        dir: dir.to_path_buf(),
+        intermediate_buffering: buffered,
+        ..CacheConfig::new(target)
+    }
 }
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 /// A fresh persistent cache (new target name) over a lower of `size` bytes.
-fn fresh(dir: &Path, kind: CacheType, buffered: bool, size: u64, seed: Option<u8>) -> vdstream_blockdev::Result<PersistentDiskCache> {
+fn fresh(
+    dir: &Path,
+    kind: CacheType,
+    buffered: bool,
+    size: u64,
+    seed: Option<u8>,
+) -> vdstream_blockdev::Result<PersistentDiskCache> {
     let target = format!("vm {}/x", NEXT.fetch_add(1, Ordering::Relaxed));
     PersistentDiskCache::open(lower(size, seed), &config(dir, &target, buffered), kind)
 }
@@ -59,16 +74,33 @@ fn direct_works(dir: &Path) -> bool {
 fn both_persistent_types_conform() {
     let dir = temp_dir();
     for kind in [CacheType::DeviceDiskPersistent, CacheType::ServerPersistent] {
-        conformance::run_all(kind.name(), &|size| Arc::new(fresh(dir.path(), kind, true, size, None).unwrap()));
+        conformance::run_all(kind.name(), &|size| {
+            Arc::new(fresh(dir.path(), kind, true, size, None).unwrap())
+        });
     }
     if direct_works(dir.path()) {
         conformance::run_all("device-disk-persistent (O_DIRECT)", &|size| {
-            Arc::new(fresh(dir.path(), CacheType::DeviceDiskPersistent, false, size, None).unwrap())
+            Arc::new(
+                fresh(
+                    dir.path(),
+                    CacheType::DeviceDiskPersistent,
+                    false,
+                    size,
+                    None,
+                )
+                .unwrap(),
+            )
         });
         conformance::run_all("device-disk-persistent (O_DIRECT, io_uring)", &|size| {
             let target = format!("uring vm {}", NEXT.fetch_add(1, Ordering::Relaxed));
-            let cfg = CacheConfig { io_engine: IoEngineKind::IoUring, ..config(dir.path(), &target, false) };
-            Arc::new(PersistentDiskCache::open(lower(size, None), &cfg, CacheType::DeviceDiskPersistent).unwrap())
+            let cfg = CacheConfig {
+                io_engine: IoEngineKind::IoUring,
+                ..config(dir.path(), &target, false)
+            };
+            Arc::new(
+                PersistentDiskCache::open(lower(size, None), &cfg, CacheType::DeviceDiskPersistent)
+                    .unwrap(),
+            )
         });
     }
 }
@@ -84,8 +116,14 @@ fn persistent_types_match_the_model() {
         if !buffered && !direct_works(dir.path()) {
             continue;
         }
-        let make = |size| -> Arc<dyn BlockDev> { Arc::new(fresh(dir.path(), kind, buffered, size, seed).unwrap()) };
-        let cfg = model::ModelConfig { cases: 32, initial_seed: seed, ..Default::default() };
+        let make = |size| -> Arc<dyn BlockDev> {
+            Arc::new(fresh(dir.path(), kind, buffered, size, seed).unwrap())
+        };
+        let cfg = model::ModelConfig {
+            cases: 32,
+            initial_seed: seed,
+            ..Default::default()
+        };
         model::model_check(kind.name(), &make, cfg.clone());
         model::model_check_concurrent(kind.name(), &make, model::ModelConfig { cases: 16, ..cfg });
     }
@@ -102,23 +140,47 @@ fn a_persistent_cache_takes_batches_and_makes_their_fua_writes_durable() {
     let low = lower(1 << 20, Some(0x31));
     for kind in [CacheType::DeviceDiskPersistent, CacheType::ServerPersistent] {
         let target = format!("batch {}", kind.name());
-        let cache = PersistentDiskCache::open(low.clone(), &config(dir.path(), &target, false), kind).unwrap();
-        assert!(cache.prefers_batches(), "{}: the O_DIRECT engine must see batches", kind.name());
+        let cache =
+            PersistentDiskCache::open(low.clone(), &config(dir.path(), &target, false), kind)
+                .unwrap();
+        assert!(
+            cache.prefers_batches(),
+            "{}: the O_DIRECT engine must see batches",
+            kind.name()
+        );
         let (a, b) = (vec![0xA1u8; 2 * PAGE], vec![0xB2u8; PAGE]);
         let mut got = vec![0u8; 3 * PAGE];
-        let mut ops = [BatchOp::write(&a, 0, false), BatchOp::write(&b, 8 * PAGE as u64, true), BatchOp::read(&mut got, 16 * PAGE as u64)];
+        let mut ops = [
+            BatchOp::write(&a, 0, false),
+            BatchOp::write(&b, 8 * PAGE as u64, true),
+            BatchOp::read(&mut got, 16 * PAGE as u64),
+        ];
         cache.io_batch(&mut ops);
         assert!(ops.iter().all(|op| op.result.is_ok()));
-        assert!(got == pattern_buf(0x31, 16 * PAGE as u64, 3 * PAGE), "{}: a read of the batch", kind.name());
+        assert!(
+            got == pattern_buf(0x31, 16 * PAGE as u64, 3 * PAGE),
+            "{}: a read of the batch",
+            kind.name()
+        );
         // A crash now: the files as they are, the cache never closed.
         let image = temp_dir();
         copy_cache(dir.path(), image.path(), &target);
-        let reopened = PersistentDiskCache::open(low.clone(), &config(image.path(), &target, true), kind).unwrap();
+        let reopened =
+            PersistentDiskCache::open(low.clone(), &config(image.path(), &target, true), kind)
+                .unwrap();
         let mut page = vec![0u8; PAGE];
         reopened.read_at(&mut page, 8 * PAGE as u64).unwrap();
-        assert!(page == b, "{}: the FUA write of the batch survives", kind.name());
+        assert!(
+            page == b,
+            "{}: the FUA write of the batch survives",
+            kind.name()
+        );
         reopened.read_at(&mut page, 0).unwrap();
-        assert!(page == a[..PAGE], "{}: and the write before it, flushed with it", kind.name());
+        assert!(
+            page == a[..PAGE],
+            "{}: and the write before it, flushed with it",
+            kind.name()
+        );
     }
 }
 
@@ -136,23 +198,41 @@ fn a_reopened_cache_has_its_writes_and_trims() {
     let low = lower(size, Some(0x55));
     let cfg = config(dir.path(), "vm-1", true);
     let (want, file_bytes) = {
-        let cache = PersistentDiskCache::open(low.clone(), &cfg, CacheType::DeviceDiskPersistent).unwrap();
-        cache.write_at(&pattern_buf(1, 1000, 70_000), 1000, false).unwrap();
+        let cache =
+            PersistentDiskCache::open(low.clone(), &cfg, CacheType::DeviceDiskPersistent).unwrap();
+        cache
+            .write_at(&pattern_buf(1, 1000, 70_000), 1000, false)
+            .unwrap();
         cache.flush().unwrap();
         cache.trim(8192, 3 * PAGE as u64, false).unwrap();
         cache.write_at(&[9u8; 100], size - 100, true).unwrap();
         cache.checkpoint().unwrap();
         cache.write_at(&[8u8; 5000], 1 << 20, false).unwrap();
-        cache.write_zeroes(2 << 20, 5000, Default::default()).unwrap();
+        cache
+            .write_zeroes(2 << 20, 5000, Default::default())
+            .unwrap();
         cache.flush().unwrap();
         (contents(&cache), cache.stats().file_bytes)
     };
-    let cache = PersistentDiskCache::open(low.clone(), &cfg, CacheType::DeviceDiskPersistent).unwrap();
-    assert!(contents(&cache) == want, "the reopened cache must read exactly as before");
+    let cache =
+        PersistentDiskCache::open(low.clone(), &cfg, CacheType::DeviceDiskPersistent).unwrap();
+    assert!(
+        contents(&cache) == want,
+        "the reopened cache must read exactly as before"
+    );
     assert_eq!(file_bytes, (15 + 1 + 2 + 1) * PAGE as u64);
-    assert_eq!(cache.stats().file_bytes, file_bytes, "file_bytes counts the data pages loaded");
+    assert_eq!(
+        cache.stats().file_bytes,
+        file_bytes,
+        "file_bytes counts the data pages loaded"
+    );
     // Another target in the same folder is a different, empty cache.
-    let other = PersistentDiskCache::open(low.clone(), &config(dir.path(), "vm-2", true), CacheType::DeviceDiskPersistent).unwrap();
+    let other = PersistentDiskCache::open(
+        low.clone(),
+        &config(dir.path(), "vm-2", true),
+        CacheType::DeviceDiskPersistent,
+    )
+    .unwrap();
     assert!(contents(&other) == contents(&*low));
 }
 
@@ -161,23 +241,42 @@ fn a_cache_for_another_vdisk_or_in_use_is_refused() {
     let dir = temp_dir();
     let cfg = config(dir.path(), "vm-1", true);
     let kind = CacheType::ServerPersistent;
-    let first = PersistentDiskCache::open_with_identity(lower(1 << 20, None), &cfg, kind, "golden v1").unwrap();
-    let err = PersistentDiskCache::open_with_identity(lower(1 << 20, None), &cfg, kind, "golden v1").unwrap_err();
+    let first =
+        PersistentDiskCache::open_with_identity(lower(1 << 20, None), &cfg, kind, "golden v1")
+            .unwrap();
+    let err =
+        PersistentDiskCache::open_with_identity(lower(1 << 20, None), &cfg, kind, "golden v1")
+            .unwrap_err();
     assert!(err.to_string().contains("in use"), "{err}");
     drop(first);
-    let err = PersistentDiskCache::open_with_identity(lower(2 << 20, None), &cfg, kind, "golden v1").unwrap_err();
+    let err =
+        PersistentDiskCache::open_with_identity(lower(2 << 20, None), &cfg, kind, "golden v1")
+            .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("was made for a vDisk of 1048576 bytes") && msg.contains("delete it or choose another target"), "{msg}");
+    assert!(
+        msg.contains("was made for a vDisk of 1048576 bytes")
+            && msg.contains("delete it or choose another target"),
+        "{msg}"
+    );
     assert!(msg.contains(&dir.path().display().to_string()), "{msg}");
-    let err = PersistentDiskCache::open_with_identity(lower(1 << 20, None), &cfg, kind, "golden v2").unwrap_err();
-    assert!(err.to_string().contains("golden v1") && err.to_string().contains("golden v2"), "{err}");
-    PersistentDiskCache::open_with_identity(lower(1 << 20, None), &cfg, kind, "golden v1").expect("the right vDisk opens");
+    let err =
+        PersistentDiskCache::open_with_identity(lower(1 << 20, None), &cfg, kind, "golden v2")
+            .unwrap_err();
+    assert!(
+        err.to_string().contains("golden v1") && err.to_string().contains("golden v2"),
+        "{err}"
+    );
+    PersistentDiskCache::open_with_identity(lower(1 << 20, None), &cfg, kind, "golden v1")
+        .expect("the right vDisk opens");
 }
 
 /// Copies the three files of the cache of `target` from `from` to `to` (a crash image when
 /// taken right after a completed flush).
 fn copy_cache(from: &Path, to: &Path, target: &str) {
-    for (a, b) in cache_paths(from, target).iter().zip(cache_paths(to, target)) {
+    for (a, b) in cache_paths(from, target)
+        .iter()
+        .zip(cache_paths(to, target))
+    {
         std::fs::copy(a, b).unwrap();
     }
 }
@@ -188,10 +287,13 @@ fn a_torn_or_damaged_journal_tail_is_dropped() {
     let size = 1 << 20;
     let low = lower(size, Some(0x21));
     let cfg = config(dir.path(), "vm-j", true);
-    let cache = PersistentDiskCache::open(low.clone(), &cfg, CacheType::DeviceDiskPersistent).unwrap();
+    let cache =
+        PersistentDiskCache::open(low.clone(), &cfg, CacheType::DeviceDiskPersistent).unwrap();
     cache.write_at(&[1u8; PAGE], 0, false).unwrap();
     cache.flush().unwrap();
-    cache.write_at(&[2u8; PAGE], 5 * PAGE as u64, false).unwrap();
+    cache
+        .write_at(&[2u8; PAGE], 5 * PAGE as u64, false)
+        .unwrap();
     cache.flush().unwrap();
     let image = temp_dir();
     copy_cache(dir.path(), image.path(), "vm-j");
@@ -211,13 +313,29 @@ fn a_torn_or_damaged_journal_tail_is_dropped() {
         }
         std::fs::write(&cache_paths(work.path(), "vm-j")[2], &bytes).unwrap();
         let cfg = config(work.path(), "vm-j", true);
-        let cache = PersistentDiskCache::open(low.clone(), &cfg, CacheType::DeviceDiskPersistent).unwrap();
+        let cache =
+            PersistentDiskCache::open(low.clone(), &cfg, CacheType::DeviceDiskPersistent).unwrap();
         let mut page = vec![0u8; PAGE];
         cache.read_at(&mut page, 0).unwrap();
-        assert!(page.iter().all(|&b| b == 1), "{damage}: the first flush must survive");
+        assert!(
+            page.iter().all(|&b| b == 1),
+            "{damage}: the first flush must survive"
+        );
         cache.read_at(&mut page, 5 * PAGE as u64).unwrap();
-        let want = if damage == "garbage" { vec![2u8; PAGE] } else { pattern_buf(0x21, 5 * PAGE as u64, PAGE) };
-        assert!(page == want, "{damage}: page 5 must read {}", if damage == "garbage" { "its flushed data" } else { "as the vDisk" });
+        let want = if damage == "garbage" {
+            vec![2u8; PAGE]
+        } else {
+            pattern_buf(0x21, 5 * PAGE as u64, PAGE)
+        };
+        assert!(
+            page == want,
+            "{damage}: page 5 must read {}",
+            if damage == "garbage" {
+                "its flushed data"
+            } else {
+                "as the vDisk"
+            }
+        );
         // The cache goes on working after the repair.
         cache.write_at(&[3u8; 10], 7, true).unwrap();
     }
@@ -227,16 +345,28 @@ fn a_torn_or_damaged_journal_tail_is_dropped() {
 fn a_damaged_checkpoint_is_refused_clearly() {
     let dir = temp_dir();
     let cfg = config(dir.path(), "vm-c", true);
-    drop(PersistentDiskCache::open(lower(1 << 20, None), &cfg, CacheType::DeviceDiskPersistent).unwrap());
+    drop(
+        PersistentDiskCache::open(lower(1 << 20, None), &cfg, CacheType::DeviceDiskPersistent)
+            .unwrap(),
+    );
     let cp = &cache_paths(dir.path(), "vm-c")[1];
     let mut bytes = std::fs::read(cp).unwrap();
     bytes[40] ^= 1;
     std::fs::write(cp, &bytes).unwrap();
-    let err = PersistentDiskCache::open(lower(1 << 20, None), &cfg, CacheType::DeviceDiskPersistent).unwrap_err();
+    let err =
+        PersistentDiskCache::open(lower(1 << 20, None), &cfg, CacheType::DeviceDiskPersistent)
+            .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains(&cp.display().to_string()) && msg.contains("damaged") && msg.contains("delete"), "{msg}");
+    assert!(
+        msg.contains(&cp.display().to_string())
+            && msg.contains("damaged")
+            && msg.contains("delete"),
+        "{msg}"
+    );
     std::fs::write(cp, b"not a checkpoint at all").unwrap();
-    let err = PersistentDiskCache::open(lower(1 << 20, None), &cfg, CacheType::DeviceDiskPersistent).unwrap_err();
+    let err =
+        PersistentDiskCache::open(lower(1 << 20, None), &cfg, CacheType::DeviceDiskPersistent)
+            .unwrap_err();
     assert!(err.to_string().contains("magic"), "{err}");
 }
 
@@ -256,7 +386,14 @@ fn crash_op(rng: &mut fastrand::Rng, seed: u64, i: u64) -> (u64, Option<Vec<u8>>
         return (page, None);
     }
     let tag = (seed << 40) | (i << 12) | page;
-    (page, Some((0..PAGE / 8).flat_map(|w| (tag ^ ((w as u64) << 52)).to_le_bytes()).collect()))
+    (
+        page,
+        Some(
+            (0..PAGE / 8)
+                .flat_map(|w| (tag ^ ((w as u64) << 52)).to_le_bytes())
+                .collect(),
+        ),
+    )
 }
 
 fn crash_paths(dir: &Path) -> (PathBuf, PathBuf) {
@@ -264,7 +401,16 @@ fn crash_paths(dir: &Path) -> (PathBuf, PathBuf) {
 }
 
 fn crash_lower(dir: &Path) -> Arc<dyn BlockDev> {
-    Arc::new(FileDev::open(crash_paths(dir).0, FileOptions { read_only: true, direct: false }).unwrap())
+    Arc::new(
+        FileDev::open(
+            crash_paths(dir).0,
+            FileOptions {
+                read_only: true,
+                direct: false,
+            },
+        )
+        .unwrap(),
+    )
 }
 
 /// The child: writes pages of round `seed`, flushing every FLUSH_EVERY writes and noting
@@ -272,13 +418,30 @@ fn crash_lower(dir: &Path) -> Arc<dyn BlockDev> {
 #[test]
 #[ignore = "run by crash_test_flushed_writes_survive_kill_9 in a child process"]
 fn crash_child() {
-    let Some(dir) = std::env::var_os(CRASH_ENV).map(PathBuf::from) else { return };
-    let seed: u64 = std::env::var("VDSTREAM_CRASH_SEED").unwrap().parse().unwrap();
+    let Some(dir) = std::env::var_os(CRASH_ENV).map(PathBuf::from) else {
+        return;
+    };
+    let seed: u64 = std::env::var("VDSTREAM_CRASH_SEED")
+        .unwrap()
+        .parse()
+        .unwrap();
     // Rounds 1-2 on io_uring (O_DIRECT, buffered), 3-4 on pread/pwrite.
-    let engine = if seed <= 2 { IoEngineKind::IoUring } else { IoEngineKind::Sync };
-    let cfg = CacheConfig { io_engine: engine, ..config(&dir, "crash target", seed % 2 == 0) };
-    let cache = PersistentDiskCache::open(crash_lower(&dir), &cfg, CacheType::DeviceDiskPersistent).unwrap();
-    let mut progress = std::fs::OpenOptions::new().create(true).append(true).open(crash_paths(&dir).1).unwrap();
+    let engine = if seed <= 2 {
+        IoEngineKind::IoUring
+    } else {
+        IoEngineKind::Sync
+    };
+    let cfg = CacheConfig {
+        io_engine: engine,
+        ..config(&dir, "crash target", seed % 2 == 0)
+    };
+    let cache = PersistentDiskCache::open(crash_lower(&dir), &cfg, CacheType::DeviceDiskPersistent)
+        .unwrap();
+    let mut progress = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(crash_paths(&dir).1)
+        .unwrap();
     let mut rng = fastrand::Rng::with_seed(seed);
     for i in 0..CRASH_WRITES {
         match crash_op(&mut rng, seed, i) {
@@ -307,7 +470,13 @@ fn crash_test_flushed_writes_survive_kill_9() {
     for round in 1..=4u64 {
         let _ = std::fs::remove_file(&progress);
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["crash_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .args([
+                "crash_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CRASH_ENV, dir.path())
             .env("VDSTREAM_CRASH_SEED", round.to_string())
             .stdout(std::process::Stdio::null())
@@ -315,14 +484,24 @@ fn crash_test_flushed_writes_survive_kill_9() {
             .unwrap();
         // Wait for the first completed flush (at most 20 s), then a random moment more.
         let start = Instant::now();
-        while std::fs::read_to_string(&progress).map_or(true, |s| s.is_empty()) && start.elapsed() < Duration::from_secs(20) {
-            assert!(child.try_wait().unwrap().is_none(), "the crash child exited early");
+        while std::fs::read_to_string(&progress).map_or(true, |s| s.is_empty())
+            && start.elapsed() < Duration::from_secs(20)
+        {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the crash child exited early"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         std::thread::sleep(Duration::from_millis(delays.u64(..400)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        let acked: u64 = std::fs::read_to_string(&progress).unwrap_or_default().lines().filter_map(|l| l.parse().ok()).next_back().unwrap_or(0);
+        let acked: u64 = std::fs::read_to_string(&progress)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .next_back()
+            .unwrap_or(0);
 
         // Every page: its value after the acknowledged writes, or a later write's value.
         let mut expect = baseline.clone();
@@ -340,7 +519,12 @@ fn crash_test_flushed_writes_survive_kill_9() {
                 later[page as usize].push(data);
             }
         }
-        let cache = PersistentDiskCache::open(crash_lower(dir.path()), &config(dir.path(), "crash target", true), CacheType::DeviceDiskPersistent).unwrap();
+        let cache = PersistentDiskCache::open(
+            crash_lower(dir.path()),
+            &config(dir.path(), "crash target", true),
+            CacheType::DeviceDiskPersistent,
+        )
+        .unwrap();
         let got = contents(&cache);
         for p in 0..CRASH_PAGES as usize {
             let page = &got[p * PAGE..(p + 1) * PAGE];
@@ -352,7 +536,10 @@ fn crash_test_flushed_writes_survive_kill_9() {
             assert!(ok, "round {round}: page {p} reads neither its value after {acked} flushed writes nor a later write's");
         }
         println!("round {round}: {acked} writes flushed before kill -9; all {CRASH_PAGES} pages check out");
-        assert!(acked > 0, "round {round}: the child never completed a flush");
+        assert!(
+            acked > 0,
+            "round {round}: the child never completed a flush"
+        );
         baseline = got;
     }
 }

@@ -15,7 +15,10 @@ mod common;
 use common::{vdisk, Sealed};
 
 fn cfg(ram: u64) -> CacheConfig {
-    CacheConfig { ram, ..CacheConfig::new("target-7") }
+    CacheConfig {
+        ram,
+        ..CacheConfig::new("target-7")
+    }
 }
 
 fn ram_cache(lower: &Arc<MemoryDev>, ram: u64) -> RamCache {
@@ -24,10 +27,15 @@ fn ram_cache(lower: &Arc<MemoryDev>, ram: u64) -> RamCache {
 
 /// Runs a model check and checks that every vDisk under a cache is unchanged afterwards.
 fn model_with_vdisk(name: &str, ram: u64, seed: Option<u8>, concurrent: bool) {
-    let config = model::ModelConfig { initial_seed: seed, ..Default::default() };
+    let config = model::ModelConfig {
+        initial_seed: seed,
+        ..Default::default()
+    };
     let size = config.size;
     let last: Mutex<Option<Arc<MemoryDev>>> = Mutex::new(None);
-    let unchanged = |dev: &MemoryDev| conformance::compare_all(dev, &pattern_or_zero(size, seed), "vDisk after the run");
+    let unchanged = |dev: &MemoryDev| {
+        conformance::compare_all(dev, &pattern_or_zero(size, seed), "vDisk after the run")
+    };
     let make = |size: u64| -> Arc<dyn BlockDev> {
         let lower = vdisk(size, seed);
         if let Some(prev) = last.lock().unwrap().replace(Arc::clone(&lower)) {
@@ -44,12 +52,17 @@ fn model_with_vdisk(name: &str, ram: u64, seed: Option<u8>, concurrent: bool) {
 }
 
 fn pattern_or_zero(size: u64, seed: Option<u8>) -> Vec<u8> {
-    seed.map_or_else(|| vec![0; size as usize], |s| pattern_buf(s, 0, size as usize))
+    seed.map_or_else(
+        || vec![0; size as usize],
+        |s| pattern_buf(s, 0, size as usize),
+    )
 }
 
 #[test]
 fn device_ram_conforms() {
-    conformance::run_all("device-ram", &|size| Arc::new(ram_cache(&vdisk(size, None), 64 * MIB)));
+    conformance::run_all("device-ram", &|size| {
+        Arc::new(ram_cache(&vdisk(size, None), 64 * MIB))
+    });
 }
 
 #[test]
@@ -83,9 +96,18 @@ fn full_ram_answers_nospace_and_keeps_everything_else_working() {
     assert_eq!(err.kind, ErrorKind::NoSpace);
     assert!(err.to_string().contains("target-7"), "{err}");
     assert!(err.to_string().contains(&(16 * PAGE).to_string()), "{err}");
-    assert!(err.to_string().contains("--ram") && err.to_string().contains("ram-overflow"), "{err}");
+    assert!(
+        err.to_string().contains("--ram") && err.to_string().contains("ram-overflow"),
+        "{err}"
+    );
     // A partial write to a page not held: refused too, and counted.
-    assert_eq!(cache.write_at(&[1u8; 10], 5 * MIB + 3, false).unwrap_err().kind, ErrorKind::NoSpace);
+    assert_eq!(
+        cache
+            .write_at(&[1u8; 10], 5 * MIB + 3, false)
+            .unwrap_err()
+            .kind,
+        ErrorKind::NoSpace
+    );
     assert_eq!(cache.stats().nospace_errors, 2);
     // Overwrites of cached pages, whole and partial, still succeed.
     cache.write_at(&[7u8; 4096], 0, false).unwrap();
@@ -103,7 +125,9 @@ fn full_ram_answers_nospace_and_keeps_everything_else_working() {
     conformance::compare_all(&cache, &model, "after trim and a new write").unwrap();
     assert_eq!(cache.stats().nospace_errors, 2);
     // Zeroing whole pages needs no RAM, even when full.
-    cache.write_zeroes(6 * MIB, MIB, ZeroFlags::default()).unwrap();
+    cache
+        .write_zeroes(6 * MIB, MIB, ZeroFlags::default())
+        .unwrap();
     model[(6 * MIB) as usize..][..MIB as usize].fill(0);
     conformance::compare_all(&cache, &model, "after zeroing while full").unwrap();
     conformance::compare_all(&*lower, &pattern_buf(9, 0, 8 * MIB as usize), "vDisk").unwrap();
@@ -120,8 +144,14 @@ fn trimmed_pages_read_zero_not_the_vdisk_and_give_ram_back() {
     cache.trim(MIB, 2 * MIB, false).unwrap();
     let mut buf = vec![1u8; 3 * MIB as usize];
     cache.read_at(&mut buf, 0).unwrap();
-    assert!(buf[..64 * 1024].iter().all(|&b| b == 0), "trimmed pages must read zero");
-    assert_eq!(buf[64 * 1024..MIB as usize], pattern_buf(3, 64 * 1024, (MIB - 64 * 1024) as usize)[..]);
+    assert!(
+        buf[..64 * 1024].iter().all(|&b| b == 0),
+        "trimmed pages must read zero"
+    );
+    assert_eq!(
+        buf[64 * 1024..MIB as usize],
+        pattern_buf(3, 64 * 1024, (MIB - 64 * 1024) as usize)[..]
+    );
     assert!(buf[MIB as usize..].iter().all(|&b| b == 0));
     assert_eq!(cache.stats().ram_bytes, 0, "zero markers take no page");
 }
@@ -151,14 +181,27 @@ fn block_status_reports_cache_data_zeros_and_vdisk_holes() {
     lower.write_at(&[1u8; 4096], 0, false).unwrap(); // vDisk data in its first page only
     let cache = ram_cache(&lower, 64 * MIB);
     cache.write_at(&[2u8; 8192], 4 * MIB, false).unwrap();
-    cache.write_zeroes(6 * MIB, 8192, ZeroFlags::default()).unwrap();
+    cache
+        .write_zeroes(6 * MIB, 8192, ZeroFlags::default())
+        .unwrap();
     let all = conformance::block_status_covering(&cache, 0, 8 * MIB).unwrap();
     let at = |pos: u64| {
         let mut p = 0;
-        *all.iter().find(|e| { p += e.len; p > pos }).unwrap()
+        *all.iter()
+            .find(|e| {
+                p += e.len;
+                p > pos
+            })
+            .unwrap()
     };
     assert!(!at(0).zero, "vDisk data: {all:?}");
-    assert!(at(MIB).hole && at(MIB).zero, "a hole of the vDisk stays a hole: {all:?}");
-    assert!(!at(4 * MIB).zero && !at(4 * MIB + PAGE).zero, "cached data: {all:?}");
+    assert!(
+        at(MIB).hole && at(MIB).zero,
+        "a hole of the vDisk stays a hole: {all:?}"
+    );
+    assert!(
+        !at(4 * MIB).zero && !at(4 * MIB + PAGE).zero,
+        "cached data: {all:?}"
+    );
     assert!(at(6 * MIB).zero, "zeroed pages: {all:?}");
 }

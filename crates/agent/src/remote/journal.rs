@@ -124,7 +124,11 @@ impl Journal {
         let seq = j.next_seq;
         j.next_seq += 1;
         j.bytes += change.bytes();
-        j.entries.push_back(Entry { seq, offset, change });
+        j.entries.push_back(Entry {
+            seq,
+            offset,
+            change,
+        });
         Recorded::Kept
     }
 
@@ -147,7 +151,10 @@ impl Journal {
     pub fn snapshot(&self, generation: u64) -> Vec<(u64, Change)> {
         let mut j = self.lock();
         j.replayed_for = j.replayed_for.max(generation);
-        j.entries.iter().map(|e| (e.offset, e.change.clone())).collect()
+        j.entries
+            .iter()
+            .map(|e| (e.offset, e.change.clone()))
+            .collect()
     }
 
     /// Whether the journal holds more than its cap (time to flush).
@@ -164,7 +171,12 @@ impl Journal {
     /// Sends every kept change on `client`, the connection `generation` about to be used.
     /// A broken connection is returned (the link tries the next one, and replays again
     /// there); an error answer is logged and counted, and the replay goes on.
-    pub async fn replay(&self, client: &Client, generation: u64, target: &str) -> Result<(), ClientError> {
+    pub async fn replay(
+        &self,
+        client: &Client,
+        generation: u64,
+        target: &str,
+    ) -> Result<(), ClientError> {
         let changes = self.snapshot(generation);
         if changes.is_empty() {
             return Ok(());
@@ -219,7 +231,10 @@ mod tests {
         j.record(1, 0, Change::Trim(4096));
         j.record(1, 8192, w(2));
         let snap = j.snapshot(2);
-        assert_eq!(snap.iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![8192, 0, 8192]);
+        assert_eq!(
+            snap.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+            vec![8192, 0, 8192]
+        );
         match &snap[2].1 {
             Change::Write(d) => assert_eq!(d[0], 2, "the later write to a range replays last"),
             other => panic!("{other:?}"),

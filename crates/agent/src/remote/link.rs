@@ -125,17 +125,27 @@ impl Identity {
     fn of(client: &Client) -> (Identity, Option<String>) {
         let info = client.info();
         let mut secret = None;
-        let description = info.description.as_ref().map(|d| match d.parse::<ExportDescription>() {
-            Ok(mut typed) => match typed.take_secret() {
-                Some(s) => {
-                    secret = Some(s);
-                    typed.to_string()
-                }
-                None => d.clone(),
+        let description = info
+            .description
+            .as_ref()
+            .map(|d| match d.parse::<ExportDescription>() {
+                Ok(mut typed) => match typed.take_secret() {
+                    Some(s) => {
+                        secret = Some(s);
+                        typed.to_string()
+                    }
+                    None => d.clone(),
+                },
+                Err(_) => d.clone(),
+            });
+        (
+            Identity {
+                export: info.export.clone(),
+                size: info.size,
+                description,
             },
-            Err(_) => d.clone(),
-        });
-        (Identity { export: info.export.clone(), size: info.size, description }, secret)
+            secret,
+        )
     }
 
     /// Why `now` is not the export first attached to, or `None` if it is.
@@ -149,16 +159,24 @@ impl Identity {
                 now.size, self.size
             ));
         }
-        let (Some(was), Some(is)) = (&self.description, &now.description) else { return None };
+        let (Some(was), Some(is)) = (&self.description, &now.description) else {
+            return None;
+        };
         // A store server's description names the version (or attach) it serves, whatever
         // its access is now (`vdisk/w@3 (test)`); another server's is compared whole.
         let typed = |d: &str| d.parse::<ExportDescription>().ok();
         let (w, i) = (typed(was), typed(is));
-        let same = |f: fn(&ExportDescription) -> Option<ExportName>| match (w.as_ref().and_then(f), i.as_ref().and_then(f)) {
+        let same = |f: fn(&ExportDescription) -> Option<ExportName>| match (
+            w.as_ref().and_then(f),
+            i.as_ref().and_then(f),
+        ) {
             (Some(a), Some(b)) => a == b,
             _ => false,
         };
-        if was == is || same(ExportDescription::pin) || (read_only && same(ExportDescription::vdisk_version)) {
+        if was == is
+            || same(ExportDescription::pin)
+            || (read_only && same(ExportDescription::vdisk_version))
+        {
             return None;
         }
         Some(format!("the export is now described as {is:?} but was {was:?} at attach: refusing a different vDisk version"))
@@ -287,7 +305,8 @@ impl Link {
     /// The endpoint in use (or last used), and whether it is connected now.
     pub fn endpoint_in_use(&self) -> (&Endpoint, bool) {
         let cur = lock(&self.current);
-        let live = !cur.clients.is_empty() && cur.clients.iter().all(|c| c.closed_reason().is_none());
+        let live =
+            !cur.clients.is_empty() && cur.clients.iter().all(|c| c.closed_reason().is_none());
         (&self.endpoints[cur.index], live)
     }
 
@@ -315,7 +334,9 @@ impl Link {
         match &*lock(&self.lost) {
             Some(why) => {
                 self.counters.gave_up.fetch_add(1, Relaxed);
-                Err(GaveUp { message: why.clone() })
+                Err(GaveUp {
+                    message: why.clone(),
+                })
             }
             None => Ok(()),
         }
@@ -373,7 +394,9 @@ impl Link {
         let order = match (&self.reorder, first_connect) {
             (Some(r), false) => {
                 let r = r.clone();
-                let order = tokio::task::spawn_blocking(move || r.reorder(first_index)).await.unwrap_or_default();
+                let order = tokio::task::spawn_blocking(move || r.reorder(first_index))
+                    .await
+                    .unwrap_or_default();
                 let mut sorted = order.clone();
                 sorted.sort_unstable();
                 if sorted == (0..n).collect::<Vec<_>>() {
@@ -396,16 +419,18 @@ impl Link {
             let ep = &self.endpoints[index];
             let attempt = match self.attempt(ep).await {
                 // A new connection gets the answered, unflushed changes before anyone else.
-                Ok(client) if !first_connect => match &self.journal {
-                    Some(j) => {
-                        let next = lock(&self.current).generation + 1;
-                        match j.replay(&client, next, &self.opts.target).await {
+                Ok(client) if !first_connect => {
+                    match &self.journal {
+                        Some(j) => {
+                            let next = lock(&self.current).generation + 1;
+                            match j.replay(&client, next, &self.opts.target).await {
                             Ok(()) => Ok(client),
                             Err(e) => Err((format!("the connection broke while the journal was sent again: {e}"), Failure::Down)),
                         }
+                        }
+                        None => Ok(client),
                     }
-                    None => Ok(client),
-                },
+                }
                 other => other,
             };
             match attempt {
@@ -429,14 +454,19 @@ impl Link {
                         log::warn!(
                             "target {}: reconnected to {ep}{} after {:.1?}",
                             self.opts.target,
-                            if index != first_index { format!(" (failover from {})", self.endpoints[first_index]) } else { String::new() },
+                            if index != first_index {
+                                format!(" (failover from {})", self.endpoints[first_index])
+                            } else {
+                                String::new()
+                            },
                             start.elapsed()
                         );
                     }
                     return Ok((client, cur.generation));
                 }
                 Err((why, failure)) => {
-                    refused_in_round += usize::from(matches!(failure, Failure::Refused | Failure::Gone));
+                    refused_in_round +=
+                        usize::from(matches!(failure, Failure::Refused | Failure::Gone));
                     gone_in_round += usize::from(failure == Failure::Gone);
                     let mut last = lock(&self.last_reason);
                     if last[index].as_deref() != Some(why.as_str()) {
@@ -449,7 +479,9 @@ impl Link {
             index = order[attempts % n];
             if attempts % n == 0 {
                 if first_connect && refused_in_round == n {
-                    return Err(GaveUp { message: self.give_up_message(start.elapsed(), true) });
+                    return Err(GaveUp {
+                        message: self.give_up_message(start.elapsed(), true),
+                    });
                 }
                 if !first_connect && gone_in_round == n {
                     let why = format!(
@@ -468,18 +500,31 @@ impl Link {
                 if let Some(limit) = self.opts.retry_for {
                     if start.elapsed() >= limit {
                         self.counters.gave_up.fetch_add(1, Relaxed);
-                        return Err(GaveUp { message: self.give_up_message(start.elapsed(), false) });
+                        return Err(GaveUp {
+                            message: self.give_up_message(start.elapsed(), false),
+                        });
                     }
                 }
                 let mut sleep = delays.next().unwrap_or(self.opts.backoff_max);
                 if let Some(limit) = self.opts.retry_for {
-                    sleep = sleep.min(limit.saturating_sub(start.elapsed()) + Duration::from_millis(1));
+                    sleep =
+                        sleep.min(limit.saturating_sub(start.elapsed()) + Duration::from_millis(1));
                 }
                 if first_connect {
                     // At attach (at boot), one line a round on the console: what it waits for.
                     let why = lock(&self.last_reason).clone();
-                    let what: Vec<String> = self.endpoints.iter().zip(why).map(|(ep, w)| format!("{ep} ({})", w.unwrap_or_default())).collect();
-                    log::warn!("target {}: waiting for a server: {}; retrying in {:.1} s", self.opts.target, what.join(", "), sleep.as_secs_f64());
+                    let what: Vec<String> = self
+                        .endpoints
+                        .iter()
+                        .zip(why)
+                        .map(|(ep, w)| format!("{ep} ({})", w.unwrap_or_default()))
+                        .collect();
+                    log::warn!(
+                        "target {}: waiting for a server: {}; retrying in {:.1} s",
+                        self.opts.target,
+                        what.join(", "),
+                        sleep.as_secs_f64()
+                    );
                 }
                 tokio::time::sleep(sleep).await;
             }
@@ -502,12 +547,22 @@ impl Link {
         for attempt in futures_util::future::join_all(tries).await {
             match attempt {
                 Ok(c) if c.can_multi_conn() => extras.push(Arc::new(c)),
-                Ok(_) => why = Some(format!("{ep} does not offer multi-conn on {:?}", self.identity().map(|i| i.export).unwrap_or_default())),
+                Ok(_) => {
+                    why = Some(format!(
+                        "{ep} does not offer multi-conn on {:?}",
+                        self.identity().map(|i| i.export).unwrap_or_default()
+                    ))
+                }
                 Err((e, _)) => why = Some(e),
             }
         }
         if let Some(why) = why {
-            log::warn!("target {}: carrying on with {} of {} connections to {ep} ({why})", self.opts.target, extras.len() + 1, want + 1);
+            log::warn!(
+                "target {}: carrying on with {} of {} connections to {ep} ({why})",
+                self.opts.target,
+                extras.len() + 1,
+                want + 1
+            );
         }
         extras
     }
@@ -521,28 +576,56 @@ impl Link {
             Err(e) => e,
         };
         match &ep.fallback {
-            Some(fallback) if failure != Failure::Down => match self.attempt_export(ep, fallback).await {
-                Ok(c) => {
-                    log::info!("target {}: {ep}: {why}; reading {:?} instead", self.opts.target, c.info().export);
-                    Ok(c)
+            Some(fallback) if failure != Failure::Down => {
+                match self.attempt_export(ep, fallback).await {
+                    Ok(c) => {
+                        log::info!(
+                            "target {}: {ep}: {why}; reading {:?} instead",
+                            self.opts.target,
+                            c.info().export
+                        );
+                        Ok(c)
+                    }
+                    Err((why2, f2)) => {
+                        let both = if failure == Failure::Refused && f2 == Failure::Refused {
+                            Failure::Refused
+                        } else {
+                            Failure::Down
+                        };
+                        Err((format!("{why}; then {fallback:?}: {why2}"), both))
+                    }
                 }
-                Err((why2, f2)) => {
-                    let both = if failure == Failure::Refused && f2 == Failure::Refused { Failure::Refused } else { Failure::Down };
-                    Err((format!("{why}; then {fallback:?}: {why2}"), both))
-                }
-            },
-            _ => Err((why, if failure == Failure::Mismatch { Failure::Down } else { failure })),
+            }
+            _ => Err((
+                why,
+                if failure == Failure::Mismatch {
+                    Failure::Down
+                } else {
+                    failure
+                },
+            )),
         }
     }
 
-    async fn attempt_export(&self, ep: &Endpoint, asked: &str) -> Result<Client, (String, Failure)> {
+    async fn attempt_export(
+        &self,
+        ep: &Endpoint,
+        asked: &str,
+    ) -> Result<Client, (String, Failure)> {
         // A store server's export: its pin (if any) is asked instead. Another NBD server's
         // export name is asked as it is.
         let (export, secret) = match asked.parse::<ExportName>() {
             Ok(name) => {
-                let mut name = lock(&self.pins).iter().find(|p| p.unpinned() == name.unpinned()).cloned().unwrap_or(name);
+                let mut name = lock(&self.pins)
+                    .iter()
+                    .find(|p| p.unpinned() == name.unpinned())
+                    .cloned()
+                    .unwrap_or(name);
                 let mut secret = None;
-                if let ExportName::Target { attach, journaled, .. } = &mut name {
+                if let ExportName::Target {
+                    attach, journaled, ..
+                } = &mut name
+                {
                     // With a journal, the store server answers without making each write durable first.
                     *journaled = self.journal.is_some();
                     // Only a reconnect of the attach proves itself: the secret goes with the pinned name.
@@ -562,18 +645,21 @@ impl Link {
             tls: self.opts.tls.clone(),
             ..ConnectOptions::default()
         };
-        let client = Client::connect(ep.address.clone(), opts).await.map_err(|e| {
-            let failure = match &e {
-                ClientError::Refused { reply, message, .. }
-                    if *reply == vdstream_nbd::proto::REP_ERR_UNKNOWN && message.contains(vdstream_wcache::ATTACH_GONE) =>
-                {
-                    Failure::Gone
-                }
-                e if refused_for_good(e) => Failure::Refused,
-                _ => Failure::Down,
-            };
-            (e.to_string(), failure)
-        })?;
+        let client = Client::connect(ep.address.clone(), opts)
+            .await
+            .map_err(|e| {
+                let failure = match &e {
+                    ClientError::Refused { reply, message, .. }
+                        if *reply == vdstream_nbd::proto::REP_ERR_UNKNOWN
+                            && message.contains(vdstream_wcache::ATTACH_GONE) =>
+                    {
+                        Failure::Gone
+                    }
+                    e if refused_for_good(e) => Failure::Refused,
+                    _ => Failure::Down,
+                };
+                (e.to_string(), failure)
+            })?;
         let (now, secret) = Identity::of(&client);
         if self.opts.writable && client.read_only() {
             return Err((
@@ -587,13 +673,26 @@ impl Link {
                 if secret.is_some() {
                     *lock(&self.secret) = secret;
                 }
-                let described = now.description.as_deref().and_then(|d| d.parse::<ExportDescription>().ok());
+                let described = now
+                    .description
+                    .as_deref()
+                    .and_then(|d| d.parse::<ExportDescription>().ok());
                 let asked_name = asked.parse::<ExportName>().ok();
                 let mut pins = lock(&self.pins);
-                for pin in described.iter().flat_map(|d| [d.pin(), d.vdisk_version()]).flatten() {
+                for pin in described
+                    .iter()
+                    .flat_map(|d| [d.pin(), d.vdisk_version()])
+                    .flatten()
+                {
                     if !pins.contains(&pin) {
-                        if asked_name.as_ref().is_some_and(|a| a.unpinned() == pin.unpinned() && *a != pin) {
-                            log::info!("target {}: {asked} is {pin}; reconnects ask for {pin}", self.opts.target);
+                        if asked_name
+                            .as_ref()
+                            .is_some_and(|a| a.unpinned() == pin.unpinned() && *a != pin)
+                        {
+                            log::info!(
+                                "target {}: {asked} is {pin}; reconnects ask for {pin}",
+                                self.opts.target
+                            );
                         }
                         pins.push(pin);
                     }
@@ -623,7 +722,10 @@ impl Link {
 
     fn give_up_message(&self, waited: Duration, refused: bool) -> String {
         if refused {
-            return format!("every server refused the export: {}; check the vDisk name in --server", self.give_up_reasons());
+            return format!(
+                "every server refused the export: {}; check the vDisk name in --server",
+                self.give_up_reasons()
+            );
         }
         format!(
             "no server answered for {:.1?} (--retry-for {:?}): {}; start a server or list another with --server",
@@ -637,8 +739,12 @@ impl Link {
 /// The sleeps after each round of failed attempts: `backoff_start` doubling up to
 /// `backoff_max`, each ±25% (so that many agents do not knock at once after a restart).
 fn backoff(opts: &RemoteOptions) -> impl Iterator<Item = Duration> {
-    let exp = backon::ExponentialBuilder::new().with_min_delay(opts.backoff_start).with_max_delay(opts.backoff_max);
-    exp.without_max_times().build().map(|d| d.mul_f64(0.75 + fastrand::f64() / 2.0))
+    let exp = backon::ExponentialBuilder::new()
+        .with_min_delay(opts.backoff_start)
+        .with_max_delay(opts.backoff_max);
+    exp.without_max_times()
+        .build()
+        .map(|d| d.mul_f64(0.75 + fastrand::f64() / 2.0))
 }
 
 /// Whether a failed connect is the server's answer about the export (unknown, refused by
@@ -663,19 +769,33 @@ mod tests {
     use super::*;
 
     fn id(description: &str) -> Identity {
-        Identity { export: "vdisk/w".into(), size: 1 << 20, description: Some(description.into()) }
+        Identity {
+            export: "vdisk/w".into(),
+            size: 1 << 20,
+            description: Some(description.into()),
+        }
     }
 
     #[test]
     fn the_backoff_doubles_from_its_start_to_its_cap_with_a_quarter_of_jitter() {
-        let opts = RemoteOptions { backoff_start: Duration::from_millis(50), backoff_max: Duration::from_secs(2), ..Default::default() };
+        let opts = RemoteOptions {
+            backoff_start: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+            ..Default::default()
+        };
         let sleeps: Vec<Duration> = backoff(&opts).take(12).collect();
         for (i, d) in sleeps.iter().enumerate() {
             let nominal = (Duration::from_millis(50) * (1 << i)).min(Duration::from_secs(2));
-            assert!(*d >= nominal.mul_f64(0.749) && *d <= nominal.mul_f64(1.251), "sleep {i}: {d:?} is not {nominal:?} ±25%");
+            assert!(
+                *d >= nominal.mul_f64(0.749) && *d <= nominal.mul_f64(1.251),
+                "sleep {i}: {d:?} is not {nominal:?} ±25%"
+            );
         }
         // Past the cap every nominal sleep is 2 s: the jitter is what tells them apart.
-        assert!(sleeps[6..].iter().any(|d| *d != Duration::from_secs(2)), "not jittered: {sleeps:?}");
+        assert!(
+            sleeps[6..].iter().any(|d| *d != Duration::from_secs(2)),
+            "not jittered: {sleeps:?}"
+        );
     }
 
     #[test]
@@ -688,25 +808,60 @@ mod tests {
             meaning: "x",
             message: "server full: 4 connections (--max-connections 4)".into(),
         };
-        assert!(!refused_for_good(&refused(vdstream_nbd::proto::REP_ERR_SHUTDOWN)));
-        assert!(refused_for_good(&refused(vdstream_nbd::proto::REP_ERR_UNKNOWN)));
-        assert!(refused_for_good(&refused(vdstream_nbd::proto::REP_ERR_POLICY)));
+        assert!(!refused_for_good(&refused(
+            vdstream_nbd::proto::REP_ERR_SHUTDOWN
+        )));
+        assert!(refused_for_good(&refused(
+            vdstream_nbd::proto::REP_ERR_UNKNOWN
+        )));
+        assert!(refused_for_good(&refused(
+            vdstream_nbd::proto::REP_ERR_POLICY
+        )));
     }
 
     #[test]
     fn the_same_version_with_another_access_is_the_same_export() {
-        assert_eq!(id("vdisk/w@3 (test)").mismatch(&id("vdisk/w@3 (production)"), true), None);
-        assert!(id("vdisk/w@3 (production)").mismatch(&id("vdisk/w@4 (production)"), true).is_some());
-        assert!(id("raw image a").mismatch(&id("raw image b"), true).is_some());
+        assert_eq!(
+            id("vdisk/w@3 (test)").mismatch(&id("vdisk/w@3 (production)"), true),
+            None
+        );
+        assert!(id("vdisk/w@3 (production)")
+            .mismatch(&id("vdisk/w@4 (production)"), true)
+            .is_some());
+        assert!(id("raw image a")
+            .mismatch(&id("raw image b"), true)
+            .is_some());
         assert_eq!(id("raw image a").mismatch(&id("raw image a"), true), None);
-        assert!(id("vdisk/w (production)").mismatch(&id("vdisk/w (test)"), true).is_some(), "an unpinned name pins nothing");
+        assert!(
+            id("vdisk/w (production)")
+                .mismatch(&id("vdisk/w (test)"), true)
+                .is_some(),
+            "an unpinned name pins nothing"
+        );
         // A device type may read its version through target/ID or, on an older server, vdisk/.
-        let through_target = id("target/vm1@v3 vdisk/w@3 (device-disk cache on the target; read-only)");
-        assert_eq!(through_target.mismatch(&id("vdisk/w@3 (production)"), true), None);
-        assert!(through_target.mismatch(&id("vdisk/w@4 (production)"), true).is_some());
+        let through_target =
+            id("target/vm1@v3 vdisk/w@3 (device-disk cache on the target; read-only)");
+        assert_eq!(
+            through_target.mismatch(&id("vdisk/w@3 (production)"), true),
+            None
+        );
+        assert!(through_target
+            .mismatch(&id("vdisk/w@4 (production)"), true)
+            .is_some());
         // A server-side cache is its attach: the same version in another attach is not it.
         let attach = id("target/vm1@a1f vdisk/w@3 (a server cache on server s)");
-        assert!(attach.mismatch(&id("target/vm1@b2c vdisk/w@3 (a server cache on server s)"), false).is_some());
-        assert_eq!(attach.mismatch(&id("target/vm1@a1f vdisk/w@3 (a server cache on server t)"), false), None);
+        assert!(attach
+            .mismatch(
+                &id("target/vm1@b2c vdisk/w@3 (a server cache on server s)"),
+                false
+            )
+            .is_some());
+        assert_eq!(
+            attach.mismatch(
+                &id("target/vm1@a1f vdisk/w@3 (a server cache on server t)"),
+                false
+            ),
+            None
+        );
     }
 }

@@ -30,13 +30,15 @@ use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 
-use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Op, Result, ZeroFlags};
+use vdstream_blockdev::{
+    BatchIo, BatchOp, BlockDev, Caps, Error, ErrorKind, Extent, Op, Result, ZeroFlags,
+};
 use vdstream_nbd::client::{Client, ClientError};
 use vdstream_nbd::proto;
 
-pub use link::{Identity, LinkCounters, RemoteOptions, Reorder};
 use journal::{Change, Recorded};
 use link::{is_retryable, Link};
+pub use link::{Identity, LinkCounters, RemoteOptions, Reorder};
 
 use crate::endpoint::Endpoint;
 use crate::AgentError;
@@ -114,7 +116,9 @@ impl Request<'_> {
             Request::Trim(len, fua) => client.trim(offset, *len, *fua).await,
             Request::Zero(len, f) => {
                 let fua = f.fua && client.can_fua();
-                client.write_zeroes(offset, *len, !f.may_trim, f.fast_only, fua).await
+                client
+                    .write_zeroes(offset, *len, !f.may_trim, f.fast_only, fua)
+                    .await
             }
             Request::Status(len, out) => {
                 out.clear();
@@ -130,19 +134,27 @@ impl Request<'_> {
 impl RemoteBase {
     /// Connects to the first endpoint that answers (trying them in order, then again with
     /// backoff, up to `opts.retry_for`) and takes its export as this target's vDisk.
-    pub fn connect(endpoints: Vec<Endpoint>, opts: RemoteOptions) -> std::result::Result<RemoteBase, AgentError> {
+    pub fn connect(
+        endpoints: Vec<Endpoint>,
+        opts: RemoteOptions,
+    ) -> std::result::Result<RemoteBase, AgentError> {
         RemoteBase::connect_with(endpoints, opts, None)
     }
 
     /// [`RemoteBase::connect`], with reconnects asking `reorder` for the order of the
     /// endpoints (a new placement after a failover).
-    pub fn connect_with(endpoints: Vec<Endpoint>, opts: RemoteOptions, reorder: Option<Arc<dyn Reorder>>) -> std::result::Result<RemoteBase, AgentError> {
+    pub fn connect_with(
+        endpoints: Vec<Endpoint>,
+        opts: RemoteOptions,
+        reorder: Option<Arc<dyn Reorder>>,
+    ) -> std::result::Result<RemoteBase, AgentError> {
         if endpoints.is_empty() {
             return Err(AgentError::NoEndpoint);
         }
         let handle = runtime()?;
         let link = Arc::new(Link::new(endpoints, opts).with_reorder(reorder));
-        let (client, _) = run(&handle, link.client(None)).map_err(|e| AgentError::NoServer { message: e.message })?;
+        let (client, _) = run(&handle, link.client(None))
+            .map_err(|e| AgentError::NoServer { message: e.message })?;
         let writable = link.opts.writable;
         let read_only = !writable || client.read_only();
         let caps = Caps {
@@ -166,7 +178,14 @@ impl RemoteBase {
         let min_block = u64::from(bs.minimum.max(1));
         let max_block = (u64::from(bs.maximum) / min_block * min_block).max(min_block);
         let size = client.size();
-        Ok(RemoteBase { link, handle, caps, size, min_block, max_block })
+        Ok(RemoteBase {
+            link,
+            handle,
+            caps,
+            size,
+            min_block,
+            max_block,
+        })
     }
 
     /// The server's minimum block: requests not aligned to it cost a read-modify-write.
@@ -223,18 +242,30 @@ impl RemoteBase {
     async fn call(&self, offset: u64, mut req: Request<'_>) -> Result<()> {
         let link = &self.link;
         let (op, len) = (req.op(), req.len());
-        let _slot = link.requests.acquire().await.map_err(|_| self.shut(op, offset, len))?;
-        let bytes = req.payload().clamp(1, link.opts.max_bytes.clamp(1 << 20, u32::MAX as usize) as u64) as u32;
-        let _bytes = link.bytes.acquire_many(bytes).await.map_err(|_| self.shut(op, offset, len))?;
+        let _slot = link
+            .requests
+            .acquire()
+            .await
+            .map_err(|_| self.shut(op, offset, len))?;
+        let bytes = req.payload().clamp(
+            1,
+            link.opts.max_bytes.clamp(1 << 20, u32::MAX as usize) as u64,
+        ) as u32;
+        let _bytes = link
+            .bytes
+            .acquire_many(bytes)
+            .await
+            .map_err(|_| self.shut(op, offset, len))?;
         let journal = link.journal.as_deref();
         // A flush covers what was answered before it is sent (the first time).
-        let mark = journal.filter(|_| matches!(req, Request::Flush)).map(|j| j.mark());
+        let mark = journal
+            .filter(|_| matches!(req, Request::Flush))
+            .map(|j| j.mark());
         let mut failed = None;
         loop {
-            let (client, generation) = link
-                .client(failed)
-                .await
-                .map_err(|g| Error::new(ErrorKind::Io, op, offset, len, self.describe(), g.message))?;
+            let (client, generation) = link.client(failed).await.map_err(|g| {
+                Error::new(ErrorKind::Io, op, offset, len, self.describe(), g.message)
+            })?;
             match req.send(&client, offset).await {
                 Ok(()) => {
                     if let Some(j) = journal {
@@ -267,7 +298,14 @@ impl RemoteBase {
     }
 
     fn shut(&self, op: Op, offset: u64, len: u64) -> Error {
-        Error::new(ErrorKind::Shutdown, op, offset, len, self.describe(), "the remote base is closing")
+        Error::new(
+            ErrorKind::Shutdown,
+            op,
+            offset,
+            len,
+            self.describe(),
+            "the remote base is closing",
+        )
     }
 
     fn error(&self, op: Op, offset: u64, len: u64, e: &ClientError) -> Error {
@@ -288,7 +326,14 @@ impl RemoteBase {
     fn check(&self, op: Op, offset: u64, len: u64) -> Result<()> {
         vdstream_blockdev::check_range(self.size, op, offset, len, &|| self.describe())?;
         if op != Op::Read && op != Op::BlockStatus && self.caps.read_only {
-            return Err(Error::new(ErrorKind::ReadOnly, op, offset, len, self.describe(), "the vDisk is read-only to targets"));
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                op,
+                offset,
+                len,
+                self.describe(),
+                "the vDisk is read-only to targets",
+            ));
         }
         Ok(())
     }
@@ -302,11 +347,18 @@ impl RemoteBase {
         let mut done = 0usize;
         while done < buf.len() {
             let n = (buf.len() - done).min(self.max_block as usize);
-            self.call(offset + done as u64, Request::Read(&mut buf[done..done + n])).await?;
+            self.call(
+                offset + done as u64,
+                Request::Read(&mut buf[done..done + n]),
+            )
+            .await?;
             done += n;
         }
         self.link.counters.read_ops.fetch_add(1, Relaxed);
-        self.link.counters.read_bytes.fetch_add(buf.len() as u64, Relaxed);
+        self.link
+            .counters
+            .read_bytes
+            .fetch_add(buf.len() as u64, Relaxed);
         Ok(())
     }
 
@@ -333,14 +385,27 @@ impl RemoteBase {
         let len = buf.len() as u64;
         self.check(Op::Write, offset, len)?;
         if !self.aligned(offset, len) {
-            return Err(Error::new(ErrorKind::Invalid, Op::Write, offset, len, self.describe(),
-                format!("not aligned to the server's minimum block of {} bytes", self.min_block)));
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                Op::Write,
+                offset,
+                len,
+                self.describe(),
+                format!(
+                    "not aligned to the server's minimum block of {} bytes",
+                    self.min_block
+                ),
+            ));
         }
         let fua = fua && self.caps.fua;
         let mut done = 0usize;
         while done < buf.len() {
             let n = (buf.len() - done).min(self.max_block as usize);
-            self.call(offset + done as u64, Request::Write(&buf[done..done + n], fua)).await?;
+            self.call(
+                offset + done as u64,
+                Request::Write(&buf[done..done + n], fua),
+            )
+            .await?;
             done += n;
         }
         self.link.counters.write_ops.fetch_add(1, Relaxed);
@@ -352,7 +417,9 @@ impl RemoteBase {
     /// Past the journal's cap, one caller flushes the server (which empties the journal of
     /// everything answered before); the others go on.
     async fn keep_journal_small(&self) {
-        let Some(j) = self.link.journal.as_deref() else { return };
+        let Some(j) = self.link.journal.as_deref() else {
+            return;
+        };
         if !j.over_cap() {
             return;
         }
@@ -368,7 +435,10 @@ impl RemoteBase {
         let r = self.call(0, Request::Flush).await;
         j.flushing.store(false, Relaxed);
         if let Err(e) = r {
-            log::warn!("target {}: a flush to empty the journal failed: {e}", self.link.opts.target);
+            log::warn!(
+                "target {}: a flush to empty the journal failed: {e}",
+                self.link.opts.target
+            );
         }
     }
 
@@ -380,11 +450,26 @@ impl RemoteBase {
     }
 
     /// Runs a ranged operation (trim, zero) in pieces the wire can carry.
-    fn ranged(&self, op: Op, offset: u64, len: u64, make: impl Fn(u32) -> Request<'static>) -> Result<()> {
+    fn ranged(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        make: impl Fn(u32) -> Request<'static>,
+    ) -> Result<()> {
         self.check(op, offset, len)?;
         if !self.aligned(offset, len) {
-            return Err(Error::new(ErrorKind::Invalid, op, offset, len, self.describe(),
-                format!("not aligned to the server's minimum block of {} bytes", self.min_block)));
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                op,
+                offset,
+                len,
+                self.describe(),
+                format!(
+                    "not aligned to the server's minimum block of {} bytes",
+                    self.min_block
+                ),
+            ));
         }
         run(&self.handle, async {
             let mut done = 0;
@@ -411,7 +496,10 @@ pub fn runtime() -> std::result::Result<tokio::runtime::Handle, AgentError> {
         .thread_name("vdstream-io")
         .enable_all()
         .build()
-        .map_err(|err| AgentError::Io { what: "cannot start the I/O runtime".into(), err })?;
+        .map_err(|err| AgentError::Io {
+            what: "cannot start the I/O runtime".into(),
+            err,
+        })?;
     // A racing first caller's runtime is the one kept; dropping ours may not block here.
     if let Err(rt) = SHARED.set(rt) {
         rt.shutdown_background();
@@ -464,7 +552,14 @@ impl BlockDev for RemoteBase {
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         if !self.caps.zeroes {
             self.check(Op::Zero, offset, len)?;
-            return Err(Error::new(ErrorKind::NotSupported, Op::Zero, offset, len, self.describe(), "the server does not offer write-zeroes"));
+            return Err(Error::new(
+                ErrorKind::NotSupported,
+                Op::Zero,
+                offset,
+                len,
+                self.describe(),
+                "the server does not offer write-zeroes",
+            ));
         }
         self.ranged(Op::Zero, offset, len, |n| Request::Zero(n, flags))
     }
@@ -474,14 +569,21 @@ impl BlockDev for RemoteBase {
         if len == 0 {
             return Ok(());
         }
-        let all_data = Extent { len, hole: false, zero: false };
+        let all_data = Extent {
+            len,
+            hole: false,
+            zero: false,
+        };
         if !self.caps.block_status || !self.aligned(offset, len) {
             out.push(all_data);
             return Ok(());
         }
         let ask = len.min(MAX_RANGE_OP);
         let mut raw = Vec::new();
-        run(&self.handle, self.call(offset, Request::Status(ask as u32, &mut raw)))?;
+        run(
+            &self.handle,
+            self.call(offset, Request::Status(ask as u32, &mut raw)),
+        )?;
         let before = out.len();
         let mut covered = 0u64;
         for (l, flags) in raw {
@@ -516,7 +618,10 @@ impl BlockDev for RemoteBase {
             })
             .collect();
         // Corked: the batch's requests go out in one write from this thread.
-        let results = run(&self.handle, vdstream_nbd::client::corked(futures_util::future::join_all(futs)));
+        let results = run(
+            &self.handle,
+            vdstream_nbd::client::corked(futures_util::future::join_all(futs)),
+        );
         for (op, r) in ops.iter_mut().zip(results) {
             op.result = r;
         }
@@ -533,6 +638,9 @@ impl BlockDev for RemoteBase {
         let id = self.link.identity();
         let export = id.map(|i| i.export).unwrap_or_default();
         let (ep, _) = self.link.endpoint_in_use();
-        format!("vDisk export {export:?} of target {} via {ep}", self.link.opts.target)
+        format!(
+            "vDisk export {export:?} of target {} via {ep}",
+            self.link.opts.target
+        )
     }
 }

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use vdstream_agent::{Endpoint, RemoteBase, RemoteOptions};
 use vdstream_blockdev::{BlockDev, Caps, Extent, MemoryDev, Result as DevResult, ZeroFlags};
-use vdstream_nbd::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal, ShutdownTrigger};
+use vdstream_nbd::{
+    ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal, ShutdownTrigger,
+};
 
 /// A device and its description, under "" only.
 pub struct OneDev {
@@ -20,7 +22,10 @@ pub struct OneDev {
 
 impl Exports for OneDev {
     fn list(&self) -> Vec<ExportInfo> {
-        vec![ExportInfo { name: String::new(), description: self.description.clone() }]
+        vec![ExportInfo {
+            name: String::new(),
+            description: self.description.clone(),
+        }]
     }
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
         if name.is_empty() {
@@ -44,22 +49,41 @@ impl TestServer {
         let listener = std::os::unix::net::UnixListener::bind(sock).expect("bind the test socket");
         listener.set_nonblocking(true).unwrap();
         let (trigger, signal) = ShutdownSignal::new();
-        let exports = Arc::new(OneDev { dev, description: description.to_string() });
+        let exports = Arc::new(OneDev {
+            dev,
+            description: description.to_string(),
+        });
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
                 let l = tokio::net::UnixListener::from_std(listener).unwrap();
-                let server = Server::new(exports, ServerConfig { threads_per_connection: 4, ..ServerConfig::default() });
+                let server = Server::new(
+                    exports,
+                    ServerConfig {
+                        threads_per_connection: 4,
+                        ..ServerConfig::default()
+                    },
+                );
                 server.serve(Listener::Unix(l), signal).await.unwrap();
             });
         });
-        TestServer { sock: sock.to_path_buf(), trigger: Some(trigger), thread: Some(thread) }
+        TestServer {
+            sock: sock.to_path_buf(),
+            trigger: Some(trigger),
+            thread: Some(thread),
+        }
     }
 
     /// Drains the server and removes its socket (once: a stopped server's drop must not
     /// remove the socket of a new server on the same path).
     pub fn stop(&mut self) {
-        let Some(trigger) = self.trigger.take() else { return };
+        let Some(trigger) = self.trigger.take() else {
+            return;
+        };
         trigger.shutdown();
         if let Some(t) = self.thread.take() {
             t.join().unwrap();
@@ -79,7 +103,9 @@ impl Drop for TestServer {
 }
 
 pub fn pattern(offset: u64, len: usize) -> Vec<u8> {
-    (0..len as u64).map(|i| ((offset + i) / 7 % 251) as u8 ^ ((offset + i) >> 12) as u8).collect()
+    (0..len as u64)
+        .map(|i| ((offset + i) / 7 % 251) as u8 ^ ((offset + i) >> 12) as u8)
+        .collect()
 }
 
 /// A memory device filled with `pattern`.
@@ -121,7 +147,11 @@ impl BlockDev for SlowReads {
         self.inner.size()
     }
     fn caps(&self) -> Caps {
-        Caps { read_only: true, may_block: true, ..self.inner.caps() }
+        Caps {
+            read_only: true,
+            may_block: true,
+            ..self.inner.caps()
+        }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
         let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;

@@ -126,14 +126,26 @@ pub fn batch_in(start: u64, end: u64, max_len: u64) -> BoxedStrategy<ModelOp> {
     let first_page = start.div_ceil(PAGE);
     let last_page = end / PAGE; // exclusive
     let aligned = move || {
-        (first_page..last_page.max(first_page + 1), 1u64..=(max_len / PAGE).clamp(1, 4))
+        (
+            first_page..last_page.max(first_page + 1),
+            1u64..=(max_len / PAGE).clamp(1, 4),
+        )
             .prop_map(move |(p, n)| (p * PAGE, (n * PAGE).min(end.saturating_sub(p * PAGE))))
     };
     let one = move || {
-        let range = if last_page > first_page { prop_oneof![1 => range_in(start, end, max_len), 1 => aligned()].boxed() } else { range_in(start, end, max_len) };
+        let range = if last_page > first_page {
+            prop_oneof![1 => range_in(start, end, max_len), 1 => aligned()].boxed()
+        } else {
+            range_in(start, end, max_len)
+        };
         (range, any::<bool>(), 8u8..=255).prop_map(|((offset, len), write, seed)| {
             if write {
-                ModelOp::Write { offset, len, seed, fua: false }
+                ModelOp::Write {
+                    offset,
+                    len,
+                    seed,
+                    fua: false,
+                }
             } else {
                 ModelOp::Read { offset, len }
             }
@@ -143,15 +155,19 @@ pub fn batch_in(start: u64, end: u64, max_len: u64) -> BoxedStrategy<ModelOp> {
         .prop_map(|ops| {
             let mut kept: Vec<ModelOp> = Vec::new();
             let span = |op: &ModelOp| match *op {
-                ModelOp::Read { offset, len } | ModelOp::Write { offset, len, .. } => (offset, offset + len),
+                ModelOp::Read { offset, len } | ModelOp::Write { offset, len, .. } => {
+                    (offset, offset + len)
+                }
                 _ => (0, 0),
             };
             for op in ops {
                 let (s, e) = span(&op);
-                if e > s && kept.iter().all(|k| {
-                    let (ks, ke) = span(k);
-                    e <= ks || s >= ke
-                }) {
+                if e > s
+                    && kept.iter().all(|k| {
+                        let (ks, ke) = span(k);
+                        e <= ks || s >= ke
+                    })
+                {
                     kept.push(op);
                 }
             }
@@ -230,7 +246,9 @@ pub fn step(dev: &dyn BlockDev, model: &mut [u8], base: u64, op: &ModelOp) -> Ch
             let writes: Vec<Vec<u8>> = ops
                 .iter()
                 .map(|op| match *op {
-                    ModelOp::Write { offset, len, seed, .. } => pattern_buf(seed, offset, len as usize),
+                    ModelOp::Write {
+                        offset, len, seed, ..
+                    } => pattern_buf(seed, offset, len as usize),
                     _ => Vec::new(),
                 })
                 .collect();
@@ -244,7 +262,9 @@ pub fn step(dev: &dyn BlockDev, model: &mut [u8], base: u64, op: &ModelOp) -> Ch
             let mut batch: Vec<BatchOp<'_>> = Vec::with_capacity(ops.len());
             for ((op, w), r) in ops.iter().zip(&writes).zip(reads.iter_mut()) {
                 match *op {
-                    ModelOp::Write { offset, fua, .. } => batch.push(BatchOp::write(w, offset, fua)),
+                    ModelOp::Write { offset, fua, .. } => {
+                        batch.push(BatchOp::write(w, offset, fua))
+                    }
                     ModelOp::Read { offset, .. } => batch.push(BatchOp::read(r, offset)),
                     _ => return Err(format!("a batch holds only reads and writes, not {op:?}")),
                 }
@@ -255,7 +275,9 @@ pub fn step(dev: &dyn BlockDev, model: &mut [u8], base: u64, op: &ModelOp) -> Ch
             for ((op, result), (w, r)) in ops.iter().zip(results).zip(writes.iter().zip(&reads)) {
                 result.map_err(|e| format!("in a batch: {e}"))?;
                 match *op {
-                    ModelOp::Read { offset, len } => compare(r, &model[at(offset, len)], offset, "read in a batch")?,
+                    ModelOp::Read { offset, len } => {
+                        compare(r, &model[at(offset, len)], offset, "read in a batch")?
+                    }
                     ModelOp::Write { offset, len, .. } => model[at(offset, len)].copy_from_slice(w),
                     _ => {}
                 }

@@ -43,10 +43,13 @@ const DONE_OK: &[u8] = b"VDSTEST DONE status=ok";
 
 /// Where `program` is on PATH.
 pub fn find_program(program: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(program)).find(|p| {
-        use std::os::unix::fs::PermissionsExt;
-        p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    })
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(program))
+        .find(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// A built golden image: the folder holding vmlinuz, initrd.img, golden.img and cmdline.
@@ -78,9 +81,13 @@ fn scripts_stamp() -> String {
 
 /// $XDG_CACHE_HOME/vdstream/golden, or ~/.cache/vdstream/golden.
 fn golden_home() -> Result<PathBuf> {
-    let xdg = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).filter(|p| p.is_absolute());
+    let xdg = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute());
     let home = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache"));
-    let base = xdg.or(home).context("neither XDG_CACHE_HOME nor HOME is set: say where a golden image is with --golden DIR")?;
+    let base = xdg.or(home).context(
+        "neither XDG_CACHE_HOME nor HOME is set: say where a golden image is with --golden DIR",
+    )?;
     Ok(base.join("vdstream").join("golden"))
 }
 
@@ -137,13 +144,17 @@ pub fn golden(explicit: Option<&Path>, say: &dyn Fn(&str)) -> Result<Golden> {
                 golden_home().map_or_else(|_| "~/.cache/vdstream/golden".into(), |p| p.display().to_string())
             );
         }
-        return Ok(Golden { dir: dir.to_path_buf() });
+        return Ok(Golden {
+            dir: dir.to_path_buf(),
+        });
     }
     let home = golden_home()?;
     let image = home.join("image");
     let stamp_file = image.join(".stamp");
     let stamp = scripts_stamp();
-    if Golden::missing(&image).is_none() && std::fs::read_to_string(&stamp_file).is_ok_and(|s| s.trim() == stamp) {
+    if Golden::missing(&image).is_none()
+        && std::fs::read_to_string(&stamp_file).is_ok_and(|s| s.trim() == stamp)
+    {
         return Ok(Golden { dir: image });
     }
     say(&format!(
@@ -152,11 +163,15 @@ pub fn golden(explicit: Option<&Path>, say: &dyn Fn(&str)) -> Result<Golden> {
     ));
     // The script finds golden-init.sh beside itself, in ROOT/scripts.
     let scripts = home.join("scripts");
-    std::fs::create_dir_all(&scripts).with_context(|| format!("cannot create {}", scripts.display()))?;
+    std::fs::create_dir_all(&scripts)
+        .with_context(|| format!("cannot create {}", scripts.display()))?;
     let script = scripts.join("make-golden-image");
-    std::fs::write(&script, MAKE_GOLDEN_IMAGE).with_context(|| format!("cannot write {}", script.display()))?;
-    std::fs::write(scripts.join("golden-init.sh"), GOLDEN_INIT).with_context(|| format!("cannot write into {}", scripts.display()))?;
-    let debs = std::env::var_os("VDSTREAM_GOLDEN_CACHE").map_or_else(|| home.join("debs"), PathBuf::from);
+    std::fs::write(&script, MAKE_GOLDEN_IMAGE)
+        .with_context(|| format!("cannot write {}", script.display()))?;
+    std::fs::write(scripts.join("golden-init.sh"), GOLDEN_INIT)
+        .with_context(|| format!("cannot write into {}", scripts.display()))?;
+    let debs =
+        std::env::var_os("VDSTREAM_GOLDEN_CACHE").map_or_else(|| home.join("debs"), PathBuf::from);
     let out = Command::new("bash")
         .arg(&script)
         .arg(&image)
@@ -174,26 +189,41 @@ pub fn golden(explicit: Option<&Path>, say: &dyn Fn(&str)) -> Result<Golden> {
             tail(&String::from_utf8_lossy(&out.stderr), 5)
         );
     }
-    std::fs::write(&stamp_file, &stamp).with_context(|| format!("cannot write {}", stamp_file.display()))?;
+    std::fs::write(&stamp_file, &stamp)
+        .with_context(|| format!("cannot write {}", stamp_file.display()))?;
     let _ = std::fs::remove_file(image.join("accel"));
     Ok(Golden { dir: image })
 }
 
 /// The qemu command line of tests/e2e/vm-lib.sh (`qemu_argv`).
 fn qemu(golden: &Golden, accel: &str, serial: &Path, drive: &str) -> Result<Command> {
-    let cmdline = std::fs::read_to_string(golden.dir.join("cmdline")).with_context(|| format!("cannot read {}/cmdline", golden.dir.display()))?;
+    let cmdline = std::fs::read_to_string(golden.dir.join("cmdline"))
+        .with_context(|| format!("cannot read {}/cmdline", golden.dir.display()))?;
     let mut cmd = Command::new(QEMU);
-    cmd.args(["-accel", accel, "-m", "192M", "-smp", "1", "-nographic", "-no-reboot", "-nic", "none", "-monitor", "none"])
-        .arg("-serial")
-        .arg(format!("file:{}", serial.display()))
-        .arg("-kernel")
-        .arg(golden.dir.join("vmlinuz"))
-        .arg("-initrd")
-        .arg(golden.dir.join("initrd.img"))
-        .arg("-append")
-        .arg(format!("{} {APPEND}", cmdline.trim()))
-        .arg("-drive")
-        .arg(format!("{drive},discard=unmap"));
+    cmd.args([
+        "-accel",
+        accel,
+        "-m",
+        "192M",
+        "-smp",
+        "1",
+        "-nographic",
+        "-no-reboot",
+        "-nic",
+        "none",
+        "-monitor",
+        "none",
+    ])
+    .arg("-serial")
+    .arg(format!("file:{}", serial.display()))
+    .arg("-kernel")
+    .arg(golden.dir.join("vmlinuz"))
+    .arg("-initrd")
+    .arg(golden.dir.join("initrd.img"))
+    .arg("-append")
+    .arg(format!("{} {APPEND}", cmdline.trim()))
+    .arg("-drive")
+    .arg(format!("{drive},discard=unmap"));
     Ok(cmd)
 }
 
@@ -229,14 +259,27 @@ pub struct GuestRun {
 
 /// Starts one qemu per (name, drive) at once and waits (at most `bound`) for all of them;
 /// a guest that runs past the bound is stopped and counted as failed.
-fn run_guests(scratch: &Shared, dir: &Path, golden: &Golden, accel: &str, guests: &[(String, String)], bound: Duration) -> Result<Vec<GuestRun>> {
+fn run_guests(
+    scratch: &Shared,
+    dir: &Path,
+    golden: &Golden,
+    accel: &str,
+    guests: &[(String, String)],
+    bound: Duration,
+) -> Result<Vec<GuestRun>> {
     let mut runs = Vec::new();
     for (name, drive) in guests {
         let serial = dir.join(format!("{name}.serial"));
         let cmd = qemu(golden, accel, &serial, drive)?;
         let started = Instant::now();
         spawn_command(scratch, name, cmd)?;
-        runs.push((name.clone(), serial, started, None::<Duration>, None::<(Duration, std::process::ExitStatus)>));
+        runs.push((
+            name.clone(),
+            serial,
+            started,
+            None::<Duration>,
+            None::<(Duration, std::process::ExitStatus)>,
+        ));
     }
     let deadline = Instant::now() + bound;
     while Instant::now() < deadline && runs.iter().any(|r| r.4.is_none()) {
@@ -261,15 +304,28 @@ fn run_guests(scratch: &Shared, dir: &Path, golden: &Golden, accel: &str, guests
     for (name, serial, started, booted, ended) in runs {
         let console = read_serial(&serial);
         let (run_secs, problem) = match ended {
-            Some((t, status)) if status.success() && contains(&console, DONE_OK) => (t.as_secs_f64(), None),
+            Some((t, status)) if status.success() && contains(&console, DONE_OK) => {
+                (t.as_secs_f64(), None)
+            }
             Some((t, status)) => (t.as_secs_f64(), Some(format!("qemu {status}"))),
-            None => (started.elapsed().as_secs_f64(), Some(format!("still running after {} s; stopped", bound.as_secs()))),
+            None => (
+                started.elapsed().as_secs_f64(),
+                Some(format!(
+                    "still running after {} s; stopped",
+                    bound.as_secs()
+                )),
+            ),
         };
         stop(scratch, &name);
         let problem = problem.map(|p| {
-            let qemu_log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+            let qemu_log =
+                std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
             let said = tail(qemu_log.trim(), 3);
-            let said = if said.is_empty() { String::new() } else { format!("; qemu said: {said}") };
+            let said = if said.is_empty() {
+                String::new()
+            } else {
+                format!("; qemu said: {said}")
+            };
             format!(
                 "{p}, no `VDSTEST DONE status=ok`{said}; last console lines:\n{}",
                 tail(&printable(&String::from_utf8_lossy(&console)), 8)
@@ -305,11 +361,27 @@ fn accel(scratch: &Shared, dir: &Path, golden: &Golden, say: &dyn Fn(&str)) -> R
         }
     }
     let mut accel = "tcg";
-    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok()
+    {
         say("probing KVM with one guest boot of at most 15 s");
         let probe = dir.join("kvm-probe.img");
-        std::fs::copy(golden.image(), &probe).with_context(|| format!("cannot copy the golden image to {}", probe.display()))?;
-        let runs = run_guests(scratch, dir, golden, "kvm", &[("kvm-probe".into(), format!("file={},format=raw,if=virtio", probe.display()))], Duration::from_secs(15))?;
+        std::fs::copy(golden.image(), &probe)
+            .with_context(|| format!("cannot copy the golden image to {}", probe.display()))?;
+        let runs = run_guests(
+            scratch,
+            dir,
+            golden,
+            "kvm",
+            &[(
+                "kvm-probe".into(),
+                format!("file={},format=raw,if=virtio", probe.display()),
+            )],
+            Duration::from_secs(15),
+        )?;
         if runs.iter().all(|r| r.ok) {
             accel = "kvm";
         }
@@ -338,7 +410,11 @@ impl Spread {
             _ if n % 2 == 1 => v[n / 2],
             _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
         };
-        Some(Spread { min: v[0], median: hundredths(median), max: v[n - 1] })
+        Some(Spread {
+            min: v[0],
+            median: hundredths(median),
+            max: v[n - 1],
+        })
     }
 }
 
@@ -378,43 +454,100 @@ pub struct BootStorm {
 }
 
 fn server_store_read_bytes(stats: &Path) -> Result<u64> {
-    let text = std::fs::read(stats).with_context(|| format!("cannot read the server's stats file {}", stats.display()))?;
+    let text = std::fs::read(stats)
+        .with_context(|| format!("cannot read the server's stats file {}", stats.display()))?;
     let j: serde_json::Value = serde_json::from_slice(&text)?;
-    j["totals"]["store_read_bytes"].as_u64().with_context(|| format!("the server's stats file {} has no totals.store_read_bytes", stats.display()))
+    j["totals"]["store_read_bytes"].as_u64().with_context(|| {
+        format!(
+            "the server's stats file {} has no totals.store_read_bytes",
+            stats.display()
+        )
+    })
 }
 
 /// The storm: the local peer boot, then `targets` agents on `vdisk_uri` and one guest on
 /// each, all at once. The server writes its stats to `stats`.
-pub fn storm(scratch: &Shared, dir: &Path, golden: &Golden, vdisk_uri: &str, stats: &Path, targets: usize, say: &dyn Fn(&str)) -> Result<BootStorm> {
+pub fn storm(
+    scratch: &Shared,
+    dir: &Path,
+    golden: &Golden,
+    vdisk_uri: &str,
+    stats: &Path,
+    targets: usize,
+    say: &dyn Fn(&str),
+) -> Result<BootStorm> {
     let accel = accel(scratch, dir, golden, say)?;
     let bound = Duration::from_secs(120 + 30 * targets as u64);
 
-    say(&format!("boot storm: one guest from a local raw copy of the golden image first (-accel {accel})"));
+    say(&format!(
+        "boot storm: one guest from a local raw copy of the golden image first (-accel {accel})"
+    ));
     let local = dir.join("local.img");
-    std::fs::copy(golden.image(), &local).with_context(|| format!("cannot copy the golden image to {}", local.display()))?;
-    let local_run = run_guests(scratch, dir, golden, &accel, &[("local-file".into(), format!("file={},format=raw,if=virtio", local.display()))], bound)?
-        .pop()
-        .context("no local run")?;
+    std::fs::copy(golden.image(), &local)
+        .with_context(|| format!("cannot copy the golden image to {}", local.display()))?;
+    let local_run = run_guests(
+        scratch,
+        dir,
+        golden,
+        &accel,
+        &[(
+            "local-file".into(),
+            format!("file={},format=raw,if=virtio", local.display()),
+        )],
+        bound,
+    )?
+    .pop()
+    .context("no local run")?;
     let _ = std::fs::remove_file(&local);
 
     wait_rewrites(&[stats.to_path_buf()]);
     let store_before = server_store_read_bytes(stats)?;
     let ids: Vec<String> = (1..=targets).map(|i| format!("boot{i}")).collect();
     for id in &ids {
-        spawn(scratch, id, &["target", "attach", id, "--server", vdisk_uri, "--cache", "ram-overflow", "--ram", AGENT_RAM])?;
+        spawn(
+            scratch,
+            id,
+            &[
+                "target",
+                "attach",
+                id,
+                "--server",
+                vdisk_uri,
+                "--cache",
+                "ram-overflow",
+                "--ram",
+                AGENT_RAM,
+            ],
+        )?;
     }
     let mut guests = Vec::new();
     for id in &ids {
         let sock = vdstream_agent::paths::socket_path(id);
-        ready(scratch, id, &format!("nbd+unix:///?socket={}", sock.display()))?;
-        guests.push((format!("{id}-guest"), format!("file=nbd+unix:///?socket={},format=raw,if=virtio", sock.display())));
+        ready(
+            scratch,
+            id,
+            &format!("nbd+unix:///?socket={}", sock.display()),
+        )?;
+        guests.push((
+            format!("{id}-guest"),
+            format!(
+                "file=nbd+unix:///?socket={},format=raw,if=virtio",
+                sock.display()
+            ),
+        ));
     }
-    say(&format!("boot storm: {} at once, each through its own ram-overflow agent", n_guests(targets)));
+    say(&format!(
+        "boot storm: {} at once, each through its own ram-overflow agent",
+        n_guests(targets)
+    ));
     let start = Instant::now();
     let mut runs = run_guests(scratch, dir, golden, &accel, &guests, bound)?;
     let wall_secs = (start.elapsed().as_secs_f64() * 10.0).round() / 10.0;
 
-    let mut files: Vec<PathBuf> = ids.iter().map(|id| vdstream_agent::paths::status_path(id)).collect();
+    let mut files: Vec<PathBuf> = ids
+        .iter()
+        .map(|id| vdstream_agent::paths::status_path(id))
+        .collect();
     files.push(stats.to_path_buf());
     wait_rewrites(&files);
     for (id, run) in ids.iter().zip(runs.iter_mut()) {
@@ -429,7 +562,11 @@ pub fn storm(scratch: &Shared, dir: &Path, golden: &Golden, vdisk_uri: &str, sta
     }
 
     let booted: Vec<f64> = runs.iter().filter_map(|r| r.boot_secs).collect();
-    let one = runs.iter().filter_map(|r| r.from_server_bytes).max().unwrap_or(0);
+    let one = runs
+        .iter()
+        .filter_map(|r| r.from_server_bytes)
+        .max()
+        .unwrap_or(0);
     Ok(BootStorm {
         targets,
         accel,
@@ -447,7 +584,11 @@ pub fn storm(scratch: &Shared, dir: &Path, golden: &Golden, vdisk_uri: &str, sta
         from_server_bytes: runs.iter().filter_map(|r| r.from_server_bytes).sum(),
         one_target_read_bytes: one,
         store_read_bytes,
-        store_reads_per_target: if one > 0 { hundredths(store_read_bytes as f64 / one as f64) } else { 0.0 },
+        store_reads_per_target: if one > 0 {
+            hundredths(store_read_bytes as f64 / one as f64)
+        } else {
+            0.0
+        },
         guests: runs,
     })
 }
@@ -498,7 +639,11 @@ impl BootStorm {
                 mib(self.from_server_bytes)
             );
         } else {
-            out += &format!("\nStore reads: {:.2}x one target's reads from the server ({}).\n", self.store_reads_per_target, mib(self.one_target_read_bytes));
+            out += &format!(
+                "\nStore reads: {:.2}x one target's reads from the server ({}).\n",
+                self.store_reads_per_target,
+                mib(self.one_target_read_bytes)
+            );
         }
         out
     }
@@ -531,7 +676,11 @@ impl BootStorm {
             .chain(&self.guests)
             .map(|r| (r.name.replace('-', " "), r.boot_secs.unwrap_or(f64::NAN)))
             .collect();
-        vdstream_report::bar_chart("Boot time per guest, qemu start to init (the local file boots alone)", "seconds", &bars)
+        vdstream_report::bar_chart(
+            "Boot time per guest, qemu start to init (the local file boots alone)",
+            "seconds",
+            &bars,
+        )
     }
 
     /// What went wrong with each failed guest.
@@ -561,11 +710,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("vmlinuz"), b"k").unwrap();
         let e = golden(Some(dir.path()), &|_| {}).unwrap_err().to_string();
-        assert!(e.contains("no initrd.img") && e.contains("scripts/make-golden-image"), "{e}");
+        assert!(
+            e.contains("no initrd.img") && e.contains("scripts/make-golden-image"),
+            "{e}"
+        );
         for f in Golden::FILES {
             std::fs::write(dir.path().join(f), b"x").unwrap();
         }
-        assert_eq!(golden(Some(dir.path()), &|_| {}).unwrap().image(), dir.path().join("golden.img"));
+        assert_eq!(
+            golden(Some(dir.path()), &|_| {}).unwrap().image(),
+            dir.path().join("golden.img")
+        );
     }
 
     #[test]
@@ -573,7 +728,13 @@ mod tests {
         // golden() writes both scripts into ROOT/scripts and runs make-golden-image there.
         assert!(MAKE_GOLDEN_IMAGE.contains(r#"cp "$ROOT/scripts/golden-init.sh" "$rfs/sbin/init""#));
         // The markers the storm waits for: `say X` prints `VDSTEST X`.
-        assert!(GOLDEN_INIT.contains(r#"say() { echo "VDSTEST $*"; }"#), "say");
-        assert!(GOLDEN_INIT.contains(r#"say "BOOTED uptime="#) && GOLDEN_INIT.contains(r#"say "DONE status=$status"#));
+        assert!(
+            GOLDEN_INIT.contains(r#"say() { echo "VDSTEST $*"; }"#),
+            "say"
+        );
+        assert!(
+            GOLDEN_INIT.contains(r#"say "BOOTED uptime="#)
+                && GOLDEN_INIT.contains(r#"say "DONE status=$status"#)
+        );
     }
 }

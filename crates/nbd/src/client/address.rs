@@ -66,7 +66,10 @@ impl Address {
             _ => (false, uri.to_string()),
         };
         let (address, export) = Address::parse_uri(&plain).map_err(|e| match e {
-            ClientError::Address { reason, .. } => ClientError::Address { input: uri.to_string(), reason },
+            ClientError::Address { reason, .. } => ClientError::Address {
+                input: uri.to_string(),
+                reason,
+            },
             e => e,
         })?;
         let tls_certificates = plain
@@ -76,7 +79,12 @@ impl Address {
             .find_map(|kv| kv.strip_prefix("tls-certificates="))
             .and_then(percent_decode)
             .map(PathBuf::from);
-        Ok(ParsedUri { address, export, tls, tls_certificates })
+        Ok(ParsedUri {
+            address,
+            export,
+            tls,
+            tls_certificates,
+        })
     }
 
     /// Parse an NBD URI into the address and the export name it names.
@@ -84,8 +92,13 @@ impl Address {
     /// Accepted forms: `nbd://host[:port][/export]`, `nbd://[v6addr]:port/export`,
     /// `nbd+unix:///[export]?socket=PATH`.
     pub fn parse_uri(uri: &str) -> Result<(Address, String), ClientError> {
-        let bad = |reason: &str| ClientError::Address { input: uri.to_string(), reason: reason.to_string() };
-        let (scheme, rest) = uri.split_once("://").ok_or_else(|| bad("missing scheme (nbd:// or nbd+unix://)"))?;
+        let bad = |reason: &str| ClientError::Address {
+            input: uri.to_string(),
+            reason: reason.to_string(),
+        };
+        let (scheme, rest) = uri
+            .split_once("://")
+            .ok_or_else(|| bad("missing scheme (nbd:// or nbd+unix://)"))?;
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
@@ -94,21 +107,25 @@ impl Address {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, ""),
         };
-        let export = percent_decode(path).ok_or_else(|| bad("bad percent-encoding in export name"))?;
+        let export =
+            percent_decode(path).ok_or_else(|| bad("bad percent-encoding in export name"))?;
         match scheme {
             "nbd" | "nbd+tcp" => {
                 if authority.is_empty() {
                     return Err(bad("missing host"));
                 }
                 let has_port = if let Some(v6) = authority.strip_prefix('[') {
-                    let (_, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '[' in host"))?;
+                    let (_, after) = v6
+                        .split_once(']')
+                        .ok_or_else(|| bad("unclosed '[' in host"))?;
                     after.starts_with(':')
                 } else {
                     authority.contains(':')
                 };
                 let host_port = if has_port {
                     let port = authority.rsplit(':').next().unwrap_or("");
-                    port.parse::<u16>().map_err(|_| bad("port is not a number 0-65535"))?;
+                    port.parse::<u16>()
+                        .map_err(|_| bad("port is not a number 0-65535"))?;
                     authority.to_string()
                 } else {
                     format!("{authority}:{DEFAULT_PORT}")
@@ -117,14 +134,17 @@ impl Address {
             }
             "nbd+unix" => {
                 if !authority.is_empty() {
-                    return Err(bad("nbd+unix URIs have no host (use nbd+unix:///export?socket=PATH)"));
+                    return Err(bad(
+                        "nbd+unix URIs have no host (use nbd+unix:///export?socket=PATH)",
+                    ));
                 }
                 let socket = query
                     .into_iter()
                     .flat_map(|q| q.split('&'))
                     .find_map(|kv| kv.strip_prefix("socket="))
                     .ok_or_else(|| bad("missing ?socket=PATH"))?;
-                let socket = percent_decode(socket).ok_or_else(|| bad("bad percent-encoding in socket path"))?;
+                let socket = percent_decode(socket)
+                    .ok_or_else(|| bad("bad percent-encoding in socket path"))?;
                 if socket.is_empty() {
                     return Err(bad("empty socket path"));
                 }
@@ -215,12 +235,22 @@ mod tests {
 
     #[test]
     fn tls_uris() {
-        let p = Address::parse_uri_tls("nbds://127.0.0.1:10900/golden?tls-certificates=/etc/x%20y").unwrap();
-        assert_eq!((p.address.clone(), p.export.as_str(), p.tls), (Address::Tcp("127.0.0.1:10900".into()), "golden", true));
-        assert_eq!(p.tls_certificates.as_deref(), Some(std::path::Path::new("/etc/x y")));
+        let p = Address::parse_uri_tls("nbds://127.0.0.1:10900/golden?tls-certificates=/etc/x%20y")
+            .unwrap();
+        assert_eq!(
+            (p.address.clone(), p.export.as_str(), p.tls),
+            (Address::Tcp("127.0.0.1:10900".into()), "golden", true)
+        );
+        assert_eq!(
+            p.tls_certificates.as_deref(),
+            Some(std::path::Path::new("/etc/x y"))
+        );
         assert_eq!(p.address.host(), Some("127.0.0.1"));
         let p = Address::parse_uri_tls("nbds+unix:///t?socket=/s&tls-certificates=/d").unwrap();
-        assert_eq!((p.address.clone(), p.tls), (Address::Unix("/s".into()), true));
+        assert_eq!(
+            (p.address.clone(), p.tls),
+            (Address::Unix("/s".into()), true)
+        );
         assert_eq!(p.address.host(), None);
         assert!(!Address::parse_uri_tls("nbd://h/x").unwrap().tls);
         assert_eq!(Address::tcp("[::1]:99").host(), Some("[::1]"));

@@ -62,7 +62,10 @@ const READ_BUFFER: usize = 256 * 1024;
 #[derive(Debug)]
 pub(crate) enum ReplyKind {
     Read(Vec<u8>),
-    BlockStatus { context: Option<u32>, extents: Vec<(u32, u32)> },
+    BlockStatus {
+        context: Option<u32>,
+        extents: Vec<(u32, u32)>,
+    },
     Plain,
 }
 
@@ -138,7 +141,9 @@ pub(crate) struct Counters {
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Connection").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("Connection")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -159,9 +164,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Connection {
     /// Start the reader (and, in coalescing mode, writer) task on an established stream.
     /// `direct` is a plain socket's descriptor (a duplicate), for requesting threads' own sends.
-    pub(crate) fn start(addr: Arc<str>, r: ReadHalf, w: WriteHalf, mode: WriterMode, direct: Option<OwnedFd>) -> Arc<Self> {
+    pub(crate) fn start(
+        addr: Arc<str>,
+        r: ReadHalf,
+        w: WriteHalf,
+        mode: WriterMode,
+        direct: Option<OwnedFd>,
+    ) -> Arc<Self> {
         let (writer, w) = match mode {
-            WriterMode::Coalescing => (Writer::Coalescing(Outbox { direct, ..Outbox::default() }), Some(w)),
+            WriterMode::Coalescing => (
+                Writer::Coalescing(Outbox {
+                    direct,
+                    ..Outbox::default()
+                }),
+                Some(w),
+            ),
             WriterMode::Locked => (Writer::Locked(tokio::sync::Mutex::new(Some(w))), None),
         };
         let conn = Arc::new(Connection {
@@ -173,7 +190,10 @@ impl Connection {
             tasks: Mutex::new(Vec::new()),
             stats: Counters::default(),
         });
-        let mut tasks = vec![tokio::spawn(run_reader(conn.clone(), BufReader::with_capacity(READ_BUFFER, r)))];
+        let mut tasks = vec![tokio::spawn(run_reader(
+            conn.clone(),
+            BufReader::with_capacity(READ_BUFFER, r),
+        ))];
         if let Some(w) = w {
             tasks.push(tokio::spawn(run_writer(conn.clone(), w)));
         }
@@ -187,7 +207,10 @@ impl Connection {
     }
 
     fn disconnected(&self, reason: Arc<str>) -> ClientError {
-        ClientError::Disconnected { addr: self.addr.clone(), reason }
+        ClientError::Disconnected {
+            addr: self.addr.clone(),
+            reason,
+        }
     }
 
     /// Register a request and put it on the wire. Returns the receiver of its reply.
@@ -222,7 +245,12 @@ impl Connection {
         Ok(rx)
     }
 
-    async fn send(self: &Arc<Self>, cookie: u64, cmd: Command, payload: &[u8]) -> Result<(), ClientError> {
+    async fn send(
+        self: &Arc<Self>,
+        cookie: u64,
+        cmd: Command,
+        payload: &[u8],
+    ) -> Result<(), ClientError> {
         let header = encode_request(cookie, cmd);
         match &self.writer {
             Writer::Coalescing(outbox) => {
@@ -233,7 +261,12 @@ impl Connection {
                 }
                 if outbox.direct.is_none() {
                     outbox.wake.notify_one();
-                } else if !CORK.with(|c| c.borrow_mut().as_mut().map(|held| hold(held, self)).is_some()) {
+                } else if !CORK.with(|c| {
+                    c.borrow_mut()
+                        .as_mut()
+                        .map(|held| hold(held, self))
+                        .is_some()
+                }) {
                     self.send_queued(outbox);
                 }
                 Ok(())
@@ -241,9 +274,15 @@ impl Connection {
             Writer::Locked(m) => {
                 let mut guard = m.lock().await;
                 let Some(w) = guard.as_mut() else {
-                    return Err(self.disconnected(self.closed_reason().unwrap_or_else(|| "write side closed".into())));
+                    return Err(self.disconnected(
+                        self.closed_reason()
+                            .unwrap_or_else(|| "write side closed".into()),
+                    ));
                 };
-                let mut cancelled = FailOnDrop { conn: self, armed: true };
+                let mut cancelled = FailOnDrop {
+                    conn: self,
+                    armed: true,
+                };
                 let res = if payload.len() <= 64 * 1024 {
                     let mut m = Vec::with_capacity(header.len() + payload.len());
                     m.extend_from_slice(&header);
@@ -347,7 +386,15 @@ impl Connection {
         }
         // Close the table first, so the reason callers see is ours, not the EOF that follows.
         self.close_table("the client disconnected".into());
-        let disc = encode_request(0, Command { op: Op::Disconnect, flags: 0, offset: 0, len: 0 });
+        let disc = encode_request(
+            0,
+            Command {
+                op: Op::Disconnect,
+                flags: 0,
+                offset: 0,
+                len: 0,
+            },
+        );
         match &self.writer {
             Writer::Coalescing(outbox) => {
                 {
@@ -434,10 +481,13 @@ impl Connection {
         if entry.error.is_none() {
             if let ReplyKind::Read(_) = entry.kind {
                 if entry.covered != u64::from(entry.len) {
-                    entry.error = Some(self.protocol(&entry, format!(
-                        "data and hole chunks cover {} of {} bytes",
-                        entry.covered, entry.len
-                    )));
+                    entry.error = Some(self.protocol(
+                        &entry,
+                        format!(
+                            "data and hole chunks cover {} of {} bytes",
+                            entry.covered, entry.len
+                        ),
+                    ));
                 }
             }
         }
@@ -453,7 +503,12 @@ impl Connection {
     }
 
     fn protocol(&self, e: &InFlight, reason: String) -> ClientError {
-        ClientError::Protocol { addr: self.addr.clone(), op: e.op, offset: e.offset, reason }
+        ClientError::Protocol {
+            addr: self.addr.clone(),
+            op: e.op,
+            offset: e.offset,
+            reason,
+        }
     }
 
     fn server_error(&self, e: &InFlight, errno: u32, message: String) -> ClientError {
@@ -477,7 +532,8 @@ struct FailOnDrop<'a> {
 impl Drop for FailOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.conn.fail("a request was cancelled in the middle of its write".into());
+            self.conn
+                .fail("a request was cancelled in the middle of its write".into());
         }
     }
 }
@@ -494,7 +550,9 @@ fn encode_request(cookie: u64, cmd: Command) -> [u8; 28] {
 }
 
 async fn run_writer(conn: Arc<Connection>, mut w: WriteHalf) {
-    let Writer::Coalescing(outbox) = &conn.writer else { return };
+    let Writer::Coalescing(outbox) = &conn.writer else {
+        return;
+    };
     let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
     loop {
         let (finish, busy) = {
@@ -522,7 +580,12 @@ async fn run_writer(conn: Arc<Connection>, mut w: WriteHalf) {
             continue;
         }
         // flush: a TLS stream holds records until flushed (a no-op on a plain socket).
-        if let Err(e) = async { w.write_all(&batch).await?; w.flush().await }.await {
+        if let Err(e) = async {
+            w.write_all(&batch).await?;
+            w.flush().await
+        }
+        .await
+        {
             conn.fail(format!("writing to the server failed: {e}").into());
             return;
         }
@@ -571,7 +634,9 @@ impl<F: Future> Future for Corked<F> {
         struct Uncork(Option<Vec<Arc<Connection>>>);
         impl Drop for Uncork {
             fn drop(&mut self) {
-                let held = CORK.with(|c| std::mem::replace(&mut *c.borrow_mut(), self.0.take())).unwrap_or_default();
+                let held = CORK
+                    .with(|c| std::mem::replace(&mut *c.borrow_mut(), self.0.take()))
+                    .unwrap_or_default();
                 for conn in held {
                     if let Writer::Coalescing(outbox) = &conn.writer {
                         conn.send_queued(outbox);
@@ -598,7 +663,9 @@ impl From<std::io::Error> for ReaderStop {
 
 async fn run_reader(conn: Arc<Connection>, mut r: BufReader<ReadHalf>) {
     let reason = match read_replies(&conn, &mut r).await {
-        ReaderStop::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => "the server closed the connection".to_string(),
+        ReaderStop::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            "the server closed the connection".to_string()
+        }
         ReaderStop::Io(e) => format!("reading from the server failed: {e}"),
         ReaderStop::Protocol(p) => format!("protocol error: {p}"),
     };
@@ -648,7 +715,10 @@ async fn simple_reply(conn: &Connection, r: &mut BufReader<ReadHalf>) -> Result<
     Ok(())
 }
 
-async fn structured_chunk(conn: &Connection, r: &mut BufReader<ReadHalf>) -> Result<(), ReaderStop> {
+async fn structured_chunk(
+    conn: &Connection,
+    r: &mut BufReader<ReadHalf>,
+) -> Result<(), ReaderStop> {
     let flags = r.read_u16().await?;
     let kind = r.read_u16().await?;
     let cookie = r.read_u64().await?;
@@ -668,7 +738,9 @@ async fn structured_chunk(conn: &Connection, r: &mut BufReader<ReadHalf>) -> Res
         conn.complete(e);
     } else if kind == proto::REPLY_TYPE_NONE {
         conn.put_back(cookie, e);
-        return Err(ReaderStop::Protocol("NBD_REPLY_TYPE_NONE without the DONE flag".into()));
+        return Err(ReaderStop::Protocol(
+            "NBD_REPLY_TYPE_NONE without the DONE flag".into(),
+        ));
     } else {
         conn.put_back(cookie, e);
     }
@@ -683,7 +755,11 @@ async fn chunk_payload(
     length: u32,
 ) -> Result<(), ReaderStop> {
     let (op, at) = (e.op, e.offset);
-    let proto_err = |m: String| ReaderStop::Protocol(format!("chunk type {kind} in the reply to {op} at {at}: {m}"));
+    let proto_err = |m: String| {
+        ReaderStop::Protocol(format!(
+            "chunk type {kind} in the reply to {op} at {at}: {m}"
+        ))
+    };
     match kind {
         proto::REPLY_TYPE_NONE => {
             if length != 0 {
@@ -693,17 +769,23 @@ async fn chunk_payload(
         proto::REPLY_TYPE_OFFSET_DATA | proto::REPLY_TYPE_OFFSET_HOLE => {
             let (req_offset, req_len) = (e.offset, u64::from(e.len));
             let ReplyKind::Read(buf) = &mut e.kind else {
-                return Err(proto_err("data or hole chunk in reply to a non-read".into()));
+                return Err(proto_err(
+                    "data or hole chunk in reply to a non-read".into(),
+                ));
             };
             let is_data = kind == proto::REPLY_TYPE_OFFSET_DATA;
             if (is_data && length <= 8) || (!is_data && length != 12) {
                 return Err(proto_err(format!("bad chunk length {length}")));
             }
             let offset = r.read_u64().await?;
-            let count = if is_data { u64::from(length - 8) } else { u64::from(r.read_u32().await?) };
-            let start = offset.checked_sub(req_offset).filter(|s| {
-                count > 0 && s.checked_add(count).is_some_and(|end| end <= req_len)
-            });
+            let count = if is_data {
+                u64::from(length - 8)
+            } else {
+                u64::from(r.read_u32().await?)
+            };
+            let start = offset
+                .checked_sub(req_offset)
+                .filter(|s| count > 0 && s.checked_add(count).is_some_and(|end| end <= req_len));
             let Some(start) = start else {
                 return Err(proto_err(format!(
                     "chunk [{offset}, +{count}) outside the requested [{req_offset}, +{req_len})"
@@ -721,7 +803,9 @@ async fn chunk_payload(
         }
         proto::REPLY_TYPE_BLOCK_STATUS => {
             let ReplyKind::BlockStatus { context, extents } = &mut e.kind else {
-                return Err(proto_err("block status chunk in reply to another command".into()));
+                return Err(proto_err(
+                    "block status chunk in reply to another command".into(),
+                ));
             };
             if length < 12 || (length - 4) & 7 != 0 {
                 return Err(proto_err(format!("bad block status chunk length {length}")));
@@ -746,9 +830,15 @@ async fn chunk_payload(
             conn.stats.error_chunks.fetch_add(1, Ordering::Relaxed);
             let errno = r.read_u32().await?;
             let msg_len = u32::from(r.read_u16().await?);
-            let tail = if k == proto::REPLY_TYPE_ERROR_OFFSET { 8 } else { 0 };
+            let tail = if k == proto::REPLY_TYPE_ERROR_OFFSET {
+                8
+            } else {
+                0
+            };
             if msg_len + tail > length - 6 {
-                return Err(proto_err(format!("error message of {msg_len} bytes in a {length}-byte chunk")));
+                return Err(proto_err(format!(
+                    "error message of {msg_len} bytes in a {length}-byte chunk"
+                )));
             }
             let mut rest = vec![0u8; (length - 6) as usize];
             r.read_exact(&mut rest).await?;
@@ -766,8 +856,15 @@ async fn chunk_payload(
             }
         }
         _ => {
-            log::debug!("{}: skipping unknown chunk type {kind} ({length} bytes)", conn.addr);
-            tokio::io::copy(&mut (&mut *r).take(u64::from(length)), &mut tokio::io::sink()).await?;
+            log::debug!(
+                "{}: skipping unknown chunk type {kind} ({length} bytes)",
+                conn.addr
+            );
+            tokio::io::copy(
+                &mut (&mut *r).take(u64::from(length)),
+                &mut tokio::io::sink(),
+            )
+            .await?;
         }
     }
     Ok(())

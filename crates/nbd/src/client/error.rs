@@ -106,10 +106,18 @@ pub enum ClientError {
     },
 
     #[error("connecting to NBD server {addr} (export {export:?}) took longer than {timeout:?}")]
-    ConnectTimeout { addr: Arc<str>, export: String, timeout: Duration },
+    ConnectTimeout {
+        addr: Arc<str>,
+        export: String,
+        timeout: Duration,
+    },
 
     #[error("NBD handshake with {addr} (export {export:?}) failed: {reason}")]
-    Handshake { addr: Arc<str>, export: String, reason: String },
+    Handshake {
+        addr: Arc<str>,
+        export: String,
+        reason: String,
+    },
 
     #[error(
         "NBD server {addr} refused export {export:?} in {option}: {meaning} (reply {reply:#x}); server said: {message:?}"
@@ -128,7 +136,14 @@ pub enum ClientError {
         errno_name(*errno),
         if message.is_empty() { String::new() } else { format!(": {message}") }
     )]
-    Server { addr: Arc<str>, op: Op, offset: u64, len: u64, errno: u32, message: String },
+    Server {
+        addr: Arc<str>,
+        op: Op,
+        offset: u64,
+        len: u64,
+        errno: u32,
+        message: String,
+    },
 
     #[error("NBD connection to {addr} is gone ({reason}); reconnect and re-send")]
     Disconnected { addr: Arc<str>, reason: Arc<str> },
@@ -136,19 +151,42 @@ pub enum ClientError {
     #[error(
         "NBD server {addr} did not answer {op} at offset {offset} length {len} within {timeout:?}; the connection was closed"
     )]
-    Timeout { addr: Arc<str>, op: Op, offset: u64, len: u64, timeout: Duration },
+    Timeout {
+        addr: Arc<str>,
+        op: Op,
+        offset: u64,
+        len: u64,
+        timeout: Duration,
+    },
 
     #[error("invalid {op} at offset {offset} length {len} for export of {size} bytes on {addr}: {reason}")]
-    Invalid { addr: Arc<str>, op: Op, offset: u64, len: u64, size: u64, reason: String },
+    Invalid {
+        addr: Arc<str>,
+        op: Op,
+        offset: u64,
+        len: u64,
+        size: u64,
+        reason: String,
+    },
 
-    #[error("NBD server {addr} broke the protocol in the reply to {op} at offset {offset}: {reason}")]
-    Protocol { addr: Arc<str>, op: Op, offset: u64, reason: String },
+    #[error(
+        "NBD server {addr} broke the protocol in the reply to {op} at offset {offset}: {reason}"
+    )]
+    Protocol {
+        addr: Arc<str>,
+        op: Op,
+        offset: u64,
+        reason: String,
+    },
 }
 
 impl ClientError {
     /// True when the connection is unusable and the caller should reconnect and re-send.
     pub fn is_connection_lost(&self) -> bool {
-        matches!(self, ClientError::Disconnected { .. } | ClientError::Timeout { .. })
+        matches!(
+            self,
+            ClientError::Disconnected { .. } | ClientError::Timeout { .. }
+        )
     }
 
     /// The server's errno, when the server answered the request with an error.

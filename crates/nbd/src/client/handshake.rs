@@ -31,7 +31,11 @@ pub struct BlockSizes {
 
 impl Default for BlockSizes {
     fn default() -> Self {
-        BlockSizes { minimum: 1, preferred: 4096, maximum: DEFAULT_MAX_BLOCK }
+        BlockSizes {
+            minimum: 1,
+            preferred: 4096,
+            maximum: DEFAULT_MAX_BLOCK,
+        }
     }
 }
 
@@ -69,7 +73,11 @@ struct OptionReply {
 }
 
 fn failer<'a>(req: &'a Request<'_>) -> impl Fn(String) -> ClientError + 'a {
-    move |reason: String| ClientError::Handshake { addr: req.addr.into(), export: req.export.to_string(), reason }
+    move |reason: String| ClientError::Handshake {
+        addr: req.addr.into(),
+        export: req.export.to_string(),
+        reason,
+    }
 }
 
 /// The greeting and the client flags; returns whether the zeroes of
@@ -87,27 +95,47 @@ where
         }
     };
     if req.wire.len() > proto::MAX_STRING_LEN as usize {
-        return Err(fail(format!("export name longer than {} bytes", proto::MAX_STRING_LEN)));
+        return Err(fail(format!(
+            "export name longer than {} bytes",
+            proto::MAX_STRING_LEN
+        )));
     }
 
-    let magic = s.read_u64().await.map_err(|e| io("reading the greeting", e))?;
+    let magic = s
+        .read_u64()
+        .await
+        .map_err(|e| io("reading the greeting", e))?;
     if magic != proto::NBDMAGIC {
-        return Err(fail(format!("not an NBD server (greeting magic {magic:#x})")));
+        return Err(fail(format!(
+            "not an NBD server (greeting magic {magic:#x})"
+        )));
     }
-    let style = s.read_u64().await.map_err(|e| io("reading the greeting", e))?;
+    let style = s
+        .read_u64()
+        .await
+        .map_err(|e| io("reading the greeting", e))?;
     if style != proto::IHAVEOPT {
-        return Err(fail("server speaks oldstyle NBD; only fixed newstyle is supported".into()));
+        return Err(fail(
+            "server speaks oldstyle NBD; only fixed newstyle is supported".into(),
+        ));
     }
-    let hflags = s.read_u16().await.map_err(|e| io("reading the greeting", e))?;
+    let hflags = s
+        .read_u16()
+        .await
+        .map_err(|e| io("reading the greeting", e))?;
     if hflags & proto::FLAG_FIXED_NEWSTYLE == 0 {
-        return Err(fail("server does not offer fixed newstyle negotiation".into()));
+        return Err(fail(
+            "server does not offer fixed newstyle negotiation".into(),
+        ));
     }
     let no_zeroes = hflags & proto::FLAG_NO_ZEROES != 0;
     let mut cflags = proto::FLAG_C_FIXED_NEWSTYLE;
     if no_zeroes {
         cflags |= proto::FLAG_C_NO_ZEROES;
     }
-    s.write_all(&cflags.to_be_bytes()).await.map_err(|e| io("sending client flags", e))?;
+    s.write_all(&cflags.to_be_bytes())
+        .await
+        .map_err(|e| io("sending client flags", e))?;
     Ok(no_zeroes)
 }
 
@@ -119,7 +147,11 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let fail = failer(req);
-    let mut opts = Options { s, req, fail: &fail };
+    let mut opts = Options {
+        s,
+        req,
+        fail: &fail,
+    };
     opts.send(proto::OPT_STARTTLS, &[]).await?;
     let r = opts.reply(proto::OPT_STARTTLS).await?;
     match r.kind {
@@ -134,12 +166,20 @@ where
 
 /// Option haggling after the greeting (and after TLS, when used): structured replies,
 /// `base:allocation`, then GO.
-pub(crate) async fn haggle<S>(s: &mut S, req: &Request<'_>, no_zeroes: bool) -> Result<ExportInfo, ClientError>
+pub(crate) async fn haggle<S>(
+    s: &mut S,
+    req: &Request<'_>,
+    no_zeroes: bool,
+) -> Result<ExportInfo, ClientError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let fail = failer(req);
-    let mut opts = Options { s, req, fail: &fail };
+    let mut opts = Options {
+        s,
+        req,
+        fail: &fail,
+    };
 
     let mut structured = false;
     if req.structured {
@@ -148,9 +188,17 @@ where
         match r.kind {
             proto::REP_ACK => structured = true,
             k if k & proto::REP_FLAG_ERROR != 0 => {
-                log::info!("{}: server declined structured replies ({})", req.addr, option_error_name(k))
+                log::info!(
+                    "{}: server declined structured replies ({})",
+                    req.addr,
+                    option_error_name(k)
+                )
             }
-            k => return Err(fail(format!("unexpected reply {k:#x} to NBD_OPT_STRUCTURED_REPLY"))),
+            k => {
+                return Err(fail(format!(
+                    "unexpected reply {k:#x} to NBD_OPT_STRUCTURED_REPLY"
+                )))
+            }
         }
     }
 
@@ -175,16 +223,27 @@ where
                     if &r.payload[4..] == query {
                         base_allocation = Some(id);
                     } else {
-                        log::warn!("{}: server sent unrequested meta context, ignored", req.addr);
+                        log::warn!(
+                            "{}: server sent unrequested meta context, ignored",
+                            req.addr
+                        );
                     }
                 }
                 proto::REP_ACK => break,
                 k if k & proto::REP_FLAG_ERROR != 0 => {
                     // UNKNOWN here means the export is unknown: let GO report it with its message.
-                    log::info!("{}: server declined base:allocation ({})", req.addr, option_error_name(k));
+                    log::info!(
+                        "{}: server declined base:allocation ({})",
+                        req.addr,
+                        option_error_name(k)
+                    );
                     break;
                 }
-                k => return Err(fail(format!("unexpected reply {k:#x} to NBD_OPT_SET_META_CONTEXT"))),
+                k => {
+                    return Err(fail(format!(
+                        "unexpected reply {k:#x} to NBD_OPT_SET_META_CONTEXT"
+                    )))
+                }
             }
         }
     }
@@ -211,7 +270,10 @@ where
                 match info {
                     proto::INFO_EXPORT => {
                         if d.len() != 10 {
-                            return Err(fail(format!("NBD_INFO_EXPORT of {} bytes, expected 10", d.len())));
+                            return Err(fail(format!(
+                                "NBD_INFO_EXPORT of {} bytes, expected 10",
+                                d.len()
+                            )));
                         }
                         let size = u64::from_be_bytes(d[..8].try_into().expect("8 bytes"));
                         let flags = u16::from_be_bytes([d[8], d[9]]);
@@ -219,19 +281,32 @@ where
                     }
                     proto::INFO_BLOCK_SIZE => {
                         if d.len() != 12 {
-                            return Err(fail(format!("NBD_INFO_BLOCK_SIZE of {} bytes, expected 12", d.len())));
+                            return Err(fail(format!(
+                                "NBD_INFO_BLOCK_SIZE of {} bytes, expected 12",
+                                d.len()
+                            )));
                         }
-                        let be = |i: usize| u32::from_be_bytes(d[i..i + 4].try_into().expect("4 bytes"));
-                        let b = BlockSizes { minimum: be(0), preferred: be(4), maximum: be(8) };
+                        let be =
+                            |i: usize| u32::from_be_bytes(d[i..i + 4].try_into().expect("4 bytes"));
+                        let b = BlockSizes {
+                            minimum: be(0),
+                            preferred: be(4),
+                            maximum: be(8),
+                        };
                         block_sizes = check_block_sizes(b).map_err(&fail)?;
                     }
-                    proto::INFO_DESCRIPTION => description = Some(String::from_utf8_lossy(d).into_owned()),
+                    proto::INFO_DESCRIPTION => {
+                        description = Some(String::from_utf8_lossy(d).into_owned())
+                    }
                     _ => {} // NAME and unknown infos are informative only.
                 }
             }
             proto::REP_ACK => break,
             proto::REP_ERR_UNSUP => {
-                log::info!("{}: server lacks NBD_OPT_GO, falling back to NBD_OPT_EXPORT_NAME", req.addr);
+                log::info!(
+                    "{}: server lacks NBD_OPT_GO, falling back to NBD_OPT_EXPORT_NAME",
+                    req.addr
+                );
                 let (size, flags) = opts.export_name(no_zeroes).await?;
                 return Ok(ExportInfo {
                     export: req.export.to_string(),
@@ -256,8 +331,17 @@ where
             k => log::debug!("{}: ignoring reply type {k:#x} to NBD_OPT_GO", req.addr),
         }
     }
-    let (size, flags) = export_info.ok_or_else(|| fail("server acknowledged NBD_OPT_GO without NBD_INFO_EXPORT".into()))?;
-    Ok(ExportInfo { export: req.export.to_string(), size, flags, block_sizes, structured, base_allocation, description })
+    let (size, flags) = export_info
+        .ok_or_else(|| fail("server acknowledged NBD_OPT_GO without NBD_INFO_EXPORT".into()))?;
+    Ok(ExportInfo {
+        export: req.export.to_string(),
+        size,
+        flags,
+        block_sizes,
+        structured,
+        base_allocation,
+        description,
+    })
 }
 
 fn check_block_sizes(b: BlockSizes) -> Result<BlockSizes, String> {
@@ -269,7 +353,10 @@ fn check_block_sizes(b: BlockSizes) -> Result<BlockSizes, String> {
         && (b.maximum == u32::MAX || b.maximum & (b.minimum - 1) == 0);
     if ok {
         // We never send more than the spec default in one request whatever the server says.
-        Ok(BlockSizes { maximum: b.maximum.min(DEFAULT_MAX_BLOCK), ..b })
+        Ok(BlockSizes {
+            maximum: b.maximum.min(DEFAULT_MAX_BLOCK),
+            ..b
+        })
     } else {
         Err(format!("server advertised impossible block sizes {b:?}"))
     }
@@ -292,13 +379,22 @@ where
         m.extend_from_slice(&option.to_be_bytes());
         m.extend_from_slice(&(payload.len() as u32).to_be_bytes());
         m.extend_from_slice(payload);
-        self.s.write_all(&m).await.map_err(|e| (self.fail)(format!("sending option {option}: {e}")))?;
-        self.s.flush().await.map_err(|e| (self.fail)(format!("sending option {option}: {e}")))
+        self.s
+            .write_all(&m)
+            .await
+            .map_err(|e| (self.fail)(format!("sending option {option}: {e}")))?;
+        self.s
+            .flush()
+            .await
+            .map_err(|e| (self.fail)(format!("sending option {option}: {e}")))
     }
 
     async fn reply(&mut self, option: u32) -> Result<OptionReply, ClientError> {
         let mut h = [0u8; 20];
-        self.s.read_exact(&mut h).await.map_err(|e| self.read_error(option, e))?;
+        self.s
+            .read_exact(&mut h)
+            .await
+            .map_err(|e| self.read_error(option, e))?;
         let magic = u64::from_be_bytes(h[..8].try_into().expect("8 bytes"));
         let echoed = u32::from_be_bytes(h[8..12].try_into().expect("4 bytes"));
         let kind = u32::from_be_bytes(h[12..16].try_into().expect("4 bytes"));
@@ -307,19 +403,28 @@ where
             return Err((self.fail)(format!("bad option reply magic {magic:#x}")));
         }
         if echoed != option {
-            return Err((self.fail)(format!("reply to option {echoed} while waiting for option {option}")));
+            return Err((self.fail)(format!(
+                "reply to option {echoed} while waiting for option {option}"
+            )));
         }
         if len > MAX_REPLY_LEN {
-            return Err((self.fail)(format!("option reply of {len} bytes exceeds {MAX_REPLY_LEN}")));
+            return Err((self.fail)(format!(
+                "option reply of {len} bytes exceeds {MAX_REPLY_LEN}"
+            )));
         }
         let mut payload = vec![0u8; len as usize];
-        self.s.read_exact(&mut payload).await.map_err(|e| self.read_error(option, e))?;
+        self.s
+            .read_exact(&mut payload)
+            .await
+            .map_err(|e| self.read_error(option, e))?;
         Ok(OptionReply { kind, payload })
     }
 
     fn read_error(&self, option: u32, e: std::io::Error) -> ClientError {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            (self.fail)(format!("server closed the connection while answering option {option}"))
+            (self.fail)(format!(
+                "server closed the connection while answering option {option}"
+            ))
         } else {
             (self.fail)(format!("reading the reply to option {option}: {e}"))
         }
@@ -328,7 +433,8 @@ where
     /// NBD_OPT_EXPORT_NAME: no reply header; the server closes the connection when it does
     /// not know the export.
     async fn export_name(&mut self, no_zeroes: bool) -> Result<(u64, u16), ClientError> {
-        self.send(proto::OPT_EXPORT_NAME, self.req.wire.as_bytes()).await?;
+        self.send(proto::OPT_EXPORT_NAME, self.req.wire.as_bytes())
+            .await?;
         let mut d = [0u8; 10 + 124];
         let want = if no_zeroes { 10 } else { d.len() };
         self.s.read_exact(&mut d[..want]).await.map_err(|e| {

@@ -88,7 +88,10 @@ impl Default for ConnectOptions {
 impl ConnectOptions {
     /// Default options for the named export.
     pub fn export(name: impl Into<String>) -> Self {
-        ConnectOptions { export: name.into(), ..Default::default() }
+        ConnectOptions {
+            export: name.into(),
+            ..Default::default()
+        }
     }
 }
 
@@ -99,17 +102,28 @@ async fn over_tls<S>(
     req: &handshake::Request<'_>,
     config: Arc<rustls::ClientConfig>,
     name: rustls::pki_types::ServerName<'static>,
-) -> Result<(ExportInfo, ReadHalf, WriteHalf, Option<std::os::fd::OwnedFd>), ClientError>
+) -> Result<
+    (
+        ExportInfo,
+        ReadHalf,
+        WriteHalf,
+        Option<std::os::fd::OwnedFd>,
+    ),
+    ClientError,
+>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let no_zeroes = handshake::greet(&mut s, req).await?;
     handshake::starttls(&mut s, req).await?;
-    let mut t = tokio_rustls::TlsConnector::from(config).connect(name, s).await.map_err(|e| ClientError::Handshake {
-        addr: req.addr.into(),
-        export: req.export.to_string(),
-        reason: format!("TLS handshake failed: {e}"),
-    })?;
+    let mut t = tokio_rustls::TlsConnector::from(config)
+        .connect(name, s)
+        .await
+        .map_err(|e| ClientError::Handshake {
+            addr: req.addr.into(),
+            export: req.export.to_string(),
+            reason: format!("TLS handshake failed: {e}"),
+        })?;
     let info = handshake::haggle(&mut t, req, no_zeroes).await?;
     let (r, w) = tokio::io::split(t);
     Ok((info, Box::new(r), Box::new(w), None))
@@ -146,10 +160,10 @@ impl Client {
     pub async fn connect(addr: Address, opts: ConnectOptions) -> Result<Client, ClientError> {
         let addr_text: Arc<str> = addr.to_string().into();
         let setup = async {
-            let stream = addr
-                .open()
-                .await
-                .map_err(|err| ClientError::Connect { addr: addr_text.clone(), err })?;
+            let stream = addr.open().await.map_err(|err| ClientError::Connect {
+                addr: addr_text.clone(),
+                err,
+            })?;
             let wire = match &opts.secret {
                 Some(secret) => format!("{}{SECRET_SEPARATOR}{secret}", opts.export),
                 None => opts.export.clone(),
@@ -162,8 +176,12 @@ impl Client {
                 base_allocation: opts.base_allocation,
             };
             if let Some(config) = &opts.tls {
-                let name = vdstream_tls::files::server_name(addr.host())
-                    .map_err(|e| ClientError::Address { input: addr_text.to_string(), reason: e.to_string() })?;
+                let name = vdstream_tls::files::server_name(addr.host()).map_err(|e| {
+                    ClientError::Address {
+                        input: addr_text.to_string(),
+                        reason: e.to_string(),
+                    }
+                })?;
                 return match stream {
                     Stream::Unix(s) => over_tls(s, &req, config.clone(), name).await,
                     Stream::Tcp(s) => over_tls(s, &req, config.clone(), name).await,
@@ -188,13 +206,13 @@ impl Client {
             };
             Ok::<_, ClientError>((info, r, w, direct))
         };
-        let (info, r, w, direct) = tokio::time::timeout(opts.connect_timeout, setup).await.map_err(|_| {
-            ClientError::ConnectTimeout {
+        let (info, r, w, direct) = tokio::time::timeout(opts.connect_timeout, setup)
+            .await
+            .map_err(|_| ClientError::ConnectTimeout {
                 addr: addr_text.clone(),
                 export: opts.export.clone(),
                 timeout: opts.connect_timeout,
-            }
-        })??;
+            })??;
         log::info!(
             "{addr_text}: export {:?}: {} bytes, flags {:#x}, structured {}, base:allocation {:?}, block sizes {:?}",
             info.export,
@@ -205,7 +223,12 @@ impl Client {
             info.block_sizes
         );
         let conn = Connection::start(addr_text, r, w, opts.writer, direct);
-        Ok(Client { conn, info, request_timeout: opts.request_timeout, check_requests: opts.check_requests })
+        Ok(Client {
+            conn,
+            info,
+            request_timeout: opts.request_timeout,
+            check_requests: opts.check_requests,
+        })
     }
 
     /// Connect to an NBD URI (`nbd://host:port/export`, `nbd+unix:///export?socket=PATH`,
@@ -220,11 +243,22 @@ impl Client {
                 input: uri.to_string(),
                 reason: "an nbds URI needs the client's certificates: add ?tls-certificates=DIR (ca-cert.pem, client-cert.pem, client-key.pem)".into(),
             })?;
-            tls = Some(
-                vdstream_tls::files::client_config(dir).map_err(|e| ClientError::Address { input: uri.to_string(), reason: e.to_string() })?,
-            );
+            tls = Some(vdstream_tls::files::client_config(dir).map_err(|e| {
+                ClientError::Address {
+                    input: uri.to_string(),
+                    reason: e.to_string(),
+                }
+            })?);
         }
-        Client::connect(parsed.address, ConnectOptions { export: parsed.export, tls, ..opts }).await
+        Client::connect(
+            parsed.address,
+            ConnectOptions {
+                export: parsed.export,
+                tls,
+                ..opts
+            },
+        )
+        .await
     }
 
     /// What the handshake learned.
@@ -310,7 +344,12 @@ impl Client {
     /// buffers). Holes are zero-filled.
     pub async fn read_buf(&self, offset: u64, buf: Vec<u8>) -> Result<Vec<u8>, ClientError> {
         let len = self.length(Op::Read, offset, buf.len() as u64)?;
-        let cmd = Command { op: Op::Read, flags: 0, offset, len };
+        let cmd = Command {
+            op: Op::Read,
+            flags: 0,
+            offset,
+            len,
+        };
         self.check(cmd, &[])?;
         match self.request(cmd, ReplyKind::Read(buf), &[]).await? {
             ReplyKind::Read(buf) => Ok(buf),
@@ -328,21 +367,36 @@ impl Client {
     /// Write `data` at `offset`; with `fua`, the data is durable when this returns.
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ClientError> {
         let len = self.length(Op::Write, offset, data.len() as u64)?;
-        let cmd = Command { op: Op::Write, flags: fua_flag(fua), offset, len };
+        let cmd = Command {
+            op: Op::Write,
+            flags: fua_flag(fua),
+            offset,
+            len,
+        };
         self.check(cmd, data)?;
         self.request(cmd, ReplyKind::Plain, data).await.map(drop)
     }
 
     /// Make every completed write durable.
     pub async fn flush(&self) -> Result<(), ClientError> {
-        let cmd = Command { op: Op::Flush, flags: 0, offset: 0, len: 0 };
+        let cmd = Command {
+            op: Op::Flush,
+            flags: 0,
+            offset: 0,
+            len: 0,
+        };
         self.check(cmd, &[])?;
         self.request(cmd, ReplyKind::Plain, &[]).await.map(drop)
     }
 
     /// Tell the server the range is no longer needed (it may read back as anything).
     pub async fn trim(&self, offset: u64, len: u32, fua: bool) -> Result<(), ClientError> {
-        let cmd = Command { op: Op::Trim, flags: fua_flag(fua), offset, len };
+        let cmd = Command {
+            op: Op::Trim,
+            flags: fua_flag(fua),
+            offset,
+            len,
+        };
         self.check(cmd, &[])?;
         self.request(cmd, ReplyKind::Plain, &[]).await.map(drop)
     }
@@ -364,25 +418,48 @@ impl Client {
         if fast_zero {
             flags |= proto::CMD_FLAG_FAST_ZERO;
         }
-        let cmd = Command { op: Op::WriteZeroes, flags, offset, len };
+        let cmd = Command {
+            op: Op::WriteZeroes,
+            flags,
+            offset,
+            len,
+        };
         self.check(cmd, &[])?;
         self.request(cmd, ReplyKind::Plain, &[]).await.map(drop)
     }
 
     /// Ask the server to prefetch the range.
     pub async fn cache(&self, offset: u64, len: u32) -> Result<(), ClientError> {
-        let cmd = Command { op: Op::Cache, flags: 0, offset, len };
+        let cmd = Command {
+            op: Op::Cache,
+            flags: 0,
+            offset,
+            len,
+        };
         self.check(cmd, &[])?;
         self.request(cmd, ReplyKind::Plain, &[]).await.map(drop)
     }
 
     /// `base:allocation` extents from `offset`: `(length, NBD_STATE_* flags)`. The last
     /// extent may reach past `offset + len`; with `req_one` the server sends one extent.
-    pub async fn block_status(&self, offset: u64, len: u32, req_one: bool) -> Result<Vec<(u32, u32)>, ClientError> {
+    pub async fn block_status(
+        &self,
+        offset: u64,
+        len: u32,
+        req_one: bool,
+    ) -> Result<Vec<(u32, u32)>, ClientError> {
         let flags = if req_one { proto::CMD_FLAG_REQ_ONE } else { 0 };
-        let cmd = Command { op: Op::BlockStatus, flags, offset, len };
+        let cmd = Command {
+            op: Op::BlockStatus,
+            flags,
+            offset,
+            len,
+        };
         self.check(cmd, &[])?;
-        let kind = ReplyKind::BlockStatus { context: self.info.base_allocation, extents: Vec::new() };
+        let kind = ReplyKind::BlockStatus {
+            context: self.info.base_allocation,
+            extents: Vec::new(),
+        };
         match self.request(cmd, kind, &[]).await? {
             ReplyKind::BlockStatus { extents, .. } => Ok(extents),
             _ => unreachable!("block status completes with extents"),
@@ -396,7 +473,8 @@ impl Client {
         match self.request_timeout {
             Some(t) => {
                 if tokio::time::timeout(t, disc).await.is_err() {
-                    self.conn.fail("disconnect timed out waiting for in-flight requests".into());
+                    self.conn
+                        .fail("disconnect timed out waiting for in-flight requests".into());
                 }
             }
             None => disc.await,
@@ -405,11 +483,19 @@ impl Client {
     }
 
     fn length(&self, op: Op, offset: u64, len: u64) -> Result<u32, ClientError> {
-        u32::try_from(len).map_err(|_| self.invalid(op, offset, len, "length does not fit in 32 bits".into()))
+        u32::try_from(len)
+            .map_err(|_| self.invalid(op, offset, len, "length does not fit in 32 bits".into()))
     }
 
     fn invalid(&self, op: Op, offset: u64, len: u64, reason: String) -> ClientError {
-        ClientError::Invalid { addr: self.conn.addr.clone(), op, offset, len, size: self.info.size, reason }
+        ClientError::Invalid {
+            addr: self.conn.addr.clone(),
+            op,
+            offset,
+            len,
+            size: self.info.size,
+            reason,
+        }
     }
 
     /// Client-side validation, so a bad request never reaches the server.
@@ -417,9 +503,20 @@ impl Client {
         if !self.check_requests {
             return Ok(());
         }
-        let Command { op, flags, offset, len } = cmd;
+        let Command {
+            op,
+            flags,
+            offset,
+            len,
+        } = cmd;
         let bad = |reason: &str| Err(self.invalid(op, offset, u64::from(len), reason.to_string()));
-        let needs = |ok: bool, what: &str| if ok { Ok(()) } else { bad(&format!("the server does not support {what}")) };
+        let needs = |ok: bool, what: &str| {
+            if ok {
+                Ok(())
+            } else {
+                bad(&format!("the server does not support {what}"))
+            }
+        };
         if op == Op::Flush {
             return needs(self.can_flush(), "flush");
         }
@@ -460,7 +557,12 @@ impl Client {
     }
 
     /// Submit and wait, bounded by the request timeout.
-    async fn request(&self, cmd: Command, kind: ReplyKind, payload: &[u8]) -> Result<ReplyKind, ClientError> {
+    async fn request(
+        &self,
+        cmd: Command,
+        kind: ReplyKind,
+        payload: &[u8],
+    ) -> Result<ReplyKind, ClientError> {
         let conn = &self.conn;
         let exchange = async {
             let reply = conn.submit(cmd, kind, payload).await?;
@@ -468,7 +570,9 @@ impl Client {
                 Ok(result) => result,
                 Err(_) => Err(ClientError::Disconnected {
                     addr: conn.addr.clone(),
-                    reason: conn.closed_reason().unwrap_or_else(|| "reply channel closed".into()),
+                    reason: conn
+                        .closed_reason()
+                        .unwrap_or_else(|| "reply channel closed".into()),
                 }),
             }
         };
@@ -478,7 +582,10 @@ impl Client {
         match tokio::time::timeout(timeout, exchange).await {
             Ok(result) => result,
             Err(_) => {
-                let reason = format!("{} at offset {} got no reply within {timeout:?}", cmd.op, cmd.offset);
+                let reason = format!(
+                    "{} at offset {} got no reply within {timeout:?}",
+                    cmd.op, cmd.offset
+                );
                 log::warn!("{}: {reason}; failing the connection", conn.addr);
                 conn.fail(reason.into());
                 Err(ClientError::Timeout {

@@ -12,7 +12,9 @@ use tokio::net::UnixStream;
 use vdstream_blockdev::{BlockDev, Caps, Extent, Hole, MemoryDev, Result as DevResult, ZeroFlags};
 use vdstream_nbd::proto::*;
 use vdstream_nbd::wire::RequestHeader;
-use vdstream_nbd::{ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal, ShutdownTrigger};
+use vdstream_nbd::{
+    ExportInfo, Exports, Listener, OpenError, Server, ServerConfig, ShutdownSignal, ShutdownTrigger,
+};
 
 pub const DISK: u64 = 1 << 20;
 
@@ -27,8 +29,14 @@ pub struct TestExports {
 impl Exports for TestExports {
     fn list(&self) -> Vec<ExportInfo> {
         vec![
-            ExportInfo { name: "disk".into(), description: "a test disk".into() },
-            ExportInfo { name: "ro".into(), description: String::new() },
+            ExportInfo {
+                name: "disk".into(),
+                description: "a test disk".into(),
+            },
+            ExportInfo {
+                name: "ro".into(),
+                description: String::new(),
+            },
         ]
     }
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
@@ -38,7 +46,9 @@ impl Exports for TestExports {
             "slow" => Ok(self.slow.clone()),
             "batched" => Ok(self.batched.clone()),
             "panics" => Ok(Arc::new(PanicOnWrite(MemoryDev::new(DISK)))),
-            "busy" => Err(OpenError::Busy("version v3 is in maintenance by another target".into())),
+            "busy" => Err(OpenError::Busy(
+                "version v3 is in maintenance by another target".into(),
+            )),
             _ => Err(OpenError::Unknown(format!("no export named {name:?}"))),
         }
     }
@@ -48,15 +58,39 @@ impl Exports for TestExports {
 #[derive(Debug)]
 pub struct ReadOnly(pub Arc<MemoryDev>);
 impl BlockDev for ReadOnly {
-    fn size(&self) -> u64 { self.0.size() }
-    fn caps(&self) -> Caps { Caps { read_only: true, flush: false, fua: false, cache: false, ..self.0.caps() } }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> { self.0.read_at(buf, offset) }
-    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> { self.0.read_at_sparse(buf, offset, holes) }
-    fn write_at(&self, _: &[u8], _: u64, _: bool) -> DevResult<()> { panic!("write reached a read-only device") }
-    fn trim(&self, _: u64, _: u64, _: bool) -> DevResult<()> { panic!("trim reached a read-only device") }
-    fn write_zeroes(&self, _: u64, _: u64, _: ZeroFlags) -> DevResult<()> { panic!("zero reached a read-only device") }
-    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> DevResult<()> { self.0.block_status(offset, len, out) }
-    fn describe(&self) -> String { "read-only memory".into() }
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            read_only: true,
+            flush: false,
+            fua: false,
+            cache: false,
+            ..self.0.caps()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> {
+        self.0.read_at_sparse(buf, offset, holes)
+    }
+    fn write_at(&self, _: &[u8], _: u64, _: bool) -> DevResult<()> {
+        panic!("write reached a read-only device")
+    }
+    fn trim(&self, _: u64, _: u64, _: bool) -> DevResult<()> {
+        panic!("trim reached a read-only device")
+    }
+    fn write_zeroes(&self, _: u64, _: u64, _: ZeroFlags) -> DevResult<()> {
+        panic!("zero reached a read-only device")
+    }
+    fn block_status(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> DevResult<()> {
+        self.0.block_status(offset, len, out)
+    }
+    fn describe(&self) -> String {
+        "read-only memory".into()
+    }
 }
 
 /// A may_block device that sleeps a per-offset time before each operation, so replies
@@ -100,13 +134,30 @@ impl SlowDev {
 }
 
 impl BlockDev for SlowDev {
-    fn size(&self) -> u64 { self.inner.size() }
-    fn caps(&self) -> Caps { Caps { may_block: true, ..self.inner.caps() } }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> { self.slow(offset, buf.len(), || self.inner.read_at(buf, offset)) }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> { self.slow(offset, buf.len(), || self.inner.write_at(buf, offset, fua)) }
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> { self.inner.trim(offset, len, fua) }
-    fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> { self.inner.write_zeroes(offset, len, f) }
-    fn describe(&self) -> String { "slow memory".into() }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            may_block: true,
+            ..self.inner.caps()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        self.slow(offset, buf.len(), || self.inner.read_at(buf, offset))
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> {
+        self.slow(offset, buf.len(), || self.inner.write_at(buf, offset, fua))
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.inner.trim(offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> {
+        self.inner.write_zeroes(offset, len, f)
+    }
+    fn describe(&self) -> String {
+        "slow memory".into()
+    }
 }
 
 /// A memory device that prefers batches: each `io_batch` call sleeps 5 ms (so requests pile
@@ -125,22 +176,52 @@ pub struct BatchDev {
 
 impl BatchDev {
     pub fn new() -> BatchDev {
-        BatchDev { inner: MemoryDev::new(DISK), batches: Mutex::new(Vec::new()), batch_bytes: Mutex::new(Vec::new()), in_batch: AtomicUsize::new(0), peak: AtomicUsize::new(0), bytes: AtomicUsize::new(0), peak_bytes: AtomicUsize::new(0) }
+        BatchDev {
+            inner: MemoryDev::new(DISK),
+            batches: Mutex::new(Vec::new()),
+            batch_bytes: Mutex::new(Vec::new()),
+            in_batch: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+            peak_bytes: AtomicUsize::new(0),
+        }
     }
 }
 
 impl BlockDev for BatchDev {
-    fn size(&self) -> u64 { self.inner.size() }
-    fn caps(&self) -> Caps { Caps { may_block: true, ..self.inner.caps() } }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> { self.inner.read_at(buf, offset) }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> { self.inner.write_at(buf, offset, fua) }
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> { self.inner.trim(offset, len, fua) }
-    fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> { self.inner.write_zeroes(offset, len, f) }
-    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> { self.inner.read_at_sparse(buf, offset, holes) }
-    fn describe(&self) -> String { "batched memory".into() }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            may_block: true,
+            ..self.inner.caps()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> DevResult<()> {
+        self.inner.write_at(buf, offset, fua)
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.inner.trim(offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> {
+        self.inner.write_zeroes(offset, len, f)
+    }
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> DevResult<()> {
+        self.inner.read_at_sparse(buf, offset, holes)
+    }
+    fn describe(&self) -> String {
+        "batched memory".into()
+    }
     fn io_batch(&self, ops: &mut [vdstream_blockdev::BatchOp<'_>]) {
         self.batches.lock().unwrap().push(ops.len());
-        self.batch_bytes.lock().unwrap().push(ops.iter().map(|op| op.len()).sum());
+        self.batch_bytes
+            .lock()
+            .unwrap()
+            .push(ops.iter().map(|op| op.len()).sum());
         let now = self.in_batch.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
         let bytes: usize = ops.iter().map(|op| op.len()).sum();
@@ -153,7 +234,9 @@ impl BlockDev for BatchDev {
         self.bytes.fetch_sub(bytes, Ordering::SeqCst);
         self.in_batch.fetch_sub(1, Ordering::SeqCst);
     }
-    fn prefers_batches(&self) -> bool { true }
+    fn prefers_batches(&self) -> bool {
+        true
+    }
 }
 
 /// A device that prefers batches and panics on every write (a bug in a device), reads fine.
@@ -161,14 +244,33 @@ impl BlockDev for BatchDev {
 pub struct PanicOnWrite(pub MemoryDev);
 
 impl BlockDev for PanicOnWrite {
-    fn size(&self) -> u64 { self.0.size() }
-    fn caps(&self) -> Caps { Caps { may_block: true, ..self.0.caps() } }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> { self.0.read_at(buf, offset) }
-    fn write_at(&self, _: &[u8], _: u64, _: bool) -> DevResult<()> { panic!("a bug in the device's write path") }
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> { self.0.trim(offset, len, fua) }
-    fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> { self.0.write_zeroes(offset, len, f) }
-    fn describe(&self) -> String { "panicking memory".into() }
-    fn prefers_batches(&self) -> bool { true }
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            may_block: true,
+            ..self.0.caps()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, _: &[u8], _: u64, _: bool) -> DevResult<()> {
+        panic!("a bug in the device's write path")
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> DevResult<()> {
+        self.0.trim(offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> DevResult<()> {
+        self.0.write_zeroes(offset, len, f)
+    }
+    fn describe(&self) -> String {
+        "panicking memory".into()
+    }
+    fn prefers_batches(&self) -> bool {
+        true
+    }
 }
 
 /// A running server on a unix socket in a temp dir.
@@ -187,7 +289,11 @@ pub fn start() -> Harness {
 
 /// The test exports, each device new.
 pub fn test_exports() -> Arc<TestExports> {
-    Arc::new(TestExports { disk: Arc::new(MemoryDev::new(DISK)), slow: Arc::new(SlowDev::new()), batched: Arc::new(BatchDev::new()) })
+    Arc::new(TestExports {
+        disk: Arc::new(MemoryDev::new(DISK)),
+        slow: Arc::new(SlowDev::new()),
+        batched: Arc::new(BatchDev::new()),
+    })
 }
 
 pub fn start_with(config: ServerConfig) -> Harness {
@@ -199,7 +305,14 @@ pub fn start_with(config: ServerConfig) -> Harness {
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
     let (trigger, signal) = ShutdownSignal::new();
     let task = tokio::spawn(async move { server.serve(Listener::Unix(listener), signal).await });
-    Harness { dir, path, exports, trigger, task, stats }
+    Harness {
+        dir,
+        path,
+        exports,
+        trigger,
+        task,
+        stats,
+    }
 }
 
 /// One option reply.
@@ -213,8 +326,17 @@ pub struct OptReply {
 /// One transmission reply (simple or one structured chunk).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    Simple { handle: u64, error: u32, data: Vec<u8> },
-    Chunk { handle: u64, flags: u16, kind: u16, payload: Vec<u8> },
+    Simple {
+        handle: u64,
+        error: u32,
+        data: Vec<u8>,
+    },
+    Chunk {
+        handle: u64,
+        flags: u16,
+        kind: u16,
+        payload: Vec<u8>,
+    },
 }
 
 impl Reply {
@@ -227,7 +349,9 @@ impl Reply {
     pub fn error(&self) -> u32 {
         match self {
             Reply::Simple { error, .. } => *error,
-            Reply::Chunk { kind, payload, .. } if kind & 0x8000 != 0 => u32::from_be_bytes(payload[0..4].try_into().unwrap()),
+            Reply::Chunk { kind, payload, .. } if kind & 0x8000 != 0 => {
+                u32::from_be_bytes(payload[0..4].try_into().unwrap())
+            }
             _ => 0,
         }
     }
@@ -241,7 +365,9 @@ const T: Duration = Duration::from_secs(10);
 
 impl RawClient {
     pub async fn connect(path: &std::path::Path) -> RawClient {
-        RawClient { s: UnixStream::connect(path).await.unwrap() }
+        RawClient {
+            s: UnixStream::connect(path).await.unwrap(),
+        }
     }
 
     /// Reads the greeting and sends client flags.
@@ -250,12 +376,18 @@ impl RawClient {
         self.read_exact(&mut g).await;
         assert_eq!(&g[0..8], b"NBDMAGIC");
         assert_eq!(&g[8..16], b"IHAVEOPT");
-        assert_eq!(u16::from_be_bytes([g[16], g[17]]), FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
+        assert_eq!(
+            u16::from_be_bytes([g[16], g[17]]),
+            FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES
+        );
         self.s.write_all(&client_flags.to_be_bytes()).await.unwrap();
     }
 
     pub async fn read_exact(&mut self, buf: &mut [u8]) {
-        tokio::time::timeout(T, self.s.read_exact(buf)).await.expect("server reply timed out").expect("server closed");
+        tokio::time::timeout(T, self.s.read_exact(buf))
+            .await
+            .expect("server reply timed out")
+            .expect("server closed");
     }
 
     /// Whether the server closed the connection (EOF or reset) within the timeout.
@@ -293,7 +425,10 @@ impl RawClient {
     pub async fn opt_reply(&mut self) -> OptReply {
         let mut h = [0u8; 20];
         self.read_exact(&mut h).await;
-        assert_eq!(u64::from_be_bytes(h[0..8].try_into().unwrap()), REPLY_MAGIC_OPT);
+        assert_eq!(
+            u64::from_be_bytes(h[0..8].try_into().unwrap()),
+            REPLY_MAGIC_OPT
+        );
         let option = u32::from_be_bytes(h[8..12].try_into().unwrap());
         let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
         let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
@@ -323,18 +458,29 @@ impl RawClient {
     }
 
     pub async fn set_meta(&mut self, export: &str, queries: &[&str]) -> Vec<OptReply> {
-        self.option(OPT_SET_META_CONTEXT, &meta_data(export, queries)).await
+        self.option(OPT_SET_META_CONTEXT, &meta_data(export, queries))
+            .await
     }
 
     /// NBD_OPT_GO; returns (size, transmission flags).
     pub async fn go(&mut self, name: &str) -> (u64, u16) {
-        let replies = self.option(OPT_GO, &info_data(name, &[INFO_BLOCK_SIZE])).await;
-        assert_eq!(replies.last().unwrap().kind, REP_ACK, "GO failed: {replies:?}");
+        let replies = self
+            .option(OPT_GO, &info_data(name, &[INFO_BLOCK_SIZE]))
+            .await;
+        assert_eq!(
+            replies.last().unwrap().kind,
+            REP_ACK,
+            "GO failed: {replies:?}"
+        );
         export_info(&replies)
     }
 
     /// Greet, optionally structured (+ base:allocation), GO on `name`.
-    pub async fn open(path: &std::path::Path, name: &str, structured: bool) -> (RawClient, u64, u16) {
+    pub async fn open(
+        path: &std::path::Path,
+        name: &str,
+        structured: bool,
+    ) -> (RawClient, u64, u16) {
         let mut c = RawClient::connect(path).await;
         c.greet(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).await;
         if structured {
@@ -345,8 +491,23 @@ impl RawClient {
         (c, size, flags)
     }
 
-    pub async fn send(&mut self, command: u16, flags: u16, handle: u64, offset: u64, length: u32, payload: &[u8]) {
-        let h = RequestHeader { magic: REQUEST_MAGIC, flags, command, handle, offset, length };
+    pub async fn send(
+        &mut self,
+        command: u16,
+        flags: u16,
+        handle: u64,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) {
+        let h = RequestHeader {
+            magic: REQUEST_MAGIC,
+            flags,
+            command,
+            handle,
+            offset,
+            length,
+        };
         let mut m = h.encode().to_vec();
         m.extend_from_slice(payload);
         self.s.write_all(&m).await.unwrap();
@@ -364,7 +525,11 @@ impl RawClient {
                 let handle = u64::from_be_bytes(h[4..12].try_into().unwrap());
                 let mut data = vec![0; if error == 0 { read_len } else { 0 }];
                 self.read_exact(&mut data).await;
-                Reply::Simple { handle, error, data }
+                Reply::Simple {
+                    handle,
+                    error,
+                    data,
+                }
             }
             STRUCTURED_REPLY_MAGIC => {
                 let mut h = [0u8; 16];
@@ -375,7 +540,12 @@ impl RawClient {
                 let len = u32::from_be_bytes(h[12..16].try_into().unwrap());
                 let mut payload = vec![0; len as usize];
                 self.read_exact(&mut payload).await;
-                Reply::Chunk { handle, flags, kind, payload }
+                Reply::Chunk {
+                    handle,
+                    flags,
+                    kind,
+                    payload,
+                }
             }
             m => panic!("bad reply magic {m:#x}"),
         }
@@ -398,9 +568,22 @@ impl RawClient {
     }
 
     /// Simple-reply request round trip: the errno.
-    pub async fn call(&mut self, command: u16, flags: u16, offset: u64, length: u32, payload: &[u8]) -> u32 {
+    pub async fn call(
+        &mut self,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) -> u32 {
         self.send(command, flags, 77, offset, length, payload).await;
-        let r = self.reply(if command == CMD_READ { length as usize } else { 0 }).await;
+        let r = self
+            .reply(if command == CMD_READ {
+                length as usize
+            } else {
+                0
+            })
+            .await;
         assert_eq!(r.handle(), 77);
         r.error()
     }
@@ -443,5 +626,8 @@ pub fn export_info(replies: &[OptReply]) -> (u64, u16) {
         .find(|r| r.kind == REP_INFO && r.data[0..2] == INFO_EXPORT.to_be_bytes())
         .expect("no NBD_INFO_EXPORT");
     assert_eq!(info.data.len(), 12);
-    (u64::from_be_bytes(info.data[2..10].try_into().unwrap()), u16::from_be_bytes(info.data[10..12].try_into().unwrap()))
+    (
+        u64::from_be_bytes(info.data[2..10].try_into().unwrap()),
+        u16::from_be_bytes(info.data[10..12].try_into().unwrap()),
+    )
 }

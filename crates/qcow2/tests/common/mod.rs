@@ -8,7 +8,10 @@ use vdstream_blockdev::{BlockDev, Extent};
 
 /// Runs a command, panics with its output when it fails, returns stdout.
 pub fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"));
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"));
     assert!(
         out.status.success(),
         "{cmd} {args:?} failed: {}\n{}",
@@ -25,7 +28,10 @@ pub fn qemu_img(args: &[&str]) -> String {
 /// qemu-img's (major, minor) version, from `qemu-img --version` ("qemu-img version 10.0.2 (...)").
 pub fn qemu_img_version() -> (u32, u32) {
     let text = qemu_img(&["--version"]);
-    let number = text.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit())).unwrap_or_else(|| panic!("no version in: {text}"));
+    let number = text
+        .split_whitespace()
+        .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))
+        .unwrap_or_else(|| panic!("no version in: {text}"));
     let mut parts = number.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
@@ -46,7 +52,13 @@ pub fn qemu_io(image: &Path, cmds: &[&str]) {
 pub fn qemu_raw(image: &Path) -> Vec<u8> {
     let out = image.with_extension("qemu-raw");
     let _ = std::fs::remove_file(&out);
-    qemu_img(&["convert", "-O", "raw", image.to_str().unwrap(), out.to_str().unwrap()]);
+    qemu_img(&[
+        "convert",
+        "-O",
+        "raw",
+        image.to_str().unwrap(),
+        out.to_str().unwrap(),
+    ]);
     let bytes = std::fs::read(&out).unwrap();
     std::fs::remove_file(&out).unwrap();
     bytes
@@ -65,15 +77,26 @@ pub fn read_all(dev: &dyn BlockDev, chunk: usize) -> Vec<u8> {
 pub fn assert_same(got: &[u8], want: &[u8], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length differs");
     if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
-        panic!("{what}: first difference at byte {i}: got {:#04x}, want {:#04x}", got[i], want[i]);
+        panic!(
+            "{what}: first difference at byte {i}: got {:#04x}, want {:#04x}",
+            got[i], want[i]
+        );
     }
 }
 
 /// `qemu-img check --output=json`: (check-errors, corruptions, leaks).
 pub fn qemu_check(image: &Path) -> (u64, u64, u64) {
-    let out = Command::new("qemu-img").args(["check", "--output=json", image.to_str().unwrap()]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("qemu-img check output is not JSON ({e}): {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+    let out = Command::new("qemu-img")
+        .args(["check", "--output=json", image.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "qemu-img check output is not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
     (n("check-errors"), n("corruptions"), n("leaks"))
 }
@@ -81,14 +104,29 @@ pub fn qemu_check(image: &Path) -> (u64, u64, u64) {
 /// Asserts `qemu-img check` reports no errors, corruptions or leaks.
 pub fn assert_clean(image: &Path) {
     let (errors, corruptions, leaks) = qemu_check(image);
-    assert_eq!((errors, corruptions, leaks), (0, 0, 0),
-        "qemu-img check on {}: {}", image.display(),
-        String::from_utf8_lossy(&Command::new("qemu-img").args(["check", image.to_str().unwrap()]).output().unwrap().stdout));
+    assert_eq!(
+        (errors, corruptions, leaks),
+        (0, 0, 0),
+        "qemu-img check on {}: {}",
+        image.display(),
+        String::from_utf8_lossy(
+            &Command::new("qemu-img")
+                .args(["check", image.to_str().unwrap()])
+                .output()
+                .unwrap()
+                .stdout
+        )
+    );
 }
 
 /// Per-byte "reads as zero per block status" from `qemu-img map --output=json`.
 pub fn qemu_zero_map(image: &Path, size: u64) -> Vec<bool> {
-    let v: serde_json::Value = serde_json::from_str(&qemu_img(&["map", "--output=json", image.to_str().unwrap()])).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&qemu_img(&[
+        "map",
+        "--output=json",
+        image.to_str().unwrap(),
+    ]))
+    .unwrap();
     let mut map = vec![false; size as usize];
     for e in v.as_array().unwrap() {
         let start = e["start"].as_u64().unwrap() as usize;
@@ -118,5 +156,13 @@ pub fn our_zero_map(dev: &dyn BlockDev) -> Vec<bool> {
 
 /// The byte pattern tests write: cheap, position-dependent.
 pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
-    (0..len as u64).map(|i| ((offset + i).wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(97)) >> 7) as u8 | 1).collect()
+    (0..len as u64)
+        .map(|i| {
+            ((offset + i)
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed.wrapping_mul(97))
+                >> 7) as u8
+                | 1
+        })
+        .collect()
 }

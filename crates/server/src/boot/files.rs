@@ -19,7 +19,11 @@ use super::version_text;
 
 /// Where the override of `vdisk` at `layer` would be.
 pub fn override_dir(store: &Store, vdisk: &str, layer: Layer) -> std::path::PathBuf {
-    store.root().join("boot-override").join(vdisk).join(version_text(layer))
+    store
+        .root()
+        .join("boot-override")
+        .join(vdisk)
+        .join(version_text(layer))
 }
 
 /// The kernel and initrd of `vdisk` at `layer`. Blocks (reads the store, may build the
@@ -32,18 +36,33 @@ pub fn boot_files(store: &Store, vdisk: &str, layer: Layer) -> Result<BootFiles,
     };
     if let Layer::Version(n) = layer {
         if !meta.versions.iter().any(|v| v.number == n) {
-            return Err(BootError::Image { vdisk: vdisk.into(), version: shown, why: format!("it has no version {n}") });
+            return Err(BootError::Image {
+                vdisk: vdisk.into(),
+                version: shown,
+                why: format!("it has no version {n}"),
+            });
         }
     }
     let dir = override_dir(store, vdisk, layer);
     let (kernel, initrd) = (dir.join("vmlinuz"), dir.join("initrd.img"));
     match (is_file(&kernel), is_file(&initrd)) {
-        (true, true) => return Ok(BootFiles { kernel, initrd, kernel_version: String::new(), version: number }),
+        (true, true) => {
+            return Ok(BootFiles {
+                kernel,
+                initrd,
+                kernel_version: String::new(),
+                version: number,
+            })
+        }
         (false, false) => {}
         _ => {
             // Named inside the store: this text reaches machines without credentials.
             let why = format!("its boot-file override (STORE/boot-override/{vdisk}/{shown}) needs both vmlinuz and initrd.img: add the missing one, or remove the folder");
-            return Err(BootError::Image { vdisk: vdisk.into(), version: shown, why });
+            return Err(BootError::Image {
+                vdisk: vdisk.into(),
+                version: shown,
+                why,
+            });
         }
     }
     built(store, vdisk, number, shown)
@@ -51,7 +70,12 @@ pub fn boot_files(store: &Store, vdisk: &str, layer: Layer) -> Result<BootFiles,
 
 /// The version's own kernel and its built initramfs.
 fn built(store: &Store, vdisk: &str, number: u64, _shown: String) -> Result<BootFiles, BootError> {
-    vdstream_boot::boot_files(store, vdisk, number, &vdstream_boot::BuildOptions::default())
+    vdstream_boot::boot_files(
+        store,
+        vdisk,
+        number,
+        &vdstream_boot::BuildOptions::default(),
+    )
 }
 
 fn is_file(p: &Path) -> bool {

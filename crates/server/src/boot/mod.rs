@@ -101,19 +101,31 @@ pub fn version_text(layer: Layer) -> String {
 pub fn parse_version(text: &str) -> Option<Layer> {
     match text {
         "base" => Some(Layer::Base),
-        t => t.parse::<u32>().ok().filter(|n| *n > 0 && !t.starts_with('0')).map(Layer::Version),
+        t => t
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n > 0 && !t.starts_with('0'))
+            .map(Layer::Version),
     }
 }
 
 /// A size for `vdstream.ram=`: `NM` when whole MiB, else bytes.
 fn size_text(bytes: u64) -> String {
-    if bytes % (1 << 20) == 0 { format!("{}M", bytes >> 20) } else { bytes.to_string() }
+    if bytes % (1 << 20) == 0 {
+        format!("{}M", bytes >> 20)
+    } else {
+        bytes.to_string()
+    }
 }
 
 /// Whether a `Host` field (or `--boot-advertise`) can name this server in a URL: a host
 /// name, IPv4 or bracketed IPv6, with an optional port; nothing that could end the URL.
 pub fn host_ok(host: &str) -> bool {
-    !host.is_empty() && host.len() <= 255 && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
+    !host.is_empty()
+        && host.len() <= 255
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
 }
 
 /// Characters an iPXE script line must not carry: `$` and braces (setting expansion), `|`
@@ -123,7 +135,15 @@ const IPXE_SPECIAL: &str = "$|&\"'\\{}";
 /// `text` as an iPXE script line may carry it: printable ASCII without [`IPXE_SPECIAL`];
 /// anything else becomes a space. Never cut.
 fn ipxe_chars(text: &str) -> String {
-    text.chars().map(|c| if c.is_ascii_graphic() && !IPXE_SPECIAL.contains(c) || c == ' ' { c } else { ' ' }).collect()
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && !IPXE_SPECIAL.contains(c) || c == ' ' {
+                c
+            } else {
+                ' '
+            }
+        })
+        .collect()
 }
 
 /// Text that an iPXE script may print ([`ipxe_chars`]), at most 400 characters.
@@ -138,7 +158,10 @@ pub const KERNEL_CMDLINE_MAX: usize = 2048;
 /// one word of characters an iPXE line carries as they are (a space would start another
 /// parameter, as `init=/bin/sh`; a record file edited by hand is not checked otherwise).
 fn one_word(r: &TargetRecord, what: &str, v: &str) -> Result<(), String> {
-    if v.is_empty() || v.chars().any(|c| !c.is_ascii_graphic() || IPXE_SPECIAL.contains(c)) {
+    if v.is_empty()
+        || v.chars()
+            .any(|c| !c.is_ascii_graphic() || IPXE_SPECIAL.contains(c))
+    {
         return Err(format!("target {}'s record has a {what} the kernel command line cannot carry ({:?}): correct it with vdstream target set {} --{what} VALUE", ipxe_chars(&r.id), ipxe_chars(v), ipxe_chars(&r.id)));
     }
     Ok(())
@@ -180,7 +203,11 @@ pub fn cmdline(r: &TargetRecord, layer: Layer, cx: &ScriptContext<'_>) -> Result
             args.push(format!("vdstream.server={s}"));
         }
     }
-    args.push(format!("vdstream.vdisk={}@{}", r.vdisk, version_text(layer)));
+    args.push(format!(
+        "vdstream.vdisk={}@{}",
+        r.vdisk,
+        version_text(layer)
+    ));
     args.push(format!("vdstream.cache={}", r.cache.name()));
     if let Some(ram) = r.ram {
         args.push(format!("vdstream.ram={}", size_text(ram)));
@@ -188,7 +215,10 @@ pub fn cmdline(r: &TargetRecord, layer: Layer, cx: &ScriptContext<'_>) -> Result
     if let Some(d) = &r.overflow_device {
         args.push(format!("vdstream.overflow={d}"));
     }
-    args.push(format!("vdstream.hostname={}", r.hostname.as_deref().unwrap_or(&r.id)));
+    args.push(format!(
+        "vdstream.hostname={}",
+        r.hostname.as_deref().unwrap_or(&r.id)
+    ));
     args.push(format!("vdstream.machine_id={}", machine_id(&r.id)));
     let line = ipxe_chars(&args.join(" ")).replace("  ", " ");
     if line.len() >= KERNEL_CMDLINE_MAX {
@@ -294,7 +324,9 @@ mod tests {
     fn machine_ids_are_stable_hex_and_differ() {
         let a = machine_id("pc-07");
         assert_eq!(a.len(), 32);
-        assert!(a.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_eq!(a, machine_id("pc-07"));
         assert_ne!(a, machine_id("pc-08"));
         // sha256("vdstream machine-id pc-07"), by `printf %s 'vdstream machine-id pc-07' | sha256sum`.
@@ -306,14 +338,28 @@ mod tests {
     #[test]
     fn messages_fit_a_pxe_console() {
         let long = "vDisk win version 0 has no kernel: no kernel was found for it; install a kernel into the image (for Debian: linux-image-amd64) or set a boot-file override";
-        let s = message_script("http://h:1", &[long.to_string(), "  indented words stay indented".into()], 30);
+        let s = message_script(
+            "http://h:1",
+            &[long.to_string(), "  indented words stay indented".into()],
+            30,
+        );
         for shown in s.lines().filter_map(|l| l.strip_prefix("echo ")) {
             assert!(shown.len() < 80, "{shown}");
         }
-        let echoed: Vec<&str> = s.lines().filter_map(|l| l.strip_prefix("echo vdstream: ")).collect();
-        assert_eq!(echoed[..echoed.len() - 2].join(" "), long, "every word, in order");
+        let echoed: Vec<&str> = s
+            .lines()
+            .filter_map(|l| l.strip_prefix("echo vdstream: "))
+            .collect();
+        assert_eq!(
+            echoed[..echoed.len() - 2].join(" "),
+            long,
+            "every word, in order"
+        );
         assert_eq!(echoed[echoed.len() - 2], "  indented words stay indented");
-        assert!(s.ends_with("sleep 30\nchain --replace --autofree http://h:1/boot/ipxe\n"), "{s}");
+        assert!(
+            s.ends_with("sleep 30\nchain --replace --autofree http://h:1/boot/ipxe\n"),
+            "{s}"
+        );
     }
 
     fn record(hostname: Option<&str>, overflow: Option<&str>) -> TargetRecord {
@@ -334,21 +380,63 @@ mod tests {
     #[test]
     fn the_kernel_command_line_is_whole_or_refused() {
         let cfg = BootConfig::default();
-        let cx = ScriptContext { base: "http://10.0.2.2:8480", config: &cfg, mac: "52:54:00:12:34:56" };
+        let cx = ScriptContext {
+            base: "http://10.0.2.2:8480",
+            config: &cfg,
+            mac: "52:54:00:12:34:56",
+        };
         // A long overflow device path is carried whole (a cut one could name another disk).
         let dev = "/dev/disk/by-id/ata-SAMSUNG_MZ7LN256HAJQ-000H1_S3TWNX0K123456-part12";
-        let line = cmdline(&record(Some("lab-pc-01"), Some(dev)), Layer::Version(3), &cx).unwrap();
-        assert!(line.contains(&format!("vdstream.overflow={dev} ")), "{line}");
-        assert!(line.contains("vdstream.hostname=lab-pc-01 vdstream.machine_id="), "{line}");
+        let line = cmdline(
+            &record(Some("lab-pc-01"), Some(dev)),
+            Layer::Version(3),
+            &cx,
+        )
+        .unwrap();
+        assert!(
+            line.contains(&format!("vdstream.overflow={dev} ")),
+            "{line}"
+        );
+        assert!(
+            line.contains("vdstream.hostname=lab-pc-01 vdstream.machine_id="),
+            "{line}"
+        );
         // More than the kernel takes: refused, not cut.
-        let servers: Vec<String> = (0..40).map(|i| format!("http://boot-server-number-{i}.lab.example:8480")).collect();
-        let many = BootConfig { servers, ..BootConfig::default() };
-        let e = cmdline(&record(None, Some(dev)), Layer::Base, &ScriptContext { config: &many, ..cx.clone() }).unwrap_err();
+        let servers: Vec<String> = (0..40)
+            .map(|i| format!("http://boot-server-number-{i}.lab.example:8480"))
+            .collect();
+        let many = BootConfig {
+            servers,
+            ..BootConfig::default()
+        };
+        let e = cmdline(
+            &record(None, Some(dev)),
+            Layer::Base,
+            &ScriptContext {
+                config: &many,
+                ..cx.clone()
+            },
+        )
+        .unwrap_err();
         assert!(e.contains("more than the kernel takes"), "{e}");
-        let script = target_script(&record(None, None), Layer::Base, &ScriptContext { config: &many, ..cx.clone() });
-        assert!(!script.lines().any(|l| l.starts_with("kernel ")) && script.contains("echo vdstream:"), "{script}");
+        let script = target_script(
+            &record(None, None),
+            Layer::Base,
+            &ScriptContext {
+                config: &many,
+                ..cx.clone()
+            },
+        );
+        assert!(
+            !script.lines().any(|l| l.starts_with("kernel ")) && script.contains("echo vdstream:"),
+            "{script}"
+        );
         // A record edited by hand cannot add kernel parameters.
-        for (h, d) in [(Some("x init=/bin/sh"), None), (None, Some("/dev/sda2 init=/bin/sh")), (Some(""), None)] {
+        for (h, d) in [
+            (Some("x init=/bin/sh"), None),
+            (None, Some("/dev/sda2 init=/bin/sh")),
+            (Some(""), None),
+        ] {
             let e = cmdline(&record(h, d), Layer::Base, &cx).unwrap_err();
             assert!(e.contains("cannot carry"), "{e}");
         }
@@ -356,9 +444,18 @@ mod tests {
 
     #[test]
     fn texts_cannot_add_commands() {
-        assert_eq!(ipxe_text("a ${x} || reboot && b\n#c"), "a   x     reboot    b #c");
+        assert_eq!(
+            ipxe_text("a ${x} || reboot && b\n#c"),
+            "a   x     reboot    b #c"
+        );
         assert!(host_ok("10.0.2.2:8480") && host_ok("[::1]:80") && host_ok("pvs1.lab"));
-        assert!(!host_ok("a/b") && !host_ok("a b") && !host_ok("") && !host_ok("x${y}") && !host_ok("a?b"));
+        assert!(
+            !host_ok("a/b")
+                && !host_ok("a b")
+                && !host_ok("")
+                && !host_ok("x${y}")
+                && !host_ok("a?b")
+        );
         assert_eq!(parse_version("base"), Some(Layer::Base));
         assert_eq!(parse_version("3"), Some(Layer::Version(3)));
         for bad in ["0", "03", "-1", "x", ""] {

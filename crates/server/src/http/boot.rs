@@ -60,7 +60,10 @@ pub(crate) fn router(shared: Arc<Shared>, api: Router) -> Router {
     let layers = ServiceBuilder::new()
         .layer(GlobalConcurrencyLimitLayer::new(MAX_BOOT_IN_FLIGHT))
         .layer(RequestBodyLimitLayer::new(0))
-        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, BOOT_TIMEOUT));
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            BOOT_TIMEOUT,
+        ));
     Router::new()
         .route("/boot/ipxe", get(first))
         .route("/boot/target/{mac}", get(target))
@@ -71,7 +74,12 @@ pub(crate) fn router(shared: Arc<Shared>, api: Router) -> Router {
 }
 
 fn text(status: StatusCode, body: String) -> Response {
-    (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
 }
 
 fn script(body: String) -> Response {
@@ -79,7 +87,10 @@ fn script(body: String) -> Response {
 }
 
 fn config(s: &Shared) -> &BootConfig {
-    s.state.boot.as_ref().expect("boot routes exist only with a boot configuration")
+    s.state
+        .boot
+        .as_ref()
+        .expect("boot routes exist only with a boot configuration")
 }
 
 /// A `Host` field that cannot name the server in a script.
@@ -87,7 +98,10 @@ struct BadHost;
 
 impl IntoResponse for BadHost {
     fn into_response(self) -> Response {
-        text(StatusCode::BAD_REQUEST, "the Host field is not a host name or address with an optional port\n".into())
+        text(
+            StatusCode::BAD_REQUEST,
+            "the Host field is not a host name or address with an optional port\n".into(),
+        )
     }
 }
 
@@ -112,10 +126,18 @@ fn base(s: &Shared, headers: &HeaderMap) -> Result<String, BadHost> {
 /// `HOST` or `HOST:PORT` (`[V6]` or `[V6]:PORT`), with `port` added when it has none.
 pub fn with_port(host: &str, port: u16) -> String {
     let has_port = match host.rsplit_once(':') {
-        Some((h, p)) => !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && (!h.contains(':') || h.ends_with(']')),
+        Some((h, p)) => {
+            !p.is_empty()
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && (!h.contains(':') || h.ends_with(']'))
+        }
         None => false,
     };
-    if has_port { host.to_string() } else { format!("{host}:{port}") }
+    if has_port {
+        host.to_string()
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 async fn first(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
@@ -125,7 +147,12 @@ async fn first(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     }
 }
 
-async fn target(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Extension<ClientAddr>, headers: HeaderMap, Path(mac): Path<String>) -> Response {
+async fn target(
+    State(s): State<Arc<Shared>>,
+    Extension(ClientAddr(peer)): Extension<ClientAddr>,
+    headers: HeaderMap,
+    Path(mac): Path<String>,
+) -> Response {
     let base = match base(&s, &headers) {
         Ok(b) => b,
         Err(r) => return r.into_response(),
@@ -163,10 +190,25 @@ async fn target(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Exten
     match r {
         Ok(Ok(body)) => script(body),
         Ok(Err(e)) => {
-            s.state.log.log(log::Level::Warn, module_path!(), "boot-failed", format_args!("boot: cannot make the script of a machine at {peer}: {e}"));
-            script(boot::message_script(&base_or_local(&s, &headers), &[format!("the server cannot boot this machine: {}", public_store_text(&e))], config(&s).retry_secs))
+            s.state.log.log(
+                log::Level::Warn,
+                module_path!(),
+                "boot-failed",
+                format_args!("boot: cannot make the script of a machine at {peer}: {e}"),
+            );
+            script(boot::message_script(
+                &base_or_local(&s, &headers),
+                &[format!(
+                    "the server cannot boot this machine: {}",
+                    public_store_text(&e)
+                )],
+                config(&s).retry_secs,
+            ))
         }
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("the boot handler failed: {e}\n")),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the boot handler failed: {e}\n"),
+        ),
     }
 }
 
@@ -178,8 +220,14 @@ fn base_or_local(s: &Shared, headers: &HeaderMap) -> String {
 /// for a bad name, 500 otherwise.
 fn status_of(e: &BootError) -> StatusCode {
     match e {
-        BootError::NoKernel { .. } | BootError::Image { .. } | BootError::Store(StoreError::UnknownVdisk { .. } | StoreError::UnknownVersion { .. }) => StatusCode::NOT_FOUND,
-        BootError::Store(StoreError::BadName(_) | StoreError::BadInput(_)) => StatusCode::BAD_REQUEST,
+        BootError::NoKernel { .. }
+        | BootError::Image { .. }
+        | BootError::Store(StoreError::UnknownVdisk { .. } | StoreError::UnknownVersion { .. }) => {
+            StatusCode::NOT_FOUND
+        }
+        BootError::Store(StoreError::BadName(_) | StoreError::BadInput(_)) => {
+            StatusCode::BAD_REQUEST
+        }
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -204,12 +252,26 @@ fn public_text(e: &BootError) -> String {
     }
 }
 
-async fn file(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Extension<ClientAddr>, Path((name, version, file)): Path<(String, String, String)>, req: Request) -> Response {
+async fn file(
+    State(s): State<Arc<Shared>>,
+    Extension(ClientAddr(peer)): Extension<ClientAddr>,
+    Path((name, version, file)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
     let Some(layer) = boot::parse_version(&version) else {
-        return text(StatusCode::BAD_REQUEST, format!("{:?} is not a version: give base or a version number\n", boot::ipxe_text(&version)));
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{:?} is not a version: give base or a version number\n",
+                boot::ipxe_text(&version)
+            ),
+        );
     };
     if !matches!(file.as_str(), "vmlinuz" | "initrd.img" | "problem") {
-        return text(StatusCode::NOT_FOUND, "a version's boot files are vmlinuz and initrd.img\n".into());
+        return text(
+            StatusCode::NOT_FOUND,
+            "a version's boot files are vmlinuz and initrd.img\n".into(),
+        );
     }
     let store_dir = s.state.store.clone();
     let vdisk = name.clone();
@@ -220,7 +282,12 @@ async fn file(State(s): State<Arc<Shared>>, Extension(ClientAddr(peer)): Extensi
     .await;
     let found = match found {
         Ok(f) => f,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("the boot handler failed: {e}\n")),
+        Err(e) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the boot handler failed: {e}\n"),
+            )
+        }
     };
     let headers = req.headers().clone();
     match (file.as_str(), found) {
@@ -259,7 +326,10 @@ impl http_body::Body for Held {
     type Data = axum::body::Bytes;
     type Error = axum::Error;
 
-    fn poll_frame(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         std::pin::Pin::new(&mut self.inner).poll_frame(cx)
     }
 

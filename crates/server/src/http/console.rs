@@ -36,8 +36,17 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 pub(crate) fn router(app: Router) -> Router {
     Router::new()
         .route("/", get(|| async { Redirect::to("/console") }))
-        .route("/console", get(|| async { asset("text/html; charset=utf-8", INDEX) }))
-        .route("/console/app.js", get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }))
-        .route("/console/app.css", get(|| async { asset("text/css; charset=utf-8", STYLE) }))
+        .route(
+            "/console",
+            get(|| async { asset("text/html; charset=utf-8", INDEX) }),
+        )
+        .route(
+            "/console/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
+        )
+        .route(
+            "/console/app.css",
+            get(|| async { asset("text/css; charset=utf-8", STYLE) }),
+        )
         .fallback_service(app)
 }

@@ -24,19 +24,35 @@ use super::shared::{blocking, Shared};
 
 pub use crate::forwarding::{Forward, ForwardAnswer, ForwardError, ForwardRequest, Forwarder};
 
-const SENT_ALONG: [header::HeaderName; 4] = [header::AUTHORIZATION, header::CONTENT_TYPE, header::IF_MATCH, header::ACCEPT];
+const SENT_ALONG: [header::HeaderName; 4] = [
+    header::AUTHORIZATION,
+    header::CONTENT_TYPE,
+    header::IF_MATCH,
+    header::ACCEPT,
+];
 
 /// Whether `path` is an agent's report (`/api/v1/targets/{id}/agent`), which stays here.
 fn agent_report(path: &str) -> bool {
-    path.strip_prefix("/api/v1/targets/").and_then(|r| r.strip_suffix("/agent")).is_some_and(|id| !id.is_empty() && !id.contains('/'))
+    path.strip_prefix("/api/v1/targets/")
+        .and_then(|r| r.strip_suffix("/agent"))
+        .is_some_and(|id| !id.is_empty() && !id.contains('/'))
 }
 
 /// The middleware (inside authorization and the API's limits): forwards a change when
 /// this server has a forwarder.
-pub(crate) async fn changes_to_writer(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    let Some(Forwarder(f)) = s.state.forward.clone() else { return next.run(req).await };
+pub(crate) async fn changes_to_writer(
+    State(s): State<Arc<Shared>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(Forwarder(f)) = s.state.forward.clone() else {
+        return next.run(req).await;
+    };
     let path = req.uri().path().to_string();
-    if matches!(*req.method(), Method::GET | Method::HEAD) || !path.starts_with("/api/v1/") || agent_report(&path) {
+    if matches!(*req.method(), Method::GET | Method::HEAD)
+        || !path.starts_with("/api/v1/")
+        || agent_report(&path)
+    {
         return next.run(req).await;
     }
     // A token travels with the change; a certificate's identity cannot (the writer sees
@@ -52,12 +68,35 @@ pub(crate) async fn changes_to_writer(State(s): State<Arc<Shared>>, req: Request
     let (parts, body) = req.into_parts();
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b.to_vec(),
-        Err(_) => return ApiError::new(413, "the request body is too large", format!("send at most {MAX_BODY} bytes")).into_response(),
+        Err(_) => {
+            return ApiError::new(
+                413,
+                "the request body is too large",
+                format!("send at most {MAX_BODY} bytes"),
+            )
+            .into_response()
+        }
     };
-    let headers =
-        SENT_ALONG.iter().filter_map(|h| parts.headers.get(h).and_then(|v| v.to_str().ok()).map(|v| (h.as_str().to_string(), v.to_string()))).collect();
-    let fr =
-        ForwardRequest { method: parts.method.to_string(), path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or(path.clone()), headers, body };
+    let headers = SENT_ALONG
+        .iter()
+        .filter_map(|h| {
+            parts
+                .headers
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| (h.as_str().to_string(), v.to_string()))
+        })
+        .collect();
+    let fr = ForwardRequest {
+        method: parts.method.to_string(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or(path.clone()),
+        headers,
+        body,
+    };
     let (method, shown) = (fr.method.clone(), path.clone());
     let sent = blocking(move || {
         f.forward(fr).map_err(|e| match e {
@@ -76,7 +115,11 @@ pub(crate) async fn changes_to_writer(State(s): State<Arc<Shared>>, req: Request
     .await;
     match sent {
         Ok(a) => {
-            log::info!("HTTP API: {method} {shown} sent to the metadata writer {}: {}", a.writer, a.status);
+            log::info!(
+                "HTTP API: {method} {shown} sent to the metadata writer {}: {}",
+                a.writer,
+                a.status
+            );
             let mut r = Response::new(Body::from(a.body));
             *r.status_mut() = StatusCode::from_u16(a.status).unwrap_or(StatusCode::BAD_GATEWAY);
             if let Some(ct) = a.content_type.and_then(|c| c.parse().ok()) {
@@ -88,7 +131,10 @@ pub(crate) async fn changes_to_writer(State(s): State<Arc<Shared>>, req: Request
             r
         }
         Err(e) => {
-            log::warn!("HTTP API: {method} {shown} could not be sent to the metadata writer: {}", e.error);
+            log::warn!(
+                "HTTP API: {method} {shown} could not be sent to the metadata writer: {}",
+                e.error
+            );
             e.into_response()
         }
     }
@@ -99,7 +145,12 @@ mod tests {
     #[test]
     fn only_agents_reports_stay() {
         assert!(super::agent_report("/api/v1/targets/pc-01/agent"));
-        for no in ["/api/v1/targets/agent", "/api/v1/targets//agent", "/api/v1/targets/a/b/agent", "/api/v1/vdisks/agent"] {
+        for no in [
+            "/api/v1/targets/agent",
+            "/api/v1/targets//agent",
+            "/api/v1/targets/a/b/agent",
+            "/api/v1/vdisks/agent",
+        ] {
             assert!(!super::agent_report(no), "{no}");
         }
     }

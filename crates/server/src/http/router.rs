@@ -40,13 +40,25 @@ struct Table {
 }
 
 impl Table {
-    fn at<H: Handler<T, Arc<Shared>>, T: 'static>(self, method: Method, path: &'static str, h: H) -> Self {
+    fn at<H: Handler<T, Arc<Shared>>, T: 'static>(
+        self,
+        method: Method,
+        path: &'static str,
+        h: H,
+    ) -> Self {
         self.at_limited(method, path, h, MAX_BODY)
     }
 
     /// A route whose body limit is `limit` (below [`MAX_BODY`]).
-    fn at_limited<H: Handler<T, Arc<Shared>>, T: 'static>(mut self, method: Method, path: &'static str, h: H, limit: usize) -> Self {
-        let filter = MethodFilter::try_from(method.clone()).expect("axum routes every standard method");
+    fn at_limited<H: Handler<T, Arc<Shared>>, T: 'static>(
+        mut self,
+        method: Method,
+        path: &'static str,
+        h: H,
+        limit: usize,
+    ) -> Self {
+        let filter =
+            MethodFilter::try_from(method.clone()).expect("axum routes every standard method");
         let mut route = on(filter, h);
         if limit < MAX_BODY {
             route = route.layer(RequestBodyLimitLayer::new(limit));
@@ -59,25 +71,53 @@ impl Table {
 
 /// Every route of the API.
 fn table() -> Table {
-    Table { router: Router::new(), routes: Vec::new() }
-        .at(Method::GET, "/api/v1/server", server)
-        .at(Method::GET, "/api/v1/vdisks", store::vdisk_list)
-        .at(Method::GET, "/api/v1/vdisks/{name}", store::vdisk_show)
-        .at(Method::GET, "/api/v1/vdisks/{name}/versions", store::version_list)
-        .at(Method::POST, "/api/v1/vdisks/{name}/versions", store::version_new)
-        .at(Method::POST, "/api/v1/vdisks/{name}/versions/{version}/promote", store::version_promote)
-        .at(Method::POST, "/api/v1/vdisks/{name}/revert", store::version_revert)
-        .at(Method::POST, "/api/v1/vdisks/{name}/merge", store::version_merge)
-        .at(Method::GET, "/api/v1/audit", store::audit_list)
-        .at(Method::GET, "/api/v1/targets", store::target_list)
-        .at(Method::POST, "/api/v1/targets", store::target_add)
-        .at(Method::GET, "/api/v1/targets/{id}", store::target_show)
-        .at(Method::PUT, "/api/v1/targets/{id}", store::target_set)
-        .at(Method::DELETE, "/api/v1/targets/{id}", store::target_remove)
-        .at_limited(Method::PUT, "/api/v1/targets/{id}/agent", agent_report, MAX_AGENT_REPORT)
-        .at(Method::GET, "/api/v1/sessions", sessions)
-        .at(Method::GET, "/api/v1/events", events::stream)
-        .at(Method::GET, "/metrics", metrics_text)
+    Table {
+        router: Router::new(),
+        routes: Vec::new(),
+    }
+    .at(Method::GET, "/api/v1/server", server)
+    .at(Method::GET, "/api/v1/vdisks", store::vdisk_list)
+    .at(Method::GET, "/api/v1/vdisks/{name}", store::vdisk_show)
+    .at(
+        Method::GET,
+        "/api/v1/vdisks/{name}/versions",
+        store::version_list,
+    )
+    .at(
+        Method::POST,
+        "/api/v1/vdisks/{name}/versions",
+        store::version_new,
+    )
+    .at(
+        Method::POST,
+        "/api/v1/vdisks/{name}/versions/{version}/promote",
+        store::version_promote,
+    )
+    .at(
+        Method::POST,
+        "/api/v1/vdisks/{name}/revert",
+        store::version_revert,
+    )
+    .at(
+        Method::POST,
+        "/api/v1/vdisks/{name}/merge",
+        store::version_merge,
+    )
+    .at(Method::GET, "/api/v1/audit", store::audit_list)
+    .at(Method::GET, "/api/v1/targets", store::target_list)
+    .at(Method::POST, "/api/v1/targets", store::target_add)
+    .at(Method::GET, "/api/v1/targets/{id}", store::target_show)
+    .at(Method::PUT, "/api/v1/targets/{id}", store::target_set)
+    .at(Method::DELETE, "/api/v1/targets/{id}", store::target_remove)
+    .at_limited(
+        Method::PUT,
+        "/api/v1/targets/{id}/agent",
+        agent_report,
+        MAX_AGENT_REPORT,
+    )
+    .at(Method::GET, "/api/v1/sessions", sessions)
+    .at(Method::GET, "/api/v1/events", events::stream)
+    .at(Method::GET, "/metrics", metrics_text)
 }
 
 /// Every (path pattern, method) the router answers (besides HEAD for each GET).
@@ -98,12 +138,26 @@ fn api(shared: Arc<Shared>) -> Router {
     let layers = ServiceBuilder::new()
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn(head_checked))
-        .layer(middleware::from_fn_with_state(shared.clone(), auth::authorize))
+        .layer(middleware::from_fn_with_state(
+            shared.clone(),
+            auth::authorize,
+        ))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
-        .layer(middleware::from_fn_with_state(shared.clone(), forward::changes_to_writer))
+        .layer(middleware::from_fn_with_state(
+            shared.clone(),
+            forward::changes_to_writer,
+        ))
         .layer(RequestBodyLimitLayer::new(MAX_BODY))
-        .layer(TimeoutLayer::with_status_code(axum::http::StatusCode::SERVICE_UNAVAILABLE, HANDLER_TIMEOUT));
-    table().router.fallback(not_found).method_not_allowed_fallback(not_allowed).layer(layers).with_state(shared)
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            HANDLER_TIMEOUT,
+        ));
+    table()
+        .router
+        .fallback(not_found)
+        .method_not_allowed_fallback(not_allowed)
+        .layer(layers)
+        .with_state(shared)
 }
 
 async fn head_checked(req: Request, next: Next) -> Response {
@@ -115,15 +169,26 @@ async fn head_checked(req: Request, next: Next) -> Response {
 }
 
 async fn not_found(uri: Uri) -> ApiError {
-    ApiError::new(404, format!("no API route {}", uri.path()), "the routes are listed in docs/openapi.yaml; they start with /api/v1/ (and /metrics)")
+    ApiError::new(
+        404,
+        format!("no API route {}", uri.path()),
+        "the routes are listed in docs/openapi.yaml; they start with /api/v1/ (and /metrics)",
+    )
 }
 
 /// (axum adds `Allow`.)
 async fn not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::new(405, format!("{method} is not allowed on {}", uri.path()), "use a method the Allow field of this answer names")
+    ApiError::new(
+        405,
+        format!("{method} is not allowed on {}", uri.path()),
+        "use a method the Allow field of this answer names",
+    )
 }
 
-async fn server(State(s): State<Arc<Shared>>, caller: Option<Extension<auth::Caller>>) -> Json<Value> {
+async fn server(
+    State(s): State<Arc<Shared>>,
+    caller: Option<Extension<auth::Caller>>,
+) -> Json<Value> {
     let mut doc = live::server_doc(&s.state);
     if caller.is_some_and(|Extension(c)| c == auth::Caller::Booting) {
         // A machine without credentials learns where to connect, not where the store is.
@@ -138,9 +203,19 @@ async fn sessions(State(s): State<Arc<Shared>>) -> Json<Value> {
 }
 
 async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render(&s))
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        metrics::render(&s),
+    )
 }
 
-async fn agent_report(State(s): State<Arc<Shared>>, Extension(c): Extension<ClientAddr>, Param(id): Param<String>, JsonBody(doc): JsonBody<Value>) -> Result<Json<Value>, ApiError> {
-    blocking(move || s.live.accept_report(&s.state, &id, c.0, doc)).await.map(Json)
+async fn agent_report(
+    State(s): State<Arc<Shared>>,
+    Extension(c): Extension<ClientAddr>,
+    Param(id): Param<String>,
+    JsonBody(doc): JsonBody<Value>,
+) -> Result<Json<Value>, ApiError> {
+    blocking(move || s.live.accept_report(&s.state, &id, c.0, doc))
+        .await
+        .map(Json)
 }

@@ -8,9 +8,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use vdstream_nbd::server::{Exports, Listener, Server, ServerConfig, ShutdownSignal};
 
 /// Serves `exports` on a new unix socket at `socket`, on `rt`, until the runtime is dropped.
-pub fn serve_exports(rt: &tokio::runtime::Runtime, exports: Arc<dyn Exports>, socket: &std::path::Path) {
+pub fn serve_exports(
+    rt: &tokio::runtime::Runtime,
+    exports: Arc<dyn Exports>,
+    socket: &std::path::Path,
+) {
     let server = Arc::new(Server::new(exports, ServerConfig::default()));
-    let listener = rt.block_on(async { tokio::net::UnixListener::bind(socket) }).unwrap();
+    let listener = rt
+        .block_on(async { tokio::net::UnixListener::bind(socket) })
+        .unwrap();
     let (trigger, shutdown) = ShutdownSignal::new();
     std::mem::forget(trigger); // serves until the runtime is dropped
     rt.spawn(async move { server.serve(Listener::Unix(listener), shutdown).await });
@@ -24,7 +30,10 @@ impl log::Log for Capture {
         true
     }
     fn log(&self, r: &log::Record<'_>) {
-        self.0.lock().unwrap().push(format!("{} {}: {}", r.level(), r.target(), r.args()));
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{} {}: {}", r.level(), r.target(), r.args()));
     }
     fn flush(&self) {}
 }

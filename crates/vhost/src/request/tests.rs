@@ -35,12 +35,26 @@ struct Rig {
 
 impl Rig {
     fn new(dev: Arc<dyn BlockDev>, opts: Options) -> Rig {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), LOW as usize), (GuestAddress(HIGH), (HIGH_END - HIGH) as usize)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), LOW as usize),
+            (GuestAddress(HIGH), (HIGH_END - HIGH) as usize),
+        ])
+        .unwrap();
         let mut ring = SplitRing::at(0, 16);
         ring.init(&mem);
         let queue = ring.queue();
         let geom = Geometry::of(&*dev, &opts);
-        Rig { mem, ring, queue, dev, geom, stats: Stats::default(), log: LogLimiter::default(), buf: Vec::new(), write_through: false }
+        Rig {
+            mem,
+            ring,
+            queue,
+            dev,
+            geom,
+            stats: Stats::default(),
+            log: LogLimiter::default(),
+            buf: Vec::new(),
+            write_through: false,
+        }
     }
 
     fn memory(size: u64) -> Rig {
@@ -81,24 +95,49 @@ impl Rig {
         let h = DATA;
         let d = DATA + 0x100;
         let s = d + data.len() as u64 + 16;
-        self.mem.write_slice(&header(kind, sector), GuestAddress(h)).unwrap();
+        self.mem
+            .write_slice(&header(kind, sector), GuestAddress(h))
+            .unwrap();
         self.mem.write_obj(0xffu8, GuestAddress(s)).unwrap();
         let device_writes = kind == VIRTIO_BLK_T_IN || kind == VIRTIO_BLK_T_GET_ID;
         if !device_writes {
             self.mem.write_slice(data, GuestAddress(d)).unwrap();
         }
-        let mut segs = vec![Seg { addr: h, len: 16, write: false }];
+        let mut segs = vec![Seg {
+            addr: h,
+            len: 16,
+            write: false,
+        }];
         if !data.is_empty() {
-            segs.push(Seg { addr: d, len: data.len() as u32, write: device_writes });
+            segs.push(Seg {
+                addr: d,
+                len: data.len() as u32,
+                write: device_writes,
+            });
         }
-        segs.push(Seg { addr: s, len: 1, write: true });
+        segs.push(Seg {
+            addr: s,
+            len: 1,
+            write: true,
+        });
         let o = self.one(&segs);
         let status: u8 = self.mem.read_obj(GuestAddress(s)).unwrap();
-        assert_eq!(o.status, Some(status), "the outcome is the status byte in guest memory");
+        assert_eq!(
+            o.status,
+            Some(status),
+            "the outcome is the status byte in guest memory"
+        );
         if device_writes {
             self.mem.read_slice(data, GuestAddress(d)).unwrap();
             if status == VIRTIO_BLK_S_OK as u8 {
-                assert_eq!(o.used_len as usize, data.len().min(if kind == VIRTIO_BLK_T_IN { usize::MAX } else { 20 }) + 1);
+                assert_eq!(
+                    o.used_len as usize,
+                    data.len().min(if kind == VIRTIO_BLK_T_IN {
+                        usize::MAX
+                    } else {
+                        20
+                    }) + 1
+                );
             }
         } else {
             assert_eq!(o.used_len, 1);
@@ -123,7 +162,13 @@ const UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
 
 #[test]
 fn write_read_flush_id_discard_and_zeroes() {
-    let mut rig = Rig::new(Arc::new(MemoryDev::new(1 << 20)), Options { serial: "lab7".into(), ..Options::default() });
+    let mut rig = Rig::new(
+        Arc::new(MemoryDev::new(1 << 20)),
+        Options {
+            serial: "lab7".into(),
+            ..Options::default()
+        },
+    );
     let mut data: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
     assert_eq!(rig.request(VIRTIO_BLK_T_OUT, 8, &mut data.clone()), OK);
     let mut back = vec![0u8; 8192];
@@ -135,14 +180,25 @@ fn write_read_flush_id_discard_and_zeroes() {
     assert_eq!(&id[..5], b"lab7\0");
     // Discard the first 4 KiB of the data, zero the next 2 KiB.
     assert_eq!(rig.ranges(VIRTIO_BLK_T_DISCARD, &[(8, 8, 0)]), OK);
-    assert_eq!(rig.ranges(VIRTIO_BLK_T_WRITE_ZEROES, &[(16, 4, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP)]), OK);
+    assert_eq!(
+        rig.ranges(
+            VIRTIO_BLK_T_WRITE_ZEROES,
+            &[(16, 4, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP)]
+        ),
+        OK
+    );
     assert_eq!(rig.request(VIRTIO_BLK_T_IN, 8, &mut back), OK);
     data[..6144].fill(0);
     assert_eq!(back, data);
     // A discard with the unmap flag, and an unknown type: UNSUPP.
     assert_eq!(rig.ranges(VIRTIO_BLK_T_DISCARD, &[(0, 8, 1)]), UNSUPP);
     assert_eq!(rig.request(99, 0, &mut []), UNSUPP);
-    assert_eq!(rig.stats.unsupported.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(
+        rig.stats
+            .unsupported
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
     data.fill(0xab);
     // A request larger than a piece is carried out whole.
     let mut big = vec![0x5au8; 3 << 19];
@@ -161,22 +217,66 @@ fn write_read_flush_id_discard_and_zeroes() {
 fn out_of_range_misaligned_and_read_only_requests_fail_with_ioerr() {
     let mut rig = Rig::memory(1 << 20);
     let mut b = vec![1u8; 4096];
-    assert_eq!(rig.request(VIRTIO_BLK_T_IN, (1 << 20) / 512 - 4, &mut b), IOERR, "ends 2 KiB past the end");
-    assert_eq!(rig.request(VIRTIO_BLK_T_OUT, u64::MAX / 256, &mut b), IOERR, "sector * 512 overflows");
-    assert_eq!(rig.request(VIRTIO_BLK_T_OUT, 0, &mut [1u8; 100]), IOERR, "not a whole number of sectors");
-    assert_eq!(rig.ranges(VIRTIO_BLK_T_WRITE_ZEROES, &[(2040, 16, 0)]), IOERR, "zeroes past the end");
-    assert_eq!(rig.ranges(VIRTIO_BLK_T_DISCARD, &[(0, 8, 0); 17]), IOERR, "more segments than offered");
-    let mut rig4k = Rig::new(Arc::new(MemoryDev::new(1 << 20)), Options { logical_block: 4096, ..Options::default() });
-    assert_eq!(rig4k.request(VIRTIO_BLK_T_IN, 1, &mut b), IOERR, "not aligned to the 4 KiB logical block");
+    assert_eq!(
+        rig.request(VIRTIO_BLK_T_IN, (1 << 20) / 512 - 4, &mut b),
+        IOERR,
+        "ends 2 KiB past the end"
+    );
+    assert_eq!(
+        rig.request(VIRTIO_BLK_T_OUT, u64::MAX / 256, &mut b),
+        IOERR,
+        "sector * 512 overflows"
+    );
+    assert_eq!(
+        rig.request(VIRTIO_BLK_T_OUT, 0, &mut [1u8; 100]),
+        IOERR,
+        "not a whole number of sectors"
+    );
+    assert_eq!(
+        rig.ranges(VIRTIO_BLK_T_WRITE_ZEROES, &[(2040, 16, 0)]),
+        IOERR,
+        "zeroes past the end"
+    );
+    assert_eq!(
+        rig.ranges(VIRTIO_BLK_T_DISCARD, &[(0, 8, 0); 17]),
+        IOERR,
+        "more segments than offered"
+    );
+    let mut rig4k = Rig::new(
+        Arc::new(MemoryDev::new(1 << 20)),
+        Options {
+            logical_block: 4096,
+            ..Options::default()
+        },
+    );
+    assert_eq!(
+        rig4k.request(VIRTIO_BLK_T_IN, 1, &mut b),
+        IOERR,
+        "not aligned to the 4 KiB logical block"
+    );
     assert_eq!(rig4k.request(VIRTIO_BLK_T_IN, 8, &mut b), OK);
-    let mut ro = Rig::new(Arc::new(MemoryDev::new(1 << 20)), Options { read_only: true, ..Options::default() });
+    let mut ro = Rig::new(
+        Arc::new(MemoryDev::new(1 << 20)),
+        Options {
+            read_only: true,
+            ..Options::default()
+        },
+    );
     assert_eq!(ro.request(VIRTIO_BLK_T_OUT, 0, &mut b), IOERR);
     assert_eq!(ro.ranges(VIRTIO_BLK_T_DISCARD, &[(0, 8, 0)]), IOERR);
     assert_eq!(ro.ranges(VIRTIO_BLK_T_WRITE_ZEROES, &[(0, 8, 0)]), IOERR);
-    assert_eq!(ro.request(VIRTIO_BLK_T_IN, 0, &mut b), OK, "reads still work");
+    assert_eq!(
+        ro.request(VIRTIO_BLK_T_IN, 0, &mut b),
+        OK,
+        "reads still work"
+    );
     let mut check = vec![0u8; 4096];
     assert_eq!(rig.request(VIRTIO_BLK_T_IN, 0, &mut check), OK);
-    assert_eq!(check, vec![0u8; 4096], "none of the failed writes reached the disk");
+    assert_eq!(
+        check,
+        vec![0u8; 4096],
+        "none of the failed writes reached the disk"
+    );
 }
 
 /// Malformed chains, each followed by a good request that must still be served.
@@ -188,95 +288,355 @@ fn malformed_chains_fail_alone_and_the_queue_goes_on() {
     let cases: Vec<(&str, Vec<Seg>, Option<u8>)> = vec![
         (
             "data in the hole between regions",
-            vec![Seg { addr: h, len: 16, write: false }, Seg { addr: hole, len: 512, write: true }, Seg { addr: s, len: 1, write: true }],
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: hole,
+                    len: 512,
+                    write: true,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+            ],
             Some(IOERR),
         ),
         (
             "data past the end of memory",
-            vec![Seg { addr: h, len: 16, write: false }, Seg { addr: HIGH_END - 256, len: 512, write: true }, Seg { addr: s, len: 1, write: true }],
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: HIGH_END - 256,
+                    len: 512,
+                    write: true,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+            ],
             Some(IOERR),
         ),
         (
             "data that crosses from a region into the hole",
-            vec![Seg { addr: h, len: 16, write: false }, Seg { addr: LOW - 256, len: 512, write: true }, Seg { addr: s, len: 1, write: true }],
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: LOW - 256,
+                    len: 512,
+                    write: true,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+            ],
             Some(IOERR),
         ),
         (
             "a readable descriptor after a writable one",
             vec![
-                Seg { addr: h, len: 16, write: false },
-                Seg { addr: s, len: 1, write: true },
-                Seg { addr: DATA + 0x200, len: 512, write: false },
-                Seg { addr: s, len: 1, write: true },
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+                Seg {
+                    addr: DATA + 0x200,
+                    len: 512,
+                    write: false,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
             ],
             Some(IOERR),
         ),
-        ("a header of 8 bytes", vec![Seg { addr: h, len: 8, write: false }, Seg { addr: s, len: 1, write: true }], Some(IOERR)),
-        ("no status: the last descriptor is readable", vec![Seg { addr: h, len: 16, write: false }], None),
-        ("a zero-length status", vec![Seg { addr: h, len: 16, write: false }, Seg { addr: s, len: 0, write: true }], None),
-        ("the status byte outside memory", vec![Seg { addr: h, len: 16, write: false }, Seg { addr: hole, len: 1, write: true }], None),
+        (
+            "a header of 8 bytes",
+            vec![
+                Seg {
+                    addr: h,
+                    len: 8,
+                    write: false,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+            ],
+            Some(IOERR),
+        ),
+        (
+            "no status: the last descriptor is readable",
+            vec![Seg {
+                addr: h,
+                len: 16,
+                write: false,
+            }],
+            None,
+        ),
+        (
+            "a zero-length status",
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: s,
+                    len: 0,
+                    write: true,
+                },
+            ],
+            None,
+        ),
+        (
+            "the status byte outside memory",
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: hole,
+                    len: 1,
+                    write: true,
+                },
+            ],
+            None,
+        ),
         (
             "a status descriptor that wraps the address space",
-            vec![Seg { addr: h, len: 16, write: false }, Seg { addr: u64::MAX - 1, len: 16, write: true }],
+            vec![
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: u64::MAX - 1,
+                    len: 16,
+                    write: true,
+                },
+            ],
             None,
         ),
         (
             "lengths that overflow",
             vec![
-                Seg { addr: h, len: 16, write: false },
-                Seg { addr: DATA, len: u32::MAX, write: true },
-                Seg { addr: DATA, len: u32::MAX, write: true },
-                Seg { addr: s, len: 1, write: true },
+                Seg {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: DATA,
+                    len: u32::MAX,
+                    write: true,
+                },
+                Seg {
+                    addr: DATA,
+                    len: u32::MAX,
+                    write: true,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
             ],
             None,
         ),
-        ("the header outside memory", vec![Seg { addr: hole, len: 16, write: false }, Seg { addr: s, len: 1, write: true }], Some(IOERR)),
+        (
+            "the header outside memory",
+            vec![
+                Seg {
+                    addr: hole,
+                    len: 16,
+                    write: false,
+                },
+                Seg {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+            ],
+            Some(IOERR),
+        ),
     ];
     let mut rig = Rig::memory(1 << 20);
     for (what, segs, want) in cases {
-        rig.mem.write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(h)).unwrap();
+        rig.mem
+            .write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(h))
+            .unwrap();
         rig.mem.write_obj(0xffu8, GuestAddress(s)).unwrap();
         let o = rig.one(&segs);
         assert_eq!(o.status, want, "{what}");
         if want.is_none() {
             assert_eq!(o.used_len, 0, "{what}: given back with nothing written");
         } else {
-            assert_eq!(rig.mem.read_obj::<u8>(GuestAddress(s)).unwrap(), IOERR, "{what}: the status byte says IOERR");
+            assert_eq!(
+                rig.mem.read_obj::<u8>(GuestAddress(s)).unwrap(),
+                IOERR,
+                "{what}: the status byte says IOERR"
+            );
         }
         let mut b = vec![0u8; 512];
-        assert_eq!(rig.request(VIRTIO_BLK_T_IN, 0, &mut b), OK, "after {what}, the next request is served");
+        assert_eq!(
+            rig.request(VIRTIO_BLK_T_IN, 0, &mut b),
+            OK,
+            "after {what}, the next request is served"
+        );
     }
-    assert_eq!(rig.stats.malformed.load(std::sync::atomic::Ordering::Relaxed), 11);
+    assert_eq!(
+        rig.stats
+            .malformed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        11
+    );
 }
 
 #[test]
 fn loops_bad_next_indexes_and_nested_indirect_tables_end_the_chain() {
     let mut rig = Rig::memory(1 << 20);
     let h = DATA;
-    rig.mem.write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(h)).unwrap();
+    rig.mem
+        .write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(h))
+        .unwrap();
     // A loop of writable descriptors: 5 -> 6 -> 5 ...
-    rig.ring.write_desc(&rig.mem, 4, Desc { addr: h, len: 16, flags: NEXT, next: 5 });
-    rig.ring.write_desc(&rig.mem, 5, Desc { addr: DATA + 0x200, len: 512, flags: NEXT | WRITE, next: 6 });
-    rig.ring.write_desc(&rig.mem, 6, Desc { addr: DATA + 0x400, len: 512, flags: NEXT | WRITE, next: 5 });
+    rig.ring.write_desc(
+        &rig.mem,
+        4,
+        Desc {
+            addr: h,
+            len: 16,
+            flags: NEXT,
+            next: 5,
+        },
+    );
+    rig.ring.write_desc(
+        &rig.mem,
+        5,
+        Desc {
+            addr: DATA + 0x200,
+            len: 512,
+            flags: NEXT | WRITE,
+            next: 6,
+        },
+    );
+    rig.ring.write_desc(
+        &rig.mem,
+        6,
+        Desc {
+            addr: DATA + 0x400,
+            len: 512,
+            flags: NEXT | WRITE,
+            next: 5,
+        },
+    );
     rig.ring.publish(&rig.mem, 4);
     // A next index past the queue's size.
-    rig.ring.write_desc(&rig.mem, 7, Desc { addr: h, len: 16, flags: NEXT, next: 999 });
+    rig.ring.write_desc(
+        &rig.mem,
+        7,
+        Desc {
+            addr: h,
+            len: 16,
+            flags: NEXT,
+            next: 999,
+        },
+    );
     rig.ring.publish(&rig.mem, 7);
     // An indirect table whose length is not a multiple of 16, and one that nests another.
     let table = DATA + 0x1000;
-    write_desc_at(&rig.mem, table, Desc { addr: h, len: 16, flags: NEXT, next: 1 });
-    write_desc_at(&rig.mem, table + 16, Desc { addr: table, len: 32, flags: INDIRECT, next: 0 });
-    rig.ring.write_desc(&rig.mem, 8, Desc { addr: table, len: 20, flags: INDIRECT, next: 0 });
+    write_desc_at(
+        &rig.mem,
+        table,
+        Desc {
+            addr: h,
+            len: 16,
+            flags: NEXT,
+            next: 1,
+        },
+    );
+    write_desc_at(
+        &rig.mem,
+        table + 16,
+        Desc {
+            addr: table,
+            len: 32,
+            flags: INDIRECT,
+            next: 0,
+        },
+    );
+    rig.ring.write_desc(
+        &rig.mem,
+        8,
+        Desc {
+            addr: table,
+            len: 20,
+            flags: INDIRECT,
+            next: 0,
+        },
+    );
     rig.ring.publish(&rig.mem, 8);
-    rig.ring.write_desc(&rig.mem, 9, Desc { addr: table, len: 32, flags: INDIRECT, next: 0 });
+    rig.ring.write_desc(
+        &rig.mem,
+        9,
+        Desc {
+            addr: table,
+            len: 32,
+            flags: INDIRECT,
+            next: 0,
+        },
+    );
     rig.ring.publish(&rig.mem, 9);
     // An available head past the queue's size.
     rig.ring.publish(&rig.mem, 40);
     let served = rig.serve();
-    assert_eq!(served.len(), 5, "every chain made available was taken: {served:?}");
-    assert_eq!(rig.ring.used_idx(&rig.mem), 4, "all but the head past the queue's size were given back");
+    assert_eq!(
+        served.len(),
+        5,
+        "every chain made available was taken: {served:?}"
+    );
+    assert_eq!(
+        rig.ring.used_idx(&rig.mem),
+        4,
+        "all but the head past the queue's size were given back"
+    );
     let mut b = vec![0u8; 512];
-    assert_eq!(rig.request(VIRTIO_BLK_T_IN, 0, &mut b), OK, "the queue goes on");
+    assert_eq!(
+        rig.request(VIRTIO_BLK_T_IN, 0, &mut b),
+        OK,
+        "the queue goes on"
+    );
 }
 
 #[test]
@@ -289,14 +649,27 @@ fn a_failing_device_gives_ioerr_not_a_stop() {
             &self.0
         }
         fn read_at(&self, _buf: &mut [u8], offset: u64) -> vdstream_blockdev::Result<()> {
-            Err(vdstream_blockdev::Error::new(vdstream_blockdev::ErrorKind::Io, vdstream_blockdev::Op::Read, offset, 0, "failing", "injected"))
+            Err(vdstream_blockdev::Error::new(
+                vdstream_blockdev::ErrorKind::Io,
+                vdstream_blockdev::Op::Read,
+                offset,
+                0,
+                "failing",
+                "injected",
+            ))
         }
     }
-    let mut rig = Rig::new(Arc::new(Failing(MemoryDev::new(1 << 20))), Options::default());
+    let mut rig = Rig::new(
+        Arc::new(Failing(MemoryDev::new(1 << 20))),
+        Options::default(),
+    );
     let mut b = vec![0u8; 512];
     assert_eq!(rig.request(VIRTIO_BLK_T_IN, 0, &mut b), IOERR);
     assert_eq!(rig.request(VIRTIO_BLK_T_OUT, 0, &mut b), OK);
-    assert_eq!(rig.stats.errors.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        rig.stats.errors.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
 
 #[derive(Debug, Clone)]
@@ -313,9 +686,17 @@ const BLOCKS: u64 = 64;
 fn op() -> impl Strategy<Value = Op> {
     let range = (0..BLOCKS).prop_flat_map(|b| (Just(b), 1..=(BLOCKS - b).min(8)));
     prop_oneof![
-        (range.clone(), any::<u8>()).prop_map(|((block, blocks), seed)| Op::Write { block, blocks, seed }),
-        range.clone().prop_map(|(block, blocks)| Op::Read { block, blocks }),
-        range.clone().prop_map(|(block, blocks)| Op::Discard { block, blocks }),
+        (range.clone(), any::<u8>()).prop_map(|((block, blocks), seed)| Op::Write {
+            block,
+            blocks,
+            seed
+        }),
+        range
+            .clone()
+            .prop_map(|(block, blocks)| Op::Read { block, blocks }),
+        range
+            .clone()
+            .prop_map(|(block, blocks)| Op::Discard { block, blocks }),
         range.prop_map(|(block, blocks)| Op::Zero { block, blocks }),
         Just(Op::Flush),
     ]
@@ -429,8 +810,16 @@ fn writes_are_fua_until_the_frontend_takes_flush() {
     let mut rig = Rig::new(dev.clone(), Options::default());
     let mut b = vec![3u8; 4096];
     assert_eq!(rig.request(VIRTIO_BLK_T_OUT, 0, &mut b), OK);
-    assert_eq!(dev.1.load(std::sync::atomic::Ordering::Relaxed), 0, "with FLUSH taken, writes are not FUA");
+    assert_eq!(
+        dev.1.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "with FLUSH taken, writes are not FUA"
+    );
     rig.write_through = true;
     assert_eq!(rig.request(VIRTIO_BLK_T_OUT, 0, &mut b), OK);
-    assert_eq!(dev.1.load(std::sync::atomic::Ordering::Relaxed), 1, "without FLUSH, the write is FUA");
+    assert_eq!(
+        dev.1.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "without FLUSH, the write is FUA"
+    );
 }

@@ -14,7 +14,11 @@ pub const GIB: u64 = 1 << 30;
 /// A `ram-overflow` cache of `size` bytes over a RAM disk, with `ram` of RAM.
 pub fn overflow_cache(size: u64, ram: u64, dir: &std::path::Path) -> RamOverflowCache {
     let lower: Arc<dyn BlockDev> = Arc::new(MemoryDev::new(size));
-    let cfg = CacheConfig { ram, dir: dir.to_path_buf(), ..CacheConfig::new("bench") };
+    let cfg = CacheConfig {
+        ram,
+        dir: dir.to_path_buf(),
+        ..CacheConfig::new("bench")
+    };
     RamOverflowCache::open(lower, &cfg).unwrap()
 }
 

@@ -16,7 +16,10 @@ impl BlockDev for Sealed {
         self.0.size()
     }
     fn caps(&self) -> Caps {
-        Caps { read_only: true, ..self.0.caps() }
+        Caps {
+            read_only: true,
+            ..self.0.caps()
+        }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.0.read_at(buf, offset)
@@ -42,8 +45,8 @@ impl BlockDev for Sealed {
 pub fn vdisk(size: u64, seed: Option<u8>) -> Arc<MemoryDev> {
     let dev = Arc::new(MemoryDev::new(size));
     if let Some(seed) = seed {
-        dev.write_at(&pattern_buf(seed, 0, size as usize), 0, false).unwrap();
+        dev.write_at(&pattern_buf(seed, 0, size as usize), 0, false)
+            .unwrap();
     }
     dev
 }
-
