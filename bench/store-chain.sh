@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/store-chain.sh — reads through a vDisk version chain over NBD (unix sockets),
 # one peer after the other on the same machine:
-#   vdstream-chain   vdstream serve-image vN.qcow2 --read-only   (base + N qcow2 versions)
+#   vdstream-chain   vdstream serve-image vN.qcow2 --format qcow2 --read-only (base + N qcow2 versions)
 #   vdstream-flat    vdstream serve-image flat.qcow2 --read-only (the chain flattened by
 #                    qemu-img convert: what reads would cost without versions)
 #   qemu-nbd-chain   qemu-nbd -r -f qcow2 -t -e 8 --cache=writeback --aio=threads vN.qcow2
@@ -68,7 +68,7 @@ cat "$work"/*.qcow2 >/dev/null
 start_peer() {
     local name=$1 sock=$2 cmd
     case $name in
-    vdstream-chain) cmd=("$VDSTREAM_BIN" serve-image "$top" --read-only --socket "$sock") ;;
+    vdstream-chain) cmd=("$VDSTREAM_BIN" serve-image "$top" --format qcow2 --read-only --socket "$sock") ;;
     vdstream-flat) cmd=("$VDSTREAM_BIN" serve-image "$work/flat.qcow2" --read-only --socket "$sock") ;;
     qemu-nbd-chain) cmd=(qemu-nbd -r -f qcow2 -t -e 8 --cache=writeback --aio=threads --socket="$sock" "$top") ;;
     qemu-nbd-flat) cmd=(qemu-nbd -r -f qcow2 -t -e 8 --cache=writeback --aio=threads --socket="$sock" "$work/flat.qcow2") ;;

@@ -21,7 +21,13 @@ qemu-img create -q -f qcow2 -b v2.qcow2 -F qcow2 "$d/v3.qcow2" 40M
 qemu-io -f qcow2 -c 'write -P 0x41 35M 64k' -c 'write -z 1M 64k' "$d/v3.qcow2" >/dev/null
 qemu-img convert -O raw "$d/v3.qcow2" "$d/want.raw"
 
-start_server --read-only "$d/v3.qcow2"
+# The chain is ours, so we say its format: a probed qcow2 may not name a backing file.
+rc=0
+"$VDSTREAM_BIN" serve-image --read-only --socket "$d/auto.sock" "$d/v3.qcow2" >"$d/auto.log" 2>&1 || rc=$?
+[[ $rc -ne 0 ]] || fail "serve-image --format auto served a probed qcow2 that names a backing file"
+grep -q 'names backing file "v2.qcow2"' "$d/auto.log" && grep -q -- "--format qcow2" "$d/auto.log" ||
+    fail "the refusal does not name the backing file and say --format qcow2: $(cat "$d/auto.log")"
+start_server --read-only --format qcow2 "$d/v3.qcow2"
 grep -q "qcow2 image" "$SERVER_LOG" || fail "server did not open the image as qcow2: $(cat "$SERVER_LOG")"
 assert_eq "size" "$(nbdinfo --size "$URI")" $((40 * 1024 * 1024))
 run_bounded 60 nbdcopy "$URI" "$d/got.raw"
@@ -52,7 +58,7 @@ stop_server "$SERVER_PID" || fail "server did not stop cleanly"
 
 # Writable: writes land in the top layer only; the layers below are unchanged.
 sums=$(md5sum "$d/base.raw" "$d/v1.qcow2" "$d/v2.qcow2")
-start_server "$d/v3.qcow2"
+start_server --format qcow2 "$d/v3.qcow2"
 qemu-io -f raw -c 'write -P 0x51 2M 64k' "$URI" >/dev/null
 stop_server "$SERVER_PID" || fail "server did not stop cleanly"
 [[ $(md5sum "$d/base.raw" "$d/v1.qcow2" "$d/v2.qcow2") == "$sums" ]] || fail "a lower layer changed"

@@ -198,7 +198,7 @@ track_pid "$!"
 deadline=$((SECONDS + 20))
 until [[ -S $E2E_TMP/evil.sock ]]; do ((SECONDS < deadline)) || fail "the server of the evil store did not start"; sleep 0.1; done
 qemu-img convert -f raw -O raw "$(xuri vdisk/evil "$E2E_TMP/evil.sock")" "$E2E_TMP/evil.raw" 2>/dev/null && fail "a layer backed by /etc/hostname was served"
-grep -q 'backing file "/etc/hostname" of a layer in object storage is not a file name beside it' "$E2E_TMP/evil.log" ||
+grep -q 'its header names backing file "/etc/hostname", but the layer recorded below it is' "$E2E_TMP/evil.log" ||
     fail "the server's log does not say why the layer was refused"
 log "a layer whose backing file is outside its folder is refused"
 

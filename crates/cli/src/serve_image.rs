@@ -450,7 +450,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
         let config = ServerConfig {
             threads_per_connection: args.threads as usize,
             handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout),
-            max_request_memory: crate::server::request_memory(args.max_request_memory)?,
+            max_request_memory: vdstream_nbd::memory::limit(args.max_request_memory)?,
             tls,
             tls_mode: args.tls.tls,
             penalty: args.penalty.config(None, None)?,

@@ -406,7 +406,9 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         name: args.name.clone().or(file.name),
         stats_file: args.stats_file.clone().or(file.stats_file),
         threads: args.threads as usize,
-        max_request_memory: request_memory(args.max_request_memory.or(file_size("max-request-memory", &file.max_request_memory)?))?,
+        max_request_memory: vdstream_nbd::memory::limit(
+            args.max_request_memory.or(file_size("max-request-memory", &file.max_request_memory)?),
+        )?,
         max_connections: match args.max_connections.map(|n| n as usize).or(file.max_connections) {
             Some(0) => return Err(anyhow!("max-connections = 0 in the config file: say at least 1, or leave it out for the default")),
             n => n,
@@ -766,16 +768,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("s.toml") && e.contains("read-cache"), "{e}");
-    }
-}
-
-/// `--max-request-memory` (or the config file's), checked: at least the pool's minimum.
-pub(crate) fn request_memory(size: Option<u64>) -> Result<usize> {
-    let min = vdstream_nbd::memory::MIN_LIMIT as u64;
-    match size {
-        None => Ok(vdstream_nbd::server::DEFAULT_MAX_REQUEST_MEMORY),
-        Some(n) if n < min => Err(anyhow!("--max-request-memory {} is below {}: the largest NBD request (32 MiB) must fit with room to spare", format_size(n), format_size(min))),
-        Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
     }
 }
 

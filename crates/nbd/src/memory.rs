@@ -39,6 +39,9 @@ pub const SMALL_HOLDER: usize = 4 << 20;
 /// The smallest pool: the largest request (32 MiB of data) fits below its reserve.
 pub const MIN_LIMIT: usize = 64 << 20;
 
+/// The pool's size when `--max-request-memory` is not given.
+pub const DEFAULT_LIMIT: usize = 128 << 20;
+
 /// What the pool's lock guards.
 #[derive(Debug, Default)]
 struct State {
@@ -47,6 +50,21 @@ struct State {
     /// them would now be admitted (a flood's threads are not woken by every small request
     /// a normal client completes).
     waiting: Vec<(usize, usize)>,
+}
+
+/// A `--max-request-memory` below [`MIN_LIMIT`].
+#[derive(Debug, thiserror::Error)]
+#[error("--max-request-memory {} MiB is below {} MiB: the largest NBD request (32 MiB) must fit with room to spare", .0 >> 20, MIN_LIMIT >> 20)]
+pub struct LimitTooSmall(pub u64);
+
+/// The pool's size from `--max-request-memory` (or its config-file key): the default when
+/// unset, an error below [`MIN_LIMIT`].
+pub fn limit(size: Option<u64>) -> Result<usize, LimitTooSmall> {
+    match size {
+        None => Ok(DEFAULT_LIMIT),
+        Some(n) if n < MIN_LIMIT as u64 => Err(LimitTooSmall(n)),
+        Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+    }
 }
 
 /// The server-wide bound on request memory. See the module doc.

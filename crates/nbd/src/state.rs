@@ -3,9 +3,9 @@
 //! counters ([`ServerStats`]), the drain signal ([`ShutdownSignal`]) and the per-server
 //! state every connection reads ([`Shared`]).
 //!
-//! A leaf module: it imports nothing else of this crate, so the handshake, the session
-//! engines, the errno mapping and the accept loop all depend on it and never on each
-//! other in a circle.
+//! Nearly a leaf: of this crate it imports only `memory` (itself a leaf), so the
+//! handshake, the session engines, the errno mapping and the accept loop all depend on it
+//! and never on each other in a circle.
 
 use std::io;
 use std::sync::atomic::AtomicU64;
@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use vdstream_blockdev::BlockDev;
 
 /// The default [`ServerConfig::max_request_memory`].
-pub const DEFAULT_MAX_REQUEST_MEMORY: usize = 128 << 20;
+pub use crate::memory::DEFAULT_LIMIT as DEFAULT_MAX_REQUEST_MEMORY;
 
 /// The default [`ServerConfig::dead_peer_timeout`].
 pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(60);

@@ -170,23 +170,6 @@ fn plan(meta: &VdiskMeta, kind: MergeKind, now: Timestamp) -> Result<Plan> {
     Ok(Plan { merged, above })
 }
 
-/// The backing file name in the header of the qcow2 image at `path` (file name only).
-pub(crate) fn backing_of(path: &Path) -> Result<Option<String>> {
-    let f = fsutil::open_read(path)?;
-    let len = f.metadata().map_err(io("stat", path))?.len();
-    let mut buf = vec![0u8; len.min(vdstream_qcow2::header::HEADER_READ_LEN as u64) as usize];
-    f.read_exact_at(&mut buf, 0).map_err(io("read", path))?;
-    let h = vdstream_qcow2::Header::parse(&buf, len).map_err(|e| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-        advice: "check it with `qemu-img check`, restore it from backup if it is damaged".into(),
-    })?;
-    Ok(h.backing_file.map(|b| {
-        Path::new(&b)
-            .file_name()
-            .map_or(b.clone(), |n| n.to_string_lossy().into_owned())
-    }))
-}
 
 /// Applies the pending merge of `m` to it: the merged versions (and, for `--base`, the
 /// base) give way to the new layer, the override moves, the old files are retired.
@@ -498,7 +481,7 @@ impl Store {
                     &name,
                     &m.version(a).expect("checked by VdiskMeta::check").file,
                 );
-                backing_of(&f)?.as_deref() == Some(p.file.as_str())
+                crate::open::backing_of(&f)?.as_deref() == Some(p.file.as_str())
             }
         };
         let mut finished_as = None;

@@ -13,7 +13,8 @@
 //! under an exclusive lock.
 
 use std::fs::File;
-use std::path::PathBuf;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use vdstream_blockdev::{BlockDev, FileDev, FileOptions};
@@ -89,7 +90,7 @@ impl Store {
         let Some(at) = files.iter().position(|(f, _)| *f == above.file) else {
             return Ok(files);
         };
-        if crate::merge::backing_of(&self.file_path(&meta.name, &above.file))?.as_deref()
+        if backing_of(&self.file_path(&meta.name, &above.file))?.as_deref()
             != Some(p.file.as_str())
         {
             return Ok(files);
@@ -306,4 +307,22 @@ fn writer_refused(e: vdstream_blockdev::Error, path: &std::path::Path, what: &st
     StoreError::Refused(format!(
         "{what} already has a writer ({}) on {}: it takes one writer at a time; stop that target first",
         holders.join(", "), path.display()))
+}
+
+/// The backing file name in the header of the qcow2 image at `path` (file name only).
+pub(crate) fn backing_of(path: &Path) -> Result<Option<String>> {
+    let f = fsutil::open_read(path)?;
+    let len = f.metadata().map_err(io("stat", path))?.len();
+    let mut buf = vec![0u8; len.min(vdstream_qcow2::header::HEADER_READ_LEN as u64) as usize];
+    f.read_exact_at(&mut buf, 0).map_err(io("read", path))?;
+    let h = vdstream_qcow2::Header::parse(&buf, len).map_err(|e| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+        advice: "check it with `qemu-img check`, restore it from backup if it is damaged".into(),
+    })?;
+    Ok(h.backing_file.map(|b| {
+        Path::new(&b)
+            .file_name()
+            .map_or(b.clone(), |n| n.to_string_lossy().into_owned())
+    }))
 }
