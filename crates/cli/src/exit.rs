@@ -259,7 +259,11 @@ pub fn classify(err: &anyhow::Error) -> Kind {
         if let Some(e) = cause.downcast_ref::<std::io::Error>() {
             return of_io(e);
         }
-        if cause.downcast_ref::<clap::Error>().is_some() || cause.downcast_ref::<vdstream_nbd::memory::LimitTooSmall>().is_some() {
+        if cause.downcast_ref::<clap::Error>().is_some()
+            || cause
+                .downcast_ref::<vdstream_nbd::memory::LimitTooSmall>()
+                .is_some()
+        {
             return Kind::Usage;
         }
     }

@@ -170,7 +170,6 @@ fn plan(meta: &VdiskMeta, kind: MergeKind, now: Timestamp) -> Result<Plan> {
     Ok(Plan { merged, above })
 }
 
-
 /// Applies the pending merge of `m` to it: the merged versions (and, for `--base`, the
 /// base) give way to the new layer, the override moves, the old files are retired.
 /// Returns the new layer, the files retired and the override moved.

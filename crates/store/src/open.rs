@@ -90,8 +90,7 @@ impl Store {
         let Some(at) = files.iter().position(|(f, _)| *f == above.file) else {
             return Ok(files);
         };
-        if backing_of(&self.file_path(&meta.name, &above.file))?.as_deref()
-            != Some(p.file.as_str())
+        if backing_of(&self.file_path(&meta.name, &above.file))?.as_deref() != Some(p.file.as_str())
         {
             return Ok(files);
         }
