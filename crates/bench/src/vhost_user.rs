@@ -420,10 +420,8 @@ fn request_error(shared: &Shared, pick: &Pick, c: &Completion) -> String {
     );
     if !c.error_msg.is_null() {
         // SAFETY: a non-null error_msg is a NUL-terminated static string of libblkio's.
-        m += &format!(
-            " ({})",
-            unsafe { CStr::from_ptr(c.error_msg) }.to_string_lossy()
-        );
+        let msg = unsafe { CStr::from_ptr(c.error_msg) };
+        m += &format!(" ({})", msg.to_string_lossy());
     }
     m
 }

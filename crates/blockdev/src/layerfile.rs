@@ -21,8 +21,8 @@ use std::sync::{Arc, RwLock};
 
 /// One remote layer: a sized, immutable byte range readable at any offset.
 pub trait RemoteFile: Send + Sync + fmt::Debug {
-    /// The object's length in bytes.
-    fn len(&self) -> u64;
+    /// The object's size in bytes.
+    fn size(&self) -> u64;
     /// Fills `buf` from `offset`; an error names the object and what to do.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 }
@@ -93,11 +93,11 @@ impl LayerFile {
         }
     }
 
-    /// The length of the file or object.
-    pub fn len(&self) -> io::Result<u64> {
+    /// The size of the file or object in bytes.
+    pub fn size(&self) -> io::Result<u64> {
         match self {
             LayerFile::Local(f) => f.metadata().map(|m| m.len()),
-            LayerFile::Remote(r) => Ok(r.len()),
+            LayerFile::Remote(r) => Ok(r.size()),
         }
     }
 
@@ -152,7 +152,7 @@ impl RemoteDev {
 
 impl crate::BlockDev for RemoteDev {
     fn size(&self) -> u64 {
-        self.object.len()
+        self.object.size()
     }
 
     fn caps(&self) -> crate::Caps {

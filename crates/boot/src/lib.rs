@@ -1,4 +1,4 @@
-//! Network boot of vdstream targets (issue P10).
+//! Network boot of vdstream targets.
 //!
 //! A diskless target boots from the network: iPXE fetches a script, then the kernel and an
 //! initramfs, from `vdstream server`'s boot service. Both files come from the vDisk version

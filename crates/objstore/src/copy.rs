@@ -374,6 +374,9 @@ pub(crate) fn upload_layer(
     Ok(Some(sent))
 }
 
+/// One vDisk of a copy down: its name, its vdisk.json, and each layer file with its index.
+type DownPlan = (String, Bytes, Vec<(String, LayerIndex)>);
+
 fn download(bucket: &Bucket, dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<CopyReport> {
     let Some(store_json) = bucket.get("store.json")? else {
         return Err(Error::NotFound(format!(
@@ -393,7 +396,7 @@ fn download(bucket: &Bucket, dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> 
         ..Default::default()
     };
     let listed = bucket.list("")?;
-    let mut plan: Vec<(String, Bytes, Vec<(String, LayerIndex)>)> = Vec::new();
+    let mut plan: Vec<DownPlan> = Vec::new();
     for (rel, _, _) in &listed {
         let Some(name) = rel
             .strip_prefix("vdisks/")

@@ -337,14 +337,15 @@ pub struct CacheConfig {
     pub wait: std::time::Duration,
 }
 
+/// Which chunks the SSD folder holds, weighed by size; evicting one removes its file.
+type DiskIndex =
+    quick_cache::sync::Cache<Key, (), ChunkWeight, quick_cache::DefaultHashBuilder, DiskEvict>;
+
 /// The chunk cache: RAM, then the SSD folder, then one GET per chunk, with concurrent
 /// misses of one chunk waiting on the first one's GET (single flight).
 pub struct ChunkCache {
     ram: quick_cache::sync::Cache<Key, Bytes, ByLen>,
-    disk: Option<(
-        PathBuf,
-        quick_cache::sync::Cache<Key, (), ChunkWeight, quick_cache::DefaultHashBuilder, DiskEvict>,
-    )>,
+    disk: Option<(PathBuf, DiskIndex)>,
     readahead: u64,
     wait: std::time::Duration,
     pub stats: CacheStats,
@@ -486,7 +487,7 @@ impl ObjectLayer {
             }
             quick_cache::sync::GuardResult::Guard(g) => g,
         };
-        if let Some(b) = self.from_disk(key, i) {
+        if let Some(b) = self.read_disk(key, i) {
             cache.stats.disk_hits.fetch_add(1, Ordering::Relaxed);
             let _ = guard.insert(b.clone());
             return Ok(b);
@@ -519,7 +520,7 @@ impl ObjectLayer {
             })
     }
 
-    fn from_disk(&self, key: Key, i: u64) -> Option<Bytes> {
+    fn read_disk(&self, key: Key, i: u64) -> Option<Bytes> {
         let (dir, index) = self.cache.disk.as_ref()?;
         index.get(&key)?;
         let data = std::fs::read(disk_path(dir, key)).ok()?;
@@ -591,7 +592,7 @@ impl ObjectLayer {
                 else {
                     return;
                 };
-                let b = match me.from_disk(key, j) {
+                let b = match me.read_disk(key, j) {
                     Some(b) => b,
                     None => {
                         me.cache.stats.readahead.fetch_add(1, Ordering::Relaxed);
@@ -607,7 +608,7 @@ impl ObjectLayer {
 }
 
 impl vdstream_blockdev::layerfile::RemoteFile for ObjectLayer {
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         self.index.len
     }
 

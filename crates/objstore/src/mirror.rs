@@ -253,6 +253,8 @@ impl Mirror {
 struct Root(Arc<Mirror>);
 
 impl vdstream_blockdev::layerfile::RemoteRoot for Root {
+    // The folder the root answers for is the mirror's vdisks/, not its top folder.
+    #[allow(clippy::misnamed_getters)]
     fn dir(&self) -> &Path {
         &self.0.vdisks
     }

@@ -205,6 +205,9 @@ fn mtime_of(m: &std::fs::Metadata) -> i128 {
     m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128
 }
 
+/// One vDisk of an upload: its name, its vdisk.json, and each layer file held with its stamp.
+type UpPlan = (String, Vec<u8>, Vec<(Held, Stamp)>);
+
 impl Writer {
     /// Takes the writer role of the store at `bucket` (an empty store is made where there
     /// is none), with `dir` as its folder and `url` as its API; refuses while another
@@ -447,7 +450,7 @@ impl Writer {
             let _lock = store
                 .lock(vdstream_blockdev::flock::LockMode::Shared)
                 .map_err(|e| Error::Io(e.to_string()))?;
-            let mut plan: Vec<(String, Vec<u8>, Vec<(Held, Stamp)>)> = Vec::new();
+            let mut plan: Vec<UpPlan> = Vec::new();
             for name in store.names().map_err(|e| Error::Io(e.to_string()))? {
                 let json_path = dir.join("vdisks").join(&name).join("vdisk.json");
                 let json = std::fs::read(&json_path).map_err(local("read", &json_path))?;

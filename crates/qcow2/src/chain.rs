@@ -71,7 +71,7 @@ impl ImageFormat {
         let mut magic = [0u8; 4];
         let io_err = |e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string());
         let f = LayerFile::open(path, false).map_err(io_err)?;
-        if f.len().map_err(io_err)? < 4 {
+        if f.size().map_err(io_err)? < 4 {
             return Ok(ImageFormat::Raw);
         }
         f.read_exact_at(&mut magic, 0).map_err(io_err)?;
@@ -327,7 +327,7 @@ pub(crate) fn read_header(path: &Path) -> Result<Header> {
     let f = LayerFile::open(path, false)
         .map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
     let len = f
-        .len()
+        .size()
         .map_err(|e| Error::from_io(e, Op::Open, 0, 0, path.display().to_string()))?;
     let mut first = vec![0u8; len.min(crate::header::HEADER_READ_LEN as u64) as usize];
     f.read_exact_at(&mut first, 0)

@@ -161,7 +161,7 @@ impl Qcow2Image {
         if let LayerFile::Local(f) = &file {
             lock_file(f, !options.read_only, &path)?;
         }
-        let file_len = file.len().map_err(io_err)?;
+        let file_len = file.size().map_err(io_err)?;
         let mut first = vec![0u8; (file_len.min(HEADER_READ_LEN as u64)) as usize];
         file.read_exact_at(&mut first, 0).map_err(io_err)?;
         let header = Header::parse(&first, file_len).map_err(|e| {
@@ -510,7 +510,7 @@ impl Qcow2Image {
     pub(crate) fn inflate(&self, host: u64, len: u64, guest: u64) -> Result<Vec<u8>> {
         let file_len = self
             .file
-            .len()
+            .size()
             .map_err(|e| self.io(e, Op::Read, guest, 0))?;
         let len = len
             .min(file_len.saturating_sub(host))
