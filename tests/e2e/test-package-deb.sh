@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The Debian package, installed for real: packaging/build-deb makes
-# target/debian/vdstream_*.deb from target/release/vdstream, `apt-get install ./…deb`
+# target/debian/vdstream_*.deb from the binary under test (target/PROFILE/vdstream),
+# `apt-get install ./…deb`
 # installs it, and then what an administrator relies on is checked:
-# - the files: the binary, vdstream-server.service and vdstream-agent@.service,
+# - the files: the binary, vdstream-server.service and vdstream-agent@.service, the
+#   README, LICENSE and guides (docs/, which the README links to) under /usr/share/doc,
 #   /etc/vdstream/server.toml (a conffile, readable by the group vdstream), man pages that
 #   `man` finds, bash completions that complete a subcommand;
 # - the system user vdstream, and the demo vDisk in a new store /var/lib/vdstream/store;
@@ -35,15 +37,26 @@ purge_all() {
 E2E_CLEANUP_HOOKS+=(purge_all)
 
 log "building the package"
-packaging/build-deb --no-build >"$E2E_TMP/build.log" 2>&1 || { tail -20 "$E2E_TMP/build.log" >&2; fail "packaging/build-deb failed"; }
+profile=$(basename "$(dirname "$VDSTREAM_BIN")")
+[[ $VDSTREAM_BIN -ef target/$profile/vdstream ]] || fail "VDSTREAM_BIN=$VDSTREAM_BIN is not a Cargo build of this tree (target/PROFILE/vdstream): the package is made from one"
+packaging/build-deb --no-build --profile "$profile" >"$E2E_TMP/build.log" 2>&1 || { tail -20 "$E2E_TMP/build.log" >&2; fail "packaging/build-deb failed"; }
+grep -i '^warning' "$E2E_TMP/build.log" && fail "packaging/build-deb warned (above)"
 deb=$(ls target/debian/vdstream_*.deb)
 grep -q "Depends:.*adduser" <<<"$(dpkg-deb -I "$deb")" || fail "the package does not depend on adduser, which its postinst uses"
 
 log "installing $deb"
 DEBIAN_FRONTEND=noninteractive apt-get install -y -q "./$deb" >"$E2E_TMP/apt.log" 2>&1 || { tail -20 "$E2E_TMP/apt.log" >&2; fail "apt-get install ./$deb failed"; }
 grep -q "^Status: install ok installed" <<<"$(dpkg -s vdstream)" || fail "dpkg does not list vdstream as installed"
+# Without systemd (as here) the install says that nothing was started, and how to start it.
+if [[ ! -d /run/systemd/system ]]; then
+    grep -q "systemd is not running here" "$E2E_TMP/apt.log" || fail "the install without systemd does not say the server was not started: $(tail -5 "$E2E_TMP/apt.log")"
+    grep -q "vdstream server --config /etc/vdstream/server.toml" "$E2E_TMP/apt.log" || fail "the install without systemd does not say how to start the server"
+    log "ok: without systemd the install says how to start the server"
+fi
 for f in /usr/bin/vdstream /lib/systemd/system/vdstream-server.service /lib/systemd/system/vdstream-agent@.service \
-    /etc/vdstream/server.toml /usr/share/bash-completion/completions/vdstream /usr/share/man/man1/vdstream-server.1.gz; do
+    /etc/vdstream/server.toml /usr/share/bash-completion/completions/vdstream /usr/share/man/man1/vdstream-server.1.gz \
+    /usr/share/doc/vdstream/README.md /usr/share/doc/vdstream/LICENSE /usr/share/doc/vdstream/docs/ADMIN.md \
+    /usr/share/doc/vdstream/docs/SECURITY.md /usr/share/doc/vdstream/docs/openapi.yaml; do
     [[ -e $f ]] || fail "the package did not install $f"
 done
 grep -qx "/etc/vdstream/server.toml" /var/lib/dpkg/info/vdstream.conffiles || fail "/etc/vdstream/server.toml is not a conffile (an upgrade would overwrite the administrator's edits)"
