@@ -146,7 +146,7 @@ pub struct AttachArgs {
     /// Write cache type: ram-overflow (default, or the record's with http:// servers),
     /// device-ram, device-disk, device-disk-persistent; server and server-persistent send
     /// writes to the server's export (it must be writable: its own cache takes them).
-    #[arg(long, value_name = "TYPE")]
+    #[arg(long, value_name = "TYPE", value_parser = cache_type())]
     cache: Option<CacheType>,
 
     /// Offer the vDisk read-only: the guest reads it and cannot write (a data disk many
@@ -754,6 +754,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         Ok(d) if !d.is_zero() && d.as_secs() < 1_000_000_000 => Ok(d),
         _ => Err(format!("{text:?}: give a positive duration")),
     }
+}
+
+/// --cache: one of the cache types' names, which shell completion offers.
+fn cache_type() -> impl clap::builder::TypedValueParser<Value = CacheType> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(CacheType::NAMES)
+        .try_map(|name| name.parse::<CacheType>())
 }
 
 #[cfg(test)]

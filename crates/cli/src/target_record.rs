@@ -55,7 +55,7 @@ pub struct Fields {
     pub vdisk: Option<String>,
     /// Write cache type: server, server-persistent, device-disk, device-disk-persistent,
     /// device-ram, ram-overflow (private is for a vDisk's one machine, not a target).
-    #[arg(long, value_name = "TYPE")]
+    #[arg(long, value_name = "TYPE", value_parser = clap::builder::PossibleValuesParser::new(vdstream_contract::CacheType::NAMES))]
     pub cache: Option<String>,
     /// RAM of device-ram and ram-overflow, e.g. 512M: 0 (ram-overflow only: straight to
     /// the file) or 1M to 256G.

@@ -33,6 +33,17 @@ impl CacheType {
         CacheType::Private,
     ];
 
+    /// Every type's name, in the order of [`CacheType::ALL`] (what shell completion offers).
+    pub const NAMES: [&'static str; 7] = [
+        "server",
+        "server-persistent",
+        "device-disk",
+        "device-disk-persistent",
+        "device-ram",
+        "ram-overflow",
+        "private",
+    ];
+
     /// The name used on the command line, in config files and in the API.
     pub fn name(self) -> &'static str {
         match self {
@@ -68,12 +79,26 @@ impl std::str::FromStr for CacheType {
             .find(|t| t.name() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = CacheType::ALL.iter().map(|t| t.name()).collect();
+                let hint = did_you_mean(s, &names)
+                    .map(|n| format!("did you mean {n:?}? "))
+                    .unwrap_or_default();
                 format!(
-                    "unknown cache type {s:?}: choose one of {}",
+                    "unknown cache type {s:?}: {hint}choose one of {}",
                     names.join(", ")
                 )
             })
     }
+}
+
+/// The name of `names` closest to `typed`, when it is close enough to be what was meant
+/// (Jaro-Winkler similarity of at least 0.8, as clap's own suggestions use).
+pub fn did_you_mean<'a>(typed: &str, names: &[&'a str]) -> Option<&'a str> {
+    names
+        .iter()
+        .map(|n| (strsim::jaro_winkler(&typed.to_ascii_lowercase(), n), *n))
+        .filter(|(score, _)| *score >= 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, n)| n)
 }
 
 impl Serialize for CacheType {
@@ -95,6 +120,7 @@ mod tests {
 
     #[test]
     fn every_name_reads_back_and_others_are_refused() {
+        assert_eq!(CacheType::NAMES, CacheType::ALL.map(CacheType::name));
         for t in CacheType::ALL {
             assert_eq!(t.name().parse::<CacheType>(), Ok(t));
             assert_eq!(
@@ -104,5 +130,19 @@ mod tests {
         }
         let e = "floppy".parse::<CacheType>().unwrap_err();
         assert!(e.contains("floppy") && e.contains("ram-overflow"), "{e}");
+        assert!(!e.contains("did you mean"), "{e}");
+        for (typed, meant) in [
+            ("ram-overflw", "ram-overflow"),
+            ("ramoverflow", "ram-overflow"),
+            ("device-disk-persistant", "device-disk-persistent"),
+            ("sever", "server"),
+            ("Device-RAM", "device-ram"),
+        ] {
+            let e = typed.parse::<CacheType>().unwrap_err();
+            assert!(
+                e.contains(&format!("did you mean {meant:?}?")),
+                "{typed}: {e}"
+            );
+        }
     }
 }
