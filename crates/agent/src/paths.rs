@@ -76,6 +76,31 @@ pub fn cache_dir(id: &str) -> PathBuf {
     }
 }
 
+/// The pid of the agent of target `id` that runs on this host, if one does: it holds
+/// `RUN/ID.lock` (see the module docs). `None` when no lock file exists or nobody holds it.
+/// An agent on another host is known only to the server it reports to.
+pub fn running_agent(id: &str) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    use vdstream_blockdev::flock::{try_lock, LockMode};
+    check_target_id(id).ok()?;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(lock_path(id))
+        .ok()?;
+    // A shared lock is refused while the agent holds its exclusive one; taking it does
+    // not disturb an agent that starts now (it waits out LOCK_PATIENCE).
+    match try_lock(&f, LockMode::Shared, std::time::Duration::ZERO) {
+        Ok(true) | Err(_) => None,
+        Ok(false) => {
+            let mut pid = String::new();
+            let _ = f.read_to_string(&mut pid);
+            Some(pid.trim().to_string())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -134,6 +134,12 @@ pub struct RemoveArgs {
     /// The target's id, as `target list` shows it (e.g. vm1).
     #[arg(value_name = "ID")]
     pub id: String,
+    /// Remove the record even while the target is in use. Without it, a target is kept
+    /// while its agent runs: on this host (it holds the target's lock in the run
+    /// directory), or, with --server, wherever the server has a session or a fresh report
+    /// of it. Its agent's reports are refused once the record is gone.
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub opts: StoreOpts,
     #[command(flatten)]
@@ -380,9 +386,18 @@ pub fn print_set(o: &StoreOpts, doc: Value) -> Result<()> {
 }
 
 pub fn remove(a: RemoveArgs) -> Result<()> {
+    let force = if a.force { "?force=true" } else { "" };
     let doc = match a.api.client_for(&a.opts)? {
-        Some(c) => c.delete(&format!("/api/v1/targets/{}", seg(&a.id)))?,
-        None => documents::target_remove(&a.opts.open()?, &a.id)?,
+        Some(c) => c.delete(&format!("/api/v1/targets/{}{force}", seg(&a.id)))?,
+        None => {
+            if let Some(pid) = vdstream_agent::paths::running_agent(&a.id).filter(|_| !a.force) {
+                conflict!(
+                    "target {:?} is in use: its agent (pid {pid}) runs on this host; nothing was removed. Stop the agent first (its reports are refused once the record is gone), or remove it anyway with --force",
+                    a.id
+                );
+            }
+            documents::target_remove(&a.opts.open()?, &a.id)?
+        }
     };
     print_removed(&a.opts, doc)
 }

@@ -1125,7 +1125,8 @@ fn a_target_in_use_is_not_removed() {
     assert!(
         error.contains("in use")
             && error.contains("nothing was removed")
-            && what.contains("stop its agent"),
+            && what.contains("stop its agent")
+            && what.contains("force=true"),
         "{error}: {what}"
     );
     drop(g);
@@ -1155,6 +1156,24 @@ fn a_target_in_use_is_not_removed() {
         a.client.delete("/api/v1/targets/vm1").unwrap()["removed"],
         "vm1"
     );
+}
+
+#[test]
+fn force_removes_a_target_in_use() {
+    let a = api();
+    a.client
+        .post(
+            "/api/v1/targets",
+            &json!({"id": "vm1", "vdisk": "win", "cache": "server"}),
+        )
+        .unwrap();
+    let _g = session(&a.state.registry, "vm1");
+    assert_eq!(api_error(a.client.delete("/api/v1/targets/vm1")).0, 409);
+    assert_eq!(
+        a.client.delete("/api/v1/targets/vm1?force=true").unwrap()["removed"],
+        "vm1"
+    );
+    assert_eq!(api_error(a.client.get("/api/v1/targets/vm1")).0, 404);
 }
 
 #[test]

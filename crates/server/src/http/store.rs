@@ -302,12 +302,31 @@ pub(crate) async fn target_set(
         .map(Json)
 }
 
+/// The query of DELETE /api/v1/targets/{id}.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RemoveQuery {
+    /// Remove the record even while the target is in use (`target remove --force`).
+    #[serde(default)]
+    force: bool,
+}
+
 pub(crate) async fn target_remove(
     State(s): S,
     Extension(c): Client,
     Param(id): Param<String>,
+    QueryArgs(q): QueryArgs<RemoveQuery>,
 ) -> Answer {
     if let Some(why) = in_use(&s, &id) {
+        if q.force {
+            log::warn!(
+                "HTTP API: target {id:?} removed for {} although it is in use (force): {why}",
+                c.0
+            );
+            return on_store(s, c, move |st, _| documents::target_remove(st, &id))
+                .await
+                .map(Json);
+        }
         log::info!(
             "HTTP API: refused to remove target {id:?} for {}: {why}",
             c.0
@@ -315,7 +334,7 @@ pub(crate) async fn target_remove(
         return Err(ApiError::new(
             409,
             format!("target {id:?} is in use: {why}; nothing was removed"),
-            format!("stop its agent (or the machine) first; once it has reported `stopped` or its report is older than {} s, remove it again", super::live::REPORT_TTL.as_secs()),
+            format!("stop its agent (or the machine) first; once it has reported `stopped` or its report is older than {} s, remove it again (or remove it anyway with force=true: `target remove --force`)", super::live::REPORT_TTL.as_secs()),
         ));
     }
     on_store(s, c, move |st, _| documents::target_remove(st, &id))
