@@ -66,11 +66,14 @@ expect "$(snapshot)" "$before" "a revoked token leaves the store as it was"
 
 # The admin does it; the CLI sends the token from the environment or a file.
 expect "$(status -H "Authorization: Bearer $adm" "${promote[@]}")" 200 "an admin token promotes"
-"$VDSTREAM_BIN" target list --server "$API_URL" >/dev/null 2>&1 && fail "the CLI without a token was let in"
+rc=0; "$VDSTREAM_BIN" target list --server "$API_URL" --json >"$E2E_TMP/denied.json" 2>/dev/null || rc=$?
+expect "$rc" 8 "the CLI without a token: exit status 8 (denied)"
+expect "$(json_get "$E2E_TMP/denied.json" 'j["error"]["kind"]')" denied "the CLI's JSON error kind without a token"
 VDSTREAM_TOKEN=$ro "$VDSTREAM_BIN" target list --server "$API_URL" | grep -q pc-01 || fail "the CLI with VDSTREAM_TOKEN"
 printf '%s\n' "$adm" >"$E2E_TMP/admin.token"
 "$VDSTREAM_BIN" target remove pc-02 --server "$API_URL" --token-file "$E2E_TMP/admin.token" >/dev/null || fail "the CLI with --token-file"
-out=$(VDSTREAM_TOKEN=$ro "$VDSTREAM_BIN" target add pc-03 --vdisk win --cache server --server "$API_URL" 2>&1) && fail "read-only added a target"
+rc=0; out=$(VDSTREAM_TOKEN=$ro "$VDSTREAM_BIN" target add pc-03 --vdisk win --cache server --server "$API_URL" 2>&1) || rc=$?
+expect "$rc" 8 "read-only adding a target: exit status 8 (denied)"
 grep -q 'needs role operator' <<<"$out" || fail "the CLI does not say which role is needed: $out"
 
 # HTTPS with a CA, a server certificate and a target's client certificate made here.

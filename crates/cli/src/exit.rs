@@ -11,6 +11,7 @@
 //! | 5      | `io`          | an I/O error, a damaged or missing file of the store          |
 //! | 6      | `unavailable` | no server answers (connection refused, timeout), agent stopped|
 //! | 7      | `insecure`    | a server asked to listen off loopback without TLS or --insecure |
+//! | 8      | `denied`      | the API refused who asked: no, a wrong or a revoked token (401), a role too small (403) |
 //!
 //! The kind comes from the first error in the chain whose type says it (outermost first):
 //! the library error types ([`StoreError`], [`ClientError`], [`AgentError`], [`PkiError`], the
@@ -39,6 +40,7 @@ pub enum Kind {
     Io,
     Unavailable,
     Insecure,
+    Denied,
 }
 
 impl Kind {
@@ -51,6 +53,7 @@ impl Kind {
             Kind::Io => crate::output::IO_STATUS,
             Kind::Unavailable => 6,
             Kind::Insecure => 7,
+            Kind::Denied => 8,
         }
     }
 
@@ -63,6 +66,7 @@ impl Kind {
             Kind::Io => "io",
             Kind::Unavailable => "unavailable",
             Kind::Insecure => "insecure",
+            Kind::Denied => "denied",
         }
     }
 }
@@ -81,6 +85,7 @@ Exit status:
   5 I/O: a read or write failed, a store file is damaged or missing
   6 unavailable: no server answers, or the target's agent is not running
   7 insecure: a server asked to listen off loopback without TLS (see --insecure)
+  8 denied: the API refused the caller: no, a wrong or a revoked token, or a role too small
 With --json, a failure also prints one JSON object on stdout (unless the command's
 own document is already there):
   {\"error\": {\"kind\": \"not_found\", \"status\": 3, \"message\": \"...\"}}"
@@ -140,6 +145,7 @@ fn of_client(e: &ClientError) -> Kind {
         ClientError::Protocol { .. } => Kind::Other,
         ClientError::Api { status, .. } => match status {
             400 | 405 | 413 | 422 => Kind::Usage,
+            401 | 403 => Kind::Denied,
             404 => Kind::NotFound,
             409 | 412 => Kind::Conflict,
             502..=504 => Kind::Unavailable,
