@@ -24,7 +24,7 @@ expect_error() {
     log "ok: $what refused: $(head -c 160 "$E2E_TMP/err")"
 }
 
-expect_error "no store" "no store at .*vdstream vdisk create" vds vdisk list
+expect_error "no store" "no store at .*check --store or VDSTREAM_STORE" vds vdisk list
 for bad in "../evil" "a/b" "-rf" ".hidden" "a..b" "w@1" "" "$(printf 'x%.0s' {1..65})"; do
     expect_error "name '$bad'" "invalid vDisk name.*a name is 1 to 64" \
         "$VDSTREAM_BIN" vdisk create --store "$STORE" --size 1M -- "$bad"

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store directory has no `store.json`.
-    #[error("no store at {}: create a vDisk first with `vdstream vdisk create`", dir.display())]
+    #[error("no store at {}: check --store or VDSTREAM_STORE, which name the folder that holds store.json (a new store is made by the first `vdstream vdisk create` or `vdstream vdisk import`)", dir.display())]
     NoStore { dir: PathBuf },
 
     /// A vDisk name (or a version reference) that is not allowed.

@@ -212,7 +212,7 @@ fn bad_input_and_damaged_stores_say_what_to_do() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("no store at") && e.contains("vdstream vdisk create"),
+        e.contains("no store at") && e.contains("check --store or VDSTREAM_STORE"),
         "{e}"
     );
     let s = store(dir.path());

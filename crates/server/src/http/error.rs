@@ -112,7 +112,7 @@ impl From<StoreError> for ApiError {
             StoreError::Refused(m) => (409, advice_of(m)),
             StoreError::Changed { vdisk, .. } => (412, format!("read the vDisk again (GET /api/v1/vdisks/{vdisk}/versions, its ETag) and send the change with that If-Match, if it still makes sense")),
             StoreError::Corrupt { advice, .. } | StoreError::MissingFile { advice, .. } => (500, advice.clone()),
-            StoreError::NoStore { .. } => (500, "create a vDisk first with `vdstream vdisk create`".to_string()),
+            StoreError::NoStore { .. } => (500, "the store this server serves is gone: check its --store folder, which must hold store.json".to_string()),
             _ => (500, "see the server's log; check the store's files and free space".to_string()),
         };
         ApiError {
