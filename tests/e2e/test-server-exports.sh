@@ -20,7 +20,11 @@ head -c 16M /dev/urandom >"$E2E_TMP/golden.img"
 vds vdisk import w "$E2E_TMP/golden.img" >/dev/null
 v1=$(new_patched_version w production 1M 64k 0x11)
 v2=$(new_patched_version w test 2M 64k 0x22)
-vds version new w >/dev/null   # a maintenance version (v3)
+out=$(vds version new w)   # a maintenance version (v3)
+# Its advice names both ways to the maintenance target: a server's maintenance/w export,
+# and serve-image for a store no server serves.
+grep -qF "exports it to the maintenance target as maintenance/w" <<<"$out" || fail "version new does not name maintenance/w: $out"
+grep -qF "vdstream serve-image --vdisk w@maintenance" <<<"$out" || fail "version new does not name serve-image: $out"
 
 start_store_server
 nbdinfo --list "nbd+unix:///?socket=$SOCK" >"$E2E_TMP/list.txt"

@@ -147,7 +147,15 @@ pub fn run(args: VersionArgs) -> Result<()> {
             expect_generation: g,
             api,
         } => {
-            let doc = match api.client_for(o)? {
+            let client = api.client_for(o)?;
+            // Where the maintenance target finds the new version: a server exports it as
+            // maintenance/NAME; serve-image is for a store that no server serves.
+            let serve = if client.is_some() {
+                format!("the server exports it to the maintenance target as maintenance/{name}")
+            } else {
+                format!("a `vdstream server` on this store exports it to the maintenance target as maintenance/{name}; with no server, serve it alone with `vdstream serve-image --vdisk {name}@maintenance`")
+            };
+            let doc = match client {
                 Some(c) => c.if_match(g).post(
                     &format!("/api/v1/vdisks/{}/versions", seg(&name)),
                     &json!({"note": note}),
@@ -162,7 +170,10 @@ pub fn run(args: VersionArgs) -> Result<()> {
             let v: Version = serde_json::from_value(doc["version"].clone())?;
             let said = describe_auto_merge(&name, &doc["auto_merge"]);
             o.emit(doc, || {
-                format!("created version {} of {name} in maintenance ({}); serve it to the maintenance target with `vdstream serve-image --vdisk {name}@maintenance`{said}", v.number, v.file)
+                format!(
+                    "created version {} of {name} in maintenance ({}); {serve}{said}",
+                    v.number, v.file
+                )
             });
         }
         VersionCommand::Promote {
