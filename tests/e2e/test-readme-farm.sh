@@ -12,8 +12,8 @@
 #   RAM used, nothing written to the server) and reads back through the target, while the
 #   vDisk served by the server still equals the imported image (qemu-img compare) and the
 #   server wrote nothing to the store;
-# - the console URL the block names answers with the page, and the API lists the target's
-#   session;
+# - the server's start output names the console's URL; the URL the block names answers
+#   with the page, and the API lists the target's session;
 # - the agent and then the server stop cleanly on SIGTERM (the README's `kill %2 %1`).
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -137,6 +137,13 @@ if ((rc != 0)); then
     ((rc == 124 || rc == 137)) && fail "the README's farm block did not finish within 120 s"
     fail "the README's farm block failed (status $rc): the last command above did not work as written"
 fi
+# What the server and the agent print is for people: no Rust debug forms.
+if grep -aEn '[A-Z][A-Za-z]+ \{ [a-z_]+: |Some\(' "$E2E_TMP/farm.log"; then
+    fail "the farm's output (above) prints Rust debug structs"
+fi
+grep -qF "vdstream: console on $console_url" "$E2E_TMP/farm.log" ||
+    fail "the server's start output does not name the console's URL ($console_url)"
+log "ok: the server's start output names the console: $console_url"
 ((${#pids[@]} == 2)) || fail "the block started ${#pids[@]} background services, want 2 (the server, the agent)"
 server_pid=${pids[0]} agent_pid=${pids[1]}
 log "ok: the block ran as written (server pid $server_pid, agent pid $agent_pid)"
@@ -202,11 +209,23 @@ term_and_wait() {
     done
     fail "$what did not exit within 15 s of SIGTERM"
 }
+# What a new administrator tried: removing the target from the store while its agent runs
+# here. Refused (exit 4, the record kept) and told to stop the agent or use --force.
+rc=0
+"$VDSTREAM_BIN" target remove vm1 >"$E2E_TMP/remove.out" 2>&1 || rc=$?
+assert_eq "target remove while its agent runs (exit status)" "$rc" 4
+grep -q "its agent (pid $agent_pid) runs on this host" "$E2E_TMP/remove.out" ||
+    fail "the refusal does not name the running agent: $(cat "$E2E_TMP/remove.out")"
+grep -q -- "--force" "$E2E_TMP/remove.out" || fail "the refusal does not name --force: $(cat "$E2E_TMP/remove.out")"
+"$VDSTREAM_BIN" target show vm1 >/dev/null || fail "target remove refused, but the record is gone"
+log "ok: target remove refuses while the agent runs on this host"
 term_and_wait "$agent_pid" "the agent"
 [[ ! -e $farm/vm1.sock ]] || fail "the agent left its socket $farm/vm1.sock"
 rc=0
 "$VDSTREAM_BIN" target status vm1 --json >"$E2E_TMP/last.json" 2>/dev/null || rc=$?
 assert_eq "target status of the stopped agent (exit status)" "$rc" 6
 assert_eq "the agent's last state" "$(json_get "$E2E_TMP/last.json" 'j["state"]')" stopped
+"$VDSTREAM_BIN" target remove vm1 >/dev/null || fail "target remove of a stopped agent's target failed"
+log "ok: once the agent stopped, target remove removes vm1"
 term_and_wait "$server_pid" "the server"
 log "ok: README's farm on one host runs as written"

@@ -488,6 +488,7 @@ pub fn run(args: ServerArgs) -> Result<()> {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 let handle = vdstream_server::http::spawn_with(listener, state.clone(), tls).context("cannot start the HTTP API")?;
                 outln!("vdstream: HTTP API on {scheme}://{}/api/v1/server, metrics on {scheme}://{0}/metrics", handle.local_addr());
+                outln!("vdstream: console on {scheme}://{}/console", handle.local_addr());
                 Some(handle)
             }
             None => None,

@@ -29,6 +29,17 @@ pub struct BlockSizes {
     pub maximum: u32,
 }
 
+/// As the log says it: "minimum 1, preferred 4096, maximum 33554432".
+impl std::fmt::Display for BlockSizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "minimum {}, preferred {}, maximum {}",
+            self.minimum, self.preferred, self.maximum
+        )
+    }
+}
+
 impl Default for BlockSizes {
     fn default() -> Self {
         BlockSizes {
@@ -358,7 +369,7 @@ fn check_block_sizes(b: BlockSizes) -> Result<BlockSizes, String> {
             ..b
         })
     } else {
-        Err(format!("server advertised impossible block sizes {b:?}"))
+        Err(format!("server advertised impossible block sizes ({b})"))
     }
 }
 

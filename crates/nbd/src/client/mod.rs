@@ -214,12 +214,12 @@ impl Client {
                 timeout: opts.connect_timeout,
             })??;
         log::info!(
-            "{addr_text}: export {:?}: {} bytes, flags {:#x}, structured {}, base:allocation {:?}, block sizes {:?}",
+            "{addr_text}: export {:?}: {} bytes, flags {:#x}, structured replies {}, base:allocation {}, block sizes {}",
             info.export,
             info.size,
             info.flags,
-            info.structured,
-            info.base_allocation,
+            if info.structured { "yes" } else { "no" },
+            info.base_allocation.map_or("no".to_string(), |id| format!("yes (context {id})")),
             info.block_sizes
         );
         let conn = Connection::start(addr_text, r, w, opts.writer, direct);
