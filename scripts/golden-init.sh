@@ -31,6 +31,18 @@ say "BOOTED uptime=$(uptime_s) mode=$mode"
 # and what its root is: /dev/vda (a VM on a host's agent) or /dev/nbd0 (a network boot).
 say "HOST name=$(hostname) machine_id=$(cat /etc/machine-id 2>/dev/null) root=$(awk '$2 == "/" { print $1 }' /proc/mounts | tail -n1)"
 
+# A network-booted machine: its agent's status file in the /run the initramfs moved under
+# this root, which `vdstream target status` reads here. fresh=yes: the agent (rewriting it
+# every second) still writes it after switch_root.
+for f in /run/vdstream/*.status.json; do
+    [ -f "$f" ] || continue
+    sleep 3
+    age=$(($(date +%s) - $(stat -c %Y "$f")))
+    fresh=no
+    [ "$age" -le 2 ] && fresh=yes
+    say "AGENT-STATUS $(basename "$f") state=$(sed -n 's/.*"state": *"\([a-z-]*\)".*/\1/p' "$f" | head -n1) fresh=$fresh age=$age"
+done
+
 # The root must be writable (a read-only vDisk would show here first).
 if grep -Eq '^/dev/(vda|nbd0) / ext4 rw' /proc/mounts && touch /.vdstest-rw && rm /.vdstest-rw; then
     say "RW ok"

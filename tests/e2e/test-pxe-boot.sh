@@ -42,6 +42,15 @@ line=$(host_line pc1-first)
 id1=${BASH_REMATCH[1]}
 log "ok: pc1: $line"
 serial_has pc1-first 'vdstream-init: attaching' || fail "the initramfs's /init did not attach the vDisk"
+# After switch_root the agent goes on writing its status file where the booted system sees
+# it (/run/vdstream), and the serial console is plain text: no colour codes, no warning.
+serial_has pc1-first '^VDSTEST AGENT-STATUS pc1.status.json state=running fresh=yes' ||
+    fail "pc1's agent status after switch_root: $(grep -a 'AGENT-STATUS' "$E2E_TMP/pc1-first.serial" || echo none)"
+# (vdstream's lines only: the firmware and iPXE colour theirs.)
+grep -a vdstream "$E2E_TMP/pc1-first.serial" | grep -aqE $'\x1b\\[[0-9;]*m' &&
+    fail "pc1's serial console has ANSI colour codes in vdstream's lines: $(grep -a vdstream "$E2E_TMP/pc1-first.serial" | grep -aE $'\x1b\\[[0-9;]*m' | head -n2 | cat -v)"
+grep -aq 'status file' "$E2E_TMP/pc1-first.serial" && fail "pc1's serial console warns about the status file: $(grep -a 'status file' "$E2E_TMP/pc1-first.serial")"
+log "ok: pc1's agent writes its status under the booted system's /run; the console is plain text"
 
 # The same machine again, and a second machine, at the same time.
 pxe_start pc1-again "$mac1"

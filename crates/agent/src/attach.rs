@@ -156,6 +156,8 @@ pub struct Agent {
     vhost: Option<vdstream_vhost::VhostServer>,
     /// With `kernel_nbd`: the device, up since [`Agent::open`].
     kernel: Option<KernelNbd>,
+    /// The status file, through its folder as opened at attach.
+    status_file: status::StatusFile,
     /// The status file cannot be written (warned once).
     status_failing: std::sync::atomic::AtomicBool,
     started_ms: u64,
@@ -178,6 +180,7 @@ impl Agent {
             create_private_dir(dir)?;
         }
         let lock = take_lock(&cfg.target, &cfg.lock_path)?;
+        let status_file = status::StatusFile::open(&cfg.status_path)?;
         if cfg.serve_socket {
             check_socket(&cfg.socket)?;
         }
@@ -376,6 +379,7 @@ impl Agent {
             vhost_listener,
             vhost: None,
             kernel: None,
+            status_file,
             status_failing: Default::default(),
             started_ms: status::now_ms(),
             _lock: lock,
@@ -588,7 +592,7 @@ impl Agent {
         }
         let mut last = self.status(Some((&prev.0, prev.1.elapsed())));
         last.state = "stopped".into();
-        if let Err(e) = status::write(&self.cfg.status_path, &last) {
+        if let Err(e) = self.status_file.write(&last) {
             log::warn!("target {}: {e}", self.cfg.target);
         }
         if let Some(api) = self.cfg.api.clone() {
@@ -600,9 +604,8 @@ impl Agent {
 
     /// Writes the status file and, with the API, reports it to the server in use.
     fn publish(&self, s: &Status) {
-        match status::write(&self.cfg.status_path, s) {
-            // Said once, not every second: after an initramfs's switch_root the run folder
-            // is gone for good, and the console must not fill up with it.
+        match self.status_file.write(s) {
+            // Said once, not every second: the console must not fill up with it.
             Err(e) if !self.status_failing.swap(true, Relaxed) => {
                 log::warn!(
                     "target {}: {e} (said once; the agent goes on)",

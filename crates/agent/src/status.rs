@@ -19,20 +19,95 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Replaces the status file atomically.
-pub fn write(path: &Path, status: &Status) -> Result<(), AgentError> {
-    let io = |what: &str, err| AgentError::Io {
-        what: format!("{what} {}", path.display()),
-        err,
-    };
-    let tmp = path.with_extension("json.tmp");
-    let text = serde_json::to_vec_pretty(status).expect("a status always serializes");
-    // Made afresh, never written through a name that already exists.
-    let mut f =
-        vdstream_blockdev::storefile::create_fresh(&tmp, vdstream_blockdev::storefile::SHARED_READ)
+/// The status file of a running agent, written through its folder as it was opened at
+/// attach: a network-booted machine's initramfs moves `/run` under the new root before
+/// `switch_root`, and the agent, left in the old root, goes on writing the same folder
+/// (`/run/vdstream/ID.status.json` of the booted system) rather than a path that is gone.
+#[derive(Debug)]
+pub struct StatusFile {
+    dir: std::fs::File,
+    name: std::ffi::CString,
+    tmp: std::ffi::CString,
+    path: std::path::PathBuf,
+}
+
+impl StatusFile {
+    /// Opens the folder of `path` (which must exist) and keeps it.
+    pub fn open(path: &Path) -> Result<StatusFile, AgentError> {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::OpenOptionsExt;
+        let bad = |err| AgentError::Io {
+            what: format!("cannot use the status file {}", path.display()),
+            err,
+        };
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(bad(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
+        };
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(parent)
+            .map_err(bad)?;
+        let cstr = |b: &[u8]| {
+            std::ffi::CString::new(b)
+                .map_err(|_| bad(std::io::Error::from(std::io::ErrorKind::InvalidInput)))
+        };
+        let mut tmp = name.as_bytes().to_vec();
+        tmp.extend_from_slice(b".tmp");
+        Ok(StatusFile {
+            dir,
+            name: cstr(name.as_bytes())?,
+            tmp: cstr(&tmp)?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Replaces the file atomically: a fresh temporary file beside it, then a rename.
+    pub fn write(&self, status: &Status) -> Result<(), AgentError> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let io = |what: &str, err| AgentError::Io {
+            what: format!("{what} {}", self.path.display()),
+            err,
+        };
+        let text = serde_json::to_vec_pretty(status).expect("a status always serializes");
+        let dir = self.dir.as_raw_fd();
+        // SAFETY: dir is an open directory fd and tmp a NUL-terminated name; unlinkat
+        // only removes a leftover temporary file of an earlier write.
+        unsafe { libc::unlinkat(dir, self.tmp.as_ptr(), 0) };
+        // SAFETY: as above; O_EXCL|O_NOFOLLOW: made afresh, never through a link.
+        let fd = unsafe {
+            libc::openat(
+                dir,
+                self.tmp.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                vdstream_blockdev::storefile::SHARED_READ as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io(
+                "cannot write the status file",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: fd was just opened and is owned by nothing else.
+        let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+        std::io::Write::write_all(&mut f, &text)
             .map_err(|e| io("cannot write the status file", e))?;
-    std::io::Write::write_all(&mut f, &text).map_err(|e| io("cannot write the status file", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io("cannot replace the status file", e))
+        drop(f);
+        // SAFETY: both names are NUL-terminated and relative to the open directory.
+        if unsafe { libc::renameat(dir, self.tmp.as_ptr(), dir, self.name.as_ptr()) } != 0 {
+            return Err(io(
+                "cannot replace the status file",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Reads a status file.
@@ -158,6 +233,37 @@ pub fn render(s: &Status, alive: bool) -> String {
 mod tests {
     use super::*;
 
+    /// The file is written through its folder as opened: once the folder is moved (as an
+    /// initramfs moves /run under the new root), the writes land where it went.
+    #[test]
+    fn writes_follow_a_moved_folder() {
+        let top = tempfile::tempdir().unwrap();
+        let run = top.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        let file = StatusFile::open(&run.join("t1.status.json")).unwrap();
+        let mut s = Status {
+            target: "t1".into(),
+            state: "running".into(),
+            ..Status::default()
+        };
+        file.write(&s).unwrap();
+        let moved = top.path().join("newroot-run");
+        std::fs::rename(&run, &moved).unwrap();
+        s.state = "stopped".into();
+        file.write(&s).unwrap();
+        assert_eq!(
+            read("t1", &moved.join("t1.status.json")).unwrap().state,
+            "stopped"
+        );
+        assert!(!run.exists());
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(&moved)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("t1.status.json")]);
+    }
+
     #[test]
     fn round_trip_and_render() {
         let dir = tempfile::tempdir().unwrap();
@@ -177,7 +283,7 @@ mod tests {
         };
         s.guest.rate_from(&IoStatus::default(), 2.0);
         assert_eq!(s.guest.iops, 20.0);
-        write(&path, &s).unwrap();
+        StatusFile::open(&path).unwrap().write(&s).unwrap();
         let back = read("t1", &path).unwrap();
         assert_eq!(back, s);
         let text = render(&back, pid_alive(back.pid));

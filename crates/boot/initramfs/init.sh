@@ -116,6 +116,8 @@ set -- "$@" --kernel-nbd /dev/nbd0 --daemon
 [ -b /dev/nbd0 ] || failed "no /dev/nbd0 (the kernel has no nbd driver: is nbd.ko in the vDisk's /lib/modules?)"
 say "attaching: vdstream $*"
 export VDSTREAM_RUN_DIR=/run/vdstream
+# The serial console keeps plain text: no colour codes in the agent's log.
+export NO_COLOR=1
 mkdir -p "$VDSTREAM_RUN_DIR"
 /bin/vdstream "$@" || failed "vdstream target attach exited with status $? (its message is above)"
 

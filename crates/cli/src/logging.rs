@@ -37,13 +37,27 @@ fn format(var: Option<&str>, under_systemd: bool) -> (Format, Option<String>) {
     }
 }
 
+/// Whether the text log is coloured: on a terminal only, unless NO_COLOR is set
+/// (no-color.org) or TERM is unset or `dumb`: a network-booted machine's init has no TERM
+/// worth the name, and its serial console is kept as plain text.
+fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>, term: Option<&str>) -> bool {
+    terminal
+        && no_color.is_none_or(|v| v.is_empty())
+        && term.is_some_and(|t| !t.is_empty() && t != "dumb")
+}
+
 /// Starts the log; call once, first thing.
 pub fn init() {
     let var = std::env::var("VDSTREAM_LOG_FORMAT").ok();
     let (format, warning) = format(var.as_deref(), std::env::var_os("JOURNAL_STREAM").is_some());
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rustls=error"));
-    let ansi = std::io::stderr().is_terminal() && format == Format::Text;
+    let ansi = format == Format::Text
+        && colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+            std::env::var("TERM").ok().as_deref(),
+        );
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -61,6 +75,17 @@ pub fn init() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn colour_only_on_a_real_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None, Some("xterm-256color")));
+        assert!(!colour(false, None, Some("xterm")));
+        assert!(!colour(true, Some(OsStr::new("1")), Some("xterm")));
+        assert!(colour(true, Some(OsStr::new("")), Some("xterm")));
+        assert!(!colour(true, None, None));
+        assert!(!colour(true, None, Some("dumb")));
+    }
 
     #[test]
     fn the_format_follows_the_variable_then_systemd() {
