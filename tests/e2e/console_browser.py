@@ -94,6 +94,8 @@ with sync_playwright() as p:
     moving = sorted({v for v in seen if v > 0})
     assert len(moving) >= 3, f"pc-01's guest IOPS did not move on the page while fio ran: {seen}"
     assert "ram-overflow" in row.locator(".c-cache").inner_text()
+    # The version it runs (production is the base until a promote), not only the record's stage.
+    expect(row.locator(".c-vdisk")).to_contain_text("runs base (production)", timeout=15000)
     say(f"pc-01 is running and its guest IOPS moved: {seen}")
     page.screenshot(path=f"{shots}/laptop-targets.png", full_page=True)
 
@@ -130,6 +132,12 @@ with sync_playwright() as p:
     expect(card.locator('.layer[data-layer="2"]')).to_be_visible(timeout=10000)
     assert versions()[2]["access"] == "maintenance"
     say("version 1 promoted to production on the page (vdstream version list agrees); version 2 made")
+    # pc-01 still runs the base it booted: the Targets tab says so, and that a reboot moves it.
+    page.click("button[data-tab=targets]")
+    expect(row.locator(".c-vdisk")).to_contain_text("runs base (production)", timeout=15000)
+    expect(row.locator(".c-vdisk .behind")).to_contain_text("production is version 1 now; its next boot picks it up", timeout=15000)
+    say("pc-01 runs the base behind production (version 1); the Targets tab marks it")
+    page.click("button[data-tab=vdisks]")
 
     # A scheduled release: the confirmation names the time; the store keeps it.
     card.locator('.layer[data-layer="2"] button', has_text="Promote").click()

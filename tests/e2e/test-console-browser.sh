@@ -2,8 +2,9 @@
 # The console (`vdstream server --http`, /console) in a real browser: Debian's chromium
 # driven by Playwright (console_browser.py). A real agent attaches pc-01 through the
 # server's API and fio runs through it; on the page an operator signs in with a token,
-# sees pc-01 running with moving IOPS, adds and edits a target, promotes a version (now
-# and on a schedule), makes one and reverts one, and removes a target; each change is
+# sees pc-01 running with moving IOPS and the version it runs, adds and edits a target,
+# promotes a version (after which pc-01 is marked behind production) (now and on a
+# schedule), makes one and reverts one, and removes a target; each change is
 # checked where the farm keeps it (the API, `vdstream version list`). A merge the store
 # refuses, removing a target whose agent runs, and promoting with a read-only token show
 # the server's error and change nothing.

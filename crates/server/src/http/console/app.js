@@ -270,6 +270,7 @@ function figures(t, sessions) {
       pid: a.pid,
       reported: a.received_unix_ms || a.updated_unix_ms,
       export: a.vdisk && (a.vdisk.description || a.vdisk.export),
+      running: a.vdisk ? runningOf(a.vdisk.description || a.vdisk.export || '') : null,
     };
   }
   if (ss.length) {
@@ -289,6 +290,7 @@ function figures(t, sessions) {
       failovers: 0,
       reconnects: s.reconnects || 0,
       export: `${s.export} @ version ${s.version}`,
+      running: typeof s.version === 'number' ? (s.version === 0 ? 'base' : `version ${s.version}`) : null,
     };
   }
   return null;
@@ -393,6 +395,26 @@ function versionText(v) {
   return typeof v === 'number' ? `version ${v}` : String(v);
 }
 
+// The version an agent reads, from its export's description ("... vdisk/NAME@3 (...)"):
+// "version 3" or "base"; null when the description names none.
+function runningOf(description) {
+  const m = /vdisk\/[^@\s]+@(base|[0-9]+)\b/.exec(description);
+  if (!m) return null;
+  return m[1] === 'base' ? 'base' : `version ${m[1]}`;
+}
+
+// What the target's record selects now ("version 2", "base"), from its vDisk's stages;
+// null when that is not known here (the vDisk not loaded, `latest`).
+function selectedNow(t) {
+  if (typeof t.version === 'number') return `version ${t.version}`;
+  if (t.version === 'base') return 'base';
+  const info = findVdisk(t.vdisk);
+  if (!info) return null;
+  if (t.version === 'production') return layerName(info.production);
+  if (t.version === 'test') return layerName(info.test);
+  return null;
+}
+
 function targetMatches(t, q) {
   if (!q) return true;
   const hay = [t.id, t.vdisk, t.cache, t.description, ...(t.macs || []), t.hostname].filter(Boolean).join(' ').toLowerCase();
@@ -451,9 +473,15 @@ function fillRow(c, t, x) {
     el('span', { class: `state ${cls}`, text: x && x.connected === false && !x.lost ? `${stateName}, reconnecting` : stateName }),
     x && x.server ? el('div', { class: 'sub2', text: endpointText(x.server), title: x.server }) : null,
   );
+  // The version the target runs (its agent's report or its session), beside what its record
+  // selects; one that runs behind (a promote since it booted) is marked.
+  const running = x && x.running;
+  const selected = selectedNow(t);
+  const behind = running && selected && running !== selected;
   put(c.vdisk,
     el('div', { text: t.vdisk }),
-    el('div', { class: 'sub2', text: versionText(t.version), title: x && x.export ? x.export : null }),
+    el('div', { class: 'sub2 running', text: running ? `runs ${running} (${versionText(t.version)})` : versionText(t.version), title: x && x.export ? x.export : null }),
+    behind ? el('div', { class: 'behind', text: `behind: ${versionText(t.version)} is ${selected} now; its next boot picks it up` }) : null,
   );
   if (x && x.capacity) {
     const ramPct = Math.min(100, (x.ram / x.capacity) * 100);
