@@ -57,7 +57,7 @@ assert_eq "moved" "$(vds target show vm1 --json | json_get /dev/stdin '(j["vdisk
 cp "$STORE/targets/vm2.json" "$E2E_TMP/vm2.before"
 expect_error "bad id" "invalid target id" vds target add ../x --vdisk win --cache server
 expect_error "unknown vDisk" 'no vDisk named "nope".*known vDisks: lin, win' vds target add vm4 --vdisk nope --cache server
-expect_error "unknown cache type" "unknown cache type.*ram-overflow" vds target add vm4 --vdisk win --cache ram
+expect_error "unknown cache type" "a similar value exists: 'ram-overflow'" vds target add vm4 --vdisk win --cache ram
 expect_error "private" "cannot have the private cache type" vds target add vm4 --vdisk win --cache private
 expect_error "--ram on server" "--ram is for the device-ram and ram-overflow" vds target add vm4 --vdisk win --cache server --ram 1G
 expect_error "maintenance" "cannot boot the maintenance version" vds target add vm4 --vdisk win --cache server --version maintenance
