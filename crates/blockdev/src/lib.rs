@@ -399,6 +399,13 @@ pub fn check_range(
     }
 }
 
+/// Locks `m`, taking the data of a lock poisoned by a panicking holder: every structure
+/// this workspace keeps under a mutex stays consistent at each await or early return, so
+/// a panic elsewhere must not stop the other connections.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     /// The names of the `fn`s in the block of `src` that starts with `head`.

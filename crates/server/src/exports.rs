@@ -41,6 +41,7 @@ use crate::target::{
     layer_number, lookup_target, version_selector, TargetCaches, TargetHold, TargetLookupError,
     TargetOpenError,
 };
+use vdstream_blockdev::lock;
 
 /// How long a new maintenance writer waits for one that just disconnected to let go.
 const WRITER_HANDOVER: Duration = Duration::from_secs(1);
@@ -95,10 +96,6 @@ fn target_name(id: &str, attach: Option<String>) -> ExportName {
         secret: None,
         journaled: false,
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// How a store error reaches the client: unknown things are `UNKNOWN`, a held writer lock

@@ -26,7 +26,7 @@ use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -35,6 +35,7 @@ use tokio::task::JoinHandle;
 
 use super::error::{ClientError, Op};
 use crate::proto;
+use vdstream_blockdev::lock;
 
 pub(crate) type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
 pub(crate) type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
@@ -154,11 +155,6 @@ pub(crate) struct Command {
     pub flags: u16,
     pub offset: u64,
     pub len: u32,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of our short critical sections leaves plain data behind.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Connection {

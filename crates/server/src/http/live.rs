@@ -34,6 +34,7 @@ use vdstream_contract::status::Status;
 use super::error::ApiError;
 use super::limits::{MAX_EVENT_STREAMS, MAX_EVENT_STREAMS_PER_CALLER};
 use crate::state::{unix_ms, CountersSnapshot, ServerState, Session};
+use vdstream_blockdev::lock;
 
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 pub const RATE_WINDOW: Duration = Duration::from_secs(5);
@@ -44,10 +45,6 @@ const MAX_REPORTS: usize = 10_000;
 pub const MAX_REPORT_VALUES: usize = 1_000;
 /// Nesting of one report at most.
 pub const MAX_REPORT_DEPTH: usize = 8;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 #[derive(Debug)]
 struct Report {
