@@ -15,14 +15,16 @@
 //!   the role URI a certificate names it by.
 //! - [`target`]: target records and the API bodies that add and change them, with the
 //!   [`cache`] type names and the RFC 3339 [`time`]s they hold.
+//! - [`refusal`]: the server's refusals a client acts on ([`refusal::AttachGone`]).
 //!
-//! Invariant: this crate depends on serde, serde_json, thiserror and jiff only, so every other
+//! Invariant: this crate depends on serde, serde_json, thiserror, jiff and strsim only, so every other
 //! crate of the workspace may use it.
 
 pub mod cache;
 pub mod description;
 pub mod identity;
 pub mod name;
+pub mod refusal;
 pub mod server;
 pub mod status;
 pub mod target;

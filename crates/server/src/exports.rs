@@ -402,7 +402,7 @@ impl StoreExports {
             .targets
             .open(id, &spec, attach, secret, req.peer, &open_chain)
             .map_err(|e| match e {
-                TargetOpenError::Unknown(m) => OpenError::Unknown(m),
+                TargetOpenError::Gone(g) => OpenError::Unknown(g.to_string()),
                 TargetOpenError::Busy(m) => OpenError::Busy(m),
                 TargetOpenError::Fenced(m) => OpenError::Policy(m),
                 TargetOpenError::Failed(m) => OpenError::Failed(m),

@@ -37,8 +37,8 @@
 //!
 //! **A lost attach.** A reconnect whose attach this server does not have (a `server` cache
 //! of a server process that stopped; a cache that now belongs to another attach, live here
-//! or, for `server-persistent`, on disk) is refused at once with `NBD_REP_ERR_UNKNOWN` and a message that holds
-//! [`vdstream_wcache::ATTACH_GONE`], and logged: the agent, when every server answers so,
+//! or, for `server-persistent`, on disk) is refused at once with `NBD_REP_ERR_UNKNOWN` and an
+//! [`AttachGone`] message, and logged: the agent, when every server answers so,
 //! fails its guest's requests with EIO instead of waiting.
 //!
 //! Files in `STORE/cache/` (`server_cache_dir`): `server` — an unlinked file of the disk
@@ -60,6 +60,8 @@ use vdstream_store::{Layer, OpenedLayer, Selector, Store, StoreError};
 use vdstream_wcache::{CacheConfig, CacheType, StatsSnapshot, WriteCache};
 
 use crate::state::{CacheProbe, Counters, Session};
+use vdstream_blockdev::lock;
+use vdstream_contract::refusal::AttachGone;
 
 /// How long a new attach waits for the connection holding the target's cache to close.
 pub const HANDOVER: Duration = Duration::from_secs(2);
@@ -150,10 +152,6 @@ pub struct TargetCaches {
     live: Mutex<HashMap<String, LiveCache>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// A new attach name: unique enough across restarts and servers of a store.
 fn new_attach_name() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -201,7 +199,7 @@ pub type OpenChain<'a> = &'a dyn Fn(Selector) -> Result<OpenedLayer, String>;
 #[derive(Debug)]
 pub enum TargetOpenError {
     /// The attach named is gone (`NBD_REP_ERR_UNKNOWN`).
-    Unknown(String),
+    Gone(AttachGone),
     /// Another connection or server holds the cache (`NBD_REP_ERR_POLICY`).
     Busy(String),
     /// The attach was named without its secret, or with a wrong one (`NBD_REP_ERR_POLICY`).
@@ -245,13 +243,12 @@ impl TargetCaches {
                         // The target was attached anew since: attach `a`'s writes are not in
                         // this cache, and waiting would not bring them back.
                         log::warn!("target {id}: refused the reconnect of attach {a} from {peer}: the target was attached again since (attach {}); the agent's guest gets EIO", c.attach);
-                        return Err(TargetOpenError::Unknown(format!(
-                            "{}target {id} has no attach {a} any more: it was attached again since (attach {}, on server {}), \
+                        return Err(TargetOpenError::Gone(AttachGone::new(format!(
+                            "target {id} has no attach {a} any more: it was attached again since (attach {}, on server {}), \
                              and the writes of attach {a} are not in that cache; restart the target",
-                            vdstream_wcache::ATTACH_GONE,
                             c.attach,
                             self.server
-                        )));
+                        ))));
                     }
                     if c.holders == 0 {
                         live.remove(id);
@@ -271,14 +268,13 @@ impl TargetCaches {
                 }
                 if let Some(a) = attach {
                     if spec.cache == CacheType::Server {
-                        let m = format!(
-                            "{}the server cache of target {id} (attach {a}) is gone: it lived in a server process that has \
+                        let m = AttachGone::new(format!(
+                            "the server cache of target {id} (attach {a}) is gone: it lived in a server process that has \
                              stopped since, and with it the target's writes since it attached; restart the target \
-                             (use cache type server-persistent to keep the cache across server restarts)",
-                            vdstream_wcache::ATTACH_GONE
-                        );
+                             (use cache type server-persistent to keep the cache across server restarts)"
+                        ));
                         log::warn!("target {id}: refused the reconnect of attach {a} from {peer}: its server cache is lost (it lived in an earlier server process); the agent's guest gets EIO");
-                        return Err(TargetOpenError::Unknown(m));
+                        return Err(TargetOpenError::Gone(m));
                     }
                 }
                 let opened = self.create(id, spec, attach, secret, peer, open_chain)?;
@@ -438,13 +434,12 @@ impl TargetCaches {
             }
             (Some(a), _) => {
                 log::warn!("target {id}: refused the reconnect of attach {a} from {peer}: its server-persistent cache now belongs to another attach (or was removed); the agent's guest gets EIO");
-                return Err(TargetOpenError::Unknown(format!(
-                    "{}target {id} has no attach {a} any more (its server-persistent cache in {} now belongs to {}): \
+                return Err(TargetOpenError::Gone(AttachGone::new(format!(
+                    "target {id} has no attach {a} any more (its server-persistent cache in {} now belongs to {}): \
                      the target was attached again elsewhere or its cache was removed; restart the target",
-                    vdstream_wcache::ATTACH_GONE,
                     dir.display(),
                     on_disk.as_ref().map_or("no attach".to_string(), |d| format!("attach {}", d.attach))
-                )));
+                ))));
             }
             (None, _) => (spec.version, None),
         };

@@ -49,12 +49,6 @@ use std::sync::Arc;
 pub use stats::{CacheStats, StatsSnapshot};
 use vdstream_blockdev::{BlockDev, IoEngineKind, Result};
 
-/// Marks the message of the store server's refusal (`NBD_REP_ERR_UNKNOWN`) of a reconnect
-/// to `target/ID@ATTACH` whose attach it no longer has: the `server` cache died with the
-/// server process that held it, or the `server-persistent` cache now belongs to another
-/// attach. An agent that every server answers so has lost its cache for good (EIO).
-pub const ATTACH_GONE: &str = "attach gone: ";
-
 pub use vdstream_contract::CacheType;
 
 /// Everything a cache type may need to open. Each type reads the fields it uses.

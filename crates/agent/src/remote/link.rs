@@ -28,7 +28,7 @@
 //!   round), naming every server and why it failed; without it, requests wait forever.
 //! - Each endpoint's failure reason is logged when it changes, not on every attempt.
 //! - **A lost attach.** When every endpoint, in one round, refuses the pinned `target/ID@X`
-//!   as gone (`NBD_REP_ERR_UNKNOWN`, its message holding [`vdstream_wcache::ATTACH_GONE`]:
+//!   as gone (`NBD_REP_ERR_UNKNOWN` with an [`AttachGone`] message:
 //!   the `server` cache died with its server process), the link is lost for good: that
 //!   request and every later one fail with EIO at once, whatever `retry_for` says.
 //! - **The attach secret.** A store server hands a new attach of a server type a secret, in
@@ -57,6 +57,8 @@ use vdstream_contract::{ExportDescription, ExportName};
 
 use super::journal::Journal;
 use crate::endpoint::Endpoint;
+use vdstream_blockdev::lock;
+use vdstream_contract::refusal::AttachGone;
 
 /// Tunables of the link.
 #[derive(Debug, Clone)]
@@ -651,7 +653,7 @@ impl Link {
                 let failure = match &e {
                     ClientError::Refused { reply, message, .. }
                         if *reply == vdstream_nbd::proto::REP_ERR_UNKNOWN
-                            && message.contains(vdstream_wcache::ATTACH_GONE) =>
+                            && AttachGone::from_message(message).is_some() =>
                     {
                         Failure::Gone
                     }
@@ -758,10 +760,6 @@ fn refused_for_good(e: &ClientError) -> bool {
 /// True when the error means "this connection is gone, re-send elsewhere".
 pub(crate) fn is_retryable(e: &ClientError) -> bool {
     e.is_connection_lost() || e.errno() == Some(vdstream_nbd::proto::ESHUTDOWN)
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
