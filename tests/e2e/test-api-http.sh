@@ -52,7 +52,7 @@ expect_status "agent report" 200 PUT /api/v1/targets/vm1/agent "$report"
 expect_status "report for a target with no record" 404 PUT /api/v1/targets/vm2/agent "$report"
 json_get "$E2E_TMP/body" '"vdstream target add vm2" in j["what_to_do"]' | grep -qx True || fail "the refusal does not say to add the target: $(cat "$E2E_TMP/body")"
 expect_status "add target vm2" 201 POST /api/v1/targets '{"id": "vm2", "vdisk": "win", "cache": "server"}'
-expect_status "report naming another target" 400 PUT /api/v1/targets/vm2/agent "$report"
+expect_status "report naming another target" 409 PUT /api/v1/targets/vm2/agent "$report"
 expect_status "target with report" 200 GET /api/v1/targets/vm1
 assert_eq "agent retries" "$(json_get "$E2E_TMP/body" 'j["agent"]["server"]["retries"]')" 4
 curl -sS --max-time 30 "$API_URL/metrics" >"$E2E_TMP/metrics" || fail "GET /metrics failed"

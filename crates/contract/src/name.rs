@@ -163,8 +163,14 @@ impl FromStr for Selector {
             "test" => Selector::Test,
             "maintenance" => Selector::Maintenance,
             "latest" => Selector::Latest,
-            n => match n.parse::<u32>() {
-                Ok(n) if n > 0 => Selector::Number(n),
+            // Digits only, no leading zero (u32's parser would take "+7" and "007"): one
+            // spelling per version, as docs/openapi.yaml's TargetVersion pattern says.
+            n => match n
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| n.parse::<u32>())
+            {
+                Some(Ok(n)) if n > 0 && !s.starts_with('0') => Selector::Number(n),
                 _ => {
                     return Err(ContractError::BadVersion(format!(
                         "{s:?} is not a version: use a version number (1, 2, …), base, production, test, maintenance or latest"
@@ -605,6 +611,14 @@ pub(crate) mod tests {
             Selector::Number(7)
         );
         assert_eq!(serde_json::to_string(&Selector::Test).unwrap(), "\"test\"");
+        // One spelling per number: digits, no sign, no leading zero, within u32.
+        assert_eq!(
+            "4294967295".parse::<Selector>().unwrap(),
+            Selector::Number(u32::MAX)
+        );
+        for bad in ["0", "+7", "007", "-1", " 7", "4294967296", ""] {
+            assert!(bad.parse::<Selector>().is_err(), "{bad:?} was taken");
+        }
     }
 
     /// A valid vDisk name or target id.

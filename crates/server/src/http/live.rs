@@ -440,8 +440,11 @@ impl Live {
         match obj.get("target") {
             None => {}
             Some(Value::String(t)) if t == id => {}
+            // A well-formed report for another target: it contradicts the URL (409), which
+            // is what the caller was authorized for.
             Some(other) => {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::new(
+                    409,
                     format!("the report names target {other} but was sent for target {id:?}"),
                     "send it to /api/v1/targets/{its target}/agent",
                 ))
