@@ -398,7 +398,7 @@ fn sessions_show_counters_rates_and_the_agents_report() {
         .unwrap();
     assert_eq!(ok["accepted"], true);
     let (status, error, _) = api_error(a.client.put("/api/v1/targets/vm2/agent", &json!(st)));
-    assert_eq!(status, 400, "a report naming another target: {error}");
+    assert_eq!(status, 409, "a report naming another target: {error}");
     // What a report may hold is bounded: bytes (413), values and depth (400).
     let big = json!({"target": "vm1", "note": "x".repeat(http::MAX_AGENT_REPORT)});
     assert_eq!(
