@@ -318,24 +318,21 @@ pub(crate) async fn target_remove(
     QueryArgs(q): QueryArgs<RemoveQuery>,
 ) -> Answer {
     if let Some(why) = in_use(&s, &id) {
-        if q.force {
-            log::warn!(
-                "HTTP API: target {id:?} removed for {} although it is in use (force): {why}",
+        if !q.force {
+            log::info!(
+                "HTTP API: refused to remove target {id:?} for {}: {why}",
                 c.0
             );
-            return on_store(s, c, move |st, _| documents::target_remove(st, &id))
-                .await
-                .map(Json);
+            return Err(ApiError::new(
+                409,
+                format!("target {id:?} is in use: {why}; nothing was removed"),
+                format!("stop its agent (or the machine) first; once it has reported `stopped` or its report is older than {} s, remove it again (or remove it anyway with force=true: `target remove --force`)", super::live::REPORT_TTL.as_secs()),
+            ));
         }
-        log::info!(
-            "HTTP API: refused to remove target {id:?} for {}: {why}",
+        log::warn!(
+            "HTTP API: target {id:?} removed for {} although it is in use (force): {why}",
             c.0
         );
-        return Err(ApiError::new(
-            409,
-            format!("target {id:?} is in use: {why}; nothing was removed"),
-            format!("stop its agent (or the machine) first; once it has reported `stopped` or its report is older than {} s, remove it again (or remove it anyway with force=true: `target remove --force`)", super::live::REPORT_TTL.as_secs()),
-        ));
     }
     on_store(s, c, move |st, _| documents::target_remove(st, &id))
         .await
