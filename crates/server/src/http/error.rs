@@ -165,17 +165,13 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
         // Digits only (u64's parser would take a sign too): what docs/openapi.yaml allows.
         let digits =
             !inner.is_empty() && inner.len() <= 19 && inner.bytes().all(|b| b.is_ascii_digit());
-        digits
-            .then(|| inner.parse::<u64>().ok())
-            .flatten()
-            .map(|g| IfMatch(Some(g)))
-            .ok_or(())
-            .map_err(|_| {
-                ApiError::bad_request(
-                    format!("If-Match {text:?} is not one generation of the vDisk"),
-                    "send the ETag the vDisk's GET answered, e.g. If-Match: \"7\"",
-                )
-            })
+        match inner.parse::<u64>() {
+            Ok(g) if digits => Ok(IfMatch(Some(g))),
+            _ => Err(ApiError::bad_request(
+                format!("If-Match {text:?} is not one generation of the vDisk"),
+                "send the ETag the vDisk's GET answered, e.g. If-Match: \"7\"",
+            )),
+        }
     }
 }
 
