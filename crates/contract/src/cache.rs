@@ -34,18 +34,18 @@ impl CacheType {
     ];
 
     /// Every type's name, in the order of [`CacheType::ALL`] (what shell completion offers).
-    pub const NAMES: [&'static str; 7] = [
-        "server",
-        "server-persistent",
-        "device-disk",
-        "device-disk-persistent",
-        "device-ram",
-        "ram-overflow",
-        "private",
-    ];
+    pub const NAMES: [&'static str; 7] = {
+        let mut names = [""; 7];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = Self::ALL[i].name();
+            i += 1;
+        }
+        names
+    };
 
     /// The name used on the command line, in config files and in the API.
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             CacheType::Server => "server",
             CacheType::ServerPersistent => "server-persistent",
