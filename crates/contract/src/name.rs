@@ -57,23 +57,25 @@ pub fn validate_target_id(id: &str) -> Result<(), ContractError> {
     check_name("target id", id)
 }
 
-/// Longest text for people that a record keeps (a target's description, a version's note).
+/// Longest text for people that a record keeps (a target's description, a version's
+/// note), in characters: what a JSON Schema `maxLength` counts, so the API's schema states
+/// the rule exactly.
 pub const MAX_TEXT_LEN: usize = 1024;
 
 /// Checks text for people that a record keeps and commands print (a target's description,
-/// a version's note): at most [`MAX_TEXT_LEN`] bytes on one line, with no control
+/// a version's note): at most [`MAX_TEXT_LEN`] characters on one line, with no control
 /// character, so that printing it cannot rewrite a terminal (ANSI or OSC escapes) or fake
 /// a line of output. `what` names the field in the error.
 pub fn validate_text(what: &str, text: &str) -> Result<(), ContractError> {
-    if text.len() > MAX_TEXT_LEN {
+    let chars = text.chars().count();
+    if chars > MAX_TEXT_LEN {
         return Err(ContractError::BadName(format!(
-            "{what} is {} bytes; it is at most {MAX_TEXT_LEN} bytes of text on one line",
-            text.len()
+            "{what} is {chars} characters; it is at most {MAX_TEXT_LEN} characters of text on one line"
         )));
     }
     if let Some(c) = text.chars().find(|c| c.is_control()) {
         return Err(ContractError::BadName(format!(
-            "{what} holds the control character {c:?}; it is at most {MAX_TEXT_LEN} bytes of text on one line, without control characters (no newlines or terminal escapes)")));
+            "{what} holds the control character {c:?}; it is at most {MAX_TEXT_LEN} characters of text on one line, without control characters (no newlines or terminal escapes)")));
     }
     Ok(())
 }
@@ -434,11 +436,14 @@ pub(crate) mod tests {
     fn text_for_people_is_one_bounded_line_without_escapes() {
         assert!(validate_text("a note", "patched KB5034441 — ok").is_ok());
         assert!(validate_text("a note", &"x".repeat(MAX_TEXT_LEN)).is_ok());
+        // Characters, not bytes: 1024 of them in 3 bytes each is still one note.
+        assert!(validate_text("a note", &"é".repeat(MAX_TEXT_LEN)).is_ok());
+        assert!(validate_text("a note", &"é".repeat(MAX_TEXT_LEN + 1)).is_err());
         let e = validate_text("a note", &"x".repeat(100 * 1024))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("a note is 102400 bytes") && e.contains("at most 1024"),
+            e.contains("a note is 102400 characters") && e.contains("at most 1024"),
             "{e}"
         );
         for bad in [

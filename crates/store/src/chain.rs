@@ -224,13 +224,10 @@ fn import_note(path: &Path) -> String {
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let mut note = format!("imported from {}", crate::names::printable(&name));
-    let mut end = note.len().min(crate::names::MAX_TEXT_LEN);
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    note.truncate(end);
-    note
+    format!("imported from {}", crate::names::printable(&name))
+        .chars()
+        .take(crate::names::MAX_TEXT_LEN)
+        .collect()
 }
 
 impl Store {

@@ -7,7 +7,7 @@ use crate::select::Selector;
 pub use vdstream_contract::name::{printable, MAX_NAME_LEN, MAX_TEXT_LEN};
 
 /// Checks text for people a record keeps (a description, a note): one line of at most
-/// [`MAX_TEXT_LEN`] bytes, no control characters; `what` names the field in the error.
+/// [`MAX_TEXT_LEN`] characters, no control characters; `what` names the field in the error.
 pub fn validate_text(what: &str, text: &str) -> Result<()> {
     vdstream_contract::name::validate_text(what, text)
         .map_err(|e| crate::StoreError::BadInput(e.to_string()))
