@@ -124,7 +124,9 @@ pub fn fail(kind: Kind, message: impl Into<String>) -> anyhow::Error {
 
 fn of_store(e: &StoreError) -> Kind {
     match e {
-        StoreError::BadName(_) | StoreError::BadInput(_) => Kind::Usage,
+        StoreError::BadName(_) | StoreError::BadInput(_) | StoreError::Inconsistent(_) => {
+            Kind::Usage
+        }
         StoreError::NoStore { .. }
         | StoreError::UnknownVdisk { .. }
         | StoreError::UnknownVersion { .. }

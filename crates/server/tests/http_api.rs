@@ -216,7 +216,8 @@ fn vdisks_and_versions_answer_the_cli_documents() {
             &json!({"to": "test", "at": "+1h"})
         ))
         .0,
-        400
+        422,
+        "each field is valid, together they are not: 422, not 400"
     );
     assert_eq!(
         api_error(
@@ -281,8 +282,57 @@ fn targets_are_added_shown_patched_and_removed() {
             &json!({"id": "vm2", "vdisk": "nope", "cache": "server"})
         ))
         .0,
-        404
+        422,
+        "the body names a vDisk the store has not: 422, not 404 (the route is there)"
     );
+    assert_eq!(
+        api_error(
+            a.client
+                .put("/api/v1/targets/vm1", &json!({"vdisk": "nope"}))
+        )
+        .0,
+        422
+    );
+    assert_eq!(
+        api_error(
+            a.client
+                .put("/api/v1/targets/nope", &json!({"vdisk": "win"}))
+        )
+        .0,
+        404,
+        "the route's own target is missing: 404"
+    );
+    // Fields valid each alone that do not go together: 422, and nothing written.
+    for body in [
+        json!({"id": "vm2", "vdisk": "win", "cache": "server", "ram": 0}),
+        json!({"id": "vm2", "vdisk": "win", "cache": "device-ram", "ram": 0}),
+        json!({"id": "vm2", "vdisk": "win", "cache": "device-ram", "ram": 1048576, "overflow_max": 1}),
+    ] {
+        assert_eq!(
+            api_error(a.client.post("/api/v1/targets", &body)).0,
+            422,
+            "{body}"
+        );
+    }
+    assert_eq!(
+        api_error(a.client.put(
+            "/api/v1/targets/vm1",
+            &json!({"cache": "server", "ram": 1048576})
+        ))
+        .0,
+        422,
+        "the record the change would make holds ram with a server cache"
+    );
+    // Taking off a MAC the record does not have is a conflict with the record: 409.
+    assert_eq!(
+        api_error(a.client.put(
+            "/api/v1/targets/vm1",
+            &json!({"remove_macs": ["52:54:00:00:00:09"]})
+        ))
+        .0,
+        409
+    );
+    assert!(a.store.target("vm2").is_err(), "nothing was written");
     assert_eq!(
         api_error(a.client.post(
             "/api/v1/targets",

@@ -54,6 +54,11 @@ pub enum StoreError {
     #[error("{} is missing: {advice}", path.display())]
     MissingFile { path: PathBuf, advice: String },
 
+    /// Arguments each valid alone that do not go together (`--ram` with a cache type that
+    /// holds no RAM, `--at` with `--to test`); the message says which and what to do.
+    #[error("{0}")]
+    Inconsistent(String),
+
     /// A rule of the store forbids the operation; the message says which and what to do.
     #[error("{0}")]
     Refused(String),

@@ -113,12 +113,12 @@ pub fn check_ram_range(ram: u64) -> Result<()> {
 /// here and through the API, `target attach` and `serve-image` in the binary).
 pub fn check_ram(cache: CacheType, ram: u64) -> Result<()> {
     if !uses_ram(cache) {
-        return Err(StoreError::BadInput(format!(
+        return Err(StoreError::Inconsistent(format!(
             "--ram is for the device-ram and ram-overflow cache types, not {cache}: leave it out, or choose one of those types")));
     }
     check_ram_range(ram)?;
     if ram == 0 && cache == CacheType::DeviceRam {
-        return Err(StoreError::BadInput(
+        return Err(StoreError::Inconsistent(
             "device-ram with --ram 0 could hold no write: give a size such as 512M".into(),
         ));
     }
@@ -141,7 +141,7 @@ fn check_fields(
         check_ram(cache, ram)?;
     }
     if overflow_max.is_some() && !uses_file(cache) {
-        return Err(StoreError::BadInput(format!(
+        return Err(StoreError::Inconsistent(format!(
             "--overflow-max caps a cache or overflow file; {cache} has none: leave it out, or choose a type with a file (ram-overflow, device-disk, server, …)")));
     }
     if overflow_max == Some(0) {
@@ -547,7 +547,7 @@ impl Store {
             r.description = d.filter(|d| !d.is_empty());
         }
         if let Some(m) = remove_macs.iter().find(|m| !r.macs.contains(m)) {
-            return Err(StoreError::BadInput(format!(
+            return Err(StoreError::Refused(format!(
                 "target {id} has no MAC {m} to remove: its MACs are {}",
                 if r.macs.is_empty() {
                     "none".to_string()

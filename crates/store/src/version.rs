@@ -163,7 +163,7 @@ impl Store {
             ));
         }
         if at.is_some() && to != Access::Production {
-            return Err(StoreError::BadInput(
+            return Err(StoreError::Inconsistent(
                 "--at schedules a release to production: use it with --to production".into(),
             ));
         }

@@ -109,6 +109,7 @@ impl From<StoreError> for ApiError {
             StoreError::UnknownVdisk { known, .. } => (404, known.clone()),
             StoreError::UnknownTarget { known, .. } => (404, known.clone()),
             StoreError::UnknownVersion { have, .. } => (404, format!("its versions are: {have}")),
+            StoreError::Inconsistent(m) => (422, advice_of(m)),
             StoreError::Refused(m) => (409, advice_of(m)),
             StoreError::Changed { vdisk, .. } => (412, format!("read the vDisk again (GET /api/v1/vdisks/{vdisk}/versions, its ETag) and send the change with that If-Match, if it still makes sense")),
             StoreError::Corrupt { advice, .. } | StoreError::MissingFile { advice, .. } => (500, advice.clone()),

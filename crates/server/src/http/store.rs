@@ -112,6 +112,26 @@ async fn on_store_expecting(
     .await
 }
 
+/// [`on_store`] for a change to a target record, whose body names the vDisk it boots: a
+/// vDisk the store has not is 422 (what the body refers to is missing, not the route's
+/// resource, which stays 404: an unknown target).
+async fn on_store_for_record(
+    s: Arc<Shared>,
+    client: AuditClient,
+    f: impl FnOnce(&Store) -> Result<Value, vdstream_store::StoreError> + Send + 'static,
+) -> Result<Value, ApiError> {
+    blocking(move || {
+        let store = Store::open(&s.state.store)?.with_client(client.0);
+        f(&store).map_err(|e| match e {
+            vdstream_store::StoreError::UnknownVdisk { ref known, .. } => {
+                ApiError::new(422, e.to_string(), known.clone())
+            }
+            e => e.into(),
+        })
+    })
+    .await
+}
+
 /// A vDisk's document with its generation as the ETag (what `If-Match` sends back).
 fn tagged(doc: Value, generation: Option<u64>) -> Response {
     let mut r = Json(doc).into_response();
@@ -245,7 +265,7 @@ pub(crate) async fn target_add(
     Extension(c): Client,
     JsonBody(t): JsonBody<NewTarget>,
 ) -> Created {
-    let doc = on_store(s, c, move |st, _| documents::target_add(st, t)).await?;
+    let doc = on_store_for_record(s, c, move |st| documents::target_add(st, t)).await?;
     Ok((StatusCode::CREATED, Json(doc)))
 }
 
@@ -297,7 +317,7 @@ pub(crate) async fn target_set(
     Param(id): Param<String>,
     JsonBody(ch): JsonBody<TargetChange>,
 ) -> Answer {
-    on_store(s, c, move |st, _| documents::target_set(st, &id, ch))
+    on_store_for_record(s, c, move |st| documents::target_set(st, &id, ch))
         .await
         .map(Json)
 }
