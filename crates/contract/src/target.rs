@@ -93,11 +93,11 @@ pub struct TargetChange {
     pub overflow_max: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
     pub description: Option<Option<String>>,
-    /// MACs to add to the record (`--mac`).
-    #[serde(default)]
+    /// MACs to add to the record (`--mac`); in JSON, absent or at least one.
+    #[serde(default, deserialize_with = "non_empty")]
     pub add_macs: Vec<String>,
-    /// MACs to take off the record (`--remove-mac`).
-    #[serde(default)]
+    /// MACs to take off the record (`--remove-mac`); in JSON, absent or at least one.
+    #[serde(default, deserialize_with = "non_empty")]
     pub remove_macs: Vec<String>,
     #[serde(default, deserialize_with = "present")]
     pub hostname: Option<Option<String>>,
@@ -109,6 +109,20 @@ impl TargetChange {
     pub fn is_empty(&self) -> bool {
         *self == TargetChange::default()
     }
+}
+
+/// A list that is present holds something: an empty one would ask for no change, and a
+/// change that asks for none is refused as a whole (`is_empty`), so it is refused here too.
+fn non_empty<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<T>, D::Error> {
+    let v = Vec::<T>::deserialize(d)?;
+    if v.is_empty() {
+        return Err(serde::de::Error::custom(
+            "an empty list of MACs changes nothing: leave the field out, or name at least one MAC",
+        ));
+    }
+    Ok(v)
 }
 
 /// A field that is present (even as `null`) becomes `Some(value)`.
@@ -206,5 +220,20 @@ mod tests {
             serde_json::to_value(&r).unwrap()["macs"],
             serde_json::json!(["52:54:00:12:34:56"])
         );
+    }
+
+    #[test]
+    fn a_mac_list_in_a_change_is_absent_or_holds_one() {
+        let change = |j: &str| serde_json::from_str::<TargetChange>(j);
+        assert!(change("{}").unwrap().is_empty());
+        let c = change(r#"{"add_macs": ["52:54:00:12:34:56"]}"#).unwrap();
+        assert_eq!(c.add_macs, ["52:54:00:12:34:56"]);
+        for empty in [
+            r#"{"add_macs": []}"#,
+            r#"{"remove_macs": [], "vdisk": "w"}"#,
+        ] {
+            let e = change(empty).unwrap_err().to_string();
+            assert!(e.contains("an empty list of MACs changes nothing"), "{e}");
+        }
     }
 }
