@@ -3,18 +3,16 @@
 //! all to one server), replaced whole when one of them breaks, by the same server or the
 //! next one listed.
 //!
-//! State table of the link (`current.clients`, `current.down_since`):
-//!
-//! | clients     | down_since | meaning                                                  |
-//! | ----------- | ---------- | -------------------------------------------------------- |
-//! | all live    | None       | connected; requests go straight to them, round-robin     |
-//! | broken/none | Some(t)    | outage since t; the first request in reconnects, the rest wait on `reconnecting` |
-//! | none        | None       | before the first connect                                 |
+//! The link is in one [`LinkState`] at a time: `New` (before the first connect), `Up`
+//! (requests go straight to its connections, round-robin), `Down` (an outage: the first
+//! request in reconnects, the rest wait on `reconnecting`) or `Lost` (for good: every
+//! request fails at once). `Up` holds the connection set's generation, the number of
+//! connects so far; the journal orders its changes by it.
 //!
 //! Invariants:
 //! - Only one task reconnects at a time (`reconnecting`); a request that saw generation g
-//!   fail reconnects only if the link is still at g, so an outage costs one reconnect, not
-//!   one per request in flight.
+//!   fail reconnects only if the link is still `Up` at g, so an outage costs one reconnect,
+//!   not one per request in flight.
 //! - The [`Identity`] is taken at the first connect and never changes: a server whose
 //!   export differs in size, description or writability is not used (the attempt counts
 //!   as failed and the next endpoint is tried). The agent never switches version silently.
@@ -223,16 +221,48 @@ pub struct LinkCounters {
     pub gave_up: AtomicU64,
 }
 
+/// Where the link is (see the module docs). Changed only under `Link::current`'s lock.
+#[derive(Debug, Default)]
+enum LinkState {
+    /// Before the first connect.
+    #[default]
+    New,
+    /// Connected: the live set (one connection or more to one server), which requests take
+    /// in turn (`next`); `generation` is the number of connects so far, this one included.
+    Up {
+        clients: Vec<Arc<Client>>,
+        next: usize,
+        generation: u64,
+    },
+    /// No live set since `since` (an outage, or the first connect under way); `reason`:
+    /// why the last set ended (none before the first connect).
+    Down {
+        since: Instant,
+        reason: Option<String>,
+    },
+    /// The attach is lost for good (the module docs): `why`, for every request from now on.
+    Lost { why: String },
+}
+
+impl LinkState {
+    /// Leaves `Up` for `Down` (now), for `reason`; any other state stays.
+    fn break_up(&mut self, reason: String) {
+        if matches!(self, LinkState::Up { .. }) {
+            *self = LinkState::Down {
+                since: Instant::now(),
+                reason: Some(reason),
+            };
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Current {
-    /// The live set (empty: none); requests take them in turn (`next`).
-    clients: Vec<Arc<Client>>,
-    next: usize,
-    generation: u64,
+    state: LinkState,
+    /// Connects so far (the generation of the next `Up` is one more).
+    connects: u64,
+    /// The endpoint in use, or last used.
     index: usize,
-    down_since: Option<Instant>,
-    /// Why the last connection ended.
-    reason: Option<String>,
 }
 
 /// See the module docs.
@@ -256,8 +286,6 @@ pub(crate) struct Link {
     pub journal: Option<Arc<Journal>>,
     /// The attach secret a store server handed the first connection (memory only).
     secret: Mutex<Option<String>>,
-    /// Why the attach is lost for good (see the module docs), once it is.
-    lost: Mutex<Option<String>>,
 }
 
 /// A connection failure that the link cannot hide.
@@ -284,7 +312,6 @@ impl Link {
             counters: LinkCounters::default(),
             journal,
             secret: Mutex::new(None),
-            lost: Mutex::new(None),
         }
     }
 
@@ -307,8 +334,10 @@ impl Link {
     /// The endpoint in use (or last used), and whether it is connected now.
     pub fn endpoint_in_use(&self) -> (&Endpoint, bool) {
         let cur = lock(&self.current);
-        let live =
-            !cur.clients.is_empty() && cur.clients.iter().all(|c| c.closed_reason().is_none());
+        let live = match &cur.state {
+            LinkState::Up { clients, .. } => clients.iter().all(|c| c.closed_reason().is_none()),
+            _ => false,
+        };
         (&self.endpoints[cur.index], live)
     }
 
@@ -329,16 +358,17 @@ impl Link {
 
     /// Why the attach is lost for good, once it is: the server no longer has the target's cache.
     pub fn lost(&self) -> Option<String> {
-        lock(&self.lost).clone()
+        match &lock(&self.current).state {
+            LinkState::Lost { why } => Some(why.clone()),
+            _ => None,
+        }
     }
 
     fn check_lost(&self) -> Result<(), GaveUp> {
-        match &*lock(&self.lost) {
+        match self.lost() {
             Some(why) => {
                 self.counters.gave_up.fetch_add(1, Relaxed);
-                Err(GaveUp {
-                    message: why.clone(),
-                })
+                Err(GaveUp { message: why })
             }
             None => Ok(()),
         }
@@ -348,41 +378,49 @@ impl Link {
     /// answers ESHUTDOWN while it drains).
     pub fn broken(&self, g: u64, reason: String) {
         let mut cur = lock(&self.current);
-        if cur.generation == g && !cur.clients.is_empty() {
-            cur.clients.clear();
-            cur.reason = Some(reason);
-            cur.down_since.get_or_insert_with(Instant::now);
+        if matches!(cur.state, LinkState::Up { generation, .. } if generation == g) {
+            cur.state.break_up(reason);
         }
     }
 
+    /// A connection of the live set and its generation, unless the set is gone, one of
+    /// its connections closed, or it is generation `failed` (then the link goes `Down`).
     fn usable(&self, failed: Option<u64>) -> Option<(Arc<Client>, u64)> {
         let mut cur = lock(&self.current);
-        if cur.clients.is_empty() {
+        let LinkState::Up {
+            clients,
+            next,
+            generation,
+        } = &mut cur.state
+        else {
             return None;
-        }
-        let gen = cur.generation;
-        let closed = cur.clients.iter().find_map(|c| c.closed_reason());
-        let closed = match closed {
-            None if failed != Some(gen) => {
-                let k = cur.next % cur.clients.len();
-                cur.next = cur.next.wrapping_add(1);
-                return Some((cur.clients[k].clone(), gen));
+        };
+        let reason = match clients.iter().find_map(|c| c.closed_reason()) {
+            None if failed != Some(*generation) => {
+                let k = *next % clients.len();
+                *next = next.wrapping_add(1);
+                return Some((clients[k].clone(), *generation));
             }
             None => "a request on it failed".to_string(),
             Some(r) => r,
         };
-        cur.clients.clear();
-        cur.reason = Some(closed);
-        cur.down_since.get_or_insert_with(Instant::now);
+        cur.state.break_up(reason);
         None
     }
 
     async fn reconnect(&self) -> Result<(Arc<Client>, u64), GaveUp> {
         let (start, first_index, reason, first_connect) = {
             let mut cur = lock(&self.current);
-            let first = cur.generation == 0;
-            let since = *cur.down_since.get_or_insert_with(Instant::now);
-            (since, cur.index, cur.reason.clone(), first)
+            let first = cur.connects == 0;
+            let (since, reason) = match &cur.state {
+                LinkState::Down { since, reason } => (*since, reason.clone()),
+                _ => (Instant::now(), None),
+            };
+            cur.state = LinkState::Down {
+                since,
+                reason: reason.clone(),
+            };
+            (since, cur.index, reason, first)
         };
         let n = self.endpoints.len();
         if !first_connect {
@@ -424,7 +462,7 @@ impl Link {
                 Ok(client) if !first_connect => {
                     match &self.journal {
                         Some(j) => {
-                            let next = lock(&self.current).generation + 1;
+                            let next = lock(&self.current).connects + 1;
                             match j.replay(&client, next, &self.opts.target).await {
                             Ok(()) => Ok(client),
                             Err(e) => Err((format!("the connection broke while the journal was sent again: {e}"), Failure::Down)),
@@ -441,12 +479,14 @@ impl Link {
                     let mut clients = vec![client.clone()];
                     clients.extend(self.extra_connections(ep).await);
                     let mut cur = lock(&self.current);
-                    cur.generation += 1;
-                    cur.clients = clients;
-                    cur.next = 0;
+                    cur.connects += 1;
+                    let generation = cur.connects;
+                    cur.state = LinkState::Up {
+                        clients,
+                        next: 0,
+                        generation,
+                    };
                     cur.index = index;
-                    cur.down_since = None;
-                    cur.reason = None;
                     lock(&self.last_reason)[index] = None;
                     if !first_connect {
                         self.counters.reconnects.fetch_add(1, Relaxed);
@@ -464,7 +504,7 @@ impl Link {
                             start.elapsed()
                         );
                     }
-                    return Ok((client, cur.generation));
+                    return Ok((client, generation));
                 }
                 Err((why, failure)) => {
                     refused_in_round +=
@@ -494,7 +534,7 @@ impl Link {
                     );
                     log::error!("{why}");
                     self.counters.gave_up.fetch_add(1, Relaxed);
-                    *lock(&self.lost) = Some(why.clone());
+                    lock(&self.current).state = LinkState::Lost { why: why.clone() };
                     return Err(GaveUp { message: why });
                 }
                 refused_in_round = 0;
