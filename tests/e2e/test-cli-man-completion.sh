@@ -4,7 +4,9 @@
 #   vdstream is once ("vdstream - Stream one golden disk image..."), and the Examples and
 #   Exit status blocks of `--help` line for line as written, in sections of their own;
 # - bash completion (`vdstream completions bash`) offers the cache types after --cache
-#   and the stages after `version promote --to`, not file names;
+#   and the stages after `version promote --to`, not file names; and the vDisk names and
+#   target ids of the store ($VDSTREAM_STORE) where a command takes one, nothing (and no
+#   error) where the store cannot be read;
 # - a mistyped --cache is refused (status 2) naming the type it resembles.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -49,11 +51,14 @@ log "ok: the man pages name vdstream once and keep --help's blocks as written"
 # Bash completion (`vdstream completions bash`, what the package installs) offers the
 # cache types' names after --cache, not file names, for a record and for an attach.
 "$VDSTREAM_BIN" completions bash >"$E2E_TMP/vdstream.bash"
+# The script asks the vdstream on PATH, as an installed one does.
+mkdir -p "$E2E_TMP/bin"
+ln -s "$VDSTREAM_BIN" "$E2E_TMP/bin/vdstream"
 # complete WORDS... — what bash completion offers for the last word.
 complete_words() {
-    bash -c 'source "$1"; shift
+    PATH="$E2E_TMP/bin:$PATH" bash -c 'source "$1"; shift
         COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}
-        _vdstream vdstream "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}"; echo "${COMPREPLY[*]}"' \
+        _clap_complete_vdstream vdstream "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}"; echo "${COMPREPLY[*]}"' \
         sh "$E2E_TMP/vdstream.bash" "$@"
 }
 got=$(complete_words vdstream target add vm1 --vdisk w --cache "")
@@ -68,6 +73,26 @@ got=$(complete_words vdstream target attach vm1 --cache device-d)
 got=$(complete_words vdstream version promote w 1 --to "")
 [[ " $got " == *" production "* && " $got " == *" test "* ]] || fail "completion of 'version promote --to' gave '$got'"
 log "ok: bash completion offers the cache types after --cache and the stages after --to"
+
+# The store's names: vDisks where a command takes one, target ids where it takes one.
+export VDSTREAM_STORE=$E2E_TMP/store
+for v in win11 lin; do "$VDSTREAM_BIN" vdisk create "$v" --size 1M >/dev/null; done
+"$VDSTREAM_BIN" target add vm1 --vdisk win11 --cache server >/dev/null
+"$VDSTREAM_BIN" target add vm2 --vdisk lin --cache server >/dev/null
+got=$(complete_words vdstream vdisk show "")
+[[ " $got " == *" win11 "* && " $got " == *" lin "* ]] || fail "completion of 'vdisk show' gave '$got', want win11 and lin"
+got=$(complete_words vdstream version new w)
+[[ $got == win11 ]] || fail "completion of 'version new w' gave '$got', want win11"
+got=$(complete_words vdstream target add vm3 --vdisk l)
+[[ $got == lin ]] || fail "completion of 'target add --vdisk l' gave '$got', want lin"
+got=$(complete_words vdstream target set vm)
+[[ " $got " == *" vm1 "* && " $got " == *" vm2 "* ]] || fail "completion of 'target set vm' gave '$got', want vm1 and vm2"
+got=$(complete_words vdstream target remove vm2)
+[[ $got == vm2 ]] || fail "completion of 'target remove vm2' gave '$got'"
+# Where the store cannot be read: no names, and nothing on the terminal.
+got=$(VDSTREAM_STORE=$E2E_TMP/none complete_words vdstream vdisk show w 2>"$E2E_TMP/complete.err")
+[[ -z $got && ! -s $E2E_TMP/complete.err ]] || fail "completion without a store gave '$got' ($(cat "$E2E_TMP/complete.err"))"
+log "ok: bash completion offers the store's vDisk names and target ids, and nothing without a store"
 # A mistyped cache type is named, with what was meant.
 rc=0
 "$VDSTREAM_BIN" target add vm1 --vdisk w --cache ram-overflw --store "$E2E_TMP/none" >/dev/null 2>"$E2E_TMP/err.txt" || rc=$?

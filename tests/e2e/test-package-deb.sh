@@ -75,7 +75,7 @@ fi
 grep -q "Serve every vDisk of the store" <<<"$(zcat /usr/share/man/man1/vdstream-server.1.gz)" || fail "vdstream-server(1) does not describe the server"
 got=$(bash -c 'source /usr/share/bash-completion/completions/vdstream
     COMP_WORDS=(vdstream ser); COMP_CWORD=1; COMP_LINE="vdstream ser"; COMP_POINT=${#COMP_LINE}
-    _vdstream vdstream ser vdstream; echo "${COMPREPLY[*]}"')
+    _clap_complete_vdstream vdstream ser vdstream; echo "${COMPREPLY[*]}"')
 [[ " $got " == *" server "* && " $got " == *" serve-image "* ]] || fail "bash completion of 'vdstream ser' gave '$got', want server and serve-image"
 log "ok: files, conffile, user, demo vDisk, man pages, completions"
 

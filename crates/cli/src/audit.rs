@@ -13,7 +13,7 @@ use crate::remote::{seg, ServerOpt};
 #[command(after_help = "Examples:\n  vdstream audit\n  vdstream audit win11 --limit 20 --json")]
 pub struct AuditArgs {
     /// Only entries about this vDisk.
-    #[arg(value_name = "NAME")]
+    #[arg(value_name = "NAME", add = crate::completion::vdisks())]
     name: Option<String>,
 
     /// Only the last N entries.

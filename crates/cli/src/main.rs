@@ -8,6 +8,7 @@
 mod output;
 mod audit;
 mod bench;
+mod completion;
 mod daemon;
 mod demo;
 #[macro_use]
@@ -88,6 +89,7 @@ enum Command {
 }
 
 fn main() {
+    completion::answer_if_asked(<Cli as clap::CommandFactory>::command);
     logging::init();
     let json = exit::json_requested();
     let cli = match Cli::try_parse() {
@@ -125,9 +127,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Pki(args) => pki::run(args),
         Command::Initrd(args) => initrd::run(args),
-        Command::Completions(args) => {
-            manual::completions(args, <Cli as clap::CommandFactory>::command())
-        }
+        Command::Completions(args) => manual::completions(args),
         Command::Man(args) => manual::man(args, <Cli as clap::CommandFactory>::command()),
     };
     if let Err(err) = result {

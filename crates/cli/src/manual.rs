@@ -1,6 +1,7 @@
 //! `vdstream completions SHELL` and `vdstream man --out DIR`: shell completions and man
 //! pages made from the command definition itself (clap_complete, clap_mangen), so they say
-//! what `--help` says and cannot drift from it. The Debian package installs both
+//! what `--help` says and cannot drift from it; the completions also name the store's vDisks
+//! and targets (completion.rs). The Debian package installs both
 //! (packaging/build-deb).
 
 use std::path::PathBuf;
@@ -33,10 +34,10 @@ pub struct ManArgs {
     out: PathBuf,
 }
 
-/// Prints the completion script for `args.shell` of the command line `cmd`.
-pub fn completions(args: CompletionsArgs, mut cmd: clap::Command) -> anyhow::Result<()> {
-    let mut script = Vec::new();
-    clap_complete::generate(args.shell, &mut cmd, "vdstream", &mut script);
+/// Prints the completion script for `args.shell` (see completion.rs).
+pub fn completions(args: CompletionsArgs) -> anyhow::Result<()> {
+    let script = crate::completion::registration(args.shell)
+        .map_err(|e| fail(Kind::Usage, e.to_string()))?;
     out!("{}", String::from_utf8_lossy(&script));
     Ok(())
 }

@@ -51,7 +51,7 @@ pub struct AddArgs {
 #[derive(Debug, Args)]
 pub struct Fields {
     /// The vDisk it boots.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", add = crate::completion::vdisks())]
     pub vdisk: Option<String>,
     /// Write cache type: server, server-persistent, device-disk, device-disk-persistent,
     /// device-ram, ram-overflow (private is for a vDisk's one machine, not a target).
@@ -89,7 +89,7 @@ pub struct Fields {
 #[derive(Debug, Args)]
 pub struct ShowArgs {
     /// The target's id, as `target list` shows it (e.g. vm1).
-    #[arg(value_name = "ID")]
+    #[arg(value_name = "ID", add = crate::completion::targets())]
     pub id: String,
     #[command(flatten)]
     pub opts: StoreOpts,
@@ -115,7 +115,7 @@ Examples:
   vdstream target set lab-pc-07 --mac 52:54:00:12:34:57 --remove-mac 52:54:00:12:34:56   a new network card")]
 pub struct SetArgs {
     /// The target's id, as `target list` shows it (e.g. vm1).
-    #[arg(value_name = "ID")]
+    #[arg(value_name = "ID", add = crate::completion::targets())]
     pub id: String,
     #[command(flatten)]
     pub fields: Fields,
@@ -132,7 +132,7 @@ pub struct SetArgs {
 #[derive(Debug, Args)]
 pub struct RemoveArgs {
     /// The target's id, as `target list` shows it (e.g. vm1).
-    #[arg(value_name = "ID")]
+    #[arg(value_name = "ID", add = crate::completion::targets())]
     pub id: String,
     /// Remove the record even while the target is in use. Without it, a target is kept
     /// while its agent runs: on this host (it holds the target's lock in the run

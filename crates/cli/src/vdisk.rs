@@ -106,6 +106,7 @@ enum VdiskCommand {
     #[command(visible_alias = "show")]
     Info {
         /// The vDisk's name: letters, digits, '.', '_', '-' (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
         #[command(flatten)]
         api: ServerOpt,
@@ -115,11 +116,13 @@ enum VdiskCommand {
     /// non-zero when anything is wrong.
     Check {
         /// NAME (every layer) or NAME@V (the chain under V: a number, base, production, test, maintenance, latest).
+        #[arg(add = crate::completion::vdisks())]
         reference: String,
     },
     /// Write a layer's whole content to a file (raw, sparse; or standalone qcow2).
     Export {
         /// NAME or NAME@V (V: a number, base, production, test, maintenance, latest).
+        #[arg(add = crate::completion::vdisks())]
         reference: String,
         /// The file to write, e.g. win11.raw (refused if it exists, unless --force).
         file: PathBuf,
@@ -133,11 +136,13 @@ enum VdiskCommand {
     /// Delete a vDisk and all its files (refused while a target uses it).
     Delete {
         /// The vDisk's name: letters, digits, '.', '_', '-' (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
     },
     /// Change settings of a vDisk.
     Set {
         /// The vDisk's name: letters, digits, '.', '_', '-' (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
         /// Versions kept (besides one in maintenance) before they are merged automatically;
         /// lowering it merges at once.
@@ -150,6 +155,7 @@ enum VdiskCommand {
     /// Rewrite every layer but the maintenance one without zero or unused clusters.
     Compact {
         /// The vDisk's name: letters, digits, '.', '_', '-' (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
     },
     /// Delete retired files no target uses any more, and leftovers of crashed commands.

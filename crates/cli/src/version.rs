@@ -43,6 +43,7 @@ enum VersionCommand {
     /// List the versions of a vDisk, in chain order, and what each kind of target gets.
     List {
         /// The vDisk's name (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
         #[command(flatten)]
         api: ServerOpt,
@@ -50,6 +51,7 @@ enum VersionCommand {
     /// Make a maintenance version on top of the newest layer (one at a time).
     New {
         /// The vDisk's name (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
         /// What this version is for (kept in the metadata).
         #[arg(long)]
@@ -66,6 +68,7 @@ enum VersionCommand {
     /// Promote a version to test or production.
     Promote {
         /// The vDisk's name (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
         /// The version's number, as `version list` shows it (e.g. 3).
         version: u32,
@@ -88,6 +91,7 @@ enum VersionCommand {
     /// One step back: production → test, test → maintenance (newest only), maintenance → discarded.
     Revert {
         /// The vDisk's name (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
         /// The version's number, as `version list` shows it (e.g. 3).
         version: u32,
@@ -103,6 +107,7 @@ enum VersionCommand {
     /// Pin the version production targets boot (or --clear the pin).
     Override {
         /// The vDisk's name (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
         /// The version production targets boot from their next connection, whatever was
         /// promoted later (e.g. 2 to go back to it while 3 is looked at).
@@ -115,6 +120,7 @@ enum VersionCommand {
     /// Merge the versions up to the one production boots into one new version (--base: into a new base).
     Merge {
         /// The vDisk's name (e.g. win11).
+        #[arg(add = crate::completion::vdisks())]
         name: String,
         /// Merge the base too: the chain up to production becomes one new base file (no
         /// versions below it); without it, the versions merge into one version on the base.

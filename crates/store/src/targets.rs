@@ -206,8 +206,9 @@ impl Store {
         self.targets_dir().join(format!("{id}.json"))
     }
 
-    /// Ids of the records, sorted; the caller holds the lock.
-    fn target_ids(&self) -> Result<Vec<String>> {
+    /// Ids of the records, sorted. Under the lock it is the store's list; without it (shell
+    /// completion, which must not wait for a merge) a listing of the moment.
+    pub fn target_ids(&self) -> Result<Vec<String>> {
         let dir = self.targets_dir();
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
