@@ -20,9 +20,10 @@
 #                         (tls-lib.sh; test-tls-agent-kill.sh runs the kill tests so)
 
 set -euo pipefail
-# A command that stops the test through `set -e` says which one and where, in the log.
+# A command that stops the test through `set -e` says which one and where, in the log
+# (not where `set +e` lets a status be looked at, as the cleanup's `wait` does).
 set -E
-trap 'printf "%s: \`%s\` failed (exit %s) at %s:%s\n" "$E2E_NAME" "$BASH_COMMAND" "$?" "${BASH_SOURCE[0]}" "$LINENO" >&2' ERR
+trap '__e2e_status=$?; [[ $- != *e* ]] || printf "%s: \`%s\` failed (exit %s) at %s:%s\n" "$E2E_NAME" "$BASH_COMMAND" "$__e2e_status" "${BASH_SOURCE[0]}" "$LINENO" >&2' ERR
 
 E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$E2E_DIR/../.." && pwd)
