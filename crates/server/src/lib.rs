@@ -15,6 +15,7 @@
 //!   forwarding.rs a mirror's API changes sent to the metadata writer, and where they may go
 //!   http/         the JSON HTTP API and /metrics (http::spawn), on the same ServerState
 //!   tokens.rs     the API's bearer tokens: made, listed, revoked; kept hashed in the store
+//!   writer_slot.rs  one writer at a time: an export's writer slot, freed with its device
 //!   boot/         the boot service (--boot): iPXE scripts and kernel command lines, a version's
 //!                 boot files (files.rs), TFTP for PXE ROMs (tftp.rs); served by http/boot.rs
 //! ```
@@ -37,6 +38,7 @@ pub mod refusal;
 pub mod state;
 pub mod target;
 pub mod tokens;
+pub mod writer_slot;
 
 pub use config::{ConfigFile, ServerOptions, DEFAULT_READ_CACHE};
 pub use nbd::NbdService;
