@@ -8,7 +8,6 @@
 mod output;
 mod audit;
 mod bench;
-mod daemon;
 mod demo;
 #[macro_use]
 mod exit;

@@ -484,7 +484,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(listener), shutdown).await }));
         }
-        wait_for_signal().await?;
+        vdstream_agent::service::wait_for_signal().await?;
         log::info!("shutting down: finishing requests in flight");
         trigger.shutdown();
         for task in tasks {
@@ -667,17 +667,6 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
         Err(e @ BindError::InUse(_)) => conflict!("{e}: stop it or choose another --socket path"),
         Err(e) => Err(e.into()),
     }
-}
-
-pub(crate) async fn wait_for_signal() -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
-    Ok(())
 }
 
 #[cfg(test)]

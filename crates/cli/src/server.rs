@@ -17,7 +17,6 @@ use vdstream_server::policy::AnonymousGrant;
 use vdstream_server::{ConfigFile, NbdService, ServerOptions, ServerState, DEFAULT_READ_CACHE};
 
 use crate::exit::{fail, Kind};
-use crate::serve_image::wait_for_signal;
 use crate::size::{format_size, parse_size};
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
@@ -524,7 +523,7 @@ pub fn run(args: ServerArgs) -> Result<()> {
                 }
             })
         });
-        wait_for_signal().await?;
+        vdstream_agent::service::wait_for_signal().await?;
         log::info!("draining: no new connections; finishing the requests in flight of {} session(s)", state.registry.len());
         let drained = nbd.drain().await;
         // The API answered through the drain ("draining": true); it stops once it is over.
