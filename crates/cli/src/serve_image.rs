@@ -225,20 +225,6 @@ pub struct ServeImageArgs {
     tls_allow_name: Vec<String>,
 }
 
-impl ServeImageArgs {
-    /// Whether disk cache types write through the host page cache.
-    #[cfg(test)]
-    pub fn intermediate_buffering(&self) -> bool {
-        self.intermediate_buffering
-    }
-
-    /// The engine asked for the disk cache types' cache file.
-    #[cfg(test)]
-    pub fn io_engine(&self) -> vdstream_blockdev::IoEngineKind {
-        self.io_engine
-    }
-}
-
 /// One device, offered under the default name and under its own name.
 #[derive(Debug)]
 struct SingleExport {
@@ -672,6 +658,19 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the flag tests (main.rs) read of the parsed flags.
+    impl ServeImageArgs {
+        /// Whether disk cache types write through the host page cache.
+        pub fn intermediate_buffering(&self) -> bool {
+            self.intermediate_buffering
+        }
+
+        /// The engine asked for the disk cache types' cache file.
+        pub fn io_engine(&self) -> vdstream_blockdev::IoEngineKind {
+            self.io_engine
+        }
+    }
 
     #[test]
     fn cache_summary_counts_guest_and_storage_io() {
