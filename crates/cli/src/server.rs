@@ -596,23 +596,6 @@ fn object_store(
         ObjectStoreError::Objstore(e) => crate::store_cmd::objstore_error(e),
         ObjectStoreError::Settings(m) => anyhow!(m),
     })?;
-    let sizes = format!(
-        "chunk cache: {} RAM, {} SSD",
-        format_size(config.ram_bytes),
-        format_size(config.disk_bytes)
-    );
-    match &opened.writer_url {
-        Some(url) => log::info!(
-            "serving {} as its metadata writer from {} ({sizes}); changes go to {url}",
-            config.location,
-            opened.dir.display()
-        ),
-        None => log::info!(
-            "serving {} from its mirror {} ({sizes}); changes go to its metadata writer",
-            config.location,
-            opened.dir.display()
-        ),
-    }
     Ok((opened.dir, opened.forward, Some(opened.counters)))
 }
 

@@ -13,6 +13,8 @@ use vdstream_objstore::layer::{CacheConfig, ChunkCache};
 use vdstream_objstore::writer::Writer;
 use vdstream_objstore::{mirror, Bucket, S3Config, S3Location};
 
+use vdstream_contract::size::format_size;
+
 use crate::config::ExtraCounters;
 use crate::forwarding::{Forwarder, ToWriter};
 
@@ -53,8 +55,6 @@ pub struct ObjectStore {
     pub dir: PathBuf,
     /// A mirror's way to the metadata writer; `None` on the metadata writer.
     pub forward: Option<Forwarder>,
-    /// The metadata writer's API URL, when this server is the metadata writer.
-    pub writer_url: Option<String>,
     /// The chunk cache's counters for /metrics.
     pub counters: ExtraCounters,
 }
@@ -87,19 +87,33 @@ pub fn open(config: &ObjectStoreConfig) -> Result<ObjectStore, ObjectStoreError>
         readahead: 4,
         wait: s3.timeout + Duration::from_secs(1),
     };
+    let sizes = format!(
+        "chunk cache: {} RAM, {} SSD",
+        format_size(cache.ram_bytes),
+        format_size(cache.disk_bytes)
+    );
     if config.metadata_writer {
         let url = advertised_url(config)?;
         let w = Writer::start(bucket, &dir, &cache, &url)?;
+        log::info!(
+            "serving {} as its metadata writer from {} ({sizes}); changes go to {url}",
+            w.mirror.bucket.location,
+            dir.display()
+        );
         let counters = chunk_counters(w.mirror.cache.clone());
         let _ = WRITER.set(w);
         return Ok(ObjectStore {
             dir,
             forward: None,
-            writer_url: Some(url),
             counters,
         });
     }
     let m = mirror::Mirror::open(bucket, &dir, &cache, Duration::from_secs(2))?;
+    log::info!(
+        "serving {} from its mirror {} ({sizes}); changes go to its metadata writer",
+        m.bucket.location,
+        dir.display()
+    );
     let forward = ToWriter {
         dir: dir.clone(),
         location: m.bucket.location.to_string(),
@@ -109,7 +123,6 @@ pub fn open(config: &ObjectStoreConfig) -> Result<ObjectStore, ObjectStoreError>
     Ok(ObjectStore {
         dir,
         forward: Some(Forwarder(Arc::new(forward))),
-        writer_url: None,
         counters: chunk_counters(m.cache.clone()),
     })
 }
