@@ -16,7 +16,8 @@
 //! requests in flight, reconnect with backoff, failover, re-send of unanswered requests),
 //! [`attach`] (the stack, the local export, the drain), [`status`] (the figures the agent
 //! publishes and `vdstream target status` shows), [`paths`] (where sockets, status files
-//! and caches live by default).
+//! and caches live by default), [`service`] (the agent run until a signal, or as the
+//! daemon behind a kernel NBD device: [`daemon`]).
 //!
 //! Invariants: the vDisk is never written unless the cache type is `server` or
 //! `server-persistent` (then the server's own cache takes the writes); a non-persistent
@@ -26,11 +27,13 @@
 pub mod api;
 pub mod attach;
 pub mod client;
+pub mod daemon;
 pub mod endpoint;
 mod error;
 pub mod kernel_nbd;
 pub mod paths;
 pub mod remote;
+pub mod service;
 pub mod status;
 
 pub use attach::{Agent, AttachConfig};

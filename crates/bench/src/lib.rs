@@ -9,14 +9,15 @@
 //! ledger, sampler, result), the runners [`run`](mod@run) (NBD), [`vhost_user`] (a vhost-user-blk
 //! backend, through libblkio's Rust core) and [`device`] (a [`vdstream_blockdev::BlockDev`]
 //! in this process, no transport), [`result`] (what a run measured, as JSON and text),
-//! [`compare`] (the write-cache comparison table of `vdstream demo`) and [`report`]
-//! (Markdown with SVG charts).
+//! [`compare`] (the write-cache comparison table of `vdstream demo`), [`report`]
+//! (Markdown with SVG charts) and [`progress`] (the live progress line on stderr).
 
 pub mod compare;
 pub mod device;
 pub mod histogram;
 pub mod measure;
 pub mod pattern;
+pub mod progress;
 pub mod report;
 pub mod result;
 pub mod run;

@@ -6,14 +6,14 @@
 //! is a terminal; `--json` prints the whole result (totals, read and write figures, latency
 //! percentiles, time series) on stdout.
 
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use vdstream_bench::{BenchResult, Profile, Progress, RunOptions, Workload};
+use vdstream_bench::progress::{quiet_client_logs, run_with, with_progress};
+use vdstream_bench::{Profile, RunOptions, Workload};
 use vdstream_blockdev::{BlockDev, MemoryDev};
 use vdstream_wcache::{CacheConfig, CacheType};
 
@@ -135,56 +135,6 @@ impl BenchArgs {
         w.duration = Duration::from_secs_f64(self.duration);
         w.verify = self.verify;
         Ok(w)
-    }
-}
-
-/// Runs `workload` on the NBD export `uri`, with a live progress line on stderr when it is a
-/// terminal and `show_progress` is set; `label` starts the line.
-pub fn run_with(
-    uri: &str,
-    workload: &Workload,
-    opts: &RunOptions,
-    label: &str,
-    show_progress: bool,
-) -> Result<BenchResult> {
-    with_progress(label, show_progress, |progress| {
-        vdstream_bench::run(uri, workload, opts, progress)
-    })
-}
-
-/// Runs `run` with the live progress line of [`run_with`].
-fn with_progress(
-    label: &str,
-    show_progress: bool,
-    run: impl FnOnce(&mut dyn FnMut(&Progress)) -> Result<BenchResult, vdstream_bench::BenchError>,
-) -> Result<BenchResult> {
-    let live = show_progress && std::io::stderr().is_terminal();
-    let mut progress = |p: &Progress| {
-        if live {
-            let i = &p.interval;
-            err!(
-                "\r{label}{:>5.1}/{:.0} s  {:>9.0} IOPS (read {:.0}, write {:.0})  mean latency {:>7.1} us   ",
-                p.elapsed.as_secs_f64(),
-                p.duration.as_secs_f64(),
-                i.iops(),
-                i.read_iops,
-                i.write_iops,
-                i.mean_latency_us
-            );
-            let _ = std::io::stderr().flush();
-        }
-    };
-    let result = run(&mut progress);
-    if live {
-        err!("\r\x1b[2K");
-    }
-    Ok(result?)
-}
-
-/// Keeps the NBD client's connection notices out of the output unless RUST_LOG asks.
-pub fn quiet_client_logs() {
-    if std::env::var_os("RUST_LOG").is_none() {
-        log::set_max_level(log::LevelFilter::Warn);
     }
 }
 

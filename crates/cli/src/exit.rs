@@ -252,6 +252,9 @@ pub fn classify(err: &anyhow::Error) -> Kind {
         if let Some(e) = cause.downcast_ref::<vdstream_objstore::Error>() {
             return of_objstore(e);
         }
+        if cause.downcast_ref::<vdstream_demo::BadInput>().is_some() {
+            return Kind::Usage;
+        }
         if let Some(e) = cause.downcast_ref::<PkiError>() {
             return of_pki(e);
         }

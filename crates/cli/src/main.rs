@@ -9,7 +9,6 @@ mod output;
 mod audit;
 mod bench;
 mod completion;
-mod daemon;
 mod demo;
 #[macro_use]
 mod exit;

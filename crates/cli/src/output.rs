@@ -34,11 +34,6 @@ macro_rules! outln {
     ($($arg:tt)*) => { $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
-/// Prints to stderr like `eprint!`, never panicking (a closed stderr drops it).
-macro_rules! err {
-    ($($arg:tt)*) => { $crate::output::write_stderr(format_args!($($arg)*)) };
-}
-
 /// Prints a line to stderr like `eprintln!`, never panicking (a closed stderr drops it).
 macro_rules! errln {
     ($($arg:tt)*) => { $crate::output::write_stderr(format_args!("{}\n", format_args!($($arg)*))) };

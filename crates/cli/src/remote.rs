@@ -62,7 +62,8 @@ impl ServerOpt {
         match o.s3()? {
             Some(crate::output::S3Store::Remote { url, location, .. }) => {
                 // The URL comes from the bucket: the token goes only where it is safe.
-                if !url.starts_with("https://") && !loopback_http(&url) {
+                if !url.starts_with("https://") && !vdstream_server::forwarding::loopback_http(&url)
+                {
                     return Err(crate::exit::fail(crate::exit::Kind::Usage, format!(
                         "the metadata writer of {location} is at {url}, plain http on the network: this command's token is not sent there; \
                          serve the writer's API over TLS, or give --server URL yourself to send it anyway")));
@@ -76,20 +77,6 @@ impl ServerOpt {
             _ => Ok(None),
         }
     }
-}
-
-/// Whether `url` is `http://` to a loopback address (127.0.0.0/8, [::1], localhost): a
-/// plaintext API where a token cannot be overheard.
-pub fn loopback_http(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else {
-        return false;
-    };
-    let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
-    host == "localhost"
-        || host
-            .trim_matches(|c| c == '[' || c == ']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Percent-encodes one path segment (names are checked by the server, as by the store).

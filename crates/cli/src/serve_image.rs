@@ -17,6 +17,7 @@ use vdstream_nbd::server::{
     ShutdownSignal,
 };
 use vdstream_qcow2::{open_chain, ImageFormat, OpenOptions, Qcow2Image};
+use vdstream_server::writer_slot::{SlotDev, WriterSlots};
 
 use vdstream_wcache::space::{self, Capacity, DirRule};
 use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
@@ -224,43 +225,26 @@ pub struct ServeImageArgs {
     tls_allow_name: Vec<String>,
 }
 
-impl ServeImageArgs {
-    /// Whether disk cache types write through the host page cache.
-    #[cfg(test)]
-    pub fn intermediate_buffering(&self) -> bool {
-        self.intermediate_buffering
-    }
-
-    /// The engine asked for the disk cache types' cache file.
-    #[cfg(test)]
-    pub fn io_engine(&self) -> vdstream_blockdev::IoEngineKind {
-        self.io_engine
-    }
-}
-
 /// One device, offered under the default name and under its own name.
 #[derive(Debug)]
 struct SingleExport {
     name: String,
     description: String,
     dev: Arc<dyn BlockDev>,
-    /// For a maintenance version or a private vDisk: the one connection allowed. Holds
-    /// the reference count of `dev` with no connection open; a connection holds a clone
-    /// of `dev` for its life, so a higher count means the writer is connected.
-    one_writer: Option<std::sync::Mutex<usize>>,
+    /// For a maintenance version or a private vDisk: the writer slot of the one connection
+    /// allowed, held by its device.
+    one_writer: Option<WriterSlots>,
     /// TLS is on and `--anonymous none`: a client without a verified certificate is refused.
     refuse_anonymous: bool,
 }
 
 impl SingleExport {
     fn new(name: String, description: String, dev: Arc<dyn BlockDev>, one_writer: bool) -> Self {
-        let baseline = Arc::strong_count(&dev) + 1; // + the clone `open` hands out
-        let one_writer = one_writer.then(|| std::sync::Mutex::new(baseline));
         SingleExport {
             name,
             description,
             dev,
-            one_writer,
+            one_writer: one_writer.then(WriterSlots::default),
             refuse_anonymous: false,
         }
     }
@@ -298,19 +282,14 @@ impl Exports for SingleExport {
 
     fn open(&self, name: &str) -> Result<Arc<dyn BlockDev>, OpenError> {
         if name.is_empty() || name == self.name {
-            let Some(baseline) = &self.one_writer else {
+            let Some(slots) = &self.one_writer else {
                 return Ok(self.dev.clone());
             };
-            let baseline = baseline.lock().unwrap_or_else(|p| p.into_inner());
-            // A writer that just disconnected may take a moment to let go of the device.
-            for _ in 0..50 {
-                if Arc::strong_count(&self.dev) < *baseline {
-                    return Ok(self.dev.clone());
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            Err(OpenError::Busy(format!(
-                "{} takes one writer connection at a time and one is connected; disconnect it first", self.description)))
+            let slot = slots.take(&self.name, || "a connection".into()).map_err(|_| {
+                OpenError::Busy(format!(
+                "{} takes one writer connection at a time and one is connected; disconnect it first", self.description))
+            })?;
+            Ok(Arc::new(SlotDev::new(self.dev.clone(), slot)))
         } else {
             Err(OpenError::Unknown(format!(
                 "no export named {name:?}: this server offers {:?} (or the default empty name)",
@@ -491,7 +470,7 @@ pub fn run(args: ServeImageArgs) -> Result<()> {
             let (server, shutdown) = (server.clone(), shutdown.clone());
             tasks.push(tokio::spawn(async move { server.serve(Listener::Tcp(listener), shutdown).await }));
         }
-        wait_for_signal().await?;
+        vdstream_agent::service::wait_for_signal().await?;
         log::info!("shutting down: finishing requests in flight");
         trigger.shutdown();
         for task in tasks {
@@ -676,20 +655,22 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
     }
 }
 
-pub(crate) async fn wait_for_signal() -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the flag tests (main.rs) read of the parsed flags.
+    impl ServeImageArgs {
+        /// Whether disk cache types write through the host page cache.
+        pub fn intermediate_buffering(&self) -> bool {
+            self.intermediate_buffering
+        }
+
+        /// The engine asked for the disk cache types' cache file.
+        pub fn io_engine(&self) -> vdstream_blockdev::IoEngineKind {
+            self.io_engine
+        }
+    }
 
     #[test]
     fn cache_summary_counts_guest_and_storage_io() {

@@ -10,12 +10,13 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use vdstream_server::boot::{host_ok, BootConfig, UnknownMac};
-use vdstream_server::config::SizeValue;
+use vdstream_server::config::{ExtraCounters, SizeValue};
+use vdstream_server::forwarding::Forwarder;
+use vdstream_server::object_store::{ObjectStoreConfig, ObjectStoreError};
 use vdstream_server::policy::AnonymousGrant;
 use vdstream_server::{ConfigFile, NbdService, ServerOptions, ServerState, DEFAULT_READ_CACHE};
 
 use crate::exit::{fail, Kind};
-use crate::serve_image::wait_for_signal;
 use crate::size::{format_size, parse_size};
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
@@ -383,7 +384,7 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
     let store = vdstream_store::store_dir(args.store.as_deref().or(file.store.as_deref()));
     let http = args.http.or(http_from_file);
     let (store, forward, extra_counters) = match store.to_str().and_then(vdstream_objstore::S3Location::parse) {
-        Some(location) => object_store_mirror(args, &file, location.map_err(crate::store_cmd::objstore_error)?, http)?,
+        Some(location) => object_store(args, &file, location.map_err(crate::store_cmd::objstore_error)?, http)?,
         None if args.metadata_writer => return Err(anyhow!("--metadata-writer is for a store in object storage (--store s3://BUCKET/PREFIX); a store folder has its own lock")),
         None => (store, None, None),
     };
@@ -522,7 +523,7 @@ pub fn run(args: ServerArgs) -> Result<()> {
                 }
             })
         });
-        wait_for_signal().await?;
+        vdstream_agent::service::wait_for_signal().await?;
         log::info!("draining: no new connections; finishing the requests in flight of {} session(s)", state.registry.len());
         let drained = nbd.drain().await;
         // The API answered through the drain ("draining": true); it stops once it is over.
@@ -545,28 +546,57 @@ pub fn run(args: ServerArgs) -> Result<()> {
     })
 }
 
-#[cfg(test)]
-mod writer_url_tests {
-    #[test]
-    fn only_loopback_http_is_plain() {
-        for yes in [
-            "http://127.0.0.1:8480",
-            "http://127.3.4.5:1",
-            "http://[::1]:8480",
-            "http://localhost:8480",
-        ] {
-            assert!(crate::remote::loopback_http(yes), "{yes}");
-        }
-        for no in [
-            "http://10.0.0.1:8480",
-            "https://127.0.0.1:8480",
-            "http://127.0.0.1.evil.example:80",
-            "http://[::2]:1",
-            "ftp://127.0.0.1:1",
-        ] {
-            assert!(!crate::remote::loopback_http(no), "{no}");
-        }
+/// A size from the config file (a number of bytes, or a text like "256M"); the error
+/// names the key.
+fn file_size(key: &str, value: &Option<SizeValue>) -> Result<Option<u64>> {
+    match value {
+        Some(SizeValue::Bytes(n)) => Ok(Some(*n)),
+        Some(SizeValue::Text(t)) => Ok(Some(
+            parse_size(t).map_err(|e| anyhow!("{key} in the config file: {e}"))?,
+        )),
+        None => Ok(None),
     }
+}
+
+/// A store in object storage: the flags over the file make its config, and the server
+/// opens it (`vdstream_server::object_store`). Returns the folder the server opens as its
+/// store, where a mirror's API changes go, and the chunk cache's counters.
+fn object_store(
+    args: &ServerArgs,
+    file: &ConfigFile,
+    location: vdstream_objstore::S3Location,
+    http: Option<SocketAddr>,
+) -> Result<(PathBuf, Option<Forwarder>, Option<ExtraCounters>)> {
+    let config = ObjectStoreConfig {
+        location,
+        cache_base: args
+            .object_cache
+            .clone()
+            .or(file.object_cache.clone())
+            .unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects")),
+        ram_bytes: args
+            .object_cache_ram
+            .or(file_size("object-cache-ram", &file.object_cache_ram)?)
+            .unwrap_or(1 << 30),
+        disk_bytes: args
+            .object_cache_disk
+            .or(file_size("object-cache-disk", &file.object_cache_disk)?)
+            .unwrap_or(16 << 30),
+        metadata_writer: args.metadata_writer,
+        advertise_url: args.advertise_url.clone(),
+        http,
+        tls_certificates: args.tls.tls_certificates.clone(),
+        insecure: args.insecure || file.insecure.unwrap_or(false),
+        s3_endpoint: file.s3_endpoint.clone(),
+        s3_region: file.s3_region.clone(),
+        s3_access_key_id: file.s3_access_key_id.clone(),
+        s3_secret_access_key: file.s3_secret_access_key.clone(),
+    };
+    let opened = vdstream_server::object_store::open(&config).map_err(|e| match e {
+        ObjectStoreError::Objstore(e) => crate::store_cmd::objstore_error(e),
+        ObjectStoreError::Settings(m) => anyhow!(m),
+    })?;
+    Ok((opened.dir, opened.forward, Some(opened.counters)))
 }
 
 #[cfg(test)]
@@ -769,186 +799,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("s.toml") && e.contains("read-cache"), "{e}");
-    }
-}
-
-/// A size from the config file (a number of bytes, or a text like "256M"); the error
-/// names the key.
-fn file_size(key: &str, value: &Option<SizeValue>) -> Result<Option<u64>> {
-    match value {
-        Some(SizeValue::Bytes(n)) => Ok(Some(*n)),
-        Some(SizeValue::Text(t)) => Ok(Some(
-            parse_size(t).map_err(|e| anyhow!("{key} in the config file: {e}"))?,
-        )),
-        None => Ok(None),
-    }
-}
-
-/// Opens a store in object storage: its metadata mirrored into --object-cache, its layers
-/// read through the chunk cache. Returns the folder the server opens as its store, and for
-/// a mirror where its API's changes go (the store's metadata writer). With
-/// --metadata-writer the folder is the writable store whose changes are published.
-fn object_store_mirror(
-    args: &ServerArgs,
-    file: &ConfigFile,
-    location: vdstream_objstore::S3Location,
-    http: Option<SocketAddr>,
-) -> Result<(
-    PathBuf,
-    Option<vdstream_server::http::forward::Forwarder>,
-    Option<vdstream_server::config::ExtraCounters>,
-)> {
-    use vdstream_objstore::{layer::CacheConfig, mirror};
-    let base = args
-        .object_cache
-        .clone()
-        .or(file.object_cache.clone())
-        .unwrap_or_else(|| PathBuf::from("/var/cache/vdstream/objects"));
-    let dir = mirror::default_dir(&base, &location);
-    let mut config =
-        vdstream_objstore::S3Config::from_env().map_err(crate::store_cmd::objstore_error)?;
-    // The AWS variables win over the file, as they do for the AWS CLI.
-    let env_set = |n: &str| std::env::var_os(n).is_some_and(|v| !v.is_empty());
-    if !env_set("AWS_ENDPOINT_URL") && !env_set("AWS_ENDPOINT_URL_S3") {
-        config.endpoint = config.endpoint.or(file.s3_endpoint.clone());
-    }
-    if !env_set("AWS_REGION") && !env_set("AWS_DEFAULT_REGION") {
-        if let Some(r) = &file.s3_region {
-            config.region = r.clone();
-        }
-    }
-    config.access_key_id = config.access_key_id.or(file.s3_access_key_id.clone());
-    config.secret_access_key = config
-        .secret_access_key
-        .or(file.s3_secret_access_key.clone());
-    let bucket = vdstream_objstore::Bucket::open(location, &config)
-        .map_err(crate::store_cmd::objstore_error)?;
-    let cache = CacheConfig {
-        ram_bytes: args
-            .object_cache_ram
-            .or(file_size("object-cache-ram", &file.object_cache_ram)?)
-            .unwrap_or(1 << 30),
-        disk_dir: dir.join("chunks"),
-        disk_bytes: args
-            .object_cache_disk
-            .or(file_size("object-cache-disk", &file.object_cache_disk)?)
-            .unwrap_or(16 << 30),
-        readahead: 4,
-        wait: config.timeout + Duration::from_secs(1),
-    };
-    let sizes = format!(
-        "chunk cache: {} RAM, {} SSD",
-        crate::size::format_size(cache.ram_bytes),
-        crate::size::format_size(cache.disk_bytes)
-    );
-    if args.metadata_writer {
-        let url = match (&args.advertise_url, http) {
-            (Some(u), _) => u.trim_end_matches('/').to_string(),
-            (None, Some(a)) if a.port() != 0 && !a.ip().is_unspecified() => {
-                format!("{}://{a}", if args.tls.tls_certificates.is_some() { "https" } else { "http" })
-            }
-            (None, Some(_)) => return Err(anyhow!("--metadata-writer with --http on port 0 or an unspecified address: give --advertise-url URL, the address others reach this server's API at")),
-            (None, None) => return Err(anyhow!("--metadata-writer takes the store's changes through the HTTP API: give --http ADDR")),
-        };
-        let w = vdstream_objstore::writer::Writer::start(bucket, &dir, &cache, &url)
-            .map_err(crate::store_cmd::objstore_error)?;
-        log::info!(
-            "serving {} as its metadata writer from {} ({sizes}); changes go to {url}",
-            w.mirror.bucket.location,
-            dir.display()
-        );
-        let counters = chunk_counters(w.mirror.cache.clone());
-        // The publisher thread holds the writer weakly; the process keeps it.
-        let _ = WRITER.set(w);
-        return Ok((dir, None, Some(counters)));
-    }
-    let m = mirror::Mirror::open(bucket, &dir, &cache, Duration::from_secs(2))
-        .map_err(crate::store_cmd::objstore_error)?;
-    log::info!(
-        "serving {} from its mirror {} ({sizes}); changes go to its metadata writer",
-        m.bucket.location,
-        dir.display()
-    );
-    let forward = ToWriter {
-        dir: dir.clone(),
-        location: m.bucket.location.to_string(),
-        tls: args.tls.tls_certificates.clone(),
-        insecure: args.insecure || file.insecure.unwrap_or(false),
-    };
-    Ok((
-        dir,
-        Some(vdstream_server::http::forward::Forwarder(
-            std::sync::Arc::new(forward),
-        )),
-        Some(chunk_counters(m.cache.clone())),
-    ))
-}
-
-/// The chunk cache's counters for /metrics.
-fn chunk_counters(
-    cache: std::sync::Arc<vdstream_objstore::layer::ChunkCache>,
-) -> vdstream_server::config::ExtraCounters {
-    vdstream_server::config::ExtraCounters(std::sync::Arc::new(move || cache.stats.counters()))
-}
-
-use vdstream_server::http::forward::ForwardError;
-
-static WRITER: std::sync::OnceLock<std::sync::Arc<vdstream_objstore::writer::Writer>> =
-    std::sync::OnceLock::new();
-
-/// A mirror's way to its store's metadata writer: the URL in the mirror's copy of
-/// `writer.json` (read again every 2 s, so a new writer is found), with this server's
-/// certificate directory for an https:// writer.
-///
-/// A change carries its caller's token, and `writer.json` is only as trusted as the
-/// bucket's keys, so a change goes only where the token is safe: an https:// writer (its
-/// certificate checked against the farm's CA), or plain http on loopback, or anywhere
-/// with --insecure (a trusted network, as for this server's own listeners).
-struct ToWriter {
-    dir: PathBuf,
-    location: String,
-    tls: Option<PathBuf>,
-    insecure: bool,
-}
-
-impl vdstream_server::http::forward::Forward for ToWriter {
-    fn forward(
-        &self,
-        req: vdstream_server::http::forward::ForwardRequest,
-    ) -> std::result::Result<vdstream_server::http::forward::ForwardAnswer, ForwardError> {
-        use vdstream_objstore::writer::WriterRecord;
-        let rec = WriterRecord::read_local(&self.dir).ok_or_else(|| {
-            ForwardError::NotSent(format!(
-                "no server is the metadata writer of {}, so it takes no changes now",
-                self.location
-            ))
-        })?;
-        if !rec.url.starts_with("https://")
-            && !crate::remote::loopback_http(&rec.url)
-            && !self.insecure
-        {
-            return Err(ForwardError::NotSent(format!(
-                "the metadata writer of {} is at {}, plain http on the network: a change carries its caller's token, so it is not sent there; \
-                 serve the writer's API over TLS (--tls-certificates), or start this server with --insecure on a trusted network",
-                self.location, rec.url)));
-        }
-        let creds = vdstream_agent::client::Credentials::ca_only(self.tls.clone());
-        let client = vdstream_agent::client::Client::with_credentials(&rec.url, creds)
-            .map_err(|e| ForwardError::NotSent(e.to_string()))?;
-        let r = client
-            .relay(&req.method, &req.path, &req.headers, req.body)
-            .map_err(|e| match e {
-                vdstream_agent::client::ClientError::Connect { .. } => {
-                    ForwardError::NotSent(e.to_string())
-                }
-                other => ForwardError::Unknown(other.to_string()),
-            })?;
-        Ok(vdstream_server::http::forward::ForwardAnswer {
-            status: r.status,
-            content_type: r.content_type,
-            etag: r.etag,
-            body: r.body,
-            writer: rec.url,
-        })
     }
 }

@@ -8,6 +8,7 @@
 //! commands whose cache lives here (`serve-image`, `target attach`).
 
 use parse_size::{Config, Error};
+pub use vdstream_contract::size::format_size;
 use vdstream_store::targets::{check_ram, check_ram_range};
 use vdstream_wcache::CacheType;
 
@@ -83,27 +84,6 @@ pub fn check_ram_fits_here(cache: CacheType, bytes: u64) -> anyhow::Result<()> {
             format_size(total)
         ))),
         _ => Ok(()),
-    }
-}
-
-/// Formats bytes the way `parse_size` reads them, e.g. `1 GiB`, `64 MiB`, `4096 B`.
-pub fn format_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = bytes as f64;
-    let mut unit = "B";
-    for u in UNITS {
-        if value < 1024.0 {
-            break;
-        }
-        value /= 1024.0;
-        unit = u;
-    }
-    if unit == "B" {
-        format!("{bytes} B")
-    } else if value.fract() == 0.0 {
-        format!("{value:.0} {unit}")
-    } else {
-        format!("{value:.1} {unit}")
     }
 }
 

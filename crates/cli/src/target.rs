@@ -8,8 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use vdstream_agent::api::{self, Overrides};
+use vdstream_agent::daemon::DAEMON_ARGV0;
+use vdstream_agent::service::{self, Outcome, ServiceConfig};
 use vdstream_agent::{paths, status, Agent, AttachConfig, Endpoint};
-use vdstream_nbd::server::ShutdownSignal;
 use vdstream_wcache::CacheType;
 
 use crate::exit::{fail, Failure, Kind};
@@ -413,19 +414,34 @@ pub fn run(args: TargetArgs) -> Result<()> {
 
 fn attach(a: AttachArgs) -> Result<()> {
     paths::check_target_id(&a.id)?;
-    // --daemon: the command starts the daemon and waits for it (daemon.rs); the daemon
-    // itself runs the attach below, told so by the environment.
-    let ready = match (a.daemon, a.daemon.then(crate::daemon::ready_fd).flatten()) {
-        (true, None) => return crate::daemon::start(&a.id),
-        (true, Some(fd)) => {
-            crate::daemon::become_daemon(&a.id);
-            Some(fd)
-        }
-        (false, _) => None,
+    let service = ServiceConfig {
+        id: a.id.clone(),
+        daemon: a.daemon,
+        kernel_nbd: a.kernel_nbd.is_some(),
     };
-    if a.kernel_nbd.is_some() {
-        crate::daemon::io_flusher(&a.id);
+    match service::run(&service, || open_agent(&a))? {
+        Outcome::DaemonReady { pid } => {
+            outln!("vdstream: target {}: the agent runs in the background as pid {pid} ({DAEMON_ARGV0}); stop it with `vdstream target detach {}`", a.id, a.id);
+            Ok(())
+        }
+        Outcome::DaemonEnded(status) => {
+            // The daemon said why on the same stderr; its status is the command's.
+            errln!(
+                "vdstream: target {}: the agent ended before its device was up ({status})",
+                a.id
+            );
+            std::process::exit(status.code().unwrap_or(1).max(1));
+        }
+        Outcome::Served(agent) => {
+            outln!("vdstream: {}", agent.summary());
+            crate::serve_image::report_trace(agent.trace())
+        }
     }
+}
+
+/// The agent of `target attach` from its flags (asking the store servers' APIs for the
+/// target's record when --server names them), opened and announced.
+fn open_agent(a: &AttachArgs) -> Result<Agent> {
     // Before anything is asked or opened; a local export over TLS (--listen-tls) may listen anywhere.
     if let Some(addr) = a.listen.filter(|l| {
         a.listen_tls == vdstream_nbd::TlsMode::Off
@@ -438,7 +454,7 @@ fn attach(a: AttachArgs) -> Result<()> {
             e.to_string(),
         ));
     }
-    let (upstream_tls, listen_tls) = attach_tls(&a)?;
+    let (upstream_tls, listen_tls) = attach_tls(a)?;
     let mut cfg = if a.servers.iter().any(|s| api::is_api_url(s)) {
         if let Some(nbd) = a.servers.iter().find(|s| !api::is_api_url(s)) {
             usage!(
@@ -502,7 +518,7 @@ fn attach(a: AttachArgs) -> Result<()> {
         cfg.overflow_max = a.overflow_max;
         cfg
     };
-    if let Some(dir) = a.overflow_dir {
+    if let Some(dir) = a.overflow_dir.clone() {
         cfg.cache_dir = dir;
     }
     cfg.overflow_device = a.overflow_device.clone();
@@ -518,7 +534,7 @@ fn attach(a: AttachArgs) -> Result<()> {
             std::thread::available_parallelism().map_or(1, |n| n.get().min(64) as u16)
         })
         .min(a.vhost_queues);
-    if let Some(sock) = a.socket {
+    if let Some(sock) = a.socket.clone() {
         cfg.socket = sock;
     }
     cfg.kernel_nbd = a.kernel_nbd.clone();
@@ -528,7 +544,7 @@ fn attach(a: AttachArgs) -> Result<()> {
     cfg.remote.max_requests = a.max_requests as usize;
     cfg.remote.connections = a.server_connections as usize;
     cfg.remote.journal = (a.journal_max > 0).then_some(a.journal_max);
-    cfg.record_trace = a.record_trace;
+    cfg.record_trace = a.record_trace.clone();
     cfg.remote.tls = upstream_tls;
     cfg.listen_tls = listen_tls;
     let servers = cfg
@@ -538,7 +554,7 @@ fn attach(a: AttachArgs) -> Result<()> {
         .collect::<Vec<_>>()
         .join(", ");
     outln!("vdstream: target {}: connecting to {servers}", a.id);
-    let mut agent = Agent::open(cfg).with_context(|| format!("cannot attach target {}", a.id))?;
+    let agent = Agent::open(cfg).with_context(|| format!("cannot attach target {}", a.id))?;
     let id = agent.remote().identity();
     let c = agent.config();
     let mut served = Vec::new();
@@ -580,50 +596,7 @@ fn attach(a: AttachArgs) -> Result<()> {
         c.target,
         c.status_path.display()
     );
-    let sockets: Vec<PathBuf> = c
-        .serve_socket
-        .then(|| c.socket.clone())
-        .into_iter()
-        .chain(c.vhost_user.clone())
-        .collect();
-    if let Some(fd) = ready {
-        crate::daemon::report_ready(fd);
-    }
-    // The agent's one runtime: its remote base's connections run on it already.
-    vdstream_agent::remote::runtime()?.block_on(async {
-        let (trigger, shutdown) = ShutdownSignal::new();
-        if a.daemon {
-            // No signal stops the daemon: the kernel disconnecting its device does.
-            let served = agent.serve(shutdown).await;
-            drop(trigger);
-            return served;
-        }
-        let signals = tokio::spawn(async move {
-            if let Err(e) = crate::serve_image::wait_for_signal().await {
-                log::error!("{e:#}");
-                return;
-            }
-            log::info!("shutting down: finishing requests in flight, then the last flush (a second SIGINT or SIGTERM leaves without it)");
-            trigger.shutdown();
-            // The last flush waits for a server as long as any request does (--retry-for);
-            // a second signal is the way out when none will come back.
-            if crate::serve_image::wait_for_signal().await.is_ok() {
-                log::error!(
-                    "a second signal: leaving now, without waiting for the requests in flight and the last flush; \
-                     what the server answered since the guest's last flush may not be durable"
-                );
-                for socket in &sockets {
-                    let _ = std::fs::remove_file(socket);
-                }
-                std::process::exit(1);
-            }
-        });
-        let served = agent.serve(shutdown).await;
-        signals.abort();
-        served
-    })?;
-    outln!("vdstream: {}", agent.summary());
-    crate::serve_image::report_trace(agent.trace())
+    Ok(agent)
 }
 
 fn show_status(s: StatusArgs) -> Result<()> {

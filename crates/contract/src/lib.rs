@@ -16,6 +16,7 @@
 //! - [`target`]: target records and the API bodies that add and change them, with the
 //!   [`cache`] type names and the RFC 3339 [`time`]s they hold.
 //! - [`refusal`]: the server's refusals a client acts on ([`refusal::AttachGone`]).
+//! - [`size`]: byte counts as the commands print them (`1 GiB`).
 //!
 //! Invariant: this crate depends on serde, serde_json, thiserror, jiff and strsim only, so every other
 //! crate of the workspace may use it.
@@ -26,6 +27,7 @@ pub mod identity;
 pub mod name;
 pub mod refusal;
 pub mod server;
+pub mod size;
 pub mod status;
 pub mod target;
 pub mod time;

@@ -20,9 +20,7 @@
 //! vDisk's writer slot (and the store's exclusive lock on the file); a second one is
 //! refused with `NBD_REP_ERR_POLICY`, naming the session that holds it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use vdstream_blockdev::{BatchIo, BatchOp, BlockDev, Extent, Hole, Result as DevResult, ZeroFlags};
 use vdstream_contract::{ExportDescription, ExportName, Identity};
@@ -41,10 +39,7 @@ use crate::target::{
     layer_number, lookup_target, version_selector, TargetCaches, TargetHold, TargetLookupError,
     TargetOpenError,
 };
-use vdstream_blockdev::lock;
-
-/// How long a new maintenance writer waits for one that just disconnected to let go.
-const WRITER_HANDOVER: Duration = Duration::from_secs(1);
+use crate::writer_slot::{WriterSlot, WriterSlots};
 
 /// The exports of one store. See the module docs.
 #[derive(Debug)]
@@ -52,7 +47,7 @@ pub struct StoreExports {
     state: Arc<ServerState>,
     store: Store,
     /// vDisk name → who writes its maintenance version now.
-    writers: Arc<Mutex<HashMap<String, String>>>,
+    writers: WriterSlots,
     /// The server-side caches of `target/ID` exports.
     targets: Arc<TargetCaches>,
     /// Refused opens reach the audit trail through this (bounded).
@@ -137,7 +132,7 @@ impl StoreExports {
         Ok(StoreExports {
             state,
             store,
-            writers: Arc::new(Mutex::new(HashMap::new())),
+            writers: WriterSlots::default(),
             targets,
             refusals: RefusalAudit::default(),
         })
@@ -283,33 +278,15 @@ impl StoreExports {
         vdisk: &str,
         req: &OpenRequest<'_>,
     ) -> Result<WriterSlot, OpenError> {
-        let deadline = std::time::Instant::now() + WRITER_HANDOVER;
-        loop {
-            {
-                let mut writers = lock(&self.writers);
-                match writers.get(vdisk) {
-                    None => {
-                        let since = vdstream_store::Timestamp::now();
-                        writers.insert(
-                            vdisk.to_string(),
-                            format!("a connection from {} since {since}", req.peer),
-                        );
-                        return Ok(WriterSlot {
-                            writers: self.writers.clone(),
-                            vdisk: vdisk.to_string(),
-                        });
-                    }
-                    Some(holder) if std::time::Instant::now() >= deadline => {
-                        return Err(OpenError::Busy(format!(
-                            "the maintenance version of vDisk {vdisk} already has its one writer ({holder}, on server {}): \
-                             disconnect it first, or read the version read-only through {} once it is released",
-                            self.state.name, ExportName::Vdisk { vdisk: vdisk.to_string(), selector: Selector::Latest })));
-                    }
-                    Some(_) => {}
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.writers
+            .take(vdisk, || {
+                let since = vdstream_store::Timestamp::now();
+                format!("a connection from {} since {since}", req.peer)
+            })
+            .map_err(|holder| OpenError::Busy(format!(
+                "the maintenance version of vDisk {vdisk} already has its one writer ({holder}, on server {}): \
+                 disconnect it first, or read the version read-only through {} once it is released",
+                self.state.name, ExportName::Vdisk { vdisk: vdisk.to_string(), selector: Selector::Latest })))
     }
 
     fn open_target(
@@ -645,19 +622,6 @@ impl Exports for StoreExports {
             ),
         };
         opened.map_err(|e| self.full_if_out_of_fds(e))
-    }
-}
-
-/// Frees a vDisk's maintenance writer slot when the writer's device is dropped.
-#[derive(Debug)]
-struct WriterSlot {
-    writers: Arc<Mutex<HashMap<String, String>>>,
-    vdisk: String,
-}
-
-impl Drop for WriterSlot {
-    fn drop(&mut self) {
-        lock(&self.writers).remove(&self.vdisk);
     }
 }
 

@@ -11,8 +11,11 @@
 //!   readcache.rs  the shared read cache in front of the layer files (per file, quick_cache, single flight)
 //!   target.rs     lookup_target: a target's vDisk, version and cache, from the store
 //!   nbd.rs        NbdService: listeners, serving, drain; the stats file
+//!   object_store.rs  a store in object storage (s3://): its mirror or its metadata writer
+//!   forwarding.rs a mirror's API changes sent to the metadata writer, and where they may go
 //!   http/         the JSON HTTP API and /metrics (http::spawn), on the same ServerState
 //!   tokens.rs     the API's bearer tokens: made, listed, revoked; kept hashed in the store
+//!   writer_slot.rs  one writer at a time: an export's writer slot, freed with its device
 //!   boot/         the boot service (--boot): iPXE scripts and kernel command lines, a version's
 //!                 boot files (files.rs), TFTP for PXE ROMs (tftp.rs); served by http/boot.rs
 //! ```
@@ -28,12 +31,14 @@ pub mod exports;
 pub mod forwarding;
 pub mod http;
 pub mod nbd;
+pub mod object_store;
 pub mod policy;
 pub mod readcache;
 pub mod refusal;
 pub mod state;
 pub mod target;
 pub mod tokens;
+pub mod writer_slot;
 
 pub use config::{ConfigFile, ServerOptions, DEFAULT_READ_CACHE};
 pub use nbd::NbdService;

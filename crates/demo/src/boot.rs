@@ -23,11 +23,11 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::{exited, ready, spawn, spawn_command, stop, wait_rewrites, Shared};
-use crate::size::format_size;
+use vdstream_contract::size::format_size;
 
 /// The golden image's build script and the guest's /sbin/init, as in the checkout.
-const MAKE_GOLDEN_IMAGE: &str = include_str!("../../../../scripts/make-golden-image");
-const GOLDEN_INIT: &str = include_str!("../../../../scripts/golden-init.sh");
+const MAKE_GOLDEN_IMAGE: &str = include_str!("../../../scripts/make-golden-image");
+const GOLDEN_INIT: &str = include_str!("../../../scripts/golden-init.sh");
 
 pub const QEMU: &str = "qemu-system-x86_64";
 /// What a person installs to get [`QEMU`] (Debian and Ubuntu).

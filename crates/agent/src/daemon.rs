@@ -9,6 +9,7 @@
 //! /dev/null, stdout and stderr kept (the console). The parent waits on a pipe: the child
 //! writes `ready` once the kernel device is connected and serving, and the parent exits 0;
 //! if the child exits first, the parent exits with its status (the child has printed why).
+//! [`crate::service::run`] makes these steps.
 //!
 //! The child ([`become_daemon`]) ignores SIGTERM, SIGINT and SIGHUP while it backs the
 //! device (the way to stop it: `vdstream target detach ID`, or the device disconnecting),
@@ -20,7 +21,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 
-use anyhow::{Context, Result};
+use crate::AgentError;
 
 /// The child learns from this variable that it is the daemon, and which descriptor to
 /// write `ready` to.
@@ -43,20 +44,33 @@ pub fn ready_fd() -> Option<OwnedFd> {
     (fd > 2).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// In the parent: starts the daemon child and waits until it is ready (exit 0) or ends
-/// (its exit status).
-pub fn start(id: &str) -> Result<()> {
+/// How the daemon child started, seen from the parent.
+#[derive(Debug)]
+pub enum Started {
+    /// It is ready: its device is connected and served.
+    Ready { pid: u32 },
+    /// It ended before its device was up (it has printed why), with this status.
+    Ended(std::process::ExitStatus),
+}
+
+/// In the parent: starts the daemon child and waits until it is ready or ends.
+pub fn start() -> Result<Started, AgentError> {
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |err| AgentError::Io { what, err }
+    };
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .context("cannot make the daemon's readiness pipe");
+        return Err(io("cannot make the daemon's readiness pipe")(
+            std::io::Error::last_os_error(),
+        ));
     }
     // SAFETY: pipe2 succeeded: both descriptors are new and owned here alone.
     let (read_end, write_end) =
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let exe =
-        std::env::current_exe().context("cannot find the vdstream binary to start the daemon")?;
+    let exe = std::env::current_exe()
+        .map_err(io("cannot find the vdstream binary to start the daemon"))?;
     let w = write_end.as_raw_fd();
     let mut cmd = std::process::Command::new(&exe);
     cmd.arg0(DAEMON_ARGV0)
@@ -78,18 +92,15 @@ pub fn start(id: &str) -> Result<()> {
     }
     let mut child = cmd
         .spawn()
-        .with_context(|| format!("cannot start the daemon ({})", exe.display()))?;
+        .map_err(io(&format!("cannot start the daemon ({})", exe.display())))?;
     drop(write_end);
     let mut said = String::new();
     let _ = std::fs::File::from(read_end).read_to_string(&mut said);
     if said.trim() == "ready" {
-        outln!("vdstream: target {id}: the agent runs in the background as pid {} ({DAEMON_ARGV0}); stop it with `vdstream target detach {id}`", child.id());
-        return Ok(());
+        return Ok(Started::Ready { pid: child.id() });
     }
-    let status = child.wait().context("cannot wait for the daemon")?;
-    // The child said why on the same stderr; its status is the command's.
-    errln!("vdstream: target {id}: the agent ended before its device was up ({status})");
-    std::process::exit(status.code().unwrap_or(1).max(1));
+    let status = child.wait().map_err(io("cannot wait for the daemon"))?;
+    Ok(Started::Ended(status))
 }
 
 /// In the daemon child, before any thread starts: signals, OOM score, memory lock.
