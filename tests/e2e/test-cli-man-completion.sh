@@ -89,6 +89,8 @@ got=$(complete_words vdstream target set vm)
 [[ " $got " == *" vm1 "* && " $got " == *" vm2 "* ]] || fail "completion of 'target set vm' gave '$got', want vm1 and vm2"
 got=$(complete_words vdstream target remove vm2)
 [[ $got == vm2 ]] || fail "completion of 'target remove vm2' gave '$got'"
+got=$(complete_words vdstream target status vm1)
+[[ $got == vm1 ]] || fail "completion of 'target status vm1' gave '$got'"
 # Where the store cannot be read: no names, and nothing on the terminal.
 got=$(VDSTREAM_STORE=$E2E_TMP/none complete_words vdstream vdisk show w 2>"$E2E_TMP/complete.err")
 [[ -z $got && ! -s $E2E_TMP/complete.err ]] || fail "completion without a store gave '$got' ($(cat "$E2E_TMP/complete.err"))"

@@ -76,7 +76,7 @@ a scratch partition; the command returns once /dev/nbd0 serves, and waits (sayin
   vdstream target detach lab7 --kernel-nbd /dev/nbd0     (to stop it; SIGTERM is ignored)")]
 pub struct AttachArgs {
     /// Target id (letters, digits, '.', '_', '-'): names the socket, status and cache files.
-    #[arg(value_name = "ID")]
+    #[arg(value_name = "ID", add = crate::completion::targets())]
     id: String,
 
     /// An NBD server of the vDisk: nbd://HOST:PORT/EXPORT or nbd+unix:///EXPORT?socket=PATH;
@@ -88,7 +88,7 @@ pub struct AttachArgs {
 
     /// With http:// servers: the vDisk to read, NAME or NAME@VERSION, instead of the
     /// record's (or without a record, with --cache).
-    #[arg(long, value_name = "NAME[@V]")]
+    #[arg(long, value_name = "NAME[@V]", add = crate::completion::vdisks())]
     vdisk: Option<String>,
 
     /// Unix socket of the local export. Default: RUN/ID.sock, RUN being $VDSTREAM_RUN_DIR,
@@ -303,7 +303,7 @@ Examples:
   vdstream target detach lab7 --kernel-nbd /dev/nbd0     (after switch_root, where the agent's run folder is out of sight)")]
 pub struct DetachArgs {
     /// The target's id, as given to `target attach`.
-    #[arg(value_name = "ID")]
+    #[arg(value_name = "ID", add = crate::completion::targets())]
     id: String,
 
     /// The kernel NBD device the agent serves (default: the one the agent's pid serves,
@@ -379,7 +379,7 @@ fn detach(d: DetachArgs) -> Result<()> {
 pub struct StatusArgs {
     /// The target's id, as given to `target attach` (e.g. vm1). Exit status 6 when its
     /// agent is not running (the last figures are still shown).
-    #[arg(value_name = "ID")]
+    #[arg(value_name = "ID", add = crate::completion::targets())]
     id: String,
 
     /// Print the status document (the API's form) instead of text.
