@@ -5,7 +5,9 @@
 //! Invariants: every figure comes from a measurement: the guest side from the row's
 //! [`BenchResult`], the storage side from the counters of the process that did the storage
 //! I/O (agent or server), read before and after the run; nothing is derived from settings.
-//! The reduction is only shown when a `device-disk` row with storage IOPS exists.
+//! The reduction is only shown when a `device-disk` row with storage IOPS exists. Each
+//! row's IOPS carry their noise, measured from the spread of the run's own intervals, so a
+//! short run does not rank two rows that it cannot tell apart.
 
 use serde::Serialize;
 
@@ -32,6 +34,29 @@ pub struct Row {
     pub result: BenchResult,
 }
 
+impl Row {
+    /// Half the width of the ~95% interval of the row's mean IOPS, in percent of it: twice
+    /// the standard error of the per-interval IOPS. `None` with fewer than 3 intervals.
+    pub fn iops_noise_pct(&self) -> Option<f64> {
+        let xs: Vec<f64> = self.result.series.iter().map(|i| i.iops()).collect();
+        let n = xs.len() as f64;
+        if xs.len() < 3 {
+            return None;
+        }
+        let mean = xs.iter().sum::<f64>() / n;
+        if mean <= 0.0 {
+            return None;
+        }
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+        Some(round1(200.0 * (var / n).sqrt() / mean))
+    }
+}
+
+/// The name of the raw disk's row (`cache`), and of the RAM cache with overflow that the
+/// headline compares with it.
+pub const RAW: &str = "none";
+pub const RAM_OVERFLOW: &str = "ram-overflow";
+
 /// The rows of a comparison, in the order they ran.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Comparison {
@@ -54,6 +79,31 @@ impl Comparison {
             .map(|d| round1((1.0 - row.storage_iops / d) * 100.0))
     }
 
+    /// The field reports' own comparison: the RAM cache with overflow (its first row, the
+    /// one that fits in RAM) against the raw disk, in guest IOPS and in storage IOPS per
+    /// target. `None` without both rows.
+    pub fn headline(&self) -> Option<String> {
+        let raw = self.rows.iter().find(|r| r.cache == RAW)?;
+        let ram = self.rows.iter().find(|r| r.cache == RAM_OVERFLOW)?;
+        let (r, m) = (raw.result.total.iops, ram.result.total.iops);
+        if r <= 0.0 {
+            return None;
+        }
+        Some(format!(
+            "{}: {:.1}x the IOPS of the raw disk ({m:.0} against {r:.0}), with {:.0} storage IOPS per target against the raw disk's {:.0}",
+            ram.name, m / r, ram.storage_iops, raw.storage_iops
+        ))
+    }
+
+    /// Whether two rows' IOPS are within each other's noise (their intervals overlap).
+    pub fn within_noise(a: &Row, b: &Row) -> bool {
+        let (Some(na), Some(nb)) = (a.iops_noise_pct(), b.iops_noise_pct()) else {
+            return false;
+        };
+        let (ia, ib) = (a.result.total.iops, b.result.total.iops);
+        (ia - ib).abs() <= ia * na / 100.0 + ib * nb / 100.0
+    }
+
     /// The table as JSON: the rows, each with its reduction.
     pub fn to_json(&self) -> serde_json::Value {
         let rows: Vec<serde_json::Value> = self
@@ -62,16 +112,17 @@ impl Comparison {
             .map(|r| {
                 let mut v = serde_json::to_value(r).expect("a row serializes");
                 v["storage_reduction_pct"] = serde_json::json!(self.reduction_pct(r));
+                v["iops_noise_pct"] = serde_json::json!(r.iops_noise_pct());
                 v
             })
             .collect();
-        serde_json::json!({ "reference": REFERENCE, "rows": rows })
+        serde_json::json!({ "reference": REFERENCE, "rows": rows, "headline": self.headline() })
     }
 
     /// The table as Markdown (it reads as plain text on a terminal too).
     pub fn render_markdown(&self) -> String {
         let mut out = String::from(
-            "| write cache | IOPS | read IOPS | write IOPS | read MiB/s | write MiB/s | avg latency (ms) | storage IOPS per target | vs device-disk |\n\
+            "| write cache | IOPS (±noise) | read IOPS | write IOPS | read MiB/s | write MiB/s | avg latency (ms) | storage IOPS per target | storage IOPS vs device-disk |\n\
              | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         );
         for r in &self.rows {
@@ -82,10 +133,14 @@ impl Comparison {
                 (_, Some(p)) => format!("{:.0}% more", -p),
                 (_, None) => "n/a".to_string(),
             };
+            let iops = match r.iops_noise_pct() {
+                Some(n) => format!("{:.0} ±{n:.0}%", b.total.iops),
+                None => format!("{:.0}", b.total.iops),
+            };
             out += &format!(
-                "| {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} | {} |\n",
+                "| {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} | {} |\n",
                 r.name,
-                b.total.iops,
+                iops,
                 b.read.iops,
                 b.write.iops,
                 b.read.mib_per_sec,
@@ -159,5 +214,77 @@ mod tests {
         };
         assert_eq!(none.reduction_pct(&none.rows[0]), None);
         assert!(none.render_markdown().contains("n/a"));
+    }
+
+    fn with_series(mut r: Row, iops: &[f64]) -> Row {
+        r.result.series = iops
+            .iter()
+            .enumerate()
+            .map(|(k, &x)| crate::result::Interval {
+                t_secs: k as f64 + 1.0,
+                read_iops: x / 5.0,
+                write_iops: x * 4.0 / 5.0,
+                read_mib_per_sec: 0.0,
+                write_mib_per_sec: 0.0,
+                mean_latency_us: 100.0,
+            })
+            .collect();
+        r
+    }
+
+    #[test]
+    fn noise_comes_from_the_rows_own_intervals() {
+        let steady = with_series(row("a", "ram-overflow", 1000.0, 1.0), &[1000.0; 10]);
+        assert_eq!(steady.iops_noise_pct(), Some(0.0));
+        // Mean 1000, sample sd 100 (alternating 900, 1100 over 10 intervals, n-1 = 9):
+        // 2 * sd / sqrt(n) / mean = 2 * 105.4 / 3.162 / 1000 = 6.7%.
+        let noisy = with_series(
+            row("b", "device-disk", 1000.0, 1.0),
+            &[900.0, 1100.0].repeat(5),
+        );
+        assert_eq!(noisy.iops_noise_pct(), Some(6.7));
+        assert_eq!(
+            row("c", "server", 1.0, 1.0).iops_noise_pct(),
+            None,
+            "no intervals"
+        );
+        let near = with_series(
+            row("d", "device-ram", 1050.0, 1.0),
+            &[950.0, 1150.0].repeat(5),
+        );
+        let far = with_series(
+            row("e", "device-ram", 2000.0, 1.0),
+            &[1900.0, 2100.0].repeat(5),
+        );
+        assert!(Comparison::within_noise(&noisy, &near));
+        assert!(!Comparison::within_noise(&noisy, &far));
+        let c = Comparison { rows: vec![noisy] };
+        assert!(
+            c.render_markdown().contains("| b | 1000 ±7% |"),
+            "{}",
+            c.render_markdown()
+        );
+    }
+
+    #[test]
+    fn the_headline_is_ram_overflow_against_the_raw_disk() {
+        let c = Comparison {
+            rows: vec![
+                row("raw disk", RAW, 400.0, 400.0),
+                row("ram-overflow (fits)", RAM_OVERFLOW, 1560.0, 12.0),
+                row("device-disk", "device-disk", 900.0, 700.0),
+            ],
+        };
+        let h = c.headline().unwrap();
+        assert!(
+            h.starts_with("ram-overflow (fits): 3.9x the IOPS of the raw disk (1560 against 400)")
+                && h.ends_with("with 12 storage IOPS per target against the raw disk's 400"),
+            "{h}"
+        );
+        assert_eq!(c.to_json()["headline"], h.as_str());
+        let no_raw = Comparison {
+            rows: c.rows[1..].to_vec(),
+        };
+        assert_eq!(no_raw.headline(), None);
     }
 }

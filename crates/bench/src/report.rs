@@ -182,8 +182,12 @@ pub fn write_comparison(
             )
         })
         .collect();
+    let headline = c
+        .headline()
+        .map(|h| format!("**{h}.**\n\n"))
+        .unwrap_or_default();
     let md = format!(
-        "# {title}\n\n{intro}\n\n{}\n{setups}\n\
+        "# {title}\n\n{intro}\n\n{headline}{}\n{setups}\n\
          ![IOPS per cache type](iops-per-cache-type.svg)\n\n\
          ![Storage IOPS per target](storage-iops-per-target.svg)\n\n\
          IOPS and latency over each run (a RAM cache that overflows shows its dip here):\n\n\

@@ -242,6 +242,16 @@ fn ready(scratch: &Shared, name: &str, uri: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether `path` opens with O_DIRECT (tmpfs, for one, refuses it).
+fn opens_direct(path: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .is_ok()
+}
+
 /// A demo vDisk: `size` bytes, 64 KiB of generated data at the start of every MiB, holes
 /// elsewhere (reads of the base meet both).
 fn make_image(path: &Path, size: u64) -> Result<()> {
@@ -514,6 +524,23 @@ fn run_demo(args: DemoConfig) -> Result<()> {
         );
         out!("{}", comparison.render_markdown());
         outln!();
+        if let Some(headline) = comparison.headline() {
+            outln!("{headline}.\n");
+        }
+        let close: Vec<String> = comparison
+            .rows
+            .iter()
+            .zip(comparison.rows.iter().skip(1))
+            .filter(|(a, b)| Comparison::within_noise(a, b))
+            .map(|(a, b)| format!("{} and {}", a.name, b.name))
+            .collect();
+        if !close.is_empty() {
+            outln!(
+                "Within each other's noise (±: twice the standard error of the per-interval IOPS), so not ranked by this run: {}{}.\n",
+                close.join("; "),
+                if secs < 10.0 { "; longer rows (--duration 60) tell them apart" } else { "" }
+            );
+        }
         for r in &comparison.rows {
             outln!(
                 "- {}: {}; storage from {}.",
@@ -608,20 +635,28 @@ fn run_rows(
 
     let mut rows = Vec::new();
 
-    // The raw disk: the same image file, served as it is (no cache, no server hop).
+    // The raw disk: the same image file, served as it is (no cache, no server hop), and
+    // unbuffered (O_DIRECT) as IOmeter and fio's direct=1 measure a disk, so that the row
+    // measures the disk and not this machine's page cache; where the scratch folder's file
+    // system refuses O_DIRECT (tmpfs), through the page cache, and the row says so.
     let raw_sock = path("raw.sock");
-    spawn(
-        scratch,
-        "raw-disk",
-        &["serve-image", &image, "--socket", &raw_sock],
-    )?;
+    let direct = opens_direct(Path::new(&image));
+    let mut serve = vec!["serve-image", &image, "--socket", &raw_sock];
+    if direct {
+        serve.push("--direct");
+    }
+    spawn(scratch, "raw-disk", &serve)?;
     let raw_uri = format!("nbd+unix:///?socket={raw_sock}");
     ready(scratch, "raw-disk", &raw_uri)?;
     rows.push(measure(
         RowSpec {
             name: "raw disk".into(),
             cache: "none",
-            setup: format!("`vdstream serve-image FILE` on the image file itself in {}, no write cache, no server", dir.display()),
+            setup: if direct {
+                format!("`vdstream serve-image FILE --direct` on the image file itself in {}: unbuffered (O_DIRECT), no write cache, no server", dir.display())
+            } else {
+                format!("`vdstream serve-image FILE` on the image file itself in {}, through the page cache: its file system refuses O_DIRECT (set TMPDIR to a folder on a disk to measure the disk)", dir.display())
+            },
             uri: raw_uri,
             storage_source: "the bench's own count (no cache: every request is one read or write of the file)",
             storage: None,
