@@ -52,6 +52,16 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every source file of the CLI.
+fn cli_sources() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    sources(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    files
+}
+
 /// The file's production code: what comes before its tests module, without `//` comments.
 fn production(text: &str) -> String {
     let end = text.find("#[cfg(test)]\nmod tests").unwrap_or(text.len());
@@ -64,11 +74,7 @@ fn production(text: &str) -> String {
 
 #[test]
 fn the_cli_only_wires() {
-    let mut files = Vec::new();
-    sources(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut files,
-    );
+    let files = cli_sources();
     assert!(files.len() > 10, "found {} source files", files.len());
     let mut found = Vec::new();
     for f in &files {
@@ -84,11 +90,7 @@ fn the_cli_only_wires() {
 
 #[test]
 fn tests_modules_end_their_files() {
-    let mut files = Vec::new();
-    sources(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut files,
-    );
+    let files = cli_sources();
     let mut split = Vec::new();
     for f in &files {
         let text = std::fs::read_to_string(f).unwrap();
