@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A version's note is text for people under the rules of a target's description: one line
-# of at most 1024 bytes, no control characters. A note with a newline, an ANSI or OSC
+# of at most 1024 characters, no control characters. A note with a newline, an ANSI or OSC
 # escape, or 100 KB is refused by `version new` (exit status 2) and by the API (400), with
 # a message that says the rule, and no version is made. A note that got into a store
 # before (written by hand) is printed by `version list` with its control characters
@@ -21,7 +21,7 @@ refused_note() { # DESCRIPTION NOTE
     local rc=0
     vds version new w --note "$2" >"$E2E_TMP/out" 2>"$E2E_TMP/err" || rc=$?
     [[ $rc -eq 2 ]] || fail "version new with $1: exit status $rc, want 2; $(cat "$E2E_TMP/err")"
-    grep -q "at most 1024 bytes of text on one line" "$E2E_TMP/err" || fail "the refusal of $1 does not state the rule: $(cat "$E2E_TMP/err")"
+    grep -q "at most 1024 characters of text on one line" "$E2E_TMP/err" || fail "the refusal of $1 does not state the rule: $(cat "$E2E_TMP/err")"
     log "refused: $1"
 }
 refused_note "a newline" $'patched\nversion 9   production   (forged line)'
