@@ -35,6 +35,16 @@ pub struct Row {
 }
 
 impl Row {
+    /// How the load reached the disk: `vhost-user-blk` (shared-memory virtqueues, as a VM
+    /// on the agent's host) or `NBD` (a unix socket), read off the run's URI.
+    pub fn transport(&self) -> &'static str {
+        if self.result.uri.starts_with("vhost-user:") {
+            "vhost-user-blk"
+        } else {
+            "NBD"
+        }
+    }
+
     /// Half the width of the ~95% interval of the row's mean IOPS, in percent of it: twice
     /// the standard error of the per-interval IOPS. `None` with fewer than 3 intervals.
     pub fn iops_noise_pct(&self) -> Option<f64> {
@@ -79,20 +89,36 @@ impl Comparison {
             .map(|d| round1((1.0 - row.storage_iops / d) * 100.0))
     }
 
-    /// The field reports' own comparison: the RAM cache with overflow (its first row, the
-    /// one that fits in RAM) against the raw disk, in guest IOPS and in storage IOPS per
-    /// target. `None` without both rows.
+    /// The field reports' own comparison: the RAM cache with overflow (its first row over
+    /// NBD, the one that fits in RAM) against the raw disk, in guest IOPS and in storage
+    /// IOPS per target; and, when the table has one, the same cache through vhost-user-blk,
+    /// where the NBD socket no longer bounds what the cache can answer. `None` without the
+    /// raw disk and an NBD RAM row.
     pub fn headline(&self) -> Option<String> {
         let raw = self.rows.iter().find(|r| r.cache == RAW)?;
-        let ram = self.rows.iter().find(|r| r.cache == RAM_OVERFLOW)?;
-        let (r, m) = (raw.result.total.iops, ram.result.total.iops);
+        let ram = |transport: &str| {
+            self.rows
+                .iter()
+                .find(|r| r.cache == RAM_OVERFLOW && r.transport() == transport)
+        };
+        let nbd = ram("NBD")?;
+        let (r, m) = (raw.result.total.iops, nbd.result.total.iops);
         if r <= 0.0 {
             return None;
         }
-        Some(format!(
+        let mut line = format!(
             "{}: {:.1}x the IOPS of the raw disk ({m:.0} against {r:.0}), with {:.0} storage IOPS per target against the raw disk's {:.0}",
-            ram.name, m / r, ram.storage_iops, raw.storage_iops
-        ))
+            nbd.name, m / r, nbd.storage_iops, raw.storage_iops
+        );
+        if let Some(v) = ram("vhost-user-blk") {
+            let i = v.result.total.iops;
+            line += &format!(
+                "; through vhost-user-blk, {:.1}x ({i:.0} IOPS, {:.1}x NBD's)",
+                i / r,
+                i / m.max(1.0)
+            );
+        }
+        Some(line)
     }
 
     /// Whether two rows' IOPS are within each other's noise (their intervals overlap).
@@ -286,5 +312,28 @@ mod tests {
             rows: c.rows[1..].to_vec(),
         };
         assert_eq!(no_raw.headline(), None);
+
+        // The same cache through vhost-user-blk adds its own ratio; it never stands in for
+        // the NBD row.
+        let mut vhost = row(
+            "ram-overflow (fits), vhost-user-blk",
+            RAM_OVERFLOW,
+            3120.0,
+            12.0,
+        );
+        vhost.result.uri = "vhost-user:/run/x.vhost".into();
+        assert_eq!(vhost.transport(), "vhost-user-blk");
+        let mut both = c.clone();
+        both.rows.insert(1, vhost.clone());
+        let h2 = both.headline().unwrap();
+        assert!(
+            h2.starts_with(&h)
+                && h2.ends_with("; through vhost-user-blk, 7.8x (3120 IOPS, 2.0x NBD's)"),
+            "{h2}"
+        );
+        let only_vhost = Comparison {
+            rows: vec![c.rows[0].clone(), vhost],
+        };
+        assert_eq!(only_vhost.headline(), None);
     }
 }

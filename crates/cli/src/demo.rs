@@ -10,13 +10,14 @@ use vdstream_demo::DemoConfig;
 ///
 /// Makes a temporary store with a generated vDisk, starts a server, attaches one target
 /// per cache type and runs the VDI profile (4 workers x QD 16, 4 KiB, 80% writes, 90%
-/// random) on each; prints IOPS, latency and storage IOPS per target. With --boot, then
+/// random) on each, the RAM cache also through vhost-user-blk, against the raw disk read
+/// unbuffered; prints IOPS, latency and storage IOPS per target. With --boot, then
 /// boots real Linux guests at once from one vDisk (needs qemu-system-x86_64). Cleans up
 /// after itself, also on Ctrl-C.
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Examples:
-  vdstream demo                   about 2 minutes on 2 cores: a 256 MiB vDisk, 15 s per row
+  vdstream demo                   about 2 minutes on 2 cores: a 256 MiB vDisk, 15 s per row, 7 rows
   vdstream demo --quick           about 20 seconds: a 64 MiB vDisk, 2 s per row
   vdstream demo --duration 60     longer runs, steadier figures
   vdstream demo --json | jq '.rows[] | {name, storage_iops}'

@@ -1,7 +1,9 @@
 //! `vdstream demo`: the main job in one command. In a scratch folder it makes a store with
 //! a generated demo vDisk, starts a `vdstream server`, attaches one target per write-cache
 //! type (`vdstream target attach` agents, the `server` type through a `target add` record),
-//! runs the VDI profile on each with the bench engine, and prints the comparison table.
+//! runs the VDI profile on each with the bench engine, and prints the comparison table;
+//! the RAM cache that fits runs a second time through the agent's vhost-user-blk backend
+//! (the bench's vhost-user frontend), where the NBD socket no longer bounds it.
 //! With `--boot`, real guests then boot at once through the same server (`boot`).
 //!
 //! Wiring only: every piece is this same binary run as a child process
@@ -242,6 +244,28 @@ fn ready(scratch: &Shared, name: &str, uri: &str) -> Result<()> {
     Ok(())
 }
 
+/// Waits (at most 20 s) for the unix socket `path` that `name` is to listen on.
+fn wait_socket(scratch: &Shared, name: &str, path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir = scratch
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .dir
+        .clone();
+    let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    bail!(
+        "{name} did not create its socket {} in 20 s\n{name}'s log:\n{log}",
+        path.display()
+    );
+}
+
 /// Whether `path` opens with O_DIRECT (tmpfs, for one, refuses it).
 fn opens_direct(path: &Path) -> bool {
     use std::os::unix::fs::OpenOptionsExt;
@@ -334,13 +358,19 @@ fn measure(spec: RowSpec<'_>, workload: &Workload, json: bool) -> Result<Row> {
         Some(probe) => probe.fresh()?,
         None => 0,
     };
-    let label = format!("{:<28}", spec.name);
+    let label = format!("{:<36}", spec.name);
     let opts = RunOptions {
         interval: (workload.duration / 30)
             .clamp(Duration::from_millis(100), Duration::from_secs(1)),
         ..RunOptions::default()
     };
-    let result = vdstream_bench::progress::run_with(&spec.uri, workload, &opts, &label, !json)?;
+    let result = if spec.uri.starts_with("vhost-user:") {
+        vdstream_bench::progress::with_progress(&label, !json, |p| {
+            vdstream_bench::run_vhost_user(&spec.uri, workload, &opts, p)
+        })?
+    } else {
+        vdstream_bench::progress::run_with(&spec.uri, workload, &opts, &label, !json)?
+    };
     if !result.ok() {
         bail!(
             "{}: the run had {} errors: {}",
@@ -668,48 +698,80 @@ fn run_rows(
 
     let ram_big = format_size(size * 2).replace(' ', "");
     let ram_small = format_size(size / 4).replace(' ', "");
-    let agents: [(&str, String, &str, Option<&str>); 4] = [
+    // Each agent row: target id, row name, cache type, RAM, and whether the load goes
+    // through the agent's vhost-user-blk backend (shared-memory virtqueues, the path of a
+    // VM on the agent's host) rather than its NBD socket.
+    let agents: [(&str, String, &str, Option<&str>, bool); 5] = [
         (
             "ram-overflow",
             "ram-overflow (fits)".to_string(),
             "ram-overflow",
             Some(&ram_big),
+            false,
+        ),
+        (
+            "ram-overflow-vhost",
+            "ram-overflow (fits), vhost-user-blk".to_string(),
+            "ram-overflow",
+            Some(&ram_big),
+            true,
         ),
         (
             "ram-overflow-small",
             "ram-overflow (overflows)".to_string(),
             "ram-overflow",
             Some(&ram_small),
+            false,
         ),
         (
             "device-ram",
             "device-ram".to_string(),
             "device-ram",
             Some(&ram_big),
+            false,
         ),
         (
             "device-disk",
             "device-disk".to_string(),
             "device-disk",
             None,
+            false,
         ),
     ];
-    for (id, name, cache, ram) in agents {
+    let queues = workload.workers.clamp(1, 64).to_string();
+    for (id, name, cache, ram, vhost) in agents {
         let mut attach = vec![
             "target", "attach", id, "--server", &vdisk_uri, "--cache", cache,
         ];
         if let Some(ram) = ram {
             attach.extend(["--ram", ram]);
         }
+        let vhost_sock = path(&format!("{id}.vhost"));
+        if vhost {
+            // One virtqueue per worker, as `vdstream bench vhost-user:` opens them.
+            attach.extend(["--vhost-user", &vhost_sock, "--vhost-queues", &queues]);
+        }
         spawn(scratch, id, &attach)?;
-        let uri = format!(
+        let nbd_uri = format!(
             "nbd+unix:///?socket={}",
             vdstream_agent::paths::socket_path(id).display()
         );
-        ready(scratch, id, &uri)?;
+        // With --vhost-user the agent serves that socket alone.
+        let uri = if vhost {
+            wait_socket(scratch, id, Path::new(&vhost_sock))?;
+            format!("vhost-user:{vhost_sock}")
+        } else {
+            ready(scratch, id, &nbd_uri)?;
+            nbd_uri
+        };
+        let through = if vhost {
+            format!(" --vhost-user SOCKET --vhost-queues {queues}`, driven through its virtqueues as a VM on this host would (libblkio's vhost-user frontend),")
+        } else {
+            "`".to_string()
+        };
         let setup = match ram {
-            Some(ram) => format!("`vdstream target attach --cache {cache} --ram {ram}` reading vdisk/demo from the server (the working set is {})", format_size(size)),
-            None => format!("`vdstream target attach --cache {cache}` reading vdisk/demo from the server, cache file in {}", dir.display()),
+            Some(ram) => format!("`vdstream target attach --cache {cache} --ram {ram}{through} reading vdisk/demo from the server (the working set is {})", format_size(size)),
+            None => format!("`vdstream target attach --cache {cache}{through} reading vdisk/demo from the server, cache file in {}", dir.display()),
         };
         let spec = RowSpec {
             name,
