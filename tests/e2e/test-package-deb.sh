@@ -56,7 +56,7 @@ fi
 for f in /usr/bin/vdstream /lib/systemd/system/vdstream-server.service /lib/systemd/system/vdstream-agent@.service \
     /etc/vdstream/server.toml /usr/share/bash-completion/completions/vdstream /usr/share/man/man1/vdstream-server.1.gz \
     /usr/share/doc/vdstream/README.md /usr/share/doc/vdstream/LICENSE /usr/share/doc/vdstream/docs/ADMIN.md \
-    /usr/share/doc/vdstream/docs/SECURITY.md /usr/share/doc/vdstream/docs/openapi.yaml; do
+    /usr/share/doc/vdstream/docs/SECURITY.md /usr/share/doc/vdstream/docs/openapi.json; do
     [[ -e $f ]] || fail "the package did not install $f"
 done
 grep -qx "/etc/vdstream/server.toml" /var/lib/dpkg/info/vdstream.conffiles || fail "/etc/vdstream/server.toml is not a conffile (an upgrade would overwrite the administrator's edits)"

@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use serde_json::json;
 use vdstream_store::audit;
 
 use crate::output::StoreOpts;
@@ -41,7 +42,11 @@ pub fn run(args: AuditArgs) -> Result<()> {
             c.get(&format!("/api/v1/audit?{}", q.join("&")))?
         }
         None => {
-            vdstream_store::documents::audit(&args.opts.open()?, args.name.as_deref(), args.limit)?
+            json!(vdstream_store::documents::audit(
+                &args.opts.open()?,
+                args.name.as_deref(),
+                args.limit
+            )?)
         }
     };
     let entries: Vec<audit::AuditEntry> = serde_json::from_value(doc.clone())?;

@@ -218,7 +218,7 @@ pub fn add(a: AddArgs) -> Result<()> {
                 "macs": t.macs, "hostname": t.hostname, "overflow_device": t.overflow_device,
             }),
         )?,
-        None => documents::target_add(&a.opts.open()?, t)?,
+        None => json!(documents::target_add(&a.opts.open()?, t)?),
     };
     let mut lines = Vec::new();
     if let Some((ca, req)) = cert {
@@ -250,7 +250,7 @@ pub fn list(a: ListArgs) -> Result<()> {
     let o = &a.opts;
     let doc = match a.api.client_for(&a.opts)? {
         Some(c) => c.get("/api/v1/targets")?,
-        None => documents::target_list(&o.open()?)?,
+        None => json!(documents::target_list(&o.open()?)?),
     };
     print_list(o, doc)
 }
@@ -294,7 +294,7 @@ pub fn print_list(o: &StoreOpts, doc: Value) -> Result<()> {
 pub fn show(a: ShowArgs) -> Result<()> {
     let doc = match a.api.client_for(&a.opts)? {
         Some(c) => c.get(&format!("/api/v1/targets/{}", seg(&a.id)))?,
-        None => documents::target_show(&a.opts.open()?, &a.id)?,
+        None => json!(documents::target_show(&a.opts.open()?, &a.id)?),
     };
     print_show(&a.opts, doc)
 }
@@ -368,7 +368,7 @@ pub fn set(a: SetArgs) -> Result<()> {
             &format!("/api/v1/targets/{}", seg(&a.id)),
             &change_json(&change),
         )?,
-        None => documents::target_set(&a.opts.open()?, &a.id, change)?,
+        None => json!(documents::target_set(&a.opts.open()?, &a.id, change)?),
     };
     print_set(&a.opts, doc)
 }
@@ -396,7 +396,7 @@ pub fn remove(a: RemoveArgs) -> Result<()> {
                     a.id
                 );
             }
-            documents::target_remove(&a.opts.open()?, &a.id)?
+            json!(documents::target_remove(&a.opts.open()?, &a.id)?)
         }
     };
     print_removed(&a.opts, doc)

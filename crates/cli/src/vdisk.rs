@@ -234,7 +234,7 @@ pub fn run(args: VdiskArgs) -> Result<()> {
                 None => {
                     let store = o.open()?;
                     (
-                        documents::vdisk_list(&store)?,
+                        json!(documents::vdisk_list(&store)?),
                         store.root().display().to_string(),
                     )
                 }
@@ -244,7 +244,7 @@ pub fn run(args: VdiskArgs) -> Result<()> {
         VdiskCommand::Info { name, api } => {
             let doc = match api.client_for(o)? {
                 Some(c) => c.get(&format!("/api/v1/vdisks/{}", seg(&name)))?,
-                None => documents::vdisk_show(&o.open()?, &name)?,
+                None => json!(documents::vdisk_show(&o.open()?, &name)?),
             };
             print_info(o, doc)?;
         }

@@ -143,7 +143,7 @@ pub fn run(args: VersionArgs) -> Result<()> {
         VersionCommand::List { name, api } => {
             let doc = match api.client_for(o)? {
                 Some(c) => c.get(&format!("/api/v1/vdisks/{}/versions", seg(&name)))?,
-                None => documents::version_list(&o.open()?, &name)?,
+                None => json!(documents::version_list(&o.open()?, &name)?),
             };
             print_list(o, doc)?;
         }
@@ -168,9 +168,12 @@ pub fn run(args: VersionArgs) -> Result<()> {
                 )?,
                 None => {
                     let bar = o.bar(&format!("merging {name} (over --max-versions)"));
-                    documents::version_new(&o.open()?.expecting(g), &name, note, &mut |d, t| {
-                        bar.update(d, t)
-                    })?
+                    json!(documents::version_new(
+                        &o.open()?.expecting(g),
+                        &name,
+                        note,
+                        &mut |d, t| { bar.update(d, t) }
+                    )?)
                 }
             };
             let v: Version = serde_json::from_value(doc["version"].clone())?;
@@ -201,14 +204,14 @@ pub fn run(args: VersionArgs) -> Result<()> {
                 )?,
                 None => {
                     let bar = o.bar(&format!("merging {name} (over --max-versions)"));
-                    documents::version_promote(
+                    json!(documents::version_promote(
                         &o.open()?.expecting(g),
                         &name,
                         version,
                         to,
                         at.as_deref(),
                         &mut |d, t| bar.update(d, t),
-                    )?
+                    )?)
                 }
             };
             let v: Version = serde_json::from_value(doc["version"].clone())?;
@@ -229,7 +232,11 @@ pub fn run(args: VersionArgs) -> Result<()> {
                     &format!("/api/v1/vdisks/{}/revert", seg(&name)),
                     &json!({"version": version}),
                 )?,
-                None => documents::version_revert(&o.open()?.expecting(g), &name, version)?,
+                None => json!(documents::version_revert(
+                    &o.open()?.expecting(g),
+                    &name,
+                    version
+                )?),
             };
             let r: Reverted = serde_json::from_value(doc["result"].clone())?;
             o.emit(doc, || match r {
@@ -269,7 +276,12 @@ pub fn run(args: VersionArgs) -> Result<()> {
                 None => {
                     let store = o.open()?.expecting(g);
                     let bar = o.bar(&format!("merging {name}"));
-                    documents::version_merge(&store, &name, kind, &mut |d, t| bar.update(d, t))?
+                    json!(documents::version_merge(
+                        &store,
+                        &name,
+                        kind,
+                        &mut |d, t| bar.update(d, t)
+                    )?)
                 }
             };
             let out: MergeOutcome = serde_json::from_value(doc["merge"].clone())?;
@@ -384,7 +396,7 @@ fn describe_merge(name: &str, out: &MergeOutcome) -> String {
 /// JSON (null when nothing happened) and a human sentence (empty, or starting with a newline).
 pub fn auto_merge(store: &Store, o: &StoreOpts, name: &str) -> Result<(serde_json::Value, String)> {
     let bar = o.bar(&format!("merging {name} (over --max-versions)"));
-    let doc = documents::auto_merge(store, name, &mut |d, t| bar.update(d, t));
+    let doc = json!(documents::auto_merge(store, name, &mut |d, t| bar.update(d, t)));
     drop(bar);
     let said = describe_auto_merge(name, &doc);
     Ok((doc, said))

@@ -17,8 +17,10 @@
 //!   [`cache`] type names and the RFC 3339 [`time`]s they hold.
 //! - [`refusal`]: the server's refusals a client acts on ([`refusal::AttachGone`]).
 //! - [`size`]: byte counts as the commands print them (`1 GiB`).
+//! - [`schema`]: the JSON schemas of the rule-checked values the documents hold, for the
+//!   server's OpenAPI document.
 //!
-//! Invariant: this crate depends on serde, serde_json, thiserror, jiff and strsim only, so every other
+//! Invariant: this crate depends on serde, serde_json, thiserror, jiff, strsim and utoipa only, so every other
 //! crate of the workspace may use it.
 
 pub mod cache;
@@ -26,6 +28,7 @@ pub mod description;
 pub mod identity;
 pub mod name;
 pub mod refusal;
+pub mod schema;
 pub mod server;
 pub mod size;
 pub mod status;

@@ -166,7 +166,7 @@ impl FromStr for Selector {
             "maintenance" => Selector::Maintenance,
             "latest" => Selector::Latest,
             // Digits only, no leading zero (u32's parser would take "+7" and "007"): one
-            // spelling per version, as docs/openapi.yaml's TargetVersion pattern says.
+            // spelling per version, as the TargetVersion schema's pattern says (schema.rs).
             n => match n
                 .bytes()
                 .all(|b| b.is_ascii_digit())

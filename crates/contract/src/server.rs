@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `GET /api/v1/server`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ServerDoc {
     /// `--name`, how logs and the API call this server.
     #[serde(default)]
@@ -35,7 +35,7 @@ pub struct ServerDoc {
 }
 
 /// Where the server takes NBD connections (`null` or absent: not there).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct NbdAddresses {
     /// `HOST:PORT` of the TCP listener.
@@ -45,7 +45,7 @@ pub struct NbdAddresses {
 }
 
 /// The shared read cache: what it holds, and how often it spared the store a read.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct ReadCacheDoc {
     pub capacity_bytes: u64,
@@ -58,14 +58,14 @@ pub struct ReadCacheDoc {
     pub hit_ratio: Option<f64>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct IoDoc {
     pub guest: IoTotals,
     pub store: IoTotals,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct IoTotals {
     pub read_ops: u64,

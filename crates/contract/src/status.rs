@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 /// One agent, as `vdstream target status` and the API show it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct Status {
     pub target: String,
@@ -38,7 +38,7 @@ pub struct Status {
 }
 
 /// The vhost-user-blk backend of an agent: its socket and what its frontends asked.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct VhostUserStatus {
     pub socket: String,
@@ -56,7 +56,7 @@ pub struct VhostUserStatus {
     pub malformed: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct VdiskStatus {
     /// The export read (with the store server: `vdisk/NAME@V`, V fixed at attach).
@@ -65,7 +65,7 @@ pub struct VdiskStatus {
     pub size: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct ServerStatus {
     /// The server in use (or last used).
@@ -93,7 +93,7 @@ pub struct ServerStatus {
 }
 
 /// The agent's journal of answered writes not yet covered by a flush.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct JournalStatus {
     /// Writes, trims and zeroes kept now, and the bytes they take.
@@ -105,7 +105,7 @@ pub struct JournalStatus {
     pub replay_errors: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct CacheStatus {
     /// The cache type's name.
@@ -132,7 +132,7 @@ pub struct CacheStatus {
     pub dir: String,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct IoStatus {
     pub read_ops: u64,

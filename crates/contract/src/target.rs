@@ -15,7 +15,7 @@ use crate::name::Selector;
 use crate::time::Timestamp;
 
 /// One target, as `STORE/targets/ID.json` holds it and the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TargetRecord {
     pub format: String,
     pub format_version: u32,
@@ -35,6 +35,7 @@ pub struct TargetRecord {
     /// MAC addresses of its network cards, normalised ([`normalize_mac`]), sorted; each
     /// unique across the store's records. Absent in older records: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<crate::schema::Mac>)]
     pub macs: Vec<String>,
     /// Host name a network-booted target takes (`vdstream.hostname=`); absent: its id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -53,55 +54,84 @@ pub struct TargetRecord {
 
 /// `target add`: a new record. In JSON (the API's POST), `cache` is a cache type's name
 /// and `version` a selector's text or number.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(
+    description = "Rules across fields (422 when broken): `ram` only with device-ram (not 0) and ram-overflow; `overflow_max` not with device-ram; the vDisk must exist (422) and the id be new (409); a MAC another record has is refused, naming it (409)."
+)]
 pub struct NewTarget {
+    #[schema(value_type = crate::schema::Name)]
     pub id: String,
+    #[schema(value_type = crate::schema::Name)]
     pub vdisk: String,
+    #[schema(value_type = crate::CacheType)]
     pub cache: String,
     #[serde(default)]
+    #[schema(value_type = Option<Selector>)]
     pub version: Option<Selector>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::schema::Ram>)]
     pub ram: Option<u64>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::schema::Cap>)]
     pub overflow_max: Option<u64>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::schema::Description>)]
     pub description: Option<String>,
     /// MAC addresses (any of the forms [`normalize_mac`] takes).
     #[serde(default)]
+    #[schema(value_type = Vec<crate::schema::Mac>)]
     pub macs: Vec<String>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::schema::Hostname>)]
     pub hostname: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::schema::OverflowDevice>)]
     pub overflow_device: Option<String>,
 }
 
 /// `target set`: what to change; an absent field stays. For `ram`, `overflow_max` and
 /// `description`, `Some(None)` (JSON `null`) clears the value.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(
+    min_properties = 1,
+    description = "Absent fields stay; `null` clears `ram`, `overflow_max`, `description`, `hostname` or `overflow_device`. The rules of NewTarget hold for the record after the change (422 otherwise)."
+)]
 pub struct TargetChange {
     #[serde(default)]
+    #[schema(value_type = Option<crate::schema::Name>, nullable = false)]
     pub vdisk: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<crate::CacheType>, nullable = false)]
     pub cache: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<Selector>, nullable = false)]
     pub version: Option<Selector>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<crate::schema::Ram>)]
     pub ram: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<crate::schema::Cap>)]
     pub overflow_max: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<crate::schema::Description>)]
     pub description: Option<Option<String>>,
-    /// MACs to add to the record (`--mac`); in JSON, absent or at least one.
+    /// MACs to add to the record (`--mac`); in JSON, absent or at least one (409 when
+    /// another record has one, naming it).
     #[serde(default, deserialize_with = "non_empty")]
+    #[schema(value_type = Vec<crate::schema::Mac>, min_items = 1)]
     pub add_macs: Vec<String>,
-    /// MACs to take off the record (`--remove-mac`); in JSON, absent or at least one.
+    /// MACs to take off the record (`--remove-mac`); in JSON, absent or at least one (409
+    /// when the record has not one of them).
     #[serde(default, deserialize_with = "non_empty")]
+    #[schema(value_type = Vec<crate::schema::Mac>, min_items = 1)]
     pub remove_macs: Vec<String>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<crate::schema::Hostname>)]
     pub hostname: Option<Option<String>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<crate::schema::OverflowDevice>)]
     pub overflow_device: Option<Option<String>>,
 }
 

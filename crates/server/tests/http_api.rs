@@ -1,8 +1,9 @@
 //! The HTTP API against a real store in a temporary folder and a real registry of
 //! sessions: every route, the answers being the CLI's JSON documents, the error statuses,
 //! agent reports merged into sessions and targets, metrics, and malformed requests (each
-//! answered 400-class, none crashing or stalling the server). Also: docs/openapi.yaml
-//! lists exactly the routes the router knows.
+//! answered 400-class, none crashing or stalling the server). Also: the OpenAPI document
+//! lists exactly the routes the router knows, with every status each can answer; the
+//! server serves it, and docs/openapi.json is it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -110,16 +111,16 @@ fn vdisks_and_versions_answer_the_cli_documents() {
     let a = api();
     assert_eq!(
         a.client.get("/api/v1/vdisks").unwrap(),
-        documents::vdisk_list(&a.store).unwrap()
+        json!(documents::vdisk_list(&a.store).unwrap())
     );
     assert_eq!(
         a.client.get("/api/v1/vdisks/win").unwrap(),
-        documents::vdisk_show(&a.store, "win").unwrap()
+        json!(documents::vdisk_show(&a.store, "win").unwrap())
     );
     // A trailing slash is the same route; an empty name is refused by the store's rule.
     assert_eq!(
         a.client.get("/api/v1/vdisks/").unwrap(),
-        documents::vdisk_list(&a.store).unwrap()
+        json!(documents::vdisk_list(&a.store).unwrap())
     );
     let (status, error, _) = api_error(a.client.get("/api/v1/vdisks//versions"));
     assert!(
@@ -167,7 +168,10 @@ fn vdisks_and_versions_answer_the_cli_documents() {
         .unwrap();
     assert!(p["version"]["scheduled_at"].is_string(), "{p}");
     let list = a.client.get("/api/v1/vdisks/win/versions").unwrap();
-    assert_eq!(list, documents::version_list(&a.store, "win").unwrap());
+    assert_eq!(
+        list,
+        json!(documents::version_list(&a.store, "win").unwrap())
+    );
     assert_eq!(
         (list["production"].clone(), list["test"].clone()),
         (json!("base"), json!({"version": 1}))
@@ -241,7 +245,7 @@ fn targets_are_added_shown_patched_and_removed() {
             &json!({"id": "vm1", "vdisk": "win", "cache": "ram-overflow", "ram": 536870912}),
         )
         .unwrap();
-    assert_eq!(t, documents::target_show(&a.store, "vm1").unwrap());
+    assert_eq!(t, json!(documents::target_show(&a.store, "vm1").unwrap()));
     assert_eq!(a.client.get("/api/v1/targets/vm1").unwrap(), t);
     let p = a
         .client
@@ -265,7 +269,7 @@ fn targets_are_added_shown_patched_and_removed() {
     assert!(p.get("ram").is_none(), "{p}");
     assert_eq!(
         a.client.get("/api/v1/targets").unwrap(),
-        documents::target_list(&a.store).unwrap()
+        json!(documents::target_list(&a.store).unwrap())
     );
 
     assert_eq!(
@@ -284,6 +288,18 @@ fn targets_are_added_shown_patched_and_removed() {
         .0,
         422,
         "the body names a vDisk the store has not: 422, not 404 (the route is there)"
+    );
+    let (status, error, what) = api_error(a.client.post(
+        "/api/v1/targets",
+        &json!({"id": "vm2", "vdisk": "win", "cache": "server", "version": 21}),
+    ));
+    assert_eq!(
+        status, 422,
+        "the body names a version the vDisk has not: 422 ({error})"
+    );
+    assert!(
+        error.contains("21") && what.contains("production"),
+        "{error}: {what}"
     );
     assert_eq!(
         api_error(
@@ -852,47 +868,18 @@ fn stop_closes_every_connection_and_the_listener() {
     );
 }
 
-/// `paths:` of docs/openapi.yaml as (path, method, statuses) triples, read line by line: a
-/// path is a two-space-indented key starting with `/`, a method a four-space-indented HTTP
-/// verb, a status an eight-space-indented quoted number under the method's `responses:`.
-fn openapi_routes(path: &Path) -> Vec<(String, String, Vec<u16>)> {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut out: Vec<(String, String, Vec<u16>)> = Vec::new();
-    let mut current: Option<String> = None;
-    let mut in_paths = false;
-    for line in text.lines() {
-        if !line.starts_with(' ') && !line.is_empty() {
-            in_paths = line.trim_end() == "paths:";
-            current = None;
-            continue;
-        }
-        if !in_paths {
-            continue;
-        }
-        if let Some(p) = line.strip_prefix("  /") {
-            current = Some(format!(
-                "/{}",
-                p.trim_end()
-                    .trim_end_matches(':')
-                    .trim_matches('\'')
-                    .trim_matches('"')
-            ));
-        } else if let (Some(p), Some(m)) = (
-            &current,
-            line.strip_prefix("    ").filter(|m| !m.starts_with(' ')),
-        ) {
-            let m = m.trim_end().trim_end_matches(':');
-            if ["get", "put", "post", "delete", "patch", "head", "options"].contains(&m) {
-                out.push((p.clone(), m.to_uppercase(), Vec::new()));
-            }
-        } else if let Some(status) = line
-            .strip_prefix("        '")
-            .and_then(|l| l.get(..3))
-            .and_then(|c| c.parse().ok())
-        {
-            if let Some(op) = out.last_mut() {
-                op.2.push(status);
-            }
+/// The (path, method, statuses) of every operation of the generated document.
+fn openapi_routes(doc: &Value) -> Vec<(String, String, Vec<u16>)> {
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let statuses = op["responses"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.parse().unwrap())
+                .collect();
+            out.push((path.clone(), method.to_uppercase(), statuses));
         }
     }
     out.sort();
@@ -925,7 +912,7 @@ fn error_statuses(path: &str, method: &str) -> Vec<u16> {
 
 #[test]
 fn openapi_lists_exactly_the_routes_of_the_router_and_every_error_they_answer() {
-    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.yaml");
+    let doc: Value = serde_json::from_str(http::openapi_text()).unwrap();
     let ops = openapi_routes(&doc);
     let documented: Vec<(String, String)> =
         ops.iter().map(|(p, m, _)| (p.clone(), m.clone())).collect();
@@ -938,19 +925,75 @@ fn openapi_lists_exactly_the_routes_of_the_router_and_every_error_they_answer() 
     let extra: Vec<_> = documented.iter().filter(|r| !known.contains(r)).collect();
     assert!(
         missing.is_empty() && extra.is_empty(),
-        "docs/openapi.yaml lacks {missing:?} and lists routes the router does not know: {extra:?}"
+        "the OpenAPI document lacks {missing:?} and lists routes the router does not know: {extra:?}"
     );
     for (path, method, statuses) in &ops {
         let lacking: Vec<u16> = error_statuses(path, method)
             .into_iter()
             .filter(|s| !statuses.contains(s))
             .collect();
-        assert!(lacking.is_empty(), "docs/openapi.yaml: {method} {path} does not describe the answers {lacking:?} the server can give");
+        assert!(lacking.is_empty(), "the OpenAPI document: {method} {path} does not describe the answers {lacking:?} the server can give");
         assert!(
             statuses.iter().any(|s| (200..300).contains(s)),
             "{method} {path}: no success answer"
         );
     }
+}
+
+/// JSON Schema counts `3.0` as an integer, so the server does too: a whole number written
+/// as a float reads as that integer; a fraction is still refused.
+#[test]
+fn a_whole_number_written_as_a_float_is_an_integer() {
+    let a = api();
+    let (status, error, _) = api_error(
+        a.client
+            .post("/api/v1/vdisks/win/revert", &json!({"version": 7.0})),
+    );
+    assert_eq!(status, 404, "{error}");
+    assert!(error.contains('7'), "{error}");
+    let (status, error, _) = api_error(
+        a.client
+            .post("/api/v1/vdisks/win/revert", &json!({"version": 7.5})),
+    );
+    assert_eq!(status, 400, "{error}");
+    assert!(error.contains("7.5") && error.contains("line 1"), "{error}");
+    // An agent's report too.
+    a.client
+        .post(
+            "/api/v1/targets",
+            &json!({"id": "vm1", "vdisk": "win", "cache": "server", "ram": null}),
+        )
+        .unwrap();
+    a.client
+        .put(
+            "/api/v1/targets/vm1/agent",
+            &json!({"pid": 155.0, "state": "running"}),
+        )
+        .unwrap();
+    let t = a.client.get("/api/v1/targets/vm1").unwrap();
+    assert_eq!(t["agent"]["pid"], 155, "{t}");
+}
+
+#[test]
+fn the_server_serves_its_openapi_document_and_docs_holds_the_same() {
+    let a = api();
+    let served = a.client.get("/api/v1/openapi.json").unwrap();
+    let generated: Value = serde_json::from_str(http::openapi_text()).unwrap();
+    assert_eq!(served, generated);
+    assert!(
+        served["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        served["openapi"]
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json");
+    if std::env::var_os("VDSTREAM_WRITE_OPENAPI").is_some() {
+        std::fs::write(&path, http::openapi_text()).unwrap();
+    }
+    let kept = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        kept == http::openapi_text(),
+        "docs/openapi.json is not the document the server generates: write it again with `VDSTREAM_WRITE_OPENAPI=1 cargo test -p vdstream-server --test http_api the_server_serves_its_openapi` and commit it"
+    );
 }
 
 #[test]
@@ -1262,7 +1305,10 @@ fn merge_and_audit_answer_the_cli_documents() {
     );
 
     let all = a.client.get("/api/v1/audit").unwrap();
-    assert_eq!(all, documents::audit(&a.store, None, Some(100)).unwrap());
+    assert_eq!(
+        all,
+        json!(documents::audit(&a.store, None, Some(100)).unwrap())
+    );
     let actions: Vec<&str> = all
         .as_array()
         .unwrap()
@@ -1356,7 +1402,7 @@ fn another_site_cannot_make_a_browser_change_the_farm() {
     let a = api();
     let host = format!("Host: {}\r\n", a.addr);
     let versions = || {
-        documents::version_list(&a.store, "win").unwrap()["versions"]
+        json!(documents::version_list(&a.store, "win").unwrap())["versions"]
             .as_array()
             .unwrap()
             .len()

@@ -86,8 +86,8 @@ impl Api {
     /// The stage of version 1 of `win`, and the target ids: what a refused call must not change.
     fn state(&self) -> (Value, Value) {
         (
-            documents::version_list(&self.store, "win").unwrap()["versions"].clone(),
-            documents::target_list(&self.store).unwrap(),
+            json!(documents::version_list(&self.store, "win").unwrap())["versions"].clone(),
+            json!(documents::target_list(&self.store).unwrap()),
         )
     }
 
@@ -170,7 +170,7 @@ fn the_api_on_loopback_is_open_until_a_token_is_made_then_every_call_needs_one()
         .post(PROMOTE, &json!({"to": "test"}))
         .unwrap();
     assert_eq!(
-        documents::version_list(&a.store, "win").unwrap()["test"],
+        json!(documents::version_list(&a.store, "win").unwrap())["test"],
         json!({"version": 1})
     );
 }
@@ -262,7 +262,7 @@ fn each_role_may_do_its_part_and_is_refused_the_rest_with_the_role_it_needs() {
         )
         .unwrap();
     assert_eq!(
-        documents::version_list(&a.store, "win").unwrap()["test"],
+        json!(documents::version_list(&a.store, "win").unwrap())["test"],
         json!({"version": 1})
     );
 }

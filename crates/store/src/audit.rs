@@ -19,7 +19,7 @@ use crate::fsutil::Actor;
 use crate::time::Timestamp;
 
 /// One line of `audit.log`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditEntry {
     pub time: Timestamp,
     pub user: String,

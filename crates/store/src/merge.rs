@@ -64,7 +64,7 @@ pub enum MergeStep {
 }
 
 /// An override the merge moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OverrideMove {
     pub from: u32,
     /// `None`: cleared, because the pinned version became the base.
@@ -72,7 +72,7 @@ pub struct OverrideMove {
 }
 
 /// What a merge did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MergeOutcome {
     pub kind: MergeKind,
     pub automatic: bool,

@@ -32,7 +32,7 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const DEFAULT_MAX_VERSIONS: u32 = 5;
 
 /// How targets use a vDisk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DiskAccess {
     /// Shared and read-only; every target writes to its own write cache.
@@ -42,7 +42,9 @@ pub enum DiskAccess {
 }
 
 /// Who may see a version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Access {
     /// Writable by one maintenance target; seen by nobody else.
@@ -64,7 +66,7 @@ impl Access {
 }
 
 /// The on-disk format of a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LayerFormat {
     Raw,
@@ -85,14 +87,14 @@ impl LayerFormat {
 }
 
 /// Who did something, and when.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Stamp {
     pub time: Timestamp,
     pub by: String,
 }
 
 /// The bottom layer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Base {
     pub file: String,
     pub format: LayerFormat,
@@ -101,7 +103,7 @@ pub struct Base {
 }
 
 /// One version: a qcow2 file over the layer below it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Version {
     pub number: u32,
     pub file: String,
@@ -122,7 +124,7 @@ pub struct Version {
 }
 
 /// `vdisks/NAME/vdisk.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct VdiskMeta {
     pub format: String,
     pub format_version: u32,
@@ -151,7 +153,7 @@ pub struct VdiskMeta {
 }
 
 /// Which merge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum MergeKind {
     /// The versions up to production's into one new version over the same base.
@@ -162,7 +164,7 @@ pub enum MergeKind {
 
 /// A merge whose new layer is named before anything points at it, so that a crash between
 /// the commit steps can be finished or undone by the next command (merge.rs, `recover`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PendingMerge {
     pub kind: MergeKind,
     pub automatic: bool,

@@ -76,7 +76,7 @@ pub fn check_max_versions(n: u32) -> Result<()> {
 }
 
 /// Per-layer facts for `vdisk info`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LayerInfo {
     pub layer: Layer,
     pub file: String,
@@ -91,7 +91,7 @@ pub struct LayerInfo {
 }
 
 /// `vdisk info`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct VdiskInfo {
     pub meta: VdiskMeta,
     pub production: Layer,

@@ -23,7 +23,9 @@ use crate::store::Store;
 use crate::time::Timestamp;
 
 /// What `version revert` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Reverted {
     /// Back to this access.

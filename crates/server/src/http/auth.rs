@@ -406,7 +406,7 @@ mod tests {
     #[test]
     fn every_route_needs_a_role_and_writes_need_more_than_reads() {
         for (path, method) in super::super::routes() {
-            let need = need_of(&method, Some(path));
+            let need = need_of(&method, Some(&path));
             match method.as_str() {
                 "GET" => assert_eq!(need, Role::ReadOnly, "{path}"),
                 _ if path.starts_with("/api/v1/targets") => {

@@ -55,7 +55,7 @@ impl ApiError {
             408 => Self::new(s, "the request body did not arrive in time", format!("send the whole request within {} seconds", REQUEST_DEADLINE.as_secs())),
             413 => Self::new(s, format!("the request body is over the limit of this route ({MAX_BODY} bytes, {MAX_AGENT_REPORT} for an agent report)"), "send a smaller body"),
             503 => Self::new(s, format!("the request took longer than {} seconds", HANDLER_TIMEOUT.as_secs()), "see the server's log; the store may be stuck or very busy"),
-            _ => Self::new(s, format!("HTTP status {status}"), "see docs/openapi.yaml for the requests of each route"),
+            _ => Self::new(s, format!("HTTP status {status}"), "see docs/openapi.json for the requests of each route"),
         }
     }
 }
@@ -163,7 +163,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
             .strip_prefix('"')
             .and_then(|t| t.strip_suffix('"'))
             .unwrap_or(text);
-        // Digits only (u64's parser would take a sign too): what docs/openapi.yaml allows.
+        // Digits only (u64's parser would take a sign too): what docs/openapi.json allows.
         let digits =
             !inner.is_empty() && inner.len() <= 19 && inner.bytes().all(|b| b.is_ascii_digit());
         match inner.parse::<u64>() {
@@ -189,7 +189,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for QueryAr
             Ok(axum::extract::Query(t)) => Ok(QueryArgs(t)),
             Err(e) => Err(ApiError::bad_request(
                 format!("the query is not valid: {}", e.body_text()),
-                "see docs/openapi.yaml for the parameters of this route",
+                "see docs/openapi.json for the parameters of this route",
             )),
         }
     }
@@ -236,12 +236,48 @@ impl<T: DeserializeOwned, S: Send + Sync, const EMPTY_OK: bool> FromRequest<S>
                 ))
             }
         };
-        serde_json::from_str(text).map(JsonBody).map_err(|e| {
-            ApiError::bad_request(
-                format!("the request body is not what this route takes: {e}"),
-                "see docs/openapi.yaml for the fields of this request",
-            )
-        })
+        serde_json::from_str(text)
+            .or_else(|e| {
+                // JSON Schema's integers are numbers by value (`3.0` is one): read the body
+                // again with each whole number written as a float turned into an integer,
+                // and keep the first error (it has the position) if that fails too.
+                let mut v: serde_json::Value = serde_json::from_str(text).map_err(|_| e)?;
+                whole_numbers_as_integers(&mut v);
+                serde_json::from_value(v).map_err(|_| {
+                    serde_json::from_str::<T>(text)
+                        .err()
+                        .expect("the same text fails the same way")
+                })
+            })
+            .map(JsonBody)
+            .map_err(|e| {
+                ApiError::bad_request(
+                    format!("the request body is not what this route takes: {e}"),
+                    "see docs/openapi.json for the fields of this request",
+                )
+            })
+    }
+}
+
+/// Turns each float of `v` that is a whole number within `i64` or `u64` (`3.0`, `-2.0`) into
+/// that integer, as JSON Schema counts it.
+pub(crate) fn whole_numbers_as_integers(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            if f.fract() == 0.0 {
+                // 2^63 and 2^64 are exact as f64: the ranges below are whole and exact.
+                if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                    *v = Value::from(f as u64);
+                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                    *v = Value::from(f as i64);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(whole_numbers_as_integers),
+        Value::Object(o) => o.values_mut().for_each(whole_numbers_as_integers),
+        _ => {}
     }
 }
 
@@ -291,5 +327,16 @@ mod tests {
             .into();
         assert_eq!(e.status, 400);
         assert!(e.what_to_do.starts_with("a name is"), "{}", e.what_to_do);
+    }
+
+    #[test]
+    fn whole_floats_read_as_integers_and_no_other_number_changes() {
+        let mut v = json!({"a": 3.0, "b": [-2.0, 1.5, {"c": 0.0}], "d": 1e20, "e": 7, "f": -1e19});
+        whole_numbers_as_integers(&mut v);
+        assert_eq!(
+            v,
+            json!({"a": 3, "b": [-2, 1.5, {"c": 0}], "d": 1e20, "e": 7, "f": -1e19})
+        );
+        assert!(v["a"].is_u64() && v["b"][0].is_i64() && v["d"].is_f64());
     }
 }

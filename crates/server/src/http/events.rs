@@ -27,11 +27,11 @@ use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Extension;
 use futures_lite::Stream;
-use serde_json::{json, Value};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use vdstream_store::Store;
 
 use super::auth::Caller;
+use super::documents::{AgentReport, FarmEvent, FarmTarget};
 use super::error::ApiError;
 use super::limits::{MAX_EVENT_STREAMS, MAX_EVENT_STREAMS_PER_CALLER};
 use super::live::Share;
@@ -39,42 +39,38 @@ use super::shared::{blocking, Shared};
 use crate::state::unix_ms;
 
 /// Builds the farm document (blocks: reads the store).
-fn farm(s: &Shared) -> Result<Value, ApiError> {
+fn farm(s: &Shared) -> Result<FarmEvent, ApiError> {
     let store = Store::open(&s.state.store)?;
-    let reports: std::collections::HashMap<String, Value> =
+    let mut reports: std::collections::HashMap<String, AgentReport> =
         s.live.agent_reports().into_iter().collect();
-    let mut targets = Vec::new();
-    // A store whose records cannot be read still streams everything else, and says why.
     let (records, targets_error) = match store.targets() {
         Ok(r) => (r, None),
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
-    for t in records {
-        let mut doc = json!(t);
-        if let Some(r) = reports.get(&t.id) {
-            doc["agent"] = r.clone();
-        }
-        if let Some(b) = s.live.last_boot(&t.id) {
-            doc["boot"] = b;
-        }
-        targets.push(doc);
-    }
+    let targets = records
+        .into_iter()
+        .map(|record| FarmTarget {
+            agent: reports.remove(&record.id),
+            boot: s.live.last_boot(&record.id),
+            record,
+        })
+        .collect();
     let store_changes = std::fs::metadata(store.audit_path()).map_or(0, |m| m.len());
-    Ok(json!({
-        "at_unix_ms": unix_ms(),
-        "server": super::live::server_doc(&s.state),
-        "sessions": s.live.sessions_doc(&s.state),
-        "targets": targets,
-        "store_changes": store_changes,
-        "targets_error": targets_error,
-    }))
+    Ok(FarmEvent {
+        at_unix_ms: unix_ms(),
+        server: super::live::server_doc(&s.state),
+        sessions: s.live.sessions_doc(&s.state),
+        targets,
+        store_changes,
+        targets_error,
+    })
 }
 
 async fn farm_text(s: &Arc<Shared>) -> Result<Arc<str>, ApiError> {
     let s = s.clone();
     blocking(move || farm(&s))
         .await
-        .map(|doc| Arc::from(doc.to_string()))
+        .map(|doc| Arc::from(serde_json::to_string(&doc).expect("a farm event serializes")))
 }
 
 /// One sampler tick: a new document for the open streams, if there are any.
@@ -101,6 +97,28 @@ type StreamState = (
     (OwnedSemaphorePermit, Share),
 );
 
+/// One event of the stream, as schemathesis and OpenAPI 3.2's `itemSchema` read it: its
+/// name and its data, one [`FarmEvent`] as JSON text.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct FarmEventMessage {
+    #[schema(pattern = "^farm$")]
+    event: String,
+    /// A FarmEvent (components/schemas/FarmEvent) as JSON.
+    #[schema(content_media_type = "application/json")]
+    data: String,
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/events",
+    summary = "The farm, live (server-sent events)",
+    description = "A `text/event-stream` that sends, at once and then every second, an event `farm` whose data is one JSON document (FarmEvent): the server document, the sessions, every target record with its agent's fresh report and its last boot script, and `store_changes`, which grows whenever the store changes (re-read vDisks then). A comment line keeps an idle connection open. The console (`/console`) follows it. At most 64 streams are open at a time (503 past it), and at most 8 for one caller (one token, one client certificate, the local users of an open API): 429 past it, naming the caller, so that one credential cannot take every stream.",
+    responses(
+        (status = 200, description = "The stream; each event's data is a FarmEvent.", body = FarmEventMessage, content_type = "text/event-stream"),
+        (status = 500, response = super::documents::Error),
+    )
+)]
 pub(crate) async fn stream(
     State(s): State<Arc<Shared>>,
     caller: Option<Extension<Caller>>,

@@ -1,4 +1,4 @@
-//! The API's limits, in one place (docs/openapi.yaml and docs/SERVER.md state them too).
+//! The API's limits, in one place (docs/openapi.json and docs/SERVER.md state them too).
 
 use std::time::Duration;
 

@@ -7,8 +7,9 @@
 //!
 //! Agent reports: `PUT /api/v1/targets/{id}/agent` carries an agent's status document
 //! (`vdstream_contract::status::Status`, the JSON `vdstream target status --json` prints).
-//! A report that does not read as a `Status` is refused (400); `/metrics` reads it as one;
-//! the rest of the API passes it on as the agent wrote it (fields unknown here included).
+//! A report that does not read as a `Status` is refused (400); the server keeps the
+//! `Status` it read (fields this server does not know are left out) with the time it got
+//! it, and every view shows that ([`AgentReport`]).
 //!
 //! What a report may cost, bounded whoever sends it (an operator token or a target's own
 //! certificate; auth.rs checks who before this module sees a report):
@@ -26,15 +27,17 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{watch, Semaphore};
 use vdstream_contract::server::{IoDoc, IoTotals, NbdAddresses, ReadCacheDoc, ServerDoc};
 use vdstream_contract::status::Status;
 
+use super::documents::{AgentReport, LastBoot, ReportAccepted, SessionCache, SessionDoc};
 use super::error::ApiError;
 use super::limits::{MAX_EVENT_STREAMS, MAX_EVENT_STREAMS_PER_CALLER};
 use crate::state::{unix_ms, CountersSnapshot, ServerState, Session};
 use vdstream_blockdev::lock;
+use vdstream_contract::status::IoStatus;
 
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 pub const RATE_WINDOW: Duration = Duration::from_secs(5);
@@ -54,8 +57,8 @@ struct Report {
 }
 
 impl Report {
-    fn doc(&self) -> Value {
-        serde_json::from_str(&self.json).unwrap_or(Value::Null)
+    fn doc(&self) -> Option<AgentReport> {
+        serde_json::from_str(&self.json).ok()
     }
 }
 
@@ -198,18 +201,18 @@ impl Live {
     }
 
     /// The latest report of `target`, if it is fresh, with `received_unix_ms` added.
-    pub fn agent_report(&self, target: &str) -> Option<Value> {
+    pub fn agent_report(&self, target: &str) -> Option<AgentReport> {
         let reports = lock(&self.reports);
         let r = reports.get(target)?;
-        (r.at.elapsed() <= REPORT_TTL).then(|| r.doc())
+        (r.at.elapsed() <= REPORT_TTL).then(|| r.doc()).flatten()
     }
 
     /// Fresh reports, by target.
-    pub fn agent_reports(&self) -> Vec<(String, Value)> {
+    pub fn agent_reports(&self) -> Vec<(String, AgentReport)> {
         lock(&self.reports)
             .iter()
             .filter(|(_, r)| r.at.elapsed() <= REPORT_TTL)
-            .map(|(t, r)| (t.clone(), r.doc()))
+            .filter_map(|(t, r)| Some((t.clone(), r.doc()?)))
             .collect()
     }
 
@@ -227,12 +230,15 @@ impl Live {
         }
     }
 
-    fn put_report(&self, target: &str, mut doc: Value) {
-        doc["received_unix_ms"] = json!(unix_ms());
-        let json = serde_json::to_string(&doc)
-            .expect("JSON values serialize")
+    fn put_report(&self, target: &str, status: Status) {
+        let report = AgentReport {
+            status,
+            received_unix_ms: unix_ms(),
+        };
+        let json = serde_json::to_string(&report)
+            .expect("a report serializes")
             .into_boxed_str();
-        drop(doc);
+        drop(report);
         let mut reports = lock(&self.reports);
         reports.retain(|_, r| r.at.elapsed() <= REPORT_TTL);
         if reports.len() >= MAX_REPORTS && !reports.contains_key(target) {
@@ -269,71 +275,90 @@ impl Live {
         boots.insert(target.to_string(), (unix_ms(), what.to_string()));
     }
 
-    /// The last boot script served to `target`: `{"at_unix_ms", "what"}`.
-    pub fn last_boot(&self, target: &str) -> Option<Value> {
-        lock(&self.boots)
-            .get(target)
-            .map(|(at, what)| json!({"at_unix_ms": at, "what": what}))
+    /// The last boot script served to `target`.
+    pub fn last_boot(&self, target: &str) -> Option<LastBoot> {
+        lock(&self.boots).get(target).map(|(at, what)| LastBoot {
+            at_unix_ms: *at,
+            what: what.clone(),
+        })
     }
 
     /// `GET /api/v1/sessions`.
-    pub fn sessions_doc(&self, state: &ServerState) -> Value {
+    pub fn sessions_doc(&self, state: &ServerState) -> Vec<SessionDoc> {
         let now = Instant::now();
-        let docs: Vec<Value> = state.registry.sessions().iter().map(|s| {
-            let c = s.counters.snapshot();
-            let r = self.rates(s, now);
-            let i = &s.info;
-            let cache = s.cache_figures();
-            json!({
-                "id": s.id,
-                "server": state.name,
-                "export": i.export,
-                "kind": i.kind,
-                "target": i.target,
-                "peer": i.peer,
-                "vdisk": i.vdisk,
-                "version": i.version,
-                "cache": match cache {
+        state
+            .registry
+            .sessions()
+            .iter()
+            .map(|s| {
+                let c = s.counters.snapshot();
+                let r = self.rates(s, now);
+                let i = &s.info;
+                let cache = match s.cache_figures() {
                     // The same figures as an agent's status (`vdstream target status`).
-                    Some((cap, st)) => json!({
-                        "type": i.cache_type,
-                        "used_bytes": cap.used,
-                        "limit_bytes": cap.limit,
-                        "fs_free_bytes": cap.fs_free,
-                        "capacity_bytes": cap.capacity,
-                        "used_percent": cap.used_percent(),
-                        "nospace_errors": st.nospace_errors,
-                    }),
-                    None => json!({
-                        "type": i.cache_type, "used_bytes": c.cache_used, "limit_bytes": null,
-                        "fs_free_bytes": null, "capacity_bytes": null, "used_percent": null, "nospace_errors": null,
-                    }),
-                },
-                "reconnects": i.target.as_deref().map_or(0, |t| state.registry.reconnects(t)),
-                "guest": {
-                    "read_ops": c.guest_read_ops, "read_bytes": c.guest_read_bytes,
-                    "write_ops": c.guest_write_ops, "write_bytes": c.guest_write_bytes,
-                    "iops": r.guest_iops, "bytes_per_sec": r.guest_bytes_per_sec,
-                },
-                "store": {
-                    "read_ops": c.store_read_ops, "read_bytes": c.store_read_bytes,
-                    "write_ops": c.store_write_ops, "write_bytes": c.store_write_bytes,
-                    "iops": r.store_iops, "bytes_per_sec": r.store_bytes_per_sec,
-                },
-                "connected_unix_ms": s.connected_unix_ms,
-                "agent": i.target.as_deref().and_then(|t| self.agent_report(t)),
+                    Some((cap, st)) => SessionCache {
+                        kind: i.cache_type.clone(),
+                        used_bytes: cap.used,
+                        limit_bytes: Some(cap.limit),
+                        fs_free_bytes: cap.fs_free,
+                        capacity_bytes: Some(cap.capacity),
+                        used_percent: Some(cap.used_percent()),
+                        nospace_errors: Some(st.nospace_errors),
+                    },
+                    None => SessionCache {
+                        kind: i.cache_type.clone(),
+                        used_bytes: c.cache_used,
+                        limit_bytes: None,
+                        fs_free_bytes: None,
+                        capacity_bytes: None,
+                        used_percent: None,
+                        nospace_errors: None,
+                    },
+                };
+                SessionDoc {
+                    id: s.id,
+                    server: state.name.clone(),
+                    export: i.export.clone(),
+                    kind: i.kind,
+                    target: i.target.clone(),
+                    peer: i.peer.clone(),
+                    vdisk: i.vdisk.clone(),
+                    version: i.version,
+                    cache,
+                    reconnects: i
+                        .target
+                        .as_deref()
+                        .map_or(0, |t| state.registry.reconnects(t)),
+                    guest: IoStatus {
+                        read_ops: c.guest_read_ops,
+                        read_bytes: c.guest_read_bytes,
+                        write_ops: c.guest_write_ops,
+                        write_bytes: c.guest_write_bytes,
+                        iops: r.guest_iops,
+                        bytes_per_sec: r.guest_bytes_per_sec,
+                    },
+                    store: IoStatus {
+                        read_ops: c.store_read_ops,
+                        read_bytes: c.store_read_bytes,
+                        write_ops: c.store_write_ops,
+                        write_bytes: c.store_write_bytes,
+                        iops: r.store_iops,
+                        bytes_per_sec: r.store_bytes_per_sec,
+                    },
+                    connected_unix_ms: s.connected_unix_ms,
+                    agent: i.target.as_deref().and_then(|t| self.agent_report(t)),
+                }
             })
-        }).collect();
-        json!(docs)
+            .collect()
     }
 }
 
 /// `GET /api/v1/server`: the typed document agents read (`vdstream_contract::server`).
-pub(crate) fn server_doc(state: &ServerState) -> Value {
+pub(crate) fn server_doc(state: &ServerState) -> ServerDoc {
     let c = state.read_cache.snapshot();
     let looked = c.hits + c.misses;
     let t = state.totals.snapshot();
-    let doc = ServerDoc {
+    ServerDoc {
         name: state.name.clone(),
         store: state.store.display().to_string(),
         nbd: NbdAddresses {
@@ -368,8 +393,7 @@ pub(crate) fn server_doc(state: &ServerState) -> Value {
                 write_bytes: t.store_write_bytes,
             },
         },
-    };
-    serde_json::to_value(doc).expect("a server document serializes")
+    }
 }
 
 /// Returns freed heap memory to the system (glibc keeps it otherwise, and the RSS stays up).
@@ -406,7 +430,7 @@ impl Live {
         id: &str,
         client: SocketAddr,
         doc: Value,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<ReportAccepted, ApiError> {
         vdstream_store::names::validate_target_id(id)?;
         match vdstream_store::Store::open(&state.store).and_then(|s| s.target(id)) {
             Ok(_) => {}
@@ -450,14 +474,24 @@ impl Live {
                 ))
             }
         }
-        if let Err(e) = <Status as serde::Deserialize>::deserialize(&doc) {
-            return Err(ApiError::bad_request(
-                format!("the report is not an agent status: {e}"),
-                "send the document `vdstream target status ID --json` prints",
-            ));
-        }
-        self.put_report(id, doc);
-        Ok(json!({"target": id, "accepted": true, "keep_for_secs": REPORT_TTL.as_secs()}))
+        let mut doc = doc;
+        super::error::whole_numbers_as_integers(&mut doc);
+        let status = match <Status as serde::Deserialize>::deserialize(&doc) {
+            Ok(s) => s,
+            Err(e) => {
+                return Err(ApiError::bad_request(
+                    format!("the report is not an agent status: {e}"),
+                    "send the document `vdstream target status ID --json` prints",
+                ))
+            }
+        };
+        drop(doc);
+        self.put_report(id, status);
+        Ok(ReportAccepted {
+            target: id.to_string(),
+            accepted: true,
+            keep_for_secs: REPORT_TTL.as_secs(),
+        })
     }
 }
 

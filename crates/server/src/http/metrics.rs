@@ -343,12 +343,11 @@ pub(crate) fn render(shared: &Shared) -> String {
             .inc_by(state.registry.reconnects(t));
     }
 
-    // A report that is not an agent's Status (the API refuses those) has no series.
     let reports: Vec<(Labels, Status)> = shared
         .live
         .agent_reports()
         .into_iter()
-        .filter_map(|(t, doc)| Some((vec![("target", t)], serde_json::from_value(doc).ok()?)))
+        .map(|(t, r)| (vec![("target", t)], r.status))
         .collect();
     for (name, help, get) in AGENT_COUNTERS {
         let f = m.add(name, help, Counters::default());

@@ -43,6 +43,7 @@
 mod auth;
 mod boot;
 mod console;
+pub mod documents;
 mod error;
 mod events;
 mod failures;
@@ -50,6 +51,7 @@ pub mod forward;
 mod limits;
 mod live;
 mod metrics;
+mod openapi;
 mod router;
 mod shared;
 mod store;
@@ -75,7 +77,7 @@ use vdstream_tls::files::ServerTls;
 
 pub use error::ApiError;
 pub use limits::*;
-pub use router::routes;
+pub use router::{openapi, openapi_text, routes};
 
 /// The running API; [`HttpHandle::stop`] stops it (dropping it stops it too, without
 /// waiting).

@@ -1,6 +1,9 @@
-//! The API's routes and the tower layers around them. [`table`] is the one list: it
-//! builds the axum router and records each (path, method) it adds, which [`routes`]
-//! exports so that a test compares it with docs/openapi.yaml both ways.
+//! The API's routes and the tower layers around them. [`table`] is the one list: each
+//! route comes from its handler's `#[utoipa::path]` (utoipa-axum's `routes!`), which gives
+//! the router its method and path and the OpenAPI document ([`openapi`], openapi.rs) the
+//! operation, its parameters, body and answers, so the two cannot drift apart. The
+//! document is served at `/api/v1/openapi.json` and kept in docs/openapi.json, which a
+//! test compares with it.
 //!
 //! Layers, outermost first (each request): the error document for every bare answer of
 //! 400 and over (error.rs), the head checks, the caller and its role (auth.rs: 401/403
@@ -16,113 +19,103 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::handler::Handler;
 use axum::http::{header, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{on, MethodFilter};
 use axum::{Extension, Json, Router};
 use serde_json::Value;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use vdstream_contract::schema::Name;
+use vdstream_contract::server::ServerDoc;
+use vdstream_contract::status::Status;
 
+use super::documents::{Error, ReportAccepted, SessionDoc};
 use super::error::{check_head, json_errors, ApiError, JsonBody, Param};
 use super::limits::{HANDLER_TIMEOUT, MAX_AGENT_REPORT, MAX_BODY, MAX_IN_FLIGHT};
+use super::openapi as spec;
 use super::shared::{blocking, ClientAddr, Shared};
 use super::{auth, boot, console, events, forward, live, metrics, store};
 
-/// The router being built and the routes added so far.
-struct Table {
-    router: Router<Arc<Shared>>,
-    routes: Vec<(&'static str, Method)>,
+/// Every route of the API, each from its handler's `#[utoipa::path]`: the method, path and
+/// handler the router answers with are those the OpenAPI document describes.
+fn table() -> OpenApiRouter<Arc<Shared>> {
+    let (schemas, paths, report) = routes!(agent_report);
+    OpenApiRouter::with_openapi(spec::base())
+        .routes(routes!(server))
+        .routes(routes!(store::vdisk_list))
+        .routes(routes!(store::vdisk_show))
+        .routes(routes!(store::version_list, store::version_new))
+        .routes(routes!(store::version_promote))
+        .routes(routes!(store::version_revert))
+        .routes(routes!(store::version_merge))
+        .routes(routes!(store::audit_list))
+        .routes(routes!(store::target_list, store::target_add))
+        .routes(routes!(
+            store::target_show,
+            store::target_set,
+            store::target_remove
+        ))
+        // An agent report's own body limit, below MAX_BODY.
+        .routes((
+            schemas,
+            paths,
+            report.layer(RequestBodyLimitLayer::new(MAX_AGENT_REPORT)),
+        ))
+        .routes(routes!(sessions))
+        .routes(routes!(events::stream))
+        .routes(routes!(metrics_text))
+        .routes(routes!(openapi_json))
 }
 
-impl Table {
-    fn at<H: Handler<T, Arc<Shared>>, T: 'static>(
-        self,
-        method: Method,
-        path: &'static str,
-        h: H,
-    ) -> Self {
-        self.at_limited(method, path, h, MAX_BODY)
-    }
-
-    /// A route whose body limit is `limit` (below [`MAX_BODY`]).
-    fn at_limited<H: Handler<T, Arc<Shared>>, T: 'static>(
-        mut self,
-        method: Method,
-        path: &'static str,
-        h: H,
-        limit: usize,
-    ) -> Self {
-        let filter =
-            MethodFilter::try_from(method.clone()).expect("axum routes every standard method");
-        let mut route = on(filter, h);
-        if limit < MAX_BODY {
-            route = route.layer(RequestBodyLimitLayer::new(limit));
-        }
-        self.router = self.router.route(path, route);
-        self.routes.push((path, method));
-        self
-    }
+/// The API's OpenAPI document (`GET /api/v1/openapi.json`, docs/openapi.json).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    spec::finish(table().into_openapi())
 }
 
-/// Every route of the API.
-fn table() -> Table {
-    Table {
-        router: Router::new(),
-        routes: Vec::new(),
-    }
-    .at(Method::GET, "/api/v1/server", server)
-    .at(Method::GET, "/api/v1/vdisks", store::vdisk_list)
-    .at(Method::GET, "/api/v1/vdisks/{name}", store::vdisk_show)
-    .at(
-        Method::GET,
-        "/api/v1/vdisks/{name}/versions",
-        store::version_list,
-    )
-    .at(
-        Method::POST,
-        "/api/v1/vdisks/{name}/versions",
-        store::version_new,
-    )
-    .at(
-        Method::POST,
-        "/api/v1/vdisks/{name}/versions/{version}/promote",
-        store::version_promote,
-    )
-    .at(
-        Method::POST,
-        "/api/v1/vdisks/{name}/revert",
-        store::version_revert,
-    )
-    .at(
-        Method::POST,
-        "/api/v1/vdisks/{name}/merge",
-        store::version_merge,
-    )
-    .at(Method::GET, "/api/v1/audit", store::audit_list)
-    .at(Method::GET, "/api/v1/targets", store::target_list)
-    .at(Method::POST, "/api/v1/targets", store::target_add)
-    .at(Method::GET, "/api/v1/targets/{id}", store::target_show)
-    .at(Method::PUT, "/api/v1/targets/{id}", store::target_set)
-    .at(Method::DELETE, "/api/v1/targets/{id}", store::target_remove)
-    .at_limited(
-        Method::PUT,
-        "/api/v1/targets/{id}/agent",
-        agent_report,
-        MAX_AGENT_REPORT,
-    )
-    .at(Method::GET, "/api/v1/sessions", sessions)
-    .at(Method::GET, "/api/v1/events", events::stream)
-    .at(Method::GET, "/metrics", metrics_text)
+/// [`openapi`] as the JSON text docs/openapi.json holds, made once.
+pub fn openapi_text() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let mut t = openapi()
+            .to_pretty_json()
+            .expect("the OpenAPI document serializes");
+        t.push('\n');
+        t
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/openapi.json",
+    summary = "This API's OpenAPI document",
+    description = "Generated from the server's typed handlers and answers; docs/openapi.json is the same document.",
+    responses((status = 200, description = "The OpenAPI 3.1 document.", body = serde_json::Value))
+)]
+async fn openapi_json() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_text())
 }
 
 /// Every (path pattern, method) the router answers (besides HEAD for each GET).
-pub fn routes() -> Vec<(&'static str, Method)> {
-    table().routes
+pub fn routes() -> Vec<(String, Method)> {
+    let mut out = Vec::new();
+    for (path, item) in table().into_openapi().paths.paths {
+        for (method, op) in [
+            (Method::GET, &item.get),
+            (Method::PUT, &item.put),
+            (Method::POST, &item.post),
+            (Method::DELETE, &item.delete),
+        ] {
+            if op.is_some() {
+                out.push((path.clone(), method));
+            }
+        }
+    }
+    out
 }
 
 /// The API: the routes, the fallbacks and the layers, on `shared`; with a boot
@@ -152,8 +145,8 @@ fn api(shared: Arc<Shared>) -> Router {
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             HANDLER_TIMEOUT,
         ));
-    table()
-        .router
+    let (router, _) = table().split_for_parts();
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
         .layer(layers)
@@ -172,7 +165,7 @@ async fn not_found(uri: Uri) -> ApiError {
     ApiError::new(
         404,
         format!("no API route {}", uri.path()),
-        "the routes are listed in docs/openapi.yaml; they start with /api/v1/ (and /metrics)",
+        "the routes are listed in docs/openapi.json; they start with /api/v1/ (and /metrics)",
     )
 }
 
@@ -185,23 +178,42 @@ async fn not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/server",
+    summary = "This server",
+    responses((status = 200, description = "Who and where the server is.", body = ServerDoc))
+)]
 async fn server(
     State(s): State<Arc<Shared>>,
     caller: Option<Extension<auth::Caller>>,
-) -> Json<Value> {
+) -> Json<ServerDoc> {
     let mut doc = live::server_doc(&s.state);
     if caller.is_some_and(|Extension(c)| c == auth::Caller::Booting) {
         // A machine without credentials learns where to connect, not where the store is.
-        doc["store"] = Value::String(String::new());
-        doc["nbd"]["socket"] = Value::Null;
+        doc.store = String::new();
+        doc.nbd.socket = None;
     }
     Json(doc)
 }
 
-async fn sessions(State(s): State<Arc<Shared>>) -> Json<Value> {
+#[utoipa::path(
+    get,
+    path = "/api/v1/sessions",
+    summary = "Every live NBD session of this server",
+    responses((status = 200, description = "Sessions, oldest first.", body = Vec<SessionDoc>))
+)]
+async fn sessions(State(s): State<Arc<Shared>>) -> Json<Vec<SessionDoc>> {
     Json(s.live.sessions_doc(&s.state))
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    summary = "Prometheus metrics",
+    description = "Text format 0.0.4: `vdstream_sessions`, `vdstream_server_draining`, `vdstream_server_start_time_seconds`; every session since the start `vdstream_{guest,store}_{read,write}_{ops,bytes}_total`; the shared read cache `vdstream_read_cache_{hits,misses,shared_loads,evictions}_total`, `vdstream_read_cache_used_bytes`, `vdstream_read_cache_capacity_bytes`; per session (labels session, target, export, vdisk, version) `vdstream_session_{guest,store}_{read,write}_{ops,bytes}_total`, `vdstream_session_cache_used_bytes`, and of a server-side write cache `vdstream_session_cache_{limit,fs_free,capacity}_bytes`, `vdstream_session_cache_used_percent` (of the capacity), `vdstream_session_cache_nospace_errors_total`; per target `vdstream_target_reconnects_total`; from agent reports (label target) `vdstream_agent_retries_total`, `vdstream_agent_reconnects_total`, `vdstream_agent_failovers_total`, `vdstream_agent_gave_up_total`, `vdstream_agent_cache_used_percent`, `vdstream_agent_guest_iops`, `vdstream_agent_connected`.",
+    responses((status = 200, description = "The metrics.", body = String, content_type = "text/plain"))
+)]
 async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
@@ -209,12 +221,26 @@ async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     )
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/v1/targets/{id}/agent",
+    summary = "An agent reports its status",
+    description = "The body is the agent's status document (`vdstream target status ID --json`); its `target`, if present, must be ID (409 otherwise), a target with a record in the store (404 otherwise: `vdstream target add ID`). At most 64 KiB (413), 1,000 JSON values and 8 levels deep (400), and it must read as a Status (400). Only the latest report of a target is kept; a report older than 60 s is left out of every view and freed.",
+    params(("id" = Name, Path, description = "A target id (the rules of a vDisk name; 400 otherwise), percent-encoded.")),
+    request_body = Status,
+    responses(
+        (status = 200, description = "Accepted.", body = ReportAccepted),
+        (status = 404, response = Error),
+        (status = 409, response = Error),
+        (status = 500, response = Error),
+    )
+)]
 async fn agent_report(
     State(s): State<Arc<Shared>>,
     Extension(c): Extension<ClientAddr>,
     Param(id): Param<String>,
     JsonBody(doc): JsonBody<Value>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ReportAccepted>, ApiError> {
     blocking(move || s.live.accept_report(&s.state, &id, c.0, doc))
         .await
         .map(Json)

@@ -1,4 +1,4 @@
-// The vdstream console: reads the server's API (docs/openapi.yaml) with the operator's
+// The vdstream console: reads the server's API (docs/openapi.json) with the operator's
 // bearer token, follows GET /api/v1/events for live figures, and changes the farm only
 // through the API, each change after a confirmation that names it. Text from the API is
 // put in the page as text (textContent), never as markup.
