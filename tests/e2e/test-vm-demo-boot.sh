@@ -29,7 +29,7 @@ log "demo --quick --duration 1 --boot --boot-targets $N: $((SECONDS - start)) s"
 import json, sys
 j = json.load(open(sys.argv[1]))
 n = int(sys.argv[2])
-assert len(j["rows"]) == 6, [r["name"] for r in j["rows"]]  # the cache table ran first
+assert len(j["rows"]) == 7, [r["name"] for r in j["rows"]]  # the cache table ran first (7 rows: raw disk, 5 cache types, ram-overflow over vhost-user-blk)
 b = j["boot"]
 assert b["golden"].startswith(sys.argv[3] + "/vdstream/golden"), b["golden"]
 assert b["targets"] == n and len(b["guests"]) == n, (b["targets"], len(b["guests"]))
