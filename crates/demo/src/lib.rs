@@ -230,15 +230,20 @@ fn stop_last(scratch: &Shared) {
     }
 }
 
+/// What child `name` logged so far (empty when it logged nothing).
+fn child_log(scratch: &Shared, name: &str) -> String {
+    let dir = scratch
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .dir
+        .clone();
+    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+}
+
 /// Waits for `uri` to answer NBD; on failure, says what the child logged.
 fn ready(scratch: &Shared, name: &str, uri: &str) -> Result<()> {
     if let Err(e) = vdstream_bench::wait_ready(uri, Duration::from_secs(20)) {
-        let dir = scratch
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .dir
-            .clone();
-        let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        let log = child_log(scratch, name);
         bail!("{name} did not start serving {uri}: {e}\n{name}'s log:\n{log}");
     }
     Ok(())
@@ -254,12 +259,7 @@ fn wait_socket(scratch: &Shared, name: &str, path: &Path) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let dir = scratch
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .dir
-        .clone();
-    let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    let log = child_log(scratch, name);
     bail!(
         "{name} did not create its socket {} in 20 s\n{name}'s log:\n{log}",
         path.display()

@@ -30,7 +30,6 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use vdstream_contract::schema::Name;
 use vdstream_contract::server::ServerDoc;
 use vdstream_contract::status::Status;
 
@@ -226,7 +225,7 @@ async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {
     path = "/api/v1/targets/{id}/agent",
     summary = "An agent reports its status",
     description = "The body is the agent's status document (`vdstream target status ID --json`); its `target`, if present, must be ID (409 otherwise), a target with a record in the store (404 otherwise: `vdstream target add ID`). At most 64 KiB (413), 1,000 JSON values and 8 levels deep (400), and it must read as a Status (400). Only the latest report of a target is kept; a report older than 60 s is left out of every view and freed.",
-    params(("id" = Name, Path, description = "A target id (the rules of a vDisk name; 400 otherwise), percent-encoded.")),
+    params(store::TargetPath),
     request_body = Status,
     responses(
         (status = 200, description = "Accepted.", body = ReportAccepted),

@@ -115,6 +115,26 @@ pub(crate) struct AuditQuery {
     limit: Option<usize>,
 }
 
+/// The `{name}` of a vDisk's routes.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub(crate) struct VdiskPath {
+    /// A vDisk name (1–64 of `A–Z a–z 0–9 . _ -`, not starting with `.` or `-`, no `..`; 400 otherwise), percent-encoded.
+    #[param(value_type = Name)]
+    name: String,
+}
+
+/// The `{id}` of a target's routes.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub(crate) struct TargetPath {
+    /// A target id (the rules of a vDisk name; 400 otherwise), percent-encoded.
+    #[param(value_type = Name)]
+    id: String,
+}
+
 /// `If-Match` on a change of a vDisk (error.rs, [`IfMatch`]).
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Header)]
@@ -226,7 +246,7 @@ pub(crate) async fn vdisk_list(State(s): S, Extension(c): Client) -> Answer<Vec<
     get,
     path = "/api/v1/vdisks/{name}",
     summary = "One vDisk (`vdstream vdisk show NAME --json`)",
-    params(("name" = Name, Path, description = "A vDisk name (1–64 of `A–Z a–z 0–9 . _ -`, not starting with `.` or `-`, no `..`; 400 otherwise), percent-encoded.")),
+    params(VdiskPath),
     responses(
         (status = 200, description = "Metadata, what production and test targets get, files and who holds them.", body = VdiskInfo,
             headers(("ETag" = String, description = "The generation of the vDisk's metadata, quoted (`\"7\"`): send it back as `If-Match` with a change."))),
@@ -248,7 +268,7 @@ pub(crate) async fn vdisk_show(
     get,
     path = "/api/v1/vdisks/{name}/versions",
     summary = "The versions of a vDisk (`vdstream version list NAME --json`)",
-    params(("name" = Name, Path, description = "A vDisk name (1–64 of `A–Z a–z 0–9 . _ -`, not starting with `.` or `-`, no `..`; 400 otherwise), percent-encoded.")),
+    params(VdiskPath),
     responses(
         (status = 200, description = "The chain, bottom first, and which layer each kind of target gets.", body = VersionList,
             headers(("ETag" = String, description = "The generation of the vDisk's metadata, quoted (`\"7\"`): send it back as `If-Match` with a change."))),
@@ -270,7 +290,7 @@ pub(crate) async fn version_list(
     post,
     path = "/api/v1/vdisks/{name}/versions",
     summary = "A new maintenance version (`vdstream version new NAME`)",
-    params(("name" = Name, Path, description = "A vDisk name (1–64 of `A–Z a–z 0–9 . _ -`, not starting with `.` or `-`, no `..`; 400 otherwise), percent-encoded."), IfMatchHeader),
+    params(VdiskPath, IfMatchHeader),
     request_body(content = Option<NewVersion>, description = "Optional."),
     responses(
         (status = 201, description = "The new version (and the automatic merge, if one ran).", body = VersionChange),
@@ -298,7 +318,7 @@ pub(crate) async fn version_new(
     post,
     path = "/api/v1/vdisks/{name}/versions/{version}/promote",
     summary = "Promote a version (`vdstream version promote NAME V --to … [--at …]`)",
-    params(("name" = Name, Path, description = "A vDisk name (1–64 of `A–Z a–z 0–9 . _ -`, not starting with `.` or `-`, no `..`; 400 otherwise), percent-encoded."), ("version" = u32, Path, minimum = 1, description = "The version's number."), IfMatchHeader),
+    params(VdiskPath, ("version" = u32, Path, minimum = 1, description = "The version's number."), IfMatchHeader),
     request_body = Promotion,
     responses(
         (status = 200, description = "The promoted version (and the automatic merge, if one ran).", body = VersionChange),
@@ -333,7 +353,7 @@ pub(crate) async fn version_promote(
     path = "/api/v1/vdisks/{name}/revert",
     summary = "One step back (`vdstream version revert NAME V`)",
     description = "production → test, test → maintenance (newest only), maintenance → discarded.",
-    params(("name" = Name, Path, description = "A vDisk name (1–64 of `A–Z a–z 0–9 . _ -`, not starting with `.` or `-`, no `..`; 400 otherwise), percent-encoded."), IfMatchHeader),
+    params(VdiskPath, IfMatchHeader),
     request_body = Revert,
     responses(
         (status = 200, description = "What the version became.", body = RevertDoc),
@@ -362,7 +382,7 @@ pub(crate) async fn version_revert(
     path = "/api/v1/vdisks/{name}/merge",
     summary = "Merge the versions up to production (`vdstream version merge NAME [--base]`)",
     description = "The versions up to the one production boots become one version on the base, or with `base: true` one new base. What targets read does not change; a version open read-write that the merge would re-point refuses it (409).",
-    params(("name" = Name, Path, description = "A vDisk name (1–64 of `A–Z a–z 0–9 . _ -`, not starting with `.` or `-`, no `..`; 400 otherwise), percent-encoded."), IfMatchHeader),
+    params(VdiskPath, IfMatchHeader),
     request_body(content = Option<Merge>, description = "Optional."),
     responses(
         (status = 200, description = "What was merged (the document `vdstream version merge NAME --json` prints).", body = MergeDoc),
@@ -463,7 +483,7 @@ pub(crate) async fn target_add(
     get,
     path = "/api/v1/targets/{id}",
     summary = "One target record (`vdstream target show ID --json`), with its agent's latest report",
-    params(("id" = Name, Path, description = "A target id (the rules of a vDisk name; 400 otherwise), percent-encoded.")),
+    params(TargetPath),
     responses(
         (status = 200, description = "The record; `agent` is present when the target's agent reported within the last 60 s.", body = TargetShown),
         (status = 404, response = Error),
@@ -519,7 +539,7 @@ async fn booting_target_show(s: Arc<Shared>, c: AuditClient, id: String) -> Answ
     path = "/api/v1/targets/{id}",
     summary = "Change a target record (`vdstream target set`), patch semantics",
     description = "Absent fields stay; `null` clears `ram`, `overflow_max`, `description`, `hostname` or `overflow_device`.",
-    params(("id" = Name, Path, description = "A target id (the rules of a vDisk name; 400 otherwise), percent-encoded.")),
+    params(TargetPath),
     request_body = TargetChange,
     responses(
         (status = 200, description = "The record after the change.", body = TargetRecord),
@@ -557,7 +577,7 @@ pub(crate) struct RemoveQuery {
     path = "/api/v1/targets/{id}",
     summary = "Remove a target record (`vdstream target remove ID`)",
     description = "Refused (409, nothing removed) while the target is in use: a session of this server serves it, or its agent's fresh report says it is attached (any state but `stopped`), unless `force` is true (`target remove --force`).",
-    params(("id" = Name, Path, description = "A target id (the rules of a vDisk name; 400 otherwise), percent-encoded."), RemoveQuery),
+    params(TargetPath, RemoveQuery),
     responses(
         (status = 200, description = "The record removed (`target` is null if the record was damaged).", body = TargetRemoved),
         (status = 404, response = Error),
