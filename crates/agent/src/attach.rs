@@ -33,6 +33,7 @@ use vdstream_wcache::{CacheConfig, CacheType, WriteCache};
 use crate::api::ApiLink;
 use crate::endpoint::Endpoint;
 use crate::kernel_nbd::KernelNbd;
+use crate::migrate::{Migration, TrackedDev};
 use crate::remote::{RemoteBase, RemoteOptions, Reorder};
 use crate::status::{self, CacheStatus, IoStatus, ServerStatus, Status, VdiskStatus};
 use crate::{paths, AgentError};
@@ -84,6 +85,12 @@ pub struct AttachConfig {
     /// TLS of the local export's TCP listener (`--listen`); the unix socket stays
     /// plaintext (a one-host client). `None`: plaintext.
     pub listen_tls: Option<(vdstream_nbd::TlsMode, Arc<vdstream_tls::files::ServerTls>)>,
+    /// The migration socket this agent listens on, as a live migration's source
+    /// ([`crate::migrate`]); host-side cache types only. `None`: none.
+    pub migrate_socket: Option<PathBuf>,
+    /// `--incoming SOCKET`: take the target's cache from the source agent there (a live
+    /// migration's destination); the export holds every request until the handover is done.
+    pub incoming: Option<PathBuf>,
 }
 
 /// Bytes of answered, unflushed writes a `server-persistent` target keeps for a replay
@@ -124,6 +131,8 @@ impl AttachConfig {
             api: None,
             record_trace: None,
             listen_tls: None,
+            migrate_socket: Some(crate::migrate::socket_path(id)),
+            incoming: None,
         }
     }
 
@@ -156,6 +165,10 @@ pub struct Agent {
     vhost: Option<vdstream_vhost::VhostServer>,
     /// With `kernel_nbd`: the device, up since [`Agent::open`].
     kernel: Option<KernelNbd>,
+    /// Host-side cache types: the live migration state, and the migration socket (bound
+    /// at open, served from `serve`).
+    migration: Option<Arc<Migration>>,
+    migrate_listener: Option<crate::migrate::Listener>,
     /// The status file, through its folder as opened at attach.
     status_file: status::StatusFile,
     /// The status file cannot be written (warned once).
@@ -200,6 +213,12 @@ impl Agent {
             crate::kernel_nbd::open_device(dev)?;
         }
         cfg.remote.writable = cfg.passes_through() && !cfg.read_only;
+        if cfg.incoming.is_some() && cfg.cacheless() {
+            return Err(AgentError::Migration {
+                id: cfg.target.clone(),
+                reason: format!("--incoming takes a cache on this host (ram-overflow, device-ram, device-disk, device-disk-persistent), not {}{}", cfg.cache, if cfg.read_only { " --read-only" } else { "" }),
+            });
+        }
         // A folder the user named must have an existing parent (a typo is refused, not
         // created); the default one is created whole. Checked before connecting.
         let dir_rule = if cfg.cache_dir == paths::cache_dir(&cfg.target) {
@@ -291,6 +310,13 @@ impl Agent {
                 }
             }
             let lower: Arc<dyn BlockDev> = remote.clone();
+            if cfg.incoming.is_some() && kind == CacheType::DeviceDiskPersistent {
+                // A destination starts from its source's cache alone: what an earlier attach
+                // here left is older than it.
+                for f in vdstream_wcache::persistent::cache_paths(&cfg.cache_dir, &cfg.target) {
+                    crate::migrate::remove_quietly(&f, &cfg.target);
+                }
+            }
             let cache: Arc<dyn WriteCache> = if kind == CacheType::DeviceDiskPersistent {
                 let identity = format!("{} {}", id.export, id.description.as_deref().unwrap_or(""));
                 Arc::new(
@@ -315,6 +341,44 @@ impl Agent {
             };
             let dev: Arc<dyn BlockDev> = cache.clone();
             (Some(cache), dev)
+        };
+        // Host-side caches: dirty logging, the gate of an incoming attach, the fence.
+        let (dev, migration) = match &cache {
+            Some(c) => {
+                let tracked = Arc::new(TrackedDev::new(
+                    dev,
+                    &format!("target {}", cfg.target),
+                    cfg.incoming.is_some(),
+                ));
+                for (off, len) in c.held().unwrap_or_default() {
+                    tracked.mark_held(off, len);
+                }
+                let files = if cfg.cache == CacheType::DeviceDiskPersistent {
+                    vdstream_wcache::persistent::cache_paths(&cfg.cache_dir, &cfg.target).to_vec()
+                } else {
+                    Vec::new()
+                };
+                let m = Migration::new(
+                    tracked.clone(),
+                    &cfg.target,
+                    &id.export,
+                    cfg.cache.name(),
+                    files,
+                );
+                (tracked as Arc<dyn BlockDev>, Some(m))
+            }
+            None => (dev, None),
+        };
+        let migrate_listener = match (&migration, &cfg.migrate_socket) {
+            (Some(_), Some(path)) => {
+                Some(
+                    crate::migrate::Listener::bind(path).map_err(|e| AgentError::SocketInUse {
+                        path: path.clone(),
+                        reason: format!("cannot listen for live migrations: {e}"),
+                    })?,
+                )
+            }
+            _ => None,
         };
         let trace = match &cfg.record_trace {
             None => None,
@@ -379,6 +443,8 @@ impl Agent {
             vhost_listener,
             vhost: None,
             kernel: None,
+            migration,
+            migrate_listener,
             status_file,
             status_failing: Default::default(),
             started_ms: status::now_ms(),
@@ -473,7 +539,19 @@ impl Agent {
             );
             self.vhost = Some(server);
         }
-        // The local servers drain when `outer` fires or when the kernel lets go of its device.
+        if let (Some(m), Some(l)) = (&self.migration, self.migrate_listener.take()) {
+            log::info!(
+                "target {}: live migrations from this agent: {}",
+                self.cfg.target,
+                l.path().display()
+            );
+            l.start(m.clone());
+        }
+        if let (Some(m), Some(source)) = (&self.migration, &self.cfg.incoming) {
+            crate::migrate::run_incoming(m.clone(), source.clone(), self.remote.identity().size);
+        }
+        // The local servers drain when `outer` fires, when the kernel lets go of its device,
+        // or when a live migration ends this agent.
         let (trigger, shutdown) = ShutdownSignal::new();
         let trigger = Arc::new(trigger);
         let forward = {
@@ -524,8 +602,20 @@ impl Agent {
         let mut wait = shutdown.clone();
         loop {
             self.publish(&prev.0);
+            let migrated = async {
+                match &self.migration {
+                    Some(m) if !m.ended() => m.end.notified().await,
+                    Some(_) => {}
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = wait.wait() => break,
+                _ = migrated => {
+                    log::info!("target {}: the live migration ended this attach", self.cfg.target);
+                    trigger.shutdown();
+                    break;
+                }
                 _ = tokio::time::sleep(self.cfg.status_every) => {}
             }
             let now = self.status(Some((&prev.0, prev.1.elapsed())));
@@ -573,7 +663,11 @@ impl Agent {
                 Ok(Ok(())) => {}
             }
         }
-        let dev = self.dev.clone();
+        // A fenced source flushes its cache below the fence (it is gone with the agent).
+        let dev = match &self.migration {
+            Some(m) if !m.dev.is_open() => m.dev.below().clone(),
+            _ => self.dev.clone(),
+        };
         if let Err(e) = tokio::task::spawn_blocking(move || dev.flush())
             .await
             .unwrap_or(Ok(()))
@@ -591,15 +685,31 @@ impl Agent {
             let _ = std::fs::remove_file(&self.cfg.socket);
         }
         let mut last = self.status(Some((&prev.0, prev.1.elapsed())));
-        last.state = "stopped".into();
+        last.state = match last.migration.as_ref() {
+            Some(m) if m.role == "source" && m.phase == "done" => "migrated".into(),
+            _ => "stopped".into(),
+        };
         if let Err(e) = self.status_file.write(&last) {
             log::warn!("target {}: {e}", self.cfg.target);
         }
+        let incoming_failed = last
+            .migration
+            .as_ref()
+            .filter(|m| m.role == "destination" && m.phase == "failed")
+            .map(|m| m.error.clone().unwrap_or_default());
         if let Some(api) = self.cfg.api.clone() {
             let index = self.remote.endpoint_index();
             let _ = tokio::task::spawn_blocking(move || api.report_blocking(index, &last)).await;
         }
-        Ok(())
+        match incoming_failed {
+            Some(reason) => Err(AgentError::Migration {
+                id: self.cfg.target.clone(),
+                reason: format!(
+                    "the incoming migration failed: {reason}; the source agent keeps the target"
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Writes the status file and, with the API, reports it to the server in use.
@@ -732,6 +842,7 @@ impl Agent {
                     malformed: f.malformed,
                 }
             }),
+            migration: self.migration.as_ref().and_then(|m| m.status()),
             vdisk: VdiskStatus {
                 export: id.export,
                 description: id.description,

@@ -33,6 +33,9 @@ pub enum AgentError {
     #[error("bad target id {id:?}: {reason}")]
     BadTarget { id: String, reason: String },
 
+    #[error("target {id}: live migration: {reason}")]
+    Migration { id: String, reason: String },
+
     #[error("target {id} is already attached by a running agent (pid {pid}, lock {lock}); detach it first (SIGTERM) or use another id", lock = lock.display())]
     AlreadyAttached {
         id: String,

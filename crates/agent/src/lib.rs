@@ -31,6 +31,7 @@ pub mod daemon;
 pub mod endpoint;
 mod error;
 pub mod kernel_nbd;
+pub mod migrate;
 pub mod paths;
 pub mod remote;
 pub mod service;

@@ -190,7 +190,7 @@ pub fn render(s: &Status, alive: bool) -> String {
          servers:   {}\n{}\
          cache:     {}: RAM {} of {}, file {} of {} ({:.1}% used of {}{}); {} hits, {} misses, {} evictions, {} refused for space\n\
          guest:     {}\n\
-         storage:   {}\n",
+         storage:   {}\n{}",
         s.target,
         s.pid,
         if s.socket.is_empty() { "no socket (a kernel NBD device, --kernel-nbd)".to_string() } else { format!("nbd+unix:///?socket={}", s.socket) },
@@ -226,6 +226,20 @@ pub fn render(s: &Status, alive: bool) -> String {
         c.nospace_errors,
         io(&s.guest),
         io(&s.storage),
+        s.migration.as_ref().map_or(String::new(), |m| format!(
+            "migration: {} {} ({}): {} rounds, {} of cache moved ({} on the wire), {} dirty, final delta {}, fenced {} ms, held {} ms{}\n",
+            m.role,
+            m.phase,
+            m.peer,
+            m.rounds,
+            human_bytes(m.data_bytes),
+            human_bytes(m.wire_bytes),
+            human_bytes(m.dirty_bytes),
+            human_bytes(m.final_bytes),
+            m.fenced_ms,
+            m.held_ms,
+            m.error.as_ref().map(|e| format!("; {e}")).unwrap_or_default()
+        )),
     )
 }
 

@@ -162,7 +162,8 @@ fn of_agent(e: &AgentError) -> Option<Kind> {
         AgentError::BadEndpoint { .. }
         | AgentError::MixedServers { .. }
         | AgentError::NoEndpoint
-        | AgentError::BadTarget { .. } => Kind::Usage,
+        | AgentError::BadTarget { .. }
+        | AgentError::Migration { .. } => Kind::Usage,
         AgentError::NoTargetRecord { .. } | AgentError::NoStatus { .. } => Kind::NotFound,
         AgentError::AlreadyAttached { .. } | AgentError::SocketInUse { .. } => Kind::Conflict,
         AgentError::NoServer { .. } => Kind::Unavailable,

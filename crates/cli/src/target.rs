@@ -34,6 +34,7 @@ enum TargetCommand {
     Attach(AttachArgs),
     Detach(DetachArgs),
     Status(StatusArgs),
+    Migrate(crate::target_migrate::MigrateArgs),
 }
 
 /// Attach target ID: stream its vDisk from the servers, keep its writes in a local write
@@ -137,6 +138,18 @@ pub struct AttachArgs {
     /// --insecure.
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
+
+    /// Live migration's destination: take this target's write cache from the agent that
+    /// serves it now, through that agent's migration socket (`RUN/ID.migrate` on its host,
+    /// e.g. /run/vdstream/vm1.migrate). This agent copies the cache while the guest runs
+    /// there, then keeps up with what the guest writes; its own socket holds every request
+    /// until the handover is done. Start the destination qemu (-incoming) on this socket,
+    /// then run `vdstream target migrate ID` on the source host. Host-side cache types only
+    /// (ram-overflow, device-ram, device-disk, device-disk-persistent), the same as the
+    /// source's, attached to the same vDisk version. If the source cannot be reached or
+    /// the migration is cancelled, this agent ends and the source serves on.
+    #[arg(long, value_name = "SOCKET")]
+    incoming: Option<PathBuf>,
 
     /// Serve --listen on a non-loopback address without TLS: any machine that reaches it
     /// may read and write this target's disk. Only for a trusted network; refused
@@ -409,6 +422,7 @@ pub fn run(args: TargetArgs) -> Result<()> {
         TargetCommand::Attach(a) => attach(a),
         TargetCommand::Detach(d) => detach(d),
         TargetCommand::Status(s) => show_status(s),
+        TargetCommand::Migrate(m) => crate::target_migrate::run(m),
     }
 }
 
@@ -545,6 +559,7 @@ fn open_agent(a: &AttachArgs) -> Result<Agent> {
     cfg.remote.connections = a.server_connections as usize;
     cfg.remote.journal = (a.journal_max > 0).then_some(a.journal_max);
     cfg.record_trace = a.record_trace.clone();
+    cfg.incoming = a.incoming.clone();
     cfg.remote.tls = upstream_tls;
     cfg.listen_tls = listen_tls;
     let servers = cfg

@@ -27,6 +27,10 @@ pub struct Status {
     /// The vhost-user-blk socket (`--vhost-user`), for a VM on this host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vhost_user: Option<VhostUserStatus>,
+    /// A live migration this agent takes part in, as its source or its destination
+    /// (absent when there is none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationStatus>,
     pub vdisk: VdiskStatus,
     pub server: ServerStatus,
     pub cache: CacheStatus,
@@ -54,6 +58,44 @@ pub struct VhostUserStatus {
     /// Requests the frontend got wrong: malformed descriptor chains, ranges past the end
     /// or not aligned to the block size (answered IOERR, or given back unanswered).
     pub malformed: u64,
+}
+
+/// One live migration of a target's write cache between two agents, from one side.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct MigrationStatus {
+    /// `source` (the agent that serves and sends its cache) or `destination` (the incoming
+    /// agent that takes it and holds its export's requests until the final delta is in).
+    pub role: String,
+    /// `connecting`, `pre-copy` (the first full copy), `converged` (rounds of what the
+    /// guest dirtied are small now: ready to switch), `switching` (the source is fenced and
+    /// sends the final delta), `done` (the destination serves; the source is fenced and
+    /// ends), `cancelled` or `failed` (see `error`).
+    pub phase: String,
+    /// The other agent: the source's migration socket, or the destination's peer.
+    pub peer: String,
+    /// Rounds sent or received, the first full copy included.
+    pub rounds: u64,
+    /// Cache bytes moved (data sent, and the length of zero ranges sent as such).
+    pub data_bytes: u64,
+    /// Bytes on the wire between the agents, headers included.
+    pub wire_bytes: u64,
+    /// What the source still has to send: bytes the guest dirtied since the last round.
+    pub dirty_bytes: u64,
+    /// Bytes of the final delta, sent with the source fenced.
+    pub final_bytes: u64,
+    /// Milliseconds from the source's fence to the destination's acknowledgement of the
+    /// final delta: while no agent serves the target.
+    pub fenced_ms: u64,
+    /// Destination: the longest a guest request waited for the handover, in milliseconds
+    /// (0 when the handover was done before the guest asked): the pause the migration adds
+    /// to qemu's own `downtime`.
+    pub held_ms: u64,
+    pub started_unix_ms: u64,
+    /// When the migration ended (done, cancelled or failed); 0 while it runs.
+    pub finished_unix_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

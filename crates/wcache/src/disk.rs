@@ -904,6 +904,24 @@ impl DiskCache {
     }
 }
 
+impl DiskCache {
+    /// The byte ranges of pages the cache holds (data or zero), in order.
+    pub fn held_ranges(&self) -> Vec<(u64, u64)> {
+        let pages = self.map.pages();
+        let mut out = Vec::new();
+        let mut p = 0;
+        while p < pages {
+            let (state, end) = self.map.run(p, pages);
+            if state != PageState::Absent {
+                let start = p << PAGE_SHIFT;
+                out.push((start, (end << PAGE_SHIFT).min(self.size) - start));
+            }
+            p = end;
+        }
+        out
+    }
+}
+
 impl WriteCache for DiskCache {
     fn cache_type(&self) -> CacheType {
         self.kind

@@ -124,6 +124,12 @@ pub(crate) fn volatile_cache_caps(may_block: bool) -> vdstream_blockdev::Caps {
 pub trait WriteCache: BlockDev {
     fn cache_type(&self) -> CacheType;
     fn stats(&self) -> StatsSnapshot;
+    /// Byte ranges whose contents the cache holds rather than the device below (data,
+    /// zeroed or trimmed): what a live migration copies first. `None` for a cache that
+    /// starts empty at every open (its caller sees every write that fills it).
+    fn held(&self) -> Option<Vec<(u64, u64)>> {
+        None
+    }
 }
 
 /// Opens a write cache of `kind` over `lower` (which is only read, except by `private`).

@@ -568,4 +568,9 @@ impl WriteCache for PersistentDiskCache {
     fn stats(&self) -> StatsSnapshot {
         self.cache.stats()
     }
+
+    /// What the cache held at its open is not seen written again: it says what it holds.
+    fn held(&self) -> Option<Vec<(u64, u64)>> {
+        Some(self.cache.held_ranges())
+    }
 }

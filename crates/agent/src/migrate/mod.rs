@@ -1,0 +1,176 @@
+//! Live migration of a VM target's write cache from one agent (the source, on the host the
+//! VM leaves) to another (the destination, on the host it goes to), while the guest runs.
+//!
+//! ```text
+//!   source agent A                                  destination agent B (--incoming A)
+//!   serves the guest; logs dirty pages       ◀── Hello (target, vDisk, cache type)
+//!   round 0: everything its cache holds      ──▶ written into B's cache, past its gate
+//!   rounds 1..: what the guest dirtied       ──▶ (B's export holds every request)
+//!   ... converged: rounds stay small ...
+//!   qemu's migration completes (source VM stopped and flushed); then either
+//!     `vdstream target migrate` sends Switch to A, or B's first guest request sends Final
+//!   fence: refuse new requests, wait for those in flight
+//!   the final delta                          ──▶ written; B flushes its cache
+//!   Done                                     ──▶ Ack ◀── B opens its gate and serves
+//!   A ends (its persistent cache files removed)
+//! ```
+//!
+//! Why it is safe:
+//! - qemu runs a destination VM only after its source VM stopped and flushed its disks, so
+//!   a request at B means no request is left at A; B holds it until the final delta is in.
+//! - A is fenced before it takes the final delta, and stays fenced once it sent one: never
+//!   two writers. A fenced source whose destination never acknowledged keeps its whole cache
+//!   and its socket, and a new session from the destination gets all of it again.
+//! - Before the switch, any failure (destination killed, cancel, the link cut) ends the
+//!   session only: A was never fenced and serves on; B fails every held request and ends.
+//! - Marking pages after the cache took a write, and clearing a round's pages before reading
+//!   them, means a page written during a round is sent in the next one ([`tracked`]).
+//!
+//! The socket: every agent with a host-side cache listens on `RUN/ID.migrate` (owner-only,
+//! like its NBD socket): who may connect may read the target's disk anyway.
+
+pub mod drive;
+mod incoming;
+mod source;
+pub mod tracked;
+pub mod wire;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use vdstream_blockdev::lock;
+use vdstream_contract::status::MigrationStatus;
+
+pub use incoming::run_incoming;
+pub use source::Listener;
+pub use tracked::TrackedDev;
+
+/// Rounds are "converged" below this many dirty bytes: a final delta of this size takes a
+/// few milliseconds on a host's link.
+pub const CONVERGED_BYTES: u64 = 8 << 20;
+/// A converged source sends a round this often while it waits for the switch.
+pub const ROUND_EVERY: Duration = Duration::from_millis(50);
+/// The longest a source waits for in-flight requests at its fence, and for the
+/// destination's acknowledgement of the final delta.
+pub const FENCE_LIMIT: Duration = Duration::from_secs(30);
+pub const ACK_LIMIT: Duration = Duration::from_secs(60);
+
+/// The migration socket of target `id`.
+pub fn socket_path(id: &str) -> PathBuf {
+    crate::paths::run_dir().join(format!("{id}.migrate"))
+}
+
+/// What the status shows and what the sessions share, one per agent.
+#[derive(Debug)]
+pub struct Migration {
+    pub(crate) dev: Arc<TrackedDev>,
+    pub(crate) target: String,
+    pub(crate) export: String,
+    pub(crate) cache: String,
+    status: Mutex<Option<MigrationStatus>>,
+    /// The source handed the target over (or the destination's handover failed): the
+    /// agent ends.
+    ended: AtomicBool,
+    pub(crate) end: tokio::sync::Notify,
+    /// Persistent cache files to remove once the target is handed over.
+    pub(crate) cache_files: Vec<PathBuf>,
+    pub(crate) wake: Mutex<()>,
+    pub(crate) cv: Condvar,
+}
+
+impl Migration {
+    pub fn new(
+        dev: Arc<TrackedDev>,
+        target: &str,
+        export: &str,
+        cache: &str,
+        cache_files: Vec<PathBuf>,
+    ) -> Arc<Migration> {
+        Arc::new(Migration {
+            dev,
+            target: target.to_string(),
+            export: export.to_string(),
+            cache: cache.to_string(),
+            status: Mutex::new(None),
+            ended: AtomicBool::new(false),
+            end: tokio::sync::Notify::new(),
+            cache_files,
+            wake: Mutex::new(()),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// The migration for the status (with the live figures), if there is one.
+    pub fn status(&self) -> Option<MigrationStatus> {
+        let mut s = lock(&self.status).clone()?;
+        if s.role == "source" && s.finished_unix_ms == 0 {
+            s.dirty_bytes = self.dev.dirty_bytes();
+        }
+        if s.role == "destination" {
+            s.held_ms = self.dev.held_ms();
+        }
+        Some(s)
+    }
+
+    pub(crate) fn update(&self, f: impl FnOnce(&mut MigrationStatus)) {
+        let mut g = lock(&self.status);
+        if let Some(s) = g.as_mut() {
+            f(s);
+        }
+    }
+
+    pub(crate) fn begin(&self, role: &str, peer: &str) {
+        *lock(&self.status) = Some(MigrationStatus {
+            role: role.into(),
+            phase: "connecting".into(),
+            peer: peer.into(),
+            started_unix_ms: crate::status::now_ms(),
+            ..MigrationStatus::default()
+        });
+    }
+
+    pub(crate) fn finish(&self, phase: &str, error: Option<String>) {
+        self.update(|s| {
+            s.phase = phase.into();
+            s.finished_unix_ms = crate::status::now_ms();
+            s.error = error;
+        });
+        self.notify();
+    }
+
+    /// True once the agent should end (handed over, or an incoming handover failed).
+    pub fn ended(&self) -> bool {
+        self.ended.load(SeqCst)
+    }
+
+    pub(crate) fn end_agent(&self) {
+        self.ended.store(true, SeqCst);
+        self.end.notify_one();
+    }
+
+    pub(crate) fn notify(&self) {
+        let _g = lock(&self.wake);
+        self.cv.notify_all();
+    }
+
+    /// Waits up to `d` for a [`notify`](Self::notify).
+    pub(crate) fn wait(&self, d: Duration) {
+        let g = lock(&self.wake);
+        let _ = self.cv.wait_timeout(g, d);
+    }
+}
+
+/// Removes a file, logging what is not "already gone".
+pub(crate) fn remove_quietly(path: &Path, target: &str) {
+    match std::fs::remove_file(path) {
+        Ok(()) => log::info!(
+            "target {target}: removed {} (the target's cache is with its new agent)",
+            path.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => log::warn!("target {target}: cannot remove {}: {e}", path.display()),
+    }
+}

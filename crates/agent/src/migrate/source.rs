@@ -1,0 +1,433 @@
+//! The source side: the agent's migration socket, one session at a time with a destination
+//! agent, and the control requests of `vdstream target migrate` (Switch, Cancel).
+
+use std::io::Write;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vdstream_blockdev::lock;
+
+use super::tracked::{Take, PAGE};
+use super::wire::{self, Kind};
+use super::{Migration, ACK_LIMIT, CONVERGED_BYTES, FENCE_LIMIT, ROUND_EVERY};
+
+/// The bound migration socket, served by [`Listener::start`].
+#[derive(Debug)]
+pub struct Listener {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+/// What the session and the control connections share.
+#[derive(Debug, Default)]
+struct Control {
+    busy: AtomicBool,
+    switch: AtomicBool,
+    cancel: AtomicBool,
+    /// Bumped at the end of each session; its outcome kept beside it.
+    ended: AtomicU64,
+    outcome: Mutex<Option<Result<(), String>>>,
+}
+
+impl Listener {
+    /// Binds `path` (a stale socket is replaced) with owner-only access.
+    pub fn bind(path: &Path) -> std::io::Result<Listener> {
+        use std::os::unix::fs::PermissionsExt;
+        if UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another agent answers on it",
+            ));
+        }
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(Listener {
+            listener,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serves the socket on a thread of its own for the life of the process.
+    pub fn start(self, m: Arc<Migration>) {
+        let control = Arc::new(Control::default());
+        let path = self.path.clone();
+        let spawn = std::thread::Builder::new()
+            .name("migrate-listen".into())
+            .spawn(move || {
+                for conn in self.listener.incoming() {
+                    let Ok(conn) = conn else { continue };
+                    let (m, control) = (m.clone(), control.clone());
+                    let _ = std::thread::Builder::new()
+                        .name("migrate-conn".into())
+                        .spawn(move || {
+                            if let Err(e) = serve_conn(conn, &m, &control) {
+                                log::warn!("target {}: migration socket: {e}", m.target);
+                            }
+                        });
+                }
+            });
+        if let Err(e) = spawn {
+            log::error!(
+                "target: cannot serve the migration socket {}: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let Some(first) = wire::read(&mut conn)? else {
+        return Ok(());
+    };
+    conn.set_read_timeout(None)?;
+    match first.kind {
+        Kind::Hello => {
+            let hello: wire::Hello = first.json()?;
+            if let Err(why) = check_hello(&hello, m) {
+                log::warn!("target {}: refused a migration: {why}", m.target);
+                wire::write(&mut conn, Kind::Error, &[why.as_bytes()])?;
+                return Ok(());
+            }
+            if c.busy.swap(true, SeqCst) {
+                let why = "a migration of this target is already under way (cancel it first: vdstream target migrate ID --cancel)";
+                wire::write(&mut conn, Kind::Error, &[why.as_bytes()])?;
+                return Ok(());
+            }
+            c.switch.store(false, SeqCst);
+            c.cancel.store(false, SeqCst);
+            *lock(&c.outcome) = None;
+            let result = session(conn, m, c);
+            if let Err(e) = &result {
+                log::warn!("target {}: the migration ended: {e}", m.target);
+                if m.status().is_some_and(|s| s.finished_unix_ms == 0) {
+                    let fenced = m.dev.is_fenced();
+                    m.finish("failed", Some(if fenced {
+                        format!("{e}; this agent stays fenced and keeps the cache: restart the destination's attach with --incoming to take it again")
+                    } else {
+                        format!("{e}; this agent serves on")
+                    }));
+                }
+            }
+            *lock(&c.outcome) = Some(result.map_err(|e| e.to_string()));
+            c.ended.fetch_add(1, SeqCst);
+            c.busy.store(false, SeqCst);
+            m.notify();
+            Ok(())
+        }
+        Kind::Query => {
+            wire::write_json(&mut conn, Kind::Ok, &m.status())?;
+            Ok(())
+        }
+        Kind::Switch | Kind::Cancel => {
+            let done = m.status().is_some_and(|s| s.phase == "done");
+            if !c.busy.load(SeqCst) && done && first.kind == Kind::Switch {
+                // The destination's first request asked first: the switch is done.
+                wire::write_json(&mut conn, Kind::Ok, &m.status())?;
+                return Ok(());
+            }
+            if !c.busy.load(SeqCst) {
+                let why = if m.dev.is_fenced() {
+                    "this agent handed its target over already".to_string()
+                } else {
+                    format!("no destination agent is taking target {}'s cache: start `vdstream target attach {} --incoming {}` on the destination first", m.target, m.target, super::socket_path(&m.target).display())
+                };
+                wire::write(&mut conn, Kind::Error, &[why.as_bytes()])?;
+                return Ok(());
+            }
+            let seen = c.ended.load(SeqCst);
+            if first.kind == Kind::Cancel {
+                c.cancel.store(true, SeqCst);
+            } else {
+                c.switch.store(true, SeqCst);
+            }
+            m.notify();
+            let start = Instant::now();
+            while c.ended.load(SeqCst) == seen && start.elapsed() < FENCE_LIMIT + ACK_LIMIT {
+                m.wait(Duration::from_millis(20));
+            }
+            let outcome = lock(&c.outcome).clone();
+            match outcome {
+                Some(Ok(())) if c.ended.load(SeqCst) != seen => {
+                    wire::write_json(&mut conn, Kind::Ok, &m.status())?;
+                }
+                Some(Err(e)) if c.ended.load(SeqCst) != seen => {
+                    wire::write(&mut conn, Kind::Error, &[e.as_bytes()])?;
+                }
+                _ => {
+                    wire::write(
+                        &mut conn,
+                        Kind::Error,
+                        &[b"the migration did not end in time"],
+                    )?;
+                }
+            }
+            Ok(())
+        }
+        k => Err(wire::bad(format!("a {k:?} frame to open a connection"))),
+    }
+}
+
+fn check_hello(h: &wire::Hello, m: &Migration) -> Result<(), String> {
+    if h.version != wire::VERSION {
+        return Err(format!(
+            "the destination speaks migration protocol {}, this agent {}: run the same vdstream on both hosts",
+            h.version,
+            wire::VERSION
+        ));
+    }
+    if h.target != m.target {
+        return Err(format!(
+            "the destination attaches target {:?}, this agent serves {:?}",
+            h.target, m.target
+        ));
+    }
+    if h.export != m.export || h.size != m.dev.below().size() {
+        return Err(format!("the destination reads {} ({} bytes), this agent {} ({} bytes): attach it to the same vDisk version", h.export, h.size, m.export, m.dev.below().size()));
+    }
+    if h.cache != m.cache {
+        return Err(format!(
+            "the destination has a {} cache, this agent {}: use --cache {} there",
+            h.cache, m.cache, m.cache
+        ));
+    }
+    Ok(())
+}
+
+/// What the destination said on its own, read beside the rounds.
+#[derive(Debug, Default)]
+struct Heard {
+    final_asked: AtomicBool,
+    acked: AtomicBool,
+    gone: AtomicBool,
+}
+
+fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::Result<()> {
+    let peer = "destination on the migration socket".to_string();
+    m.begin("source", &peer);
+    let fenced = m.dev.is_fenced();
+    log::info!(
+        "target {}: a destination agent takes this target's cache{}",
+        m.target,
+        if fenced {
+            " (again: this agent is fenced since a final delta it was not told arrived)"
+        } else {
+            ""
+        }
+    );
+    let heard = Arc::new(Heard::default());
+    // However the session ends, the connection closes: the reader thread's clone of it
+    // would keep it open otherwise.
+    let _close = CloseOnDrop(conn.try_clone()?);
+    {
+        let (mut r, heard, m) = (conn.try_clone()?, heard.clone(), m.clone());
+        std::thread::Builder::new()
+            .name("migrate-read".into())
+            .spawn(move || {
+                loop {
+                    match wire::read(&mut r) {
+                        Ok(Some(f)) if f.kind == Kind::Final => {
+                            heard.final_asked.store(true, SeqCst)
+                        }
+                        Ok(Some(f)) if f.kind == Kind::Ack => heard.acked.store(true, SeqCst),
+                        Ok(Some(f)) if f.kind == Kind::Error => {
+                            log::warn!("target {}: the destination stops: {}", m.target, f.text());
+                            break;
+                        }
+                        _ => break,
+                    }
+                    m.notify();
+                }
+                heard.gone.store(true, SeqCst);
+                m.notify();
+            })?;
+    }
+    let mut w = std::io::BufWriter::with_capacity(wire::MAX_PAYLOAD + 64, conn);
+    let mut wire_bytes = wire::write_json(&mut w, Kind::Welcome, &wire::Welcome { fenced })?;
+    m.update(|s| s.phase = "pre-copy".into());
+    let mut round = 0u64;
+    let stop = |heard: &Heard| heard.gone.load(SeqCst) || c.cancel.load(SeqCst);
+    // Rounds until asked to switch.
+    if !fenced {
+        loop {
+            let runs = m.dev.take(
+                if round == 0 { Take::All } else { Take::Round },
+                wire::MAX_DATA as u64,
+            );
+            let (data, bytes) = send_runs(&mut w, m, &runs, &|| stop(&heard))?;
+            wire_bytes += bytes;
+            let dirty = m.dev.dirty_bytes();
+            wire_bytes += wire::write_json(
+                &mut w,
+                Kind::Round,
+                &wire::RoundEnd {
+                    round,
+                    dirty_bytes: dirty,
+                },
+            )?;
+            round += 1;
+            m.update(|s| {
+                s.rounds = round;
+                s.data_bytes += data;
+                s.wire_bytes = wire_bytes;
+                if dirty <= CONVERGED_BYTES {
+                    s.phase = "converged".into();
+                }
+            });
+            if stop(&heard) {
+                let why = if c.cancel.load(SeqCst) {
+                    "cancelled"
+                } else {
+                    "the destination agent went away before the switch"
+                };
+                log::info!("target {}: migration {why}; this agent serves on", m.target);
+                m.finish(
+                    if c.cancel.load(SeqCst) {
+                        "cancelled"
+                    } else {
+                        "failed"
+                    },
+                    Some(why.into()),
+                );
+                return if c.cancel.load(SeqCst) {
+                    Ok(())
+                } else {
+                    Err(wire::bad(why.into()))
+                };
+            }
+            if c.switch.load(SeqCst) || heard.final_asked.load(SeqCst) {
+                break;
+            }
+            if dirty <= CONVERGED_BYTES {
+                m.wait(ROUND_EVERY);
+            }
+        }
+    }
+    // The switch: fence, then everything not sent yet.
+    m.update(|s| s.phase = "switching".into());
+    let fenced_at = Instant::now();
+    if !m.dev.fence(FENCE_LIMIT) {
+        m.dev.open();
+        let why =
+            "requests in flight did not finish within the fence's limit; this agent serves on";
+        m.finish("failed", Some(why.into()));
+        return Err(wire::bad(why.into()));
+    }
+    log::info!(
+        "target {}: fenced for the switch after {round} rounds",
+        m.target
+    );
+    let runs = m.dev.take(
+        if fenced { Take::All } else { Take::Round },
+        wire::MAX_DATA as u64,
+    );
+    let (final_bytes, bytes) = send_runs(&mut w, m, &runs, &|| heard.gone.load(SeqCst))?;
+    wire_bytes += bytes;
+    round += 1;
+    wire_bytes += wire::write_json(
+        &mut w,
+        Kind::Done,
+        &wire::Done {
+            rounds: round,
+            final_bytes,
+        },
+    )?;
+    m.update(|s| {
+        s.rounds = round;
+        s.data_bytes += final_bytes;
+        s.final_bytes = final_bytes;
+        s.wire_bytes = wire_bytes;
+    });
+    let start = Instant::now();
+    while !heard.acked.load(SeqCst) && !heard.gone.load(SeqCst) && start.elapsed() < ACK_LIMIT {
+        m.wait(Duration::from_millis(20));
+    }
+    if !heard.acked.load(SeqCst) {
+        // The destination may or may not serve now: staying fenced is the safe answer, and a
+        // new session from it gets the whole cache again.
+        let why = "the destination did not acknowledge the final delta: this agent stays fenced and keeps the cache; restart the destination's attach with --incoming to take it again";
+        log::error!("target {}: {why}", m.target);
+        m.finish("failed", Some(why.into()));
+        return Err(wire::bad(why.into()));
+    }
+    let fenced_ms = fenced_at.elapsed().as_millis() as u64;
+    m.update(|s| s.fenced_ms = fenced_ms);
+    log::info!(
+        "target {}: handed over after {round} rounds ({} bytes moved, final delta {final_bytes} bytes, fenced {fenced_ms} ms); this agent ends",
+        m.target,
+        m.status().map_or(0, |s| s.data_bytes)
+    );
+    for f in &m.cache_files {
+        super::remove_quietly(f, &m.target);
+    }
+    m.finish("done", None);
+    m.end_agent();
+    Ok(())
+}
+
+struct CloseOnDrop(UnixStream);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Sends `runs`, read from the cache below the gate: all-zero pages as Zero frames, the
+/// rest as Data. Stops early when `stop` says so. Returns (cache bytes, wire bytes).
+fn send_runs(
+    w: &mut impl Write,
+    m: &Migration,
+    runs: &[(u64, u64)],
+    stop: &dyn Fn() -> bool,
+) -> std::io::Result<(u64, u64)> {
+    let (mut data, mut wire_bytes) = (0u64, 0u64);
+    let mut buf = vec![0u8; wire::MAX_DATA];
+    for &(off, len) in runs {
+        if stop() {
+            break;
+        }
+        let buf = &mut buf[..len as usize];
+        m.dev
+            .below()
+            .read_at(buf, off)
+            .map_err(|e| std::io::Error::other(format!("reading the cache to send it: {e}")))?;
+        let mut at = 0usize;
+        while at < buf.len() {
+            let page_end = |i: usize| (i + PAGE as usize).min(buf.len());
+            let zero = buf[at..page_end(at)].iter().all(|&b| b == 0);
+            let mut end = page_end(at);
+            while end < buf.len() && buf[end..page_end(end)].iter().all(|&b| b == 0) == zero {
+                end = page_end(end);
+            }
+            let o = off + at as u64;
+            wire_bytes += if zero {
+                wire::write(
+                    w,
+                    Kind::Zero,
+                    &[&o.to_be_bytes(), &((end - at) as u64).to_be_bytes()],
+                )?
+            } else {
+                wire::write(w, Kind::Data, &[&o.to_be_bytes(), &buf[at..end]])?
+            };
+            data += (end - at) as u64;
+            at = end;
+        }
+    }
+    Ok((data, wire_bytes))
+}

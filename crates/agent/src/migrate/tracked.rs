@@ -1,0 +1,541 @@
+//! [`TrackedDev`]: the device under an agent's local exports when the agent can take part in
+//! a live migration. It does three things on top of the write cache:
+//!
+//! - **Dirty logging.** Every write, trim and zero marks its 4 KiB pages in two maps, after
+//!   the cache took it: `since_open` (everything the cache holds beyond the vDisk, for a
+//!   full copy) and `round` (what changed since the last round took it). Marking *after*
+//!   the write means a round that clears a page before the write lands sees it marked
+//!   again, so the next round sends it: a page is never lost, at worst sent twice.
+//! - **The gate** (destination): while `Held`, every request waits for the handover; the
+//!   first one asks for the switch (the guest runs here, so its source is stopped).
+//! - **The fence** (source): `fence` refuses every new request and waits for those in
+//!   flight, so the final delta holds every write the guest was ever answered.
+//!
+//! | state   | requests                        | reached by                                  |
+//! | ------- | ------------------------------- | ------------------------------------------- |
+//! | Open    | served                          | an ordinary attach; `open` after a handover |
+//! | Held    | wait (the first asks to switch) | an incoming attach                          |
+//! | Fenced  | refused (EIO)                   | `fence`: the source sends its final delta   |
+//! | Failed  | refused (EIO)                   | `fail`: the handover cannot finish          |
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicU64, AtomicU8};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use vdstream_blockdev::{
+    lock, BatchIo, BatchOp, BlockDev, Error, ErrorKind, Filter, Hole, Op, Result, ZeroFlags,
+};
+
+/// The unit of dirty logging.
+pub const PAGE: u64 = 4096;
+
+const OPEN: u8 = 0;
+const HELD: u8 = 1;
+const FENCED: u8 = 2;
+const FAILED: u8 = 3;
+
+/// The longest a request waits at the gate before it fails: a handover that takes longer
+/// has failed (its source is gone), and the guest gets an error rather than a hang.
+pub const HOLD_LIMIT: Duration = Duration::from_secs(120);
+
+/// A map of 4 KiB pages, set concurrently by requests and taken by rounds.
+#[derive(Debug)]
+pub struct DirtyMap {
+    words: Vec<AtomicU64>,
+    size: u64,
+}
+
+impl DirtyMap {
+    pub fn new(size: u64) -> DirtyMap {
+        let pages = size.div_ceil(PAGE);
+        DirtyMap {
+            words: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            size,
+        }
+    }
+
+    /// Marks every page `offset..offset+len` touches.
+    pub fn mark(&self, offset: u64, len: u64) {
+        if len == 0 || offset >= self.size {
+            return;
+        }
+        let (first, last) = (offset / PAGE, (offset + len - 1).min(self.size - 1) / PAGE);
+        let mut p = first;
+        while p <= last {
+            let (w, bit) = ((p / 64) as usize, p % 64);
+            let n = (64 - bit).min(last - p + 1);
+            let bits = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << bit
+            };
+            if self.words[w].load(SeqCst) & bits != bits {
+                self.words[w].fetch_or(bits, SeqCst);
+            }
+            p += n;
+        }
+    }
+
+    /// Marks everything another map holds.
+    pub fn merge(&self, other: &DirtyMap) {
+        for (a, b) in self.words.iter().zip(&other.words) {
+            let v = b.load(SeqCst);
+            if v != 0 {
+                a.fetch_or(v, SeqCst);
+            }
+        }
+    }
+
+    /// The marked byte ranges, each at most `max_run` long; `clear` takes them (a page
+    /// marked again after its word was taken stays marked).
+    pub fn runs(&self, max_run: u64, clear: bool) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (w, word) in self.words.iter().enumerate() {
+            let mut v = if clear {
+                word.swap(0, SeqCst)
+            } else {
+                word.load(SeqCst)
+            };
+            while v != 0 {
+                let bit = u64::from(v.trailing_zeros());
+                v &= v - 1;
+                let start = (w as u64 * 64 + bit) * PAGE;
+                if start >= self.size {
+                    break;
+                }
+                let len = PAGE.min(self.size - start);
+                match out.last_mut() {
+                    Some((s, l)) if *s + *l == start && *l + len <= max_run => *l += len,
+                    _ => out.push((start, len)),
+                }
+            }
+        }
+        out
+    }
+
+    /// Bytes marked now.
+    pub fn bytes(&self) -> u64 {
+        let pages: u64 = self
+            .words
+            .iter()
+            .map(|w| u64::from(w.load(SeqCst).count_ones()))
+            .sum();
+        (pages * PAGE).min(self.size)
+    }
+}
+
+/// See the module docs.
+pub struct TrackedDev {
+    inner: Arc<dyn BlockDev>,
+    since_open: DirtyMap,
+    round: DirtyMap,
+    state: AtomicU8,
+    inflight: AtomicU64,
+    wake: Mutex<()>,
+    cv: Condvar,
+    /// Destination: called once, by the first request that meets the gate.
+    on_first: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Destination: the longest wait at the gate, in milliseconds.
+    held_ms: AtomicU64,
+    name: String,
+}
+
+impl std::fmt::Debug for TrackedDev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrackedDev")
+            .field("inner", &self.inner)
+            .field("state", &self.state.load(SeqCst))
+            .finish()
+    }
+}
+
+/// What a round takes from the source's maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// Everything since the open (a new session's first round); clears the round map too.
+    All,
+    /// What changed since the last take.
+    Round,
+}
+
+impl TrackedDev {
+    /// Over `inner`; `held` starts with the gate closed (an incoming attach).
+    pub fn new(inner: Arc<dyn BlockDev>, name: &str, held: bool) -> TrackedDev {
+        let size = BlockDev::size(&*inner);
+        TrackedDev {
+            inner,
+            since_open: DirtyMap::new(size),
+            round: DirtyMap::new(size),
+            state: AtomicU8::new(if held { HELD } else { OPEN }),
+            inflight: AtomicU64::new(0),
+            wake: Mutex::new(()),
+            cv: Condvar::new(),
+            on_first: Mutex::new(None),
+            held_ms: AtomicU64::new(0),
+            name: name.to_string(),
+        }
+    }
+
+    /// The device below (the write cache): a handover reads and writes it past the gate.
+    pub fn below(&self) -> &Arc<dyn BlockDev> {
+        &self.inner
+    }
+
+    fn dev(&self) -> &dyn BlockDev {
+        &*self.inner
+    }
+
+    /// Marks bytes the cache holds that this device did not see written (a persistent
+    /// cache reopened with an earlier attach's writes).
+    pub fn mark_held(&self, offset: u64, len: u64) {
+        self.since_open.mark(offset, len);
+    }
+
+    /// Writes past the gate (a handover's data), marked like a guest's write.
+    pub fn apply_write(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let r = self.dev().write_at(buf, offset, false);
+        self.mark(offset, buf.len() as u64);
+        r
+    }
+
+    /// Zeroes past the gate (a handover's zero range), marked like a guest's.
+    pub fn apply_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        let r = self.dev().write_zeroes(offset, len, ZeroFlags::default());
+        self.mark(offset, len);
+        r
+    }
+
+    /// The ranges to send next, at most `max_run` bytes each.
+    pub fn take(&self, what: Take, max_run: u64) -> Vec<(u64, u64)> {
+        match what {
+            Take::All => {
+                // Cleared first: a write landing after this is marked again for the next round.
+                self.round.runs(u64::MAX, true);
+                self.since_open.runs(max_run, false)
+            }
+            Take::Round => self.round.runs(max_run, true),
+        }
+    }
+
+    /// Bytes dirtied since the last round was taken.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.round.bytes()
+    }
+
+    /// Bytes the cache holds beyond the vDisk.
+    pub fn held_bytes(&self) -> u64 {
+        self.since_open.bytes()
+    }
+
+    /// Destination: what the first request at the gate calls.
+    pub fn on_first_request(&self, f: Box<dyn FnOnce() + Send>) {
+        *lock(&self.on_first) = Some(f);
+    }
+
+    /// Source: refuses every new request and waits (at most `limit`) for those in
+    /// flight; true when none is left.
+    pub fn fence(&self, limit: Duration) -> bool {
+        self.set(FENCED);
+        let start = Instant::now();
+        while self.inflight.load(SeqCst) != 0 {
+            if start.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+
+    /// Opens the gate (destination after the handover) or lifts a fence (a source whose
+    /// migration ended before its final delta).
+    pub fn open(&self) {
+        self.set(OPEN);
+    }
+
+    /// The handover cannot finish: every waiting and later request fails.
+    pub fn fail(&self) {
+        self.set(FAILED);
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.state.load(SeqCst) == OPEN
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.state.load(SeqCst) == FENCED
+    }
+
+    /// The longest a request waited at the gate, in milliseconds.
+    pub fn held_ms(&self) -> u64 {
+        self.held_ms.load(SeqCst)
+    }
+
+    fn set(&self, state: u8) {
+        let _g = lock(&self.wake);
+        self.state.store(state, SeqCst);
+        self.cv.notify_all();
+    }
+
+    fn mark(&self, offset: u64, len: u64) {
+        self.since_open.mark(offset, len);
+        self.round.mark(offset, len);
+    }
+
+    /// Lets one request in, waiting at a closed gate; the guard counts it in flight.
+    fn enter(&self, op: Op, offset: u64, len: u64) -> Result<InFlight<'_>> {
+        let refused = |why: &str| {
+            Error::new(
+                ErrorKind::Io,
+                op,
+                offset,
+                len,
+                BlockDev::describe(self),
+                why.to_string(),
+            )
+        };
+        loop {
+            self.inflight.fetch_add(1, SeqCst);
+            let state = self.state.load(SeqCst);
+            if state == OPEN {
+                return Ok(InFlight(self));
+            }
+            self.inflight.fetch_sub(1, SeqCst);
+            match state {
+                HELD => {
+                    if let Some(f) = lock(&self.on_first).take() {
+                        f();
+                    }
+                    let start = Instant::now();
+                    let mut g = lock(&self.wake);
+                    while self.state.load(SeqCst) == HELD {
+                        let left = HOLD_LIMIT.saturating_sub(start.elapsed());
+                        if left.is_zero() {
+                            return Err(refused("this agent took over a live migration whose handover did not finish in time; the target's cache is with its source agent"));
+                        }
+                        g = self
+                            .cv
+                            .wait_timeout(g, left)
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .0;
+                    }
+                    drop(g);
+                    self.held_ms
+                        .fetch_max(start.elapsed().as_millis() as u64, SeqCst);
+                }
+                FENCED => return Err(refused("this agent handed the target over to another agent in a live migration (fenced): the guest runs there now")),
+                _ => return Err(refused("the live migration into this agent failed: its cache is not whole, so it serves nothing (see the agent's log)")),
+            }
+        }
+    }
+}
+
+struct InFlight<'a>(&'a TrackedDev);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, SeqCst);
+    }
+}
+
+impl Filter for TrackedDev {
+    type Inner = dyn BlockDev;
+    fn inner(&self) -> &Self::Inner {
+        &*self.inner
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let _g = self.enter(Op::Read, offset, buf.len() as u64)?;
+        self.dev().read_at(buf, offset)
+    }
+    fn read_at_sparse(&self, buf: &mut [u8], offset: u64, holes: &mut Vec<Hole>) -> Result<()> {
+        let _g = self.enter(Op::Read, offset, buf.len() as u64)?;
+        self.dev().read_at_sparse(buf, offset, holes)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        let _g = self.enter(Op::Write, offset, buf.len() as u64)?;
+        let r = self.dev().write_at(buf, offset, fua);
+        self.mark(offset, buf.len() as u64);
+        r
+    }
+    fn flush(&self) -> Result<()> {
+        let _g = self.enter(Op::Flush, 0, 0)?;
+        self.dev().flush()
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        let _g = self.enter(Op::Trim, offset, len)?;
+        let r = self.dev().trim(offset, len, fua);
+        self.mark(offset, len);
+        r
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        let _g = self.enter(Op::Zero, offset, len)?;
+        let r = self.dev().write_zeroes(offset, len, flags);
+        self.mark(offset, len);
+        r
+    }
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+        out: &mut Vec<vdstream_blockdev::Extent>,
+    ) -> Result<()> {
+        let _g = self.enter(Op::BlockStatus, offset, len)?;
+        self.dev().block_status(offset, len, out)
+    }
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        let _g = self.enter(Op::Cache, offset, len)?;
+        self.dev().cache(offset, len)
+    }
+    fn describe(&self) -> String {
+        format!("{} ({})", self.dev().describe(), self.name)
+    }
+    fn io_batch(&self, ops: &mut [BatchOp<'_>]) {
+        let total: u64 = ops.iter().map(|o| o.len() as u64).sum();
+        let first = ops.first().map_or(0, |o| o.offset);
+        let guard = match self.enter(Op::Read, first, total) {
+            Ok(g) => g,
+            Err(e) => {
+                for op in ops.iter_mut() {
+                    let kind = if op.is_write() { Op::Write } else { Op::Read };
+                    op.result = Err(Error::new(
+                        e.kind,
+                        kind,
+                        op.offset,
+                        op.len() as u64,
+                        e.device.clone(),
+                        e.message.clone(),
+                    ));
+                }
+                return;
+            }
+        };
+        self.dev().io_batch(ops);
+        for op in ops.iter() {
+            if let BatchIo::Write(buf, _) = &op.io {
+                self.mark(op.offset, buf.len() as u64);
+            }
+        }
+        drop(guard);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DirtyMap, Take, TrackedDev, PAGE};
+    use proptest::prelude::*;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use vdstream_blockdev::{BlockDev, MemoryDev};
+    use vdstream_blockdev::{ErrorKind, ZeroFlags};
+
+    fn dev(size: u64, held: bool) -> TrackedDev {
+        TrackedDev::new(Arc::new(MemoryDev::new(size)), "test", held)
+    }
+
+    #[test]
+    fn runs_join_neighbouring_pages_and_stop_at_the_size() {
+        let m = DirtyMap::new(10 * PAGE + 100);
+        m.mark(PAGE + 1, 1);
+        m.mark(2 * PAGE, 2 * PAGE);
+        m.mark(10 * PAGE + 50, 10);
+        assert_eq!(
+            m.runs(u64::MAX, false),
+            vec![(PAGE, 3 * PAGE), (10 * PAGE, 100)]
+        );
+        assert_eq!(
+            m.runs(2 * PAGE, true),
+            vec![(PAGE, 2 * PAGE), (3 * PAGE, PAGE), (10 * PAGE, 100)]
+        );
+        assert!(m.runs(u64::MAX, false).is_empty());
+        assert_eq!(m.bytes(), 0);
+    }
+
+    #[test]
+    fn a_fenced_device_refuses_and_a_failed_gate_errors() {
+        let d = dev(1 << 20, false);
+        d.write_at(&[1; 512], 0, false).unwrap();
+        assert!(d.fence(Duration::from_secs(1)));
+        let err = d.write_at(&[2; 512], 0, false).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Io);
+        assert!(err.message.contains("fenced"), "{err}");
+        d.open();
+        d.write_at(&[2; 512], 0, false).unwrap();
+        let d = dev(1 << 20, true);
+        let d = Arc::new(d);
+        let asked = Arc::new(AtomicU64::new(0));
+        let a = asked.clone();
+        d.on_first_request(Box::new(move || {
+            a.fetch_add(1, SeqCst);
+        }));
+        let d2 = d.clone();
+        let t = std::thread::spawn(move || {
+            let mut b = [0u8; 512];
+            d2.read_at(&mut b, 0)
+        });
+        while asked.load(SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        d.fail();
+        assert!(t.join().unwrap().unwrap_err().message.contains("failed"));
+    }
+
+    #[test]
+    fn held_requests_wait_for_the_handover_then_see_its_data() {
+        let d = Arc::new(dev(1 << 20, true));
+        let d2 = d.clone();
+        let t = std::thread::spawn(move || {
+            let mut b = [0u8; 4096];
+            d2.read_at(&mut b, 8192).map(|()| b)
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        d.apply_write(&[7; 4096], 8192).unwrap();
+        d.open();
+        assert_eq!(t.join().unwrap().unwrap(), [7; 4096]);
+        assert!(d.held_ms() >= 10, "{}", d.held_ms());
+        // The handover's data counts as held: this agent can hand it on.
+        assert_eq!(d.take(Take::All, u64::MAX), vec![(8192, 4096)]);
+    }
+
+    proptest! {
+        /// A model of a migration: writes land between rounds; after a fence, the pages a
+        /// destination received (full copy, then rounds, then the final round) read as the
+        /// source's.
+        #[test]
+        fn rounds_then_a_final_delta_copy_every_byte(
+            batches in proptest::collection::vec(
+                proptest::collection::vec((0u64..256 * 1024, 1u64..20_000, any::<u8>(), 0u8..3), 0..12),
+                1..5)
+        ) {
+            let size = 256 * 1024 + 777;
+            let src = dev(size, false);
+            let dst = dev(size, true);
+            let copy = |runs: Vec<(u64, u64)>| {
+                for (off, len) in runs {
+                    let mut b = vec![0u8; len as usize];
+                    src.below().read_at(&mut b, off).unwrap();
+                    dst.apply_write(&b, off).unwrap();
+                }
+            };
+            for (i, batch) in batches.iter().enumerate() {
+                for &(off, len, byte, kind) in batch {
+                    let len = len.min(size - off);
+                    match kind {
+                        0 => src.write_at(&vec![byte; len as usize], off, false).unwrap(),
+                        1 => src.trim(off, len, false).unwrap(),
+                        _ => src.write_zeroes(off, len, ZeroFlags::default()).unwrap(),
+                    }
+                }
+                copy(src.take(if i == 0 { Take::All } else { Take::Round }, 64 * 1024));
+            }
+            prop_assert!(src.fence(Duration::from_secs(1)));
+            copy(src.take(Take::Round, 64 * 1024));
+            dst.open();
+            let (mut a, mut b) = (vec![0u8; size as usize], vec![0u8; size as usize]);
+            src.below().read_at(&mut a, 0).unwrap();
+            dst.read_at(&mut b, 0).unwrap();
+            prop_assert!(a == b);
+        }
+    }
+}

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Live migration of a target's write cache between two agents, each on its own "host" (its
+# own run and cache folders), for every host-side cache type: ram-overflow with most of
+# its cache in overflow, device-ram, device-disk, device-disk-persistent. qemu-io writes
+# (data and write-zeroes) to the source while the destination copies; then
+# `vdstream target migrate` switches, the source ends with state "migrated", and the
+# destination's disk equals a file that took the same writes. Then back (B to A) with
+# writes meanwhile; a cancelled migration and a destination killed with SIGKILL mid-copy
+# leave the source serving, its data whole. A destination on another vDisk or cache type is
+# refused with a message naming both.
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+require qemu-io nbdinfo nbdcopy cmp
+require_vdstream
+e2e_init
+
+size=$((48 << 20))
+base=$E2E_TMP/base.img
+head -c "$size" /dev/urandom >"$base"
+start_server "$base" --read-only --name golden
+srv_uri=$URI
+
+# on HOST CMD... — CMD with HOST's run and cache folders (two agents of one target, as on
+# two hosts).
+on() {
+    local host=$1; shift
+    VDSTREAM_RUN_DIR=$E2E_TMP/$host/run VDSTREAM_CACHE_DIR=$E2E_TMP/$host/cache "$@"
+}
+
+# attach_on HOST ID ARGS... — the target's agent on HOST, waited for (bounded); sets PID_<HOST>.
+attach_on() {
+    local host=$1 id=$2; shift 2
+    mkdir -p "$E2E_TMP/$host"
+    # Not through `on`: the pid must be the agent's own, for kill -KILL.
+    VDSTREAM_RUN_DIR=$E2E_TMP/$host/run VDSTREAM_CACHE_DIR=$E2E_TMP/$host/cache \
+        "$VDSTREAM_BIN" target attach "$id" --server "$srv_uri" "$@" \
+        >"$E2E_TMP/agent-$host-$id.log" 2>&1 </dev/null &
+    local pid=$!
+    E2E_PIDS+=("$pid")
+    E2E_SERVER_LOGS+=("$E2E_TMP/agent-$host-$id.log")
+    printf -v "PID_$host" '%s' "$pid"
+    wait_ready "$pid" "nbd+unix:///?socket=$E2E_TMP/$host/run/$id.sock"
+}
+
+sock_of() { echo "nbd+unix:///?socket=$E2E_TMP/$1/run/$2.sock"; }
+
+# write_both URI CMD — one qemu-io write on the agent's export and on the model file.
+write_both() {
+    run_bounded 60 qemu-io -f raw -c "$2" "$1" >/dev/null || fail "qemu-io $2 on $1"
+    run_bounded 60 qemu-io -f raw -c "$2" "$model" >/dev/null || fail "qemu-io $2 on the model"
+}
+
+# phase HOST ID — the agent's migration phase ("" without one).
+phase() {
+    on "$1" "$VDSTREAM_BIN" target status "$2" --json 2>/dev/null >"$E2E_TMP/st.json" || true
+    json_get "$E2E_TMP/st.json" '(j.get("migration") or {}).get("phase", "")' 2>/dev/null || true
+}
+
+wait_phase() {
+    local host=$1 id=$2 want=$3 i
+    for ((i = 0; i < 300; i++)); do
+        [[ $(phase "$host" "$id") == "$want" ]] && return 0
+        sleep 0.1
+    done
+    fail "$id on $host: migration phase $(phase "$host" "$id"), not $want, after 30 s"
+}
+
+# same_disk URI — the export reads as the model, byte for byte.
+same_disk() {
+    rm -f "$E2E_TMP/read.img"
+    run_bounded 60 nbdcopy "$1" "$E2E_TMP/read.img" || fail "nbdcopy $1"
+    cmp "$E2E_TMP/read.img" "$model" || fail "$2: the disk differs from the model"
+}
+
+# migrate HOST ID — `target migrate` on HOST (no qemu here: it switches once converged).
+migrate() {
+    on "$1" "$VDSTREAM_BIN" target migrate "$2" --json >"$E2E_TMP/migrate.json" 2>"$E2E_TMP/migrate.err" ||
+        fail "target migrate $2 on $1: $(cat "$E2E_TMP/migrate.err")"
+    json_get "$E2E_TMP/migrate.json" 'j["handover"]["phase"]' | grep -qx done || fail "not done: $(cat "$E2E_TMP/migrate.json")"
+}
+
+wait_gone() {
+    local pid=$1 what=$2 i rc=0
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && fail "$what did not end"
+    wait "$pid" || rc=$?
+    echo "$rc"
+}
+
+for type in ram-overflow device-ram device-disk device-disk-persistent; do
+    log "==== $type ===="
+    id=m-$type
+    args=(--cache "$type")
+    [[ $type == ram-overflow ]] && args+=(--ram 4M)
+    [[ $type == device-ram ]] && args+=(--ram 64M)
+    rm -rf "$E2E_TMP/a" "$E2E_TMP/b"
+    model=$E2E_TMP/model.img
+    cp "$base" "$model"
+    attach_on a "$id" "${args[@]}"
+    pid_a=$PID_a
+    write_both "$(sock_of a "$id")" "write -P 0x11 0 8M"
+    write_both "$(sock_of a "$id")" "write -z 1M 1M"
+    write_both "$(sock_of a "$id")" "write -P 0x22 30000001 70000"
+
+    # A to B, with writes while B copies.
+    attach_on b "$id" "${args[@]}" --incoming "$E2E_TMP/a/run/$id.migrate"
+    pid_b=$PID_b
+    for i in $(seq 1 12); do
+        write_both "$(sock_of a "$id")" "write -P $((i + 40)) $((i * 512 * 1024 + 12 * 1024 * 1024)) 300k"
+    done
+    wait_phase b "$id" converged
+    migrate a "$id"
+    assert_eq "$type: source exit status after the handover" "$(wait_gone "$pid_a" "the source agent")" 0
+    assert_eq "$type: the source's last state" "$(phase a "$id")" done
+    json_get "$E2E_TMP/st.json" 'j["state"]' | grep -qx migrated || fail "$type: the source's state is not migrated"
+    if [[ $type == device-disk-persistent ]]; then
+        [[ -z $(ls "$E2E_TMP/a/cache/$id" 2>/dev/null) ]] || fail "$type: the source left its cache files: $(ls "$E2E_TMP/a/cache/$id")"
+    fi
+    same_disk "$(sock_of b "$id")" "$type A to B"
+    log "ok: $type: A to B moved the cache: $(json_get "$E2E_TMP/migrate.json" 'j["handover"]')"
+
+    # B to A, with writes on B first.
+    write_both "$(sock_of b "$id")" "write -P 0x33 20M 2M"
+    attach_on a "$id" "${args[@]}" --incoming "$E2E_TMP/b/run/$id.migrate"
+    pid_a=$PID_a
+    write_both "$(sock_of b "$id")" "write -P 0x44 21M 64k"
+    wait_phase a "$id" converged
+    migrate b "$id"
+    assert_eq "$type: B exit status after the handover" "$(wait_gone "$pid_b" "agent B")" 0
+    same_disk "$(sock_of a "$id")" "$type B to A"
+
+    # A cancelled migration: the destination ends, the source serves on.
+    attach_on b "$id" "${args[@]}" --incoming "$E2E_TMP/a/run/$id.migrate"
+    pid_b=$PID_b
+    wait_phase b "$id" converged
+    on a "$VDSTREAM_BIN" target migrate "$id" --cancel >/dev/null || fail "$type: --cancel failed"
+    rc=$(wait_gone "$pid_b" "the cancelled destination")
+    ((rc != 0)) || fail "$type: a cancelled destination exited 0"
+    grep -q "the incoming migration failed" "$E2E_TMP/agent-b-$id.log" || fail "$type: the destination did not say why it ended"
+    wait_phase a "$id" cancelled
+    write_both "$(sock_of a "$id")" "write -P 0x55 5M 64k"
+
+    # A destination killed mid-copy: the source serves on.
+    attach_on b "$id" "${args[@]}" --incoming "$E2E_TMP/a/run/$id.migrate"
+    kill -KILL "$PID_b"
+    wait "$PID_b" 2>/dev/null || true
+    wait_phase a "$id" failed
+    write_both "$(sock_of a "$id")" "write -P 0x66 6M 64k"
+    same_disk "$(sock_of a "$id")" "$type after a cancel and a killed destination"
+    rc=0
+    stop_server "$pid_a" 15 || rc=$?
+    assert_eq "$type: source exit status" "$rc" 0
+    log "ok: $type: A to B to A, a cancel and a killed destination: every byte where it belongs"
+done
+
+# A destination that does not match is refused, naming both sides.
+attach_on a m-check --cache device-ram --ram 64M
+VDSTREAM_RUN_DIR=$E2E_TMP/b/run VDSTREAM_CACHE_DIR=$E2E_TMP/b/cache \
+    "$VDSTREAM_BIN" target attach m-check --server "$srv_uri" --cache ram-overflow --incoming "$E2E_TMP/a/run/m-check.migrate" >"$E2E_TMP/wrong.log" 2>&1 </dev/null &
+pid_b=$!
+E2E_PIDS+=("$pid_b")
+rc=$(wait_gone "$pid_b" "a mismatched destination")
+((rc != 0)) || fail "a destination with another cache type exited 0"
+grep -q "ram-overflow cache, this agent device-ram: use --cache device-ram" "$E2E_TMP/wrong.log" ||
+    fail "the refusal does not name both cache types: $(tail -n 3 "$E2E_TMP/wrong.log")"
+out=$(on a "$VDSTREAM_BIN" target migrate m-check --converge-for 1s 2>&1) && fail "migrate without a destination succeeded"
+grep -q "no destination agent converged" <<<"$out" || fail "migrate without a destination: $out"
+log "ok: a mismatched destination is refused; migrate without one says what to start"
