@@ -99,17 +99,40 @@ write)
     say "WROTE $tag mb=$mb"
     ;;
 loop)
+    # vdstest.keep=1: each round writes one of 64 files of 256 KiB (slot i mod 64) and keeps
+    # its checksum, and at the end every file is read back (page cache dropped) against its
+    # last checksum: what a migrated guest wrote anywhere along the way is all there.
+    keep=$(arg vdstest.keep 0)
     t0=$(uptime_s)
     i=0
+    mkdir -p /var/tmp/loop
     while awk -v a="$t0" -v b="$(uptime_s)" -v s="$secs" 'BEGIN { exit !(b - a < s) }'; do
         i=$((i + 1))
-        dd if=/dev/urandom of=/var/tmp/loop.bin bs=1M count=1 2>/dev/null
-        want=$(sha256sum </var/tmp/loop.bin)
+        if [ "$keep" = 1 ]; then
+            f=/var/tmp/loop/f$((i % 64)).bin
+            dd if=/dev/urandom of="$f" bs=256k count=1 2>/dev/null
+            (cd /var/tmp/loop && sha256sum "$(basename "$f")" >"$(basename "$f").sha256")
+        else
+            f=/var/tmp/loop.bin
+            dd if=/dev/urandom of="$f" bs=1M count=1 2>/dev/null
+        fi
+        want=$(sha256sum <"$f")
         sync
         echo 3 >/proc/sys/vm/drop_caches
-        if [ "$(sha256sum </var/tmp/loop.bin)" = "$want" ]; then say "ROUND $i ok"; else failed "ROUND $i bad"; fi
+        if [ "$(sha256sum <"$f")" = "$want" ]; then say "ROUND $i ok"; else failed "ROUND $i bad"; fi
         sleep 0.5
     done
+    if [ "$keep" = 1 ]; then
+        sync
+        echo 3 >/proc/sys/vm/drop_caches
+        n=0
+        for sum in /var/tmp/loop/*.sha256; do
+            [ -e "$sum" ] || continue
+            n=$((n + 1))
+            (cd /var/tmp/loop && sha256sum -c -s "$(basename "$sum")") || failed "LOOP $(basename "$sum" .sha256) bad"
+        done
+        say "LOOP VERIFIED files=$n rounds=$i"
+    fi
     ;;
 fio)
     # The VDI profile (job.fio: an image made with make-golden-image --fio) on a file of the

@@ -1,8 +1,10 @@
 //! `vdstream target migrate`: drives one live migration from the source host. It waits for
-//! the destination agent to converge, runs qemu's migration through QMP, and, once qemu says
-//! `completed` (the source VM is stopped and its disk flushed), has the source agent send
-//! its final delta. A qemu migration that fails or is cancelled cancels the handover: the
-//! source agent was never fenced and serves on.
+//! the destination agent to converge, and runs qemu's migration through QMP with
+//! `pause-before-switchover`: at `pre-switchover` the source VM is stopped and its disk
+//! flushed, and the source agent sends its final delta (Switch) before qemu goes on; at
+//! `completed` the handover commits (the source agent ends). A qemu migration that fails
+//! before the switch cancels the handover (the source agent was never fenced); one that
+//! fails after it reverts it (the destination fails its gate, the source serves on).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -98,9 +100,10 @@ pub fn cancel(socket: &Path) -> Result<(), String> {
     ask(socket, Kind::Cancel, Duration::from_secs(30)).map(|_| ())
 }
 
-/// Has the source agent fence and send its final delta; its migration status after.
-pub fn switch(socket: &Path) -> Result<MigrationStatus, String> {
-    let f = ask(socket, Kind::Switch, super::FENCE_LIMIT + super::ACK_LIMIT)?;
+/// One of Switch (fence and send the final delta), Commit or Revert; the source agent's
+/// migration status after.
+pub fn tell(socket: &Path, kind: Kind) -> Result<MigrationStatus, String> {
+    let f = ask(socket, kind, super::FENCE_LIMIT + super::ACK_LIMIT)?;
     f.json::<Option<MigrationStatus>>()
         .map_err(|e| e.to_string())?
         .ok_or_else(|| "the source agent reports no migration".into())
@@ -141,9 +144,9 @@ pub fn run(cfg: &DriveConfig, progress: &dyn Fn(&str)) -> Result<Outcome, DriveE
         }
     }
     let (Some(qmp_path), Some(to)) = (&cfg.qmp, &cfg.to) else {
-        // libvirt (or the user) runs qemu's migration: switch when told, or at the first
-        // request the destination sees.
-        let handover = switch(&cfg.socket).map_err(agent_err)?;
+        // No VM to move (the caller stopped it, or moves a disk alone): switch and commit.
+        tell(&cfg.socket, Kind::Switch).map_err(agent_err)?;
+        let handover = tell(&cfg.socket, Kind::Commit).map_err(agent_err)?;
         return Ok(Outcome {
             target: cfg.target.clone(),
             qemu: None,
@@ -155,47 +158,74 @@ pub fn run(cfg: &DriveConfig, progress: &dyn Fn(&str)) -> Result<Outcome, DriveE
         qmp: qmp_path.display().to_string(),
         message,
     };
-    // 2. qemu's migration.
+    // 2. qemu's migration, paused before its switch-over.
     let mut qmp = Qmp::connect(qmp_path).map_err(qmp_err)?;
+    qmp.execute(
+        "migrate-set-capabilities",
+        json!({ "capabilities": [{ "capability": "pause-before-switchover", "state": true }] }),
+    )
+    .map_err(qmp_err)?;
     qmp.execute("migrate", json!({ "uri": to }))
         .map_err(qmp_err)?;
     progress(&format!("qemu migrates to {to}"));
+    let failed = |status: String, message: String| DriveError::Failed {
+        target: cfg.target.clone(),
+        status,
+        message,
+    };
     let start = Instant::now();
+    let mut switched = false;
     let figures = loop {
         let q = qmp.execute("query-migrate", json!({})).map_err(qmp_err)?;
         let status = q["status"].as_str().unwrap_or("").to_string();
         match status.as_str() {
+            "pre-switchover" if !switched => {
+                // 3. The source VM is stopped and flushed: the final delta, then qemu goes on.
+                let s = tell(&cfg.socket, Kind::Switch);
+                if let Err(e) = s {
+                    let _ = qmp.execute("migrate_cancel", json!({}));
+                    let _ = cancel(&cfg.socket);
+                    return Err(failed(
+                        "was cancelled".into(),
+                        format!("the source agent could not switch: {e}"),
+                    ));
+                }
+                switched = true;
+                progress("the destination agent has the whole cache; qemu switches over");
+                qmp.execute("migrate-continue", json!({ "state": "pre-switchover" }))
+                    .map_err(qmp_err)?;
+            }
             "completed" => break figures_of(&q),
             "failed" | "cancelled" => {
                 let message = q["error-desc"]
                     .as_str()
                     .unwrap_or("qemu gave no reason")
                     .to_string();
-                let _ = cancel(&cfg.socket);
-                return Err(DriveError::Failed {
-                    target: cfg.target.clone(),
-                    status,
-                    message,
-                });
+                if switched {
+                    // The source VM resumes at its agent: take the target back.
+                    tell(&cfg.socket, Kind::Revert).map_err(agent_err)?;
+                } else {
+                    let _ = cancel(&cfg.socket);
+                }
+                return Err(failed(status, message));
             }
-            _ if start.elapsed() > cfg.qemu_for => {
+            _ if start.elapsed() > cfg.qemu_for && !switched => {
                 let _ = qmp.execute("migrate_cancel", json!({}));
                 let _ = cancel(&cfg.socket);
-                return Err(DriveError::Failed {
-                    target: cfg.target.clone(),
-                    status: "was cancelled".into(),
-                    message: format!("qemu did not finish within {} s", cfg.qemu_for.as_secs()),
-                });
+                return Err(failed(
+                    "was cancelled".into(),
+                    format!("qemu did not finish within {} s", cfg.qemu_for.as_secs()),
+                ));
             }
-            _ => std::thread::sleep(Duration::from_millis(20)),
+            _ => std::thread::sleep(Duration::from_millis(5)),
         }
     };
     progress(&format!(
         "qemu's migration completed: {} ms in all, {} ms downtime",
         figures.total_ms, figures.downtime_ms
     ));
-    // 3. The source VM is stopped and flushed: the final delta.
-    let handover = switch(&cfg.socket).map_err(agent_err)?;
+    // 4. The destination VM runs: the source agent ends.
+    let handover = tell(&cfg.socket, Kind::Commit).map_err(agent_err)?;
     Ok(Outcome {
         target: cfg.target.clone(),
         qemu: Some(figures),

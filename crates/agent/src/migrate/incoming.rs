@@ -1,12 +1,10 @@
 //! The destination side: an agent attached with `--incoming SOCKET` takes its target's
-//! cache from the source agent there, holding its own export's requests until the final
+//! cache from the source agent there, holding its own export's writes until the final
 //! delta is in.
 
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,59 +13,38 @@ use vdstream_blockdev::lock;
 use super::wire::{self, Kind};
 use super::{Migration, CONVERGED_BYTES};
 
-/// How long the destination tries to reach its source: at start, and again when the link
-/// breaks after the guest asked here (then only the source has the last writes).
+/// How long the destination tries to reach its source at start.
 const CONNECT_FOR: Duration = Duration::from_secs(30);
 
 /// How one session ended.
 enum Ended {
     /// The final delta is in: this agent serves.
-    Done,
+    Serving,
+    /// qemu failed after the switch-over: the source serves on, this agent nothing.
+    Reverted,
     /// The source refused (a wrong vDisk, cache type, target): no use trying again.
     Refused(String),
-    /// The link broke or the source went away.
+    /// The link broke or the source went away before the final delta.
     Broken(String),
 }
 
 /// Runs the handover from the source at `source` on a thread of its own; the gate opens
-/// when it is done, or every held request fails and the agent ends when it cannot be.
+/// when the final delta is in, or every held request fails and the agent ends.
 pub fn run_incoming(m: Arc<Migration>, source: PathBuf, size: u64) {
-    let final_wanted = Arc::new(AtomicBool::new(false));
-    let writer: Arc<Mutex<Option<UnixStream>>> = Arc::new(Mutex::new(None));
-    {
-        let (final_wanted, writer, m2) = (final_wanted.clone(), writer.clone(), m.clone());
-        m.dev.on_first_request(Box::new(move || {
-            // The guest runs here: its source VM stopped and flushed. Ask for the final delta.
-            log::info!(
-                "target {}: the guest's first request here: asking the source for the final delta",
-                m2.target
-            );
-            final_wanted.store(true, SeqCst);
-            if let Some(w) = lock(&writer).as_mut() {
-                let _ = wire::write(w, Kind::Final, &[]);
-            }
-        }));
-    }
     m.begin("destination", &source.display().to_string());
     let spawn = std::thread::Builder::new()
         .name("migrate-in".into())
-        .spawn(move || {
-            let started = Instant::now();
-            loop {
-                match session(&m, &source, size, &final_wanted, &writer) {
-                    Ended::Done => return,
-                    Ended::Refused(why) => return fail(&m, &why),
-                    Ended::Broken(why) => {
-                        // Before the guest asked here, the source serves on: give up. After,
-                        // only the source has the last writes: try to reach it again.
-                        if !final_wanted.load(SeqCst) || started.elapsed() > CONNECT_FOR * 4 {
-                            return fail(&m, &why);
-                        }
-                        log::warn!("target {}: {why}; trying the source again", m.target);
-                        std::thread::sleep(Duration::from_millis(200));
-                    }
-                }
+        .spawn(move || match session(&m, &source, size) {
+            Ended::Serving => {}
+            Ended::Reverted => {
+                log::warn!(
+                    "target {}: qemu's migration failed after the switch-over: the source agent serves on; this agent ends",
+                    m.target
+                );
+                m.finish("reverted", Some("qemu's migration failed after the switch-over; the source serves on".into()));
+                m.end_agent();
             }
+            Ended::Refused(why) | Ended::Broken(why) => fail(&m, &why),
         });
     if let Err(e) = spawn {
         log::error!("target: cannot start the incoming migration: {e}");
@@ -95,13 +72,7 @@ fn connect(source: &Path) -> std::io::Result<UnixStream> {
     }
 }
 
-fn session(
-    m: &Migration,
-    source: &Path,
-    size: u64,
-    final_wanted: &AtomicBool,
-    writer: &Mutex<Option<UnixStream>>,
-) -> Ended {
+fn session(m: &Migration, source: &Path, size: u64) -> Ended {
     let conn = match connect(source) {
         Ok(c) => c,
         Err(e) => {
@@ -118,53 +89,50 @@ fn session(
         size,
         cache: m.cache.clone(),
     };
-    let mut w = match conn.try_clone() {
-        Ok(w) => w,
+    let writer = match conn.try_clone() {
+        Ok(w) => Arc::new(Mutex::new(w)),
         Err(e) => return Ended::Broken(e.to_string()),
     };
-    if let Err(e) = wire::write_json(&mut w, Kind::Hello, &hello) {
+    if let Err(e) = wire::write_json(&mut *lock(&writer), Kind::Hello, &hello) {
         return Ended::Broken(format!("the source agent closed the connection: {e}"));
     }
+    let send = |kind: Kind, text: &str| wire::write(&mut *lock(&writer), kind, &[text.as_bytes()]);
     let mut r = BufReader::with_capacity(wire::MAX_PAYLOAD + 64, conn);
     let broken =
         |e: std::io::Error| Ended::Broken(format!("the link to the source agent broke: {e}"));
-    let welcome = match wire::read(&mut r) {
-        Ok(Some(f)) if f.kind == Kind::Welcome => f,
+    match wire::read(&mut r) {
+        Ok(Some(f)) if f.kind == Kind::Welcome => {}
         Ok(Some(f)) if f.kind == Kind::Error => return Ended::Refused(f.text()),
         Ok(_) => return Ended::Broken("the source agent closed the connection at once".into()),
         Err(e) => return broken(e),
-    };
-    let fenced = welcome
-        .json::<wire::Welcome>()
-        .map(|w| w.fenced)
-        .unwrap_or(false);
-    log::info!(
-        "target {}: taking the cache from the source agent at {}{}",
-        m.target,
-        source.display(),
-        if fenced {
-            " (it is fenced: one final round)"
-        } else {
-            ""
-        }
-    );
-    *lock(writer) = Some(w);
-    if final_wanted.load(SeqCst) {
-        if let Some(w) = lock(writer).as_mut() {
-            let _ = wire::write(w, Kind::Final, &[]);
-        }
     }
+    log::info!(
+        "target {}: taking the cache from the source agent at {}",
+        m.target,
+        source.display()
+    );
     m.update(|s| s.phase = "pre-copy".into());
     let (mut data, mut wire_bytes) = (0u64, 0u64);
-    let ended = loop {
+    loop {
         let f = match wire::read(&mut r) {
             Ok(Some(f)) => f,
+            Ok(None) if m.dev.is_open() => {
+                // After the switch this agent has everything: the source's end changes nothing.
+                log::info!("target {}: the source agent went away after the switch-over; this agent has the whole cache and serves on", m.target);
+                m.finish("done", None);
+                return Ended::Serving;
+            }
             Ok(None) => {
-                break Ended::Broken(
+                return Ended::Broken(
                     "the source agent closed the connection before the final delta".into(),
                 )
             }
-            Err(e) => break broken(e),
+            Err(e) if m.dev.is_open() => {
+                log::warn!("target {}: the link to the source agent broke after the switch-over ({e}); this agent has the whole cache and serves on", m.target);
+                m.finish("done", None);
+                return Ended::Serving;
+            }
+            Err(e) => return broken(e),
         };
         wire_bytes += 5 + f.payload.len() as u64;
         let applied = match f.kind {
@@ -204,15 +172,19 @@ fn session(
                 });
                 // Everything is in: make it as durable as the cache makes anything, then serve.
                 if let Err(e) = m.dev.below().flush() {
-                    break Ended::Refused(format!(
+                    return Ended::Refused(format!(
                         "flushing this agent's cache after the final delta failed: {e}"
                     ));
                 }
-                if let Some(w) = lock(writer).as_mut() {
-                    if let Err(e) = wire::write(w, Kind::Ack, &[]) {
-                        break broken(e);
-                    }
+                if let Err(e) = send(Kind::Ack, "") {
+                    return broken(e);
                 }
+                // The first guest write here is announced before it runs: the source then
+                // knows it may not take the target back.
+                let w = writer.clone();
+                m.dev.on_first_write(Box::new(move || {
+                    let _ = wire::write(&mut *lock(&w), Kind::Serving, &[]);
+                }));
                 m.dev.open();
                 m.update(|s| {
                     s.rounds = done.rounds;
@@ -220,23 +192,41 @@ fn session(
                     s.data_bytes = data;
                     s.wire_bytes = wire_bytes;
                     s.dirty_bytes = 0;
+                    s.phase = "switched".into();
                 });
-                m.finish("done", None);
                 log::info!(
                     "target {}: took over from the source agent after {} rounds ({data} bytes, final delta {} bytes); serving",
                     m.target, done.rounds, done.final_bytes
                 );
-                break Ended::Done;
+                Ok(())
             }
-            Kind::Error => break Ended::Refused(f.text()),
+            Kind::Commit => {
+                m.finish("done", None);
+                return Ended::Serving;
+            }
+            Kind::Revert => {
+                // Hold new requests, then give the target back only if no write was served.
+                m.dev.fence(super::FENCE_LIMIT);
+                if m.dev.wrote() {
+                    m.dev.open();
+                    let _ = send(
+                        Kind::Error,
+                        "the destination served guest writes already: it keeps the target",
+                    );
+                    Ok(())
+                } else {
+                    m.dev.fail();
+                    let _ = send(Kind::Reverted, "");
+                    return Ended::Reverted;
+                }
+            }
+            Kind::Error => return Ended::Refused(f.text()),
             k => Err(wire::bad(format!("an unexpected {k:?} frame"))),
         };
         if let Err(e) = applied {
-            break Ended::Refused(format!("applying the source's cache: {e}"));
+            return Ended::Refused(format!("applying the source's cache: {e}"));
         }
-    };
-    *lock(writer) = None;
-    ended
+    }
 }
 
 fn check_range(off: u64, len: u64, size: u64) -> std::io::Result<()> {

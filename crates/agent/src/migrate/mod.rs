@@ -5,26 +5,32 @@
 //!   source agent A                                  destination agent B (--incoming A)
 //!   serves the guest; logs dirty pages       ◀── Hello (target, vDisk, cache type)
 //!   round 0: everything its cache holds      ──▶ written into B's cache, past its gate
-//!   rounds 1..: what the guest dirtied       ──▶ (B's export holds every request)
+//!   rounds 1..: what the guest dirtied       ──▶ (B's export answers reads, holds writes)
 //!   ... converged: rounds stay small ...
-//!   qemu's migration completes (source VM stopped and flushed); then either
-//!     `vdstream target migrate` sends Switch to A, or B's first guest request sends Final
-//!   fence: refuse new requests, wait for those in flight
+//!   qemu reaches pre-switchover (source VM stopped, its disk flushed):
+//!     `vdstream target migrate` sends Switch to A
+//!   fence: hold new requests, wait for those in flight
 //!   the final delta                          ──▶ written; B flushes its cache
-//!   Done                                     ──▶ Ack ◀── B opens its gate and serves
-//!   A ends (its persistent cache files removed)
+//!   Done                                     ──▶ Ack ◀── B opens its gate (phase switched)
+//!   qemu completes: Commit                   ──▶ A ends (its persistent cache files removed)
+//!   (qemu fails after the switch: Revert     ──▶ B fails its gate ──▶ Reverted; A serves on)
 //! ```
 //!
 //! Why it is safe:
-//! - qemu runs a destination VM only after its source VM stopped and flushed its disks, so
-//!   a request at B means no request is left at A; B holds it until the final delta is in.
-//! - A is fenced before it takes the final delta, and stays fenced once it sent one: never
-//!   two writers. A fenced source whose destination never acknowledged keeps its whole cache
-//!   and its socket, and a new session from the destination gets all of it again.
+//! - Before the switch the destination answers reads (qemu reads the disk to set its device
+//!   up) and holds writes; its guest runs only after qemu's switch-over, which comes after
+//!   the final delta is in. Its first write after the gate opens is announced to A before
+//!   it runs: from then on only B has the newest data.
+//! - A is fenced before it takes the final delta: never two writers. A fenced source holds
+//!   its requests rather than failing them, so a VM that resumes there after a failed
+//!   switch-over sees a pause once the handover is reverted. It reverts only when B failed its
+//!   gate, or went away, having served no write.
 //! - Before the switch, any failure (destination killed, cancel, the link cut) ends the
 //!   session only: A was never fenced and serves on; B fails every held request and ends.
 //! - Marking pages after the cache took a write, and clearing a round's pages before reading
 //!   them, means a page written during a round is sent in the next one ([`tracked`]).
+//! - A source that sent its final delta without an acknowledgement stays fenced and keeps
+//!   its whole cache: a new session from the destination gets all of it again.
 //!
 //! The socket: every agent with a host-side cache listens on `RUN/ID.migrate` (owner-only,
 //! like its NBD socket): who may connect may read the target's disk anyway.

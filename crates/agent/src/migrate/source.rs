@@ -28,6 +28,8 @@ struct Control {
     busy: AtomicBool,
     switch: AtomicBool,
     cancel: AtomicBool,
+    commit: AtomicBool,
+    revert: AtomicBool,
     /// Bumped at the end of each session; its outcome kept beside it.
     ended: AtomicU64,
     outcome: Mutex<Option<Result<(), String>>>,
@@ -109,8 +111,9 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
                 wire::write(&mut conn, Kind::Error, &[why.as_bytes()])?;
                 return Ok(());
             }
-            c.switch.store(false, SeqCst);
-            c.cancel.store(false, SeqCst);
+            for f in [&c.switch, &c.cancel, &c.commit, &c.revert] {
+                f.store(false, SeqCst);
+            }
             *lock(&c.outcome) = None;
             let result = session(conn, m, c);
             if let Err(e) = &result {
@@ -134,35 +137,42 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
             wire::write_json(&mut conn, Kind::Ok, &m.status())?;
             Ok(())
         }
-        Kind::Switch | Kind::Cancel => {
-            let done = m.status().is_some_and(|s| s.phase == "done");
-            if !c.busy.load(SeqCst) && done && first.kind == Kind::Switch {
-                // The destination's first request asked first: the switch is done.
-                wire::write_json(&mut conn, Kind::Ok, &m.status())?;
-                return Ok(());
-            }
+        Kind::Switch | Kind::Cancel | Kind::Commit | Kind::Revert => {
             if !c.busy.load(SeqCst) {
-                let why = if m.dev.is_fenced() {
-                    "this agent handed its target over already".to_string()
-                } else {
-                    format!("no destination agent is taking target {}'s cache: start `vdstream target attach {} --incoming {}` on the destination first", m.target, m.target, super::socket_path(&m.target).display())
+                let why = match m.status() {
+                    Some(s) if s.role == "source" && s.phase == "done" => {
+                        "this agent handed its target over already".to_string()
+                    }
+                    _ => format!("no destination agent is taking target {}'s cache: start `vdstream target attach {} --incoming {}` on the destination first", m.target, m.target, super::socket_path(&m.target).display()),
                 };
                 wire::write(&mut conn, Kind::Error, &[why.as_bytes()])?;
                 return Ok(());
             }
             let seen = c.ended.load(SeqCst);
-            if first.kind == Kind::Cancel {
-                c.cancel.store(true, SeqCst);
-            } else {
-                c.switch.store(true, SeqCst);
-            }
+            let flag = match first.kind {
+                Kind::Cancel => &c.cancel,
+                Kind::Commit => &c.commit,
+                Kind::Revert => &c.revert,
+                _ => &c.switch,
+            };
+            flag.store(true, SeqCst);
             m.notify();
+            // A switch is answered once the destination has everything (phase `switched`);
+            // the others when the session ends.
+            let answered = || {
+                c.ended.load(SeqCst) != seen
+                    || (first.kind == Kind::Switch
+                        && m.status().is_some_and(|s| s.phase == "switched"))
+            };
             let start = Instant::now();
-            while c.ended.load(SeqCst) == seen && start.elapsed() < FENCE_LIMIT + ACK_LIMIT {
+            while !answered() && start.elapsed() < FENCE_LIMIT + ACK_LIMIT {
                 m.wait(Duration::from_millis(20));
             }
             let outcome = lock(&c.outcome).clone();
             match outcome {
+                _ if c.ended.load(SeqCst) == seen && answered() => {
+                    wire::write_json(&mut conn, Kind::Ok, &m.status())?;
+                }
                 Some(Ok(())) if c.ended.load(SeqCst) != seen => {
                     wire::write_json(&mut conn, Kind::Ok, &m.status())?;
                 }
@@ -173,7 +183,7 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
                     wire::write(
                         &mut conn,
                         Kind::Error,
-                        &[b"the migration did not end in time"],
+                        &[b"the migration did not get there in time"],
                     )?;
                 }
             }
@@ -212,8 +222,11 @@ fn check_hello(h: &wire::Hello, m: &Migration) -> Result<(), String> {
 /// What the destination said on its own, read beside the rounds.
 #[derive(Debug, Default)]
 struct Heard {
-    final_asked: AtomicBool,
     acked: AtomicBool,
+    /// The destination served its first guest write: its VM runs.
+    serving: AtomicBool,
+    reverted: AtomicBool,
+    refused_revert: AtomicBool,
     gone: AtomicBool,
 }
 
@@ -241,13 +254,14 @@ fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::R
             .spawn(move || {
                 loop {
                     match wire::read(&mut r) {
-                        Ok(Some(f)) if f.kind == Kind::Final => {
-                            heard.final_asked.store(true, SeqCst)
-                        }
                         Ok(Some(f)) if f.kind == Kind::Ack => heard.acked.store(true, SeqCst),
+                        Ok(Some(f)) if f.kind == Kind::Serving => heard.serving.store(true, SeqCst),
+                        Ok(Some(f)) if f.kind == Kind::Reverted => {
+                            heard.reverted.store(true, SeqCst)
+                        }
                         Ok(Some(f)) if f.kind == Kind::Error => {
-                            log::warn!("target {}: the destination stops: {}", m.target, f.text());
-                            break;
+                            log::warn!("target {}: the destination says: {}", m.target, f.text());
+                            heard.refused_revert.store(true, SeqCst);
                         }
                         _ => break,
                     }
@@ -310,7 +324,7 @@ fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::R
                     Err(wire::bad(why.into()))
                 };
             }
-            if c.switch.load(SeqCst) || heard.final_asked.load(SeqCst) {
+            if c.switch.load(SeqCst) {
                 break;
             }
             if dirty <= CONVERGED_BYTES {
@@ -366,12 +380,63 @@ fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::R
         return Err(wire::bad(why.into()));
     }
     let fenced_ms = fenced_at.elapsed().as_millis() as u64;
-    m.update(|s| s.fenced_ms = fenced_ms);
+    m.update(|s| {
+        s.fenced_ms = fenced_ms;
+        s.phase = "switched".into();
+    });
+    m.notify();
     log::info!(
-        "target {}: handed over after {round} rounds ({} bytes moved, final delta {final_bytes} bytes, fenced {fenced_ms} ms); this agent ends",
+        "target {}: the destination has the whole cache after {round} rounds ({} bytes moved, final delta {final_bytes} bytes, fenced {fenced_ms} ms); waiting for the commit",
         m.target,
         m.status().map_or(0, |s| s.data_bytes)
     );
+    // Switched: the destination holds everything, this agent is fenced. The migration
+    // commits when told (qemu completed), or when the destination serves a guest write; it
+    // reverts when told (qemu failed after the switch-over: the source VM resumes here),
+    // provided the destination served no write.
+    loop {
+        if c.commit.load(SeqCst) || heard.serving.load(SeqCst) {
+            let _ = wire::write(&mut w, Kind::Commit, &[]);
+            break;
+        }
+        if c.revert.load(SeqCst) {
+            if !heard.gone.load(SeqCst) && !heard.serving.load(SeqCst) {
+                let _ = wire::write(&mut w, Kind::Revert, &[]);
+                let start = Instant::now();
+                while !heard.reverted.load(SeqCst)
+                    && !heard.refused_revert.load(SeqCst)
+                    && !heard.gone.load(SeqCst)
+                    && start.elapsed() < ACK_LIMIT
+                {
+                    m.wait(Duration::from_millis(20));
+                }
+            }
+            // The destination failed its gate, or went away without serving a write (it
+            // announces a write before it runs it): this agent holds the only cache.
+            if heard.reverted.load(SeqCst)
+                || (heard.gone.load(SeqCst) && !heard.serving.load(SeqCst))
+            {
+                m.dev.open();
+                log::info!(
+                    "target {}: switch-over reverted: this agent serves on",
+                    m.target
+                );
+                m.finish(
+                    "reverted",
+                    Some(
+                        "qemu's migration failed after the switch-over; the source serves on"
+                            .into(),
+                    ),
+                );
+                return Ok(());
+            }
+            let why = "cannot revert: the destination serves the guest's writes already; it keeps the target";
+            log::warn!("target {}: {why}", m.target);
+            break;
+        }
+        m.wait(Duration::from_millis(50));
+    }
+    log::info!("target {}: handed over; this agent ends", m.target);
     for f in &m.cache_files {
         super::remove_quietly(f, &m.target);
     }

@@ -6,17 +6,22 @@
 //!   full copy) and `round` (what changed since the last round took it). Marking *after*
 //!   the write means a round that clears a page before the write lands sees it marked
 //!   again, so the next round sends it: a page is never lost, at worst sent twice.
-//! - **The gate** (destination): while `Held`, every request waits for the handover; the
-//!   first one asks for the switch (the guest runs here, so its source is stopped).
-//! - **The fence** (source): `fence` refuses every new request and waits for those in
-//!   flight, so the final delta holds every write the guest was ever answered.
+//! - **The gate** (destination): while `Held`, writes wait for the handover. Reads are
+//!   answered: before the switch the destination qemu is not running its guest, but it reads
+//!   the disk to set up its device (virtio-blk reads sector 0 for the disk's geometry).
+//! - **The fence** (source): `fence` holds every new request and waits for those in
+//!   flight, so the final delta holds every write the guest was ever answered. A source
+//!   whose VM resumes after a failed switch-over finds its requests waiting, not failed,
+//!   until the handover is reverted (`open`).
+//! - **The first write** after the gate opens is announced (`on_first_write`): proof that the
+//!   guest runs at the destination.
 //!
-//! | state   | requests                        | reached by                                  |
-//! | ------- | ------------------------------- | ------------------------------------------- |
-//! | Open    | served                          | an ordinary attach; `open` after a handover |
-//! | Held    | wait (the first asks to switch) | an incoming attach                          |
-//! | Fenced  | refused (EIO)                   | `fence`: the source sends its final delta   |
-//! | Failed  | refused (EIO)                   | `fail`: the handover cannot finish          |
+//! | state   | requests                                   | reached by                                  |
+//! | ------- | ------------------------------------------ | ------------------------------------------- |
+//! | Open    | served                                     | an ordinary attach; `open` after a handover |
+//! | Held    | reads served, writes wait                  | an incoming attach                          |
+//! | Fenced  | wait                                       | `fence`: the source sends its final delta   |
+//! | Failed  | refused (EIO)                              | `fail`: the handover cannot finish          |
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicU64, AtomicU8};
@@ -134,8 +139,10 @@ pub struct TrackedDev {
     inflight: AtomicU64,
     wake: Mutex<()>,
     cv: Condvar,
-    /// Destination: called once, by the first request that meets the gate.
-    on_first: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Destination: called once, by the first write served once the gate is open.
+    on_write: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    watch_writes: std::sync::atomic::AtomicBool,
+    wrote: std::sync::atomic::AtomicBool,
     /// Destination: the longest wait at the gate, in milliseconds.
     held_ms: AtomicU64,
     name: String,
@@ -171,7 +178,9 @@ impl TrackedDev {
             inflight: AtomicU64::new(0),
             wake: Mutex::new(()),
             cv: Condvar::new(),
-            on_first: Mutex::new(None),
+            on_write: Mutex::new(None),
+            watch_writes: Default::default(),
+            wrote: Default::default(),
             held_ms: AtomicU64::new(0),
             name: name.to_string(),
         }
@@ -228,9 +237,16 @@ impl TrackedDev {
         self.since_open.bytes()
     }
 
-    /// Destination: what the first request at the gate calls.
-    pub fn on_first_request(&self, f: Box<dyn FnOnce() + Send>) {
-        *lock(&self.on_first) = Some(f);
+    /// Destination: what the first write served after the gate opened calls (before the
+    /// write runs).
+    pub fn on_first_write(&self, f: Box<dyn FnOnce() + Send>) {
+        *lock(&self.on_write) = Some(f);
+        self.watch_writes.store(true, SeqCst);
+    }
+
+    /// Whether a write was served since the gate opened.
+    pub fn wrote(&self) -> bool {
+        self.wrote.load(SeqCst)
     }
 
     /// Source: refuses every new request and waits (at most `limit`) for those in
@@ -294,38 +310,48 @@ impl TrackedDev {
                 why.to_string(),
             )
         };
+        let write = matches!(op, Op::Write | Op::Trim | Op::Zero);
         loop {
             self.inflight.fetch_add(1, SeqCst);
             let state = self.state.load(SeqCst);
-            if state == OPEN {
+            if state == OPEN || (state == HELD && !write) {
+                if write
+                    && state == OPEN
+                    && self.watch_writes.load(SeqCst)
+                    && self.watch_writes.swap(false, SeqCst)
+                {
+                    self.wrote.store(true, SeqCst);
+                    if let Some(f) = lock(&self.on_write).take() {
+                        f();
+                    }
+                }
                 return Ok(InFlight(self));
             }
             self.inflight.fetch_sub(1, SeqCst);
-            match state {
-                HELD => {
-                    if let Some(f) = lock(&self.on_first).take() {
-                        f();
-                    }
-                    let start = Instant::now();
-                    let mut g = lock(&self.wake);
-                    while self.state.load(SeqCst) == HELD {
-                        let left = HOLD_LIMIT.saturating_sub(start.elapsed());
-                        if left.is_zero() {
-                            return Err(refused("this agent took over a live migration whose handover did not finish in time; the target's cache is with its source agent"));
-                        }
-                        g = self
-                            .cv
-                            .wait_timeout(g, left)
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .0;
-                    }
-                    drop(g);
-                    self.held_ms
-                        .fetch_max(start.elapsed().as_millis() as u64, SeqCst);
-                }
-                FENCED => return Err(refused("this agent handed the target over to another agent in a live migration (fenced): the guest runs there now")),
-                _ => return Err(refused("the live migration into this agent failed: its cache is not whole, so it serves nothing (see the agent's log)")),
+            if state == FAILED {
+                return Err(refused("the live migration into this agent failed: its cache is not whole, so it serves nothing (see the agent's log)"));
             }
+            // Held (a write before the switch) or fenced: wait for the handover's outcome.
+            let start = Instant::now();
+            let mut g = lock(&self.wake);
+            while self.state.load(SeqCst) == state {
+                let left = HOLD_LIMIT.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return Err(refused(if state == HELD {
+                        "a live migration into this agent did not switch over in time; the target's cache is with its source agent"
+                    } else {
+                        "this agent handed the target over to another agent in a live migration (fenced): the guest runs there now"
+                    }));
+                }
+                g = self
+                    .cv
+                    .wait_timeout(g, left)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .0;
+            }
+            drop(g);
+            self.held_ms
+                .fetch_max(start.elapsed().as_millis() as u64, SeqCst);
         }
     }
 }
@@ -452,50 +478,66 @@ mod tests {
         assert_eq!(m.bytes(), 0);
     }
 
-    #[test]
-    fn a_fenced_device_refuses_and_a_failed_gate_errors() {
-        let d = dev(1 << 20, false);
-        d.write_at(&[1; 512], 0, false).unwrap();
-        assert!(d.fence(Duration::from_secs(1)));
-        let err = d.write_at(&[2; 512], 0, false).unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Io);
-        assert!(err.message.contains("fenced"), "{err}");
-        d.open();
-        d.write_at(&[2; 512], 0, false).unwrap();
-        let d = dev(1 << 20, true);
-        let d = Arc::new(d);
-        let asked = Arc::new(AtomicU64::new(0));
-        let a = asked.clone();
-        d.on_first_request(Box::new(move || {
-            a.fetch_add(1, SeqCst);
-        }));
-        let d2 = d.clone();
-        let t = std::thread::spawn(move || {
-            let mut b = [0u8; 512];
-            d2.read_at(&mut b, 0)
-        });
-        while asked.load(SeqCst) == 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        d.fail();
-        assert!(t.join().unwrap().unwrap_err().message.contains("failed"));
+    /// Spawns `f` and waits until it is blocked (it has not finished after 30 ms).
+    fn blocked<T: Send + 'static>(
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let t = std::thread::spawn(f);
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!t.is_finished(), "the request was not held");
+        t
     }
 
     #[test]
-    fn held_requests_wait_for_the_handover_then_see_its_data() {
-        let d = Arc::new(dev(1 << 20, true));
+    fn a_fence_holds_requests_until_it_is_lifted_and_a_failed_gate_errors() {
+        let d = Arc::new(dev(1 << 20, false));
+        d.write_at(&[1; 512], 0, false).unwrap();
+        assert!(d.fence(Duration::from_secs(1)));
         let d2 = d.clone();
-        let t = std::thread::spawn(move || {
-            let mut b = [0u8; 4096];
-            d2.read_at(&mut b, 8192).map(|()| b)
+        let t = blocked(move || d2.write_at(&[2; 512], 0, false));
+        // A reverted switch-over: the source serves on, the held write included.
+        d.open();
+        t.join().unwrap().unwrap();
+        let mut b = [0u8; 512];
+        d.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [2; 512]);
+        assert!(d.fence(Duration::from_secs(1)));
+        let d2 = d.clone();
+        let t = blocked(move || {
+            let mut b = [0u8; 512];
+            d2.read_at(&mut b, 0)
         });
-        std::thread::sleep(Duration::from_millis(20));
+        d.fail();
+        let err = t.join().unwrap().unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Io);
+        assert!(err.message.contains("failed"), "{err}");
+    }
+
+    #[test]
+    fn a_held_gate_answers_reads_holds_writes_and_announces_the_first_write_after() {
+        let d = Arc::new(dev(1 << 20, true));
+        let mut b = [9u8; 4096];
+        d.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b, [0; 4096]);
+        let announced = Arc::new(AtomicU64::new(0));
+        let a = announced.clone();
+        d.on_first_write(Box::new(move || {
+            a.fetch_add(1, SeqCst);
+        }));
+        let d2 = d.clone();
+        let t = blocked(move || d2.write_at(&[5; 4096], 0, false));
         d.apply_write(&[7; 4096], 8192).unwrap();
         d.open();
-        assert_eq!(t.join().unwrap().unwrap(), [7; 4096]);
-        assert!(d.held_ms() >= 10, "{}", d.held_ms());
-        // The handover's data counts as held: this agent can hand it on.
-        assert_eq!(d.take(Take::All, u64::MAX), vec![(8192, 4096)]);
+        t.join().unwrap().unwrap();
+        d.write_at(&[6; 512], 0, false).unwrap();
+        assert_eq!(announced.load(SeqCst), 1);
+        assert!(d.wrote());
+        assert!(d.held_ms() >= 20, "{}", d.held_ms());
+        d.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b, [7; 4096]);
+        // The handover's data and the guest's writes count as held: this agent can hand
+        // them on.
+        assert_eq!(d.take(Take::All, u64::MAX), vec![(0, 4096), (8192, 4096)]);
     }
 
     proptest! {

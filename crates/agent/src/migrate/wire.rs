@@ -29,8 +29,6 @@ pub enum Kind {
     Zero = 5,
     /// Source → destination: a round ended (JSON [`RoundEnd`]).
     Round = 6,
-    /// Destination → source: switch now (the guest asked the destination).
-    Final = 7,
     /// Source → destination: the final delta is sent (JSON [`Done`]).
     Done = 8,
     /// Destination → source: the final delta is in and flushed; the destination serves.
@@ -43,6 +41,15 @@ pub enum Kind {
     Ok = 12,
     /// Control → source: the migration's status; answered Ok.
     Query = 13,
+    /// Destination → source: the first guest write after the switch is being served.
+    Serving = 14,
+    /// Control → source, and source → destination: qemu completed; the source ends.
+    Commit = 15,
+    /// Control → source, and source → destination: qemu failed after the switch-over; the
+    /// destination fails its gate (if it served no write) and the source serves on.
+    Revert = 16,
+    /// Destination → source: reverted; it serves nothing.
+    Reverted = 17,
 }
 
 impl Kind {
@@ -55,13 +62,16 @@ impl Kind {
             4 => Data,
             5 => Zero,
             6 => Round,
-            7 => Final,
             8 => Done,
             9 => Ack,
             10 => Switch,
             11 => Cancel,
             12 => Ok,
             13 => Query,
+            14 => Serving,
+            15 => Commit,
+            16 => Revert,
+            17 => Reverted,
             _ => return None,
         })
     }

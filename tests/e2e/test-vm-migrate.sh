@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# A running guest migrates live between two hosts' agents (two run and cache folders),
+# its disk on each agent's NBD socket, its write cache moved with it: A to B to A to B to A,
+# driven by `vdstream target migrate ID --qmp SOCKET --to URI` on the source "host". The
+# guest writes and verifies all along (vdstest=loop vdstest.keep=1: files written, synced,
+# read back past the page cache, and all of them checked again at the end), and must end
+# with every round ok, every file verified and no kernel I/O error; then the disk its last
+# agent serves passes e2fsck. One run per host-side cache type given in MIGRATE_TYPES
+# (default: ram-overflow with a 16 MiB RAM part, so most of its cache is in overflow, and
+# device-disk-persistent); test-agent-migrate covers every type without a guest.
+# Prints qemu's downtime and the handover's figures for each migration.
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+# shellcheck source=store-lib.sh
+source "$E2E_DIR/store-lib.sh"
+# shellcheck source=server-lib.sh
+source "$E2E_DIR/server-lib.sh"
+# shellcheck source=vm-lib.sh
+source "$E2E_DIR/vm-lib.sh"
+# shellcheck source=migrate-lib.sh
+source "$E2E_DIR/migrate-lib.sh"
+require e2fsck qemu-img
+vm_test_init golden
+start_store_server
+
+HOPS=${MIGRATE_HOPS:-4}
+read -r -a types <<<"${MIGRATE_TYPES:-ram-overflow device-disk-persistent}"
+
+# attach_on HOST ID ARGS... — the target's agent on HOST (its own run and cache folders).
+attach_on() {
+    local host=$1 id=$2; shift 2
+    mkdir -p "$E2E_TMP/$host"
+    VDSTREAM_RUN_DIR=$E2E_TMP/$host/run VDSTREAM_CACHE_DIR=$E2E_TMP/$host/cache \
+        "$VDSTREAM_BIN" target attach "$id" --server "$(xuri vdisk/golden)" "$@" \
+        >>"$E2E_TMP/agent-$host-$id.log" 2>&1 </dev/null &
+    AGENT_PID=$!
+    track_pid "$AGENT_PID"
+    E2E_SERVER_LOGS+=("$E2E_TMP/agent-$host-$id.log")
+    wait_ready "$AGENT_PID" "nbd+unix:///?socket=$E2E_TMP/$host/run/$id.sock"
+}
+drive_on() { echo "file=nbd+unix:///?socket=$E2E_TMP/$1/run/$2.sock,format=raw,if=virtio"; }
+
+for type in "${types[@]}"; do
+    id=mig-$type
+    args=(--cache "$type")
+    [[ $type == ram-overflow ]] && args+=(--ram 16M)
+    [[ $type == device-ram ]] && args+=(--ram 128M)
+    append="vdstest=loop vdstest.keep=1 vdstest.secs=$((HOPS * 5 + 12))"
+    rm -rf "$E2E_TMP/a" "$E2E_TMP/b"
+    attach_on a "$id" "${args[@]}"
+    pids=("$AGENT_PID")
+    vm=$id-0
+    start_vm_qmp "$vm" "$(drive_on a "$id")" "$append"
+    src=a dst=b
+    for ((hop = 1; hop <= HOPS; hop++)); do
+        # Six write-and-verify rounds (1.5 MiB of new files) between migrations: each moves
+        # more cache than the one before.
+        wait_serial "$vm" "^VDSTEST ROUND $((hop * 6)) ok" 60
+        attach_on "$dst" "$id" "${args[@]}" --incoming "$E2E_TMP/$src/run/$id.migrate"
+        pids[hop]=$AGENT_PID
+        next=$id-$hop
+        start_vm_qmp "$next" "$(drive_on "$dst" "$id")" "$append" "unix:$E2E_TMP/$next.mig"
+        VDSTREAM_RUN_DIR=$E2E_TMP/$src/run "$VDSTREAM_BIN" target migrate "$id" \
+            --qmp "$E2E_TMP/$vm.qmp" --to "unix:$E2E_TMP/$next.mig" --json >"$E2E_TMP/$next.json" 2>"$E2E_TMP/$next.err" ||
+            fail "$type hop $hop ($src to $dst): target migrate: $(cat "$E2E_TMP/$next.err")"
+        log "$type hop $hop ($src to $dst): $("$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); q=j['qemu']; h=j['handover']; print(f\"qemu downtime {q['downtime_ms']} ms, total {q['total_ms']} ms; cache {h['rounds']} rounds, {h['data_bytes']>>10} KiB moved, final delta {h['final_bytes']>>10} KiB, fenced {h['fenced_ms']} ms\")" "$E2E_TMP/$next.json")"
+        # The source agent ends by itself once it handed over; its qemu waits in postmigrate.
+        for ((i = 0; i < 100; i++)); do kill -0 "${pids[hop - 1]}" 2>/dev/null || break; sleep 0.1; done
+        kill -0 "${pids[hop - 1]}" 2>/dev/null && fail "$type hop $hop: the source agent did not end after the handover"
+        rc=0
+        wait "${pids[hop - 1]}" || rc=$?
+        assert_eq "$type hop $hop: the source agent's exit status" "$rc" 0
+        quit_vm "$vm"
+        vm=$next
+        tmp=$src src=$dst dst=$tmp
+    done
+    wait_migrated_vm "$vm" 120
+    console=$(guest_console "$id-0" $(for ((h = 1; h <= HOPS; h++)); do echo "$id-$h"; done) | tr -d '\r')
+    grep -q '^VDSTEST ROUND [0-9]* bad' <<<"$console" && fail "$type: a round read back other bytes than it wrote"
+    grep -q '^VDSTEST FAIL' <<<"$console" && fail "$type: $(grep -a '^VDSTEST FAIL' <<<"$console" | head -n 3)"
+    grep -q '^VDSTEST LOOP VERIFIED files=[1-9]' <<<"$console" || fail "$type: the guest did not verify its files at the end"
+    rounds=$(grep -c '^VDSTEST ROUND [0-9]* ok' <<<"$console")
+    # The last agent still serves: its disk is the guest's, as it left it.
+    fsck_served "nbd+unix:///?socket=$E2E_TMP/$src/run/$id.sock"
+    log "ok: $type: $HOPS live migrations, $rounds write-and-verify rounds, every file verified, no I/O error, e2fsck clean"
+    stop_server "${pids[HOPS]}" 15 || fail "$type: the last agent did not stop cleanly"
+done
+rc=0
+stop_server "$SERVER_PID" 15 || rc=$?
+assert_eq "server exit status" "$rc" 0
