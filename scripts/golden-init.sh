@@ -120,7 +120,7 @@ loop)
         sync
         echo 3 >/proc/sys/vm/drop_caches
         if [ "$(sha256sum <"$f")" = "$want" ]; then say "ROUND $i ok"; else failed "ROUND $i bad"; fi
-        sleep 0.5
+        sleep "$(arg vdstest.pause 0.5)"
     done
     if [ "$keep" = 1 ]; then
         sync

@@ -6,7 +6,8 @@
 #   start_vm_qmp NAME DRIVE APPEND [INCOMING]
 #                              as start_vm, with a QMP socket at $E2E_TMP/NAME.qmp and DRIVE
 #                              the whole -drive string (file=nbd+unix:///EXPORT?socket=PATH,
-#                              format=raw,if=virtio[,cache=none]; vm-lib adds discard=unmap);
+#                              format=raw,if=virtio[,cache=none]; vm-lib adds discard=unmap),
+#                              or vhost:SOCKET for a vhost-user-blk disk (qemu_vhost_argv);
 #                              with INCOMING (unix:$E2E_TMP/NAME.mig) the qemu waits for a
 #                              migration there (-incoming) and the call returns once it
 #                              listens. Serial console to $E2E_TMP/NAME.serial; sets VM_PID
@@ -45,7 +46,11 @@ MIGRATE_SECS=${MIGRATE_SECS:-300}
 start_vm_qmp() {
     local name=$1 drive=$2 append=$3 incoming=${4:-} accel argv=() i
     accel=$(vm_accel)
-    mapfile -d '' argv < <(qemu_argv "$accel" "$E2E_TMP/$name.serial" "$append" "$drive")
+    if [[ $drive == vhost:* ]]; then
+        mapfile -d '' argv < <(qemu_vhost_argv "$accel" "$E2E_TMP/$name.serial" "$append" "${drive#vhost:}" 1)
+    else
+        mapfile -d '' argv < <(qemu_argv "$accel" "$E2E_TMP/$name.serial" "$append" "$drive")
+    fi
     argv+=(-qmp "unix:$E2E_TMP/$name.qmp,server=on,wait=off")
     [[ -z $incoming ]] || argv+=(-incoming "$incoming")
     rm -f "$E2E_TMP/$name.qmp"

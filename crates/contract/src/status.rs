@@ -80,6 +80,9 @@ pub struct MigrationStatus {
     pub data_bytes: u64,
     /// Bytes on the wire between the agents, headers included.
     pub wire_bytes: u64,
+    /// Source: what the cache holds beyond the vDisk (the least a handover moves), at
+    /// the switch; before it, now.
+    pub held_bytes: u64,
     /// What the source still has to send: bytes the guest dirtied since the last round.
     pub dirty_bytes: u64,
     /// Bytes of the final delta, sent with the source fenced.
@@ -244,11 +247,17 @@ mod tests {
             target in "[a-z0-9-]{1,12}", pid: u32, n in any::<[u64; 8]>(), guest in io(), storage in io(),
             lost in proptest::option::of("\\PC{0,20}"), journal in proptest::option::of(any::<[u64; 4]>()), free in proptest::option::of(any::<u64>()),
             vhost in proptest::option::of((any::<[u64; 4]>(), any::<u16>(), any::<bool>())),
+            migration in proptest::option::of((any::<[u64; 8]>(), "[a-z-]{1,12}", proptest::option::of("\\PC{0,20}"))),
         ) {
             let s = Status {
                 target, pid, state: STATE_LOST.into(), started_unix_ms: n[0], updated_unix_ms: n[1], socket: "/s".into(), listen: None,
                 vhost_user: vhost.map(|(v, queues, connected)| VhostUserStatus {
                     socket: "/v".into(), queues, connected, connections: v[0], requests: v[1], errors: v[2], malformed: v[3],
+                }),
+                migration: migration.map(|(m, phase, error)| MigrationStatus {
+                    role: "source".into(), phase, peer: "/run/vdstream/vm1.migrate".into(), rounds: m[0], data_bytes: m[1],
+                    wire_bytes: m[2], held_bytes: m[2] / 2, dirty_bytes: m[3], final_bytes: m[4], fenced_ms: m[5], held_ms: m[6],
+                    started_unix_ms: m[7], finished_unix_ms: 0, error,
                 }),
                 vdisk: VdiskStatus { export: "vdisk/w@3".into(), description: Some("vdisk/w@3 (production)".into()), size: n[2] },
                 server: ServerStatus {

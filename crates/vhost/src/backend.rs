@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use vdstream_blockdev::lograte::LogLimiter;
 use vdstream_blockdev::BlockDev;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringState, VringT};
 use virtio_queue::QueueT;
 use vm_memory::{
@@ -33,7 +34,11 @@ use vmm_sys_util::event::{
 use crate::config::{config_window, Geometry, Options, CONFIG_LEN};
 use crate::request::{Executor, Stats};
 
-pub(crate) type Memory = GuestMemoryAtomic<GuestMemoryMmap>;
+/// Guest memory with a dirty log per region: while qemu migrates the VM, every page this
+/// backend writes (read data, status bytes, the used ring) is marked in the log qemu gave
+/// with SET_LOG_BASE, so qemu sends it again.
+pub(crate) type Mem = GuestMemoryMmap<BitmapMmapRegion>;
+pub(crate) type Memory = GuestMemoryAtomic<Mem>;
 
 /// One connection's device. Shared by the daemon and every queue thread.
 #[derive(Debug)]
@@ -99,7 +104,7 @@ impl Backend {
     /// Serves `vring` until it holds no request, then re-arms its notification. A batch is
     /// at most one queue's worth of chains, so the vring's lock is let go between batches
     /// (GET_VRING_BASE, a stop) however fast the guest publishes.
-    fn serve_queue(&self, vring: &VringRwLock, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    fn serve_queue(&self, vring: &VringRwLock<Memory>, buf: &mut Vec<u8>) -> std::io::Result<()> {
         while !self.stopping.load(Ordering::Relaxed) {
             let mem = self.mem.memory();
             let mut state = vring.get_mut();
@@ -159,7 +164,7 @@ impl Backend {
     fn batch(
         &self,
         state: &mut VringState<Memory>,
-        mem: &GuestMemoryMmap,
+        mem: &Mem,
         max: usize,
         buf: &mut Vec<u8>,
     ) -> std::io::Result<usize> {
@@ -236,7 +241,7 @@ impl Backend {
             self.mem
                 .lock()
                 .expect("guest memory lock")
-                .replace(GuestMemoryMmap::new());
+                .replace(Mem::new());
             log::warn!(
                 "{}: the frontend's memory table is refused: {why}",
                 self.name
@@ -276,8 +281,8 @@ thread_local! {
 }
 
 impl VhostUserBackend for Backend {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = BitmapMmapRegion;
+    type Vring = VringRwLock<Memory>;
 
     fn num_queues(&self) -> usize {
         usize::from(self.opts.queues.max(1))
@@ -294,10 +299,12 @@ impl VhostUserBackend for Backend {
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
         // CONFIG: qemu's vhost-user-blk reads the configuration space; CONFIGURE_MEM_SLOTS:
         // libblkio's frontend requires it; MQ: GET_QUEUE_NUM, without which qemu takes one
-        // queue. (REPLY_ACK is added by the vhost crate.)
+        // queue; LOG_SHMFD: the dirty log comes as a shared memfd (SET_LOG_BASE), without
+        // which qemu cannot migrate the VM. (REPLY_ACK is added by the vhost crate.)
         VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::LOG_SHMFD
     }
 
     fn set_event_idx(&self, _enabled: bool) {
@@ -368,7 +375,7 @@ impl VhostUserBackend for Backend {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[VringRwLock<Memory>],
         _thread_id: usize,
     ) -> std::io::Result<()> {
         if !evset.contains(EventSet::IN) {

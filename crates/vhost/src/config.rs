@@ -106,7 +106,9 @@ impl Geometry {
             | 1 << VIRTIO_BLK_F_SEG_MAX
             | 1 << VIRTIO_BLK_F_BLK_SIZE
             | 1 << VIRTIO_BLK_F_TOPOLOGY
-            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            // Dirty logging of guest memory: qemu migrates a VM only with it.
+            | VhostUserVirtioFeatures::LOG_ALL.bits();
         if queues > 1 {
             f |= 1 << VIRTIO_BLK_F_MQ;
         }

@@ -22,6 +22,7 @@ use vdstream_blockdev::{BlockDev, ZeroFlags};
 use virtio_bindings::bindings::virtio_blk::*;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Reader, Writer};
+use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
 
 use crate::config::{Geometry, MAX_RANGE_SECTORS, MAX_RANGE_SEGS};
@@ -90,7 +91,11 @@ fn malformed(why: impl Into<String>) -> Fail {
 impl Executor<'_> {
     /// Parses and carries out the request of `chain` in `mem`, writes its status, and
     /// returns what it ended with. Never panics.
-    pub fn execute<T>(&mut self, mem: &GuestMemoryMmap, chain: DescriptorChain<T>) -> Outcome
+    pub fn execute<B: BitmapSlice + 'static, T>(
+        &mut self,
+        mem: &GuestMemoryMmap<B>,
+        chain: DescriptorChain<T>,
+    ) -> Outcome
     where
         T: std::ops::Deref + Clone,
         T::Target: GuestMemory + Sized,
@@ -164,9 +169,9 @@ impl Executor<'_> {
     }
 
     /// The request itself; returns the bytes written into the chain's data buffers.
-    fn run<T>(
+    fn run<B: BitmapSlice + 'static, T>(
         &mut self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemoryMmap<B>,
         chain: DescriptorChain<T>,
         shape: &Shape,
     ) -> Result<u32, Fail>
@@ -184,9 +189,9 @@ impl Executor<'_> {
                 "a device-readable descriptor follows a device-writable one",
             ));
         }
-        let mut reader: Reader<'_> = Reader::new(mem, chain.clone())
+        let mut reader: Reader<'_, B> = Reader::new(mem, chain.clone())
             .map_err(|e| malformed(format!("its readable buffers: {e}")))?;
-        let mut writer: Writer<'_> =
+        let mut writer: Writer<'_, B> =
             Writer::new(mem, chain).map_err(|e| malformed(format!("its writable buffers: {e}")))?;
         // The status byte is the writer's last byte; what comes before it is data.
         let writable = writer.available_bytes();
@@ -291,7 +296,12 @@ impl Executor<'_> {
         Ok(offset)
     }
 
-    fn read(&mut self, writer: &mut Writer<'_>, offset: u64, len: u64) -> Result<(), Fail> {
+    fn read<B: BitmapSlice>(
+        &mut self,
+        writer: &mut Writer<'_, B>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), Fail> {
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(PIECE as u64) as usize;
@@ -308,7 +318,12 @@ impl Executor<'_> {
         Ok(())
     }
 
-    fn write(&mut self, reader: &mut Reader<'_>, offset: u64, len: u64) -> Result<(), Fail> {
+    fn write<B: BitmapSlice>(
+        &mut self,
+        reader: &mut Reader<'_, B>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), Fail> {
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(PIECE as u64) as usize;
@@ -326,7 +341,11 @@ impl Executor<'_> {
     }
 
     /// The segments of a discard or write-zeroes request, each checked before any is done.
-    fn ranges(&mut self, reader: &mut Reader<'_>, discard: bool) -> Result<(), Fail> {
+    fn ranges<B: BitmapSlice>(
+        &mut self,
+        reader: &mut Reader<'_, B>,
+        discard: bool,
+    ) -> Result<(), Fail> {
         let what = if discard { "discard" } else { "write-zeroes" };
         let bytes = reader.available_bytes();
         if bytes == 0 || bytes % 16 != 0 || bytes / 16 > MAX_RANGE_SEGS as usize {

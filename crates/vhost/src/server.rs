@@ -23,7 +23,7 @@ use vdstream_blockdev::lograte::LogLimiter;
 use vdstream_blockdev::BlockDev;
 use vhost::vhost_user::Listener;
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestMemoryAtomic;
 
 use crate::backend::Backend;
 use crate::config::Options;
@@ -175,7 +175,7 @@ fn accept_loop(
 ) {
     let log = Arc::new(LogLimiter::default());
     while !shared.stop.load(Ordering::SeqCst) {
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mem = GuestMemoryAtomic::new(crate::backend::Mem::new());
         let made = Backend::new(
             dev.clone(),
             opts.clone(),

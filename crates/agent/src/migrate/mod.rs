@@ -112,8 +112,9 @@ impl Migration {
     /// The migration for the status (with the live figures), if there is one.
     pub fn status(&self) -> Option<MigrationStatus> {
         let mut s = lock(&self.status).clone()?;
-        if s.role == "source" && s.finished_unix_ms == 0 {
+        if s.role == "source" && s.finished_unix_ms == 0 && !self.dev.is_fenced() {
             s.dirty_bytes = self.dev.dirty_bytes();
+            s.held_bytes = self.dev.held_bytes();
         }
         if s.role == "destination" {
             s.held_ms = self.dev.held_ms();

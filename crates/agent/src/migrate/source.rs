@@ -30,6 +30,9 @@ struct Control {
     cancel: AtomicBool,
     commit: AtomicBool,
     revert: AtomicBool,
+    /// Control requests waiting for their answer: a source that handed over ends only
+    /// once they have it.
+    waiters: std::sync::atomic::AtomicUsize,
     /// Bumped at the end of each session; its outcome kept beside it.
     ended: AtomicU64,
     outcome: Mutex<Option<Result<(), String>>>,
@@ -131,6 +134,13 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
             c.ended.fetch_add(1, SeqCst);
             c.busy.store(false, SeqCst);
             m.notify();
+            if m.status().is_some_and(|s| s.phase == "done") {
+                let start = Instant::now();
+                while c.waiters.load(SeqCst) != 0 && start.elapsed() < Duration::from_secs(5) {
+                    m.wait(Duration::from_millis(10));
+                }
+                m.end_agent();
+            }
             Ok(())
         }
         Kind::Query => {
@@ -148,6 +158,8 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
                 wire::write(&mut conn, Kind::Error, &[why.as_bytes()])?;
                 return Ok(());
             }
+            c.waiters.fetch_add(1, SeqCst);
+            let _waiting = Waiting(c, m);
             let seen = c.ended.load(SeqCst);
             let flag = match first.kind {
                 Kind::Cancel => &c.cancel,
@@ -346,6 +358,8 @@ fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::R
         "target {}: fenced for the switch after {round} rounds",
         m.target
     );
+    let held = m.dev.held_bytes();
+    m.update(|s| s.held_bytes = held);
     let runs = m.dev.take(
         if fenced { Take::All } else { Take::Round },
         wire::MAX_DATA as u64,
@@ -441,8 +455,17 @@ fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::R
         super::remove_quietly(f, &m.target);
     }
     m.finish("done", None);
-    m.end_agent();
     Ok(())
+}
+
+/// Counts one control request as waiting until its answer is written.
+struct Waiting<'a>(&'a Control, &'a Migration);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, SeqCst);
+        self.1.notify();
+    }
 }
 
 struct CloseOnDrop(UnixStream);
