@@ -8,6 +8,9 @@
 # times. Peers (the export):
 #   nbdkit     nbdkit file plugin serving a raw copy of golden.img on a unix socket
 #   qemu-nbd   qemu-nbd -f raw -t --shared=8 serving the same kind of copy
+#   vdstream   (with vdstream-quiet, vdstream-busy) each side its own agent, the cache
+#              handed over by `vdstream target migrate` (case_vdstream below); quiet and
+#              busy: the guest pauses 3 s or not at all between its rounds
 #   trace      (not in the default list) one nbdkit per side over one raw copy, each with
 #              the log filter, and the source paused at pre-switchover for a mark: shows,
 #              per migration, which NBD requests the destination sent before `completed`,
@@ -19,7 +22,7 @@
 # e2fsck -fn afterwards. run_case (below) is where a vdstream case plugs in: each side its
 # own disk URI (its agent's socket) and hooks around each hop.
 #
-# Usage: bench/migrate.sh [--rounds 2] [--secs S] [--peers nbdkit,qemu-nbd[,trace]]
+# Usage: bench/migrate.sh [--rounds 2] [--secs S] [--peers nbdkit,qemu-nbd,vdstream,vdstream-quiet,vdstream-busy[,trace]]
 #   --secs S   how long the guest's write loop runs (default 30 + 10 per migration); it must
 #              outlast every migration (a guest that powers off first fails the run)
 # Environment: VDSTREAM_VM_ACCEL (tcg|kvm; default: probed), VDSTREAM_E2E_KEEP=1 (keep the
@@ -29,7 +32,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-rounds=2 secs='' peers=nbdkit,qemu-nbd
+rounds=2 secs='' peers=nbdkit,qemu-nbd,vdstream,vdstream-quiet,vdstream-busy
 args_given="$*"
 while (($#)); do
     case $1 in
@@ -92,9 +95,13 @@ run_case() {
         mark "$name" "$hop" dest-start
         start_vm_qmp "$next" "$(drive "$uri")" "$APPEND" "unix:$E2E_TMP/$next.mig"
         mark "$name" "$hop" migrate
-        MIGRATE_SWITCHOVER_HOOK=${switch:+$switch $from $to $hop}
-        migrate_vm "$vm" "unix:$E2E_TMP/$next.mig" >/dev/null
-        MIGRATE_SWITCHOVER_HOOK=
+        if [[ -n $MIGRATE_WITH ]]; then
+            "$MIGRATE_WITH" "$vm" "unix:$E2E_TMP/$next.mig" "$from" "$to" "$hop"
+        else
+            MIGRATE_SWITCHOVER_HOOK=${switch:+$switch $from $to $hop}
+            migrate_vm "$vm" "unix:$E2E_TMP/$next.mig" >/dev/null
+            MIGRATE_SWITCHOVER_HOOK=
+        fi
         mark "$name" "$hop" completed
         "${QMP[@]}" "$E2E_TMP/$next.qmp" wait-status running --timeout 30 >/dev/null ||
             fail "$name hop $hop: the destination does not run"
@@ -194,19 +201,79 @@ for hop, m in sorted(marks.items()):
 PYEOF
 }
 
-# ---- the vdstream case goes here (to add): each side its own agent over one server, so
-# run_case gets two different disk URIs, e.g.
-#   run_case vdstream "nbd+unix:///?socket=$E2E_TMP/a/run/ID.sock" \
-#       "nbd+unix:///?socket=$E2E_TMP/b/run/ID.sock" vds_before_hop vds_switchover vds_after_hop
-# with vds_before_hop starting the destination side's agent (waiting for the hand-over),
-# vds_switchover handing the write cache over while the guest is stopped, vds_after_hop
-# ending the source side's agent. (tests/e2e/test-vm-migrate.sh drives the same hops with
-# `vdstream target migrate`, which issues the migration itself.)
+# case_vdstream NAME PAUSE — vdstream: golden.img served read-only by `vdstream
+# serve-image`, each side its own agent (its own run and cache folders) with a ram-overflow
+# cache of 64 MiB, the guest's disk on its side's agent socket; each hop starts the
+# destination's agent with --incoming and runs `vdstream target migrate --qmp --to` (which
+# pauses qemu before its switch-over for the final delta: counted in qemu's downtime). The
+# guest pauses PAUSE seconds between its rounds (vdstest.pause: 3 a quiet guest, 0 a busy
+# one). Adds the handover's figures to each row.
+MIGRATE_WITH=
+vds_pids=()
+vds_attach() { # SIDE [--incoming SOCKET]
+    local side=$1; shift
+    mkdir -p "$E2E_TMP/$side"
+    VDSTREAM_RUN_DIR=$E2E_TMP/$side/run VDSTREAM_CACHE_DIR=$E2E_TMP/$side/cache \
+        "$VDSTREAM_BIN" target attach vm --server "nbd+unix:///?socket=$E2E_TMP/golden.sock" \
+        --cache ram-overflow --ram 64M "$@" >>"$E2E_TMP/agent-$side.log" 2>&1 </dev/null &
+    if [[ $side == a ]]; then vds_pids[0]=$!; else vds_pids[1]=$!; fi
+    track_pid $!
+    wait_ready $! "nbd+unix:///?socket=$E2E_TMP/$side/run/vm.sock"
+}
+vds_pid_of() { if [[ $1 == a ]]; then echo "${vds_pids[0]}"; else echo "${vds_pids[1]}"; fi; }
+vds_before_hop() { vds_attach "$2" --incoming "$E2E_TMP/$1/run/vm.migrate"; }
+vds_migrate() { # SRC_VM DST_URI FROM TO HOP
+    VDSTREAM_RUN_DIR=$E2E_TMP/$3/run "$VDSTREAM_BIN" target migrate vm --qmp "$E2E_TMP/$1.qmp" --to "$2" \
+        --json >"$E2E_TMP/$1.vds.json" || fail "vdstream target migrate (hop $5) failed"
+    "$PY" - "$E2E_TMP/$1.vds.json" >"$E2E_TMP/$1.migrate.json" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+q, h = j["qemu"], j["handover"]
+print(json.dumps({"status": q["status"], "total-time": q["total_ms"], "downtime": q["downtime_ms"],
+                  "setup-time": q["setup_ms"], "ram-transferred": q["ram_bytes"],
+                  "rounds": h["rounds"], "held": h["held_bytes"], "moved": h["data_bytes"],
+                  "wire": h["wire_bytes"], "final": h["final_bytes"], "fenced_ms": h["fenced_ms"]}))
+PYEOF
+}
+vds_after_hop() {
+    local pid i
+    pid=$(vds_pid_of "$1")
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    wait "$pid" 2>/dev/null || fail "the source agent on side $1 did not end cleanly after the handover"
+}
+case_vdstream() {
+    local name=$1 pause=$2 spid side
+    rm -rf "$E2E_TMP/a" "$E2E_TMP/b"
+    "$VDSTREAM_BIN" serve-image "$GOLDEN/golden.img" --read-only --socket "$E2E_TMP/golden.sock" \
+        >"$E2E_TMP/golden-server.log" 2>&1 </dev/null &
+    spid=$!
+    track_pid "$spid"
+    wait_ready "$spid" "nbd+unix:///?socket=$E2E_TMP/golden.sock"
+    vds_attach a
+    local append=$APPEND
+    MIGRATE_WITH=vds_migrate APPEND="$APPEND vdstest.pause=$pause"
+    run_case "$name" "nbd+unix:///?socket=$E2E_TMP/a/run/vm.sock" "nbd+unix:///?socket=$E2E_TMP/b/run/vm.sock" \
+        vds_before_hop "" vds_after_hop
+    MIGRATE_WITH='' APPEND=$append
+    # The last destination's disk: e2fsck of what it serves.
+    side=$([[ $((hops % 2)) == 0 ]] && echo a || echo b)
+    qemu-img convert -f raw -O raw "nbd+unix:///?socket=$E2E_TMP/$side/run/vm.sock" "$E2E_TMP/$name.img"
+    e2fsck -fn "$E2E_TMP/$name.img" >"$E2E_TMP/$name.fsck" 2>&1 || { cat "$E2E_TMP/$name.fsck" >&2; fail "$name: e2fsck -fn found errors"; }
+    rm -f "$E2E_TMP/$name.img"
+    stop_server "$(vds_pid_of "$side")" 15 || fail "$name: the last agent did not stop cleanly"
+    stop_server "$spid" 15 || fail "$name: serve-image did not stop cleanly"
+}
 
 IFS=, read -r -a peer_list <<<"$peers"
 for peer in "${peer_list[@]}"; do
     log "peer $peer: one guest, $hops live migrations, vdstest.secs=$secs"
-    if [[ $peer == trace ]]; then case_trace; else case_shared "$peer"; fi
+    case $peer in
+    trace) case_trace ;;
+    vdstream) case_vdstream vdstream 0.5 ;;
+    vdstream-quiet) case_vdstream vdstream-quiet 3 ;;
+    vdstream-busy) case_vdstream vdstream-busy 0 ;;
+    *) case_shared "$peer" ;;
+    esac
 done
 
 echo
@@ -227,6 +294,17 @@ for p in dict.fromkeys(r["peer"] for r in rows):
     d = [r["downtime"] for r in rows if r["peer"] == p]
     t = [r["total-time"] for r in rows if r["peer"] == p]
     print(f"| {p} | {len(d)} | {statistics.median(d):g} | {statistics.median(t):g} | {min(d)}–{max(d)} |")
+vds = [r for r in rows if "held" in r]
+if vds:
+    print()
+    print("The handover (vdstream rows): the cache held beyond the vDisk at the switch, what moved, on the wire")
+    print()
+    print("| peer | hop | rounds | cache held KiB | moved KiB | wire KiB | wire / held | final delta KiB | fenced ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in vds:
+        ratio = r["wire"] / r["held"] if r["held"] else 0
+        print(f"| {r['peer']} | {r['hop']} | {r['rounds']} | {r['held'] >> 10} | {r['moved'] >> 10} | {r['wire'] >> 10} | "
+              f"{ratio:.2f} | {r['final'] >> 10} | {r['fenced_ms']} |")
 PYEOF
 echo
 echo "Every guest ended with VDSTEST DONE status=ok and KERNEL-IO-ERRORS n=0; e2fsck -fn clean."

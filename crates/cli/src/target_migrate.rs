@@ -80,17 +80,7 @@ pub fn run(a: MigrateArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| migrate::socket_path(&a.id));
     if a.cancel {
-        if let Some(qmp) = &a.qmp {
-            let mut q = drive::Qmp::connect(qmp).map_err(|e| {
-                fail(
-                    Kind::Unavailable,
-                    format!("qemu's QMP socket {}: {e}", qmp.display()),
-                )
-            })?;
-            q.execute("migrate_cancel", serde_json::json!({}))
-                .map_err(|e| fail(Kind::Unavailable, e))?;
-        }
-        drive::cancel(&socket)
+        drive::cancel_all(&socket, a.qmp.as_deref())
             .map_err(|e| fail(Kind::Unavailable, format!("target {}: {e}", a.id)))?;
         outln!(
             "vdstream: target {}: migration cancelled; the source agent serves on",

@@ -100,6 +100,17 @@ pub fn cancel(socket: &Path) -> Result<(), String> {
     ask(socket, Kind::Cancel, Duration::from_secs(30)).map(|_| ())
 }
 
+/// `target migrate --cancel`: qemu's migration first (through `qmp`, when given), then the
+/// source agent's.
+pub fn cancel_all(socket: &Path, qmp: Option<&Path>) -> Result<(), String> {
+    if let Some(qmp) = qmp {
+        Qmp::connect(qmp)
+            .and_then(|mut q| q.execute("migrate_cancel", json!({})))
+            .map_err(|e| format!("qemu's QMP socket {}: {e}", qmp.display()))?;
+    }
+    cancel(socket)
+}
+
 /// One of Switch (fence and send the final delta), Commit or Revert; the source agent's
 /// migration status after.
 pub fn tell(socket: &Path, kind: Kind) -> Result<MigrationStatus, String> {
