@@ -1,4 +1,4 @@
-//! Human sizes on the command line: `64M`, `1G`, `512k`, `1.5T`, `4096` (bytes). Binary
+//! Human sizes and durations on the command line: `64M`, `1G`, `512k`, `1.5T`, `4096` (bytes). Binary
 //! units (K = 1024), because disk sizes are counted that way by qemu-img and nbdkit.
 //!
 //! One exact parser (the `parse-size` crate: integers, never floating point) for every size
@@ -6,6 +6,8 @@
 //! rounded. One range check, [`parse_ram`], for every `--ram` (`serve-image`,
 //! `target add|set|attach`, `size`); [`check_ram_fits_here`] adds this machine's RAM for the
 //! commands whose cache lives here (`serve-image`, `target attach`).
+
+use std::time::Duration;
 
 use parse_size::{Config, Error};
 pub use vdstream_contract::size::format_size;
@@ -84,6 +86,22 @@ pub fn check_ram_fits_here(cache: CacheType, bytes: u64) -> anyhow::Result<()> {
             format_size(total)
         ))),
         _ => Ok(()),
+    }
+}
+
+/// `500ms`, `30s`, `5m`, `1h`, `1m30s`, or a plain number of seconds (jiff's friendly format).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let plain = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    let parsed: jiff::SignedDuration = if plain {
+        format!("{t}s").parse()
+    } else {
+        t.parse()
+    }
+    .map_err(|_| format!("{text:?}: give a duration such as 500ms, 30s, 5m or 1h"))?;
+    match Duration::try_from(parsed) {
+        Ok(d) if !d.is_zero() && d.as_secs() < 1_000_000_000 => Ok(d),
+        _ => Err(format!("{text:?}: give a positive duration")),
     }
 }
 
@@ -166,6 +184,19 @@ mod tests {
         for s in ["1 GiB", "64 MiB", "512 B", "1.5 KiB"] {
             let n = parse_size(&s.replace(' ', "")).unwrap();
             assert_eq!(format_size(n), s);
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        for bad in ["", "s", "-1s", "3 days", "0"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }
 }

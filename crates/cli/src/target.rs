@@ -14,7 +14,7 @@ use vdstream_agent::{paths, status, Agent, AttachConfig, Endpoint};
 use vdstream_wcache::CacheType;
 
 use crate::exit::{fail, Failure, Kind};
-use crate::size::{check_ram_fits_here, parse_ram, parse_size};
+use crate::size::{check_ram_fits_here, parse_duration, parse_ram, parse_size};
 use crate::target_record;
 
 /// Keep the store's target records, run a target's agent, or show how it is doing.
@@ -728,43 +728,9 @@ fn show_api_status(s: &StatusArgs, url: &str) -> Result<()> {
     }))
 }
 
-/// `500ms`, `30s`, `5m`, `1h`, `1m30s`, or a plain number of seconds (jiff's friendly format).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let plain = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-    let parsed: jiff::SignedDuration = if plain {
-        format!("{t}s").parse()
-    } else {
-        t.parse()
-    }
-    .map_err(|_| format!("{text:?}: give a duration such as 500ms, 30s, 5m or 1h"))?;
-    match Duration::try_from(parsed) {
-        Ok(d) if !d.is_zero() && d.as_secs() < 1_000_000_000 => Ok(d),
-        _ => Err(format!("{text:?}: give a positive duration")),
-    }
-}
-
 /// --cache: one of the cache types' names, which shell completion offers.
 fn cache_type() -> impl clap::builder::TypedValueParser<Value = CacheType> {
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(CacheType::NAMES)
         .try_map(|name| name.parse::<CacheType>())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
-        for bad in ["", "s", "-1s", "3 days", "0"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
-        }
-    }
 }

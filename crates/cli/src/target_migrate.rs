@@ -9,7 +9,7 @@ use vdstream_agent::migrate::{self, drive};
 use vdstream_agent::paths;
 
 use crate::exit::{fail, Kind};
-use crate::target::parse_duration;
+use crate::size::parse_duration;
 
 /// Live-migrate a VM target to another host, write cache and all: run on the source host.
 ///
