@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex};
 use vdstream_blockdev::lograte::LogLimiter;
 use vdstream_blockdev::BlockDev;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringState, VringT};
 use virtio_queue::QueueT;
 use vm_memory::{
@@ -32,12 +31,13 @@ use vmm_sys_util::event::{
 };
 
 use crate::config::{config_window, Geometry, Options, CONFIG_LEN};
+use crate::dirty::DirtyLog;
 use crate::request::{Executor, Stats};
 
 /// Guest memory with a dirty log per region: while qemu migrates the VM, every page this
 /// backend writes (read data, status bytes, the used ring) is marked in the log qemu gave
-/// with SET_LOG_BASE, so qemu sends it again.
-pub(crate) type Mem = GuestMemoryMmap<BitmapMmapRegion>;
+/// with SET_LOG_BASE, so qemu sends it again ([`crate::dirty`]).
+pub(crate) type Mem = GuestMemoryMmap<DirtyLog>;
 pub(crate) type Memory = GuestMemoryAtomic<Mem>;
 
 /// One connection's device. Shared by the daemon and every queue thread.
@@ -281,7 +281,7 @@ thread_local! {
 }
 
 impl VhostUserBackend for Backend {
-    type Bitmap = BitmapMmapRegion;
+    type Bitmap = DirtyLog;
     type Vring = VringRwLock<Memory>;
 
     fn num_queues(&self) -> usize {

@@ -16,6 +16,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod dirty;
 pub mod driver;
 pub mod request;
 pub mod server;

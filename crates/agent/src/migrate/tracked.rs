@@ -1,11 +1,13 @@
 //! [`TrackedDev`]: the device under an agent's local exports when the agent can take part in
 //! a live migration. It does three things on top of the write cache:
 //!
-//! - **Dirty logging.** Every write, trim and zero marks its 4 KiB pages in two maps, after
-//!   the cache took it: `since_open` (everything the cache holds beyond the vDisk, for a
-//!   full copy) and `round` (what changed since the last round took it). Marking *after*
-//!   the write means a round that clears a page before the write lands sees it marked
-//!   again, so the next round sends it: a page is never lost, at worst sent twice.
+//! - **Dirty logging.** Every write, trim and zero marks its 4 KiB pages in the `round` map
+//!   after the cache took it: what changed since a round last took it. What a round takes
+//!   goes into `since_open`, so the two together are everything the cache holds beyond the
+//!   vDisk, for a full copy (one map marked per write: the hop's cost is one atomic OR).
+//!   Marking *after* the write means a round that clears a page before the write lands
+//!   sees it marked again, so the next round sends it: a page is never lost, at worst sent
+//!   twice.
 //! - **The gate** (destination): while `Held`, writes wait for the handover. Reads are
 //!   answered: before the switch the destination qemu is not running its guest, but it reads
 //!   the disk to set up its device (virtio-blk reads sector 0 for the disk's geometry).
@@ -82,19 +84,9 @@ impl DirtyMap {
         }
     }
 
-    /// Marks everything another map holds.
-    pub fn merge(&self, other: &DirtyMap) {
-        for (a, b) in self.words.iter().zip(&other.words) {
-            let v = b.load(SeqCst);
-            if v != 0 {
-                a.fetch_or(v, SeqCst);
-            }
-        }
-    }
-
     /// The marked byte ranges, each at most `max_run` long; `clear` takes them (a page
-    /// marked again after its word was taken stays marked).
-    pub fn runs(&self, max_run: u64, clear: bool) -> Vec<(u64, u64)> {
+    /// marked again after its word was taken stays marked), and marks them in `keep`.
+    pub fn runs(&self, max_run: u64, clear: bool, keep: Option<&DirtyMap>) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = Vec::new();
         for (w, word) in self.words.iter().enumerate() {
             let mut v = if clear {
@@ -102,6 +94,9 @@ impl DirtyMap {
             } else {
                 word.load(SeqCst)
             };
+            if let (Some(k), true) = (keep, v != 0) {
+                k.words[w].fetch_or(v, SeqCst);
+            }
             while v != 0 {
                 let bit = u64::from(v.trailing_zeros());
                 v &= v - 1;
@@ -136,7 +131,7 @@ pub struct TrackedDev {
     since_open: DirtyMap,
     round: DirtyMap,
     state: AtomicU8,
-    inflight: AtomicU64,
+    inflight: InFlightCount,
     wake: Mutex<()>,
     cv: Condvar,
     /// Destination: called once, by the first write served once the gate is open.
@@ -175,7 +170,7 @@ impl TrackedDev {
             since_open: DirtyMap::new(size),
             round: DirtyMap::new(size),
             state: AtomicU8::new(if held { HELD } else { OPEN }),
-            inflight: AtomicU64::new(0),
+            inflight: InFlightCount::default(),
             wake: Mutex::new(()),
             cv: Condvar::new(),
             on_write: Mutex::new(None),
@@ -220,10 +215,10 @@ impl TrackedDev {
         match what {
             Take::All => {
                 // Cleared first: a write landing after this is marked again for the next round.
-                self.round.runs(u64::MAX, true);
-                self.since_open.runs(max_run, false)
+                self.round.runs(u64::MAX, true, Some(&self.since_open));
+                self.since_open.runs(max_run, false, None)
             }
-            Take::Round => self.round.runs(max_run, true),
+            Take::Round => self.round.runs(max_run, true, Some(&self.since_open)),
         }
     }
 
@@ -234,7 +229,14 @@ impl TrackedDev {
 
     /// Bytes the cache holds beyond the vDisk.
     pub fn held_bytes(&self) -> u64 {
-        self.since_open.bytes()
+        let pages: u64 = self
+            .since_open
+            .words
+            .iter()
+            .zip(&self.round.words)
+            .map(|(a, b)| u64::from((a.load(SeqCst) | b.load(SeqCst)).count_ones()))
+            .sum();
+        (pages * PAGE).min(self.since_open.size)
     }
 
     /// Destination: what the first write served after the gate opened calls (before the
@@ -254,7 +256,7 @@ impl TrackedDev {
     pub fn fence(&self, limit: Duration) -> bool {
         self.set(FENCED);
         let start = Instant::now();
-        while self.inflight.load(SeqCst) != 0 {
+        while self.inflight.total() != 0 {
             if start.elapsed() > limit {
                 return false;
             }
@@ -294,7 +296,6 @@ impl TrackedDev {
     }
 
     fn mark(&self, offset: u64, len: u64) {
-        self.since_open.mark(offset, len);
         self.round.mark(offset, len);
     }
 
@@ -312,7 +313,7 @@ impl TrackedDev {
         };
         let write = matches!(op, Op::Write | Op::Trim | Op::Zero);
         loop {
-            self.inflight.fetch_add(1, SeqCst);
+            let slot = self.inflight.enter();
             let state = self.state.load(SeqCst);
             if state == OPEN || (state == HELD && !write) {
                 if write
@@ -325,9 +326,9 @@ impl TrackedDev {
                         f();
                     }
                 }
-                return Ok(InFlight(self));
+                return Ok(InFlight(slot));
             }
-            self.inflight.fetch_sub(1, SeqCst);
+            slot.fetch_sub(1, SeqCst);
             if state == FAILED {
                 return Err(refused("the live migration into this agent failed: its cache is not whole, so it serves nothing (see the agent's log)"));
             }
@@ -356,11 +357,43 @@ impl TrackedDev {
     }
 }
 
-struct InFlight<'a>(&'a TrackedDev);
+/// One request in flight, counted in its thread's slot.
+struct InFlight<'a>(&'a AtomicU64);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, SeqCst);
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Requests in flight, counted in slots a cache line apart, each thread in its own (by a
+/// thread-local index): one shared counter bouncing between the cores of every request
+/// thread cost the agent's hop 14% of its IOPS. The fence sums the slots.
+#[derive(Debug, Default)]
+struct InFlightCount {
+    slots: [Slot; SLOTS],
+}
+
+const SLOTS: usize = 16;
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Slot(AtomicU64);
+
+impl InFlightCount {
+    fn enter(&self) -> &AtomicU64 {
+        use std::sync::atomic::AtomicUsize;
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static INDEX: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SLOTS;
+        }
+        let slot = &self.slots[INDEX.with(|i| *i)].0;
+        slot.fetch_add(1, SeqCst);
+        slot
+    }
+
+    fn total(&self) -> u64 {
+        self.slots.iter().map(|s| s.0.load(SeqCst)).sum()
     }
 }
 
@@ -467,14 +500,14 @@ mod tests {
         m.mark(2 * PAGE, 2 * PAGE);
         m.mark(10 * PAGE + 50, 10);
         assert_eq!(
-            m.runs(u64::MAX, false),
+            m.runs(u64::MAX, false, None),
             vec![(PAGE, 3 * PAGE), (10 * PAGE, 100)]
         );
         assert_eq!(
-            m.runs(2 * PAGE, true),
+            m.runs(2 * PAGE, true, None),
             vec![(PAGE, 2 * PAGE), (3 * PAGE, PAGE), (10 * PAGE, 100)]
         );
-        assert!(m.runs(u64::MAX, false).is_empty());
+        assert!(m.runs(u64::MAX, false, None).is_empty());
         assert_eq!(m.bytes(), 0);
     }
 
