@@ -181,3 +181,110 @@ pub(crate) fn remove_quietly(path: &Path, target: &str) {
         Err(e) => log::warn!("target {target}: cannot remove {}: {e}", path.display()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The handover's outcomes after the switch, between two agents' migration state in
+    //! this process (RAM devices, a real migration socket): commit, revert, and a revert
+    //! refused once the destination served a write.
+    use super::wire::Kind;
+    use super::*;
+    use vdstream_blockdev::{BlockDev, MemoryDev};
+
+    const SIZE: u64 = 1 << 20;
+
+    struct Pair {
+        a: Arc<Migration>,
+        b: Arc<Migration>,
+        socket: PathBuf,
+        _dir: tempfile::TempDir,
+    }
+
+    fn side(held: bool) -> Arc<Migration> {
+        let dev = Arc::new(TrackedDev::new(Arc::new(MemoryDev::new(SIZE)), "t", held));
+        Migration::new(dev, "t", "vdisk/g@base", "device-ram", Vec::new())
+    }
+
+    fn phase(m: &Migration) -> String {
+        m.status().map(|s| s.phase).unwrap_or_default()
+    }
+
+    fn wait_for(what: &str, f: impl Fn() -> bool) {
+        let start = std::time::Instant::now();
+        while !f() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A source with data, a destination that took it and converged, then the switch.
+    fn switched() -> Pair {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("t.migrate");
+        let a = side(false);
+        a.dev.write_at(&[7; 8192], 4096, false).unwrap();
+        Listener::bind(&socket).unwrap().start(a.clone());
+        let b = side(true);
+        run_incoming(b.clone(), socket.clone(), SIZE);
+        wait_for("convergence", || phase(&b) == "converged");
+        a.dev.write_at(&[8; 512], 65536, false).unwrap();
+        let s = drive::tell(&socket, Kind::Switch).unwrap();
+        assert_eq!(s.phase, "switched");
+        assert!(a.dev.is_fenced() && b.dev.is_open());
+        let mut buf = [0u8; 512];
+        b.dev.read_at(&mut buf, 65536).unwrap();
+        assert_eq!(buf, [8; 512], "the final delta reached the destination");
+        Pair {
+            a,
+            b,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    #[test]
+    fn a_commit_ends_the_source_and_the_destination_serves() {
+        let p = switched();
+        let s = drive::tell(&p.socket, Kind::Commit).unwrap();
+        assert_eq!(s.phase, "done");
+        wait_for("the source to end", || p.a.ended());
+        wait_for("the destination's done", || phase(&p.b) == "done");
+        p.b.dev.write_at(&[9; 512], 0, false).unwrap();
+    }
+
+    #[test]
+    fn a_revert_gives_the_target_back_with_the_source_s_held_write() {
+        let p = switched();
+        // The source VM resumed: its write waits at the fence.
+        let a = p.a.clone();
+        let held = std::thread::spawn(move || a.dev.write_at(&[5; 512], 0, false));
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!held.is_finished());
+        let s = drive::tell(&p.socket, Kind::Revert).unwrap();
+        assert_eq!(s.phase, "reverted");
+        held.join().unwrap().unwrap();
+        assert!(p.a.dev.is_open() && !p.a.ended());
+        wait_for("the destination's revert", || p.b.ended());
+        let mut buf = [0u8; 512];
+        assert!(
+            p.b.dev.read_at(&mut buf, 0).is_err(),
+            "a reverted destination serves nothing"
+        );
+    }
+
+    #[test]
+    fn no_revert_once_the_destination_served_a_write() {
+        let p = switched();
+        p.b.dev.write_at(&[6; 512], 0, false).unwrap();
+        // The destination's notice of its first write commits the handover by itself.
+        wait_for("the source to end", || p.a.ended());
+        assert!(p.a.dev.is_fenced());
+        assert!(drive::tell(&p.socket, Kind::Revert).is_err());
+        let mut buf = [0u8; 512];
+        p.b.dev.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [6; 512]);
+    }
+}
