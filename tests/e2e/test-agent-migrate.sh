@@ -163,6 +163,8 @@ rc=$(wait_gone "$pid_b" "a mismatched destination")
 ((rc != 0)) || fail "a destination with another cache type exited 0"
 grep -q "ram-overflow cache, this agent device-ram: use --cache device-ram" "$E2E_TMP/wrong.log" ||
     fail "the refusal does not name both cache types: $(tail -n 3 "$E2E_TMP/wrong.log")"
-out=$(on a "$VDSTREAM_BIN" target migrate m-check --converge-for 1s 2>&1) && fail "migrate without a destination succeeded"
+rc=0
+out=$(on a "$VDSTREAM_BIN" target migrate m-check --converge-for 1s 2>&1) || rc=$?
+assert_eq "migrate without a destination: exit status (4: conflict)" "$rc" 4
 grep -q "no destination agent converged" <<<"$out" || fail "migrate without a destination: $out"
 log "ok: a mismatched destination is refused; migrate without one says what to start"

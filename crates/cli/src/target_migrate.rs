@@ -104,11 +104,7 @@ pub fn run(a: MigrateArgs) -> Result<()> {
     })
     .map_err(|e| {
         let kind = match &e {
-            drive::DriveError::Agent { message, .. }
-                if message.contains("converged") || message.contains("already") =>
-            {
-                Kind::Conflict
-            }
+            drive::DriveError::NotReady { .. } => Kind::Conflict,
             _ => Kind::Unavailable,
         };
         fail(kind, e.to_string())

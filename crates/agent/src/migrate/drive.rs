@@ -56,6 +56,10 @@ pub struct Outcome {
 pub enum DriveError {
     #[error("target {target}: {message}")]
     Agent { target: String, message: String },
+    /// The source agent is not where a migration can start: no destination converged, or
+    /// it handed the target over already.
+    #[error("target {target}: {message}")]
+    NotReady { target: String, message: String },
     #[error("target {target}: qemu's QMP socket {qmp}: {message}")]
     Qmp {
         target: String,
@@ -140,16 +144,22 @@ pub fn run(cfg: &DriveConfig, progress: &dyn Fn(&str)) -> Result<Outcome, DriveE
                 break;
             }
             Some("done") if s.as_ref().is_some_and(|s| s.role == "source") => {
-                return Err(agent_err("this agent handed the target over already".into()))
+                return Err(DriveError::NotReady {
+                    target: cfg.target.clone(),
+                    message: "this agent handed the target over already".into(),
+                })
             }
             _ if start.elapsed() > cfg.converge_for => {
-                return Err(agent_err(format!(
+                return Err(DriveError::NotReady {
+                    target: cfg.target.clone(),
+                    message: format!(
                     "no destination agent converged within {} s (migration: {}); start `vdstream target attach {} --incoming {}` on the destination",
                     cfg.converge_for.as_secs(),
                     s.map_or("none".into(), |s| format!("{} {}", s.role, s.phase)),
                     cfg.target,
                     cfg.socket.display()
-                )))
+                ),
+                })
             }
             _ => std::thread::sleep(Duration::from_millis(100)),
         }

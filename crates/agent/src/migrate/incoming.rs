@@ -22,10 +22,9 @@ enum Ended {
     Serving,
     /// qemu failed after the switch-over: the source serves on, this agent nothing.
     Reverted,
-    /// The source refused (a wrong vDisk, cache type, target): no use trying again.
-    Refused(String),
-    /// The link broke or the source went away before the final delta.
-    Broken(String),
+    /// The source refused (a wrong vDisk, cache type, target), the link broke, or the
+    /// source went away before the final delta: the source keeps the target.
+    Failed(String),
 }
 
 /// Runs the handover from the source at `source` on a thread of its own; the gate opens
@@ -41,10 +40,10 @@ pub fn run_incoming(m: Arc<Migration>, source: PathBuf, size: u64) {
                     "target {}: qemu's migration failed after the switch-over: the source agent serves on; this agent ends",
                     m.target
                 );
-                m.finish("reverted", Some("qemu's migration failed after the switch-over; the source serves on".into()));
+                m.finish("reverted", Some(super::REVERTED.into()));
                 m.end_agent();
             }
-            Ended::Refused(why) | Ended::Broken(why) => fail(&m, &why),
+            Ended::Failed(why) => fail(&m, &why),
         });
     if let Err(e) = spawn {
         log::error!("target: cannot start the incoming migration: {e}");
@@ -76,7 +75,7 @@ fn session(m: &Migration, source: &Path, size: u64) -> Ended {
     let conn = match connect(source) {
         Ok(c) => c,
         Err(e) => {
-            return Ended::Broken(format!(
+            return Ended::Failed(format!(
                 "cannot reach the source agent's migration socket {}: {e}",
                 source.display()
             ))
@@ -91,19 +90,19 @@ fn session(m: &Migration, source: &Path, size: u64) -> Ended {
     };
     let writer = match conn.try_clone() {
         Ok(w) => Arc::new(Mutex::new(w)),
-        Err(e) => return Ended::Broken(e.to_string()),
+        Err(e) => return Ended::Failed(e.to_string()),
     };
     if let Err(e) = wire::write_json(&mut *lock(&writer), Kind::Hello, &hello) {
-        return Ended::Broken(format!("the source agent closed the connection: {e}"));
+        return Ended::Failed(format!("the source agent closed the connection: {e}"));
     }
     let send = |kind: Kind, text: &str| wire::write(&mut *lock(&writer), kind, &[text.as_bytes()]);
     let mut r = BufReader::with_capacity(wire::MAX_PAYLOAD + 64, conn);
     let broken =
-        |e: std::io::Error| Ended::Broken(format!("the link to the source agent broke: {e}"));
+        |e: std::io::Error| Ended::Failed(format!("the link to the source agent broke: {e}"));
     match wire::read(&mut r) {
         Ok(Some(f)) if f.kind == Kind::Welcome => {}
-        Ok(Some(f)) if f.kind == Kind::Error => return Ended::Refused(f.text()),
-        Ok(_) => return Ended::Broken("the source agent closed the connection at once".into()),
+        Ok(Some(f)) if f.kind == Kind::Error => return Ended::Failed(f.text()),
+        Ok(_) => return Ended::Failed("the source agent closed the connection at once".into()),
         Err(e) => return broken(e),
     }
     log::info!(
@@ -123,7 +122,7 @@ fn session(m: &Migration, source: &Path, size: u64) -> Ended {
                 return Ended::Serving;
             }
             Ok(None) => {
-                return Ended::Broken(
+                return Ended::Failed(
                     "the source agent closed the connection before the final delta".into(),
                 )
             }
@@ -172,12 +171,9 @@ fn session(m: &Migration, source: &Path, size: u64) -> Ended {
                 });
                 // Everything is in: make it as durable as the cache makes anything, then serve.
                 if let Err(e) = m.dev.below().flush() {
-                    return Ended::Refused(format!(
+                    return Ended::Failed(format!(
                         "flushing this agent's cache after the final delta failed: {e}"
                     ));
-                }
-                if let Err(e) = send(Kind::Ack, "") {
-                    return broken(e);
                 }
                 // The first guest write here is announced before it runs: the source then
                 // knows it may not take the target back.
@@ -185,6 +181,8 @@ fn session(m: &Migration, source: &Path, size: u64) -> Ended {
                 m.dev.on_first_write(Box::new(move || {
                     let _ = wire::write(&mut *lock(&w), Kind::Serving, &[]);
                 }));
+                // Open before the acknowledgement, so that a source that heard it (and the
+                // qemu told to go on) finds this export serving.
                 m.dev.open();
                 m.update(|s| {
                     s.rounds = done.rounds;
@@ -194,6 +192,9 @@ fn session(m: &Migration, source: &Path, size: u64) -> Ended {
                     s.dirty_bytes = 0;
                     s.phase = "switched".into();
                 });
+                if let Err(e) = send(Kind::Ack, "") {
+                    return broken(e);
+                }
                 log::info!(
                     "target {}: took over from the source agent after {} rounds ({data} bytes, final delta {} bytes); serving",
                     m.target, done.rounds, done.final_bytes
@@ -220,11 +221,11 @@ fn session(m: &Migration, source: &Path, size: u64) -> Ended {
                     return Ended::Reverted;
                 }
             }
-            Kind::Error => return Ended::Refused(f.text()),
+            Kind::Error => return Ended::Failed(f.text()),
             k => Err(wire::bad(format!("an unexpected {k:?} frame"))),
         };
         if let Err(e) = applied {
-            return Ended::Refused(format!("applying the source's cache: {e}"));
+            return Ended::Failed(format!("applying the source's cache: {e}"));
         }
     }
 }

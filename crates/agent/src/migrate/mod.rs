@@ -11,7 +11,7 @@
 //!     `vdstream target migrate` sends Switch to A
 //!   fence: hold new requests, wait for those in flight
 //!   the final delta                          ──▶ written; B flushes its cache
-//!   Done                                     ──▶ Ack ◀── B opens its gate (phase switched)
+//!   Done                                     ──▶ B opens its gate, then Ack (phase switched)
 //!   qemu completes: Commit                   ──▶ A ends (its persistent cache files removed)
 //!   (qemu fails after the switch: Revert     ──▶ B fails its gate ──▶ Reverted; A serves on)
 //! ```
@@ -64,6 +64,10 @@ pub const ROUND_EVERY: Duration = Duration::from_millis(50);
 pub const FENCE_LIMIT: Duration = Duration::from_secs(30);
 pub const ACK_LIMIT: Duration = Duration::from_secs(60);
 
+/// Why both agents end a migration that qemu failed after its switch-over.
+pub(crate) const REVERTED: &str =
+    "qemu's migration failed after the switch-over; the source serves on";
+
 /// The migration socket of target `id`.
 pub fn socket_path(id: &str) -> PathBuf {
     crate::paths::run_dir().join(format!("{id}.migrate"))
@@ -107,6 +111,18 @@ impl Migration {
             wake: Mutex::new(()),
             cv: Condvar::new(),
         })
+    }
+
+    /// The migration's phase, without the live figures (which scan the dirty maps).
+    pub(crate) fn phase(&self) -> Option<String> {
+        lock(&self.status).as_ref().map(|s| s.phase.clone())
+    }
+
+    /// Whether the migration ended (done, cancelled, reverted or failed).
+    pub(crate) fn finished(&self) -> bool {
+        lock(&self.status)
+            .as_ref()
+            .is_some_and(|s| s.finished_unix_ms != 0)
     }
 
     /// The migration for the status (with the live figures), if there is one.
@@ -167,6 +183,19 @@ impl Migration {
     pub(crate) fn wait(&self, d: Duration) {
         let g = lock(&self.wake);
         let _ = self.cv.wait_timeout(g, d);
+    }
+
+    /// Waits until `done` holds (checked at each notify, and every 20 ms) or `limit` passes;
+    /// whether it held.
+    pub(crate) fn wait_until(&self, limit: Duration, done: impl Fn() -> bool) -> bool {
+        let start = std::time::Instant::now();
+        while !done() {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            self.wait(Duration::from_millis(20));
+        }
+        true
     }
 }
 

@@ -39,16 +39,11 @@ struct Control {
 }
 
 impl Listener {
-    /// Binds `path` (a stale socket is replaced) with owner-only access.
+    /// Binds `path` with owner-only access: a stale socket there is replaced, a live one
+    /// or anything that is not a socket refused.
     pub fn bind(path: &Path) -> std::io::Result<Listener> {
         use std::os::unix::fs::PermissionsExt;
-        if UnixStream::connect(path).is_ok() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                "another agent answers on it",
-            ));
-        }
-        let _ = std::fs::remove_file(path);
+        vdstream_nbd::listen::clear_stale_socket(path).map_err(std::io::Error::other)?;
         let listener = UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         Ok(Listener {
@@ -121,7 +116,7 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
             let result = session(conn, m, c);
             if let Err(e) = &result {
                 log::warn!("target {}: the migration ended: {e}", m.target);
-                if m.status().is_some_and(|s| s.finished_unix_ms == 0) {
+                if !m.finished() {
                     let fenced = m.dev.is_fenced();
                     m.finish("failed", Some(if fenced {
                         format!("{e}; this agent stays fenced and keeps the cache: restart the destination's attach with --incoming to take it again")
@@ -134,11 +129,8 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
             c.ended.fetch_add(1, SeqCst);
             c.busy.store(false, SeqCst);
             m.notify();
-            if m.status().is_some_and(|s| s.phase == "done") {
-                let start = Instant::now();
-                while c.waiters.load(SeqCst) != 0 && start.elapsed() < Duration::from_secs(5) {
-                    m.wait(Duration::from_millis(10));
-                }
+            if m.phase().as_deref() == Some("done") {
+                m.wait_until(Duration::from_secs(5), || c.waiters.load(SeqCst) == 0);
                 m.end_agent();
             }
             Ok(())
@@ -149,8 +141,8 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
         }
         Kind::Switch | Kind::Cancel | Kind::Commit | Kind::Revert => {
             if !c.busy.load(SeqCst) {
-                let why = match m.status() {
-                    Some(s) if s.role == "source" && s.phase == "done" => {
+                let why = match m.phase() {
+                    Some(p) if p == "done" => {
                         "this agent handed its target over already".to_string()
                     }
                     _ => format!("no destination agent is taking target {}'s cache: start `vdstream target attach {} --incoming {}` on the destination first", m.target, m.target, super::socket_path(&m.target).display()),
@@ -171,34 +163,26 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
             m.notify();
             // A switch is answered once the destination has everything (phase `switched`);
             // the others when the session ends.
-            let answered = || {
-                c.ended.load(SeqCst) != seen
-                    || (first.kind == Kind::Switch
-                        && m.status().is_some_and(|s| s.phase == "switched"))
+            let ended = || c.ended.load(SeqCst) != seen;
+            let switched =
+                || first.kind == Kind::Switch && m.phase().as_deref() == Some("switched");
+            m.wait_until(FENCE_LIMIT + ACK_LIMIT, || ended() || switched());
+            let outcome = if ended() {
+                lock(&c.outcome).clone()
+            } else if switched() {
+                Some(Ok(()))
+            } else {
+                None
             };
-            let start = Instant::now();
-            while !answered() && start.elapsed() < FENCE_LIMIT + ACK_LIMIT {
-                m.wait(Duration::from_millis(20));
-            }
-            let outcome = lock(&c.outcome).clone();
             match outcome {
-                _ if c.ended.load(SeqCst) == seen && answered() => {
-                    wire::write_json(&mut conn, Kind::Ok, &m.status())?;
-                }
-                Some(Ok(())) if c.ended.load(SeqCst) != seen => {
-                    wire::write_json(&mut conn, Kind::Ok, &m.status())?;
-                }
-                Some(Err(e)) if c.ended.load(SeqCst) != seen => {
-                    wire::write(&mut conn, Kind::Error, &[e.as_bytes()])?;
-                }
-                _ => {
-                    wire::write(
-                        &mut conn,
-                        Kind::Error,
-                        &[b"the migration did not get there in time"],
-                    )?;
-                }
-            }
+                Some(Ok(())) => wire::write_json(&mut conn, Kind::Ok, &m.status())?,
+                Some(Err(e)) => wire::write(&mut conn, Kind::Error, &[e.as_bytes()])?,
+                None => wire::write(
+                    &mut conn,
+                    Kind::Error,
+                    &[b"the migration did not get there in time"],
+                )?,
+            };
             Ok(())
         }
         k => Err(wire::bad(format!("a {k:?} frame to open a connection"))),
@@ -316,21 +300,19 @@ fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::R
                 }
             });
             if stop(&heard) {
-                let why = if c.cancel.load(SeqCst) {
-                    "cancelled"
+                // Read once: the phase, the reason and the outcome must agree.
+                let cancelled = c.cancel.load(SeqCst);
+                let (phase, why) = if cancelled {
+                    ("cancelled", "cancelled")
                 } else {
-                    "the destination agent went away before the switch"
+                    (
+                        "failed",
+                        "the destination agent went away before the switch",
+                    )
                 };
                 log::info!("target {}: migration {why}; this agent serves on", m.target);
-                m.finish(
-                    if c.cancel.load(SeqCst) {
-                        "cancelled"
-                    } else {
-                        "failed"
-                    },
-                    Some(why.into()),
-                );
-                return if c.cancel.load(SeqCst) {
+                m.finish(phase, Some(why.into()));
+                return if cancelled {
                     Ok(())
                 } else {
                     Err(wire::bad(why.into()))
@@ -381,10 +363,9 @@ fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::R
         s.final_bytes = final_bytes;
         s.wire_bytes = wire_bytes;
     });
-    let start = Instant::now();
-    while !heard.acked.load(SeqCst) && !heard.gone.load(SeqCst) && start.elapsed() < ACK_LIMIT {
-        m.wait(Duration::from_millis(20));
-    }
+    m.wait_until(ACK_LIMIT, || {
+        heard.acked.load(SeqCst) || heard.gone.load(SeqCst)
+    });
     if !heard.acked.load(SeqCst) {
         // The destination may or may not serve now: staying fenced is the safe answer, and a
         // new session from it gets the whole cache again.
@@ -416,14 +397,11 @@ fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::R
         if c.revert.load(SeqCst) {
             if !heard.gone.load(SeqCst) && !heard.serving.load(SeqCst) {
                 let _ = wire::write(&mut w, Kind::Revert, &[]);
-                let start = Instant::now();
-                while !heard.reverted.load(SeqCst)
-                    && !heard.refused_revert.load(SeqCst)
-                    && !heard.gone.load(SeqCst)
-                    && start.elapsed() < ACK_LIMIT
-                {
-                    m.wait(Duration::from_millis(20));
-                }
+                m.wait_until(ACK_LIMIT, || {
+                    heard.reverted.load(SeqCst)
+                        || heard.refused_revert.load(SeqCst)
+                        || heard.gone.load(SeqCst)
+                });
             }
             // The destination failed its gate, or went away without serving a write (it
             // announces a write before it runs it): this agent holds the only cache.
@@ -435,13 +413,7 @@ fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::R
                     "target {}: switch-over reverted: this agent serves on",
                     m.target
                 );
-                m.finish(
-                    "reverted",
-                    Some(
-                        "qemu's migration failed after the switch-over; the source serves on"
-                            .into(),
-                    ),
-                );
+                m.finish("reverted", Some(super::REVERTED.into()));
                 return Ok(());
             }
             let why = "cannot revert: the destination serves the guest's writes already; it keeps the target";
