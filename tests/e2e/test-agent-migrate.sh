@@ -7,7 +7,8 @@
 # destination's disk equals a file that took the same writes. Then back (B to A) with
 # writes meanwhile; a cancelled migration and a destination killed with SIGKILL mid-copy
 # leave the source serving, its data whole. A destination on another vDisk or cache type is
-# refused with a message naming both.
+# refused with a message naming both. Then the link between hosts: TCP with TLS, where only the
+# target's own certificate links (MIGRATE_TYPES="..." runs some cache types only).
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 require qemu-io nbdinfo nbdcopy cmp
@@ -87,7 +88,7 @@ wait_gone() {
     echo "$rc"
 }
 
-for type in ram-overflow device-ram device-disk device-disk-persistent; do
+for type in ${MIGRATE_TYPES:-ram-overflow device-ram device-disk device-disk-persistent}; do
     log "==== $type ===="
     id=m-$type
     args=(--cache "$type")
@@ -168,3 +169,57 @@ out=$(on a "$VDSTREAM_BIN" target migrate m-check --converge-for 1s 2>&1) || rc=
 assert_eq "migrate without a destination: exit status (4: conflict)" "$rc" 4
 grep -q "no destination agent converged" <<<"$out" || fail "migrate without a destination: $out"
 log "ok: a mismatched destination is refused; migrate without one says what to start"
+
+# Between hosts: TCP with TLS, both agents showing the target's own certificate. Another
+# target's certificate, or none, is refused at the handshake and logged; the handover over
+# TLS moves every byte.
+log "==== the TLS link ===="
+export VDSTREAM_CA=$E2E_TMP/ca
+"$VDSTREAM_BIN" pki init --farm lab >/dev/null || fail "pki init"
+for who in "m-tls a" "m-tls b" "other x"; do
+    read -r t dir <<<"$who"
+    "$VDSTREAM_BIN" pki issue target "$t" --out "$E2E_TMP/tls-$dir" >/dev/null || fail "pki issue target $t"
+done
+rm -rf "$E2E_TMP/a" "$E2E_TMP/b"
+model=$E2E_TMP/model.img
+cp "$base" "$model"
+args=(--cache device-disk)
+attach_on a m-tls "${args[@]}" --migrate-listen 127.0.0.1:0 --migrate-certificates "$E2E_TMP/tls-a"
+pid_a=$PID_a
+addr=$(grep -o 'tls://127\.0\.0\.1:[0-9]*' "$E2E_TMP/agent-a-m-tls.log" | head -n 1)
+[[ -n $addr ]] || fail "the source does not say where it listens: $(tail -n 3 "$E2E_TMP/agent-a-m-tls.log")"
+write_both "$(sock_of a m-tls)" "write -P 0x71 0 6M"
+
+rc=0
+out=$(on x "$VDSTREAM_BIN" target attach m-tls --server "$srv_uri" "${args[@]}" --incoming "$addr" --migrate-certificates "$E2E_TMP/tls-x" 2>&1) || rc=$?
+assert_eq "a destination started with another target's certificate: exit status (2: usage)" "$rc" 2
+grep -q "names target:other; the migration link needs target:m-tls's certificate" <<<"$out" || fail "the refusal at start: $out"
+hostport=${addr#tls://}
+openssl s_client -connect "$hostport" -cert "$E2E_TMP/tls-x/client-cert.pem" -key "$E2E_TMP/tls-x/client-key.pem" \
+    -CAfile "$E2E_TMP/tls-x/ca-cert.pem" </dev/null >"$E2E_TMP/s_client.log" 2>&1 || true
+openssl s_client -connect "$hostport" -CAfile "$E2E_TMP/tls-x/ca-cert.pem" </dev/null >>"$E2E_TMP/s_client.log" 2>&1 || true
+for ((i = 0; i < 50; i++)); do
+    (($(grep -c "refused a migration link from tls://127.0.0.1" "$E2E_TMP/agent-a-m-tls.log") >= 2)) && break
+    sleep 0.1
+done
+grep -q "refused a migration link from tls://127.0.0.1:[0-9]*: .*names target:other, not target:m-tls" "$E2E_TMP/agent-a-m-tls.log" ||
+    fail "another target's certificate was not refused and logged: $(grep migration "$E2E_TMP/agent-a-m-tls.log" | tail -n 3)"
+(($(grep -c "refused a migration link from tls://127.0.0.1" "$E2E_TMP/agent-a-m-tls.log") >= 2)) ||
+    fail "a client without a certificate was not refused: $(grep migration "$E2E_TMP/agent-a-m-tls.log" | tail -n 3)"
+[[ -z $(phase a m-tls) ]] || fail "a refused link began a migration: $(phase a m-tls)"
+
+attach_on b m-tls "${args[@]}" --incoming "$addr" --migrate-certificates "$E2E_TMP/tls-b"
+pid_b=$PID_b
+for i in 1 2 3 4; do
+    write_both "$(sock_of a m-tls)" "write -P $((i + 0x72)) $((i * 3))M 1M"
+done
+wait_phase b m-tls converged
+json_get "$E2E_TMP/st.json" '(j.get("migration") or {}).get("peer", "")' | grep -q "$addr" ||
+    fail "the destination's status does not name its source: $(cat "$E2E_TMP/st.json")"
+migrate a m-tls
+assert_eq "TLS: source exit status after the handover" "$(wait_gone "$pid_a" "the source agent")" 0
+same_disk "$(sock_of b m-tls)" "A to B over TLS"
+rc=0
+stop_server "$pid_b" 15 || rc=$?
+assert_eq "TLS: destination exit status" "$rc" 0
+log "ok: over TLS only the target's own certificate links; the handover moved every byte"

@@ -9,7 +9,9 @@
 # host-side cache type, two through the agents' NBD sockets and two as vhost-user-blk
 # devices (whose backend logs the guest pages it dirties, or qemu would refuse to migrate):
 # ram-overflow (2 MiB of RAM: most of its cache in overflow when it moves) and device-disk-persistent
-# over NBD, device-ram and device-disk over vhost-user-blk. test-agent-migrate covers every
+# over NBD, device-ram and device-disk over vhost-user-blk, the last between agents linked by
+# TCP with TLS (TYPE:TRANSPORT:tls; both show the target's certificate, as on two hosts);
+# the others over the source's migration socket. test-agent-migrate covers every
 # type without a guest, with a cancel and a killed destination. Prints qemu's downtime and
 # the handover's figures for each migration.
 # shellcheck source=lib.sh
@@ -27,7 +29,7 @@ vm_test_init golden
 start_store_server
 
 HOPS=${MIGRATE_HOPS:-4}
-read -r -a cases <<<"${MIGRATE_CASES:-ram-overflow:nbd device-disk-persistent:nbd device-ram:vhost device-disk:vhost}"
+read -r -a cases <<<"${MIGRATE_CASES:-ram-overflow:nbd device-disk-persistent:nbd device-ram:vhost device-disk:vhost:tls}"
 
 # attach_on HOST ID ARGS... — the target's agent on HOST (its own run and cache folders).
 attach_on() {
@@ -35,6 +37,7 @@ attach_on() {
     mkdir -p "$E2E_TMP/$host"
     # vhost-user-blk with the NBD socket beside it: the test reads the disk through that.
     [[ $transport == vhost ]] && set -- "$@" --vhost-user "$run/$id.vhost" --vhost-queues 1 --socket "$run/$id.sock"
+    [[ $link == tls ]] && set -- "$@" --migrate-listen 127.0.0.1:0 --migrate-certificates "$E2E_TMP/tls-$host"
     VDSTREAM_RUN_DIR=$E2E_TMP/$host/run VDSTREAM_CACHE_DIR=$E2E_TMP/$host/cache \
         "$VDSTREAM_BIN" target attach "$id" --server "$(xuri vdisk/golden)" "$@" \
         >>"$E2E_TMP/agent-$host-$id.log" 2>&1 </dev/null &
@@ -52,9 +55,27 @@ drive_on() {
     fi
 }
 
+# source_of HOST ID — where a destination reaches the source agent on HOST: its migration
+# socket, or with the TLS link the address its listener says it took.
+source_of() {
+    if [[ $link == tls ]]; then
+        grep -o 'live migrations from this agent: .* and tls://127\.0\.0\.1:[0-9]*' "$E2E_TMP/agent-$1-$2.log" |
+            tail -n 1 | grep -o 'tls://.*' || fail "the agent on $1 does not say where it listens"
+    else
+        echo "$E2E_TMP/$1/run/$2.migrate"
+    fi
+}
+
 for case in "${cases[@]}"; do
-    type=${case%%:*} transport=${case#*:}
+    IFS=: read -r type transport link <<<"$case"
     id=mig-$type
+    if [[ $link == tls ]]; then
+        export VDSTREAM_CA=$E2E_TMP/ca
+        [[ -e $VDSTREAM_CA/ca-cert.pem ]] || "$VDSTREAM_BIN" pki init --farm lab >/dev/null || fail "pki init"
+        for host in a b; do
+            "$VDSTREAM_BIN" pki issue target "$id" --out "$E2E_TMP/tls-$host" --force >/dev/null || fail "pki issue target $id"
+        done
+    fi
     args=(--cache "$type")
     [[ $type == ram-overflow ]] && args+=(--ram 2M)
     [[ $type == device-ram ]] && args+=(--ram 128M)
@@ -69,7 +90,7 @@ for case in "${cases[@]}"; do
         # Three write-and-verify rounds (768 KiB of new files) between migrations: each
         # moves more cache than the one before.
         wait_serial "$vm" "^VDSTEST ROUND $((hop * 3)) ok" 60
-        attach_on "$dst" "$id" "${args[@]}" --incoming "$E2E_TMP/$src/run/$id.migrate"
+        attach_on "$dst" "$id" "${args[@]}" --incoming "$(source_of "$src" "$id")"
         pids[hop]=$AGENT_PID
         next=$id-$hop
         start_vm_qmp "$next" "$(drive_on "$dst" "$id")" "$append" "unix:$E2E_TMP/$next.mig"
@@ -102,7 +123,7 @@ for case in "${cases[@]}"; do
     rounds=$(grep -c '^VDSTEST ROUND [0-9]* ok' <<<"$console")
     # The last agent still serves: its disk is the guest's, as it left it.
     fsck_served "nbd+unix:///?socket=$E2E_TMP/$src/run/$id.sock"
-    log "ok: $type: $HOPS live migrations, $rounds write-and-verify rounds, every file verified, no I/O error, e2fsck clean"
+    log "ok: $type over ${link:-the migration socket}: $HOPS live migrations, $rounds write-and-verify rounds, every file verified, no I/O error, e2fsck clean"
     stop_server "${pids[HOPS]}" 15 || fail "$type: the last agent did not stop cleanly"
 done
 rc=0

@@ -88,9 +88,13 @@ pub struct AttachConfig {
     /// The migration socket this agent listens on, as a live migration's source
     /// ([`crate::migrate`]); host-side cache types only. `None`: none.
     pub migrate_socket: Option<PathBuf>,
-    /// `--incoming SOCKET`: take the target's cache from the source agent there (a live
-    /// migration's destination); the export holds every request until the handover is done.
-    pub incoming: Option<PathBuf>,
+    /// `--migrate-listen ADDR`: also take destination agents on TCP with TLS (both show the
+    /// target's certificate; [`crate::migrate::link`]). Needs `migrate_socket`.
+    pub migrate_listen: Option<crate::migrate::link::TlsListen>,
+    /// `--incoming SOCKET|tls://HOST:PORT`: take the target's cache from the source agent
+    /// there (a live migration's destination); the export holds every request until the
+    /// handover is done.
+    pub incoming: Option<crate::migrate::link::SourceAddr>,
 }
 
 /// Bytes of answered, unflushed writes a `server-persistent` target keeps for a replay
@@ -132,6 +136,7 @@ impl AttachConfig {
             record_trace: None,
             listen_tls: None,
             migrate_socket: Some(crate::migrate::socket_path(id)),
+            migrate_listen: None,
             incoming: None,
         }
     }
@@ -213,11 +218,16 @@ impl Agent {
             crate::kernel_nbd::open_device(dev)?;
         }
         cfg.remote.writable = cfg.passes_through() && !cfg.read_only;
-        if cfg.incoming.is_some() && cfg.cacheless() {
-            return Err(AgentError::Migration {
-                id: cfg.target.clone(),
-                reason: format!("--incoming takes a cache on this host (ram-overflow, device-ram, device-disk, device-disk-persistent), not {}{}", cfg.cache, if cfg.read_only { " --read-only" } else { "" }),
-            });
+        for (asked, flag) in [
+            (cfg.incoming.is_some(), "--incoming takes"),
+            (cfg.migrate_listen.is_some(), "--migrate-listen offers"),
+        ] {
+            if asked && cfg.cacheless() {
+                return Err(AgentError::Migration {
+                    id: cfg.target.clone(),
+                    reason: format!("{flag} a cache on this host (ram-overflow, device-ram, device-disk, device-disk-persistent), not {}{}", cfg.cache, if cfg.read_only { " --read-only" } else { "" }),
+                });
+            }
         }
         // A folder the user named must have an existing parent (a typo is refused, not
         // created); the default one is created whole. Checked before connecting.
@@ -371,12 +381,23 @@ impl Agent {
         };
         let migrate_listener = match (&migration, &cfg.migrate_socket) {
             (Some(_), Some(path)) => {
-                Some(
+                let l =
                     crate::migrate::Listener::bind(path).map_err(|e| AgentError::SocketInUse {
                         path: path.clone(),
                         reason: format!("cannot listen for live migrations: {e}"),
-                    })?,
-                )
+                    })?;
+                Some(match &cfg.migrate_listen {
+                    None => l,
+                    Some((addr, tls)) => {
+                        l.with_tls(*addr, tls.clone())
+                            .map_err(|e| AgentError::SocketInUse {
+                                path: PathBuf::from(addr.to_string()),
+                                reason: format!(
+                                    "cannot listen for live migrations (--migrate-listen): {e}"
+                                ),
+                            })?
+                    }
+                })
             }
             _ => None,
         };
@@ -543,7 +564,7 @@ impl Agent {
             log::info!(
                 "target {}: live migrations from this agent: {}",
                 self.cfg.target,
-                l.path().display()
+                l.describe()
             );
             l.start(m.clone());
         }

@@ -140,16 +140,33 @@ pub struct AttachArgs {
     listen: Option<std::net::SocketAddr>,
 
     /// Live migration's destination: take this target's write cache from the agent that
-    /// serves it now, through that agent's migration socket (`RUN/ID.migrate` on its host,
-    /// e.g. /run/vdstream/vm1.migrate). This agent copies the cache while the guest runs
-    /// there, then keeps up with what the guest writes; its own socket holds every request
-    /// until the handover is done. Start the destination qemu (-incoming) on this socket,
-    /// then run `vdstream target migrate ID` on the source host. Host-side cache types only
-    /// (ram-overflow, device-ram, device-disk, device-disk-persistent), the same as the
-    /// source's, attached to the same vDisk version. If the source cannot be reached or
-    /// the migration is cancelled, this agent ends and the source serves on.
-    #[arg(long, value_name = "SOCKET")]
-    incoming: Option<PathBuf>,
+    /// serves it now: on this host through that agent's migration socket (`RUN/ID.migrate`,
+    /// e.g. /run/vdstream/vm1.migrate), from another host as tls://HOST:PORT (the source's
+    /// --migrate-listen; both agents show the target's certificate, --migrate-certificates).
+    /// This agent copies the cache while the guest runs there, then keeps up with what the
+    /// guest writes; its own socket holds every request until the handover is done. Start
+    /// the destination qemu (-incoming) on this socket, then run `vdstream target migrate
+    /// ID` on the source host. Host-side cache types only (ram-overflow, device-ram,
+    /// device-disk, device-disk-persistent), the same as the source's, attached to the same
+    /// vDisk version. If the source cannot be reached or the migration is cancelled, this
+    /// agent ends and the source serves on.
+    #[arg(long, value_name = "SOCKET|tls://HOST:PORT")]
+    incoming: Option<String>,
+
+    /// Live migration's source on another host: also take destination agents on TCP at
+    /// ADDR (e.g. 10.0.0.1:10811), over TLS only. Both agents show this target's own
+    /// certificate (--migrate-certificates: a client-cert.pem naming target ID, as `vdstream
+    /// pki issue target ID` makes) and each refuses any other at the handshake: another
+    /// target, a server, a certificate of another CA or one ca-crl.pem revokes. The
+    /// switch, cancel and commit stay on this host's migration socket.
+    #[arg(long, value_name = "ADDR")]
+    migrate_listen: Option<std::net::SocketAddr>,
+
+    /// The certificate directory of the migration link between hosts (ca-cert.pem,
+    /// client-cert.pem and client-key.pem of this target; optional ca-crl.pem). Default:
+    /// --tls-certificates.
+    #[arg(long, value_name = "DIR")]
+    migrate_certificates: Option<PathBuf>,
 
     /// Serve --listen on a non-loopback address without TLS: any machine that reaches it
     /// may read and write this target's disk. Only for a trusted network; refused
@@ -304,6 +321,53 @@ fn attach_tls(
         ),
     };
     Ok((upstream, local))
+}
+
+/// The migration link's TLS listener and the source of an incoming attach, from
+/// `--migrate-listen`, `--incoming` and the certificates of `--migrate-certificates` (else
+/// `--tls-certificates`).
+fn migration_link(
+    a: &AttachArgs,
+) -> Result<(
+    Option<vdstream_agent::migrate::link::TlsListen>,
+    Option<vdstream_agent::migrate::link::SourceAddr>,
+)> {
+    use vdstream_tls::Identity;
+    let dir = a
+        .migrate_certificates
+        .as_ref()
+        .or(a.tls_certificates.as_ref());
+    let me = || Identity::Target(a.id.clone());
+    let listen = match (a.migrate_listen, dir) {
+        (None, _) => None,
+        (Some(addr), None) => usage!("--migrate-listen {addr} takes destinations over TLS only: give --migrate-certificates DIR with this target's certificate (`vdstream pki issue target {} --out DIR`)", a.id),
+        (Some(addr), Some(d)) => Some((
+            addr,
+            vdstream_tls::link::listen_config(d, me())
+                .map_err(|e| crate::exit::fail(crate::exit::Kind::Usage, format!("--migrate-certificates: {e}")))?,
+        )),
+    };
+    let incoming = match &a.incoming {
+        None => None,
+        Some(text) => {
+            let config = match (text.starts_with("tls://"), dir) {
+                (true, Some(d)) => {
+                    Some(vdstream_tls::link::connect_config(d, me()).map_err(|e| {
+                        crate::exit::fail(
+                            crate::exit::Kind::Usage,
+                            format!("--migrate-certificates: {e}"),
+                        )
+                    })?)
+                }
+                _ => None,
+            };
+            match vdstream_agent::migrate::link::parse_source(text, config) {
+                Ok(s) => Some(s),
+                Err(e) => usage!("{e}"),
+            }
+        }
+    };
+    Ok((listen, incoming))
 }
 
 /// Stop the agent of target ID: its kernel NBD device is disconnected (the kernel sends
@@ -559,7 +623,9 @@ fn open_agent(a: &AttachArgs) -> Result<Agent> {
     cfg.remote.connections = a.server_connections as usize;
     cfg.remote.journal = (a.journal_max > 0).then_some(a.journal_max);
     cfg.record_trace = a.record_trace.clone();
-    cfg.incoming = a.incoming.clone();
+    let (migrate_listen, incoming) = migration_link(a)?;
+    cfg.migrate_listen = migrate_listen;
+    cfg.incoming = incoming;
     cfg.remote.tls = upstream_tls;
     cfg.listen_tls = listen_tls;
     let servers = cfg

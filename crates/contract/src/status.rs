@@ -72,7 +72,8 @@ pub struct MigrationStatus {
     /// sends the final delta), `done` (the destination serves; the source is fenced and
     /// ends), `cancelled` or `failed` (see `error`).
     pub phase: String,
-    /// The other agent: the source's migration socket, or the destination's peer.
+    /// The other agent: where the destination reaches its source (a migration socket or
+    /// tls://HOST:PORT), or, on the source, where the destination came from.
     pub peer: String,
     /// Rounds sent or received, the first full copy included.
     pub rounds: u64,

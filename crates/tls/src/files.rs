@@ -78,7 +78,7 @@ pub fn read_crls(dir: &Path) -> Result<Vec<CertificateRevocationListDer<'static>
         .map_err(|e| file_error(&path, format!("not a PEM revocation list: {e}")))
 }
 
-fn roots(dir: &Path) -> Result<Arc<RootCertStore>, TlsError> {
+pub(crate) fn roots(dir: &Path) -> Result<Arc<RootCertStore>, TlsError> {
     let path = dir.join(CA_CERT);
     let mut roots = RootCertStore::empty();
     for cert in read_certs(&path)? {

@@ -8,6 +8,7 @@
 //! - [`pki`]: the small certificate authority behind `vdstream pki init|issue|revoke`.
 
 pub mod files;
+pub mod link;
 pub mod peer;
 pub mod pki;
 

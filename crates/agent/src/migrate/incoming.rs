@@ -1,15 +1,15 @@
-//! The destination side: an agent attached with `--incoming SOCKET` takes its target's
-//! cache from the source agent there, holding its own export's writes until the final
-//! delta is in.
+//! The destination side: an agent attached with `--incoming SOCKET|tls://HOST:PORT` takes
+//! its target's cache from the source agent there, holding its own export's writes until
+//! the final delta is in.
 
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vdstream_blockdev::lock;
 
+use super::link::SourceAddr;
 use super::wire::{self, Kind};
 use super::{Migration, CONVERGED_BYTES};
 
@@ -29,8 +29,8 @@ enum Ended {
 
 /// Runs the handover from the source at `source` on a thread of its own; the gate opens
 /// when the final delta is in, or every held request fails and the agent ends.
-pub fn run_incoming(m: Arc<Migration>, source: PathBuf, size: u64) {
-    m.begin("destination", &source.display().to_string());
+pub fn run_incoming(m: Arc<Migration>, source: SourceAddr, size: u64) {
+    m.begin("destination", &source.to_string());
     let spawn = std::thread::Builder::new()
         .name("migrate-in".into())
         .spawn(move || match session(&m, &source, size) {
@@ -60,24 +60,25 @@ fn fail(m: &Migration, why: &str) {
     m.end_agent();
 }
 
-fn connect(source: &Path) -> std::io::Result<UnixStream> {
+/// Connects to the source, trying again while it may not listen yet (not after a failed
+/// TLS handshake: that is an answer).
+fn connect(source: &SourceAddr) -> std::io::Result<UnixStream> {
     let start = Instant::now();
     loop {
-        match UnixStream::connect(source) {
+        match source.connect() {
             Ok(s) => return Ok(s),
-            Err(e) if start.elapsed() > CONNECT_FOR => return Err(e),
+            Err(e) if !e.retry || start.elapsed() > CONNECT_FOR => return Err(e.error),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
 }
 
-fn session(m: &Migration, source: &Path, size: u64) -> Ended {
+fn session(m: &Migration, source: &SourceAddr, size: u64) -> Ended {
     let conn = match connect(source) {
         Ok(c) => c,
         Err(e) => {
             return Ended::Failed(format!(
-                "cannot reach the source agent's migration socket {}: {e}",
-                source.display()
+                "cannot reach the source agent's migration link {source}: {e}"
             ))
         }
     };
@@ -106,9 +107,8 @@ fn session(m: &Migration, source: &Path, size: u64) -> Ended {
         Err(e) => return broken(e),
     }
     log::info!(
-        "target {}: taking the cache from the source agent at {}",
-        m.target,
-        source.display()
+        "target {}: taking the cache from the source agent at {source}",
+        m.target
     );
     m.update(|s| s.phase = "pre-copy".into());
     let (mut data, mut wire_bytes) = (0u64, 0u64);

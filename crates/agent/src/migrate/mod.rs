@@ -32,11 +32,15 @@
 //! - A source that sent its final delta without an acknowledgement stays fenced and keeps
 //!   its whole cache: a new session from the destination gets all of it again.
 //!
-//! The socket: every agent with a host-side cache listens on `RUN/ID.migrate` (owner-only,
-//! like its NBD socket): who may connect may read the target's disk anyway.
+//! The link: every agent with a host-side cache listens on `RUN/ID.migrate` (owner-only,
+//! like its NBD socket): who may connect may read the target's disk anyway. Between hosts,
+//! an agent started with `--migrate-listen ADDR` also takes destinations on TCP with TLS,
+//! where both agents must show the target's own certificate ([`link`]); only a hello is
+//! taken there: the switch, cancel, commit and revert come on the local socket alone.
 
 pub mod drive;
 mod incoming;
+pub mod link;
 mod source;
 pub mod tracked;
 pub mod wire;
@@ -257,7 +261,7 @@ mod tests {
         a.dev.write_at(&[7; 8192], 4096, false).unwrap();
         Listener::bind(&socket).unwrap().start(a.clone());
         let b = side(true);
-        run_incoming(b.clone(), socket.clone(), SIZE);
+        run_incoming(b.clone(), link::SourceAddr::Socket(socket.clone()), SIZE);
         wait_for("convergence", || phase(&b) == "converged");
         a.dev.write_at(&[8; 512], 65536, false).unwrap();
         let s = drive::tell(&socket, Kind::Switch).unwrap();

@@ -15,11 +15,16 @@ use super::tracked::{Take, PAGE};
 use super::wire::{self, Kind};
 use super::{Migration, ACK_LIMIT, CONVERGED_BYTES, FENCE_LIMIT, ROUND_EVERY};
 
-/// The bound migration socket, served by [`Listener::start`].
+/// The bound migration socket, and the TLS listener between hosts if any, served by
+/// [`Listener::start`].
 #[derive(Debug)]
 pub struct Listener {
     listener: UnixListener,
     path: PathBuf,
+    tls: Option<(
+        std::net::TcpListener,
+        Arc<vdstream_tls::rustls::ServerConfig>,
+    )>,
 }
 
 /// What the session and the control connections share.
@@ -49,7 +54,30 @@ impl Listener {
         Ok(Listener {
             listener,
             path: path.to_path_buf(),
+            tls: None,
         })
+    }
+
+    /// Also takes destinations on `addr`, over TLS with `config` ([`super::link`]).
+    pub fn with_tls(
+        mut self,
+        addr: std::net::SocketAddr,
+        config: Arc<vdstream_tls::rustls::ServerConfig>,
+    ) -> std::io::Result<Listener> {
+        self.tls = Some((std::net::TcpListener::bind(addr)?, config));
+        Ok(self)
+    }
+
+    /// Where destinations reach this agent: the socket, and `tls://ADDR` if it listens there.
+    pub fn describe(&self) -> String {
+        match &self.tls {
+            Some((l, _)) => format!(
+                "{} and tls://{}",
+                self.path.display(),
+                l.local_addr().map_or("?".into(), |a| a.to_string())
+            ),
+            None => self.path.display().to_string(),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -57,9 +85,21 @@ impl Listener {
     }
 
     /// Serves the socket on a thread of its own for the life of the process.
-    pub fn start(self, m: Arc<Migration>) {
+    pub fn start(mut self, m: Arc<Migration>) {
         let control = Arc::new(Control::default());
         let path = self.path.clone();
+        if let Some((tcp, config)) = self.tls.take() {
+            let (m, control) = (m.clone(), control.clone());
+            let target = m.target.clone();
+            let serve = Arc::new(move |conn: UnixStream, from: String| {
+                if let Err(e) = serve_conn(conn, &m, &control, Some(&from)) {
+                    log::warn!("target {}: migration link {from}: {e}", m.target);
+                }
+            });
+            if let Err(e) = super::link::serve_tls(tcp, config, target, serve) {
+                log::error!("target: cannot serve the migration link: {e}");
+            }
+        }
         let spawn = std::thread::Builder::new()
             .name("migrate-listen".into())
             .spawn(move || {
@@ -69,7 +109,7 @@ impl Listener {
                     let _ = std::thread::Builder::new()
                         .name("migrate-conn".into())
                         .spawn(move || {
-                            if let Err(e) = serve_conn(conn, &m, &control) {
+                            if let Err(e) = serve_conn(conn, &m, &control, None) {
                                 log::warn!("target {}: migration socket: {e}", m.target);
                             }
                         });
@@ -90,12 +130,32 @@ impl Drop for Listener {
     }
 }
 
-fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::Result<()> {
+/// Serves one connection: a destination's hello, a status query, or (on the local socket
+/// only, `remote` being `None`) a control request of `vdstream target migrate`.
+fn serve_conn(
+    mut conn: UnixStream,
+    m: &Arc<Migration>,
+    c: &Arc<Control>,
+    remote: Option<&str>,
+) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     let Some(first) = wire::read(&mut conn)? else {
         return Ok(());
     };
     conn.set_read_timeout(None)?;
+    if let (Some(from), Kind::Switch | Kind::Cancel | Kind::Commit | Kind::Revert) =
+        (remote, first.kind)
+    {
+        log::warn!(
+            "target {}: refused a {:?} request from {from}: the handover is driven on this host only",
+            m.target,
+            first.kind
+        );
+        let why = "the switch, cancel, commit and revert are taken on the source host's migration socket only (vdstream target migrate there)";
+        wire::write(&mut conn, Kind::Error, &[why.as_bytes()])?;
+        return Ok(());
+    }
+    let from = remote.unwrap_or("the migration socket").to_string();
     match first.kind {
         Kind::Hello => {
             let hello: wire::Hello = first.json()?;
@@ -113,7 +173,7 @@ fn serve_conn(mut conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std
                 f.store(false, SeqCst);
             }
             *lock(&c.outcome) = None;
-            let result = session(conn, m, c);
+            let result = session(conn, m, c, &from);
             if let Err(e) = &result {
                 log::warn!("target {}: the migration ended: {e}", m.target);
                 if !m.finished() {
@@ -226,12 +286,16 @@ struct Heard {
     gone: AtomicBool,
 }
 
-fn session(conn: UnixStream, m: &Arc<Migration>, c: &Arc<Control>) -> std::io::Result<()> {
-    let peer = "destination on the migration socket".to_string();
-    m.begin("source", &peer);
+fn session(
+    conn: UnixStream,
+    m: &Arc<Migration>,
+    c: &Arc<Control>,
+    from: &str,
+) -> std::io::Result<()> {
+    m.begin("source", &format!("destination on {from}"));
     let fenced = m.dev.is_fenced();
     log::info!(
-        "target {}: a destination agent takes this target's cache{}",
+        "target {}: a destination agent on {from} takes this target's cache{}",
         m.target,
         if fenced {
             " (again: this agent is fenced since a final delta it was not told arrived)"
