@@ -1677,3 +1677,80 @@ fn a_mirror_sends_changes_to_the_writer_after_authorizing_them() {
     assert!(body.contains("may have been made"), "{body}");
     drop(handle);
 }
+
+#[test]
+fn the_audit_trail_records_each_live_migration_once_with_its_outcome() {
+    let a = api();
+    a.client
+        .post(
+            "/api/v1/targets",
+            &json!({"id": "vm1", "vdisk": "win", "cache": "device-disk"}),
+        )
+        .unwrap();
+    let migrations = || -> Vec<Value> {
+        a.client
+            .get("/api/v1/audit?vdisk=win")
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["action"] == "target.migrate")
+            .cloned()
+            .collect()
+    };
+    let report = |role: &str, phase: &str, started: u64| {
+        let st = vdstream_agent::Status {
+            target: "vm1".into(),
+            state: "running".into(),
+            migration: Some(vdstream_contract::status::MigrationStatus {
+                role: role.into(),
+                phase: phase.into(),
+                peer: "tls://10.0.0.1:10811".into(),
+                rounds: 3,
+                data_bytes: 4096,
+                fenced_ms: 12,
+                started_unix_ms: started,
+                finished_unix_ms: started + 500,
+                error: (phase == "failed").then(|| "the destination agent went away".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        a.client
+            .put("/api/v1/targets/vm1/agent", &json!(st))
+            .unwrap();
+    };
+    // Under way, or done as the source sees it (the destination reports the handover):
+    // nothing yet.
+    report("destination", "pre-copy", 1000);
+    report("source", "done", 1000);
+    assert_eq!(migrations(), Vec::<Value>::new());
+    // The destination serves: recorded once, however often it reports so.
+    report("destination", "done", 1000);
+    report("destination", "done", 1000);
+    let m = migrations();
+    assert_eq!(m.len(), 1, "{m:?}");
+    let d = &m[0]["details"];
+    assert_eq!(
+        (
+            d["target"].as_str(),
+            d["outcome"].as_str(),
+            d["reported_by"].as_str()
+        ),
+        (Some("vm1"), Some("done"), Some("destination"))
+    );
+    assert_eq!(
+        (d["rounds"].as_u64(), d["fenced_ms"].as_u64()),
+        (Some(3), Some(12))
+    );
+    assert_eq!(d["peer"], "tls://10.0.0.1:10811");
+    // A failed one, from the source that serves on; the next migration is another line.
+    report("source", "failed", 2000);
+    report("source", "failed", 2000);
+    report("destination", "done", 3000);
+    let m = migrations();
+    assert_eq!(m.len(), 3, "{m:?}");
+    assert_eq!(m[1]["details"]["outcome"], "failed");
+    assert_eq!(m[1]["details"]["error"], "the destination agent went away");
+    assert_eq!(m[2]["details"]["started_unix_ms"], 3000);
+}

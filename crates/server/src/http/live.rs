@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::sync::{watch, Semaphore};
 use vdstream_contract::server::{IoDoc, IoTotals, NbdAddresses, ReadCacheDoc, ServerDoc};
 use vdstream_contract::status::Status;
@@ -69,6 +69,9 @@ pub(crate) struct Live {
     samples: Mutex<HashMap<u64, VecDeque<(Instant, CountersSnapshot)>>>,
     /// The last boot script served to each network-booted target: when (Unix ms), and what.
     boots: Mutex<BTreeMap<String, (u64, String)>>,
+    /// The live migration each target's audit trail records last: (role, started), so that
+    /// the reports that repeat its outcome record it once. One entry a target with a record.
+    migrations_audited: Mutex<HashMap<String, (String, u64)>>,
     pub events: Events,
 }
 
@@ -432,8 +435,9 @@ impl Live {
         doc: Value,
     ) -> Result<ReportAccepted, ApiError> {
         vdstream_store::names::validate_target_id(id)?;
-        match vdstream_store::Store::open(&state.store).and_then(|s| s.target(id)) {
-            Ok(_) => {}
+        let store = vdstream_store::Store::open(&state.store)?;
+        let record = match store.target(id) {
+            Ok(r) => r,
             Err(vdstream_store::StoreError::UnknownTarget { .. }) => {
                 state.log.log(
                     log::Level::Warn,
@@ -448,7 +452,7 @@ impl Live {
                 ));
             }
             Err(e) => return Err(e.into()),
-        }
+        };
         let Some(obj) = doc.as_object() else {
             return Err(ApiError::bad_request(
                 "an agent report is a JSON object",
@@ -486,6 +490,9 @@ impl Live {
             }
         };
         drop(doc);
+        if let Some(m) = &status.migration {
+            self.audit_migration(state, &store, id, &record.vdisk, client, m);
+        }
         self.put_report(id, status);
         Ok(ReportAccepted {
             target: id.to_string(),
@@ -494,6 +501,69 @@ impl Live {
         })
     }
 }
+
+impl Live {
+    /// Records a live migration of target `id` in the audit trail (`target.migrate`) once
+    /// it ended: a handover done, from the destination's report (the source ends with it);
+    /// one cancelled, failed or reverted, from the source's (the destination ends then).
+    fn audit_migration(
+        &self,
+        state: &ServerState,
+        store: &vdstream_store::Store,
+        id: &str,
+        vdisk: &str,
+        client: SocketAddr,
+        m: &vdstream_contract::status::MigrationStatus,
+    ) {
+        let reported_by = match (m.role.as_str(), m.phase.as_str()) {
+            ("destination", "done") => "destination",
+            ("source", "cancelled" | "failed" | "reverted") => "source",
+            _ => return,
+        };
+        let key = (m.role.clone(), m.started_unix_ms);
+        {
+            let mut seen = lock(&self.migrations_audited);
+            if seen.get(id) == Some(&key) {
+                return;
+            }
+            if seen.len() >= MAX_REPORTS && !seen.contains_key(id) {
+                seen.clear();
+            }
+            seen.insert(id.to_string(), key);
+        }
+        let mut details = json!({
+            "target": id,
+            "outcome": m.phase,
+            "reported_by": reported_by,
+            "agent": client.to_string(),
+            "peer": m.peer,
+            "rounds": m.rounds,
+            "data_bytes": m.data_bytes,
+            "wire_bytes": m.wire_bytes,
+            "final_bytes": m.final_bytes,
+            "fenced_ms": m.fenced_ms,
+            "held_ms": m.held_ms,
+            "started_unix_ms": m.started_unix_ms,
+            "finished_unix_ms": m.finished_unix_ms,
+        });
+        if let Some(e) = &m.error {
+            details["error"] = json!(e);
+        }
+        if let Err(e) = store.audit_event(MIGRATE_ACTION, vdisk, details) {
+            state.log.log(
+                log::Level::Warn,
+                module_path!(),
+                "audit write failed",
+                format_args!(
+                    "cannot record the live migration of target {id} in the audit trail: {e}"
+                ),
+            );
+        }
+    }
+}
+
+/// The audit trail's action for a live migration's outcome.
+pub const MIGRATE_ACTION: &str = "target.migrate";
 
 #[cfg(test)]
 mod tests {
