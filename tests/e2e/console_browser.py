@@ -33,6 +33,21 @@ def api_status(path, token):
         return e.code, json.loads(e.read() or b"null")
 
 
+def api_put(path, token, body):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="PUT",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status
+
+
+def migration_report(role, phase, rounds, moved, fenced_ms):
+    now = int(time.time() * 1000)
+    return {"target": "vm-7", "state": "running", "server": {"endpoint": "http://127.0.0.1:8480", "connected": True}, "migration": {
+        "role": role, "phase": phase, "peer": "tls://10.0.0.1:10811", "rounds": rounds,
+        "data_bytes": moved, "fenced_ms": fenced_ms, "started_unix_ms": now - 5000,
+        "finished_unix_ms": now if phase == "done" else 0}}
+
+
 def versions():
     out = subprocess.run([vdstream, "version", "list", "golden", "--store", store, "--json"], check=True, capture_output=True, text=True, timeout=30)
     return {v["number"]: v for v in json.loads(out.stdout)["versions"]}
@@ -97,6 +112,14 @@ with sync_playwright() as p:
     # The version it runs (production is the base until a promote), not only the record's stage.
     expect(row.locator(".c-vdisk")).to_contain_text("runs base (production)", timeout=15000)
     say(f"pc-01 is running and its guest IOPS moved: {seen}")
+
+    # 2b. A target that migrates live: its agents' reports show the phase and what moved.
+    mig = page.locator('tr[data-target="vm-7"] .migration')
+    assert api_put("/api/v1/targets/vm-7/agent", admin, migration_report("destination", "converged", 3, 4 << 20, 0)) == 200
+    expect(mig).to_have_text("migrating in: converged · 3 rounds · 4.0 MiB moved", timeout=15000)
+    assert api_put("/api/v1/targets/vm-7/agent", admin, migration_report("destination", "done", 5, 6 << 20, 14)) == 200
+    expect(mig).to_contain_text("migrated in · 5 rounds · 6.0 MiB moved · fenced 14 ms", timeout=15000)
+    say(f"vm-7's live migration shows its phase and figures: {mig.inner_text()!r}")
     page.screenshot(path=f"{shots}/laptop-targets.png", full_page=True)
 
     # 3. Add and edit a target on the page.
@@ -214,6 +237,7 @@ with sync_playwright() as p:
     page.click("button[data-tab=audit]")
     expect(page.locator("#audit tbody")).to_contain_text("version.promote", timeout=10000)
     expect(page.locator("#audit tbody")).to_contain_text("target.remove")
+    expect(page.locator("#audit tbody")).to_contain_text("target.migrate")
     page.screenshot(path=f"{shots}/laptop-audit.png", full_page=True)
     say("sessions and the audit trail (with the page's promote and removal) show")
 

@@ -25,6 +25,7 @@ vds vdisk create golden --size 64M >/dev/null
 vds version new golden >/dev/null
 vds target add pc-01 --vdisk golden --cache ram-overflow --description "front desk" >/dev/null
 vds target add pc-02 --vdisk golden --cache device-disk --mac 52:54:00:00:00:02 >/dev/null
+vds target add vm-7 --vdisk golden --cache device-disk --description "a VM that migrates" >/dev/null
 admin=$(vds token add console-admin --role admin --json | json_get /dev/stdin 'j["token"]')
 viewer=$(vds token add console-viewer --role read-only --json | json_get /dev/stdin 'j["token"]')
 operator=$(vds token add pc-01-agent --role operator --json | json_get /dev/stdin 'j["token"]')

@@ -271,6 +271,7 @@ function figures(t, sessions) {
       reported: a.received_unix_ms || a.updated_unix_ms,
       export: a.vdisk && (a.vdisk.description || a.vdisk.export),
       running: a.vdisk ? runningOf(a.vdisk.description || a.vdisk.export || '') : null,
+      migration: a.migration || null,
     };
   }
   if (ss.length) {
@@ -462,6 +463,17 @@ function widthOf(e, pct) {
   return e;
 }
 
+// A live migration as its agent reports it: which way, its phase, and what moved.
+function migrationText(m) {
+  const way = m.role === 'source' ? 'out' : 'in';
+  const ended = ['done', 'cancelled', 'failed', 'reverted'].includes(m.phase);
+  const head = m.phase === 'done' ? `migrated ${way}` : ended ? `migration ${m.phase}` : `migrating ${way}: ${m.phase}`;
+  const parts = [`${m.rounds || 0} rounds`, `${bytes(m.data_bytes || 0)} moved`];
+  if (m.fenced_ms) parts.push(`fenced ${m.fenced_ms} ms`);
+  if (ended && m.finished_unix_ms) parts.push(ago(m.finished_unix_ms));
+  return `${head} · ${parts.join(' · ')}`;
+}
+
 function fillRow(c, t, x) {
   put(c.target,
     el('div', { class: 'id', text: t.id }),
@@ -472,6 +484,7 @@ function fillRow(c, t, x) {
   put(c.state,
     el('span', { class: `state ${cls}`, text: x && x.connected === false && !x.lost ? `${stateName}, reconnecting` : stateName }),
     x && x.server ? el('div', { class: 'sub2', text: endpointText(x.server), title: x.server }) : null,
+    x && x.migration ? el('div', { class: `migration ${x.migration.phase}`, text: migrationText(x.migration), title: x.migration.error || `the other agent: ${x.migration.peer}` }) : null,
   );
   // The version the target runs (its agent's report or its session), beside what its record
   // selects; one that runs behind (a promote since it booted) is marked.
