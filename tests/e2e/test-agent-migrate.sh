@@ -8,9 +8,16 @@
 # writes meanwhile; a cancelled migration and a destination killed with SIGKILL mid-copy
 # leave the source serving, its data whole. A destination on another vDisk or cache type is
 # refused with a message naming both. Then the link between hosts: TCP with TLS, where only the
-# target's own certificate links (MIGRATE_TYPES="..." runs some cache types only).
+# target's own certificate links (MIGRATE_TYPES="..." runs some cache types only). Last, the
+# server types, whose cache the store server keeps: the handover moves their attach (the
+# destination joins it, the source is fenced and flushes), A to B to A and a cancel, on one
+# attach throughout.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+# shellcheck source=store-lib.sh
+source "$E2E_DIR/store-lib.sh"
+# shellcheck source=server-lib.sh
+source "$E2E_DIR/server-lib.sh"
 require qemu-io nbdinfo nbdcopy cmp
 require_vdstream
 e2e_init
@@ -223,3 +230,54 @@ rc=0
 stop_server "$pid_b" 15 || rc=$?
 assert_eq "TLS: destination exit status" "$rc" 0
 log "ok: over TLS only the target's own certificate links; the handover moved every byte"
+
+# The server types: the store server keeps the cache, the attach moves.
+log "==== server, server-persistent: the attach moves ===="
+store_init
+golden_vdisk w 16
+for type in server server-persistent; do
+    vds target add "m-$type" --vdisk w --cache "$type" >/dev/null
+done
+start_store_server
+for type in server server-persistent; do
+    id=m-$type
+    srv_uri=$(xuri "target/$id" "$SOCK")
+    rm -rf "$E2E_TMP/a" "$E2E_TMP/b"
+    attach_on a "$id" --cache "$type"
+    pid_a=$PID_a
+    model=$E2E_TMP/model.img
+    rm -f "$model"
+    run_bounded 60 nbdcopy "$(sock_of a "$id")" "$model" || fail "$type: nbdcopy"
+    write_both "$(sock_of a "$id")" "write -P 0x11 0 2M"
+
+    attach_on b "$id" --cache "$type" --incoming "$E2E_TMP/a/run/$id.migrate"
+    pid_b=$PID_b
+    grep -q "joining attach target/$id@" "$E2E_TMP/agent-b-$id.log" || fail "$type: the destination did not join the source's attach"
+    write_both "$(sock_of a "$id")" "write -P 0x12 4M 1M"
+    wait_phase b "$id" converged
+    migrate a "$id"
+    assert_eq "$type: source exit status after the handover" "$(wait_gone "$pid_a" "the source agent")" 0
+    same_disk "$(sock_of b "$id")" "$type A to B"
+
+    write_both "$(sock_of b "$id")" "write -P 0x13 6M 1M"
+    attach_on a "$id" --cache "$type" --incoming "$E2E_TMP/b/run/$id.migrate"
+    pid_a=$PID_a
+    wait_phase a "$id" converged
+    migrate b "$id"
+    assert_eq "$type: B exit status after the handover" "$(wait_gone "$pid_b" "agent B")" 0
+    same_disk "$(sock_of a "$id")" "$type B to A"
+
+    attach_on b "$id" --cache "$type" --incoming "$E2E_TMP/a/run/$id.migrate"
+    pid_b=$PID_b
+    wait_phase b "$id" converged
+    on a "$VDSTREAM_BIN" target migrate "$id" --cancel >/dev/null || fail "$type: --cancel failed"
+    rc=$(wait_gone "$pid_b" "the cancelled destination")
+    ((rc != 0)) || fail "$type: a cancelled destination exited 0"
+    write_both "$(sock_of a "$id")" "write -P 0x14 8M 64k"
+    same_disk "$(sock_of a "$id")" "$type after a cancel"
+    assert_eq "$type: attaches the store server made" "$(grep -c "target $id: new attach" "$SERVER_LOG")" 1
+    rc=0
+    stop_server "$pid_a" 15 || rc=$?
+    assert_eq "$type: last agent exit status" "$rc" 0
+    log "ok: $type: A to B to A and a cancel moved the attach, one attach throughout, every byte where it belongs"
+done

@@ -11,7 +11,9 @@
 # ram-overflow (2 MiB of RAM: most of its cache in overflow when it moves) and device-disk-persistent
 # over NBD, device-ram and device-disk over vhost-user-blk, the last between agents linked by
 # TCP with TLS (TYPE:TRANSPORT:tls; both show the target's certificate, as on two hosts);
-# the others over the source's migration socket. test-agent-migrate covers every
+# the others over the source's migration socket. The server types (server over NBD,
+# server-persistent over vhost-user-blk), whose cache the store server keeps, move their
+# attach: the destination joins it. test-agent-migrate covers every
 # type without a guest, with a cancel and a killed destination. Prints qemu's downtime and
 # the handover's figures for each migration.
 # shellcheck source=lib.sh
@@ -29,7 +31,7 @@ vm_test_init golden
 start_store_server
 
 HOPS=${MIGRATE_HOPS:-4}
-read -r -a cases <<<"${MIGRATE_CASES:-ram-overflow:nbd device-disk-persistent:nbd device-ram:vhost device-disk:vhost:tls}"
+read -r -a cases <<<"${MIGRATE_CASES:-ram-overflow:nbd device-disk-persistent:nbd device-ram:vhost device-disk:vhost:tls server:nbd server-persistent:vhost}"
 
 # attach_on HOST ID ARGS... — the target's agent on HOST (its own run and cache folders).
 attach_on() {
@@ -38,8 +40,11 @@ attach_on() {
     # vhost-user-blk with the NBD socket beside it: the test reads the disk through that.
     [[ $transport == vhost ]] && set -- "$@" --vhost-user "$run/$id.vhost" --vhost-queues 1 --socket "$run/$id.sock"
     [[ $link == tls ]] && set -- "$@" --migrate-listen 127.0.0.1:0 --migrate-certificates "$E2E_TMP/tls-$host"
+    # The server types read their target's export (the store server keeps their cache).
+    local export=vdisk/golden
+    [[ $type == server* ]] && export=target/$id
     VDSTREAM_RUN_DIR=$E2E_TMP/$host/run VDSTREAM_CACHE_DIR=$E2E_TMP/$host/cache \
-        "$VDSTREAM_BIN" target attach "$id" --server "$(xuri vdisk/golden)" "$@" \
+        "$VDSTREAM_BIN" target attach "$id" --server "$(xuri "$export")" "$@" \
         >>"$E2E_TMP/agent-$host-$id.log" 2>&1 </dev/null &
     AGENT_PID=$!
     track_pid "$AGENT_PID"
@@ -69,6 +74,7 @@ source_of() {
 for case in "${cases[@]}"; do
     IFS=: read -r type transport link <<<"$case"
     id=mig-$type
+    [[ $type == server* ]] && { vds target add "$id" --vdisk golden --cache "$type" >/dev/null || fail "target add $id"; }
     if [[ $link == tls ]]; then
         export VDSTREAM_CA=$E2E_TMP/ca
         [[ -e $VDSTREAM_CA/ca-cert.pem ]] || "$VDSTREAM_BIN" pki init --farm lab >/dev/null || fail "pki init"

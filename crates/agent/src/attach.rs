@@ -153,6 +153,13 @@ impl AttachConfig {
     fn cacheless(&self) -> bool {
         self.read_only || self.passes_through()
     }
+
+    /// A live migration can move this attach: its cache on this host, or its attach on a
+    /// store server (`server`, `server-persistent`). Not `private` (its writes go to the
+    /// vDisk itself) nor a read-only attach (nothing to move: attach it anew).
+    pub fn migrates(&self) -> bool {
+        !self.read_only && self.cache != CacheType::Private
+    }
 }
 
 /// A running attach. See the module docs.
@@ -222,10 +229,10 @@ impl Agent {
             (cfg.incoming.is_some(), "--incoming takes"),
             (cfg.migrate_listen.is_some(), "--migrate-listen offers"),
         ] {
-            if asked && cfg.cacheless() {
+            if asked && !cfg.migrates() {
                 return Err(AgentError::Migration {
                     id: cfg.target.clone(),
-                    reason: format!("{flag} a cache on this host (ram-overflow, device-ram, device-disk, device-disk-persistent), not {}{}", cfg.cache, if cfg.read_only { " --read-only" } else { "" }),
+                    reason: format!("{flag} a target's write cache (every type but private), or its attach on a store server (server, server-persistent), not {}{}", cfg.cache, if cfg.read_only { " --read-only" } else { "" }),
                 });
             }
         }
@@ -272,6 +279,23 @@ impl Agent {
             // Only a cache that outlives its server can take a replay: a `server` cache dies
             // with it (the reconnect is refused), the others do not write to the server.
             cfg.remote.journal = None;
+        }
+        if let (Some(source), true) = (&cfg.incoming, cfg.passes_through()) {
+            // A `server`-type destination joins the attach its source holds: the store
+            // server's cache is the target's, and a new attach would drop it.
+            let join =
+                crate::migrate::join(source, &cfg.target, cfg.cache.name()).map_err(|reason| {
+                    AgentError::Migration {
+                        id: cfg.target.clone(),
+                        reason: format!("the incoming migration cannot start: {reason}"),
+                    }
+                })?;
+            log::info!(
+                "target {}: joining attach {} of the source agent at {source}",
+                cfg.target,
+                join.export
+            );
+            cfg.remote.join = Some(join);
         }
         let reorder = cfg.api.clone().map(|a| Arc::new(a) as Arc<dyn Reorder>);
         let remote = Arc::new(RemoteBase::connect_with(
@@ -374,6 +398,26 @@ impl Agent {
                     &id.export,
                     cfg.cache.name(),
                     files,
+                );
+                (tracked as Arc<dyn BlockDev>, Some(m))
+            }
+            None if cfg.migrates() => {
+                // The `server` types: the gate and the fence, no dirty log; the handover
+                // moves their attach.
+                let tracked = Arc::new(
+                    TrackedDev::new(
+                        dev,
+                        &format!("target {}", cfg.target),
+                        cfg.incoming.is_some(),
+                    )
+                    .untracked(),
+                );
+                let m = Migration::for_server(
+                    tracked.clone(),
+                    &cfg.target,
+                    &id.export,
+                    cfg.cache.name(),
+                    remote.clone(),
                 );
                 (tracked as Arc<dyn BlockDev>, Some(m))
             }

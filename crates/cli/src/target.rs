@@ -146,10 +146,11 @@ pub struct AttachArgs {
     /// This agent copies the cache while the guest runs there, then keeps up with what the
     /// guest writes; its own socket holds every request until the handover is done. Start
     /// the destination qemu (-incoming) on this socket, then run `vdstream target migrate
-    /// ID` on the source host. Host-side cache types only (ram-overflow, device-ram,
-    /// device-disk, device-disk-persistent), the same as the source's, attached to the same
-    /// vDisk version. If the source cannot be reached or the migration is cancelled, this
-    /// agent ends and the source serves on.
+    /// ID` on the source host. The same cache type as the source's, on the same vDisk
+    /// version: a cache on this host is copied; a server or server-persistent target (its
+    /// cache on the store server) joins the source's attach there, and nothing is copied.
+    /// Not private or --read-only. If the source cannot be reached or the migration is
+    /// cancelled, this agent ends and the source serves on.
     #[arg(long, value_name = "SOCKET|tls://HOST:PORT")]
     incoming: Option<String>,
 

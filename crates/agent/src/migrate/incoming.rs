@@ -73,6 +73,36 @@ fn connect(source: &SourceAddr) -> std::io::Result<UnixStream> {
     }
 }
 
+/// A `server`-type destination, before it opens its vDisk: asks the source for the attach
+/// it holds on the store server, to join it (the store server's cache is the target's).
+pub fn join(
+    source: &SourceAddr,
+    target: &str,
+    cache: &str,
+) -> Result<crate::remote::JoinAttach, String> {
+    let mut conn = connect(source)
+        .map_err(|e| format!("cannot reach the source agent's migration link {source}: {e}"))?;
+    let ask = wire::Join {
+        version: wire::VERSION,
+        target: target.to_string(),
+        cache: cache.to_string(),
+    };
+    wire::write_json(&mut conn, Kind::Join, &ask)
+        .map_err(|e| format!("the source agent closed the connection: {e}"))?;
+    match wire::read(&mut conn) {
+        Ok(Some(f)) if f.kind == Kind::Joined => {
+            let j: wire::Joined = f.json().map_err(|e| e.to_string())?;
+            Ok(crate::remote::JoinAttach {
+                export: j.export,
+                secret: j.secret,
+            })
+        }
+        Ok(Some(f)) if f.kind == Kind::Error => Err(f.text()),
+        Ok(_) => Err("the source agent closed the connection at once".into()),
+        Err(e) => Err(format!("the link to the source agent broke: {e}")),
+    }
+}
+
 fn session(m: &Migration, source: &SourceAddr, size: u64) -> Ended {
     let conn = match connect(source) {
         Ok(c) => c,

@@ -16,6 +16,13 @@
 //!   (qemu fails after the switch: Revert     ──▶ B fails its gate ──▶ Reverted; A serves on)
 //! ```
 //!
+//! The `server` types (`server`, `server-persistent`) keep their cache on the store server:
+//! the handover moves their attach. The destination asks its source for the attach (Join,
+//! before it opens its vDisk) and connects to it with its secret, as a reconnect would; its
+//! reads see the server's cache at once, its writes wait at its gate. Nothing is copied: at
+//! the switch the source fences and flushes the server (its journal of answered writes is
+//! then empty), and the destination opens its gate.
+//!
 //! Why it is safe:
 //! - Before the switch the destination answers reads (qemu reads the disk to set its device
 //!   up) and holds writes; its guest runs only after qemu's switch-over, which comes after
@@ -54,7 +61,7 @@ use std::time::Duration;
 use vdstream_blockdev::lock;
 use vdstream_contract::status::MigrationStatus;
 
-pub use incoming::run_incoming;
+pub use incoming::{join, run_incoming};
 pub use source::Listener;
 pub use tracked::TrackedDev;
 
@@ -91,6 +98,9 @@ pub struct Migration {
     pub(crate) end: tokio::sync::Notify,
     /// Persistent cache files to remove once the target is handed over.
     pub(crate) cache_files: Vec<PathBuf>,
+    /// The `server` types: the link whose attach a destination joins (their cache is the
+    /// store server's; nothing of it is copied).
+    pub(crate) server: Option<Arc<crate::remote::RemoteBase>>,
     pub(crate) wake: Mutex<()>,
     pub(crate) cv: Condvar,
 }
@@ -112,9 +122,24 @@ impl Migration {
             ended: AtomicBool::new(false),
             end: tokio::sync::Notify::new(),
             cache_files,
+            server: None,
             wake: Mutex::new(()),
             cv: Condvar::new(),
         })
+    }
+
+    /// For a `server`-type target over `remote`: the handover moves its attach only.
+    pub fn for_server(
+        dev: Arc<TrackedDev>,
+        target: &str,
+        export: &str,
+        cache: &str,
+        remote: Arc<crate::remote::RemoteBase>,
+    ) -> Arc<Migration> {
+        let mut m = Arc::into_inner(Migration::new(dev, target, export, cache, Vec::new()))
+            .expect("just made");
+        m.server = Some(remote);
+        Arc::new(m)
     }
 
     /// The migration's phase, without the live figures (which scan the dirty maps).

@@ -199,6 +199,24 @@ fn serve_conn(
             wire::write_json(&mut conn, Kind::Ok, &m.status())?;
             Ok(())
         }
+        Kind::Join => {
+            let join: wire::Join = first.json()?;
+            match joined(&join, m) {
+                Ok(j) => {
+                    log::info!(
+                        "target {}: a destination agent on {from} joins attach {}",
+                        m.target,
+                        j.export
+                    );
+                    wire::write_json(&mut conn, Kind::Joined, &j)?;
+                }
+                Err(why) => {
+                    log::warn!("target {}: refused a migration: {why}", m.target);
+                    wire::write(&mut conn, Kind::Error, &[why.as_bytes()])?;
+                }
+            }
+            Ok(())
+        }
         Kind::Switch | Kind::Cancel | Kind::Commit | Kind::Revert => {
             if !c.busy.load(SeqCst) {
                 let why = match m.phase() {
@@ -249,6 +267,30 @@ fn serve_conn(
     }
 }
 
+/// The attach a `server`-type destination joins, if it matches this agent.
+fn joined(j: &wire::Join, m: &Migration) -> Result<wire::Joined, String> {
+    check_hello(
+        &wire::Hello {
+            version: j.version,
+            target: j.target.clone(),
+            export: m.export.clone(),
+            size: m.dev.below().size(),
+            cache: j.cache.clone(),
+        },
+        m,
+    )?;
+    let attach = m.server.as_ref().and_then(|r| r.attach()).ok_or_else(|| {
+        format!(
+            "this agent holds no attach of a store server to hand over (its {} link names no target/{}@ATTACH with a secret)",
+            m.cache, m.target
+        )
+    })?;
+    Ok(wire::Joined {
+        export: attach.export,
+        secret: attach.secret,
+    })
+}
+
 fn check_hello(h: &wire::Hello, m: &Migration) -> Result<(), String> {
     if h.version != wire::VERSION {
         return Err(format!(
@@ -263,7 +305,10 @@ fn check_hello(h: &wire::Hello, m: &Migration) -> Result<(), String> {
             h.target, m.target
         ));
     }
-    if h.export != m.export || h.size != m.dev.below().size() {
+    // A `server`-type destination joined this agent's attach: its export names the attach,
+    // this agent's the target it first asked for.
+    let same_export = m.server.is_some() || h.export == m.export;
+    if !same_export || h.size != m.dev.below().size() {
         return Err(format!("the destination reads {} ({} bytes), this agent {} ({} bytes): attach it to the same vDisk version", h.export, h.size, m.export, m.dev.below().size()));
     }
     if h.cache != m.cache {
@@ -339,6 +384,12 @@ fn session(
     // Rounds until asked to switch.
     if !fenced {
         loop {
+            // The server types have nothing to copy: an empty round says so, and another
+            // ends the wait for the switch (or the cancel).
+            if m.server.is_some() && round > 0 && !stop(&heard) && !c.switch.load(SeqCst) {
+                m.wait(ROUND_EVERY);
+                continue;
+            }
             let runs = m.dev.take(
                 if round == 0 { Take::All } else { Take::Round },
                 wire::MAX_DATA as u64,
@@ -404,6 +455,19 @@ fn session(
         "target {}: fenced for the switch after {round} rounds",
         m.target
     );
+    if m.server.is_some() {
+        // The cache is the store server's: what this agent answered and the server has not
+        // made durable (the journal) is flushed now, so the destination starts with nothing
+        // to replay.
+        if let Err(e) = m.dev.below().flush() {
+            m.dev.open();
+            let why = format!(
+                "flushing the store server before the switch failed ({e}); this agent serves on"
+            );
+            m.finish("failed", Some(why.clone()));
+            return Err(wire::bad(why));
+        }
+    }
     let held = m.dev.held_bytes();
     m.update(|s| s.held_bytes = held);
     let runs = m.dev.take(

@@ -140,6 +140,9 @@ pub struct TrackedDev {
     wrote: std::sync::atomic::AtomicBool,
     /// Destination: the longest wait at the gate, in milliseconds.
     held_ms: AtomicU64,
+    /// Pages written are logged (a cache on this host); off for the `server` types, whose
+    /// cache the store server keeps: nothing of theirs is copied.
+    track: bool,
     name: String,
 }
 
@@ -177,8 +180,15 @@ impl TrackedDev {
             watch_writes: Default::default(),
             wrote: Default::default(),
             held_ms: AtomicU64::new(0),
+            track: true,
             name: name.to_string(),
         }
+    }
+
+    /// The gate and the fence without the dirty log (the `server` types).
+    pub fn untracked(mut self) -> TrackedDev {
+        self.track = false;
+        self
     }
 
     /// The device below (the write cache): a handover reads and writes it past the gate.
@@ -296,7 +306,9 @@ impl TrackedDev {
     }
 
     fn mark(&self, offset: u64, len: u64) {
-        self.round.mark(offset, len);
+        if self.track {
+            self.round.mark(offset, len);
+        }
     }
 
     /// Lets one request in, waiting at a closed gate; the guard counts it in flight.
@@ -571,6 +583,25 @@ mod tests {
         // The handover's data and the guest's writes count as held: this agent can hand
         // them on.
         assert_eq!(d.take(Take::All, u64::MAX), vec![(0, 4096), (8192, 4096)]);
+    }
+
+    #[test]
+    fn an_untracked_device_gates_and_fences_but_logs_nothing_to_copy() {
+        // The server types: the store server keeps the cache, the handover copies nothing.
+        let d =
+            Arc::new(TrackedDev::new(Arc::new(MemoryDev::new(1 << 20)), "test", true).untracked());
+        let d2 = d.clone();
+        let t = blocked(move || d2.write_at(&[5; 4096], 0, false));
+        d.open();
+        t.join().unwrap().unwrap();
+        d.write_zeroes(65536, 8192, ZeroFlags::default()).unwrap();
+        assert_eq!(d.dirty_bytes(), 0);
+        assert!(d.take(Take::All, u64::MAX).is_empty());
+        assert!(d.fence(Duration::from_secs(1)));
+        let d2 = d.clone();
+        let t = blocked(move || d2.write_at(&[6; 512], 0, false));
+        d.open();
+        t.join().unwrap().unwrap();
     }
 
     proptest! {

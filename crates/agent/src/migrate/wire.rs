@@ -50,6 +50,11 @@ pub enum Kind {
     Revert = 16,
     /// Destination → source: reverted; it serves nothing.
     Reverted = 17,
+    /// Destination → source, before it opens its vDisk, for the `server` types: which
+    /// attach to join (JSON [`Join`]); answered Joined or Error.
+    Join = 18,
+    /// Source → destination: the attach and its secret (JSON [`Joined`]).
+    Joined = 19,
 }
 
 impl Kind {
@@ -72,6 +77,8 @@ impl Kind {
             15 => Commit,
             16 => Revert,
             17 => Reverted,
+            18 => Join,
+            19 => Joined,
             _ => return None,
         })
     }
@@ -86,6 +93,32 @@ pub struct Hello {
     pub size: u64,
     /// The destination's cache type's name: it must be the source's.
     pub cache: String,
+}
+
+/// A `server`-type destination asks for the attach its source holds on the store server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Join {
+    pub version: u32,
+    pub target: String,
+    pub cache: String,
+}
+
+/// The attach a `server`-type destination joins: its export name and secret, as the store
+/// server handed them to the source (sent on the authenticated link only, never logged).
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
+pub struct Joined {
+    pub export: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for Joined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Joined {{ export: {:?}, secret: (hidden) }}",
+            self.export
+        )
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

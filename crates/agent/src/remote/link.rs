@@ -90,6 +90,27 @@ pub struct RemoteOptions {
     /// Connections to the server for a writable attach with a secret (the `server` types on
     /// a store server), at most; see the module docs. Read-only links use one.
     pub connections: usize,
+    /// Join this attach of a store server (a live migration's `server`-type destination)
+    /// instead of making a new one: its first connection already names it with its secret.
+    pub join: Option<JoinAttach>,
+}
+
+/// An attach of a `server`-type target and its secret, as the store server handed them out.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JoinAttach {
+    /// `target/ID@ATTACH`.
+    pub export: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for JoinAttach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "JoinAttach {{ export: {:?}, secret: (hidden) }}",
+            self.export
+        )
+    }
 }
 
 impl Default for RemoteOptions {
@@ -107,6 +128,7 @@ impl Default for RemoteOptions {
             journal: None,
             tls: None,
             connections: 1,
+            join: None,
         }
     }
 }
@@ -298,6 +320,13 @@ impl Link {
     pub fn new(endpoints: Vec<Endpoint>, opts: RemoteOptions) -> Link {
         let n = endpoints.len();
         let journal = opts.journal.map(|cap| Arc::new(Journal::new(cap)));
+        let (pins, secret) = match &opts.join {
+            Some(j) => (
+                j.export.parse::<ExportName>().into_iter().collect(),
+                Some(j.secret.clone()),
+            ),
+            None => (Vec::new(), None),
+        };
         Link {
             requests: tokio::sync::Semaphore::new(opts.max_requests.max(1)),
             bytes: tokio::sync::Semaphore::new(opts.max_bytes.clamp(1 << 20, u32::MAX as usize)),
@@ -306,13 +335,36 @@ impl Link {
             current: Mutex::new(Current::default()),
             reconnecting: tokio::sync::Mutex::new(()),
             identity: Mutex::new(None),
-            pins: Mutex::new(Vec::new()),
+            pins: Mutex::new(pins),
             last_reason: Mutex::new(vec![None; n]),
             reorder: None,
             counters: LinkCounters::default(),
             journal,
-            secret: Mutex::new(None),
+            secret: Mutex::new(secret),
         }
+    }
+
+    /// The attach this link holds on a store server with its secret (the `server` types),
+    /// for a live migration's destination to join.
+    pub fn attach(&self) -> Option<JoinAttach> {
+        let secret = lock(&self.secret).clone()?;
+        let export = lock(&self.pins).iter().find_map(|p| match p {
+            ExportName::Target {
+                attach: Some(_), ..
+            } => {
+                let mut p = p.clone();
+                if let ExportName::Target {
+                    journaled, secret, ..
+                } = &mut p
+                {
+                    *journaled = false;
+                    *secret = None;
+                }
+                Some(p.to_string())
+            }
+            _ => None,
+        })?;
+        Some(JoinAttach { export, secret })
     }
 
     /// Reconnects ask `reorder` for the order of the endpoints.

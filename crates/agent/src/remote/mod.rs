@@ -38,7 +38,7 @@ use vdstream_nbd::proto;
 
 use journal::{Change, Recorded};
 use link::{is_retryable, Link};
-pub use link::{Identity, LinkCounters, RemoteOptions, Reorder};
+pub use link::{Identity, JoinAttach, LinkCounters, RemoteOptions, Reorder};
 
 use crate::endpoint::Endpoint;
 use crate::AgentError;
@@ -202,6 +202,11 @@ impl RemoteBase {
     pub fn endpoint_in_use(&self) -> (String, bool) {
         let (ep, live) = self.link.endpoint_in_use();
         (ep.uri.clone(), live)
+    }
+
+    /// The attach this target holds on its store server, with its secret (`server` types).
+    pub fn attach(&self) -> Option<JoinAttach> {
+        self.link.attach()
     }
 
     /// The index in [`RemoteBase::endpoints`] of the endpoint in use (or last used).
