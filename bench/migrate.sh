@@ -8,7 +8,8 @@
 # times. Peers (the export):
 #   nbdkit     nbdkit file plugin serving a raw copy of golden.img on a unix socket
 #   qemu-nbd   qemu-nbd -f raw -t --shared=8 serving the same kind of copy
-#   vdstream   (with vdstream-quiet, vdstream-busy) each side its own agent, the cache
+#   vdstream   (with vdstream-quiet, vdstream-busy, and vdstream-tls: the agents linked by TCP
+#              with TLS, as between hosts) each side its own agent, the cache
 #              handed over by `vdstream target migrate` (case_vdstream below); quiet and
 #              busy: the guest pauses 3 s or not at all between its rounds
 #   trace      (not in the default list) one nbdkit per side over one raw copy, each with
@@ -22,7 +23,7 @@
 # e2fsck -fn afterwards. run_case (below) is where a vdstream case plugs in: each side its
 # own disk URI (its agent's socket) and hooks around each hop.
 #
-# Usage: bench/migrate.sh [--rounds 2] [--secs S] [--peers nbdkit,qemu-nbd,vdstream,vdstream-quiet,vdstream-busy[,trace]]
+# Usage: bench/migrate.sh [--rounds 2] [--secs S] [--peers nbdkit,qemu-nbd,vdstream,vdstream-quiet,vdstream-busy,vdstream-tls[,trace]]
 #   --secs S   how long the guest's write loop runs (default 30 + 10 per migration); it must
 #              outlast every migration (a guest that powers off first fails the run)
 # Environment: VDSTREAM_VM_ACCEL (tcg|kvm; default: probed), VDSTREAM_E2E_KEEP=1 (keep the
@@ -32,7 +33,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$ROOT/bench/lib.sh"
-rounds=2 secs='' peers=nbdkit,qemu-nbd,vdstream,vdstream-quiet,vdstream-busy
+rounds=2 secs='' peers=nbdkit,qemu-nbd,vdstream,vdstream-quiet,vdstream-busy,vdstream-tls
 args_given="$*"
 while (($#)); do
     case $1 in
@@ -210,9 +211,19 @@ PYEOF
 # one). Adds the handover's figures to each row.
 MIGRATE_WITH=
 vds_pids=()
-vds_attach() { # SIDE [--incoming SOCKET]
+# VDS_LINK=tls: the agents link over TCP with TLS (both show the target's certificate), as
+# between two hosts; otherwise through the source's migration socket.
+VDS_LINK=
+vds_attach() { # SIDE [--incoming SOURCE]
     local side=$1; shift
     mkdir -p "$E2E_TMP/$side"
+    if [[ $VDS_LINK == tls ]]; then
+        if [[ ! -e $E2E_TMP/tls-$side/client-cert.pem ]]; then
+            [[ -e $E2E_TMP/ca/ca-cert.pem ]] || VDSTREAM_CA=$E2E_TMP/ca "$VDSTREAM_BIN" pki init --farm bench >/dev/null
+            VDSTREAM_CA=$E2E_TMP/ca "$VDSTREAM_BIN" pki issue target vm --out "$E2E_TMP/tls-$side" >/dev/null
+        fi
+        set -- "$@" --migrate-listen 127.0.0.1:0 --migrate-certificates "$E2E_TMP/tls-$side"
+    fi
     VDSTREAM_RUN_DIR=$E2E_TMP/$side/run VDSTREAM_CACHE_DIR=$E2E_TMP/$side/cache \
         "$VDSTREAM_BIN" target attach vm --server "nbd+unix:///?socket=$E2E_TMP/golden.sock" \
         --cache ram-overflow --ram 64M "$@" >>"$E2E_TMP/agent-$side.log" 2>&1 </dev/null &
@@ -221,7 +232,14 @@ vds_attach() { # SIDE [--incoming SOCKET]
     wait_ready $! "nbd+unix:///?socket=$E2E_TMP/$side/run/vm.sock"
 }
 vds_pid_of() { if [[ $1 == a ]]; then echo "${vds_pids[0]}"; else echo "${vds_pids[1]}"; fi; }
-vds_before_hop() { vds_attach "$2" --incoming "$E2E_TMP/$1/run/vm.migrate"; }
+vds_source() { # SIDE — where a destination reaches the source agent on SIDE
+    if [[ $VDS_LINK == tls ]]; then
+        grep -o 'live migrations from this agent: .* and tls://127\.0\.0\.1:[0-9]*' "$E2E_TMP/agent-$1.log" | tail -n 1 | grep -o 'tls://.*'
+    else
+        echo "$E2E_TMP/$1/run/vm.migrate"
+    fi
+}
+vds_before_hop() { vds_attach "$2" --incoming "$(vds_source "$1")"; }
 vds_migrate() { # SRC_VM DST_URI FROM TO HOP
     VDSTREAM_RUN_DIR=$E2E_TMP/$3/run "$VDSTREAM_BIN" target migrate vm --qmp "$E2E_TMP/$1.qmp" --to "$2" \
         --json >"$E2E_TMP/$1.vds.json" || fail "vdstream target migrate (hop $5) failed"
@@ -272,6 +290,7 @@ for peer in "${peer_list[@]}"; do
     vdstream) case_vdstream vdstream 0.5 ;;
     vdstream-quiet) case_vdstream vdstream-quiet 3 ;;
     vdstream-busy) case_vdstream vdstream-busy 0 ;;
+    vdstream-tls) VDS_LINK=tls case_vdstream vdstream-tls 0.5 ;;
     *) case_shared "$peer" ;;
     esac
 done
