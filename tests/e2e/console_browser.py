@@ -45,7 +45,8 @@ def migration_report(role, phase, rounds, moved, fenced_ms):
     return {"target": "vm-7", "state": "running", "server": {"endpoint": "http://127.0.0.1:8480", "connected": True}, "migration": {
         "role": role, "phase": phase, "peer": "tls://10.0.0.1:10811", "rounds": rounds,
         "data_bytes": moved, "fenced_ms": fenced_ms, "started_unix_ms": now - 5000,
-        "finished_unix_ms": now if phase == "done" else 0}}
+        "finished_unix_ms": now if phase == "done" else 0,
+        **({"qemu_downtime_ms": 19} if phase == "done" else {})}}
 
 
 def versions():
@@ -118,7 +119,7 @@ with sync_playwright() as p:
     assert api_put("/api/v1/targets/vm-7/agent", admin, migration_report("destination", "converged", 3, 4 << 20, 0)) == 200
     expect(mig).to_have_text("migrating in: converged · 3 rounds · 4.0 MiB moved", timeout=15000)
     assert api_put("/api/v1/targets/vm-7/agent", admin, migration_report("destination", "done", 5, 6 << 20, 14)) == 200
-    expect(mig).to_contain_text("migrated in · 5 rounds · 6.0 MiB moved · fenced 14 ms", timeout=15000)
+    expect(mig).to_contain_text("migrated in · 5 rounds · 6.0 MiB moved · downtime 19 ms · fenced 14 ms", timeout=15000)
     say(f"vm-7's live migration shows its phase and figures: {mig.inner_text()!r}")
     page.screenshot(path=f"{shots}/laptop-targets.png", full_page=True)
 

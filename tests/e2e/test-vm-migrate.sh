@@ -110,6 +110,16 @@ for case in "${cases[@]}"; do
                 "$PY" -c 'import json,sys; print(json.load(sys.stdin)["cache"]["file_bytes"])')
             ((file > 0)) || fail "$type: the source's cache never overflowed to its file before hop $hop"
         fi
+        # Both agents learnt qemu's downtime at the commit: the destination's status (and so
+        # the console and the audit trail) shows it, once its status file is written again (1 s).
+        want=$(json_get "$E2E_TMP/$next.json" 'j["qemu"]["downtime_ms"]')
+        for ((i = 0; i < 30; i++)); do
+            got=$({ VDSTREAM_RUN_DIR=$E2E_TMP/$dst/run "$VDSTREAM_BIN" target status "$id" --json 2>/dev/null || true; } |
+                "$PY" -c 'import json,sys; print((json.load(sys.stdin).get("migration") or {}).get("qemu_downtime_ms"))')
+            [[ $got == "$want" ]] && break
+            sleep 0.1
+        done
+        assert_eq "$type hop $hop: qemu's downtime in the destination's status" "$got" "$want"
         log "$type hop $hop ($src to $dst): $("$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); q=j['qemu']; h=j['handover']; print(f\"qemu downtime {q['downtime_ms']} ms, total {q['total_ms']} ms; cache {h['rounds']} rounds, {h['data_bytes']>>10} KiB moved, final delta {h['final_bytes']>>10} KiB, fenced {h['fenced_ms']} ms\")" "$E2E_TMP/$next.json")"
         # The source agent ends by itself once it handed over; its qemu waits in postmigrate.
         for ((i = 0; i < 100; i++)); do kill -0 "${pids[hop - 1]}" 2>/dev/null || break; sleep 0.1; done

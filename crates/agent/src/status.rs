@@ -227,7 +227,7 @@ pub fn render(s: &Status, alive: bool) -> String {
         io(&s.guest),
         io(&s.storage),
         s.migration.as_ref().map_or(String::new(), |m| format!(
-            "migration: {} {} ({}): {} rounds, {} of cache moved ({} on the wire), {} dirty, final delta {}, fenced {} ms, held {} ms{}\n",
+            "migration: {} {} ({}): {} rounds, {} of cache moved ({} on the wire), {} dirty, final delta {}, fenced {} ms, held {} ms{}{}\n",
             m.role,
             m.phase,
             m.peer,
@@ -238,6 +238,7 @@ pub fn render(s: &Status, alive: bool) -> String {
             human_bytes(m.final_bytes),
             m.fenced_ms,
             m.held_ms,
+            m.qemu_downtime_ms.map(|d| format!(", qemu's downtime {d} ms")).unwrap_or_default(),
             m.error.as_ref().map(|e| format!("; {e}")).unwrap_or_default()
         )),
     )

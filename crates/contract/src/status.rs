@@ -96,6 +96,10 @@ pub struct MigrationStatus {
     /// to qemu's own `downtime`.
     pub held_ms: u64,
     pub started_unix_ms: u64,
+    /// qemu's `downtime` of this migration (from `query-migrate`), as `vdstream target
+    /// migrate` read it at the commit; on both agents once committed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qemu_downtime_ms: Option<u64>,
     /// When the migration ended (done, cancelled or failed); 0 while it runs.
     pub finished_unix_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -258,7 +262,7 @@ mod tests {
                 migration: migration.map(|(m, phase, error)| MigrationStatus {
                     role: "source".into(), phase, peer: "/run/vdstream/vm1.migrate".into(), rounds: m[0], data_bytes: m[1],
                     wire_bytes: m[2], held_bytes: m[2] / 2, dirty_bytes: m[3], final_bytes: m[4], fenced_ms: m[5], held_ms: m[6],
-                    started_unix_ms: m[7], finished_unix_ms: 0, error,
+                    started_unix_ms: m[7], qemu_downtime_ms: (m[0] % 2 == 0).then_some(m[5] % 500), finished_unix_ms: 0, error,
                 }),
                 vdisk: VdiskStatus { export: "vdisk/w@3".into(), description: Some("vdisk/w@3 (production)".into()), size: n[2] },
                 server: ServerStatus {

@@ -1711,6 +1711,7 @@ fn the_audit_trail_records_each_live_migration_once_with_its_outcome() {
                 fenced_ms: 12,
                 started_unix_ms: started,
                 finished_unix_ms: started + 500,
+                qemu_downtime_ms: (phase == "done").then_some(19),
                 error: (phase == "failed").then(|| "the destination agent went away".into()),
                 ..Default::default()
             }),
@@ -1744,6 +1745,7 @@ fn the_audit_trail_records_each_live_migration_once_with_its_outcome() {
         (Some(3), Some(12))
     );
     assert_eq!(d["peer"], "tls://10.0.0.1:10811");
+    assert_eq!(d["qemu_downtime_ms"], 19);
     // A failed one, from the source that serves on; the next migration is another line.
     report("source", "failed", 2000);
     report("source", "failed", 2000);

@@ -71,6 +71,33 @@ impl PeerVerifier {
     }
 }
 
+/// The handshake signatures, checked as the chain verifier checks them (both traits ask).
+macro_rules! signatures_by_chain {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.chain.verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.chain.verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.chain.supported_verify_schemes()
+        }
+    };
+}
+
 impl ClientCertVerifier for PeerVerifier {
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         &[]
@@ -90,27 +117,7 @@ impl ClientCertVerifier for PeerVerifier {
         Ok(ClientCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.chain.supported_verify_schemes()
-    }
+    signatures_by_chain!();
 }
 
 impl ServerCertVerifier for PeerVerifier {
@@ -126,27 +133,7 @@ impl ServerCertVerifier for PeerVerifier {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.chain.supported_verify_schemes()
-    }
+    signatures_by_chain!();
 }
 
 /// This end's certificate, checked to name `expect`: an agent started with another
@@ -219,33 +206,12 @@ pub fn connect_config(dir: &Path, expect: Identity) -> Result<Arc<ClientConfig>,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pki::{init, Ca, InitRequest, IssueRequest, Revoke, CA_VALIDITY};
+    use crate::pki::tests::{new_ca, req};
+    use crate::pki::{Ca, Revoke};
     use rustls::{ClientConnection, ServerConnection};
 
     fn issue(ca: &Ca, who: Identity, out: &Path) {
-        ca.issue(&IssueRequest {
-            identity: who,
-            out: out.to_path_buf(),
-            valid_for: None,
-            dns: vec![],
-            ips: vec![],
-            default_hosts: true,
-            force: false,
-        })
-        .unwrap();
-    }
-
-    fn farm(dir: &Path, name: &str) -> Ca {
-        init(
-            dir,
-            &InitRequest {
-                farm: name.into(),
-                valid_for: CA_VALIDITY,
-                force: false,
-            },
-        )
-        .unwrap();
-        Ca::open(dir).unwrap()
+        ca.issue(&req(who, out)).unwrap();
     }
 
     fn vm1() -> Identity {
@@ -306,7 +272,7 @@ mod tests {
     #[test]
     fn two_ends_of_one_target_link_and_no_one_else_does() {
         let d = tempfile::tempdir().unwrap();
-        let ca = farm(&d.path().join("ca"), "lab");
+        let ca = new_ca(&d.path().join("ca"));
         let (a, b, other, srv) = (
             d.path().join("host-a"),
             d.path().join("host-b"),
@@ -368,8 +334,8 @@ mod tests {
     #[test]
     fn another_farm_or_a_revoked_certificate_is_refused() {
         let d = tempfile::tempdir().unwrap();
-        let ca = farm(&d.path().join("ca"), "lab");
-        let stranger = farm(&d.path().join("ca2"), "elsewhere");
+        let ca = new_ca(&d.path().join("ca"));
+        let stranger = new_ca(&d.path().join("ca2"));
         let (a, b, c) = (d.path().join("a"), d.path().join("b"), d.path().join("c"));
         issue(&ca, vm1(), &a);
         issue(&stranger, vm1(), &b);

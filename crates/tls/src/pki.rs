@@ -838,4 +838,4 @@ impl Ca {
 
 #[cfg(test)]
 #[path = "pki_tests.rs"]
-mod tests;
+pub(crate) mod tests;

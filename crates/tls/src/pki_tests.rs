@@ -13,7 +13,7 @@ use x509_parser::extensions::GeneralName;
 
 use super::*;
 
-fn new_ca(dir: &Path) -> Ca {
+pub(crate) fn new_ca(dir: &Path) -> Ca {
     init(
         dir,
         &InitRequest {
@@ -26,7 +26,7 @@ fn new_ca(dir: &Path) -> Ca {
     Ca::open(dir).unwrap()
 }
 
-fn req(identity: Identity, out: &Path) -> IssueRequest {
+pub(crate) fn req(identity: Identity, out: &Path) -> IssueRequest {
     IssueRequest {
         identity,
         out: out.to_path_buf(),

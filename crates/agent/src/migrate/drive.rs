@@ -76,6 +76,16 @@ pub enum DriveError {
 
 /// One request on the source agent's migration socket; its answer's payload.
 pub fn ask(socket: &Path, kind: Kind, wait: Duration) -> Result<wire::Frame, String> {
+    ask_with(socket, kind, &[], wait)
+}
+
+/// [`ask`] with a payload.
+pub fn ask_with(
+    socket: &Path,
+    kind: Kind,
+    payload: &[u8],
+    wait: Duration,
+) -> Result<wire::Frame, String> {
     let mut s = UnixStream::connect(socket).map_err(|e| {
         format!(
             "cannot reach the source agent's migration socket {}: {e} (is the target attached on this host?)",
@@ -83,7 +93,7 @@ pub fn ask(socket: &Path, kind: Kind, wait: Duration) -> Result<wire::Frame, Str
         )
     })?;
     s.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
-    wire::write(&mut s, kind, &[]).map_err(|e| e.to_string())?;
+    wire::write(&mut s, kind, &[payload]).map_err(|e| e.to_string())?;
     match wire::read(&mut s) {
         Ok(Some(f)) if f.kind == Kind::Error => Err(f.text()),
         Ok(Some(f)) => Ok(f),
@@ -118,7 +128,17 @@ pub fn cancel_all(socket: &Path, qmp: Option<&Path>) -> Result<(), String> {
 /// One of Switch (fence and send the final delta), Commit or Revert; the source agent's
 /// migration status after.
 pub fn tell(socket: &Path, kind: Kind) -> Result<MigrationStatus, String> {
-    let f = ask(socket, kind, super::FENCE_LIMIT + super::ACK_LIMIT)?;
+    tell_with(socket, kind, &[])
+}
+
+/// Commits the handover, telling both agents qemu's downtime (when a qemu was driven).
+pub fn commit(socket: &Path, qemu_downtime_ms: Option<u64>) -> Result<MigrationStatus, String> {
+    let info = serde_json::to_vec(&wire::CommitInfo { qemu_downtime_ms }).expect("plain JSON");
+    tell_with(socket, Kind::Commit, &info)
+}
+
+fn tell_with(socket: &Path, kind: Kind, payload: &[u8]) -> Result<MigrationStatus, String> {
+    let f = ask_with(socket, kind, payload, super::FENCE_LIMIT + super::ACK_LIMIT)?;
     f.json::<Option<MigrationStatus>>()
         .map_err(|e| e.to_string())?
         .ok_or_else(|| "the source agent reports no migration".into())
@@ -167,7 +187,7 @@ pub fn run(cfg: &DriveConfig, progress: &dyn Fn(&str)) -> Result<Outcome, DriveE
     let (Some(qmp_path), Some(to)) = (&cfg.qmp, &cfg.to) else {
         // No VM to move (the caller stopped it, or moves a disk alone): switch and commit.
         tell(&cfg.socket, Kind::Switch).map_err(agent_err)?;
-        let handover = tell(&cfg.socket, Kind::Commit).map_err(agent_err)?;
+        let handover = commit(&cfg.socket, None).map_err(agent_err)?;
         return Ok(Outcome {
             target: cfg.target.clone(),
             qemu: None,
@@ -246,7 +266,7 @@ pub fn run(cfg: &DriveConfig, progress: &dyn Fn(&str)) -> Result<Outcome, DriveE
         figures.total_ms, figures.downtime_ms
     ));
     // 4. The destination VM runs: the source agent ends.
-    let handover = tell(&cfg.socket, Kind::Commit).map_err(agent_err)?;
+    let handover = commit(&cfg.socket, Some(figures.downtime_ms)).map_err(agent_err)?;
     Ok(Outcome {
         target: cfg.target.clone(),
         qemu: Some(figures),

@@ -145,6 +145,7 @@ fn session(m: &Migration, source: &SourceAddr, size: u64) -> Ended {
     loop {
         let f = match wire::read(&mut r) {
             Ok(Some(f)) => f,
+            Ok(None) if m.finished() => return Ended::Serving,
             Ok(None) if m.dev.is_open() => {
                 // After the switch this agent has everything: the source's end changes nothing.
                 log::info!("target {}: the source agent went away after the switch-over; this agent has the whole cache and serves on", m.target);
@@ -156,6 +157,7 @@ fn session(m: &Migration, source: &SourceAddr, size: u64) -> Ended {
                     "the source agent closed the connection before the final delta".into(),
                 )
             }
+            Err(_) if m.finished() => return Ended::Serving,
             Err(e) if m.dev.is_open() => {
                 log::warn!("target {}: the link to the source agent broke after the switch-over ({e}); this agent has the whole cache and serves on", m.target);
                 m.finish("done", None);
@@ -232,8 +234,14 @@ fn session(m: &Migration, source: &SourceAddr, size: u64) -> Ended {
                 Ok(())
             }
             Kind::Commit => {
-                m.finish("done", None);
-                return Ended::Serving;
+                // A second commit may follow the first (sent when this agent served a write)
+                // with qemu's downtime: read on until the source closes.
+                let info = wire::CommitInfo::of(&f.payload);
+                m.update(|s| s.qemu_downtime_ms = s.qemu_downtime_ms.or(info.qemu_downtime_ms));
+                if !m.finished() {
+                    m.finish("done", None);
+                }
+                Ok(())
             }
             Kind::Revert => {
                 // Hold new requests, then give the target back only if no write was served.

@@ -231,6 +231,10 @@ fn serve_conn(
             c.waiters.fetch_add(1, SeqCst);
             let _waiting = Waiting(c, m);
             let seen = c.ended.load(SeqCst);
+            if first.kind == Kind::Commit {
+                let info = wire::CommitInfo::of(&first.payload);
+                m.update(|s| s.qemu_downtime_ms = info.qemu_downtime_ms);
+            }
             let flag = match first.kind {
                 Kind::Cancel => &c.cancel,
                 Kind::Commit => &c.commit,
@@ -319,6 +323,10 @@ fn check_hello(h: &wire::Hello, m: &Migration) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// How long a source whose destination serves already waits for `target migrate`'s commit
+/// (which follows qemu's completion) before it ends without it.
+const LATE_COMMIT: Duration = Duration::from_secs(10);
 
 /// What the destination said on its own, read beside the rounds.
 #[derive(Debug, Default)]
@@ -519,7 +527,20 @@ fn session(
     // provided the destination served no write.
     loop {
         if c.commit.load(SeqCst) || heard.serving.load(SeqCst) {
-            let _ = wire::write(&mut w, Kind::Commit, &[]);
+            let info = || wire::CommitInfo {
+                qemu_downtime_ms: m.status().and_then(|s| s.qemu_downtime_ms),
+            };
+            let _ = wire::write_json(&mut w, Kind::Commit, &info());
+            if !c.commit.load(SeqCst) {
+                // The destination serves before qemu's completion reached `target migrate`:
+                // its commit, when it comes, brings qemu's downtime to pass on.
+                m.wait_until(LATE_COMMIT, || {
+                    c.commit.load(SeqCst) || heard.gone.load(SeqCst)
+                });
+                if c.commit.load(SeqCst) {
+                    let _ = wire::write_json(&mut w, Kind::Commit, &info());
+                }
+            }
             break;
         }
         if c.revert.load(SeqCst) {

@@ -141,6 +141,20 @@ pub struct Done {
     pub final_bytes: u64,
 }
 
+/// What a Commit carries (from `vdstream target migrate` to the source, and on to the
+/// destination); an empty payload when no qemu was driven.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CommitInfo {
+    pub qemu_downtime_ms: Option<u64>,
+}
+
+impl CommitInfo {
+    /// Read from a Commit frame's payload (empty: nothing known).
+    pub fn of(payload: &[u8]) -> CommitInfo {
+        serde_json::from_slice(payload).unwrap_or_default()
+    }
+}
+
 /// One frame read.
 #[derive(Debug)]
 pub struct Frame {

@@ -546,6 +546,9 @@ impl Live {
             "started_unix_ms": m.started_unix_ms,
             "finished_unix_ms": m.finished_unix_ms,
         });
+        if let Some(ms) = m.qemu_downtime_ms {
+            details["qemu_downtime_ms"] = json!(ms);
+        }
         if let Some(e) = &m.error {
             details["error"] = json!(e);
         }

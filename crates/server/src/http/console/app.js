@@ -469,6 +469,7 @@ function migrationText(m) {
   const ended = ['done', 'cancelled', 'failed', 'reverted'].includes(m.phase);
   const head = m.phase === 'done' ? `migrated ${way}` : ended ? `migration ${m.phase}` : `migrating ${way}: ${m.phase}`;
   const parts = [`${m.rounds || 0} rounds`, `${bytes(m.data_bytes || 0)} moved`];
+  if (m.qemu_downtime_ms !== undefined && m.qemu_downtime_ms !== null) parts.push(`downtime ${m.qemu_downtime_ms} ms`);
   if (m.fenced_ms) parts.push(`fenced ${m.fenced_ms} ms`);
   if (ended && m.finished_unix_ms) parts.push(ago(m.finished_unix_ms));
   return `${head} · ${parts.join(' · ')}`;
