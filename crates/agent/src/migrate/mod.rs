@@ -42,8 +42,9 @@
 //! The link: every agent with a host-side cache listens on `RUN/ID.migrate` (owner-only,
 //! like its NBD socket): who may connect may read the target's disk anyway. Between hosts,
 //! an agent started with `--migrate-listen ADDR` also takes destinations on TCP with TLS,
-//! where both agents must show the target's own certificate ([`link`]); only a hello is
-//! taken there: the switch, cancel, commit and revert come on the local socket alone.
+//! where both agents must show the target's own certificate ([`link`]); only a hello, a
+//! join and a status query are taken there: the switch, cancel, commit and revert come on
+//! the local socket alone.
 
 pub mod drive;
 mod incoming;
