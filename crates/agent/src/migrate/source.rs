@@ -325,8 +325,8 @@ fn check_hello(h: &wire::Hello, m: &Migration) -> Result<(), String> {
 }
 
 /// How long a source whose destination serves already waits for `target migrate`'s commit
-/// (which follows qemu's completion) before it ends without it.
-const LATE_COMMIT: Duration = Duration::from_secs(10);
+/// (it follows qemu's completion within milliseconds) before it ends without it.
+const LATE_COMMIT: Duration = Duration::from_secs(2);
 
 /// What the destination said on its own, read beside the rounds.
 #[derive(Debug, Default)]
@@ -535,7 +535,7 @@ fn session(
                 // The destination serves before qemu's completion reached `target migrate`:
                 // its commit, when it comes, brings qemu's downtime to pass on.
                 m.wait_until(LATE_COMMIT, || {
-                    c.commit.load(SeqCst) || heard.gone.load(SeqCst)
+                    c.commit.load(SeqCst) || c.revert.load(SeqCst) || heard.gone.load(SeqCst)
                 });
                 if c.commit.load(SeqCst) {
                     let _ = wire::write_json(&mut w, Kind::Commit, &info());
