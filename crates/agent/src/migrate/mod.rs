@@ -114,7 +114,25 @@ impl Migration {
         cache: &str,
         cache_files: Vec<PathBuf>,
     ) -> Arc<Migration> {
-        Arc::new(Migration {
+        Arc::new(Migration::make(
+            dev,
+            target,
+            export,
+            cache,
+            cache_files,
+            None,
+        ))
+    }
+
+    fn make(
+        dev: Arc<TrackedDev>,
+        target: &str,
+        export: &str,
+        cache: &str,
+        cache_files: Vec<PathBuf>,
+        server: Option<Arc<crate::remote::RemoteBase>>,
+    ) -> Migration {
+        Migration {
             dev,
             target: target.to_string(),
             export: export.to_string(),
@@ -123,10 +141,10 @@ impl Migration {
             ended: AtomicBool::new(false),
             end: tokio::sync::Notify::new(),
             cache_files,
-            server: None,
+            server,
             wake: Mutex::new(()),
             cv: Condvar::new(),
-        })
+        }
     }
 
     /// For a `server`-type target over `remote`: the handover moves its attach only.
@@ -137,10 +155,14 @@ impl Migration {
         cache: &str,
         remote: Arc<crate::remote::RemoteBase>,
     ) -> Arc<Migration> {
-        let mut m = Arc::into_inner(Migration::new(dev, target, export, cache, Vec::new()))
-            .expect("just made");
-        m.server = Some(remote);
-        Arc::new(m)
+        Arc::new(Migration::make(
+            dev,
+            target,
+            export,
+            cache,
+            Vec::new(),
+            Some(remote),
+        ))
     }
 
     /// The migration's phase, without the live figures (which scan the dirty maps).

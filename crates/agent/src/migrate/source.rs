@@ -130,8 +130,9 @@ impl Drop for Listener {
     }
 }
 
-/// Serves one connection: a destination's hello, a status query, or (on the local socket
-/// only, `remote` being `None`) a control request of `vdstream target migrate`.
+/// Serves one connection: a destination's hello or join (the server types), a status
+/// query, or (on the local socket only, `remote` being `None`) a control request of
+/// `vdstream target migrate`.
 fn serve_conn(
     mut conn: UnixStream,
     m: &Arc<Migration>,
