@@ -9,7 +9,10 @@
 #     file (the cache lived in the machine's RAM);
 #   - a second machine with another MAC, booting at the same time, gets its own hostname
 #     and machine-id from its record;
-#   - the vDisk still holds the golden image's bytes (qemu-img compare over NBD).
+#   - the vDisk still holds the golden image's bytes (qemu-img compare over NBD);
+#   - boot pacing (--max-booting 1): of the two machines booting together, one waits in
+#     iPXE (its console says "waiting: 1 booting") until the other's initramfs has mounted
+#     its root and said so (`target booted`): never two in their boot window at once.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
@@ -27,7 +30,8 @@ mac1=$(pxe_mac 1) mac2=$(pxe_mac 2)
 vds target add pc1 --vdisk golden --cache ram-overflow --ram 64M --mac "$mac1" --hostname lab-pc-1 >/dev/null
 vds target add pc2 --vdisk golden --cache ram-overflow --ram 64M --mac "$mac2" >/dev/null
 PXE_KERNEL_ARGS="$PXE_KERNEL_ARGS vdstest=write vdstest.mb=4"
-start_boot_server
+start_boot_server --max-booting 1
+metric() { curl -sf --max-time 5 "$BOOT_API/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
 
 host_line() { grep -aom1 'VDSTEST HOST .*' "$E2E_TMP/$1.serial" | tr -d '\r'; }
 
@@ -68,6 +72,14 @@ line=$(host_line pc2)
 [[ ${BASH_REMATCH[1]} != "$id1" ]] || fail "pc1 and pc2 got the same machine-id $id1"
 [[ $(host_line pc1-again) == *"machine_id=$id1 "* ]] || fail "pc1's machine-id changed between boots: $(host_line pc1-again)"
 log "ok: pc2: $line"
+# Pacing: each boot's window was closed by its initramfs, never two at once, and the
+# machine that came second was told to wait on its console.
+assert_eq "boot windows closed by their machine" "$(metric vdstream_boot_booted_total)" 3
+assert_eq "the most machines in their boot window at once" "$(metric vdstream_boot_booting_peak)" 1
+grep -aq 'vdstream: waiting: 1 booting (at most 1 at once)' "$E2E_TMP/pc1-again.serial" "$E2E_TMP/pc2.serial" ||
+    fail "neither machine of the pair was told to wait (--max-booting 1)"
+grep -aq 'vdstream-init: warning' "$E2E_TMP/pc2.serial" && fail "pc2's initramfs warned: $(grep -a 'vdstream-init: warning' "$E2E_TMP/pc2.serial")"
+log "ok: paced: one machine waited in iPXE; every initramfs said it booted"
 log "three network boots in $((SECONDS - start)) s"
 
 # Every write stayed in the machines: the vDisk still serves the golden image.

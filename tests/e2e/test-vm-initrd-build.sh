@@ -61,7 +61,7 @@ timeout --kill-after=5 90 qemu-system-x86_64 -accel "$(vm_accel)" -m 512M -smp 1
     -netdev user,id=n0 -device virtio-net-pci,netdev=n0 >"$E2E_TMP/netboot.qemu.log" 2>&1 </dev/null &
 qpid=$!
 track_pid "$qpid"
-want='vdstream-init: attaching: vdstream target attach lab1 --server http://10.0.2.2:9 --vdisk golden@base --cache ram-overflow --kernel-nbd /dev/nbd0 --daemon'
+want='vdstream-init: attaching: vdstream target attach lab1 --server http://10.0.2.2:9 --vdisk golden@base --cache ram-overflow --booting --kernel-nbd /dev/nbd0 --daemon'
 for ((i = 0; i < 900; i++)); do
     grep -aqF "$want" "$serial" 2>/dev/null && break
     kill -0 "$qpid" 2>/dev/null || break

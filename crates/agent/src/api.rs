@@ -421,6 +421,152 @@ pub fn resolve_waiting(
     })
 }
 
+/// What `GET /boot/admit/ID` answers (the boot service's pacing, `--max-booting`).
+#[derive(Debug, serde::Deserialize)]
+struct BootPlace {
+    admitted: bool,
+    #[serde(default)]
+    booting: u64,
+    #[serde(default)]
+    max_booting: u64,
+    #[serde(default)]
+    ahead: u64,
+    #[serde(default)]
+    retry_after_secs: u64,
+}
+
+/// What one server said to a machine asking for a boot place.
+enum PlaceAnswer {
+    /// Admitted, or no pacing there (no boot service: 404).
+    Admitted,
+    Wait(BootPlace),
+    Unanswered(String),
+}
+
+fn ask_place(c: &Client, id: &str) -> PlaceAnswer {
+    let r = match c.relay("GET", &format!("/boot/admit/{id}"), &[], Vec::new()) {
+        Ok(r) => r,
+        Err(e) => return PlaceAnswer::Unanswered(e.to_string()),
+    };
+    match (r.status, serde_json::from_slice::<BootPlace>(&r.body)) {
+        (200, _) | (404, _) => PlaceAnswer::Admitted,
+        (503, Ok(p)) if !p.admitted => PlaceAnswer::Wait(p),
+        (status, _) => PlaceAnswer::Unanswered(format!(
+            "GET /boot/admit/{id} answered {status}: {}",
+            String::from_utf8_lossy(&r.body[..r.body.len().min(200)]).trim()
+        )),
+    }
+}
+
+/// The most a booting machine waits between two asks for a boot place, whatever a server
+/// says.
+const PLACE_WAIT_MAX: Duration = Duration::from_secs(30);
+
+impl Resolved {
+    /// `target attach --booting`: a place in a server's boot window (`--max-booting`)
+    /// before attaching. The servers are asked in placement order; the first that admits
+    /// the machine goes first in the placement (its window is there). While every one says
+    /// to wait, the agent waits what the soonest asked (±20%, so that machines told
+    /// together do not come back together), saying so on the console each round, until
+    /// one admits it or `wait.retry_for` runs out. A server without a boot service (404)
+    /// paces nothing and admits; servers that do not answer are left to the attach.
+    pub fn wait_for_boot_place(&mut self, wait: &Waiting<'_>) -> Result<(), AgentError> {
+        let started = std::time::Instant::now();
+        let id = self.link.target.clone();
+        loop {
+            let mut soonest: Option<BootPlace> = None;
+            let mut unanswered = 0;
+            for i in 0..self.link.apis.len() {
+                match ask_place(&self.link.apis[i], &id) {
+                    PlaceAnswer::Admitted => {
+                        if i > 0 {
+                            self.endpoints.swap(0, i);
+                            self.link.apis.swap(0, i);
+                            self.servers.swap(0, i);
+                        }
+                        return Ok(());
+                    }
+                    PlaceAnswer::Wait(p) => {
+                        if soonest
+                            .as_ref()
+                            .is_none_or(|s| p.retry_after_secs < s.retry_after_secs)
+                        {
+                            soonest = Some(p);
+                        }
+                    }
+                    PlaceAnswer::Unanswered(why) => {
+                        log::warn!("{}: no boot place answer: {why}", self.link.apis[i].url());
+                        unanswered += 1;
+                    }
+                }
+            }
+            let Some(p) = soonest else {
+                // Nobody paces (every server unanswered): the attach finds out on its own.
+                debug_assert_eq!(unanswered, self.link.apis.len());
+                return Ok(());
+            };
+            let pause = Duration::from_secs(p.retry_after_secs.max(1))
+                .min(PLACE_WAIT_MAX)
+                .mul_f64(0.8 + fastrand::f64() * 0.4);
+            let left = wait.retry_for.map(|l| l.saturating_sub(started.elapsed()));
+            if left.is_some_and(|l| l < pause) {
+                return Err(AgentError::NoServer {
+                    message: format!(
+                        "no server gave target {id} a boot place within {:.0} s (the last said: {} booting, at most {} at once, {} waiting ahead); \
+                         raise --retry-for, or the servers' --max-booting",
+                        started.elapsed().as_secs_f64(), p.booting, p.max_booting, p.ahead
+                    ),
+                });
+            }
+            (wait.say)(&format!(
+                "waiting: {} booting (at most {} at once), {} waiting ahead; asking again in {:.1} s",
+                p.booting,
+                p.max_booting,
+                p.ahead,
+                pause.as_secs_f64()
+            ));
+            std::thread::sleep(pause);
+        }
+    }
+}
+
+/// `vdstream target booted ID`: the machine's root is mounted; every server at `urls`
+/// closes its boot window, if it holds one. How many did; an error when none answered.
+pub fn boot_done(id: &str, urls: &[String]) -> Result<usize, AgentError> {
+    let mut closed = 0;
+    let mut answered = 0;
+    let mut failures = Vec::new();
+    for u in urls {
+        let c = Client::new(u)
+            .map(|c| c.with_timeout(CALL_TIMEOUT))
+            .map_err(|e| AgentError::BadEndpoint {
+                uri: u.clone(),
+                reason: e.to_string(),
+            })?;
+        match c.relay("GET", &format!("/boot/booted/{id}"), &[], Vec::new()) {
+            Ok(r) if r.status == 200 => {
+                answered += 1;
+                let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+                if v["closed"].as_bool() == Some(true) {
+                    closed += 1;
+                }
+            }
+            Ok(r) if r.status == 404 => answered += 1,
+            Ok(r) => failures.push(format!("{u}: status {}", r.status)),
+            Err(e) => failures.push(format!("{u}: {e}")),
+        }
+    }
+    if answered == 0 {
+        return Err(AgentError::NoServer {
+            message: format!(
+                "no server took target {id}'s end of boot: {}",
+                failures.join("; ")
+            ),
+        });
+    }
+    Ok(closed)
+}
+
 /// `GET /api/v1/server` of every client at once; a server that has not answered within
 /// `within` counts as not answering (its call finishes in the background, bounded by the
 /// client's own timeouts), so a host that swallows packets cannot stall a reconnect.

@@ -5,10 +5,11 @@
 #   builder put there everything modprobe would load: soft dependencies, alias modules);
 #   read the vdstream.* parameters of /proc/cmdline (crates/boot/src/cmdline.rs);
 #   bring up every ethernet link with udhcpc (bounded rounds);
-#   `vdstream target attach ... --kernel-nbd /dev/nbd0 --daemon` (the agent serves the
-#   vDisk with the target's write cache to the kernel's NBD driver and keeps running);
-#   mount /dev/nbd0 on /newroot, write the personality (hostname, machine-id: into the
-#   write cache, never the vDisk) and switch_root to /sbin/init.
+#   `vdstream target attach ... --booting --kernel-nbd /dev/nbd0 --daemon` (waits for a
+#   boot place, then the agent serves the vDisk with the target's write cache to the
+#   kernel's NBD driver and keeps running); mount /dev/nbd0 on /newroot, write the
+#   personality (hostname, machine-id: into the write cache, never the vDisk), say
+#   `vdstream target booted` (the boot place goes back) and switch_root to /sbin/init.
 # Every console line starts with "vdstream-init: ". On a failure it prints
 # "vdstream-init: FAILED: WHAT" and then, as vdstream.on_fail says: `reboot` (default:
 # after 10 s the machine boots again from the network), `shell` (a busybox shell on the
@@ -112,7 +113,8 @@ for s in $servers; do set -- "$@" --server "$s"; done
 set -- "$@" --vdisk "$vdisk" --cache "${cache:-ram-overflow}"
 [ -z "$ram" ] || set -- "$@" --ram "$ram"
 [ -z "$overflow" ] || set -- "$@" --overflow-device "$overflow"
-set -- "$@" --kernel-nbd /dev/nbd0 --daemon
+# --booting: wait for a place in the server's boot window first (--max-booting).
+set -- "$@" --booting --kernel-nbd /dev/nbd0 --daemon
 [ -b /dev/nbd0 ] || failed "no /dev/nbd0 (the kernel has no nbd driver: is nbd.ko in the vDisk's /lib/modules?)"
 say "attaching: vdstream $*"
 export VDSTREAM_RUN_DIR=/run/vdstream
@@ -134,6 +136,11 @@ if [ -d /newroot/etc ]; then
     esac
 fi
 [ ! -f /etc/resolv.conf ] || [ ! -d /newroot/etc ] || cp /etc/resolv.conf /newroot/etc/resolv.conf 2>/dev/null || true
+# The root is up: give the boot place back, so the next machine waiting may boot (the
+# server closes it by itself after --boot-window if this fails).
+set --
+for s in $servers; do set -- "$@" --server "$s"; done
+/bin/vdstream target booted "$target" "$@" >/tmp/booted.log 2>&1 || say "warning: $(tail -n1 /tmp/booted.log)"
 # The agent's status files and the kernel's file systems move with the root.
 for d in run dev proc sys; do
     if [ -d "/newroot/$d" ]; then mount --move "/$d" "/newroot/$d"; else umount -l "/$d"; fi

@@ -84,7 +84,8 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   anonymous = \"none\"
   insecure = false
   boot = true                          (and boot-advertise, boot-server = [...], boot-unknown,
-  tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe)"
+  tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe,
+                                       max-booting, boot-window)"
 )]
 pub struct ServerArgs {
     /// Store directory, or s3://BUCKET/PREFIX: a store in S3-compatible object storage,
@@ -253,6 +254,19 @@ pub struct ServerArgs {
     /// (e.g. 0.0.0.0:69).
     #[arg(long, value_name = "ADDR", requires = "boot")]
     tftp: Option<SocketAddr>,
+
+    /// Boot pacing (PVS's "maximum devices booting"): at most N machines in their boot
+    /// window on this server at once; the others are told to wait (their console says
+    /// "waiting: N booting") and ask again, longest waiting first. A window opens when a
+    /// machine gets its script, and closes when its initramfs has mounted the root, or
+    /// after --boot-window. 0: no limit. Default: 50 (docs/BENCHMARKS.md, "Boot pacing").
+    #[arg(long, value_name = "N", requires = "boot")]
+    max_booting: Option<usize>,
+
+    /// How long a machine keeps its boot place without saying it booted (one that died
+    /// mid-boot gives it back then). Default: 180.
+    #[arg(long, value_name = "SECONDS", requires = "boot", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    boot_window: Option<u64>,
 }
 
 /// The boot service's settings from the flags over the config file (`None` without
@@ -353,6 +367,15 @@ fn boot_config(
             .unwrap_or(defaults.ipxe_dir),
         tftp,
         retry_secs: defaults.retry_secs,
+        max_booting: args
+            .max_booting
+            .or(file.max_booting)
+            .unwrap_or(defaults.max_booting),
+        boot_window: match args.boot_window.or(file.boot_window) {
+            Some(s @ 1..=3600) => std::time::Duration::from_secs(s),
+            Some(s) => usage!("boot-window = {s} in the config file: give 1 to 3600 seconds"),
+            None => defaults.boot_window,
+        },
     }))
 }
 

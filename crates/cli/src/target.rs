@@ -35,6 +35,7 @@ enum TargetCommand {
     Detach(DetachArgs),
     Status(StatusArgs),
     Migrate(crate::target_migrate::MigrateArgs),
+    Booted(BootedArgs),
 }
 
 /// Attach target ID: stream its vDisk from the servers, keep its writes in a local write
@@ -219,6 +220,13 @@ pub struct AttachArgs {
     #[arg(long, value_name = "on|off", value_parser = crate::serve_image::parse_on_off, default_value = "off", action = clap::ArgAction::Set)]
     intermediate_buffering: bool,
 
+    /// This attach is a machine's network boot (the initramfs passes it): first ask the
+    /// store servers for a place in their boot window (`vdstream server --max-booting`),
+    /// and while every one is full wait as told, one console line a round ("waiting: N
+    /// booting"). `vdstream target booted ID` gives the place back. Store servers only.
+    #[arg(long)]
+    booting: bool,
+
     /// Give up after no server answered for this long (e.g. 30s, 5m): the target then gets
     /// EIO. Default: retry forever, as PVS targets do.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -394,6 +402,43 @@ pub struct DetachArgs {
     timeout: Duration,
 }
 
+/// Say that target ID's machine has booted: the store servers close its boot window
+/// (`vdstream server --max-booting`), so the next machine waiting may boot. The network-boot
+/// initramfs runs it once the root file system is mounted, before switch_root.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  vdstream target booted lab7 --server http://10.0.0.1:8480 --server http://10.0.0.2:8480")]
+pub struct BootedArgs {
+    /// The target's id, as given to `target attach --booting`.
+    #[arg(value_name = "ID", add = crate::completion::targets())]
+    id: String,
+
+    /// A store server's API URL (http[s]://HOST:PORT), repeatable: each closes the
+    /// window it holds.
+    #[arg(long = "server", value_name = "URL", required = true)]
+    servers: Vec<String>,
+}
+
+fn booted(b: BootedArgs) -> Result<()> {
+    paths::check_target_id(&b.id)?;
+    let closed = api::boot_done(&b.id, &b.servers)
+        .with_context(|| format!("cannot end target {}'s boot window", b.id))?;
+    outln!(
+        "vdstream: target {}: booted; {}",
+        b.id,
+        if closed == 0 {
+            "no server held a boot window for it".to_string()
+        } else {
+            format!(
+                "its boot window closed on {closed} server{}",
+                if closed == 1 { "" } else { "s" }
+            )
+        }
+    );
+    Ok(())
+}
+
 fn detach(d: DetachArgs) -> Result<()> {
     use vdstream_agent::kernel_nbd;
     paths::check_target_id(&d.id)?;
@@ -488,6 +533,7 @@ pub fn run(args: TargetArgs) -> Result<()> {
         TargetCommand::Detach(d) => detach(d),
         TargetCommand::Status(s) => show_status(s),
         TargetCommand::Migrate(m) => crate::target_migrate::run(m),
+        TargetCommand::Booted(b) => booted(b),
     }
 }
 
@@ -534,6 +580,9 @@ fn open_agent(a: &AttachArgs) -> Result<Agent> {
         ));
     }
     let (upstream_tls, listen_tls) = attach_tls(a)?;
+    if a.booting && !a.servers.iter().any(|s| api::is_api_url(s)) {
+        usage!("--booting asks store servers for a boot place: give --server http://HOST:PORT (a store server's API), not an NBD URI");
+    }
     let mut cfg = if a.servers.iter().any(|s| api::is_api_url(s)) {
         if let Some(nbd) = a.servers.iter().find(|s| !api::is_api_url(s)) {
             usage!(
@@ -553,8 +602,12 @@ fn open_agent(a: &AttachArgs) -> Result<Agent> {
             retry_for: a.retry_for,
             say: &say,
         };
-        let r = api::resolve_waiting(&a.id, &a.servers, &flags, Some(&wait))
+        let mut r = api::resolve_waiting(&a.id, &a.servers, &flags, Some(&wait))
             .with_context(|| format!("cannot attach target {}", a.id))?;
+        if a.booting {
+            r.wait_for_boot_place(&wait)
+                .with_context(|| format!("cannot attach target {}", a.id))?;
+        }
         let p = &r.plan;
         outln!(
             "vdstream: target {}: vDisk {}{} with a {} cache (from the {}); servers, least busy first:",

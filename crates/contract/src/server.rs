@@ -32,6 +32,31 @@ pub struct ServerDoc {
     /// files) of every session since the server started.
     #[serde(default)]
     pub io: IoDoc,
+    /// The boot service's pacing (`--max-booting`); `null` without `--boot`.
+    #[serde(default)]
+    pub boot: Option<BootPacingDoc>,
+}
+
+/// Boot pacing: machines in their boot window, and those told to wait.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct BootPacingDoc {
+    /// `--max-booting` (0: no limit).
+    pub max_booting: u64,
+    /// Machines in their boot window now.
+    pub booting: u64,
+    /// The most that were at once since the server started.
+    pub booting_peak: u64,
+    /// Machines told to wait that are still asking.
+    pub waiting: u64,
+    /// Boot windows opened since the server started.
+    pub admitted_total: u64,
+    /// Answers that told a machine to wait.
+    pub waits_total: u64,
+    /// Windows closed by the machine saying it booted.
+    pub booted_total: u64,
+    /// Windows closed by `--boot-window` running out.
+    pub expired_total: u64,
 }
 
 /// Where the server takes NBD connections (`null` or absent: not there).
@@ -110,6 +135,7 @@ mod tests {
                 read_cache: ReadCacheDoc { capacity_bytes: n[2], used_bytes: n[3], hits: n[4], misses: n[5], shared_loads: n[6], evictions: n[7],
                                            hit_ratio: ratio.map(|r| f64::from(r) / 1000.0) },
                 io: IoDoc { guest: t(4), store: t(8) },
+                boot: draining.then(|| BootPacingDoc { max_booting: n[9], booting: n[10], booting_peak: n[11], ..BootPacingDoc::default() }),
             };
             let text = serde_json::to_string(&d).unwrap();
             prop_assert_eq!(serde_json::from_str::<ServerDoc>(&text).unwrap(), d);

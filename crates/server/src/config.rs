@@ -199,7 +199,8 @@ pub struct ConfigFile {
     /// Addresses or networks never penalized, comma-separated, or "none".
     pub handshake_penalty_exempt: Option<String>,
     /// The boot service (keys as the flags: boot, boot-advertise, boot-server (a list),
-    /// boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp).
+    /// boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp,
+    /// max-booting, boot-window (seconds)).
     pub boot: Option<bool>,
     pub boot_advertise: Option<String>,
     pub boot_server: Option<Vec<String>>,
@@ -209,6 +210,8 @@ pub struct ConfigFile {
     pub boot_kernel_args: Option<String>,
     pub boot_ipxe: Option<PathBuf>,
     pub tftp: Option<String>,
+    pub max_booting: Option<usize>,
+    pub boot_window: Option<u64>,
     /// A store on object storage (store = "s3://…"): the chunk cache's folder and sizes,
     /// and how to reach the store when the AWS variables do not say (they win, as with the
     /// AWS CLI).
@@ -233,7 +236,7 @@ impl ConfigFile {
     /// Parses the text of a config file.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
         toml::from_str(text).map_err(|e| {
-            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, max-request-memory, anonymous, insecure, handshake-penalty, handshake-penalty-exempt, boot, boot-advertise, boot-server, boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp, object-cache, object-cache-ram, object-cache-disk, s3-endpoint, s3-region, s3-access-key-id, s3-secret-access-key", e.message())
+            format!("{}; its keys are the flags of `vdstream server`: store, listen, socket, http, read-cache, name, stats-file, dead-peer-timeout, max-connections, max-request-memory, anonymous, insecure, handshake-penalty, handshake-penalty-exempt, boot, boot-advertise, boot-server, boot-unknown, boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe, tftp, max-booting, boot-window, object-cache, object-cache-ram, object-cache-disk, s3-endpoint, s3-region, s3-access-key-id, s3-secret-access-key", e.message())
         })
     }
 }

@@ -312,6 +312,8 @@ pub struct ServerState {
     pub anonymous: crate::policy::AnonymousGrant,
     /// `--boot`: the boot service's settings (`None`: no boot routes).
     pub boot: Option<crate::boot::BootConfig>,
+    /// The boot windows (`--max-booting`), with `--boot`.
+    pub pacer: Option<crate::boot::pacing::Pacer>,
     /// `--handshake-penalty`: when the NBD listeners close a failing address at accept.
     pub handshake_penalty: vdstream_nbd::penalty::PenaltyConfig,
     /// The API's changes go to the store's metadata writer (a mirror of object storage).
@@ -344,6 +346,10 @@ impl ServerState {
             nbd_memory: std::sync::OnceLock::new(),
             log: Arc::new(vdstream_nbd::lograte::LogLimiter::default()),
             boot: opts.boot.clone(),
+            pacer: opts
+                .boot
+                .as_ref()
+                .map(|b| crate::boot::pacing::Pacer::new(b.max_booting, b.boot_window)),
             anonymous: opts.anonymous,
             handshake_penalty: opts.handshake_penalty.clone(),
             forward: opts.forward.clone(),

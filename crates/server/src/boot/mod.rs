@@ -20,6 +20,7 @@
 //!   made, so kernel, initrd and root come from one version.
 
 pub mod files;
+pub mod pacing;
 pub mod tftp;
 
 use std::net::SocketAddr;
@@ -56,11 +57,18 @@ pub struct BootConfig {
     pub tftp: Option<SocketAddr>,
     /// Seconds a refused or failed machine waits before it asks again.
     pub retry_secs: u64,
+    /// `--max-booting`: machines in their boot window at once, at most (0: no limit).
+    pub max_booting: usize,
+    /// `--boot-window`: how long a machine keeps its place without saying it booted.
+    pub boot_window: std::time::Duration,
 }
 
 /// Records auto-add makes under one prefix, at most: past it unknown machines are refused
 /// (a flood of forged MACs cannot fill the store).
 pub const MAX_AUTO_ADDED: usize = 1000;
+
+/// Default `--max-booting` (docs/BENCHMARKS.md, "Boot pacing").
+pub const DEFAULT_MAX_BOOTING: usize = 50;
 
 /// Where Debian's `ipxe` package puts its binaries.
 pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
@@ -78,6 +86,8 @@ impl Default for BootConfig {
             ipxe_dir: PathBuf::from(DEFAULT_IPXE_DIR),
             tftp: None,
             retry_secs: 30,
+            max_booting: DEFAULT_MAX_BOOTING,
+            boot_window: pacing::DEFAULT_WINDOW,
         }
     }
 }
@@ -304,6 +314,25 @@ pub fn message_script(base: &str, lines: &[String], retry_secs: u64) -> String {
     }
     s.push_str(&format!("echo vdstream: trying again in {retry_secs} seconds\nsleep {retry_secs}\nchain --replace --autofree {base}/boot/ipxe\n"));
     s
+}
+
+/// What a machine is told while every boot place is taken (`--max-booting`): how many
+/// boot, how many wait ahead of it; then it waits `retry_secs` and asks for its own
+/// script again (its place in the queue is kept while it keeps asking).
+pub fn wait_script(
+    base: &str,
+    mac: &str,
+    booting: usize,
+    max: usize,
+    ahead: usize,
+    retry_secs: u64,
+) -> String {
+    format!(
+        "#!ipxe\necho vdstream: waiting: {booting} booting (at most {max} at once), {ahead} waiting ahead of this machine\n\
+         echo vdstream: asking again in {retry_secs} seconds\nsleep {retry_secs}\n\
+         chain --replace --autofree {base}/boot/target/{mac}\n",
+        mac = mac.replace(':', "-"),
+    )
 }
 
 /// What an unknown machine is told (`--boot-unknown refuse`).

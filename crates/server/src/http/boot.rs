@@ -8,6 +8,8 @@
 //! | `GET /boot/target/{mac}` | the target's script (`kernel` URL and command line, `initrd`, `boot`); for an unknown MAC a script that says how to add it and retries (or, with `--boot-unknown auto-add`, the script of the record made for it) |
 //! | `GET /boot/vdisk/{name}/{version}/vmlinuz`, `/initrd.img` | the version's kernel and initrd (Content-Length, Range) |
 //! | `GET /boot/vdisk/{name}/{version}/problem` | a script that prints why the kernel or initrd could not be had |
+//! | `GET /boot/admit/{id}` | the initramfs agent asks a place in the boot window (`--max-booting`): 200, or 503 with `Retry-After` while it must wait (JSON) |
+//! | `GET /boot/booted/{id}` | the initramfs says the machine's root is mounted: its boot window closes (JSON) |
 //!
 //! Invariants:
 //! - Only GET (and HEAD); a request body is refused (413) before any handler runs.
@@ -19,6 +21,9 @@
 //!   handler has [`BOOT_TIMEOUT`] (building an initramfs the first time takes a while).
 //!   At most [`MAX_BOOT_TRANSFERS`] file bodies are being sent at once: each holds its
 //!   place until its last byte is written (or its connection drops).
+//! - Boot pacing (`boot::pacing`): the target script and `/boot/admit` open a machine's
+//!   window or tell it to wait; a GET that changes the pacer's memory only, never the
+//!   store, since iPXE and busybox speak nothing else.
 //! - Failures a machine can provoke (unknown MAC, a version without a kernel) are logged
 //!   rate-limited.
 
@@ -41,6 +46,7 @@ use vdstream_store::targets::normalize_mac;
 use vdstream_store::{select, Store, StoreError, Timestamp};
 
 use super::shared::{ClientAddr, Shared};
+use crate::boot::pacing::Admission;
 use crate::boot::{self, files, BootConfig, ScriptContext, UnknownMac};
 
 /// Boot requests in handlers at once, at most (the rest wait).
@@ -68,6 +74,8 @@ pub(crate) fn router(shared: Arc<Shared>, api: Router) -> Router {
         .route("/boot/ipxe", get(first))
         .route("/boot/target/{mac}", get(target))
         .route("/boot/vdisk/{name}/{version}/{file}", get(file))
+        .route("/boot/admit/{id}", get(admit))
+        .route("/boot/booted/{id}", get(booted))
         .layer(layers)
         .with_state(shared)
         .fallback_service(api)
@@ -84,6 +92,13 @@ fn text(status: StatusCode, body: String) -> Response {
 
 fn script(body: String) -> Response {
     text(StatusCode::OK, body)
+}
+
+fn pacer(s: &Shared) -> &crate::boot::pacing::Pacer {
+    s.state
+        .pacer
+        .as_ref()
+        .expect("boot routes exist only with a pacer")
 }
 
 fn config(s: &Shared) -> &BootConfig {
@@ -182,6 +197,11 @@ async fn target(
             },
         };
         let layer = select(&store.load(&record.vdisk)?, record.version, Timestamp::now())?;
+        if let Admission::Wait { booting, max, ahead, retry_secs } = pacer(&s).admit(&record.id) {
+            s.state.log.log(log::Level::Info, module_path!(), "boot-wait", format_args!(
+                "boot: target {} (MAC {mac} from {peer}) waits: {booting} booting (at most {max}), {ahead} waiting ahead of it", record.id));
+            return Ok(boot::wait_script(&base, &mac, booting, max, ahead, retry_secs));
+        }
         log::info!("boot: MAC {mac} from {peer} is target {}, booting vDisk {}@{}", record.id, record.vdisk, boot::version_text(layer));
         s.live.note_boot(&record.id, &format!("{mac} from {peer}: script for {}@{}", record.vdisk, boot::version_text(layer)));
         Ok::<_, StoreError>(boot::target_script(&record, layer, &ScriptContext { base: &base, config: cfg, mac: &mac }))
@@ -314,6 +334,95 @@ async fn file(
             }
         }
     }
+}
+
+fn json(status: StatusCode, v: serde_json::Value) -> Response {
+    (status, axum::Json(v)).into_response()
+}
+
+/// Whether target `id` has a record (the pacer keeps windows for records only, so made-up
+/// ids cannot fill its memory).
+async fn known_target(s: &Shared, id: &str) -> Result<(), Response> {
+    let (store_dir, id2) = (s.state.store.clone(), id.to_string());
+    let found = tokio::task::spawn_blocking(move || {
+        let store = Store::open(&store_dir)?;
+        store.target(&id2).map(|_| ())
+    })
+    .await;
+    match found {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(StoreError::UnknownTarget { .. } | StoreError::BadName(_))) => Err(json(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"error": format!("no target record named {:?}", boot::ipxe_text(id)), "what_to_do": "boot the machine with the kernel command line its target script gives (vdstream.target=ID)"}),
+        )),
+        Ok(Err(e)) => Err(json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            serde_json::json!({"error": public_store_text(&e), "what_to_do": "see the server's log"}),
+        )),
+        Err(e) => Err(json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            serde_json::json!({"error": format!("the boot handler failed: {e}"), "what_to_do": "see the server's log"}),
+        )),
+    }
+}
+
+/// `GET /boot/admit/ID`: a place in the boot window for the agent in a machine's
+/// initramfs (`target attach --booting`), or how long to wait.
+async fn admit(
+    State(s): State<Arc<Shared>>,
+    Extension(ClientAddr(peer)): Extension<ClientAddr>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = known_target(&s, &id).await {
+        return r;
+    }
+    match pacer(&s).admit(&id) {
+        Admission::Admitted => {
+            let f = pacer(&s).figures();
+            json(
+                StatusCode::OK,
+                serde_json::json!({"admitted": true, "booting": f.booting, "max_booting": f.max_booting}),
+            )
+        }
+        Admission::Wait {
+            booting,
+            max,
+            ahead,
+            retry_secs,
+        } => {
+            s.state.log.log(log::Level::Info, module_path!(), "boot-wait", format_args!(
+                "boot: target {id}'s agent at {peer} waits: {booting} booting (at most {max}), {ahead} waiting ahead of it"));
+            let mut r = json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({
+                    "admitted": false, "booting": booting, "max_booting": max, "ahead": ahead, "retry_after_secs": retry_secs,
+                    "error": format!("waiting: {booting} booting (at most {max} at once), {ahead} waiting ahead"),
+                    "what_to_do": format!("ask again in {retry_secs} s"),
+                }),
+            );
+            if let Ok(v) = axum::http::HeaderValue::from_str(&retry_secs.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            r
+        }
+    }
+}
+
+/// `GET /boot/booted/ID`: the machine's root is mounted; its boot window closes.
+async fn booted(
+    State(s): State<Arc<Shared>>,
+    Extension(ClientAddr(peer)): Extension<ClientAddr>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = known_target(&s, &id).await {
+        return r;
+    }
+    let closed = pacer(&s).booted(&id);
+    if closed {
+        log::info!("boot: target {id} ({peer}) booted; its boot window closed");
+        s.live.note_boot(&id, &format!("booted ({peer})"));
+    }
+    json(StatusCode::OK, serde_json::json!({"closed": closed}))
 }
 
 /// A body that holds a transfer place until it is sent or dropped.

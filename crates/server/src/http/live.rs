@@ -396,6 +396,10 @@ pub(crate) fn server_doc(state: &ServerState) -> ServerDoc {
                 write_bytes: t.store_write_bytes,
             },
         },
+        boot: state
+            .pacer
+            .as_ref()
+            .map(crate::boot::pacing::Pacer::figures),
     }
 }
 

@@ -198,6 +198,52 @@ pub(crate) fn render(shared: &Shared) -> String {
         "1 while the server drains (SIGTERM).",
         u64::from(state.draining.load(Ordering::Relaxed)),
     );
+    if let Some(p) = state
+        .pacer
+        .as_ref()
+        .map(crate::boot::pacing::Pacer::figures)
+    {
+        m.gauge(
+            "vdstream_boot_max_booting",
+            "--max-booting: machines in their boot window at once, at most (0: no limit).",
+            p.max_booting,
+        );
+        m.gauge(
+            "vdstream_boot_booting",
+            "Machines in their boot window now.",
+            p.booting,
+        );
+        m.gauge(
+            "vdstream_boot_booting_peak",
+            "The most machines in their boot window at once since the server started.",
+            p.booting_peak,
+        );
+        m.gauge(
+            "vdstream_boot_waiting",
+            "Machines told to wait for a boot place that are still asking.",
+            p.waiting,
+        );
+        m.counter(
+            "vdstream_boot_admitted_total",
+            "Boot windows opened.",
+            p.admitted_total,
+        );
+        m.counter(
+            "vdstream_boot_waits_total",
+            "Answers that told a machine to wait for a boot place.",
+            p.waits_total,
+        );
+        m.counter(
+            "vdstream_boot_booted_total",
+            "Boot windows closed by the machine saying it booted.",
+            p.booted_total,
+        );
+        m.counter(
+            "vdstream_boot_expired_total",
+            "Boot windows closed by --boot-window running out.",
+            p.expired_total,
+        );
+    }
     if let Some(pool) = state.nbd_memory.get() {
         m.gauge("vdstream_nbd_request_memory_bytes", "Bytes the NBD connections' requests hold now (READ data not yet sent, WRITE payloads).", pool.used() as u64);
         m.gauge(

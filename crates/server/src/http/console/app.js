@@ -365,7 +365,10 @@ function render() {
   $('#sum-hit').textContent = rc.hit_ratio === null || rc.hit_ratio === undefined ? '–' : `${(rc.hit_ratio * 100).toFixed(1)} %`;
   $('#sum-hit-sub').textContent = `${bytes(rc.used_bytes)} of ${bytes(rc.capacity_bytes)} · ${rc.hits || 0} hits, ${rc.misses || 0} misses`;
   $('#sum-sessions').textContent = String(s.sessions ?? (f.sessions || []).length);
-  $('#sum-server').textContent = s.store ? `store ${s.store}` : '';
+  // Boot pacing (--boot): machines in their boot window against --max-booting, and those waiting.
+  const b = s.boot;
+  const pacing = b ? ` · booting ${b.booting} of ${b.max_booting || 'no limit'}${b.waiting ? `, ${b.waiting} waiting` : ''}` : '';
+  $('#sum-server').textContent = (s.store ? `store ${s.store}` : '') + pacing;
   $('#count-targets').textContent = String((f.targets || []).length);
   $('#count-sessions').textContent = String((f.sessions || []).length);
   renderTargets(sessions);

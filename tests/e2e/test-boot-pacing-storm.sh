@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Boot pacing (issue 38): 200 simulated machines boot at once against a server with
+# --max-booting 50. A machine is what a network-booted one's initramfs does: its agent asks
+# for a boot place (`target attach --booting`) and waits while the server is full, then it
+# reads its whole vDisk through the agent (compared with the image), says `target booted`,
+# and its agent stops cleanly (pacing-lib.sh). Every machine boots, none gets an error; at
+# no moment were more than 50 in their boot window (the server's own peak, and the
+# machines' overlap as they saw it); the pacing did work (machines waited, the peak reached
+# the limit); every window was closed by its machine, none by the timeout; the server's
+# API and /metrics show it.
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+# shellcheck source=store-lib.sh
+source "$E2E_DIR/store-lib.sh"
+# shellcheck source=server-lib.sh
+source "$E2E_DIR/server-lib.sh"
+# shellcheck source=agent-lib.sh
+source "$E2E_DIR/agent-lib.sh"
+# shellcheck source=pacing-lib.sh
+source "$E2E_DIR/pacing-lib.sh"
+require nbdcopy cmp curl
+require_vdstream
+e2e_init
+N=${VDSTREAM_PACING_MACHINES:-200}
+MAX=${VDSTREAM_PACING_MAX:-50}
+
+pacing_setup "$N" 16
+pacing_server "$MAX"
+pacing_storm "$N" "$E2E_TMP/storm.txt" | tee "$E2E_TMP/summary.txt"
+
+bad=$(awk '$5 != 0' "$E2E_TMP/storm.txt" | wc -l)
+ended=$(wc -l <"$E2E_TMP/storm.txt")
+assert_eq "machines that ended" "$ended" "$N"
+assert_eq "machines with an error" "$bad" 0
+log "ok: all $N machines booted, read their whole vDisk, and their agents stopped cleanly"
+
+peak=$(pacing_metric vdstream_boot_booting_peak)
+seen=$(pacing_overlap "$E2E_TMP/storm.txt")
+waits=$(pacing_metric vdstream_boot_waits_total)
+log "the server's peak of machines in their boot window: $peak; as the machines saw it: $seen; answers that said wait: $waits"
+((peak <= MAX)) || fail "the server had $peak machines in their boot window at once, more than --max-booting $MAX"
+((seen <= MAX)) || fail "$seen machines were booting at once as they saw it, more than --max-booting $MAX"
+((peak >= MAX * 4 / 5)) || fail "the peak $peak stayed far below $MAX: the storm did not fill the boot places"
+((waits > 0)) || fail "no machine was told to wait"
+grep -q "waiting: [0-9]* booting (at most $MAX at once)" "$E2E_TMP"/agent-sim*.log || fail "no agent said on its console that it waits"
+log "ok: at most $MAX at once; the agents said 'waiting: N booting'"
+
+assert_eq "windows closed by their machine" "$(pacing_metric vdstream_boot_booted_total)" "$N"
+assert_eq "windows closed by the timeout" "$(pacing_metric vdstream_boot_expired_total)" 0
+assert_eq "machines in their boot window after the storm" "$(pacing_metric vdstream_boot_booting)" 0
+doc=$(curl -sf --max-time 5 "$PACING_API/api/v1/server")
+assert_eq "GET /api/v1/server's boot pacing" "$(json_get <(echo "$doc") 'str((j["boot"]["max_booting"], j["boot"]["booted_total"], j["boot"]["booting_peak"]))')" "($MAX, $N, $peak)"
+grep -q "waits: $MAX booting (at most $MAX)" "$SERVER_LOG" || fail "the server's log does not say who waited"
+log "ok: the API, /metrics and the log show the pacing"
+
+# An unknown id gets no place (the pacer keeps records' windows only), and a place asked
+# while the server is empty is given at once.
+code=$(curl -s -o "$E2E_TMP/unknown.json" -w '%{http_code}' --max-time 5 "$PACING_API/boot/admit/nobody")
+assert_eq "GET /boot/admit of an unknown id" "$code" 404
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$PACING_API/boot/admit/sim0")
+assert_eq "GET /boot/admit on an empty server" "$code" 200
+rc=0
+stop_server "$SERVER_PID" 15 || rc=$?
+assert_eq "server exit status" "$rc" 0
