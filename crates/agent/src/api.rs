@@ -307,16 +307,20 @@ pub fn resolve_waiting(
         .collect::<Result<Vec<_>, _>>()?;
     let started = std::time::Instant::now();
     let mut pause = WAIT_START;
-    let answers = loop {
+    let (answers, record) = loop {
         let answers = ask_all(&clients, ATTACH_WAIT);
-        let Some(w) = wait.filter(|_| answers.iter().all(Result::is_err)) else {
-            break answers;
+        // The record, from the first server that answers in the order listed. A server
+        // that answered but could not give the record in time (a boot storm on a busy
+        // server) is waited for like one that did not answer at all.
+        let record = read_record(&clients, &answers, id)?;
+        let Some(w) = wait.filter(|_| record.is_none()) else {
+            break (answers, record);
         };
         let left = w
             .retry_for
             .map(|limit| limit.saturating_sub(started.elapsed()));
         if left.is_some_and(|l| l.is_zero()) {
-            break answers;
+            break (answers, record);
         }
         let jittered = pause.mul_f64(0.75 + fastrand::f64() / 2.0);
         let sleep = left.map_or(jittered, |l| jittered.min(l));
@@ -327,7 +331,9 @@ pub fn resolve_waiting(
                 format!(
                     "{} ({})",
                     c.url(),
-                    a.as_ref().err().map_or("", |u| u.brief.as_str())
+                    a.as_ref()
+                        .err()
+                        .map_or("the target's record did not come", |u| u.brief.as_str())
                 )
             })
             .collect();
@@ -353,27 +359,14 @@ pub fn resolve_waiting(
             }
         })
         .collect();
-    // The record, from the first server that answers in the order listed.
-    let mut record: Option<(String, Option<TargetRecord>)> = None;
-    let path = format!("/api/v1/targets/{id}");
-    for (c, _) in clients.iter().zip(&docs).filter(|(_, d)| d.is_some()) {
-        match c.get(&path) {
-            Ok(v) => {
-                let r = serde_json::from_value::<TargetRecord>(v).map_err(|e| AgentError::Api {
-                    message: format!("{}{path}: the target record is not usable: {e}", c.url()),
-                })?;
-                record = Some((c.url().to_string(), Some(r)));
-                break;
-            }
-            Err(ClientError::Api { status: 404, .. }) => {
-                record = Some((c.url().to_string(), None));
-                break;
-            }
-            Err(e) => log::warn!("{}: cannot read target {id}'s record: {e}", c.url()),
-        }
-    }
     let Some((from, record)) = record else {
-        return Err(AgentError::NoServer { message: format!("no store server answered for target {id}: {}; start one or list another with --server", failures.join("; ")) });
+        let why = if failures.is_empty() {
+            "the servers answered, but none gave its record in time (the warnings above say why)"
+                .to_string()
+        } else {
+            failures.join("; ")
+        };
+        return Err(AgentError::NoServer { message: format!("no store server answered for target {id}: {why}; start one or list another with --server") });
     };
     let plan = plan(id, &from, record.as_ref(), flags)?;
     let mut endpoints = Vec::new();
@@ -469,13 +462,13 @@ impl Resolved {
     /// to wait, the agent waits what the soonest asked (±20%, so that machines told
     /// together do not come back together), saying so on the console each round, until
     /// one admits it or `wait.retry_for` runs out. A server without a boot service (404)
-    /// paces nothing and admits; servers that do not answer are left to the attach.
+    /// paces nothing and admits; while none answers, it asks again after about a second.
     pub fn wait_for_boot_place(&mut self, wait: &Waiting<'_>) -> Result<(), AgentError> {
         let started = std::time::Instant::now();
         let id = self.link.target.clone();
         loop {
             let mut soonest: Option<BootPlace> = None;
-            let mut unanswered = 0;
+            let mut unanswered = Vec::new();
             for i in 0..self.link.apis.len() {
                 match ask_place(&self.link.apis[i], &id) {
                     PlaceAnswer::Admitted => {
@@ -495,34 +488,35 @@ impl Resolved {
                         }
                     }
                     PlaceAnswer::Unanswered(why) => {
-                        log::warn!("{}: no boot place answer: {why}", self.link.apis[i].url());
-                        unanswered += 1;
+                        unanswered.push(format!("{} ({why})", self.link.apis[i].url()));
                     }
                 }
             }
-            let Some(p) = soonest else {
-                // Nobody paces (every server unanswered): the attach finds out on its own.
-                debug_assert_eq!(unanswered, self.link.apis.len());
-                return Ok(());
-            };
-            let pause = Duration::from_secs(p.retry_after_secs.max(1))
+            // A server that did not answer (busy in a storm, or down) may have a place
+            // all the same: ask again soon rather than boot past its pacing.
+            let retry = soonest.as_ref().map_or(1, |p| p.retry_after_secs.max(1));
+            let pause = Duration::from_secs(retry)
                 .min(PLACE_WAIT_MAX)
                 .mul_f64(0.8 + fastrand::f64() * 0.4);
+            let said = match &soonest {
+                Some(p) => format!(
+                    "waiting: {} booting (at most {} at once), {} waiting ahead",
+                    p.booting, p.max_booting, p.ahead
+                ),
+                None => format!("waiting for a boot place: {}", unanswered.join("; ")),
+            };
             let left = wait.retry_for.map(|l| l.saturating_sub(started.elapsed()));
             if left.is_some_and(|l| l < pause) {
                 return Err(AgentError::NoServer {
                     message: format!(
-                        "no server gave target {id} a boot place within {:.0} s (the last said: {} booting, at most {} at once, {} waiting ahead); \
+                        "no server gave target {id} a boot place within {:.0} s (the last round: {said}); \
                          raise --retry-for, or the servers' --max-booting",
-                        started.elapsed().as_secs_f64(), p.booting, p.max_booting, p.ahead
+                        started.elapsed().as_secs_f64()
                     ),
                 });
             }
             (wait.say)(&format!(
-                "waiting: {} booting (at most {} at once), {} waiting ahead; asking again in {:.1} s",
-                p.booting,
-                p.max_booting,
-                p.ahead,
+                "{said}; asking again in {:.1} s",
                 pause.as_secs_f64()
             ));
             std::thread::sleep(pause);
@@ -565,6 +559,32 @@ pub fn boot_done(id: &str, urls: &[String]) -> Result<usize, AgentError> {
         });
     }
     Ok(closed)
+}
+
+/// Target `id`'s record from the first of `clients` that answered `GET /api/v1/server` and
+/// can give it: `Some((url, None))` when that server has no such record (404), `None` when
+/// no server could give an answer.
+fn read_record(
+    clients: &[Client],
+    answers: &[Result<ServerDoc, Unanswered>],
+    id: &str,
+) -> Result<Option<(String, Option<TargetRecord>)>, AgentError> {
+    let path = format!("/api/v1/targets/{id}");
+    for (c, _) in clients.iter().zip(answers).filter(|(_, a)| a.is_ok()) {
+        match c.get(&path) {
+            Ok(v) => {
+                let r = serde_json::from_value::<TargetRecord>(v).map_err(|e| AgentError::Api {
+                    message: format!("{}{path}: the target record is not usable: {e}", c.url()),
+                })?;
+                return Ok(Some((c.url().to_string(), Some(r))));
+            }
+            Err(ClientError::Api { status: 404, .. }) => {
+                return Ok(Some((c.url().to_string(), None)))
+            }
+            Err(e) => log::warn!("{}: cannot read target {id}'s record: {e}", c.url()),
+        }
+    }
+    Ok(None)
 }
 
 /// `GET /api/v1/server` of every client at once; a server that has not answered within
