@@ -271,6 +271,16 @@ pub fn resolve(id: &str, urls: &[String], flags: &Overrides) -> Result<Resolved,
     resolve_waiting(id, urls, flags, None)
 }
 
+/// A client of the store server at `url` for the agent's short calls ([`CALL_TIMEOUT`]).
+fn api_client(url: &str) -> Result<Client, AgentError> {
+    Client::new(url)
+        .map(|c| c.with_timeout(CALL_TIMEOUT))
+        .map_err(|e| AgentError::BadEndpoint {
+            uri: url.to_string(),
+            reason: e.to_string(),
+        })
+}
+
 /// How [`resolve_waiting`] waits while no store server answers at all (down at boot time).
 #[allow(missing_debug_implementations)]
 pub struct Waiting<'a> {
@@ -284,10 +294,11 @@ pub struct Waiting<'a> {
 const WAIT_START: Duration = Duration::from_secs(1);
 const WAIT_MAX: Duration = Duration::from_secs(5);
 
-/// [`resolve`], but while no server answers `GET /api/v1/server` at all, asks again after
+/// [`resolve`], but while no server gives the target's record (none answers
+/// `GET /api/v1/server`, or those that do cannot give the record in time), asks again after
 /// a pause (1 s doubling to 5 s, ±25% so that a room of targets booting together does not
-/// knock at once), saying each round what it waits for, until one answers or
-/// `wait.retry_for` runs out. A server that answers (even with an error) ends the wait.
+/// knock at once), saying each round what it waits for, until one gives it or
+/// `wait.retry_for` runs out. A record, or a 404 for it, ends the wait.
 pub fn resolve_waiting(
     id: &str,
     urls: &[String],
@@ -296,14 +307,7 @@ pub fn resolve_waiting(
 ) -> Result<Resolved, AgentError> {
     let clients = urls
         .iter()
-        .map(|u| {
-            Client::new(u)
-                .map(|c| c.with_timeout(CALL_TIMEOUT))
-                .map_err(|e| AgentError::BadEndpoint {
-                    uri: u.clone(),
-                    reason: e.to_string(),
-                })
-        })
+        .map(|u| api_client(u))
         .collect::<Result<Vec<_>, _>>()?;
     let started = std::time::Instant::now();
     let mut pause = WAIT_START;
@@ -531,12 +535,7 @@ pub fn boot_done(id: &str, urls: &[String]) -> Result<usize, AgentError> {
     let mut answered = 0;
     let mut failures = Vec::new();
     for u in urls {
-        let c = Client::new(u)
-            .map(|c| c.with_timeout(CALL_TIMEOUT))
-            .map_err(|e| AgentError::BadEndpoint {
-                uri: u.clone(),
-                reason: e.to_string(),
-            })?;
+        let c = api_client(u)?;
         match c.relay("GET", &format!("/boot/booted/{id}"), &[], Vec::new()) {
             Ok(r) if r.status == 200 => {
                 answered += 1;
