@@ -277,6 +277,7 @@ impl Exports for SingleExport {
             device,
             description: self.description(req.name),
             exclusive: self.one_writer.is_some(),
+            close: None,
         })
     }
 

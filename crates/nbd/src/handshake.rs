@@ -49,6 +49,8 @@ pub struct Negotiated {
     pub export_name: String,
     pub device: Arc<dyn BlockDev>,
     pub params: ExportParams,
+    /// Ends this connection alone (see `OpenedExport::close`).
+    pub close: Option<ShutdownSignal>,
 }
 
 /// A client's TLS session, handed from the handshake to the transmission phase.
@@ -451,7 +453,7 @@ where
                 };
                 let name = options::parse_export_name(&data).map_err(|e| rejected(e.to_string()))?;
                 let opened = open(shared, refusal, &OpenRequest { name, peer, client, purpose: OpenPurpose::Session }, "NBD_OPT_EXPORT_NAME");
-                let OpenedExport { device, exclusive, .. } = opened.map_err(|e| rejected(e.to_string()))?;
+                let OpenedExport { device, exclusive, close, .. } = opened.map_err(|e| rejected(e.to_string()))?;
                 let params = export_params(&*device, structured, &meta, name, exclusive);
                 out.extend_from_slice(&params.size.to_be_bytes());
                 out.extend_from_slice(&params.flags.to_be_bytes());
@@ -460,7 +462,7 @@ where
                 }
                 let export_name = crate::shown_export_name(name).to_string();
                 wire.write_all(&out).await?;
-                return Ok(Step::Done(Some(Negotiated { export_name, device, params })));
+                return Ok(Step::Done(Some(Negotiated { export_name, device, params, close })));
             }
             OPT_ABORT => {
                 // The spec asks the server to ignore any data sent with ABORT.
@@ -504,7 +506,7 @@ where
                         let msg = e.to_string();
                         put_option_reply(&mut out, option, rep_err_for(&e), crate::wire::clip_message(&msg, 4096).as_bytes());
                     }
-                    Ok(OpenedExport { device, description, exclusive }) => {
+                    Ok(OpenedExport { device, description, exclusive, close }) => {
                         let params = export_params(&*device, structured, &meta, req.name, exclusive);
                         let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                         info.extend_from_slice(&params.size.to_be_bytes());
@@ -532,7 +534,7 @@ where
                         if option == OPT_GO {
                             let export_name = crate::shown_export_name(req.name).to_string();
                             wire.write_all(&out).await?;
-                            return Ok(Step::Done(Some(Negotiated { export_name, device, params })));
+                            return Ok(Step::Done(Some(Negotiated { export_name, device, params, close })));
                         }
                     }
                 },

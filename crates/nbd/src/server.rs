@@ -259,6 +259,7 @@ impl Server {
             export_name: export_name.to_string(),
             device,
             params,
+            close: None,
         };
         match crate::session::run(sock.clone(), sock, negotiated, &self.shared) {
             Ok(()) => Ok(()),
@@ -324,7 +325,8 @@ impl io::Write for BlockingSocket {
 
 /// Runs the request core ([`crate::session::run`]) on a thread of its own (which starts
 /// more workers if the device may sleep), over the plain socket or over TLS. When a drain
-/// starts it shuts the socket's read side, so the threads answer what they read and end.
+/// starts, or the export's own `close` fires, it shuts the socket's read side, so the
+/// threads answer what they read and end.
 /// A TLS session whose client certificate `ca-crl.pem` comes to revoke is closed within
 /// [`REVOCATION_CHECK_INTERVAL`]. Invariant: no thread outlives its connection: this
 /// returns after the session thread has ended, and if the future is dropped first (its
@@ -338,7 +340,12 @@ async fn run_on_threads(
     peer: &str,
 ) -> Result<(), SessionError> {
     let waker = sock.clone();
-    let Handshaken { negotiated, tls } = handshaken;
+    let Handshaken {
+        mut negotiated,
+        tls,
+    } = handshaken;
+    // This connection's own end (a move to another server), beside the server's drain.
+    let mut close = negotiated.close.take();
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     let mut revocable = None;
     let builder = std::thread::Builder::new().name("nbd-session".into());
@@ -374,6 +381,7 @@ async fn run_on_threads(
         tokio::select! {
             r = &mut done_rx => break Some(r),
             _ = shutdown.wait() => break None,
+            _ = async { match close.as_mut() { Some(c) => c.wait().await, None => std::future::pending().await } } => break None,
             _ = check.tick(), if revocable.is_some() => {
                 if let Some((tls, serial, identity)) = &revocable {
                     if tls.is_revoked(serial) {

@@ -119,6 +119,10 @@ pub struct OpenedExport {
     /// advertised, whatever the device could do, so that clients such as nbdcopy and
     /// nbdfuse open one connection instead of being refused their second.
     pub exclusive: bool,
+    /// Fires to end this one connection as a drain ends every one: its socket's read side
+    /// is shut, what it already read is answered, then it closes (a store server moves a
+    /// target to another server so). `None`: only the server's own drain ends it.
+    pub close: Option<ShutdownSignal>,
 }
 
 /// The set of exports a server offers.
@@ -160,6 +164,7 @@ pub trait Exports: Send + Sync + 'static {
             device,
             description: self.description(req.name),
             exclusive: false,
+            close: None,
         })
     }
 }

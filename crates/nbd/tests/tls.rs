@@ -76,6 +76,7 @@ impl Exports for Recording {
             device: self.dev.clone(),
             description: None,
             exclusive: false,
+            close: None,
         })
     }
 }
