@@ -70,7 +70,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     ServeImage(serve_image::ServeImageArgs),
-    Server(server::ServerArgs),
+    Server(Box<server::ServerArgs>),
     Vdisk(vdisk::VdiskArgs),
     Version(version::VersionArgs),
     Audit(audit::AuditArgs),
@@ -115,7 +115,7 @@ fn main() {
     }
     let result = match cli.command {
         Command::ServeImage(args) => serve_image::run(args),
-        Command::Server(args) => server::run(args),
+        Command::Server(args) => server::run(*args),
         Command::Vdisk(args) => vdisk::run(args),
         Command::Version(args) => version::run(args),
         Command::Audit(args) => audit::run(args),

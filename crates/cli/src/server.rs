@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use clap::Args;
+use clap::{Args, Subcommand};
 use vdstream_server::boot::{host_ok, BootConfig, UnknownMac};
 use vdstream_server::config::{ExtraCounters, SizeValue};
 use vdstream_server::forwarding::Forwarder;
@@ -53,6 +53,8 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// only boot scripts and boot files; --tftp adds TFTP for legacy PXE ROMs (iPXE binaries).
 #[derive(Debug, Args)]
 #[command(
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
     verbatim_doc_comment,
     after_help = "\
 Examples:
@@ -85,9 +87,15 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   insecure = false
   boot = true                          (and boot-advertise, boot-server = [...], boot-unknown,
   tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe,
-                                       max-booting, boot-window)"
+                                       max-booting, boot-window)
+  rebalance = true                     (and rebalance-interval, rebalance-threshold,
+  weight = 1.0                          rebalance-floor)"
 )]
 pub struct ServerArgs {
+    /// Act on a running server through its API instead of starting one.
+    #[command(subcommand)]
+    action: Option<ServerAction>,
+
     /// Store directory, or s3://BUCKET/PREFIX: a store in S3-compatible object storage,
     /// reached through AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and
     /// AWS_SECRET_ACCESS_KEY. Served as a mirror: its metadata read every 2 s, its layers
@@ -267,6 +275,117 @@ pub struct ServerArgs {
     /// mid-boot gives it back then). Default: 180.
     #[arg(long, value_name = "SECONDS", requires = "boot", value_parser = clap::value_parser!(u64).range(1..=3600))]
     boot_window: Option<u64>,
+
+    /// Rebalancing across the servers of this store (on by default): servers find each
+    /// other through heartbeats in STORE/servers/, and a server whose targets exceed its
+    /// fair share (by --weight) by more than --rebalance-threshold moves the excess to
+    /// the servers below their share, at a safe point (no request lost, none failed).
+    /// `off`: this server moves nothing by itself (a drain still moves its targets, and
+    /// the others still count it).
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    rebalance: Option<bool>,
+
+    /// Seconds between two rebalancing rounds (also how long a target that arrived stays
+    /// before it may move again). Default: 30: a server that joins or returns has its share
+    /// within one interval plus a few seconds (docs/SERVER.md, "Rebalancing").
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86400))]
+    rebalance_interval: Option<u64>,
+
+    /// How far above its share, in percent, a server's targets may go before it moves
+    /// some (PVS's threshold). Default: 25.
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u64).range(1..=1000))]
+    rebalance_threshold: Option<u64>,
+
+    /// Nothing moves while the farm has fewer targets than this. Default: 5.
+    #[arg(long, value_name = "N")]
+    rebalance_floor: Option<u64>,
+
+    /// This server's power rating: its share of the farm's targets is its weight over the
+    /// sum of the weights (a server of weight 2 carries twice what one of weight 1 does).
+    /// Default: 1.
+    #[arg(long, value_name = "W", value_parser = weight)]
+    weight: Option<f64>,
+}
+
+fn on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: say on or off")),
+    }
+}
+
+fn weight(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(w) if w.is_finite() && w > 0.0 && w <= 1000.0 => Ok(w),
+        _ => Err(format!(
+            "{s:?}: give a weight above 0, at most 1000 (e.g. 1, 2.5)"
+        )),
+    }
+}
+
+/// `vdstream server drain|resume`: through a running server's API.
+#[derive(Debug, Subcommand)]
+enum ServerAction {
+    /// Drain a running server without stopping it: it takes no new connection and moves
+    /// every target to the other servers of its store now, spread by their shares (each
+    /// agent reconnects where it is told; no request is lost). `vdstream server resume`
+    /// takes it back.
+    ///
+    /// Example: vdstream server drain --server http://pvs1:8480
+    Drain(FarmArgs),
+    /// Take a drained server back into the farm: it takes connections again, and the next
+    /// rebalancing round of a loaded server sends it its share.
+    ///
+    /// Example: vdstream server resume --server http://pvs1:8480
+    Resume(FarmArgs),
+}
+
+#[derive(Debug, Args)]
+struct FarmArgs {
+    #[command(flatten)]
+    remote: crate::remote::ServerOpt,
+
+    /// Print the server's rebalancing figures as one JSON document.
+    #[arg(long)]
+    json: bool,
+}
+
+fn run_action(action: ServerAction) -> Result<()> {
+    let (args, drain) = match action {
+        ServerAction::Drain(a) => (a, true),
+        ServerAction::Resume(a) => (a, false),
+    };
+    let Some(client) = args.remote.client()? else {
+        return Err(fail(Kind::Usage, format!(
+            "vdstream server {} acts on a running server: give its API with --server http://HOST:PORT",
+            if drain { "drain" } else { "resume" }
+        )));
+    };
+    let path = if drain {
+        "/api/v1/server/drain"
+    } else {
+        "/api/v1/server/resume"
+    };
+    let doc = client.post(path, &serde_json::Value::Null)?;
+    if args.json {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("serializes")
+        );
+    } else if drain {
+        outln!(
+            "{}: drained: no new connections; its {} target(s) move to the other servers now (`curl {0}/api/v1/farm` shows where they are)",
+            client.url(),
+            doc["targets"]
+        );
+    } else {
+        outln!(
+            "{}: back in the farm: it takes connections again, and gets its share at the next rebalancing round",
+            client.url()
+        );
+    }
+    Ok(())
 }
 
 /// The boot service's settings from the flags over the config file (`None` without
@@ -453,10 +572,32 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         handshake_penalty: args.penalty.config(file.handshake_penalty, file.handshake_penalty_exempt.as_deref())?,
         forward,
         extra_counters,
+        balance: vdstream_server::balance::BalanceConfig {
+            enabled: args.rebalance.or(file.rebalance).unwrap_or(true),
+            interval: Duration::from_secs(match args.rebalance_interval.or(file.rebalance_interval) {
+                Some(s @ 1..=86400) => s,
+                Some(s) => usage!("rebalance-interval = {s} in the config file: give 1 to 86400 seconds"),
+                None => vdstream_server::balance::DEFAULT_INTERVAL.as_secs(),
+            }),
+            threshold_percent: match args.rebalance_threshold.or(file.rebalance_threshold) {
+                Some(p @ 1..=1000) => p as f64,
+                Some(p) => usage!("rebalance-threshold = {p} in the config file: give 1 to 1000 (percent)"),
+                None => vdstream_server::balance::DEFAULT_THRESHOLD_PERCENT,
+            },
+            floor: args.rebalance_floor.or(file.rebalance_floor).unwrap_or(vdstream_server::balance::DEFAULT_FLOOR),
+            weight: match args.weight.or(file.weight) {
+                Some(w) if w.is_finite() && w > 0.0 && w <= 1000.0 => w,
+                Some(w) => usage!("weight = {w} in the config file: give a weight above 0, at most 1000"),
+                None => 1.0,
+            },
+        },
     })
 }
 
-pub fn run(args: ServerArgs) -> Result<()> {
+pub fn run(mut args: ServerArgs) -> Result<()> {
+    if let Some(action) = args.action.take() {
+        return run_action(action);
+    }
     let opts = options(&args)?;
     opts.check_listen()
         .map_err(|e| fail(Kind::Insecure, e.to_string()))?;
@@ -546,10 +687,27 @@ pub fn run(args: ServerArgs) -> Result<()> {
                 }
             })
         });
+        let balance = tokio::spawn(state.balancer.clone().run(state.clone()));
         vdstream_agent::service::wait_for_signal().await?;
+        balance.abort();
+        // Before the connections end: where each target should go, spread over the others.
+        state.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+        let hinted = {
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || state.balancer.plan_drain(&state)).await.unwrap_or(0)
+        };
+        if hinted > 0 {
+            log::info!("draining: {hinted} target(s) told which server to reconnect to");
+        }
+        state.balancer.leave(&state);
         log::info!("draining: no new connections; finishing the requests in flight of {} session(s)", state.registry.len());
         let drained = nbd.drain().await;
-        // The API answered through the drain ("draining": true); it stops once it is over.
+        // The API answered through the drain ("draining": true); it stops once it is over,
+        // and once the agents told where to go had time to ask (they ask when their
+        // connection closes, within a second).
+        if hinted > 0 && http.is_some() {
+            tokio::time::sleep(vdstream_server::balance::HINT_GRACE).await;
+        }
         if let Some(handle) = http {
             handle.stop().await;
         }

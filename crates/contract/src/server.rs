@@ -35,6 +35,75 @@ pub struct ServerDoc {
     /// The boot service's pacing (`--max-booting`); `null` without `--boot`.
     #[serde(default)]
     pub boot: Option<BootPacingDoc>,
+    /// Rebalancing across the store's servers (`--rebalance`, `--weight`).
+    #[serde(default)]
+    pub balance: BalanceDoc,
+}
+
+/// This server's part in rebalancing.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct BalanceDoc {
+    /// `--rebalance on`: rounds run every `--rebalance-interval`.
+    pub enabled: bool,
+    /// `--weight`, the power rating.
+    pub weight: f64,
+    /// Targets with a connection here.
+    pub targets: u64,
+    /// This server's fair share of the farm's targets, by weight (as last read).
+    pub share: f64,
+    /// Servers of the store seen alive (this one included).
+    pub servers: u64,
+    /// Rounds that moved targets away since the server started.
+    pub rounds: u64,
+    /// Targets moved away since the server started (rebalancing and drains).
+    pub moved_out: u64,
+    /// Drained through the API (`POST /api/v1/server/drain`): it takes no new target.
+    pub drained: bool,
+}
+
+/// The store's servers as this one last read their heartbeats (`GET /api/v1/farm`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct FarmDoc {
+    /// `--rebalance-threshold`: percent above its share before a server moves targets.
+    pub threshold_percent: f64,
+    /// `--rebalance-floor`: nothing moves while the farm has fewer targets.
+    pub floor: u64,
+    /// `--rebalance-interval`, in seconds.
+    pub interval_secs: u64,
+    pub servers: Vec<FarmServer>,
+}
+
+/// One server of the farm.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct FarmServer {
+    pub name: String,
+    pub weight: f64,
+    pub targets: u64,
+    pub sessions: u64,
+    /// Guest requests a second over the last minute.
+    pub guest_iops: f64,
+    pub draining: bool,
+    /// Whether it runs rebalancing rounds.
+    pub rebalance: bool,
+    /// Its fair share of the farm's targets, by weight (0 while draining).
+    pub share: f64,
+    /// How old its heartbeat is, in milliseconds.
+    pub age_ms: u64,
+}
+
+/// Where a target should reconnect (`GET /api/v1/targets/{id}/placement`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct PlacementDoc {
+    pub target: String,
+    /// The server's name (`GET /api/v1/server`'s `name`) this server moved the target to;
+    /// `null`: no advice, place it as usual.
+    pub server: Option<String>,
+    /// `rebalance` or `drain`, when `server` is given.
+    pub reason: Option<String>,
 }
 
 /// Boot pacing: machines in their boot window, and those told to wait.
@@ -136,6 +205,8 @@ mod tests {
                                            hit_ratio: ratio.map(|r| f64::from(r) / 1000.0) },
                 io: IoDoc { guest: t(4), store: t(8) },
                 boot: draining.then(|| BootPacingDoc { max_booting: n[9], booting: n[10], booting_peak: n[11], ..BootPacingDoc::default() }),
+                balance: BalanceDoc { enabled: !draining, weight: f64::from(ratio.unwrap_or(1)), targets: n[2], share: n[3] as f64 / 7.0,
+                                      servers: n[4], rounds: n[5], moved_out: n[6], drained: draining },
             };
             let text = serde_json::to_string(&d).unwrap();
             prop_assert_eq!(serde_json::from_str::<ServerDoc>(&text).unwrap(), d);

@@ -80,6 +80,9 @@ pub struct ServerOptions {
     /// Counters of the store's backend for /metrics (a store in object storage: its chunk
     /// cache's GETs, hits, checksum failures).
     pub extra_counters: Option<ExtraCounters>,
+    /// Rebalancing across the store's servers (the loop runs where the server is started:
+    /// `crate::balance::Balancer::run`).
+    pub balance: crate::balance::BalanceConfig,
 }
 
 /// Counters /metrics reads at each scrape: (name ending in `_total`, help, value).
@@ -139,6 +142,7 @@ impl ServerOptions {
             handshake_penalty: Default::default(),
             forward: None,
             extra_counters: None,
+            balance: Default::default(),
         }
     }
 
@@ -177,7 +181,7 @@ pub enum SizeValue {
 }
 
 /// The `--config` file, as written.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ConfigFile {
     pub store: Option<PathBuf>,
@@ -212,6 +216,12 @@ pub struct ConfigFile {
     pub tftp: Option<String>,
     pub max_booting: Option<usize>,
     pub boot_window: Option<u64>,
+    /// Rebalancing (keys as the flags).
+    pub rebalance: Option<bool>,
+    pub rebalance_interval: Option<u64>,
+    pub rebalance_threshold: Option<u64>,
+    pub rebalance_floor: Option<u64>,
+    pub weight: Option<f64>,
     /// A store on object storage (store = "s3://…"): the chunk cache's folder and sizes,
     /// and how to reach the store when the AWS variables do not say (they win, as with the
     /// AWS CLI).

@@ -462,6 +462,7 @@ impl StoreExports {
                 device,
                 description: Some(description),
                 exclusive,
+                close: None,
             };
         }
         log::info!(
@@ -471,6 +472,7 @@ impl StoreExports {
         );
         let probe = held.target.as_ref().map(|t| t.probe.clone());
         let guard = self.state.registry.open_with_cache(info, probe);
+        let close = Some(guard.session.close_signal.clone());
         let session = Some(SessionCounting {
             guard,
             totals: self.state.totals.clone(),
@@ -485,6 +487,7 @@ impl StoreExports {
             device,
             description: Some(description),
             exclusive,
+            close,
         }
     }
 
@@ -585,11 +588,7 @@ impl Exports for StoreExports {
     }
 
     fn open_export(&self, req: &OpenRequest<'_>) -> std::result::Result<OpenedExport, OpenError> {
-        if self
-            .state
-            .draining
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if self.state.is_draining() {
             return Err(OpenError::Shutdown(format!(
                 "server {} is shutting down; connect to another server",
                 self.state.name

@@ -25,6 +25,7 @@
 //! Starting a server: `let state = ServerState::new(&opts);` then
 //! `NbdService::start(state.clone(), threads)` (and the HTTP API on the same `state`).
 
+pub mod balance;
 pub mod boot;
 pub mod config;
 pub mod exports;
@@ -34,6 +35,7 @@ pub mod nbd;
 pub mod object_store;
 pub mod policy;
 pub mod readcache;
+pub mod rebalance;
 pub mod refusal;
 pub mod state;
 pub mod target;

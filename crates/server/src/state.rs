@@ -112,9 +112,18 @@ pub struct Session {
     /// The session's server-side write cache (`target/ID` of a server type), measured
     /// when the API is asked.
     pub cache: Option<CacheProbe>,
+    /// Ends this connection at a safe point (a move to another server: `crate::balance`).
+    closer: vdstream_nbd::ShutdownTrigger,
+    /// The connection's side of `closer`.
+    pub close_signal: vdstream_nbd::ShutdownSignal,
 }
 
 impl Session {
+    /// Ends the connection as a drain would: what it read is answered, then it closes.
+    pub fn close(&self) {
+        self.closer.shutdown();
+    }
+
     /// Capacity and figures of the session's server-side write cache, if it has one. A
     /// session with a limit but no probe is measured against its limit (the same
     /// calculation with no file system known).
@@ -229,12 +238,15 @@ impl Registry {
                 .entry(t.clone())
                 .or_default() += 1;
         }
+        let (closer, close_signal) = vdstream_nbd::ShutdownSignal::new();
         let session = Arc::new(Session {
             id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
             info,
             connected_unix_ms: unix_ms(),
             counters: Counters::default(),
             cache,
+            closer,
+            close_signal,
         });
         self.sessions
             .lock()
@@ -320,6 +332,8 @@ pub struct ServerState {
     pub forward: Option<crate::forwarding::Forwarder>,
     /// Counters of the store's backend for /metrics.
     pub extra_counters: Option<crate::config::ExtraCounters>,
+    /// Rebalancing across the store's servers, and the API's drain.
+    pub balancer: Arc<crate::balance::Balancer>,
 }
 
 impl ServerState {
@@ -354,12 +368,14 @@ impl ServerState {
             handshake_penalty: opts.handshake_penalty.clone(),
             forward: opts.forward.clone(),
             extra_counters: opts.extra_counters.clone(),
+            balancer: Arc::new(crate::balance::Balancer::new(opts.balance.clone())),
         })
     }
 
-    /// Whether a drain has begun.
+    /// Whether a drain has begun (SIGTERM), or the API drained the server: no new
+    /// connection is taken.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+        self.draining.load(Ordering::Relaxed) || self.balancer.drained.load(Ordering::Relaxed)
     }
 
     /// Figures of the whole server: totals, the read cache, the live sessions.

@@ -153,6 +153,14 @@ impl Pacer {
         had
     }
 
+    /// Whether target `id` is in its boot window now (rebalancing leaves it where it is).
+    pub fn is_booting(&self, id: &str) -> bool {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.windows
+            .get(id)
+            .is_some_and(|opened| opened.elapsed() < self.window)
+    }
+
     /// The figures now.
     pub fn figures(&self) -> PacingFigures {
         self.figures_at(Instant::now())

@@ -109,7 +109,7 @@ fn booting_may(method: &Method, route: Option<&str>) -> bool {
         (method.as_str(), route),
         (
             "GET" | "HEAD",
-            Some("/api/v1/server" | "/api/v1/targets/{id}")
+            Some("/api/v1/server" | "/api/v1/targets/{id}" | "/api/v1/targets/{id}/placement")
         )
     )
 }
@@ -118,7 +118,7 @@ fn booting_may(method: &Method, route: Option<&str>) -> bool {
 fn target_may(own: &str, method: &Method, route: Option<&str>, id: Option<&str>) -> bool {
     match (method.as_str(), route) {
         ("GET" | "HEAD", Some("/api/v1/server")) => true,
-        ("GET" | "HEAD", Some("/api/v1/targets/{id}"))
+        ("GET" | "HEAD", Some("/api/v1/targets/{id}" | "/api/v1/targets/{id}/placement"))
         | ("PUT", Some("/api/v1/targets/{id}/agent")) => id == Some(own),
         _ => false,
     }

@@ -52,6 +52,7 @@ pub(crate) async fn changes_to_writer(
     if matches!(*req.method(), Method::GET | Method::HEAD)
         || !path.starts_with("/api/v1/")
         || agent_report(&path)
+        || path.starts_with("/api/v1/server/")
     {
         return next.run(req).await;
     }

@@ -369,7 +369,7 @@ pub(crate) fn server_doc(state: &ServerState) -> ServerDoc {
             socket: state.nbd_socket.as_ref().map(|p| p.display().to_string()),
         },
         sessions: state.registry.len() as u64,
-        draining: state.draining.load(std::sync::atomic::Ordering::Relaxed),
+        draining: state.is_draining(),
         started_unix_ms: state.started_unix_ms,
         version: env!("CARGO_PKG_VERSION").to_string(),
         read_cache: ReadCacheDoc {
@@ -400,6 +400,7 @@ pub(crate) fn server_doc(state: &ServerState) -> ServerDoc {
             .pacer
             .as_ref()
             .map(crate::boot::pacing::Pacer::figures),
+        balance: state.balancer.doc(state),
     }
 }
 

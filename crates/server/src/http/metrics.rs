@@ -53,6 +53,11 @@ impl Scrape {
     fn gauge(&mut self, name: &str, help: &str, v: u64) {
         self.add(name, help, Gauge::<i64>::default()).set(int(v));
     }
+
+    fn gauge_f64(&mut self, name: &str, help: &str, v: f64) {
+        self.add(name, help, Gauge::<f64, AtomicU64>::default())
+            .set(v);
+    }
 }
 
 fn int(v: u64) -> i64 {
@@ -196,7 +201,7 @@ pub(crate) fn render(shared: &Shared) -> String {
     m.gauge(
         "vdstream_server_draining",
         "1 while the server drains (SIGTERM).",
-        u64::from(state.draining.load(Ordering::Relaxed)),
+        u64::from(state.is_draining()),
     );
     if let Some(p) = state
         .pacer
@@ -244,6 +249,32 @@ pub(crate) fn render(shared: &Shared) -> String {
             p.expired_total,
         );
     }
+    let b = state.balancer.doc(state);
+    m.gauge(
+        "vdstream_balance_targets",
+        "Targets with a connection to this server.",
+        b.targets,
+    );
+    m.gauge_f64(
+        "vdstream_balance_share",
+        "This server's fair share of the farm's targets, by weight (--weight).",
+        b.share,
+    );
+    m.gauge(
+        "vdstream_balance_servers",
+        "Servers of the store seen alive, this one included.",
+        b.servers,
+    );
+    m.counter(
+        "vdstream_balance_rounds_total",
+        "Rebalancing rounds that moved targets away.",
+        b.rounds,
+    );
+    m.counter(
+        "vdstream_balance_moved_out_total",
+        "Targets moved to other servers (rebalancing and drains).",
+        b.moved_out,
+    );
     if let Some(pool) = state.nbd_memory.get() {
         m.gauge("vdstream_nbd_request_memory_bytes", "Bytes the NBD connections' requests hold now (READ data not yet sent, WRITE payloads).", pool.used() as u64);
         m.gauge(

@@ -123,16 +123,16 @@ pub fn finish(mut doc: OpenApi) -> OpenApi {
         SecurityRequirement::default(),
     ]);
     for item in doc.paths.paths.values_mut() {
-        for op in [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let with_body = op.request_body.is_some();
+        // A PUT or POST may carry a body even where the handler reads none, and the body
+        // layers answer it before the handler runs.
+        for (op, may_send) in [
+            (&mut item.get, false),
+            (&mut item.put, true),
+            (&mut item.post, true),
+            (&mut item.delete, false),
+        ] {
+            let Some(op) = op else { continue };
+            let with_body = may_send || op.request_body.is_some();
             let extra = layers.iter().chain(bodies.iter().filter(|_| with_body));
             for (status, name, _) in extra {
                 op.responses

@@ -30,7 +30,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use vdstream_contract::server::ServerDoc;
+use vdstream_contract::server::{BalanceDoc, FarmDoc, ServerDoc};
 use vdstream_contract::status::Status;
 
 use super::documents::{Error, ReportAccepted, SessionDoc};
@@ -46,6 +46,10 @@ fn table() -> OpenApiRouter<Arc<Shared>> {
     let (schemas, paths, report) = routes!(agent_report);
     OpenApiRouter::with_openapi(spec::base())
         .routes(routes!(server))
+        .routes(routes!(server_drain))
+        .routes(routes!(server_resume))
+        .routes(routes!(farm))
+        .routes(routes!(store::target_placement))
         .routes(routes!(store::vdisk_list))
         .routes(routes!(store::vdisk_show))
         .routes(routes!(store::version_list, store::version_new))
@@ -194,6 +198,93 @@ async fn server(
         doc.nbd.socket = None;
     }
     Json(doc)
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/server/drain",
+    summary = "Drain this server without stopping it (`vdstream server drain`)",
+    description = "The server takes no new connection and moves its targets to the other servers of its store at once, spread by their shares (each agent reconnects where it is told; no request is lost). Targets that cannot move (cache type `server`, or in their boot window) stay until they can; the next rounds move them. The server keeps running; `POST /api/v1/server/resume` takes it back into the farm. Audited as `server.drain`.",
+    responses(
+        (status = 200, description = "This server's part in rebalancing, now drained.", body = BalanceDoc),
+        (status = 500, response = Error),
+    )
+)]
+async fn server_drain(
+    State(s): State<Arc<Shared>>,
+    Extension(c): Extension<ClientAddr>,
+) -> Result<Json<BalanceDoc>, ApiError> {
+    drain_or_resume(s, c, true).await
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/server/resume",
+    summary = "Take a drained server back into the farm (`vdstream server resume`)",
+    description = "The server takes new connections again, and the next rebalancing round of a loaded server sends it its share. Audited as `server.resume`.",
+    responses(
+        (status = 200, description = "This server's part in rebalancing.", body = BalanceDoc),
+        (status = 500, response = Error),
+    )
+)]
+async fn server_resume(
+    State(s): State<Arc<Shared>>,
+    Extension(c): Extension<ClientAddr>,
+) -> Result<Json<BalanceDoc>, ApiError> {
+    drain_or_resume(s, c, false).await
+}
+
+async fn drain_or_resume(
+    s: Arc<Shared>,
+    c: ClientAddr,
+    drain: bool,
+) -> Result<Json<BalanceDoc>, ApiError> {
+    blocking(move || {
+        let state = &s.state;
+        let was = state
+            .balancer
+            .drained
+            .swap(drain, std::sync::atomic::Ordering::Relaxed);
+        let action = if drain {
+            "server.drain"
+        } else {
+            "server.resume"
+        };
+        if was != drain {
+            log::info!(
+                "{action}: {} by {}: {}",
+                state.name,
+                c.0,
+                if drain {
+                    "no new connections; moving every target to the other servers"
+                } else {
+                    "taking new connections again"
+                }
+            );
+            vdstream_store::Store::open(&state.store)
+                .map(|st| st.with_client(c.0.to_string()))
+                .and_then(|st| {
+                    st.audit_event(action, "", serde_json::json!({"server": state.name}))
+                })?;
+        }
+        if drain {
+            state.balancer.kick();
+        }
+        Ok(state.balancer.doc(state))
+    })
+    .await
+    .map(Json)
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/farm",
+    summary = "The servers of this store, their load and their shares",
+    description = "As this server last read their heartbeats (`STORE/servers/`, every 2 s; a server silent for 10 s is left out): targets, sessions, guest I/O over the last minute, weight, and each one's fair share of the farm's targets.",
+    responses((status = 200, description = "The farm.", body = FarmDoc))
+)]
+async fn farm(State(s): State<Arc<Shared>>) -> Json<FarmDoc> {
+    Json(s.state.balancer.farm_doc(crate::state::unix_ms()))
 }
 
 #[utoipa::path(

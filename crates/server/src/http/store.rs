@@ -14,6 +14,7 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 use vdstream_contract::schema::{Description, Name};
+use vdstream_contract::server::PlacementDoc;
 use vdstream_store::audit::AuditEntry;
 use vdstream_store::documents::{
     self, MergeDoc, RevertDoc, TargetRemoved, VdiskListEntry, VersionChange, VersionList,
@@ -477,6 +478,36 @@ pub(crate) async fn target_add(
 ) -> Created<TargetRecord> {
     let doc = on_store_for_record(s, c, move |st| documents::target_add(st, t)).await?;
     Ok((StatusCode::CREATED, Json(doc)))
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/targets/{id}/placement",
+    summary = "Where a target this server moved away should reconnect",
+    description = "An agent whose connection this server ended (rebalancing, a drain) asks here which server to reconnect to. `server` is that server's name, for 60 s after the move; `null` otherwise (place it as usual: the least busy first).",
+    params(TargetPath),
+    responses(
+        (status = 200, description = "The advice.", body = PlacementDoc),
+        (status = 404, response = Error),
+        (status = 500, response = Error),
+    )
+)]
+pub(crate) async fn target_placement(
+    State(s): S,
+    Extension(c): Client,
+    Param(id): Param<String>,
+) -> Answer<PlacementDoc> {
+    on_store(s, c, move |st, shared| {
+        documents::target_show(st, &id)?;
+        let hint = shared.state.balancer.hint(&id);
+        Ok(PlacementDoc {
+            target: id,
+            server: hint.as_ref().map(|(to, _)| to.clone()),
+            reason: hint.map(|(_, why)| why.to_string()),
+        })
+    })
+    .await
+    .map(Json)
 }
 
 #[utoipa::path(
