@@ -35,7 +35,7 @@ use crate::client::{Client, ClientError};
 use serde_json::Value;
 use url::{Host, Url};
 use vdstream_contract::name::parse_ref;
-use vdstream_contract::server::ServerDoc;
+use vdstream_contract::server::{PlacementDoc, ServerDoc};
 use vdstream_contract::target::TargetRecord;
 use vdstream_contract::{ExportName, Selector};
 use vdstream_nbd::client::Address;
@@ -410,10 +410,11 @@ pub fn resolve_waiting(
             ),
         });
     }
+    let link = ApiLink::new(id, apis, clients.clone(), &plan);
     Ok(Resolved {
         plan,
         endpoints,
-        link: ApiLink::new(id, apis),
+        link,
         servers,
     })
 }
@@ -473,12 +474,15 @@ impl Resolved {
         loop {
             let mut soonest: Option<BootPlace> = None;
             let mut unanswered = Vec::new();
-            for i in 0..self.link.apis.len() {
-                match ask_place(&self.link.apis[i], &id) {
+            for i in 0..self.link.len() {
+                let Some(api) = self.link.api(i) else {
+                    continue;
+                };
+                match ask_place(&api, &id) {
                     PlaceAnswer::Admitted => {
                         if i > 0 {
                             self.endpoints.swap(0, i);
-                            self.link.apis.swap(0, i);
+                            vdstream_blockdev::lock(&self.link.apis).swap(0, i);
                             self.servers.swap(0, i);
                         }
                         return Ok(());
@@ -492,7 +496,7 @@ impl Resolved {
                         }
                     }
                     PlaceAnswer::Unanswered(why) => {
-                        unanswered.push(format!("{} ({why})", self.link.apis[i].url()));
+                        unanswered.push(format!("{} ({why})", api.url()));
                     }
                 }
             }
@@ -671,35 +675,58 @@ impl std::fmt::Display for Unanswered {
 }
 
 /// The agent's side of the API once attached: one client per endpoint (same order), for
-/// reports and for re-placement after a failover.
+/// reports and for re-placement after a failover; and every server listed, so that one
+/// that did not answer at attach (not started yet, or down) joins the endpoints once it
+/// answers a re-placement.
 #[derive(Debug, Clone)]
 pub struct ApiLink {
     target: String,
-    apis: Vec<Client>,
+    /// One per endpoint, in the endpoints' order (grows with them).
+    apis: Arc<std::sync::Mutex<Vec<Client>>>,
+    /// Every server listed (`--server`), answering or not.
+    listed: Vec<Client>,
+    /// The export (and fallback) a server learnt later is asked for.
+    export: String,
+    fallback: Option<String>,
     reporting: Arc<AtomicBool>,
     /// A refused report was logged at WARN and none got through since.
     refused_told: Arc<AtomicBool>,
 }
 
 impl ApiLink {
-    pub fn new(target: &str, apis: Vec<Client>) -> ApiLink {
+    /// `apis`: one client per endpoint; `listed`: every server given; `plan`: what a server
+    /// learnt later is asked for.
+    pub fn new(target: &str, apis: Vec<Client>, listed: Vec<Client>, plan: &Plan) -> ApiLink {
         ApiLink {
             target: target.to_string(),
-            apis,
+            apis: Arc::new(std::sync::Mutex::new(apis)),
+            listed,
+            export: plan.export.clone(),
+            fallback: plan.fallback.clone(),
             reporting: Arc::new(AtomicBool::new(false)),
             refused_told: Arc::new(AtomicBool::new(false)),
         }
     }
 
+    /// The client of endpoint `index`.
+    fn api(&self, index: usize) -> Option<Client> {
+        vdstream_blockdev::lock(&self.apis).get(index).cloned()
+    }
+
+    /// How many endpoints have a client.
+    fn len(&self) -> usize {
+        vdstream_blockdev::lock(&self.apis).len()
+    }
+
     /// The API URL of endpoint `index`.
-    pub fn url(&self, index: usize) -> Option<&str> {
-        self.apis.get(index).map(Client::url)
+    pub fn url(&self, index: usize) -> Option<String> {
+        self.api(index).map(|c| c.url().to_string())
     }
 
     /// Sends `status` to the API of endpoint `index` in the background, unless the last
     /// report is still under way (a slow server never piles reports up).
     pub fn report(&self, index: usize, status: &Status) {
-        let Some(client) = self.apis.get(index).cloned() else {
+        let Some(client) = self.api(index) else {
             return;
         };
         if self.reporting.swap(true, Relaxed) {
@@ -730,9 +757,9 @@ impl ApiLink {
 
     /// Sends `status` now and waits (the last report, at exit).
     pub fn report_blocking(&self, index: usize, status: &Status) {
-        if let Some(client) = self.apis.get(index) {
+        if let Some(client) = self.api(index) {
             report_now(
-                client,
+                &client,
                 &self.target,
                 &serde_json::to_value(status).expect("a status always serializes"),
                 &self.refused_told,
@@ -740,26 +767,97 @@ impl ApiLink {
         }
     }
 
-    /// The order in which to try the endpoints after endpoint `failed` broke: a new
-    /// placement over what the servers answer now (fewest sessions, draining last); those
-    /// that do not answer come after, `failed` last among them.
-    pub fn reorder(&self, failed: usize) -> Vec<usize> {
-        let answers = ask_all(&self.apis, REPLACE_WAIT);
-        let docs: Vec<Option<ServerDoc>> = answers.into_iter().map(Result::ok).collect();
+    /// After endpoint `failed` (of `known`) broke: a new placement over what the servers
+    /// answer now. The server the failed one moved this target to (rebalancing, a drain:
+    /// `GET /api/v1/targets/ID/placement`) first, if it answers and does not drain; then
+    /// fewest sessions first, draining last; those that do not answer after, `failed`
+    /// last among them. A listed server that was no endpoint yet and answers now becomes
+    /// one (appended).
+    pub fn reorder(&self, failed: usize, known: usize) -> crate::remote::Placement {
+        let apis: Vec<Client> = vdstream_blockdev::lock(&self.apis)
+            .iter()
+            .take(known)
+            .cloned()
+            .collect();
+        let known = apis.len();
+        let unknown: Vec<Client> = self
+            .listed
+            .iter()
+            .filter(|c| !apis.iter().any(|a| a.url() == c.url()))
+            .cloned()
+            .collect();
+        let hint = apis.get(failed).cloned().map(|c| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let path = format!("/api/v1/targets/{}/placement", self.target);
+            let _ = std::thread::Builder::new()
+                .name("vdstream-api".into())
+                .spawn(move || {
+                    let doc = c
+                        .get(&path)
+                        .ok()
+                        .and_then(|v| serde_json::from_value::<PlacementDoc>(v).ok());
+                    let _ = tx.send(doc);
+                });
+            rx
+        });
+        let asked: Vec<Client> = apis.iter().chain(&unknown).cloned().collect();
+        let started = std::time::Instant::now();
+        let answers = ask_all(&asked, REPLACE_WAIT);
+        let hint = hint
+            .and_then(|rx| {
+                rx.recv_timeout(REPLACE_WAIT.saturating_sub(started.elapsed()))
+                    .ok()
+            })
+            .flatten();
+        let mut docs: Vec<Option<ServerDoc>> = answers
+            .iter()
+            .take(known)
+            .map(|a| a.as_ref().ok().cloned())
+            .collect();
+        let mut added = Vec::new();
+        for (c, answer) in unknown.iter().zip(&answers[known..]) {
+            let Ok(doc) = answer else { continue };
+            let Some(address) = Url::parse(c.url())
+                .ok()
+                .and_then(|api| nbd_address(doc, &api))
+            else {
+                continue;
+            };
+            let mut ep = Endpoint::at(address, &self.export);
+            ep.fallback = self.fallback.clone();
+            added.push(ep);
+            docs.push(Some(doc.clone()));
+            vdstream_blockdev::lock(&self.apis).push(c.clone());
+        }
         let mut order = placement_order(&docs);
-        let n = self.apis.len();
+        if let Some(to) = hint.and_then(|h| h.server) {
+            let at = order.iter().position(|&i| {
+                docs[i]
+                    .as_ref()
+                    .is_some_and(|d| d.name == to && !d.draining)
+            });
+            if let Some(at) = at {
+                let i = order.remove(at);
+                order.insert(0, i);
+                log::info!(
+                    "target {}: moved by its server to {to}: reconnecting there",
+                    self.target
+                );
+            }
+        }
+        let n = docs.len();
         order.extend(
             (1..=n)
                 .map(|k| (failed + k) % n)
                 .filter(|i| docs[*i].is_none()),
         );
-        order
+        crate::remote::Placement { added, order }
     }
 }
 
 impl crate::remote::Reorder for ApiLink {
-    fn reorder(&self, failed: usize) -> Vec<usize> {
-        ApiLink::reorder(self, failed)
+    fn reorder(&self, failed: usize, known: usize) -> crate::remote::Placement {
+        ApiLink::reorder(self, failed, known)
     }
 }
 
@@ -938,6 +1036,95 @@ mod tests {
         );
         server.join().unwrap();
         drop(silent);
+    }
+
+    /// A store server's API on loopback for `within`: `GET /api/v1/server` answers a
+    /// document named `name` with `sessions` and NBD socket `/NAME.sock`; the placement of
+    /// target `t` names `hint`.
+    fn fake_api(
+        name: &'static str,
+        sessions: u64,
+        hint: Option<&'static str>,
+    ) -> (String, std::thread::JoinHandle<()>) {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        l.set_nonblocking(true).unwrap();
+        let t = std::thread::spawn(move || {
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            while std::time::Instant::now() < until {
+                let Ok((mut s, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                s.set_nonblocking(false).unwrap();
+                let mut buf = [0u8; 4096];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                let body = if req.starts_with("GET /api/v1/targets/t/placement") {
+                    json!({"target": "t", "server": hint, "reason": hint.map(|_| "rebalance")})
+                        .to_string()
+                } else {
+                    json!({"name": name, "nbd": {"listen": null, "socket": format!("/{name}.sock")}, "sessions": sessions, "draining": false}).to_string()
+                };
+                let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            }
+        });
+        (url, t)
+    }
+
+    #[test]
+    fn a_moved_target_goes_where_its_server_said_and_servers_that_start_later_join() {
+        // a (in use, 9 sessions) moved t to c; b (1 session) was an endpoint at attach;
+        // c (5 sessions) did not answer then, and answers now.
+        let (a, ta) = fake_api("a", 9, Some("c"));
+        let (b, tb) = fake_api("b", 1, None);
+        let (c, tc) = fake_api("c", 5, None);
+        let client = |u: &str| Client::new(u).unwrap();
+        let plan = Plan {
+            vdisk: "w".into(),
+            version: None,
+            cache: CacheType::RamOverflow,
+            ram: None,
+            overflow_max: None,
+            export: "target/t".into(),
+            fallback: Some("vdisk/w".into()),
+            source: "record",
+        };
+        let link = ApiLink::new(
+            "t",
+            vec![client(&a), client(&b)],
+            vec![client(&a), client(&b), client(&c)],
+            &plan,
+        );
+        let p = link.reorder(0, 2);
+        assert_eq!(p.added.len(), 1, "c joins: {p:?}");
+        assert_eq!(p.added[0].address, Address::unix("/c.sock"));
+        assert_eq!(
+            (p.added[0].export.as_str(), p.added[0].fallback.as_deref()),
+            ("target/t", Some("vdisk/w"))
+        );
+        assert_eq!(
+            p.order,
+            vec![2, 1, 0],
+            "the hinted server first, then the least busy"
+        );
+        assert_eq!(
+            link.url(2).as_deref(),
+            Some(c.as_str()),
+            "its API reports go to c once in use"
+        );
+        // Without a hint: fewest sessions first.
+        let link = ApiLink::new(
+            "t",
+            vec![client(&b), client(&c)],
+            vec![client(&b), client(&c)],
+            &plan,
+        );
+        assert_eq!(link.reorder(0, 2).order, vec![0, 1]);
+        for t in [ta, tb, tc] {
+            t.join().unwrap();
+        }
     }
 
     fn rec(cache: CacheType) -> TargetRecord {

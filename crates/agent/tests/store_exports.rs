@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use vdstream_agent::remote::Reorder;
+use vdstream_agent::remote::{Placement, Reorder};
 use vdstream_agent::{Endpoint, RemoteBase};
 use vdstream_blockdev::{BlockDev, MemoryDev};
 use vdstream_nbd::client::Address;
@@ -200,8 +200,11 @@ fn target_exports_that_change_version_fall_back_to_the_pinned_one() {
 struct Fixed(Vec<usize>);
 
 impl Reorder for Fixed {
-    fn reorder(&self, _failed: usize) -> Vec<usize> {
-        self.0.clone()
+    fn reorder(&self, _failed: usize, _known: usize) -> Placement {
+        Placement {
+            added: Vec::new(),
+            order: self.0.clone(),
+        }
     }
 }
 

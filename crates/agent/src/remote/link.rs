@@ -208,8 +208,18 @@ impl Identity {
 /// Chooses the order of the endpoints for a reconnect (a new placement). Called off the
 /// async workers; may block for a bounded time.
 pub trait Reorder: Send + Sync + std::fmt::Debug {
-    /// A permutation of `0..n`, best first, after endpoint `failed` broke.
-    fn reorder(&self, failed: usize) -> Vec<usize>;
+    /// After endpoint `failed` of the `known` ones broke: servers learnt since (appended
+    /// as `known..`), and the order to try them all in, best first.
+    fn reorder(&self, failed: usize, known: usize) -> Placement;
+}
+
+/// What a [`Reorder`] answers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// Endpoints of servers that were not known before, appended in this order.
+    pub added: Vec<Endpoint>,
+    /// A permutation of every endpoint (the added ones included), best first.
+    pub order: Vec<usize>,
 }
 
 /// Why one attempt failed.
@@ -290,7 +300,8 @@ struct Current {
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct Link {
-    pub endpoints: Vec<Endpoint>,
+    /// Every endpoint known, in the order given; servers learnt later are appended.
+    endpoints: Mutex<Vec<Endpoint>>,
     pub opts: RemoteOptions,
     current: Mutex<Current>,
     reconnecting: tokio::sync::Mutex<()>,
@@ -330,7 +341,7 @@ impl Link {
         Link {
             requests: tokio::sync::Semaphore::new(opts.max_requests.max(1)),
             bytes: tokio::sync::Semaphore::new(opts.max_bytes.clamp(1 << 20, u32::MAX as usize)),
-            endpoints,
+            endpoints: Mutex::new(endpoints),
             opts,
             current: Mutex::new(Current::default()),
             reconnecting: tokio::sync::Mutex::new(()),
@@ -373,6 +384,16 @@ impl Link {
         self
     }
 
+    /// Endpoint `i` (a copy: the list may grow meanwhile).
+    pub fn endpoint(&self, i: usize) -> Endpoint {
+        lock(&self.endpoints)[i].clone()
+    }
+
+    /// Every endpoint known now.
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        lock(&self.endpoints).clone()
+    }
+
     /// The index of the endpoint in use (or last used).
     pub fn index_in_use(&self) -> usize {
         lock(&self.current).index
@@ -384,13 +405,14 @@ impl Link {
     }
 
     /// The endpoint in use (or last used), and whether it is connected now.
-    pub fn endpoint_in_use(&self) -> (&Endpoint, bool) {
+    pub fn endpoint_in_use(&self) -> (Endpoint, bool) {
         let cur = lock(&self.current);
         let live = match &cur.state {
             LinkState::Up { clients, .. } => clients.iter().all(|c| c.closed_reason().is_none()),
             _ => false,
         };
-        (&self.endpoints[cur.index], live)
+        let ep = self.endpoint(cur.index);
+        (ep, live)
     }
 
     /// A live client and its generation. `failed`: the generation whose connection just
@@ -435,6 +457,19 @@ impl Link {
         }
     }
 
+    /// The generation of the live set when one of its connections has closed (the server
+    /// ended it, or it broke) and nobody has replaced it yet.
+    pub fn closed_generation(&self) -> Option<u64> {
+        match &lock(&self.current).state {
+            LinkState::Up {
+                clients,
+                generation,
+                ..
+            } if clients.iter().any(|c| c.closed_reason().is_some()) => Some(*generation),
+            _ => None,
+        }
+    }
+
     /// A connection of the live set and its generation, unless the set is gone, one of
     /// its connections closed, or it is generation `failed` (then the link goes `Down`).
     fn usable(&self, failed: Option<u64>) -> Option<(Arc<Client>, u64)> {
@@ -474,31 +509,41 @@ impl Link {
             };
             (since, cur.index, reason, first)
         };
-        let n = self.endpoints.len();
+        let known = lock(&self.endpoints).len();
         if !first_connect {
             log::warn!(
                 "target {}: lost {} ({}); reconnecting",
                 self.opts.target,
-                self.endpoints[first_index],
+                self.endpoint(first_index),
                 reason.as_deref().unwrap_or("connection closed")
             );
         }
         let order = match (&self.reorder, first_connect) {
             (Some(r), false) => {
                 let r = r.clone();
-                let order = tokio::task::spawn_blocking(move || r.reorder(first_index))
+                let placement = tokio::task::spawn_blocking(move || r.reorder(first_index, known))
                     .await
                     .unwrap_or_default();
-                let mut sorted = order.clone();
+                let n = known + placement.added.len();
+                let mut sorted = placement.order.clone();
                 sorted.sort_unstable();
                 if sorted == (0..n).collect::<Vec<_>>() {
-                    order
+                    for ep in placement.added {
+                        log::info!(
+                            "target {}: a new server of the farm: {ep}",
+                            self.opts.target
+                        );
+                        lock(&self.endpoints).push(ep);
+                        lock(&self.last_reason).push(None);
+                    }
+                    placement.order
                 } else {
-                    (0..n).map(|k| (first_index + k) % n).collect()
+                    (0..known).map(|k| (first_index + k) % known).collect()
                 }
             }
-            _ => (0..n).map(|k| (first_index + k) % n).collect(),
+            _ => (0..known).map(|k| (first_index + k) % known).collect(),
         };
+        let n = order.len();
         let mut delays = backoff(&self.opts);
         let mut index = order[0];
         let mut attempts = 0usize;
@@ -508,7 +553,7 @@ impl Link {
         // After attach, a round where every server answered that the attach is gone: lost.
         let mut gone_in_round = 0usize;
         loop {
-            let ep = &self.endpoints[index];
+            let ep = &self.endpoint(index);
             let attempt = match self.attempt(ep).await {
                 // A new connection gets the answered, unflushed changes before anyone else.
                 Ok(client) if !first_connect => {
@@ -549,7 +594,7 @@ impl Link {
                             "target {}: reconnected to {ep}{} after {:.1?}",
                             self.opts.target,
                             if index != first_index {
-                                format!(" (failover from {})", self.endpoints[first_index])
+                                format!(" (failover from {})", self.endpoint(first_index))
                             } else {
                                 String::new()
                             },
@@ -608,7 +653,7 @@ impl Link {
                     // At attach (at boot), one line a round on the console: what it waits for.
                     let why = lock(&self.last_reason).clone();
                     let what: Vec<String> = self
-                        .endpoints
+                        .endpoints()
                         .iter()
                         .zip(why)
                         .map(|(ep, w)| format!("{ep} ({})", w.unwrap_or_default()))
@@ -806,7 +851,7 @@ impl Link {
     fn give_up_reasons(&self) -> String {
         let last = lock(&self.last_reason);
         let tried: Vec<String> = self
-            .endpoints
+            .endpoints()
             .iter()
             .zip(last.iter())
             .map(|(ep, why)| format!("{ep} ({})", why.as_deref().unwrap_or("connection lost")))

@@ -38,7 +38,7 @@ use vdstream_nbd::proto;
 
 use journal::{Change, Recorded};
 use link::{is_retryable, Link};
-pub use link::{Identity, JoinAttach, LinkCounters, RemoteOptions, Reorder};
+pub use link::{Identity, JoinAttach, LinkCounters, Placement, RemoteOptions, Reorder};
 
 use crate::endpoint::Endpoint;
 use crate::AgentError;
@@ -46,11 +46,18 @@ use crate::AgentError;
 /// Longest trim, zero or block-status request sent at once (aligned for any minimum block).
 const MAX_RANGE_OP: u64 = 1 << 30;
 
+/// How often the link is looked at for a connection the server closed (a drain, a move to
+/// another server, a server that died): it is replaced then, not at the guest's next
+/// request, so an idle target moves too and the guest's next request finds a connection.
+const WATCH: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct RemoteBase {
     link: Arc<Link>,
     handle: tokio::runtime::Handle,
+    /// The task that reconnects a link whose connection closed ([`WATCH`]); ended on drop.
+    watcher: tokio::task::AbortHandle,
     caps: Caps,
     size: u64,
     min_block: u64,
@@ -131,6 +138,12 @@ impl Request<'_> {
     }
 }
 
+impl Drop for RemoteBase {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
 impl RemoteBase {
     /// Connects to the first endpoint that answers (trying them in order, then again with
     /// backoff, up to `opts.retry_for`) and takes its export as this target's vDisk.
@@ -178,9 +191,27 @@ impl RemoteBase {
         let min_block = u64::from(bs.minimum.max(1));
         let max_block = (u64::from(bs.maximum) / min_block * min_block).max(min_block);
         let size = client.size();
+        let watched = Arc::downgrade(&link);
+        let watcher = handle
+            .spawn(async move {
+                let mut tick = tokio::time::interval(WATCH);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(link) = watched.upgrade() else {
+                        return;
+                    };
+                    if let Some(g) = link.closed_generation() {
+                        // A failure is the requests' to see (and to wait out).
+                        let _ = link.client(Some(g)).await;
+                    }
+                }
+            })
+            .abort_handle();
         Ok(RemoteBase {
             link,
             handle,
+            watcher,
             caps,
             size,
             min_block,
@@ -216,7 +247,11 @@ impl RemoteBase {
 
     /// Every endpoint, in the order tried.
     pub fn endpoints(&self) -> Vec<String> {
-        self.link.endpoints.iter().map(|e| e.uri.clone()).collect()
+        self.link
+            .endpoints()
+            .iter()
+            .map(|e| e.uri.clone())
+            .collect()
     }
 
     /// The journal's figures (server-persistent), if the link keeps one.
