@@ -7,7 +7,7 @@
 # no moment were more than 50 in their boot window (the server's own peak, and the
 # machines' overlap as they saw it); the pacing did work (machines waited, the peak reached
 # the limit); every window was closed by its machine, none by the timeout; the server's
-# API and /metrics show it.
+# API, /metrics and its console in Chromium ("booting N of 50, K waiting") show it.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=store-lib.sh
@@ -18,7 +18,8 @@ source "$E2E_DIR/server-lib.sh"
 source "$E2E_DIR/agent-lib.sh"
 # shellcheck source=pacing-lib.sh
 source "$E2E_DIR/pacing-lib.sh"
-require nbdcopy cmp curl
+require nbdcopy cmp curl chromium
+"$PY" -c 'import playwright' 2>/dev/null || fail "the Python module playwright is missing (scripts/test installs it with pip)"
 require_vdstream
 e2e_init
 N=${VDSTREAM_PACING_MACHINES:-200}
@@ -26,7 +27,14 @@ MAX=${VDSTREAM_PACING_MAX:-50}
 
 pacing_setup "$N" 16
 pacing_server "$MAX"
+# The console (Chromium) during the storm: its server line says how many boot and wait.
+"$PY" "$E2E_DIR/console_line.py" "$PACING_API" '#sum-server' "booting [0-9]+ of $MAX, [0-9]+ waiting" 90 \
+    >"$E2E_TMP/console.txt" 2>&1 &
+console_pid=$!
+track_pid "$console_pid"
 pacing_storm "$N" "$E2E_TMP/storm.txt" | tee "$E2E_TMP/summary.txt"
+wait "$console_pid" || fail "the console never showed machines waiting to boot: $(tail -n 3 "$E2E_TMP/console.txt")"
+log "ok: the console said: $(tail -n 1 "$E2E_TMP/console.txt")"
 
 bad=$(awk '$5 != 0' "$E2E_TMP/storm.txt" | wc -l)
 ended=$(wc -l <"$E2E_TMP/storm.txt")

@@ -8,7 +8,8 @@
 #   join     b and c start: within 40 s each server holds its share of the targets ±25%;
 #            no agent moved more than once, and each went where a told it; the audit trail
 #            has a's rounds (what moved where, and why); /api/v1/server, /api/v1/farm and
-#            /metrics agree on each server's targets, share and moves; a's log says it
+#            /metrics agree on each server's targets, share and moves; a's log says it,
+#            and so does its console in Chromium
 #   stop c   SIGTERM: c exits 0 and its targets spread over a and b (each its half ±25%)
 #   c again  c starts again under its name: it gets its share back
 #   drain b  `vdstream server drain`: b keeps running and says it drains, its targets go to
@@ -28,7 +29,8 @@ source "$E2E_DIR/agent-lib.sh"
 source "$E2E_DIR/fio-verify.sh"
 # shellcheck source=rebalance-lib.sh
 source "$E2E_DIR/rebalance-lib.sh"
-require fio nbdinfo nbdsh curl
+require fio nbdinfo nbdsh curl chromium
+"$PY" -c 'import playwright' 2>/dev/null || fail "the Python module playwright is missing (scripts/test installs it with pip)"
 require_vdstream
 e2e_init
 N=${VDSTREAM_REBALANCE_AGENTS:-100}
@@ -171,6 +173,13 @@ for attempt in range(5):
         time.sleep(1)
 PYEOF
 log "ok: /api/v1/server, /api/v1/farm and /metrics agree on each server's targets, share and moves"
+
+# The console (Chromium) shows a's targets against its share, and what it moved away, as
+# its API says.
+said=$(rb_get a /api/v1/server '"%d targets, share %.1f of %d servers, %d moved out" % tuple(j["balance"][k] for k in ("targets", "share", "servers", "moved_out"))')
+line=$("$PY" "$E2E_DIR/console_line.py" "${RB_API[a]}" '#sum-server' "$(printf '%s' "$said" | sed 's/\./\\./g')" 20) ||
+    fail "a's console does not show its share: $said"
+log "ok: a's console: $line"
 
 # --- c stops cleanly: its targets spread over a and b.
 c_had=$(rb_get c /api/v1/server 'j["balance"]["targets"]')

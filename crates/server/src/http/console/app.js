@@ -368,7 +368,12 @@ function render() {
   // Boot pacing (--boot): machines in their boot window against --max-booting, and those waiting.
   const b = s.boot;
   const pacing = b ? ` · booting ${b.booting} of ${b.max_booting || 'no limit'}${b.waiting ? `, ${b.waiting} waiting` : ''}` : '';
-  $('#sum-server').textContent = (s.store ? `store ${s.store}` : '') + pacing;
+  // Rebalancing: this server's targets against its share of the farm, and what it moved away.
+  const bal = s.balance;
+  const share = bal && bal.servers > 1
+    ? ` · ${bal.targets} targets, share ${Number(bal.share).toFixed(1)} of ${bal.servers} servers, ${bal.moved_out} moved out${bal.drained ? ' · drained' : ''}`
+    : '';
+  $('#sum-server').textContent = (s.store ? `store ${s.store}` : '') + pacing + share;
   $('#count-targets').textContent = String((f.targets || []).length);
   $('#count-sessions').textContent = String((f.sessions || []).length);
   renderTargets(sessions);

@@ -1,0 +1,40 @@
+"""One line of the console in a real browser (Debian's chromium, driven by Playwright): opens
+API_URL/console and waits until the text of SELECTOR matches REGEX (a Python regular
+expression, searched), at most SECONDS. Run by test-rebalance.sh (a server's share and
+moves) and test-boot-pacing-storm.sh (machines booting and waiting).
+
+Usage: console_line.py API_URL SELECTOR REGEX SECONDS
+Prints the text it matched; exits 1 with the last text it saw when none matched in time.
+"""
+
+import re
+import sys
+import time
+
+from playwright.sync_api import sync_playwright
+
+url, selector, pattern, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+wanted = re.compile(pattern)
+
+with sync_playwright() as p:
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url + "/console", timeout=int(seconds * 1000))
+    deadline = time.monotonic() + seconds
+    text = ""
+    while time.monotonic() < deadline:
+        text = page.locator(selector).text_content(timeout=int(seconds * 1000)) or ""
+        if wanted.search(text):
+            break
+        time.sleep(0.2)
+    browser.close()
+
+if errors:
+    print(f"console_line: the page failed: {errors}", file=sys.stderr)
+    sys.exit(1)
+if not wanted.search(text):
+    print(f"console_line: {selector} never matched {pattern!r} within {seconds} s; last text: {text!r}", file=sys.stderr)
+    sys.exit(1)
+print(text)
