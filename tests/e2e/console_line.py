@@ -3,8 +3,10 @@ API_URL/console and waits until the text of SELECTOR matches REGEX (a Python reg
 expression, searched), at most SECONDS. Run by test-rebalance.sh (a server's share and
 moves) and test-boot-pacing-storm.sh (machines booting and waiting).
 
-Usage: console_line.py API_URL SELECTOR REGEX SECONDS
-Prints the text it matched; exits 1 with the last text it saw when none matched in time.
+Usage: console_line.py API_URL SELECTOR REGEX SECONDS [READY_FILE]
+With READY_FILE, creates it once the page shows the element with any text (a test starts
+what the line should show only then). Prints the text it matched; exits 1 with the last
+text it saw when none matched in time.
 """
 
 import re
@@ -14,6 +16,7 @@ import time
 from playwright.sync_api import sync_playwright
 
 url, selector, pattern, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+ready = sys.argv[5] if len(sys.argv) > 5 else None
 wanted = re.compile(pattern)
 
 with sync_playwright() as p:
@@ -26,6 +29,9 @@ with sync_playwright() as p:
     text = ""
     while time.monotonic() < deadline:
         text = page.locator(selector).text_content(timeout=int(seconds * 1000)) or ""
+        if ready and text:
+            open(ready, "w").close()
+            ready = None
         if wanted.search(text):
             break
         time.sleep(0.2)

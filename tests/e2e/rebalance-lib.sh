@@ -363,25 +363,20 @@ with open(os.environ["RB_IMG"], "rb") as f:
     done
 }
 
-rb_fio_loops() {
-    local id
+# rb_loops KIND ID... — rb_KIND_loop (fio or reader) through each agent, in the background.
+rb_loops() {
+    local kind=$1 id
+    shift
     rm -f "$RB_STOP"
     for id in "$@"; do
-        rb_fio_loop "$id" >"$E2E_TMP/loop-fio-$id.log" 2>&1 &
+        "rb_${kind}_loop" "$id" >"$E2E_TMP/loop-$kind-$id.log" 2>&1 &
         track_pid "$!"
-        RB_LOOPS+=("$! $E2E_TMP/loop-fio-$id.log")
+        RB_LOOPS+=("$! $E2E_TMP/loop-$kind-$id.log")
     done
 }
 
-rb_reader_loops() {
-    local id
-    rm -f "$RB_STOP"
-    for id in "$@"; do
-        rb_reader_loop "$id" >"$E2E_TMP/loop-read-$id.log" 2>&1 &
-        track_pid "$!"
-        RB_LOOPS+=("$! $E2E_TMP/loop-read-$id.log")
-    done
-}
+rb_fio_loops() { rb_loops fio "$@"; }
+rb_reader_loops() { rb_loops reader "$@"; }
 
 rb_loops_alive() {
     local l

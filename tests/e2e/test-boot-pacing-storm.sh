@@ -28,10 +28,17 @@ MAX=${VDSTREAM_PACING_MAX:-50}
 pacing_setup "$N" 16
 pacing_server "$MAX"
 # The console (Chromium) during the storm: its server line says how many boot and wait.
-"$PY" "$E2E_DIR/console_line.py" "$PACING_API" '#sum-server' "booting [0-9]+ of $MAX, [0-9]+ waiting" 90 \
-    >"$E2E_TMP/console.txt" 2>&1 &
+"$PY" "$E2E_DIR/console_line.py" "$PACING_API" '#sum-server' "booting [0-9]+ of $MAX, [0-9]+ waiting" 120 \
+    "$E2E_TMP/console.ready" >"$E2E_TMP/console.txt" 2>&1 &
 console_pid=$!
 track_pid "$console_pid"
+# The storm starts once the page shows the server line (Chromium takes a few seconds).
+for ((i = 0; i < 600; i++)); do
+    [[ -e $E2E_TMP/console.ready ]] && break
+    kill -0 "$console_pid" 2>/dev/null || fail "the console did not open: $(tail -n 3 "$E2E_TMP/console.txt")"
+    sleep 0.1
+done
+[[ -e $E2E_TMP/console.ready ]] || fail "the console did not show its server line within 60 s"
 pacing_storm "$N" "$E2E_TMP/storm.txt" | tee "$E2E_TMP/summary.txt"
 wait "$console_pid" || fail "the console never showed machines waiting to boot: $(tail -n 3 "$E2E_TMP/console.txt")"
 log "ok: the console said: $(tail -n 1 "$E2E_TMP/console.txt")"

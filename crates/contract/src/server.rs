@@ -75,12 +75,14 @@ pub struct FarmDoc {
     pub servers: Vec<FarmServer>,
 }
 
-/// One server of the farm.
+/// What a server says of its load to the others of its store (its heartbeat).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
-pub struct FarmServer {
+pub struct ServerLoad {
     pub name: String,
+    /// `--weight`, its power rating.
     pub weight: f64,
+    /// Targets with a connection there.
     pub targets: u64,
     pub sessions: u64,
     /// Guest requests a second over the last minute.
@@ -88,6 +90,14 @@ pub struct FarmServer {
     pub draining: bool,
     /// Whether it runs rebalancing rounds.
     pub rebalance: bool,
+}
+
+/// One server of the farm.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
+pub struct FarmServer {
+    #[serde(flatten)]
+    pub load: ServerLoad,
     /// Its fair share of the farm's targets, by weight (0 while draining).
     pub share: f64,
     /// How old its heartbeat is, in milliseconds.
@@ -205,7 +215,7 @@ mod tests {
                                            hit_ratio: ratio.map(|r| f64::from(r) / 1000.0) },
                 io: IoDoc { guest: t(4), store: t(8) },
                 boot: draining.then(|| BootPacingDoc { max_booting: n[9], booting: n[10], booting_peak: n[11], ..BootPacingDoc::default() }),
-                balance: BalanceDoc { enabled: !draining, weight: f64::from(ratio.unwrap_or(1)), targets: n[2], share: n[3] as f64 / 7.0,
+                balance: BalanceDoc { enabled: !draining, weight: f64::from(ratio.unwrap_or(1)), targets: n[2], share: (n[3] % 1_000_000) as f64 / 10.0,
                                       servers: n[4], rounds: n[5], moved_out: n[6], drained: draining },
             };
             let text = serde_json::to_string(&d).unwrap();

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use vdstream_blockdev::lock;
-use vdstream_contract::server::{FarmDoc, FarmServer};
+use vdstream_contract::server::{FarmDoc, FarmServer, ServerLoad};
 
 /// How often a server writes its heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -94,17 +94,10 @@ impl Default for BalanceConfig {
 /// What a server tells the others, in `STORE/servers/NAME.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
-    pub name: String,
+    #[serde(flatten)]
+    pub load: ServerLoad,
     /// Which process: two servers given one name are told apart (and warned about).
     pub instance: String,
-    pub weight: f64,
-    /// Targets with a connection here.
-    pub targets: u64,
-    pub sessions: u64,
-    /// Guest requests a second over the last minute.
-    pub guest_iops: f64,
-    pub draining: bool,
-    pub rebalance: bool,
     pub updated_unix_ms: u64,
 }
 
@@ -341,10 +334,10 @@ impl Balancer {
         use vdstream_blockdev::storefile;
         let dir = servers_dir(store);
         storefile::create_dir_all(&dir)?;
-        let path = dir.join(file_name(&beat.name));
+        let path = dir.join(file_name(&beat.load.name));
         let tmp = dir.join(format!(
             ".{}.tmp-{}",
-            file_name(&beat.name),
+            file_name(&beat.load.name),
             std::process::id()
         ));
         let mut f = storefile::create_fresh(&tmp, storefile::PRIVATE)?;
@@ -387,19 +380,19 @@ impl Balancer {
             if now.saturating_sub(beat.updated_unix_ms) > STALE.as_millis() as u64 {
                 continue;
             }
-            if beat.name == mine.name {
+            if beat.load.name == mine.load.name {
                 if beat.instance != mine.instance {
                     let mut warned = lock(&self.warned);
                     if !warned.contains(&beat.instance) {
                         warned.push(beat.instance.clone());
-                        log::warn!("rebalance: another server on this store calls itself {:?} too (instance {}): give each server its own --name, or they count each other's targets as one", beat.name, beat.instance);
+                        log::warn!("rebalance: another server on this store calls itself {:?} too (instance {}): give each server its own --name, or they count each other's targets as one", beat.load.name, beat.instance);
                     }
                 }
                 continue;
             }
             out.push(beat);
         }
-        let mut names: Vec<String> = out.iter().map(|b| b.name.clone()).collect();
+        let mut names: Vec<String> = out.iter().map(|b| b.load.name.clone()).collect();
         names.sort();
         let mut members = lock(&self.members);
         if members.0 != names {
@@ -427,13 +420,7 @@ impl Balancer {
                 .iter()
                 .zip(share)
                 .map(|(b, share)| FarmServer {
-                    name: b.name.clone(),
-                    weight: b.weight,
-                    targets: b.targets,
-                    sessions: b.sessions,
-                    guest_iops: b.guest_iops,
-                    draining: b.draining,
-                    rebalance: b.rebalance,
+                    load: b.load.clone(),
                     share: (share * 10.0).round() / 10.0,
                     age_ms: now.saturating_sub(b.updated_unix_ms),
                 })
@@ -444,10 +431,10 @@ impl Balancer {
 
 pub(crate) fn load_of(b: &Heartbeat) -> Load {
     Load {
-        name: b.name.clone(),
-        weight: b.weight,
-        targets: b.targets,
-        draining: b.draining,
+        name: b.load.name.clone(),
+        weight: b.load.weight,
+        targets: b.load.targets,
+        draining: b.load.draining,
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vdstream_blockdev::lock;
-use vdstream_contract::server::BalanceDoc;
+use vdstream_contract::server::{BalanceDoc, ServerLoad};
 
 use crate::balance::{
     file_name, load_of, pick_evenly, plan, servers_dir, Balancer, Heartbeat, Load, Plan, Round,
@@ -22,14 +22,16 @@ impl Balancer {
         self.sample_io(t.guest_read_ops + t.guest_write_ops);
         let sessions = state.registry.sessions();
         Heartbeat {
-            name: state.name.clone(),
+            load: ServerLoad {
+                name: state.name.clone(),
+                weight: self.config.weight,
+                targets: targets_of(&sessions).len() as u64,
+                sessions: sessions.len() as u64,
+                guest_iops: (self.guest_iops() * 10.0).round() / 10.0,
+                draining: state.is_draining() || self.drained.load(Relaxed),
+                rebalance: self.config.enabled,
+            },
             instance: self.instance.clone(),
-            weight: self.config.weight,
-            targets: targets_of(&sessions).len() as u64,
-            sessions: sessions.len() as u64,
-            guest_iops: (self.guest_iops() * 10.0).round() / 10.0,
-            draining: state.is_draining() || self.drained.load(Relaxed),
-            rebalance: self.config.enabled,
             updated_unix_ms: unix_ms(),
         }
     }
@@ -37,7 +39,7 @@ impl Balancer {
     /// This server's figures, for `GET /api/v1/server`, /metrics and the console.
     pub fn doc(&self, state: &ServerState) -> BalanceDoc {
         let farm = self.farm_doc(unix_ms());
-        let me = farm.servers.iter().find(|s| s.name == state.name);
+        let me = farm.servers.iter().find(|s| s.load.name == state.name);
         BalanceDoc {
             enabled: self.config.enabled,
             weight: self.config.weight,
@@ -62,11 +64,11 @@ impl Balancer {
         }
         let beats = self.read_farm(&state.store, &mine);
         *lock(&self.farm) = beats.clone();
-        if kind == Round::Periodic && !self.config.enabled && !mine.draining {
+        if kind == Round::Periodic && !self.config.enabled && !mine.load.draining {
             return Vec::new();
         }
         let loads: Vec<Load> = beats.iter().map(load_of).collect();
-        let draining = mine.draining;
+        let draining = mine.load.draining;
         if kind == Round::Periodic && !draining && self.settled_for() < SETTLE {
             log::debug!(
                 "rebalance: nothing moves yet: the farm's servers changed {:.1?} ago",
@@ -77,7 +79,7 @@ impl Balancer {
         let plan = plan(0, &loads, self.config.threshold_percent, self.config.floor);
         let (moves, why) = match plan {
             Plan::Stay(why) => {
-                if draining && mine.targets > 0 {
+                if draining && mine.load.targets > 0 {
                     log::warn!("rebalance: draining, but {why}: the targets stay until another server takes them");
                 } else {
                     log::debug!("rebalance: nothing moves: {why}");
