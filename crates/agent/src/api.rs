@@ -535,22 +535,23 @@ impl Resolved {
 /// `vdstream target booted ID`: the machine's root is mounted; every server at `urls`
 /// closes its boot window, if it holds one. How many did; an error when none answered.
 pub fn boot_done(id: &str, urls: &[String]) -> Result<usize, AgentError> {
+    // A server busy with a storm may not answer within a call's timeout: ask the ones
+    // that did not answer again, a few rounds a second apart, before giving up.
+    let mut pending: Vec<&String> = urls.iter().collect();
     let mut closed = 0;
     let mut answered = 0;
     let mut failures = Vec::new();
-    for u in urls {
-        let c = api_client(u)?;
-        match c.relay("GET", &format!("/boot/booted/{id}"), &[], Vec::new()) {
-            Ok(r) if r.status == 200 => {
-                answered += 1;
-                let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
-                if v["closed"].as_bool() == Some(true) {
-                    closed += 1;
-                }
-            }
-            Ok(r) if r.status == 404 => answered += 1,
-            Ok(r) => failures.push(format!("{u}: status {}", r.status)),
-            Err(e) => failures.push(format!("{u}: {e}")),
+    for round in 0..BOOTED_ROUNDS {
+        if round > 0 {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let (c, a, unanswered, f) = boot_done_round(id, &pending)?;
+        closed += c;
+        answered += a;
+        failures = f;
+        pending = unanswered;
+        if pending.is_empty() {
+            break;
         }
     }
     if answered == 0 {
@@ -562,6 +563,44 @@ pub fn boot_done(id: &str, urls: &[String]) -> Result<usize, AgentError> {
         });
     }
     Ok(closed)
+}
+
+/// Rounds of [`boot_done`] at most.
+const BOOTED_ROUNDS: usize = 5;
+
+/// One round of [`boot_done`] over `urls`: windows closed, servers that answered, those
+/// that did not, and why.
+#[allow(clippy::type_complexity)]
+fn boot_done_round<'a>(
+    id: &str,
+    urls: &[&'a String],
+) -> Result<(usize, usize, Vec<&'a String>, Vec<String>), AgentError> {
+    let mut closed = 0;
+    let mut answered = 0;
+    let mut unanswered = Vec::new();
+    let mut failures = Vec::new();
+    for &u in urls {
+        let c = api_client(u)?;
+        match c.relay("GET", &format!("/boot/booted/{id}"), &[], Vec::new()) {
+            Ok(r) if r.status == 200 => {
+                answered += 1;
+                let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+                if v["closed"].as_bool() == Some(true) {
+                    closed += 1;
+                }
+            }
+            Ok(r) if r.status == 404 => answered += 1,
+            Ok(r) => {
+                unanswered.push(u);
+                failures.push(format!("{u}: status {}", r.status));
+            }
+            Err(e) => {
+                unanswered.push(u);
+                failures.push(format!("{u}: {e}"));
+            }
+        }
+    }
+    Ok((closed, answered, unanswered, failures))
 }
 
 /// Target `id`'s record from the first of `clients` that answered `GET /api/v1/server` and
