@@ -217,7 +217,10 @@ assert_eq "b drained (draining, balance.drained, sessions)" \
     "$(rb_get b /api/v1/server 'str((j["draining"], j["balance"]["drained"], j["sessions"]))')" "(True, True, 0)"
 log "ok: b drained in $t_drain s and keeps running: ${out#* }"
 phase_end "drain b" drained-b a c
-assert_eq "agents that moved off b" "$MOVED" "$b_had"
+# Every target b held moved (each once: phase_end). A round of a or c in the same window
+# may move a few more between them (seen once in five runs: 50 for 39); none moves twice.
+((MOVED >= b_had)) || fail "agents that moved off b: $MOVED, fewer than the $b_had it held"
+log "ok: agents that moved while b drained: $MOVED (b held $b_had)"
 assert_eq "b's moved_out grew by them" "$(($(rb_get b /api/v1/server 'j["balance"]["moved_out"]') - b_out))" "$b_had"
 
 t0=$EPOCHREALTIME
