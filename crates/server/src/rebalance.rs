@@ -52,18 +52,31 @@ impl Balancer {
         }
     }
 
-    /// One round: read the farm, plan, and move what the plan says. Returns the targets
-    /// moved and where.
-    pub fn round(&self, state: &ServerState, kind: Round) -> Vec<(String, String)> {
+    /// A heartbeat: this server's load written into the store, the farm read back and kept
+    /// for the API. Returns both.
+    fn beat(&self, state: &ServerState) -> (Heartbeat, Vec<Heartbeat>) {
         let mine = self.heartbeat(state);
         if let Err(e) = self.write_heartbeat(&state.store, &mine) {
-            log::warn!(
-                "rebalance: cannot write this server's heartbeat in {}: {e}",
-                servers_dir(&state.store).display()
+            // Every 2 s while it fails: through the limiter.
+            state.log.log(
+                log::Level::Warn,
+                module_path!(),
+                "heartbeat",
+                format_args!(
+                    "rebalance: cannot write this server's heartbeat in {}: {e}",
+                    servers_dir(&state.store).display()
+                ),
             );
         }
         let beats = self.read_farm(&state.store, &mine);
         *lock(&self.farm) = beats.clone();
+        (mine, beats)
+    }
+
+    /// One round: read the farm, plan, and move what the plan says. Returns the targets
+    /// moved and where.
+    pub fn round(&self, state: &ServerState, kind: Round) -> Vec<(String, String)> {
+        let (mine, beats) = self.beat(state);
         if kind == Round::Periodic && !self.config.enabled && !mine.load.draining {
             return Vec::new();
         }
@@ -177,11 +190,7 @@ impl Balancer {
                 if let Some(kind) = round {
                     b.round(&s, kind);
                 } else {
-                    let mine = b.heartbeat(&s);
-                    if let Err(e) = b.write_heartbeat(&s.store, &mine) {
-                        log::debug!("rebalance: heartbeat: {e}");
-                    }
-                    *lock(&b.farm) = b.read_farm(&s.store, &mine);
+                    b.beat(&s);
                 }
             })
             .await;
