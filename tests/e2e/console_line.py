@@ -5,8 +5,10 @@ moves) and test-boot-pacing-storm.sh (machines booting and waiting).
 
 Usage: console_line.py API_URL SELECTOR REGEX SECONDS [READY_FILE]
 With READY_FILE, creates it once the page shows the element with any text (a test starts
-what the line should show only then). Prints the text it matched; exits 1 with the last
-text it saw when none matched in time.
+what the line should show only then). Prints the text it matched; exits 1 when none matched
+in time, with the page's timeline on standard error: each change of the line or of the
+live-updates pill, with the seconds since the page opened, so a failure says whether the
+page stopped receiving events or received events that never showed the state.
 """
 
 import re
@@ -25,10 +27,15 @@ with sync_playwright() as p:
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url + "/console", timeout=int(seconds * 1000))
-    deadline = time.monotonic() + seconds
+    opened = time.monotonic()
+    deadline = opened + seconds
     text = ""
+    timeline = []
     while time.monotonic() < deadline:
         text = page.locator(selector).text_content(timeout=int(seconds * 1000)) or ""
+        live = page.locator("#live").text_content(timeout=int(seconds * 1000)) or ""
+        if not timeline or timeline[-1][1:] != (live, text):
+            timeline.append((time.monotonic() - opened, live, text))
         if ready and text:
             open(ready, "w").close()
             ready = None
@@ -41,6 +48,8 @@ if errors:
     print(f"console_line: the page failed: {errors}", file=sys.stderr)
     sys.exit(1)
 if not wanted.search(text):
+    for at, live, seen in timeline[-20:]:
+        print(f"console_line: {at:6.1f} s  [{live}]  {seen}", file=sys.stderr)
     print(f"console_line: {selector} never matched {pattern!r} within {seconds} s; last text: {text!r}", file=sys.stderr)
     sys.exit(1)
 print(text)

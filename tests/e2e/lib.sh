@@ -55,7 +55,14 @@ URI=
 SERVER_LOG=
 
 log()  { printf '%s: %s\n' "$E2E_NAME" "$*" >&2; }
-fail() { printf '%s: FAIL: %s\n' "$E2E_NAME" "$*" >&2; exit 1; }
+# The message is kept and said again after the server logs that the cleanup prints, so a
+# CI that keeps only the end of the output still shows why the test failed.
+E2E_FAILURE=
+fail() {
+    E2E_FAILURE="$*"
+    printf '%s: FAIL: %s\n' "$E2E_NAME" "$*" >&2
+    exit 1
+}
 skip() { printf '%s: SKIP: %s\n' "$E2E_NAME" "$*" >&2; exit 77; }
 
 # require CMD... — skip the test unless every command is on PATH.
@@ -127,6 +134,7 @@ e2e_cleanup() {
                 echo "----" >&2
             fi
         done
+        [[ -n $E2E_FAILURE ]] && printf '%s: FAIL: %s\n' "$E2E_NAME" "$E2E_FAILURE" >&2
     fi
     if [[ -n $E2E_TMP && ${VDSTREAM_E2E_KEEP:-0} != 1 ]]; then
         rm -rf "$E2E_TMP"
