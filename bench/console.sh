@@ -115,11 +115,13 @@ PY
 
 cat >"$work/load.py" <<'PY'
 import json, statistics, sys, time
+sys.path.insert(0, sys.argv[4])
+from chromium_flags import CHROMIUM, CHROMIUM_ARGS
 from playwright.sync_api import sync_playwright
 url, n, loads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 out = []
 with sync_playwright() as p:
-    b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
+    b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     for _ in range(loads):
         # bypass_csp: the page's CSP forbids eval, which Playwright's polling uses.
         ctx = b.new_context(viewport={"width": 1366, "height": 860}, bypass_csp=True)
@@ -141,7 +143,7 @@ cpu_secs() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }
 reporter_pid=$!
 sleep 3
 echo "loading the page with 10 targets ($loads loads)" >&2
-load10=$("$PY" "$work/load.py" "$url" 10 "$loads")
+load10=$("$PY" "$work/load.py" "$url" 10 "$loads" "$ROOT/tests/e2e")
 kill "$reporter_pid"; wait "$reporter_pid" 2>/dev/null || true; reporter_pid=
 echo "adding $targets targets" >&2
 "$PY" "$work/reporter.py" "$url" "$targets" add
@@ -149,7 +151,7 @@ echo "adding $targets targets" >&2
 reporter_pid=$!
 sleep 3
 echo "loading the page with $targets targets ($loads loads)" >&2
-loadn=$("$PY" "$work/load.py" "$url" "$targets" "$loads")
+loadn=$("$PY" "$work/load.py" "$url" "$targets" "$loads" "$ROOT/tests/e2e")
 
 # The server's CPU with 0, 1 and 10 event streams open, reports arriving all along.
 open_streams() {

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 
+from chromium_flags import CHROMIUM, CHROMIUM_ARGS
 from playwright.sync_api import sync_playwright, expect
 
 url, admin, viewer, vdstream, store, shots = sys.argv[1:7]
@@ -84,7 +85,7 @@ def iops_of(page, target):
 
 
 with sync_playwright() as p:
-    browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     # UTC: the scheduled release typed below is read as the browser's local time.
     page = browser.new_page(viewport={"width": 1366, "height": 860}, timezone_id="UTC")
     watch(page)

@@ -15,6 +15,7 @@ import re
 import sys
 import time
 
+from chromium_flags import CHROMIUM, CHROMIUM_ARGS
 from playwright.sync_api import sync_playwright
 
 url, selector, pattern, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
@@ -22,7 +23,7 @@ ready = sys.argv[5] if len(sys.argv) > 5 else None
 wanted = re.compile(pattern)
 
 with sync_playwright() as p:
-    browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     page = browser.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
