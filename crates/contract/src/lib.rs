@@ -13,6 +13,7 @@
 //!   (`GET /api/v1/server`).
 //! - [`identity`]: who asks (a target, a server, an administrator, anonymous or local) and
 //!   the role URI a certificate names it by.
+//! - [`enrolment`]: a machine's enrolment (the TPM key it proved, approved or not).
 //! - [`target`]: target records and the API bodies that add and change them, with the
 //!   [`cache`] type names and the RFC 3339 [`time`]s they hold.
 //! - [`refusal`]: the server's refusals a client acts on ([`refusal::AttachGone`]).
@@ -25,6 +26,7 @@
 
 pub mod cache;
 pub mod description;
+pub mod enrolment;
 pub mod identity;
 pub mod name;
 pub mod refusal;

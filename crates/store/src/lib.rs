@@ -18,6 +18,7 @@
 //!   version.rs  new, promote, revert, override
 //!   merge.rs    merge, merge --base, automatic merges, compact
 //!   targets.rs  target records: which vDisk and version a target boots, its write cache
+//!   identities.rs  enrolments: the TPM key each target proved, approved or revoked
 //!   documents.rs  the JSON documents the CLI prints and the server's API answers
 //!   chain.rs    PVS chains (VHD or VHDX base + differencing children) imported as versions
 //!   vhd.rs      differencing VHD children (qemu cannot read them)
@@ -37,6 +38,7 @@ pub mod copy;
 pub mod documents;
 pub mod error;
 pub mod fsutil;
+pub mod identities;
 pub mod merge;
 pub mod meta;
 pub mod names;

@@ -230,7 +230,7 @@ impl Store {
     }
 
     /// Loads a record; the caller holds the lock.
-    fn load_target(&self, id: &str) -> Result<TargetRecord> {
+    pub(crate) fn load_target(&self, id: &str) -> Result<TargetRecord> {
         validate_target_id(id)?;
         let path = self.target_path(id);
         if !path.exists() {
@@ -632,10 +632,12 @@ impl Store {
         let path = self.target_path(id);
         std::fs::remove_file(&path).map_err(io("delete", &path))?;
         fsutil::sync_dir(&self.targets_dir())?;
+        // Its enrolment goes with it: a new record of the same id starts unenrolled.
+        let enrolled = self.drop_identity(id)?;
         self.audit(
             "target.remove",
             &vdisk,
-            json!({"target": id, "damaged": r.is_none()}),
+            json!({"target": id, "damaged": r.is_none(), "enrolment_removed": enrolled}),
         )?;
         Ok(r)
     }
