@@ -642,14 +642,56 @@ impl Ca {
             key_path,
             hosts,
         } = self.prepare(req)?;
-        let (Some(uri), Some(name)) = (req.identity.role_uri(), req.identity.name()) else {
-            unreachable!("prepare checked the role")
-        };
         let out = &req.out;
         let now = Timestamp::now();
         let valid_for = req
             .valid_for
             .unwrap_or_else(|| default_validity(&req.identity));
+        let (p, serial, not_after, wanted) =
+            self.params(&req.identity, &hosts, is_server, now, valid_for)?;
+        let key =
+            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err("a key"))?;
+        let cert = p
+            .signed_by(&key, &self.issuer)
+            .map_err(sign_err(format!("the certificate of {}", req.identity)))?;
+        // The record first: a certificate that exists anywhere can be revoked.
+        let record = self.record_issued(&req.identity, &serial, now, not_after, hosts)?;
+        std::fs::create_dir_all(out).map_err(io("create the certificate folder", out))?;
+        let mut files = vec![out.join(CA_CERT), cert_path.clone(), key_path.clone()];
+        write_file(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+        write_file(&cert_path, cert.pem().as_bytes(), 0o644)?;
+        write_file(&out.join(CA_CERT), self.cert_pem.as_bytes(), 0o644)?;
+        let crl = self.dir.join(CA_CRL);
+        if crl.exists() {
+            write_file(
+                &out.join(CA_CRL),
+                &std::fs::read(&crl).map_err(io("read", &crl))?,
+                0o644,
+            )?;
+            files.push(out.join(CA_CRL));
+        }
+        Ok(Issued {
+            cert: record,
+            files,
+            shortened: not_after < wanted,
+        })
+    }
+
+    /// The certificate's fields for `identity` (see the module invariants): its serial,
+    /// when it ends, and when it would have ended had the CA lasted.
+    fn params(
+        &self,
+        identity: &Identity,
+        hosts: &[String],
+        is_server: bool,
+        now: Timestamp,
+        valid_for: Duration,
+    ) -> Result<(CertificateParams, Vec<u8>, Timestamp, Timestamp)> {
+        let (Some(uri), Some(name)) = (identity.role_uri(), identity.name()) else {
+            return Err(PkiError::BadInput(format!(
+                "{identity} has no certificate: issue one for target:ID, server:NAME or admin:NAME"
+            )));
+        };
         let wanted = plus(now, valid_for);
         let not_after = wanted.min(self.not_after);
         if not_after <= now {
@@ -667,7 +709,7 @@ impl Ca {
                 .map_err(|e| PkiError::BadInput(format!("{s:?}: {e}")))
         };
         p.subject_alt_names = vec![SanType::URI(ia5(&uri)?)];
-        for h in &hosts {
+        for h in hosts {
             p.subject_alt_names.push(match h.parse::<IpAddr>() {
                 Ok(ip) => SanType::IpAddress(ip),
                 Err(_) => SanType::DnsName(ia5(h)?),
@@ -694,43 +736,61 @@ impl Ca {
         };
         p.use_authority_key_identifier_extension = true;
         p.key_identifier_method = KeyIdMethod::Sha256;
-        let key =
-            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err("a key"))?;
+        Ok((p, serial, not_after, wanted))
+    }
+
+    /// Issues a target's client certificate for a public key the target made and keeps
+    /// (`spki_der`: its SubjectPublicKeyInfo, DER): a machine that proved its TPM identity
+    /// at boot gets one for the key in its RAM, which never leaves it. Recorded in
+    /// `issued.json` like every other; returns the certificate (PEM) and its record.
+    pub fn issue_for_key(
+        &self,
+        target: &str,
+        spki_der: &[u8],
+        valid_for: Duration,
+    ) -> Result<(String, IssuedCert)> {
+        let identity = Identity::Target(target.to_string());
+        let key = rcgen::SubjectPublicKeyInfo::from_der(spki_der).map_err(|e| {
+            PkiError::BadInput(format!(
+                "the public key for {identity} is not a SubjectPublicKeyInfo: {e}"
+            ))
+        })?;
+        let now = Timestamp::now();
+        let (p, serial, not_after, _) = self.params(&identity, &[], false, now, valid_for)?;
         let cert = p
             .signed_by(&key, &self.issuer)
-            .map_err(sign_err(format!("the certificate of {}", req.identity)))?;
+            .map_err(sign_err(format!("the certificate of {identity}")))?;
+        let record = self.record_issued(&identity, &serial, now, not_after, Vec::new())?;
+        Ok((cert.pem(), record))
+    }
+
+    /// Adds a certificate's record to `issued.json`.
+    fn record_issued(
+        &self,
+        identity: &Identity,
+        serial: &[u8],
+        now: Timestamp,
+        not_after: Timestamp,
+        hosts: Vec<String>,
+    ) -> Result<IssuedCert> {
         let record = IssuedCert {
-            serial: hex(&serial),
-            identity: req.identity.to_string(),
+            serial: hex(serial),
+            identity: identity.to_string(),
             issued: now,
             not_before: minus(now, BACKDATE),
             not_after,
             hosts,
             revoked: None,
         };
-        // The record first: a certificate that exists anywhere can be revoked.
         let mut rec = load(&self.dir)?;
         rec.certificates.push(record.clone());
         save(&self.dir, &rec)?;
-        std::fs::create_dir_all(out).map_err(io("create the certificate folder", out))?;
-        let mut files = vec![out.join(CA_CERT), cert_path.clone(), key_path.clone()];
-        write_file(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
-        write_file(&cert_path, cert.pem().as_bytes(), 0o644)?;
-        write_file(&out.join(CA_CERT), self.cert_pem.as_bytes(), 0o644)?;
-        let crl = self.dir.join(CA_CRL);
-        if crl.exists() {
-            write_file(
-                &out.join(CA_CRL),
-                &std::fs::read(&crl).map_err(io("read", &crl))?,
-                0o644,
-            )?;
-            files.push(out.join(CA_CRL));
-        }
-        Ok(Issued {
-            cert: record,
-            files,
-            shortened: not_after < wanted,
-        })
+        Ok(record)
+    }
+
+    /// The CA's certificate (PEM), which every peer trusts.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
     }
 
     /// Revokes a serial, or every unrevoked certificate of an identity, and signs a new CRL

@@ -527,3 +527,39 @@ fn serials_and_identities_parse() {
         assert!((0x40..=0x7f).contains(&s[0]) && s.len() == 16);
     }
 }
+
+#[test]
+fn a_certificate_for_a_targets_own_key_names_the_target_and_verifies() {
+    let d = tempfile::tempdir().unwrap();
+    let ca_dir = d.path().join("ca");
+    let ca = new_ca(&ca_dir);
+    // The machine's key: made where it stays; the CA sees its public part only.
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let (pem, record) = ca
+        .issue_for_key(
+            "pc-07",
+            &key.subject_public_key_info(),
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+    let (uris, hosts, cn) = names(&der);
+    assert_eq!(uris, ["urn:vdstream:target:pc-07"]);
+    assert!(hosts.is_empty());
+    assert_eq!(cn, "pc-07");
+    // The certificate carries the machine's public key, and a peer accepts it.
+    let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+    assert_eq!(
+        parsed.public_key().raw,
+        key.subject_public_key_info().as_slice()
+    );
+    client_verifier(&ca_dir, false)
+        .verify_client_cert(&der, &[], UnixTime::now())
+        .unwrap();
+    // Short-lived, and in issued.json so that it can be revoked.
+    assert!(record.not_after.0 - Timestamp::now().0 <= 3600);
+    assert_eq!(ca.list().unwrap().last().unwrap().serial, record.serial);
+    assert!(ca
+        .issue_for_key("pc-07", b"not a key", Duration::from_secs(60))
+        .is_err());
+}
