@@ -17,7 +17,8 @@
 //! [`attach`] (the stack, the local export, the drain), [`status`] (the figures the agent
 //! publishes and `vdstream target status` shows), [`paths`] (where sockets, status files
 //! and caches live by default), [`service`] (the agent run until a signal, or as the
-//! daemon behind a kernel NBD device: [`daemon`]).
+//! daemon behind a kernel NBD device: [`daemon`]), [`identity`] (`--tpm`: the machine
+//! proves its TPM identity and gets its certificate before it attaches).
 //!
 //! Invariants: the vDisk is never written unless the cache type is `server` or
 //! `server-persistent` (then the server's own cache takes the writes); a non-persistent
@@ -30,6 +31,7 @@ pub mod client;
 pub mod daemon;
 pub mod endpoint;
 mod error;
+pub mod identity;
 pub mod kernel_nbd;
 pub mod migrate;
 pub mod paths;

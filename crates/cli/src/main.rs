@@ -24,6 +24,7 @@ mod server;
 mod size;
 mod store_cmd;
 mod target;
+mod target_identity;
 mod target_migrate;
 mod target_record;
 mod tls_flags;

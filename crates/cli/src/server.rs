@@ -89,7 +89,8 @@ Config file (TOML, keys = flag names; a flag given on the command line wins):
   tftp = \"0.0.0.0:69\"                  boot-template, boot-id-prefix, boot-kernel-args, boot-ipxe,
                                        max-booting, boot-window)
   rebalance = true                     (and rebalance-interval, rebalance-threshold,
-  weight = 1.0                          rebalance-floor)"
+  weight = 1.0                          rebalance-floor)
+  identity-ca = \"/etc/vdstream/ca\"    (and identity-cert-lifetime)"
 )]
 pub struct ServerArgs {
     /// Act on a running server through its API instead of starting one.
@@ -305,6 +306,19 @@ pub struct ServerArgs {
     /// Default: 1.
     #[arg(long, value_name = "W", value_parser = weight)]
     weight: Option<f64>,
+
+    /// Machine identity (docs/IDENTITY.md): a `vdstream pki` CA folder whose key signs a
+    /// short-lived client certificate for each machine that proves, with its TPM, that it
+    /// holds the key approved for its target (`vdstream target identity approve`). Adds the
+    /// routes POST /boot/identity/ID/challenge and /prove, which need no credential. The
+    /// server then holds that CA's key: keep the folder owner-only.
+    #[arg(long, value_name = "DIR")]
+    identity_ca: Option<PathBuf>,
+
+    /// How long a machine's certificate lasts; it proves itself again at its next boot.
+    /// Default: 86400 (a day).
+    #[arg(long, value_name = "SECONDS", requires = "identity_ca", value_parser = clap::value_parser!(u64).range(300..=31_536_000))]
+    identity_cert_lifetime: Option<u64>,
 }
 
 fn on_off(s: &str) -> std::result::Result<bool, String> {
@@ -572,6 +586,15 @@ fn options(args: &ServerArgs) -> Result<ServerOptions> {
         handshake_penalty: args.penalty.config(file.handshake_penalty, file.handshake_penalty_exempt.as_deref())?,
         forward,
         extra_counters,
+        identity: args.identity_ca.clone().or_else(|| file.identity_ca.clone()).map(|ca_dir| {
+            vdstream_server::identity::IdentityConfig {
+                ca_dir,
+                cert_lifetime: args
+                    .identity_cert_lifetime
+                    .or(file.identity_cert_lifetime)
+                    .map_or(vdstream_server::identity::DEFAULT_CERT_LIFETIME, Duration::from_secs),
+            }
+        }),
         balance: vdstream_server::balance::BalanceConfig {
             enabled: args.rebalance.or(file.rebalance).unwrap_or(true),
             interval: Duration::from_secs(match args.rebalance_interval.or(file.rebalance_interval) {
@@ -614,6 +637,9 @@ pub fn run(mut args: ServerArgs) -> Result<()> {
             "--anonymous {} matters only with TLS: without it every client may open every export",
             opts.anonymous
         );
+    }
+    if let Some(identity) = &opts.identity {
+        identity.check().map_err(|e| fail(Kind::Usage, e))?;
     }
     let state = ServerState::new(&opts);
     // Bound before the NBD side starts, so that a busy port fails the start cleanly.

@@ -36,6 +36,7 @@ enum TargetCommand {
     Status(StatusArgs),
     Migrate(crate::target_migrate::MigrateArgs),
     Booted(BootedArgs),
+    Identity(crate::target_identity::IdentityArgs),
 }
 
 /// Attach target ID: stream its vDisk from the servers, keep its writes in a local write
@@ -226,6 +227,25 @@ pub struct AttachArgs {
     /// booting"). `vdstream target booted ID` gives the place back. Store servers only.
     #[arg(long)]
     booting: bool,
+
+    /// Prove this machine's identity with its TPM before attaching (docs/IDENTITY.md): a
+    /// character device (/dev/tpmrm0) or swtpm's unix data socket. The store server (run
+    /// with --identity-ca) certifies a TLS key made in RAM once the TPM's key is approved
+    /// for this target; the agent then attaches and reports with that certificate. While
+    /// the key is pending the agent waits (--identity-wait), one console line a round.
+    /// Store servers only.
+    #[arg(long, value_name = "PATH")]
+    tpm: Option<PathBuf>,
+
+    /// With --tpm: where the certificate directory goes (owner-only). Default: the run
+    /// directory's identity/ID (RAM in a network-booted machine).
+    #[arg(long, value_name = "DIR", requires = "tpm")]
+    identity_dir: Option<PathBuf>,
+
+    /// With --tpm: how long a pending enrolment is waited for before the agent gives up
+    /// (e.g. 10m, 1h). Default: 24h.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "tpm")]
+    identity_wait: Option<Duration>,
 
     /// Give up after no server answered for this long (e.g. 30s, 5m): the target then gets
     /// EIO. Default: retry forever, as PVS targets do.
@@ -534,11 +554,19 @@ pub fn run(args: TargetArgs) -> Result<()> {
         TargetCommand::Status(s) => show_status(s),
         TargetCommand::Migrate(m) => crate::target_migrate::run(m),
         TargetCommand::Booted(b) => booted(b),
+        TargetCommand::Identity(i) => crate::target_identity::run(i),
     }
 }
 
-fn attach(a: AttachArgs) -> Result<()> {
+fn attach(mut a: AttachArgs) -> Result<()> {
     paths::check_target_id(&a.id)?;
+    if let Some(tpm) = a.tpm.clone() {
+        let dir = prove_identity(&a, tpm)?;
+        // The certificate serves the NBD connections (--tls-certificates) and the API calls
+        // (which read VDSTREAM_TLS_CERTIFICATES); no thread runs yet.
+        std::env::set_var("VDSTREAM_TLS_CERTIFICATES", &dir);
+        a.tls_certificates = Some(dir);
+    }
     let service = ServiceConfig {
         id: a.id.clone(),
         daemon: a.daemon,
@@ -560,6 +588,35 @@ fn attach(a: AttachArgs) -> Result<()> {
         Outcome::Served(agent) => {
             outln!("vdstream: {}", agent.summary());
             crate::serve_image::report_trace(agent.trace())
+        }
+    }
+}
+
+/// `--tpm`: the machine's identity proved to the first store server that answers, its
+/// certificate directory written; returns the directory.
+fn prove_identity(a: &AttachArgs, tpm: PathBuf) -> Result<PathBuf> {
+    let Some(api) = a.servers.iter().find(|s| api::is_api_url(s)) else {
+        usage!("--tpm proves this machine's identity to a store server: give --server http://HOST:PORT (a store server's API)");
+    };
+    let req = vdstream_agent::identity::IdentityRequest {
+        api: api.clone(),
+        target: a.id.clone(),
+        tpm,
+        out: a
+            .identity_dir
+            .clone()
+            .unwrap_or_else(|| paths::run_dir().join("identity").join(&a.id)),
+        wait: a.identity_wait.unwrap_or(Duration::from_secs(24 * 3600)),
+    };
+    let say = |line: &str| errln!("vdstream: target {}: {line}", a.id);
+    match vdstream_agent::identity::prove(&req, &say) {
+        Ok(dir) => Ok(dir),
+        Err(e @ vdstream_agent::identity::IdentityError::Refused(_)) => Err(crate::exit::fail(
+            Kind::Denied,
+            format!("target {}: {e}", a.id),
+        )),
+        Err(e) => {
+            Err(anyhow::anyhow!(e).context(format!("cannot prove target {}'s identity", a.id)))
         }
     }
 }

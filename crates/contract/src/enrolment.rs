@@ -104,3 +104,70 @@ pub enum ProofOutcome {
     /// what to do.
     Refused(Enrolment, String),
 }
+
+/// `POST /boot/identity/{id}/challenge`: the machine's two TPM keys (TPM2B_PUBLIC, base64).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ChallengeRequest {
+    pub endorsement_key: String,
+    pub key: String,
+}
+
+/// The server's answer: a credential only the TPM holding both keys can activate, and a
+/// nonce the proof signs. Both base64; the challenge expires after a minute and is used once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Challenge {
+    pub challenge: String,
+    /// TPM2B_ID_OBJECT, for TPM2_ActivateCredential.
+    pub credential: String,
+    /// TPM2B_ENCRYPTED_SECRET, for TPM2_ActivateCredential.
+    pub secret: String,
+    pub nonce: String,
+    /// The identity key's fingerprint, as the machine's console shows it.
+    pub fingerprint: String,
+}
+
+/// `POST /boot/identity/{id}/prove`: the activated secret, the TLS key the machine made
+/// (SubjectPublicKeyInfo, DER), and the identity key's signature over [`proof_message`]
+/// (ECDSA P-256, r‖s); all base64.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ProofRequest {
+    pub challenge: String,
+    pub secret: String,
+    pub tls_key: String,
+    pub signature: String,
+}
+
+/// The answer to a proof: `approved` with a certificate, or `pending`, or (HTTP 403) refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ProofAnswer {
+    pub state: EnrolmentState,
+    pub fingerprint: String,
+    /// The target's client certificate for `tls_key` (PEM), when approved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
+    /// The farm's CA certificate (PEM), when approved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<Timestamp>,
+    /// What the machine's console says.
+    pub message: String,
+}
+
+/// What the identity key signs: the protocol's name, the target, the challenge's nonce, the
+/// activated secret and the TLS key to certify, each length-prefixed (u32, big-endian), so
+/// that no two different proofs sign the same bytes.
+pub fn proof_message(target: &str, nonce: &[u8], secret: &[u8], tls_key: &[u8]) -> Vec<u8> {
+    let mut m = Vec::new();
+    for part in [
+        b"vdstream identity proof v1".as_slice(),
+        target.as_bytes(),
+        nonce,
+        secret,
+        tls_key,
+    ] {
+        m.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
+        m.extend_from_slice(part);
+    }
+    m
+}

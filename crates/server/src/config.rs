@@ -70,6 +70,9 @@ pub struct ServerOptions {
     /// `--tls on|require` (with `nbd_tls`).
     pub nbd_tls_mode: vdstream_nbd::TlsMode,
     /// `--boot` and its settings: the boot service on the API's port (`None`: off).
+    /// `--identity-ca`: the CA folder whose key certifies machines that prove their TPM
+    /// identity (`None`: no identity routes).
+    pub identity: Option<crate::identity::IdentityConfig>,
     pub boot: Option<crate::boot::BootConfig>,
     /// `--handshake-penalty`, `--handshake-penalty-exempt`: TCP client addresses that keep
     /// failing NBD handshakes are closed at accept for a while.
@@ -139,6 +142,7 @@ impl ServerOptions {
             nbd_tls: None,
             nbd_tls_mode: Default::default(),
             boot: None,
+            identity: None,
             handshake_penalty: Default::default(),
             forward: None,
             extra_counters: None,
@@ -216,6 +220,10 @@ pub struct ConfigFile {
     pub tftp: Option<String>,
     pub max_booting: Option<usize>,
     pub boot_window: Option<u64>,
+    /// Machine identity (keys as the flags): the CA folder, and the certificates' lifetime
+    /// in seconds.
+    pub identity_ca: Option<PathBuf>,
+    pub identity_cert_lifetime: Option<u64>,
     /// Rebalancing (keys as the flags).
     pub rebalance: Option<bool>,
     pub rebalance_interval: Option<u64>,

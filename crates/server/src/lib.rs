@@ -18,6 +18,8 @@
 //!   writer_slot.rs  one writer at a time: an export's writer slot, freed with its device
 //!   boot/         the boot service (--boot): iPXE scripts and kernel command lines, a version's
 //!                 boot files (files.rs), TFTP for PXE ROMs (tftp.rs); served by http/boot.rs
+//!   identity.rs   machine identity (--identity-ca): TPM challenges and proofs, enrolment,
+//!                 certificates at boot; served by http/identity.rs
 //! ```
 //!
 //! [`state`] is the live picture both halves share: the NBD side registers a
@@ -31,6 +33,7 @@ pub mod config;
 pub mod exports;
 pub mod forwarding;
 pub mod http;
+pub mod identity;
 pub mod nbd;
 pub mod object_store;
 pub mod policy;

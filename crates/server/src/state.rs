@@ -326,6 +326,8 @@ pub struct ServerState {
     pub boot: Option<crate::boot::BootConfig>,
     /// The boot windows (`--max-booting`), with `--boot`.
     pub pacer: Option<crate::boot::pacing::Pacer>,
+    /// `--identity-ca`: machines prove their TPM identity and get certificates.
+    pub identity: Option<crate::identity::IdentityService>,
     /// `--handshake-penalty`: when the NBD listeners close a failing address at accept.
     pub handshake_penalty: vdstream_nbd::penalty::PenaltyConfig,
     /// The API's changes go to the store's metadata writer (a mirror of object storage).
@@ -364,6 +366,10 @@ impl ServerState {
                 .boot
                 .as_ref()
                 .map(|b| crate::boot::pacing::Pacer::new(b.max_booting, b.boot_window)),
+            identity: opts
+                .identity
+                .clone()
+                .map(crate::identity::IdentityService::new),
             anonymous: opts.anonymous,
             handshake_penalty: opts.handshake_penalty.clone(),
             forward: opts.forward.clone(),

@@ -899,3 +899,10 @@ impl Ca {
 #[cfg(test)]
 #[path = "pki_tests.rs"]
 pub(crate) mod tests;
+
+/// A fresh ECDSA P-256 key for a client certificate that a CA issues without seeing the
+/// key ([`Ca::issue_for_key`]): the key's PKCS#8 PEM, and its SubjectPublicKeyInfo (DER).
+pub fn new_client_key() -> Result<(String, Vec<u8>)> {
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err("a key"))?;
+    Ok((key.serialize_pem(), key.subject_public_key_info()))
+}

@@ -409,6 +409,10 @@ mod tests {
             let need = need_of(&method, Some(&path));
             match method.as_str() {
                 "GET" => assert_eq!(need, Role::ReadOnly, "{path}"),
+                // Approving a machine's key lets it have a certificate: an administrator's call.
+                _ if path.contains("/identity/") => {
+                    assert_eq!(need, Role::Admin, "{method} {path}")
+                }
                 _ if path.starts_with("/api/v1/targets") => {
                     assert_eq!(need, Role::Operator, "{method} {path}")
                 }

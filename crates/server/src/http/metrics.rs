@@ -249,6 +249,30 @@ pub(crate) fn render(shared: &Shared) -> String {
             p.expired_total,
         );
     }
+    if let Some(i) = &state.identity {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &i.counters;
+        m.counter(
+            "vdstream_identity_challenges_total",
+            "Credential challenges made for machines proving their TPM identity.",
+            c.challenges.load(Relaxed),
+        );
+        m.counter(
+            "vdstream_identity_certified_total",
+            "Proofs of an approved key: certificates issued.",
+            c.approved.load(Relaxed),
+        );
+        m.counter(
+            "vdstream_identity_pending_total",
+            "Proofs of a key that waits for approval.",
+            c.pending.load(Relaxed),
+        );
+        m.counter(
+            "vdstream_identity_refused_total",
+            "Proofs refused: a failed activation or signature, another key than the approved one, a revoked target.",
+            c.refused.load(Relaxed),
+        );
+    }
     let b = state.balancer.doc(state);
     m.gauge(
         "vdstream_balance_targets",

@@ -8,7 +8,8 @@
 //!   accept loop (one task) ── takes a permit of the connection cap, then accepts
 //!     └▶ one task per connection: the TLS handshake (with --tls-certificates; bounded by
 //!        REQUEST_DEADLINE), hyper HTTP/1 (header read timeout, head size limits, idle timeout)
-//!          └▶ trailing-slash trim ▶ [with --boot: boot.rs's /boot/... routes, no auth]
+//!          └▶ trailing-slash trim ▶ [with --identity-ca: identity.rs's /boot/identity/... routes,
+//!             no auth] ▶ [with --boot: boot.rs's /boot/... routes, no auth]
 //!             ▶ axum Router (router.rs: the route table, the layers;
 //!             auth.rs: the caller and the role its route needs, 401/403)
 //!               └▶ typed handlers: store.rs (vDisks, versions, targets, on the blocking
@@ -20,8 +21,8 @@
 //!                       layers: static files, no data, so no credential
 //! ```
 //!
-//! Module imports run one way: mod → router → {store, metrics, auth, boot, events, console} → shared → {live,
-//! failures} → error → limits (auth → error too; events → auth; boot → crate::boot).
+//! Module imports run one way: mod → router → {store, metrics, auth, boot, identity, events, console} → shared → {live,
+//! failures} → error → limits (auth → error too; events → auth; boot → crate::boot; identity → crate::identity).
 //!
 //! Invariants:
 //! - A connection costs a task and a socket, never a thread: a slow or idle client holds
@@ -48,6 +49,7 @@ mod error;
 mod events;
 mod failures;
 pub mod forward;
+mod identity;
 mod limits;
 mod live;
 mod metrics;

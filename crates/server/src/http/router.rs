@@ -38,7 +38,7 @@ use super::error::{check_head, json_errors, ApiError, JsonBody, Param};
 use super::limits::{HANDLER_TIMEOUT, MAX_AGENT_REPORT, MAX_BODY, MAX_IN_FLIGHT};
 use super::openapi as spec;
 use super::shared::{blocking, ClientAddr, Shared};
-use super::{auth, boot, console, events, forward, live, metrics, store};
+use super::{auth, boot, console, events, forward, identity, live, metrics, store};
 
 /// Every route of the API, each from its handler's `#[utoipa::path]`: the method, path and
 /// handler the router answers with are those the OpenAPI document describes.
@@ -63,6 +63,10 @@ fn table() -> OpenApiRouter<Arc<Shared>> {
             store::target_set,
             store::target_remove
         ))
+        .routes(routes!(store::identity_list))
+        .routes(routes!(store::identity_show))
+        .routes(routes!(store::identity_approve))
+        .routes(routes!(store::identity_revoke))
         // An agent report's own body limit, below MAX_BODY.
         .routes((
             schemas,
@@ -127,7 +131,17 @@ pub fn routes() -> Vec<(String, Method)> {
 pub(crate) fn app(shared: Arc<Shared>) -> Router {
     let boot = shared.state.boot.is_some();
     let api = api(shared.clone());
-    console::router(if boot { boot::router(shared, api) } else { api })
+    let api = if boot {
+        boot::router(shared.clone(), api)
+    } else {
+        api
+    };
+    let api = if shared.state.identity.is_some() {
+        identity::router(shared, api)
+    } else {
+        api
+    };
+    console::router(api)
 }
 
 fn api(shared: Arc<Shared>) -> Router {
@@ -301,7 +315,7 @@ async fn sessions(State(s): State<Arc<Shared>>) -> Json<Vec<SessionDoc>> {
     get,
     path = "/metrics",
     summary = "Prometheus metrics",
-    description = "Text format 0.0.4: `vdstream_sessions`, `vdstream_server_draining`, `vdstream_server_start_time_seconds`; every session since the start `vdstream_{guest,store}_{read,write}_{ops,bytes}_total`; the shared read cache `vdstream_read_cache_{hits,misses,shared_loads,evictions}_total`, `vdstream_read_cache_used_bytes`, `vdstream_read_cache_capacity_bytes`; per session (labels session, target, export, vdisk, version) `vdstream_session_{guest,store}_{read,write}_{ops,bytes}_total`, `vdstream_session_cache_used_bytes`, and of a server-side write cache `vdstream_session_cache_{limit,fs_free,capacity}_bytes`, `vdstream_session_cache_used_percent` (of the capacity), `vdstream_session_cache_nospace_errors_total`; per target `vdstream_target_reconnects_total`; from agent reports (label target) `vdstream_agent_retries_total`, `vdstream_agent_reconnects_total`, `vdstream_agent_failovers_total`, `vdstream_agent_gave_up_total`, `vdstream_agent_cache_used_percent`, `vdstream_agent_guest_iops`, `vdstream_agent_connected`; with `--boot`, boot pacing `vdstream_boot_{max_booting,booting,booting_peak,waiting}` and `vdstream_boot_{admitted,waits,booted,expired}_total`.",
+    description = "Text format 0.0.4: `vdstream_sessions`, `vdstream_server_draining`, `vdstream_server_start_time_seconds`; every session since the start `vdstream_{guest,store}_{read,write}_{ops,bytes}_total`; the shared read cache `vdstream_read_cache_{hits,misses,shared_loads,evictions}_total`, `vdstream_read_cache_used_bytes`, `vdstream_read_cache_capacity_bytes`; per session (labels session, target, export, vdisk, version) `vdstream_session_{guest,store}_{read,write}_{ops,bytes}_total`, `vdstream_session_cache_used_bytes`, and of a server-side write cache `vdstream_session_cache_{limit,fs_free,capacity}_bytes`, `vdstream_session_cache_used_percent` (of the capacity), `vdstream_session_cache_nospace_errors_total`; per target `vdstream_target_reconnects_total`; from agent reports (label target) `vdstream_agent_retries_total`, `vdstream_agent_reconnects_total`, `vdstream_agent_failovers_total`, `vdstream_agent_gave_up_total`, `vdstream_agent_cache_used_percent`, `vdstream_agent_guest_iops`, `vdstream_agent_connected`; with `--boot`, boot pacing `vdstream_boot_{max_booting,booting,booting_peak,waiting}` and `vdstream_boot_{admitted,waits,booted,expired}_total`; with `--identity-ca`, `vdstream_identity_{challenges,certified,pending,refused}_total`.",
     responses((status = 200, description = "The metrics.", body = String, content_type = "text/plain"))
 )]
 async fn metrics_text(State(s): State<Arc<Shared>>) -> impl IntoResponse {

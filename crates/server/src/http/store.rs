@@ -19,6 +19,7 @@ use vdstream_store::audit::AuditEntry;
 use vdstream_store::documents::{
     self, MergeDoc, RevertDoc, TargetRemoved, VdiskListEntry, VersionChange, VersionList,
 };
+use vdstream_store::identities::Enrolment;
 use vdstream_store::meta::MergeKind;
 use vdstream_store::vdisk::VdiskInfo;
 use vdstream_store::{Access, NewTarget, Store, TargetChange, TargetRecord};
@@ -665,4 +666,117 @@ fn in_use(s: &Shared, id: &str) -> Option<String> {
         s => s,
     };
     (state != "stopped").then(|| format!("its agent (pid {}) reports it {state}", report.pid))
+}
+
+// ---- machine identities (docs/IDENTITY.md) ----
+
+/// The body of POST /api/v1/targets/{id}/identity/approve.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Approval {
+    /// The key to approve (`sha256:` and 64 hex digits, as the machine's console shows it):
+    /// required to pre-enrol a target that has proved no key yet, or to name a new key for
+    /// an approved or revoked one; with a pending key it must be that key's.
+    #[serde(default)]
+    #[schema(nullable = false, pattern = "^sha256:[0-9a-fA-F]{64}$")]
+    fingerprint: Option<String>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/identities",
+    summary = "Every target's enrolment (`vdstream target identity list --json`)",
+    description = "The TPM key each target proved, and whether it is pending, approved or revoked.",
+    responses(
+        (status = 200, description = "The enrolments, by target id.", body = [Enrolment]),
+        (status = 500, response = Error),
+    )
+)]
+pub(crate) async fn identity_list(State(s): S, Extension(c): Client) -> Answer<Vec<Enrolment>> {
+    on_store(s, c, |st, _| st.identities()).await.map(Json)
+}
+
+fn no_enrolment(id: &str) -> ApiError {
+    ApiError::new(
+        404,
+        format!("target {id:?} has no enrolment: its machine has not proved a TPM key"),
+        "boot the machine once with --identity-ca on its server (it then waits as pending), or pre-enrol it: POST …/identity/approve with its fingerprint",
+    )
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/targets/{id}/identity",
+    summary = "One target's enrolment (`vdstream target identity show ID`)",
+    params(TargetPath),
+    responses(
+        (status = 200, description = "The enrolment.", body = Enrolment),
+        (status = 404, response = Error),
+        (status = 500, response = Error),
+    )
+)]
+pub(crate) async fn identity_show(
+    State(s): S,
+    Extension(c): Client,
+    Param(id): Param<String>,
+) -> Answer<Enrolment> {
+    let id2 = id.clone();
+    on_store(s, c, move |st, _| {
+        st.target(&id2)?;
+        st.identity(&id2)
+    })
+    .await?
+    .ok_or_else(|| no_enrolment(&id))
+    .map(Json)
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/targets/{id}/identity/approve",
+    summary = "Approve a target's key (`vdstream target identity approve ID`)",
+    description = "The pending key becomes the target's: its machine gets a certificate at its next proof. With `fingerprint` and no key proved yet, the target is pre-enrolled for that key. Audited as `identity.approve`.",
+    params(TargetPath),
+    request_body = Approval,
+    responses(
+        (status = 200, description = "The enrolment.", body = Enrolment),
+        (status = 404, response = Error),
+        (status = 409, response = Error),
+        (status = 422, response = Unprocessable),
+        (status = 500, response = Error),
+    )
+)]
+pub(crate) async fn identity_approve(
+    State(s): S,
+    Extension(c): Client,
+    Param(id): Param<String>,
+    JsonBody(b): JsonBody<Approval, true>,
+) -> Answer<Enrolment> {
+    on_store(s, c, move |st, _| {
+        st.approve_identity(&id, b.fingerprint.as_deref())
+    })
+    .await
+    .map(Json)
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/targets/{id}/identity/revoke",
+    summary = "Revoke a target's identity (`vdstream target identity revoke ID`)",
+    description = "No key gets a certificate for the target until one is approved again; its next boot is refused. Audited as `identity.revoke`.",
+    params(TargetPath),
+    responses(
+        (status = 200, description = "The enrolment.", body = Enrolment),
+        (status = 404, response = Error),
+        (status = 409, response = Error),
+        (status = 500, response = Error),
+    )
+)]
+pub(crate) async fn identity_revoke(
+    State(s): S,
+    Extension(c): Client,
+    Param(id): Param<String>,
+) -> Answer<Enrolment> {
+    on_store(s, c, move |st, _| st.revoke_identity(&id))
+        .await
+        .map(Json)
 }
