@@ -193,12 +193,12 @@ fn print_one(o: &StoreOpts, doc: Value) -> Result<()> {
             )),
             EnrolmentState::Approved => {
                 if let Some(a) = &e.approved {
-                    lines.push(format!("  approved {} by {}", a.at, a.by));
+                    lines.push(format!("  approved {} by {}", a.time, a.by));
                 }
             }
             EnrolmentState::Revoked => {
                 if let Some(r) = &e.revoked {
-                    lines.push(format!("  revoked {} by {}", r.at, r.by));
+                    lines.push(format!("  revoked {} by {}", r.time, r.by));
                 }
             }
         }

@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::time::Timestamp;
+use crate::time::{Stamp, Timestamp};
 
 /// `format` of an enrolment record.
 pub const ENROLMENT_FORMAT: &str = "vdstream-enrolment";
@@ -47,13 +47,6 @@ pub struct TpmKey {
     pub fingerprint: String,
     /// The key's TPM2B_PUBLIC, base64 (standard alphabet, padded).
     pub public: String,
-}
-
-/// Who did something, and when.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Stamp {
-    pub at: Timestamp,
-    pub by: String,
 }
 
 /// One target's enrolment, as `STORE/identities/ID.json` holds it and the API shows it.

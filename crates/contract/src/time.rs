@@ -46,3 +46,10 @@ impl<'de> Deserialize<'de> for Timestamp {
             .ok_or_else(|| serde::de::Error::custom(format!("{text:?} is not an RFC 3339 time")))
     }
 }
+
+/// Who did something, and when (a promotion, an approval).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Stamp {
+    pub time: Timestamp,
+    pub by: String,
+}

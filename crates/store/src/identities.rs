@@ -26,8 +26,9 @@ use crate::store::Store;
 use crate::time::Timestamp;
 
 pub use vdstream_contract::enrolment::{
-    Enrolment, EnrolmentState, ProofOutcome, Stamp, TpmKey, ENROLMENT_FORMAT,
+    Enrolment, EnrolmentState, ProofOutcome, TpmKey, ENROLMENT_FORMAT,
 };
+pub use vdstream_contract::time::Stamp;
 
 const RECORD_ADVICE: &str =
     "remove it (`vdstream target identity reset ID`) and approve the machine's key again";
@@ -225,7 +226,7 @@ impl Store {
         let proved = e.key.as_ref().map(|k| k.fingerprint.clone());
         match (&fingerprint, &proved) {
             (None, None) => {
-                return Err(StoreError::BadInput(format!(
+                return Err(StoreError::Refused(format!(
                     "target {id} has proved no key yet: boot it once (it then waits as pending), or pre-enrol it with --fingerprint sha256:… as its console shows"
                 )))
             }
@@ -245,7 +246,7 @@ impl Store {
         }
         e.state = EnrolmentState::Approved;
         e.approved = Some(Stamp {
-            at: Timestamp::now(),
+            time: Timestamp::now(),
             by: self.actor().who(),
         });
         e.revoked = None;
@@ -269,7 +270,7 @@ impl Store {
             .unwrap_or_else(|| Self::blank_identity(id));
         e.state = EnrolmentState::Revoked;
         e.revoked = Some(Stamp {
-            at: Timestamp::now(),
+            time: Timestamp::now(),
             by: self.actor().who(),
         });
         self.write_identity(&e)?;

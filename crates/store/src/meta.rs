@@ -86,12 +86,7 @@ impl LayerFormat {
     }
 }
 
-/// Who did something, and when.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Stamp {
-    pub time: Timestamp,
-    pub by: String,
-}
+pub use vdstream_contract::time::Stamp;
 
 /// The bottom layer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
