@@ -20,80 +20,28 @@ source "$(dirname "$0")/lib.sh"
 source "$E2E_DIR/store-lib.sh"
 # shellcheck source=agent-lib.sh
 source "$E2E_DIR/agent-lib.sh"
-require swtpm nbdinfo nbdcopy cmp openssl curl
+# shellcheck source=identity-lib.sh
+source "$E2E_DIR/identity-lib.sh"
+require nbdinfo nbdcopy cmp openssl curl
 require_vdstream
 e2e_init
 store_init
-
-export VDSTREAM_CA=$E2E_TMP/ca
-SRV_TLS=$E2E_TMP/server-tls
-CA_ONLY=$E2E_TMP/ca-only
-vd() { "$VDSTREAM_BIN" "$@"; }
 
 head -c $((8 << 20)) /dev/urandom >"$E2E_TMP/boot.img"
 vds vdisk import boot "$E2E_TMP/boot.img" >/dev/null || fail "vdisk import failed"
 for id in pc1 pc2; do
     vds target add "$id" --vdisk boot --cache device-ram --ram 16M >/dev/null || fail "target add $id failed"
 done
-vd pki init --farm e2e >/dev/null || fail "pki init failed"
-vd pki issue server store-a --out "$SRV_TLS" >/dev/null || fail "pki issue server failed"
-mkdir -p "$CA_ONLY" && cp "$VDSTREAM_CA/ca-cert.pem" "$CA_ONLY/"
-
-# --- a TPM per machine: swtpm's unix data socket, its state in a folder (the "chip")
-swtpm_start() {   # NAME: starts (or restarts) machine NAME's TPM; sets TPM_<NAME>
-    local name=$1 dir=$E2E_TMP/tpm-$1 i
-    mkdir -p "$dir"
-    rm -f "$dir/data.sock" "$dir/ctrl.sock"
-    swtpm socket --tpm2 --tpmstate "dir=$dir" --server "type=unixio,path=$dir/data.sock" \
-        --ctrl "type=unixio,path=$dir/ctrl.sock" --flags not-need-init,startup-clear \
-        >"$dir/swtpm.log" 2>&1 </dev/null &
-    track_pid $!
-    printf -v "TPM_PID_$name" '%s' $!
-    for ((i = 0; i < 100; i++)); do
-        [[ -S $dir/data.sock ]] && break
-        sleep 0.1
-    done
-    [[ -S $dir/data.sock ]] || fail "swtpm $name did not start: $(cat "$dir/swtpm.log")"
-    printf -v "TPM_$name" '%s' "$dir/data.sock"
-}
-swtpm_stop() {   # NAME
-    local v=TPM_PID_$1
-    stop_pid "${!v}" 5
-}
-swtpm_start a
-swtpm_start b
-
-# --- the server: NBD over TLS only, the API over HTTPS, machines certified by the CA
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-PORT=$(free_port)
-SERVER_LOG=$E2E_TMP/server.log
-"$VDSTREAM_BIN" server --store "$STORE" --listen "127.0.0.1:$PORT" --http 127.0.0.1:0 \
-    --tls require --tls-certificates "$SRV_TLS" --identity-ca "$VDSTREAM_CA" >"$SERVER_LOG" 2>&1 </dev/null &
-SERVER_PID=$!
-E2E_PIDS+=("$SERVER_PID") E2E_SERVER_LOGS+=("$SERVER_LOG")
-for ((i = 0; i < READY_SECS * 10; i++)); do
-    grep -Eq 'https://127\.0\.0\.1:[0-9]+' "$SERVER_LOG" && break
-    kill -0 "$SERVER_PID" 2>/dev/null || fail "the server exited: $(cat "$SERVER_LOG")"
-    sleep 0.1
-done
-API=$(grep -Eo 'https://127\.0\.0\.1:[0-9]+' "$SERVER_LOG" | head -n1)
-[[ -n $API ]] || fail "the server's API did not start"
-log "server: NBD on 127.0.0.1:$PORT (TLS required), API at $API, --identity-ca"
-
-# boot ID TPM: a machine's boot: `target attach ID --tpm` in the background (its API
-# calls verify the server with the CA only: it has no certificate yet). Sets BOOT_PID,
-# BOOT_LOG, BOOT_CERTS.
-agent_env
-boot() {
-    local id=$1 tpm=$2
-    BOOT_LOG=$E2E_TMP/boot-$id-$((++boots)).log
-    BOOT_CERTS=$E2E_TMP/identity-$id-$boots
-    VDSTREAM_TLS_CERTIFICATES=$CA_ONLY "$VDSTREAM_BIN" target attach "$id" --server "$API" --tpm "$tpm" \
-        --identity-dir "$BOOT_CERTS" --identity-wait 60s >"$BOOT_LOG" 2>&1 </dev/null &
-    BOOT_PID=$!
-    track_pid "$BOOT_PID"
-}
-boots=0
+identity_pki
+# A TPM per machine, its state in a folder (the "chip").
+tpm_start a
+tpm_start b
+# NBD over TLS only, no anonymous grant; the API over HTTPS.
+identity_server --tls require
+log "server: NBD on 127.0.0.1:$ID_PORT (TLS required), API at $ID_API, --identity-ca"
+CA_ONLY=$ID_CA_ONLY PORT=$ID_PORT
+# boot ID TPM: a machine's boot, waiting at most a minute for its approval.
+boot() { identity_boot "$1" "$2" --identity-wait 60s; }
 wait_log() {   # FILE REGEX SECS
     local i
     for ((i = 0; i < $3 * 10; i++)); do
@@ -124,8 +72,8 @@ log "ok: pc1 waited as pending, was approved, got target:pc1's certificate and r
 stop_pid "$BOOT_PID" 10
 
 # --- second boot: the same TPM (restarted on its state) is certified at once
-swtpm_stop a
-swtpm_start a
+tpm_stop a
+tpm_start a
 boot pc1 "$TPM_a"
 wait_log "$BOOT_LOG" "identity of pc1 proved" 60
 grep -q "waits for an administrator" "$BOOT_LOG" && fail "the second boot waited for approval again"
