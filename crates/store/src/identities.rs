@@ -12,6 +12,7 @@
 //!   the time of an approved key's proof, which every boot updates.
 //! - An approved enrolment changes its key only through an administrator: a proof with
 //!   another key is refused and counted, never recorded as the target's.
+//! - A key approved for one target is refused for every other: one machine, one target.
 //! - The store never sees a private key: a key here is the public area the TPM showed.
 
 use std::path::PathBuf;
@@ -183,6 +184,15 @@ impl Store {
             EnrolmentState::Approved => {}
             EnrolmentState::Pending => {
                 if !same_key {
+                    // One machine is one target: a key approved for another target cannot
+                    // wait as this one's too (an administrator would not see it twice).
+                    if let Some(other) = self.approved_elsewhere(id, &key.fingerprint)? {
+                        let why = format!(
+                            "this machine's key {} is approved for target {other}: a machine proves one target (boot it as {other}, or reset that enrolment first)",
+                            key.fingerprint
+                        );
+                        return refuse(e, why);
+                    }
                     // A new pending key (or another machine's, replacing the one that waited):
                     // the administrator compares the fingerprint before approving.
                     e.key = Some(key.clone());
@@ -210,6 +220,24 @@ impl Store {
             EnrolmentState::Approved => ProofOutcome::Approved(e),
             _ => ProofOutcome::Pending(e),
         })
+    }
+
+    /// The target other than `id` whose approved key is `fingerprint`; the caller holds the
+    /// lock.
+    fn approved_elsewhere(&self, id: &str, fingerprint: &str) -> Result<Option<String>> {
+        for other in self.target_ids()? {
+            if other == id {
+                continue;
+            }
+            if let Some(e) = self.load_identity(&other)? {
+                let matches = e.key.as_ref().map(|k| k.fingerprint.as_str()) == Some(fingerprint)
+                    || e.expected_fingerprint.as_deref() == Some(fingerprint);
+                if e.state == EnrolmentState::Approved && matches {
+                    return Ok(Some(other));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// `target identity approve`: the pending key becomes the target's (it must have

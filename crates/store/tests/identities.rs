@@ -177,3 +177,20 @@ fn enrolments_go_with_their_target_and_unknown_targets_have_none() {
     assert!(s.reset_identity("pc2").unwrap());
     assert!(s.identity("pc2").unwrap().is_none());
 }
+
+#[test]
+fn a_key_approved_for_one_target_is_refused_for_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    prove(&s, "pc1", 1);
+    s.approve_identity("pc1", None).unwrap();
+    let ProofOutcome::Refused(_, why) = prove(&s, "pc2", 1) else {
+        panic!("one machine, one target")
+    };
+    assert!(why.contains("approved for target pc1"), "{why}");
+    assert!(s.identity("pc2").unwrap().unwrap().key.is_none());
+    // A pre-enrolled fingerprint counts as approved too.
+    s.approve_identity("pc2", Some(&key(7).fingerprint))
+        .unwrap();
+    assert!(matches!(prove(&s, "pc1", 7), ProofOutcome::Refused(..)));
+}
