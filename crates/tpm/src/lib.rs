@@ -37,8 +37,10 @@ const EK_AUTH_POLICY: [u8; 32] = [
 ];
 
 /// The identity key's objectAttributes: fixedTPM | fixedParent | sensitiveDataOrigin |
-/// userWithAuth | sign (an unrestricted signing key that never leaves its TPM).
-const IDENTITY_ATTRIBUTES: u32 = 0x0004_0072;
+/// userWithAuth | noDA | sign (an unrestricted signing key that never leaves its TPM).
+/// noDA: the key has no password to guess, and a TPM that other software's failed
+/// passwords put into dictionary-attack lockout must still let the machine prove itself.
+const IDENTITY_ATTRIBUTES: u32 = 0x0004_0472;
 
 /// What the identity key template's unique.x is the SHA-256 of: a different value would
 /// derive a different key from the same TPM.

@@ -156,8 +156,8 @@ fn keys_are_the_same_on_every_boot_and_differ_between_machines() {
     identity.check_identity_key().unwrap();
     assert_eq!(
         identity.check_endorsement_key().unwrap_err().to_string(),
-        "not a TCG default ECC P-256 endorsement key: its objectAttributes are 0x00040072, \
-         without adminWithPolicy|restricted|decrypt, with userWithAuth|sign"
+        "not a TCG default ECC P-256 endorsement key: its objectAttributes are 0x00040472, \
+         without adminWithPolicy|restricted|decrypt, with userWithAuth|noDA|sign"
     );
     assert_eq!(
         ek.check_identity_key().unwrap_err().to_string(),
